@@ -1,0 +1,195 @@
+"""The `nanbeige` command line.
+
+    nanbeige ask "question"      run the agent; the answer alone on stdout, the turns on stderr
+    nanbeige show run.jsonl      print a saved trajectory readably
+
+Settings come from flags, then environment variables (NANBEIGE_*), then defaults.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import os
+import sys
+import uuid
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import httpx
+import orjson
+import typer
+from rich.console import Console
+
+from nanbeige.agent import dialects
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Agent runtime for deep search and tool use with Nanbeige4.1-3B.")
+err = Console(stderr=True)
+ADVANCED = "Advanced"
+SECRET_ENV = ("NANBEIGE_API_KEY", "SERPER_API_KEY", "JINA_API_KEY", "E2B_API_KEY", "NANBEIGE_SUMMARY_API_KEY")
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    err.print(f"[red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def default_trajectory_path() -> Path:
+    runs = Path(os.environ.get("NANBEIGE_RUNS_DIR", "runs"))
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return runs / f"{stamp}-{uuid.uuid4().hex[:6]}.jsonl"
+
+
+def check_model_server(base_url: str, api_key: str | None) -> None:
+    """Fail fast, with the fix, when nothing answers at the model address."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        httpx.get(base_url.rstrip("/") + "/models", headers=headers, timeout=10.0)
+    except httpx.HTTPError as exc:
+        fail(f"cannot reach the model server at {base_url} ({type(exc).__name__}). Start one, for example "
+             "`vllm serve Nanbeige/Nanbeige4.1-3B`, or point --base-url / NANBEIGE_BASE_URL at a running "
+             "OpenAI-compatible server.")
+
+
+@app.command()
+def ask(
+    question: Annotated[str, typer.Argument(help="The question to research.")],
+    base_url: Annotated[str, typer.Option(envvar="NANBEIGE_BASE_URL", help="OpenAI-compatible endpoint.")]
+    = "http://127.0.0.1:8000/v1",
+    model: Annotated[str, typer.Option(envvar="NANBEIGE_MODEL", help="Model name.")] = "Nanbeige/Nanbeige4.1-3B",
+    api_key: Annotated[str | None, typer.Option(envvar="NANBEIGE_API_KEY", help="API key for the endpoint.",
+                                                show_default=False)] = None,
+    dialect: Annotated[str, typer.Option(help="Tool dialect: mcp-xml or tool-call.")] = "mcp-xml",
+    max_turns: Annotated[int, typer.Option(min=1, help="Most tool-call turns before the answer is asked for.")] = 200,
+    keep_tool_results: Annotated[int, typer.Option(min=-1, help="Show only the last K tool results (-1: all).")] = 5,
+    max_context: Annotated[int, typer.Option(min=1024, help="Model context length in tokens.")] = 131072,
+    temperature: Annotated[float, typer.Option(min=0.0)] = 0.6,
+    top_p: Annotated[float, typer.Option(min=0.0, max=1.0)] = 0.95,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Most tokens per model reply.")] = 16384,
+    trajectory: Annotated[Path | None, typer.Option(help="Trajectory file (JSONL, appended). Default: a new "
+                                                         "file under runs/.", show_default=False)] = None,
+    mcp: Annotated[list[str] | None, typer.Option(help="Extra MCP server, NAME=COMMAND or NAME=URL (repeatable).",
+                                                  show_default=False)] = None,
+    no_default_servers: Annotated[bool, typer.Option(help="Use only the --mcp servers.")] = False,
+    json_output: Annotated[bool, typer.Option("--json", help="Print the end record as JSON on stdout.")] = False,
+    tool_timeout: Annotated[float, typer.Option(min=1, help="Seconds one tool call may take.",
+                                                rich_help_panel=ADVANCED)] = 300.0,
+    max_result_chars: Annotated[int, typer.Option(min=100, help="Longer tool results are cut.",
+                                                  rich_help_panel=ADVANCED)] = 100_000,
+    timeout: Annotated[float | None, typer.Option(help="Wall-clock limit for the run, in seconds.",
+                                                  rich_help_panel=ADVANCED, show_default=False)] = None,
+) -> None:
+    """Research a question with tools; print the answer."""
+    from nanbeige.agent.llm import LLMConfig, OpenAIChat
+    from nanbeige.agent.loop import AgentConfig
+    from nanbeige.agent.toolbox import ServerSpec, parse_server_spec
+
+    if dialect not in dialects.DIALECTS:
+        fail(f"--dialect must be one of {', '.join(dialects.DIALECTS)}, not {dialect!r}", 2)
+    try:
+        specs = [parse_server_spec(text) for text in mcp or []]
+    except ValueError as exc:
+        fail(str(exc), 2)
+    specs = ([] if no_default_servers else default_servers()) + specs
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        fail(f"two MCP servers share a name: {', '.join(sorted(n for n in set(names) if names.count(n) > 1))}", 2)
+    llm_config = LLMConfig(base_url=base_url, model=model, api_key=api_key, temperature=temperature, top_p=top_p,
+                           max_tokens=max_tokens)
+    config = AgentConfig(dialect=dialect, max_turns=max_turns, keep_tool_results=keep_tool_results,
+                         max_context=max_context, timeout_s=timeout)
+    if max_tokens + config.context_reserve >= max_context:
+        fail(f"--max-tokens {max_tokens} leaves no room for a prompt in --max-context {max_context}", 2)
+    path = trajectory or default_trajectory_path()
+    check_model_server(base_url, api_key)
+    writer = open_writer(path, [api_key or ""])
+    if not specs:
+        err.print("[yellow]no tools available:[/] the model answers from its own knowledge. Add MCP servers "
+                  "with --mcp NAME=COMMAND.", highlight=False)
+    err.print(f"[dim]trajectory: {path}[/]", highlight=False)
+    llm = OpenAIChat(llm_config)
+    errlog = open(path.with_suffix(".servers.log"), "a") if specs else None
+    try:
+        result = asyncio.run(_ask(question, llm, specs, config, writer, tool_timeout, max_result_chars, errlog))
+    except KeyboardInterrupt:
+        err.print(f"[yellow]interrupted[/]; the trajectory so far is in {path}", highlight=False)
+        raise typer.Exit(130) from None
+    finally:
+        writer.close()
+    report(result, json_output)
+
+
+async def _ask(question, llm, specs, config, writer, tool_timeout, max_result_chars, errlog):  # noqa: ANN001
+    from nanbeige.agent.loop import run
+    from nanbeige.agent.toolbox import Toolbox, ToolboxError
+    from nanbeige.agent.view import LiveView
+
+    try:
+        async with Toolbox(specs, call_timeout_s=tool_timeout, max_result_chars=max_result_chars,
+                           errlog=errlog) as toolbox:
+            return await run(question, llm, toolbox, config, writer, on_event=LiveView(err, config.max_turns))
+    except ToolboxError as exc:
+        fail(str(exc))
+    finally:
+        await llm.aclose()
+
+
+def default_servers() -> list:
+    """The built-in tool servers launched by `ask` (none yet: give servers with --mcp)."""
+    return []
+
+
+def open_writer(path: Path, secrets: list[str]):  # noqa: ANN201
+    from nanbeige.agent.trajectory import TrajectoryWriter
+
+    secrets = secrets + [os.environ[name] for name in SECRET_ENV if os.environ.get(name)]
+    try:
+        return TrajectoryWriter(path, secrets=secrets)
+    except OSError as exc:
+        fail(f"cannot write the trajectory to {path}: {exc.strerror or exc}. Pass --trajectory with a writable path.")
+
+
+def report(trajectory, json_output: bool) -> None:  # noqa: ANN001
+    from nanbeige.agent.trajectory import end_record
+
+    if json_output:
+        sys.stdout.write(orjson.dumps(end_record(trajectory)).decode() + "\n")
+    elif trajectory.answer is not None:
+        sys.stdout.write(trajectory.answer + "\n")
+    turns = len(trajectory.turns)
+    err.print(f"[dim]{trajectory.stop_reason} after {turns} turn{'s' * (turns != 1)} in "
+              f"{trajectory.timings.get('wall_s', 0):.1f}s[/]", highlight=False)
+    if trajectory.answer is None:
+        detail = f": {trajectory.error}" if trajectory.error else ""
+        fail(f"no answer (stop reason {trajectory.stop_reason}){detail}")
+
+
+@app.command("show")
+def show_command(
+    path: Annotated[Path, typer.Argument(help="A trajectory file (JSONL).")],
+    full: Annotated[bool, typer.Option(help="Show reasoning and tool results in full.")] = False,
+) -> None:
+    """Print a saved trajectory readably."""
+    from nanbeige.agent.trajectory import load_trajectories
+    from nanbeige.agent.view import show
+
+    try:
+        trajectories = load_trajectories(path)
+    except OSError as exc:
+        fail(f"cannot read {path}: {exc.strerror or exc}")
+    except ValueError as exc:
+        fail(f"{exc}: is this a trajectory file?")
+    if not trajectories:
+        fail(f"{path} holds no trajectory")
+    out = Console()
+    for trajectory in trajectories:
+        show(out, trajectory, full=full)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

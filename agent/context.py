@@ -1,0 +1,100 @@
+"""Context management: what the model sees, how many tokens that is, and when to stop asking.
+
+- Keep-K: only the last K tool results are shown; older ones are replaced by a short placeholder
+  in the request (the trajectory keeps everything). The message list is updated in place, so a
+  turn costs the same at turn 600 as at turn 1.
+- Token budget: the next prompt's size is the server's last usage figures plus an estimate for
+  what was added since; when the next call could overflow, the loop asks for the answer instead.
+- Repetition guard: a reply that loops on the same text, or the same tool call made again and
+  again, is answered with a message instead of being run.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from nanbeige.agent.dialects import OMITTED
+from nanbeige.agent.trajectory import ToolCall, Turn
+
+MESSAGE_OVERHEAD_TOKENS = 8  # role markers and separators the chat template adds per message
+
+
+def estimate_tokens(text: str) -> int:
+    """A deliberately high token estimate for text not yet counted by the server: one token per
+    3 bytes of UTF-8 (English runs ~4 characters a token, CJK ~1 character = 3 bytes)."""
+    return len(text.encode("utf-8", "replace")) // 3 + MESSAGE_OVERHEAD_TOKENS
+
+
+def _message_tokens(message: dict[str, Any]) -> int:
+    extra = json.dumps(message["tool_calls"]) if message.get("tool_calls") else ""
+    return estimate_tokens((message.get("content") or "") + (message.get("reasoning_content") or "") + extra)
+
+
+class History:
+    """The messages sent to the model, kept current turn by turn with O(1) work per turn."""
+
+    def __init__(self, system_prompt: str, user_message: str, keep_tool_results: int = 5):
+        self.messages: list[dict[str, Any]] = [
+            {"role": "system", "content": system_prompt},
+            {"role": "user", "content": user_message},
+        ]
+        self.keep = keep_tool_results
+        self.observations: list[list[int]] = []  # per turn with results: positions of its messages
+        self.estimated_tokens = sum(_message_tokens(m) for m in self.messages)
+        self.added_since_call = self.estimated_tokens  # estimate of what the server has not counted yet
+
+    def add_turn(self, assistant: dict[str, Any], observations: list[dict[str, Any]]) -> None:
+        self.messages.append(assistant)
+        positions = []
+        for message in observations:
+            positions.append(len(self.messages))
+            self.messages.append(message)
+        added = sum(_message_tokens(m) for m in observations)
+        self.estimated_tokens += _message_tokens(assistant) + added
+        self.added_since_call = added
+        if positions:
+            self.observations.append(positions)
+        if self.keep >= 0 and len(self.observations) > self.keep:
+            for position in self.observations[-self.keep - 1]:
+                self._omit(position)
+
+    def _omit(self, position: int) -> None:
+        message = self.messages[position]
+        if message["content"] != OMITTED:  # replace, never mutate: earlier requests may still hold it
+            self.estimated_tokens -= _message_tokens(message) - estimate_tokens(OMITTED)
+            self.messages[position] = {**message, "content": OMITTED}
+
+    def omit_latest(self) -> list[dict[str, Any]]:
+        """The messages with the newest tool results omitted too (for a last answer that must fit)."""
+        messages = list(self.messages)
+        for position in self.observations[-1] if self.observations else []:
+            messages[position] = {**messages[position], "content": OMITTED}
+        return messages
+
+    def next_prompt_tokens(self, last: Turn | None) -> int:
+        """Estimated prompt size of the next call: the server's count for the last call plus its
+        completion, plus an estimate of the messages added since; a full estimate without usage."""
+        if last is None or "prompt_tokens" not in last.usage:
+            return self.estimated_tokens
+        completion = last.usage.get("completion_tokens", _message_tokens(last.assistant))
+        return last.usage["prompt_tokens"] + completion + self.added_since_call
+
+
+def degenerate(text: str, tail: int = 50, times: int = 5) -> bool:
+    """True when a reply ends in a loop: its last `tail` characters occur more than `times` times."""
+    if len(text) < tail * (times + 1):
+        return False
+    return text.count(text[-tail:]) > times
+
+
+def repeated_call(turns: list[Turn], call: ToolCall, limit: int) -> bool:
+    """True when the same call (server, tool, arguments) was made in each of the last `limit - 1`
+    turns, so making it again would be the `limit`-th time in a row."""
+    if limit <= 1 or len(turns) < limit - 1:
+        return False
+    key = (call.server, call.name, json.dumps(call.arguments, sort_keys=True))
+    for turn in turns[-(limit - 1):]:
+        if key not in {(c.server, c.name, json.dumps(c.arguments, sort_keys=True)) for c in turn.tool_calls}:
+            return False
+    return True

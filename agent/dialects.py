@@ -1,0 +1,317 @@
+"""How tools are offered to the model and how its tool calls are read back.
+
+Two dialects:
+- `mcp-xml` (default): the deep-search format Nanbeige4.1-3B was trained on. Tools are described
+  in the system prompt, grouped by MCP server; the model calls one with a `<use_mcp_tool>` block
+  at the end of its message; results come back as the next user message; the final answer is
+  wrapped in `\\boxed{}`.
+- `tool-call`: general tool use. Tools go in the request's `tools=` field (OpenAI function
+  calling); calls come back as `message.tool_calls` when the server parses them, or as
+  `<tool_call>` JSON blocks in the text when it does not; results are `role: tool` messages.
+
+Parsing never raises: a reply that cannot be used becomes a `format_error` message for the model.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import json_repair
+
+from nanbeige.agent.trajectory import ToolCall, Turn
+
+DIALECTS = ("mcp-xml", "tool-call")
+# The order the model saw in training; servers it does not know follow in the order given.
+SERVER_ORDER = ("tool-python", "search_and_scrape_webpage", "jina_scrape_llm_summary")
+OMITTED = "Tool result is omitted to save tokens."
+
+_MCP_BLOCK = re.compile(
+    r"<use_mcp_tool>\s*<server_name>(.*?)</server_name>\s*<tool_name>(.*?)</tool_name>\s*"
+    r"<arguments>(.*?)</arguments>\s*</use_mcp_tool>",
+    re.DOTALL,
+)
+_MCP_TAGS = ("<use_mcp_tool>", "</use_mcp_tool>", "<server_name>", "<arguments>")
+_TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+
+@dataclass
+class ParsedReply:
+    """What the loop needs from one assistant message."""
+
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    format_error: str | None = None
+    """Set when the reply tried to call a tool but could not be understood."""
+
+
+# ---------------------------------------------------------------- prompts
+
+
+def _ordered_servers(tools: list[dict[str, Any]]) -> list[str]:
+    servers = list(dict.fromkeys(t["server"] for t in tools))
+    known = [s for s in SERVER_ORDER if s in servers]
+    return known + [s for s in servers if s not in SERVER_ORDER]
+
+
+def mcp_xml_system_prompt(tools: list[dict[str, Any]], date: str) -> str:
+    """The deep-search system prompt: preamble with the date line, formatting rules, the tool
+    catalogue by server (schemas printed as Python dicts, as in training), then the objectives."""
+    parts = [
+        "In this environment you have access to a set of tools you can use to answer the user's question. "
+        "Use only the tools listed below. You may call one tool per message, and the result of that call "
+        "arrives in the user's next message. Work step by step: let each tool call build on what earlier "
+        "calls returned.\n\n"
+        f"Today is: {date}\n\n"
+        "# Tool-Use Formatting Instructions\n\n"
+        "Write a tool call as XML-style tags. The whole call sits inside a <use_mcp_tool> block, and each "
+        "part of the call has its own tag inside it.\n\n"
+        "Tools are provided by MCP servers. An MCP server is a program that offers a set of tools; name "
+        "both the server and the tool in every call.\n\n"
+        "Parameters:\n"
+        "- server_name: (required) the name of the MCP server that provides the tool\n"
+        "- tool_name: (required) the name of the tool to run\n"
+        "- arguments: (required) a JSON object with the tool's input parameters, following the tool's input "
+        "schema; escape quotes inside strings correctly\n\n"
+        "Usage:\n"
+        "<use_mcp_tool>\n<server_name>server name here</server_name>\n<tool_name>tool name here</tool_name>\n"
+        "<arguments>\n{\n\"param1\": \"value1\",\n\"param2\": \"value2 \\\"escaped string\\\"\"\n}\n"
+        "</arguments>\n</use_mcp_tool>\n\n"
+        "Important Notes:\n"
+        "- Put the tool call at the end of your message, at the top level, never inside other tags.\n"
+        "- Strings are passed as written; lists and objects are written as JSON.\n"
+        "- Spaces inside values are kept as they are.\n"
+        "- The call is read with regular expressions, not an XML parser, so keep the tags exactly as shown.\n\n"
+        "Here are the functions available in JSONSchema format:\n",
+    ]
+    for server in _ordered_servers(tools):
+        parts.append(f"\n## Server name: {server}\n")
+        for tool in (t for t in tools if t["server"] == server):
+            parts.append(f"### Tool name: {tool['name']}\n")
+            parts.append(f"Description: {tool.get('description') or ''}\n")
+            parts.append(f"Input JSON schema: {tool.get('input_schema') or {}}\n")
+    parts.append(
+        "\n# General Objective\n\n"
+        "Solve the given task step by step, in clear and careful stages, checking what each step found.\n\n"
+        "# Agent Specific Objective\n\n"
+        "You are an agent that solves tasks by using the tools step by step, and gives a complete, accurate "
+        "and well-reasoned answer.\n"
+    )
+    return "".join(parts)
+
+
+def no_tools_system_prompt(date: str) -> str:
+    return f"You are a careful assistant. Answer the user's question as accurately as you can.\n\nToday is: {date}\n"
+
+
+def system_prompt(dialect: str, tools: list[dict[str, Any]], date: str) -> str:
+    if dialect == "mcp-xml" and tools:
+        return mcp_xml_system_prompt(tools, date)
+    if dialect == "tool-call" and tools:
+        return (f"You are a careful assistant that uses the tools provided to answer the user's question.\n\n"
+                f"Today is: {date}\n")
+    return no_tools_system_prompt(date)
+
+
+def user_message(dialect: str, question: str) -> str:
+    if dialect == "mcp-xml":
+        return question + "\nYou should follow the format instructions in the request strictly and wrap the " \
+                          "final answer in \\boxed{}."
+    return question
+
+
+def final_answer_instruction(dialect: str, question: str) -> str:
+    """The user message that asks for the answer without more tool calls (limits reached)."""
+    box = "wrap it in \\boxed{}" if dialect == "mcp-xml" else "state it plainly"
+    return (
+        "You have reached the limit of tool calls or context for this task, so no more tools can be used. "
+        "Summarise what you found and give your FINAL ANSWER now. If an earlier step already found the "
+        "answer, reuse it; if the answer is still uncertain, give your best-supported guess.\n\n"
+        f'The question was: "{question}"\n\n'
+        f"Give the final answer and {box}. Keep it short: a number, a few words, or a comma-separated list, "
+        "without units, thousands separators, articles or abbreviations unless the question asks for them. "
+        "Do not call any tool."
+    )
+
+
+# ---------------------------------------------------------------- tools for the request
+
+
+def function_names(tools: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
+    """Function name -> (server, tool): the plain tool name when unique, else `server__tool`."""
+    counts: dict[str, int] = {}
+    for tool in tools:
+        counts[tool["name"]] = counts.get(tool["name"], 0) + 1
+    names = {}
+    for tool in tools:
+        name = tool["name"] if counts[tool["name"]] == 1 else f"{tool['server']}__{tool['name']}"
+        names[name] = (tool["server"], tool["name"])
+    return names
+
+
+def request_tools(dialect: str, tools: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """The `tools=` field of the request: only the tool-call dialect uses it."""
+    if dialect != "tool-call" or not tools:
+        return None
+    by_pair = {pair: name for name, pair in function_names(tools).items()}
+    return [
+        {"type": "function", "function": {
+            "name": by_pair[(t["server"], t["name"])],
+            "description": t.get("description") or "",
+            "parameters": t.get("input_schema") or {"type": "object", "properties": {}},
+        }}
+        for t in tools
+    ]
+
+
+# ---------------------------------------------------------------- reading replies
+
+
+def visible_text(content: str) -> str:
+    """The part of a reply after its reasoning: text after the last `</think>`; nothing when a
+    `<think>` was opened and never closed (the reply is all reasoning)."""
+    if "</think>" in content:
+        return content.rsplit("</think>", 1)[1]
+    if "<think>" in content:
+        return ""
+    return content
+
+
+def parse_arguments(raw: str | dict[str, Any] | None) -> dict[str, Any] | None:
+    """A tool call's arguments as a dict: strict JSON first, then repaired JSON; None if hopeless.
+    Keys whose value is null are dropped, so tool defaults apply."""
+    if isinstance(raw, dict):
+        value: Any = raw
+    else:
+        text = (raw or "").strip() or "{}"
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = json_repair.loads(text)
+            if value == "" or value is None:
+                return None
+    if not isinstance(value, dict):
+        return None
+    return {k: v for k, v in value.items() if v is not None}
+
+
+def _fix_server(server: str, name: str, tools: list[dict[str, Any]]) -> str:
+    """A call naming the wrong server for a tool that only one server has goes to that server."""
+    if any(t["server"] == server and t["name"] == name for t in tools):
+        return server
+    owners = [t["server"] for t in tools if t["name"] == name]
+    return owners[0] if len(owners) == 1 else server
+
+
+def parse_mcp_xml(content: str, tools: list[dict[str, Any]]) -> ParsedReply:
+    text = visible_text(content)
+    calls, bad = [], []
+    for server, name, raw_arguments in _MCP_BLOCK.findall(text):
+        server, name = server.strip(), name.strip()
+        arguments = parse_arguments(raw_arguments)
+        if arguments is None:
+            bad.append(f"the arguments of {name or 'the tool call'} are not a JSON object")
+            continue
+        calls.append(ToolCall(server=_fix_server(server, name, tools), name=name, arguments=arguments))
+    if calls:
+        return ParsedReply(tool_calls=calls)
+    if bad:
+        return ParsedReply(format_error=f"Your tool call could not be used: {bad[0]}. Write the call again "
+                                        "with valid JSON inside <arguments>.")
+    if any(tag in text for tag in _MCP_TAGS):
+        return ParsedReply(format_error="Your message contains a tool call that could not be parsed. Write it "
+                                        "as <use_mcp_tool> with <server_name>, <tool_name> and <arguments> tags, "
+                                        "at the end of your message, exactly as in the instructions.")
+    return ParsedReply()
+
+
+def parse_tool_call(message: dict[str, Any], tools: list[dict[str, Any]]) -> ParsedReply:
+    names = function_names(tools)
+    raw_calls = []  # (id, name, arguments)
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") or {}
+        raw_calls.append((call.get("id"), function.get("name", ""), function.get("arguments")))
+    if not raw_calls:
+        for block in _TOOL_CALL_BLOCK.findall(visible_text(message.get("content") or "")):
+            data = parse_arguments(block)
+            if data is None or not isinstance(data.get("name"), str):
+                return ParsedReply(format_error='A <tool_call> block could not be parsed. Write it as '
+                                                '<tool_call>{"name": ..., "arguments": {...}}</tool_call>.')
+            raw_calls.append((None, data["name"], data.get("arguments", {})))
+    calls = []
+    for call_id, name, raw_arguments in raw_calls:
+        arguments = parse_arguments(raw_arguments)
+        if arguments is None:
+            return ParsedReply(format_error=f"The arguments of {name} are not a JSON object. Call it again "
+                                            "with valid JSON arguments.")
+        server, tool = names.get(name, ("", name))
+        calls.append(ToolCall(server=server, name=tool, arguments=arguments, id=call_id or f"call_{uuid.uuid4().hex[:8]}"))
+    return ParsedReply(tool_calls=calls)
+
+
+def parse_reply(dialect: str, message: dict[str, Any], tools: list[dict[str, Any]]) -> ParsedReply:
+    if dialect == "mcp-xml":
+        return parse_mcp_xml(message.get("content") or "", tools)
+    return parse_tool_call(message, tools)
+
+
+def _last_boxed(text: str) -> str | None:
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, i = 1, start + len("\\boxed{")
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i:j].strip()
+    return None
+
+
+def extract_answer(dialect: str, content: str) -> str:
+    """The final answer in a reply without tool calls: the last `\\boxed{}` (mcp-xml) or an
+    `<answer>` block if present, else the visible text."""
+    text = visible_text(content).strip()
+    boxed = _last_boxed(text)
+    if boxed is not None:
+        return boxed
+    match = re.search(r"<answer>(.*?)</answer>", text, re.DOTALL)
+    return match.group(1).strip() if match else text
+
+
+# ---------------------------------------------------------------- writing the history
+
+
+def history_message(dialect: str, assistant: dict[str, Any]) -> dict[str, Any]:
+    """The assistant message as sent back to the model in later requests.
+
+    Reasoning a server split off (`reasoning`) goes back where the chat template expects it: inside
+    `content` for mcp-xml (whose template renders content verbatim), as `reasoning_content` for
+    tool-call."""
+    content = assistant.get("content") or ""
+    reasoning = assistant.get("reasoning") or assistant.get("reasoning_content")
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if reasoning and dialect == "mcp-xml":
+        message["content"] = f"<think>\n{reasoning}\n</think>\n\n{content}"
+    elif reasoning:
+        message["reasoning_content"] = reasoning
+    if dialect == "tool-call" and assistant.get("tool_calls"):
+        message["tool_calls"] = assistant["tool_calls"]
+    return message
+
+
+def observation_messages(dialect: str, turn: Turn) -> list[dict[str, Any]]:
+    """What goes back to the model after a turn: its tool results, or the format error."""
+    if turn.format_error is not None:
+        return [{"role": "user", "content": turn.format_error}]
+    if not turn.tool_calls:
+        return []
+    if dialect == "mcp-xml":
+        return [{"role": "user", "content": "\n".join(_result_text(r) for r in turn.tool_results)}]
+    return [{"role": "tool", "tool_call_id": call.id, "content": _result_text(result)}
+            for call, result in zip(turn.tool_calls, turn.tool_results)]
+
+
+def _result_text(result: Any) -> str:
+    return f"Error: {result.text}" if result.is_error and not result.text.startswith("Error") else result.text

@@ -1,0 +1,268 @@
+"""Model backends: one small protocol, an OpenAI-compatible HTTP client, and a scripted model.
+
+The HTTP client speaks `/v1/chat/completions` to vLLM or any OpenAI-compatible server. Against
+vLLM it also asks for the prompt and completion token ids and the sampling logprobs, so turns
+are token-exact; servers that ignore those fields work unchanged, and a server that rejects them
+is asked again without them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+import httpx
+import orjson
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_combine,
+    wait_exception,
+    wait_exponential_jitter,
+)
+
+RETRY_STATUSES = {408, 425, 429, 500, 502, 503, 504}
+VLLM_EXTRAS = {"return_token_ids": True, "logprobs": True, "top_logprobs": 0}
+
+
+class ModelError(Exception):
+    """The model call failed for good (after retries, or on a non-retryable answer)."""
+
+
+class ModelUnreachable(ModelError):
+    """No model server answers at the configured address."""
+
+
+class ContextOverflow(ModelError):
+    """The server refused the request because the prompt is longer than the model's context."""
+
+
+@dataclass
+class LLMConfig:
+    """How to reach the model and how to sample from it."""
+
+    base_url: str = "http://127.0.0.1:8000/v1"
+    """OpenAI-compatible endpoint, up to and including `/v1`."""
+    model: str = "Nanbeige/Nanbeige4.1-3B"
+    """Model name sent with every request."""
+    api_key: str | None = None
+    """Bearer token, if the server wants one. Never logged."""
+    temperature: float = 0.6
+    """Sampling temperature (the model card's default for tool use)."""
+    top_p: float = 0.95
+    """Nucleus sampling threshold."""
+    max_tokens: int = 16384
+    """Most tokens one reply may have."""
+    stop: list[str] = field(default_factory=list)
+    """Extra stop strings."""
+    timeout_s: float = 600.0
+    """Timeout for one model call."""
+    max_attempts: int = 5
+    """Attempts per call on connection errors and 408/429/5xx answers."""
+    max_retry_s: float = 300.0
+    """Give up retrying one call after this many seconds."""
+
+    def sampling(self) -> dict[str, Any]:
+        return {"temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.max_tokens, "stop": self.stop}
+
+
+@dataclass
+class Completion:
+    """One reply of the model."""
+
+    message: dict[str, Any]
+    """The assistant message as produced: `role`, `content`, and `tool_calls` / `reasoning` if any."""
+    finish_reason: str | None = None
+    usage: dict[str, int] = field(default_factory=dict)
+    prompt_ids: list[int] | None = None
+    """Token ids of the whole prompt, when the backend reports them."""
+    completion_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    latency_s: float = 0.0
+
+
+class LLM(Protocol):
+    """What the loop needs from a model backend."""
+
+    config: LLMConfig
+
+    async def complete(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, max_tokens: int | None = None
+    ) -> Completion: ...
+
+    async def aclose(self) -> None: ...
+
+
+class _RetryableStatus(Exception):
+    def __init__(self, response: httpx.Response):
+        super().__init__(f"HTTP {response.status_code}")
+        self.response = response
+
+
+def _retry_after(exc: BaseException) -> float:
+    if not isinstance(exc, _RetryableStatus):
+        return 0.0
+    try:
+        return min(float(exc.response.headers.get("retry-after", 0)), 60.0)
+    except ValueError:
+        return 0.0
+
+
+def _retryable(exc: BaseException) -> bool:
+    return isinstance(exc, (_RetryableStatus, httpx.TransportError))
+
+
+def _error_text(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+        message = body.get("error", body) if isinstance(body, dict) else body
+        if isinstance(message, dict):
+            message = message.get("message", message)
+        return str(message)[:500]
+    except ValueError:
+        return response.text[:500]
+
+
+def parse_completion(body: dict[str, Any], latency_s: float) -> Completion:
+    """Turn a `/chat/completions` response body into a Completion, keeping vLLM's token fields."""
+    choice = body["choices"][0]
+    message = {"role": "assistant", "content": choice["message"].get("content") or ""}
+    for key in ("tool_calls", "reasoning", "reasoning_content"):
+        if choice["message"].get(key):
+            message[key] = choice["message"][key]
+    logprobs = None
+    if (choice.get("logprobs") or {}).get("content"):
+        logprobs = [entry["logprob"] for entry in choice["logprobs"]["content"]]
+    usage = {k: v for k, v in (body.get("usage") or {}).items() if isinstance(v, int)}
+    return Completion(
+        message=message,
+        finish_reason=choice.get("finish_reason"),
+        usage=usage,
+        prompt_ids=body.get("prompt_token_ids") or choice.get("prompt_token_ids"),
+        completion_ids=choice.get("token_ids"),
+        logprobs=logprobs,
+        latency_s=latency_s,
+    )
+
+
+class OpenAIChat:
+    """Async client for an OpenAI-compatible `/chat/completions` endpoint."""
+
+    def __init__(self, config: LLMConfig, transport: httpx.AsyncBaseTransport | None = None):
+        self.config = config
+        headers = {"Content-Type": "application/json"}
+        if config.api_key:
+            headers["Authorization"] = f"Bearer {config.api_key}"
+        timeout = httpx.Timeout(config.timeout_s, connect=10.0)
+        self.http = httpx.AsyncClient(base_url=config.base_url.rstrip("/"), headers=headers, timeout=timeout,
+                                      transport=transport)
+        self.send_extras = True  # turned off for good if the server rejects vLLM's extra fields
+
+    def request_body(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                     max_tokens: int | None) -> dict[str, Any]:
+        c = self.config
+        body: dict[str, Any] = {"model": c.model, "messages": messages, "temperature": c.temperature,
+                                "top_p": c.top_p, "max_tokens": max_tokens or c.max_tokens}
+        if c.stop:
+            body["stop"] = c.stop
+        if tools:
+            body["tools"] = tools
+        if self.send_extras:
+            body.update(VLLM_EXTRAS)
+        return body
+
+    async def _post(self, body: dict[str, Any]) -> httpx.Response:
+        try:
+            response = await self.http.post("/chat/completions", content=orjson.dumps(body))
+        except httpx.ConnectError as exc:
+            raise ModelUnreachable(f"cannot connect to {self.config.base_url}: {exc}") from exc
+        if response.status_code in RETRY_STATUSES:
+            raise _RetryableStatus(response)
+        return response
+
+    async def _post_with_retries(self, body: dict[str, Any]) -> httpx.Response:
+        c = self.config
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(lambda e: _retryable(e) or isinstance(e, ModelUnreachable)),
+            stop=stop_after_attempt(c.max_attempts) | stop_after_delay(c.max_retry_s),
+            wait=wait_combine(wait_exponential_jitter(multiplier=0.5, max=20, jitter=1), wait_exception(_retry_after)),
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    return await self._post(body)
+        except _RetryableStatus as exc:
+            raise ModelError(f"model server answered HTTP {exc.response.status_code}: "
+                             f"{_error_text(exc.response)}") from None
+        except httpx.TimeoutException as exc:
+            raise ModelError(f"model call timed out after {c.timeout_s:g} s ({type(exc).__name__})") from None
+        except httpx.TransportError as exc:
+            raise ModelError(f"model call failed: {type(exc).__name__}: {exc}") from None
+        raise AssertionError("unreachable")
+
+    async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                       max_tokens: int | None = None) -> Completion:
+        started = time.perf_counter()
+        response = await self._post_with_retries(self.request_body(messages, tools, max_tokens))
+        if response.status_code == 400 and self.send_extras and _mentions_extras(response):
+            self.send_extras = False
+            response = await self._post_with_retries(self.request_body(messages, tools, max_tokens))
+        if response.status_code != 200:
+            text = _error_text(response)
+            if response.status_code == 400 and "context" in text.lower() and "length" in text.lower():
+                raise ContextOverflow(text)
+            raise ModelError(f"model server answered HTTP {response.status_code}: {text}")
+        try:
+            return parse_completion(response.json(), time.perf_counter() - started)
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise ModelError(f"model server sent a reply that is not a chat completion: {exc!r}") from None
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+
+def _mentions_extras(response: httpx.Response) -> bool:
+    text = _error_text(response)
+    return any(name in text for name in VLLM_EXTRAS)
+
+
+Reply = str | dict[str, Any] | Completion | Exception | Callable[[list[dict[str, Any]]], "Reply"]
+
+
+class ScriptedLLM:
+    """Replays fixed replies, for tests and demos. A reply may be the assistant text, a message
+    dict, a whole Completion, an exception to raise, or a function of the messages returning one
+    of those. After the script runs out, `default` (if set) is replied forever."""
+
+    def __init__(self, replies: list[Reply], default: Reply | None = None, config: LLMConfig | None = None):
+        self.config = config or LLMConfig(model="scripted")
+        self.replies = list(replies)
+        self.default = default
+        self.calls: list[list[dict[str, Any]]] = []  # the messages of every call, for assertions
+
+    async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                       max_tokens: int | None = None) -> Completion:
+        self.calls.append(messages)
+        if self.replies:
+            reply = self.replies.pop(0)
+        elif self.default is not None:
+            reply = self.default
+        else:
+            raise ModelError("scripted model has no more replies")
+        while callable(reply) and not isinstance(reply, type):
+            reply = reply(messages)
+        if isinstance(reply, Exception):
+            raise reply
+        if isinstance(reply, Completion):
+            return reply
+        if isinstance(reply, str):
+            reply = {"role": "assistant", "content": reply}
+        tokens = len(reply.get("content") or "") // 4 + 1
+        return Completion(message=reply, finish_reason="stop", usage={"completion_tokens": tokens})
+
+    async def aclose(self) -> None:
+        pass

@@ -1,0 +1,213 @@
+"""The ReAct loop: ask the model, parse its tool calls, run them, log the turn, repeat.
+
+`run` is the whole agent; everything it needs is a function in dialects.py, context.py or
+toolbox.py. Limits end the run with a stop reason, never with an exception; Ctrl-C (task
+cancellation) closes the trajectory as `interrupted` and re-raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from nanbeige.agent import dialects
+from nanbeige.agent.context import History, degenerate, estimate_tokens, repeated_call
+from nanbeige.agent.llm import LLM, Completion, ContextOverflow, ModelError
+from nanbeige.agent.tokens import TokenTracker
+from nanbeige.agent.toolbox import Toolbox
+from nanbeige.agent.trajectory import ToolResult, Trajectory, TrajectoryWriter, Turn
+
+MIN_ANSWER_TOKENS = 512  # the final answer turn needs at least this much room to be worth making
+
+
+@dataclass
+class AgentConfig:
+    """Limits and context settings for one run."""
+
+    dialect: str = "mcp-xml"
+    """`mcp-xml` (deep-search format, default) or `tool-call` (OpenAI function calling)."""
+    max_turns: int = 200
+    """Most model calls with tools; then one last call asks for the answer."""
+    keep_tool_results: int = 5
+    """Show the model only the last K tool results (-1 = all). The trajectory keeps all."""
+    max_context: int = 131072
+    """The model's context length in tokens; the answer is requested before a call could overflow."""
+    context_reserve: int = 2048
+    """Tokens kept free for the final answer request."""
+    max_format_errors: int = 5
+    """Stop after this many unusable replies in a row."""
+    repeat_limit: int = 3
+    """Refuse a tool call made this many turns in a row with the same arguments."""
+    final_answer_turn: bool = True
+    """At max_turns or the context limit, make one last call without tools for the answer."""
+    timeout_s: float | None = None
+    """Wall-clock limit for the run (None = none)."""
+    date: str | None = None
+    """Date shown to the model (YYYY-MM-DD); today when None."""
+
+    def __post_init__(self) -> None:
+        if self.dialect not in dialects.DIALECTS:
+            raise ValueError(f"dialect must be one of {', '.join(dialects.DIALECTS)}, not {self.dialect!r}")
+
+
+Event = Callable[[str, Any], None]
+
+
+def _no_event(kind: str, data: Any) -> None:
+    pass
+
+
+async def run(question: str, llm: LLM, toolbox: Toolbox | None, config: AgentConfig,
+              writer: TrajectoryWriter | None = None, on_event: Event = _no_event,
+              group_id: str | None = None) -> Trajectory:
+    """Answer one question; returns the finished trajectory (also written turn by turn)."""
+    tools = toolbox.tools if toolbox else []
+    date = config.date or datetime.date.today().isoformat()
+    trajectory = Trajectory(
+        question=question, group_id=group_id, tools=tools, model=llm.config.model, dialect=config.dialect,
+        system_prompt=dialects.system_prompt(config.dialect, tools, date),
+        user_message=dialects.user_message(config.dialect, question),
+        sampling=llm.config.sampling(), limits=dataclasses.asdict(config),
+    )
+    history = History(trajectory.system_prompt, trajectory.user_message, config.keep_tool_results)
+    started = time.monotonic()
+    if writer:
+        writer.start(trajectory)
+    try:
+        async with asyncio.timeout(config.timeout_s):
+            await _turns(trajectory, llm, toolbox, config, history, writer, on_event)
+    except TimeoutError:
+        trajectory.stop_reason = "timeout"
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        trajectory.stop_reason = "interrupted"
+        raise
+    except Exception as exc:  # a bug or a broken connection: keep the log whole, then let it surface
+        trajectory.stop_reason, trajectory.error = "interrupted", f"{type(exc).__name__}: {exc}"
+        raise
+    finally:
+        trajectory.timings = {
+            "wall_s": time.monotonic() - started,
+            "model_s": sum(t.latency_s for t in trajectory.turns),
+            "tool_s": sum(r.latency_s for t in trajectory.turns for r in t.tool_results),
+        }
+        if writer:
+            writer.end(trajectory)
+        on_event("end", trajectory)
+    return trajectory
+
+
+async def _turns(trajectory: Trajectory, llm: LLM, toolbox: Toolbox | None, config: AgentConfig,
+                 history: History, writer: TrajectoryWriter | None, on_event: Event) -> None:
+    tracker = TokenTracker()
+    request_tools = dialects.request_tools(config.dialect, trajectory.tools)
+    while True:
+        last = trajectory.turns[-1] if trajectory.turns else None
+        prompt_tokens = history.next_prompt_tokens(last)
+        if len(trajectory.turns) >= config.max_turns:
+            trajectory.stop_reason = "max_turns"
+        elif prompt_tokens + llm.config.max_tokens + config.context_reserve > config.max_context:
+            trajectory.stop_reason = "context_limit"
+        if trajectory.stop_reason:
+            if config.final_answer_turn:
+                await _final_turn(trajectory, llm, config, history, prompt_tokens, tracker, writer, on_event)
+            return
+        on_event("model", len(trajectory.turns))
+        try:
+            completion = await llm.complete(history.messages, request_tools)
+        except ContextOverflow as exc:
+            trajectory.stop_reason, trajectory.error = "context_limit", str(exc)
+            return
+        except ModelError as exc:
+            trajectory.stop_reason, trajectory.error = "model_error", str(exc)
+            return
+        turn = _new_turn(trajectory, completion, tracker)
+        parsed = dialects.parse_reply(config.dialect, turn.assistant, trajectory.tools)
+        turn.tool_calls, turn.format_error = parsed.tool_calls, parsed.format_error or _reply_problem(turn, parsed)
+        if not turn.tool_calls and turn.format_error is None:
+            trajectory.answer = dialects.extract_answer(config.dialect, turn.assistant["content"])
+            trajectory.stop_reason = "answered"
+        for call in turn.tool_calls:
+            on_event("tool", call)
+            if repeated_call(trajectory.turns, call, config.repeat_limit):
+                result = ToolResult(text=f"This exact call was already made {config.repeat_limit - 1} times in a "
+                                         "row and was not run again. Try a different call, or answer.", is_error=True)
+            else:
+                result = await toolbox.call(call) if toolbox else ToolResult("No tools are available.", True)
+            turn.tool_results.append(result)
+        _log_turn(trajectory, turn, writer, on_event)
+        if trajectory.stop_reason:
+            return
+        history.add_turn(dialects.history_message(config.dialect, turn.assistant),
+                         dialects.observation_messages(config.dialect, turn))
+        if _format_errors_in_a_row(trajectory.turns) >= config.max_format_errors:
+            trajectory.stop_reason = "format_errors"
+            return
+
+
+async def _final_turn(trajectory: Trajectory, llm: LLM, config: AgentConfig, history: History, prompt_tokens: int,
+                      tracker: TokenTracker, writer: TrajectoryWriter | None, on_event: Event) -> None:
+    """One call without tools that asks for the answer. When even that would not fit, the newest
+    tool results are left out of it."""
+    instruction = dialects.final_answer_instruction(config.dialect, trajectory.question)
+    messages = history.messages
+    room = config.max_context - prompt_tokens - estimate_tokens(instruction)
+    if room < MIN_ANSWER_TOKENS and history.observations:
+        messages = history.omit_latest()
+        room += sum(estimate_tokens(history.messages[i]["content"]) for i in history.observations[-1])
+    if room < MIN_ANSWER_TOKENS:
+        return
+    on_event("model", len(trajectory.turns))
+    try:
+        completion = await llm.complete([*messages, {"role": "user", "content": instruction}], None,
+                                        max_tokens=min(llm.config.max_tokens, room))
+    except ModelError as exc:
+        trajectory.error = str(exc)
+        return
+    turn = _new_turn(trajectory, completion, tracker)
+    turn.instruction = instruction
+    answer = dialects.extract_answer(config.dialect, turn.assistant["content"])
+    trajectory.answer = answer or None
+    _log_turn(trajectory, turn, writer, on_event)
+
+
+def _new_turn(trajectory: Trajectory, completion: Completion, tracker: TokenTracker) -> Turn:
+    turn = Turn(index=len(trajectory.turns), assistant=completion.message, finish_reason=completion.finish_reason,
+                usage=completion.usage, latency_s=completion.latency_s, logprobs=completion.logprobs)
+    if completion.prompt_ids is not None and completion.completion_ids is not None:
+        tracker.record(turn, completion.prompt_ids, completion.completion_ids)
+    return turn
+
+
+def _reply_problem(turn: Turn, parsed: dialects.ParsedReply) -> str | None:
+    """Why a reply without tool calls is not an answer either: cut off, or looping."""
+    if parsed.tool_calls:
+        return None
+    content = turn.assistant.get("content") or ""
+    if turn.finish_reason == "length":
+        return ("Your reply was cut off at the token limit before it was finished. Think more briefly, then "
+                "make your tool call or give your final answer.")
+    if degenerate(content):
+        return "Your reply kept repeating the same text. Stop repeating, and continue with a new step."
+    if not dialects.visible_text(content).strip():
+        return "Your reply had no answer and no tool call. Continue: make a tool call or give your final answer."
+    return None
+
+
+def _format_errors_in_a_row(turns: list[Turn]) -> int:
+    count = 0
+    for turn in reversed(turns):
+        if turn.format_error is None:
+            break
+        count += 1
+    return count
+
+
+def _log_turn(trajectory: Trajectory, turn: Turn, writer: TrajectoryWriter | None, on_event: Event) -> None:
+    trajectory.turns.append(turn)
+    if writer:
+        writer.turn(trajectory, turn)
+    on_event("turn", turn)

@@ -1,0 +1,202 @@
+"""The agent's tools, reached only through MCP (the official `mcp` SDK).
+
+A stdio server is launched once per run and kept alive; if it dies mid-run it is restarted once
+and the call is retried. Streamable-HTTP servers are reached by URL. Every call has a timeout,
+long results are cut with a visible marker, and anything that goes wrong inside a call comes
+back as an error result the model can read; only a server that cannot start at all is an error
+for the user.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import time
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from mcp import Client, MCPError, StdioServerParameters, stdio_client
+from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT
+
+from nanbeige.agent.trajectory import ToolCall, ToolResult
+
+# Environment passed on to stdio servers: their API keys and backend settings, nothing else.
+ENV_PREFIXES = ("NANBEIGE_", "SERPER_", "JINA_", "E2B_", "SEARXNG_")
+ENV_NAMES = ("PYTHONPATH", "VIRTUAL_ENV", "HF_HOME", "HF_HUB_OFFLINE", "LANG", "TMPDIR")
+
+
+class ToolboxError(Exception):
+    """A server could not be started or reached: something the user must fix."""
+
+
+@dataclass
+class ServerSpec:
+    """One MCP server to connect to."""
+
+    name: str
+    """The server name the model sees."""
+    command: list[str] | None = None
+    """Command line of a stdio server."""
+    url: str | None = None
+    """URL of a streamable-HTTP server."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment for a stdio server (it gets only this, plus PATH and HOME)."""
+    server: Any = None
+    """An in-process server object (tests and embedding)."""
+
+    def target(self, errlog: IO[str]) -> Any:
+        if self.server is not None:
+            return self.server
+        if self.url:
+            return self.url
+        assert self.command, f"server {self.name} has no command, url or server object"
+        params = StdioServerParameters(command=self.command[0], args=self.command[1:], env=self.env)
+        return stdio_client(params, errlog=errlog)
+
+
+def passed_env() -> dict[str, str]:
+    """The part of this process's environment that tool servers may need."""
+    return {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) or k in ENV_NAMES}
+
+
+def parse_server_spec(text: str) -> ServerSpec:
+    """`NAME=SPEC`: SPEC is an http(s) URL or the command line of a stdio server."""
+    name, sep, spec = text.partition("=")
+    if not sep or not name.strip() or not spec.strip():
+        raise ValueError(f"--mcp wants NAME=COMMAND or NAME=URL, got {text!r}")
+    spec = spec.strip()
+    if spec.startswith(("http://", "https://")):
+        return ServerSpec(name=name.strip(), url=spec)
+    return ServerSpec(name=name.strip(), command=shlex.split(spec), env=passed_env())
+
+
+def result_text(content: list[Any]) -> str:
+    parts = []
+    for block in content:
+        if getattr(block, "type", None) == "text":
+            parts.append(block.text)
+        else:
+            parts.append(f"[{getattr(block, 'type', 'content')} omitted]")
+    return "\n".join(parts)
+
+
+def truncate(text: str, max_chars: int) -> tuple[str, bool]:
+    if len(text) <= max_chars:
+        return text, False
+    return text[:max_chars] + f"\n... [Result truncated: {max_chars} of {len(text)} characters shown]", True
+
+
+class Toolbox:
+    """Live MCP connections, one per server, for the length of one or more runs."""
+
+    def __init__(self, specs: list[ServerSpec], call_timeout_s: float = 300.0, max_result_chars: int = 100_000,
+                 errlog: IO[str] | None = None, max_restarts: int = 1):
+        self.specs = {spec.name: spec for spec in specs}
+        self.call_timeout_s = call_timeout_s
+        self.max_result_chars = max_result_chars
+        self.errlog = errlog or open(os.devnull, "w")
+        self.max_restarts = max_restarts
+        self.tools: list[dict[str, Any]] = []
+        self.restarts: dict[str, int] = {}
+        self._clients: dict[str, Client] = {}
+        self._stacks: dict[str, AsyncExitStack] = {}
+
+    async def __aenter__(self) -> Toolbox:
+        try:
+            for spec in self.specs.values():
+                await self._connect(spec)
+                self.tools.extend(await self._list_tools(spec.name))
+        except BaseException:
+            await self.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    async def _connect(self, spec: ServerSpec) -> None:
+        stack = AsyncExitStack()
+        try:
+            self._clients[spec.name] = await stack.enter_async_context(Client(spec.target(self.errlog)))
+        except Exception as exc:
+            await _close_quietly(stack)
+            where = spec.url or (shlex.join(spec.command) if spec.command else "in-process")
+            raise ToolboxError(f"MCP server {spec.name!r} ({where}) failed to start: {_describe(exc)}") from None
+        self._stacks[spec.name] = stack
+
+    async def _list_tools(self, server: str) -> list[dict[str, Any]]:
+        tools, cursor = [], None
+        while True:
+            page = await self._clients[server].list_tools(cursor=cursor)
+            tools += [{"server": server, "name": t.name, "description": t.description or "",
+                       "input_schema": t.input_schema} for t in page.tools]
+            cursor = page.next_cursor
+            if not cursor:
+                return tools
+
+    async def _restart(self, server: str) -> None:
+        await _close_quietly(self._stacks.pop(server))
+        self._clients.pop(server, None)
+        self.restarts[server] = self.restarts.get(server, 0) + 1
+        await self._connect(self.specs[server])
+
+    def _unknown(self, call: ToolCall) -> str | None:
+        if any(t["server"] == call.server and t["name"] == call.name for t in self.tools):
+            return None
+        available = ", ".join(f"{t['name']} (server {t['server']})" for t in self.tools) or "none"
+        return f"Unknown tool: {call.name!r} on server {call.server!r}. Available tools: {available}."
+
+    async def call(self, call: ToolCall) -> ToolResult:
+        """Run one tool call. Never raises for anything the model could fix or the server did."""
+        started = time.perf_counter()
+        unknown = self._unknown(call)
+        if unknown:
+            return ToolResult(text=unknown, is_error=True)
+        text, is_error = await self._call_with_restart(call)
+        text, truncated = truncate(text, self.max_result_chars)
+        return ToolResult(text=text, is_error=is_error, latency_s=time.perf_counter() - started, truncated=truncated)
+
+    async def _call_with_restart(self, call: ToolCall) -> tuple[str, bool]:
+        try:
+            return await self._call_once(call)
+        except MCPError as exc:
+            if exc.code == REQUEST_TIMEOUT:
+                return f"Tool call timed out after {self.call_timeout_s:g} s.", True
+            if exc.code != CONNECTION_CLOSED:
+                return f"Tool call to {call.name} on {call.server} failed: {exc}", True
+            failure = exc
+        except Exception as exc:  # the transport broke in some other way
+            failure = exc
+        if self.restarts.get(call.server, 0) >= self.max_restarts:
+            return f"Server {call.server} is not available ({_describe(failure)}); it was already restarted.", True
+        try:
+            await self._restart(call.server)
+            return await self._call_once(call)
+        except Exception as exc:
+            return f"Server {call.server} stopped and could not be restarted: {_describe(exc)}", True
+
+    async def _call_once(self, call: ToolCall) -> tuple[str, bool]:
+        client = self._clients.get(call.server)
+        if client is None:
+            raise MCPError(CONNECTION_CLOSED, "not connected")
+        result = await client.call_tool(call.name, call.arguments, read_timeout_seconds=self.call_timeout_s)
+        return result_text(result.content), bool(result.is_error)
+
+    async def aclose(self) -> None:
+        for name in list(self._stacks):
+            await _close_quietly(self._stacks.pop(name))
+        self._clients.clear()
+
+
+async def _close_quietly(stack: AsyncExitStack) -> None:
+    try:
+        await stack.aclose()
+    except Exception:  # a dead server may fail to close cleanly; there is nothing left to save
+        pass
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(_describe(e) for e in exc.exceptions)
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

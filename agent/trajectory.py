@@ -1,0 +1,251 @@
+"""The one data type: a Trajectory of Turns, and its JSONL file format.
+
+A trajectory file holds one JSON object per line, appended and flushed as the run goes:
+
+    {"type": "start", "id": ..., "question": ..., ...}   once, when the run begins
+    {"type": "turn", "trajectory_id": ..., "index": 0, ...}   once per model call
+    {"type": "end", "trajectory_id": ..., "answer": ..., "stop_reason": ...}   once, when it ends
+
+Several trajectories may share a file; every line names its trajectory. A crash loses at most the
+turn in flight, and `load_trajectories` tolerates a torn last line. A trajectory without an end
+line is unfinished (resumable). Writing a turn costs O(size of that turn): the file is never
+rewritten and the prompt is never stored again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Literal
+
+import orjson
+
+FORMAT_VERSION = 1
+
+StopReason = Literal[
+    "answered", "max_turns", "context_limit", "format_errors", "model_error", "interrupted", "timeout"
+]
+
+
+@dataclass
+class ToolCall:
+    """One tool call the model asked for."""
+
+    server: str
+    """MCP server name, as offered to the model."""
+    name: str
+    """Tool name on that server."""
+    arguments: dict[str, Any]
+    """Arguments after JSON repair."""
+    id: str | None = None
+    """Call id, when the dialect has one (OpenAI function calling)."""
+
+
+@dataclass
+class ToolResult:
+    """What one tool call returned, as the model read it."""
+
+    text: str
+    """Result text (after truncation)."""
+    is_error: bool = False
+    """True when the tool failed; the model is told so."""
+    latency_s: float = 0.0
+    """Wall time of the call."""
+    truncated: bool = False
+    """True when the text was cut to the result size limit."""
+
+
+@dataclass
+class Turn:
+    """One model call and the tool calls it led to."""
+
+    index: int
+    """0-based position in the trajectory."""
+    assistant: dict[str, Any]
+    """The assistant message exactly as produced: `content` (with any `<think>` text), and
+    `tool_calls` / `reasoning` when the server returned them."""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    """Parsed tool calls, in the order they were made."""
+    tool_results: list[ToolResult] = field(default_factory=list)
+    """One result per tool call, same order."""
+    format_error: str | None = None
+    """Message sent back to the model when its reply could not be used (malformed call, cut-off
+    reply, repetition); None when the reply was fine."""
+    instruction: str | None = None
+    """A user message the runtime added before this model call (the final-answer request)."""
+    finish_reason: str | None = None
+    """The server's finish reason (`stop`, `length`, ...)."""
+    usage: dict[str, int] = field(default_factory=dict)
+    """Token counts from the server: `prompt_tokens`, `completion_tokens`."""
+    latency_s: float = 0.0
+    """Wall time of the model call."""
+    segment: int | None = None
+    """Token segment id: a new segment starts whenever the prompt stops extending the previous one."""
+    prompt_delta_ids: list[int] | None = None
+    """Prompt token ids added since the previous turn's prompt + completion (the whole prompt at a
+    segment start)."""
+    prefix_hash: str | None = None
+    """Hash of the segment's token ids before `prompt_delta_ids` (see `tokens.py`)."""
+    completion_ids: list[int] | None = None
+    """Sampled token ids, verbatim."""
+    logprobs: list[float] | None = None
+    """Sampling logprob of each completion token."""
+    reward: float | None = None
+    """Turn reward, set by a judge."""
+    mask: int = 1
+    """1 = trained on, 0 = excluded from training."""
+    critic: dict[str, Any] | None = None
+    """Critic scores for this turn, set by a judge."""
+
+
+@dataclass
+class Trajectory:
+    """One run of the agent on one question."""
+
+    question: str
+    """The question as the user asked it."""
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    """Unique id of this trajectory."""
+    group_id: str | None = None
+    """Id shared by rollouts of the same question."""
+    system_prompt: str = ""
+    """The system prompt the model saw."""
+    user_message: str = ""
+    """The first user message (the question plus the dialect's answer-format sentence)."""
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    """Tool schemas offered: `server`, `name`, `description`, `input_schema`."""
+    model: str = ""
+    """Model name sent to the backend."""
+    dialect: str = "mcp-xml"
+    """Tool dialect: `mcp-xml` or `tool-call`."""
+    sampling: dict[str, Any] = field(default_factory=dict)
+    """Sampling settings: temperature, top_p, max_tokens, stop."""
+    limits: dict[str, Any] = field(default_factory=dict)
+    """Loop limits: max_turns, keep_tool_results, max_context, ..."""
+    tokenizer: str | None = None
+    """Tokenizer identity, when known."""
+    chat_template: str | None = None
+    """Chat template identity (a hash), when known."""
+    turns: list[Turn] = field(default_factory=list)
+    """The turns, in order."""
+    answer: str | None = None
+    """The final answer, or None."""
+    stop_reason: StopReason | None = None
+    """Why the run ended; None while it runs."""
+    error: str | None = None
+    """What went wrong, for `model_error`."""
+    reward: float | None = None
+    """Outcome reward, set by a judge."""
+    judge: dict[str, Any] | None = None
+    """Judge breakdown."""
+    timings: dict[str, float] = field(default_factory=dict)
+    """`wall_s`, `model_s`, `tool_s`."""
+    started_at: float = field(default_factory=time.time)
+    """Unix time the run began."""
+    format_version: int = FORMAT_VERSION
+    """Version of the file format."""
+
+    @property
+    def finished(self) -> bool:
+        return self.stop_reason is not None
+
+
+_END_FIELDS = ("answer", "stop_reason", "error", "reward", "judge", "timings")
+
+
+def start_record(trajectory: Trajectory) -> dict[str, Any]:
+    record = {f.name: getattr(trajectory, f.name) for f in dataclasses.fields(trajectory)}
+    for name in ("turns", *_END_FIELDS):
+        record.pop(name)
+    return {"type": "start", **record}
+
+
+def turn_record(trajectory_id: str, turn: Turn) -> dict[str, Any]:
+    return {"type": "turn", "trajectory_id": trajectory_id, **dataclasses.asdict(turn)}
+
+
+def end_record(trajectory: Trajectory) -> dict[str, Any]:
+    record = {name: getattr(trajectory, name) for name in _END_FIELDS}
+    return {"type": "end", "trajectory_id": trajectory.id, "num_turns": len(trajectory.turns), **record}
+
+
+class TrajectoryWriter:
+    """Appends trajectory records to a JSONL file, one flushed line per record.
+
+    Every string in `secrets` is replaced by `[REDACTED]` before a line is written, so API keys
+    never reach the file even when a tool echoes them."""
+
+    def __init__(self, path: str | Path, secrets: list[str] | None = None):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.secrets = sorted({s for s in secrets or [] if len(s) >= 4}, key=len, reverse=True)
+        self._file: IO[bytes] = open(self.path, "ab")
+
+    def write(self, record: dict[str, Any]) -> None:
+        line = orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY, default=str)
+        for secret in self.secrets:
+            line = line.replace(orjson.dumps(secret)[1:-1], b"[REDACTED]")
+        self._file.write(line + b"\n")
+        self._file.flush()
+
+    def start(self, trajectory: Trajectory) -> None:
+        self.write(start_record(trajectory))
+
+    def turn(self, trajectory: Trajectory, turn: Turn) -> None:
+        self.write(turn_record(trajectory.id, turn))
+
+    def end(self, trajectory: Trajectory) -> None:
+        self.write(end_record(trajectory))
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _from_dict(cls: type, data: dict[str, Any]) -> Any:
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def _turn_from_record(record: dict[str, Any]) -> Turn:
+    turn = _from_dict(Turn, record)
+    turn.tool_calls = [_from_dict(ToolCall, c) for c in turn.tool_calls]
+    turn.tool_results = [_from_dict(ToolResult, r) for r in turn.tool_results]
+    return turn
+
+
+def read_records(path: str | Path) -> list[dict[str, Any]]:
+    """All records of a trajectory file. A torn last line (a crash mid-write) is skipped; a broken
+    line anywhere else raises ValueError naming the line."""
+    lines = Path(path).read_bytes().split(b"\n")
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(orjson.loads(line))
+        except orjson.JSONDecodeError:
+            if number == len(lines):  # the last line has no newline: torn mid-write
+                break
+            raise ValueError(f"{path}:{number}: not a JSON line") from None
+    return records
+
+
+def load_trajectories(path: str | Path) -> list[Trajectory]:
+    """Trajectories of a file, in the order they started; unfinished ones have `stop_reason` None."""
+    by_id: dict[str, Trajectory] = {}
+    for record in read_records(path):
+        kind = record.get("type")
+        if kind == "start":
+            by_id[record["id"]] = _from_dict(Trajectory, record)
+        elif kind == "turn" and record.get("trajectory_id") in by_id:
+            by_id[record["trajectory_id"]].turns.append(_turn_from_record(record))
+        elif kind == "end" and record.get("trajectory_id") in by_id:
+            trajectory = by_id[record["trajectory_id"]]
+            for name in _END_FIELDS:
+                setattr(trajectory, name, record.get(name))
+    return list(by_id.values())

@@ -1,0 +1,95 @@
+"""What a person sees: the live view of a run on stderr, and `nanbeige show` for a saved one."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from nanbeige.agent import dialects
+from nanbeige.agent.trajectory import ToolCall, Trajectory, Turn
+
+
+def short(value: Any, limit: int = 60) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def call_summary(call: ToolCall, limit: int = 60) -> str:
+    arguments = ", ".join(f"{k}={short(v, limit)}" for k, v in call.arguments.items())
+    return f"{call.name}({arguments})"
+
+
+def turn_line(turn: Turn) -> str:
+    """One line per turn: tokens, model latency, each tool call with its latency and status."""
+    tokens = turn.usage.get("completion_tokens")
+    head = f"[bold]turn {turn.index + 1}[/] [dim]{turn.latency_s:.1f}s" + (f" · {tokens} tok" if tokens else "") + "[/]"
+    if turn.format_error:
+        return f"{head} [yellow]unusable reply:[/] {escape(short(turn.format_error, 90))}"
+    if turn.instruction:
+        return f"{head} [cyan]final answer requested[/]"
+    if not turn.tool_calls:
+        return f"{head} [green]answered[/]"
+    parts = []
+    for call, result in zip(turn.tool_calls, turn.tool_results):
+        mark = "[red]✗[/]" if result.is_error else "[green]✓[/]"
+        parts.append(f"{escape(call_summary(call))} [dim]{result.latency_s:.1f}s[/] {mark}")
+    return f"{head} " + "; ".join(parts)
+
+
+class LiveView:
+    """Renders loop events on stderr: a spinner while waiting, a line per finished turn."""
+
+    def __init__(self, console: Console, max_turns: int):
+        self.console = console
+        self.max_turns = max_turns
+        self.status = console.status("")
+        self.index = 0
+
+    def __call__(self, kind: str, data: Any) -> None:
+        if kind == "model":
+            self.index = data
+            self._wait(f"turn {data + 1}/{self.max_turns} · waiting for the model")
+        elif kind == "tool":
+            self._wait(f"turn {self.index + 1}/{self.max_turns} · {escape(call_summary(data, 40))}")
+        elif kind == "turn":
+            self.status.stop()
+            self.console.print(turn_line(data), highlight=False)
+        elif kind == "end":
+            self.status.stop()
+
+    def _wait(self, text: str) -> None:
+        self.status.update(text)
+        self.status.start()
+
+
+def show(console: Console, trajectory: Trajectory, full: bool = False) -> None:
+    """Print a saved trajectory readably: question, turns (reasoning, calls, results), answer."""
+    limit = None if full else 600
+    cut = (lambda s: s) if full else (lambda s: s if len(s) <= limit else s[:limit] + f" … [{len(s)} chars]")
+    console.rule(f"trajectory {trajectory.id} · {trajectory.model} · {trajectory.dialect}")
+    console.print(f"[bold]question:[/] {escape(trajectory.question)}", highlight=False)
+    for turn in trajectory.turns:
+        console.print()
+        console.print(turn_line(turn), highlight=False)
+        content = turn.assistant.get("content") or ""
+        thought, _, _ = content.rpartition("</think>")
+        if thought.strip():
+            console.print(f"[dim]{escape(cut(thought.replace('<think>', '').strip()))}[/]", highlight=False)
+        visible = dialects.visible_text(content).strip()
+        if visible and not turn.tool_calls:
+            console.print(escape(cut(visible)), highlight=False)
+        if turn.format_error:
+            console.print(f"[yellow]→ {escape(turn.format_error)}[/]", highlight=False)
+        for call, result in zip(turn.tool_calls, turn.tool_results):
+            style = "red" if result.is_error else "blue"
+            console.print(f"[{style}]{escape(call.server)}/{escape(call.name)}[/] "
+                          f"{escape(json.dumps(call.arguments, ensure_ascii=False))}", highlight=False)
+            console.print(f"[dim]{escape(cut(result.text))}[/]", highlight=False)
+    console.print()
+    status = trajectory.stop_reason or "unfinished (no end record)"
+    console.print(f"[bold]stop reason:[/] {status}" + (f" · {escape(trajectory.error)}" if trajectory.error else ""))
+    console.print(f"[bold]answer:[/] {escape(trajectory.answer or '(none)')}", highlight=False)

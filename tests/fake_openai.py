@@ -1,0 +1,151 @@
+"""A loopback OpenAI-compatible server for tests and benchmarks.
+
+It answers `POST /v1/chat/completions` and `GET /v1/models` with the documented response shapes.
+The model's choices come from a script (a list of replies, or a function of the request), like
+the scripted backend, but over real HTTP. With `vllm=True` it also returns vLLM's token fields
+(`prompt_token_ids`, `choices[].token_ids`, logprobs): its "tokenizer" is UTF-8 bytes and its
+"chat template" joins `<|role|>content` blocks, so prompts extend each other exactly as with a
+real template. Usage figures count those bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+
+VLLM_ONLY = ("return_token_ids", "top_logprobs")
+
+
+def render(messages: list[dict[str, Any]]) -> str:
+    """The fake chat template: what the prompt token ids are made of."""
+    return "".join(f"<|{m['role']}|>{m.get('content') or ''}<|end|>" for m in messages) + "<|assistant|>"
+
+
+def tokens(text: str) -> list[int]:
+    return list(text.encode("utf-8"))
+
+
+@dataclass
+class Reply:
+    """One scripted answer: a message, or an HTTP error, after an optional delay."""
+
+    content: str = ""
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+    body: Any = None
+    delay_s: float = 0.0
+    finish_reason: str = "stop"
+    tool_calls: list[dict[str, Any]] | None = None
+
+
+Script = Callable[[dict[str, Any]], Reply | str]
+
+
+class FakeOpenAI:
+    """Run with `with FakeOpenAI(replies) as server:`; `server.base_url` ends in /v1."""
+
+    def __init__(self, replies: list[Reply | str] | Script, vllm: bool = False, reject_extras: bool = False,
+                 default: Reply | str | None = None):
+        self.replies = replies if callable(replies) else list(replies)
+        self.default = default
+        self.vllm = vllm
+        self.reject_extras = reject_extras
+        self.requests: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.httpd.daemon_threads = True
+        self.base_url = f"http://127.0.0.1:{self.httpd.server_port}/v1"
+
+    def __enter__(self) -> FakeOpenAI:
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def next_reply(self, request: dict[str, Any]) -> Reply:
+        with self.lock:
+            self.requests.append(request)
+            if callable(self.replies):
+                reply = self.replies(request)
+            elif self.replies:
+                reply = self.replies.pop(0)
+            else:
+                reply = self.default if self.default is not None else Reply(status=500, body={"error": "no reply"})
+        return Reply(content=reply) if isinstance(reply, str) else reply
+
+    def completion(self, request: dict[str, Any], reply: Reply) -> dict[str, Any]:
+        prompt = tokens(render(request["messages"]))
+        completion = tokens(reply.content)
+        message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+        if reply.tool_calls:
+            message["tool_calls"] = reply.tool_calls
+        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": reply.finish_reason}
+        body: dict[str, Any] = {
+            "id": "chatcmpl-test", "object": "chat.completion", "created": int(time.time()),
+            "model": request.get("model"), "choices": [choice],
+            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(completion),
+                      "total_tokens": len(prompt) + len(completion)},
+        }
+        if self.vllm and request.get("return_token_ids"):
+            body["prompt_token_ids"] = prompt
+            choice["token_ids"] = completion
+        if self.vllm and request.get("logprobs"):
+            choice["logprobs"] = {"content": [{"token": f"token_id:{t}", "logprob": -0.5, "bytes": [t],
+                                               "top_logprobs": []} for t in completion]}
+        return body
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _send(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                for key, value in (headers or {}).items():
+                    self.send_header(key, value)
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                if self.path.endswith("/models"):
+                    self._send(200, {"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+                else:
+                    self._send(404, {"error": {"message": "not found"}})
+
+            def do_POST(self) -> None:
+                request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                request["_headers"] = dict(self.headers)
+                if fake.reject_extras and any(k in request for k in VLLM_ONLY):
+                    self._send(400, {"error": {"message": "Unrecognized request argument supplied: return_token_ids",
+                                               "type": "invalid_request_error"}})
+                    return
+                reply = fake.next_reply(request)
+                time.sleep(reply.delay_s)
+                if reply.status != 200:
+                    self._send(reply.status, reply.body or {"error": {"message": f"status {reply.status}"}},
+                               reply.headers)
+                else:
+                    self._send(200, fake.completion(request, reply))
+
+        return Handler
+
+
+def mcp_call(server: str, tool: str, arguments: dict[str, Any], thought: str = "Let me check.") -> str:
+    """An assistant reply in the mcp-xml dialect that calls one tool."""
+    return (f"<think>\n{thought}\n</think>\n\n<use_mcp_tool>\n<server_name>{server}</server_name>\n"
+            f"<tool_name>{tool}</tool_name>\n<arguments>\n{json.dumps(arguments)}\n</arguments>\n</use_mcp_tool>")
+
+
+def mcp_answer(answer: str) -> str:
+    return f"<think>\nI have what I need.\n</think>\n\nThe answer is \\boxed{{{answer}}}."

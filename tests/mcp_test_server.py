@@ -1,0 +1,71 @@
+"""A small MCP server for tests and benchmarks: `python tests/mcp_test_server.py [--http PORT]`.
+
+Tools: echo, add, fail (a tool error), slow (sleeps), crash (the process dies), big (a long
+result), env_has (whether an environment variable reached the server)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+
+server = MCPServer(name="testkit")
+
+
+@server.tool()
+def echo(text: str) -> str:
+    """Return the text unchanged."""
+    return text
+
+
+@server.tool()
+def add(a: int, b: int) -> str:
+    """Add two integers."""
+    return str(a + b)
+
+
+@server.tool()
+def fail(message: str) -> str:
+    """Always fails with the given message."""
+    raise ToolError(message)
+
+
+@server.tool()
+def slow(seconds: float) -> str:
+    """Sleep, then say how long."""
+    time.sleep(seconds)
+    return f"slept {seconds}"
+
+
+@server.tool()
+def crash() -> str:
+    """Kill the server process."""
+    os._exit(3)
+
+
+@server.tool()
+def big(n: int) -> str:
+    """Return n characters."""
+    return "x" * n
+
+
+@server.tool()
+def env_has(name: str) -> str:
+    """Whether an environment variable is set in the server."""
+    return "yes" if os.environ.get(name) else "no"
+
+
+@server.tool()
+def pid() -> str:
+    """The server's process id."""
+    return str(os.getpid())
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--http":
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    else:
+        server.run()
