@@ -64,6 +64,8 @@ class LLMConfig:
     """Attempts per call on connection errors and 408/429/5xx answers."""
     max_retry_s: float = 300.0
     """Give up retrying one call after this many seconds."""
+    retry_wait_s: float = 0.5
+    """First wait between attempts; it doubles each time (up to 20 s), plus jitter, or follows Retry-After."""
 
     def sampling(self) -> dict[str, Any]:
         return {"temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.max_tokens, "stop": self.stop}
@@ -174,27 +176,30 @@ class OpenAIChat:
             body.update(VLLM_EXTRAS)
         return body
 
-    async def _post(self, body: dict[str, Any]) -> httpx.Response:
+    async def _post(self, content: bytes) -> httpx.Response:
         try:
-            response = await self.http.post("/chat/completions", content=orjson.dumps(body))
+            response = await self.http.post("/chat/completions", content=content)
         except httpx.ConnectError as exc:
             raise ModelUnreachable(f"cannot connect to {self.config.base_url}: {exc}") from exc
         if response.status_code in RETRY_STATUSES:
             raise _RetryableStatus(response)
         return response
 
-    async def _post_with_retries(self, body: dict[str, Any]) -> httpx.Response:
+    async def _post_with_retries(self, body: dict[str, Any]) -> tuple[httpx.Response, float]:
+        """The response and the seconds spent waiting for it (encoding the request is not counted)."""
         c = self.config
         retrying = AsyncRetrying(
             retry=retry_if_exception(lambda e: _retryable(e) or isinstance(e, ModelUnreachable)),
             stop=stop_after_attempt(c.max_attempts) | stop_after_delay(c.max_retry_s),
-            wait=wait_combine(wait_exponential_jitter(multiplier=0.5, max=20, jitter=1), wait_exception(_retry_after)),
+            wait=wait_combine(wait_exponential_jitter(multiplier=c.retry_wait_s, max=20, jitter=c.retry_wait_s), wait_exception(_retry_after)),
             reraise=True,
         )
+        content = orjson.dumps(body)
+        started = time.perf_counter()
         try:
             async for attempt in retrying:
                 with attempt:
-                    return await self._post(body)
+                    return await self._post(content), time.perf_counter() - started
         except _RetryableStatus as exc:
             raise ModelError(f"model server answered HTTP {exc.response.status_code}: "
                              f"{_error_text(exc.response)}") from None
@@ -206,18 +211,17 @@ class OpenAIChat:
 
     async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                        max_tokens: int | None = None) -> Completion:
-        started = time.perf_counter()
-        response = await self._post_with_retries(self.request_body(messages, tools, max_tokens))
+        response, latency_s = await self._post_with_retries(self.request_body(messages, tools, max_tokens))
         if response.status_code == 400 and self.send_extras and _mentions_extras(response):
             self.send_extras = False
-            response = await self._post_with_retries(self.request_body(messages, tools, max_tokens))
+            response, latency_s = await self._post_with_retries(self.request_body(messages, tools, max_tokens))
         if response.status_code != 200:
             text = _error_text(response)
             if response.status_code == 400 and "context" in text.lower() and "length" in text.lower():
                 raise ContextOverflow(text)
             raise ModelError(f"model server answered HTTP {response.status_code}: {text}")
         try:
-            return parse_completion(response.json(), time.perf_counter() - started)
+            return parse_completion(response.json(), latency_s)
         except (ValueError, KeyError, IndexError, TypeError) as exc:
             raise ModelError(f"model server sent a reply that is not a chat completion: {exc!r}") from None
 
@@ -238,15 +242,20 @@ class ScriptedLLM:
     dict, a whole Completion, an exception to raise, or a function of the messages returning one
     of those. After the script runs out, `default` (if set) is replied forever."""
 
-    def __init__(self, replies: list[Reply], default: Reply | None = None, config: LLMConfig | None = None):
+    def __init__(self, replies: list[Reply], default: Reply | None = None, config: LLMConfig | None = None,
+                 record: bool = True):
         self.config = config or LLMConfig(model="scripted")
         self.replies = list(replies)
         self.default = default
+        self.record = record
         self.calls: list[list[dict[str, Any]]] = []  # the messages of every call, for assertions
+        self.max_tokens: list[int | None] = []  # the max_tokens of every call
 
     async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                        max_tokens: int | None = None) -> Completion:
-        self.calls.append(messages)
+        if self.record:
+            self.calls.append(list(messages))  # a copy: the loop keeps appending to its list
+            self.max_tokens.append(max_tokens)
         if self.replies:
             reply = self.replies.pop(0)
         elif self.default is not None:

@@ -1,7 +1,8 @@
 """The agent's tools, reached only through MCP (the official `mcp` SDK).
 
 A stdio server is launched once per run and kept alive; if it dies mid-run it is restarted once
-and the call is retried. Streamable-HTTP servers are reached by URL. Every call has a timeout,
+and the model is told to make the call again (it is not retried blindly: the call may be what
+killed the server). Streamable-HTTP servers are reached by URL. Every call has a timeout,
 long results are cut with a visible marker, and anything that goes wrong inside a call comes
 back as an error result the model can read; only a server that cannot start at all is an error
 for the user.
@@ -9,6 +10,7 @@ for the user.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shlex
 import time
@@ -172,15 +174,21 @@ class Toolbox:
             return f"Server {call.server} is not available ({_describe(failure)}); it was already restarted.", True
         try:
             await self._restart(call.server)
-            return await self._call_once(call)
         except Exception as exc:
             return f"Server {call.server} stopped and could not be restarted: {_describe(exc)}", True
+        # Not retried: the call may be what killed the server, and it may have had effects.
+        return (f"Server {call.server} stopped during this call ({_describe(failure)}) and was restarted; "
+                "anything it held in memory is gone. Make the call again if you still need it."), True
 
     async def _call_once(self, call: ToolCall) -> tuple[str, bool]:
         client = self._clients.get(call.server)
         if client is None:
             raise MCPError(CONNECTION_CLOSED, "not connected")
-        result = await client.call_tool(call.name, call.arguments, read_timeout_seconds=self.call_timeout_s)
+        try:  # the SDK's own timeout does not cover every transport (in-process), so bound it here too
+            async with asyncio.timeout(self.call_timeout_s + 1.0):
+                result = await client.call_tool(call.name, call.arguments, read_timeout_seconds=self.call_timeout_s)
+        except TimeoutError:
+            raise MCPError(REQUEST_TIMEOUT, "timed out") from None
         return result_text(result.content), bool(result.is_error)
 
     async def aclose(self) -> None:

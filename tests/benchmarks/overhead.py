@@ -1,0 +1,147 @@
+"""Benchmark: the agent runtime's own overhead per turn, from turn 1 to turn N.
+
+One `run` of N turns: the real OpenAIChat client talks to the loopback FakeOpenAI server (vLLM
+token fields on, so token ids are tracked), the model calls the `echo` tool of a real long-lived
+stdio MCP server (tests/mcp_test_server.py) every turn and answers at turn N, and every turn is
+written to a trajectory file on disk. A turn's wall time runs from its "model" event to the next
+one (to its "turn" event for the last turn); its overhead is that minus the model's HTTP wait
+(`turn.latency_s`) and the tool calls' time (`tool_result.latency_s`).
+
+The fake server runs in a child process, so neither its memory nor its request handling (it
+shares no GIL with us) counts against the runtime.
+
+Run from the repository root:
+
+    python tests/benchmarks/overhead.py [--turns 600] [--keep 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for fake_openai
+
+from fake_openai import FakeOpenAI, mcp_answer, mcp_call  # noqa: E402
+
+from nanbeige.agent.llm import LLMConfig, OpenAIChat  # noqa: E402
+from nanbeige.agent.loop import AgentConfig, run  # noqa: E402
+from nanbeige.agent.toolbox import ServerSpec, Toolbox  # noqa: E402
+from nanbeige.agent.trajectory import TrajectoryWriter  # noqa: E402
+
+SERVER = "tests/mcp_test_server.py"
+TARGET_MS = 2.0
+
+
+def serve(turns: int, conn) -> None:
+    """Child process: a FakeOpenAI whose model calls echo until turn `turns`, then answers."""
+    def reply(request):
+        server.requests.clear()  # the fake keeps every request otherwise: O(turns^2) memory
+        turn = 1 + sum(m["role"] == "assistant" for m in request["messages"])
+        if turn >= turns:
+            return mcp_answer("done")
+        return mcp_call("testkit", "echo", {"text": f"probe number {turn}"}, thought=f"Step {turn}: check again.")
+
+    with FakeOpenAI(reply, vllm=True) as server:
+        conn.send(server.base_url)
+        conn.recv()  # until the parent says stop
+
+
+def rss_kib(field: str = "VmRSS") -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def measure(base_url: str, turns: int, keep: int, path: Path) -> tuple[list[float], dict]:
+    marks: list[tuple[str, float]] = []
+
+    def on_event(kind: str, data) -> None:
+        if kind in ("model", "turn"):
+            marks.append((kind, time.perf_counter()))
+
+    llm = OpenAIChat(LLMConfig(base_url=base_url, model="fake-model"))
+    writer = TrajectoryWriter(path)
+    spec = ServerSpec(name="testkit", command=[sys.executable, SERVER])
+    config = AgentConfig(max_turns=turns + 1, max_context=10**9, keep_tool_results=keep)
+    async with Toolbox([spec]) as toolbox:
+        rss_before, hwm_before, maxrss_before = rss_kib(), rss_kib("VmHWM"), resource.getrusage(
+            resource.RUSAGE_SELF).ru_maxrss
+        started = time.perf_counter()
+        trajectory = await run("What does echo say?", llm, toolbox, config, writer, on_event)
+        wall = time.perf_counter() - started
+        memory = {"rss": rss_kib() - rss_before, "hwm": rss_kib("VmHWM") - hwm_before,
+                  "maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - maxrss_before}
+    writer.close()
+    await llm.aclose()
+    assert trajectory.stop_reason == "answered" and len(trajectory.turns) == turns, (
+        f"run ended with {trajectory.stop_reason} after {len(trajectory.turns)} turns: {trajectory.error}")
+    starts = [t for kind, t in marks if kind == "model"]
+    logged = [t for kind, t in marks if kind == "turn"]
+    overhead = []
+    for i, turn in enumerate(trajectory.turns):
+        end = starts[i + 1] if i + 1 < len(starts) else logged[i]
+        tool_s = sum(r.latency_s for r in turn.tool_results)
+        overhead.append((end - starts[i] - turn.latency_s - tool_s) * 1000)
+    extra = {"wall": wall, "memory": memory, "file": path.stat().st_size,
+             "model_ms": statistics.median(t.latency_s * 1000 for t in trajectory.turns),
+             "tool_ms": statistics.median(r.latency_s * 1000 for t in trajectory.turns for r in t.tool_results),
+             "segments": len({t.segment for t in trajectory.turns})}
+    return overhead, extra
+
+
+def report(overhead: list[float], extra: dict, block: int = 100) -> None:
+    print(f"{'turns':>10} {'median ms':>10} {'p95 ms':>8}   (target: median <= {TARGET_MS:g} ms/turn, flat)")
+    for start in range(0, len(overhead), block):
+        part = overhead[start:start + block]
+        print(f"{start + 1:>4}-{start + len(part):<5} {statistics.median(part):>10.3f} {pct(part, .95):>8.3f}")
+    median = statistics.median(overhead)
+    print(f"{'overall':>10} {median:>10.3f} {pct(overhead, .95):>8.3f}   "
+          f"{'OK' if median <= TARGET_MS else 'MISSED'}")
+    first, last = statistics.median(overhead[:block]), statistics.median(overhead[-block:])
+    print(f"last {block} / first {block} median ratio: {last / first:.2f}   (target ~1.0: flat)")
+    print(f"median model HTTP wait {extra['model_ms']:.3f} ms, median echo call {extra['tool_ms']:.3f} ms, "
+          f"token segments {extra['segments']}")
+    memory, size_kib = extra["memory"], extra["file"] / 1024
+    print(f"trajectory file: {size_kib:,.0f} KiB")
+    print(f"RSS growth: VmRSS {memory['rss']:,} KiB, peak VmHWM {memory['hwm']:,} KiB, ru_maxrss "
+          f"{memory['maxrss']:,} KiB   (target: bounded by the trajectory size; peak/file = "
+          f"{memory['hwm'] / max(size_kib, 1):.2f})")
+    print(f"total wall time of the run: {extra['wall']:.2f} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--turns", type=int, default=600, help="turns in the run (default 600)")
+    parser.add_argument("--keep", type=int, default=AgentConfig.keep_tool_results,
+                        help="keep_tool_results of the run (default: AgentConfig's; -1 = all)")
+    args = parser.parse_args()
+    parent, child = multiprocessing.Pipe()
+    process = multiprocessing.Process(target=serve, args=(args.turns, child), daemon=True)
+    process.start()
+    try:
+        base_url = parent.recv()
+        with tempfile.TemporaryDirectory() as tmp:
+            overhead, extra = asyncio.run(measure(base_url, args.turns, args.keep, Path(tmp) / "run.jsonl"))
+    finally:
+        parent.send("stop")
+        process.join(5)
+    print(f"runtime overhead per turn, {args.turns} turns, keep_tool_results={args.keep}")
+    report(overhead, extra)
+
+
+if __name__ == "__main__":
+    main()

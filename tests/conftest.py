@@ -1,0 +1,33 @@
+"""Shared test setup: asyncio for anyio tests, and no network beyond loopback."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).parent
+TEST_SERVER = [sys.executable, str(TESTS / "mcp_test_server.py")]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(autouse=True)
+def loopback_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any connection to an address off this machine fails the test."""
+    real_connect = socket.socket.connect
+
+    def connect(self: socket.socket, address: object) -> object:
+        if self.family in (socket.AF_INET, socket.AF_INET6):
+            host = address[0]  # type: ignore[index]
+            if host != "localhost" and not ipaddress.ip_address(host).is_loopback:
+                raise AssertionError(f"test tried to reach {address}; tests use loopback only")
+        return real_connect(self, address)
+
+    monkeypatch.setattr(socket.socket, "connect", connect)

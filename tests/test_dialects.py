@@ -1,0 +1,130 @@
+"""Offering tools and reading tool calls, in both dialects."""
+
+from __future__ import annotations
+
+from nanbeige.agent import dialects
+from nanbeige.agent.trajectory import ToolCall, ToolResult, Turn
+
+TOOLS = [
+    {"server": "search_and_scrape_webpage", "name": "google_search", "description": "Search the web.",
+     "input_schema": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}},
+    {"server": "mine", "name": "lookup", "description": "Look up.", "input_schema": {"type": "object"}},
+    {"server": "tool-python", "name": "run_python_code", "description": "Run code.",
+     "input_schema": {"type": "object", "properties": {"code_block": {"type": "string"}}, "nullable": None}},
+]
+
+
+def call_block(server: str, tool: str, arguments: str) -> str:
+    return (f"<use_mcp_tool>\n<server_name>{server}</server_name>\n<tool_name>{tool}</tool_name>\n"
+            f"<arguments>\n{arguments}\n</arguments>\n</use_mcp_tool>")
+
+
+def test_mcp_xml_prompt_has_the_trained_structure() -> None:
+    prompt = dialects.system_prompt("mcp-xml", TOOLS, "2026-11-21")
+    assert "Today is: 2026-11-21" in prompt
+    sections = ["# Tool-Use Formatting Instructions", "## Server name: tool-python",
+                "## Server name: search_and_scrape_webpage", "## Server name: mine", "# General Objective",
+                "# Agent Specific Objective"]
+    positions = [prompt.index(s) for s in sections]
+    assert positions == sorted(positions), "known servers first, in training order, then the others"
+    assert "### Tool name: google_search\nDescription: Search the web.\n" in prompt
+    # schemas print as Python dicts, as the training prompts did
+    assert "Input JSON schema: {'type': 'object', 'properties': {'code_block': {'type': 'string'}}, 'nullable': None}" \
+        in prompt
+    assert "<use_mcp_tool>" in prompt and "<arguments>" in prompt
+    assert dialects.user_message("mcp-xml", "Q?").startswith("Q?\n") and "\\boxed{}" in dialects.user_message(
+        "mcp-xml", "Q?")
+
+
+def test_without_tools_the_prompt_does_not_describe_any() -> None:
+    prompt = dialects.system_prompt("mcp-xml", [], "2026-11-21")
+    assert "use_mcp_tool" not in prompt and "Today is: 2026-11-21" in prompt
+
+
+def test_parses_a_call_after_the_reasoning() -> None:
+    content = "<think>\nI should search.\n</think>\n\nSearching.\n" + call_block(
+        "search_and_scrape_webpage", "google_search", '{"q": "Nanbeige"}')
+    parsed = dialects.parse_reply("mcp-xml", {"content": content}, TOOLS)
+    assert parsed.tool_calls == [ToolCall("search_and_scrape_webpage", "google_search", {"q": "Nanbeige"})]
+    assert parsed.format_error is None
+
+
+def test_several_calls_in_one_message_all_run() -> None:
+    content = call_block("mine", "lookup", '{"k": 1}') + "\n" + call_block("mine", "lookup", '{"k": 2}')
+    parsed = dialects.parse_reply("mcp-xml", {"content": content}, TOOLS)
+    assert [c.arguments for c in parsed.tool_calls] == [{"k": 1}, {"k": 2}]
+
+
+def test_broken_json_is_repaired_and_nulls_dropped() -> None:
+    content = call_block("mine", "lookup", "{'k': 'single quotes', \"x\": null, \"y\": [1, 2,]")
+    [call] = dialects.parse_reply("mcp-xml", {"content": content}, TOOLS).tool_calls
+    assert call.arguments == {"k": "single quotes", "y": [1, 2]}
+
+
+def test_calls_inside_the_reasoning_are_ignored() -> None:
+    content = "<think>\nMaybe " + call_block("mine", "lookup", '{"k": 1}') + "\nno.\n</think>\n\nThe answer is \\boxed{42}."
+    parsed = dialects.parse_reply("mcp-xml", {"content": content}, TOOLS)
+    assert parsed.tool_calls == [] and parsed.format_error is None
+    assert dialects.extract_answer("mcp-xml", content) == "42"
+
+
+def test_an_unclosed_think_is_all_reasoning() -> None:
+    parsed = dialects.parse_reply("mcp-xml", {"content": "<think>\n" + call_block("mine", "lookup", "{}")}, TOOLS)
+    assert parsed.tool_calls == []
+
+
+def test_a_malformed_call_becomes_a_message_for_the_model() -> None:
+    missing_tool_name = "<use_mcp_tool>\n<server_name>mine</server_name>\n<arguments>{}</arguments>\n</use_mcp_tool>"
+    parsed = dialects.parse_reply("mcp-xml", {"content": missing_tool_name}, TOOLS)
+    assert parsed.tool_calls == [] and "could not be parsed" in parsed.format_error
+    not_an_object = dialects.parse_reply("mcp-xml", {"content": call_block("mine", "lookup", "[1, 2]")}, TOOLS)
+    assert "not a JSON object" in not_an_object.format_error
+
+
+def test_a_wrong_server_name_is_fixed_when_only_one_server_has_the_tool() -> None:
+    [call] = dialects.parse_reply("mcp-xml", {"content": call_block("search", "google_search", '{"q": "x"}')},
+                                  TOOLS).tool_calls
+    assert call.server == "search_and_scrape_webpage"
+
+
+def test_boxed_answer_with_nested_braces() -> None:
+    assert dialects.extract_answer("mcp-xml", "So \\boxed{\\frac{1}{2}} it is") == "\\frac{1}{2}"
+    assert dialects.extract_answer("mcp-xml", "<think>x</think>\nPlain answer.") == "Plain answer."
+
+
+def test_tool_call_dialect_offers_functions_and_reads_server_parsed_calls() -> None:
+    tools = TOOLS + [{"server": "other", "name": "lookup", "description": "", "input_schema": {}}]
+    offered = dialects.request_tools("tool-call", tools)
+    assert [t["function"]["name"] for t in offered] == ["google_search", "mine__lookup", "run_python_code",
+                                                        "other__lookup"]
+    assert dialects.request_tools("mcp-xml", tools) is None
+    message = {"content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
+        "name": "other__lookup", "arguments": '{"k": 3}'}}]}
+    assert dialects.parse_reply("tool-call", message, tools).tool_calls == [ToolCall("other", "lookup", {"k": 3}, "c1")]
+
+
+def test_tool_call_dialect_reads_tool_call_blocks_in_the_text() -> None:
+    content = '<think>\nhm\n</think>\n<tool_call>\n{"name": "google_search", "arguments": {"q": "a"}}\n</tool_call>' \
+              '\n<tool_call>\n{"name": "run_python_code", "arguments": {"code_block": "1"}}\n</tool_call>'
+    calls = dialects.parse_reply("tool-call", {"content": content}, TOOLS).tool_calls
+    assert [(c.server, c.name) for c in calls] == [("search_and_scrape_webpage", "google_search"),
+                                                   ("tool-python", "run_python_code")]
+    assert all(c.id for c in calls)
+    broken = dialects.parse_reply("tool-call", {"content": "<tool_call>\nnot json at all\n</tool_call>"}, TOOLS)
+    assert broken.format_error and not broken.tool_calls
+
+
+def test_results_go_back_as_one_user_message_or_as_tool_messages() -> None:
+    turn = Turn(index=0, assistant={}, tool_calls=[ToolCall("a", "x", {}, "c1"), ToolCall("a", "y", {}, "c2")],
+                tool_results=[ToolResult("one"), ToolResult("Unknown tool: y", is_error=True)])
+    assert dialects.observation_messages("mcp-xml", turn) == [
+        {"role": "user", "content": "one\nError: Unknown tool: y"}]
+    assert dialects.observation_messages("tool-call", turn) == [
+        {"role": "tool", "tool_call_id": "c1", "content": "one"},
+        {"role": "tool", "tool_call_id": "c2", "content": "Error: Unknown tool: y"}]
+
+
+def test_reasoning_split_off_by_the_server_goes_back_into_the_history() -> None:
+    assistant = {"role": "assistant", "content": "call", "reasoning": "why"}
+    assert dialects.history_message("mcp-xml", assistant)["content"] == "<think>\nwhy\n</think>\n\ncall"
+    assert dialects.history_message("tool-call", assistant)["reasoning_content"] == "why"

@@ -1,0 +1,199 @@
+"""The loop end to end: a scripted model (or a loopback server) and real MCP servers."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+import tracemalloc
+from pathlib import Path
+
+import mcp_test_server
+import pytest
+from conftest import TEST_SERVER
+from fake_openai import FakeOpenAI, Reply, mcp_answer, mcp_call, render, tokens
+
+from nanbeige.agent.dialects import OMITTED
+from nanbeige.agent.llm import Completion, LLMConfig, ModelError, OpenAIChat, ScriptedLLM
+from nanbeige.agent.loop import AgentConfig, run
+from nanbeige.agent.tokens import full_prompt, rebuild_segments
+from nanbeige.agent.toolbox import ServerSpec, Toolbox
+from nanbeige.agent.trajectory import TrajectoryWriter, load_trajectories
+
+pytestmark = pytest.mark.anyio
+
+
+def toolbox(**options: object) -> Toolbox:
+    return Toolbox([ServerSpec(name="testkit", server=mcp_test_server.server)], **options)
+
+
+async def ask(replies: list, config: AgentConfig | None = None, path: Path | None = None,
+              llm_config: LLMConfig | None = None):
+    llm = ScriptedLLM(replies, config=llm_config)
+    writer = TrajectoryWriter(path) if path else None
+    async with toolbox(call_timeout_s=1.0) as tools:
+        trajectory = await run("What is 2+3?", llm, tools, config or AgentConfig(date="2026-11-21"), writer)
+    if writer:
+        writer.close()
+    return trajectory, llm
+
+
+async def test_calls_tools_then_answers_and_logs_every_turn(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+    trajectory, llm = await ask([mcp_call("testkit", "add", {"a": 2, "b": 3}), mcp_answer("5")], path=path)
+    assert (trajectory.answer, trajectory.stop_reason) == ("5", "answered")
+    assert llm.calls[1][-1] == {"role": "user", "content": "5"}  # the tool result went back as a user message
+    assert "Today is: 2026-11-21" in llm.calls[0][0]["content"] and "## Server name: testkit" in llm.calls[0][0]["content"]
+    [saved] = load_trajectories(path)
+    assert saved == trajectory
+    assert saved.turns[0].tool_results[0].text == "5" and saved.timings["wall_s"] > 0
+
+
+async def test_tool_errors_reach_the_model_as_errors() -> None:
+    trajectory, llm = await ask([mcp_call("testkit", "fail", {"message": "404 page"}),
+                                 mcp_call("testkit", "nope", {}), mcp_answer("x")])
+    assert llm.calls[1][-1]["content"] == "Error executing tool fail: 404 page"
+    assert llm.calls[2][-1]["content"].startswith("Error: Unknown tool: 'nope'")
+    assert [r.is_error for t in trajectory.turns[:2] for r in t.tool_results] == [True, True]
+
+
+async def test_a_tool_that_times_out_does_not_stop_the_run() -> None:
+    trajectory, llm = await ask([mcp_call("testkit", "slow", {"seconds": 3}), mcp_answer("done")])
+    assert "timed out" in llm.calls[1][-1]["content"] and trajectory.answer == "done"
+
+
+async def test_a_malformed_call_is_answered_with_a_message_and_the_run_goes_on() -> None:
+    broken = "<use_mcp_tool>\n<server_name>testkit</server_name>\n<arguments>{}</arguments>\n</use_mcp_tool>"
+    trajectory, llm = await ask([broken, mcp_answer("5")])
+    assert "could not be parsed" in llm.calls[1][-1]["content"]
+    assert trajectory.turns[0].format_error and trajectory.stop_reason == "answered"
+
+
+async def test_too_many_unusable_replies_in_a_row_stop_the_run() -> None:
+    broken = "<use_mcp_tool><server_name>x</server_name></use_mcp_tool>"
+    trajectory, _ = await ask([broken] * 3, AgentConfig(max_format_errors=3))
+    assert trajectory.stop_reason == "format_errors" and len(trajectory.turns) == 3 and trajectory.answer is None
+
+
+async def test_cut_off_and_looping_replies_are_not_taken_as_answers() -> None:
+    cut = Completion(message={"role": "assistant", "content": "<think>\nstill thinking"}, finish_reason="length")
+    looping = "Let me look. " + "I need to search again. " * 40
+    trajectory, llm = await ask([cut, looping, mcp_answer("5")])
+    assert "cut off" in trajectory.turns[0].format_error
+    assert "repeating" in trajectory.turns[1].format_error
+    assert trajectory.answer == "5"
+
+
+async def test_the_same_call_made_again_and_again_is_refused() -> None:
+    same = mcp_call("testkit", "echo", {"text": "again"})
+    trajectory, _ = await ask([same, same, same, mcp_answer("ok")])
+    results = [t.tool_results[0] for t in trajectory.turns[:3]]
+    assert [r.is_error for r in results] == [False, False, True] and "not run again" in results[2].text
+
+
+async def test_keep_k_hides_old_results_from_the_model_but_the_log_keeps_them() -> None:
+    replies = [mcp_call("testkit", "echo", {"text": f"result {i}"}) for i in range(6)] + [mcp_answer("done")]
+    trajectory, llm = await ask(replies, AgentConfig(keep_tool_results=2))
+    last_request = [m["content"] for m in llm.calls[-1] if m["role"] == "user"][1:]
+    assert last_request == [OMITTED] * 4 + ["result 4", "result 5"]
+    assert [t.tool_results[0].text for t in trajectory.turns[:6]] == [f"result {i}" for i in range(6)]
+
+
+async def test_at_max_turns_one_last_call_without_tools_asks_for_the_answer() -> None:
+    calls = [mcp_call("testkit", "echo", {"text": str(i)}) for i in range(3)]
+    trajectory, llm = await ask([*calls, mcp_answer("best guess")], AgentConfig(max_turns=3))
+    assert (trajectory.stop_reason, trajectory.answer, len(trajectory.turns)) == ("max_turns", "best guess", 4)
+    final = trajectory.turns[-1]
+    assert final.instruction and "FINAL ANSWER" in llm.calls[-1][-1]["content"]
+    assert "What is 2+3?" in final.instruction
+
+
+async def test_before_the_context_overflows_the_answer_is_requested() -> None:
+    def growing(prompt_tokens: int) -> Completion:
+        return Completion(message={"role": "assistant", "content": mcp_call("testkit", "echo", {"text": str(prompt_tokens)})},
+                          usage={"prompt_tokens": prompt_tokens, "completion_tokens": 100})
+    replies = [growing(1000), growing(5000), growing(12000), mcp_answer("from what I found")]
+    config = AgentConfig(max_context=16000, context_reserve=1000)
+    trajectory, llm = await ask(replies, config, llm_config=LLMConfig(model="scripted", max_tokens=4000))
+    # after the third turn: 12000 + 100 + new results + 4000 reply + 1000 reserve > 16000
+    assert (trajectory.stop_reason, trajectory.answer, len(trajectory.turns)) == ("context_limit", "from what I found", 4)
+    assert llm.max_tokens[:3] == [None] * 3 and llm.max_tokens[-1] < 16000 - 12100  # the last reply gets only the room that is left
+
+
+async def test_a_model_failure_ends_the_run_with_the_reason(tmp_path: Path) -> None:
+    trajectory, _ = await ask([mcp_call("testkit", "echo", {"text": "a"}), ModelError("HTTP 503: overloaded")],
+                              path=tmp_path / "run.jsonl")
+    assert (trajectory.stop_reason, trajectory.error) == ("model_error", "HTTP 503: overloaded")
+    [saved] = load_trajectories(tmp_path / "run.jsonl")
+    assert saved.stop_reason == "model_error" and len(saved.turns) == 1
+
+
+async def test_the_wall_clock_limit_is_a_stop_reason() -> None:
+    trajectory, _ = await ask([mcp_call("testkit", "slow", {"seconds": 0.8})] * 5, AgentConfig(timeout_s=0.5))
+    assert trajectory.stop_reason == "timeout"
+
+
+async def test_cancelling_a_run_closes_its_trajectory_as_interrupted(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+
+    class Hanging(ScriptedLLM):
+        async def complete(self, messages, tools=None, max_tokens=None):  # noqa: ANN001, ANN201
+            if len(self.calls) == 1:
+                await asyncio.sleep(3600)
+            return await super().complete(messages, tools, max_tokens)
+
+    writer = TrajectoryWriter(path)
+    async with toolbox() as tools:
+        task = asyncio.create_task(run("q", Hanging([mcp_call("testkit", "echo", {"text": "a"})]), tools,
+                                       AgentConfig(), writer))
+        await asyncio.sleep(0.5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    writer.close()
+    [saved] = load_trajectories(path)
+    assert saved.stop_reason == "interrupted" and len(saved.turns) == 1
+
+
+async def test_token_exact_turns_over_http_rebuild_what_the_server_saw(tmp_path: Path) -> None:
+    replies = [mcp_call("testkit", "echo", {"text": f"page {i} " * 20}) for i in range(50)] + [mcp_answer("done")]
+    path = tmp_path / "run.jsonl"
+    with FakeOpenAI(replies, vllm=True) as server:
+        llm = OpenAIChat(LLMConfig(base_url=server.base_url, model="fake-model"))
+        writer = TrajectoryWriter(path)
+        async with toolbox() as tools:
+            await run("q", llm, tools, AgentConfig(keep_tool_results=5, max_turns=60), writer)
+        writer.close()
+        await llm.aclose()
+    [saved] = load_trajectories(path)
+    assert saved.answer == "done" and len(saved.turns) == 51
+    for turn, request in zip(saved.turns, server.requests):
+        assert full_prompt(saved.turns, turn.index) == tokens(render(request["messages"]))
+        assert turn.completion_ids == tokens(turn.assistant["content"])
+        assert len(turn.logprobs) == len(turn.completion_ids)
+    segments = rebuild_segments(saved.turns)
+    assert len(segments) > 40  # keep-5 rewrites the history, so most turns start a new segment
+    stored = sum(len(t.prompt_delta_ids) for t in saved.turns)
+    assert stored < sum(len(full_prompt(saved.turns, t.index)) for t in saved.turns)
+
+
+async def test_a_600_turn_run_keeps_time_and_memory_per_turn_flat(tmp_path: Path) -> None:
+    turns = 600
+    replies = [mcp_call("testkit", "echo", {"text": f"finding number {i}"}) for i in range(turns)] + [mcp_answer("ok")]
+    llm = ScriptedLLM(replies, record=False)
+    path = tmp_path / "long.jsonl"
+    writer = TrajectoryWriter(path)
+    stamps: list[float] = []
+    tracemalloc.start()
+    async with Toolbox([ServerSpec(name="testkit", command=TEST_SERVER)]) as tools:
+        before = tracemalloc.get_traced_memory()[0]
+        trajectory = await run("q", llm, tools, AgentConfig(max_turns=turns + 1), writer,
+                               on_event=lambda kind, data: kind == "turn" and stamps.append(time.perf_counter()))
+        grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    writer.close()
+    assert trajectory.stop_reason == "answered" and len(trajectory.turns) == turns + 1
+    per_turn = [b - a for a, b in zip(stamps, stamps[1:])]
+    first, last = statistics.median(per_turn[:100]), statistics.median(per_turn[-100:])
+    assert last < 3 * first, f"turns got slower: {first * 1000:.2f} ms -> {last * 1000:.2f} ms"
+    assert grown < 4 * path.stat().st_size, f"memory grew {grown} bytes for a {path.stat().st_size}-byte log"

@@ -1,0 +1,148 @@
+"""The MCP toolbox against real servers: a stdio subprocess, streamable HTTP, and in-process."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import TEST_SERVER
+
+from nanbeige.agent.toolbox import ServerSpec, Toolbox, ToolboxError, parse_server_spec
+from nanbeige.agent.trajectory import ToolCall
+
+pytestmark = pytest.mark.anyio
+
+
+def stdio_spec(**env: str) -> ServerSpec:
+    return ServerSpec(name="testkit", command=TEST_SERVER, env=env)
+
+
+async def test_lists_tools_with_their_schemas() -> None:
+    async with Toolbox([stdio_spec()]) as toolbox:
+        by_name = {t["name"]: t for t in toolbox.tools}
+    assert {"echo", "add", "fail", "slow", "crash", "big"} <= set(by_name)
+    assert by_name["add"]["server"] == "testkit"
+    assert by_name["add"]["input_schema"]["required"] == ["a", "b"]
+    assert by_name["add"]["description"] == "Add two integers."
+
+
+async def test_one_long_lived_process_serves_every_call() -> None:
+    async with Toolbox([stdio_spec()]) as toolbox:
+        pids = {(await toolbox.call(ToolCall("testkit", "pid", {}))).text for _ in range(5)}
+        result = await toolbox.call(ToolCall("testkit", "add", {"a": 2, "b": 40}))
+    assert len(pids) == 1
+    assert (result.text, result.is_error) == ("42", False) and result.latency_s > 0
+
+
+async def test_tool_errors_and_bad_arguments_come_back_as_error_results() -> None:
+    async with Toolbox([stdio_spec()]) as toolbox:
+        failed = await toolbox.call(ToolCall("testkit", "fail", {"message": "no such page"}))
+        bad = await toolbox.call(ToolCall("testkit", "add", {"a": "two"}))
+        unknown = await toolbox.call(ToolCall("testkit", "nope", {}))
+    assert failed.is_error and "no such page" in failed.text
+    assert bad.is_error and "validation error" in bad.text
+    assert unknown.is_error and "Unknown tool: 'nope'" in unknown.text and "echo (server testkit)" in unknown.text
+
+
+async def test_a_slow_call_times_out_and_the_server_keeps_answering() -> None:
+    async with Toolbox([stdio_spec()], call_timeout_s=0.5) as toolbox:
+        slow = await toolbox.call(ToolCall("testkit", "slow", {"seconds": 2}))
+        after = await toolbox.call(ToolCall("testkit", "echo", {"text": "still here"}))
+    assert slow.is_error and "timed out after 0.5 s" in slow.text
+    assert (after.text, after.is_error) == ("still here", False)
+
+
+async def test_long_results_are_cut_with_a_visible_marker() -> None:
+    async with Toolbox([stdio_spec()], max_result_chars=1000) as toolbox:
+        result = await toolbox.call(ToolCall("testkit", "big", {"n": 5000}))
+    assert result.truncated and result.text.startswith("x" * 1000)
+    assert result.text.endswith("[Result truncated: 1000 of 5000 characters shown]")
+
+
+async def test_a_server_that_dies_is_restarted_once() -> None:
+    async with Toolbox([stdio_spec()]) as toolbox:
+        first_pid = (await toolbox.call(ToolCall("testkit", "pid", {}))).text
+        crashed = await toolbox.call(ToolCall("testkit", "crash", {}))
+        assert crashed.is_error and "was restarted" in crashed.text
+        second_pid = await toolbox.call(ToolCall("testkit", "pid", {}))
+        assert second_pid.is_error is False and second_pid.text != first_pid
+        again = await toolbox.call(ToolCall("testkit", "crash", {}))  # a second death is final
+        after = await toolbox.call(ToolCall("testkit", "echo", {"text": "x"}))
+    assert toolbox.restarts == {"testkit": 1}
+    assert again.is_error and after.is_error and "already restarted" in after.text
+
+
+async def test_a_server_killed_from_outside_is_restarted() -> None:
+    async with Toolbox([stdio_spec()]) as toolbox:
+        pid = int((await toolbox.call(ToolCall("testkit", "pid", {}))).text)
+        os.kill(pid, 9)
+        time.sleep(0.2)
+        lost = await toolbox.call(ToolCall("testkit", "echo", {"text": "lost"}))
+        result = await toolbox.call(ToolCall("testkit", "echo", {"text": "back"}))
+    assert lost.is_error and "Make the call again" in lost.text
+    assert (result.text, result.is_error) == ("back", False)
+
+
+async def test_the_server_gets_only_the_environment_it_is_given() -> None:
+    os.environ["NANBEIGE_TEST_LEAK"] = "1"
+    try:
+        async with Toolbox([stdio_spec(GIVEN="1")]) as toolbox:
+            given = await toolbox.call(ToolCall("testkit", "env_has", {"name": "GIVEN"}))
+            leaked = await toolbox.call(ToolCall("testkit", "env_has", {"name": "NANBEIGE_TEST_LEAK"}))
+    finally:
+        del os.environ["NANBEIGE_TEST_LEAK"]
+    assert (given.text, leaked.text) == ("yes", "no")
+
+
+async def test_a_server_that_cannot_start_is_a_clear_error() -> None:
+    spec = ServerSpec(name="broken", command=[sys.executable, "-c", "import sys; sys.exit(1)"])
+    with pytest.raises(ToolboxError, match="MCP server 'broken'.*failed to start"):
+        async with Toolbox([spec]):
+            pass
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def test_streamable_http_server_by_url(tmp_path: Path) -> None:
+    port = free_port()
+    process = subprocess.Popen([*TEST_SERVER, "--http", str(port)], stderr=open(tmp_path / "err", "w"))
+    try:
+        for _ in range(100):
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/mcp", timeout=0.5)
+                break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        spec = parse_server_spec(f"remote=http://127.0.0.1:{port}/mcp")
+        async with Toolbox([spec]) as toolbox:
+            result = await toolbox.call(ToolCall("remote", "add", {"a": 1, "b": 2}))
+    finally:
+        process.terminate()
+        process.wait(10)
+    assert (result.text, result.is_error) == ("3", False)
+
+
+async def test_in_process_server_object() -> None:
+    import mcp_test_server
+
+    async with Toolbox([ServerSpec(name="inproc", server=mcp_test_server.server)]) as toolbox:
+        result = await toolbox.call(ToolCall("inproc", "echo", {"text": "hi"}))
+    assert result.text == "hi"
+
+
+def test_server_specs_from_the_command_line() -> None:
+    stdio = parse_server_spec("calc=python -m calc --flag 'a b'")
+    assert (stdio.name, stdio.command, stdio.url) == ("calc", ["python", "-m", "calc", "--flag", "a b"], None)
+    assert parse_server_spec("web=https://example.org/mcp").url == "https://example.org/mcp"
+    with pytest.raises(ValueError, match="NAME=COMMAND"):
+        parse_server_spec("no-equals-sign")
