@@ -1,0 +1,140 @@
+"""`nanbeige ask` and `nanbeige show` as a user runs them: real processes, loopback servers."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import TEST_SERVER
+from fake_openai import FakeOpenAI, Reply, mcp_answer, mcp_call
+
+NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
+TESTKIT = "testkit=" + shlex.join(TEST_SERVER)
+
+
+def nanbeige(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([NANBEIGE, *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "COLUMNS": "200", **(env or {})})
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, *words: str) -> None:
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    for word in words:
+        assert word in result.stderr
+
+
+def test_ask_prints_only_the_answer_on_stdout_and_saves_the_trajectory(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+    replies = [mcp_call("testkit", "add", {"a": 2, "b": 3}), mcp_answer("5")]
+    with FakeOpenAI(replies) as server:
+        result = nanbeige("ask", "What is 2+3?", "--base-url", server.base_url, "--mcp", TESTKIT,
+                          "--trajectory", str(path), "--api-key", "sk-secret-value")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "5\n"
+    assert "add(a=2, b=3)" in result.stderr and str(path) in result.stderr and "answered after 2 turns" in result.stderr
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["type"] for r in records] == ["start", "turn", "turn", "end"]
+    assert "sk-secret-value" not in path.read_text()
+    assert server.requests[0]["_headers"]["Authorization"] == "Bearer sk-secret-value"
+
+
+def test_json_prints_the_end_record(tmp_path: Path) -> None:
+    with FakeOpenAI([mcp_answer("Paris")]) as server:
+        result = nanbeige("ask", "Capital of France?", "--base-url", server.base_url, "--no-default-servers",
+                          "--trajectory", str(tmp_path / "t.jsonl"), "--json")
+    end = json.loads(result.stdout)
+    assert (end["type"], end["answer"], end["stop_reason"], end["num_turns"]) == ("end", "Paris", "answered", 1)
+    assert "no tools available" in result.stderr
+
+
+def test_settings_come_from_the_environment_and_runs_go_to_the_runs_folder(tmp_path: Path) -> None:
+    with FakeOpenAI([mcp_answer("ok")]) as server:
+        result = nanbeige("ask", "q", env={"NANBEIGE_BASE_URL": server.base_url, "NANBEIGE_MODEL": "env-model",
+                                           "NANBEIGE_RUNS_DIR": str(tmp_path / "runs")})
+    assert result.returncode == 0, result.stderr
+    assert server.requests[0]["model"] == "env-model"
+    [saved] = list((tmp_path / "runs").glob("*.jsonl"))
+    assert str(saved) in result.stderr
+
+
+def test_an_unreachable_model_server_is_one_line_naming_the_fix(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        result = nanbeige("ask", "q", "--base-url", f"http://127.0.0.1:{port}/v1", "--trajectory",
+                          str(tmp_path / "t.jsonl"))
+    assert_one_line_error(result, "cannot reach the model server", "--base-url")
+    assert result.returncode == 1
+
+
+def test_bad_flags_and_specs_are_clear_errors(tmp_path: Path) -> None:
+    assert_one_line_error(nanbeige("ask", "q", "--max-turns", "zero"), "--max-turns")
+    assert_one_line_error(nanbeige("ask", "q", "--dialect", "yaml"), "--dialect must be one of mcp-xml, tool-call")
+    assert_one_line_error(nanbeige("ask", "q", "--mcp", "no-equals"), "NAME=COMMAND")
+    assert_one_line_error(nanbeige("ask", "q", "--mcp", "a=x", "--mcp", "a=y"), "two MCP servers share a name: a")
+
+
+def test_a_tool_server_that_cannot_start_is_a_clear_error(tmp_path: Path) -> None:
+    with FakeOpenAI([mcp_answer("x")]) as server:
+        result = nanbeige("ask", "q", "--base-url", server.base_url, "--mcp", "broken=/no/such/program",
+                          "--trajectory", str(tmp_path / "t.jsonl"))
+    assert_one_line_error(result, "MCP server 'broken'", "failed to start")
+
+
+def test_an_unwritable_trajectory_path_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    with FakeOpenAI([mcp_answer("x")]) as server:
+        result = nanbeige("ask", "q", "--base-url", server.base_url, "--trajectory", str(tmp_path / "file" / "t.jsonl"))
+    assert_one_line_error(result, "cannot write the trajectory", "--trajectory")
+
+
+def test_no_answer_exits_non_zero_with_the_stop_reason(tmp_path: Path) -> None:
+    with FakeOpenAI([mcp_call("testkit", "echo", {"text": "a"})], default=Reply(status=400, body={
+            "error": {"message": "bad request"}})) as server:
+        result = nanbeige("ask", "q", "--base-url", server.base_url, "--mcp", TESTKIT, "--trajectory",
+                          str(tmp_path / "t.jsonl"))
+    assert result.stdout == ""
+    assert_one_line_error(result, "no answer (stop reason model_error)", "bad request")
+
+
+def test_ctrl_c_closes_the_trajectory_and_exits_130(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    replies = [mcp_call("testkit", "echo", {"text": "a"}), Reply(content="never", delay_s=30)]
+    with FakeOpenAI(replies) as server:
+        process = subprocess.Popen([NANBEIGE, "ask", "q", "--base-url", server.base_url, "--mcp", TESTKIT,
+                                    "--trajectory", str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True, start_new_session=True)
+        deadline = time.monotonic() + 30
+        while len(server.requests) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.killpg(process.pid, signal.SIGINT)  # as a terminal's Ctrl-C does: the tool servers get it too
+        _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 130, stderr
+    assert "interrupted" in stderr and "Traceback" not in stderr
+    end = json.loads(path.read_text().splitlines()[-1])
+    assert (end["type"], end["stop_reason"], end["num_turns"]) == ("end", "interrupted", 1)
+
+
+def test_show_renders_a_saved_trajectory(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    with FakeOpenAI([mcp_call("testkit", "add", {"a": 20, "b": 22}, thought="Add them."), mcp_answer("42")]) as server:
+        nanbeige("ask", "Sum?", "--base-url", server.base_url, "--mcp", TESTKIT, "--trajectory", str(path))
+    result = nanbeige("show", str(path))
+    assert result.returncode == 0, result.stderr
+    for text in ("question: Sum?", "Add them.", "testkit/add", '{"a": 20, "b": 22}', "stop reason: answered",
+                 "answer: 42"):
+        assert text in result.stdout
+
+
+def test_show_rejects_what_is_not_a_trajectory(tmp_path: Path) -> None:
+    assert_one_line_error(nanbeige("show", str(tmp_path / "missing.jsonl")), "cannot read")
+    (tmp_path / "notes.txt").write_text("hello\nworld\n")
+    assert_one_line_error(nanbeige("show", str(tmp_path / "notes.txt")), "not a JSON line")
