@@ -14,7 +14,7 @@ import os
 import sys
 import uuid
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import IO, TYPE_CHECKING, Annotated, NoReturn
 
 import httpx
 import orjson
@@ -22,6 +22,12 @@ import typer
 from rich.console import Console
 
 from nanbeige.agent import dialects
+
+if TYPE_CHECKING:  # imported lazily at run time so `--help` stays fast
+    from nanbeige.agent.llm import OpenAIChat
+    from nanbeige.agent.loop import AgentConfig
+    from nanbeige.agent.toolbox import ServerSpec
+    from nanbeige.agent.trajectory import Trajectory, TrajectoryWriter
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Agent runtime for deep search and tool use with Nanbeige4.1-3B.")
@@ -117,10 +123,14 @@ def ask(
         raise typer.Exit(130) from None
     finally:
         writer.close()
+        if errlog:
+            errlog.close()
     report(result, json_output)
 
 
-async def _ask(question, llm, specs, config, writer, tool_timeout, max_result_chars, errlog):  # noqa: ANN001
+async def _ask(question: str, llm: OpenAIChat, specs: list[ServerSpec], config: AgentConfig,
+               writer: TrajectoryWriter, tool_timeout: float, max_result_chars: int,
+               errlog: IO[str] | None) -> Trajectory:
     from nanbeige.agent.loop import run
     from nanbeige.agent.toolbox import Toolbox, ToolboxError
     from nanbeige.agent.view import LiveView
@@ -135,12 +145,12 @@ async def _ask(question, llm, specs, config, writer, tool_timeout, max_result_ch
         await llm.aclose()
 
 
-def default_servers() -> list:
+def default_servers() -> list[ServerSpec]:
     """The built-in tool servers launched by `ask` (none yet: give servers with --mcp)."""
     return []
 
 
-def open_writer(path: Path, secrets: list[str]):  # noqa: ANN201
+def open_writer(path: Path, secrets: list[str]) -> TrajectoryWriter:
     from nanbeige.agent.trajectory import TrajectoryWriter
 
     secrets = secrets + [os.environ[name] for name in SECRET_ENV if os.environ.get(name)]
@@ -150,7 +160,7 @@ def open_writer(path: Path, secrets: list[str]):  # noqa: ANN201
         fail(f"cannot write the trajectory to {path}: {exc.strerror or exc}. Pass --trajectory with a writable path.")
 
 
-def report(trajectory, json_output: bool) -> None:  # noqa: ANN001
+def report(trajectory: Trajectory, json_output: bool) -> None:
     from nanbeige.agent.trajectory import end_record
 
     if json_output:

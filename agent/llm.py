@@ -221,8 +221,8 @@ class OpenAIChat:
                 raise ContextOverflow(text)
             raise ModelError(f"model server answered HTTP {response.status_code}: {text}")
         try:
-            return parse_completion(response.json(), latency_s)
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            return parse_completion(orjson.loads(response.content), latency_s)
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
             raise ModelError(f"model server sent a reply that is not a chat completion: {exc!r}") from None
 
     async def aclose(self) -> None:

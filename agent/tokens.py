@@ -1,22 +1,40 @@
-"""Token-exact records: each turn's prompt as a delta from the previous turn, grouped in segments.
+"""Token-exact records: each turn's prompt stored as a delta from the previous turn.
 
-Within a segment every prompt extends the previous prompt + completion, so a turn stores only the
-new prompt tokens (tool results, template glue). When the prompt stops extending (context
-management rewrote the history) a new segment starts and the turn stores its whole prompt.
-Storage is O(turns), not O(turns^2). `prefix_hash` is a SHA-256 over the segment's tokens before
-the delta (as native int32), so a rebuilt segment can be checked token for token.
+A turn's prompt is the previous turn's prompt + completion, cut to its first `prompt_keep` tokens,
+followed by `prompt_delta_ids`. While the prompt only extends the previous one (nothing was
+rewritten) `prompt_keep` is that whole length and the turns form one segment, which the trainer
+can merge into one row. When context management rewrites the history (keep-K replaces an old tool
+result), the prompt diverges part-way, `prompt_keep` is where, and a new segment starts; the delta
+is still only what follows the divergence, so storage stays O(turns), not O(turns^2).
+`prefix_hash` is the SHA-256 of the kept tokens (as int32), so a rebuilt prompt can be checked.
 """
 
 from __future__ import annotations
 
 import hashlib
 from array import array
+from collections.abc import Iterator
 
 from nanbeige.agent.trajectory import Turn
 
+_CHUNK = 4096
 
-def _ids_bytes(ids: list[int]) -> bytes:
-    return array("i", ids).tobytes()  # int32 on every platform CPython supports
+
+def _hash(ids: array) -> str:
+    return hashlib.sha256(ids.tobytes()).hexdigest()
+
+
+def common_prefix(a: array, b: array) -> int:
+    """Length of the longest common prefix of two id arrays (compared a chunk at a time in C)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    start = 0
+    while a[start:start + _CHUNK] == b[start:start + _CHUNK]:
+        start += _CHUNK
+    while a[start] == b[start]:
+        start += 1
+    return start
 
 
 class TokenTracker:
@@ -24,53 +42,50 @@ class TokenTracker:
 
     def __init__(self) -> None:
         self.segment = -1
-        self.ids: list[int] = []  # the current segment: last prompt + last completion
-        self._hash = hashlib.sha256()
+        self.ids = array("i")  # the previous turn's prompt + completion
 
     def record(self, turn: Turn, prompt_ids: list[int], completion_ids: list[int]) -> None:
-        n = len(self.ids)
-        extends = self.segment >= 0 and len(prompt_ids) >= n and prompt_ids[:n] == self.ids
-        if extends:
-            delta = prompt_ids[n:]
-        else:
+        prompt = array("i", prompt_ids)
+        keep = common_prefix(self.ids, prompt)
+        if self.segment < 0 or keep < len(self.ids):
             self.segment += 1
-            self.ids, self._hash, delta = [], hashlib.sha256(), list(prompt_ids)
         turn.segment = self.segment
-        turn.prefix_hash = self._hash.hexdigest()
-        turn.prompt_delta_ids = delta
-        turn.completion_ids = list(completion_ids)
-        self.ids.extend(delta)
-        self.ids.extend(completion_ids)
-        self._hash.update(_ids_bytes(delta) + _ids_bytes(completion_ids))
+        turn.prompt_keep = keep
+        turn.prefix_hash = _hash(self.ids[:keep])
+        turn.prompt_delta_ids = prompt_ids[keep:]
+        turn.completion_ids = completion_ids
+        prompt.extend(completion_ids)
+        self.ids = prompt
 
 
-def rebuild_segments(turns: list[Turn]) -> dict[int, list[int]]:
-    """Each segment's full token sequence (last prompt + last completion), rebuilt from the deltas.
+def iter_prompts(turns: list[Turn]) -> Iterator[tuple[Turn, list[int]]]:
+    """Each token-recorded turn with the exact prompt ids sent for it, rebuilt from the deltas.
 
     Raises ValueError when a stored prefix hash does not match the rebuilt tokens."""
-    segments: dict[int, list[int]] = {}
-    hashes: dict[int, hashlib._Hash] = {}
+    previous = array("i")
     for turn in turns:
-        if turn.segment is None or turn.prompt_delta_ids is None or turn.completion_ids is None:
+        if turn.prompt_delta_ids is None or turn.completion_ids is None or turn.prompt_keep is None:
             continue
-        ids = segments.setdefault(turn.segment, [])
-        hasher = hashes.setdefault(turn.segment, hashlib.sha256())
-        if hasher.hexdigest() != turn.prefix_hash:
-            raise ValueError(f"turn {turn.index}: prefix hash does not match segment {turn.segment}")
-        ids.extend(turn.prompt_delta_ids)
-        ids.extend(turn.completion_ids)
-        hasher.update(_ids_bytes(turn.prompt_delta_ids) + _ids_bytes(turn.completion_ids))
-    return segments
+        kept = previous[:turn.prompt_keep]
+        if _hash(kept) != turn.prefix_hash:
+            raise ValueError(f"turn {turn.index}: prefix hash does not match the rebuilt tokens")
+        kept.extend(turn.prompt_delta_ids)
+        yield turn, kept.tolist()
+        kept.extend(turn.completion_ids)
+        previous = kept
 
 
 def full_prompt(turns: list[Turn], index: int) -> list[int]:
-    """The exact prompt token ids sent for turn `index`, rebuilt from its segment."""
-    target = turns[index]
-    ids: list[int] = []
-    for turn in turns[: index + 1]:
-        if turn.segment != target.segment or turn.prompt_delta_ids is None:
-            continue
-        ids.extend(turn.prompt_delta_ids)
-        if turn.index != index:
-            ids.extend(turn.completion_ids or [])
-    return ids
+    """The exact prompt token ids sent for turn `index`."""
+    for turn, prompt in iter_prompts(turns):
+        if turn.index == index:
+            return prompt
+    raise ValueError(f"turn {index} has no token record")
+
+
+def rebuild_segments(turns: list[Turn]) -> dict[int, list[int]]:
+    """Each segment's full token sequence: its last prompt followed by that turn's completion."""
+    segments = {}
+    for turn, prompt in iter_prompts(turns):
+        segments[turn.segment] = prompt + turn.completion_ids
+    return segments

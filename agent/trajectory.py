@@ -85,11 +85,13 @@ class Turn:
     """Wall time of the model call."""
     segment: int | None = None
     """Token segment id: a new segment starts whenever the prompt stops extending the previous one."""
+    prompt_keep: int | None = None
+    """How many leading tokens of the previous turn's prompt + completion this prompt reuses (all
+    of them within a segment; fewer after context management rewrote the history)."""
     prompt_delta_ids: list[int] | None = None
-    """Prompt token ids added since the previous turn's prompt + completion (the whole prompt at a
-    segment start)."""
+    """The prompt's token ids after those `prompt_keep` tokens."""
     prefix_hash: str | None = None
-    """Hash of the segment's token ids before `prompt_delta_ids` (see `tokens.py`)."""
+    """SHA-256 of the `prompt_keep` reused token ids (see `tokens.py`)."""
     completion_ids: list[int] | None = None
     """Sampled token ids, verbatim."""
     logprobs: list[float] | None = None
@@ -165,7 +167,10 @@ def start_record(trajectory: Trajectory) -> dict[str, Any]:
 
 
 def turn_record(trajectory_id: str, turn: Turn) -> dict[str, Any]:
-    return {"type": "turn", "trajectory_id": trajectory_id, **dataclasses.asdict(turn)}
+    # Shallow on purpose: orjson writes the nested dataclasses itself, and asdict would copy every
+    # token id one by one.
+    return {"type": "turn", "trajectory_id": trajectory_id,
+            **{f.name: getattr(turn, f.name) for f in dataclasses.fields(turn)}}
 
 
 def end_record(trajectory: Trajectory) -> dict[str, Any]:

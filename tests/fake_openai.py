@@ -104,6 +104,9 @@ class FakeOpenAI:
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as real servers do
+            disable_nagle_algorithm = True  # headers and body go in separate writes
+
             def log_message(self, *args: Any) -> None:
                 pass
 

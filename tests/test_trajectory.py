@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from array import array
 from pathlib import Path
 
 import pytest
 
-from nanbeige.agent.tokens import TokenTracker, full_prompt, rebuild_segments
+from nanbeige.agent.tokens import TokenTracker, common_prefix, full_prompt, rebuild_segments
 from nanbeige.agent.trajectory import (
     ToolCall,
     ToolResult,
@@ -30,7 +31,7 @@ def sample_trajectory() -> Trajectory:
         tool_calls=[ToolCall(server="calc", name="add", arguments={"a": 2, "b": 3})],
         tool_results=[ToolResult(text="5", latency_s=0.25)], finish_reason="stop",
         usage={"prompt_tokens": 10, "completion_tokens": 4}, latency_s=0.5,
-        segment=0, prompt_delta_ids=[1, 2, 3], prefix_hash="h", completion_ids=[7, 8], logprobs=[-0.1, -0.2]))
+        segment=0, prompt_keep=0, prompt_delta_ids=[1, 2, 3], prefix_hash="h", completion_ids=[7, 8], logprobs=[-0.1, -0.2]))
     trajectory.answer, trajectory.stop_reason = "5", "answered"
     trajectory.timings = {"wall_s": 1.0, "model_s": 0.5, "tool_s": 0.25}
     return trajectory
@@ -56,7 +57,7 @@ def test_golden_file_has_the_documented_fields() -> None:
     start, turn, end = read_records(GOLDEN)
     assert [start["type"], turn["type"], end["type"]] == ["start", "turn", "end"]
     assert turn["trajectory_id"] == end["trajectory_id"] == start["id"]
-    for key in ("index", "assistant", "tool_calls", "tool_results", "usage", "completion_ids", "logprobs",
+    for key in ("index", "assistant", "tool_calls", "tool_results", "usage", "completion_ids", "logprobs", "prompt_keep",
                 "prompt_delta_ids", "segment", "prefix_hash"):
         assert key in turn
     assert turn["assistant"]["content"].startswith("<think>")
@@ -118,18 +119,32 @@ def test_secrets_never_reach_the_file(tmp_path: Path) -> None:
     assert "sk-live-123456" not in text and "[REDACTED]" in text
 
 
-def test_token_deltas_rebuild_each_segment_exactly() -> None:
+def test_token_deltas_rebuild_every_prompt_exactly() -> None:
     tracker, turns = TokenTracker(), []
-    prompts_and_completions = [([1, 2, 3], [4, 5]), ([1, 2, 3, 4, 5, 6], [7]), ([1, 9], [10]), ([1, 9, 10, 11], [12])]
+    prompts_and_completions = [
+        ([1, 2, 3], [4, 5]),
+        ([1, 2, 3, 4, 5, 6], [7]),  # extends the previous turn: same segment
+        ([1, 2, 3, 4, 0, 6, 7, 8], [9]),  # history rewritten at position 4: new segment, only the rest stored
+        ([1, 2, 3, 4, 0, 6, 7, 8, 9, 10], [11]),
+    ]
     for index, (prompt, completion) in enumerate(prompts_and_completions):
         turn = Turn(index=index, assistant={})
         tracker.record(turn, prompt, completion)
         turns.append(turn)
     assert [t.segment for t in turns] == [0, 0, 1, 1]
-    assert [t.prompt_delta_ids for t in turns] == [[1, 2, 3], [6], [1, 9], [11]]
-    assert rebuild_segments(turns) == {0: [1, 2, 3, 4, 5, 6, 7], 1: [1, 9, 10, 11, 12]}
+    assert [t.prompt_keep for t in turns] == [0, 5, 4, 9]
+    assert [t.prompt_delta_ids for t in turns] == [[1, 2, 3], [6], [0, 6, 7, 8], [10]]
     assert [full_prompt(turns, i) for i in range(4)] == [p for p, _ in prompts_and_completions]
-    turns[1].prompt_delta_ids = [99]
-    turns[1].prefix_hash = "0" * 64
+    assert rebuild_segments(turns) == {0: [1, 2, 3, 4, 5, 6, 7], 1: [1, 2, 3, 4, 0, 6, 7, 8, 9, 10, 11]}
+    turns[0].prompt_delta_ids = [1, 2, 99]
     with pytest.raises(ValueError, match="prefix hash"):
         rebuild_segments(turns)
+
+
+def test_common_prefix_finds_the_first_difference_anywhere() -> None:
+    a = array("i", range(10_000))
+    for position in (0, 1, 4095, 4096, 9999):
+        b = array("i", a)
+        b[position] = -1
+        assert common_prefix(a, b) == position
+    assert common_prefix(a, a[:5000]) == 5000 and common_prefix(array("i"), a) == 0

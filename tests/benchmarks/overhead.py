@@ -1,7 +1,8 @@
 """Benchmark: the agent runtime's own overhead per turn, from turn 1 to turn N.
 
-One `run` of N turns: the real OpenAIChat client talks to the loopback FakeOpenAI server (vLLM
-token fields on, so token ids are tracked), the model calls the `echo` tool of a real long-lived
+One `run` of N turns: the real OpenAIChat client talks to the loopback FakeOpenAI server (a plain
+OpenAI-compatible server; with --vllm it also returns vLLM's token fields, so token ids are
+tracked), the model calls the `echo` tool of a real long-lived
 stdio MCP server (tests/mcp_test_server.py) every turn and answers at turn N, and every turn is
 written to a trajectory file on disk. A turn's wall time runs from its "model" event to the next
 one (to its "turn" event for the last turn); its overhead is that minus the model's HTTP wait
@@ -12,7 +13,7 @@ shares no GIL with us) counts against the runtime.
 
 Run from the repository root:
 
-    python tests/benchmarks/overhead.py [--turns 600] [--keep 5]
+    python tests/benchmarks/overhead.py [--turns 600] [--keep 5] [--vllm]
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ SERVER = "tests/mcp_test_server.py"
 TARGET_MS = 2.0
 
 
-def serve(turns: int, conn) -> None:
+def serve(turns: int, vllm: bool, conn) -> None:
     """Child process: a FakeOpenAI whose model calls echo until turn `turns`, then answers."""
     def reply(request):
         server.requests.clear()  # the fake keeps every request otherwise: O(turns^2) memory
@@ -49,7 +50,7 @@ def serve(turns: int, conn) -> None:
             return mcp_answer("done")
         return mcp_call("testkit", "echo", {"text": f"probe number {turn}"}, thought=f"Step {turn}: check again.")
 
-    with FakeOpenAI(reply, vllm=True) as server:
+    with FakeOpenAI(reply, vllm=vllm) as server:
         conn.send(server.base_url)
         conn.recv()  # until the parent says stop
 
@@ -68,10 +69,13 @@ def pct(values: list[float], q: float) -> float:
 
 async def measure(base_url: str, turns: int, keep: int, path: Path) -> tuple[list[float], dict]:
     marks: list[tuple[str, float]] = []
+    steady: dict[str, int] = {}  # RSS and file size once the run has warmed up (turn 100)
 
     def on_event(kind: str, data) -> None:
         if kind in ("model", "turn"):
             marks.append((kind, time.perf_counter()))
+        if kind == "turn" and data.index == min(99, turns // 6):
+            steady.update(rss=rss_kib(), file=path.stat().st_size, turn=data.index + 1)
 
     llm = OpenAIChat(LLMConfig(base_url=base_url, model="fake-model"))
     writer = TrajectoryWriter(path)
@@ -83,7 +87,8 @@ async def measure(base_url: str, turns: int, keep: int, path: Path) -> tuple[lis
         started = time.perf_counter()
         trajectory = await run("What does echo say?", llm, toolbox, config, writer, on_event)
         wall = time.perf_counter() - started
-        memory = {"rss": rss_kib() - rss_before, "hwm": rss_kib("VmHWM") - hwm_before,
+        memory = {"rss": rss_kib() - rss_before, "steady_rss": rss_kib() - steady["rss"],
+                  "steady_file": path.stat().st_size - steady["file"], "steady_turn": steady["turn"], "hwm": rss_kib("VmHWM") - hwm_before,
                   "maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - maxrss_before}
     writer.close()
     await llm.aclose()
@@ -99,7 +104,7 @@ async def measure(base_url: str, turns: int, keep: int, path: Path) -> tuple[lis
     extra = {"wall": wall, "memory": memory, "file": path.stat().st_size,
              "model_ms": statistics.median(t.latency_s * 1000 for t in trajectory.turns),
              "tool_ms": statistics.median(r.latency_s * 1000 for t in trajectory.turns for r in t.tool_results),
-             "segments": len({t.segment for t in trajectory.turns})}
+             "segments": len({t.segment for t in trajectory.turns if t.segment is not None})}
     return overhead, extra
 
 
@@ -111,8 +116,9 @@ def report(overhead: list[float], extra: dict, block: int = 100) -> None:
     median = statistics.median(overhead)
     print(f"{'overall':>10} {median:>10.3f} {pct(overhead, .95):>8.3f}   "
           f"{'OK' if median <= TARGET_MS else 'MISSED'}")
-    first, last = statistics.median(overhead[:block]), statistics.median(overhead[-block:])
-    print(f"last {block} / first {block} median ratio: {last / first:.2f}   (target ~1.0: flat)")
+    k = min(block, len(overhead))
+    first, last = statistics.median(overhead[:k]), statistics.median(overhead[-k:])
+    print(f"median of last {k} / first {k} turns: {last / first:.2f}   (target ~1.0: flat)")
     print(f"median model HTTP wait {extra['model_ms']:.3f} ms, median echo call {extra['tool_ms']:.3f} ms, "
           f"token segments {extra['segments']}")
     memory, size_kib = extra["memory"], extra["file"] / 1024
@@ -120,6 +126,8 @@ def report(overhead: list[float], extra: dict, block: int = 100) -> None:
     print(f"RSS growth: VmRSS {memory['rss']:,} KiB, peak VmHWM {memory['hwm']:,} KiB, ru_maxrss "
           f"{memory['maxrss']:,} KiB   (target: bounded by the trajectory size; peak/file = "
           f"{memory['hwm'] / max(size_kib, 1):.2f})")
+    print(f"after turn {memory['steady_turn']}: RSS grew {memory['steady_rss']:,} KiB while the trajectory grew "
+          f"{memory['steady_file'] / 1024:,.0f} KiB (ratio {memory['steady_rss'] * 1024 / max(memory['steady_file'], 1):.2f})")
     print(f"total wall time of the run: {extra['wall']:.2f} s")
 
 
@@ -128,9 +136,10 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=600, help="turns in the run (default 600)")
     parser.add_argument("--keep", type=int, default=AgentConfig.keep_tool_results,
                         help="keep_tool_results of the run (default: AgentConfig's; -1 = all)")
+    parser.add_argument("--vllm", action="store_true", help="the server returns vLLM's token ids and logprobs")
     args = parser.parse_args()
     parent, child = multiprocessing.Pipe()
-    process = multiprocessing.Process(target=serve, args=(args.turns, child), daemon=True)
+    process = multiprocessing.Process(target=serve, args=(args.turns, args.vllm, child), daemon=True)
     process.start()
     try:
         base_url = parent.recv()
@@ -139,7 +148,8 @@ def main() -> None:
     finally:
         parent.send("stop")
         process.join(5)
-    print(f"runtime overhead per turn, {args.turns} turns, keep_tool_results={args.keep}")
+    print(f"runtime overhead per turn, {args.turns} turns, keep_tool_results={args.keep}, "
+          f"{'vLLM token fields' if args.vllm else 'plain OpenAI server'}")
     report(overhead, extra)
 
 
