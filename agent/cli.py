@@ -24,7 +24,7 @@ from rich.console import Console
 from nanbeige.agent import dialects
 
 if TYPE_CHECKING:  # imported lazily at run time so `--help` stays fast
-    from nanbeige.agent.llm import OpenAIChat
+    from nanbeige.agent.llm import LLMConfig, OpenAIChat
     from nanbeige.agent.loop import AgentConfig
     from nanbeige.agent.toolbox import ServerSpec
     from nanbeige.agent.trajectory import Trajectory, TrajectoryWriter
@@ -33,7 +33,6 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Agent runtime for deep search and tool use with Nanbeige4.1-3B.")
 err = Console(stderr=True)
 ADVANCED = "Advanced"
-SECRET_ENV = ("NANBEIGE_API_KEY", "SERPER_API_KEY", "JINA_API_KEY", "E2B_API_KEY", "NANBEIGE_SUMMARY_API_KEY")
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
@@ -67,7 +66,7 @@ def ask(
     api_key: Annotated[str | None, typer.Option(envvar="NANBEIGE_API_KEY", help="API key for the endpoint.",
                                                 show_default=False)] = None,
     dialect: Annotated[str, typer.Option(help="Tool dialect: mcp-xml or tool-call.")] = "mcp-xml",
-    max_turns: Annotated[int, typer.Option(min=1, help="Most tool-call turns before the answer is asked for.")] = 200,
+    max_turns: Annotated[int, typer.Option(min=1, help="Most model turns before the answer is asked for.")] = 200,
     keep_tool_results: Annotated[int, typer.Option(min=-1, help="Show only the last K tool results (-1: all).")] = 5,
     max_context: Annotated[int, typer.Option(min=1024, help="Model context length in tokens.")] = 131072,
     temperature: Annotated[float, typer.Option(min=0.0)] = 0.6,
@@ -89,35 +88,30 @@ def ask(
     """Research a question with tools; print the answer."""
     from nanbeige.agent.llm import LLMConfig, OpenAIChat
     from nanbeige.agent.loop import AgentConfig
-    from nanbeige.agent.toolbox import ServerSpec, parse_server_spec
+    from nanbeige.agent.toolbox import secrets_in_env
 
     if dialect not in dialects.DIALECTS:
         fail(f"--dialect must be one of {', '.join(dialects.DIALECTS)}, not {dialect!r}", 2)
-    try:
-        specs = [parse_server_spec(text) for text in mcp or []]
-    except ValueError as exc:
-        fail(str(exc), 2)
-    specs = ([] if no_default_servers else default_servers()) + specs
-    names = [s.name for s in specs]
-    if len(set(names)) != len(names):
-        fail(f"two MCP servers share a name: {', '.join(sorted(n for n in set(names) if names.count(n) > 1))}", 2)
+    check_url_flag("--base-url", base_url)
     llm_config = LLMConfig(base_url=base_url, model=model, api_key=api_key, temperature=temperature, top_p=top_p,
                            max_tokens=max_tokens)
     config = AgentConfig(dialect=dialect, max_turns=max_turns, keep_tool_results=keep_tool_results,
                          max_context=max_context, timeout_s=timeout)
     if max_tokens + config.context_reserve >= max_context:
         fail(f"--max-tokens {max_tokens} leaves no room for a prompt in --max-context {max_context}", 2)
+    specs = server_specs(mcp or [], not no_default_servers, llm_config)
     path = trajectory or default_trajectory_path()
     check_model_server(base_url, api_key)
-    writer = open_writer(path, [api_key or ""])
+    secrets = [api_key or "", *secrets_in_env()]
+    writer = open_writer(path, secrets)
     if not specs:
         err.print("[yellow]no tools available:[/] the model answers from its own knowledge. Add MCP servers "
                   "with --mcp NAME=COMMAND.", highlight=False)
     err.print(f"[dim]trajectory: {path}[/]", highlight=False)
-    llm = OpenAIChat(llm_config)
-    errlog = open(path.with_suffix(".servers.log"), "a") if specs else None
+    errlog = open(path.with_name(path.name + ".servers.log"), "a") if specs else None
     try:
-        result = asyncio.run(_ask(question, llm, specs, config, writer, tool_timeout, max_result_chars, errlog))
+        result = asyncio.run(_ask(question, OpenAIChat(llm_config), specs, config, writer, errlog, secrets,
+                                  call_timeout_s=tool_timeout, max_result_chars=max_result_chars))
     except KeyboardInterrupt:
         err.print(f"[yellow]interrupted[/]; the trajectory so far is in {path}", highlight=False)
         raise typer.Exit(130) from None
@@ -128,16 +122,38 @@ def ask(
     report(result, json_output)
 
 
+def check_url_flag(flag: str, url: str) -> None:
+    try:
+        scheme = httpx.URL(url).scheme
+    except httpx.InvalidURL as exc:
+        fail(f"{flag} {url!r} is not a valid URL: {exc}", 2)
+    if scheme not in ("http", "https"):
+        fail(f"{flag} must be an http(s) URL, not {url!r}", 2)
+
+
+def server_specs(mcp: list[str], defaults: bool, llm_config: LLMConfig) -> list[ServerSpec]:
+    """The MCP servers of a run: the built-in ones (unless turned off), then the user's."""
+    from nanbeige.agent.toolbox import parse_server_spec
+
+    try:
+        extra = [parse_server_spec(text) for text in mcp]
+    except ValueError as exc:
+        fail(str(exc), 2)
+    specs = (default_servers(llm_config) if defaults else []) + extra
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        fail(f"two MCP servers share a name: {', '.join(sorted(n for n in set(names) if names.count(n) > 1))}", 2)
+    return specs
+
+
 async def _ask(question: str, llm: OpenAIChat, specs: list[ServerSpec], config: AgentConfig,
-               writer: TrajectoryWriter, tool_timeout: float, max_result_chars: int,
-               errlog: IO[str] | None) -> Trajectory:
+               writer: TrajectoryWriter, errlog: IO[str] | None, secrets: list[str], **toolbox_options: float) -> Trajectory:
     from nanbeige.agent.loop import run
     from nanbeige.agent.toolbox import Toolbox, ToolboxError
     from nanbeige.agent.view import LiveView
 
     try:
-        async with Toolbox(specs, call_timeout_s=tool_timeout, max_result_chars=max_result_chars,
-                           errlog=errlog) as toolbox:
+        async with Toolbox(specs, errlog=errlog, secrets=secrets, **toolbox_options) as toolbox:
             return await run(question, llm, toolbox, config, writer, on_event=LiveView(err, config.max_turns))
     except ToolboxError as exc:
         fail(str(exc))
@@ -145,7 +161,7 @@ async def _ask(question: str, llm: OpenAIChat, specs: list[ServerSpec], config: 
         await llm.aclose()
 
 
-def default_servers() -> list[ServerSpec]:
+def default_servers(llm_config: LLMConfig) -> list[ServerSpec]:
     """The built-in tool servers launched by `ask` (none yet: give servers with --mcp)."""
     return []
 
@@ -153,7 +169,6 @@ def default_servers() -> list[ServerSpec]:
 def open_writer(path: Path, secrets: list[str]) -> TrajectoryWriter:
     from nanbeige.agent.trajectory import TrajectoryWriter
 
-    secrets = secrets + [os.environ[name] for name in SECRET_ENV if os.environ.get(name)]
     try:
         return TrajectoryWriter(path, secrets=secrets)
     except OSError as exc:

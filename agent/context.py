@@ -44,7 +44,9 @@ class History:
         self.estimated_tokens = sum(_message_tokens(m) for m in self.messages)
         self.added_since_call = self.estimated_tokens  # estimate of what the server has not counted yet
 
-    def add_turn(self, assistant: dict[str, Any], observations: list[dict[str, Any]]) -> None:
+    def add_turn(self, assistant: dict[str, Any], observations: list[dict[str, Any]], tool_results: bool = True) -> None:
+        """Append a turn. Only tool results count towards keep-K; messages about unusable replies
+        (`tool_results=False`) are short and always shown."""
         self.messages.append(assistant)
         positions = []
         for message in observations:
@@ -53,7 +55,7 @@ class History:
         added = sum(_message_tokens(m) for m in observations)
         self.estimated_tokens += _message_tokens(assistant) + added
         self.added_since_call = added
-        if positions:
+        if positions and tool_results:
             self.observations.append(positions)
         if self.keep >= 0 and len(self.observations) > self.keep:
             for position in self.observations[-self.keep - 1]:
@@ -71,6 +73,9 @@ class History:
         for position in self.observations[-1] if self.observations else []:
             messages[position] = {**messages[position], "content": OMITTED}
         return messages
+
+    def latest_tool_result_tokens(self) -> int:
+        return sum(_message_tokens(self.messages[i]) for i in self.observations[-1]) if self.observations else 0
 
     def next_prompt_tokens(self, last: Turn | None) -> int:
         """Estimated prompt size of the next call: the server's count for the last call plus its

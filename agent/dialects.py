@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +42,8 @@ class ParsedReply:
     """What the loop needs from one assistant message."""
 
     tool_calls: list[ToolCall] = field(default_factory=list)
+    call_errors: dict[int, str] = field(default_factory=dict)
+    """Calls (by position) that cannot be run, with the error result the model gets instead."""
     format_error: str | None = None
     """Set when the reply tried to call a tool but could not be understood."""
 
@@ -207,24 +208,21 @@ def _fix_server(server: str, name: str, tools: list[dict[str, Any]]) -> str:
 
 def parse_mcp_xml(content: str, tools: list[dict[str, Any]]) -> ParsedReply:
     text = visible_text(content)
-    calls, bad = [], []
+    parsed = ParsedReply()
     for server, name, raw_arguments in _MCP_BLOCK.findall(text):
         server, name = server.strip(), name.strip()
         arguments = parse_arguments(raw_arguments)
         if arguments is None:
-            bad.append(f"the arguments of {name or 'the tool call'} are not a JSON object")
-            continue
-        calls.append(ToolCall(server=_fix_server(server, name, tools), name=name, arguments=arguments))
-    if calls:
-        return ParsedReply(tool_calls=calls)
-    if bad:
-        return ParsedReply(format_error=f"Your tool call could not be used: {bad[0]}. Write the call again "
-                                        "with valid JSON inside <arguments>.")
-    if any(tag in text for tag in _MCP_TAGS):
-        return ParsedReply(format_error="Your message contains a tool call that could not be parsed. Write it "
-                                        "as <use_mcp_tool> with <server_name>, <tool_name> and <arguments> tags, "
-                                        "at the end of your message, exactly as in the instructions.")
-    return ParsedReply()
+            parsed.call_errors[len(parsed.tool_calls)] = (
+                f"The arguments of {name} are not a JSON object; the call was not run. Write it again with "
+                "valid JSON inside <arguments>.")
+        parsed.tool_calls.append(ToolCall(server=_fix_server(server, name, tools), name=name,
+                                          arguments=arguments or {}))
+    if not parsed.tool_calls and any(tag in text for tag in _MCP_TAGS):
+        parsed.format_error = ("Your message contains a tool call that could not be parsed. Write it as "
+                               "<use_mcp_tool> with <server_name>, <tool_name> and <arguments> tags, at the end "
+                               "of your message, exactly as in the instructions.")
+    return parsed
 
 
 def parse_tool_call(message: dict[str, Any], tools: list[dict[str, Any]]) -> ParsedReply:
@@ -240,15 +238,31 @@ def parse_tool_call(message: dict[str, Any], tools: list[dict[str, Any]]) -> Par
                 return ParsedReply(format_error='A <tool_call> block could not be parsed. Write it as '
                                                 '<tool_call>{"name": ..., "arguments": {...}}</tool_call>.')
             raw_calls.append((None, data["name"], data.get("arguments", {})))
-    calls = []
+    parsed = ParsedReply()
     for call_id, name, raw_arguments in raw_calls:
         arguments = parse_arguments(raw_arguments)
-        if arguments is None:
-            return ParsedReply(format_error=f"The arguments of {name} are not a JSON object. Call it again "
-                                            "with valid JSON arguments.")
+        if arguments is None:  # still answered with a result: every call id must get one
+            parsed.call_errors[len(parsed.tool_calls)] = (
+                f"The arguments of {name} are not a JSON object; the call was not run. Call it again with "
+                "valid JSON arguments.")
         server, tool = names.get(name, ("", name))
-        calls.append(ToolCall(server=server, name=tool, arguments=arguments, id=call_id or f"call_{uuid.uuid4().hex[:8]}"))
-    return ParsedReply(tool_calls=calls)
+        parsed.tool_calls.append(ToolCall(server=server, name=tool, arguments=arguments or {}, id=call_id))
+    return parsed
+
+
+def mcp_xml_answer_problem(content: str) -> str | None:
+    """Why a reply without a tool call is not a usable answer in the mcp-xml dialect, or None."""
+    text = visible_text(content)
+    if "<tool_call>" in text:
+        return ("Tool calls must use the <use_mcp_tool> format from the instructions, not <tool_call>. "
+                "Write the call again in that format.")
+    answer = last_boxed(text)
+    if answer is None:
+        return ("Your message has neither a tool call nor a final answer. Continue: call a tool in the "
+                "<use_mcp_tool> format, or give your final answer wrapped in \\boxed{}.")
+    if not answer:
+        return "Your final answer in \\boxed{} is empty. Give the answer inside it."
+    return None
 
 
 def parse_reply(dialect: str, message: dict[str, Any], tools: list[dict[str, Any]]) -> ParsedReply:
@@ -257,7 +271,7 @@ def parse_reply(dialect: str, message: dict[str, Any], tools: list[dict[str, Any
     return parse_tool_call(message, tools)
 
 
-def _last_boxed(text: str) -> str | None:
+def last_boxed(text: str) -> str | None:
     start = text.rfind("\\boxed{")
     if start < 0:
         return None
@@ -273,7 +287,7 @@ def extract_answer(dialect: str, content: str) -> str:
     """The final answer in a reply without tool calls: the last `\\boxed{}` (mcp-xml) or an
     `<answer>` block if present, else the visible text."""
     text = visible_text(content).strip()
-    boxed = _last_boxed(text)
+    boxed = last_boxed(text)
     if boxed is not None:
         return boxed
     match = re.search(r"<answer>(.*?)</answer>", text, re.DOTALL)
@@ -309,7 +323,8 @@ def observation_messages(dialect: str, turn: Turn) -> list[dict[str, Any]]:
         return []
     if dialect == "mcp-xml":
         return [{"role": "user", "content": "\n".join(_result_text(r) for r in turn.tool_results)}]
-    return [{"role": "tool", "tool_call_id": call.id, "content": _result_text(result)}
+    # Calls parsed from the text have no id (the server never saw them as calls), so neither do results.
+    return [{"role": "tool", "content": _result_text(result)} | ({"tool_call_id": call.id} if call.id else {})
             for call, result in zip(turn.tool_calls, turn.tool_results)]
 
 

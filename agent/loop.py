@@ -22,6 +22,7 @@ from nanbeige.agent.toolbox import Toolbox
 from nanbeige.agent.trajectory import ToolResult, Trajectory, TrajectoryWriter, Turn
 
 MIN_ANSWER_TOKENS = 512  # the final answer turn needs at least this much room to be worth making
+FINAL_ANSWER_TOKENS = 4096  # room wanted for the final answer (a thinking model reasons first)
 
 
 @dataclass
@@ -71,7 +72,7 @@ async def run(question: str, llm: LLM, toolbox: Toolbox | None, config: AgentCon
         question=question, group_id=group_id, tools=tools, model=llm.config.model, dialect=config.dialect,
         system_prompt=dialects.system_prompt(config.dialect, tools, date),
         user_message=dialects.user_message(config.dialect, question),
-        sampling=llm.config.sampling(), limits=dataclasses.asdict(config),
+        sampling=llm.config.sampling(), limits=dataclasses.asdict(dataclasses.replace(config, date=date)),
     )
     history = History(trajectory.system_prompt, trajectory.user_message, config.keep_tool_results)
     started = time.monotonic()
@@ -118,47 +119,63 @@ async def _turns(trajectory: Trajectory, llm: LLM, toolbox: Toolbox | None, conf
         on_event("model", len(trajectory.turns))
         try:
             completion = await llm.complete(history.messages, request_tools)
-        except ContextOverflow as exc:
+        except ContextOverflow as exc:  # our estimate was low: answer from what fits
             trajectory.stop_reason, trajectory.error = "context_limit", str(exc)
+            if config.final_answer_turn:
+                await _final_turn(trajectory, llm, config, history, prompt_tokens, tracker, writer, on_event,
+                                  omit_latest=True)
             return
         except ModelError as exc:
             trajectory.stop_reason, trajectory.error = "model_error", str(exc)
             return
         turn = _new_turn(trajectory, completion, tracker)
         parsed = dialects.parse_reply(config.dialect, turn.assistant, trajectory.tools)
-        turn.tool_calls, turn.format_error = parsed.tool_calls, parsed.format_error or _reply_problem(turn, parsed)
+        turn.tool_calls = parsed.tool_calls
+        turn.format_error = parsed.format_error or _reply_problem(turn, parsed, config.dialect)
         if not turn.tool_calls and turn.format_error is None:
             trajectory.answer = dialects.extract_answer(config.dialect, turn.assistant["content"])
             trajectory.stop_reason = "answered"
-        for call in turn.tool_calls:
-            on_event("tool", call)
-            if repeated_call(trajectory.turns, call, config.repeat_limit):
-                result = ToolResult(text=f"This exact call was already made {config.repeat_limit - 1} times in a "
-                                         "row and was not run again. Try a different call, or answer.", is_error=True)
-            else:
-                result = await toolbox.call(call) if toolbox else ToolResult("No tools are available.", True)
-            turn.tool_results.append(result)
+        await _run_calls(turn, parsed, trajectory.turns, toolbox, config, on_event)
         _log_turn(trajectory, turn, writer, on_event)
         if trajectory.stop_reason:
             return
         history.add_turn(dialects.history_message(config.dialect, turn.assistant),
-                         dialects.observation_messages(config.dialect, turn))
+                         dialects.observation_messages(config.dialect, turn), tool_results=bool(turn.tool_calls))
         if _format_errors_in_a_row(trajectory.turns) >= config.max_format_errors:
             trajectory.stop_reason = "format_errors"
             return
 
 
+async def _run_calls(turn: Turn, parsed: dialects.ParsedReply, earlier: list[Turn], toolbox: Toolbox | None,
+                     config: AgentConfig, on_event: Event) -> None:
+    """Run the turn's tool calls one after another; calls that cannot run get an error result."""
+    for position, call in enumerate(turn.tool_calls):
+        on_event("tool", call)
+        if position in parsed.call_errors:
+            result = ToolResult(text=parsed.call_errors[position], is_error=True)
+        elif repeated_call(earlier, call, config.repeat_limit):
+            result = ToolResult(text=f"This exact call was already made {config.repeat_limit - 1} times in a row "
+                                     "and was not run again. Try a different call, or answer.", is_error=True)
+        elif toolbox is None:
+            result = ToolResult(text="No tools are available.", is_error=True)
+        else:
+            result = await toolbox.call(call)
+        turn.tool_results.append(result)
+
+
 async def _final_turn(trajectory: Trajectory, llm: LLM, config: AgentConfig, history: History, prompt_tokens: int,
-                      tracker: TokenTracker, writer: TrajectoryWriter | None, on_event: Event) -> None:
-    """One call without tools that asks for the answer. When even that would not fit, the newest
-    tool results are left out of it."""
+                      tracker: TokenTracker, writer: TrajectoryWriter | None, on_event: Event,
+                      omit_latest: bool = False) -> None:
+    """One call without tools that asks for the answer. The newest tool results are left out of it
+    when the answer would otherwise have too little room (or the server said it did not fit)."""
     instruction = dialects.final_answer_instruction(config.dialect, trajectory.question)
     messages = history.messages
     room = config.max_context - prompt_tokens - estimate_tokens(instruction)
-    if room < MIN_ANSWER_TOKENS and history.observations:
+    if history.observations and (omit_latest or room < min(llm.config.max_tokens, FINAL_ANSWER_TOKENS)):
         messages = history.omit_latest()
-        room += sum(estimate_tokens(history.messages[i]["content"]) for i in history.observations[-1])
+        room += history.latest_tool_result_tokens()
     if room < MIN_ANSWER_TOKENS:
+        trajectory.error = trajectory.error or "no room left in the context for a final answer"
         return
     on_event("model", len(trajectory.turns))
     try:
@@ -169,9 +186,21 @@ async def _final_turn(trajectory: Trajectory, llm: LLM, config: AgentConfig, his
         return
     turn = _new_turn(trajectory, completion, tracker)
     turn.instruction = instruction
-    answer = dialects.extract_answer(config.dialect, turn.assistant["content"])
-    trajectory.answer = answer or None
+    trajectory.answer = _final_answer(turn, config.dialect)
+    if trajectory.answer is None:
+        turn.format_error = "The reply to the final-answer request had no usable answer."
     _log_turn(trajectory, turn, writer, on_event)
+
+
+def _final_answer(turn: Turn, dialect: str) -> str | None:
+    """The answer in a reply to the final-answer request: a non-empty `\\boxed{}` (mcp-xml), or the
+    visible text of a finished reply without tool calls (tool-call)."""
+    content = turn.assistant.get("content") or ""
+    if dialect == "mcp-xml":
+        return dialects.last_boxed(dialects.visible_text(content)) or None
+    if turn.finish_reason == "length" or turn.assistant.get("tool_calls") or "<tool_call>" in content:
+        return None
+    return dialects.extract_answer(dialect, content) or None
 
 
 def _new_turn(trajectory: Trajectory, completion: Completion, tracker: TokenTracker) -> Turn:
@@ -182,8 +211,9 @@ def _new_turn(trajectory: Trajectory, completion: Completion, tracker: TokenTrac
     return turn
 
 
-def _reply_problem(turn: Turn, parsed: dialects.ParsedReply) -> str | None:
-    """Why a reply without tool calls is not an answer either: cut off, or looping."""
+def _reply_problem(turn: Turn, parsed: dialects.ParsedReply, dialect: str) -> str | None:
+    """Why a reply without tool calls is not an answer either: cut off, looping, empty, or (mcp-xml)
+    without a `\\boxed{}` answer."""
     if parsed.tool_calls:
         return None
     content = turn.assistant.get("content") or ""
@@ -194,7 +224,7 @@ def _reply_problem(turn: Turn, parsed: dialects.ParsedReply) -> str | None:
         return "Your reply kept repeating the same text. Stop repeating, and continue with a new step."
     if not dialects.visible_text(content).strip():
         return "Your reply had no answer and no tool call. Continue: make a tool call or give your final answer."
-    return None
+    return dialects.mcp_xml_answer_problem(content) if dialect == "mcp-xml" else None
 
 
 def _format_errors_in_a_row(turns: list[Turn]) -> int:

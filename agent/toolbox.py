@@ -13,19 +13,22 @@ from __future__ import annotations
 import asyncio
 import os
 import shlex
+import sys
 import time
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import IO, Any
 
 from mcp import Client, MCPError, StdioServerParameters, stdio_client
-from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT
+from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT, TextContent
 
 from nanbeige.agent.trajectory import ToolCall, ToolResult
 
-# Environment passed on to stdio servers: their API keys and backend settings, nothing else.
+# Environment passed on to stdio servers: backend settings, and API keys only to our own servers.
 ENV_PREFIXES = ("NANBEIGE_", "SERPER_", "JINA_", "E2B_", "SEARXNG_")
 ENV_NAMES = ("PYTHONPATH", "VIRTUAL_ENV", "HF_HOME", "HF_HUB_OFFLINE", "LANG", "TMPDIR")
+SECRET_NAMES = ("NANBEIGE_API_KEY", "NANBEIGE_SUMMARY_API_KEY", "SERPER_API_KEY", "JINA_API_KEY", "E2B_API_KEY")
+REDACTED = "[REDACTED]"
 
 
 class ToolboxError(Exception):
@@ -57,9 +60,22 @@ class ServerSpec:
         return stdio_client(params, errlog=errlog)
 
 
-def passed_env() -> dict[str, str]:
-    """The part of this process's environment that tool servers may need."""
-    return {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) or k in ENV_NAMES}
+def passed_env(with_secrets: bool = False) -> dict[str, str]:
+    """The part of this process's environment that tool servers may need. API keys go only to the
+    built-in servers (`with_secrets`), never to a server the user plugged in."""
+    return {k: v for k, v in os.environ.items()
+            if (k.startswith(ENV_PREFIXES) or k in ENV_NAMES) and (with_secrets or k not in SECRET_NAMES)}
+
+
+def secrets_in_env() -> list[str]:
+    """The API keys set in this process's environment."""
+    return [os.environ[name] for name in SECRET_NAMES if os.environ.get(name)]
+
+
+def redact(text: str, secrets: list[str]) -> str:
+    for secret in secrets:
+        text = text.replace(secret, REDACTED)
+    return text
 
 
 def parse_server_spec(text: str) -> ServerSpec:
@@ -74,13 +90,7 @@ def parse_server_spec(text: str) -> ServerSpec:
 
 
 def result_text(content: list[Any]) -> str:
-    parts = []
-    for block in content:
-        if getattr(block, "type", None) == "text":
-            parts.append(block.text)
-        else:
-            parts.append(f"[{getattr(block, 'type', 'content')} omitted]")
-    return "\n".join(parts)
+    return "\n".join(block.text if isinstance(block, TextContent) else f"[{block.type} omitted]" for block in content)
 
 
 def truncate(text: str, max_chars: int) -> tuple[str, bool]:
@@ -93,12 +103,17 @@ class Toolbox:
     """Live MCP connections, one per server, for the length of one or more runs."""
 
     def __init__(self, specs: list[ServerSpec], call_timeout_s: float = 300.0, max_result_chars: int = 100_000,
-                 errlog: IO[str] | None = None, max_restarts: int = 1):
+                 errlog: IO[str] | None = None, max_restarts: int = 1, start_timeout_s: float = 60.0,
+                 secrets: list[str] | None = None):
         self.specs = {spec.name: spec for spec in specs}
         self.call_timeout_s = call_timeout_s
         self.max_result_chars = max_result_chars
-        self.errlog = errlog or open(os.devnull, "w")
+        self.errlog = errlog or sys.stderr
         self.max_restarts = max_restarts
+        self.start_timeout_s = start_timeout_s
+        # Keys are taken out of tool results before the model or the log can see them (>= 8 chars:
+        # shorter strings would match ordinary text).
+        self.secrets = [s for s in secrets or [] if len(s) >= 8]
         self.tools: list[dict[str, Any]] = []
         self.restarts: dict[str, int] = {}
         self._clients: dict[str, Client] = {}
@@ -107,8 +122,7 @@ class Toolbox:
     async def __aenter__(self) -> Toolbox:
         try:
             for spec in self.specs.values():
-                await self._connect(spec)
-                self.tools.extend(await self._list_tools(spec.name))
+                self.tools += await self._connect(spec)
         except BaseException:
             await self.aclose()
             raise
@@ -117,15 +131,21 @@ class Toolbox:
     async def __aexit__(self, *exc: Any) -> None:
         await self.aclose()
 
-    async def _connect(self, spec: ServerSpec) -> None:
+    async def _connect(self, spec: ServerSpec) -> list[dict[str, Any]]:
+        """Start (or reach) a server and list its tools, within `start_timeout_s`."""
         stack = AsyncExitStack()
         try:
-            self._clients[spec.name] = await stack.enter_async_context(Client(spec.target(self.errlog)))
+            async with asyncio.timeout(self.start_timeout_s):
+                self._clients[spec.name] = await stack.enter_async_context(Client(spec.target(self.errlog)))
+                tools = await self._list_tools(spec.name)
         except Exception as exc:
             await _close_quietly(stack)
+            self._clients.pop(spec.name, None)
             where = spec.url or (shlex.join(spec.command) if spec.command else "in-process")
-            raise ToolboxError(f"MCP server {spec.name!r} ({where}) failed to start: {_describe(exc)}") from None
+            reason = f"no answer within {self.start_timeout_s:g} s" if isinstance(exc, TimeoutError) else _describe(exc)
+            raise ToolboxError(f"MCP server {spec.name!r} ({where}) failed to start: {reason}") from None
         self._stacks[spec.name] = stack
+        return tools
 
     async def _list_tools(self, server: str) -> list[dict[str, Any]]:
         tools, cursor = [], None
@@ -156,7 +176,7 @@ class Toolbox:
         if unknown:
             return ToolResult(text=unknown, is_error=True)
         text, is_error = await self._call_with_restart(call)
-        text, truncated = truncate(text, self.max_result_chars)
+        text, truncated = truncate(redact(text, self.secrets), self.max_result_chars)
         return ToolResult(text=text, is_error=is_error, latency_s=time.perf_counter() - started, truncated=truncated)
 
     async def _call_with_restart(self, call: ToolCall) -> tuple[str, bool]:

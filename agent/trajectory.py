@@ -181,14 +181,16 @@ def end_record(trajectory: Trajectory) -> dict[str, Any]:
 class TrajectoryWriter:
     """Appends trajectory records to a JSONL file, one flushed line per record.
 
-    Every string in `secrets` is replaced by `[REDACTED]` before a line is written, so API keys
-    never reach the file even when a tool echoes them."""
+    Every string in `secrets` (of 8 characters or more: shorter ones would match ordinary text and
+    JSON syntax) is replaced by `[REDACTED]` before a line is written."""
 
     def __init__(self, path: str | Path, secrets: list[str] | None = None):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.secrets = sorted({s for s in secrets or [] if len(s) >= 4}, key=len, reverse=True)
+        self.secrets = sorted({s for s in secrets or [] if len(s) >= 8}, key=len, reverse=True)
         self._file: IO[bytes] = open(self.path, "ab")
+        if self._file.tell() and not _ends_with_newline(self.path):
+            self._file.write(b"\n")  # an earlier run died mid-line: start ours on a line of its own
 
     def write(self, record: dict[str, Any]) -> None:
         line = orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY, default=str)
@@ -211,6 +213,12 @@ class TrajectoryWriter:
         self._file.close()
 
 
+def _ends_with_newline(path: Path) -> bool:
+    with open(path, "rb") as file:
+        file.seek(-1, os.SEEK_END)
+        return file.read(1) == b"\n"
+
+
 def _from_dict(cls: type, data: dict[str, Any]) -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     return cls(**{k: v for k, v in data.items() if k in names})
@@ -224,19 +232,22 @@ def _turn_from_record(record: dict[str, Any]) -> Turn:
 
 
 def read_records(path: str | Path) -> list[dict[str, Any]]:
-    """All records of a trajectory file. A torn last line (a crash mid-write) is skipped; a broken
-    line anywhere else raises ValueError naming the line."""
-    lines = Path(path).read_bytes().split(b"\n")
-    records = []
-    for number, line in enumerate(lines, start=1):
+    """All records of a trajectory file. A torn line (a crash mid-write) is skipped when it is the
+    last line or a new run started right after it; a broken line anywhere else raises ValueError."""
+    records: list[dict[str, Any]] = []
+    torn: int | None = None  # line number of an unreadable line not yet explained
+    for number, line in enumerate(Path(path).read_bytes().split(b"\n"), start=1):
         if not line.strip():
             continue
         try:
-            records.append(orjson.loads(line))
+            record = orjson.loads(line)
         except orjson.JSONDecodeError:
-            if number == len(lines):  # the last line has no newline: torn mid-write
-                break
-            raise ValueError(f"{path}:{number}: not a JSON line") from None
+            record = None
+        if torn is not None and not (isinstance(record, dict) and record.get("type") == "start"):
+            raise ValueError(f"{path}:{torn}: not a JSON line")
+        torn = number if record is None else None
+        if isinstance(record, dict):
+            records.append(record)
     return records
 
 

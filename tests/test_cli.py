@@ -27,8 +27,11 @@ def nanbeige(*args: str, env: dict[str, str] | None = None, timeout: float = 60)
 def assert_one_line_error(result: subprocess.CompletedProcess, *words: str) -> None:
     assert result.returncode != 0
     assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith(("error:", "Error:", "│"))]
+    assert len(errors) >= 1
+    message = " ".join(line.strip("│ ") for line in errors)
     for word in words:
-        assert word in result.stderr
+        assert word in message
 
 
 def test_ask_prints_only_the_answer_on_stdout_and_saves_the_trajectory(tmp_path: Path) -> None:
@@ -79,7 +82,10 @@ def test_bad_flags_and_specs_are_clear_errors(tmp_path: Path) -> None:
     assert_one_line_error(nanbeige("ask", "q", "--max-turns", "zero"), "--max-turns")
     assert_one_line_error(nanbeige("ask", "q", "--dialect", "yaml"), "--dialect must be one of mcp-xml, tool-call")
     assert_one_line_error(nanbeige("ask", "q", "--mcp", "no-equals"), "NAME=COMMAND")
-    assert_one_line_error(nanbeige("ask", "q", "--mcp", "a=x", "--mcp", "a=y"), "two MCP servers share a name: a")
+    assert_one_line_error(nanbeige("ask", "q", "--mcp", "a=x", "--mcp", "a=y", "--no-default-servers"),
+                          "two MCP servers share a name: a")
+    assert_one_line_error(nanbeige("ask", "q", "--base-url", "http://[::1"), "--base-url", "not a valid URL")
+    assert_one_line_error(nanbeige("ask", "q", "--base-url", "ftp://host/v1"), "must be an http(s) URL")
 
 
 def test_a_tool_server_that_cannot_start_is_a_clear_error(tmp_path: Path) -> None:

@@ -77,8 +77,19 @@ def test_a_malformed_call_becomes_a_message_for_the_model() -> None:
     missing_tool_name = "<use_mcp_tool>\n<server_name>mine</server_name>\n<arguments>{}</arguments>\n</use_mcp_tool>"
     parsed = dialects.parse_reply("mcp-xml", {"content": missing_tool_name}, TOOLS)
     assert parsed.tool_calls == [] and "could not be parsed" in parsed.format_error
-    not_an_object = dialects.parse_reply("mcp-xml", {"content": call_block("mine", "lookup", "[1, 2]")}, TOOLS)
-    assert "not a JSON object" in not_an_object.format_error
+
+    good_and_bad = call_block("mine", "lookup", '{"k": 1}') + call_block("mine", "lookup", "[1, 2]")
+    parsed = dialects.parse_reply("mcp-xml", {"content": good_and_bad}, TOOLS)
+    assert len(parsed.tool_calls) == 2 and parsed.format_error is None  # the good call still runs
+    assert list(parsed.call_errors) == [1] and "not a JSON object" in parsed.call_errors[1]
+
+
+def test_in_mcp_xml_only_a_boxed_answer_ends_the_run() -> None:
+    assert dialects.mcp_xml_answer_problem("<think>x</think>\nSo it is \\boxed{42}.") is None
+    assert "neither a tool call nor a final answer" in dialects.mcp_xml_answer_problem("Let me search first.")
+    assert "<use_mcp_tool> format" in dialects.mcp_xml_answer_problem(
+        '<tool_call>\n{"name": "lookup", "arguments": {}}\n</tool_call>')
+    assert "empty" in dialects.mcp_xml_answer_problem("\\boxed{ }")
 
 
 def test_a_wrong_server_name_is_fixed_when_only_one_server_has_the_tool() -> None:
@@ -109,7 +120,7 @@ def test_tool_call_dialect_reads_tool_call_blocks_in_the_text() -> None:
     calls = dialects.parse_reply("tool-call", {"content": content}, TOOLS).tool_calls
     assert [(c.server, c.name) for c in calls] == [("search_and_scrape_webpage", "google_search"),
                                                    ("tool-python", "run_python_code")]
-    assert all(c.id for c in calls)
+    assert [c.id for c in calls] == [None, None]  # the server never saw them as calls: no ids to answer
     broken = dialects.parse_reply("tool-call", {"content": "<tool_call>\nnot json at all\n</tool_call>"}, TOOLS)
     assert broken.format_error and not broken.tool_calls
 
@@ -122,6 +133,16 @@ def test_results_go_back_as_one_user_message_or_as_tool_messages() -> None:
     assert dialects.observation_messages("tool-call", turn) == [
         {"role": "tool", "tool_call_id": "c1", "content": "one"},
         {"role": "tool", "tool_call_id": "c2", "content": "Error: Unknown tool: y"}]
+    turn.tool_calls[0].id = None
+    assert dialects.observation_messages("tool-call", turn)[0] == {"role": "tool", "content": "one"}
+
+
+def test_a_server_parsed_call_with_broken_arguments_still_gets_a_result() -> None:
+    message = {"content": "", "tool_calls": [
+        {"id": "a", "type": "function", "function": {"name": "google_search", "arguments": '{"q": "x"}'}},
+        {"id": "b", "type": "function", "function": {"name": "google_search", "arguments": "[not an object]"}}]}
+    parsed = dialects.parse_reply("tool-call", message, TOOLS)
+    assert [c.id for c in parsed.tool_calls] == ["a", "b"] and list(parsed.call_errors) == [1]
 
 
 def test_reasoning_split_off_by_the_server_goes_back_into_the_history() -> None:

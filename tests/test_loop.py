@@ -14,7 +14,7 @@ from conftest import TEST_SERVER
 from fake_openai import FakeOpenAI, Reply, mcp_answer, mcp_call, render, tokens
 
 from nanbeige.agent.dialects import OMITTED
-from nanbeige.agent.llm import Completion, LLMConfig, ModelError, OpenAIChat, ScriptedLLM
+from nanbeige.agent.llm import Completion, ContextOverflow, LLMConfig, ModelError, OpenAIChat, ScriptedLLM
 from nanbeige.agent.loop import AgentConfig, run
 from nanbeige.agent.tokens import full_prompt, rebuild_segments
 from nanbeige.agent.toolbox import ServerSpec, Toolbox
@@ -127,6 +127,48 @@ async def test_before_the_context_overflows_the_answer_is_requested() -> None:
     # after the third turn: 12000 + 100 + new results + 4000 reply + 1000 reserve > 16000
     assert (trajectory.stop_reason, trajectory.answer, len(trajectory.turns)) == ("context_limit", "from what I found", 4)
     assert llm.max_tokens[:3] == [None] * 3 and llm.max_tokens[-1] < 16000 - 12100  # the last reply gets only the room that is left
+
+
+async def test_when_the_server_says_the_prompt_is_too_long_the_answer_is_requested_without_the_newest_result() -> None:
+    replies = [mcp_call("testkit", "echo", {"text": "old"}), mcp_call("testkit", "echo", {"text": "huge"}),
+               ContextOverflow("maximum context length is 8192 tokens"), mcp_answer("from the old result")]
+    trajectory, llm = await ask(replies, AgentConfig(keep_tool_results=-1))
+    assert (trajectory.stop_reason, trajectory.answer) == ("context_limit", "from the old result")
+    final_request = [m["content"] for m in llm.calls[-1] if m["role"] == "user"]
+    assert final_request[1] == "old" and final_request[2] == OMITTED and "FINAL ANSWER" in final_request[3]
+
+
+async def test_a_final_answer_reply_that_calls_a_tool_gives_no_answer() -> None:
+    calls = [mcp_call("testkit", "echo", {"text": "a"})]
+    trajectory, _ = await ask([*calls, mcp_call("testkit", "echo", {"text": "b"})], AgentConfig(max_turns=1))
+    assert trajectory.stop_reason == "max_turns" and trajectory.answer is None
+    assert trajectory.turns[-1].instruction and trajectory.turns[-1].format_error
+
+
+async def test_in_mcp_xml_a_reply_without_a_boxed_answer_is_sent_back() -> None:
+    trajectory, llm = await ask(["Let me search for that first.", mcp_answer("5")])
+    assert "neither a tool call nor a final answer" in llm.calls[1][-1]["content"]
+    assert (trajectory.answer, len(trajectory.turns)) == ("5", 2)
+
+
+async def test_unusable_replies_do_not_push_tool_results_out_of_view() -> None:
+    replies = [mcp_call("testkit", "echo", {"text": "kept"}), "no call", "still no call", mcp_answer("x")]
+    _, llm = await ask(replies, AgentConfig(keep_tool_results=1))
+    assert "kept" in [m["content"] for m in llm.calls[-1]]
+
+
+async def test_tool_call_dialect_end_to_end_over_http() -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 20, "b": 22}'}}
+    with FakeOpenAI([Reply(content="", tool_calls=[call]), "<think>\nDone.\n</think>\n\nIt is 42."]) as server:
+        llm = OpenAIChat(LLMConfig(base_url=server.base_url, model="fake-model"))
+        async with toolbox() as tools:
+            trajectory = await run("q", llm, tools, AgentConfig(dialect="tool-call"))
+        await llm.aclose()
+    first, second = server.requests
+    assert any(t["function"]["name"] == "add" for t in first["tools"])
+    assert second["messages"][-2]["tool_calls"] == [call]
+    assert second["messages"][-1] == {"role": "tool", "tool_call_id": "call_1", "content": "42"}
+    assert trajectory.answer == "It is 42."
 
 
 async def test_a_model_failure_ends_the_run_with_the_reason(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from conftest import TEST_SERVER
 
-from nanbeige.agent.toolbox import ServerSpec, Toolbox, ToolboxError, parse_server_spec
+from nanbeige.agent.toolbox import ServerSpec, Toolbox, ToolboxError, parse_server_spec, passed_env
 from nanbeige.agent.trajectory import ToolCall
 
 pytestmark = pytest.mark.anyio
@@ -98,6 +98,29 @@ async def test_the_server_gets_only_the_environment_it_is_given() -> None:
     finally:
         del os.environ["NANBEIGE_TEST_LEAK"]
     assert (given.text, leaked.text) == ("yes", "no")
+
+
+async def test_keys_are_taken_out_of_tool_results() -> None:
+    async with Toolbox([stdio_spec()], secrets=["sk-live-0123456789", "short"]) as toolbox:
+        result = await toolbox.call(ToolCall("testkit", "echo", {"text": "key=sk-live-0123456789; short"}))
+    assert result.text == "key=[REDACTED]; short"
+
+
+def test_servers_the_user_plugs_in_get_no_api_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NANBEIGE_API_KEY", "sk-model")
+    monkeypatch.setenv("SERPER_API_KEY", "serper-key")
+    monkeypatch.setenv("NANBEIGE_SEARCH_BACKEND", "local")
+    env = parse_server_spec("mine=python server.py").env
+    assert "NANBEIGE_API_KEY" not in env and "SERPER_API_KEY" not in env
+    assert env["NANBEIGE_SEARCH_BACKEND"] == "local"
+    assert passed_env(with_secrets=True)["SERPER_API_KEY"] == "serper-key"
+
+
+async def test_a_server_that_never_answers_the_handshake_is_a_clear_error() -> None:
+    spec = ServerSpec(name="mute", command=[sys.executable, "-c", "import time; time.sleep(60)"])
+    with pytest.raises(ToolboxError, match="MCP server 'mute'.*no answer within 1 s"):
+        async with Toolbox([spec], start_timeout_s=1.0):
+            pass
 
 
 async def test_a_server_that_cannot_start_is_a_clear_error() -> None:

@@ -102,6 +102,23 @@ def test_a_torn_last_line_is_skipped(tmp_path: Path) -> None:
     assert len(trajectory.turns) == 1 and trajectory.stop_reason is None
 
 
+def test_appending_after_a_torn_line_keeps_both_runs_readable(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    write(sample_trajectory(), path)
+    path.write_bytes(path.read_bytes()[:-20])  # the first run died writing its end line
+    second = sample_trajectory()
+    second.id = "t1"
+    write(second, path)
+    first, again = load_trajectories(path)
+    assert (first.id, first.finished, again.id, again.finished) == ("t0", False, "t1", True)
+
+
+def test_short_secrets_are_not_redacted_so_the_file_stays_valid(tmp_path: Path) -> None:
+    write(sample_trajectory(), tmp_path / "t.jsonl", secrets=["null", "type", "abcdefgh"])
+    [loaded] = load_trajectories(tmp_path / "t.jsonl")
+    assert loaded.turns[0].format_error is None
+
+
 def test_a_broken_line_in_the_middle_is_an_error(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     write(sample_trajectory(), path)
