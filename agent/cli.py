@@ -20,6 +20,7 @@ import httpx
 import orjson
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from nanbeige.agent import dialects
 
@@ -112,7 +113,7 @@ def ask(
     try:
         result = asyncio.run(_ask(question, OpenAIChat(llm_config), specs, config, writer, errlog, secrets,
                                   call_timeout_s=tool_timeout, max_result_chars=max_result_chars))
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C; the servers' shutdown may re-cancel the task
         err.print(f"[yellow]interrupted[/]; the trajectory so far is in {path}", highlight=False)
         raise typer.Exit(130) from None
     finally:
@@ -162,8 +163,23 @@ async def _ask(question: str, llm: OpenAIChat, specs: list[ServerSpec], config: 
 
 
 def default_servers(llm_config: LLMConfig) -> list[ServerSpec]:
-    """The built-in tool servers launched by `ask` (none yet: give servers with --mcp)."""
-    return []
+    """The built-in tool servers `ask` launches: Python sandbox, search (when a backend is set up;
+    otherwise a warning says how), and scrape + extract (extracting with the run's own model unless
+    NANBEIGE_SUMMARY_* say otherwise)."""
+    from nanbeige.agent.toolbox import ServerSpec, passed_env
+    from nanbeige.tools.search import search_setup_problem
+
+    env = passed_env(with_secrets=True) | {"NANBEIGE_BASE_URL": llm_config.base_url,
+                                           "NANBEIGE_MODEL": llm_config.model}
+    if llm_config.api_key:
+        env["NANBEIGE_API_KEY"] = llm_config.api_key
+    modules = {"tool-python": "python", "search_and_scrape_webpage": "search", "jina_scrape_llm_summary": "scrape"}
+    problem = search_setup_problem()
+    if problem:
+        err.print(f"[yellow]search is off:[/] {problem}", highlight=False, soft_wrap=True)
+        del modules["search_and_scrape_webpage"]
+    return [ServerSpec(name=name, command=[sys.executable, "-m", f"nanbeige.servers.{module}"], env=env)
+            for name, module in modules.items()]
 
 
 def open_writer(path: Path, secrets: list[str]) -> TrajectoryWriter:
@@ -210,6 +226,85 @@ def show_command(
     out = Console()
     for trajectory in trajectories:
         show(out, trajectory, full=full)
+
+
+@app.command("server")
+def server_command(
+    name: Annotated[str, typer.Argument(help="search, scrape or python.")],
+    transport: Annotated[str, typer.Option(help="stdio or http (streamable HTTP at /mcp).")] = "stdio",
+    host: Annotated[str, typer.Option(help="Address to listen on (http).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on (http).")] = 8000,
+) -> None:
+    """Run one of the built-in MCP tool servers, for any MCP client. Settings come from the
+    environment (see the README)."""
+    import importlib
+
+    if name not in ("search", "scrape", "python"):
+        fail(f"unknown server {name!r}: choose search, scrape or python", 2)
+    if transport not in ("stdio", "http"):
+        fail(f"--transport must be stdio or http, not {transport!r}", 2)
+    if transport == "http":
+        err.print(f"[dim]serving {name} at http://{host}:{port}/mcp[/]", highlight=False)
+    importlib.import_module(f"nanbeige.servers.{name}").serve(transport, host, port)
+
+
+index_app = typer.Typer(no_args_is_help=True, help="Build and query the local search index.")
+app.add_typer(index_app, name="index")
+
+
+@index_app.command("build")
+def index_build(
+    sources: Annotated[list[Path], typer.Argument(help="Folders or files: .txt .md .html .pdf, JSON/JSONL records.")],
+    out: Annotated[Path | None, typer.Option(help="Index folder (default: NANBEIGE_INDEX or the data folder).",
+                                             show_default=False)] = None,
+) -> None:
+    """Build the local index that the search server uses when no web search is configured."""
+    from rich.progress import Progress
+
+    from nanbeige.tools.index import IndexBuildError, build_index, default_index_dir
+
+    missing = [str(p) for p in sources if not p.exists()]
+    if missing:
+        fail(f"no such file or folder: {', '.join(missing)}", 2)
+    out = out or default_index_dir()
+    with Progress(console=err, transient=True) as bar:
+        task = bar.add_task("reading", total=None)
+
+        def progress(stage: str, done: int, total: int) -> None:
+            bar.update(task, description=stage, completed=done, total=total)
+
+        try:
+            stats = build_index(sources, out, progress)
+        except IndexBuildError as exc:
+            fail(str(exc))
+        except OSError as exc:
+            fail(f"cannot write the index to {out}: {exc.strerror or exc}")
+    err.print(f"indexed {stats.documents} documents ({stats.passages} passages) from {stats.files} files in "
+              f"{stats.seconds:.1f}s; {stats.bytes_on_disk / 1e6:.1f} MB in {out}", highlight=False)
+    for reason in stats.skipped[:20]:
+        err.print(f"[yellow]skipped[/] {reason}", highlight=False)
+
+
+@index_app.command("search")
+def index_search(
+    index_dir: Annotated[Path, typer.Argument(help="The index folder.")],
+    query: Annotated[str, typer.Argument(help="What to look for.")],
+    k: Annotated[int, typer.Option("-k", min=1, help="How many results.")] = 10,
+) -> None:
+    """Query a local index and print the hits."""
+    from nanbeige.tools.index import IndexNotFound, search_index
+
+    try:
+        hits = search_index(index_dir, query, k)
+    except IndexNotFound as exc:
+        fail(str(exc))
+    out = Console()
+    for hit in hits:
+        out.print(f"[bold]{hit['position']}. {escape(hit['title'])}[/]  [dim]{escape(hit['link'])}[/]",
+                  highlight=False)
+        out.print(escape(hit["snippet"]), highlight=False)
+    if not hits:
+        err.print("no results")
 
 
 def main() -> None:

@@ -144,3 +144,30 @@ def test_show_rejects_what_is_not_a_trajectory(tmp_path: Path) -> None:
     assert_one_line_error(nanbeige("show", str(tmp_path / "missing.jsonl")), "cannot read")
     (tmp_path / "notes.txt").write_text("hello\nworld\n")
     assert_one_line_error(nanbeige("show", str(tmp_path / "notes.txt")), "not a JSON line")
+
+
+def test_index_build_then_search_from_the_command_line(tmp_path: Path) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "volcano.md").write_text("# Mount Etna\n\nEtna is an active stratovolcano on the east coast of Sicily.")
+    (docs / "river.txt").write_text("The Danube flows through ten countries before reaching the Black Sea.")
+    built = nanbeige("index", "build", str(docs), "--out", str(tmp_path / "index"))
+    assert built.returncode == 0, built.stderr
+    assert "indexed 2 documents" in built.stderr
+    found = nanbeige("index", "search", str(tmp_path / "index"), "volcano in Sicily", "-k", "1")
+    assert found.returncode == 0 and "Mount Etna" in found.stdout and "Danube" not in found.stdout
+    assert_one_line_error(nanbeige("index", "build", str(tmp_path / "nope")), "no such file or folder")
+    assert_one_line_error(nanbeige("index", "search", str(tmp_path / "docs"), "x"), "index")
+
+
+def test_a_built_in_server_runs_for_any_mcp_client(tmp_path: Path) -> None:
+    import anyio
+    import mcp
+
+    async def list_tools() -> list[str]:
+        params = mcp.StdioServerParameters(command=NANBEIGE, args=["server", "scrape"])
+        async with mcp.Client(params) as client:
+            return [tool.name for tool in (await client.list_tools()).tools]
+
+    assert anyio.run(list_tools) == ["scrape_and_extract_info"]
+    assert_one_line_error(nanbeige("server", "email"), "unknown server 'email'")

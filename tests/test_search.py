@@ -1,0 +1,380 @@
+"""google_search against loopback Serper and SearXNG fakes and a small local index; backend choice;
+the MCP server in process and as a stdio subprocess."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import time
+from pathlib import Path
+
+import mcp
+import pytest
+
+from nanbeige.servers.search import build_server
+from nanbeige.tools.index import build_index
+from nanbeige.tools.search import (
+    SearchConfig,
+    SearchError,
+    Searcher,
+    SearchUnavailable,
+    choose_backend,
+    config_from_env,
+    decode_link,
+    google_search,
+    search_setup_problem,
+)
+from fake_search_apis import (
+    NO_CREDITS,
+    RATE_LIMITED,
+    SERVER_ERROR,
+    UNAUTHORIZED,
+    FakeSearXNG,
+    FakeSerper,
+    Reply,
+)
+
+pytestmark = pytest.mark.anyio
+PARAMETERS = ["q", "gl", "hl", "location", "num", "tbs", "page", "autocorrect"]
+
+
+def serper(api: FakeSerper, tmp_path: Path, **kw: object) -> SearchConfig:
+    return SearchConfig(serper_api_key="test-key", serper_base_url=api.url, index_dir=tmp_path / "none",
+                        retry_wait_s=0.01, max_attempts=3, **kw)  # type: ignore[arg-type]
+
+
+def searxng(api: FakeSearXNG, tmp_path: Path) -> SearchConfig:
+    return SearchConfig(searxng_url=api.url, index_dir=tmp_path / "none", retry_wait_s=0.01, max_attempts=3)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---------------------------------------------------------------- Serper
+
+
+async def test_serper_request_and_result_shape(tmp_path: Path) -> None:
+    with FakeSerper() as api:
+        result = await google_search("large language models", config=serper(api, tmp_path))
+    request = api.requests[0]
+    assert request.method == "POST" and request.path == "/search" and request.headers["X-API-KEY"] == "test-key"
+    assert request.body == {"q": "large language models", "gl": "us", "hl": "en", "num": 10}
+    assert set(result) == {"organic", "searchParameters"}  # knowledge graph, PAA, related searches dropped
+    assert len(result["organic"]) == 10
+    first = result["organic"][0]
+    assert first == {"title": "large language models - page 1", "link": "https://example.com/large-language-models/1",
+                     "snippet": "Page 1 about large language models.", "position": 1}
+    assert result["searchParameters"]["q"] == "large language models"
+
+
+@pytest.mark.parametrize(("num", "expected"), [(None, 10), (3, 3), (40, 15)])
+async def test_num_defaults_to_ten(tmp_path: Path, num: int | None, expected: int) -> None:
+    with FakeSerper() as api:
+        result = await google_search("q", num=num, config=serper(api, tmp_path))
+    assert len(result["organic"]) == expected
+    assert api.requests[0].body["num"] == (num or 10)
+
+
+async def test_optional_arguments_are_sent_only_when_given(tmp_path: Path) -> None:
+    with FakeSerper() as api:
+        await google_search("q", gl="de", hl="de", location="Berlin, Germany", tbs="qdr:w", page=2,
+                            autocorrect=False, config=serper(api, tmp_path))
+    assert api.requests[0].body == {"q": "q", "gl": "de", "hl": "de", "location": "Berlin, Germany", "num": 10,
+                                    "tbs": "qdr:w", "page": 2, "autocorrect": False}
+
+
+async def test_quoted_query_retried_once_without_quotes(tmp_path: Path) -> None:
+    results = {"Nanbeige 3B": [{"title": "Nanbeige", "link": "https://example.com/n", "snippet": "s"}]}
+    with FakeSerper(results=results) as api:
+        result = await google_search('"Nanbeige" 3B', config=serper(api, tmp_path))
+    assert [r.body["q"] for r in api.requests] == ['"Nanbeige" 3B', "Nanbeige 3B"]
+    assert result["organic"][0]["link"] == "https://example.com/n"
+
+
+async def test_no_results_is_an_error_for_the_model(tmp_path: Path) -> None:
+    with FakeSerper() as api:
+        with pytest.raises(SearchError, match="no results for 'nothing here'; try fewer or different keywords"):
+            await google_search("nothing here", config=serper(api, tmp_path))
+        with pytest.raises(SearchError, match="no results"):
+            await google_search('"nothing" at all', config=serper(api, tmp_path))
+    assert [r.body["q"] for r in api.requests] == ["nothing here", '"nothing" at all', "nothing at all"]
+
+
+async def test_hub_links_are_dropped(tmp_path: Path) -> None:
+    links = ["https://huggingface.co/datasets/x/y", "https://huggingface.co/spaces/a/b", "https://www.unifuncs.com/s",
+             "https://huggingface.co/Nanbeige/Nanbeige4.1-3B", "https://example.com/ok"]
+    results = {"hub": [{"title": str(n), "link": link, "snippet": ""} for n, link in enumerate(links)]}
+    with FakeSerper(results=results) as api:
+        result = await google_search("hub", config=serper(api, tmp_path))
+    assert [r["link"] for r in result["organic"]] == links[3:]
+
+
+async def test_links_are_percent_decoded(tmp_path: Path) -> None:
+    results = {"cafe": [{"title": "t", "link": "https://fr.wikipedia.org/wiki/Caf%C3%A9_%28boisson%29", "snippet": "",
+                         "sitelinks": [{"title": "s", "link": "https://zh.wikipedia.org/wiki/%E5%92%96%E5%95%A1"}]}]}
+    with FakeSerper(results=results) as api:
+        result = await google_search("cafe", config=serper(api, tmp_path))
+    item = result["organic"][0]
+    assert item["link"] == "https://fr.wikipedia.org/wiki/Café_%28boisson%29"
+    assert item["sitelinks"] == [{"title": "s", "link": "https://zh.wikipedia.org/wiki/咖啡"}]
+
+
+@pytest.mark.parametrize(("url", "expected"), [
+    ("https://de.wikipedia.org/wiki/M%C3%BCnchen", "https://de.wikipedia.org/wiki/München"),
+    ("https://x.org/a%2Fb?q=1%262&r=%3D#%23", "https://x.org/a%2Fb?q=1%262&r=%3D#%23"),  # reserved: kept
+    ("https://x.org/a%20b%7Ec%2dd", "https://x.org/a%20b~c-d"),  # space stays escaped; unreserved decoded
+    ("https://x.org/%FF%E4%B8%AD", "https://x.org/%FF中"),  # a stray byte stays escaped
+    ("https://x.org/%e2%80%8b", "https://x.org/%E2%80%8B"),  # an invisible character stays escaped
+    ("https://x.org/plain", "https://x.org/plain"),
+])
+def test_decode_link(url: str, expected: str) -> None:
+    assert decode_link(url) == expected
+
+
+async def test_serper_fields_parsed_defensively(tmp_path: Path) -> None:
+    body = {"organic": [{"title": None, "link": "https://a.org", "snippet": None, "date": "Mar 3, 2024"},
+                        {"title": "no link"}, "junk", {"link": "https://b.org", "siteLinks": [{"link": "https://b.org/x"}],
+                                                       "position": 7}]}
+    with FakeSerper([Reply(200, body)]) as api:
+        result = await google_search("q", config=serper(api, tmp_path))
+    assert result["organic"] == [
+        {"title": "", "link": "https://a.org", "snippet": "", "date": "Mar 3, 2024", "position": 1},
+        {"title": "", "link": "https://b.org", "snippet": "", "sitelinks": [{"title": "", "link": "https://b.org/x"}],
+         "position": 7}]
+    assert result["searchParameters"] == {"q": "q", "gl": "us", "hl": "en", "num": 10, "type": "search",
+                                          "engine": "google"}
+    with FakeSerper([Reply(200, {"organic": None}), Reply(200, [1, 2])]) as api:
+        with pytest.raises(SearchError, match="no results"):
+            await google_search("q", config=serper(api, tmp_path))
+        with pytest.raises(SearchUnavailable, match="not a JSON object"):
+            await google_search("q", config=serper(api, tmp_path))
+
+
+async def test_429_is_retried_after_retry_after(tmp_path: Path) -> None:
+    with FakeSerper([RATE_LIMITED]) as api:
+        started = time.perf_counter()
+        result = await google_search("q", config=serper(api, tmp_path))
+    assert time.perf_counter() - started >= 1.0 and len(api.requests) == 2 and result["organic"]
+
+
+async def test_5xx_retried_then_reported(tmp_path: Path) -> None:
+    with FakeSerper([SERVER_ERROR, Reply(500, {"message": "boom"})]) as api:
+        assert (await google_search("q", config=serper(api, tmp_path)))["organic"]
+    assert len(api.requests) == 3
+    with FakeSerper([SERVER_ERROR] * 3) as api:
+        with pytest.raises(SearchUnavailable, match=r"Serper failed \(HTTP 503 after 3 attempts"):
+            await google_search("q", config=serper(api, tmp_path))
+    assert len(api.requests) == 3
+
+
+@pytest.mark.parametrize(("reply", "message"), [
+    (NO_CREDITS, "out of credits .*Not enough credits"),
+    (Reply(402, {"message": "Payment required"}), "out of credits"),
+    (UNAUTHORIZED, r"rejected the API key \(HTTP 403: Unauthorized.\); check SERPER_API_KEY"),
+    (Reply(401, {"message": "Invalid API key"}), "check SERPER_API_KEY"),
+])
+async def test_key_and_credit_errors_are_not_retried(tmp_path: Path, reply: Reply, message: str) -> None:
+    with FakeSerper([reply]) as api:
+        with pytest.raises(SearchUnavailable, match=message):
+            await google_search("q", config=serper(api, tmp_path))
+    assert len(api.requests) == 1
+
+
+async def test_wrong_key_reaches_the_fake_as_403(tmp_path: Path) -> None:
+    with FakeSerper(api_key="other") as api:
+        with pytest.raises(SearchUnavailable, match="SERPER_API_KEY"):
+            await google_search("q", config=serper(api, tmp_path))
+
+
+async def test_other_400_is_for_the_model(tmp_path: Path) -> None:
+    with FakeSerper([Reply(400, {"message": "Invalid gl", "statusCode": 400})]) as api:
+        with pytest.raises(SearchError, match="Invalid gl.*two-letter country code"):
+            await google_search("q", gl="usa", config=serper(api, tmp_path))
+
+
+async def test_unreachable_and_slow_services(tmp_path: Path) -> None:
+    config = SearchConfig(serper_api_key="k", serper_base_url=f"http://127.0.0.1:{free_port()}",
+                          index_dir=tmp_path, retry_wait_s=0.01, max_attempts=2)
+    with pytest.raises(SearchUnavailable, match="cannot reach Serper at http://127.0.0.1.*SERPER_BASE_URL"):
+        await google_search("q", config=config)
+    config = SearchConfig(searxng_url=f"http://127.0.0.1:{free_port()}", index_dir=tmp_path, retry_wait_s=0.01)
+    with pytest.raises(SearchUnavailable, match="cannot reach SearXNG .*check SEARXNG_URL and that SearXNG is running"):
+        await google_search("q", config=config)
+    with FakeSerper([Reply(delay_s=1.0)] * 2) as api:
+        config = serper(api, tmp_path, timeout_s=0.2)
+        config.max_attempts = 2
+        with pytest.raises(SearchUnavailable, match="did not answer in 0.2 s"):
+            await google_search("q", config=config)
+    assert len(api.requests) == 2
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"q": "  "}, "q is empty"),
+    ({"q": "x", "num": 0}, "num must be between 1 and 100"),
+    ({"q": "x", "num": 101}, "num must be between 1 and 100"),
+    ({"q": "x", "page": 0}, "page numbers start at 1"),
+    ({"q": "x", "tbs": "yesterday"}, "qdr:h .* qdr:y"),
+])
+async def test_bad_arguments_are_refused_before_any_request(tmp_path: Path, kwargs: dict, message: str) -> None:
+    with FakeSerper() as api:
+        with pytest.raises(SearchError, match=message):
+            await google_search(**kwargs, config=serper(api, tmp_path))
+    assert api.requests == []
+
+
+# ---------------------------------------------------------------- SearXNG
+
+
+async def test_searxng_request_and_mapping(tmp_path: Path) -> None:
+    results = {"moon landing": [
+        {"title": "Apollo 11", "link": "https://en.wikipedia.org/wiki/Apollo_11", "snippet": "First crewed landing.",
+         "date": "2024-07-20T00:00:00"},
+        {"title": "NASA", "link": "https://huggingface.co/datasets/nasa", "snippet": "hub"},
+        {"title": "Luna", "link": "https://ru.wikipedia.org/wiki/%D0%9B%D1%83%D0%BD%D0%B0", "snippet": None}]}
+    with FakeSearXNG(results=results) as api:
+        result = await google_search("moon landing", gl="gb", tbs="qdr:w", page=2, config=searxng(api, tmp_path))
+    assert api.requests[0].method == "GET" and api.requests[0].path == "/search"
+    assert api.requests[0].params == {"q": "moon landing", "format": "json", "pageno": "2", "language": "en-GB",
+                                      "time_range": "week"}
+    assert result["organic"] == [
+        {"title": "Apollo 11", "link": "https://en.wikipedia.org/wiki/Apollo_11", "snippet": "First crewed landing.",
+         "date": "2024-07-20", "position": 1},
+        {"title": "Luna", "link": "https://ru.wikipedia.org/wiki/Луна", "snippet": "", "position": 3}]
+    assert result["searchParameters"]["engine"] == "searxng" and result["searchParameters"]["page"] == 2
+
+
+@pytest.mark.parametrize(("tbs", "time_range"), [("qdr:h", "day"), ("qdr:d", "day"), ("qdr:m", "month"),
+                                                 ("qdr:y", "year")])
+async def test_searxng_time_ranges(tmp_path: Path, tbs: str, time_range: str) -> None:
+    with FakeSearXNG() as api:
+        await google_search("q", hl="zh-cn", tbs=tbs, config=searxng(api, tmp_path))
+    assert api.requests[0].params["time_range"] == time_range and api.requests[0].params["language"] == "zh-cn"
+
+
+async def test_searxng_num_quotes_and_errors(tmp_path: Path) -> None:
+    with FakeSearXNG(count=30) as api:
+        assert len((await google_search("q", config=searxng(api, tmp_path)))["organic"]) == 10
+        assert len((await google_search("q", num=25, config=searxng(api, tmp_path)))["organic"]) == 25
+        with pytest.raises(SearchError, match=r"no results .*engines that failed: google: timeout"):
+            await google_search('"nothing" found', config=searxng(api, tmp_path))
+        with pytest.raises(SearchError, match="no custom date ranges"):
+            await google_search("q", tbs="cdr:1,cd_min:1/1/2020,cd_max:2/1/2020", config=searxng(api, tmp_path))
+    assert [r.params["q"] for r in api.requests] == ["q", "q", '"nothing" found', "nothing found"]
+    with FakeSearXNG([Reply(403, "Forbidden")]) as api:
+        with pytest.raises(SearchUnavailable, match="enable `json` under search.formats"):
+            await google_search("q", config=searxng(api, tmp_path))
+    with FakeSearXNG([Reply(429, "slow down", {"Retry-After": "0"}), Reply(502, "bad gateway")]) as api:
+        assert (await google_search("q", config=searxng(api, tmp_path)))["organic"]
+
+
+# ---------------------------------------------------------------- local index
+
+
+@pytest.fixture
+def small_index(tmp_path: Path) -> Path:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "otters.md").write_text("# Sea otters\n\nSea otters hold hands while sleeping so they do not drift.")
+    (docs / "kelp.txt").write_text("Kelp forests\n\nKelp forests shelter sea otters and many fish.")
+    build_index([docs], tmp_path / "index")
+    return tmp_path / "index"
+
+
+async def test_local_backend(small_index: Path) -> None:
+    config = SearchConfig(backend="local", index_dir=small_index)
+    result = await google_search("sea otters sleeping", config=config)
+    assert [r["title"] for r in result["organic"]] == ["Sea otters", "Kelp forests"]
+    assert result["organic"][0]["link"].startswith("file:///") and result["organic"][0]["link"].endswith("otters.md")
+    assert "hold hands" in result["organic"][0]["snippet"]
+    assert result["searchParameters"]["engine"] == "local"
+    second = await google_search("sea otters", num=1, page=2, config=config)
+    assert [(r["title"], r["position"]) for r in second["organic"]] == [("Kelp forests", 2)]
+    quoted = await google_search('"otters sleeping"', config=config)  # no such phrase: retried without quotes
+    assert quoted["organic"][0]["title"] == "Sea otters"
+    with pytest.raises(SearchError, match="no results"):
+        await google_search("volcano", config=config)
+
+
+async def test_searcher_reloads_a_rebuilt_index(small_index: Path, tmp_path: Path) -> None:
+    async with Searcher(SearchConfig(backend="local", index_dir=small_index)) as searcher:
+        assert (await searcher.google_search("otters"))["organic"]
+        (tmp_path / "new.txt").write_text("Volcanoes\n\nBasalt lava is runny.")
+        build_index([tmp_path / "new.txt"], small_index)
+        assert (await searcher.google_search("basalt"))["organic"][0]["title"] == "Volcanoes"
+        with pytest.raises(SearchError, match="no results"):
+            await searcher.google_search("otters")
+
+
+# ---------------------------------------------------------------- choosing a backend
+
+
+def test_backend_choice_from_env(tmp_path: Path, small_index: Path) -> None:
+    base = {"XDG_DATA_HOME": str(tmp_path / "xdg")}
+    assert config_from_env(base).index_dir == tmp_path / "xdg/nanbeige/index"
+    both = {**base, "SERPER_API_KEY": "k", "SEARXNG_URL": "http://127.0.0.1:1"}
+    assert choose_backend(config_from_env(both)) == "serper"
+    assert choose_backend(config_from_env({**base, "SEARXNG_URL": "http://127.0.0.1:1"})) == "searxng"
+    assert choose_backend(config_from_env({**base, "NANBEIGE_INDEX": str(small_index)})) == "local"
+    assert choose_backend(config_from_env({**both, "NANBEIGE_SEARCH_BACKEND": "searxng"})) == "searxng"
+    assert config_from_env({**base, "SERPER_BASE_URL": "http://proxy"}).serper_base_url == "http://proxy"
+    problem = search_setup_problem(config_from_env(base))
+    assert problem and all(s in problem for s in ("SERPER_API_KEY", "SEARXNG_URL", "nanbeige index build",
+                                                    str(tmp_path / "xdg/nanbeige/index"), "NANBEIGE_INDEX"))
+    with pytest.raises(SearchUnavailable, match="no search backend is configured"):
+        choose_backend(config_from_env(base))
+    assert search_setup_problem(config_from_env(both)) is None
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"NANBEIGE_SEARCH_BACKEND": "bing"}, "'bing' is not one of serper, searxng, local"),
+    ({"NANBEIGE_SEARCH_BACKEND": "serper", "SEARXNG_URL": "http://x"}, "needs SERPER_API_KEY"),
+    ({"NANBEIGE_SEARCH_BACKEND": "searxng"}, "needs SEARXNG_URL"),
+    ({"NANBEIGE_SEARCH_BACKEND": "local", "SERPER_API_KEY": "k"}, "no local search index in .*nanbeige index build"),
+])
+def test_backend_misconfigured(tmp_path: Path, env: dict[str, str], message: str) -> None:
+    problem = search_setup_problem(config_from_env({"XDG_DATA_HOME": str(tmp_path), **env}))
+    assert problem is not None
+    with pytest.raises(SearchUnavailable, match=message):
+        choose_backend(config_from_env({"XDG_DATA_HOME": str(tmp_path), **env}))
+
+
+# ---------------------------------------------------------------- the MCP server
+
+
+async def test_server_in_process(tmp_path: Path) -> None:
+    with FakeSerper() as api:
+        async with mcp.Client(build_server(serper(api, tmp_path))) as client:
+            tools = (await client.list_tools()).tools
+            assert [t.name for t in tools] == ["google_search"]
+            assert list(tools[0].input_schema["properties"]) == PARAMETERS
+            assert tools[0].input_schema["required"] == ["q"]
+            assert all(f"qdr:{x}" in tools[0].description for x in "hdwmy")
+            result = await client.call_tool("google_search", {"q": "otters", "num": 2})
+            assert not result.is_error
+            payload = json.loads(result.content[0].text)
+            assert [r["position"] for r in payload["organic"]] == [1, 2]
+            failed = await client.call_tool("google_search", {"q": "nothing at all"})
+            assert failed.is_error and "no results for 'nothing at all'" in failed.content[0].text
+            bad = await client.call_tool("google_search", {"q": "x", "num": "many"})
+            assert bad.is_error and "num" in bad.content[0].text
+    async with mcp.Client(build_server(SearchConfig(index_dir=tmp_path / "none"))) as client:
+        failed = await client.call_tool("google_search", {"q": "otters"})
+        assert failed.is_error and "no search backend is configured" in failed.content[0].text
+
+
+async def test_server_over_stdio(tmp_path: Path) -> None:
+    with FakeSerper() as api:
+        env = {"SERPER_API_KEY": "test-key", "SERPER_BASE_URL": api.url, "XDG_DATA_HOME": str(tmp_path)}
+        params = mcp.StdioServerParameters(command=sys.executable, args=["-m", "nanbeige.servers.search"], env=env)
+        with open(tmp_path / "stderr.txt", "w") as errlog:
+            async with mcp.Client(mcp.stdio_client(params, errlog=errlog)) as client:
+                await client.list_tools()
+                result = await client.call_tool("google_search", {"q": "sea otters", "num": 3})
+    assert not result.is_error
+    assert [r["title"] for r in json.loads(result.content[0].text)["organic"]] == [
+        "sea otters - page 1", "sea otters - page 2", "sea otters - page 3"]
+    assert api.requests[0].headers["X-API-KEY"] == "test-key"

@@ -1,0 +1,419 @@
+"""A local full-text index over your own documents, searched like a web search engine.
+
+`build_index` reads folders and files (`.txt`, `.md`, `.html`, `.pdf`, and JSON / JSONL records
+with title / text / url fields), splits long documents into passages so that a hit points at the
+part that matches, and saves a BM25 index (bm25s) in a folder. `LocalIndex.load(folder).search(q)`
+returns hits in the shape of Serper's `organic[]` (title, link, snippet, position), one per
+document, with a snippet cut around the matched words.
+
+    nanbeige index build ~/papers ~/notes --out ~/.local/share/nanbeige/index
+    nanbeige index search ~/.local/share/nanbeige/index "attention is all you need"
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import bm25s
+import numpy as np
+
+FORMAT = "nanbeige-index/1"
+META_FILE = "index.json"
+PASSAGES_FILE = "passages.jsonl"
+BM25_DIR = "bm25"
+TITLE_DIR = "bm25_title"
+TITLE_WEIGHT = 0.5  # a title match counts on top of the text score: people are found by their own article
+TEXT_SUFFIXES = {".txt", ".md", ".markdown"}
+HTML_SUFFIXES = {".html", ".htm"}
+RECORD_SUFFIXES = {".json", ".jsonl"}
+SUFFIXES = TEXT_SUFFIXES | HTML_SUFFIXES | RECORD_SUFFIXES | {".pdf"}
+PASSAGE_WORDS = 200
+TITLE_KEYS = ("title", "name", "heading", "headline")
+TEXT_KEYS = ("text", "content", "contents", "body", "extract", "abstract", "summary", "passage")
+URL_KEYS = ("url", "link", "href", "uri", "source_url")
+CHUNK = 5000  # passages tokenized between two progress reports
+
+Progress = Callable[[str, int, int], None]
+"""Called as `progress(stage, done, total)`; stages are "read" (files), "index" (passages), "save"."""
+
+
+class IndexBuildError(Exception):
+    """The sources cannot be indexed (nothing readable found, or the output folder is not an index)."""
+
+
+class IndexNotFound(Exception):
+    """There is no index in the given folder."""
+
+
+@dataclass
+class IndexStats:
+    """What `build_index` did."""
+
+    out_dir: str
+    """The index folder."""
+    files: int = 0
+    """Source files read."""
+    documents: int = 0
+    """Documents indexed (a JSON file of records counts one per record)."""
+    passages: int = 0
+    """Passages indexed; long documents are split into several."""
+    skipped: list[str] = field(default_factory=list)
+    """Files or records left out, each with the reason."""
+    seconds: float = 0.0
+    """Wall time of the build."""
+    bytes_on_disk: int = 0
+    """Size of the index folder."""
+
+
+def default_index_dir(env: Mapping[str, str] | None = None) -> Path:
+    """`$NANBEIGE_INDEX`, else `$XDG_DATA_HOME/nanbeige/index`, else `~/.local/share/nanbeige/index`."""
+    env = os.environ if env is None else env
+    if env.get("NANBEIGE_INDEX"):
+        return Path(env["NANBEIGE_INDEX"]).expanduser()
+    data_home = Path(env["XDG_DATA_HOME"]).expanduser() if env.get("XDG_DATA_HOME") else Path.home() / ".local/share"
+    return data_home / "nanbeige" / "index"
+
+
+def index_exists(path: str | os.PathLike[str]) -> bool:
+    return (Path(path) / META_FILE).is_file()
+
+
+# ---------------------------------------------------------------- reading sources
+
+
+def source_files(sources: Iterable[str | os.PathLike[str]]) -> list[Path]:
+    """Every indexable file under the given files and folders, in a stable order."""
+    files: list[Path] = []
+    for source in sources:
+        path = Path(source).expanduser()
+        if path.is_dir():
+            files += sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in SUFFIXES
+                            and not any(part.startswith(".") for part in p.relative_to(path).parts))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise IndexBuildError(f"source not found: {path}")
+    return files
+
+
+def read_documents(path: Path) -> list[dict[str, Any]]:
+    """The documents in one file: dicts with `title` and `sections`, a list of `(link, text)`.
+
+    A PDF has one section per page (its link ends in `#page=N`); other files have one."""
+    suffix = path.suffix.lower()
+    if suffix in RECORD_SUFFIXES:
+        return read_records(path)
+    if suffix == ".pdf":
+        return [_read_pdf(path)]
+    if suffix in HTML_SUFFIXES:
+        return [_read_html(path)]
+    if suffix in TEXT_SUFFIXES:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        return [{"title": _text_title(text) or path.stem, "sections": [(path.resolve().as_uri(), text)]}]
+    raise IndexBuildError(f"{path}: unsupported file type (use {', '.join(sorted(SUFFIXES))})")
+
+
+def _text_title(text: str) -> str | None:
+    for line in text.splitlines():
+        line = line.strip().lstrip("#").strip()
+        if line:
+            return line if len(line) <= 120 else None
+    return None
+
+
+def _read_html(path: Path) -> dict[str, Any]:
+    import trafilatura  # slow to import; only builds need it
+
+    html = path.read_text(encoding="utf-8", errors="replace")
+    meta = trafilatura.extract_metadata(html)
+    text = trafilatura.extract(html, output_format="txt", favor_recall=True) or trafilatura.html2txt(html)
+    link = meta.url if meta and meta.url and meta.url.startswith(("http://", "https://")) else path.resolve().as_uri()
+    return {"title": (meta.title if meta and meta.title else None) or path.stem, "sections": [(link, text)]}
+
+
+def _read_pdf(path: Path) -> dict[str, Any]:
+    import pypdf
+
+    reader = pypdf.PdfReader(path)
+    title = reader.metadata.title if reader.metadata and reader.metadata.title else None
+    uri = path.resolve().as_uri()
+    sections = [(f"{uri}#page={n}", page.extract_text() or "") for n, page in enumerate(reader.pages, start=1)]
+    return {"title": title or path.stem, "sections": sections}
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """Records from a JSON list, a JSON object of records keyed by id or title, or JSONL lines."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix.lower() == ".jsonl":
+        items: Iterable[tuple[str, Any]] = ((str(n), json.loads(line)) for n, line in
+                                            enumerate(text.splitlines(), start=1) if line.strip())
+    else:
+        data = json.loads(text)
+        if isinstance(data, dict):
+            items = data.items()
+        elif isinstance(data, list):
+            items = ((str(n), record) for n, record in enumerate(data, start=1))
+        else:
+            raise IndexBuildError(f"{path}: expected a JSON list or object of records")
+    uri = path.resolve().as_uri()
+    return [record_document(record, f"{uri}#{quote(key, safe='')}") for key, record in items]
+
+
+def _first(record: Mapping[str, Any], keys: tuple[str, ...]) -> str | None:
+    for key in keys:
+        value = record.get(key)
+        if isinstance(value, str) and value.strip():
+            return value.strip()
+    return None
+
+
+def record_document(record: Any, fallback_link: str) -> dict[str, Any]:
+    """One JSON record as a document; no sections when it has no text."""
+    if not isinstance(record, dict):
+        return {"title": "", "sections": []}
+    title, text = _first(record, TITLE_KEYS), _first(record, TEXT_KEYS)
+    description = _first(record, ("description",))
+    if description and text and description not in text:
+        text = f"{description}.\n\n{text}"  # e.g. "English polymath (1642–1727)": who or what it is
+    text = text or description
+    if not text:
+        return {"title": title or "", "sections": []}
+    link = _first(record, URL_KEYS) or fallback_link
+    return {"title": title or " ".join(text.split()[:8]), "sections": [(link, text)]}
+
+
+# ---------------------------------------------------------------- passages and tokens
+
+
+def split_passages(text: str, max_words: int = PASSAGE_WORDS) -> list[str]:
+    """Consecutive paragraphs grouped into passages of at most about `max_words` words."""
+    passages: list[str] = []
+    current: list[str] = []
+    count = 0
+    for paragraph in re.split(r"\n\s*\n", text):
+        for piece in _pieces(" ".join(paragraph.split()), max_words):
+            words = len(piece.split())
+            if current and count + words > max_words:
+                passages.append("\n\n".join(current))
+                current, count = [], 0
+            current.append(piece)
+            count += words
+    if current:
+        passages.append("\n\n".join(current))
+    return passages
+
+
+def _pieces(paragraph: str, max_words: int) -> list[str]:
+    """A paragraph cut at sentence ends (or, for run-on text, every `max_words` words)."""
+    if not paragraph or len(paragraph.split()) <= max_words:
+        return [paragraph] if paragraph else []
+    pieces: list[str] = []
+    for sentence in re.split(r"(?<=[.!?])\s+", paragraph):
+        words = sentence.split()
+        pieces += [" ".join(words[i:i + max_words]) for i in range(0, len(words), max_words)]
+    return pieces
+
+
+def tokenize(texts: list[str], stopwords: str | None = "en") -> list[list[str]]:
+    return bm25s.tokenize(texts, stopwords=stopwords, return_ids=False, show_progress=False)
+
+
+def query_tokens(query: str) -> list[str]:
+    """The query's terms; a query made only of stopwords ("The Who") keeps them."""
+    return tokenize([query])[0] or tokenize([query], stopwords=None)[0]
+
+
+def words(text: str) -> list[str]:
+    return re.findall(r"\w+", text.lower())
+
+
+# ---------------------------------------------------------------- building
+
+
+def build_index(sources: Iterable[str | os.PathLike[str]], out_dir: str | os.PathLike[str],
+                progress: Progress | None = None) -> IndexStats:
+    """Index every document under `sources` into `out_dir`, replacing an index already there.
+
+    The index is written next to `out_dir` and moved into place at the end, so a failed build
+    leaves the previous index intact. A file that cannot be read is skipped and listed in
+    `stats.skipped`; a folder that exists but holds something other than an index is refused."""
+    started = time.perf_counter()
+    out = Path(out_dir).expanduser()
+    if out.exists() and any(out.iterdir()) and not index_exists(out):
+        raise IndexBuildError(f"{out} exists and is not a nanbeige index; choose an empty or new folder")
+    files = source_files(sources)
+    stats = IndexStats(out_dir=str(out), files=len(files))
+    passages = _collect_passages(files, stats, progress)
+    if not passages:
+        raise IndexBuildError(f"no text found to index (looked for {', '.join(sorted(SUFFIXES))} files)")
+    tokens: list[list[str]] = []
+    for start in range(0, len(passages), CHUNK):
+        tokens += tokenize([f"{p['title']}\n{p['title']}\n{p['text']}" for p in passages[start:start + CHUNK]])
+        _report(progress, "index", min(start + CHUNK, len(passages)), len(passages))
+    retrievers = {BM25_DIR: bm25s.BM25(), TITLE_DIR: bm25s.BM25()}
+    retrievers[BM25_DIR].index(tokens, show_progress=False)
+    retrievers[TITLE_DIR].index(tokenize([p["title"] for p in passages]), show_progress=False)
+    _save(out, retrievers, passages, stats, progress)
+    stats.seconds = time.perf_counter() - started
+    stats.bytes_on_disk = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    return stats
+
+
+def _report(progress: Progress | None, stage: str, done: int, total: int) -> None:
+    if progress is not None:
+        progress(stage, done, total)
+
+
+def _collect_passages(files: list[Path], stats: IndexStats, progress: Progress | None) -> list[dict[str, Any]]:
+    passages: list[dict[str, Any]] = []
+    for n, path in enumerate(files, start=1):
+        try:
+            documents = read_documents(path)
+        except (OSError, ValueError, IndexBuildError) as exc:  # pypdf's and json's errors are ValueErrors
+            stats.skipped.append(f"{path}: {type(exc).__name__}: {exc}")
+            documents = []
+        except Exception as exc:  # a damaged PDF can raise almost anything inside pypdf
+            stats.skipped.append(f"{path}: unreadable ({type(exc).__name__}: {exc})")
+            documents = []
+        for document in documents:
+            texts = [(link, text) for link, section in document["sections"] for text in split_passages(section)]
+            if not texts:
+                stats.skipped.append(f"{path}: a document with no text ({document['title'] or 'untitled'})")
+                continue
+            passages += [{"doc": stats.documents, "title": document["title"], "link": link, "text": text}
+                         for link, text in texts]
+            stats.documents += 1
+        _report(progress, "read", n, len(files))
+    stats.passages = len(passages)
+    return passages
+
+
+def _save(out: Path, retrievers: dict[str, bm25s.BM25], passages: list[dict[str, Any]], stats: IndexStats,
+          progress: Progress | None) -> None:
+    _report(progress, "save", 0, 1)
+    building = out.with_name(out.name + ".building")
+    shutil.rmtree(building, ignore_errors=True)
+    building.mkdir(parents=True)
+    for name, retriever in retrievers.items():
+        retriever.save(str(building / name), show_progress=False)
+    with open(building / PASSAGES_FILE, "w", encoding="utf-8") as f:
+        for passage in passages:
+            f.write(json.dumps(passage, ensure_ascii=False) + "\n")
+    meta = {"format": FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "stats": asdict(stats)}
+    (building / META_FILE).write_text(json.dumps(meta, ensure_ascii=False, indent=1), encoding="utf-8")
+    if out.exists():
+        old = out.with_name(out.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        out.rename(old)
+        building.rename(out)
+        shutil.rmtree(old)
+    else:
+        building.rename(out)
+    _report(progress, "save", 1, 1)
+
+
+# ---------------------------------------------------------------- searching
+
+
+class LocalIndex:
+    """A loaded index: BM25 matrices over passages (title and text) and over titles alone, and the
+    passages they point at."""
+
+    def __init__(self, path: Path, retriever: bm25s.BM25, titles: bm25s.BM25, passages: list[dict[str, Any]]):
+        self.path = path
+        self.retriever = retriever
+        self.titles = titles
+        self.passages = passages
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> LocalIndex:
+        path = Path(path).expanduser()
+        if not index_exists(path):
+            raise IndexNotFound(f"no index in {path}; build one with `nanbeige index build SOURCES... --out {path}`")
+        meta = json.loads((path / META_FILE).read_text(encoding="utf-8"))
+        if meta.get("format") != FORMAT:
+            raise IndexNotFound(f"{path} holds an index of format {meta.get('format')!r}, not {FORMAT!r}; rebuild it")
+        retriever = bm25s.BM25.load(str(path / BM25_DIR), show_progress=False)
+        titles = bm25s.BM25.load(str(path / TITLE_DIR), show_progress=False)
+        with open(path / PASSAGES_FILE, encoding="utf-8") as f:
+            passages = [json.loads(line) for line in f]
+        return cls(path, retriever, titles, passages)
+
+    def __len__(self) -> int:
+        return len(self.passages)
+
+    def search(self, query: str, k: int = 10, offset: int = 0) -> list[dict[str, Any]]:
+        """The best `k` documents after the first `offset`, as Serper-style organic hits.
+
+        Phrases in double quotes must appear as written (ignoring case and punctuation)."""
+        terms = [t for t in query_tokens(query) if t in self.retriever.vocab_dict]
+        if not terms or k <= 0:
+            return []
+        scores = self.retriever.get_scores(terms)
+        title_terms = [t for t in terms if t in self.titles.vocab_dict]
+        if title_terms:
+            scores = scores + TITLE_WEIGHT * self.titles.get_scores(title_terms)
+        phrases = [" ".join(words(p)) for p in re.findall(r'"([^"]+)"', query) if words(p)]
+        hits: list[dict[str, Any]] = []
+        seen: set[int] = set()
+        for i in _ranked(scores, limit=max(200, 20 * (offset + k))):
+            passage = self.passages[i]
+            if passage["doc"] in seen or not all(p in " ".join(words(passage["text"])) for p in phrases):
+                continue
+            seen.add(passage["doc"])
+            hits.append(passage)
+            if len(hits) == offset + k:
+                break
+        highlight = set(terms) | {w for p in phrases for w in p.split()}
+        return [{"title": p["title"], "link": p["link"], "snippet": make_snippet(p["text"], highlight),
+                 "position": n} for n, p in enumerate(hits[offset:], start=offset + 1)]
+
+
+def _ranked(scores: np.ndarray, limit: int) -> np.ndarray:
+    """Indices of the passages that match at all (score > 0), best first, at most `limit` of them."""
+    matching = np.flatnonzero(scores > 0)
+    if len(matching) > limit:
+        matching = matching[np.argpartition(-scores[matching], limit)[:limit]]
+    return matching[np.argsort(-scores[matching], kind="stable")]
+
+
+def make_snippet(text: str, terms: set[str], max_chars: int = 300) -> str:
+    """The stretch of `text` (about `max_chars` long) holding the most distinct query terms."""
+    text = " ".join(text.split())
+    if len(text) <= max_chars:
+        return text
+    spans = list(re.finditer(r"\w+", text))
+    matches = [i for i, m in enumerate(spans) if m.group().lower() in terms]
+    best, best_count = 0, -1
+    for start in [0] + [max(0, i - 4) for i in matches]:  # a few words of lead-in before a match
+        end = _end_within(spans, start, max_chars)
+        count = len({spans[j].group().lower() for j in matches if start <= j < end})
+        if count > best_count:
+            best, best_count = start, count
+    end = _end_within(spans, best, max_chars)
+    snippet = text[spans[best].start():spans[end - 1].end()]
+    prefix = "..." if best > 0 else ""
+    suffix = "..." if end < len(spans) else text[spans[-1].end():].strip()
+    return f"{prefix}{snippet}{suffix}"
+
+
+def _end_within(spans: list[re.Match[str]], start: int, max_chars: int) -> int:
+    """One past the last word that keeps the text from word `start` within `max_chars`."""
+    end = start + 1
+    while end < len(spans) and spans[end].end() - spans[start].start() <= max_chars:
+        end += 1
+    return end
+
+
+def search_index(index_dir: str | os.PathLike[str], query: str, k: int = 10) -> list[dict[str, Any]]:
+    """Load the index in `index_dir` and search it once (for `nanbeige index search`)."""
+    return LocalIndex.load(index_dir).search(query, k)
