@@ -1,0 +1,211 @@
+"""MCP server `tool-python`: sandboxes where the model runs Python and shell commands.
+
+The tools, their names and parameters are those the model was trained with (E2B's code
+interpreter behind MiroThinker's server); the work is done by `nanbeige.tools.sandbox`, on E2B when
+E2B_API_KEY is set, else on this machine (see that module for the limits and their variables).
+
+    python -m nanbeige.servers.python [--transport stdio|http] [--host 127.0.0.1] [--port 8000]
+
+Sandboxes are closed when the server stops (stdin closed, SIGTERM, Ctrl-C). Logs go to stderr;
+stdout carries the stdio protocol.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import inspect
+import logging
+import os
+import signal
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
+
+import anyio.to_thread
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+
+from nanbeige.tools.sandbox import SandboxError, Sandboxes, config_from_env
+
+log = logging.getLogger(__name__)
+
+
+@contextmanager
+def model_errors() -> Iterator[None]:
+    """Failures become tool errors with a message the model can act on."""
+    try:
+        yield
+    except SandboxError as exc:
+        raise ToolError(str(exc)) from None
+    except Exception as exc:
+        log.exception("tool-python failed")
+        raise ToolError(f"The sandbox failed unexpectedly ({type(exc).__name__}: {exc}); try again.") from None
+
+
+def sandboxes(ctx: Context) -> Sandboxes:
+    """The server's sandboxes, handed to the tools by the lifespan in `build_server`."""
+    return ctx.request_context.lifespan_context["sandboxes"]
+
+
+def create_sandbox(ctx: Context, timeout: int = 600) -> str:
+    """Create a Linux sandbox for running Python code and shell commands, and return its id.
+
+    Files live in /home/user. Variables, imports and definitions persist between
+    `run_python_code` calls on the same sandbox. Wait for this tool's answer before using the
+    id; do not make up ids.
+
+    Args:
+        timeout: Seconds without use after which the sandbox shuts down (at most 600).
+
+    Returns:
+        `Sandbox created with sandbox_id: <id>`; pass that id to the other tools.
+    """
+    with model_errors():
+        return sandboxes(ctx).create(timeout)
+
+
+def run_command(ctx: Context, command: str, sandbox_id: str) -> str:
+    """Run a short shell command in the sandbox, in /home/user.
+
+    Keep commands quick; long-running servers or heavy jobs are stopped at the time limit, and
+    background processes are stopped when the command returns.
+
+    Args:
+        command: The shell command.
+        sandbox_id: The id returned by `create_sandbox`.
+
+    Returns:
+        CommandResult(stderr=..., stdout=..., exit_code=..., error=...).
+    """
+    with model_errors():
+        return sandboxes(ctx).run_command(command, sandbox_id)
+
+
+def run_python_code(ctx: Context, code_block: str, sandbox_id: str) -> str:
+    """Run Python code in the sandbox, like a notebook cell, and return what it produced.
+
+    State persists between calls on the same sandbox. The value of a final expression is
+    returned as a result; printed output appears in the logs; an exception appears as Error.
+    Keep each call short: code that runs past the time limit is stopped, and processes it
+    starts are stopped when the call ends.
+
+    Args:
+        code_block: The Python code to run.
+        sandbox_id: The id returned by `create_sandbox`; reuse it across calls.
+
+    Returns:
+        Execution(Results: [...], Logs: Logs(stdout: [...], stderr: [...]), Error: ...).
+    """
+    with model_errors():
+        return sandboxes(ctx).run_python(code_block, sandbox_id)
+
+
+def upload_file_from_local_to_sandbox(ctx: Context, sandbox_id: str, local_file_path: str,
+                                      sandbox_file_path: str = "/home/user") -> str:
+    """Copy a local file into the sandbox.
+
+    Args:
+        sandbox_id: The id returned by `create_sandbox`.
+        local_file_path: Path of the file on the local machine.
+        sandbox_file_path: Folder (or file path) in the sandbox to copy it to; default /home/user.
+
+    Returns:
+        The path of the file in the sandbox.
+    """
+    with model_errors():
+        return sandboxes(ctx).upload(sandbox_id, local_file_path, sandbox_file_path)
+
+
+def download_file_from_internet_to_sandbox(ctx: Context, sandbox_id: str, url: str,
+                                           sandbox_file_path: str = "/home/user") -> str:
+    """Download a file from an http(s) URL into the sandbox.
+
+    Args:
+        sandbox_id: The id returned by `create_sandbox`.
+        url: The URL of the file.
+        sandbox_file_path: Folder (or file path) in the sandbox to save it to; default /home/user.
+
+    Returns:
+        The path of the downloaded file in the sandbox.
+    """
+    with model_errors():
+        return sandboxes(ctx).download_url(sandbox_id, url, sandbox_file_path)
+
+
+def download_file_from_sandbox_to_local(ctx: Context, sandbox_id: str, sandbox_file_path: str,
+                                        local_filename: str | None = None) -> str:
+    """Copy a file from the sandbox to the local machine, where other tools can read it.
+
+    Args:
+        sandbox_id: The id returned by `create_sandbox`.
+        sandbox_file_path: Path of the file in the sandbox.
+        local_filename: Name to save it under; default the file's own name.
+
+    Returns:
+        The local path of the saved file.
+    """
+    with model_errors():
+        return sandboxes(ctx).download_to_local(sandbox_id, sandbox_file_path, local_filename)
+
+
+TOOLS: list[Callable[..., str]] = [create_sandbox, run_command, run_python_code, upload_file_from_local_to_sandbox,
+                                   download_file_from_internet_to_sandbox, download_file_from_sandbox_to_local]
+
+
+def build_server(boxes: Sandboxes | None = None) -> MCPServer:
+    """The `tool-python` server over `boxes` (by default configured from the environment); the
+    sandboxes are closed when a session with the server ends."""
+    boxes = boxes or Sandboxes(config_from_env())
+
+    @asynccontextmanager
+    async def lifespan(_: MCPServer) -> AsyncIterator[dict[str, Any]]:
+        try:
+            yield {"sandboxes": boxes}
+        finally:
+            await anyio.to_thread.run_sync(boxes.close)
+
+    server = MCPServer(name="tool-python", lifespan=lifespan)
+    for tool in TOOLS:
+        # the model reads the docstring as the tool's description
+        server.add_tool(tool, description=inspect.cleandoc(tool.__doc__ or ""), structured_output=False)
+    return server
+
+
+def serve(transport: str = "stdio", host: str = "127.0.0.1", port: int = 8000) -> None:
+    """Runs the server until stdin closes (stdio) or it is stopped, then closes every sandbox."""
+    boxes = Sandboxes(config_from_env())
+    server = build_server(boxes)
+
+    def stop(signum: int, frame: Any) -> None:
+        # Exit at once: unwinding would wait for the thread blocked reading stdin. The sandbox
+        # locks are only taken in worker threads, never in this (the main) one.
+        boxes.close()
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    atexit.register(boxes.close)
+    try:
+        if transport == "stdio":
+            server.run()
+        elif transport == "http":
+            server.run("streamable-http", host=host, port=port)
+        else:
+            raise ValueError(f"transport must be stdio or http, not {transport!r}")
+    finally:
+        boxes.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m nanbeige.servers.python", description=__doc__.split("\n")[0])
+    parser.add_argument("--transport", choices=["stdio", "http"], default="stdio")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    serve(args.transport, args.host, args.port)
+
+
+if __name__ == "__main__":
+    main()

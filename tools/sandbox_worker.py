@@ -1,0 +1,218 @@
+"""The process inside a local sandbox (see `sandbox.py`); standard library only, because it runs
+in an isolated interpreter that must start fast.
+
+    python -I -B sandbox_worker.py LIMITS python REQUEST_FD REPLY_FD CPU_SECONDS MAX_BYTES
+    python -I -S -B sandbox_worker.py LIMITS exec STATUS_FD PROGRAM [ARG ...]
+
+LIMITS is `AS=bytes,FSIZE=bytes,...` (RLIMIT_ names without the prefix). The worker first applies
+them to itself (soft = hard, so sandboxed code cannot raise them), then either serves Python cells
+like a notebook kernel, one JSON line per request and per reply, keeping one namespace across
+cells, or runs PROGRAM (a shell command) and writes how it ended to STATUS_FD (-1: nowhere).
+
+Modules beyond the first four are imported where they are used: the `exec` path runs once per
+shell command and should cost little more than the interpreter's start.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import resource
+import signal
+import sys
+
+MAX_TRACEBACK_CHARS = 4_000
+
+
+def apply_limits(limits: str) -> None:
+    for item in filter(None, limits.split(",")):
+        name, value = item.split("=")
+        # a second of grace past the CPU limit turns SIGKILL into the more telling SIGXCPU
+        hard = int(value) + 1 if name == "CPU" else int(value)
+        resource.setrlimit(getattr(resource, f"RLIMIT_{name}"), (int(value), hard))
+
+
+class CappedRaw(io.RawIOBase):
+    """Writes straight to a file descriptor until a byte budget is spent, then drops the rest,
+    so a flood of prints costs neither memory nor disk."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.left = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def write(self, data: bytes) -> int:  # type: ignore[override]
+        view = memoryview(data)[: max(self.left, 0)]
+        self.left -= len(data)
+        while view:
+            view = view[os.write(self.fd, view):]
+        return len(data)
+
+
+def text_stream(raw: CappedRaw) -> io.TextIOWrapper:
+    # write_through keeps our prints in order with the output of child processes on the same fd
+    return io.TextIOWrapper(raw, encoding="utf-8", errors="backslashreplace",  # type: ignore[arg-type]
+                            write_through=True)
+
+
+def run_code(code: str, namespace: dict, filename: str, results: list[str], max_chars: int) -> None:
+    """Executes a cell; the value of a final expression becomes a result, as in a notebook."""
+    import ast
+    import linecache
+
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+    tree = compile(code, filename, "exec", flags | ast.PyCF_ONLY_AST)
+    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+    evaluate(compile(tree, filename, "exec", flags), namespace)
+    if last is not None:
+        value = evaluate(compile(ast.Expression(last.value), filename, "eval", flags), namespace)
+        if value is not None:
+            namespace["_"] = value
+            results.append(repr(value)[:max_chars])
+
+
+def evaluate(code: object, namespace: dict) -> object:
+    value = eval(code, namespace)  # noqa: S307 - running the model's code is the point
+    if code.co_flags & 0x80:  # CO_COROUTINE: the cell used top-level await
+        import asyncio
+
+        value = asyncio.run(value)
+    return value
+
+
+def describe_error(exc: BaseException) -> dict[str, str]:
+    import traceback
+
+    try:
+        report = traceback.TracebackException(type(exc), exc, exc.__traceback__)
+        # the worker's own frames mean nothing to the model
+        report.stack = traceback.StackSummary.from_list([f for f in report.stack if f.filename != __file__])
+        text, value = "".join(report.format()), str(exc)
+    except Exception:  # noqa: BLE001 - an exception whose __str__ fails
+        text, value = "", "<unprintable>"
+    if len(text) > MAX_TRACEBACK_CHARS:
+        text = "...\n" + text[-MAX_TRACEBACK_CHARS:]
+    return {"name": type(exc).__name__, "value": value[:MAX_TRACEBACK_CHARS], "traceback": text}
+
+
+def read_capture(fd: int, max_bytes: int) -> str:
+    data = os.pread(fd, max_bytes, 0)
+    os.ftruncate(fd, 0)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return data.decode("utf-8", errors="replace")
+
+
+def cpu_exceeded(signum: int, frame: object) -> None:
+    raise TimeoutError("CPU time limit for this call exceeded")
+
+
+def reap_children() -> None:
+    # children the server killed after a cell would otherwise stay zombies of this process, and
+    # count against the process limit
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+
+
+def send(fd: int, message: dict) -> None:
+    import json
+
+    data = memoryview(json.dumps(message).encode() + b"\n")
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def run_cell(code: str, namespace: dict, cell: int, captures: tuple[CappedRaw, CappedRaw],
+             cpu_seconds: int, max_bytes: int) -> dict:
+    results: list[str] = []
+    namespace["display"] = lambda *values: results.extend(repr(v)[:max_bytes] for v in values)
+    for capture in captures:
+        capture.left = max_bytes
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    soft = int(used.ru_utime + used.ru_stime) + cpu_seconds
+    resource.setrlimit(resource.RLIMIT_CPU, (soft, resource.RLIM_INFINITY))
+    error = None
+    try:
+        run_code(code, namespace, f"<cell {cell}>", results, max_bytes)
+    except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt are the cell's errors too
+        error = describe_error(exc)
+    return {"results": results, "stdout": read_capture(1, max_bytes), "stderr": read_capture(2, max_bytes),
+            "error": error}
+
+
+def serve(request_fd: int, reply_fd: int, cpu_seconds: int, max_bytes: int) -> None:
+    import builtins
+    import json
+    import tempfile
+
+    os.set_inheritable(request_fd, False)
+    os.set_inheritable(reply_fd, False)
+    # fd 1 and 2 become unnamed files in the sandbox, so `os.system` output is captured too
+    for fd in (1, 2):
+        capture = tempfile.TemporaryFile(dir=".")
+        os.dup2(capture.fileno(), fd)
+        capture.close()
+    captures = CappedRaw(1), CappedRaw(2)
+    streams = text_stream(captures[0]), text_stream(captures[1])
+    signal.signal(signal.SIGXCPU, cpu_exceeded)
+    namespace: dict = {"__name__": "__main__", "__builtins__": builtins}
+    # /proc/self names this process as the server sees it, even inside a pid namespace
+    send(reply_fd, {"pid": int(os.readlink("/proc/self")) if os.path.exists("/proc/self") else os.getpid()})
+    cell = 0
+    for line in os.fdopen(request_fd, "rb"):
+        request = json.loads(line)
+        reap_children()
+        if "code" not in request:  # the server asks for the reaping alone
+            send(reply_fd, {})
+            continue
+        cell += 1
+        sys.stdout, sys.stderr = streams  # in case the previous cell replaced them
+        sys.stdin = io.StringIO()
+        send(reply_fd, run_cell(request["code"], namespace, cell, captures, cpu_seconds, max_bytes))
+
+
+def run_program(status_fd: int, args: list[str]) -> int:
+    """Runs args as a child and reports how it ended, `exit N` or `signal N`, on status_fd. In a
+    pid namespace this process is its init (the reaper of orphans there), and unshare, the parent,
+    cannot pass a death by signal on."""
+    if status_fd >= 0:
+        os.set_inheritable(status_fd, False)
+    try:
+        child = os.fork()
+    except OSError as exc:
+        print(f"sandbox: cannot start {args[0]}: {exc}", file=sys.stderr)
+        return 126
+    if child == 0:
+        # Python ignores these two signals; a shell command should get the usual behaviour back
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+        try:
+            os.execvp(args[0], args)
+        finally:
+            os._exit(127)
+    while (ended := os.wait())[0] != child:
+        pass
+    code = os.waitstatus_to_exitcode(ended[1])
+    if status_fd >= 0:
+        os.write(status_fd, (f"signal {-code}" if code < 0 else f"exit {code}").encode())
+    return code if code >= 0 else 128 - code
+
+
+def main(argv: list[str]) -> None:
+    apply_limits(argv[1])
+    if argv[2] == "python":
+        serve(*map(int, argv[3:7]))  # type: ignore[arg-type]
+    else:
+        sys.exit(run_program(int(argv[3]), argv[4:]))
+
+
+if __name__ == "__main__":
+    main(sys.argv)
