@@ -10,9 +10,11 @@ HTML becomes markdown (trafilatura); PDF becomes text (pypdf).
 from __future__ import annotations
 
 import codecs
+import functools
 import io
 import ipaddress
 import socket
+import ssl
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -108,13 +110,19 @@ class _GuardedBackend(httpcore.AsyncNetworkBackend):
         await self.inner.sleep(seconds)
 
 
+@functools.cache
+def ssl_context() -> ssl.SSLContext:
+    """One TLS context for every client: building one loads the CA bundle (tens of milliseconds)."""
+    return httpx.create_ssl_context()
+
+
 class GuardedTransport(httpx.AsyncHTTPTransport):
     """An httpx transport whose every connection (redirects included) passes the policy."""
 
     def __init__(self, policy: FetchPolicy):
-        super().__init__()
+        super().__init__(verify=ssl_context())
         # The stock transport offers no resolver hook, so its pool is rebuilt around ours.
-        self._pool = httpcore.AsyncConnectionPool(ssl_context=httpx.create_ssl_context(),
+        self._pool = httpcore.AsyncConnectionPool(ssl_context=ssl_context(),
                                                   network_backend=_GuardedBackend(policy))
 
 

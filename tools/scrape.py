@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from nanbeige.tools.fetch import FetchError, FetchPolicy, Page, check_url, fetch_direct, to_text
+from nanbeige.tools.fetch import FetchError, FetchPolicy, Page, check_url, fetch_direct, ssl_context, to_text
 
 BLOCKED_LINKS = ("huggingface.co/datasets", "huggingface.co/spaces")
 RETRY_STATUSES = {408, 409, 425, 429, 500, 502, 503, 504}
@@ -93,7 +93,7 @@ async def fetch_jina(url: str, config: ScrapeConfig, headers: dict[str, str] | N
                        **(headers or {})}
     timeout = httpx.Timeout(60.0, connect=20.0)
     try:
-        async with httpx.AsyncClient(timeout=timeout) as client:
+        async with httpx.AsyncClient(timeout=timeout, verify=ssl_context()) as client:
             async for attempt in _retrying(config, 5):
                 with attempt:
                     response = await client.get(f"{config.jina_base_url.rstrip('/')}/{url}", headers=request_headers)
@@ -166,7 +166,7 @@ async def extract_info(content: str, info_to_extract: str, config: ScrapeConfig)
     timeout = httpx.Timeout(config.summary_timeout_s, connect=10.0)
     used = min(len(content), config.max_page_chars)
     async with httpx.AsyncClient(base_url=config.summary_base_url.rstrip("/"), headers=headers,
-                                 timeout=timeout) as client:
+                                 timeout=timeout, verify=ssl_context()) as client:
         for attempt in range(1, 6):
             try:
                 response = await _summary_call(client, extraction_prompt(content[:used], info_to_extract), config)
