@@ -18,9 +18,10 @@ from e2b import CommandExitException, CommandResult, SandboxNotFoundException, T
 from e2b_code_interpreter import Execution, ExecutionError, Logs, Result
 
 from nanbeige.tools.sandbox import (
-    TRUNCATED, E2BBackend, SandboxConfig, SandboxError, Sandboxes, config_from_env, format_command,
-    format_execution, invalid_id, processes,
+    TRUNCATED, SandboxConfig, SandboxError, Sandboxes, config_from_env, format_command, format_execution, invalid_id,
 )
+from nanbeige.tools.sandbox_e2b import E2BBackend
+from nanbeige.tools.sandbox_local import processes
 
 
 def make_config(root: Path, **overrides: object) -> SandboxConfig:
@@ -363,6 +364,7 @@ class FakeE2BSandbox:
     types: code runs in a local namespace, commands understand `echo`, `false` and `sleep`."""
 
     created: list[FakeE2BSandbox] = []
+    connected: list[tuple[str, int | None, dict]] = []
 
     def __init__(self, **options: object) -> None:
         self.sandbox_id = f"e2b{len(self.created)}"
@@ -375,6 +377,16 @@ class FakeE2BSandbox:
         sandbox = cls(template=template, timeout=timeout, api_key=api_key)
         cls.created.append(sandbox)
         return sandbox
+
+    @classmethod
+    def connect(cls, sandbox_id: str, timeout: int | None = None, logger: object = None, *,
+                on_resume: str = "restore", **opts: object) -> FakeE2BSandbox:
+        """The SDK's class-level `connect`: any sandbox still running, whoever created it."""
+        cls.connected.append((sandbox_id, timeout, opts))
+        for sandbox in cls.created:
+            if sandbox.sandbox_id == sandbox_id and not sandbox.killed:
+                return sandbox
+        raise SandboxNotFoundException(f"Paused sandbox {sandbox_id} not found")
 
     def set_timeout(self, timeout: int) -> None:
         self.timeouts.append(timeout)
@@ -434,3 +446,24 @@ def test_e2b_backend_against_a_fake_of_its_sdk(tmp_path: Path) -> None:
     boxes.create()
     boxes.close()
     assert all(s.killed for s in FakeE2BSandbox.created)
+
+
+def test_e2b_backend_connects_to_sandboxes_it_did_not_create(tmp_path: Path) -> None:
+    FakeE2BSandbox.created, FakeE2BSandbox.connected = [], []
+    earlier = FakeE2BSandbox.create(timeout=600, api_key="key")  # made before the server restarted
+    earlier.namespace["answer"] = 42
+    config = make_config(tmp_path, backend="e2b", e2b_api_key="key")
+    boxes = Sandboxes(config, backend=E2BBackend(config, sandbox_class=FakeE2BSandbox))
+    assert "Result(42)" in boxes.run_python("answer", "e2b0")
+    assert boxes.run_command("echo again", "e2b0") == \
+        "CommandResult(stderr='', stdout='again\\n', exit_code=0, error=None)"
+    assert FakeE2BSandbox.connected == [("e2b0", 600, {"api_key": "key"})]  # connected once, then held
+    assert earlier.timeouts == [600, 600]
+    with pytest.raises(SandboxError, match=re.escape(invalid_id("e2b-unknown"))):
+        boxes.run_python("1", "e2b-unknown")
+    with pytest.raises(SandboxError, match=re.escape(invalid_id("e2b-unknown"))):
+        boxes.download_to_local("e2b-unknown", "/home/user/x.txt")
+    with pytest.raises(SandboxError, match="'default' is not a valid sandbox_id"):
+        boxes.download_to_local("default", "/home/user/x.txt")  # a placeholder is never looked up
+    assert [c[0] for c in FakeE2BSandbox.connected] == ["e2b0", "e2b-unknown", "e2b-unknown"]
+    boxes.close()

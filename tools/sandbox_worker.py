@@ -1,4 +1,4 @@
-"""The process inside a local sandbox (see `sandbox.py`); standard library only, because it runs
+"""The process inside a local sandbox (see `sandbox_local.py`); standard library only, because it runs
 in an isolated interpreter that must start fast.
 
     python -I -B sandbox_worker.py LIMITS python REQUEST_FD REPLY_FD CPU_SECONDS MAX_BYTES
@@ -32,6 +32,12 @@ def apply_limits(limits: str) -> None:
         resource.setrlimit(getattr(resource, f"RLIMIT_{name}"), (int(value), hard))
 
 
+def write_all(fd: int, data: bytes | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 class CappedRaw(io.RawIOBase):
     """Writes straight to a file descriptor until a byte budget is spent, then drops the rest,
     so a flood of prints costs neither memory nor disk."""
@@ -47,10 +53,8 @@ class CappedRaw(io.RawIOBase):
         return self.fd
 
     def write(self, data: bytes) -> int:  # type: ignore[override]
-        view = memoryview(data)[: max(self.left, 0)]
+        write_all(self.fd, memoryview(data)[: max(self.left, 0)])
         self.left -= len(data)
-        while view:
-            view = view[os.write(self.fd, view):]
         return len(data)
 
 
@@ -123,11 +127,10 @@ def reap_children() -> None:
 
 
 def send(fd: int, message: dict) -> None:
+    """One JSON line: the worker's replies, and the server's requests (`sandbox_local` uses it too)."""
     import json
 
-    data = memoryview(json.dumps(message).encode() + b"\n")
-    while data:
-        data = data[os.write(fd, data):]
+    write_all(fd, json.dumps(message).encode() + b"\n")
 
 
 def run_cell(code: str, namespace: dict, cell: int, captures: tuple[CappedRaw, CappedRaw],

@@ -1,0 +1,594 @@
+"""The local sandbox backend: a folder per sandbox under `SandboxConfig.root`, shown to the model as
+`/home/user`, and a persistent Python process per sandbox (`sandbox_worker.py`) so variables
+survive between calls.
+
+Every process runs with rlimits on CPU time, address space, file size, open files and processes,
+a wall-clock timeout after which everything it started is killed, a minimal environment (no API
+keys), and, where the OS allows (`probe_isolation`), no network (`unshare --net`) and, when the
+server runs as root, its own unprivileged uid per sandbox (`setpriv`), which makes the process
+limit hold, keeps the limits from being raised and makes everything but the sandbox folder and
+world-writable places (/tmp) read-only to it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import itertools
+import json
+import logging
+import os
+import re
+import secrets
+import select
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import suppress
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import NamedTuple
+
+from nanbeige.tools.sandbox import (
+    MB, SANDBOX_HOME, SandboxConfig, SandboxError, format_command, format_execution, inside, invalid_id, truncate,
+)
+from nanbeige.tools.sandbox_worker import send
+
+log = logging.getLogger(__name__)
+
+WORKER = str(Path(__file__).with_name("sandbox_worker.py"))
+HOME_IN_TEXT = re.compile(r"/home/user(?![\w.-])")
+UID_BASE, UID_SPAN = 1_700_000_000, 10_000_000  # far above any real account; one uid per sandbox
+REPLY_LIMIT = 64 * MB
+STATE_LOST = ("The Python process was restarted, so variables, imports and definitions from earlier calls are "
+              "lost; files in /home/user are kept.")
+
+
+# --- what the OS can enforce -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """What the local sandbox can enforce on this machine, found by trying (`probe_isolation`)."""
+
+    network_off: bool
+    """Sandboxed code runs in a network namespace of its own, with no usable interface."""
+    own_pids: bool
+    """It runs in a pid namespace of its own (used when it has no uid of its own): it cannot signal
+    the server or the user's other processes, and when a call's first process ends the kernel
+    kills whatever else it left."""
+    own_uid: bool
+    """Each sandbox runs as its own unprivileged uid (server running as root): the process limit
+    holds, rlimits cannot be raised, and only its folder and world-writable places such as /tmp
+    are writable to it."""
+    read_all: bool
+    """That uid keeps CAP_DAC_READ_SEARCH, because the interpreter (or the sandbox root) is not
+    readable by other users here: sandboxed code can then read, not write, every file."""
+    process_limit: bool
+    """RLIMIT_NPROC bounds the sandbox's processes (root ignores it, so false for root without own_uid)."""
+    prefix: tuple[str, ...] = ()
+    """Command prefix that enters the namespaces (`unshare ...`)."""
+
+
+def setpriv_args(uid: int, read_all: bool) -> list[str]:
+    caps = ["--inh-caps=-all,+dac_read_search", "--ambient-caps=+dac_read_search",
+            "--bounding-set=-all,+dac_read_search"] if read_all else ["--inh-caps=-all", "--bounding-set=-all"]
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs", *caps, "--"]
+
+
+def probe_isolation(config: SandboxConfig) -> Isolation:
+    """Tries, once per server, which of the OS's isolation tools work here (each try is ~10 ms)."""
+    root = os.geteuid() == 0
+    own_uid, read_all = (_probe_uid(config) if root and config.drop_privileges and shutil.which("setpriv")
+                         else (False, False))
+    # Without a uid of its own, a pid namespace keeps the code from signalling the server or the
+    # user's other processes, which share the uid.
+    wanted = [flags for flags, want in ((("--net",), not config.network),
+                                        (("--pid", "--fork", "--kill-child"), not own_uid)) if want]
+    user = () if root else ("--map-root-user",)
+    candidates = [("unshare", *user, *itertools.chain(*combo))
+                  for size in range(len(wanted), 0, -1) for combo in itertools.combinations(wanted, size)]
+    prefix = next((c for c in candidates if _succeeds([*c, "true"])), ()) if shutil.which("unshare") else ()
+    isolation = Isolation("--net" in prefix, "--pid" in prefix, own_uid, read_all, own_uid or not root, prefix)
+    if not config.network and not isolation.network_off:
+        log.warning("local sandbox: cannot make a network namespace (unshare); sandboxed code can use the network")
+    if not own_uid and not isolation.own_pids:
+        log.warning("local sandbox: no pid namespace; sandboxed code can signal this user's other processes")
+    if root and not own_uid:
+        log.warning("local sandbox: running as root without a uid of its own; the process limit does not hold")
+    log.info("local sandbox isolation: %s", isolation)
+    return isolation
+
+
+def _probe_uid(config: SandboxConfig) -> tuple[bool, bool]:
+    """Whether sandboxes can run as a uid of their own, and whether that needs CAP_DAC_READ_SEARCH.
+    An interpreter the uid cannot read may still start, with another stdlib and without its
+    packages: the check compares sys.base_prefix, and enters the sandbox root."""
+    where = subprocess.run([config.python, "-I", "-S", "-c", "import sys; print(sys.base_prefix)"],
+                           capture_output=True, text=True, timeout=20).stdout.strip()
+    check = f"import os, sys; os.chdir(sys.argv[1]); sys.exit(sys.base_prefix != {where!r})"
+    uid, lock = allocate_uid()
+    try:
+        for read_all in (False, True):
+            if _succeeds([*setpriv_args(uid, read_all), config.python, "-I", "-S", "-B", WORKER, "", "exec", "-1",
+                          config.python, "-I", "-S", "-c", check, str(config.root)]):
+                return True, read_all
+        return False, False
+    finally:
+        os.close(lock)
+
+
+def _succeeds(args: list[str]) -> bool:
+    try:
+        return subprocess.run(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env=minimal_env(Path("/")), timeout=20).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def allocate_uid() -> tuple[int, int]:
+    """A uid no process uses, held by a lock file so concurrent servers never share one."""
+    lock_dir = Path(tempfile.gettempdir()) / "nanbeige-sandbox-uids"
+    lock_dir.mkdir(mode=0o700, exist_ok=True)
+    if lock_dir.stat().st_uid != os.geteuid():
+        raise RuntimeError(f"{lock_dir} belongs to another user")
+    for _ in range(100):
+        uid = UID_BASE + secrets.randbelow(UID_SPAN)
+        fd = os.open(lock_dir / str(uid), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if not any(p.uid == uid for p in processes()):
+                return uid, fd
+        except BlockingIOError:
+            pass
+        os.close(fd)
+    raise RuntimeError("no free uid for a sandbox")
+
+
+def minimal_env(home: Path, python: str = sys.executable) -> dict[str, str]:
+    """All the environment sandboxed code gets: nothing of the server's, so no API keys."""
+    bin_dir = os.path.dirname(python)
+    return {"PATH": f"{bin_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(home),
+            "TMPDIR": str(home), "USER": "user", "LOGNAME": "user", "LANG": "C.UTF-8", "TERM": "dumb",
+            "PYTHONIOENCODING": "utf-8", "MPLBACKEND": "Agg",
+            # one BLAS thread each: threads count against the process limit
+            "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+# --- processes ---------------------------------------------------------------------------------
+
+
+class Proc(NamedTuple):
+    pid: int
+    state: bytes
+    ppid: int
+    session: int
+    uid: int
+    threads: int
+
+
+PROC_FIELDS = [re.compile(rb"^%s:\s+(\S+)" % name, re.M) for name in (b"State", b"PPid", b"NSsid", b"Uid", b"Threads")]
+
+
+def processes() -> Iterator[Proc]:
+    """Every process, from /proc (empty where there is none)."""
+    for name in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status", "rb") as f:
+                text = f.read()
+            state, *numbers = (pattern.search(text)[1] for pattern in PROC_FIELDS)  # type: ignore[index]
+            yield Proc(int(name), state, *map(int, numbers))
+        except (OSError, TypeError):
+            continue
+
+
+def become_subreaper() -> None:
+    """Makes orphaned sandbox processes children of this process, so that it can reap them: an
+    init that never reaps (as in some VMs and containers) would leave zombies that keep counting
+    against the sandbox's process limit."""
+    if sys.platform == "linux":
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
+def kill_processes(match: Callable[[Proc], bool], keep: set[int], waited: set[int]) -> int:
+    """SIGKILLs every live process that match() selects, except keep, until none is left (with the
+    process limit in force a fork bomb cannot outrun this), and reaps the zombies handed to this
+    process, except those a Popen in `waited` will wait for. Returns how many it killed."""
+    me, killed, total = os.getpid(), False, 0
+    for _ in range(200):
+        live = []
+        for p in processes():
+            if p.pid in keep or not match(p):
+                continue
+            if p.state not in b"ZX":
+                live.append(p.pid)
+            elif p.ppid == me and p.pid not in waited:
+                with suppress(ChildProcessError):
+                    os.waitpid(p.pid, os.WNOHANG)
+        if not live and not killed:
+            return total
+        total += len(live)
+        for pid in live:
+            with suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        # after the last kills, one more pass reaps the zombies they hand over
+        killed = bool(live)
+        time.sleep(0.002 if live else 0.01)
+    log.warning("local sandbox: some processes survived SIGKILL")
+    return total
+
+
+def read_line(fd: int, deadline: float) -> bytes | None:
+    """One line from fd; None when the deadline passes first, b"" at end of file or past REPLY_LIMIT
+    (code that writes to the reply pipe itself must not fill the server's memory)."""
+    buffer = bytearray()
+    while not buffer.endswith(b"\n") and len(buffer) < REPLY_LIMIT:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            return None
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return b""
+        buffer += chunk
+    return bytes(buffer) if buffer.endswith(b"\n") else b""
+
+
+def collect(proc: subprocess.Popen, deadline: float, max_bytes: int,
+            cleanup: Callable[[], None]) -> tuple[bytes, bytes, bool]:
+    """Reads stdout and stderr (keeping max_bytes of each) until the process ends or the deadline
+    passes; then kills what is left and reads what the pipes still hold."""
+    assert proc.stdout is not None and proc.stderr is not None
+    buffers = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
+    open_fds = list(buffers)
+
+    def pump(until: float, stop: Callable[[], bool]) -> None:
+        while open_fds and not stop():
+            # a short wait notices the end of a process whose background children keep the pipes open
+            ready, _, _ = select.select(open_fds, [], [], min(0.05, max(0.0, until - time.monotonic())))
+            for fd in ready:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    open_fds.remove(fd)
+                buffers[fd] += chunk[: max(0, max_bytes - len(buffers[fd]))]
+            if time.monotonic() >= until:
+                return
+
+    pump(deadline, lambda: proc.poll() is not None)
+    try:
+        proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        finished = True
+    except subprocess.TimeoutExpired:
+        finished = False
+    cleanup()
+    with suppress(OSError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    pump(time.monotonic() + 1.0, lambda: False)
+    out, err = buffers.values()
+    proc.stdout.close()
+    proc.stderr.close()
+    return bytes(out), bytes(err), finished
+
+
+def exit_text(code: int | None) -> str:
+    return f"exit code {code}" if code is None or code >= 0 else f"killed by {signal_name(-code)}"
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+# --- paths inside a sandbox folder -------------------------------------------------------------
+
+
+def host_path(folder: Path, path: str) -> Path:
+    """The place in a local sandbox's folder that the model's path (under /home/user) names."""
+    model_path = PurePosixPath(path or SANDBOX_HOME)
+    if model_path.is_absolute():
+        if not (model_path == PurePosixPath(SANDBOX_HOME) or PurePosixPath(SANDBOX_HOME) in model_path.parents):
+            raise SandboxError(f"{path} is outside the sandbox; use a path under {SANDBOX_HOME}.")
+        model_path = model_path.relative_to(SANDBOX_HOME)
+    full = Path(os.path.normpath(folder / model_path))
+    if not inside(full, folder):
+        raise SandboxError(f"{path} is outside the sandbox; use a path under {SANDBOX_HOME}.")
+    return full
+
+
+def open_dir(folder: Path, parts: tuple[str, ...], create: bool, owner: int | None) -> int:
+    """A descriptor of folder/parts reached one step at a time without following symlinks, so
+    links the sandboxed code planted cannot lead the server outside its folder."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in parts:
+            if create:
+                with suppress(FileExistsError):
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                    if owner is not None:
+                        os.chown(part, owner, owner, dir_fd=fd, follow_symlinks=False)
+            step = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = step
+    except OSError as exc:
+        os.close(fd)
+        raise SandboxError(f"Cannot use folder {'/'.join(parts)} in the sandbox: {exc.strerror} "
+                           "(symbolic links are not followed).") from None
+    return fd
+
+
+def remove_tree(folder: Path) -> None:
+    shutil.rmtree(folder, ignore_errors=True)
+    if folder.exists():  # sandboxed code may leave folders behind that even their owner cannot change
+        with suppress(OSError):
+            os.chmod(folder, 0o700)
+        for path, dirs, _ in os.walk(folder):
+            for name in dirs:
+                if not os.path.islink(os.path.join(path, name)):
+                    with suppress(OSError):
+                        os.chmod(os.path.join(path, name), 0o700)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+# --- the backend -------------------------------------------------------------------------------
+
+
+@dataclass
+class LocalSandbox:
+    id: str
+    folder: Path
+    uid: int | None
+    uid_lock: int | None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    worker: subprocess.Popen | None = None
+    worker_pid: int = 0
+    requests: int = -1
+    replies: int = -1
+    sessions: set[int] = field(default_factory=set)
+
+    def to_host(self, text: str) -> str:
+        return HOME_IN_TEXT.sub(lambda _: str(self.folder), text)
+
+    def to_model(self, text: str) -> str:
+        return text.replace(str(self.folder), SANDBOX_HOME)
+
+    def owns(self, p: Proc) -> bool:
+        return p.uid == self.uid if self.uid is not None else p.session in self.sessions
+
+
+class LocalBackend:
+    """Sandboxes on this machine: a folder and a persistent Python worker each."""
+
+    def __init__(self, config: SandboxConfig) -> None:
+        self.config = config
+        self._boxes: dict[str, LocalSandbox] = {}
+        self._lock = threading.Lock()
+        self._isolation: Isolation | None = None
+
+    @property
+    def isolation(self) -> Isolation:
+        with self._lock:
+            if self._isolation is None:
+                self.config.root.mkdir(parents=True, exist_ok=True)
+                os.chmod(self.config.root, 0o711)  # sandbox uids pass through, but cannot list
+                become_subreaper()
+                self._isolation = probe_isolation(self.config)
+            return self._isolation
+
+    def create(self, timeout: int) -> str:
+        own_uid = self.isolation.own_uid
+        sandbox_id = secrets.token_hex(10)
+        folder = Path(os.path.realpath(self.config.root / sandbox_id))
+        folder.mkdir(mode=0o700)
+        uid, lock = allocate_uid() if own_uid else (None, None)
+        if uid is not None:
+            os.chown(folder, uid, uid)
+        with self._lock:
+            self._boxes[sandbox_id] = LocalSandbox(sandbox_id, folder, uid, lock)
+        return sandbox_id
+
+    def attach(self, sandbox_id: str, timeout: int) -> None:
+        raise SandboxError(invalid_id(sandbox_id))  # local sandboxes end with the server that made them
+
+    def run_python(self, sandbox_id: str, code: str) -> str:
+        box = self._box(sandbox_id)
+        with box.lock:
+            if box.worker is None:
+                self._start_worker(box)
+            try:
+                send(box.requests, {"code": box.to_host(code)})
+                line = read_line(box.replies, time.monotonic() + self.config.timeout_s)
+                reply = json.loads(line) if line else None
+            except (OSError, ValueError):
+                line, reply = b"", None
+            if reply is None:
+                status = self._stop_worker(box)
+                what = (f"Execution timed out after {self.config.timeout_s:g} s and was stopped" if line is None
+                        else f"The Python process died ({exit_text(status)})")
+                raise SandboxError(f"{what}. {STATE_LOST}")
+            if self._kill_strays(box):
+                # the worker reaps the zombies of its children now, not at the next cell: until then they
+                # would count against the process limit of the sandbox's commands
+                send(box.requests, {"reap": True})
+                read_line(box.replies, time.monotonic() + 5.0)
+        return box.to_model(format_execution(reply["results"], reply["stdout"], reply["stderr"], reply["error"]))
+
+    def run_command(self, sandbox_id: str, command: str) -> str:
+        box = self._box(sandbox_id)
+        status_read, status_write = os.pipe()
+        with box.lock, open(status_read, "rb") as status:
+            args = self._command_line(box, ["exec", str(status_write), "/bin/sh", "-c", box.to_host(command)],
+                                      python=False)
+            try:
+                proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        cwd=box.folder, env=minimal_env(box.folder, self.config.python),
+                                        start_new_session=True, pass_fds=(status_write,))
+            finally:
+                os.close(status_write)
+            box.sessions.add(proc.pid)
+            try:
+                out, err, finished = collect(proc, time.monotonic() + self.config.timeout_s,
+                                             4 * self.config.max_output_chars, cleanup=lambda: self._kill_strays(box))
+            finally:
+                box.sessions.discard(proc.pid)
+            how, _, number = status.read().decode().partition(" ")  # empty when the worker itself was killed
+        stdout, stderr = box.to_model(out.decode(errors="replace")), box.to_model(err.decode(errors="replace"))
+        if not finished:
+            partial = format_command(stdout, stderr, -1, "timeout")
+            raise SandboxError(f"Command timed out after {self.config.timeout_s:g} s; it and every process it "
+                               f"started were killed. Output so far: {truncate(partial, 4000)}")
+        code = int(number) if how == "exit" else -int(number) if how == "signal" else proc.returncode
+        if code < 0:
+            return format_command(stdout, stderr, -1, f"signal: {signal_name(-code)}")
+        return format_command(stdout, stderr, code, f"exit status {code}" if code else None)
+
+    def is_dir(self, sandbox_id: str, path: str) -> bool:
+        full = host_path(self._box(sandbox_id).folder, path)
+        return full.is_dir() and not full.is_symlink()
+
+    def write_file(self, sandbox_id: str, path: str, data: bytes) -> None:
+        box = self._box(sandbox_id)
+        parts = host_path(box.folder, path).relative_to(box.folder).parts
+        if not parts:
+            raise SandboxError(f"{path!r} is a folder, not a file name.")
+        dir_fd = open_dir(box.folder, parts[:-1], create=True, owner=box.uid)
+        try:
+            fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644, dir_fd=dir_fd)
+        except OSError as exc:
+            raise SandboxError(f"Cannot write {path}: {exc.strerror}.") from None
+        finally:
+            os.close(dir_fd)
+        with open(fd, "wb") as f:
+            if box.uid is not None:
+                os.fchown(fd, box.uid, box.uid)
+            f.write(data)
+
+    def read_file(self, sandbox_id: str, path: str, max_bytes: int) -> bytes:
+        box = self._box(sandbox_id)
+        parts = host_path(box.folder, path).relative_to(box.folder).parts
+        dir_fd = open_dir(box.folder, parts[:-1], create=False, owner=None)
+        try:
+            # no symlink is followed, and O_NONBLOCK keeps a FIFO from hanging the server
+            fd = os.open(parts[-1] if parts else ".", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+        except OSError as exc:
+            raise SandboxError(f"Cannot read {path} in the sandbox: {exc.strerror}.") from None
+        finally:
+            os.close(dir_fd)
+        with open(fd, "rb") as f:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise SandboxError(f"{path} is not a regular file.")
+            if info.st_size > max_bytes:
+                raise SandboxError(f"{path} is larger than {max_bytes // MB} MB.")
+            return f.read(max_bytes + 1)[:max_bytes]
+
+    def destroy(self, sandbox_id: str) -> None:
+        with self._lock:
+            box = self._boxes.pop(sandbox_id, None)
+        if box is None:
+            return
+        self._stop_worker(box)
+        kill_processes(box.owns, keep=set(), waited=set(box.sessions))
+        remove_tree(box.folder)
+        if box.uid_lock is not None:
+            os.close(box.uid_lock)
+
+    def close(self) -> None:
+        with self._lock:
+            ids = list(self._boxes)
+        for sandbox_id in ids:
+            self.destroy(sandbox_id)
+
+    def leftover_processes(self, sandbox_id: str) -> list[int]:
+        """Live processes of the sandbox other than its Python worker (between calls: none)."""
+        box = self._box(sandbox_id)
+        return [p.pid for p in processes() if p.state not in b"ZX" and box.owns(p) and p.pid not in _worker_pids(box)]
+
+    def _box(self, sandbox_id: str) -> LocalSandbox:
+        with self._lock:
+            box = self._boxes.get(sandbox_id)
+        if box is None:
+            raise SandboxError(invalid_id(sandbox_id))
+        return box
+
+    def _limits(self, box: LocalSandbox, python: bool) -> str:
+        c = self.config
+        limits = {"AS": c.memory_mb * MB, "FSIZE": c.file_size_mb * MB, "NOFILE": c.max_open_files, "CORE": 0}
+        if box.uid is not None:
+            limits["NPROC"] = c.max_processes
+        elif os.geteuid() != 0:
+            # RLIMIT_NPROC counts all of the user's tasks, so allow what already runs plus the budget
+            limits["NPROC"] = sum(p.threads for p in processes() if p.uid == os.getuid()) + c.max_processes
+        if not python:
+            limits["CPU"] = c.cpu_seconds  # the Python worker sets its own, per cell
+        return ",".join(f"{name}={value}" for name, value in limits.items())
+
+    def _command_line(self, box: LocalSandbox, mode: list[str], python: bool) -> list[str]:
+        isolation = self.isolation
+        prefix = [*isolation.prefix]
+        if box.uid is not None:
+            prefix += setpriv_args(box.uid, isolation.read_all)
+        # -S (no site-packages) starts faster; only the Python worker needs the packages
+        flags = ["-I", "-B"] if python else ["-I", "-S", "-B"]
+        return [*prefix, self.config.python, *flags, WORKER, self._limits(box, python), *mode]
+
+    def _start_worker(self, box: LocalSandbox) -> None:
+        request_read, request_write = os.pipe()
+        reply_read, reply_write = os.pipe()
+        mode = ["python", str(request_read), str(reply_write), str(self.config.cpu_seconds),
+                str(4 * self.config.max_output_chars)]
+        args = self._command_line(box, mode, python=True)
+        try:
+            box.worker = subprocess.Popen(args, pass_fds=(request_read, reply_write), stdin=subprocess.DEVNULL,
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=box.folder,
+                                          env=minimal_env(box.folder, self.config.python), start_new_session=True)
+        except OSError:
+            for fd in (request_write, reply_read):
+                os.close(fd)
+            raise
+        finally:
+            os.close(request_read)
+            os.close(reply_write)
+        box.requests, box.replies = request_write, reply_read
+        box.sessions.add(box.worker.pid)
+        # the worker's first line is its pid, which differs from Popen's when unshare forks it
+        hello = read_line(reply_read, time.monotonic() + max(self.config.timeout_s, 30.0))
+        try:
+            box.worker_pid = json.loads(hello or b"")["pid"]
+        except (ValueError, KeyError):
+            status = self._stop_worker(box)
+            raise SandboxError(f"The Python process could not start ({exit_text(status)}).") from None
+
+    def _stop_worker(self, box: LocalSandbox) -> int | None:
+        """Kills the worker and everything the sandbox started; returns the worker's exit status."""
+        worker, box.worker = box.worker, None
+        if worker is None:
+            return None
+        kill_processes(box.owns, keep=set(), waited=set(box.sessions))
+        with suppress(OSError):
+            os.killpg(worker.pid, signal.SIGKILL)
+        code = worker.wait()
+        box.sessions.discard(worker.pid)
+        for fd in (box.requests, box.replies):
+            with suppress(OSError):
+                os.close(fd)
+        return code
+
+    def _kill_strays(self, box: LocalSandbox) -> int:
+        """Kills what the last call left running (only the Python worker may outlive a call); returns how many."""
+        return kill_processes(box.owns, keep=_worker_pids(box), waited=set(box.sessions))
+
+
+def _worker_pids(box: LocalSandbox) -> set[int]:
+    # two pids when unshare forks the worker: Popen's and the worker's own
+    return {box.worker.pid, box.worker_pid} if box.worker else set()
