@@ -171,3 +171,33 @@ def test_a_built_in_server_runs_for_any_mcp_client(tmp_path: Path) -> None:
 
     assert anyio.run(list_tools) == ["scrape_and_extract_info"]
     assert_one_line_error(nanbeige("server", "email"), "unknown server 'email'")
+
+
+def test_a_built_in_server_over_streamable_http(tmp_path: Path) -> None:
+    import anyio
+    import httpx
+    import mcp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    process = subprocess.Popen([NANBEIGE, "server", "python", "--transport", "http", "--port", str(port)],
+                               stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "NANBEIGE_SANDBOX_DIR": str(tmp_path / "boxes")})
+    try:
+        for _ in range(100):
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/mcp", timeout=0.5)
+                break
+            except httpx.TransportError:
+                time.sleep(0.1)
+
+        async def run_code() -> str:
+            async with mcp.Client(f"http://127.0.0.1:{port}/mcp") as client:
+                result = await client.call_tool("run_python_code", {"code_block": "6 * 7", "sandbox_id": "default"})
+                return result.content[0].text
+
+        assert "42" in anyio.run(run_code)
+    finally:
+        process.terminate()
+        process.wait(10)
