@@ -21,7 +21,7 @@ from nanbeige.tools.sandbox import (
     TRUNCATED, SandboxConfig, SandboxError, Sandboxes, config_from_env, format_command, format_execution, invalid_id,
 )
 from nanbeige.tools.sandbox_e2b import E2BBackend
-from nanbeige.tools.sandbox_local import processes
+from nanbeige.tools.sandbox_os import processes
 
 
 def make_config(root: Path, **overrides: object) -> SandboxConfig:
