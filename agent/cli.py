@@ -25,7 +25,7 @@ from rich.markup import escape
 from nanbeige.agent import dialects
 
 if TYPE_CHECKING:  # imported lazily at run time so `--help` stays fast
-    from nanbeige.agent.llm import LLMConfig, OpenAIChat
+    from nanbeige.agent.llm import LLM, LLMConfig
     from nanbeige.agent.loop import AgentConfig
     from nanbeige.agent.toolbox import ServerSpec
     from nanbeige.agent.trajectory import Trajectory, TrajectoryWriter
@@ -34,10 +34,11 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Agent runtime for deep search and tool use with Nanbeige4.1-3B.")
 err = Console(stderr=True)
 ADVANCED = "Advanced"
+BACKENDS = ("auto", "openai", "transformers")
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
-    err.print(f"[red]error:[/] {message}", highlight=False, soft_wrap=True)
+    err.print(f"[red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -47,22 +48,53 @@ def default_trajectory_path() -> Path:
     return runs / f"{stamp}-{uuid.uuid4().hex[:6]}.jsonl"
 
 
-def check_model_server(base_url: str, api_key: str | None) -> None:
-    """Fail fast, with the fix, when nothing answers at the model address."""
+def server_answers(base_url: str, api_key: str | None, timeout: float = 10.0) -> str | None:
+    """None when something answers at the model address, else what went wrong."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        httpx.get(base_url.rstrip("/") + "/models", headers=headers, timeout=10.0)
+        httpx.get(base_url.rstrip("/") + "/models", headers=headers, timeout=timeout)
     except httpx.HTTPError as exc:
-        fail(f"cannot reach the model server at {base_url} ({type(exc).__name__}). Start one, for example "
-             "`vllm serve Nanbeige/Nanbeige4.1-3B`, or point --base-url / NANBEIGE_BASE_URL at a running "
-             "OpenAI-compatible server.")
+        return type(exc).__name__
+    return None
+
+
+def make_llm(backend: str, explicit_url: bool, config: LLMConfig, gguf_file: str | None) -> LLM:
+    """The model backend. `auto` uses a server at the default address when one answers and runs the
+    model in-process otherwise; a server the user named that does not answer is an error."""
+    from nanbeige.agent.llm import OpenAIChat
+
+    if backend == "openai" or (backend == "auto" and explicit_url):
+        problem = server_answers(config.base_url, config.api_key)
+        if problem:
+            fail(f"cannot reach the model server at {config.base_url} ({problem}). Start one with `nanbeige serve`, "
+                 "point --base-url / NANBEIGE_BASE_URL at a running OpenAI-compatible server, or use "
+                 "--backend transformers to run the model in this process.")
+        return OpenAIChat(config)
+    if backend == "auto" and server_answers(config.base_url, config.api_key, timeout=2.0) is None:
+        return OpenAIChat(config)
+    if backend == "auto":
+        err.print(f"[yellow]no model server at {config.base_url}:[/] running {config.model} in this process "
+                  "(start one with `nanbeige serve` for speed)", highlight=False)
+    return load_local_model(config, gguf_file)
+
+
+def load_local_model(config: LLMConfig, gguf_file: str | None) -> LLM:
+    from nanbeige.agent.local import LocalModelError, TransformersLLM
+
+    with err.status(f"loading {config.model} …"):
+        try:
+            return TransformersLLM(config, gguf_file=gguf_file)
+        except LocalModelError as exc:
+            fail(str(exc))
 
 
 @app.command()
 def ask(
     question: Annotated[str, typer.Argument(help="The question to research.")],
-    base_url: Annotated[str, typer.Option(envvar="NANBEIGE_BASE_URL", help="OpenAI-compatible endpoint.")]
-    = "http://127.0.0.1:8000/v1",
+    base_url: Annotated[str | None, typer.Option(envvar="NANBEIGE_BASE_URL", show_default=False,
+                                                 help="OpenAI-compatible endpoint [default: http://127.0.0.1:8000/v1, "
+                                                      "or the in-process model when nothing answers there].")] = None,
+    backend: Annotated[str, typer.Option(help="auto, openai (a server) or transformers (in this process).")] = "auto",
     model: Annotated[str, typer.Option(envvar="NANBEIGE_MODEL", help="Model name.")] = "Nanbeige/Nanbeige4.1-3B",
     api_key: Annotated[str | None, typer.Option(envvar="NANBEIGE_API_KEY", help="API key for the endpoint.",
                                                 show_default=False)] = None,
@@ -85,14 +117,20 @@ def ask(
                                                   rich_help_panel=ADVANCED)] = 100_000,
     timeout: Annotated[float | None, typer.Option(help="Wall-clock limit for the run, in seconds.",
                                                   rich_help_panel=ADVANCED, show_default=False)] = None,
+    gguf_file: Annotated[str | None, typer.Option(help="GGUF file inside --model, for the in-process backend.",
+                                                  rich_help_panel=ADVANCED, show_default=False)] = None,
 ) -> None:
     """Research a question with tools; print the answer."""
-    from nanbeige.agent.llm import LLMConfig, OpenAIChat
+    from nanbeige.agent.llm import LLMConfig
     from nanbeige.agent.loop import AgentConfig
     from nanbeige.agent.toolbox import secrets_in_env
 
     if dialect not in dialects.DIALECTS:
         fail(f"--dialect must be one of {', '.join(dialects.DIALECTS)}, not {dialect!r}", 2)
+    if backend not in BACKENDS:
+        fail(f"--backend must be one of {', '.join(BACKENDS)}, not {backend!r}", 2)
+    explicit_url = base_url is not None
+    base_url = base_url or LLMConfig.base_url
     check_url_flag("--base-url", base_url)
     llm_config = LLMConfig(base_url=base_url, model=model, api_key=api_key, temperature=temperature, top_p=top_p,
                            max_tokens=max_tokens)
@@ -102,7 +140,7 @@ def ask(
         fail(f"--max-tokens {max_tokens} leaves no room for a prompt in --max-context {max_context}", 2)
     specs = server_specs(mcp or [], not no_default_servers, llm_config)
     path = trajectory or default_trajectory_path()
-    check_model_server(base_url, api_key)
+    llm = make_llm(backend, explicit_url, llm_config, gguf_file)
     secrets = [api_key or "", *secrets_in_env()]
     writer = open_writer(path, secrets)
     if not specs:
@@ -111,7 +149,7 @@ def ask(
     err.print(f"[dim]trajectory: {path}[/]", highlight=False)
     errlog = open(path.with_name(path.name + ".servers.log"), "a") if specs else None
     try:
-        result = asyncio.run(_ask(question, OpenAIChat(llm_config), specs, config, writer, errlog, secrets,
+        result = asyncio.run(_ask(question, llm, specs, config, writer, errlog, secrets,
                                   call_timeout_s=tool_timeout, max_result_chars=max_result_chars))
     except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C; the servers' shutdown may re-cancel the task
         err.print(f"[yellow]interrupted[/]; the trajectory so far is in {path}", highlight=False)
@@ -147,7 +185,7 @@ def server_specs(mcp: list[str], defaults: bool, llm_config: LLMConfig) -> list[
     return specs
 
 
-async def _ask(question: str, llm: OpenAIChat, specs: list[ServerSpec], config: AgentConfig,
+async def _ask(question: str, llm: LLM, specs: list[ServerSpec], config: AgentConfig,
                writer: TrajectoryWriter, errlog: IO[str] | None, secrets: list[str], **toolbox_options: float) -> Trajectory:
     from nanbeige.agent.loop import run
     from nanbeige.agent.toolbox import Toolbox, ToolboxError
@@ -226,6 +264,36 @@ def show_command(
     out = Console()
     for trajectory in trajectories:
         show(out, trajectory, full=full)
+
+
+@app.command("serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def serve_command(
+    ctx: typer.Context,
+    model: Annotated[str, typer.Option(help="Model id or folder.")] = "Nanbeige/Nanbeige4.1-3B",
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535)] = 8000,
+    dialect: Annotated[str, typer.Option(help="mcp-xml (no tool parser) or tool-call (hermes parser).")] = "mcp-xml",
+    max_model_len: Annotated[int, typer.Option(min=1024, help="Context length.")] = 131072,
+    gpu_memory_utilization: Annotated[float, typer.Option(min=0.05, max=1.0)] = 0.92,
+    data_parallel_size: Annotated[int, typer.Option("--data-parallel-size", "-dp", min=1)] = 1,
+    chat_template: Annotated[Path | None, typer.Option(help="Chat template: a .jinja file, or a tokenizer config "
+                                                            "JSON whose chat_template is used.",
+                                                       show_default=False)] = None,
+    rl_logprobs: Annotated[bool, typer.Option(help="Report processed logprobs, for RL rollouts.")] = False,
+    no_prefix_caching: Annotated[bool, typer.Option(help="Turn prefix caching off.")] = False,
+) -> None:
+    """Start vLLM's OpenAI-compatible server for the model and wait until it answers. Arguments after
+    `--` go to vLLM unchanged."""
+    from nanbeige.agent.serve import ServeConfig, check_vllm_available, serve
+
+    config = ServeConfig(model=model, host=host, port=port, dialect=dialect, max_model_len=max_model_len,
+                         gpu_memory_utilization=gpu_memory_utilization, data_parallel_size=data_parallel_size,
+                         chat_template=chat_template, rl_logprobs=rl_logprobs,
+                         enable_prefix_caching=not no_prefix_caching, extra_args=list(ctx.args))
+    problem = check_vllm_available(config)
+    if problem:
+        fail(problem)
+    raise typer.Exit(serve(config, lambda text: err.print(text, markup=False, highlight=False, soft_wrap=True)))
 
 
 @app.command("server")

@@ -201,3 +201,8 @@ def test_a_built_in_server_over_streamable_http(tmp_path: Path) -> None:
     finally:
         process.terminate()
         process.wait(10)
+
+
+def test_serve_without_vllm_names_the_alternatives(tmp_path: Path) -> None:
+    result = nanbeige("serve", env={"PATH": str(tmp_path)})  # no `vllm` anywhere on PATH
+    assert_one_line_error(result, "vLLM is not installed", "nanbeige[serve]", "in-process model")

@@ -1,0 +1,106 @@
+"""The in-process model backend: a Hugging Face model run with transformers, on CPU or GPU.
+
+It renders the chat template itself, samples with the same settings and stop tokens as the
+server path, and records the prompt ids, the completion ids (stop token included: the model
+sampled it) and each sampled token's logprob after temperature and top-p, the same
+"processed" logprobs vLLM reports for RL. torch and transformers are imported here only, and
+only when a model is loaded, so the rest of the CLI stays fast and works without them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+from nanbeige.agent.llm import Completion, LLMConfig, ModelError
+
+# Tokens that end an assistant turn in ChatML-style templates, besides the tokenizer's own eos.
+END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>")
+
+
+class LocalModelError(ModelError):
+    """The model could not be loaded (missing packages, unknown id, unreadable folder)."""
+
+
+def _imports() -> tuple[Any, Any]:
+    try:
+        import torch
+        import transformers
+    except ImportError as exc:
+        raise LocalModelError(f"the in-process model needs torch and transformers ({exc.name} is missing): "
+                              "pip install 'nanbeige[local]', or start a model server") from None
+    return torch, transformers
+
+
+class TransformersLLM:
+    """A model loaded once, in this process; `complete` runs generation in a worker thread."""
+
+    def __init__(self, config: LLMConfig, gguf_file: str | None = None, device: str | None = None):
+        torch, transformers = _imports()
+        self.config = config
+        self.torch = torch
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        dtype = torch.bfloat16 if self.device.startswith("cuda") else torch.float32
+        options = {"gguf_file": gguf_file} if gguf_file else {}
+        try:
+            self.tokenizer = transformers.AutoTokenizer.from_pretrained(config.model, **options)
+            self.model = transformers.AutoModelForCausalLM.from_pretrained(config.model, dtype=dtype, **options)
+        except (OSError, ValueError) as exc:
+            where = "folder" if Path(config.model).exists() else "model id"
+            raise LocalModelError(f"cannot load the {where} {config.model!r}: {exc}".splitlines()[0]) from None
+        self.model.to(self.device).eval()
+        if not self.tokenizer.chat_template:
+            raise LocalModelError(f"{config.model!r} has no chat template; the in-process backend needs one")
+        self.stop_ids = self._stop_ids()
+        self.lock = asyncio.Lock()  # one generation at a time: the model is not shared between threads
+
+    def _stop_ids(self) -> list[int]:
+        ids = {self.tokenizer.eos_token_id} | {self.tokenizer.convert_tokens_to_ids(t) for t in END_OF_TURN
+                                               if t in self.tokenizer.get_vocab()}
+        return sorted(i for i in ids if i is not None)
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """The prompt token ids: the chat template rendered to text, then tokenized without adding
+        special tokens again (the template already has them)."""
+        text = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                       max_tokens: int | None = None) -> Completion:
+        async with self.lock:
+            return await asyncio.to_thread(self._generate, messages, tools, max_tokens or self.config.max_tokens)
+
+    def _generate(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                  max_tokens: int) -> Completion:
+        torch, c = self.torch, self.config
+        started = time.perf_counter()
+        prompt_ids = self.render(messages, tools)
+        input_ids = torch.tensor([prompt_ids], device=self.device)
+        # top_k=0 overrides transformers' default of 50: sampling must match the server path (vLLM: no top-k).
+        sampling = {"do_sample": True, "temperature": c.temperature, "top_p": c.top_p, "top_k": 0} \
+            if c.temperature > 0 else {"do_sample": False}
+        if c.stop:
+            sampling |= {"stop_strings": c.stop, "tokenizer": self.tokenizer}
+        with torch.inference_mode():
+            out = self.model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_tokens,
+                                      eos_token_id=self.stop_ids, pad_token_id=self.stop_ids[0],
+                                      output_scores=True, return_dict_in_generate=True, **sampling)
+        completion_ids = out.sequences[0, len(prompt_ids):].tolist()
+        # scores are the logits after temperature and top-p (shape: one (1, vocab) row per new token)
+        logprobs = [torch.log_softmax(score[0].float(), dim=-1)[token].item()
+                    for score, token in zip(out.scores, completion_ids)]
+        ended = bool(completion_ids) and completion_ids[-1] in self.stop_ids
+        text_ids = completion_ids[:-1] if ended else completion_ids
+        content = self.tokenizer.decode(text_ids, skip_special_tokens=False)
+        return Completion(
+            message={"role": "assistant", "content": content},
+            finish_reason="stop" if ended or c.stop and any(s in content for s in c.stop) else "length",
+            usage={"prompt_tokens": len(prompt_ids), "completion_tokens": len(completion_ids)},
+            prompt_ids=prompt_ids, completion_ids=completion_ids, logprobs=logprobs,
+            latency_s=time.perf_counter() - started,
+        )
+
+    async def aclose(self) -> None:
+        pass

@@ -1,0 +1,346 @@
+"""Serve Nanbeige4.1-3B with vLLM for `nanbeige ask`: build the `vllm serve` command line, start it,
+wait until it answers, print the address to use, and stop it cleanly on Ctrl-C.
+
+    nanbeige serve                              deep-search dialect (mcp-xml), vLLM's default template
+    nanbeige serve --chat-template tokenizer_config_search.json
+    nanbeige serve --dialect tool-call          OpenAI tool calls, parsed by vLLM (hermes)
+
+Dialects (see the model notes, sections 4, 5 and 8):
+- `mcp-xml` (deep search) runs with no tool parser and no reasoning parser, so `<think>` stays in the
+  message text the agent keeps in its history. The model was trained on the template in the repo's
+  `tokenizer_config_search.json`, whose exact text we have not seen. `--chat-template` takes a Jinja
+  file, or a tokenizer config (`.json`) whose `chat_template` field is then written to a file for vLLM.
+  Fetch it with `huggingface-cli download Nanbeige/Nanbeige4.1-3B tokenizer_config_search.json`.
+- `tool-call` (general tool use) adds `--enable-auto-tool-choice --tool-call-parser hermes` and a
+  reasoning parser; the repo's default template renders the tools.
+
+Flag names were checked against the vLLM source; this combination has not yet been run on a GPU.
+"""
+
+from __future__ import annotations
+
+import codecs
+import glob
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import IO, Callable
+
+import httpx
+
+from nanbeige.agent.dialects import DIALECTS
+
+DEFAULT_MODEL = "Nanbeige/Nanbeige4.1-3B"
+NO_VLLM = ("vLLM is not installed (no `{command}` command found): `pip install 'nanbeige[serve]'` on a GPU machine, "
+           "or run without a server: `nanbeige ask` falls back to the in-process model")
+NO_GPU = ("no GPU is visible (no /dev/nvidia*, and `nvidia-smi -L` lists none): vLLM needs one. Run `nanbeige "
+          "serve` on a GPU machine and point NANBEIGE_BASE_URL at it, or run without a server: `nanbeige ask` "
+          "falls back to the in-process model")
+POLL_INTERVAL_S = 0.5
+TAIL_CHARS = 8000  # the end of the server's output kept for error messages
+TAIL_LINES = 20
+
+
+@dataclass
+class ServeConfig:
+    """How to run `vllm serve` for the agent. Each field maps onto one `nanbeige serve` option."""
+
+    model: str = DEFAULT_MODEL
+    """Hugging Face id or local folder of the weights."""
+    host: str = "127.0.0.1"
+    """Address to listen on; 0.0.0.0 exposes the server to the network (no authentication by default)."""
+    port: int = 8000
+    """Port to listen on."""
+    dialect: str = "mcp-xml"
+    """Tool dialect the clients will use: `mcp-xml` (no server-side parsing) or `tool-call` (vLLM parses
+    `<tool_call>` blocks into `tool_calls`). Must match `nanbeige ask --dialect`."""
+    max_model_len: int = 131072
+    """Context length in tokens (the model allows up to 262144; 131072 is ample for deep search)."""
+    gpu_memory_utilization: float = 0.92
+    """Share of GPU memory vLLM may take for weights and KV cache."""
+    data_parallel_size: int = 1
+    """Model replicas, one per GPU: more throughput for parallel rollouts and evals."""
+    served_model_name: str | None = None
+    """Model name clients send (NANBEIGE_MODEL); None: the same as `model`."""
+    enable_prefix_caching: bool = True
+    """Reuse the KV cache of shared prompt prefixes; a multi-turn agent resends its whole history every turn."""
+    chat_template: Path | None = None
+    """Jinja template file, or a tokenizer config (`.json`) whose `chat_template` field is used. None: the
+    template in the model's `tokenizer_config.json`. The deep-search dialect wants the one from
+    `tokenizer_config_search.json`."""
+    tool_call_parser: str = "hermes"
+    """vLLM tool parser for the `tool-call` dialect: the model writes Hermes-style `<tool_call>` JSON."""
+    reasoning_parser: str | None = "deepseek_r1"
+    """vLLM reasoning parser for the `tool-call` dialect (`deepseek_r1` tolerates a missing opening `<think>`;
+    `qwen3` is the other candidate); None for none. The `mcp-xml` dialect never uses one."""
+    rl_logprobs: bool = False
+    """Report logprobs after temperature and top-p (`--logprobs-mode processed_logprobs`), the distribution
+    the tokens were actually sampled from, as RL importance ratios need."""
+    extra_args: list[str] = field(default_factory=list)
+    """More `vllm serve` arguments, passed through unchanged after ours (a later flag wins in vLLM)."""
+    startup_timeout_s: float = 900.0
+    """Give up if the server does not answer within this many seconds (the first run downloads ~8 GB)."""
+    stop_grace_s: float = 30.0
+    """After Ctrl-C, seconds the server gets to shut down before it is killed."""
+    vllm_command: list[str] = field(default_factory=lambda: ["vllm", "serve"])
+    """The command that starts the server, before the model argument (tests use a fake)."""
+
+
+def vllm_args(config: ServeConfig) -> list[str]:
+    """The full command line that starts the server for this config."""
+    if config.dialect not in DIALECTS:
+        raise ValueError(f"dialect must be one of {', '.join(DIALECTS)}, not {config.dialect!r}")
+    args = [
+        *config.vllm_command, config.model,
+        "--host", config.host,
+        "--port", str(config.port),
+        "--served-model-name", config.served_model_name or config.model,
+        "--max-model-len", str(config.max_model_len),
+        "--gpu-memory-utilization", str(config.gpu_memory_utilization),
+        "--data-parallel-size", str(config.data_parallel_size),
+        "--enable-prefix-caching" if config.enable_prefix_caching else "--no-enable-prefix-caching",
+    ]
+    if config.dialect == "tool-call":
+        args += ["--enable-auto-tool-choice", "--tool-call-parser", config.tool_call_parser]
+        if config.reasoning_parser:
+            args += ["--reasoning-parser", config.reasoning_parser]
+    if config.chat_template is not None:
+        args += ["--chat-template", str(config.chat_template)]
+    if config.rl_logprobs:
+        args += ["--logprobs-mode", "processed_logprobs"]
+    return args + config.extra_args
+
+
+def chat_template_file(path: Path, folder: Path) -> Path:
+    """The template file to hand vLLM: `path` itself, or for a tokenizer config (`.json`) its
+    `chat_template` text written to a file in `folder`."""
+    if not path.is_file():
+        raise ValueError(f"chat template {path} does not exist")
+    if path.suffix != ".json":
+        return path
+    try:
+        template = json.loads(path.read_text(encoding="utf-8")).get("chat_template")
+    except (ValueError, AttributeError) as exc:
+        raise ValueError(f"{path} is not a tokenizer config (JSON object): {exc}") from None
+    if not isinstance(template, str):
+        raise ValueError(f"{path} has no `chat_template` text")
+    target = folder / f"{path.stem}.jinja"
+    target.write_text(template, encoding="utf-8")
+    return target
+
+
+def server_url(config: ServeConfig) -> str:
+    """The base URL clients use, up to and including `/v1`."""
+    host = _client_host(config.host)
+    return f"http://{f'[{host}]' if ':' in host else host}:{config.port}/v1"
+
+
+def check_vllm_available(config: ServeConfig) -> str | None:
+    """A one-line problem, naming the alternative, when the server cannot run here; None when it can."""
+    if _find_executable(config.vllm_command[0]) is None:
+        return NO_VLLM.format(command=config.vllm_command[0])
+    if not gpu_visible():
+        return NO_GPU
+    return None
+
+
+def gpu_visible() -> bool:
+    """Whether a GPU is visible, without importing torch: device files first, then `nvidia-smi -L`."""
+    if glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/dev/kfd"):  # /dev/kfd: AMD ROCm
+        return True
+    nvidia_smi = shutil.which("nvidia-smi")
+    if nvidia_smi is None:
+        return False
+    try:
+        listing = subprocess.run([nvidia_smi, "-L"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return listing.returncode == 0 and "GPU" in listing.stdout
+
+
+def _find_executable(name: str) -> str | None:
+    # `vllm` lands next to our own interpreter when installed as an extra, which may not be on PATH
+    # when `nanbeige` is run by its full path from an unactivated virtual environment.
+    path = os.pathsep.join([os.environ.get("PATH", ""), str(Path(sys.executable).parent)])
+    return shutil.which(name, path=path)
+
+
+def _client_host(host: str) -> str:
+    """Where to connect to reach a server that listens on `host` (a wildcard means this machine)."""
+    return {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
+
+
+def _to_stderr(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def serve(config: ServeConfig, out: Callable[[str], None] | None = None) -> int:
+    """Run the server until it exits or Ctrl-C; return its exit code (130 after Ctrl-C). The server's
+    output goes to our stderr as it comes, our messages (plain text) to `out`, and once the server
+    answers, its base URL and the matching NANBEIGE_* settings to stdout."""
+    out = out or _to_stderr
+    if _port_taken(config):
+        out(f"error: something already listens on {config.host}:{config.port}; choose another port")
+        return 1
+    if config.dialect == "mcp-xml" and config.chat_template is None:
+        out("warning: the mcp-xml dialect runs best with the deep-search template: pass --chat-template "
+            "tokenizer_config_search.json (the tokenizer config, or its template extracted to a .jinja file)")
+    with tempfile.TemporaryDirectory(prefix="nanbeige-serve-") as folder:
+        try:
+            if config.chat_template is not None:
+                config = replace(config, chat_template=chat_template_file(config.chat_template, Path(folder)))
+            argv = vllm_args(config)
+        except ValueError as exc:
+            out(f"error: {exc}")
+            return 2
+        executable = _find_executable(argv[0])
+        if executable is None:
+            out(f"error: {NO_VLLM.format(command=argv[0])}")
+            return 1
+        return _run([executable, *argv[1:]], config, out)
+
+
+def _port_taken(config: ServeConfig) -> bool:
+    # Otherwise a server already there would answer our readiness check and pass for ours.
+    try:
+        with socket.create_connection((_client_host(config.host), config.port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+class _Terminated(Exception):
+    """SIGTERM arrived; the server is stopped as on Ctrl-C."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise _Terminated
+
+
+def _run(argv: list[str], config: ServeConfig, out: Callable[[str], None]) -> int:
+    out(f"starting: {shlex.join(argv)}")
+    # Its own process group, so that stopping it reaches vLLM's engine and worker processes too, and a
+    # Ctrl-C in the terminal reaches only us: we then stop the server in order, with a deadline.
+    try:
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    except OSError as exc:
+        out(f"error: cannot start {argv[0]}: {exc.strerror or exc}")
+        return 1
+    output = _ServerOutput(process.stdout)  # type: ignore[arg-type]
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if in_main_thread else None
+    try:
+        return _supervise(process, output, config, out)
+    except KeyboardInterrupt:
+        out("interrupted: stopping the server (Ctrl-C again kills it)")
+        _stop(process, config.stop_grace_s, out)
+        return 130
+    except _Terminated:
+        _stop(process, config.stop_grace_s, out)
+        return 128 + signal.SIGTERM
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
+        _signal_group(process, signal.SIGKILL)  # whatever the server left behind
+        output.finish()
+
+
+def _supervise(process: subprocess.Popen[bytes], output: _ServerOutput, config: ServeConfig,
+               out: Callable[[str], None]) -> int:
+    """Wait for the server to answer, announce it, then wait for it to exit."""
+    url = server_url(config)
+    if not _wait_ready(process, url, config.startup_timeout_s):
+        if process.poll() is None:
+            out(f"error: the server did not answer at {url}/models within {config.startup_timeout_s:g} s; "
+                f"stopping it. Its last output:\n{output.last_lines()}")
+            _stop(process, config.stop_grace_s, out)
+            return 1
+        code = _exit_code(process.returncode)
+        output.finish()  # its last words may still be in the pipe
+        out(f"error: the server exited with code {code} before it was ready. Its last output:\n"
+            f"{output.last_lines()}")
+        return code or 1
+    print(url, f"NANBEIGE_BASE_URL={url}", f"NANBEIGE_MODEL={config.served_model_name or config.model}",
+          sep="\n", flush=True)
+    out(f"ready at {url} (dialect {config.dialect}); Ctrl-C stops it")
+    return _exit_code(process.wait())
+
+
+def _wait_ready(process: subprocess.Popen[bytes], url: str, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    # trust_env=False: a proxy from the environment must not see, or answer for, a loopback server.
+    with httpx.Client(timeout=2.0, trust_env=False) as http:
+        while process.poll() is None and time.monotonic() < deadline:
+            try:
+                # 401: up, but started with --api-key, which vLLM also demands for /v1/models.
+                if http.get(f"{url}/models").status_code in (200, 401):
+                    return True
+            except httpx.HTTPError:
+                pass
+            time.sleep(POLL_INTERVAL_S)
+    return False
+
+
+def _stop(process: subprocess.Popen[bytes], grace_s: float, out: Callable[[str], None]) -> None:
+    """SIGINT to the server's group (vLLM shuts down as on Ctrl-C); SIGKILL if it is still up after
+    the grace period, or at once on a second Ctrl-C."""
+    _signal_group(process, signal.SIGINT)
+    try:
+        process.wait(grace_s)
+        return
+    except subprocess.TimeoutExpired:
+        out(f"the server is still running after {grace_s:g} s: killing it")
+    except KeyboardInterrupt:
+        pass
+    _signal_group(process, signal.SIGKILL)
+    process.wait()
+
+
+def _signal_group(process: subprocess.Popen[bytes], signum: int) -> None:
+    try:
+        os.killpg(process.pid, signum)  # start_new_session made the server's pid its group id
+    except ProcessLookupError:
+        pass
+
+
+def _exit_code(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode  # killed by signal N: the shell's 128+N
+
+
+class _ServerOutput:
+    """Copies the server's output to our stderr as it comes, and keeps its end for error messages."""
+
+    def __init__(self, stream: IO[bytes]):
+        self.tail = ""
+        self.thread = threading.Thread(target=self._copy, args=(stream,), daemon=True)
+        self.thread.start()
+
+    def _copy(self, stream: IO[bytes]) -> None:
+        # Raw chunks, not lines, so progress bars redrawn with \r pass through as they are.
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        while chunk := os.read(stream.fileno(), 65536):
+            text = decoder.decode(chunk)
+            sys.stderr.write(text)
+            sys.stderr.flush()
+            self.tail = (self.tail + text)[-TAIL_CHARS:]
+        stream.close()
+
+    def finish(self) -> None:
+        # Bounded: a process the server started may still hold the pipe open.
+        self.thread.join(timeout=2.0)
+
+    def last_lines(self) -> str:
+        lines = [line for line in re.split(r"[\r\n]+", self.tail) if line.strip()]
+        return "\n".join(f"  {line}" for line in lines[-TAIL_LINES:]) or "  (none)"

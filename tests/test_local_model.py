@@ -1,0 +1,111 @@
+"""The in-process backend on a tiny random Llama model: token-exact records, processed logprobs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tiny_model import make_tiny_model
+
+from nanbeige.agent.llm import LLMConfig
+from nanbeige.agent.local import LocalModelError, TransformersLLM
+from nanbeige.agent.loop import AgentConfig, run
+from nanbeige.agent.tokens import full_prompt
+
+pytestmark = pytest.mark.anyio
+MESSAGES = [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "What is 2+3?"}]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
+async def test_a_reply_carries_prompt_ids_completion_ids_and_logprobs(tiny: Path) -> None:
+    llm = TransformersLLM(LLMConfig(model=str(tiny), temperature=0.7, top_p=1.0, max_tokens=12))
+    completion = await llm.complete(MESSAGES)
+    text = llm.tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
+    assert text.endswith("<|im_start|>assistant\n")
+    assert completion.prompt_ids == llm.tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert 1 <= len(completion.completion_ids) <= 12
+    assert len(completion.logprobs) == len(completion.completion_ids)
+    assert completion.usage == {"prompt_tokens": len(completion.prompt_ids),
+                                "completion_tokens": len(completion.completion_ids)}
+    assert completion.finish_reason in ("stop", "length")
+
+
+async def test_logprobs_are_those_of_the_processed_distribution(tiny: Path) -> None:
+    import torch
+
+    llm = TransformersLLM(LLMConfig(model=str(tiny), temperature=0.7, top_p=1.0, max_tokens=8))
+    completion = await llm.complete(MESSAGES)
+    ids = torch.tensor([completion.prompt_ids + completion.completion_ids])
+    with torch.inference_mode():
+        logits = llm.model(ids).logits[0]  # (T, vocab)
+    start = len(completion.prompt_ids)
+    expected = torch.log_softmax(logits[start - 1:-1] / 0.7, dim=-1)  # (completion, vocab): temperature applied
+    for position, (token, logprob) in enumerate(zip(completion.completion_ids, completion.logprobs)):
+        assert logprob == pytest.approx(expected[position, token].item(), abs=1e-4)
+
+
+async def test_greedy_decoding_is_deterministic(tiny: Path) -> None:
+    llm = TransformersLLM(LLMConfig(model=str(tiny), temperature=0.0, max_tokens=10))
+    first, second = await llm.complete(MESSAGES), await llm.complete(MESSAGES)
+    assert first.completion_ids == second.completion_ids and first.message == second.message
+
+
+async def test_the_loop_records_every_prompt_exactly(tiny: Path) -> None:
+    class Recording(TransformersLLM):
+        async def complete(self, messages, tools=None, max_tokens=None):  # noqa: ANN001, ANN201
+            self.sent.append(list(messages))
+            return await super().complete(messages, tools, max_tokens)
+
+    llm = Recording(LLMConfig(model=str(tiny), temperature=1.0, max_tokens=16))
+    llm.sent = []
+    trajectory = await run("What is 2+3?", llm, None, AgentConfig(max_turns=3, max_context=8192))
+    assert len(trajectory.turns) == len(llm.sent) >= 2
+    for turn, messages in zip(trajectory.turns, llm.sent):
+        assert full_prompt(trajectory.turns, turn.index) == llm.render(messages)
+        assert len(turn.logprobs) == len(turn.completion_ids)
+
+
+def test_a_missing_model_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(LocalModelError, match="cannot load the folder"):
+        TransformersLLM(LLMConfig(model=str(tmp_path)))
+
+
+def test_ask_runs_the_model_in_process_end_to_end(tiny: Path, tmp_path: Path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "run.jsonl"
+    result = subprocess.run([str(Path(sys.executable).parent / "nanbeige"), "ask", "What is 2+3?", "--backend",
+                             "transformers", "--model", str(tiny), "--no-default-servers", "--max-turns", "2",
+                             "--max-tokens", "24", "--max-context", "8192", "--trajectory", str(path)],
+                            capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    assert "Traceback" not in result.stderr
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    turns = [r for r in records if r["type"] == "turn"]
+    assert records[-1]["type"] == "end" and records[-1]["stop_reason"] in ("max_turns", "answered", "format_errors")
+    assert turns and all(len(t["completion_ids"]) == len(t["logprobs"]) > 0 for t in turns)
+    assert turns[0]["prompt_keep"] == 0 and turns[0]["segment"] == 0
+
+
+def test_auto_backend_falls_back_to_the_in_process_model_only_without_an_explicit_server(tiny: Path,
+                                                                                          tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    nanbeige = str(Path(sys.executable).parent / "nanbeige")
+    env = {k: v for k, v in os.environ.items() if k != "NANBEIGE_BASE_URL"} | {"COLUMNS": "200"}
+    args = ["ask", "q", "--model", str(tiny), "--no-default-servers", "--max-turns", "1", "--max-tokens", "8",
+            "--max-context", "8192", "--trajectory", str(tmp_path / "t.jsonl")]
+    fallback = subprocess.run([nanbeige, *args, "--base-url", "http://127.0.0.1:9/v1"], capture_output=True,
+                              text=True, timeout=120, env=env)
+    assert fallback.returncode == 1 and "cannot reach the model server" in fallback.stderr  # named: no fallback
+    embedded = subprocess.run([nanbeige, *args], capture_output=True, text=True, timeout=120,
+                              env=env)
+    assert "running" in embedded.stderr and "in this process" in embedded.stderr, embedded.stderr

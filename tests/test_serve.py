@@ -1,0 +1,276 @@
+"""`nanbeige.agent.serve`: the vLLM command line, the availability check, and the server's lifecycle,
+run against a fake `vllm serve` (a small Python script) on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from nanbeige.agent import serve as serve_module
+from nanbeige.agent.serve import (
+    NO_GPU,
+    ServeConfig,
+    chat_template_file,
+    check_vllm_available,
+    serve,
+    server_url,
+    vllm_args,
+)
+
+# Parses the flags it needs and ignores the rest, like a real `vllm serve` would accept them;
+# `--fake-*` flags (passed as extra_args) choose how it behaves.
+FAKE_VLLM = r'''
+import argparse, json, os, signal, sys, threading, time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+parser = argparse.ArgumentParser()
+parser.add_argument("model")
+parser.add_argument("--host")
+parser.add_argument("--port", type=int)
+parser.add_argument("--chat-template")
+parser.add_argument("--fake-mode", default="serve")
+parser.add_argument("--fake-exit-after", type=float)
+parser.add_argument("--fake-record")
+args, _ = parser.parse_known_args()
+template = open(args.chat_template).read() if args.chat_template else None
+with open(args.fake_record, "w") as f:
+    json.dump({"pid": os.getpid(), "argv": sys.argv[1:], "template": template}, f)
+print("fake vllm: loading", args.model, flush=True)
+if args.fake_mode == "exit":
+    print("ValueError: fake vllm cannot load the weights", file=sys.stderr, flush=True)
+    sys.exit(3)
+if args.fake_mode == "stubborn":  # never listens, ignores SIGINT
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    while True:
+        time.sleep(0.1)
+time.sleep(0.3)
+
+
+class Models(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"object": "list", "data": [{"id": args.model, "object": "model"}]}).encode()
+        self.send_response(200 if self.path == "/v1/models" else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+server = HTTPServer((args.host, args.port), Models)
+if args.fake_exit_after:
+    threading.Timer(args.fake_exit_after, lambda: os._exit(4)).start()
+try:
+    server.serve_forever()
+except KeyboardInterrupt:
+    print("fake vllm: shutting down", flush=True)
+'''
+
+# `serve` in its own process, so that SIGINT is delivered as a terminal's Ctrl-C would be. The
+# handler is set explicitly: a process started from a non-interactive shell may inherit SIGINT ignored.
+SERVE_IN_CHILD = ("import json, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                  "from nanbeige.agent.serve import ServeConfig, serve; "
+                  "sys.exit(serve(ServeConfig(**json.loads(sys.argv[1]))))")
+DEFAULT_ARGS = ["vllm", "serve", "Nanbeige/Nanbeige4.1-3B", "--host", "127.0.0.1", "--port", "8000",
+                "--served-model-name", "Nanbeige/Nanbeige4.1-3B", "--max-model-len", "131072",
+                "--gpu-memory-utilization", "0.92", "--data-parallel-size", "1", "--enable-prefix-caching"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def fake_config(tmp_path: Path, *fake_args: str, **overrides: object) -> ServeConfig:
+    script = tmp_path / "fake_vllm.py"
+    script.write_text(FAKE_VLLM)
+    settings: dict[str, object] = {"port": free_port(), "vllm_command": [sys.executable, str(script)],
+                                   "extra_args": ["--fake-record", str(tmp_path / "fake.json"), *fake_args],
+                                   "startup_timeout_s": 20.0, "stop_grace_s": 5.0}
+    return ServeConfig(**(settings | overrides))  # type: ignore[arg-type]
+
+
+def fake_record(tmp_path: Path) -> dict:
+    return json.loads((tmp_path / "fake.json").read_text())
+
+
+def is_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def accepts_connections(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+# ---------------------------------------------------------------- command line
+
+
+def test_defaults_serve_the_deep_search_dialect_without_parsers() -> None:
+    assert vllm_args(ServeConfig()) == DEFAULT_ARGS
+
+
+def test_tool_call_dialect_adds_the_hermes_tool_parser_and_a_reasoning_parser() -> None:
+    args = vllm_args(ServeConfig(dialect="tool-call"))
+    assert args == DEFAULT_ARGS + ["--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+                                   "--reasoning-parser", "deepseek_r1"]
+    assert vllm_args(ServeConfig(dialect="tool-call", reasoning_parser=None))[-1] == "hermes"
+    assert vllm_args(ServeConfig(dialect="tool-call", reasoning_parser="qwen3"))[-2:] == ["--reasoning-parser", "qwen3"]
+
+
+def test_rl_template_and_extra_args_come_after_the_common_flags() -> None:
+    config = ServeConfig(model="/ckpt/step-100", port=9000, served_model_name="policy", data_parallel_size=4,
+                         enable_prefix_caching=False, chat_template=Path("search.jinja"), rl_logprobs=True,
+                         extra_args=["--max-num-seqs", "64", "--dtype", "bfloat16"], vllm_command=["my-vllm"])
+    assert vllm_args(config) == [
+        "my-vllm", "/ckpt/step-100", "--host", "127.0.0.1", "--port", "9000", "--served-model-name", "policy",
+        "--max-model-len", "131072", "--gpu-memory-utilization", "0.92", "--data-parallel-size", "4",
+        "--no-enable-prefix-caching", "--chat-template", "search.jinja", "--logprobs-mode", "processed_logprobs",
+        "--max-num-seqs", "64", "--dtype", "bfloat16"]
+
+
+def test_an_unknown_dialect_is_refused() -> None:
+    with pytest.raises(ValueError, match="mcp-xml, tool-call"):
+        vllm_args(ServeConfig(dialect="xml"))
+
+
+def test_the_url_of_a_wildcard_address_is_this_machine() -> None:
+    assert server_url(ServeConfig(port=1234)) == "http://127.0.0.1:1234/v1"
+    assert server_url(ServeConfig(host="0.0.0.0")) == "http://127.0.0.1:8000/v1"
+    assert server_url(ServeConfig(host="::")) == "http://[::1]:8000/v1"
+
+
+def test_the_template_of_a_tokenizer_config_is_written_to_a_file(tmp_path: Path) -> None:
+    config = tmp_path / "tokenizer_config_search.json"
+    config.write_text(json.dumps({"bos_token": "<|im_start|>", "chat_template": "{{ messages }}\n"}))
+    (tmp_path / "out").mkdir()
+    extracted = chat_template_file(config, tmp_path / "out")
+    assert extracted.name == "tokenizer_config_search.jinja" and extracted.read_text() == "{{ messages }}\n"
+    jinja = tmp_path / "search.jinja"
+    jinja.write_text("{{ x }}")
+    assert chat_template_file(jinja, tmp_path) == jinja
+    (tmp_path / "bad.json").write_text(json.dumps({"bos_token": "<s>"}))
+    with pytest.raises(ValueError, match="no `chat_template`"):
+        chat_template_file(tmp_path / "bad.json", tmp_path)
+    with pytest.raises(ValueError, match="does not exist"):
+        chat_template_file(tmp_path / "missing.jinja", tmp_path)
+
+
+# ---------------------------------------------------------------- availability
+
+
+def test_a_missing_vllm_is_one_line_naming_the_install_and_the_alternative() -> None:
+    problem = check_vllm_available(ServeConfig(vllm_command=["no-such-vllm-here", "serve"]))
+    assert problem is not None and "\n" not in problem
+    assert "no-such-vllm-here" in problem and "pip install 'nanbeige[serve]'" in problem and "nanbeige ask" in problem
+
+
+def test_no_gpu_is_a_problem_and_a_gpu_is_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = ServeConfig(vllm_command=[sys.executable])
+    monkeypatch.setattr(serve_module, "gpu_visible", lambda: False)
+    assert check_vllm_available(config) == NO_GPU
+    monkeypatch.setattr(serve_module, "gpu_visible", lambda: True)
+    assert check_vllm_available(config) is None
+
+
+def test_gpu_detection_runs_without_torch() -> None:
+    assert isinstance(serve_module.gpu_visible(), bool)
+    probe = "import sys; from nanbeige.agent.serve import gpu_visible; gpu_visible(); print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout == "False\n"
+
+
+# ---------------------------------------------------------------- lifecycle, against a fake server
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_serve_waits_for_the_server_prints_the_url_and_stops_it_on_a_signal(tmp_path: Path, signum: int,
+                                                                             code: int) -> None:
+    config = fake_config(tmp_path)
+    settings = {"port": config.port, "vllm_command": config.vllm_command, "extra_args": config.extra_args}
+    with open(tmp_path / "stderr.txt", "w+") as stderr:
+        process = subprocess.Popen([sys.executable, "-c", SERVE_IN_CHILD, json.dumps(settings)],
+                                   stdout=subprocess.PIPE, stderr=stderr, text=True)
+        lines = [process.stdout.readline() for _ in range(3)]  # type: ignore[union-attr]
+        url = f"http://127.0.0.1:{config.port}/v1"
+        assert lines == [f"{url}\n", f"NANBEIGE_BASE_URL={url}\n", "NANBEIGE_MODEL=Nanbeige/Nanbeige4.1-3B\n"]
+        assert httpx.get(f"{url}/models").json()["data"][0]["id"] == "Nanbeige/Nanbeige4.1-3B"
+        process.send_signal(signum)
+        assert process.wait(timeout=15) == code
+        stderr.seek(0)
+        output = stderr.read()
+    assert "fake vllm: loading" in output and "fake vllm: shutting down" in output  # passed through, stopped by SIGINT
+    assert not is_running(fake_record(tmp_path)["pid"]) and not accepts_connections(config.port)
+
+
+def test_serve_returns_the_server_exit_code_and_hands_it_the_extracted_template(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    template = tmp_path / "tokenizer_config_search.json"
+    template.write_text(json.dumps({"chat_template": "{% for m in messages %}{{ m.content }}{% endfor %}"}))
+    config = fake_config(tmp_path, "--fake-exit-after", "1.0", chat_template=template, served_model_name="nb")
+    messages: list[str] = []
+    assert serve(config, messages.append) == 4
+    url = f"http://127.0.0.1:{config.port}/v1"
+    assert capsys.readouterr().out == f"{url}\nNANBEIGE_BASE_URL={url}\nNANBEIGE_MODEL=nb\n"
+    record = fake_record(tmp_path)
+    assert record["template"] == "{% for m in messages %}{{ m.content }}{% endfor %}"
+    assert record["argv"][record["argv"].index("--served-model-name") + 1] == "nb"
+    assert any(m.startswith("ready at") for m in messages) and not any("warning" in m for m in messages)
+
+
+def test_a_server_that_exits_during_startup_fails_with_its_output(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    messages: list[str] = []
+    assert serve(fake_config(tmp_path, "--fake-mode", "exit"), messages.append) == 3
+    error = next(m for m in messages if m.startswith("error:"))
+    assert "exited with code 3 before it was ready" in error
+    assert "ValueError: fake vllm cannot load the weights" in error and "fake vllm: loading" in error
+    assert capsys.readouterr().out == ""  # no URL announced
+
+
+def test_a_server_that_never_answers_is_killed_after_the_timeout(tmp_path: Path) -> None:
+    config = fake_config(tmp_path, "--fake-mode", "stubborn", startup_timeout_s=1.0, stop_grace_s=0.5)
+    messages: list[str] = []
+    started = time.monotonic()
+    assert serve(config, messages.append) == 1
+    assert time.monotonic() - started < 8
+    assert any("did not answer" in m and "within 1 s" in m for m in messages)
+    assert any("killing it" in m for m in messages)
+    assert not is_running(fake_record(tmp_path)["pid"])
+
+
+def test_a_taken_port_or_a_missing_template_fails_before_starting(tmp_path: Path) -> None:
+    messages: list[str] = []
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        assert serve(fake_config(tmp_path, port=port), messages.append) == 1
+    assert messages == [f"error: something already listens on 127.0.0.1:{port}; choose another port"]
+    assert serve(fake_config(tmp_path, chat_template=tmp_path / "nope.jinja"), messages.append) == 2
+    assert messages[-1] == f"error: chat template {tmp_path / 'nope.jinja'} does not exist"
+    assert not (tmp_path / "fake.json").exists()
+
+
+def test_a_missing_vllm_fails_in_serve_too(tmp_path: Path) -> None:
+    messages: list[str] = []
+    assert serve(fake_config(tmp_path, vllm_command=["no-such-vllm-here", "serve"]), messages.append) == 1
+    assert "vLLM is not installed" in messages[-1]
