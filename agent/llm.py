@@ -90,6 +90,9 @@ class LLM(Protocol):
     """What the loop needs from a model backend."""
 
     config: LLMConfig
+    count_prompt: Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], int] | None
+    """Exact prompt size of (messages, tools) with the model's own tokenizer and chat template, when
+    the backend has them; None when only the server knows (its usage figures are used instead)."""
 
     async def complete(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, max_tokens: int | None = None
@@ -162,6 +165,7 @@ class OpenAIChat:
         self.http = httpx.AsyncClient(base_url=config.base_url.rstrip("/"), headers=headers, timeout=timeout,
                                       transport=transport)
         self.send_extras = True  # turned off for good if the server rejects vLLM's extra fields
+        self.count_prompt = None  # the server tokenizes; its usage figures say how much
 
     def request_body(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                      max_tokens: int | None) -> dict[str, Any]:
@@ -245,6 +249,7 @@ class ScriptedLLM:
     def __init__(self, replies: list[Reply], default: Reply | None = None, config: LLMConfig | None = None,
                  record: bool = True):
         self.config = config or LLMConfig(model="scripted")
+        self.count_prompt = None
         self.replies = list(replies)
         self.default = default
         self.record = record

@@ -54,6 +54,7 @@ class TransformersLLM:
         if not self.tokenizer.chat_template:
             raise LocalModelError(f"{config.model!r} has no chat template; the in-process backend needs one")
         self.stop_ids = self._stop_ids()
+        self.count_prompt = lambda messages, tools=None: len(self.render(messages, tools))
         self.lock = asyncio.Lock()  # one generation at a time: the model is not shared between threads
 
     def _stop_ids(self) -> list[int]:

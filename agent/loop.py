@@ -106,8 +106,7 @@ async def _turns(trajectory: Trajectory, llm: LLM, toolbox: Toolbox | None, conf
     tracker = TokenTracker()
     request_tools = dialects.request_tools(config.dialect, trajectory.tools)
     while True:
-        last = trajectory.turns[-1] if trajectory.turns else None
-        prompt_tokens = history.next_prompt_tokens(last)
+        prompt_tokens = _next_prompt_tokens(llm, history, trajectory, request_tools)
         if len(trajectory.turns) >= config.max_turns:
             trajectory.stop_reason = "max_turns"
         elif prompt_tokens + llm.config.max_tokens + config.context_reserve > config.max_context:
@@ -144,6 +143,15 @@ async def _turns(trajectory: Trajectory, llm: LLM, toolbox: Toolbox | None, conf
         if _format_errors_in_a_row(trajectory.turns) >= config.max_format_errors:
             trajectory.stop_reason = "format_errors"
             return
+
+
+def _next_prompt_tokens(llm: LLM, history: History, trajectory: Trajectory,
+                        tools: list[dict[str, Any]] | None) -> int:
+    """The next prompt's size: exact when the backend has the model's tokenizer, else the server's
+    last count plus an estimate of what was added since."""
+    if llm.count_prompt is not None:
+        return llm.count_prompt(history.messages, tools)
+    return history.next_prompt_tokens(trajectory.turns[-1] if trajectory.turns else None)
 
 
 async def _run_calls(turn: Turn, parsed: dialects.ParsedReply, earlier: list[Turn], toolbox: Toolbox | None,

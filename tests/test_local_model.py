@@ -109,3 +109,20 @@ def test_auto_backend_falls_back_to_the_in_process_model_only_without_an_explici
     embedded = subprocess.run([nanbeige, *args], capture_output=True, text=True, timeout=120,
                               env=env)
     assert "running" in embedded.stderr and "in this process" in embedded.stderr, embedded.stderr
+
+
+async def test_with_the_models_tokenizer_no_request_can_overflow_the_context(tiny: Path) -> None:
+    class Recording(TransformersLLM):
+        async def complete(self, messages, tools=None, max_tokens=None):  # noqa: ANN001, ANN201
+            self.requests.append((len(self.render(messages, tools)), max_tokens or self.config.max_tokens))
+            return await super().complete(messages, tools, max_tokens)
+
+    llm = Recording(LLMConfig(model=str(tiny), temperature=1.0, max_tokens=48))
+    llm.requests = []
+    # no reserve: only an exact count keeps every request inside the context
+    config = AgentConfig(max_turns=50, max_context=3000, context_reserve=0, keep_tool_results=-1,
+                         max_format_errors=100)  # a random model never gets the format right
+    trajectory = await run("What is 2+3? " * 10, llm, None, config)
+    assert trajectory.stop_reason == "context_limit"
+    for prompt_tokens, max_tokens in llm.requests:
+        assert prompt_tokens + max_tokens <= 3000  # the final-answer turn came before an overflow, never after
