@@ -58,11 +58,14 @@ def server_answers(base_url: str, api_key: str | None, timeout: float = 10.0) ->
     return None
 
 
-def make_llm(backend: str, explicit_url: bool, config: LLMConfig, gguf_file: str | None) -> LLM:
+def make_llm(backend: str, explicit_url: bool, config: LLMConfig, gguf_file: str | None,
+             token_mode: bool = False, chat_template: Path | None = None) -> LLM:
     """The model backend. `auto` uses a server at the default address when one answers and runs the
     model in-process otherwise; a server the user named that does not answer is an error."""
     from nanbeige.agent.llm import OpenAIChat
 
+    if token_mode:
+        return token_mode_llm(config, chat_template)
     if backend == "openai" or (backend == "auto" and explicit_url):
         problem = server_answers(config.base_url, config.api_key)
         if problem:
@@ -76,6 +79,21 @@ def make_llm(backend: str, explicit_url: bool, config: LLMConfig, gguf_file: str
         err.print(f"[yellow]no model server at {config.base_url}:[/] running {config.model} in this process "
                   "(start one with `nanbeige serve` for speed)", highlight=False)
     return load_local_model(config, gguf_file)
+
+
+def token_mode_llm(config: LLMConfig, chat_template: Path | None) -> LLM:
+    from nanbeige.agent.llm import ModelError
+    from nanbeige.agent.token_mode import TokenModeChat, load_tokenizer
+
+    problem = server_answers(config.base_url, config.api_key)
+    if problem:
+        fail(f"cannot reach the model server at {config.base_url} ({problem}); token mode needs a vLLM server: "
+             "start one with `nanbeige serve --rl-logprobs`")
+    try:
+        tokenizer, template = load_tokenizer(config.model, chat_template)
+        return TokenModeChat(config, tokenizer, template)
+    except (ModelError, OSError) as exc:
+        fail(str(exc))
 
 
 def load_local_model(config: LLMConfig, gguf_file: str | None) -> LLM:
@@ -119,6 +137,12 @@ def ask(
                                                   rich_help_panel=ADVANCED, show_default=False)] = None,
     gguf_file: Annotated[str | None, typer.Option(help="GGUF file inside --model, for the in-process backend.",
                                                   rich_help_panel=ADVANCED, show_default=False)] = None,
+    token_mode: Annotated[bool, typer.Option(help="Render prompts here with the model's tokenizer and send token "
+                                                  "ids to vLLM's /v1/completions (token-exact trajectories).",
+                                             rich_help_panel=ADVANCED)] = False,
+    chat_template: Annotated[Path | None, typer.Option(help="Chat template file for --token-mode (default: the "
+                                                            "tokenizer's).", rich_help_panel=ADVANCED,
+                                                       show_default=False)] = None,
 ) -> None:
     """Research a question with tools; print the answer."""
     from nanbeige.agent.llm import LLMConfig
@@ -140,7 +164,7 @@ def ask(
         fail(f"--max-tokens {max_tokens} leaves no room for a prompt in --max-context {max_context}", 2)
     specs = server_specs(mcp or [], not no_default_servers, llm_config)
     path = trajectory or default_trajectory_path()
-    llm = make_llm(backend, explicit_url, llm_config, gguf_file)
+    llm = make_llm(backend, explicit_url, llm_config, gguf_file, token_mode, chat_template)
     secrets = [api_key or "", *secrets_in_env()]
     writer = open_writer(path, secrets)
     if not specs:

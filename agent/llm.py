@@ -131,16 +131,22 @@ def _error_text(response: httpx.Response) -> str:
         return response.text[:500]
 
 
-def parse_completion(body: dict[str, Any], latency_s: float) -> Completion:
-    """Turn a `/chat/completions` response body into a Completion, keeping vLLM's token fields."""
+def parse_completion(body: dict[str, Any], latency_s: float, completions_api: bool = False) -> Completion:
+    """Turn a `/chat/completions` (or, with `completions_api`, a `/completions`) response body into a
+    Completion, keeping vLLM's token fields."""
     choice = body["choices"][0]
-    message = {"role": "assistant", "content": choice["message"].get("content") or ""}
-    for key in ("tool_calls", "reasoning", "reasoning_content"):
-        if choice["message"].get(key):
-            message[key] = choice["message"][key]
+    if completions_api:
+        message: dict[str, Any] = {"role": "assistant", "content": choice.get("text") or ""}
+    else:
+        message = {"role": "assistant", "content": choice["message"].get("content") or ""}
+        for key in ("tool_calls", "reasoning", "reasoning_content"):
+            if choice["message"].get(key):
+                message[key] = choice["message"][key]
     logprobs = None
     if (choice.get("logprobs") or {}).get("content"):
         logprobs = [entry["logprob"] for entry in choice["logprobs"]["content"]]
+    elif (choice.get("logprobs") or {}).get("token_logprobs"):
+        logprobs = list(choice["logprobs"]["token_logprobs"])
     usage = {k: v for k, v in (body.get("usage") or {}).items() if isinstance(v, int)}
     return Completion(
         message=message,
@@ -180,16 +186,17 @@ class OpenAIChat:
             body.update(VLLM_EXTRAS)
         return body
 
-    async def _post(self, content: bytes) -> httpx.Response:
+    async def _post(self, content: bytes, path: str) -> httpx.Response:
         try:
-            response = await self.http.post("/chat/completions", content=content)
+            response = await self.http.post(path, content=content)
         except httpx.ConnectError as exc:
             raise ModelUnreachable(f"cannot connect to {self.config.base_url}: {exc}") from exc
         if response.status_code in RETRY_STATUSES:
             raise _RetryableStatus(response)
         return response
 
-    async def _post_with_retries(self, body: dict[str, Any]) -> tuple[httpx.Response, float]:
+    async def _post_with_retries(self, body: dict[str, Any], path: str = "/chat/completions"
+                                 ) -> tuple[httpx.Response, float]:
         """The response and the seconds spent waiting for it (encoding the request is not counted)."""
         c = self.config
         retrying = AsyncRetrying(
@@ -203,7 +210,7 @@ class OpenAIChat:
         try:
             async for attempt in retrying:
                 with attempt:
-                    return await self._post(content), time.perf_counter() - started
+                    return await self._post(content, path), time.perf_counter() - started
         except _RetryableStatus as exc:
             raise ModelError(f"model server answered HTTP {exc.response.status_code}: "
                              f"{_error_text(exc.response)}") from None
@@ -220,14 +227,17 @@ class OpenAIChat:
             self.send_extras = False
             response, latency_s = await self._post_with_retries(self.request_body(messages, tools, max_tokens))
         if response.status_code != 200:
-            text = _error_text(response)
-            if response.status_code == 400 and "context" in text.lower() and "length" in text.lower():
-                raise ContextOverflow(text)
-            raise ModelError(f"model server answered HTTP {response.status_code}: {text}")
+            self.raise_for_answer(response)
         try:
             return parse_completion(orjson.loads(response.content), latency_s)
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
             raise ModelError(f"model server sent a reply that is not a chat completion: {exc!r}") from None
+
+    def raise_for_answer(self, response: httpx.Response) -> None:
+        text = _error_text(response)
+        if response.status_code == 400 and "context" in text.lower() and "length" in text.lower():
+            raise ContextOverflow(text)
+        raise ModelError(f"model server answered HTTP {response.status_code}: {text}")
 
     async def aclose(self) -> None:
         await self.http.aclose()

@@ -49,11 +49,14 @@ class FakeOpenAI:
     """Run with `with FakeOpenAI(replies) as server:`; `server.base_url` ends in /v1."""
 
     def __init__(self, replies: list[Reply | str] | Script, vllm: bool = False, reject_extras: bool = False,
-                 default: Reply | str | None = None):
+                 default: Reply | str | None = None, tokenize: Callable[[str], list[int]] | None = None,
+                 stop_id: int | None = None):
         self.replies = replies if callable(replies) else list(replies)
         self.default = default
         self.vllm = vllm
         self.reject_extras = reject_extras
+        self.tokenize = tokenize or tokens  # for /v1/completions: the model's tokenizer
+        self.stop_id = stop_id  # appended to token_ids when a completion stops, as vLLM does with EOS
         self.requests: list[dict[str, Any]] = []
         self.lock = threading.Lock()
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -100,6 +103,17 @@ class FakeOpenAI:
                                                "top_logprobs": []} for t in completion]}
         return body
 
+    def text_completion(self, request: dict[str, Any], reply: Reply) -> dict[str, Any]:
+        """A `/v1/completions` answer to a token-id prompt, with vLLM's token fields."""
+        completion = self.tokenize(reply.content)
+        if reply.finish_reason == "stop" and self.stop_id is not None:
+            completion = completion + [self.stop_id]
+        choice = {"index": 0, "text": reply.content, "finish_reason": reply.finish_reason, "token_ids": completion,
+                  "logprobs": {"token_logprobs": [-0.25] * len(completion), "tokens": [], "top_logprobs": None}}
+        return {"id": "cmpl-test", "object": "text_completion", "created": int(time.time()),
+                "model": request.get("model"), "choices": [choice], "prompt_token_ids": request["prompt"],
+                "usage": {"prompt_tokens": len(request["prompt"]), "completion_tokens": len(completion)}}
+
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         fake = self
 
@@ -138,8 +152,10 @@ class FakeOpenAI:
                 if reply.status != 200:
                     self._send(reply.status, reply.body or {"error": {"message": f"status {reply.status}"}},
                                reply.headers)
-                else:
+                elif self.path.endswith("/chat/completions"):
                     self._send(200, fake.completion(request, reply))
+                else:
+                    self._send(200, fake.text_completion(request, reply))
 
         return Handler
 

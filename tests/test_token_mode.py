@@ -1,0 +1,83 @@
+"""Token-exact mode: prompts rendered here with the model's tokenizer and template, sent as token ids to
+a loopback server speaking vLLM's `/v1/completions` fields, over a 50-turn run with keep-K rewriting."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mcp_test_server
+import pytest
+from fake_openai import FakeOpenAI, mcp_answer, mcp_call
+from tiny_model import make_tiny_model
+
+from nanbeige.agent.llm import LLMConfig
+from nanbeige.agent.loop import AgentConfig, run
+from nanbeige.agent.token_mode import TokenModeChat, load_tokenizer
+from nanbeige.agent.tokens import full_prompt, iter_prompts, rebuild_segments
+from nanbeige.agent.toolbox import ServerSpec, Toolbox
+from nanbeige.agent.trajectory import TrajectoryWriter, load_trajectories
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    folder = make_tiny_model(tmp_path_factory.mktemp("tiny"))
+    return load_tokenizer(str(folder))[0]
+
+
+async def run_token_mode(tokenizer, turns: int, keep: int, path: Path):  # noqa: ANN001, ANN201
+    replies = [mcp_call("testkit", "echo", {"text": f"finding {i}"}, thought=f"Step {i}.") for i in range(turns)]
+    stop_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    with FakeOpenAI([*replies, mcp_answer("done")], tokenize=lambda text: tokenizer(
+            text, add_special_tokens=False)["input_ids"], stop_id=stop_id) as server:
+        llm = TokenModeChat(LLMConfig(base_url=server.base_url, model="tiny"), tokenizer)
+        writer = TrajectoryWriter(path)
+        async with Toolbox([ServerSpec(name="testkit", server=mcp_test_server.server)]) as tools:
+            trajectory = await run("q", llm, tools, AgentConfig(keep_tool_results=keep, max_turns=turns + 5,
+                                                               max_context=10**6, date="2026-11-21"), writer)
+        writer.close()
+        await llm.aclose()
+    return trajectory, server.requests
+
+
+async def test_every_prompt_sent_is_rebuilt_exactly_from_the_trajectory(tokenizer, tmp_path: Path) -> None:  # noqa: ANN001
+    trajectory, requests = await run_token_mode(tokenizer, 50, 5, tmp_path / "run.jsonl")
+    [saved] = load_trajectories(tmp_path / "run.jsonl")
+    assert saved.answer == "done" and len(saved.turns) == len(requests) == 51
+    assert all(request["prompt"] == full_prompt(saved.turns, i) for i, request in enumerate(requests))
+    assert [turn.completion_ids for turn in saved.turns] == [turn.completion_ids for turn in trajectory.turns]
+    segments = rebuild_segments(saved.turns)
+    assert len(segments) > 40  # keep-5 rewrites the history: new segments start
+    assert sum(len(t.prompt_delta_ids) for t in saved.turns) < sum(len(r["prompt"]) for r in requests) / 4
+
+
+async def test_within_a_segment_completions_are_extended_verbatim(tokenizer, tmp_path: Path) -> None:  # noqa: ANN001
+    trajectory, requests = await run_token_mode(tokenizer, 8, -1, tmp_path / "run.jsonl")
+    assert {turn.segment for turn in trajectory.turns} == {0}  # nothing rewritten: one segment
+    for (turn, prompt), (_, next_prompt) in zip(iter_prompts(trajectory.turns), list(iter_prompts(trajectory.turns))[1:]):
+        assert next_prompt[:len(prompt) + len(turn.completion_ids)] == prompt + turn.completion_ids
+    assert len(requests) == 9
+
+
+def test_ask_in_token_mode_from_the_command_line(tmp_path: Path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    folder = make_tiny_model(tmp_path / "tiny")
+    tokenizer = load_tokenizer(str(folder))[0]
+    stop_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    with FakeOpenAI([mcp_answer("5")], tokenize=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
+                    stop_id=stop_id) as server:
+        result = subprocess.run([str(Path(sys.executable).parent / "nanbeige"), "ask", "What is 2+3?", "--token-mode",
+                                 "--base-url", server.base_url, "--model", str(folder), "--no-default-servers",
+                                 "--trajectory", str(tmp_path / "t.jsonl")], capture_output=True, text=True,
+                                timeout=120, env={**os.environ, "COLUMNS": "200"})
+    assert result.returncode == 0 and result.stdout == "5\n", result.stderr
+    [request] = server.requests
+    start = json.loads((tmp_path / "t.jsonl").read_text().splitlines()[0])
+    messages = [{"role": "system", "content": start["system_prompt"]}, {"role": "user", "content": start["user_message"]}]
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert request["prompt"] == tokenizer(text, add_special_tokens=False)["input_ids"]  # token ids, not text
