@@ -49,13 +49,20 @@ def default_trajectory_path() -> Path:
 
 
 def server_answers(base_url: str, api_key: str | None, timeout: float = 10.0) -> str | None:
-    """None when something answers at the model address, else what went wrong."""
+    """None when a model server answers at the address (a model list, or 401: up but wanting a key),
+    else what went wrong."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        httpx.get(base_url.rstrip("/") + "/models", headers=headers, timeout=timeout)
+        response = httpx.get(base_url.rstrip("/") + "/models", headers=headers, timeout=timeout)
     except httpx.HTTPError as exc:
         return type(exc).__name__
-    return None
+    if response.status_code == 401:
+        return None
+    try:
+        listed = response.status_code == 200 and isinstance(response.json().get("data"), list)
+    except ValueError:
+        listed = False
+    return None if listed else f"HTTP {response.status_code} from {base_url}/models: not an OpenAI-compatible server"
 
 
 def make_llm(backend: str, explicit_url: bool, config: LLMConfig, gguf_file: str | None,
@@ -64,6 +71,10 @@ def make_llm(backend: str, explicit_url: bool, config: LLMConfig, gguf_file: str
     model in-process otherwise; a server the user named that does not answer is an error."""
     from nanbeige.agent.llm import OpenAIChat
 
+    if token_mode and backend == "transformers":
+        fail("--token-mode talks to a vLLM server; the in-process backend records exact tokens by itself", 2)
+    if gguf_file and backend == "openai":
+        fail("--gguf-file is for the in-process backend (--backend transformers)", 2)
     if token_mode:
         return token_mode_llm(config, chat_template)
     if backend == "openai" or (backend == "auto" and explicit_url):
@@ -325,7 +336,7 @@ def server_command(
     name: Annotated[str, typer.Argument(help="search, scrape or python.")],
     transport: Annotated[str, typer.Option(help="stdio or http (streamable HTTP at /mcp).")] = "stdio",
     host: Annotated[str, typer.Option(help="Address to listen on (http).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on (http).")] = 8000,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on (http).")] = 8001,
 ) -> None:
     """Run one of the built-in MCP tool servers, for any MCP client. Settings come from the
     environment (see the README)."""

@@ -34,6 +34,13 @@ def _imports() -> tuple[Any, Any]:
     return torch, transformers
 
 
+def stop_ids(tokenizer: Any) -> list[int]:
+    """Token ids that end an assistant turn: the tokenizer's eos and the ChatML end-of-turn tokens."""
+    vocab = tokenizer.get_vocab()
+    ids = {tokenizer.eos_token_id} | {vocab[token] for token in END_OF_TURN if token in vocab}
+    return sorted(i for i in ids if i is not None)
+
+
 class TransformersLLM:
     """A model loaded once, in this process; `complete` runs generation in a worker thread."""
 
@@ -58,9 +65,7 @@ class TransformersLLM:
         self.lock = asyncio.Lock()  # one generation at a time: the model is not shared between threads
 
     def _stop_ids(self) -> list[int]:
-        ids = {self.tokenizer.eos_token_id} | {self.tokenizer.convert_tokens_to_ids(t) for t in END_OF_TURN
-                                               if t in self.tokenizer.get_vocab()}
-        return sorted(i for i in ids if i is not None)
+        return stop_ids(self.tokenizer)
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
         """The prompt token ids: the chat template rendered to text, then tokenized without adding
@@ -95,9 +100,12 @@ class TransformersLLM:
         ended = bool(completion_ids) and completion_ids[-1] in self.stop_ids
         text_ids = completion_ids[:-1] if ended else completion_ids
         content = self.tokenizer.decode(text_ids, skip_special_tokens=False)
+        cut = min((content.find(s) for s in c.stop if s in content), default=-1)
+        if cut >= 0:  # like a server: the text ends before the stop string
+            content, ended = content[:cut], True
         return Completion(
             message={"role": "assistant", "content": content},
-            finish_reason="stop" if ended or c.stop and any(s in content for s in c.stop) else "length",
+            finish_reason="stop" if ended else "length",
             usage={"prompt_tokens": len(prompt_ids), "completion_tokens": len(completion_ids)},
             prompt_ids=prompt_ids, completion_ids=completion_ids, logprobs=logprobs,
             latency_s=time.perf_counter() - started,

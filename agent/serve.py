@@ -106,6 +106,9 @@ def vllm_args(config: ServeConfig) -> list[str]:
         "--host", config.host,
         "--port", str(config.port),
         "--served-model-name", config.served_model_name or config.model,
+        "--dtype", "bfloat16",
+        # sampling comes only from our requests, not the repository's generation defaults
+        "--generation-config", "vllm",
         "--max-model-len", str(config.max_model_len),
         "--gpu-memory-utilization", str(config.gpu_memory_utilization),
         "--data-parallel-size", str(config.data_parallel_size),

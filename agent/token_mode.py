@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from nanbeige.agent.llm import Completion, LLMConfig, ModelError, OpenAIChat, parse_completion
+from nanbeige.agent.local import stop_ids
 
 
 class TokenModeChat(OpenAIChat):
@@ -27,8 +28,7 @@ class TokenModeChat(OpenAIChat):
         self.chat_template = chat_template or tokenizer.chat_template
         if not self.chat_template:
             raise ModelError("token mode needs a chat template: the tokenizer has none; pass --chat-template")
-        self.stop_ids = sorted({tokenizer.eos_token_id} | {tokenizer.convert_tokens_to_ids(t) for t in
-                                                            ("<|im_end|>",) if t in tokenizer.get_vocab()})
+        self.stop_ids = stop_ids(tokenizer)
         self.previous: tuple[list[dict[str, Any]], list[int], list[int]] | None = None  # messages, prompt, completion
         self.count_prompt = lambda messages, tools=None: len(self.prompt_ids(messages, tools))
 

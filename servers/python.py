@@ -5,7 +5,7 @@ interpreter behind MiroThinker's server); the work is done by `nanbeige.tools.sa
 E2B_API_KEY is set (`sandbox_e2b`), else on this machine (`sandbox_local`, which describes the
 limits; `sandbox.SandboxConfig` lists their variables).
 
-    python -m nanbeige.servers.python [--transport stdio|http] [--host 127.0.0.1] [--port 8000]
+    python -m nanbeige.servers.python [--transport stdio|http] [--host 127.0.0.1] [--port 8001]
 
 Sandboxes are closed when the server stops (stdin closed, SIGTERM, Ctrl-C). Logs go to stderr;
 stdout carries the stdio protocol.
@@ -173,7 +173,7 @@ def build_server(boxes: Sandboxes | None = None) -> MCPServer:
     return server
 
 
-def serve(transport: str = "stdio", host: str = "127.0.0.1", port: int = 8000) -> None:
+def serve(transport: str = "stdio", host: str = "127.0.0.1", port: int = 8001) -> None:
     """Runs the server until stdin closes (stdio) or it is stopped, then closes every sandbox."""
     boxes = Sandboxes(config_from_env())
     server = build_server(boxes)
@@ -202,7 +202,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m nanbeige.servers.python", description=__doc__.split("\n")[0])
     parser.add_argument("--transport", choices=["stdio", "http"], default="stdio")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--port", type=int, default=8001)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     serve(args.transport, args.host, args.port)

@@ -1,6 +1,6 @@
 """MCP server `jina_scrape_llm_summary`: scrape a page and extract information from it.
 
-    python -m nanbeige.servers.scrape [--transport stdio|http] [--host 127.0.0.1] [--port 8000]
+    python -m nanbeige.servers.scrape [--transport stdio|http] [--host 127.0.0.1] [--port 8001]
 
 Configured by environment variables: NANBEIGE_SCRAPE_BACKEND, JINA_API_KEY, JINA_BASE_URL,
 NANBEIGE_SUMMARY_BASE_URL / _MODEL / _API_KEY, NANBEIGE_ALLOW_PRIVATE_URLS, NANBEIGE_ALLOWED_HOSTS.
@@ -49,7 +49,7 @@ def build_server(config: ScrapeConfig | None = None) -> MCPServer:
     return server
 
 
-def serve(transport: str = "stdio", host: str = "127.0.0.1", port: int = 8000) -> None:
+def serve(transport: str = "stdio", host: str = "127.0.0.1", port: int = 8001) -> None:
     server = build_server()
     if transport == "http":
         server.run("streamable-http", host=host, port=port)
@@ -61,7 +61,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--transport", choices=["stdio", "http"], default="stdio")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--port", type=int, default=8001)
     args = parser.parse_args()
     serve(args.transport, args.host, args.port)
 

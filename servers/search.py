@@ -4,7 +4,7 @@ The backend (Serper, SearXNG or a local index) comes from the environment; see
 `nanbeige.tools.search`. Run it as
 
     python -m nanbeige.servers.search                      # stdio
-    python -m nanbeige.servers.search --transport http --port 8000
+    python -m nanbeige.servers.search --transport http --port 8001
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def build_server(config: SearchConfig | None = None) -> MCPServer:
     return server
 
 
-def serve(transport: str = "stdio", host: str = "127.0.0.1", port: int = 8000) -> None:
+def serve(transport: str = "stdio", host: str = "127.0.0.1", port: int = 8001) -> None:
     """Run the server until its client goes away (stdio) or it is interrupted (http)."""
     server = build_server()
     if transport == "stdio":
@@ -90,7 +90,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m nanbeige.servers.search", description=__doc__.splitlines()[0])
     parser.add_argument("--transport", choices=("stdio", "http"), default="stdio")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (http only)")
-    parser.add_argument("--port", type=int, default=8000, help="port to listen on (http only)")
+    parser.add_argument("--port", type=int, default=8001, help="port to listen on (http only)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")  # stderr
     serve(args.transport, args.host, args.port)

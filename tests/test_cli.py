@@ -206,3 +206,12 @@ def test_a_built_in_server_over_streamable_http(tmp_path: Path) -> None:
 def test_serve_without_vllm_names_the_alternatives(tmp_path: Path) -> None:
     result = nanbeige("serve", env={"PATH": str(tmp_path)})  # no `vllm` anywhere on PATH
     assert_one_line_error(result, "vLLM is not installed", "nanbeige[serve]", "in-process model")
+
+
+def test_something_that_is_not_a_model_server_is_not_taken_for_one(tmp_path: Path) -> None:
+    from fake_site import Site
+
+    with Site() as site:  # answers HTTP, but 404 for /v1/models
+        result = nanbeige("ask", "q", "--base-url", site.url("/v1"), "--trajectory", str(tmp_path / "t.jsonl"))
+    assert_one_line_error(result, "not an OpenAI-compatible server")
+    assert_one_line_error(nanbeige("ask", "q", "--token-mode", "--backend", "transformers"), "--token-mode")

@@ -164,3 +164,32 @@ async def test_the_server_as_a_stdio_subprocess() -> None:
                                                                         "info_to_extract": "Phobos"})
     assert tool.name == "scrape_and_extract_info" and set(tool.input_schema["required"]) == {"url", "info_to_extract"}
     assert "7 hours and 39 minutes" in json.loads(result.content[0].text)["extracted_info"]
+
+
+async def test_the_reader_prefix_and_ipv6_translation_ranges_do_not_get_round_the_guard() -> None:
+    async def resolve(host: str) -> list[str]:
+        return {"nat64.test": ["64:ff9b::a9fe:a9fe"], "sixtofour.test": ["2002:7f00:1::"]}.get(host) or \
+            await resolve_host(host)
+
+    policy = FetchPolicy(resolve=resolve)
+    for target in ("http://nat64.test/", "http://sixtofour.test/", "http://[::7f00:1]/", "http://[::ffff:0:7f00:1]/"):
+        with pytest.raises(BlockedAddress):
+            await fetch_direct(target, policy)
+    with Site() as site:
+        cfg = ScrapeConfig(backend="jina", jina_api_key="k", jina_base_url=site.url("/jina"), policy=policy)
+        with pytest.raises(BlockedAddress):
+            await scrape_and_extract_info("https://r.jina.ai/http://10.0.0.5/admin", "x", None, cfg)
+        with pytest.raises(FetchError, match="Hugging Face"):
+            await scrape_and_extract_info("https://HuggingFace.co/datasets/a/b", "x", None, cfg)
+    assert site.requests == []  # nothing reached the reader
+
+
+async def test_the_models_headers_never_replace_the_reader_key() -> None:
+    async def resolve(host: str) -> list[str]:
+        return ["93.184.216.34"]
+
+    with Site() as site, FakeOpenAI(extractor) as model:
+        cfg = config(model.base_url, backend="jina", jina_api_key="jina-key", jina_base_url=site.url("/jina"))
+        cfg.policy = FetchPolicy(resolve=resolve)
+        await scrape_and_extract_info("https://example.org/mars", "moons", {"Authorization": "Bearer other"}, cfg)
+    assert site.requests[0][1]["Authorization"] == "Bearer jina-key"

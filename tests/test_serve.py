@@ -83,7 +83,8 @@ SERVE_IN_CHILD = ("import json, signal, sys; signal.signal(signal.SIGINT, signal
                   "from nanbeige.agent.serve import ServeConfig, serve; "
                   "sys.exit(serve(ServeConfig(**json.loads(sys.argv[1]))))")
 DEFAULT_ARGS = ["vllm", "serve", "Nanbeige/Nanbeige4.1-3B", "--host", "127.0.0.1", "--port", "8000",
-                "--served-model-name", "Nanbeige/Nanbeige4.1-3B", "--max-model-len", "131072",
+                "--served-model-name", "Nanbeige/Nanbeige4.1-3B", "--dtype", "bfloat16", "--generation-config", "vllm",
+                "--max-model-len", "131072",
                 "--gpu-memory-utilization", "0.92", "--data-parallel-size", "1", "--enable-prefix-caching"]
 
 
@@ -140,12 +141,12 @@ def test_tool_call_dialect_adds_the_hermes_tool_parser_and_a_reasoning_parser() 
 def test_rl_template_and_extra_args_come_after_the_common_flags() -> None:
     config = ServeConfig(model="/ckpt/step-100", port=9000, served_model_name="policy", data_parallel_size=4,
                          enable_prefix_caching=False, chat_template=Path("search.jinja"), rl_logprobs=True,
-                         extra_args=["--max-num-seqs", "64", "--dtype", "bfloat16"], vllm_command=["my-vllm"])
+                         extra_args=["--max-num-seqs", "64"], vllm_command=["my-vllm"])
     assert vllm_args(config) == [
         "my-vllm", "/ckpt/step-100", "--host", "127.0.0.1", "--port", "9000", "--served-model-name", "policy",
-        "--max-model-len", "131072", "--gpu-memory-utilization", "0.92", "--data-parallel-size", "4",
+        "--dtype", "bfloat16", "--generation-config", "vllm", "--max-model-len", "131072", "--gpu-memory-utilization", "0.92", "--data-parallel-size", "4",
         "--no-enable-prefix-caching", "--chat-template", "search.jinja", "--logprobs-mode", "processed_logprobs",
-        "--max-num-seqs", "64", "--dtype", "bfloat16"]
+        "--max-num-seqs", "64"]
 
 
 def test_an_unknown_dialect_is_refused() -> None:

@@ -42,10 +42,19 @@ async def resolve_host(host: str) -> list[str]:
     return list(dict.fromkeys(info[4][0] for info in infos))
 
 
+# IPv6 ranges that carry an IPv4 address (NAT64, 6to4, IPv4-compatible, SIIT): through a
+# translator they can reach any IPv4 host, private ones included, so they are never "public".
+EMBEDDED_IPV4 = [ipaddress.ip_network(n) for n in ("64:ff9b::/96", "64:ff9b:1::/48", "2002::/16", "::/96",
+                                                   "::ffff:0:0:0/96")]
+
+
 def is_public(address: str) -> bool:
     ip = ipaddress.ip_address(address.split("%")[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
-        ip = ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped:
+            ip = ip.ipv4_mapped
+        elif any(ip in network for network in EMBEDDED_IPV4):
+            return False
     return ip.is_global and not ip.is_multicast
 
 
@@ -100,8 +109,13 @@ class _GuardedBackend(httpcore.AsyncNetworkBackend):
 
     async def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
                           socket_options: Iterable | None = None) -> httpcore.AsyncNetworkStream:
-        addresses = await self.policy.addresses(host)
-        return await self.inner.connect_tcp(addresses[0], port, timeout, local_address, socket_options)
+        failure: Exception | None = None
+        for address in await self.policy.addresses(host):  # all checked; try each, as a browser does
+            try:
+                return await self.inner.connect_tcp(address, port, timeout, local_address, socket_options)
+            except httpcore.ConnectError as exc:
+                failure = exc
+        raise failure or httpcore.ConnectError(f"no address for {host}")
 
     async def connect_unix_socket(self, *args: object, **kwargs: object) -> httpcore.AsyncNetworkStream:
         raise BlockedAddress("refused: unix sockets cannot be fetched")

@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
@@ -86,11 +87,22 @@ def _retrying(config: ScrapeConfig, attempts: int) -> AsyncRetrying:
                          wait=wait_exponential(multiplier=config.retry_wait_s, max=8))
 
 
+def strip_reader_prefix(url: str) -> str:
+    """The model sometimes prefixes the reader's own address; the page is what follows it."""
+    return re.sub(r"^(https?://r\.jina\.ai/)+", "", url.strip(), flags=re.IGNORECASE)
+
+
+def blocked_link(url: str) -> bool:
+    parts = urlsplit(url.lower())
+    host = (parts.hostname or "").removeprefix("www.")
+    return any(f"{host}{parts.path}".startswith(blocked) for blocked in BLOCKED_LINKS)
+
+
 async def fetch_jina(url: str, config: ScrapeConfig, headers: dict[str, str] | None = None) -> Page:
     """Fetch a page through Jina Reader (markdown). Setup problems raise ScrapeError; the rest FetchError."""
-    url = re.sub(r"^(https?://r\.jina\.ai/)+", "", url)  # the model sometimes prefixes the reader itself
-    request_headers = {"Authorization": f"Bearer {config.jina_api_key}", "X-Return-Format": "markdown",
-                       **(headers or {})}
+    # The model's headers go to the page, not to the reader: they must never replace our key.
+    request_headers = {**(headers or {}), "Authorization": f"Bearer {config.jina_api_key}",
+                       "X-Return-Format": "markdown"}
     timeout = httpx.Timeout(60.0, connect=20.0)
     try:
         async with httpx.AsyncClient(timeout=timeout, verify=ssl_context()) as client:
@@ -114,6 +126,7 @@ async def fetch_jina(url: str, config: ScrapeConfig, headers: dict[str, str] | N
 
 async def fetch_page(url: str, config: ScrapeConfig, headers: dict[str, str] | None = None) -> Page:
     """The page as text, by the configured backend; Jina failures fall back to a direct fetch."""
+    url = strip_reader_prefix(url)
     host = check_url(url)
     await config.policy.addresses(host)  # refuse private targets whichever backend fetches them
     if config.backend != "jina":
@@ -197,7 +210,7 @@ async def scrape_and_extract_info(url: str, info_to_extract: str, custom_headers
                                   config: ScrapeConfig) -> dict[str, Any]:
     """Scrape `url` and extract `info_to_extract` from it: the result object the model expects.
     Raises FetchError (the page) or ScrapeError (setup or extraction) with a readable message."""
-    if any(blocked in url for blocked in BLOCKED_LINKS):
+    if blocked_link(strip_reader_prefix(url)):
         raise FetchError("Hugging Face dataset and space pages cannot be scraped here; look for the information "
                          "on another page")
     page = await fetch_page(url, config, custom_headers)
