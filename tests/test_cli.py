@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import TEST_SERVER
+from conftest import TEST_SERVER, free_port, wait_for_http
 from fake_openai import FakeOpenAI, Reply, mcp_answer, mcp_call
 
 NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
@@ -175,22 +175,14 @@ def test_a_built_in_server_runs_for_any_mcp_client(tmp_path: Path) -> None:
 
 def test_a_built_in_server_over_streamable_http(tmp_path: Path) -> None:
     import anyio
-    import httpx
     import mcp
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     process = subprocess.Popen([NANBEIGE, "server", "python", "--transport", "http", "--port", str(port)],
-                               stderr=subprocess.PIPE, text=True,
+                               stderr=open(tmp_path / "server.err", "w"),
                                env={**os.environ, "NANBEIGE_SANDBOX_DIR": str(tmp_path / "boxes")})
     try:
-        for _ in range(100):
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/mcp", timeout=0.5)
-                break
-            except httpx.TransportError:
-                time.sleep(0.1)
+        wait_for_http(f"http://127.0.0.1:{port}/mcp")
 
         async def run_code() -> str:
             async with mcp.Client(f"http://127.0.0.1:{port}/mcp") as client:

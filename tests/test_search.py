@@ -4,13 +4,13 @@ the MCP server in process and as a stdio subprocess."""
 from __future__ import annotations
 
 import json
-import socket
 import sys
 import time
 from pathlib import Path
 
 import mcp
 import pytest
+from conftest import free_port
 
 from nanbeige.servers.search import build_server
 from nanbeige.tools.index import build_index
@@ -48,10 +48,6 @@ def searxng(api: FakeSearXNG, tmp_path: Path) -> SearchConfig:
     return SearchConfig(searxng_url=api.url, index_dir=tmp_path / "none", retry_wait_s=0.01, max_attempts=3)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------- Serper

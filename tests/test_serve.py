@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import free_port
 
 from nanbeige.agent import serve as serve_module
 from nanbeige.agent.serve import (
@@ -88,10 +89,6 @@ DEFAULT_ARGS = ["vllm", "serve", "Nanbeige/Nanbeige4.1-3B", "--host", "127.0.0.1
                 "--gpu-memory-utilization", "0.92", "--data-parallel-size", "1", "--enable-prefix-caching"]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def fake_config(tmp_path: Path, *fake_args: str, **overrides: object) -> ServeConfig:

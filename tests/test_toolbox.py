@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
-from conftest import TEST_SERVER
+from conftest import TEST_SERVER, free_port, wait_for_http
 
 from nanbeige.agent.toolbox import ServerSpec, Toolbox, ToolboxError, parse_server_spec, passed_env
 from nanbeige.agent.trajectory import ToolCall
@@ -130,22 +128,11 @@ async def test_a_server_that_cannot_start_is_a_clear_error() -> None:
             pass
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 async def test_streamable_http_server_by_url(tmp_path: Path) -> None:
     port = free_port()
     process = subprocess.Popen([*TEST_SERVER, "--http", str(port)], stderr=open(tmp_path / "err", "w"))
     try:
-        for _ in range(100):
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/mcp", timeout=0.5)
-                break
-            except httpx.TransportError:
-                time.sleep(0.1)
+        wait_for_http(f"http://127.0.0.1:{port}/mcp")
         spec = parse_server_spec(f"remote=http://127.0.0.1:{port}/mcp")
         async with Toolbox([spec]) as toolbox:
             result = await toolbox.call(ToolCall("remote", "add", {"a": 1, "b": 2}))
