@@ -31,6 +31,7 @@ class TokenModeChat(OpenAIChat):
         self.stop_ids = stop_ids(tokenizer)
         self.previous: tuple[list[dict[str, Any]], list[int], list[int]] | None = None  # messages, prompt, completion
         self.count_prompt = lambda messages, tools=None: len(self.prompt_ids(messages, tools))
+        self._last: tuple[tuple[int, ...], list[int]] | None = None  # the loop counts a prompt, then sends it
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                generation_prompt: bool = True) -> str:
@@ -41,8 +42,15 @@ class TokenModeChat(OpenAIChat):
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
-        """The next prompt: the previous ids extended verbatim when the history only grew, else the
-        whole conversation rendered and tokenized afresh."""
+        """The next prompt (computed once for the same messages: they are replaced, never mutated)."""
+        key = (len(messages), id(messages[-1]), id(tools), id(self.previous))
+        if self._last is None or self._last[0] != key:
+            self._last = (key, self._prompt_ids(messages, tools))
+        return self._last[1]
+
+    def _prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+        """The previous ids extended verbatim when the history only grew, else the whole conversation
+        rendered and tokenized afresh."""
         text = self.render(messages, tools)
         if self.previous is None:
             return self.encode(text)
