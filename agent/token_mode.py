@@ -29,9 +29,10 @@ class TokenModeChat(OpenAIChat):
         if not self.chat_template:
             raise ModelError("token mode needs a chat template: the tokenizer has none; pass --chat-template")
         self.stop_ids = stop_ids(tokenizer)
-        self.previous: tuple[list[dict[str, Any]], list[int], list[int]] | None = None  # messages, prompt, completion
+        # the last request: its messages, its rendered text, its prompt ids, the completion ids sampled
+        self.previous: tuple[list[dict[str, Any]], str, list[int], list[int]] | None = None
         self.count_prompt = lambda messages, tools=None: len(self.prompt_ids(messages, tools))
-        self._last: tuple[tuple[int, ...], list[int]] | None = None  # the loop counts a prompt, then sends it
+        self._last: tuple[tuple[int, ...], list[int], str] | None = None  # the loop counts a prompt, then sends it
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                generation_prompt: bool = True) -> str:
@@ -45,21 +46,21 @@ class TokenModeChat(OpenAIChat):
         """The next prompt (computed once for the same messages: they are replaced, never mutated)."""
         key = (len(messages), id(messages[-1]), id(tools), id(self.previous))
         if self._last is None or self._last[0] != key:
-            self._last = (key, self._prompt_ids(messages, tools))
+            text = self.render(messages, tools)
+            self._last = (key, self._prompt_ids(messages, tools, text), text)
         return self._last[1]
 
-    def _prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+    def _prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, text: str) -> list[int]:
         """The previous ids extended verbatim when the history only grew, else the whole conversation
         rendered and tokenized afresh."""
-        text = self.render(messages, tools)
         if self.previous is None:
             return self.encode(text)
-        sent_messages, prompt, completion = self.previous
+        sent_messages, sent_text, prompt, completion = self.previous
         n = len(sent_messages)
         if messages[:n] != sent_messages or len(messages) <= n:
             return self.encode(text)
         # What the previous prompt + completion ids stand for, and how the template renders that turn.
-        sampled = self.render(sent_messages, tools) + self.tokenizer.decode(completion, skip_special_tokens=False)
+        sampled = sent_text + self.tokenizer.decode(completion, skip_special_tokens=False)
         after_turn = self.render(messages[:n + 1], tools, generation_prompt=False)
         if not (after_turn.startswith(sampled) and text.startswith(after_turn)):
             return self.encode(text)  # the history was rewritten (or the template is not prefix-preserving)
@@ -90,7 +91,8 @@ class TokenModeChat(OpenAIChat):
         if completion.completion_ids is None:
             raise ModelError("the server did not return token ids: token mode needs vLLM (return_token_ids)")
         completion.prompt_ids = prompt  # what was sent, exactly
-        self.previous = (list(messages), prompt, completion.completion_ids)
+        assert self._last is not None
+        self.previous = (list(messages), self._last[2], prompt, completion.completion_ids)
         return completion
 
 

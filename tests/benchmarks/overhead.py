@@ -41,16 +41,30 @@ SERVER = "tests/mcp_test_server.py"
 TARGET_MS = 2.0
 
 
-def serve(turns: int, vllm: bool, conn) -> None:
+def tokenizer_of(folder: str | None):
+    """The tiny test model's real tokenizer, for --token-mode (None otherwise)."""
+    if folder is None:
+        return None
+    from nanbeige.agent.token_mode import load_tokenizer
+    return load_tokenizer(folder)[0]
+
+
+def serve(turns: int, vllm: bool, tokenizer_folder: str | None, conn) -> None:
     """Child process: a FakeOpenAI whose model calls echo until turn `turns`, then answers."""
+    count = iter(range(1, 10**9))
+
     def reply(request):
         server.requests.clear()  # the fake keeps every request otherwise: O(turns^2) memory
-        turn = 1 + sum(m["role"] == "assistant" for m in request["messages"])
+        turn = next(count)  # one request per turn (token-mode requests carry ids, not messages)
         if turn >= turns:
             return mcp_answer("done")
         return mcp_call("testkit", "echo", {"text": f"probe number {turn}"}, thought=f"Step {turn}: check again.")
 
-    with FakeOpenAI(reply, vllm=vllm) as server:
+    tokenizer = tokenizer_of(tokenizer_folder)
+    options = {} if tokenizer is None else {
+        "tokenize": lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
+        "stop_id": tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    with FakeOpenAI(reply, vllm=vllm, **options) as server:
         conn.send(server.base_url)
         conn.recv()  # until the parent says stop
 
@@ -67,7 +81,8 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def measure(base_url: str, turns: int, keep: int, path: Path) -> tuple[list[float], dict]:
+async def measure(base_url: str, turns: int, keep: int, path: Path,
+                  tokenizer_folder: str | None = None) -> tuple[list[float], dict]:
     marks: list[tuple[str, float]] = []
     steady: dict[str, int] = {}  # RSS and file size once the run has warmed up (turn 100)
 
@@ -77,7 +92,12 @@ async def measure(base_url: str, turns: int, keep: int, path: Path) -> tuple[lis
         if kind == "turn" and data.index == min(99, turns // 6):
             steady.update(rss=rss_kib(), file=path.stat().st_size, turn=data.index + 1)
 
-    llm = OpenAIChat(LLMConfig(base_url=base_url, model="fake-model"))
+    config = LLMConfig(base_url=base_url, model="fake-model")
+    if tokenizer_folder:
+        from nanbeige.agent.token_mode import TokenModeChat
+        llm = TokenModeChat(config, tokenizer_of(tokenizer_folder))
+    else:
+        llm = OpenAIChat(config)
     writer = TrajectoryWriter(path)
     spec = ServerSpec(name="testkit", command=[sys.executable, SERVER])
     config = AgentConfig(max_turns=turns + 1, max_context=10**9, keep_tool_results=keep)
@@ -137,19 +157,26 @@ def main() -> None:
     parser.add_argument("--keep", type=int, default=AgentConfig.keep_tool_results,
                         help="keep_tool_results of the run (default: AgentConfig's; -1 = all)")
     parser.add_argument("--vllm", action="store_true", help="the server returns vLLM's token ids and logprobs")
+    parser.add_argument("--token-mode", action="store_true",
+                        help="token-exact mode (/v1/completions with token ids), with a tiny model's real tokenizer")
     args = parser.parse_args()
-    parent, child = multiprocessing.Pipe()
-    process = multiprocessing.Process(target=serve, args=(args.turns, args.vllm, child), daemon=True)
-    process.start()
-    try:
-        base_url = parent.recv()
-        with tempfile.TemporaryDirectory() as tmp:
-            overhead, extra = asyncio.run(measure(base_url, args.turns, args.keep, Path(tmp) / "run.jsonl"))
-    finally:
-        parent.send("stop")
-        process.join(5)
-    print(f"runtime overhead per turn, {args.turns} turns, keep_tool_results={args.keep}, "
-          f"{'vLLM token fields' if args.vllm else 'plain OpenAI server'}")
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = None
+        if args.token_mode:
+            from tiny_model import make_tiny_model
+            folder = str(make_tiny_model(Path(tmp) / "tiny"))
+        parent, child = multiprocessing.Pipe()
+        process = multiprocessing.Process(target=serve, args=(args.turns, args.vllm, folder, child), daemon=True)
+        process.start()
+        try:
+            base_url = parent.recv()
+            overhead, extra = asyncio.run(measure(base_url, args.turns, args.keep, Path(tmp) / "run.jsonl", folder))
+        finally:
+            parent.send("stop")
+            process.join(5)
+    mode = "token mode (tiny model's tokenizer)" if args.token_mode else \
+        "vLLM token fields" if args.vllm else "plain OpenAI server"
+    print(f"runtime overhead per turn, {args.turns} turns, keep_tool_results={args.keep}, {mode}")
     report(overhead, extra)
 
 
