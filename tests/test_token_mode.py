@@ -4,6 +4,7 @@ a loopback server speaking vLLM's `/v1/completions` fields, over a 50-turn run w
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import mcp_test_server
 import pytest
@@ -15,18 +16,18 @@ from nanbeige.agent.loop import AgentConfig, run
 from nanbeige.agent.token_mode import TokenModeChat, load_tokenizer
 from nanbeige.agent.tokens import full_prompt, iter_prompts, rebuild_segments
 from nanbeige.agent.toolbox import ServerSpec, Toolbox
-from nanbeige.agent.trajectory import TrajectoryWriter, load_trajectories
+from nanbeige.agent.trajectory import Trajectory, TrajectoryWriter, load_trajectories
 
 pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
     folder = make_tiny_model(tmp_path_factory.mktemp("tiny"))
     return load_tokenizer(str(folder))[0]
 
 
-async def run_token_mode(tokenizer, turns: int, keep: int, path: Path):  # noqa: ANN001, ANN201
+async def run_token_mode(tokenizer: Any, turns: int, keep: int, path: Path) -> tuple[Trajectory, list[dict]]:
     replies = [mcp_call("testkit", "echo", {"text": f"finding {i}"}, thought=f"Step {i}.") for i in range(turns)]
     stop_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
     with FakeOpenAI([*replies, mcp_answer("done")], tokenize=lambda text: tokenizer(
@@ -41,7 +42,7 @@ async def run_token_mode(tokenizer, turns: int, keep: int, path: Path):  # noqa:
     return trajectory, server.requests
 
 
-async def test_every_prompt_sent_is_rebuilt_exactly_from_the_trajectory(tokenizer, tmp_path: Path) -> None:  # noqa: ANN001
+async def test_every_prompt_sent_is_rebuilt_exactly_from_the_trajectory(tokenizer: Any, tmp_path: Path) -> None:
     trajectory, requests = await run_token_mode(tokenizer, 50, 5, tmp_path / "run.jsonl")
     [saved] = load_trajectories(tmp_path / "run.jsonl")
     assert saved.answer == "done" and len(saved.turns) == len(requests) == 51
@@ -52,7 +53,7 @@ async def test_every_prompt_sent_is_rebuilt_exactly_from_the_trajectory(tokenize
     assert sum(len(t.prompt_delta_ids) for t in saved.turns) < sum(len(r["prompt"]) for r in requests) / 4
 
 
-async def test_within_a_segment_completions_are_extended_verbatim(tokenizer, tmp_path: Path) -> None:  # noqa: ANN001
+async def test_within_a_segment_completions_are_extended_verbatim(tokenizer: Any, tmp_path: Path) -> None:
     trajectory, requests = await run_token_mode(tokenizer, 8, -1, tmp_path / "run.jsonl")
     assert {turn.segment for turn in trajectory.turns} == {0}  # nothing rewritten: one segment
     for (turn, prompt), (_, next_prompt) in zip(iter_prompts(trajectory.turns), list(iter_prompts(trajectory.turns))[1:]):
