@@ -1,9 +1,10 @@
 """The in-process model backend: a Hugging Face model run with transformers, on CPU or GPU.
 
-It renders the chat template itself, samples with the same settings and stop tokens as the
-server path, and records the prompt ids, the completion ids (stop token included: the model
-sampled it) and each sampled token's logprob after temperature and top-p, the same
-"processed" logprobs vLLM reports for RL. torch and transformers are imported here only, and
+It renders the chat template itself (`prompts.py`: within a segment each prompt extends the
+previous prompt and completion verbatim, as in token mode), samples with the same settings and
+stop tokens as the server path, and records the prompt ids, the completion ids (stop token
+included: the model sampled it) and each sampled token's logprob after temperature and top-p,
+the same "processed" logprobs vLLM reports for RL. torch and transformers are imported here only, and
 only when a model is loaded, so the rest of the CLI stays fast and works without them.
 """
 
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from nanbeige.agent.llm import Completion, LLMConfig, ModelError
+from nanbeige.agent.prompts import Prompter
 
 # Tokens that end an assistant turn in ChatML-style templates, besides the tokenizer's own eos.
 END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>")
@@ -61,17 +63,12 @@ class TransformersLLM:
         if not self.tokenizer.chat_template:
             raise LocalModelError(f"{config.model!r} has no chat template; the in-process backend needs one")
         self.stop_ids = self._stop_ids()
-        self.count_prompt = lambda messages, tools=None: len(self.render(messages, tools))
+        self.prompter = Prompter(self.tokenizer)
+        self.count_prompt = lambda messages, tools=None: len(self.prompter.prompt_ids(messages, tools))
         self.lock = asyncio.Lock()  # one generation at a time: the model is not shared between threads
 
     def _stop_ids(self) -> list[int]:
         return stop_ids(self.tokenizer)
-
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
-        """The prompt token ids: the chat template rendered to text, then tokenized without adding
-        special tokens again (the template already has them)."""
-        text = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                        max_tokens: int | None = None) -> Completion:
@@ -82,7 +79,7 @@ class TransformersLLM:
                   max_tokens: int) -> Completion:
         torch, c = self.torch, self.config
         started = time.perf_counter()
-        prompt_ids = self.render(messages, tools)
+        prompt_ids = self.prompter.prompt_ids(messages, tools)
         input_ids = torch.tensor([prompt_ids], device=self.device)
         # top_k=0 overrides transformers' default of 50: sampling must match the server path (vLLM: no top-k).
         sampling = {"do_sample": True, "temperature": c.temperature, "top_p": c.top_p, "top_k": 0} \
@@ -94,6 +91,7 @@ class TransformersLLM:
                                       eos_token_id=self.stop_ids, pad_token_id=self.stop_ids[0],
                                       output_scores=True, return_dict_in_generate=True, **sampling)
         completion_ids = out.sequences[0, len(prompt_ids):].tolist()
+        self.prompter.sampled(prompt_ids, completion_ids)
         # scores are the logits after temperature and top-p (shape: one (1, vocab) row per new token)
         logprobs = [torch.log_softmax(score[0].float(), dim=-1)[token].item()
                     for score, token in zip(out.scores, completion_ids)]

@@ -1,11 +1,7 @@
 """Token-exact mode: the client renders prompts with the model's own tokenizer and chat template and
 sends token ids to `/v1/completions` (vLLM), so what the trajectory records is exactly what was
-sampled from, never a re-tokenization.
-
-Within a segment each prompt is the previous prompt + the sampled completion ids, verbatim, + the
-ids of what the template adds after it (the turn's end, the tool results, the next assistant
-header). Only when context management rewrites the history (keep-K hides an old tool result) does
-the rendered text stop extending the previous one; then a new segment starts from the template.
+sampled from, never a re-tokenization. How prompts are built (and extended verbatim within a
+segment) is in `prompts.py`.
 """
 
 from __future__ import annotations
@@ -17,6 +13,7 @@ import orjson
 
 from nanbeige.agent.llm import Completion, LLMConfig, ModelError, OpenAIChat, parse_completion
 from nanbeige.agent.local import stop_ids
+from nanbeige.agent.prompts import Prompter
 
 
 class TokenModeChat(OpenAIChat):
@@ -24,48 +21,11 @@ class TokenModeChat(OpenAIChat):
 
     def __init__(self, config: LLMConfig, tokenizer: Any, chat_template: str | None = None, **options: Any):
         super().__init__(config, **options)
-        self.tokenizer = tokenizer
-        self.chat_template = chat_template or tokenizer.chat_template
-        if not self.chat_template:
+        self.prompter = Prompter(tokenizer, chat_template)
+        if not self.prompter.chat_template:
             raise ModelError("token mode needs a chat template: the tokenizer has none; pass --chat-template")
         self.stop_ids = stop_ids(tokenizer)
-        # the last request: its messages, its rendered text, its prompt ids, the completion ids sampled
-        self.previous: tuple[list[dict[str, Any]], str, list[int], list[int]] | None = None
-        self.count_prompt = lambda messages, tools=None: len(self.prompt_ids(messages, tools))
-        self._last: tuple[tuple[int, ...], list[int], str] | None = None  # the loop counts a prompt, then sends it
-
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-               generation_prompt: bool = True) -> str:
-        return self.tokenizer.apply_chat_template(messages, tools=tools, chat_template=self.chat_template,
-                                                  add_generation_prompt=generation_prompt, tokenize=False)
-
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
-        """The next prompt (computed once for the same messages: they are replaced, never mutated)."""
-        key = (len(messages), id(messages[-1]), id(tools), id(self.previous))
-        if self._last is None or self._last[0] != key:
-            text = self.render(messages, tools)
-            self._last = (key, self._prompt_ids(messages, tools, text), text)
-        return self._last[1]
-
-    def _prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, text: str) -> list[int]:
-        """The previous ids extended verbatim when the history only grew, else the whole conversation
-        rendered and tokenized afresh."""
-        if self.previous is None:
-            return self.encode(text)
-        sent_messages, sent_text, prompt, completion = self.previous
-        n = len(sent_messages)
-        if messages[:n] != sent_messages or len(messages) <= n:
-            return self.encode(text)
-        # What the previous prompt + completion ids stand for, and how the template renders that turn.
-        sampled = sent_text + self.tokenizer.decode(completion, skip_special_tokens=False)
-        after_turn = self.render(messages[:n + 1], tools, generation_prompt=False)
-        if not (after_turn.startswith(sampled) and text.startswith(after_turn)):
-            return self.encode(text)  # the history was rewritten (or the template is not prefix-preserving)
-        # Extend verbatim: the template's glue after the completion (e.g. "\n"), then the new messages.
-        return prompt + completion + self.encode(after_turn[len(sampled):] + text[len(after_turn):])
+        self.count_prompt = lambda messages, tools=None: len(self.prompter.prompt_ids(messages, tools))
 
     def completions_body(self, prompt: list[int], max_tokens: int | None) -> dict[str, Any]:
         c = self.config
@@ -79,21 +39,36 @@ class TokenModeChat(OpenAIChat):
 
     async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                        max_tokens: int | None = None) -> Completion:
-        prompt = self.prompt_ids(messages, tools)
+        prompt = self.prompter.prompt_ids(messages, tools)
         response, latency_s = await self._post_with_retries(self.completions_body(prompt, max_tokens),
                                                             "/completions")
         if response.status_code != 200:
             self.raise_for_answer(response)
         try:
-            completion = parse_completion(orjson.loads(response.content), latency_s, completions_api=True)
+            completion = parse_completion(orjson.loads(_drop_prompt_echo(response.content)), latency_s,
+                                          completions_api=True)
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
             raise ModelError(f"model server sent a reply that is not a completion: {exc!r}") from None
         if completion.completion_ids is None:
             raise ModelError("the server did not return token ids: token mode needs vLLM (return_token_ids)")
         completion.prompt_ids = prompt  # what was sent, exactly
-        assert self._last is not None
-        self.previous = (list(messages), self._last[2], prompt, completion.completion_ids)
+        self.prompter.sampled(prompt, completion.completion_ids)
         return completion
+
+
+_ECHO = b'"prompt_token_ids":'
+
+
+def _drop_prompt_echo(body: bytes) -> bytes:
+    """The response without vLLM's echo of the prompt's ids, which this client sent and keeps:
+    cutting that flat list of ints out before parsing saves parsing the whole history every turn.
+    (The key cannot match inside the completion's text: quotes there are escaped.)"""
+    start = body.find(_ECHO)
+    opening = body.find(b"[", start)
+    if start < 0 or opening < 0 or body[start + len(_ECHO):opening].strip():
+        return body  # absent, or not a list (null)
+    closing = body.find(b"]", opening)
+    return body[:start] + _ECHO + b"null" + body[closing + 1:] if closing > 0 else body
 
 
 def load_tokenizer(name_or_path: str, chat_template_file: Path | None = None) -> tuple[Any, str | None]:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from nanbeige.agent.trajectory import Turn
 
@@ -24,10 +25,10 @@ def _hash(ids: array) -> str:
     return hashlib.sha256(ids.tobytes()).hexdigest()
 
 
-def common_prefix(a: array, b: array) -> int:
-    """Length of the longest common prefix of two id arrays (compared a chunk at a time in C)."""
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two id lists or arrays (compared a chunk at a time in C)."""
     n = min(len(a), len(b))
-    if a[:n] == b[:n]:
+    if (a if len(a) == n else a[:n]) == (b if len(b) == n else b[:n]):  # slice (copy) only the longer one
         return n
     start = 0
     while a[start:start + _CHUNK] == b[start:start + _CHUNK]:
@@ -38,24 +39,38 @@ def common_prefix(a: array, b: array) -> int:
 
 
 class TokenTracker:
-    """Follows one trajectory's token stream and fills each turn's token record."""
+    """Follows one trajectory's token stream and fills each turn's token record.
+
+    A turn's cost does not grow with the history while it only extends it: the prefix hash is
+    carried forward from SHA-256 states saved at turn boundaries, so each token is hashed once
+    (a rewrite re-hashes only from the last boundary before it)."""
 
     def __init__(self) -> None:
         self.segment = -1
-        self.ids = array("i")  # the previous turn's prompt + completion
+        self.ids: list[int] = []  # the previous turn's prompt + completion
+        self.states: list[tuple[int, Any]] = [(0, hashlib.sha256())]  # (position in ids, hash of ids[:position])
 
     def record(self, turn: Turn, prompt_ids: list[int], completion_ids: list[int]) -> None:
-        prompt = array("i", prompt_ids)
-        keep = common_prefix(self.ids, prompt)
+        keep = common_prefix(self.ids, prompt_ids)
         if self.segment < 0 or keep < len(self.ids):
             self.segment += 1
         turn.segment = self.segment
         turn.prompt_keep = keep
-        turn.prefix_hash = _hash(self.ids[:keep])
+        turn.prefix_hash = self._prefix_hash(keep)
         turn.prompt_delta_ids = prompt_ids[keep:]
         turn.completion_ids = completion_ids
-        prompt.extend(completion_ids)
-        self.ids = prompt
+        self.ids = prompt_ids + completion_ids
+
+    def _prefix_hash(self, keep: int) -> str:
+        """SHA-256 of `self.ids[:keep]` as int32, from the last saved state at or before `keep`."""
+        while self.states[-1][0] > keep:
+            self.states.pop()  # past the point where the history was rewritten
+        position, state = self.states[-1]
+        if position < keep:
+            state = state.copy()
+            state.update(array("i", self.ids[position:keep]).tobytes())
+            self.states.append((keep, state))
+        return state.hexdigest()
 
 
 def iter_prompts(turns: list[Turn]) -> Iterator[tuple[Turn, list[int]]]:

@@ -54,19 +54,29 @@ async def test_greedy_decoding_is_deterministic(tiny: Path) -> None:
     assert first.completion_ids == second.completion_ids and first.message == second.message
 
 
-async def test_the_loop_records_every_prompt_exactly(tiny: Path) -> None:
+async def test_the_loop_records_every_prompt_exactly_and_extends_completions_verbatim(tiny: Path) -> None:
     class Recording(TransformersLLM):
         async def complete(self, messages, tools=None, max_tokens=None):  # noqa: ANN001, ANN201
-            self.sent.append(list(messages))
-            return await super().complete(messages, tools, max_tokens)
+            completion = await super().complete(messages, tools, max_tokens)
+            self.sent.append((list(messages), completion.prompt_ids))
+            return completion
 
     llm = Recording(LLMConfig(model=str(tiny), temperature=1.0, max_tokens=16))
     llm.sent = []
-    trajectory = await run("What is 2+3?", llm, None, AgentConfig(max_turns=3, max_context=8192))
-    assert len(trajectory.turns) == len(llm.sent) >= 2
-    for turn, messages in zip(trajectory.turns, llm.sent):
-        assert full_prompt(trajectory.turns, turn.index) == llm.render(messages)
+    trajectory = await run("What is 2+3?", llm, None, AgentConfig(max_turns=4, max_context=8192,
+                                                                   keep_tool_results=-1))
+    assert len(trajectory.turns) == len(llm.sent) >= 3
+    for turn, (messages, prompt_ids) in zip(trajectory.turns, llm.sent):
+        assert full_prompt(trajectory.turns, turn.index) == prompt_ids
         assert len(turn.logprobs) == len(turn.completion_ids)
+        # the model saw what it sampled, not a re-tokenization of its decoded text
+        previous = trajectory.turns[turn.index - 1] if turn.index else None
+        if previous is not None:
+            assert prompt_ids[:previous.prompt_keep + len(previous.prompt_delta_ids) + len(previous.completion_ids)] \
+                == full_prompt(trajectory.turns, previous.index) + previous.completion_ids
+    assert {turn.segment for turn in trajectory.turns} == {0}  # nothing rewritten: one segment
+    text = llm.tokenizer.decode(llm.sent[-1][1], skip_special_tokens=False)
+    assert text == llm.tokenizer.apply_chat_template(llm.sent[-1][0], add_generation_prompt=True, tokenize=False)
 
 
 def test_a_missing_model_is_a_clear_error(tmp_path: Path) -> None:
@@ -114,7 +124,7 @@ def test_auto_backend_falls_back_to_the_in_process_model_only_without_an_explici
 async def test_with_the_models_tokenizer_no_request_can_overflow_the_context(tiny: Path) -> None:
     class Recording(TransformersLLM):
         async def complete(self, messages, tools=None, max_tokens=None):  # noqa: ANN001, ANN201
-            self.requests.append((len(self.render(messages, tools)), max_tokens or self.config.max_tokens))
+            self.requests.append((len(self.prompter.prompt_ids(messages, tools)), max_tokens or self.config.max_tokens))
             return await super().complete(messages, tools, max_tokens)
 
     llm = Recording(LLMConfig(model=str(tiny), temperature=1.0, max_tokens=48))

@@ -82,3 +82,17 @@ def test_ask_in_token_mode_from_the_command_line(tmp_path: Path) -> None:
     messages = [{"role": "system", "content": start["system_prompt"]}, {"role": "user", "content": start["user_message"]}]
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert request["prompt"] == tokenizer(text, add_special_tokens=False)["input_ids"]  # token ids, not text
+
+
+def test_the_prompt_echo_is_dropped_before_parsing_and_nothing_else() -> None:
+    import orjson
+
+    from nanbeige.agent.token_mode import _drop_prompt_echo
+    text = 'he wrote {"prompt_token_ids": [1, 2]} here'
+    body = orjson.dumps({"choices": [{"text": text, "token_ids": [5, 6], "prompt_token_ids": list(range(9000))}]})
+    parsed = orjson.loads(_drop_prompt_echo(body))
+    assert parsed["choices"][0] == {"text": text, "token_ids": [5, 6], "prompt_token_ids": None}
+    spaced = b'{"choices": [{"prompt_token_ids": [1, 2], "text": "x"}]}'
+    assert orjson.loads(_drop_prompt_echo(spaced))["choices"][0] == {"prompt_token_ids": None, "text": "x"}
+    for untouched in (b'{"choices": [{"prompt_token_ids": null, "text": "[1]"}]}', b'{"choices": []}'):
+        assert _drop_prompt_echo(untouched) == untouched

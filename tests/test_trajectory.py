@@ -165,3 +165,22 @@ def test_common_prefix_finds_the_first_difference_anywhere() -> None:
         b[position] = -1
         assert common_prefix(a, b) == position
     assert common_prefix(a, a[:5000]) == 5000 and common_prefix(array("i"), a) == 0
+
+
+def test_token_records_stay_exact_over_many_extensions_and_rewrites() -> None:
+    import random
+    rng = random.Random(7)
+    tracker, turns, sent, ids = TokenTracker(), [], [], []
+    for index in range(300):
+        if ids and rng.random() < 0.3:  # context management rewrote the history at a random point
+            cut = rng.randrange(len(ids))
+            ids = ids[:cut] + [-index]
+        prompt = ids + [rng.randrange(1000) for _ in range(rng.randrange(1, 20))]
+        completion = [rng.randrange(1000) for _ in range(rng.randrange(1, 20))]
+        turn = Turn(index=index, assistant={})
+        tracker.record(turn, prompt, completion)
+        turns.append(turn)
+        sent.append(prompt)
+        ids = prompt + completion
+    assert [full_prompt(turns, i) for i in range(300)] == sent  # raises on any wrong prefix hash
+    assert len({t.segment for t in turns}) > 50
