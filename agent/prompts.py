@@ -124,8 +124,9 @@ class Prompter:
         """The next prompt's ids; computed once for the same messages (the loop counts a prompt,
         then sends it)."""
         last = self._last
-        if (last is not None and last[0] is messages and last[1] == len(messages) and last[2] is messages[-1]
-                and last[3] is tools):
+        newest = messages[-1] if messages else None
+        if last is not None and last[0] is messages and last[1] == len(messages) and last[2] is newest \
+                and last[3] is tools:
             return last[5]
         text = self.render(messages, tools)
         seen = self.seen
@@ -133,7 +134,7 @@ class Prompter:
             ids = seen[1] + self.encode(text[len(seen[0]):], at_start=False)
         else:
             ids = self.encode(text)
-        self._last = (messages, len(messages), messages[-1] if messages else None, tools, text, ids)
+        self._last = (messages, len(messages), newest, tools, text, ids)
         return ids
 
     def sampled(self, prompt_ids: list[int], completion_ids: list[int]) -> None:
