@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from pdf import make_pdf
 
+from nanbeige.tools.documents import split_passages
 from nanbeige.tools.index import (
     IndexBuildError,
     IndexNotFound,
@@ -18,7 +19,6 @@ from nanbeige.tools.index import (
     default_index_dir,
     make_snippet,
     search_index,
-    split_passages,
 )
 
 

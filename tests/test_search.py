@@ -14,6 +14,7 @@ from conftest import free_port
 
 from nanbeige.servers.search import build_server
 from nanbeige.tools.index import build_index
+from nanbeige.tools.results import decode_link
 from nanbeige.tools.search import (
     SearchConfig,
     SearchError,
@@ -21,7 +22,6 @@ from nanbeige.tools.search import (
     SearchUnavailable,
     choose_backend,
     config_from_env,
-    decode_link,
     google_search,
     search_setup_problem,
 )

@@ -21,10 +21,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import bm25s
 import numpy as np
+
+from nanbeige.tools.documents import SUFFIXES, IndexBuildError, read_documents, source_files, split_passages
 
 FORMAT = "nanbeige-index/1"
 META_FILE = "index.json"
@@ -32,22 +33,10 @@ PASSAGES_FILE = "passages.jsonl"
 BM25_DIR = "bm25"
 TITLE_DIR = "bm25_title"
 TITLE_WEIGHT = 0.5  # a title match counts on top of the text score: people are found by their own article
-TEXT_SUFFIXES = {".txt", ".md", ".markdown"}
-HTML_SUFFIXES = {".html", ".htm"}
-RECORD_SUFFIXES = {".json", ".jsonl"}
-SUFFIXES = TEXT_SUFFIXES | HTML_SUFFIXES | RECORD_SUFFIXES | {".pdf"}
-PASSAGE_WORDS = 200
-TITLE_KEYS = ("title", "name", "heading", "headline")
-TEXT_KEYS = ("text", "content", "contents", "body", "extract", "abstract", "summary", "passage")
-URL_KEYS = ("url", "link", "href", "uri", "source_url")
 CHUNK = 5000  # passages tokenized between two progress reports
 
 Progress = Callable[[str, int, int], None]
 """Called as `progress(stage, done, total)`; stages are "read" (files), "index" (passages), "save"."""
-
-
-class IndexBuildError(Exception):
-    """The sources cannot be indexed (nothing readable found, or the output folder is not an index)."""
 
 
 class IndexNotFound(Exception):
@@ -90,137 +79,7 @@ def index_exists(path: str | os.PathLike[str]) -> bool:
 # ---------------------------------------------------------------- reading sources
 
 
-def source_files(sources: Iterable[str | os.PathLike[str]]) -> list[Path]:
-    """Every indexable file under the given files and folders, in a stable order."""
-    files: list[Path] = []
-    for source in sources:
-        path = Path(source).expanduser()
-        if path.is_dir():
-            files += sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in SUFFIXES
-                            and not any(part.startswith(".") for part in p.relative_to(path).parts))
-        elif path.is_file():
-            files.append(path)
-        else:
-            raise IndexBuildError(f"source not found: {path}")
-    return files
-
-
-def read_documents(path: Path) -> list[dict[str, Any]]:
-    """The documents in one file: dicts with `title` and `sections`, a list of `(link, text)`.
-
-    A PDF has one section per page (its link ends in `#page=N`); other files have one."""
-    suffix = path.suffix.lower()
-    if suffix in RECORD_SUFFIXES:
-        return read_records(path)
-    if suffix == ".pdf":
-        return [_read_pdf(path)]
-    if suffix in HTML_SUFFIXES:
-        return [_read_html(path)]
-    if suffix in TEXT_SUFFIXES:
-        text = path.read_text(encoding="utf-8", errors="replace")
-        return [{"title": _text_title(text) or path.stem, "sections": [(path.resolve().as_uri(), text)]}]
-    raise IndexBuildError(f"{path}: unsupported file type (use {', '.join(sorted(SUFFIXES))})")
-
-
-def _text_title(text: str) -> str | None:
-    for line in text.splitlines():
-        line = line.strip().lstrip("#").strip()
-        if line:
-            return line if len(line) <= 120 else None
-    return None
-
-
-def _read_html(path: Path) -> dict[str, Any]:
-    import trafilatura  # slow to import; only builds need it
-
-    html = path.read_text(encoding="utf-8", errors="replace")
-    meta = trafilatura.extract_metadata(html)
-    text = trafilatura.extract(html, output_format="txt", favor_recall=True) or trafilatura.html2txt(html)
-    link = meta.url if meta and meta.url and meta.url.startswith(("http://", "https://")) else path.resolve().as_uri()
-    return {"title": (meta.title if meta and meta.title else None) or path.stem, "sections": [(link, text)]}
-
-
-def _read_pdf(path: Path) -> dict[str, Any]:
-    import pypdf
-
-    reader = pypdf.PdfReader(path)
-    title = reader.metadata.title if reader.metadata and reader.metadata.title else None
-    uri = path.resolve().as_uri()
-    sections = [(f"{uri}#page={n}", page.extract_text() or "") for n, page in enumerate(reader.pages, start=1)]
-    return {"title": title or path.stem, "sections": sections}
-
-
-def read_records(path: Path) -> list[dict[str, Any]]:
-    """Records from a JSON list, a JSON object of records keyed by id or title, or JSONL lines."""
-    text = path.read_text(encoding="utf-8")
-    if path.suffix.lower() == ".jsonl":
-        items: Iterable[tuple[str, Any]] = ((str(n), json.loads(line)) for n, line in
-                                            enumerate(text.splitlines(), start=1) if line.strip())
-    else:
-        data = json.loads(text)
-        if isinstance(data, dict):
-            items = data.items()
-        elif isinstance(data, list):
-            items = ((str(n), record) for n, record in enumerate(data, start=1))
-        else:
-            raise IndexBuildError(f"{path}: expected a JSON list or object of records")
-    uri = path.resolve().as_uri()
-    return [record_document(record, f"{uri}#{quote(key, safe='')}") for key, record in items]
-
-
-def _first(record: Mapping[str, Any], keys: tuple[str, ...]) -> str | None:
-    for key in keys:
-        value = record.get(key)
-        if isinstance(value, str) and value.strip():
-            return value.strip()
-    return None
-
-
-def record_document(record: Any, fallback_link: str) -> dict[str, Any]:
-    """One JSON record as a document; no sections when it has no text."""
-    if not isinstance(record, dict):
-        return {"title": "", "sections": []}
-    title, text = _first(record, TITLE_KEYS), _first(record, TEXT_KEYS)
-    description = _first(record, ("description",))
-    if description and text and description not in text:
-        text = f"{description}.\n\n{text}"  # e.g. "English polymath (1642–1727)": who or what it is
-    text = text or description
-    if not text:
-        return {"title": title or "", "sections": []}
-    link = _first(record, URL_KEYS) or fallback_link
-    return {"title": title or " ".join(text.split()[:8]), "sections": [(link, text)]}
-
-
-# ---------------------------------------------------------------- passages and tokens
-
-
-def split_passages(text: str, max_words: int = PASSAGE_WORDS) -> list[str]:
-    """Consecutive paragraphs grouped into passages of at most about `max_words` words."""
-    passages: list[str] = []
-    current: list[str] = []
-    count = 0
-    for paragraph in re.split(r"\n\s*\n", text):
-        for piece in _pieces(" ".join(paragraph.split()), max_words):
-            words = len(piece.split())
-            if current and count + words > max_words:
-                passages.append("\n\n".join(current))
-                current, count = [], 0
-            current.append(piece)
-            count += words
-    if current:
-        passages.append("\n\n".join(current))
-    return passages
-
-
-def _pieces(paragraph: str, max_words: int) -> list[str]:
-    """A paragraph cut at sentence ends (or, for run-on text, every `max_words` words)."""
-    if not paragraph or len(paragraph.split()) <= max_words:
-        return [paragraph] if paragraph else []
-    pieces: list[str] = []
-    for sentence in re.split(r"(?<=[.!?])\s+", paragraph):
-        words = sentence.split()
-        pieces += [" ".join(words[i:i + max_words]) for i in range(0, len(words), max_words)]
-    return pieces
+# ---------------------------------------------------------------- tokens
 
 
 def tokenize(texts: list[str], stopwords: str | None = "en") -> list[list[str]]:

@@ -83,6 +83,8 @@ def main() -> None:
               f"(batch {args.batch}, prompt {args.prompt}, {args.tokens} new)")
         if args.vllm:
             del model
+            import torch
+            torch.cuda.empty_cache()  # vLLM sizes its cache from the GPU memory free when it starts
             rate = with_vllm(Path(tmp), args.prompt, args.tokens, args.batch)
             print(f"vLLM offline engine: {rate:.1f} generated tokens/s (batch {args.batch})")
 
