@@ -98,7 +98,12 @@ class ServeConfig:
 
 
 def vllm_args(config: ServeConfig) -> list[str]:
-    """The full command line that starts the server for this config."""
+    """The full command line that starts the server for this config.
+
+    Checked with vLLM 0.33.0's own `vllm serve` parser (and its post-parse validation): every flag
+    and value below is accepted, `hermes` and `deepseek_r1` are registered parser names, and
+    `--no-enable-prefix-caching` is the spelling that release still accepts (hidden in its help in
+    favour of `--disable-prefix-caching`) and that older releases know too."""
     if config.dialect not in DIALECTS:
         raise ValueError(f"dialect must be one of {', '.join(DIALECTS)}, not {config.dialect!r}")
     args = [

@@ -137,3 +137,23 @@ async def test_scripted_model_replays_and_records() -> None:
     with pytest.raises(ModelError):
         await llm.complete(MESSAGES)
     assert len(llm.calls) == 4
+
+
+async def test_a_chat_response_as_vllm_serializes_it_keeps_its_token_fields() -> None:
+    """`golden/vllm_chat_completion.json` was serialized by vLLM 0.33.0's own
+    `ChatCompletionResponse` model, as its server sends it."""
+    from pathlib import Path
+
+    import httpx
+
+    body = (Path(__file__).parent / "golden" / "vllm_chat_completion.json").read_bytes()
+    sent = []
+    transport = httpx.MockTransport(lambda request: sent.append(request) or httpx.Response(200, content=body))
+    llm = OpenAIChat(LLMConfig(base_url="http://vllm.invalid/v1", model="m"), transport=transport)
+    completion = await llm.complete([{"role": "user", "content": "capital of France?"}])
+    await llm.aclose()
+    assert completion.message == {"role": "assistant", "content": "Paris", "reasoning": "The capital."}
+    assert (completion.prompt_ids, completion.completion_ids) == ([166100, 1, 2, 3], [11, 166101])
+    assert completion.logprobs == [-0.25, -0.125] and completion.finish_reason == "stop"
+    assert completion.usage == {"prompt_tokens": 4, "total_tokens": 7, "completion_tokens": 3}
+    assert b'"return_token_ids":true' in sent[0].content  # asked for the fields it read

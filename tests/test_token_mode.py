@@ -96,3 +96,22 @@ def test_the_prompt_echo_is_dropped_before_parsing_and_nothing_else() -> None:
     assert orjson.loads(_drop_prompt_echo(spaced))["choices"][0] == {"prompt_token_ids": None, "text": "x"}
     for untouched in (b'{"choices": [{"prompt_token_ids": null, "text": "[1]"}]}', b'{"choices": []}'):
         assert _drop_prompt_echo(untouched) == untouched
+
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+async def test_a_response_as_vllm_serializes_it_is_read_exactly(tokenizer: Any) -> None:
+    """`golden/vllm_completion.json` was serialized by vLLM 0.33.0's own `CompletionResponse` model,
+    as its server sends it (compact JSON, `token_ids` and `prompt_token_ids` in the choice)."""
+    import httpx
+
+    body = (GOLDEN / "vllm_completion.json").read_bytes()
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, content=body))
+    llm = TokenModeChat(LLMConfig(base_url="http://vllm.invalid/v1", model="m"), tokenizer, transport=transport)
+    completion = await llm.complete([{"role": "user", "content": "capital of France?"}])
+    await llm.aclose()
+    assert completion.completion_ids == [11, 12, 166101]
+    assert completion.logprobs == [-0.25, -1.5, -0.125]
+    assert completion.message["content"] == 'Paris {"prompt_token_ids":[9]}'  # the echo cut did not touch it
+    assert completion.prompt_ids == llm.prompter.prompt_ids([{"role": "user", "content": "capital of France?"}])
