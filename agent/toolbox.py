@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shlex
 import sys
 import time
@@ -76,6 +77,16 @@ def redact(text: str, secrets: list[str]) -> str:
     for secret in secrets:
         text = text.replace(secret, REDACTED)
     return text
+
+
+# Text spelling a chat control token (a scraped page quoting "<|im_end|>") would become the real
+# token once rendered into a prompt and tokenized, and could end the tool turn and start a forged
+# one. A zero-width space keeps it readable and makes it plain text.
+CONTROL_TOKEN = re.compile(r"<\|([A-Za-z0-9_]+)\|>")
+
+
+def defuse_control_tokens(text: str) -> str:
+    return CONTROL_TOKEN.sub("<\u200b|\\1|>", text)
 
 
 def parse_server_spec(text: str) -> ServerSpec:
@@ -176,7 +187,7 @@ class Toolbox:
         if unknown:
             return ToolResult(text=unknown, is_error=True)
         text, is_error = await self._call_with_restart(call)
-        text, truncated = truncate(redact(text, self.secrets), self.max_result_chars)
+        text, truncated = truncate(defuse_control_tokens(redact(text, self.secrets)), self.max_result_chars)
         return ToolResult(text=text, is_error=is_error, latency_s=time.perf_counter() - started, truncated=truncated)
 
     async def _call_with_restart(self, call: ToolCall) -> tuple[str, bool]:
