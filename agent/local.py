@@ -64,7 +64,7 @@ class TransformersLLM:
             raise LocalModelError(f"{config.model!r} has no chat template; the in-process backend needs one")
         self.stop_ids = self._stop_ids()
         self.prompter = Prompter(self.tokenizer)
-        self.count_prompt = lambda messages, tools=None: len(self.prompter.prompt_ids(messages, tools))
+        self.count_prompt = self.prompter.count
         self.lock = asyncio.Lock()  # one generation at a time: the model is not shared between threads
 
     def _stop_ids(self) -> list[int]:

@@ -41,6 +41,7 @@ class Prompter:
         self.render_checks = _CHECKS
         self.encode_checks = _CHECKS
         self._chunks: dict[str, list[int]] = {}
+        self._anchor_ids: dict[str, list[int]] = {}
         self._prepared: list[tuple[dict[str, Any], dict[str, Any]]] = []
         self._last: tuple[list[dict[str, Any]], int, dict[str, Any] | None, Any, str, list[int]] | None = None
         self.seen: tuple[str, list[int]] | None = None  # the text and ids of the last prompt + completion
@@ -116,7 +117,9 @@ class Prompter:
         anchor = self.split_token or self.tokenizer.eos_token or self.tokenizer.bos_token
         if not text or not anchor:
             return self._encode_whole(text) if text else []
-        anchor_ids = self._encode_whole(anchor)
+        anchor_ids = self._anchor_ids.get(anchor)
+        if anchor_ids is None:
+            anchor_ids = self._anchor_ids[anchor] = self._encode_whole(anchor)
         ids = self._encode_whole(anchor + text)
         return ids[len(anchor_ids):] if ids[:len(anchor_ids)] == anchor_ids else self._encode_whole(text)
 
@@ -136,6 +139,10 @@ class Prompter:
             ids = self.encode(text)
         self._last = (messages, len(messages), newest, tools, text, ids)
         return ids
+
+    def count(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> int:
+        """The next prompt's length in tokens (the loop's context check)."""
+        return len(self.prompt_ids(messages, tools))
 
     def sampled(self, prompt_ids: list[int], completion_ids: list[int]) -> None:
         """Remember what the model saw and sampled, for the next prompt to extend verbatim."""

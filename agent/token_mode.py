@@ -25,7 +25,7 @@ class TokenModeChat(OpenAIChat):
         if not self.prompter.chat_template:
             raise ModelError("token mode needs a chat template: the tokenizer has none; pass --chat-template")
         self.stop_ids = stop_ids(tokenizer)
-        self.count_prompt = lambda messages, tools=None: len(self.prompter.prompt_ids(messages, tools))
+        self.count_prompt = self.prompter.count
 
     def completions_body(self, prompt: list[int], max_tokens: int | None) -> dict[str, Any]:
         c = self.config
