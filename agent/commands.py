@@ -93,8 +93,16 @@ def index_build(
             fail(f"cannot write the index to {out}: {exc.strerror or exc}")
     err.print(f"indexed {stats.documents} documents ({stats.passages} passages) from {stats.files} files in "
               f"{stats.seconds:.1f}s; {stats.bytes_on_disk / 1e6:.1f} MB in {out}", highlight=False)
-    for reason in stats.skipped[:20]:
-        err.print(f"[yellow]skipped[/] {reason}", highlight=False)
+    # Unreadable files last, so that they sit right above the error line that counts them.
+    for label, reasons in (("[yellow]skipped[/]", stats.skipped), ("[red]unreadable[/]", stats.unreadable)):
+        for reason in reasons[:20]:
+            err.print(f"{label} {escape(reason)}", highlight=False)
+        if len(reasons) > 20:
+            err.print(f"{label} ... and {len(reasons) - 20} more", highlight=False)
+    if stats.unreadable:
+        # The index is written and usable, but what the user asked for is not all in it: say so, exit 1.
+        fail(f"{len(stats.unreadable)} of {stats.files} files could not be read (listed above); "
+             "the index holds the rest")
 
 
 @index_app.command("search")

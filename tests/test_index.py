@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -116,8 +119,8 @@ def docs(tmp_path: Path) -> Path:
 def test_folder_of_files(docs: Path, tmp_path: Path) -> None:
     stats = build_index([docs], tmp_path / "index")
     assert stats.files == 7 and stats.documents == 7  # 5 files + 2 records with text
-    assert len(stats.skipped) == 2 and any("broken.pdf" in s for s in stats.skipped)
-    assert any("No text here" in s for s in stats.skipped)
+    assert len(stats.unreadable) == 1 and "broken.pdf" in stats.unreadable[0]  # ignored.docx is passed by
+    assert len(stats.skipped) == 1 and "No text here" in stats.skipped[0]
     index = LocalIndex.load(tmp_path / "index")
 
     otters = index.search("otters sleep")
@@ -160,12 +163,39 @@ def test_json_records_and_rebuild(tmp_path: Path) -> None:
     assert not (tmp_path / "index.building").exists() and not (tmp_path / "index.old").exists()
 
 
+def test_the_command_builds_from_the_readable_files_and_fails_on_the_last_line(tmp_path: Path) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "otters.txt").write_text("Sea otters hold hands while they sleep.", encoding="utf-8")
+    (docs / "broken.pdf").write_bytes(b"%PDF-1.4 this is not really a pdf")
+    (docs / "photo.png").write_bytes(b"not a document")  # a type that is not indexed: no failure
+    nanbeige = Path(sys.executable).parent / "nanbeige"
+    result = subprocess.run([nanbeige, "index", "build", str(docs), "--out", str(tmp_path / "index")],
+                            capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "300"})
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.splitlines()
+    assert lines[-2].startswith(f"unreadable {docs / 'broken.pdf'}: ")  # named right above the error
+    assert lines[-1] == "error: 1 of 2 files could not be read (listed above); the index holds the rest"
+    assert "photo.png" not in result.stderr
+    hits = search_index(tmp_path / "index", "otters sleep")
+    assert [h["title"] for h in hits] == ["Sea otters hold hands while they sleep."]
+
+
+def test_a_file_named_on_its_own_of_a_type_not_read_is_skipped_not_unreadable(docs: Path, tmp_path: Path) -> None:
+    stats = build_index([docs / "otters.md", docs / "notes" / "ignored.docx"], tmp_path / "index")
+    assert stats.files == 2 and stats.documents == 1 and stats.unreadable == []
+    assert len(stats.skipped) == 1 and stats.skipped[0].startswith(f"{docs / 'notes' / 'ignored.docx'}: not a type")
+
+
 def test_build_and_load_errors(tmp_path: Path) -> None:
     with pytest.raises(IndexBuildError, match="source not found"):
         build_index([tmp_path / "missing"], tmp_path / "index")
     (tmp_path / "empty").mkdir()
     with pytest.raises(IndexBuildError, match="no text found"):
         build_index([tmp_path / "empty"], tmp_path / "index")
+    (tmp_path / "broken.pdf").write_bytes(b"%PDF-1.4 this is not really a pdf")
+    with pytest.raises(IndexBuildError, match=r"no text found to index: 1 of 1 files could not be read; the first: "):
+        build_index([tmp_path / "broken.pdf"], tmp_path / "index")
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "precious.txt").write_text("do not delete")
     (tmp_path / "a.txt").write_text("some text")

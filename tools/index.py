@@ -55,8 +55,12 @@ class IndexStats:
     """Documents indexed (a JSON file of records counts one per record)."""
     passages: int = 0
     """Passages indexed; long documents are split into several."""
+    unreadable: list[str] = field(default_factory=list)
+    """Files that failed to read (damaged, not what their name says, a library missing), each with the
+    error; the index holds the rest."""
     skipped: list[str] = field(default_factory=list)
-    """Files or records left out, each with the reason."""
+    """What was read but left out, each with the reason: records or files with no text, and files
+    named on their own whose type the index does not read."""
     seconds: float = 0.0
     """Wall time of the build."""
     bytes_on_disk: int = 0
@@ -103,8 +107,8 @@ def build_index(sources: Iterable[str | os.PathLike[str]], out_dir: str | os.Pat
     """Index every document under `sources` into `out_dir`, replacing an index already there.
 
     The index is written next to `out_dir` and moved into place at the end, so a failed build
-    leaves the previous index intact. A file that cannot be read is skipped and listed in
-    `stats.skipped`; a folder that exists but holds something other than an index is refused."""
+    leaves the previous index intact. A file that fails to read is left out and listed in
+    `stats.unreadable`; a folder that exists but holds something other than an index is refused."""
     started = time.perf_counter()
     out = Path(out_dir).expanduser()
     if out.exists() and any(out.iterdir()) and not index_exists(out):
@@ -112,6 +116,9 @@ def build_index(sources: Iterable[str | os.PathLike[str]], out_dir: str | os.Pat
     files = source_files(sources)
     stats = IndexStats(out_dir=str(out), files=len(files))
     passages = _collect_passages(files, stats, progress)
+    if not passages and stats.unreadable:
+        raise IndexBuildError(f"no text found to index: {len(stats.unreadable)} of {stats.files} files could not "
+                              f"be read; the first: {stats.unreadable[0]}")
     if not passages:
         raise IndexBuildError(f"no text found to index (looked for {', '.join(sorted(SUFFIXES))} files)")
     tokens: list[list[str]] = []
@@ -135,15 +142,7 @@ def _report(progress: Progress | None, stage: str, done: int, total: int) -> Non
 def _collect_passages(files: list[Path], stats: IndexStats, progress: Progress | None) -> list[dict[str, Any]]:
     passages: list[dict[str, Any]] = []
     for n, path in enumerate(files, start=1):
-        try:
-            documents = read_documents(path)
-        except (OSError, ValueError, IndexBuildError) as exc:  # pypdf's and json's errors are ValueErrors
-            stats.skipped.append(f"{path}: {type(exc).__name__}: {exc}")
-            documents = []
-        except Exception as exc:  # a damaged PDF can raise almost anything inside pypdf
-            stats.skipped.append(f"{path}: unreadable ({type(exc).__name__}: {exc})")
-            documents = []
-        for document in documents:
+        for document in _read(path, stats):
             texts = [(link, text) for link, section in document["sections"] for text in split_passages(section)]
             if not texts:
                 stats.skipped.append(f"{path}: a document with no text ({document['title'] or 'untitled'})")
@@ -154,6 +153,19 @@ def _collect_passages(files: list[Path], stats: IndexStats, progress: Progress |
         _report(progress, "read", n, len(files))
     stats.passages = len(passages)
     return passages
+
+
+def _read(path: Path, stats: IndexStats) -> list[dict[str, Any]]:
+    """The documents in one file; none, noted in `stats`, when its type is not one the index reads
+    (only a file named on its own gets here: a folder walk passes them by) or it fails to read."""
+    if path.suffix.lower() not in SUFFIXES:
+        stats.skipped.append(f"{path}: not a type the index reads ({', '.join(sorted(SUFFIXES))})")
+        return []
+    try:
+        return read_documents(path)
+    except Exception as exc:  # json raises ValueError, a damaged PDF almost anything, a missing library ImportError
+        stats.unreadable.append(f"{path}: {type(exc).__name__}: {exc}")
+        return []
 
 
 def _save(out: Path, retrievers: dict[str, bm25s.BM25], passages: list[dict[str, Any]], stats: IndexStats,
