@@ -87,16 +87,27 @@ class Completion:
 
 
 class LLM(Protocol):
-    """What the loop needs from a model backend."""
+    """What the loop needs from a model backend. One backend serves many runs at once; whatever it
+    must remember about one conversation lives in the object `new_conversation` returns, which the
+    run keeps and passes back with every call."""
 
     config: LLMConfig
-    count_prompt: Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], int] | None
-    """Exact prompt size of (messages, tools) with the model's own tokenizer and chat template, when
-    the backend has them; None when only the server knows (its usage figures are used instead)."""
+    tokenizer_identity: dict[str, str] | None
+    """The tokenizer's name and SHA-256, when the backend tokenizes (recorded in trajectories)."""
+    template_identity: dict[str, str] | None
+    """The chat template's name and SHA-256, when the backend renders prompts itself."""
 
-    async def complete(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, max_tokens: int | None = None
-    ) -> Completion: ...
+    def new_conversation(self) -> Any:
+        """Per-run state (the last prompt and what was sampled, for the next prompt to extend), or
+        None for a backend that keeps none."""
+
+    def count_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                     conversation: Any) -> int | None:
+        """Exact prompt size with the model's own tokenizer and chat template, when the backend has
+        them; None when only the server knows (its usage figures are used instead)."""
+
+    async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                       max_tokens: int | None = None, conversation: Any = None) -> Completion: ...
 
     async def aclose(self) -> None: ...
 
@@ -171,7 +182,15 @@ class OpenAIChat:
         self.http = httpx.AsyncClient(base_url=config.base_url.rstrip("/"), headers=headers, timeout=timeout,
                                       transport=transport)
         self.send_extras = True  # turned off for good if the server rejects vLLM's extra fields
-        self.count_prompt = None  # the server tokenizes; its usage figures say how much
+        self.tokenizer_identity: dict[str, str] | None = None  # the server tokenizes
+        self.template_identity: dict[str, str] | None = None
+
+    def new_conversation(self) -> Any:
+        return None  # the server renders every prompt from the messages
+
+    def count_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                     conversation: Any) -> int | None:
+        return None  # the server tokenizes; its usage figures say how much
 
     def request_body(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                      max_tokens: int | None) -> dict[str, Any]:
@@ -221,7 +240,7 @@ class OpenAIChat:
         raise AssertionError("unreachable")
 
     async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-                       max_tokens: int | None = None) -> Completion:
+                       max_tokens: int | None = None, conversation: Any = None) -> Completion:
         response, latency_s = await self._post_with_retries(self.request_body(messages, tools, max_tokens))
         if response.status_code == 400 and self.send_extras and _mentions_extras(response):
             self.send_extras = False
@@ -259,15 +278,23 @@ class ScriptedLLM:
     def __init__(self, replies: list[Reply], default: Reply | None = None, config: LLMConfig | None = None,
                  record: bool = True):
         self.config = config or LLMConfig(model="scripted")
-        self.count_prompt = None
+        self.tokenizer_identity: dict[str, str] | None = None
+        self.template_identity: dict[str, str] | None = None
         self.replies = list(replies)
         self.default = default
         self.record = record
         self.calls: list[list[dict[str, Any]]] = []  # the messages of every call, for assertions
         self.max_tokens: list[int | None] = []  # the max_tokens of every call
 
+    def new_conversation(self) -> Any:
+        return None
+
+    def count_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                     conversation: Any) -> int | None:
+        return None
+
     async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-                       max_tokens: int | None = None) -> Completion:
+                       max_tokens: int | None = None, conversation: Any = None) -> Completion:
         if self.record:
             self.calls.append(list(messages))  # a copy: the loop keeps appending to its list
             self.max_tokens.append(max_tokens)

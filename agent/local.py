@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from nanbeige.agent.llm import Completion, LLMConfig, ModelError
-from nanbeige.agent.prompts import Prompter
+from nanbeige.agent.prompts import Conversation, Prompter, identity
 
 # Tokens that end an assistant turn in ChatML-style templates, besides the tokenizer's own eos.
 END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>")
@@ -64,22 +64,30 @@ class TransformersLLM:
             raise LocalModelError(f"{config.model!r} has no chat template; the in-process backend needs one")
         self.stop_ids = self._stop_ids()
         self.prompter = Prompter(self.tokenizer)
-        self.count_prompt = self.prompter.count
+        self.tokenizer_identity, self.template_identity = identity(self.tokenizer, self.prompter.chat_template)
         self.lock = asyncio.Lock()  # one generation at a time: the model is not shared between threads
 
     def _stop_ids(self) -> list[int]:
         return stop_ids(self.tokenizer)
 
+    def new_conversation(self) -> Conversation:
+        return Conversation()
+
+    def count_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                     conversation: Conversation | None) -> int:
+        return self.prompter.count(messages, tools, conversation)
+
     async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-                       max_tokens: int | None = None) -> Completion:
+                       max_tokens: int | None = None, conversation: Conversation | None = None) -> Completion:
         async with self.lock:
-            return await asyncio.to_thread(self._generate, messages, tools, max_tokens or self.config.max_tokens)
+            return await asyncio.to_thread(self._generate, messages, tools, max_tokens or self.config.max_tokens,
+                                           conversation or Conversation())
 
     def _generate(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                  max_tokens: int) -> Completion:
+                  max_tokens: int, conversation: Conversation) -> Completion:
         torch, c = self.torch, self.config
         started = time.perf_counter()
-        prompt_ids = self.prompter.prompt_ids(messages, tools)
+        prompt_ids = self.prompter.prompt_ids(messages, tools, conversation)
         input_ids = torch.tensor([prompt_ids], device=self.device)
         # top_k=0 overrides transformers' default of 50: sampling must match the server path (vLLM: no top-k).
         sampling = {"do_sample": True, "temperature": c.temperature, "top_p": c.top_p, "top_k": 0} \
@@ -91,7 +99,7 @@ class TransformersLLM:
                                       eos_token_id=self.stop_ids, pad_token_id=self.stop_ids[0],
                                       output_scores=True, return_dict_in_generate=True, **sampling)
         completion_ids = out.sequences[0, len(prompt_ids):].tolist()
-        self.prompter.sampled(prompt_ids, completion_ids)
+        self.prompter.sampled(conversation, prompt_ids, completion_ids)
         # scores are the logits after temperature and top-p (shape: one (1, vocab) row per new token)
         logprobs = [torch.log_softmax(score[0].float(), dim=-1)[token].item()
                     for score, token in zip(out.scores, completion_ids)]

@@ -1,8 +1,12 @@
 """The ReAct loop: ask the model, parse its tool calls, run them, log the turn, repeat.
 
 `run` is the whole agent; everything it needs is a function in dialects.py, context.py or
-toolbox.py. Limits end the run with a stop reason, never with an exception; Ctrl-C (task
-cancellation) closes the trajectory as `interrupted` and re-raises.
+toolbox. Limits end the run with a stop reason, never with an exception; Ctrl-C or SIGTERM (task
+cancellation) closes the trajectory as `interrupted`, and a bug as `crashed`, and both re-raise.
+
+Many runs may share one model backend and one toolbox: everything that belongs to one run (the
+backend's conversation state, the history, the token tracker, the tool servers' restart budget)
+lives in `Run`, made fresh by each call of `run`.
 """
 
 from __future__ import annotations
@@ -58,6 +62,19 @@ class AgentConfig:
 Event = Callable[[str, Any], None]
 
 
+@dataclass
+class Run:
+    """The state of one run, never shared with another."""
+
+    trajectory: Trajectory
+    history: History
+    conversation: Any
+    """The model backend's state for this conversation (see `LLM.new_conversation`)."""
+    tracker: TokenTracker = dataclasses.field(default_factory=TokenTracker)
+    restarts: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Tool server restarts this run has used, by server."""
+
+
 def _no_event(kind: str, data: Any) -> None:
     pass
 
@@ -68,26 +85,29 @@ async def run(question: str, llm: LLM, toolbox: Toolbox | None, config: AgentCon
     """Answer one question; returns the finished trajectory (also written turn by turn)."""
     tools = toolbox.tools if toolbox else []
     date = config.date or datetime.date.today().isoformat()
+    limits = dataclasses.asdict(dataclasses.replace(config, date=date)) | (toolbox.settings() if toolbox else {})
     trajectory = Trajectory(
         question=question, group_id=group_id, tools=tools, model=llm.config.model, dialect=config.dialect,
         system_prompt=dialects.system_prompt(config.dialect, tools, date),
         user_message=dialects.user_message(config.dialect, question),
-        sampling=llm.config.sampling(), limits=dataclasses.asdict(dataclasses.replace(config, date=date)),
+        sampling=llm.config.sampling(), limits=limits,
+        tokenizer=llm.tokenizer_identity, chat_template=llm.template_identity,
     )
-    history = History(trajectory.system_prompt, trajectory.user_message, config.keep_tool_results)
+    state = Run(trajectory, History(trajectory.system_prompt, trajectory.user_message, config.keep_tool_results),
+                llm.new_conversation())
     started = time.monotonic()
     if writer:
         writer.start(trajectory)
     try:
         async with asyncio.timeout(config.timeout_s):
-            await _turns(trajectory, llm, toolbox, config, history, writer, on_event)
+            await _turns(state, llm, toolbox, config, writer, on_event)
     except TimeoutError:
         trajectory.stop_reason = "timeout"
     except (asyncio.CancelledError, KeyboardInterrupt):
         trajectory.stop_reason = "interrupted"
         raise
     except Exception as exc:  # a bug or a broken connection: keep the log whole, then let it surface
-        trajectory.stop_reason, trajectory.error = "interrupted", f"{type(exc).__name__}: {exc}"
+        trajectory.stop_reason, trajectory.error = "crashed", f"{type(exc).__name__}: {exc}"
         raise
     finally:
         trajectory.timings = {
@@ -101,40 +121,39 @@ async def run(question: str, llm: LLM, toolbox: Toolbox | None, config: AgentCon
     return trajectory
 
 
-async def _turns(trajectory: Trajectory, llm: LLM, toolbox: Toolbox | None, config: AgentConfig,
-                 history: History, writer: TrajectoryWriter | None, on_event: Event) -> None:
-    tracker = TokenTracker()
+async def _turns(state: Run, llm: LLM, toolbox: Toolbox | None, config: AgentConfig,
+                 writer: TrajectoryWriter | None, on_event: Event) -> None:
+    trajectory, history = state.trajectory, state.history
     request_tools = dialects.request_tools(config.dialect, trajectory.tools)
     while True:
-        prompt_tokens = _next_prompt_tokens(llm, history, trajectory, request_tools)
+        prompt_tokens = _next_prompt_tokens(llm, state, request_tools)
         if len(trajectory.turns) >= config.max_turns:
             trajectory.stop_reason = "max_turns"
         elif prompt_tokens + llm.config.max_tokens + config.context_reserve > config.max_context:
             trajectory.stop_reason = "context_limit"
         if trajectory.stop_reason:
             if config.final_answer_turn:
-                await _final_turn(trajectory, llm, config, history, prompt_tokens, tracker, writer, on_event)
+                await _final_turn(state, llm, config, prompt_tokens, writer, on_event)
             return
         on_event("model", len(trajectory.turns))
         try:
-            completion = await llm.complete(history.messages, request_tools)
+            completion = await llm.complete(history.messages, request_tools, conversation=state.conversation)
         except ContextOverflow as exc:  # our estimate was low: answer from what fits
             trajectory.stop_reason, trajectory.error = "context_limit", str(exc)
             if config.final_answer_turn:
-                await _final_turn(trajectory, llm, config, history, prompt_tokens, tracker, writer, on_event,
-                                  omit_latest=True)
+                await _final_turn(state, llm, config, prompt_tokens, writer, on_event, omit_latest=True)
             return
         except ModelError as exc:
             trajectory.stop_reason, trajectory.error = "model_error", str(exc)
             return
-        turn = _new_turn(trajectory, completion, tracker)
+        turn = _new_turn(trajectory, completion, state.tracker)
         parsed = dialects.parse_reply(config.dialect, turn.assistant, trajectory.tools)
         turn.tool_calls = parsed.tool_calls
         turn.format_error = parsed.format_error or _reply_problem(turn, parsed, config.dialect)
         if not turn.tool_calls and turn.format_error is None:
             trajectory.answer = dialects.extract_answer(config.dialect, turn.assistant["content"])
             trajectory.stop_reason = "answered"
-        await _run_calls(turn, parsed, trajectory.turns, toolbox, config, on_event)
+        await _run_calls(turn, parsed, state, toolbox, config, on_event)
         _log_turn(trajectory, turn, writer, on_event)
         if trajectory.stop_reason:
             return
@@ -145,18 +164,20 @@ async def _turns(trajectory: Trajectory, llm: LLM, toolbox: Toolbox | None, conf
             return
 
 
-def _next_prompt_tokens(llm: LLM, history: History, trajectory: Trajectory,
-                        tools: list[dict[str, Any]] | None) -> int:
+def _next_prompt_tokens(llm: LLM, state: Run, tools: list[dict[str, Any]] | None) -> int:
     """The next prompt's size: exact when the backend has the model's tokenizer, else the server's
     last count plus an estimate of what was added since."""
-    if llm.count_prompt is not None:
-        return llm.count_prompt(history.messages, tools)
-    return history.next_prompt_tokens(trajectory.turns[-1] if trajectory.turns else None)
+    exact = llm.count_prompt(state.history.messages, tools, state.conversation)
+    if exact is not None:
+        return exact
+    turns = state.trajectory.turns
+    return state.history.next_prompt_tokens(turns[-1] if turns else None)
 
 
-async def _run_calls(turn: Turn, parsed: dialects.ParsedReply, earlier: list[Turn], toolbox: Toolbox | None,
+async def _run_calls(turn: Turn, parsed: dialects.ParsedReply, state: Run, toolbox: Toolbox | None,
                      config: AgentConfig, on_event: Event) -> None:
     """Run the turn's tool calls one after another; calls that cannot run get an error result."""
+    earlier = state.trajectory.turns
     for position, call in enumerate(turn.tool_calls):
         on_event("tool", call)
         if position in parsed.call_errors:
@@ -167,19 +188,20 @@ async def _run_calls(turn: Turn, parsed: dialects.ParsedReply, earlier: list[Tur
         elif toolbox is None:
             result = ToolResult(text="No tools are available.", is_error=True)
         else:
-            result = await toolbox.call(call)
+            result = await toolbox.call(call, state.restarts)
         turn.tool_results.append(result)
 
 
-async def _final_turn(trajectory: Trajectory, llm: LLM, config: AgentConfig, history: History, prompt_tokens: int,
-                      tracker: TokenTracker, writer: TrajectoryWriter | None, on_event: Event,
-                      omit_latest: bool = False) -> None:
+async def _final_turn(state: Run, llm: LLM, config: AgentConfig, prompt_tokens: int,
+                      writer: TrajectoryWriter | None, on_event: Event, omit_latest: bool = False) -> None:
     """One call without tools that asks for the answer. The newest tool results are left out of it
     when the answer would otherwise have too little room (or the server said it did not fit)."""
+    trajectory, history = state.trajectory, state.history
     instruction = dialects.final_answer_instruction(config.dialect, trajectory.question)
     messages = history.messages
     room = config.max_context - prompt_tokens - estimate_tokens(instruction)
-    if history.observations and (omit_latest or room < min(llm.config.max_tokens, FINAL_ANSWER_TOKENS)):
+    omitted = bool(history.observations) and (omit_latest or room < min(llm.config.max_tokens, FINAL_ANSWER_TOKENS))
+    if omitted:
         messages = history.omit_latest()
         room += history.latest_tool_result_tokens()
     if room < MIN_ANSWER_TOKENS:
@@ -188,12 +210,12 @@ async def _final_turn(trajectory: Trajectory, llm: LLM, config: AgentConfig, his
     on_event("model", len(trajectory.turns))
     try:
         completion = await llm.complete([*messages, {"role": "user", "content": instruction}], None,
-                                        max_tokens=min(llm.config.max_tokens, room))
+                                        max_tokens=min(llm.config.max_tokens, room), conversation=state.conversation)
     except ModelError as exc:
         trajectory.error = str(exc)
         return
-    turn = _new_turn(trajectory, completion, tracker)
-    turn.instruction = instruction
+    turn = _new_turn(trajectory, completion, state.tracker)
+    turn.instruction, turn.omitted_latest_results = instruction, omitted
     trajectory.answer = _final_answer(turn, config.dialect)
     if trajectory.answer is None:
         turn.format_error = "The reply to the final-answer request had no usable answer."

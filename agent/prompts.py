@@ -26,12 +26,24 @@ _CHECKS = 2
 _CHECK_MIN_CHUNKS = 3
 
 
+class Conversation:
+    """What one conversation's prompts build on: the last prompt and what was sampled after it, plus
+    caches of its messages and chunks. One per run, so runs that share a Prompter (and a model
+    client) never extend each other's prompts or evict each other's caches."""
+
+    def __init__(self) -> None:
+        self.seen: tuple[str, list[int]] | None = None  # the text and ids of the last prompt + completion
+        self.last: tuple[list[dict[str, Any]], int, dict[str, Any] | None, Any, str, list[int]] | None = None
+        self.chunks: dict[str, list[int]] = {}  # ids of the last prompt's chunks (and those added since)
+        self.prepared: list[tuple[dict[str, Any], dict[str, Any]]] = []  # (message, its template form)
+
+
 class Prompter:
-    """Renders and tokenizes prompts for one model; remembers the last prompt and what was sampled.
+    """Renders and tokenizes prompts for one model. Shared by every run of that model; what belongs
+    to one conversation lives in its `Conversation`, passed to each call.
 
     Messages must be replaced, never mutated in place (the agent's History does so): a message's
-    template form is cached by identity. Safe to share between runs: every shortcut is keyed on
-    exactly what it stands for (the text seen, the chunk, the message object)."""
+    template form is cached by identity."""
 
     def __init__(self, tokenizer: Any, chat_template: str | None = None):
         self.tokenizer = tokenizer
@@ -40,36 +52,34 @@ class Prompter:
         self.split_token: str | None = None  # chosen on the first prompt
         self.render_checks = _CHECKS
         self.encode_checks = _CHECKS
-        self._chunks: dict[str, list[int]] = {}
         self._anchor_ids: dict[str, list[int]] = {}
-        self._prepared: list[tuple[dict[str, Any], dict[str, Any]]] = []
-        self._last: tuple[list[dict[str, Any]], int, dict[str, Any] | None, Any, str, list[int]] | None = None
-        self.seen: tuple[str, list[int]] | None = None  # the text and ids of the last prompt + completion
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-               generation_prompt: bool = True) -> str:
+               generation_prompt: bool = True, conversation: Conversation | None = None) -> str:
         """The prompt text, as `tokenizer.apply_chat_template` renders it."""
+        conversation = conversation or Conversation()
         if self.compiled is not None and self.render_checks <= 0:
-            return self._render_compiled(messages, tools, generation_prompt)
+            return self._render_compiled(messages, tools, generation_prompt, conversation)
         plain = self.tokenizer.apply_chat_template(messages, tools=tools, chat_template=self.chat_template,
                                                    add_generation_prompt=generation_prompt, tokenize=False)
         if self.compiled is not None:
             self.render_checks -= 1
-            if self._render_compiled(messages, tools, generation_prompt) != plain:
+            if self._render_compiled(messages, tools, generation_prompt, conversation) != plain:
                 self.compiled = None
         return plain
 
     def _render_compiled(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                         generation_prompt: bool) -> str:
+                         generation_prompt: bool, conversation: Conversation) -> str:
         assert self.compiled is not None
-        return self.compiled.render(messages=self._template_messages(messages), tools=tools, documents=None,
-                                    add_generation_prompt=generation_prompt, **self.tokenizer.special_tokens_map)
+        return self.compiled.render(messages=self._template_messages(messages, conversation), tools=tools,
+                                    documents=None, add_generation_prompt=generation_prompt,
+                                    **self.tokenizer.special_tokens_map)
 
-    def _template_messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _template_messages(self, messages: list[dict[str, Any]], conversation: Conversation) -> list[dict[str, Any]]:
         """The messages as transformers hands them to a template, each converted once (the cache
-        holds the current conversation's messages by position, checked by identity)."""
+        holds the conversation's messages by position, checked by identity)."""
         from transformers.utils import chat_template_utils as ct
-        cached = self._prepared
+        cached = conversation.prepared
         prepared = []
         for position, message in enumerate(messages):
             if position < len(cached) and cached[position][0] is message:
@@ -77,20 +87,21 @@ class Prompter:
                 continue
             plain = ct._plain_template_data({k: v for k, v in message.items() if v is not None})
             prepared.append((message, ct._alias_reasoning_fields([plain])[0]))
-        self._prepared = prepared
+        conversation.prepared = prepared
         return [template_form for _, template_form in prepared]
 
-    def encode(self, text: str, at_start: bool = True) -> list[int]:
+    def encode(self, text: str, at_start: bool = True, conversation: Conversation | None = None) -> list[int]:
         """The text's token ids, as the tokenizer gives them for a whole prompt (`at_start`) or for
-        text that follows a special token, tokenizing only chunks not seen before. The cache keeps
-        the chunks of the last whole prompt (and of the text added to it since)."""
+        text that follows a special token, tokenizing only chunks not seen before. The conversation's
+        cache keeps the chunks of its last whole prompt (and of the text added to it since)."""
+        conversation = conversation or Conversation()
         if self.split_token is None:
             self.split_token = _split_token(self.tokenizer, text) or ""
         if not self.split_token:
             return self._encode_whole(text) if at_start else self._encode_after_special(text)
         first, *rest = text.split(self.split_token)
         ids = [] if not first else self._encode_whole(first) if at_start else self._encode_after_special(first)
-        cache = self._chunks
+        cache = conversation.chunks
         fresh: dict[str, list[int]] = {} if at_start else cache
         for part in rest:
             chunk = cache.get(part)
@@ -98,12 +109,12 @@ class Prompter:
                 chunk = self._encode_whole(self.split_token + part)
             fresh[part] = chunk
             ids += chunk
-        self._chunks = fresh
+        conversation.chunks = fresh
         if at_start and self.encode_checks > 0 and len(rest) + 1 >= _CHECK_MIN_CHUNKS:
             self.encode_checks -= 1
             whole = self._encode_whole(text)
             if whole != ids:
-                self.split_token, self._chunks = "", {}
+                self.split_token, conversation.chunks = "", {}
                 return whole
         return ids
 
@@ -123,34 +134,38 @@ class Prompter:
         ids = self._encode_whole(anchor + text)
         return ids[len(anchor_ids):] if ids[:len(anchor_ids)] == anchor_ids else self._encode_whole(text)
 
-    def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
-        """The next prompt's ids; computed once for the same messages (the loop counts a prompt,
-        then sends it)."""
-        last = self._last
+    def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                   conversation: Conversation | None = None) -> list[int]:
+        """The next prompt's ids in a conversation (a new one when None); computed once for the same
+        messages (the loop counts a prompt, then sends it)."""
+        conversation = conversation or Conversation()
+        last = conversation.last
         newest = messages[-1] if messages else None
         if last is not None and last[0] is messages and last[1] == len(messages) and last[2] is newest \
                 and last[3] is tools:
             return last[5]
-        text = self.render(messages, tools)
-        seen = self.seen
+        text = self.render(messages, tools, conversation=conversation)
+        seen = conversation.seen
         if seen is not None and len(text) > len(seen[0]) and text.startswith(seen[0]):
-            ids = seen[1] + self.encode(text[len(seen[0]):], at_start=False)
+            ids = seen[1] + self.encode(text[len(seen[0]):], at_start=False, conversation=conversation)
         else:
-            ids = self.encode(text)
-        self._last = (messages, len(messages), newest, tools, text, ids)
+            ids = self.encode(text, conversation=conversation)
+        conversation.last = (messages, len(messages), newest, tools, text, ids)
         return ids
 
-    def count(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> int:
+    def count(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+              conversation: Conversation | None = None) -> int:
         """The next prompt's length in tokens (the loop's context check)."""
-        return len(self.prompt_ids(messages, tools))
+        return len(self.prompt_ids(messages, tools, conversation))
 
-    def sampled(self, prompt_ids: list[int], completion_ids: list[int]) -> None:
-        """Remember what the model saw and sampled, for the next prompt to extend verbatim."""
-        text = self._last[4] if self._last is not None and self._last[5] is prompt_ids else \
+    def sampled(self, conversation: Conversation, prompt_ids: list[int], completion_ids: list[int]) -> None:
+        """Remember what the model saw and sampled, for the conversation's next prompt to extend verbatim."""
+        last = conversation.last
+        text = last[4] if last is not None and last[5] is prompt_ids else \
             self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
-        self.seen = (text + self.tokenizer.decode(completion_ids, skip_special_tokens=False),
-                     prompt_ids + completion_ids)
-        self._last = None  # the same messages may now extend a different prompt
+        conversation.seen = (text + self.tokenizer.decode(completion_ids, skip_special_tokens=False),
+                             prompt_ids + completion_ids)
+        conversation.last = None  # the same messages may now extend a different prompt
 
 
 def _compiled(chat_template: str | None) -> Any:
@@ -172,3 +187,19 @@ def _split_token(tokenizer: Any, text: str) -> str | None:
     counts = {token: text.count(token) for token in candidates if token}
     best = max(counts, key=lambda token: counts[token], default=None)
     return best if best is not None and counts[best] > 0 else None
+
+
+def identity(tokenizer: Any, chat_template: str | None, template_name: str | None = None
+             ) -> tuple[dict[str, str], dict[str, str] | None]:
+    """Name and SHA-256 of the tokenizer (its whole serialized form: vocabulary, merges, added tokens)
+    and of the chat template, for trajectories to say exactly what rendered and tokenized them."""
+    import hashlib
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    serialized = backend.to_str() if backend is not None else \
+        repr(sorted(tokenizer.get_vocab().items())) + repr(sorted(map(str, tokenizer.all_special_tokens)))
+    name = str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__)
+    tokenizer_id = {"name": name, "sha256": hashlib.sha256(serialized.encode()).hexdigest()}
+    if not chat_template:
+        return tokenizer_id, None
+    return tokenizer_id, {"name": template_name or name, "sha256": hashlib.sha256(chat_template.encode()).hexdigest()}

@@ -13,19 +13,28 @@ import orjson
 
 from nanbeige.agent.llm import Completion, LLMConfig, ModelError, OpenAIChat, parse_completion
 from nanbeige.agent.local import stop_ids
-from nanbeige.agent.prompts import Prompter
+from nanbeige.agent.prompts import Conversation, Prompter, identity
 
 
 class TokenModeChat(OpenAIChat):
     """An OpenAI-compatible client that sends token ids to `/v1/completions`."""
 
-    def __init__(self, config: LLMConfig, tokenizer: Any, chat_template: str | None = None, **options: Any):
+    def __init__(self, config: LLMConfig, tokenizer: Any, chat_template: str | None = None,
+                 template_name: str | None = None, **options: Any):
         super().__init__(config, **options)
         self.prompter = Prompter(tokenizer, chat_template)
         if not self.prompter.chat_template:
             raise ModelError("token mode needs a chat template: the tokenizer has none; pass --chat-template")
         self.stop_ids = stop_ids(tokenizer)
-        self.count_prompt = self.prompter.count
+        self.tokenizer_identity, self.template_identity = identity(tokenizer, self.prompter.chat_template,
+                                                                   template_name)
+
+    def new_conversation(self) -> Conversation:
+        return Conversation()
+
+    def count_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                     conversation: Conversation | None) -> int:
+        return self.prompter.count(messages, tools, conversation)
 
     def completions_body(self, prompt: list[int], max_tokens: int | None) -> dict[str, Any]:
         c = self.config
@@ -38,8 +47,9 @@ class TokenModeChat(OpenAIChat):
         return body
 
     async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-                       max_tokens: int | None = None) -> Completion:
-        prompt = self.prompter.prompt_ids(messages, tools)
+                       max_tokens: int | None = None, conversation: Conversation | None = None) -> Completion:
+        conversation = conversation or Conversation()
+        prompt = self.prompter.prompt_ids(messages, tools, conversation)
         response, latency_s = await self._post_with_retries(self.completions_body(prompt, max_tokens),
                                                             "/completions")
         if response.status_code != 200:
@@ -52,7 +62,7 @@ class TokenModeChat(OpenAIChat):
         if completion.completion_ids is None:
             raise ModelError("the server did not return token ids: token mode needs vLLM (return_token_ids)")
         completion.prompt_ids = prompt  # what was sent, exactly
-        self.prompter.sampled(prompt, completion.completion_ids)
+        self.prompter.sampled(conversation, prompt, completion.completion_ids)
         return completion
 
 

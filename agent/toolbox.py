@@ -1,8 +1,8 @@
 """The agent's tools, reached only through MCP (the official `mcp` SDK).
 
-A stdio server is launched once per run and kept alive; if it dies mid-run it is restarted once
-and the model is told to make the call again (it is not retried blindly: the call may be what
-killed the server). Streamable-HTTP servers are reached by URL. Every call has a timeout,
+A stdio server is launched once and kept alive for every run that shares the toolbox; if it dies
+mid-run it is restarted (once per run, by default) and the model is told to make the call again
+(it is not retried blindly: the call may be what killed the server). Streamable-HTTP servers are reached by URL. Every call has a timeout,
 long results are cut with a visible marker, and anything that goes wrong inside a call comes
 back as an error result the model can read; only a server that cannot start at all is an error
 for the user.
@@ -16,7 +16,6 @@ import re
 import shlex
 import sys
 import time
-from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -111,7 +110,8 @@ def truncate(text: str, max_chars: int) -> tuple[str, bool]:
 
 
 class Toolbox:
-    """Live MCP connections, one per server, for the length of one or more runs."""
+    """Live MCP connections, one per server, shared by one or more runs (also at once). Nothing here
+    belongs to one run: each run passes in its own restart budget."""
 
     def __init__(self, specs: list[ServerSpec], call_timeout_s: float = 300.0, max_result_chars: int = 100_000,
                  errlog: IO[str] | None = None, max_restarts: int = 1, start_timeout_s: float = 60.0,
@@ -126,17 +126,21 @@ class Toolbox:
         # shorter strings would match ordinary text).
         self.secrets = [s for s in secrets or [] if len(s) >= 8]
         self.tools: list[dict[str, Any]] = []
-        self.restarts: dict[str, int] = {}
         self._clients: dict[str, Client] = {}
-        self._stacks: dict[str, AsyncExitStack] = {}
+        self._holders: dict[str, tuple[asyncio.Task[None], asyncio.Event]] = {}  # each connection's task
+        self._restarting: dict[str, asyncio.Lock] = {}  # one restart of a server at a time
+
+    def settings(self) -> dict[str, Any]:
+        """The settings that shape what the model reads, for the trajectory."""
+        return {"max_result_chars": self.max_result_chars, "tool_timeout_s": self.call_timeout_s}
 
     async def __aenter__(self) -> Toolbox:
-        try:
-            for spec in self.specs.values():
-                self.tools += await self._connect(spec)
+        try:  # all servers start at once; the tools keep the order the servers were given in
+            listed = await asyncio.gather(*(self._connect(spec) for spec in self.specs.values()))
         except BaseException:
             await self.aclose()
             raise
+        self.tools = [tool for tools in listed for tool in tools]
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -144,19 +148,44 @@ class Toolbox:
 
     async def _connect(self, spec: ServerSpec) -> list[dict[str, Any]]:
         """Start (or reach) a server and list its tools, within `start_timeout_s`."""
-        stack = AsyncExitStack()
+        ready: asyncio.Future[Client] = asyncio.get_running_loop().create_future()
+        close = asyncio.Event()
+        self._holders[spec.name] = (asyncio.create_task(self._hold(spec, ready, close)), close)
         try:
             async with asyncio.timeout(self.start_timeout_s):
-                self._clients[spec.name] = await stack.enter_async_context(Client(spec.target(self.errlog)))
-                tools = await self._list_tools(spec.name)
+                self._clients[spec.name] = await asyncio.shield(ready)
+                return await self._list_tools(spec.name)
         except Exception as exc:
-            await _close_quietly(stack)
-            self._clients.pop(spec.name, None)
+            await self._disconnect(spec.name)
             where = spec.url or (shlex.join(spec.command) if spec.command else "in-process")
             reason = f"no answer within {self.start_timeout_s:g} s" if isinstance(exc, TimeoutError) else _describe(exc)
             raise ToolboxError(f"MCP server {spec.name!r} ({where}) failed to start: {reason}") from None
-        self._stacks[spec.name] = stack
-        return tools
+
+    async def _hold(self, spec: ServerSpec, ready: asyncio.Future[Client], close: asyncio.Event) -> None:
+        """Open a connection and hold it until `close` is set. It lives in a task of its own because
+        the SDK's connection must be closed by the task that opened it, and the run that restarts a
+        server is not the one that stops the toolbox."""
+        try:
+            async with Client(spec.target(self.errlog)) as client:
+                ready.set_result(client)
+                await close.wait()
+        except Exception as exc:  # failed to start, or died: callers see it through the client
+            if not ready.done():
+                ready.set_exception(exc)
+        finally:
+            if not ready.done():
+                ready.set_exception(ConnectionError("the connection closed before it was ready"))
+
+    async def _disconnect(self, server: str) -> None:
+        self._clients.pop(server, None)
+        task, close = self._holders.pop(server, (None, None))
+        if task is None or close is None:
+            return
+        close.set()
+        done, _ = await asyncio.wait({task}, timeout=10.0)
+        if not done:  # a dead server may not close cleanly; there is nothing left to save
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
     async def _list_tools(self, server: str) -> list[dict[str, Any]]:
         tools, cursor = [], None
@@ -168,11 +197,15 @@ class Toolbox:
             if not cursor:
                 return tools
 
-    async def _restart(self, server: str) -> None:
-        await _close_quietly(self._stacks.pop(server))
-        self._clients.pop(server, None)
-        self.restarts[server] = self.restarts.get(server, 0) + 1
-        await self._connect(self.specs[server])
+    async def _restart(self, server: str, dead: Client | None, restarts: dict[str, int]) -> None:
+        """Restart a server whose client `dead` failed, unless another run already did (then the new
+        connection serves this run too and its budget is untouched)."""
+        async with self._restarting.setdefault(server, asyncio.Lock()):
+            if server in self._clients and self._clients[server] is not dead:
+                return
+            restarts[server] = restarts.get(server, 0) + 1
+            await self._disconnect(server)
+            await self._connect(self.specs[server])
 
     def _unknown(self, call: ToolCall) -> str | None:
         if any(t["server"] == call.server and t["name"] == call.name for t in self.tools):
@@ -180,19 +213,21 @@ class Toolbox:
         available = ", ".join(f"{t['name']} (server {t['server']})" for t in self.tools) or "none"
         return f"Unknown tool: {call.name!r} on server {call.server!r}. Available tools: {available}."
 
-    async def call(self, call: ToolCall) -> ToolResult:
-        """Run one tool call. Never raises for anything the model could fix or the server did."""
+    async def call(self, call: ToolCall, restarts: dict[str, int] | None = None) -> ToolResult:
+        """Run one tool call. Never raises for anything the model could fix or the server did.
+        `restarts` is the calling run's own count of server restarts (a fresh one when None)."""
         started = time.perf_counter()
         unknown = self._unknown(call)
         if unknown:
             return ToolResult(text=unknown, is_error=True)
-        text, is_error = await self._call_with_restart(call)
+        text, is_error = await self._call_with_restart(call, {} if restarts is None else restarts)
         text, truncated = truncate(defuse_control_tokens(redact(text, self.secrets)), self.max_result_chars)
         return ToolResult(text=text, is_error=is_error, latency_s=time.perf_counter() - started, truncated=truncated)
 
-    async def _call_with_restart(self, call: ToolCall) -> tuple[str, bool]:
+    async def _call_with_restart(self, call: ToolCall, restarts: dict[str, int]) -> tuple[str, bool]:
+        client = self._clients.get(call.server)
         try:
-            return await self._call_once(call)
+            return await self._call_once(call, client)
         except MCPError as exc:
             if exc.code == REQUEST_TIMEOUT:
                 return f"Tool call timed out after {self.call_timeout_s:g} s.", True
@@ -201,18 +236,17 @@ class Toolbox:
             failure = exc
         except Exception as exc:  # the transport broke in some other way
             failure = exc
-        if self.restarts.get(call.server, 0) >= self.max_restarts:
+        if restarts.get(call.server, 0) >= self.max_restarts and self._clients.get(call.server) is client:
             return f"Server {call.server} is not available ({_describe(failure)}); it was already restarted.", True
         try:
-            await self._restart(call.server)
+            await self._restart(call.server, client, restarts)
         except Exception as exc:
             return f"Server {call.server} stopped and could not be restarted: {_describe(exc)}", True
         # Not retried: the call may be what killed the server, and it may have had effects.
         return (f"Server {call.server} stopped during this call ({_describe(failure)}) and was restarted; "
                 "anything it held in memory is gone. Make the call again if you still need it."), True
 
-    async def _call_once(self, call: ToolCall) -> tuple[str, bool]:
-        client = self._clients.get(call.server)
+    async def _call_once(self, call: ToolCall, client: Client | None) -> tuple[str, bool]:
         if client is None:
             raise MCPError(CONNECTION_CLOSED, "not connected")
         try:  # the SDK's own timeout does not cover every transport (in-process), so bound it here too
@@ -223,16 +257,8 @@ class Toolbox:
         return result_text(result.content), bool(result.is_error)
 
     async def aclose(self) -> None:
-        for name in list(self._stacks):
-            await _close_quietly(self._stacks.pop(name))
-        self._clients.clear()
-
-
-async def _close_quietly(stack: AsyncExitStack) -> None:
-    try:
-        await stack.aclose()
-    except Exception:  # a dead server may fail to close cleanly; there is nothing left to save
-        pass
+        for name in list(self._holders):
+            await self._disconnect(name)
 
 
 def _describe(exc: BaseException) -> str:

@@ -27,7 +27,7 @@ import orjson
 FORMAT_VERSION = 1
 
 StopReason = Literal[
-    "answered", "max_turns", "context_limit", "format_errors", "model_error", "interrupted", "timeout"
+    "answered", "max_turns", "context_limit", "format_errors", "model_error", "interrupted", "timeout", "crashed"
 ]
 
 
@@ -77,6 +77,9 @@ class Turn:
     reply, repetition); None when the reply was fine."""
     instruction: str | None = None
     """A user message the runtime added before this model call (the final-answer request)."""
+    omitted_latest_results: bool = False
+    """On the final-answer turn: True when the newest tool results were left out of its prompt to
+    leave room for the answer (the model did not read them)."""
     finish_reason: str | None = None
     """The server's finish reason (`stop`, `length`, ...)."""
     usage: dict[str, int] = field(default_factory=dict)
@@ -127,11 +130,12 @@ class Trajectory:
     sampling: dict[str, Any] = field(default_factory=dict)
     """Sampling settings: temperature, top_p, max_tokens, stop."""
     limits: dict[str, Any] = field(default_factory=dict)
-    """Loop limits: max_turns, keep_tool_results, max_context, ..."""
-    tokenizer: str | None = None
-    """Tokenizer identity, when known."""
-    chat_template: str | None = None
-    """Chat template identity (a hash), when known."""
+    """Loop limits (max_turns, keep_tool_results, max_context, ...) and the toolbox settings that
+    shaped what the model read (max_result_chars, tool_timeout_s)."""
+    tokenizer: dict[str, str] | None = None
+    """Tokenizer identity, `name` and `sha256`, when the backend tokenizes (token mode, in-process)."""
+    chat_template: dict[str, str] | None = None
+    """Chat template identity, `name` and `sha256`, when the backend renders prompts itself."""
     turns: list[Turn] = field(default_factory=list)
     """The turns, in order."""
     answer: str | None = None
@@ -139,7 +143,7 @@ class Trajectory:
     stop_reason: StopReason | None = None
     """Why the run ended; None while it runs."""
     error: str | None = None
-    """What went wrong, for `model_error`."""
+    """What went wrong, for `model_error` and `crashed`."""
     reward: float | None = None
     """Outcome reward, set by a judge."""
     judge: dict[str, Any] | None = None

@@ -56,8 +56,8 @@ async def test_greedy_decoding_is_deterministic(tiny: Path) -> None:
 
 async def test_the_loop_records_every_prompt_exactly_and_extends_completions_verbatim(tiny: Path) -> None:
     class Recording(TransformersLLM):
-        async def complete(self, messages, tools=None, max_tokens=None):  # noqa: ANN001, ANN201
-            completion = await super().complete(messages, tools, max_tokens)
+        async def complete(self, messages, tools=None, max_tokens=None, conversation=None):  # noqa: ANN001, ANN201
+            completion = await super().complete(messages, tools, max_tokens, conversation)
             self.sent.append((list(messages), completion.prompt_ids))
             return completion
 
@@ -123,9 +123,10 @@ def test_auto_backend_falls_back_to_the_in_process_model_only_without_an_explici
 
 async def test_with_the_models_tokenizer_no_request_can_overflow_the_context(tiny: Path) -> None:
     class Recording(TransformersLLM):
-        async def complete(self, messages, tools=None, max_tokens=None):  # noqa: ANN001, ANN201
-            self.requests.append((len(self.prompter.prompt_ids(messages, tools)), max_tokens or self.config.max_tokens))
-            return await super().complete(messages, tools, max_tokens)
+        async def complete(self, messages, tools=None, max_tokens=None, conversation=None):  # noqa: ANN001, ANN201
+            self.requests.append((len(self.prompter.prompt_ids(messages, tools, conversation)),
+                                  max_tokens or self.config.max_tokens))
+            return await super().complete(messages, tools, max_tokens, conversation)
 
     llm = Recording(LLMConfig(model=str(tiny), temperature=1.0, max_tokens=48))
     llm.requests = []

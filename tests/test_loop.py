@@ -188,10 +188,10 @@ async def test_cancelling_a_run_closes_its_trajectory_as_interrupted(tmp_path: P
     path = tmp_path / "run.jsonl"
 
     class Hanging(ScriptedLLM):
-        async def complete(self, messages, tools=None, max_tokens=None):  # noqa: ANN001, ANN201
+        async def complete(self, messages, tools=None, max_tokens=None, conversation=None):  # noqa: ANN001, ANN201
             if len(self.calls) == 1:
                 await asyncio.sleep(3600)
-            return await super().complete(messages, tools, max_tokens)
+            return await super().complete(messages, tools, max_tokens, conversation)
 
     writer = TrajectoryWriter(path)
     async with toolbox() as tools:

@@ -12,7 +12,7 @@ import pytest
 from test_smollm2 import GGUF, smollm2_folder
 from tiny_model import CHAT_TEMPLATE, CORPUS, make_tiny_model
 
-from nanbeige.agent.prompts import Prompter
+from nanbeige.agent.prompts import Conversation, Prompter
 
 # A template with the usual context-dependent parts: a default system prompt, tool results grouped
 # in one user turn, reasoning rendered from `reasoning_content`, tools listed in the system turn.
@@ -76,51 +76,63 @@ def plain_ids(tokenizer: Any, messages: list[dict[str, Any]], template: str) -> 
 
 @pytest.mark.parametrize("template", [CHAT_TEMPLATE, GROUPING_TEMPLATE])
 def test_every_prompt_of_a_growing_conversation_matches_plain_transformers(tokenizer: Any, template: str) -> None:
-    prompter = Prompter(tokenizer, template)
+    prompter, state = Prompter(tokenizer, template), Conversation()
     messages = conversation(40)
     for end in range(1, len(messages) + 1):
-        assert prompter.prompt_ids(messages[:end]) == plain_ids(tokenizer, messages[:end], template)
+        assert prompter.prompt_ids(messages[:end], None, state) == plain_ids(tokenizer, messages[:end], template)
     assert prompter.compiled is not None and prompter.split_token == "<|im_start|>"  # both shortcuts stayed on
     assert prompter.render(messages, [{"name": "search"}]) == tokenizer.apply_chat_template(
         messages, tools=[{"name": "search"}], chat_template=template, add_generation_prompt=True, tokenize=False)
 
 
 def test_a_rewritten_history_is_tokenized_afresh_and_only_new_chunks_are_tokenized(tokenizer: Any) -> None:
-    prompter = Prompter(tokenizer, GROUPING_TEMPLATE)
+    prompter, state = Prompter(tokenizer, GROUPING_TEMPLATE), Conversation()
     messages = conversation(30)
-    prompter.prompt_ids(messages[:-1]), prompter.prompt_ids(messages)  # past the first prompts' self-checks
+    prompter.prompt_ids(messages[:-1], None, state), prompter.prompt_ids(messages, None, state)  # past the self-checks
     calls = []
     prompter._encode_whole = lambda text: calls.append(text) or tokenizer(text, add_special_tokens=False)["input_ids"]
     rewritten = [*messages[:5], {**messages[5], "content": "(omitted)"}, *messages[6:]]
-    assert prompter.prompt_ids(rewritten) == plain_ids(tokenizer, rewritten, GROUPING_TEMPLATE)
+    assert prompter.prompt_ids(rewritten, None, state) == plain_ids(tokenizer, rewritten, GROUPING_TEMPLATE)
     assert len(calls) == 1 and "(omitted)" in calls[0]  # the one changed chunk
 
 
 def test_completions_are_extended_verbatim_within_a_segment(tokenizer: Any) -> None:
-    prompter = Prompter(tokenizer, CHAT_TEMPLATE)
+    prompter, state = Prompter(tokenizer, CHAT_TEMPLATE), Conversation()
     messages = conversation(0)
-    prompt = prompter.prompt_ids(messages)
-    # a letter at a time: ids the model may sample that are not the canonical tokenization of "Paris"
-    completion = [tokenizer.convert_tokens_to_ids(c) for c in "Paris"] + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
-    assert completion[:-1] != tokenizer("Paris", add_special_tokens=False)["input_ids"]
-    prompter.sampled(prompt, completion)
+    prompt = prompter.prompt_ids(messages, None, state)
+    completion = letter_by_letter(tokenizer, "Paris")
+    prompter.sampled(state, prompt, completion)
     text = tokenizer.decode(completion[:-1])
     grown = [*messages, {"role": "assistant", "content": text}, {"role": "user", "content": "Sure?"}]
-    nxt = prompter.prompt_ids(grown)
+    nxt = prompter.prompt_ids(grown, None, state)
     assert nxt[:len(prompt) + len(completion)] == prompt + completion
     assert tokenizer.decode(nxt) == tokenizer.decode(plain_ids(tokenizer, grown, CHAT_TEMPLATE))
     other = [{"role": "user", "content": "Another question"}]
-    assert prompter.prompt_ids(other) == plain_ids(tokenizer, other, CHAT_TEMPLATE)  # no stale extension
+    assert prompter.prompt_ids(other, None, state) == plain_ids(tokenizer, other, CHAT_TEMPLATE)  # no stale extension
 
 
-def test_one_prompter_can_serve_two_conversations_in_turn(tokenizer: Any) -> None:
-    prompter = Prompter(tokenizer, GROUPING_TEMPLATE)
-    first, second = conversation(12), [{"role": "user", "content": "Other"}, *conversation(9)[1:]]
-    for end in range(1, len(second) + 1):
-        for messages in (first[:end], second[:end]):
-            ids = prompter.prompt_ids(messages)
-            assert ids == plain_ids(tokenizer, messages, GROUPING_TEMPLATE)
-            prompter.sampled(ids, tokenizer("x<|im_end|>", add_special_tokens=False)["input_ids"])
+def letter_by_letter(tokenizer: Any, text: str) -> list[int]:
+    """Ids the model may sample that are not the canonical tokenization of `text`, then end-of-turn."""
+    ids = [tokenizer.convert_tokens_to_ids(c) for c in text]
+    assert ids != tokenizer(text, add_special_tokens=False)["input_ids"]
+    return ids + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+
+
+def test_one_prompter_serves_interleaved_conversations_each_extended_verbatim(tokenizer: Any) -> None:
+    prompter = Prompter(tokenizer, CHAT_TEMPLATE)
+    states = [Conversation(), Conversation()]
+    histories = [[{"role": "user", "content": "First question"}], [{"role": "user", "content": "Second one"}]]
+    sent: list[list[list[int]]] = [[], []]
+    for step in range(6):
+        for which in (0, 1):  # one turn of each conversation in turn, over the same prompter
+            prompt = prompter.prompt_ids(histories[which], None, states[which])
+            if sent[which]:
+                assert prompt[:len(sent[which][-1])] == sent[which][-1]  # extends its own last prompt + completion
+            completion = letter_by_letter(tokenizer, f"Paris{which}{step}")
+            prompter.sampled(states[which], prompt, completion)
+            sent[which].append(prompt + completion)
+            histories[which] = [*histories[which], {"role": "assistant", "content": tokenizer.decode(completion[:-1])},
+                                {"role": "user", "content": f"Result {step}"}]
 
 
 def test_a_split_point_that_changes_tokenization_is_caught_and_dropped(tmp_path: Path) -> None:

@@ -61,6 +61,40 @@ async def test_within_a_segment_completions_are_extended_verbatim(tokenizer: Any
     assert len(requests) == 9
 
 
+async def test_concurrent_runs_over_one_client_and_one_toolbox_stay_independent(tokenizer: Any) -> None:
+    import asyncio
+    import re
+
+    def sampled_letter_by_letter(text: str) -> list[int]:  # valid ids, but not how the text re-tokenizes
+        return [i for char in text for i in tokenizer(char, add_special_tokens=False)["input_ids"]]
+
+    def reply(request: dict[str, Any]) -> str:
+        prompt = tokenizer.decode(request["prompt"])
+        run_number = re.search(r"question number (\d+)", prompt).group(1)
+        step = prompt.count("<|im_start|>assistant") - 1
+        if step < 6:
+            return mcp_call("testkit", "echo", {"text": f"run {run_number} step {step}"}, thought=f"Step {step}.")
+        return mcp_answer(f"answer {run_number}")
+
+    stop_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert sampled_letter_by_letter("<think> step") != tokenizer("<think> step", add_special_tokens=False)["input_ids"]
+    with FakeOpenAI(reply, tokenize=sampled_letter_by_letter, stop_id=stop_id) as server:
+        llm = TokenModeChat(LLMConfig(base_url=server.base_url, model="tiny"), tokenizer)
+        config = AgentConfig(keep_tool_results=-1, max_turns=20, max_context=10**6, date="2026-11-21")
+        async with Toolbox([ServerSpec(name="testkit", server=mcp_test_server.server)]) as tools:
+            trajectories = await asyncio.gather(*(run(f"What is question number {k}?", llm, tools, config)
+                                                  for k in range(8)))
+        await llm.aclose()
+    rebuilt = []
+    for k, trajectory in enumerate(trajectories):
+        assert trajectory.answer == f"answer {k}" and len(trajectory.turns) == 7
+        assert {turn.segment for turn in trajectory.turns} == {0}  # every prompt extended its own run's verbatim
+        assert all(f"run {k} step" in r.text for turn in trajectory.turns for r in turn.tool_results)
+        rebuilt += [full_prompt(trajectory.turns, turn.index) for turn in trajectory.turns]
+    sent = [request["prompt"] for request in server.requests]
+    assert sorted(sent) == sorted(rebuilt)  # every prompt sent is rebuilt exactly from its own trajectory
+
+
 def test_ask_in_token_mode_from_the_command_line(tmp_path: Path) -> None:
     import json
     import os

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -63,17 +64,36 @@ async def test_long_results_are_cut_with_a_visible_marker() -> None:
     assert result.text.endswith("[Result truncated: 1000 of 5000 characters shown]")
 
 
-async def test_a_server_that_dies_is_restarted_once() -> None:
+async def test_a_server_that_dies_is_restarted_once_per_run() -> None:
+    run_a: dict[str, int] = {}  # each run's own restart budget
+    run_b: dict[str, int] = {}
     async with Toolbox([stdio_spec()]) as toolbox:
-        first_pid = (await toolbox.call(ToolCall("testkit", "pid", {}))).text
-        crashed = await toolbox.call(ToolCall("testkit", "crash", {}))
+        first_pid = (await toolbox.call(ToolCall("testkit", "pid", {}), run_a)).text
+        crashed = await toolbox.call(ToolCall("testkit", "crash", {}), run_a)
         assert crashed.is_error and "was restarted" in crashed.text
-        second_pid = await toolbox.call(ToolCall("testkit", "pid", {}))
+        second_pid = await toolbox.call(ToolCall("testkit", "pid", {}), run_a)
         assert second_pid.is_error is False and second_pid.text != first_pid
-        again = await toolbox.call(ToolCall("testkit", "crash", {}))  # a second death is final
-        after = await toolbox.call(ToolCall("testkit", "echo", {"text": "x"}))
-    assert toolbox.restarts == {"testkit": 1}
-    assert again.is_error and after.is_error and "already restarted" in after.text
+        again = await toolbox.call(ToolCall("testkit", "crash", {}), run_a)  # a second death is final for run a
+        after = await toolbox.call(ToolCall("testkit", "echo", {"text": "x"}), run_a)
+        assert again.is_error and after.is_error and "already restarted" in after.text
+        # another run sharing the toolbox has a budget of its own: run a's restart did not use it up
+        revived = await toolbox.call(ToolCall("testkit", "echo", {"text": "y"}), run_b)
+        assert "was restarted" in revived.text
+        assert (await toolbox.call(ToolCall("testkit", "echo", {"text": "z"}), run_b)).text == "z"
+    assert run_a == {"testkit": 1} and run_b == {"testkit": 1}
+
+
+async def test_runs_that_see_the_same_death_restart_the_server_once() -> None:
+    async with Toolbox([stdio_spec()]) as toolbox:
+        pid = int((await toolbox.call(ToolCall("testkit", "pid", {}))).text)
+        os.kill(pid, 9)
+        time.sleep(0.2)
+        budgets: list[dict[str, int]] = [{} for _ in range(4)]
+        lost = await asyncio.gather(*(toolbox.call(ToolCall("testkit", "echo", {"text": "lost"}), budget)
+                                      for budget in budgets))
+        assert all(result.is_error and "Make the call again" in result.text for result in lost)
+        assert sum(budget.get("testkit", 0) for budget in budgets) == 1  # one restart, by one run
+        assert (await toolbox.call(ToolCall("testkit", "echo", {"text": "back"}), budgets[1])).text == "back"
 
 
 async def test_a_server_killed_from_outside_is_restarted() -> None:
