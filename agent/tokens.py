@@ -7,6 +7,8 @@ can merge into one row. When context management rewrites the history (keep-K rep
 result), the prompt diverges part-way, `prompt_keep` is where, and a new segment starts; the delta
 is still only what follows the divergence, so storage stays O(turns), not O(turns^2).
 `prefix_hash` is the SHA-256 of the kept tokens (as int32), so a rebuilt prompt can be checked.
+`training_rows` turns the records into what a trainer reads: one row of token ids per segment, with
+the sampled tokens marked for the loss.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from nanbeige.agent.trajectory import Turn
@@ -104,3 +107,57 @@ def rebuild_segments(turns: list[Turn]) -> dict[int, list[int]]:
     for turn, prompt in iter_prompts(turns):
         segments[turn.segment] = prompt + turn.completion_ids
     return segments
+
+
+@dataclass
+class TrainingRow:
+    """One segment of a trajectory as a trainer reads it."""
+
+    segment: int
+    """The token segment the row holds."""
+    ids: list[int]
+    """The segment's last prompt followed by that turn's completion: every earlier turn of the
+    segment is inside it, its completion right after its own prompt."""
+    loss_mask: list[int]
+    """1 where `ids` holds a token the model sampled in a turn with `mask == 1`; 0 on the prompt,
+    tool results, template glue, and the completions of turns with `mask == 0`."""
+    logprobs: list[float] | None
+    """Aligned to `ids`: the sampling logprob at each completion position, 0.0 elsewhere; None when a
+    turn in the row was recorded without logprobs."""
+    turns: list[int]
+    """Indices of the turns in the row, in order."""
+
+
+def training_rows(turns: list[Turn]) -> list[TrainingRow]:
+    """One training row per segment of a trajectory's token-recorded turns, in segment order.
+
+    Within a segment a prompt is the previous prompt + completion + what came after it (tool results,
+    template glue), so a row grows by each turn's new prompt tokens (loss mask 0) and its completion
+    (loss mask 1, or 0 for a turn with `mask == 0`). Raises ValueError when a prefix hash does not
+    check, a turn's logprobs do not match its completion ids, or a turn of a segment does not extend it."""
+    rows: list[TrainingRow] = []
+    for turn, prompt in iter_prompts(turns):
+        completion = turn.completion_ids
+        if turn.logprobs is not None and len(turn.logprobs) != len(completion):
+            raise ValueError(f"turn {turn.index}: {len(turn.logprobs)} logprobs for {len(completion)} completion ids")
+        if not rows or rows[-1].segment != turn.segment:
+            rows.append(TrainingRow(segment=turn.segment, ids=[], loss_mask=[], logprobs=[], turns=[]))
+            new_prompt = prompt
+        elif turn.prompt_keep == len(rows[-1].ids):
+            new_prompt = turn.prompt_delta_ids  # the row so far is this prompt's start: append only the rest
+        else:
+            raise ValueError(f"turn {turn.index}: its prompt does not extend segment {turn.segment}")
+        row = rows[-1]
+        _append(row, new_prompt, 0, [0.0] * len(new_prompt))
+        _append(row, completion, 1 if turn.mask else 0, turn.logprobs)
+        row.turns.append(turn.index)
+    return rows
+
+
+def _append(row: TrainingRow, ids: list[int], trained: int, logprobs: list[float] | None) -> None:
+    row.ids += ids
+    row.loss_mask += [trained] * len(ids)
+    if row.logprobs is not None and logprobs is not None:
+        row.logprobs += logprobs
+    else:
+        row.logprobs = None  # one turn without logprobs: the row has none to align
