@@ -1,13 +1,16 @@
 """Model backends: one small protocol, an OpenAI-compatible HTTP client, and a scripted model.
 
-The HTTP client speaks `/v1/chat/completions` to vLLM or any OpenAI-compatible server. Against
-vLLM it also asks for the prompt and completion token ids and the sampling logprobs, so turns
-are token-exact; servers that ignore those fields work unchanged, and a server that rejects them
-is asked again without them.
+The HTTP client speaks `/v1/chat/completions` to vLLM or any OpenAI-compatible server. Before its
+first call it asks the server what it is (`GET /v1/models`, see `probe_server`); only to vLLM does it
+send vLLM's own request fields, asking for the prompt and completion token ids and the sampling
+logprobs so turns are token-exact. Other servers may refuse unknown fields (FastAPI servers answer
+422), so they never get them; a server that claims vLLM and still refuses them is asked again
+without them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
@@ -26,6 +29,7 @@ from tenacity import (
 
 RETRY_STATUSES = {408, 425, 429, 500, 502, 503, 504}
 VLLM_EXTRAS = {"return_token_ids": True, "logprobs": True, "top_logprobs": 0}
+PROBE_TIMEOUT_S = 10.0
 
 
 class ModelError(Exception):
@@ -112,6 +116,69 @@ class LLM(Protocol):
     async def aclose(self) -> None: ...
 
 
+@dataclass
+class ServerInfo:
+    """What an OpenAI-compatible server says about itself (see `probe_server`)."""
+
+    vllm: bool
+    """The server is vLLM (its model list names vLLM as owner, or its `/version` answers as vLLM's
+    does), so it takes vLLM's own request fields and returns token ids."""
+    max_model_len: int | None = None
+    """The model's context length in tokens, where the server lists one (vLLM does)."""
+    models: list[str] = field(default_factory=list)
+    """The ids of the models the server lists."""
+
+
+def probe_server(base_url: str, api_key: str | None, timeout: float = PROBE_TIMEOUT_S,
+                 model: str | None = None) -> ServerInfo:
+    """Ask the server at `base_url` (ending in `/v1`) what it is: `GET /models`, then `GET /version`
+    at its root only when the model list names no owner. `max_model_len` is the one listed for
+    `model`, or for the first model when `model` is not listed. A 401 means the server is up but
+    wants a key: nothing more can be learnt. Raises ModelUnreachable with a short reason when
+    nothing OpenAI-compatible answers."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        with httpx.Client(headers=headers, timeout=timeout) as http:
+            info, settled = _read_model_list(http.get(base_url.rstrip("/") + "/models"), model)
+            if not settled:
+                info.vllm = _version_is_vllm(http.get(_server_root(base_url) + "/version"))
+    except httpx.HTTPError as exc:
+        raise ModelUnreachable(type(exc).__name__) from None
+    return info
+
+
+def _read_model_list(response: httpx.Response, model: str | None) -> tuple[ServerInfo, bool]:
+    """What a `/models` answer says, and whether that settles `vllm` (a list naming no owner does
+    not). ModelUnreachable when the answer is not an OpenAI model list."""
+    if response.status_code == 401:
+        return ServerInfo(vllm=False), True
+    try:
+        entries = response.json().get("data") if response.status_code == 200 else None
+    except (ValueError, AttributeError):  # not JSON, or JSON but not an object
+        entries = None
+    if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
+        raise ModelUnreachable(f"HTTP {response.status_code} from {response.url}: not an OpenAI-compatible server")
+    owners = [entry["owned_by"] for entry in entries if entry.get("owned_by") is not None]
+    chosen = next((entry for entry in entries if entry.get("id") == model), entries[0] if entries else {})
+    length = chosen.get("max_model_len")
+    info = ServerInfo(vllm="vllm" in owners, max_model_len=length if isinstance(length, int) else None,
+                      models=[str(entry["id"]) for entry in entries if "id" in entry])
+    return info, bool(owners)
+
+
+def _version_is_vllm(response: httpx.Response) -> bool:
+    """vLLM answers `GET /version` with `{"version": "..."}`."""
+    try:
+        body = response.json()
+    except ValueError:
+        return False
+    return response.status_code == 200 and isinstance(body, dict) and isinstance(body.get("version"), str)
+
+
+def _server_root(base_url: str) -> str:
+    return base_url.rstrip("/").removesuffix("/v1")
+
+
 class _RetryableStatus(Exception):
     def __init__(self, response: httpx.Response):
         super().__init__(f"HTTP {response.status_code}")
@@ -132,14 +199,26 @@ def _retryable(exc: BaseException) -> bool:
 
 
 def _error_text(response: httpx.Response) -> str:
+    """The server's own words: OpenAI's `error.message`, or FastAPI's `detail`, which is a string or
+    pydantic's list of errors, each with where in the request it is (`loc`)."""
     try:
         body = response.json()
-        message = body.get("error", body) if isinstance(body, dict) else body
-        if isinstance(message, dict):
-            message = message.get("message", message)
-        return str(message)[:500]
     except ValueError:
         return response.text[:500]
+    message = body.get("error", body.get("detail", body)) if isinstance(body, dict) else body
+    if isinstance(message, dict):
+        message = message.get("message", message)
+    if isinstance(message, list):
+        message = "; ".join(_located(error) for error in message)
+    return str(message)[:500]
+
+
+def _located(error: Any) -> str:
+    """One pydantic validation error as `body.field: message`: the field may be named only in `loc`."""
+    if not isinstance(error, dict):
+        return str(error)
+    where = ".".join(str(part) for part in error.get("loc") or [])
+    return f"{where}: {error.get('msg')}" if where else str(error.get("msg", error))
 
 
 def parse_completion(body: dict[str, Any], latency_s: float, completions_api: bool = False) -> Completion:
@@ -149,10 +228,11 @@ def parse_completion(body: dict[str, Any], latency_s: float, completions_api: bo
     if completions_api:
         message: dict[str, Any] = {"role": "assistant", "content": choice.get("text") or ""}
     else:
-        message = {"role": "assistant", "content": choice["message"].get("content") or ""}
+        message = {"role": "assistant", "content": _content_text(choice["message"].get("content"))}
         for key in ("tool_calls", "reasoning", "reasoning_content"):
             if choice["message"].get(key):
                 message[key] = choice["message"][key]
+        _check_tool_calls(message.get("tool_calls") or [])
     logprobs = None
     if (choice.get("logprobs") or {}).get("content"):
         logprobs = [entry["logprob"] for entry in choice["logprobs"]["content"]]
@@ -170,10 +250,58 @@ def parse_completion(body: dict[str, Any], latency_s: float, completions_api: bo
     )
 
 
-class OpenAIChat:
-    """Async client for an OpenAI-compatible `/chat/completions` endpoint."""
+def _kind(value: Any) -> str:
+    """A JSON value's kind, for messages about replies of the wrong shape."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    kinds = {str: "a string", list: "a list", dict: "an object", type(None): "null"}
+    return kinds.get(type(value), type(value).__name__)
 
-    def __init__(self, config: LLMConfig, transport: httpx.AsyncBaseTransport | None = None):
+
+def _unusable(problem: str) -> ModelError:
+    return ModelError(f"model server sent an unusable reply: {problem}")
+
+
+def _content_text(content: Any) -> str:
+    """The reply's text. Some servers send a list of parts (`{"type": "text", "text": ...}`, as in
+    requests); only the text parts are text."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list):
+        return "".join(part["text"] for part in content
+                       if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str))
+    raise _unusable(f"content is {_kind(content)}, not text")
+
+
+def _check_tool_calls(tool_calls: Any) -> None:
+    """Raise ModelError unless `tool_calls` has the shape the tool-call dialect reads: a list of
+    objects, each with a `function` object whose `name` is a string and whose `arguments` are a JSON
+    string or an object (absent or null reads as no arguments)."""
+    if not isinstance(tool_calls, list):
+        raise _unusable(f"tool_calls is {_kind(tool_calls)}, not a list")
+    for i, call in enumerate(tool_calls):
+        if not isinstance(call, dict):
+            raise _unusable(f"tool_calls[{i}] is {_kind(call)}, not an object")
+        function = call.get("function")
+        if function is None:
+            raise _unusable(f"tool_calls[{i}] has no function")
+        if not isinstance(function, dict):
+            raise _unusable(f"tool_calls[{i}].function is {_kind(function)}, not an object")
+        if not isinstance(function.get("name"), str):
+            raise _unusable(f"tool_calls[{i}].function.name is {_kind(function.get('name'))}, not a string")
+        if not isinstance(function.get("arguments"), (str, dict, type(None))):
+            raise _unusable(f"tool_calls[{i}].function.arguments is {_kind(function['arguments'])}, "
+                            "not a string or an object")
+
+
+class OpenAIChat:
+    """Async client for an OpenAI-compatible `/chat/completions` endpoint. Pass what `probe_server`
+    learnt as `server`; without it the client asks the server itself before its first call."""
+
+    def __init__(self, config: LLMConfig, transport: httpx.AsyncBaseTransport | None = None,
+                 server: ServerInfo | None = None):
         self.config = config
         headers = {"Content-Type": "application/json"}
         if config.api_key:
@@ -181,7 +309,10 @@ class OpenAIChat:
         timeout = httpx.Timeout(config.timeout_s, connect=10.0)
         self.http = httpx.AsyncClient(base_url=config.base_url.rstrip("/"), headers=headers, timeout=timeout,
                                       transport=transport)
-        self.send_extras = True  # turned off for good if the server rejects vLLM's extra fields
+        self.server = server
+        # vLLM's fields go only to vLLM; turned off for good if even vLLM refuses them
+        self.send_extras = server.vllm if server else False
+        self._asking = asyncio.Lock()  # concurrent first calls wait for one answer
         self.tokenizer_identity: dict[str, str] | None = None  # the server tokenizes
         self.template_identity: dict[str, str] | None = None
 
@@ -221,7 +352,8 @@ class OpenAIChat:
         retrying = AsyncRetrying(
             retry=retry_if_exception(lambda e: _retryable(e) or isinstance(e, ModelUnreachable)),
             stop=stop_after_attempt(c.max_attempts) | stop_after_delay(c.max_retry_s),
-            wait=wait_combine(wait_exponential_jitter(multiplier=c.retry_wait_s, max=20, jitter=c.retry_wait_s), wait_exception(_retry_after)),
+            wait=wait_combine(wait_exponential_jitter(multiplier=c.retry_wait_s, max=20, jitter=c.retry_wait_s),
+                              wait_exception(_retry_after)),
             reraise=True,
         )
         content = orjson.dumps(body)
@@ -241,8 +373,10 @@ class OpenAIChat:
 
     async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                        max_tokens: int | None = None, conversation: Any = None) -> Completion:
+        if self.server is None:
+            await self._learn_server()
         response, latency_s = await self._post_with_retries(self.request_body(messages, tools, max_tokens))
-        if response.status_code == 400 and self.send_extras and _mentions_extras(response):
+        if 400 <= response.status_code < 500 and self.send_extras and _mentions_extras(response):
             self.send_extras = False
             response, latency_s = await self._post_with_retries(self.request_body(messages, tools, max_tokens))
         if response.status_code != 200:
@@ -251,6 +385,29 @@ class OpenAIChat:
             return parse_completion(orjson.loads(response.content), latency_s)
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
             raise ModelError(f"model server sent a reply that is not a chat completion: {exc!r}") from None
+
+    async def _learn_server(self) -> None:
+        async with self._asking:
+            if self.server is None:  # another call may have asked while this one waited
+                self.server = await self._ask_server()
+                self.send_extras = self.server.vllm if self.server else False
+
+    async def _ask_server(self) -> ServerInfo | None:
+        """What `probe_server` learns, over this client's connection; None when the server cannot
+        say right now (this call goes without vLLM's fields and the next one asks again)."""
+        try:
+            response = await self.http.get("/models", timeout=PROBE_TIMEOUT_S)
+            if response.status_code in RETRY_STATUSES:
+                return None
+            info, settled = _read_model_list(response, self.config.model)
+            if not settled:
+                version = await self.http.get(_server_root(self.config.base_url) + "/version", timeout=PROBE_TIMEOUT_S)
+                info.vllm = _version_is_vllm(version)
+        except httpx.HTTPError:
+            return None
+        except ModelUnreachable:
+            return ServerInfo(vllm=False)  # something answers without a model list, which vLLM always has
+        return info
 
     def raise_for_answer(self, response: httpx.Response) -> None:
         text = _error_text(response)

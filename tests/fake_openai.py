@@ -5,7 +5,11 @@ The model's choices come from a script (a list of replies, or a function of the 
 the scripted backend, but over real HTTP. With `vllm=True` it also returns vLLM's token fields
 (`prompt_token_ids`, `choices[].token_ids`, logprobs): its "tokenizer" is UTF-8 bytes and its
 "chat template" joins `<|role|>content` blocks, so prompts extend each other exactly as with a
-real template. Usage figures count those bytes.
+real template. Usage figures count those bytes. It then also says it is vLLM as vLLM does: its
+model list is `owned_by: "vllm"` with `max_model_len`, and `GET /version` answers.
+
+With `strict=True` it answers like a FastAPI server whose request model forbids unknown fields:
+a chat request with any field outside OpenAI's own gets HTTP 422 naming them.
 """
 
 from __future__ import annotations
@@ -18,6 +22,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
 VLLM_ONLY = ("return_token_ids", "top_logprobs")
+# The request fields of OpenAI's chat completions API: all that a strict server accepts.
+OPENAI_CHAT_FIELDS = {
+    "model", "messages", "temperature", "top_p", "max_tokens", "max_completion_tokens", "stop", "n", "stream",
+    "stream_options", "tools", "tool_choice", "parallel_tool_calls", "functions", "function_call",
+    "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "top_logprobs", "seed", "user",
+    "response_format", "metadata", "store", "service_tier", "modalities", "audio", "prediction",
+    "reasoning_effort", "web_search_options",
+}
 
 
 def render(messages: list[dict[str, Any]]) -> str:
@@ -40,6 +52,8 @@ class Reply:
     delay_s: float = 0.0
     finish_reason: str = "stop"
     tool_calls: list[dict[str, Any]] | None = None
+    message: dict[str, Any] | None = None
+    """The whole assistant message, sent as it is (for shapes the fields above cannot express)."""
 
 
 Script = Callable[[dict[str, Any]], Reply | str]
@@ -50,11 +64,17 @@ class FakeOpenAI:
 
     def __init__(self, replies: list[Reply | str] | Script, vllm: bool = False, reject_extras: bool = False,
                  default: Reply | str | None = None, tokenize: Callable[[str], list[int]] | None = None,
-                 stop_id: int | None = None):
+                 stop_id: int | None = None, strict: bool = False, max_model_len: int = 32768,
+                 models: list[dict[str, Any]] | None = None, api_key: str | None = None):
         self.replies = replies if callable(replies) else list(replies)
         self.default = default
         self.vllm = vllm
         self.reject_extras = reject_extras
+        self.strict = strict  # 422 for fields OpenAI does not define; such requests are recorded too
+        self.max_model_len = max_model_len  # listed per model when vllm
+        self.models = models  # the /v1/models entries to list instead of the one fake model
+        self.api_key = api_key  # when set, a request without it as bearer token gets 401
+        self.gets: list[str] = []  # the path of every GET request
         self.tokenize = tokenize or tokens  # for /v1/completions: the model's tokenizer
         self.stop_id = stop_id  # appended to token_ids when a completion stops, as vLLM does with EOS
         self.requests: list[dict[str, Any]] = []
@@ -82,12 +102,30 @@ class FakeOpenAI:
                 reply = self.default if self.default is not None else Reply(status=500, body={"error": "no reply"})
         return Reply(content=reply) if isinstance(reply, str) else reply
 
+    def model_list(self) -> dict[str, Any]:
+        """The `/v1/models` answer: vLLM lists its own name as owner and each model's context length;
+        OpenAI-style servers name some other owner."""
+        if self.models is not None:
+            return {"object": "list", "data": self.models}
+        entry: dict[str, Any] = {"id": "fake-model", "object": "model", "created": 0, "owned_by": "organization-owner"}
+        if self.vllm:
+            entry.update(owned_by="vllm", root="fake-model", max_model_len=self.max_model_len)
+        return {"object": "list", "data": [entry]}
+
+    def unexpected_fields(self, path: str, request: dict[str, Any]) -> set[str]:
+        """The fields a strict server refuses in this request (none unless strict)."""
+        if not self.strict or not path.endswith("/chat/completions"):
+            return set()
+        return set(request) - OPENAI_CHAT_FIELDS
+
     def completion(self, request: dict[str, Any], reply: Reply) -> dict[str, Any]:
         prompt = tokens(render(request["messages"]))
         completion = tokens(reply.content)
         message: dict[str, Any] = {"role": "assistant", "content": reply.content}
         if reply.tool_calls:
             message["tool_calls"] = reply.tool_calls
+        if reply.message is not None:
+            message = reply.message
         choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": reply.finish_reason}
         body: dict[str, Any] = {
             "id": "chatcmpl-test", "object": "chat.completion", "created": int(time.time()),
@@ -134,15 +172,38 @@ class FakeOpenAI:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def _refused(self) -> bool:
+                """Answers 401 as OpenAI does when the server wants a key this request lacks."""
+                if fake.api_key is None or self.headers.get("Authorization") == f"Bearer {fake.api_key}":
+                    return False
+                self._send(401, {"error": {"message": "Incorrect API key provided", "type": "invalid_request_error",
+                                           "code": "invalid_api_key"}})
+                return True
+
             def do_GET(self) -> None:
+                with fake.lock:
+                    fake.gets.append(self.path)
+                if self._refused():
+                    return
                 if self.path.endswith("/models"):
-                    self._send(200, {"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+                    self._send(200, fake.model_list())
+                elif self.path == "/version" and fake.vllm:
+                    self._send(200, {"version": "0.33.0"})
                 else:
                     self._send(404, {"error": {"message": "not found"}})
 
             def do_POST(self) -> None:
                 request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self._refused():
+                    return
+                unexpected = fake.unexpected_fields(self.path, request)
                 request["_headers"] = dict(self.headers)
+                if unexpected:
+                    with fake.lock:
+                        fake.requests.append(request)
+                    names = ", ".join(repr(name) for name in sorted(unexpected))
+                    self._send(422, {"detail": f"Unexpected fields in the request: {{{names}}}"})
+                    return
                 if fake.reject_extras and any(k in request for k in VLLM_ONLY):
                     self._send(400, {"error": {"message": "Unrecognized request argument supplied: return_token_ids",
                                                "type": "invalid_request_error"}})

@@ -8,7 +8,8 @@ import time
 import pytest
 from fake_openai import FakeOpenAI, Reply
 
-from nanbeige.agent.llm import ContextOverflow, LLMConfig, ModelError, ModelUnreachable, OpenAIChat, ScriptedLLM
+from nanbeige.agent.llm import (ContextOverflow, LLMConfig, ModelError, ModelUnreachable, OpenAIChat, ScriptedLLM,
+                                ServerInfo)
 
 pytestmark = pytest.mark.anyio
 MESSAGES = [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]
@@ -95,8 +96,8 @@ async def test_works_with_a_server_that_ignores_the_token_fields() -> None:
     assert completion.completion_ids is None and completion.prompt_ids is None and completion.logprobs is None
 
 
-async def test_a_server_that_rejects_the_token_fields_is_asked_again_without_them() -> None:
-    with FakeOpenAI(["one", "two"], reject_extras=True) as server:
+async def test_a_vllm_server_that_rejects_the_token_fields_is_asked_again_without_them() -> None:
+    with FakeOpenAI(["one", "two"], vllm=True, reject_extras=True) as server:
         llm = client(server.base_url)
         assert (await llm.complete(MESSAGES)).message["content"] == "one"
         assert (await llm.complete(MESSAGES)).message["content"] == "two"
@@ -149,7 +150,8 @@ async def test_a_chat_response_as_vllm_serializes_it_keeps_its_token_fields() ->
     body = (Path(__file__).parent / "golden" / "vllm_chat_completion.json").read_bytes()
     sent = []
     transport = httpx.MockTransport(lambda request: sent.append(request) or httpx.Response(200, content=body))
-    llm = OpenAIChat(LLMConfig(base_url="http://vllm.invalid/v1", model="m"), transport=transport)
+    llm = OpenAIChat(LLMConfig(base_url="http://vllm.invalid/v1", model="m"), transport=transport,
+                     server=ServerInfo(vllm=True, max_model_len=4096, models=["m"]))
     completion = await llm.complete([{"role": "user", "content": "capital of France?"}])
     await llm.aclose()
     assert completion.message == {"role": "assistant", "content": "Paris", "reasoning": "The capital."}
