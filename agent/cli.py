@@ -3,131 +3,60 @@
     nanbeige ask "question"      run the agent; the answer alone on stdout, the turns on stderr
     nanbeige show run.jsonl      print a saved trajectory readably
 
-Settings come from flags, then environment variables (NANBEIGE_*), then defaults.
+Settings come from flags, then environment variables (NANBEIGE_*), then `nanbeige.toml`, then the
+defaults of the dataclass configs. The commands only map flags onto those configs; building the
+runs is `setup.py`'s, and its `SetupError` becomes a one-line error and an exit code here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime
-import os
+import signal
 import sys
-import uuid
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
-import httpx
 import orjson
 import typer
 from rich.console import Console
+from rich.markup import escape
 
-from nanbeige.agent import commands, dialects
+from nanbeige.agent import commands, settings_file
 from nanbeige.agent.console import err, fail
+from nanbeige.agent.llm import LLMConfig
+from nanbeige.agent.loop import AgentConfig
 
 if TYPE_CHECKING:  # imported lazily at run time so `--help` stays fast
-    from nanbeige.agent.llm import LLM, LLMConfig
-    from nanbeige.agent.loop import AgentConfig
-    from nanbeige.agent.toolbox import ServerSpec
-    from nanbeige.agent.trajectory import Trajectory, TrajectoryWriter
+    from nanbeige.agent.setup import RunSettings
+    from nanbeige.agent.trajectory import Trajectory
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Agent runtime for deep search and tool use with Nanbeige4.1-3B.")
 ADVANCED = "Advanced"
-BACKENDS = ("auto", "openai", "transformers")
-
-
-def default_trajectory_path() -> Path:
-    runs = Path(os.environ.get("NANBEIGE_RUNS_DIR", "runs"))
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return runs / f"{stamp}-{uuid.uuid4().hex[:6]}.jsonl"
-
-
-def server_answers(base_url: str, api_key: str | None, timeout: float = 10.0) -> str | None:
-    """None when a model server answers at the address (a model list, or 401: up but wanting a key),
-    else what went wrong."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    try:
-        response = httpx.get(base_url.rstrip("/") + "/models", headers=headers, timeout=timeout)
-    except httpx.HTTPError as exc:
-        return type(exc).__name__
-    if response.status_code == 401:
-        return None
-    try:
-        listed = response.status_code == 200 and isinstance(response.json().get("data"), list)
-    except ValueError:
-        listed = False
-    return None if listed else f"HTTP {response.status_code} from {base_url}/models: not an OpenAI-compatible server"
-
-
-def make_llm(backend: str, explicit_url: bool, config: LLMConfig, gguf_file: str | None,
-             token_mode: bool = False, chat_template: Path | None = None) -> LLM:
-    """The model backend. `auto` uses a server at the default address when one answers and runs the
-    model in-process otherwise; a server the user named that does not answer is an error."""
-    from nanbeige.agent.llm import OpenAIChat
-
-    if token_mode and backend == "transformers":
-        fail("--token-mode talks to a vLLM server; the in-process backend records exact tokens by itself", 2)
-    if gguf_file and backend == "openai":
-        fail("--gguf-file is for the in-process backend (--backend transformers)", 2)
-    if token_mode:
-        return token_mode_llm(config, chat_template)
-    if backend == "openai" or (backend == "auto" and explicit_url):
-        problem = server_answers(config.base_url, config.api_key)
-        if problem:
-            fail(f"cannot reach the model server at {config.base_url} ({problem}). Start one with `nanbeige serve`, "
-                 "point --base-url / NANBEIGE_BASE_URL at a running OpenAI-compatible server, or use "
-                 "--backend transformers to run the model in this process.")
-        return OpenAIChat(config)
-    if backend == "auto" and server_answers(config.base_url, config.api_key, timeout=2.0) is None:
-        return OpenAIChat(config)
-    if backend == "auto":
-        err.print(f"[yellow]no model server at {config.base_url}:[/] running {config.model} in this process "
-                  "(start one with `nanbeige serve` for speed)", highlight=False)
-    return load_local_model(config, gguf_file)
-
-
-def token_mode_llm(config: LLMConfig, chat_template: Path | None) -> LLM:
-    from nanbeige.agent.llm import ModelError
-    from nanbeige.agent.token_mode import TokenModeChat, load_tokenizer
-
-    problem = server_answers(config.base_url, config.api_key)
-    if problem:
-        fail(f"cannot reach the model server at {config.base_url} ({problem}); token mode needs a vLLM server: "
-             "start one with `nanbeige serve --rl-logprobs`")
-    try:
-        tokenizer, template = load_tokenizer(config.model, chat_template)
-        return TokenModeChat(config, tokenizer, template)
-    except (ModelError, OSError) as exc:
-        fail(str(exc))
-
-
-def load_local_model(config: LLMConfig, gguf_file: str | None) -> LLM:
-    from nanbeige.agent.local import LocalModelError, TransformersLLM
-
-    with err.status(f"loading {config.model} …"):
-        try:
-            return TransformersLLM(config, gguf_file=gguf_file)
-        except LocalModelError as exc:
-            fail(str(exc))
+T = TypeVar("T")
 
 
 @app.command()
 def ask(
     question: Annotated[str, typer.Argument(help="The question to research.")],
     base_url: Annotated[str | None, typer.Option(envvar="NANBEIGE_BASE_URL", show_default=False,
-                                                 help="OpenAI-compatible endpoint [default: http://127.0.0.1:8000/v1, "
+                                                 help=f"OpenAI-compatible endpoint [default: {LLMConfig.base_url}, "
                                                       "or the in-process model when nothing answers there].")] = None,
     backend: Annotated[str, typer.Option(help="auto, openai (a server) or transformers (in this process).")] = "auto",
-    model: Annotated[str, typer.Option(envvar="NANBEIGE_MODEL", help="Model name.")] = "Nanbeige/Nanbeige4.1-3B",
+    model: Annotated[str, typer.Option(envvar="NANBEIGE_MODEL", help="Model name.")] = LLMConfig.model,
     api_key: Annotated[str | None, typer.Option(envvar="NANBEIGE_API_KEY", help="API key for the endpoint.",
                                                 show_default=False)] = None,
-    dialect: Annotated[str, typer.Option(help="Tool dialect: mcp-xml or tool-call.")] = "mcp-xml",
-    max_turns: Annotated[int, typer.Option(min=1, help="Most model turns before the answer is asked for.")] = 200,
-    keep_tool_results: Annotated[int, typer.Option(min=-1, help="Show only the last K tool results (-1: all).")] = 5,
-    max_context: Annotated[int, typer.Option(min=1024, help="Model context length in tokens.")] = 131072,
-    temperature: Annotated[float, typer.Option(min=0.0)] = 0.6,
-    top_p: Annotated[float, typer.Option(min=0.0, max=1.0)] = 0.95,
-    max_tokens: Annotated[int, typer.Option(min=1, help="Most tokens per model reply.")] = 16384,
+    dialect: Annotated[str, typer.Option(help="Tool dialect: mcp-xml or tool-call.")] = AgentConfig.dialect,
+    max_turns: Annotated[int, typer.Option(min=1, help="Most model turns before the answer is asked for.")
+                         ] = AgentConfig.max_turns,
+    keep_tool_results: Annotated[int, typer.Option(min=-1, help="Show only the last K tool results (-1: all).")
+                                 ] = AgentConfig.keep_tool_results,
+    max_context: Annotated[int | None, typer.Option(min=1024, show_default=False, help=(
+        "Model context length in tokens [default: the server's max_model_len, else 131072]."))] = None,
+    temperature: Annotated[float, typer.Option(min=0.0)] = LLMConfig.temperature,
+    top_p: Annotated[float, typer.Option(min=0.0, max=1.0)] = LLMConfig.top_p,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Most tokens per model reply.")] = LLMConfig.max_tokens,
     trajectory: Annotated[Path | None, typer.Option(help="Trajectory file (JSONL, appended). Default: a new "
                                                          "file under runs/.", show_default=False)] = None,
     mcp: Annotated[list[str] | None, typer.Option(help="Extra MCP server, NAME=COMMAND or NAME=URL (repeatable).",
@@ -150,112 +79,62 @@ def ask(
                                                        show_default=False)] = None,
 ) -> None:
     """Research a question with tools; print the answer."""
-    from nanbeige.agent.llm import LLMConfig
-    from nanbeige.agent.loop import AgentConfig
-    from nanbeige.agent.toolbox import secrets_in_env
+    from nanbeige.agent.setup import BackendConfig, RunSettings, ToolsConfig
 
-    if dialect not in dialects.DIALECTS:
-        fail(f"--dialect must be one of {', '.join(dialects.DIALECTS)}, not {dialect!r}", 2)
-    if backend not in BACKENDS:
-        fail(f"--backend must be one of {', '.join(BACKENDS)}, not {backend!r}", 2)
-    explicit_url = base_url is not None
-    base_url = base_url or LLMConfig.base_url
-    check_url_flag("--base-url", base_url)
-    llm_config = LLMConfig(base_url=base_url, model=model, api_key=api_key, temperature=temperature, top_p=top_p,
-                           max_tokens=max_tokens)
-    config = AgentConfig(dialect=dialect, max_turns=max_turns, keep_tool_results=keep_tool_results,
-                         max_context=max_context, timeout_s=timeout)
-    if max_tokens + config.context_reserve >= max_context:
-        fail(f"--max-tokens {max_tokens} leaves no room for a prompt in --max-context {max_context}", 2)
-    specs = server_specs(mcp or [], not no_default_servers, llm_config)
-    path = trajectory or default_trajectory_path()
-    llm = make_llm(backend, explicit_url, llm_config, gguf_file, token_mode, chat_template)
-    secrets = [api_key or "", *secrets_in_env()]
-    writer = open_writer(path, secrets)
-    if not specs:
-        err.print("[yellow]no tools available:[/] the model answers from its own knowledge. Add MCP servers "
-                  "with --mcp NAME=COMMAND.", highlight=False)
-    err.print(f"[dim]trajectory: {path}[/]", highlight=False)
-    errlog = open(path.with_name(path.name + ".servers.log"), "a") if specs else None
-    try:
-        result = asyncio.run(_ask(question, llm, specs, config, writer, errlog, secrets,
-                                  call_timeout_s=tool_timeout, max_result_chars=max_result_chars))
-    except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C; the servers' shutdown may re-cancel the task
-        err.print(f"[yellow]interrupted[/]; the trajectory so far is in {path}", highlight=False)
-        raise typer.Exit(130) from None
-    finally:
-        writer.close()
-        if errlog:
-            errlog.close()
-    report(result, json_output)
+    settings = RunSettings(
+        llm=LLMConfig(base_url=base_url or LLMConfig.base_url, model=model, api_key=api_key,
+                      temperature=temperature, top_p=top_p, max_tokens=max_tokens),
+        agent=AgentConfig(dialect=dialect, max_turns=max_turns, keep_tool_results=keep_tool_results,
+                          max_context=max_context, timeout_s=timeout),
+        backend=BackendConfig(backend=backend, base_url_given=base_url is not None, gguf_file=gguf_file,
+                              token_mode=token_mode, chat_template=chat_template),
+        tools=ToolsConfig(mcp=mcp or [], default_servers=not no_default_servers, tool_timeout_s=tool_timeout,
+                          max_result_chars=max_result_chars),
+        trajectory=trajectory,
+    )
+    report(run_command(_ask(question, settings)), json_output)
 
 
-def check_url_flag(flag: str, url: str) -> None:
-    try:
-        scheme = httpx.URL(url).scheme
-    except httpx.InvalidURL as exc:
-        fail(f"{flag} {url!r} is not a valid URL: {exc}", 2)
-    if scheme not in ("http", "https"):
-        fail(f"{flag} must be an http(s) URL, not {url!r}", 2)
-
-
-def server_specs(mcp: list[str], defaults: bool, llm_config: LLMConfig) -> list[ServerSpec]:
-    """The MCP servers of a run: the built-in ones (unless turned off), then the user's."""
-    from nanbeige.agent.toolbox import parse_server_spec
-
-    try:
-        extra = [parse_server_spec(text) for text in mcp]
-    except ValueError as exc:
-        fail(str(exc), 2)
-    specs = (default_servers(llm_config) if defaults else []) + extra
-    names = [s.name for s in specs]
-    if len(set(names)) != len(names):
-        fail(f"two MCP servers share a name: {', '.join(sorted(n for n in set(names) if names.count(n) > 1))}", 2)
-    return specs
-
-
-async def _ask(question: str, llm: LLM, specs: list[ServerSpec], config: AgentConfig,
-               writer: TrajectoryWriter, errlog: IO[str] | None, secrets: list[str], **toolbox_options: float) -> Trajectory:
+async def _ask(question: str, settings: RunSettings) -> Trajectory:
     from nanbeige.agent.loop import run
-    from nanbeige.agent.toolbox import Toolbox, ToolboxError
+    from nanbeige.agent.setup import ready
     from nanbeige.agent.view import LiveView
 
-    try:
-        async with Toolbox(specs, errlog=errlog, secrets=secrets, **toolbox_options) as toolbox:
-            return await run(question, llm, toolbox, config, writer, on_event=LiveView(err, config.max_turns))
-    except ToolboxError as exc:
-        fail(str(exc))
-    finally:
-        await llm.aclose()
+    async with ready(settings, notice) as runtime:
+        err.print(f"[dim]trajectory: {escape(str(runtime.path))}[/]", highlight=False)
+        try:
+            return await run(question, runtime.llm, runtime.toolbox, runtime.agent, runtime.writer,
+                             on_event=LiveView(err, runtime.agent.max_turns))
+        except asyncio.CancelledError:
+            err.print(f"[yellow]interrupted[/]; the trajectory so far is in {escape(str(runtime.path))}", highlight=False)
+            raise
 
 
-def default_servers(llm_config: LLMConfig) -> list[ServerSpec]:
-    """The built-in tool servers `ask` launches: Python sandbox, search (when a backend is set up;
-    otherwise a warning says how), and scrape + extract (extracting with the run's own model unless
-    NANBEIGE_SUMMARY_* say otherwise)."""
-    from nanbeige.agent.toolbox import ServerSpec, passed_env
-    from nanbeige.tools.search import search_setup_problem
-
-    env = passed_env(with_secrets=True) | {"NANBEIGE_BASE_URL": llm_config.base_url,
-                                           "NANBEIGE_MODEL": llm_config.model}
-    if llm_config.api_key:
-        env["NANBEIGE_API_KEY"] = llm_config.api_key
-    modules = {"tool-python": "python", "search_and_scrape_webpage": "search", "jina_scrape_llm_summary": "scrape"}
-    problem = search_setup_problem()
-    if problem:
-        err.print(f"[yellow]search is off:[/] {problem}", highlight=False, soft_wrap=True)
-        del modules["search_and_scrape_webpage"]
-    return [ServerSpec(name=name, command=[sys.executable, "-m", f"nanbeige.servers.{module}"], env=env)
-            for name, module in modules.items()]
+def notice(text: str) -> None:
+    head, sep, rest = text.partition(": ")
+    line = f"[yellow]{escape(head)}:[/] {escape(rest)}" if sep else escape(text)
+    err.print(line, highlight=False, soft_wrap=True)
 
 
-def open_writer(path: Path, secrets: list[str]) -> TrajectoryWriter:
-    from nanbeige.agent.trajectory import TrajectoryWriter
+def run_command(main: Coroutine[Any, Any, T]) -> T:
+    """Run a command's coroutine. A SetupError is one line and exit 1 (2 for a bad value); Ctrl-C
+    and SIGTERM cancel it, so every open trajectory is closed first, then exit 130 or 143."""
+    from nanbeige.agent.setup import SetupError
+
+    terminated = []
+
+    async def guarded() -> T:
+        task = asyncio.current_task()
+        assert task is not None
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, lambda: terminated.append(task.cancel()))
+        return await main
 
     try:
-        return TrajectoryWriter(path, secrets=secrets)
-    except OSError as exc:
-        fail(f"cannot write the trajectory to {path}: {exc.strerror or exc}. Pass --trajectory with a writable path.")
+        return asyncio.run(guarded())
+    except SetupError as exc:
+        fail(str(exc), 2 if exc.usage else 1)
+    except (KeyboardInterrupt, asyncio.CancelledError):  # the servers' shutdown may re-cancel the task
+        raise typer.Exit(143 if terminated else 130) from None
 
 
 def report(trajectory: Trajectory, json_output: bool) -> None:
@@ -302,7 +181,12 @@ app.add_typer(commands.index_app, name="index")
 
 
 def main() -> None:
-    app()
+    try:
+        defaults = settings_file.default_map(app)
+    except settings_file.SettingsError as exc:  # outside the app, where typer.Exit means nothing
+        err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    app(default_map=defaults)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,32 @@ def _imports() -> tuple[Any, Any]:
     return torch, transformers
 
 
+def check_model_available(model: str, gguf_file: str | None = None, timeout_s: float = 3.0) -> None:
+    """Fail at once, with the fixes, when the model is neither a local folder nor downloaded, and the
+    hub it would come from cannot be reached (transformers would retry for about a minute first)."""
+    if Path(model).exists():
+        return
+    try:
+        import httpx
+        from huggingface_hub import constants, try_to_load_from_cache
+    except ImportError:
+        return  # transformers is missing: loading reports that
+    try:
+        if isinstance(try_to_load_from_cache(model, gguf_file or "config.json"), str):
+            return
+    except ValueError:  # not a valid model id: loading says so
+        return
+    fixes = ("pass --model with a local model folder, or --base-url with a running model server "
+             "(`nanbeige serve` on a GPU machine)")
+    if constants.HF_HUB_OFFLINE:
+        raise LocalModelError(f"{model!r} is not downloaded here and HF_HUB_OFFLINE is set: {fixes}")
+    try:
+        httpx.head(constants.ENDPOINT, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise LocalModelError(f"{model!r} is not downloaded here and {constants.ENDPOINT} cannot be reached "
+                              f"({type(exc).__name__}): {fixes}") from None
+
+
 def stop_ids(tokenizer: Any) -> list[int]:
     """Token ids that end an assistant turn: the tokenizer's eos and the ChatML end-of-turn tokens."""
     vocab = tokenizer.get_vocab()

@@ -27,6 +27,7 @@ from nanbeige.agent.trajectory import ToolResult, Trajectory, TrajectoryWriter, 
 
 MIN_ANSWER_TOKENS = 512  # the final answer turn needs at least this much room to be worth making
 FINAL_ANSWER_TOKENS = 4096  # room wanted for the final answer (a thinking model reasons first)
+DEFAULT_MAX_CONTEXT = 131072  # Nanbeige4.1-3B's served context, when neither the user nor the server says
 
 
 @dataclass
@@ -39,8 +40,9 @@ class AgentConfig:
     """Most model calls with tools; then one last call asks for the answer."""
     keep_tool_results: int = 5
     """Show the model only the last K tool results (-1 = all). The trajectory keeps all."""
-    max_context: int = 131072
-    """The model's context length in tokens; the answer is requested before a call could overflow."""
+    max_context: int | None = None
+    """The model's context length in tokens; the answer is requested before a call could overflow.
+    None: what the model server reports (vLLM's `max_model_len`), else 131072."""
     context_reserve: int = 2048
     """Tokens kept free for the final answer request."""
     max_format_errors: int = 5
@@ -53,10 +55,6 @@ class AgentConfig:
     """Wall-clock limit for the run (None = none)."""
     date: str | None = None
     """Date shown to the model (YYYY-MM-DD); today when None."""
-
-    def __post_init__(self) -> None:
-        if self.dialect not in dialects.DIALECTS:
-            raise ValueError(f"dialect must be one of {', '.join(dialects.DIALECTS)}, not {self.dialect!r}")
 
 
 Event = Callable[[str, Any], None]
@@ -84,8 +82,10 @@ async def run(question: str, llm: LLM, toolbox: Toolbox | None, config: AgentCon
               group_id: str | None = None) -> Trajectory:
     """Answer one question; returns the finished trajectory (also written turn by turn)."""
     tools = toolbox.tools if toolbox else []
-    date = config.date or datetime.date.today().isoformat()
-    limits = dataclasses.asdict(dataclasses.replace(config, date=date)) | (toolbox.settings() if toolbox else {})
+    config = dataclasses.replace(config, date=config.date or datetime.date.today().isoformat(),
+                                 max_context=config.max_context or DEFAULT_MAX_CONTEXT)
+    date = config.date
+    limits = dataclasses.asdict(config) | (toolbox.settings() if toolbox else {})
     trajectory = Trajectory(
         question=question, group_id=group_id, tools=tools, model=llm.config.model, dialect=config.dialect,
         system_prompt=dialects.system_prompt(config.dialect, tools, date),

@@ -1,0 +1,319 @@
+"""Setup: from settings to a model backend, a toolbox and a trajectory writer, for every command.
+
+Plain functions over dataclass configs, shared by `ask` and every command that runs the loop. What
+the user must fix raises `SetupError`: one line that names the fix. Cheap checks come first: the
+settings and paths, then one request to the model server, then the tool servers (seconds), and only
+then loading a model in this process (tens of seconds). Nothing is written until all of it worked,
+so a failed start leaves no empty trajectory or log behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import os
+import sys
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import httpx
+
+from nanbeige.agent import dialects
+from nanbeige.agent.llm import LLM, LLMConfig, ModelError, ModelUnreachable, OpenAIChat, ServerInfo, probe_server
+from nanbeige.agent.loop import DEFAULT_MAX_CONTEXT, AgentConfig
+from nanbeige.agent.toolbox import ServerSpec, Toolbox, ToolboxError, parse_server_spec, passed_env, secrets_in_env
+from nanbeige.agent.trajectory import TrajectoryWriter
+
+BACKENDS = ("auto", "openai", "transformers")
+Notice = Callable[[str], None]
+
+
+class SetupError(Exception):
+    """Something the user must fix before a run can start; the message names the fix."""
+
+    def __init__(self, message: str, usage: bool = False):
+        super().__init__(message)
+        self.usage = usage
+        """True for a bad flag or value (exit code 2), False for the rest (exit code 1)."""
+
+
+@dataclass
+class BackendConfig:
+    """Which model backend serves the runs."""
+
+    backend: str = "auto"
+    """`openai` (a server), `transformers` (in this process), or `auto`: the server at the default
+    address when one answers there, else in this process."""
+    base_url_given: bool = False
+    """True when the user named the server: then one that does not answer is an error, not a fallback."""
+    gguf_file: str | None = None
+    """A GGUF file inside the model folder, for the in-process backend."""
+    token_mode: bool = False
+    """Render prompts here and send token ids to vLLM's `/v1/completions` (token-exact trajectories)."""
+    chat_template: Path | None = None
+    """Chat template file for token mode (default: the tokenizer's)."""
+
+
+@dataclass
+class ToolsConfig:
+    """Which MCP servers the runs use and how tool calls are bounded."""
+
+    mcp: list[str] = field(default_factory=list)
+    """Extra MCP servers, `NAME=COMMAND` or `NAME=URL`."""
+    default_servers: bool = True
+    """Start the built-in servers (Python sandbox, search when configured, scrape + extract)."""
+    tool_timeout_s: float = 300.0
+    """Seconds one tool call may take."""
+    max_result_chars: int = 100_000
+    """Longer tool results are cut, with a marker saying so."""
+    start_timeout_s: float = 60.0
+    """Seconds a tool server may take to start and list its tools."""
+
+
+@dataclass
+class RunSettings:
+    """Everything a command needs to run the loop."""
+
+    llm: LLMConfig = field(default_factory=LLMConfig)
+    """How to reach and sample from the model."""
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    """The loop's limits and context settings."""
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    """Which backend serves the model."""
+    tools: ToolsConfig = field(default_factory=ToolsConfig)
+    """The tool servers."""
+    trajectory: Path | None = None
+    """Trajectory file (JSONL, appended); None: a new file under NANBEIGE_RUNS_DIR (default `runs/`)."""
+
+
+@dataclass
+class Ready:
+    """What the runs of a command share: one backend, one toolbox, one trajectory file."""
+
+    llm: LLM
+    toolbox: Toolbox | None
+    writer: TrajectoryWriter
+    path: Path
+    """Where the trajectories go."""
+    agent: AgentConfig
+    """The loop settings, with the context length the server reported filled in."""
+
+
+def default_trajectory_path() -> Path:
+    runs = Path(os.environ.get("NANBEIGE_RUNS_DIR", "runs"))
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return runs / f"{stamp}-{uuid.uuid4().hex[:6]}.jsonl"
+
+
+def check_settings(settings: RunSettings) -> list[ServerSpec]:
+    """Everything that costs nothing to check, before anything is started; returns the user's servers."""
+    b, c = settings.backend, settings.llm
+    if settings.agent.dialect not in dialects.DIALECTS:
+        raise SetupError(f"--dialect must be one of {', '.join(dialects.DIALECTS)}, not {settings.agent.dialect!r}",
+                         usage=True)
+    if b.backend not in BACKENDS:
+        raise SetupError(f"--backend must be one of {', '.join(BACKENDS)}, not {b.backend!r}", usage=True)
+    check_url("--base-url", c.base_url)
+    if b.token_mode and b.backend == "transformers":
+        raise SetupError("--token-mode talks to a vLLM server; the in-process backend records exact tokens by "
+                         "itself", usage=True)
+    if b.gguf_file and b.backend == "openai":
+        raise SetupError("--gguf-file is for the in-process backend (--backend transformers)", usage=True)
+    if b.chat_template is not None and not b.chat_template.is_file():
+        raise SetupError(f"--chat-template {b.chat_template}: no such file", usage=True)
+    max_context = settings.agent.max_context
+    if max_context is not None and c.max_tokens + settings.agent.context_reserve >= max_context:
+        raise SetupError(f"--max-tokens {c.max_tokens} leaves no room for a prompt in --max-context {max_context}",
+                         usage=True)
+    try:
+        extra = [parse_server_spec(text) for text in settings.tools.mcp]
+    except ValueError as exc:
+        raise SetupError(str(exc), usage=True) from None
+    names = [spec.name for spec in extra]
+    if len(set(names)) != len(names):
+        raise SetupError(f"two MCP servers share a name: {', '.join(sorted({n for n in names if names.count(n) > 1}))}",
+                         usage=True)
+    return extra
+
+
+def check_url(flag: str, url: str) -> None:
+    try:
+        scheme = httpx.URL(url).scheme
+    except httpx.InvalidURL as exc:
+        raise SetupError(f"{flag} {url!r} is not a valid URL: {exc}", usage=True) from None
+    if scheme not in ("http", "https"):
+        raise SetupError(f"{flag} must be an http(s) URL, not {url!r}", usage=True)
+
+
+def check_writable(path: Path) -> None:
+    """That the trajectory file can be created or appended to, without creating anything yet."""
+    fix = "Pass --trajectory with a writable path."
+    if path.is_dir():
+        raise SetupError(f"cannot write the trajectory to {path}: it is a folder. {fix}")
+    folder = path.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise SetupError(f"cannot write the trajectory to {path}: {folder} is not a folder. {fix}")
+    target = path if path.exists() else folder
+    if not os.access(target, os.W_OK):
+        raise SetupError(f"cannot write the trajectory to {path}: permission denied. {fix}")
+
+
+def default_servers(llm_config: LLMConfig, notice: Notice) -> list[ServerSpec]:
+    """The built-in tool servers: Python sandbox, search (when a backend is set up; otherwise a notice
+    says how), and scrape + extract (extracting with the run's own model unless NANBEIGE_SUMMARY_*
+    say otherwise)."""
+    from nanbeige.tools.search import search_setup_problem
+
+    env = passed_env(with_secrets=True) | {"NANBEIGE_BASE_URL": llm_config.base_url,
+                                           "NANBEIGE_MODEL": llm_config.model}
+    if llm_config.api_key:
+        env["NANBEIGE_API_KEY"] = llm_config.api_key
+    modules = {"tool-python": "python", "search_and_scrape_webpage": "search", "jina_scrape_llm_summary": "scrape"}
+    problem = search_setup_problem()
+    if problem:
+        notice(f"search is off: {problem}")
+        del modules["search_and_scrape_webpage"]
+    return [ServerSpec(name=name, command=[sys.executable, "-m", f"nanbeige.servers.{module}"], env=env)
+            for name, module in modules.items()]
+
+
+def find_model_server(settings: RunSettings, notice: Notice) -> ServerInfo | None:
+    """The model server to use and what it says about itself; None when the model runs in this process.
+    `auto` falls back to this process only from the default address, never from one the user named."""
+    b, c = settings.backend, settings.llm
+    wanted = b.token_mode or b.backend == "openai" or (b.backend == "auto" and b.base_url_given)
+    if b.backend == "transformers":
+        return None
+    try:
+        return probe_server(c.base_url, c.api_key, timeout=10.0 if wanted else 2.0, model=c.model)
+    except ModelUnreachable as exc:
+        if wanted:
+            fix = ("token mode needs a vLLM server: start one with `nanbeige serve --rl-logprobs`" if b.token_mode else
+                   "Start one with `nanbeige serve`, point --base-url / NANBEIGE_BASE_URL at a running "
+                   "OpenAI-compatible server, or use --backend transformers to run the model in this process.")
+            raise SetupError(f"cannot reach the model server at {c.base_url} ({exc}). {fix}") from None
+    notice(f"no model server at {c.base_url}: running {c.model} in this process (start one with `nanbeige serve` "
+           "for speed)")
+    return None
+
+
+def make_llm(settings: RunSettings, server: ServerInfo | None) -> LLM:
+    """The model backend: a client of the server found, or the model loaded in this process (slow)."""
+    b, c = settings.backend, settings.llm
+    if server is not None and b.token_mode:
+        from nanbeige.agent.token_mode import TokenModeChat, load_tokenizer
+
+        try:
+            tokenizer, template = load_tokenizer(c.model, b.chat_template)
+            return TokenModeChat(c, tokenizer, template, template_name=b.chat_template and b.chat_template.name)
+        except (ModelError, OSError) as exc:
+            raise SetupError(str(exc)) from None
+    if server is not None:
+        return OpenAIChat(c, server=server)
+    from nanbeige.agent.local import LocalModelError, TransformersLLM, check_model_available
+
+    try:
+        check_model_available(c.model, b.gguf_file)
+        return TransformersLLM(c, gguf_file=b.gguf_file)
+    except LocalModelError as exc:
+        raise SetupError(str(exc)) from None
+
+
+def with_server_context(agent: AgentConfig, server: ServerInfo | None, llm_config: LLMConfig) -> AgentConfig:
+    """The loop settings with the context length filled in: as given, else as the server reports it."""
+    if agent.max_context is not None:
+        return agent
+    max_context = (server.max_model_len if server else None) or DEFAULT_MAX_CONTEXT
+    if llm_config.max_tokens + agent.context_reserve >= max_context:
+        raise SetupError(f"--max-tokens {llm_config.max_tokens} leaves no room for a prompt in the server's "
+                         f"context of {max_context} tokens; pass a smaller --max-tokens", usage=True)
+    return dataclasses.replace(agent, max_context=max_context)
+
+
+def secrets_of(settings: RunSettings) -> list[str]:
+    """Every key the runs know, to be kept out of every output."""
+    return [s for s in (settings.llm.api_key, *secrets_in_env()) if s]
+
+
+@asynccontextmanager
+async def ready(settings: RunSettings, notice: Notice) -> AsyncIterator[Ready]:
+    """Check, start and load everything a command's runs need, cheapest first; close it all after.
+    Until the runs begin nothing is left behind on failure, except a tool server's own output when it
+    is what failed to start."""
+    extra = check_settings(settings)
+    path = settings.trajectory or default_trajectory_path()
+    check_writable(path)
+    server = await asyncio.to_thread(find_model_server, settings, notice)
+    agent = with_server_context(settings.agent, server, settings.llm)
+    specs = (default_servers(settings.llm, notice) if settings.tools.default_servers else []) + extra
+    if not specs:
+        notice("no tools available: the model answers from its own knowledge. Add MCP servers with --mcp NAME=COMMAND.")
+    secrets = secrets_of(settings)
+    log_path = path.with_name(path.name + ".servers.log")
+    new_log, new_folders = not log_path.exists(), [p for p in path.parents if not p.exists()]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    errlog = open(log_path, "a") if specs else None
+    began, keep_log = False, False
+    try:
+        async with _toolbox(specs, settings.tools, errlog, secrets) as toolbox:
+            llm = await _backend(settings, server, notice)
+            try:
+                writer = open_writer(path, secrets)
+                began = True
+                try:
+                    yield Ready(llm, toolbox, writer, path, agent)
+                finally:
+                    writer.close()
+            finally:
+                await llm.aclose()
+    except ToolboxError as exc:
+        keep_log = errlog is not None and errlog.tell() > 0
+        raise SetupError(f"{exc}" + (f" (its output is in {log_path})" if keep_log else "")) from None
+    finally:
+        if errlog:
+            errlog.close()
+        if not began:  # remove what the failed start created
+            _remove(log_path if new_log and not keep_log else None, new_folders)
+
+
+async def _backend(settings: RunSettings, server: ServerInfo | None, notice: Notice) -> LLM:
+    if server is None:
+        notice(f"loading {settings.llm.model} …")
+    return await asyncio.to_thread(make_llm, settings, server)
+
+
+@asynccontextmanager
+async def _toolbox(specs: list[ServerSpec], tools: ToolsConfig, errlog: IO[str] | None, secrets: list[str]
+                   ) -> AsyncIterator[Toolbox | None]:
+    if not specs:
+        yield None
+        return
+    async with Toolbox(specs, call_timeout_s=tools.tool_timeout_s, max_result_chars=tools.max_result_chars,
+                       errlog=errlog, start_timeout_s=tools.start_timeout_s, secrets=secrets) as toolbox:
+        yield toolbox
+
+
+def _remove(log_path: Path | None, folders: list[Path]) -> None:
+    """Remove the server log, then the folders made for it, innermost first, while they are empty."""
+    if log_path is not None and log_path.exists():
+        log_path.unlink()
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
+def open_writer(path: Path, secrets: list[str]) -> TrajectoryWriter:
+    try:
+        return TrajectoryWriter(path, secrets=secrets)
+    except OSError as exc:
+        raise SetupError(f"cannot write the trajectory to {path}: {exc.strerror or exc}. "
+                         "Pass --trajectory with a writable path.") from None

@@ -1,0 +1,120 @@
+"""The setup layer, as `ask` uses it: cheap checks before expensive work, one clear line for what the
+user must fix, nothing left behind by a failed start, settings from `nanbeige.toml`, and SIGTERM
+closing the trajectory like Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import free_port
+from fake_openai import FakeOpenAI, Reply, mcp_answer, mcp_call
+from test_cli import TESTKIT, NANBEIGE, assert_one_line_error, nanbeige
+from tiny_model import make_tiny_model
+
+from nanbeige.agent.llm import ModelError, ScriptedLLM
+from nanbeige.agent.loop import AgentConfig, run
+from nanbeige.agent.trajectory import TrajectoryWriter, load_trajectories
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
+def in_process(tiny: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return nanbeige("ask", "q", "--backend", "transformers", "--model", str(tiny), "--no-default-servers", *args,
+                    env=env)
+
+
+def test_a_bad_trajectory_path_is_reported_before_the_model_is_loaded(tiny: Path, tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    result = in_process(tiny, "--trajectory", str(tmp_path / "file" / "t.jsonl"))
+    assert_one_line_error(result, "cannot write the trajectory", "--trajectory")
+    assert "loading" not in result.stderr  # nothing expensive was started
+    result = in_process(tiny, "--trajectory", str(tmp_path))
+    assert_one_line_error(result, "it is a folder")
+
+
+def test_a_tool_server_that_cannot_start_is_reported_before_the_model_is_loaded(tiny: Path, tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    result = in_process(tiny, "--mcp", "broken=/no/such/program", env={"NANBEIGE_RUNS_DIR": str(runs)})
+    assert_one_line_error(result, "MCP server 'broken'", "failed to start")
+    assert "loading" not in result.stderr
+    assert not runs.exists()  # no empty trajectory, log or folder left behind
+
+
+def test_a_model_that_cannot_be_downloaded_fails_at_once_with_the_fixes(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    hub = f"http://127.0.0.1:{free_port()}"  # stands for a machine with no network: nothing answers there
+    started = time.monotonic()
+    result = nanbeige("ask", "q", "--backend", "transformers", "--model", "nobody/no-such-model", "--mcp", TESTKIT,
+                      env={"HF_ENDPOINT": hub, "HF_HOME": str(tmp_path / "hf"), "NANBEIGE_RUNS_DIR": str(runs)},
+                      timeout=40)
+    took = time.monotonic() - started
+    assert_one_line_error(result, "'nobody/no-such-model' is not downloaded", "--model", "--base-url")
+    assert len(result.stderr.strip().splitlines()) <= 4, result.stderr  # a line, not twenty
+    assert took < 30, took  # generous: transformers alone retries for about a minute
+    assert not runs.exists()
+
+
+def test_the_settings_file_sits_between_the_environment_and_the_defaults(tmp_path: Path) -> None:
+    (tmp_path / "nanbeige.toml").write_text(
+        'model = "file-model"\nmax_turns = 3\n\n[ask]\nkeep_tool_results = 2\ntemperature = 0.25\n')
+    with FakeOpenAI([mcp_answer("ok")]) as server:
+        result = subprocess.run([NANBEIGE, "ask", "q", "--base-url", server.base_url, "--no-default-servers",
+                                 "--max-turns", "9", "--trajectory", "t.jsonl"], capture_output=True, text=True,
+                                timeout=60, cwd=tmp_path, env={**os.environ, "NANBEIGE_MODEL": "env-model"})
+    assert result.returncode == 0, result.stderr
+    start = json.loads((tmp_path / "t.jsonl").read_text().splitlines()[0])
+    assert server.requests[0]["model"] == "env-model"  # the environment beats the file
+    assert start["limits"]["max_turns"] == 9  # a flag beats the file
+    assert start["limits"]["keep_tool_results"] == 2 and server.requests[0]["temperature"] == 0.25  # the file
+    assert start["limits"]["max_context"] == 131072  # the default, where nothing else says
+
+
+def test_a_setting_no_command_has_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "settings.toml"
+    path.write_text("[ask]\nmax_turn = 3\n")
+    assert_one_line_error(nanbeige("ask", "q", env={"NANBEIGE_CONFIG": str(path)}), "[ask] has no setting 'max_turn'")
+    path.write_text("[ask\n")
+    result = nanbeige("ask", "q", env={"NANBEIGE_CONFIG": str(path)})
+    assert_one_line_error(result, "not valid TOML")
+    assert result.returncode == 2
+
+
+def test_sigterm_closes_the_trajectory_like_ctrl_c(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    replies = [mcp_call("testkit", "echo", {"text": "a"}), Reply(content="never", delay_s=30)]
+    with FakeOpenAI(replies) as server:
+        process = subprocess.Popen([NANBEIGE, "ask", "q", "--base-url", server.base_url, "--mcp", TESTKIT,
+                                    "--no-default-servers", "--trajectory", str(path)], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 30
+        while len(server.requests) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)  # as a job scheduler or `kill` does: to this process alone
+        _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 143, stderr
+    assert "Traceback" not in stderr
+    end = json.loads(path.read_text().splitlines()[-1])
+    assert (end["type"], end["stop_reason"], end["num_turns"]) == ("end", "interrupted", 1)
+
+
+@pytest.mark.anyio
+async def test_a_bug_ends_the_trajectory_as_crashed_not_interrupted(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    writer = TrajectoryWriter(path)
+    with pytest.raises(ZeroDivisionError):
+        await run("q", ScriptedLLM([ZeroDivisionError("division by zero")]), None, AgentConfig(), writer)
+    writer.close()
+    [saved] = load_trajectories(path)
+    assert saved.stop_reason == "crashed" and saved.error == "ZeroDivisionError: division by zero"
+    # what the model server did wrong is a model error, not a crash
+    trajectory = await run("q", ScriptedLLM([ModelError("bad reply")]), None, AgentConfig())
+    assert trajectory.stop_reason == "model_error"
