@@ -6,6 +6,7 @@ import ipaddress
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,6 +32,15 @@ def loopback_only(monkeypatch: pytest.MonkeyPatch) -> None:
         return real_connect(self, address)
 
     monkeypatch.setattr(socket.socket, "connect", connect)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The tiny test model's real (trained here) byte-level BPE tokenizer, with its chat template."""
+    from tiny_model import make_tiny_model
+
+    from nanbeige.agent.token_mode import load_tokenizer
+    return load_tokenizer(str(make_tiny_model(tmp_path_factory.mktemp("tiny"))))[0]
 
 
 def free_port() -> int:

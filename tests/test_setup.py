@@ -17,7 +17,8 @@ from fake_openai import FakeOpenAI, Reply, mcp_answer, mcp_call
 from test_cli import TESTKIT, NANBEIGE, assert_one_line_error, nanbeige
 from tiny_model import make_tiny_model
 
-from nanbeige.agent.llm import ModelError, ScriptedLLM
+from nanbeige.agent.llm import ModelError
+from nanbeige.agent.scripted import ScriptedLLM
 from nanbeige.agent.loop import AgentConfig, run
 from nanbeige.agent.trajectory import TrajectoryWriter, load_trajectories
 
@@ -118,3 +119,23 @@ async def test_a_bug_ends_the_trajectory_as_crashed_not_interrupted(tmp_path: Pa
     # what the model server did wrong is a model error, not a crash
     trajectory = await run("q", ScriptedLLM([ModelError("bad reply")]), None, AgentConfig())
     assert trajectory.stop_reason == "model_error"
+
+
+def test_the_context_length_comes_from_the_server_unless_given(tmp_path: Path) -> None:
+    with FakeOpenAI([mcp_answer("a"), mcp_answer("b")], vllm=True, max_model_len=40960) as server:
+        told = nanbeige("ask", "q", "--base-url", server.base_url, "--no-default-servers", "--trajectory",
+                        str(tmp_path / "told.jsonl"))
+        given = nanbeige("ask", "q", "--base-url", server.base_url, "--no-default-servers", "--max-context", "20000",
+                         "--trajectory", str(tmp_path / "given.jsonl"))
+    assert told.returncode == 0 and given.returncode == 0, told.stderr + given.stderr
+    for name, expected in (("told", 40960), ("given", 20000)):
+        start = json.loads((tmp_path / f"{name}.jsonl").read_text().splitlines()[0])
+        assert start["limits"]["max_context"] == expected
+
+
+def test_ask_works_against_a_server_that_refuses_unknown_fields(tmp_path: Path) -> None:
+    with FakeOpenAI([mcp_call("testkit", "add", {"a": 2, "b": 3}), mcp_answer("5")], strict=True) as server:
+        result = nanbeige("ask", "What is 2+3?", "--base-url", server.base_url, "--mcp", TESTKIT,
+                          "--no-default-servers", "--trajectory", str(tmp_path / "t.jsonl"))
+    assert result.returncode == 0 and result.stdout == "5\n", result.stderr
+    assert all("return_token_ids" not in request for request in server.requests)

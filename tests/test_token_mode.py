@@ -21,12 +21,6 @@ from nanbeige.agent.trajectory import Trajectory, TrajectoryWriter, load_traject
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    folder = make_tiny_model(tmp_path_factory.mktemp("tiny"))
-    return load_tokenizer(str(folder))[0]
-
-
 async def run_token_mode(tokenizer: Any, turns: int, keep: int, path: Path) -> tuple[Trajectory, list[dict]]:
     replies = [mcp_call("testkit", "echo", {"text": f"finding {i}"}, thought=f"Step {i}.") for i in range(turns)]
     stop_id = tokenizer.convert_tokens_to_ids("<|im_end|>")

@@ -6,42 +6,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import mcp_test_server
 import pytest
-from fake_openai import FakeOpenAI, mcp_answer, mcp_call
-from tiny_model import make_tiny_model
+from test_token_mode import run_token_mode
 
-from nanbeige.agent.llm import LLMConfig
-from nanbeige.agent.loop import AgentConfig, run
-from nanbeige.agent.token_mode import TokenModeChat, load_tokenizer
 from nanbeige.agent.tokens import TokenTracker, TrainingRow, rebuild_segments, training_rows
-from nanbeige.agent.toolbox import ServerSpec, Toolbox
-from nanbeige.agent.trajectory import Turn, TrajectoryWriter, load_trajectories
+from nanbeige.agent.trajectory import Turn, load_trajectories
 
 FAKE_LOGPROB = -0.25  # what the loopback server reports for every sampled token
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    folder = make_tiny_model(tmp_path_factory.mktemp("tiny"))
-    return load_tokenizer(str(folder))[0]
-
-
 async def run_and_load(tokenizer: Any, turns: int, keep: int, path: Path) -> tuple[list[Turn], list[dict]]:
     """A token-mode run of `turns` tool calls and an answer; the turns as read back from its file."""
-    replies = [mcp_call("testkit", "echo", {"text": f"finding {i}"}, thought=f"Step {i}.") for i in range(turns)]
-    stop_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    with FakeOpenAI([*replies, mcp_answer("done")], tokenize=lambda text: tokenizer(
-            text, add_special_tokens=False)["input_ids"], stop_id=stop_id) as server:
-        llm = TokenModeChat(LLMConfig(base_url=server.base_url, model="tiny"), tokenizer)
-        writer = TrajectoryWriter(path)
-        async with Toolbox([ServerSpec(name="testkit", server=mcp_test_server.server)]) as tools:
-            await run("q", llm, tools, AgentConfig(keep_tool_results=keep, max_turns=turns + 5, max_context=10**6,
-                                                   date="2026-11-21"), writer)
-        writer.close()
-        await llm.aclose()
+    _, requests = await run_token_mode(tokenizer, turns, keep, path)
     [saved] = load_trajectories(path)
-    return saved.turns, server.requests
+    return saved.turns, requests
 
 
 def recorded(*turns: tuple[list[int], list[int], list[float] | None]) -> list[Turn]:

@@ -1,0 +1,58 @@
+"""A model backend that replays fixed replies, for tests and demos."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from nanbeige.agent.llm import Completion, LLMConfig, ModelError
+
+Reply = str | dict[str, Any] | Completion | Exception | Callable[[list[dict[str, Any]]], "Reply"]
+
+
+class ScriptedLLM:
+    """Replays fixed replies, for tests and demos. A reply may be the assistant text, a message
+    dict, a whole Completion, an exception to raise, or a function of the messages returning one
+    of those. After the script runs out, `default` (if set) is replied forever."""
+
+    def __init__(self, replies: list[Reply], default: Reply | None = None, config: LLMConfig | None = None,
+                 record: bool = True):
+        self.config = config or LLMConfig(model="scripted")
+        self.tokenizer_identity: dict[str, str] | None = None
+        self.template_identity: dict[str, str] | None = None
+        self.replies = list(replies)
+        self.default = default
+        self.record = record
+        self.calls: list[list[dict[str, Any]]] = []  # the messages of every call, for assertions
+        self.max_tokens: list[int | None] = []  # the max_tokens of every call
+
+    def new_conversation(self) -> Any:
+        return None
+
+    def count_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                     conversation: Any) -> int | None:
+        return None
+
+    async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                       max_tokens: int | None = None, conversation: Any = None) -> Completion:
+        if self.record:
+            self.calls.append(list(messages))  # a copy: the loop keeps appending to its list
+            self.max_tokens.append(max_tokens)
+        if self.replies:
+            reply = self.replies.pop(0)
+        elif self.default is not None:
+            reply = self.default
+        else:
+            raise ModelError("scripted model has no more replies")
+        while callable(reply) and not isinstance(reply, type):
+            reply = reply(messages)
+        if isinstance(reply, Exception):
+            raise reply
+        if isinstance(reply, Completion):
+            return reply
+        if isinstance(reply, str):
+            reply = {"role": "assistant", "content": reply}
+        tokens = len(reply.get("content") or "") // 4 + 1
+        return Completion(message=reply, finish_reason="stop", usage={"completion_tokens": tokens})
+
+    async def aclose(self) -> None:
+        pass
