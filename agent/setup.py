@@ -185,22 +185,28 @@ def default_servers(llm_config: LLMConfig, notice: Notice) -> list[ServerSpec]:
 
 
 def find_model_server(settings: RunSettings, notice: Notice) -> ServerInfo | None:
-    """The model server to use and what it says about itself; None when the model runs in this process.
+    """The model server to use and what it says about itself; None when the model runs in this process
+    (after checking it can be had: a local folder, downloaded, or a hub that answers).
     `auto` falls back to this process only from the default address, never from one the user named."""
+    from nanbeige.agent.local import LocalModelError, check_model_available
+
     b, c = settings.backend, settings.llm
     wanted = b.token_mode or b.backend == "openai" or (b.backend == "auto" and b.base_url_given)
-    if b.backend == "transformers":
-        return None
+    if b.backend != "transformers":
+        try:
+            return probe_server(c.base_url, c.api_key, timeout=10.0 if wanted else 2.0, model=c.model)
+        except ModelUnreachable as exc:
+            if wanted:
+                fix = ("token mode needs a vLLM server: start one with `nanbeige serve --rl-logprobs`" if b.token_mode
+                       else "Start one with `nanbeige serve`, point --base-url / NANBEIGE_BASE_URL at a running "
+                       "OpenAI-compatible server, or use --backend transformers to run the model in this process.")
+                raise SetupError(f"cannot reach the model server at {c.base_url} ({exc}). {fix}") from None
+        notice(f"no model server at {c.base_url}: running {c.model} in this process (start one with "
+               "`nanbeige serve` for speed)")
     try:
-        return probe_server(c.base_url, c.api_key, timeout=10.0 if wanted else 2.0, model=c.model)
-    except ModelUnreachable as exc:
-        if wanted:
-            fix = ("token mode needs a vLLM server: start one with `nanbeige serve --rl-logprobs`" if b.token_mode else
-                   "Start one with `nanbeige serve`, point --base-url / NANBEIGE_BASE_URL at a running "
-                   "OpenAI-compatible server, or use --backend transformers to run the model in this process.")
-            raise SetupError(f"cannot reach the model server at {c.base_url} ({exc}). {fix}") from None
-    notice(f"no model server at {c.base_url}: running {c.model} in this process (start one with `nanbeige serve` "
-           "for speed)")
+        check_model_available(c.model, b.gguf_file)
+    except LocalModelError as exc:
+        raise SetupError(str(exc)) from None
     return None
 
 
@@ -217,10 +223,9 @@ def make_llm(settings: RunSettings, server: ServerInfo | None) -> LLM:
             raise SetupError(str(exc)) from None
     if server is not None:
         return OpenAIChat(c, server=server)
-    from nanbeige.agent.local import LocalModelError, TransformersLLM, check_model_available
+    from nanbeige.agent.local import LocalModelError, TransformersLLM
 
     try:
-        check_model_available(c.model, b.gguf_file)
         return TransformersLLM(c, gguf_file=b.gguf_file)
     except LocalModelError as exc:
         raise SetupError(str(exc)) from None
