@@ -56,6 +56,10 @@ class Reply:
     """The whole assistant message, sent as it is (for shapes the fields above cannot express)."""
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 128  # many runs connect at once; the default backlog of 5 overflows and resets them
+
+
 Script = Callable[[dict[str, Any]], Reply | str]
 
 
@@ -79,7 +83,7 @@ class FakeOpenAI:
         self.stop_id = stop_id  # appended to token_ids when a completion stops, as vLLM does with EOS
         self.requests: list[dict[str, Any]] = []
         self.lock = threading.Lock()
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.httpd = _Server(("127.0.0.1", 0), self._handler())
         self.httpd.daemon_threads = True
         self.base_url = f"http://127.0.0.1:{self.httpd.server_port}/v1"
 

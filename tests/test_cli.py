@@ -39,12 +39,15 @@ def test_ask_prints_only_the_answer_on_stdout_and_saves_the_trajectory(tmp_path:
     replies = [mcp_call("testkit", "add", {"a": 2, "b": 3}), mcp_answer("5")]
     with FakeOpenAI(replies) as server:
         result = nanbeige("ask", "What is 2+3?", "--base-url", server.base_url, "--mcp", TESTKIT,
-                          "--trajectory", str(path), "--api-key", "sk-secret-value")
+                          "--trajectory", str(path), "--api-key", "sk-secret-value", "--tool-timeout", "30",
+                          "--max-result-chars", "5000")
     assert result.returncode == 0, result.stderr
     assert result.stdout == "5\n"
     assert "add(a=2, b=3)" in result.stderr and str(path) in result.stderr and "answered after 2 turns" in result.stderr
     records = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["type"] for r in records] == ["start", "turn", "turn", "end"]
+    # the toolbox settings that shaped what the model read are recorded with the run
+    assert (records[0]["limits"]["tool_timeout_s"], records[0]["limits"]["max_result_chars"]) == (30.0, 5000)
     assert "sk-secret-value" not in path.read_text()
     assert server.requests[0]["_headers"]["Authorization"] == "Bearer sk-secret-value"
 

@@ -116,6 +116,7 @@ async def test_at_max_turns_one_last_call_without_tools_asks_for_the_answer() ->
     final = trajectory.turns[-1]
     assert final.instruction and "FINAL ANSWER" in llm.calls[-1][-1]["content"]
     assert "What is 2+3?" in final.instruction
+    assert final.omitted_latest_results is False  # room enough: the answer was asked with every result shown
 
 
 async def test_before_the_context_overflows_the_answer_is_requested() -> None:
@@ -127,6 +128,9 @@ async def test_before_the_context_overflows_the_answer_is_requested() -> None:
     trajectory, llm = await ask(replies, config, llm_config=LLMConfig(model="scripted", max_tokens=4000))
     # after the third turn: 12000 + 100 + new results + 4000 reply + 1000 reserve > 16000
     assert (trajectory.stop_reason, trajectory.answer, len(trajectory.turns)) == ("context_limit", "from what I found", 4)
+    # 16000 - ~12100 left less than the 4000 wanted for the answer: the newest result made way, and that is recorded
+    assert trajectory.turns[-1].omitted_latest_results is True
+    assert not any(turn.omitted_latest_results for turn in trajectory.turns[:-1])
     assert llm.max_tokens[:3] == [None] * 3 and llm.max_tokens[-1] < 16000 - 12100  # the last reply gets only the room that is left
 
 
@@ -137,6 +141,7 @@ async def test_when_the_server_says_the_prompt_is_too_long_the_answer_is_request
     assert (trajectory.stop_reason, trajectory.answer) == ("context_limit", "from the old result")
     final_request = [m["content"] for m in llm.calls[-1] if m["role"] == "user"]
     assert final_request[1] == "old" and final_request[2] == OMITTED and "FINAL ANSWER" in final_request[3]
+    assert trajectory.turns[-1].omitted_latest_results is True  # recorded: the model did not read "huge"
 
 
 async def test_a_final_answer_reply_that_calls_a_tool_gives_no_answer() -> None:

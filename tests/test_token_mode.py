@@ -90,6 +90,7 @@ async def test_concurrent_runs_over_one_client_and_one_toolbox_stay_independent(
 
 
 def test_ask_in_token_mode_from_the_command_line(tmp_path: Path) -> None:
+    import hashlib
     import json
     import os
     import subprocess
@@ -110,6 +111,10 @@ def test_ask_in_token_mode_from_the_command_line(tmp_path: Path) -> None:
     messages = [{"role": "system", "content": start["system_prompt"]}, {"role": "user", "content": start["user_message"]}]
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert request["prompt"] == tokenizer(text, add_special_tokens=False)["input_ids"]  # token ids, not text
+    # what rendered and tokenized the prompts is recorded, so a trainer can check it uses the same
+    assert start["tokenizer"]["name"] == str(folder)
+    assert start["tokenizer"]["sha256"] == hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()
+    assert start["chat_template"]["sha256"] == hashlib.sha256(tokenizer.chat_template.encode()).hexdigest()
 
 
 def test_the_prompt_echo_is_dropped_before_parsing_and_nothing_else() -> None:
