@@ -23,12 +23,12 @@ from rich.console import Console
 from rich.markup import escape
 
 from nanbeige.agent import commands, settings_file
+from nanbeige.agent.config import BackendConfig, RunSettings, ToolsConfig
 from nanbeige.agent.console import err, fail
 from nanbeige.agent.llm import LLMConfig
 from nanbeige.agent.loop import AgentConfig
 
 if TYPE_CHECKING:  # imported lazily at run time so `--help` stays fast
-    from nanbeige.agent.setup import RunSettings
     from nanbeige.agent.trajectory import Trajectory
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -43,7 +43,8 @@ def ask(
     base_url: Annotated[str | None, typer.Option(envvar="NANBEIGE_BASE_URL", show_default=False,
                                                  help=f"OpenAI-compatible endpoint [default: {LLMConfig.base_url}, "
                                                       "or the in-process model when nothing answers there].")] = None,
-    backend: Annotated[str, typer.Option(help="auto, openai (a server) or transformers (in this process).")] = "auto",
+    backend: Annotated[str, typer.Option(help="auto, openai (a server) or transformers (in this process).")
+                       ] = BackendConfig.backend,
     model: Annotated[str, typer.Option(envvar="NANBEIGE_MODEL", help="Model name.")] = LLMConfig.model,
     api_key: Annotated[str | None, typer.Option(envvar="NANBEIGE_API_KEY", help="API key for the endpoint.",
                                                 show_default=False)] = None,
@@ -64,9 +65,9 @@ def ask(
     no_default_servers: Annotated[bool, typer.Option(help="Use only the --mcp servers.")] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print the end record as JSON on stdout.")] = False,
     tool_timeout: Annotated[float, typer.Option(min=1, help="Seconds one tool call may take.",
-                                                rich_help_panel=ADVANCED)] = 300.0,
+                                                rich_help_panel=ADVANCED)] = ToolsConfig.tool_timeout_s,
     max_result_chars: Annotated[int, typer.Option(min=100, help="Longer tool results are cut.",
-                                                  rich_help_panel=ADVANCED)] = 100_000,
+                                                  rich_help_panel=ADVANCED)] = ToolsConfig.max_result_chars,
     timeout: Annotated[float | None, typer.Option(help="Wall-clock limit for the run, in seconds.",
                                                   rich_help_panel=ADVANCED, show_default=False)] = None,
     gguf_file: Annotated[str | None, typer.Option(help="GGUF file inside --model, for the in-process backend.",
@@ -79,8 +80,6 @@ def ask(
                                                        show_default=False)] = None,
 ) -> None:
     """Research a question with tools; print the answer."""
-    from nanbeige.agent.setup import BackendConfig, RunSettings, ToolsConfig
-
     settings = RunSettings(
         llm=LLMConfig(base_url=base_url or LLMConfig.base_url, model=model, api_key=api_key,
                       temperature=temperature, top_p=top_p, max_tokens=max_tokens),

@@ -11,17 +11,20 @@ from rich.console import Console
 from rich.markup import escape
 
 from nanbeige.agent.console import err, fail
+from nanbeige.agent.serve import ServeConfig
 
 
 def serve(
     ctx: typer.Context,
-    model: Annotated[str, typer.Option(help="Model id or folder.")] = "Nanbeige/Nanbeige4.1-3B",
-    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=1, max=65535)] = 8000,
-    dialect: Annotated[str, typer.Option(help="mcp-xml (no tool parser) or tool-call (hermes parser).")] = "mcp-xml",
-    max_model_len: Annotated[int, typer.Option(min=1024, help="Context length.")] = 131072,
-    gpu_memory_utilization: Annotated[float, typer.Option(min=0.05, max=1.0)] = 0.92,
-    data_parallel_size: Annotated[int, typer.Option("--data-parallel-size", "-dp", min=1)] = 1,
+    model: Annotated[str, typer.Option(help="Model id or folder.")] = ServeConfig.model,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = ServeConfig.host,
+    port: Annotated[int, typer.Option(min=1, max=65535)] = ServeConfig.port,
+    dialect: Annotated[str, typer.Option(help="mcp-xml (no tool parser) or tool-call (hermes parser).")
+                       ] = ServeConfig.dialect,
+    max_model_len: Annotated[int, typer.Option(min=1024, help="Context length.")] = ServeConfig.max_model_len,
+    gpu_memory_utilization: Annotated[float, typer.Option(min=0.05, max=1.0)] = ServeConfig.gpu_memory_utilization,
+    data_parallel_size: Annotated[int, typer.Option("--data-parallel-size", "-dp", min=1)
+                                  ] = ServeConfig.data_parallel_size,
     chat_template: Annotated[Path | None, typer.Option(help="Chat template: a .jinja file, or a tokenizer config "
                                                             "JSON whose chat_template is used.",
                                                        show_default=False)] = None,
@@ -30,7 +33,7 @@ def serve(
 ) -> None:
     """Start vLLM's OpenAI-compatible server for the model and wait until it answers. Arguments after `--`
     go to vLLM unchanged."""
-    from nanbeige.agent.serve import ServeConfig, check_vllm_available
+    from nanbeige.agent.serve import check_vllm_available
     from nanbeige.agent.serve import serve as serve_vllm
 
     config = ServeConfig(model=model, host=host, port=port, dialect=dialect, max_model_len=max_model_len,

@@ -16,14 +16,16 @@ import dataclasses
 import datetime
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from nanbeige.agent import dialects
 from nanbeige.agent.context import History, degenerate, estimate_tokens, repeated_call
 from nanbeige.agent.llm import LLM, Completion, ContextOverflow, ModelError
 from nanbeige.agent.tokens import TokenTracker
-from nanbeige.agent.toolbox import Toolbox
 from nanbeige.agent.trajectory import ToolResult, Trajectory, TrajectoryWriter, Turn
+
+if TYPE_CHECKING:  # the MCP SDK takes most of a second to import; `nanbeige --help` needs none of it
+    from nanbeige.agent.toolbox import Toolbox
 
 MIN_ANSWER_TOKENS = 512  # the final answer turn needs at least this much room to be worth making
 FINAL_ANSWER_TOKENS = 4096  # room wanted for the final answer (a thinking model reasons first)

@@ -17,19 +17,19 @@ import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 import httpx
 
 from nanbeige.agent import dialects
+from nanbeige.agent.config import BACKENDS, RunSettings, ToolsConfig
 from nanbeige.agent.llm import LLM, LLMConfig, ModelError, ModelUnreachable, OpenAIChat, ServerInfo, probe_server
 from nanbeige.agent.loop import DEFAULT_MAX_CONTEXT, AgentConfig
 from nanbeige.agent.toolbox import ServerSpec, Toolbox, ToolboxError, parse_server_spec, passed_env, secrets_in_env
 from nanbeige.agent.trajectory import TrajectoryWriter
 
-BACKENDS = ("auto", "openai", "transformers")
 Notice = Callable[[str], None]
 
 
@@ -40,55 +40,6 @@ class SetupError(Exception):
         super().__init__(message)
         self.usage = usage
         """True for a bad flag or value (exit code 2), False for the rest (exit code 1)."""
-
-
-@dataclass
-class BackendConfig:
-    """Which model backend serves the runs."""
-
-    backend: str = "auto"
-    """`openai` (a server), `transformers` (in this process), or `auto`: the server at the default
-    address when one answers there, else in this process."""
-    base_url_given: bool = False
-    """True when the user named the server: then one that does not answer is an error, not a fallback."""
-    gguf_file: str | None = None
-    """A GGUF file inside the model folder, for the in-process backend."""
-    token_mode: bool = False
-    """Render prompts here and send token ids to vLLM's `/v1/completions` (token-exact trajectories)."""
-    chat_template: Path | None = None
-    """Chat template file for token mode (default: the tokenizer's)."""
-
-
-@dataclass
-class ToolsConfig:
-    """Which MCP servers the runs use and how tool calls are bounded."""
-
-    mcp: list[str] = field(default_factory=list)
-    """Extra MCP servers, `NAME=COMMAND` or `NAME=URL`."""
-    default_servers: bool = True
-    """Start the built-in servers (Python sandbox, search when configured, scrape + extract)."""
-    tool_timeout_s: float = 300.0
-    """Seconds one tool call may take."""
-    max_result_chars: int = 100_000
-    """Longer tool results are cut, with a marker saying so."""
-    start_timeout_s: float = 60.0
-    """Seconds a tool server may take to start and list its tools."""
-
-
-@dataclass
-class RunSettings:
-    """Everything a command needs to run the loop."""
-
-    llm: LLMConfig = field(default_factory=LLMConfig)
-    """How to reach and sample from the model."""
-    agent: AgentConfig = field(default_factory=AgentConfig)
-    """The loop's limits and context settings."""
-    backend: BackendConfig = field(default_factory=BackendConfig)
-    """Which backend serves the model."""
-    tools: ToolsConfig = field(default_factory=ToolsConfig)
-    """The tool servers."""
-    trajectory: Path | None = None
-    """Trajectory file (JSONL, appended); None: a new file under NANBEIGE_RUNS_DIR (default `runs/`)."""
 
 
 @dataclass

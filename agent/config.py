@@ -1,0 +1,61 @@
+"""The settings of a command's runs: one dataclass per component, a docstring per field. The CLI's
+flags map onto these, and their defaults are the CLI's defaults; `setup.py` builds the runs from them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nanbeige.agent.llm import LLMConfig
+from nanbeige.agent.loop import AgentConfig
+
+BACKENDS = ("auto", "openai", "transformers")
+
+
+@dataclass
+class BackendConfig:
+    """Which model backend serves the runs."""
+
+    backend: str = "auto"
+    """`openai` (a server), `transformers` (in this process), or `auto`: the server at the default
+    address when one answers there, else in this process."""
+    base_url_given: bool = False
+    """True when the user named the server: then one that does not answer is an error, not a fallback."""
+    gguf_file: str | None = None
+    """A GGUF file inside the model folder, for the in-process backend."""
+    token_mode: bool = False
+    """Render prompts here and send token ids to vLLM's `/v1/completions` (token-exact trajectories)."""
+    chat_template: Path | None = None
+    """Chat template file for token mode (default: the tokenizer's)."""
+
+
+@dataclass
+class ToolsConfig:
+    """Which MCP servers the runs use and how tool calls are bounded."""
+
+    mcp: list[str] = field(default_factory=list)
+    """Extra MCP servers, `NAME=COMMAND` or `NAME=URL`."""
+    default_servers: bool = True
+    """Start the built-in servers (Python sandbox, search when configured, scrape + extract)."""
+    tool_timeout_s: float = 300.0
+    """Seconds one tool call may take."""
+    max_result_chars: int = 100_000
+    """Longer tool results are cut, with a marker saying so."""
+    start_timeout_s: float = 60.0
+    """Seconds a tool server may take to start and list its tools."""
+
+
+@dataclass
+class RunSettings:
+    """Everything a command needs to run the loop."""
+
+    llm: LLMConfig = field(default_factory=LLMConfig)
+    """How to reach and sample from the model."""
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    """The loop's limits and context settings."""
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    """Which backend serves the model."""
+    tools: ToolsConfig = field(default_factory=ToolsConfig)
+    """The tool servers."""
+    trajectory: Path | None = None
+    """Trajectory file (JSONL, appended); None: a new file under NANBEIGE_RUNS_DIR (default `runs/`)."""
