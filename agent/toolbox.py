@@ -2,8 +2,8 @@
 
 A stdio server is launched once and kept alive for every run that shares the toolbox; if it dies
 mid-run it is restarted (once per run, by default) and the model is told to make the call again
-(it is not retried blindly: the call may be what killed the server). Streamable-HTTP servers are reached by URL. Every call has a timeout,
-long results are cut with a visible marker, and anything that goes wrong inside a call comes
+(it is not retried blindly: the call may be what killed the server). Streamable-HTTP servers are
+reached by URL. Every call has a timeout, long results are cut with a visible marker, and anything that goes wrong inside a call comes
 back as an error result the model can read; only a server that cannot start at all is an error
 for the user.
 """
@@ -177,12 +177,13 @@ class Toolbox:
                 ready.set_exception(ConnectionError("the connection closed before it was ready"))
 
     async def _disconnect(self, server: str) -> None:
-        self._clients.pop(server, None)
+        client = self._clients.pop(server, None)
         task, close = self._holders.pop(server, (None, None))
         if task is None or close is None:
             return
         close.set()
-        done, _ = await asyncio.wait({task}, timeout=10.0)
+        # a connection still starting is cut short; an open one gets time to close cleanly
+        done, _ = await asyncio.wait({task}, timeout=10.0) if client is not None else (set(), set())
         if not done:  # a dead server may not close cleanly; there is nothing left to save
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)

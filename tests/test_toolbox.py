@@ -144,9 +144,11 @@ def test_servers_the_user_plugs_in_get_no_api_keys(monkeypatch: pytest.MonkeyPat
 
 async def test_a_server_that_never_answers_the_handshake_is_a_clear_error() -> None:
     spec = ServerSpec(name="mute", command=[sys.executable, "-c", "import time; time.sleep(60)"])
+    started = time.monotonic()
     with pytest.raises(ToolboxError, match="MCP server 'mute'.*no answer within 1 s"):
         async with Toolbox([spec], start_timeout_s=1.0):
             pass
+    assert time.monotonic() - started < 8  # given up at the limit, not after waiting for a clean close
 
 
 async def test_a_server_that_cannot_start_is_a_clear_error() -> None:
