@@ -11,6 +11,7 @@ runs is `setup.py`'s, and its `SetupError` becomes a one-line error and an exit 
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
 from collections.abc import Coroutine
@@ -105,7 +106,11 @@ async def _ask(question: str, settings: RunSettings) -> Trajectory:
             return await run(question, runtime.llm, runtime.toolbox, runtime.agent, runtime.writer,
                              on_event=LiveView(err, runtime.agent.max_turns))
         except asyncio.CancelledError:
-            err.print(f"[yellow]interrupted[/]; the trajectory so far is in {escape(str(runtime.path))}", highlight=False)
+            err.print(f"[yellow]interrupted[/]; the trajectory so far is in {escape(str(runtime.path))}",
+                      highlight=False)
+            raise
+        except Exception:
+            err.print(f"[dim]the trajectory, closed as crashed, is in {escape(str(runtime.path))}[/]", highlight=False)
             raise
 
 
@@ -117,7 +122,8 @@ def notice(text: str) -> None:
 
 def run_command(main: Coroutine[Any, Any, T]) -> T:
     """Run a command's coroutine. A SetupError is one line and exit 1 (2 for a bad value); Ctrl-C
-    and SIGTERM cancel it, so every open trajectory is closed first, then exit 130 or 143."""
+    and SIGTERM cancel it, so every open trajectory is closed first, then exit 130 or 143. A bug is
+    one line too (exit 1), its traceback shown only with NANBEIGE_DEBUG=1."""
     from nanbeige.agent.setup import SetupError
 
     terminated = []
@@ -134,6 +140,10 @@ def run_command(main: Coroutine[Any, Any, T]) -> T:
         fail(str(exc), 2 if exc.usage else 1)
     except (KeyboardInterrupt, asyncio.CancelledError):  # the servers' shutdown may re-cancel the task
         raise typer.Exit(143 if terminated else 130) from None
+    except Exception as exc:
+        if os.environ.get("NANBEIGE_DEBUG"):
+            raise
+        fail(f"nanbeige crashed: {type(exc).__name__}: {exc} (NANBEIGE_DEBUG=1 shows where; please report it)")
 
 
 def report(trajectory: Trajectory, json_output: bool) -> None:

@@ -3,9 +3,9 @@
 A stdio server is launched once and kept alive for every run that shares the toolbox; if it dies
 mid-run it is restarted (once per run, by default) and the model is told to make the call again
 (it is not retried blindly: the call may be what killed the server). Streamable-HTTP servers are
-reached by URL. Every call has a timeout, long results are cut with a visible marker, and anything that goes wrong inside a call comes
-back as an error result the model can read; only a server that cannot start at all is an error
-for the user.
+reached by URL. Every call has a timeout, long results are cut with a visible marker, and anything
+that goes wrong inside a call comes back as an error result the model can read; only a server that
+cannot start at all is an error for the user.
 """
 
 from __future__ import annotations

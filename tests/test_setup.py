@@ -139,3 +139,24 @@ def test_ask_works_against_a_server_that_refuses_unknown_fields(tmp_path: Path) 
                           "--no-default-servers", "--trajectory", str(tmp_path / "t.jsonl"))
     assert result.returncode == 0 and result.stdout == "5\n", result.stderr
     assert all("return_token_ids" not in request for request in server.requests)
+
+
+def test_a_bug_is_one_line_and_the_trajectory_is_closed_as_crashed(tmp_path: Path) -> None:
+    import sys
+
+    path = tmp_path / "t.jsonl"
+    # the command line as installed, with a bug planted in reply parsing
+    program = ("import sys; from nanbeige.agent import dialects, cli\n"
+               "def broken(*args): return 1 / 0\n"
+               "dialects.parse_reply = broken\n"
+               "sys.argv[0] = 'nanbeige'; cli.main()")
+    with FakeOpenAI([], default=mcp_answer("x")) as server:
+        args = ["ask", "q", "--base-url", server.base_url, "--no-default-servers", "--trajectory", str(path)]
+        result = subprocess.run([sys.executable, "-c", program, *args], capture_output=True, text=True, timeout=60)
+        debug = subprocess.run([sys.executable, "-c", program, *args], capture_output=True, text=True, timeout=60,
+                               env={**os.environ, "NANBEIGE_DEBUG": "1"})
+    assert_one_line_error(result, "nanbeige crashed: ZeroDivisionError: division by zero", "NANBEIGE_DEBUG=1")
+    assert result.returncode == 1
+    assert "Traceback" in debug.stderr and "in broken" in debug.stderr  # where it happened, when asked for
+    ends = [json.loads(line) for line in path.read_text().splitlines() if '"type":"end"' in line]
+    assert [end["stop_reason"] for end in ends] == ["crashed", "crashed"]
