@@ -25,7 +25,7 @@ from rich.markup import escape
 
 from nanbeige.agent import commands, settings_file
 from nanbeige.agent.config import BackendConfig, RunSettings, ToolsConfig
-from nanbeige.agent.console import err, fail
+from nanbeige.agent.console import err, fail, hide, out
 from nanbeige.agent.llm import LLMConfig
 from nanbeige.agent.loop import AgentConfig
 
@@ -92,6 +92,9 @@ def ask(
                           max_result_chars=max_result_chars),
         trajectory=trajectory,
     )
+    from nanbeige.agent.setup import secrets_of
+
+    hide(secrets_of(settings))
     report(run_command(_ask(question, settings)), json_output)
 
 
@@ -150,9 +153,9 @@ def report(trajectory: Trajectory, json_output: bool) -> None:
     from nanbeige.agent.trajectory import end_record
 
     if json_output:
-        sys.stdout.write(orjson.dumps(end_record(trajectory)).decode() + "\n")
+        out(orjson.dumps(end_record(trajectory)).decode())
     elif trajectory.answer is not None:
-        sys.stdout.write(trajectory.answer + "\n")
+        out(trajectory.answer)
     turns = len(trajectory.turns)
     err.print(f"[dim]{trajectory.stop_reason} after {turns} turn{'s' * (turns != 1)} in "
               f"{trajectory.timings.get('wall_s', 0):.1f}s[/]", highlight=False)

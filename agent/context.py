@@ -44,7 +44,8 @@ class History:
         self.estimated_tokens = sum(_message_tokens(m) for m in self.messages)
         self.added_since_call = self.estimated_tokens  # estimate of what the server has not counted yet
 
-    def add_turn(self, assistant: dict[str, Any], observations: list[dict[str, Any]], tool_results: bool = True) -> None:
+    def add_turn(self, assistant: dict[str, Any], observations: list[dict[str, Any]],
+                 tool_results: bool = True) -> None:
         """Append a turn. Only tool results count towards keep-K; messages about unusable replies
         (`tool_results=False`) are short and always shown."""
         self.messages.append(assistant)

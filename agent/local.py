@@ -11,12 +11,15 @@ only when a model is loaded, so the rest of the CLI stays fast and works without
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from nanbeige.agent.llm import Completion, LLMConfig, ModelError
 from nanbeige.agent.prompts import Conversation, Prompter, identity
+
+T = TypeVar("T")
 
 # Tokens that end an assistant turn in ChatML-style templates, besides the tokenizer's own eos.
 END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>")
@@ -105,15 +108,19 @@ class TransformersLLM:
 
     async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                        max_tokens: int | None = None, conversation: Conversation | None = None) -> Completion:
+        # The tokenizer is used only on the event loop's thread (as `count_prompt` is), the model only in
+        # the worker thread, one generation at a time.
+        conversation = conversation or Conversation()
         async with self.lock:
-            return await asyncio.to_thread(self._generate, messages, tools, max_tokens or self.config.max_tokens,
-                                           conversation or Conversation())
+            started = time.perf_counter()
+            prompt_ids = self.prompter.prompt_ids(messages, tools, conversation)
+            completion_ids, logprobs = await in_thread(self._generate, prompt_ids, max_tokens or self.config.max_tokens)
+            self.prompter.sampled(conversation, prompt_ids, completion_ids)
+        return self._completion(prompt_ids, completion_ids, logprobs, time.perf_counter() - started)
 
-    def _generate(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                  max_tokens: int, conversation: Conversation) -> Completion:
+    def _generate(self, prompt_ids: list[int], max_tokens: int) -> tuple[list[int], list[float]]:
+        """Sample a reply: its token ids (the stop token included) and each one's sampling logprob."""
         torch, c = self.torch, self.config
-        started = time.perf_counter()
-        prompt_ids = self.prompter.prompt_ids(messages, tools, conversation)
         input_ids = torch.tensor([prompt_ids], device=self.device)
         # top_k=0 overrides transformers' default of 50: sampling must match the server path (vLLM: no top-k).
         sampling = {"do_sample": True, "temperature": c.temperature, "top_p": c.top_p, "top_k": 0} \
@@ -125,23 +132,56 @@ class TransformersLLM:
                                       eos_token_id=self.stop_ids, pad_token_id=self.stop_ids[0],
                                       output_scores=True, return_dict_in_generate=True, **sampling)
         completion_ids = out.sequences[0, len(prompt_ids):].tolist()
-        self.prompter.sampled(conversation, prompt_ids, completion_ids)
         # scores are the logits after temperature and top-p (shape: one (1, vocab) row per new token)
         logprobs = [torch.log_softmax(score[0].float(), dim=-1)[token].item()
                     for score, token in zip(out.scores, completion_ids)]
+        return completion_ids, logprobs
+
+    def _completion(self, prompt_ids: list[int], completion_ids: list[int], logprobs: list[float],
+                    latency_s: float) -> Completion:
         ended = bool(completion_ids) and completion_ids[-1] in self.stop_ids
         text_ids = completion_ids[:-1] if ended else completion_ids
         content = self.tokenizer.decode(text_ids, skip_special_tokens=False)
-        cut = min((content.find(s) for s in c.stop if s in content), default=-1)
+        stops = self.config.stop
+        cut = min((content.find(s) for s in stops if s in content), default=-1)
         if cut >= 0:  # like a server: the text ends before the stop string
             content, ended = content[:cut], True
         return Completion(
             message={"role": "assistant", "content": content},
             finish_reason="stop" if ended else "length",
             usage={"prompt_tokens": len(prompt_ids), "completion_tokens": len(completion_ids)},
-            prompt_ids=prompt_ids, completion_ids=completion_ids, logprobs=logprobs,
-            latency_s=time.perf_counter() - started,
+            prompt_ids=prompt_ids, completion_ids=completion_ids, logprobs=logprobs, latency_s=latency_s,
         )
 
     async def aclose(self) -> None:
         pass
+
+
+async def in_thread(work: Callable[..., T], *args: Any) -> T:
+    """`work(*args)` in a daemon thread. Unlike `asyncio.to_thread`, Ctrl-C or SIGTERM during a slow
+    model load, generation or probe ends the command at once: nothing waits for the thread at exit."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+
+    def target() -> None:
+        try:
+            outcome: tuple[bool, Any] = (True, work(*args))
+        except BaseException as exc:  # handed to the waiting task, which raises it
+            outcome = (False, exc)
+        try:
+            loop.call_soon_threadsafe(_settle, done, outcome)
+        except RuntimeError:  # the loop is gone: the command already ended
+            pass
+
+    threading.Thread(target=target, daemon=True).start()
+    return await done
+
+
+def _settle(done: asyncio.Future[Any], outcome: tuple[bool, Any]) -> None:
+    succeeded, value = outcome
+    if done.done():  # the waiting task was cancelled meanwhile
+        return
+    if succeeded:
+        done.set_result(value)
+    else:
+        done.set_exception(value)

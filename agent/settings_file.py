@@ -61,7 +61,12 @@ def _for_group(group: Any, shared: dict[str, Any], tables: dict[str, Any], path:
     used: set[str] = set()
     for name, command in group.commands.items():
         table = tables.get(name, {}) if isinstance(tables.get(name, {}), dict) else {}
-        if hasattr(command, "commands"):  # a group of commands
+        if hasattr(command, "commands"):  # a group of commands: its table holds only its commands' tables
+            loose = sorted(k for k, v in table.items() if not isinstance(v, dict))
+            if loose:
+                raise SettingsError(f"settings file {path}: [{prefix}{name}] has no setting {loose[0]!r} (settings "
+                                    f"go in the table of one of its commands, such as [{prefix}{name}."
+                                    f"{next(iter(command.commands))}])")
             mapped[name], taken = _for_group(command, shared, table, path, f"{prefix}{name}.")
             used |= taken
             continue

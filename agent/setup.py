@@ -9,7 +9,6 @@ so a failed start leaves no empty trajectory or log behind.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import datetime
 import os
@@ -26,6 +25,7 @@ import httpx
 from nanbeige.agent import dialects
 from nanbeige.agent.config import BACKENDS, RunSettings, ToolsConfig
 from nanbeige.agent.llm import LLM, LLMConfig, ModelError, ModelUnreachable, OpenAIChat, ServerInfo, probe_server
+from nanbeige.agent.local import in_thread
 from nanbeige.agent.loop import DEFAULT_MAX_CONTEXT, AgentConfig
 from nanbeige.agent.toolbox import ServerSpec, Toolbox, ToolboxError, parse_server_spec, passed_env, secrets_in_env
 from nanbeige.agent.trajectory import TrajectoryWriter
@@ -145,7 +145,11 @@ def find_model_server(settings: RunSettings, notice: Notice) -> ServerInfo | Non
     wanted = b.token_mode or b.backend == "openai" or (b.backend == "auto" and b.base_url_given)
     if b.backend != "transformers":
         try:
-            return probe_server(c.base_url, c.api_key, timeout=10.0 if wanted else 2.0, model=c.model)
+            server = probe_server(c.base_url, c.api_key, timeout=10.0 if wanted else 2.0, model=c.model)
+            if b.token_mode and not server.vllm:
+                raise SetupError(f"--token-mode needs a vLLM server (it sends token ids to /v1/completions); the "
+                                 f"server at {c.base_url} is not vLLM. Start one with `nanbeige serve --rl-logprobs`.")
+            return server
         except ModelUnreachable as exc:
             if wanted:
                 fix = ("token mode needs a vLLM server: start one with `nanbeige serve --rl-logprobs`" if b.token_mode
@@ -182,15 +186,21 @@ def make_llm(settings: RunSettings, server: ServerInfo | None) -> LLM:
         raise SetupError(str(exc)) from None
 
 
-def with_server_context(agent: AgentConfig, server: ServerInfo | None, llm_config: LLMConfig) -> AgentConfig:
-    """The loop settings with the context length filled in: as given, else as the server reports it."""
+def fit_to_server(settings: RunSettings, server: ServerInfo | None, notice: Notice) -> RunSettings:
+    """The settings with the context length filled in (as given, else as the server reports it) and,
+    when the default reply length would not fit in a small server context, a shorter one."""
+    agent, llm = settings.agent, settings.llm
     if agent.max_context is not None:
-        return agent
+        return settings
     max_context = (server.max_model_len if server else None) or DEFAULT_MAX_CONTEXT
-    if llm_config.max_tokens + agent.context_reserve >= max_context:
-        raise SetupError(f"--max-tokens {llm_config.max_tokens} leaves no room for a prompt in the server's "
-                         f"context of {max_context} tokens; pass a smaller --max-tokens", usage=True)
-    return dataclasses.replace(agent, max_context=max_context)
+    if llm.max_tokens + agent.context_reserve >= max_context:
+        if llm.max_tokens != LLMConfig.max_tokens:  # the user asked for this length
+            raise SetupError(f"--max-tokens {llm.max_tokens} leaves no room for a prompt in the server's context of "
+                             f"{max_context} tokens; pass a smaller --max-tokens", usage=True)
+        llm = dataclasses.replace(llm, max_tokens=max_context // 4)
+        notice(f"replies shortened: the server's context is {max_context} tokens, so --max-tokens is "
+               f"{llm.max_tokens} (the default {LLMConfig.max_tokens} would leave no room for a prompt)")
+    return dataclasses.replace(settings, llm=llm, agent=dataclasses.replace(agent, max_context=max_context))
 
 
 def secrets_of(settings: RunSettings) -> list[str]:
@@ -206,8 +216,8 @@ async def ready(settings: RunSettings, notice: Notice) -> AsyncIterator[Ready]:
     extra = check_settings(settings)
     path = settings.trajectory or default_trajectory_path()
     check_writable(path)
-    server = await asyncio.to_thread(find_model_server, settings, notice)
-    agent = with_server_context(settings.agent, server, settings.llm)
+    server = await in_thread(find_model_server, settings, notice)
+    settings = fit_to_server(settings, server, notice)
     specs = (default_servers(settings.llm, notice) if settings.tools.default_servers else []) + extra
     if not specs:
         notice("no tools available: the model answers from its own knowledge. Add MCP servers with --mcp NAME=COMMAND.")
@@ -215,7 +225,11 @@ async def ready(settings: RunSettings, notice: Notice) -> AsyncIterator[Ready]:
     log_path = path.with_name(path.name + ".servers.log")
     new_log, new_folders = not log_path.exists(), [p for p in path.parents if not p.exists()]
     path.parent.mkdir(parents=True, exist_ok=True)
-    errlog = open(log_path, "a") if specs else None
+    try:
+        errlog = open(log_path, "a") if specs else None
+    except OSError as exc:
+        raise SetupError(f"cannot write the tool servers' log {log_path}: {exc.strerror or exc}. Pass --trajectory "
+                         "with a path in a writable folder.") from None
     began, keep_log = False, False
     try:
         async with _toolbox(specs, settings.tools, errlog, secrets) as toolbox:
@@ -224,7 +238,7 @@ async def ready(settings: RunSettings, notice: Notice) -> AsyncIterator[Ready]:
                 writer = open_writer(path, secrets)
                 began = True
                 try:
-                    yield Ready(llm, toolbox, writer, path, agent)
+                    yield Ready(llm, toolbox, writer, path, settings.agent)
                 finally:
                     writer.close()
             finally:
@@ -242,7 +256,7 @@ async def ready(settings: RunSettings, notice: Notice) -> AsyncIterator[Ready]:
 async def _backend(settings: RunSettings, server: ServerInfo | None, notice: Notice) -> LLM:
     if server is None:
         notice(f"loading {settings.llm.model} …")
-    return await asyncio.to_thread(make_llm, settings, server)
+    return await in_thread(make_llm, settings, server)
 
 
 @asynccontextmanager

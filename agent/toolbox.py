@@ -22,13 +22,12 @@ from typing import IO, Any
 from mcp import Client, MCPError, StdioServerParameters, stdio_client
 from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT, TextContent
 
-from nanbeige.agent.trajectory import ToolCall, ToolResult
+from nanbeige.agent.trajectory import ToolCall, ToolResult, redact
 
 # Environment passed on to stdio servers: backend settings, and API keys only to our own servers.
 ENV_PREFIXES = ("NANBEIGE_", "SERPER_", "JINA_", "E2B_", "SEARXNG_")
 ENV_NAMES = ("PYTHONPATH", "VIRTUAL_ENV", "HF_HOME", "HF_HUB_OFFLINE", "LANG", "TMPDIR")
 SECRET_NAMES = ("NANBEIGE_API_KEY", "NANBEIGE_SUMMARY_API_KEY", "SERPER_API_KEY", "JINA_API_KEY", "E2B_API_KEY")
-REDACTED = "[REDACTED]"
 
 
 class ToolboxError(Exception):
@@ -70,12 +69,6 @@ def passed_env(with_secrets: bool = False) -> dict[str, str]:
 def secrets_in_env() -> list[str]:
     """The API keys set in this process's environment."""
     return [os.environ[name] for name in SECRET_NAMES if os.environ.get(name)]
-
-
-def redact(text: str, secrets: list[str]) -> str:
-    for secret in secrets:
-        text = text.replace(secret, REDACTED)
-    return text
 
 
 # Text spelling a chat control token (a scraped page quoting "<|im_end|>") would become the real
@@ -129,6 +122,7 @@ class Toolbox:
         self._clients: dict[str, Client] = {}
         self._holders: dict[str, tuple[asyncio.Task[None], asyncio.Event]] = {}  # each connection's task
         self._restarting: dict[str, asyncio.Lock] = {}  # one restart of a server at a time
+        self._closed = False  # once closed, nothing restarts a server
 
     def settings(self) -> dict[str, Any]:
         """The settings that shape what the model reads, for the trajectory."""
@@ -149,14 +143,17 @@ class Toolbox:
     async def _connect(self, spec: ServerSpec) -> list[dict[str, Any]]:
         """Start (or reach) a server and list its tools, within `start_timeout_s`."""
         ready: asyncio.Future[Client] = asyncio.get_running_loop().create_future()
+        ready.add_done_callback(lambda f: f.cancelled() or f.exception())  # read even when nobody waits any more
         close = asyncio.Event()
         self._holders[spec.name] = (asyncio.create_task(self._hold(spec, ready, close)), close)
         try:
             async with asyncio.timeout(self.start_timeout_s):
                 self._clients[spec.name] = await asyncio.shield(ready)
                 return await self._list_tools(spec.name)
-        except Exception as exc:
+        except BaseException as exc:  # a cancelled start too: no half-open connection stays behind
             await self._disconnect(spec.name)
+            if not isinstance(exc, Exception):
+                raise
             where = spec.url or (shlex.join(spec.command) if spec.command else "in-process")
             reason = f"no answer within {self.start_timeout_s:g} s" if isinstance(exc, TimeoutError) else _describe(exc)
             raise ToolboxError(f"MCP server {spec.name!r} ({where}) failed to start: {reason}") from None
@@ -202,6 +199,8 @@ class Toolbox:
         """Restart a server whose client `dead` failed, unless another run already did (then the new
         connection serves this run too and its budget is untouched)."""
         async with self._restarting.setdefault(server, asyncio.Lock()):
+            if self._closed:
+                raise ToolboxError("the toolbox is closed")
             if server in self._clients and self._clients[server] is not dead:
                 return
             restarts[server] = restarts.get(server, 0) + 1
@@ -239,8 +238,8 @@ class Toolbox:
             failure = exc
         if restarts.get(call.server, 0) >= self.max_restarts and self._clients.get(call.server) is client:
             return f"Server {call.server} is not available ({_describe(failure)}); it was already restarted.", True
-        try:
-            await self._restart(call.server, client, restarts)
+        try:  # shielded: a run cancelled mid-restart must not leave the server half-started for the others
+            await asyncio.shield(self._restart(call.server, client, restarts))
         except Exception as exc:
             return f"Server {call.server} stopped and could not be restarted: {_describe(exc)}", True
         # Not retried: the call may be what killed the server, and it may have had effects.
@@ -258,8 +257,10 @@ class Toolbox:
         return result_text(result.content), bool(result.is_error)
 
     async def aclose(self) -> None:
-        for name in list(self._holders):
-            await self._disconnect(name)
+        self._closed = True
+        for name in self.specs:
+            async with self._restarting.setdefault(name, asyncio.Lock()):  # after a restart in flight
+                await self._disconnect(name)
 
 
 def _describe(exc: BaseException) -> str:

@@ -182,6 +182,16 @@ def end_record(trajectory: Trajectory) -> dict[str, Any]:
     return {"type": "end", "trajectory_id": trajectory.id, "num_turns": len(trajectory.turns), **record}
 
 
+REDACTED = "[REDACTED]"
+
+
+def redact(text: str, secrets: list[str]) -> str:
+    """The text with every secret (API keys the runtime knows) replaced by `[REDACTED]`."""
+    for secret in secrets:
+        text = text.replace(secret, REDACTED)
+    return text
+
+
 class TrajectoryWriter:
     """Appends trajectory records to a JSONL file, one flushed line per record.
 
@@ -199,7 +209,7 @@ class TrajectoryWriter:
     def write(self, record: dict[str, Any]) -> None:
         line = orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY, default=str)
         for secret in self.secrets:
-            line = line.replace(orjson.dumps(secret)[1:-1], b"[REDACTED]")
+            line = line.replace(orjson.dumps(secret)[1:-1], REDACTED.encode())
         self._file.write(line + b"\n")
         self._file.flush()
 

@@ -83,6 +83,9 @@ def test_a_setting_no_command_has_is_a_clear_error(tmp_path: Path) -> None:
     path = tmp_path / "settings.toml"
     path.write_text("[ask]\nmax_turn = 3\n")
     assert_one_line_error(nanbeige("ask", "q", env={"NANBEIGE_CONFIG": str(path)}), "[ask] has no setting 'max_turn'")
+    path.write_text("[index]\nout = 'x'\n")  # a group's table holds its commands' tables, not settings
+    assert_one_line_error(nanbeige("ask", "q", env={"NANBEIGE_CONFIG": str(path)}), "[index] has no setting 'out'",
+                          "[index.build]")
     path.write_text("[ask\n")
     result = nanbeige("ask", "q", env={"NANBEIGE_CONFIG": str(path)})
     assert_one_line_error(result, "not valid TOML")
@@ -160,3 +163,55 @@ def test_a_bug_is_one_line_and_the_trajectory_is_closed_as_crashed(tmp_path: Pat
     assert "Traceback" in debug.stderr and "in broken" in debug.stderr  # where it happened, when asked for
     ends = [json.loads(line) for line in path.read_text().splitlines() if '"type":"end"' in line]
     assert [end["stop_reason"] for end in ends] == ["crashed", "crashed"]
+
+
+def test_token_mode_against_a_server_that_is_not_vllm_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    with FakeOpenAI([mcp_answer("x")]) as server:  # a plain OpenAI-compatible server
+        result = nanbeige("ask", "q", "--token-mode", "--base-url", server.base_url, "--mcp", TESTKIT,
+                          "--trajectory", str(tmp_path / "t.jsonl"))
+    assert_one_line_error(result, "--token-mode needs a vLLM server", "is not vLLM")
+    assert list(tmp_path.iterdir()) == [] and server.requests == []
+
+
+def test_the_default_reply_length_shrinks_to_fit_a_small_server_context(tmp_path: Path) -> None:
+    with FakeOpenAI([], default=mcp_answer("ok"), vllm=True, max_model_len=8192) as server:
+        fitted = nanbeige("ask", "q", "--base-url", server.base_url, "--no-default-servers", "--trajectory",
+                          str(tmp_path / "t.jsonl"))
+        asked = nanbeige("ask", "q", "--base-url", server.base_url, "--no-default-servers", "--max-tokens", "8000",
+                         "--trajectory", str(tmp_path / "u.jsonl"))
+    assert fitted.returncode == 0, fitted.stderr
+    assert "replies shortened" in fitted.stderr and server.requests[0]["max_tokens"] == 2048
+    assert_one_line_error(asked, "--max-tokens 8000 leaves no room", "8192")  # what the user asked for is not overridden
+    assert asked.returncode == 2
+
+
+def test_sigterm_during_setup_ends_the_command_at_once(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as silent:  # takes connections, never answers: the probe waits for its timeout
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/v1"
+        process = subprocess.Popen([NANBEIGE, "ask", "q", "--base-url", url, "--trajectory", str(tmp_path / "t.jsonl")],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(1.5)  # well inside the probe's 10 s
+        process.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 143, stderr
+    assert time.monotonic() - started < 5  # not after the probe gives up
+    assert "Traceback" not in stderr and not (tmp_path / "t.jsonl").exists()
+
+
+def test_a_key_quoted_back_by_the_server_never_reaches_stdout_or_stderr(tmp_path: Path) -> None:
+    key = "sk-very-secret-1234"
+    quoting = Reply(status=401, body={"error": {"message": f"invalid key: Bearer {key}"}})
+    with FakeOpenAI([quoting, quoting]) as server:
+        plain = nanbeige("ask", "q", "--base-url", server.base_url, "--no-default-servers", "--trajectory",
+                         str(tmp_path / "t.jsonl"), env={"NANBEIGE_API_KEY": key})
+        as_json = nanbeige("ask", "q", "--base-url", server.base_url, "--no-default-servers", "--json",
+                           "--trajectory", str(tmp_path / "t.jsonl"), env={"NANBEIGE_API_KEY": key})
+    assert server.requests[0]["_headers"]["Authorization"] == f"Bearer {key}"  # the key was sent, and quoted back
+    assert "invalid key: Bearer [REDACTED]" in plain.stderr and "Bearer [REDACTED]" in as_json.stdout
+    for text in (plain.stdout, plain.stderr, as_json.stdout, as_json.stderr, (tmp_path / "t.jsonl").read_text()):
+        assert key not in text

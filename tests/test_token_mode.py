@@ -100,7 +100,7 @@ def test_ask_in_token_mode_from_the_command_line(tmp_path: Path) -> None:
     tokenizer = load_tokenizer(str(folder))[0]
     stop_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
     with FakeOpenAI([mcp_answer("5")], tokenize=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
-                    stop_id=stop_id) as server:
+                    stop_id=stop_id, vllm=True) as server:
         result = subprocess.run([str(Path(sys.executable).parent / "nanbeige"), "ask", "What is 2+3?", "--token-mode",
                                  "--base-url", server.base_url, "--model", str(folder), "--no-default-servers",
                                  "--trajectory", str(tmp_path / "t.jsonl")], capture_output=True, text=True,
