@@ -226,6 +226,9 @@ class Toolbox:
 
     async def _call_with_restart(self, call: ToolCall, restarts: dict[str, int]) -> tuple[str, bool]:
         client = self._clients.get(call.server)
+        if client is None:  # being restarted by another run: wait for it to finish
+            async with self._restarting.setdefault(call.server, asyncio.Lock()):
+                client = self._clients.get(call.server)
         try:
             return await self._call_once(call, client)
         except MCPError as exc:

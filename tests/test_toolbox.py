@@ -186,3 +186,23 @@ def test_server_specs_from_the_command_line() -> None:
     assert parse_server_spec("web=https://example.org/mcp").url == "https://example.org/mcp"
     with pytest.raises(ValueError, match="NAME=COMMAND"):
         parse_server_spec("no-equals-sign")
+
+
+async def test_a_run_cancelled_while_it_restarts_a_server_leaves_it_working_for_the_others() -> None:
+    async with Toolbox([stdio_spec()]) as toolbox:
+        spent: dict[str, int] = {"testkit": 1}  # a run that already used its one restart
+        dying = asyncio.create_task(toolbox.call(ToolCall("testkit", "crash", {}), {}))
+        while not (toolbox._restarting.get("testkit") and toolbox._restarting["testkit"].locked()):
+            await asyncio.sleep(0.01)
+        dying.cancel()  # e.g. that run's --timeout ran out mid-restart
+        await asyncio.gather(dying, return_exceptions=True)
+        result = await toolbox.call(ToolCall("testkit", "echo", {"text": "still here"}), spent)
+    assert (result.text, result.is_error) == ("still here", False)
+
+
+async def test_a_closed_toolbox_restarts_nothing() -> None:
+    toolbox = Toolbox([stdio_spec()])
+    await toolbox.__aenter__()
+    await toolbox.aclose()
+    result = await toolbox.call(ToolCall("testkit", "echo", {"text": "x"}))
+    assert result.is_error and "the toolbox is closed" in result.text
