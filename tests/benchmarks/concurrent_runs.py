@@ -43,8 +43,8 @@ from fake_openai import FakeOpenAI, mcp_answer, mcp_call
 from nanbeige.agent.llm import LLMConfig, OpenAIChat
 from nanbeige.agent.loop import AgentConfig, run
 from nanbeige.agent.toolbox import ServerSpec, Toolbox
-from nanbeige.agent.trajectory import ToolCall, Trajectory, TrajectoryWriter
-from overhead import pct, tokenizer_of
+from nanbeige.agent.trajectory import ToolCall, TrajectoryWriter
+from overhead import pct, tokenizer_of, turn_overheads
 
 SERVER = str(Path(__file__).resolve().parents[1] / "mcp_test_server.py")
 QUESTION = "What does echo say?"
@@ -90,19 +90,6 @@ async def tick(lags_ms: list[float]) -> None:
         due = time.perf_counter() + 0.001
         await asyncio.sleep(0.001)
         lags_ms.append((time.perf_counter() - due) * 1000)
-
-
-def turn_overheads(trajectory: Trajectory, marks: list[tuple[str, float]]) -> list[float]:
-    """Per turn: wall time from its "model" event to the next (its "turn" event for the last turn),
-    minus the model's HTTP wait and the tool calls' time, in ms."""
-    starts = [t for kind, t in marks if kind == "model"]
-    logged = [t for kind, t in marks if kind == "turn"]
-    overheads = []
-    for i, turn in enumerate(trajectory.turns):
-        end = starts[i + 1] if i + 1 < len(starts) else logged[i]
-        tool_s = sum(r.latency_s for r in turn.tool_results)
-        overheads.append((end - starts[i] - turn.latency_s - tool_s) * 1000)
-    return overheads
 
 
 async def measure(mode: str, runs: int, turns: int, keep: int, base_url: str, server_pid: int,

@@ -35,10 +35,23 @@ from fake_openai import FakeOpenAI, mcp_answer, mcp_call  # noqa: E402
 from nanbeige.agent.llm import LLMConfig, OpenAIChat  # noqa: E402
 from nanbeige.agent.loop import AgentConfig, run  # noqa: E402
 from nanbeige.agent.toolbox import ServerSpec, Toolbox  # noqa: E402
-from nanbeige.agent.trajectory import TrajectoryWriter  # noqa: E402
+from nanbeige.agent.trajectory import Trajectory, TrajectoryWriter  # noqa: E402
 
 SERVER = "tests/mcp_test_server.py"
 TARGET_MS = 2.0
+
+
+def turn_overheads(trajectory: Trajectory, marks: list[tuple[str, float]]) -> list[float]:
+    """Per turn: wall time from its "model" event to the next (its "turn" event for the last turn),
+    minus the model's HTTP wait and the tool calls' time, in ms."""
+    starts = [t for kind, t in marks if kind == "model"]
+    logged = [t for kind, t in marks if kind == "turn"]
+    overheads = []
+    for i, turn in enumerate(trajectory.turns):
+        end = starts[i + 1] if i + 1 < len(starts) else logged[i]
+        tool_s = sum(r.latency_s for r in turn.tool_results)
+        overheads.append((end - starts[i] - turn.latency_s - tool_s) * 1000)
+    return overheads
 
 
 def tokenizer_of(folder: str | None):
@@ -114,13 +127,7 @@ async def measure(base_url: str, turns: int, keep: int, path: Path,
     await llm.aclose()
     assert trajectory.stop_reason == "answered" and len(trajectory.turns) == turns, (
         f"run ended with {trajectory.stop_reason} after {len(trajectory.turns)} turns: {trajectory.error}")
-    starts = [t for kind, t in marks if kind == "model"]
-    logged = [t for kind, t in marks if kind == "turn"]
-    overhead = []
-    for i, turn in enumerate(trajectory.turns):
-        end = starts[i + 1] if i + 1 < len(starts) else logged[i]
-        tool_s = sum(r.latency_s for r in turn.tool_results)
-        overhead.append((end - starts[i] - turn.latency_s - tool_s) * 1000)
+    overhead = turn_overheads(trajectory, marks)
     extra = {"wall": wall, "memory": memory, "file": path.stat().st_size,
              "model_ms": statistics.median(t.latency_s * 1000 for t in trajectory.turns),
              "tool_ms": statistics.median(r.latency_s * 1000 for t in trajectory.turns for r in t.tool_results),
