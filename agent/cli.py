@@ -50,14 +50,19 @@ def ask(
     api_key: Annotated[str | None, typer.Option(envvar="NANBEIGE_API_KEY", help="API key for the endpoint.",
                                                 show_default=False)] = None,
     dialect: Annotated[str, typer.Option(help="Tool dialect: mcp-xml or tool-call.")] = AgentConfig.dialect,
-    max_turns: Annotated[int, typer.Option(min=1, help="Most model turns before the answer is asked for.")
-                         ] = AgentConfig.max_turns,
+    max_turns: Annotated[int | None, typer.Option(min=1, show_default=False, help=(
+        "Most model turns before the answer is asked for [default: 600 for mcp-xml, 200 for tool-call]."))] = None,
     keep_tool_results: Annotated[int, typer.Option(min=-1, help="Show only the last K tool results (-1: all).")
                                  ] = AgentConfig.keep_tool_results,
     max_context: Annotated[int | None, typer.Option(min=1024, show_default=False, help=(
         "Model context length in tokens [default: the server's max_model_len, else 131072]."))] = None,
-    temperature: Annotated[float, typer.Option(min=0.0)] = LLMConfig.temperature,
-    top_p: Annotated[float, typer.Option(min=0.0, max=1.0)] = LLMConfig.top_p,
+    temperature: Annotated[float | None, typer.Option(min=0.0, show_default=False, help=(
+        "Sampling temperature [default: 1.0 for mcp-xml, 0.6 for tool-call]."))] = None,
+    top_p: Annotated[float | None, typer.Option(min=0.0, max=1.0, show_default=False, help=(
+        "Nucleus sampling threshold [default: 0.95]."))] = None,
+    repetition_penalty: Annotated[float | None, typer.Option(min=0.0, show_default=False, help=(
+        "Penalty on repeated tokens, vLLM servers only [default: 1.05 for mcp-xml, 1.0 (off) for tool-call]."))
+    ] = None,
     max_tokens: Annotated[int, typer.Option(min=1, help="Most tokens per model reply.")] = LLMConfig.max_tokens,
     trajectory: Annotated[Path | None, typer.Option(help="Trajectory file (JSONL, appended). Default: a new "
                                                          "file under runs/.", show_default=False)] = None,
@@ -83,7 +88,8 @@ def ask(
     """Research a question with tools; print the answer."""
     settings = RunSettings(
         llm=LLMConfig(base_url=base_url or LLMConfig.base_url, model=model, api_key=api_key,
-                      temperature=temperature, top_p=top_p, max_tokens=max_tokens),
+                      temperature=temperature, top_p=top_p, repetition_penalty=repetition_penalty,
+                      max_tokens=max_tokens),
         agent=AgentConfig(dialect=dialect, max_turns=max_turns, keep_tool_results=keep_tool_results,
                           max_context=max_context, timeout_s=timeout),
         backend=BackendConfig(backend=backend, base_url_given=base_url is not None, gguf_file=gguf_file,

@@ -27,6 +27,9 @@ DIALECTS = ("mcp-xml", "tool-call")
 # The order the model saw in training; servers it does not know follow in the order given.
 SERVER_ORDER = ("tool-python", "search_and_scrape_webpage", "jina_scrape_llm_summary")
 OMITTED = "Tool result is omitted to save tokens."
+# Model turns before the answer is asked for, when the user sets none: the reference harness's
+# keep-5 deep-search configuration allows 600; general tool use needs far fewer.
+MAX_TURNS = {"mcp-xml": 600, "tool-call": 200}
 
 _MCP_BLOCK = re.compile(
     r"<use_mcp_tool>\s*<server_name>(.*?)</server_name>\s*<tool_name>(.*?)</tool_name>\s*"

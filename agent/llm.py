@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import httpx
@@ -28,6 +28,11 @@ from tenacity import (
 )
 
 RETRY_STATUSES = {408, 425, 429, 500, 502, 503, 504}
+# Sampling per tool dialect, for settings the user leaves unset: the model card's deep-search
+# temperature with the reference harness's top-p and repetition penalty for mcp-xml, the card's
+# general chat and tool-use settings for tool-call. A backend given an unset config samples as mcp-xml.
+DIALECT_SAMPLING = {"mcp-xml": {"temperature": 1.0, "top_p": 0.95, "repetition_penalty": 1.05},
+                    "tool-call": {"temperature": 0.6, "top_p": 0.95, "repetition_penalty": 1.0}}
 VLLM_EXTRAS = {"return_token_ids": True, "logprobs": True, "top_logprobs": 0}
 PROBE_TIMEOUT_S = 10.0
 
@@ -54,10 +59,15 @@ class LLMConfig:
     """Model name sent with every request."""
     api_key: str | None = None
     """Bearer token, if the server wants one. Never logged."""
-    temperature: float = 0.6
-    """Sampling temperature (the model card's default for tool use)."""
-    top_p: float = 0.95
-    """Nucleus sampling threshold."""
+    temperature: float | None = None
+    """Sampling temperature; None: the dialect's (1.0 for mcp-xml, the card's deep-search setting;
+    0.6 for tool-call, its general chat and tool-use setting)."""
+    top_p: float | None = None
+    """Nucleus sampling threshold; None: the dialect's (0.95 for both)."""
+    repetition_penalty: float | None = None
+    """Penalty on tokens already in the prompt or reply (1.0 = off); None: the dialect's (1.05 for
+    mcp-xml, as the reference harness sends it; 1.0 for tool-call). Sent to vLLM only: other servers
+    do not know the field."""
     max_tokens: int = 16384
     """Most tokens one reply may have."""
     stop: list[str] = field(default_factory=list)
@@ -71,8 +81,14 @@ class LLMConfig:
     retry_wait_s: float = 0.5
     """First wait between attempts; it doubles each time (up to 20 s), plus jitter, or follows Retry-After."""
 
+    def for_dialect(self, dialect: str) -> LLMConfig:
+        """This config with each sampling setting left unset taken from the dialect's defaults."""
+        unset = {name: value for name, value in DIALECT_SAMPLING[dialect].items() if getattr(self, name) is None}
+        return replace(self, **unset) if unset else self
+
     def sampling(self) -> dict[str, Any]:
-        return {"temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.max_tokens, "stop": self.stop}
+        return {"temperature": self.temperature, "top_p": self.top_p, "repetition_penalty": self.repetition_penalty,
+                "max_tokens": self.max_tokens, "stop": self.stop}
 
 
 @dataclass
@@ -302,7 +318,7 @@ class OpenAIChat:
 
     def __init__(self, config: LLMConfig, transport: httpx.AsyncBaseTransport | None = None,
                  server: ServerInfo | None = None):
-        self.config = config
+        self.config = config.for_dialect("mcp-xml")  # a no-op for a config set up for its dialect
         headers = {"Content-Type": "application/json"}
         if config.api_key:
             headers["Authorization"] = f"Bearer {config.api_key}"
@@ -334,6 +350,8 @@ class OpenAIChat:
             body["tools"] = tools
         if self.send_extras:
             body.update(VLLM_EXTRAS)
+            if c.repetition_penalty != 1.0:
+                body["repetition_penalty"] = c.repetition_penalty
         return body
 
     async def _post(self, content: bytes, path: str) -> httpx.Response:
@@ -421,4 +439,4 @@ class OpenAIChat:
 
 def _mentions_extras(response: httpx.Response) -> bool:
     text = _error_text(response)
-    return any(name in text for name in VLLM_EXTRAS)
+    return any(name in text for name in (*VLLM_EXTRAS, "repetition_penalty"))

@@ -29,6 +29,18 @@ class LocalModelError(ModelError):
     """The model could not be loaded (missing packages, unknown id, unreadable folder)."""
 
 
+def _until(cancelled: threading.Event) -> Any:
+    """Stopping criteria for `generate` that end it once `cancelled` is set."""
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class Cancelled(StoppingCriteria):
+        def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+            import torch
+            return torch.full((input_ids.shape[0],), cancelled.is_set(), dtype=torch.bool, device=input_ids.device)
+
+    return StoppingCriteriaList([Cancelled()])
+
+
 def _imports() -> tuple[Any, Any]:
     try:
         import torch
@@ -77,7 +89,7 @@ class TransformersLLM:
 
     def __init__(self, config: LLMConfig, gguf_file: str | None = None, device: str | None = None):
         torch, transformers = _imports()
-        self.config = config
+        self.config = config.for_dialect("mcp-xml")  # a no-op for a config set up for its dialect
         self.torch = torch
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         dtype = torch.bfloat16 if self.device.startswith("cuda") else torch.float32
@@ -109,16 +121,24 @@ class TransformersLLM:
     async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                        max_tokens: int | None = None, conversation: Conversation | None = None) -> Completion:
         # The tokenizer is used only on the event loop's thread (as `count_prompt` is), the model only in
-        # the worker thread, one generation at a time.
+        # the worker thread, one generation at a time. A cancelled call (Ctrl-C, SIGTERM, a timeout) stops
+        # its generation at the next token, so nothing waits for a long reply at exit.
         conversation = conversation or Conversation()
+        cancelled = threading.Event()
         async with self.lock:
             started = time.perf_counter()
             prompt_ids = self.prompter.prompt_ids(messages, tools, conversation)
-            completion_ids, logprobs = await in_thread(self._generate, prompt_ids, max_tokens or self.config.max_tokens)
+            try:
+                completion_ids, logprobs = await asyncio.to_thread(
+                    self._generate, prompt_ids, max_tokens or self.config.max_tokens, cancelled)
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
             self.prompter.sampled(conversation, prompt_ids, completion_ids)
         return self._completion(prompt_ids, completion_ids, logprobs, time.perf_counter() - started)
 
-    def _generate(self, prompt_ids: list[int], max_tokens: int) -> tuple[list[int], list[float]]:
+    def _generate(self, prompt_ids: list[int], max_tokens: int, cancelled: threading.Event
+                  ) -> tuple[list[int], list[float]]:
         """Sample a reply: its token ids (the stop token included) and each one's sampling logprob."""
         torch, c = self.torch, self.config
         input_ids = torch.tensor([prompt_ids], device=self.device)
@@ -127,10 +147,13 @@ class TransformersLLM:
             if c.temperature > 0 else {"do_sample": False}
         if c.stop:
             sampling |= {"stop_strings": c.stop, "tokenizer": self.tokenizer}
+        if c.repetition_penalty not in (None, 1.0):  # as vLLM applies it: to prompt and reply tokens alike
+            sampling["repetition_penalty"] = c.repetition_penalty
         with torch.inference_mode():
             out = self.model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_tokens,
                                       eos_token_id=self.stop_ids, pad_token_id=self.stop_ids[0],
-                                      output_scores=True, return_dict_in_generate=True, **sampling)
+                                      output_scores=True, return_dict_in_generate=True,
+                                      stopping_criteria=_until(cancelled), **sampling)
         completion_ids = out.sequences[0, len(prompt_ids):].tolist()
         # scores are the logits after temperature and top-p (shape: one (1, vocab) row per new token)
         logprobs = [torch.log_softmax(score[0].float(), dim=-1)[token].item()
@@ -159,7 +182,9 @@ class TransformersLLM:
 
 async def in_thread(work: Callable[..., T], *args: Any) -> T:
     """`work(*args)` in a daemon thread. Unlike `asyncio.to_thread`, Ctrl-C or SIGTERM during a slow
-    model load, generation or probe ends the command at once: nothing waits for the thread at exit."""
+    model load or probe ends the command at once: nothing waits for the thread at exit. (Generation
+    does not use it: torch's thread state must be torn down before the process exits, and a cancelled
+    generation stops by itself.)"""
     loop = asyncio.get_running_loop()
     done: asyncio.Future[T] = loop.create_future()
 
@@ -173,8 +198,13 @@ async def in_thread(work: Callable[..., T], *args: Any) -> T:
         except RuntimeError:  # the loop is gone: the command already ended
             pass
 
-    threading.Thread(target=target, daemon=True).start()
-    return await done
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    try:
+        return await done
+    finally:
+        if not done.cancelled():  # it is ending: let it finish before the process may exit
+            thread.join()
 
 
 def _settle(done: asyncio.Future[Any], outcome: tuple[bool, Any]) -> None:

@@ -38,8 +38,9 @@ class AgentConfig:
 
     dialect: str = "mcp-xml"
     """`mcp-xml` (deep-search format, default) or `tool-call` (OpenAI function calling)."""
-    max_turns: int = 200
-    """Most model calls with tools; then one last call asks for the answer."""
+    max_turns: int | None = None
+    """Most model calls with tools; then one last call asks for the answer. None: the dialect's (600
+    for mcp-xml, as the reference harness's keep-5 configuration; 200 for tool-call)."""
     keep_tool_results: int = 5
     """Show the model only the last K tool results (-1 = all). The trajectory keeps all."""
     max_context: int | None = None
@@ -85,7 +86,8 @@ async def run(question: str, llm: LLM, toolbox: Toolbox | None, config: AgentCon
     """Answer one question; returns the finished trajectory (also written turn by turn)."""
     tools = toolbox.tools if toolbox else []
     config = dataclasses.replace(config, date=config.date or datetime.date.today().isoformat(),
-                                 max_context=config.max_context or DEFAULT_MAX_CONTEXT)
+                                 max_context=config.max_context or DEFAULT_MAX_CONTEXT,
+                                 max_turns=config.max_turns or dialects.MAX_TURNS[config.dialect])
     date = config.date
     limits = dataclasses.asdict(config) | (toolbox.settings() if toolbox else {})
     trajectory = Trajectory(

@@ -16,7 +16,7 @@ class ScriptedLLM:
 
     def __init__(self, replies: list[Reply], default: Reply | None = None, config: LLMConfig | None = None,
                  record: bool = True):
-        self.config = config or LLMConfig(model="scripted")
+        self.config = (config or LLMConfig(model="scripted")).for_dialect("mcp-xml")
         self.tokenizer_identity: dict[str, str] | None = None
         self.template_identity: dict[str, str] | None = None
         self.replies = list(replies)

@@ -186,6 +186,13 @@ def make_llm(settings: RunSettings, server: ServerInfo | None) -> LLM:
         raise SetupError(str(exc)) from None
 
 
+def for_dialect(settings: RunSettings) -> RunSettings:
+    """The settings with what the user left unset (sampling, max turns) taken from the dialect's defaults."""
+    agent = settings.agent
+    return dataclasses.replace(settings, llm=settings.llm.for_dialect(agent.dialect), agent=dataclasses.replace(
+        agent, max_turns=agent.max_turns or dialects.MAX_TURNS[agent.dialect]))
+
+
 def fit_to_server(settings: RunSettings, server: ServerInfo | None, notice: Notice) -> RunSettings:
     """The settings with the context length filled in (as given, else as the server reports it) and,
     when the default reply length would not fit in a small server context, a shorter one."""
@@ -217,7 +224,7 @@ async def ready(settings: RunSettings, notice: Notice) -> AsyncIterator[Ready]:
     path = settings.trajectory or default_trajectory_path()
     check_writable(path)
     server = await in_thread(find_model_server, settings, notice)
-    settings = fit_to_server(settings, server, notice)
+    settings = fit_to_server(for_dialect(settings), server, notice)
     specs = (default_servers(settings.llm, notice) if settings.tools.default_servers else []) + extra
     if not specs:
         notice("no tools available: the model answers from its own knowledge. Add MCP servers with --mcp NAME=COMMAND.")

@@ -39,7 +39,8 @@ class TokenModeChat(OpenAIChat):
     def completions_body(self, prompt: list[int], max_tokens: int | None) -> dict[str, Any]:
         c = self.config
         body: dict[str, Any] = {"model": c.model, "prompt": prompt, "max_tokens": max_tokens or c.max_tokens,
-                                "temperature": c.temperature, "top_p": c.top_p, "logprobs": 0,
+                                "temperature": c.temperature, "top_p": c.top_p,
+                                "repetition_penalty": c.repetition_penalty, "logprobs": 0,
                                 "return_token_ids": True, "stop_token_ids": self.stop_ids,
                                 "skip_special_tokens": False}
         if c.stop:

@@ -37,7 +37,8 @@ async def test_a_reply_carries_prompt_ids_completion_ids_and_logprobs(tiny: Path
 async def test_logprobs_are_those_of_the_processed_distribution(tiny: Path) -> None:
     import torch
 
-    llm = TransformersLLM(LLMConfig(model=str(tiny), temperature=0.7, top_p=1.0, max_tokens=8))
+    llm = TransformersLLM(LLMConfig(model=str(tiny), temperature=0.7, top_p=1.0, repetition_penalty=1.0,
+                                    max_tokens=8))
     completion = await llm.complete(MESSAGES)
     ids = torch.tensor([completion.prompt_ids + completion.completion_ids])
     with torch.inference_mode():
@@ -46,6 +47,23 @@ async def test_logprobs_are_those_of_the_processed_distribution(tiny: Path) -> N
     expected = torch.log_softmax(logits[start - 1:-1] / 0.7, dim=-1)  # (completion, vocab): temperature applied
     for position, (token, logprob) in enumerate(zip(completion.completion_ids, completion.logprobs)):
         assert logprob == pytest.approx(expected[position, token].item(), abs=1e-4)
+
+
+async def test_the_repetition_penalty_applies_to_every_token_seen_before_temperature(tiny: Path) -> None:
+    import torch
+
+    llm = TransformersLLM(LLMConfig(model=str(tiny), temperature=0.7, top_p=1.0, repetition_penalty=1.3,
+                                    max_tokens=8))
+    completion = await llm.complete(MESSAGES)
+    sequence = completion.prompt_ids + completion.completion_ids
+    with torch.inference_mode():
+        logits = llm.model(torch.tensor([sequence])).logits[0]  # (T, vocab)
+    start = len(completion.prompt_ids)
+    for position, (token, logprob) in enumerate(zip(completion.completion_ids, completion.logprobs)):
+        row = logits[start - 1 + position].clone()  # (vocab,)
+        seen = torch.tensor(sorted(set(sequence[:start + position])))  # prompt and reply so far, as vLLM counts
+        row[seen] = torch.where(row[seen] > 0, row[seen] / 1.3, row[seen] * 1.3)
+        assert logprob == pytest.approx(torch.log_softmax(row / 0.7, dim=-1)[token].item(), abs=1e-4)
 
 
 async def test_greedy_decoding_is_deterministic(tiny: Path) -> None:
@@ -137,3 +155,31 @@ async def test_with_the_models_tokenizer_no_request_can_overflow_the_context(tin
     assert trajectory.stop_reason == "context_limit"
     for prompt_tokens, max_tokens in llm.requests:
         assert prompt_tokens + max_tokens <= 3000  # the final-answer turn came before an overflow, never after
+
+
+async def test_a_cancelled_generation_stops_at_the_next_token(tiny: Path) -> None:
+    import asyncio
+    import threading
+    import time
+
+    llm = TransformersLLM(LLMConfig(model=str(tiny), temperature=0.0, max_tokens=6000))
+    llm.stop_ids = [0]  # `<unk>`, which this model never picks: the reply could only end at 6000 tokens
+    ended = threading.Event()
+    generate = llm._generate
+
+    def watched(*args):  # noqa: ANN002, ANN202
+        try:
+            return generate(*args)
+        finally:
+            ended.set()
+
+    llm._generate = watched
+    task = asyncio.create_task(llm.complete(MESSAGES))
+    await asyncio.sleep(1.5)
+    assert not ended.is_set()  # still generating
+    task.cancel()  # Ctrl-C, SIGTERM or a run's timeout
+    cancelled_at = time.monotonic()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await asyncio.to_thread(ended.wait, 20)
+    assert time.monotonic() - cancelled_at < 5  # stopped at the next token, not after 6000

@@ -215,3 +215,25 @@ def test_a_key_quoted_back_by_the_server_never_reaches_stdout_or_stderr(tmp_path
     assert "invalid key: Bearer [REDACTED]" in plain.stderr and "Bearer [REDACTED]" in as_json.stdout
     for text in (plain.stdout, plain.stderr, as_json.stdout, as_json.stderr, (tmp_path / "t.jsonl").read_text()):
         assert key not in text
+
+
+def test_sampling_and_turn_limits_follow_the_dialect_unless_given(tmp_path: Path) -> None:
+    def ask(*args: str, vllm: bool = True) -> tuple[dict, dict]:
+        with FakeOpenAI([], default=mcp_answer("ok"), vllm=vllm) as server:
+            result = nanbeige("ask", "q", "--base-url", server.base_url, "--no-default-servers", "--trajectory",
+                              str(tmp_path / "t.jsonl"), *args)
+        assert result.returncode == 0, result.stderr
+        records = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+        start = [record for record in records if record["type"] == "start"][-1]
+        return server.requests[0], start
+
+    request, start = ask()  # mcp-xml: the card's deep-search temperature, the reference's penalty and turns
+    assert (request["temperature"], request["top_p"], request["repetition_penalty"]) == (1.0, 0.95, 1.05)
+    assert start["limits"]["max_turns"] == 600 and start["sampling"]["repetition_penalty"] == 1.05
+    request, start = ask("--dialect", "tool-call")  # the card's general settings; no penalty to send
+    assert (request["temperature"], request["top_p"], "repetition_penalty" in request) == (0.6, 0.95, False)
+    assert start["limits"]["max_turns"] == 200
+    request, start = ask("--temperature", "0.3", "--repetition-penalty", "1.2", "--max-turns", "7")
+    assert (request["temperature"], request["repetition_penalty"], start["limits"]["max_turns"]) == (0.3, 1.2, 7)
+    request, _ = ask(vllm=False)  # a server that is not vLLM does not know the field
+    assert request["temperature"] == 1.0 and "repetition_penalty" not in request

@@ -111,6 +111,7 @@ def test_ask_in_token_mode_from_the_command_line(tmp_path: Path) -> None:
     messages = [{"role": "system", "content": start["system_prompt"]}, {"role": "user", "content": start["user_message"]}]
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert request["prompt"] == tokenizer(text, add_special_tokens=False)["input_ids"]  # token ids, not text
+    assert (request["temperature"], request["top_p"], request["repetition_penalty"]) == (1.0, 0.95, 1.05)  # mcp-xml
     # what rendered and tokenized the prompts is recorded, so a trainer can check it uses the same
     assert start["tokenizer"]["name"] == str(folder)
     assert start["tokenizer"]["sha256"] == hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()
