@@ -84,6 +84,9 @@ def ask(
     chat_template: Annotated[Path | None, typer.Option(help="Chat template file for --token-mode (default: the "
                                                             "tokenizer's).", rich_help_panel=ADVANCED,
                                                        show_default=False)] = None,
+    system_prompt_file: Annotated[Path | None, typer.Option(help="The mcp-xml system prompt as a template: {tools} "
+                                                                 "is the tool catalogue, {date} today's date.",
+                                                            rich_help_panel=ADVANCED, show_default=False)] = None,
 ) -> None:
     """Research a question with tools; print the answer."""
     settings = RunSettings(
@@ -96,7 +99,7 @@ def ask(
                               token_mode=token_mode, chat_template=chat_template),
         tools=ToolsConfig(mcp=mcp or [], default_servers=not no_default_servers, tool_timeout_s=tool_timeout,
                           max_result_chars=max_result_chars),
-        trajectory=trajectory,
+        trajectory=trajectory, system_prompt_file=system_prompt_file,
     )
     from nanbeige.agent.setup import secrets_of
 

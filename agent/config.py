@@ -59,3 +59,5 @@ class RunSettings:
     """The tool servers."""
     trajectory: Path | None = None
     """Trajectory file (JSONL, appended); None: a new file under NANBEIGE_RUNS_DIR (default `runs/`)."""
+    system_prompt_file: Path | None = None
+    """A file holding the mcp-xml system prompt as a template (`{tools}`, `{date}`); None: the built-in one."""

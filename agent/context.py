@@ -94,6 +94,15 @@ def degenerate(text: str, tail: int = 50, times: int = 5) -> bool:
     return text.count(text[-tail:]) > times
 
 
+def used_query(turns: list[Turn], earlier_in_turn: list[ToolCall], call: ToolCall) -> bool:
+    """True when this `google_search` query was already searched in the run (the reference harness
+    answers such a call with a note instead of running it; other tools are not checked)."""
+    if call.name != "google_search" or not isinstance(call.arguments.get("q"), str):
+        return False
+    made = [c for turn in turns for c in turn.tool_calls] + earlier_in_turn
+    return any(c.name == "google_search" and c.arguments.get("q") == call.arguments["q"] for c in made)
+
+
 def repeated_call(turns: list[Turn], call: ToolCall, limit: int) -> bool:
     """True when the same call (server, tool, arguments) was made in each of the last `limit - 1`
     turns, so making it again would be the `limit`-th time in a row."""

@@ -21,11 +21,10 @@ from typing import Any
 
 import json_repair
 
+from nanbeige.agent import mcp_prompt
 from nanbeige.agent.trajectory import ToolCall, Turn
 
 DIALECTS = ("mcp-xml", "tool-call")
-# The order the model saw in training; servers it does not know follow in the order given.
-SERVER_ORDER = ("tool-python", "search_and_scrape_webpage", "jina_scrape_llm_summary")
 OMITTED = "Tool result is omitted to save tokens."
 # Model turns before the answer is asked for, when the user sets none: the reference harness's
 # keep-5 deep-search configuration allows 600; general tool use needs far fewer.
@@ -54,65 +53,14 @@ class ParsedReply:
 # ---------------------------------------------------------------- prompts
 
 
-def _ordered_servers(tools: list[dict[str, Any]]) -> list[str]:
-    servers = list(dict.fromkeys(t["server"] for t in tools))
-    known = [s for s in SERVER_ORDER if s in servers]
-    return known + [s for s in servers if s not in SERVER_ORDER]
-
-
-def mcp_xml_system_prompt(tools: list[dict[str, Any]], date: str) -> str:
-    """The deep-search system prompt: preamble with the date line, formatting rules, the tool
-    catalogue by server (schemas printed as Python dicts, as in training), then the objectives."""
-    parts = [
-        "In this environment you have access to a set of tools you can use to answer the user's question. "
-        "Use only the tools listed below. You may call one tool per message, and the result of that call "
-        "arrives in the user's next message. Work step by step: let each tool call build on what earlier "
-        "calls returned.\n\n"
-        f"Today is: {date}\n\n"
-        "# Tool-Use Formatting Instructions\n\n"
-        "Write a tool call as XML-style tags. The whole call sits inside a <use_mcp_tool> block, and each "
-        "part of the call has its own tag inside it.\n\n"
-        "Tools are provided by MCP servers. An MCP server is a program that offers a set of tools; name "
-        "both the server and the tool in every call.\n\n"
-        "Parameters:\n"
-        "- server_name: (required) the name of the MCP server that provides the tool\n"
-        "- tool_name: (required) the name of the tool to run\n"
-        "- arguments: (required) a JSON object with the tool's input parameters, following the tool's input "
-        "schema; escape quotes inside strings correctly\n\n"
-        "Usage:\n"
-        "<use_mcp_tool>\n<server_name>server name here</server_name>\n<tool_name>tool name here</tool_name>\n"
-        "<arguments>\n{\n\"param1\": \"value1\",\n\"param2\": \"value2 \\\"escaped string\\\"\"\n}\n"
-        "</arguments>\n</use_mcp_tool>\n\n"
-        "Important Notes:\n"
-        "- Put the tool call at the end of your message, at the top level, never inside other tags.\n"
-        "- Strings are passed as written; lists and objects are written as JSON.\n"
-        "- Spaces inside values are kept as they are.\n"
-        "- The call is read with regular expressions, not an XML parser, so keep the tags exactly as shown.\n\n"
-        "Here are the functions available in JSONSchema format:\n",
-    ]
-    for server in _ordered_servers(tools):
-        parts.append(f"\n## Server name: {server}\n")
-        for tool in (t for t in tools if t["server"] == server):
-            parts.append(f"### Tool name: {tool['name']}\n")
-            parts.append(f"Description: {tool.get('description') or ''}\n")
-            parts.append(f"Input JSON schema: {tool.get('input_schema') or {}}\n")
-    parts.append(
-        "\n# General Objective\n\n"
-        "Solve the given task step by step, in clear and careful stages, checking what each step found.\n\n"
-        "# Agent Specific Objective\n\n"
-        "You are an agent that solves tasks by using the tools step by step, and gives a complete, accurate "
-        "and well-reasoned answer.\n"
-    )
-    return "".join(parts)
-
-
 def no_tools_system_prompt(date: str) -> str:
     return f"You are a careful assistant. Answer the user's question as accurately as you can.\n\nToday is: {date}\n"
 
 
-def system_prompt(dialect: str, tools: list[dict[str, Any]], date: str) -> str:
-    if dialect == "mcp-xml" and tools:
-        return mcp_xml_system_prompt(tools, date)
+def system_prompt(dialect: str, tools: list[dict[str, Any]], date: str, template: str | None = None) -> str:
+    """The system prompt; `template` (with `{tools}` and `{date}`) replaces the mcp-xml one."""
+    if dialect == "mcp-xml" and (tools or template is not None):
+        return mcp_prompt.system_prompt(tools, date, template)
     if dialect == "tool-call" and tools:
         return (f"You are a careful assistant that uses the tools provided to answer the user's question.\n\n"
                 f"Today is: {date}\n")
@@ -120,10 +68,7 @@ def system_prompt(dialect: str, tools: list[dict[str, Any]], date: str) -> str:
 
 
 def user_message(dialect: str, question: str) -> str:
-    if dialect == "mcp-xml":
-        return question + "\nYou should follow the format instructions in the request strictly and wrap the " \
-                          "final answer in \\boxed{}."
-    return question
+    return mcp_prompt.user_message(question) if dialect == "mcp-xml" else question
 
 
 def final_answer_instruction(dialect: str, question: str) -> str:
@@ -274,16 +219,29 @@ def parse_reply(dialect: str, message: dict[str, Any], tools: list[dict[str, Any
     return parse_tool_call(message, tools)
 
 
+_BOXED = re.compile(r"\\boxed\s*\{")
+
+
 def last_boxed(text: str) -> str | None:
-    start = text.rfind("\\boxed{")
-    if start < 0:
+    """The content of the last `\\boxed{...}`, read as the reference harness reads it: braces are
+    counted, a backslash escapes the next character (`\\{` does not open), and a box left open runs
+    to the end of the text. None when there is no box."""
+    matches = list(_BOXED.finditer(text))
+    if not matches:
         return None
-    depth, i = 1, start + len("\\boxed{")
-    for j in range(i, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[j], 0)
-        if depth == 0:
-            return text[i:j].strip()
-    return None
+    start = matches[-1].end()
+    depth, escaped = 1, False
+    for position in range(start, len(text)):
+        char = text[position]
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char in "{}":
+            depth += 1 if char == "{" else -1
+            if depth == 0:
+                return text[start:position].strip()
+    return text[start:].strip()
 
 
 def extract_answer(dialect: str, content: str) -> str:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from nanbeige.agent import dialects
-from nanbeige.agent.context import History, degenerate, estimate_tokens, repeated_call
+from nanbeige.agent.context import History, degenerate, estimate_tokens, repeated_call, used_query
 from nanbeige.agent.llm import LLM, Completion, ContextOverflow, ModelError
 from nanbeige.agent.tokens import TokenTracker
 from nanbeige.agent.trajectory import ToolResult, Trajectory, TrajectoryWriter, Turn
@@ -51,13 +51,17 @@ class AgentConfig:
     max_format_errors: int = 5
     """Stop after this many unusable replies in a row."""
     repeat_limit: int = 3
-    """Refuse a tool call made this many turns in a row with the same arguments."""
+    """Refuse a tool call made this many turns in a row with the same arguments (tool-call dialect; in
+    mcp-xml, as in the reference harness, a `google_search` query already searched is refused instead)."""
     final_answer_turn: bool = True
     """At max_turns or the context limit, make one last call without tools for the answer."""
     timeout_s: float | None = None
     """Wall-clock limit for the run (None = none)."""
     date: str | None = None
     """Date shown to the model (YYYY-MM-DD); today when None."""
+    system_prompt_template: str | None = None
+    """The mcp-xml system prompt as a template of your own: `{tools}` stands for the tool catalogue
+    and `{date}` for the date. None: the built-in prompt, laid out as the reference harness's."""
 
 
 Event = Callable[[str, Any], None]
@@ -92,7 +96,7 @@ async def run(question: str, llm: LLM, toolbox: Toolbox | None, config: AgentCon
     limits = dataclasses.asdict(config) | (toolbox.settings() if toolbox else {})
     trajectory = Trajectory(
         question=question, group_id=group_id, tools=tools, model=llm.config.model, dialect=config.dialect,
-        system_prompt=dialects.system_prompt(config.dialect, tools, date),
+        system_prompt=dialects.system_prompt(config.dialect, tools, date, config.system_prompt_template),
         user_message=dialects.user_message(config.dialect, question),
         sampling=llm.config.sampling(), limits=limits,
         tokenizer=llm.tokenizer_identity, chat_template=llm.template_identity,
@@ -186,7 +190,10 @@ async def _run_calls(turn: Turn, parsed: dialects.ParsedReply, state: Run, toolb
         on_event("tool", call)
         if position in parsed.call_errors:
             result = ToolResult(text=parsed.call_errors[position], is_error=True)
-        elif repeated_call(earlier, call, config.repeat_limit):
+        elif config.dialect == "mcp-xml" and used_query(earlier, turn.tool_calls[:position], call):
+            result = ToolResult(text=f"The query '{call.arguments['q']}' has already been used in an earlier "
+                                     f"{call.name} call. Use a different query or other keywords.")
+        elif config.dialect != "mcp-xml" and repeated_call(earlier, call, config.repeat_limit):
             result = ToolResult(text=f"This exact call was already made {config.repeat_limit - 1} times in a row "
                                      "and was not run again. Try a different call, or answer.", is_error=True)
         elif toolbox is None:

@@ -92,6 +92,18 @@ def check_settings(settings: RunSettings) -> list[ServerSpec]:
     return extra
 
 
+def read_template(path: Path) -> str:
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SetupError(f"cannot read --system-prompt-file {path}: {getattr(exc, 'strerror', None) or exc}",
+                         usage=True) from None
+    if "{tools}" not in text:
+        raise SetupError(f"--system-prompt-file {path} has no {{tools}} placeholder: the model would not learn "
+                         "which tools it has", usage=True)
+    return text
+
+
 def check_url(flag: str, url: str) -> None:
     try:
         scheme = httpx.URL(url).scheme
@@ -221,6 +233,10 @@ async def ready(settings: RunSettings, notice: Notice) -> AsyncIterator[Ready]:
     Until the runs begin nothing is left behind on failure, except a tool server's own output when it
     is what failed to start."""
     extra = check_settings(settings)
+    if settings.system_prompt_file is not None:
+        template = read_template(settings.system_prompt_file)
+        settings = dataclasses.replace(settings, agent=dataclasses.replace(settings.agent,
+                                                                           system_prompt_template=template))
     path = settings.trajectory or default_trajectory_path()
     check_writable(path)
     server = await in_thread(find_model_server, settings, notice)

@@ -21,19 +21,118 @@ def call_block(server: str, tool: str, arguments: str) -> str:
 
 def test_mcp_xml_prompt_has_the_trained_structure() -> None:
     prompt = dialects.system_prompt("mcp-xml", TOOLS, "2026-11-21")
-    assert "Today is: 2026-11-21" in prompt
     sections = ["# Tool-Use Formatting Instructions", "## Server name: tool-python",
                 "## Server name: search_and_scrape_webpage", "## Server name: mine", "# General Objective",
                 "# Agent Specific Objective"]
     positions = [prompt.index(s) for s in sections]
-    assert positions == sorted(positions), "known servers first, in training order, then the others"
+    assert positions == sorted(positions), "known servers first, in the reference's order, then the others"
     assert "### Tool name: google_search\nDescription: Search the web.\n" in prompt
-    # schemas print as Python dicts, as the training prompts did
-    assert "Input JSON schema: {'type': 'object', 'properties': {'code_block': {'type': 'string'}}, 'nullable': None}" \
+    # schemas print as Python dicts with sorted keys, as the reference's SDK gave them
+    assert "Input JSON schema: {'nullable': None, 'properties': {'code_block': {'type': 'string'}}, 'type': 'object'}" \
         in prompt
-    assert "<use_mcp_tool>" in prompt and "<arguments>" in prompt
     assert dialects.user_message("mcp-xml", "Q?").startswith("Q?\n") and "\\boxed{}" in dialects.user_message(
         "mcp-xml", "Q?")
+
+
+REFERENCE_SKELETON = [  # the reference harness's prompt, line by line: exact where structure, `*` where prose
+    "* ",  # one sentence, ending in a space
+    "",
+    "*Today is: 2026-11-21",  # the date closes the second paragraph
+    "",
+    "# Tool-Use Formatting Instructions ",
+    "",
+    "*",
+    "",
+    "*`use_mcp_tool`.",
+    "",
+    "Description: ",
+    "*",
+    "",
+    "Parameters:",
+    "- server_name: (required) *",
+    "- tool_name: (required) *",
+    "- arguments: (required) *",
+    "",
+    "Usage:",
+    "<use_mcp_tool>",
+    "<server_name>server name here</server_name>",
+    "<tool_name>tool name here</tool_name>",
+    "<arguments>",
+    "{",
+    '"param1": "value1",',
+    '"param2": "value2 \\"escaped string\\""',
+    "}",
+    "</arguments>",
+    "</use_mcp_tool>",
+    "",
+    "Important Notes:",
+    "- *",
+    "- *",
+    "",
+    "*",
+    "Here are the functions available in JSONSchema format:",
+    "",
+    "",
+    "## Server name: tool-python",
+    "### Tool name: run_python_code",
+    "Description: Run code.",
+    "Input JSON schema: *",
+    "",
+    "## Server name: search_and_scrape_webpage",
+    "### Tool name: google_search",
+    "Description: Search the web.",
+    "Input JSON schema: *",
+    "### Tool name: location_lookup",  # no blank line between the tools of one server
+    "Description: Find a place.",
+    "Input JSON schema: {'properties': {'place': {'title': 'Place', 'type': 'string'}, 'country': {'default': None, "
+    "'title': 'Country', 'type': 'string'}}, 'required': ['place'], 'title': 'location_lookupArguments', "
+    "'type': 'object'}",
+    "",
+    "## Server name: mine",
+    "### Tool name: lookup",
+    "Description: Look up.",
+    "Input JSON schema: {'type': 'object'}",
+    "",
+    "# General Objective",
+    "",
+    "*",
+    "",
+    "# Agent Specific Objective",
+    "",
+    "*",  # the prompt is stripped: no newline after the last sentence
+]
+
+
+def test_the_mcp_xml_prompt_matches_the_reference_layout_line_by_line() -> None:
+    # an optional parameter as a newer SDK writes it (`anyOf` with null) prints as the reference's SDK wrote it
+    nullable = {"type": "object", "properties": {
+        "place": {"title": "Place", "type": "string"},
+        "country": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None, "title": "Country"}},
+        "required": ["place"], "title": "location_lookupArguments"}
+    tools = [*TOOLS, {"server": "search_and_scrape_webpage", "name": "location_lookup", "description": "Find a place.",
+                      "input_schema": nullable}]
+    lines = dialects.system_prompt("mcp-xml", tools, "2026-11-21").split("\n")
+    assert len(lines) == len(REFERENCE_SKELETON)
+    for number, (line, expected) in enumerate(zip(lines, REFERENCE_SKELETON), start=1):
+        head, star, tail = expected.partition("*")
+        if star:
+            assert line.startswith(head) and line.endswith(tail) and len(line) > len(head) + len(tail), (number, line)
+        else:
+            assert line == expected, (number, line)
+
+
+def test_the_mcp_xml_prompt_is_pinned_by_a_golden_file() -> None:
+    from pathlib import Path
+
+    golden = Path(__file__).parent / "golden" / "mcp_system_prompt.txt"
+    assert dialects.system_prompt("mcp-xml", TOOLS, "2026-11-21") == golden.read_text()
+
+
+def test_a_system_prompt_template_of_ones_own() -> None:
+    template = "Tools:\n{tools}\nDate {date}. JSON stays as written: {\"a\": 1}"
+    prompt = dialects.system_prompt("mcp-xml", TOOLS, "2026-11-21", template)
+    assert prompt.startswith("Tools:\n\n## Server name: tool-python\n") and prompt.endswith(
+        'Date 2026-11-21. JSON stays as written: {"a": 1}')
 
 
 def test_without_tools_the_prompt_does_not_describe_any() -> None:
@@ -149,3 +248,16 @@ def test_reasoning_split_off_by_the_server_goes_back_into_the_history() -> None:
     assistant = {"role": "assistant", "content": "call", "reasoning": "why"}
     assert dialects.history_message("mcp-xml", assistant)["content"] == "<think>\nwhy\n</think>\n\ncall"
     assert dialects.history_message("tool-call", assistant)["reasoning_content"] == "why"
+
+
+def test_the_boxed_answer_is_read_as_the_reference_reads_it() -> None:
+    cases = {
+        "first \\boxed{a}, then \\boxed {b}": "b",  # the last box wins; space before the brace is allowed
+        "\\boxed{\\frac{1}{2}}": "\\frac{1}{2}",  # nested braces are counted
+        "\\boxed{a\\}b}": "a\\}b",  # an escaped brace does not close the box
+        "\\boxed{ Ulaanbaatar ": "Ulaanbaatar",  # a box left open runs to the end
+        "\\boxed{}": "",
+        "no box here": None,
+    }
+    for text, answer in cases.items():
+        assert dialects.last_boxed(text) == answer, text

@@ -94,11 +94,16 @@ async def test_cut_off_and_looping_replies_are_not_taken_as_answers() -> None:
     assert trajectory.answer == "5"
 
 
-async def test_the_same_call_made_again_and_again_is_refused() -> None:
-    same = mcp_call("testkit", "echo", {"text": "again"})
-    trajectory, _ = await ask([same, same, same, mcp_answer("ok")])
+async def test_the_same_call_made_again_and_again_is_refused_in_the_tool_call_dialect() -> None:
+    same = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "echo", "arguments": '{"text": "again"}'}}]}
+    trajectory, _ = await ask([same, same, same, "ok"], AgentConfig(dialect="tool-call", date="2026-11-21"))
     results = [t.tool_results[0] for t in trajectory.turns[:3]]
     assert [r.is_error for r in results] == [False, False, True] and "not run again" in results[2].text
+    # mcp-xml follows the reference harness, which refuses only a repeated search query
+    call = mcp_call("testkit", "echo", {"text": "again"})
+    trajectory, _ = await ask([call, call, call, mcp_answer("ok")])
+    assert [t.tool_results[0].is_error for t in trajectory.turns[:3]] == [False, False, False]
 
 
 async def test_keep_k_hides_old_results_from_the_model_but_the_log_keeps_them() -> None:
@@ -255,3 +260,25 @@ async def test_a_600_turn_run_keeps_time_and_memory_per_turn_flat(tmp_path: Path
     first, last = statistics.median(per_turn[:100]), statistics.median(per_turn[-100:])
     assert last < 3 * first, f"turns got slower: {first * 1000:.2f} ms -> {last * 1000:.2f} ms"
     assert grown < 4 * path.stat().st_size, f"memory grew {grown} bytes for a {path.stat().st_size}-byte log"
+
+
+async def test_a_search_query_already_used_is_not_run_again_in_mcp_xml() -> None:
+    from mcp.server.mcpserver import MCPServer
+
+    web = MCPServer(name="search_and_scrape_webpage")
+
+    @web.tool()
+    def google_search(q: str) -> str:
+        return f"results for {q}"
+
+    def google(q: str) -> str:
+        return mcp_call("search_and_scrape_webpage", "google_search", {"q": q})
+
+    llm = ScriptedLLM([google("nanbeige"), google("nanbeige 3B"), google("nanbeige"), mcp_answer("x")])
+    async with Toolbox([ServerSpec(name="search_and_scrape_webpage", server=web)]) as tools:
+        trajectory = await run("q", llm, tools, AgentConfig(date="2026-11-21"))
+    first, second, third = (turn.tool_results[0].text for turn in trajectory.turns[:3])
+    assert (first, second) == ("results for nanbeige", "results for nanbeige 3B")  # both new queries ran
+    assert third == ("The query 'nanbeige' has already been used in an earlier google_search call. Use a "
+                     "different query or other keywords.")  # not run: what the model reads instead
+    assert llm.calls[3][-1]["content"] == third  # no "Error:" prefix, as the reference sends it

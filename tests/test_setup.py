@@ -237,3 +237,19 @@ def test_sampling_and_turn_limits_follow_the_dialect_unless_given(tmp_path: Path
     assert (request["temperature"], request["repetition_penalty"], start["limits"]["max_turns"]) == (0.3, 1.2, 7)
     request, _ = ask(vllm=False)  # a server that is not vLLM does not know the field
     assert request["temperature"] == 1.0 and "repetition_penalty" not in request
+
+
+def test_a_system_prompt_file_replaces_the_built_in_prompt(tmp_path: Path) -> None:
+    template = tmp_path / "prompt.txt"
+    template.write_text("You research questions. Date: {date}.\nTools:\n{tools}")
+    with FakeOpenAI([mcp_answer("ok")]) as server:
+        result = nanbeige("ask", "q", "--base-url", server.base_url, "--mcp", TESTKIT, "--no-default-servers",
+                          "--system-prompt-file", str(template), "--trajectory", str(tmp_path / "t.jsonl"))
+    assert result.returncode == 0, result.stderr
+    system = server.requests[0]["messages"][0]["content"]
+    assert system.startswith("You research questions. Date: ") and "\nTools:\n\n## Server name: testkit\n" in system
+    assert "{date}" not in system and "{tools}" not in system
+    template.write_text("No tools here.")
+    assert_one_line_error(nanbeige("ask", "q", "--system-prompt-file", str(template)), "no {tools} placeholder")
+    assert_one_line_error(nanbeige("ask", "q", "--system-prompt-file", str(tmp_path / "missing.txt")),
+                          "cannot read --system-prompt-file")
