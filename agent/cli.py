@@ -84,6 +84,13 @@ def ask(
     chat_template: Annotated[Path | None, typer.Option(help="Chat template file for --token-mode (default: the "
                                                             "tokenizer's).", rich_help_panel=ADVANCED,
                                                        show_default=False)] = None,
+    summary_turn: Annotated[bool | None, typer.Option("--summary-turn/--no-summary-turn", show_default=False, help=(
+        "End every run with a turn that asks for the boxed answer [default: on for mcp-xml, as the reference "
+        "harness does; off for tool-call]."), rich_help_panel=ADVANCED)] = None,
+    rollback: Annotated[bool | None, typer.Option("--rollback/--no-rollback", show_default=False, help=(
+        "Drop unusable replies (malformed call, refusal, cut off, looping) and sample again, instead of "
+        "answering them with a message [default: on for mcp-xml, off for tool-call]."), rich_help_panel=ADVANCED)
+    ] = None,
     system_prompt_file: Annotated[Path | None, typer.Option(help="The mcp-xml system prompt as a template: {tools} "
                                                                  "is the tool catalogue, {date} today's date.",
                                                             rich_help_panel=ADVANCED, show_default=False)] = None,
@@ -94,7 +101,7 @@ def ask(
                       temperature=temperature, top_p=top_p, repetition_penalty=repetition_penalty,
                       max_tokens=max_tokens),
         agent=AgentConfig(dialect=dialect, max_turns=max_turns, keep_tool_results=keep_tool_results,
-                          max_context=max_context, timeout_s=timeout),
+                          max_context=max_context, timeout_s=timeout, summary_turn=summary_turn, rollback=rollback),
         backend=BackendConfig(backend=backend, base_url_given=base_url is not None, gguf_file=gguf_file,
                               token_mode=token_mode, chat_template=chat_template),
         tools=ToolsConfig(mcp=mcp or [], default_servers=not no_default_servers, tool_timeout_s=tool_timeout,

@@ -29,6 +29,9 @@ OMITTED = "Tool result is omitted to save tokens."
 # Model turns before the answer is asked for, when the user sets none: the reference harness's
 # keep-5 deep-search configuration allows 600; general tool use needs far fewer.
 MAX_TURNS = {"mcp-xml": 600, "tool-call": 200}
+# Phrases that mark a refusal in the reference harness, which rolls such a reply back (case-sensitive,
+# anywhere in the reply; the second one with typographic apostrophes).
+REFUSALS = ("time constraint", "I\u2019m sorry, but I can\u2019t", "I'm sorry, I cannot solve")
 
 _MCP_BLOCK = re.compile(
     r"<use_mcp_tool>\s*<server_name>(.*?)</server_name>\s*<tool_name>(.*?)</tool_name>\s*"
@@ -71,12 +74,14 @@ def user_message(dialect: str, question: str) -> str:
     return mcp_prompt.user_message(question) if dialect == "mcp-xml" else question
 
 
-def final_answer_instruction(dialect: str, question: str) -> str:
-    """The user message that asks for the answer without more tool calls (limits reached)."""
+def final_answer_instruction(dialect: str, question: str, summary: bool = False) -> str:
+    """The user message that asks for the answer without more tool calls: at the end of every run
+    (the summary turn), or when limits were reached."""
     box = "wrap it in \\boxed{}" if dialect == "mcp-xml" else "state it plainly"
+    opening = ("This is the end of the task: no more tools can be used. " if summary else
+               "You have reached the limit of tool calls or context for this task, so no more tools can be used. ")
     return (
-        "You have reached the limit of tool calls or context for this task, so no more tools can be used. "
-        "Summarise what you found and give your FINAL ANSWER now. If an earlier step already found the "
+        opening + "Summarise what you found and give your FINAL ANSWER now. If an earlier step already found the "
         "answer, reuse it; if the answer is still uncertain, give your best-supported guess.\n\n"
         f'The question was: "{question}"\n\n'
         f"Give the final answer and {box}. Keep it short: a number, a few words, or a comma-separated list, "

@@ -55,6 +55,16 @@ class AgentConfig:
     mcp-xml, as in the reference harness, a `google_search` query already searched is refused instead)."""
     final_answer_turn: bool = True
     """At max_turns or the context limit, make one last call without tools for the answer."""
+    summary_turn: bool | None = None
+    """End every run with a call without tools that asks for the final answer, also after the model
+    answered, as the reference harness does (a trailing tool result is dropped first); the answer is
+    the last `\\boxed{}` of that reply, else the latest one seen in the run. None: on for mcp-xml,
+    off for tool-call (which asks only at limits)."""
+    rollback: bool | None = None
+    """Drop an unusable reply (a malformed call, a refusal, a reply cut off, looping or empty) and
+    sample again, as the reference harness does, instead of keeping it with a message asking for a
+    fix. Dropped replies stay in the trajectory, marked `rolled_back`; `max_format_errors` in a row
+    end the run. None: on for mcp-xml, off for tool-call."""
     timeout_s: float | None = None
     """Wall-clock limit for the run (None = none)."""
     date: str | None = None
@@ -89,9 +99,13 @@ async def run(question: str, llm: LLM, toolbox: Toolbox | None, config: AgentCon
               group_id: str | None = None) -> Trajectory:
     """Answer one question; returns the finished trajectory (also written turn by turn)."""
     tools = toolbox.tools if toolbox else []
-    config = dataclasses.replace(config, date=config.date or datetime.date.today().isoformat(),
-                                 max_context=config.max_context or DEFAULT_MAX_CONTEXT,
-                                 max_turns=config.max_turns or dialects.MAX_TURNS[config.dialect])
+    deep_search = config.dialect == "mcp-xml"
+    config = dataclasses.replace(
+        config, date=config.date or datetime.date.today().isoformat(),
+        max_context=config.max_context or DEFAULT_MAX_CONTEXT,
+        max_turns=config.max_turns or dialects.MAX_TURNS[config.dialect],
+        summary_turn=deep_search if config.summary_turn is None else config.summary_turn,
+        rollback=deep_search if config.rollback is None else config.rollback)
     date = config.date
     limits = dataclasses.asdict(config) | (toolbox.settings() if toolbox else {})
     trajectory = Trajectory(
@@ -135,21 +149,19 @@ async def _turns(state: Run, llm: LLM, toolbox: Toolbox | None, config: AgentCon
     request_tools = dialects.request_tools(config.dialect, trajectory.tools)
     while True:
         prompt_tokens = _next_prompt_tokens(llm, state, request_tools)
-        if len(trajectory.turns) >= config.max_turns:
+        if sum(not turn.rolled_back for turn in trajectory.turns) >= config.max_turns:
             trajectory.stop_reason = "max_turns"
         elif prompt_tokens + llm.config.max_tokens + config.context_reserve > config.max_context:
             trajectory.stop_reason = "context_limit"
         if trajectory.stop_reason:
-            if config.final_answer_turn:
-                await _final_turn(state, llm, config, prompt_tokens, writer, on_event)
+            await _end(state, llm, config, prompt_tokens, writer, on_event)
             return
         on_event("model", len(trajectory.turns))
         try:
             completion = await llm.complete(history.messages, request_tools, conversation=state.conversation)
         except ContextOverflow as exc:  # our estimate was low: answer from what fits
             trajectory.stop_reason, trajectory.error = "context_limit", str(exc)
-            if config.final_answer_turn:
-                await _final_turn(state, llm, config, prompt_tokens, writer, on_event, omit_latest=True)
+            await _end(state, llm, config, prompt_tokens, writer, on_event, omit_latest=True)
             return
         except ModelError as exc:
             trajectory.stop_reason, trajectory.error = "model_error", str(exc)
@@ -157,18 +169,24 @@ async def _turns(state: Run, llm: LLM, toolbox: Toolbox | None, config: AgentCon
         turn = _new_turn(trajectory, completion, state.tracker)
         parsed = dialects.parse_reply(config.dialect, turn.assistant, trajectory.tools)
         turn.tool_calls = parsed.tool_calls
-        turn.format_error = parsed.format_error or _reply_problem(turn, parsed, config.dialect)
-        if not turn.tool_calls and turn.format_error is None:
-            trajectory.answer = dialects.extract_answer(config.dialect, turn.assistant["content"])
-            trajectory.stop_reason = "answered"
-        await _run_calls(turn, parsed, state, toolbox, config, on_event)
-        _log_turn(trajectory, turn, writer, on_event)
-        if trajectory.stop_reason:
-            return
-        history.add_turn(dialects.history_message(config.dialect, turn.assistant),
-                         dialects.observation_messages(config.dialect, turn), tool_results=bool(turn.tool_calls))
-        if _format_errors_in_a_row(trajectory.turns) >= config.max_format_errors:
+        problem = _unusable(turn, parsed) if config.rollback else None
+        if problem is not None:  # dropped: the next prompt is this one again, and the model samples anew
+            turn.format_error, turn.rolled_back = problem, True
+            _log_turn(trajectory, turn, writer, on_event)
+        else:
+            turn.format_error = parsed.format_error or (
+                None if config.rollback else _reply_problem(turn, parsed, config.dialect))
+            if not turn.tool_calls and turn.format_error is None:
+                trajectory.answer = dialects.extract_answer(config.dialect, turn.assistant["content"])
+                trajectory.stop_reason = "answered"
+            await _run_calls(turn, parsed, state, toolbox, config, on_event)
+            _log_turn(trajectory, turn, writer, on_event)
+            history.add_turn(dialects.history_message(config.dialect, turn.assistant),
+                             dialects.observation_messages(config.dialect, turn), tool_results=bool(turn.tool_calls))
+        if not trajectory.stop_reason and _format_errors_in_a_row(trajectory.turns) >= config.max_format_errors:
             trajectory.stop_reason = "format_errors"
+        if trajectory.stop_reason:
+            await _end(state, llm, config, None, writer, on_event)
             return
 
 
@@ -203,16 +221,36 @@ async def _run_calls(turn: Turn, parsed: dialects.ParsedReply, state: Run, toolb
         turn.tool_results.append(result)
 
 
+async def _end(state: Run, llm: LLM, config: AgentConfig, prompt_tokens: int | None,
+               writer: TrajectoryWriter | None, on_event: Event, omit_latest: bool = False) -> None:
+    """How a run ends once its loop stopped: with the summary turn (whatever the reason, when it is
+    on), with a final-answer turn at a limit, or as it is."""
+    limit = state.trajectory.stop_reason in ("max_turns", "context_limit")
+    if state.trajectory.stop_reason == "model_error" or not (config.summary_turn or (config.final_answer_turn
+                                                                                      and limit)):
+        return
+    if prompt_tokens is None:
+        prompt_tokens = _next_prompt_tokens(llm, state, None)
+    await _final_turn(state, llm, config, prompt_tokens, writer, on_event, omit_latest)
+
+
 async def _final_turn(state: Run, llm: LLM, config: AgentConfig, prompt_tokens: int,
                       writer: TrajectoryWriter | None, on_event: Event, omit_latest: bool = False) -> None:
-    """One call without tools that asks for the answer. The newest tool results are left out of it
-    when the answer would otherwise have too little room (or the server said it did not fit)."""
+    """One call without tools that asks for the answer. As the summary turn, a trailing tool result
+    (or other user message) is dropped first, as the reference harness does. The newest tool
+    results are also left out when the answer would otherwise have too little room (or the server
+    said it did not fit)."""
     trajectory, history = state.trajectory, state.history
-    instruction = dialects.final_answer_instruction(config.dialect, trajectory.question)
+    instruction = dialects.final_answer_instruction(config.dialect, trajectory.question, config.summary_turn)
     messages = history.messages
     room = config.max_context - prompt_tokens - estimate_tokens(instruction)
-    omitted = bool(history.observations) and (omit_latest or room < min(llm.config.max_tokens, FINAL_ANSWER_TOKENS))
-    if omitted:
+    dropped = bool(config.summary_turn) and len(messages) > 2 and messages[-1]["role"] == "user"
+    omitted = not dropped and bool(history.observations) and (
+        omit_latest or room < min(llm.config.max_tokens, FINAL_ANSWER_TOKENS))
+    if dropped:
+        messages = messages[:-1]
+        room += estimate_tokens(history.messages[-1]["content"] or "")
+    elif omitted:
         messages = history.omit_latest()
         room += history.latest_tool_result_tokens()
     if room < MIN_ANSWER_TOKENS:
@@ -226,22 +264,54 @@ async def _final_turn(state: Run, llm: LLM, config: AgentConfig, prompt_tokens: 
         trajectory.error = str(exc)
         return
     turn = _new_turn(trajectory, completion, state.tracker)
-    turn.instruction, turn.omitted_latest_results = instruction, omitted
-    trajectory.answer = _final_answer(turn, config.dialect)
-    if trajectory.answer is None:
+    turn.instruction, turn.omitted_latest_results = instruction, omitted or (
+        dropped and bool(history.observations) and history.observations[-1][-1] == len(history.messages) - 1)
+    answer = _final_answer(turn, config.dialect, bool(config.summary_turn))
+    if answer is None:
         turn.format_error = "The reply to the final-answer request had no usable answer."
     _log_turn(trajectory, turn, writer, on_event)
+    if answer is None and config.summary_turn:
+        answer = _latest_boxed(trajectory.turns)
+    trajectory.answer = answer if answer is not None else trajectory.answer
 
 
-def _final_answer(turn: Turn, dialect: str) -> str | None:
-    """The answer in a reply to the final-answer request: a non-empty `\\boxed{}` (mcp-xml), or the
+def _final_answer(turn: Turn, dialect: str, summary: bool) -> str | None:
+    """The answer in a reply to the final-answer request: a non-empty `\\boxed{}` (mcp-xml; anywhere
+    in the reply for the summary turn, as the reference reads it, else after the reasoning), or the
     visible text of a finished reply without tool calls (tool-call)."""
     content = turn.assistant.get("content") or ""
     if dialect == "mcp-xml":
-        return dialects.last_boxed(dialects.visible_text(content)) or None
+        return dialects.last_boxed(content if summary else dialects.visible_text(content)) or None
     if turn.finish_reason == "length" or turn.assistant.get("tool_calls") or "<tool_call>" in content:
         return None
     return dialects.extract_answer(dialect, content) or None
+
+
+def _latest_boxed(turns: list[Turn]) -> str | None:
+    """The newest non-empty `\\boxed{}` answer any reply of the run gave: the fallback when the
+    summary turn gives none."""
+    for turn in reversed(turns):
+        answer = dialects.last_boxed(turn.assistant.get("content") or "")
+        if answer:
+            return answer
+    return None
+
+
+def _unusable(turn: Turn, parsed: dialects.ParsedReply) -> str | None:
+    """Why a reply is rolled back, or None: the reference harness drops a reply with a malformed call
+    or a refusal, and samples again (in its client) one cut off at the token limit or looping."""
+    content = turn.assistant.get("content") or ""
+    if turn.finish_reason == "length":
+        return "rolled back: the reply was cut off at the token limit"
+    if degenerate(content):
+        return "rolled back: the reply kept repeating the same text"
+    if not content.strip() and not turn.tool_calls:
+        return "rolled back: the reply was empty"
+    if not turn.tool_calls and parsed.format_error:
+        return f"rolled back: {parsed.format_error}"
+    if not turn.tool_calls and any(phrase in content for phrase in dialects.REFUSALS):
+        return "rolled back: the reply refused the task"
+    return None
 
 
 def _new_turn(trajectory: Trajectory, completion: Completion, tracker: TokenTracker) -> Turn:

@@ -33,6 +33,7 @@ class Conversation:
 
     def __init__(self) -> None:
         self.seen: tuple[str, list[int]] | None = None  # the text and ids of the last prompt + completion
+        self.sent: tuple[str, list[int]] | None = None  # the text and ids of the last prompt alone
         self.last: tuple[list[dict[str, Any]], int, dict[str, Any] | None, Any, str, list[int]] | None = None
         self.chunks: dict[str, list[int]] = {}  # ids of the last prompt's chunks (and those added since)
         self.prepared: list[tuple[dict[str, Any], dict[str, Any]]] = []  # (message, its template form)
@@ -145,8 +146,10 @@ class Prompter:
                 and last[3] is tools:
             return last[5]
         text = self.render(messages, tools, conversation=conversation)
-        seen = conversation.seen
-        if seen is not None and len(text) > len(seen[0]) and text.startswith(seen[0]):
+        seen, sent = conversation.seen, conversation.sent
+        if sent is not None and text == sent[0]:  # the reply was rolled back: the same prompt, sampled again
+            ids = sent[1]
+        elif seen is not None and len(text) > len(seen[0]) and text.startswith(seen[0]):
             ids = seen[1] + self.encode(text[len(seen[0]):], at_start=False, conversation=conversation)
         else:
             ids = self.encode(text, conversation=conversation)
@@ -165,6 +168,7 @@ class Prompter:
             self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
         conversation.seen = (text + self.tokenizer.decode(completion_ids, skip_special_tokens=False),
                              prompt_ids + completion_ids)
+        conversation.sent = (text, prompt_ids)
         conversation.last = None  # the same messages may now extend a different prompt
 
 

@@ -77,6 +77,10 @@ class Turn:
     reply, repetition); None when the reply was fine."""
     instruction: str | None = None
     """A user message the runtime added before this model call (the final-answer request)."""
+    rolled_back: bool = False
+    """True when the reply was unusable (a malformed call, a refusal, cut off, looping or empty) and
+    was dropped: the next prompt did not contain it and the model sampled again. `format_error` says
+    why. Kept for the trainer to mask or penalise."""
     omitted_latest_results: bool = False
     """On the final-answer turn: True when the newest tool results were left out of its prompt to
     leave room for the answer (the model did not read them)."""

@@ -34,7 +34,7 @@ def model(site: Site) -> Callable[[dict], Reply]:
             mcp_call("tool-python", "run_python_code", {"code_block": "years = 2\nyears * 687", "sandbox_id": "default"}),
             mcp_answer("1374"),
         ]
-        return Reply(content=script[step])
+        return Reply(content=script[min(step, len(script) - 1)])  # the summary turn: the answer again
     return reply
 
 

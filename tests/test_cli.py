@@ -37,15 +37,15 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *words: str) -> N
 def test_ask_prints_only_the_answer_on_stdout_and_saves_the_trajectory(tmp_path: Path) -> None:
     path = tmp_path / "run.jsonl"
     replies = [mcp_call("testkit", "add", {"a": 2, "b": 3}), mcp_answer("5")]
-    with FakeOpenAI(replies) as server:
+    with FakeOpenAI(replies, default=mcp_answer("5")) as server:  # the summary turn: the answer again
         result = nanbeige("ask", "What is 2+3?", "--base-url", server.base_url, "--mcp", TESTKIT,
                           "--trajectory", str(path), "--api-key", "sk-secret-value", "--tool-timeout", "30",
                           "--max-result-chars", "5000")
     assert result.returncode == 0, result.stderr
     assert result.stdout == "5\n"
-    assert "add(a=2, b=3)" in result.stderr and str(path) in result.stderr and "answered after 2 turns" in result.stderr
+    assert "add(a=2, b=3)" in result.stderr and str(path) in result.stderr and "answered after 3 turns" in result.stderr
     records = [json.loads(line) for line in path.read_text().splitlines()]
-    assert [r["type"] for r in records] == ["start", "turn", "turn", "end"]
+    assert [r["type"] for r in records] == ["start", "turn", "turn", "turn", "end"]  # the last: the summary turn
     # the toolbox settings that shaped what the model read are recorded with the run
     assert (records[0]["limits"]["tool_timeout_s"], records[0]["limits"]["max_result_chars"]) == (30.0, 5000)
     assert "sk-secret-value" not in path.read_text()
@@ -53,16 +53,17 @@ def test_ask_prints_only_the_answer_on_stdout_and_saves_the_trajectory(tmp_path:
 
 
 def test_json_prints_the_end_record(tmp_path: Path) -> None:
-    with FakeOpenAI([mcp_answer("Paris")]) as server:
+    with FakeOpenAI([mcp_answer("Paris")], default=mcp_answer("Paris")) as server:
         result = nanbeige("ask", "Capital of France?", "--base-url", server.base_url, "--no-default-servers",
                           "--trajectory", str(tmp_path / "t.jsonl"), "--json")
     end = json.loads(result.stdout)
-    assert (end["type"], end["answer"], end["stop_reason"], end["num_turns"]) == ("end", "Paris", "answered", 1)
+    # two turns: the answer, then the summary turn
+    assert (end["type"], end["answer"], end["stop_reason"], end["num_turns"]) == ("end", "Paris", "answered", 2)
     assert "no tools available" in result.stderr
 
 
 def test_settings_come_from_the_environment_and_runs_go_to_the_runs_folder(tmp_path: Path) -> None:
-    with FakeOpenAI([mcp_answer("ok")]) as server:
+    with FakeOpenAI([mcp_answer("ok")], default=mcp_answer("ok")) as server:
         result = nanbeige("ask", "q", env={"NANBEIGE_BASE_URL": server.base_url, "NANBEIGE_MODEL": "env-model",
                                            "NANBEIGE_RUNS_DIR": str(tmp_path / "runs")})
     assert result.returncode == 0, result.stderr
@@ -92,7 +93,7 @@ def test_bad_flags_and_specs_are_clear_errors(tmp_path: Path) -> None:
 
 
 def test_a_tool_server_that_cannot_start_is_a_clear_error(tmp_path: Path) -> None:
-    with FakeOpenAI([mcp_answer("x")]) as server:
+    with FakeOpenAI([mcp_answer("x")], default=mcp_answer("x")) as server:
         result = nanbeige("ask", "q", "--base-url", server.base_url, "--mcp", "broken=/no/such/program",
                           "--trajectory", str(tmp_path / "t.jsonl"))
     assert_one_line_error(result, "MCP server 'broken'", "failed to start")
@@ -100,7 +101,7 @@ def test_a_tool_server_that_cannot_start_is_a_clear_error(tmp_path: Path) -> Non
 
 def test_an_unwritable_trajectory_path_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
-    with FakeOpenAI([mcp_answer("x")]) as server:
+    with FakeOpenAI([mcp_answer("x")], default=mcp_answer("x")) as server:
         result = nanbeige("ask", "q", "--base-url", server.base_url, "--trajectory", str(tmp_path / "file" / "t.jsonl"))
     assert_one_line_error(result, "cannot write the trajectory", "--trajectory")
 
@@ -134,7 +135,8 @@ def test_ctrl_c_closes_the_trajectory_and_exits_130(tmp_path: Path) -> None:
 
 def test_show_renders_a_saved_trajectory(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
-    with FakeOpenAI([mcp_call("testkit", "add", {"a": 20, "b": 22}, thought="Add them."), mcp_answer("42")]) as server:
+    with FakeOpenAI([mcp_call("testkit", "add", {"a": 20, "b": 22}, thought="Add them.")],
+                    default=mcp_answer("42")) as server:
         nanbeige("ask", "Sum?", "--base-url", server.base_url, "--mcp", TESTKIT, "--trajectory", str(path))
     result = nanbeige("show", str(path))
     assert result.returncode == 0, result.stderr

@@ -81,8 +81,9 @@ async def test_the_loop_records_every_prompt_exactly_and_extends_completions_ver
 
     llm = Recording(LLMConfig(model=str(tiny), temperature=1.0, max_tokens=16))
     llm.sent = []
-    trajectory = await run("What is 2+3?", llm, None, AgentConfig(max_turns=4, max_context=8192,
-                                                                   keep_tool_results=-1))
+    # a random model's replies are unusable: kept (rollback off) they extend the conversation turn by turn
+    trajectory = await run("What is 2+3?", llm, None, AgentConfig(max_turns=4, max_context=8192, keep_tool_results=-1,
+                                                                   rollback=False, summary_turn=False))
     assert len(trajectory.turns) == len(llm.sent) >= 3
     for turn, (messages, prompt_ids) in zip(trajectory.turns, llm.sent):
         assert full_prompt(trajectory.turns, turn.index) == prompt_ids
@@ -150,7 +151,7 @@ async def test_with_the_models_tokenizer_no_request_can_overflow_the_context(tin
     llm.requests = []
     # no reserve: only an exact count keeps every request inside the context
     config = AgentConfig(max_turns=50, max_context=3000, context_reserve=0, keep_tool_results=-1,
-                         max_format_errors=100)  # a random model never gets the format right
+                         max_format_errors=100, rollback=False)  # a random model never gets the format right
     trajectory = await run("What is 2+3? " * 10, llm, None, config)
     assert trajectory.stop_reason == "context_limit"
     for prompt_tokens, max_tokens in llm.requests:
@@ -183,3 +184,4 @@ async def test_a_cancelled_generation_stops_at_the_next_token(tiny: Path) -> Non
         await task
     assert await asyncio.to_thread(ended.wait, 20)
     assert time.monotonic() - cancelled_at < 5  # stopped at the next token, not after 6000
+

@@ -28,9 +28,16 @@ def toolbox(**options: object) -> Toolbox:
     return Toolbox([ServerSpec(name="testkit", server=mcp_test_server.server)], **options)
 
 
+def restate(messages: list[dict]) -> str:
+    """The scripted model's reply to the summary turn, once its script ran out: its latest boxed answer
+    again, or that it has none."""
+    answers = [m["content"] for m in messages if m["role"] == "assistant" and "\\boxed{" in m["content"]]
+    return answers[-1] if answers else "I could not find the answer."
+
+
 async def ask(replies: list, config: AgentConfig | None = None, path: Path | None = None,
               llm_config: LLMConfig | None = None):
-    llm = ScriptedLLM(replies, config=llm_config)
+    llm = ScriptedLLM(replies, default=restate, config=llm_config)
     writer = TrajectoryWriter(path) if path else None
     async with toolbox(call_timeout_s=1.0) as tools:
         trajectory = await run("What is 2+3?", llm, tools, config or AgentConfig(date="2026-11-21"), writer)
@@ -72,25 +79,43 @@ async def test_a_server_that_dies_mid_run_is_restarted_and_the_run_goes_on() -> 
     assert (added.text, added.is_error) == ("2", False) and trajectory.answer == "2"
 
 
-async def test_a_malformed_call_is_answered_with_a_message_and_the_run_goes_on() -> None:
+async def test_in_mcp_xml_a_malformed_call_is_rolled_back_and_sampled_again() -> None:
     broken = "<use_mcp_tool>\n<server_name>testkit</server_name>\n<arguments>{}</arguments>\n</use_mcp_tool>"
     trajectory, llm = await ask([broken, mcp_answer("5")])
+    assert llm.calls[1] == llm.calls[0]  # the same prompt again: the model never sees its bad reply
+    assert trajectory.turns[0].rolled_back and "could not be parsed" in trajectory.turns[0].format_error
+    assert (trajectory.stop_reason, trajectory.answer) == ("answered", "5")
+
+
+async def test_with_rollback_off_a_malformed_call_is_answered_with_a_message() -> None:
+    broken = "<use_mcp_tool>\n<server_name>testkit</server_name>\n<arguments>{}</arguments>\n</use_mcp_tool>"
+    trajectory, llm = await ask([broken, mcp_answer("5")], AgentConfig(rollback=False, date="2026-11-21"))
     assert "could not be parsed" in llm.calls[1][-1]["content"]
-    assert trajectory.turns[0].format_error and trajectory.stop_reason == "answered"
+    assert trajectory.turns[0].format_error and not trajectory.turns[0].rolled_back
+    assert trajectory.stop_reason == "answered"
 
 
 async def test_too_many_unusable_replies_in_a_row_stop_the_run() -> None:
     broken = "<use_mcp_tool><server_name>x</server_name></use_mcp_tool>"
     trajectory, _ = await ask([broken] * 3, AgentConfig(max_format_errors=3))
+    assert trajectory.stop_reason == "format_errors" and trajectory.answer is None
+    assert [turn.rolled_back for turn in trajectory.turns] == [True, True, True, False]  # then the summary turn
+    trajectory, _ = await ask([broken] * 3, AgentConfig(max_format_errors=3, rollback=False, summary_turn=False))
     assert trajectory.stop_reason == "format_errors" and len(trajectory.turns) == 3 and trajectory.answer is None
 
 
-async def test_cut_off_and_looping_replies_are_not_taken_as_answers() -> None:
+async def test_cut_off_looping_and_refusing_replies_are_rolled_back_not_taken_as_answers() -> None:
     cut = Completion(message={"role": "assistant", "content": "<think>\nstill thinking"}, finish_reason="length")
     looping = "Let me look. " + "I need to search again. " * 40
-    trajectory, llm = await ask([cut, looping, mcp_answer("5")])
-    assert "cut off" in trajectory.turns[0].format_error
-    assert "repeating" in trajectory.turns[1].format_error
+    refusal = "I\u2019m sorry, but I can\u2019t help with that."
+    trajectory, llm = await ask([cut, looping, refusal, mcp_answer("5")])
+    reasons = [turn.format_error for turn in trajectory.turns[:3]]
+    assert "cut off" in reasons[0] and "repeating" in reasons[1] and "refused" in reasons[2]
+    assert all(call == llm.calls[0] for call in llm.calls[:4])  # each sampled again from the same prompt
+    assert trajectory.answer == "5"
+    # with rollback off they are sent back with a message instead
+    trajectory, llm = await ask([cut, looping, mcp_answer("5")], AgentConfig(rollback=False, date="2026-11-21"))
+    assert "cut off" in llm.calls[1][-1]["content"] and "repeating" in llm.calls[2][-1]["content"]
     assert trajectory.answer == "5"
 
 
@@ -109,7 +134,7 @@ async def test_the_same_call_made_again_and_again_is_refused_in_the_tool_call_di
 async def test_keep_k_hides_old_results_from_the_model_but_the_log_keeps_them() -> None:
     replies = [mcp_call("testkit", "echo", {"text": f"result {i}"}) for i in range(6)] + [mcp_answer("done")]
     trajectory, llm = await ask(replies, AgentConfig(keep_tool_results=2))
-    last_request = [m["content"] for m in llm.calls[-1] if m["role"] == "user"][1:]
+    last_request = [m["content"] for m in llm.calls[-2] if m["role"] == "user"][1:]  # the call that answered
     assert last_request == [OMITTED] * 4 + ["result 4", "result 5"]
     assert [t.tool_results[0].text for t in trajectory.turns[:6]] == [f"result {i}" for i in range(6)]
 
@@ -121,7 +146,13 @@ async def test_at_max_turns_one_last_call_without_tools_asks_for_the_answer() ->
     final = trajectory.turns[-1]
     assert final.instruction and "FINAL ANSWER" in llm.calls[-1][-1]["content"]
     assert "What is 2+3?" in final.instruction
-    assert final.omitted_latest_results is False  # room enough: the answer was asked with every result shown
+    # as the reference does, the trailing tool result is dropped: the request follows the last call itself
+    assert llm.calls[-1][-2] == {"role": "assistant", "content": calls[2]}
+    assert final.omitted_latest_results is True
+    trajectory, llm = await ask([*calls, mcp_answer("best guess")],
+                                AgentConfig(max_turns=3, summary_turn=False, date="2026-11-21"))
+    assert trajectory.answer == "best guess" and llm.calls[-1][-2]["content"] == "2"  # without it: all shown
+    assert trajectory.turns[-1].omitted_latest_results is False
 
 
 async def test_before_the_context_overflows_the_answer_is_requested() -> None:
@@ -145,6 +176,10 @@ async def test_when_the_server_says_the_prompt_is_too_long_the_answer_is_request
     trajectory, llm = await ask(replies, AgentConfig(keep_tool_results=-1))
     assert (trajectory.stop_reason, trajectory.answer) == ("context_limit", "from the old result")
     final_request = [m["content"] for m in llm.calls[-1] if m["role"] == "user"]
+    assert final_request[1] == "old" and "FINAL ANSWER" in final_request[2] and len(final_request) == 3
+    trajectory, llm = await ask(replies[:2] + [ContextOverflow("too long"), mcp_answer("x")],
+                                AgentConfig(keep_tool_results=-1, summary_turn=False, date="2026-11-21"))
+    final_request = [m["content"] for m in llm.calls[-1] if m["role"] == "user"]
     assert final_request[1] == "old" and final_request[2] == OMITTED and "FINAL ANSWER" in final_request[3]
     assert trajectory.turns[-1].omitted_latest_results is True  # recorded: the model did not read "huge"
 
@@ -156,15 +191,33 @@ async def test_a_final_answer_reply_that_calls_a_tool_gives_no_answer() -> None:
     assert trajectory.turns[-1].instruction and trajectory.turns[-1].format_error
 
 
-async def test_in_mcp_xml_a_reply_without_a_boxed_answer_is_sent_back() -> None:
-    trajectory, llm = await ask(["Let me search for that first.", mcp_answer("5")])
+async def test_in_mcp_xml_a_reply_without_a_call_ends_the_loop_and_the_summary_turn_asks_for_the_answer() -> None:
+    trajectory, llm = await ask(["Let me think about that.", mcp_answer("5")])
+    assert llm.calls[1][-2] == {"role": "assistant", "content": "Let me think about that."}
+    request = llm.calls[1][-1]["content"]
+    assert "FINAL ANSWER" in request and "This is the end of the task" in request
+    assert (trajectory.stop_reason, trajectory.answer, len(trajectory.turns)) == ("answered", "5", 2)
+
+
+async def test_the_summary_answer_is_the_last_box_anywhere_and_else_the_latest_one_seen() -> None:
+    boxed_in_reasoning = "<think>\nIt must be \\boxed{Ulaanbaatar}.\n</think>\n\nDone."
+    trajectory, _ = await ask([mcp_answer("Ulan Bator"), boxed_in_reasoning])
+    assert trajectory.answer == "Ulaanbaatar"  # read anywhere in the summary reply, reasoning included
+    trajectory, _ = await ask([mcp_answer("Ulan Bator"), "I am done."])
+    assert trajectory.answer == "Ulan Bator" and trajectory.turns[-1].format_error  # the latest box of the run
+    assert trajectory.error is None
+
+
+async def test_with_rollback_off_a_reply_without_a_boxed_answer_is_sent_back() -> None:
+    config = AgentConfig(rollback=False, summary_turn=False, date="2026-11-21")
+    trajectory, llm = await ask(["Let me search for that first.", mcp_answer("5")], config)
     assert "neither a tool call nor a final answer" in llm.calls[1][-1]["content"]
     assert (trajectory.answer, len(trajectory.turns)) == ("5", 2)
 
 
 async def test_unusable_replies_do_not_push_tool_results_out_of_view() -> None:
     replies = [mcp_call("testkit", "echo", {"text": "kept"}), "no call", "still no call", mcp_answer("x")]
-    _, llm = await ask(replies, AgentConfig(keep_tool_results=1))
+    _, llm = await ask(replies, AgentConfig(keep_tool_results=1, rollback=False, date="2026-11-21"))
     assert "kept" in [m["content"] for m in llm.calls[-1]]
 
 
@@ -220,7 +273,7 @@ async def test_cancelling_a_run_closes_its_trajectory_as_interrupted(tmp_path: P
 async def test_token_exact_turns_over_http_rebuild_what_the_server_saw(tmp_path: Path) -> None:
     replies = [mcp_call("testkit", "echo", {"text": f"page {i} " * 20}) for i in range(50)] + [mcp_answer("done")]
     path = tmp_path / "run.jsonl"
-    with FakeOpenAI(replies, vllm=True) as server:
+    with FakeOpenAI(replies, default=mcp_answer("done"), vllm=True) as server:  # the summary: the answer again
         llm = OpenAIChat(LLMConfig(base_url=server.base_url, model="fake-model"))
         writer = TrajectoryWriter(path)
         async with toolbox() as tools:
@@ -228,7 +281,7 @@ async def test_token_exact_turns_over_http_rebuild_what_the_server_saw(tmp_path:
         writer.close()
         await llm.aclose()
     [saved] = load_trajectories(path)
-    assert saved.answer == "done" and len(saved.turns) == 51
+    assert saved.answer == "done" and len(saved.turns) == 52
     for turn, request in zip(saved.turns, server.requests):
         assert full_prompt(saved.turns, turn.index) == tokens(render(request["messages"]))
         assert turn.completion_ids == tokens(turn.assistant["content"])

@@ -67,7 +67,7 @@ def test_a_model_that_cannot_be_downloaded_fails_at_once_with_the_fixes(tmp_path
 def test_the_settings_file_sits_between_the_environment_and_the_defaults(tmp_path: Path) -> None:
     (tmp_path / "nanbeige.toml").write_text(
         'model = "file-model"\nmax_turns = 3\n\n[ask]\nkeep_tool_results = 2\ntemperature = 0.25\n')
-    with FakeOpenAI([mcp_answer("ok")]) as server:
+    with FakeOpenAI([], default=mcp_answer("ok")) as server:
         result = subprocess.run([NANBEIGE, "ask", "q", "--base-url", server.base_url, "--no-default-servers",
                                  "--max-turns", "9", "--trajectory", "t.jsonl"], capture_output=True, text=True,
                                 timeout=60, cwd=tmp_path, env={**os.environ, "NANBEIGE_MODEL": "env-model"})
@@ -125,7 +125,7 @@ async def test_a_bug_ends_the_trajectory_as_crashed_not_interrupted(tmp_path: Pa
 
 
 def test_the_context_length_comes_from_the_server_unless_given(tmp_path: Path) -> None:
-    with FakeOpenAI([mcp_answer("a"), mcp_answer("b")], vllm=True, max_model_len=40960) as server:
+    with FakeOpenAI([], default=mcp_answer("a"), vllm=True, max_model_len=40960) as server:
         told = nanbeige("ask", "q", "--base-url", server.base_url, "--no-default-servers", "--trajectory",
                         str(tmp_path / "told.jsonl"))
         given = nanbeige("ask", "q", "--base-url", server.base_url, "--no-default-servers", "--max-context", "20000",
@@ -137,7 +137,7 @@ def test_the_context_length_comes_from_the_server_unless_given(tmp_path: Path) -
 
 
 def test_ask_works_against_a_server_that_refuses_unknown_fields(tmp_path: Path) -> None:
-    with FakeOpenAI([mcp_call("testkit", "add", {"a": 2, "b": 3}), mcp_answer("5")], strict=True) as server:
+    with FakeOpenAI([mcp_call("testkit", "add", {"a": 2, "b": 3})], default=mcp_answer("5"), strict=True) as server:
         result = nanbeige("ask", "What is 2+3?", "--base-url", server.base_url, "--mcp", TESTKIT,
                           "--no-default-servers", "--trajectory", str(tmp_path / "t.jsonl"))
     assert result.returncode == 0 and result.stdout == "5\n", result.stderr
@@ -181,7 +181,7 @@ def test_the_default_reply_length_shrinks_to_fit_a_small_server_context(tmp_path
                          "--trajectory", str(tmp_path / "u.jsonl"))
     assert fitted.returncode == 0, fitted.stderr
     assert "replies shortened" in fitted.stderr and server.requests[0]["max_tokens"] == 2048
-    assert_one_line_error(asked, "--max-tokens 8000 leaves no room", "8192")  # what the user asked for is not overridden
+    assert_one_line_error(asked, "--max-tokens 8000 leaves no room", "8192")  # what the user asked is not overridden
     assert asked.returncode == 2
 
 
@@ -242,7 +242,7 @@ def test_sampling_and_turn_limits_follow_the_dialect_unless_given(tmp_path: Path
 def test_a_system_prompt_file_replaces_the_built_in_prompt(tmp_path: Path) -> None:
     template = tmp_path / "prompt.txt"
     template.write_text("You research questions. Date: {date}.\nTools:\n{tools}")
-    with FakeOpenAI([mcp_answer("ok")]) as server:
+    with FakeOpenAI([], default=mcp_answer("ok")) as server:
         result = nanbeige("ask", "q", "--base-url", server.base_url, "--mcp", TESTKIT, "--no-default-servers",
                           "--system-prompt-file", str(template), "--trajectory", str(tmp_path / "t.jsonl"))
     assert result.returncode == 0, result.stderr

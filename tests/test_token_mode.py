@@ -24,7 +24,8 @@ pytestmark = pytest.mark.anyio
 async def run_token_mode(tokenizer: Any, turns: int, keep: int, path: Path) -> tuple[Trajectory, list[dict]]:
     replies = [mcp_call("testkit", "echo", {"text": f"finding {i}"}, thought=f"Step {i}.") for i in range(turns)]
     stop_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    with FakeOpenAI([*replies, mcp_answer("done")], tokenize=lambda text: tokenizer(
+    # the model answers, then restates its answer for the summary turn
+    with FakeOpenAI([*replies, mcp_answer("done"), mcp_answer("done")], tokenize=lambda text: tokenizer(
             text, add_special_tokens=False)["input_ids"], stop_id=stop_id) as server:
         llm = TokenModeChat(LLMConfig(base_url=server.base_url, model="tiny"), tokenizer)
         writer = TrajectoryWriter(path)
@@ -39,7 +40,7 @@ async def run_token_mode(tokenizer: Any, turns: int, keep: int, path: Path) -> t
 async def test_every_prompt_sent_is_rebuilt_exactly_from_the_trajectory(tokenizer: Any, tmp_path: Path) -> None:
     trajectory, requests = await run_token_mode(tokenizer, 50, 5, tmp_path / "run.jsonl")
     [saved] = load_trajectories(tmp_path / "run.jsonl")
-    assert saved.answer == "done" and len(saved.turns) == len(requests) == 51
+    assert saved.answer == "done" and len(saved.turns) == len(requests) == 52
     assert all(request["prompt"] == full_prompt(saved.turns, i) for i, request in enumerate(requests))
     assert [turn.completion_ids for turn in saved.turns] == [turn.completion_ids for turn in trajectory.turns]
     segments = rebuild_segments(saved.turns)
@@ -52,7 +53,7 @@ async def test_within_a_segment_completions_are_extended_verbatim(tokenizer: Any
     assert {turn.segment for turn in trajectory.turns} == {0}  # nothing rewritten: one segment
     for (turn, prompt), (_, next_prompt) in zip(iter_prompts(trajectory.turns), list(iter_prompts(trajectory.turns))[1:]):
         assert next_prompt[:len(prompt) + len(turn.completion_ids)] == prompt + turn.completion_ids
-    assert len(requests) == 9
+    assert len(requests) == 10
 
 
 async def test_concurrent_runs_over_one_client_and_one_toolbox_stay_independent(tokenizer: Any) -> None:
@@ -81,7 +82,7 @@ async def test_concurrent_runs_over_one_client_and_one_toolbox_stay_independent(
         await llm.aclose()
     rebuilt = []
     for k, trajectory in enumerate(trajectories):
-        assert trajectory.answer == f"answer {k}" and len(trajectory.turns) == 7
+        assert trajectory.answer == f"answer {k}" and len(trajectory.turns) == 8  # with the summary turn
         assert {turn.segment for turn in trajectory.turns} == {0}  # every prompt extended its own run's verbatim
         assert all(f"run {k} step" in r.text for turn in trajectory.turns for r in turn.tool_results)
         rebuilt += [full_prompt(trajectory.turns, turn.index) for turn in trajectory.turns]
@@ -99,14 +100,16 @@ def test_ask_in_token_mode_from_the_command_line(tmp_path: Path) -> None:
     folder = make_tiny_model(tmp_path / "tiny")
     tokenizer = load_tokenizer(str(folder))[0]
     stop_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    with FakeOpenAI([mcp_answer("5")], tokenize=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
+    with FakeOpenAI([mcp_answer("5"), mcp_answer("5")],
+                    tokenize=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
                     stop_id=stop_id, vllm=True) as server:
         result = subprocess.run([str(Path(sys.executable).parent / "nanbeige"), "ask", "What is 2+3?", "--token-mode",
                                  "--base-url", server.base_url, "--model", str(folder), "--no-default-servers",
                                  "--trajectory", str(tmp_path / "t.jsonl")], capture_output=True, text=True,
                                 timeout=120, env={**os.environ, "COLUMNS": "200"})
     assert result.returncode == 0 and result.stdout == "5\n", result.stderr
-    [request] = server.requests
+    request, summary = server.requests
+    assert summary["prompt"][:len(request["prompt"])] == request["prompt"]
     start = json.loads((tmp_path / "t.jsonl").read_text().splitlines()[0])
     messages = [{"role": "system", "content": start["system_prompt"]}, {"role": "user", "content": start["user_message"]}]
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
@@ -149,3 +152,23 @@ async def test_a_response_as_vllm_serializes_it_is_read_exactly(tokenizer: Any) 
     assert completion.logprobs == [-0.25, -1.5, -0.125]
     assert completion.message["content"] == 'Paris {"prompt_token_ids":[9]}'  # the echo cut did not touch it
     assert completion.prompt_ids == llm.prompter.prompt_ids([{"role": "user", "content": "capital of France?"}])
+
+
+async def test_a_rolled_back_reply_is_sampled_again_from_the_very_same_prompt_ids(tokenizer: Any) -> None:
+    def sampled_letter_by_letter(text: str) -> list[int]:  # valid ids, but not how the text re-tokenizes
+        return [i for char in text for i in tokenizer(char, add_special_tokens=False)["input_ids"]]
+
+    broken = "<use_mcp_tool>\n<server_name>testkit</server_name>\n</use_mcp_tool>"
+    replies = [mcp_call("testkit", "echo", {"text": "found"}), broken, broken, mcp_answer("5"), mcp_answer("5")]
+    stop_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    with FakeOpenAI(replies, tokenize=sampled_letter_by_letter, stop_id=stop_id) as server:
+        llm = TokenModeChat(LLMConfig(base_url=server.base_url, model="tiny"), tokenizer)
+        async with Toolbox([ServerSpec(name="testkit", server=mcp_test_server.server)]) as tools:
+            trajectory = await run("q", llm, tools, AgentConfig(max_context=10**6, date="2026-11-21"))
+        await llm.aclose()
+    assert [turn.rolled_back for turn in trajectory.turns] == [False, True, True, False, False]
+    prompts = [request["prompt"] for request in server.requests]
+    assert prompts[1] == prompts[2] == prompts[3]  # the same ids each time, not a re-tokenization
+    first = trajectory.turns[0]
+    assert prompts[1][:len(prompts[0]) + len(first.completion_ids)] == prompts[0] + first.completion_ids  # verbatim
+    assert trajectory.answer == "5"

@@ -41,7 +41,7 @@ def trained_ids(row: TrainingRow) -> list[int]:
 async def test_each_row_trains_exactly_its_segments_sampled_tokens(tokenizer: Any, tmp_path: Path) -> None:
     turns, requests = await run_and_load(tokenizer, 50, 5, tmp_path / "run.jsonl")
     rows = training_rows(turns)
-    assert len(turns) == len(requests) == 51
+    assert len(turns) == len(requests) == 52  # 50 calls, the answer, the summary turn
     assert len(rows) > 40  # keep-5 rewrites the history: a segment per rewrite
     assert {row.segment: row.ids for row in rows} == rebuild_segments(turns)
     for turn, request in zip(turns, requests):
@@ -64,7 +64,7 @@ async def test_each_row_trains_exactly_its_segments_sampled_tokens(tokenizer: An
 async def test_a_run_that_keeps_every_result_is_one_row(tokenizer: Any, tmp_path: Path) -> None:
     turns, requests = await run_and_load(tokenizer, 6, -1, tmp_path / "run.jsonl")
     [row] = training_rows(turns)
-    assert row.segment == 0 and row.turns == [0, 1, 2, 3, 4, 5, 6]
+    assert row.segment == 0 and row.turns == [0, 1, 2, 3, 4, 5, 6, 7]  # the summary turn extends it too
     assert row.ids == requests[-1]["prompt"] + turns[-1].completion_ids
     for turn, request in zip(turns, requests):
         start = len(request["prompt"])

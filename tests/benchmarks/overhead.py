@@ -113,7 +113,8 @@ async def measure(base_url: str, turns: int, keep: int, path: Path,
         llm = OpenAIChat(config)
     writer = TrajectoryWriter(path)
     spec = ServerSpec(name="testkit", command=[sys.executable, SERVER])
-    config = AgentConfig(max_turns=turns + 1, max_context=10**9, keep_tool_results=keep)
+    # no summary turn: every turn measured is a tool-calling one, comparable across runs
+    config = AgentConfig(max_turns=turns + 1, max_context=10**9, keep_tool_results=keep, summary_turn=False)
     async with Toolbox([spec]) as toolbox:
         rss_before, hwm_before, maxrss_before = rss_kib(), rss_kib("VmHWM"), resource.getrusage(
             resource.RUSAGE_SELF).ru_maxrss
