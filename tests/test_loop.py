@@ -335,3 +335,31 @@ async def test_a_search_query_already_used_is_not_run_again_in_mcp_xml() -> None
     assert third == ("The query 'nanbeige' has already been used in an earlier google_search call. Use a "
                      "different query or other keywords.")  # not run: what the model reads instead
     assert llm.calls[3][-1]["content"] == third  # no "Error:" prefix, as the reference sends it
+
+
+async def test_a_deep_search_conversation_is_pinned_by_a_golden_rendering() -> None:
+    """A search, the same search again (answered as already used), a malformed call (rolled back),
+    an answer, and the summary turn: every message the model was sent, in order, as a golden file."""
+    from mcp.server.mcpserver import MCPServer
+
+    web = MCPServer(name="search_and_scrape_webpage")
+
+    @web.tool()
+    def google_search(q: str) -> str:
+        """Search the web."""
+        return f'{{"organic": [{{"title": "{q}", "link": "https://example.org/{len(q)}"}}]}}'
+
+    def google(q: str) -> str:
+        return mcp_call("search_and_scrape_webpage", "google_search", {"q": q}, thought=f"Search {q}.")
+
+    broken = "<think>\nCall it.\n</think>\n\n<use_mcp_tool>\n<server_name>search_and_scrape_webpage</server_name>"
+    llm = ScriptedLLM([google("Mongolia capital"), google("Mongolia capital"), broken, mcp_answer("Ulaanbaatar"),
+                       mcp_answer("Ulaanbaatar")])
+    async with Toolbox([ServerSpec(name="search_and_scrape_webpage", server=web)]) as tools:
+        trajectory = await run("What is the capital of Mongolia?", llm, tools, AgentConfig(date="2026-11-21"))
+    assert [t.rolled_back for t in trajectory.turns] == [False, False, True, False, False]
+    assert (trajectory.answer, trajectory.stop_reason) == ("Ulaanbaatar", "answered")
+    rendered = "".join(f"=== call {number}\n" + "".join(f"--- {m['role']}\n{m['content']}\n" for m in messages)
+                       for number, messages in enumerate(llm.calls))
+    golden = Path(__file__).parent / "golden" / "deep_search_conversation.txt"
+    assert rendered == golden.read_text()  # a deliberate change of the flow rewrites the file by hand
