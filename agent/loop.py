@@ -177,7 +177,9 @@ async def _turns(state: Run, llm: LLM, toolbox: Toolbox | None, config: AgentCon
             turn.format_error = parsed.format_error or (
                 None if config.rollback else _reply_problem(turn, parsed, config.dialect))
             if not turn.tool_calls and turn.format_error is None:
-                trajectory.answer = dialects.extract_answer(config.dialect, turn.assistant["content"])
+                # with a summary turn to come, only a boxed answer counts until then
+                trajectory.answer = (dialects.last_boxed(turn.assistant["content"]) or None) if config.summary_turn \
+                    else dialects.extract_answer(config.dialect, turn.assistant["content"])
                 trajectory.stop_reason = "answered"
             await _run_calls(turn, parsed, state, toolbox, config, on_event)
             _log_turn(trajectory, turn, writer, on_event)

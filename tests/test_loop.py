@@ -363,3 +363,10 @@ async def test_a_deep_search_conversation_is_pinned_by_a_golden_rendering() -> N
                        for number, messages in enumerate(llm.calls))
     golden = Path(__file__).parent / "golden" / "deep_search_conversation.txt"
     assert rendered == golden.read_text()  # a deliberate change of the flow rewrites the file by hand
+
+
+async def test_when_the_summary_call_fails_only_a_boxed_answer_counts() -> None:
+    trajectory, _ = await ask([mcp_answer("5"), ModelError("server gone")])
+    assert (trajectory.answer, trajectory.error) == ("5", "server gone")
+    trajectory, _ = await ask(["Let me think about it.", ModelError("server gone")])
+    assert trajectory.answer is None  # not the text of a reply that gave no answer
