@@ -19,6 +19,8 @@ tokenizer or template where they disagree.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 # Prompts (with at least this many chunks) compared with the plain path before it is trusted.
@@ -207,3 +209,34 @@ def identity(tokenizer: Any, chat_template: str | None, template_name: str | Non
     if not chat_template:
         return tokenizer_id, None
     return tokenizer_id, {"name": template_name or name, "sha256": hashlib.sha256(chat_template.encode()).hexdigest()}
+
+
+SEARCH_TEMPLATE = "tokenizer_config_search.json"  # the model card's deep-search template, beside the weights
+
+
+def search_template(model: str) -> Path | None:
+    """The model's deep-search template config, when its folder (or the local hub cache) has one."""
+    local = Path(model) / SEARCH_TEMPLATE
+    if local.is_file():
+        return local
+    try:
+        from huggingface_hub import try_to_load_from_cache
+        cached = try_to_load_from_cache(model, SEARCH_TEMPLATE)
+    except (ImportError, ValueError):  # no hub library, or not a model id
+        return None
+    return Path(cached) if isinstance(cached, str) else None
+
+
+def read_chat_template(path: Path) -> str:
+    """A chat template from a file: a template itself, or a tokenizer config (`.json`) whose
+    `chat_template` text is taken. ValueError when it has none."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix != ".json":
+        return text
+    try:
+        template = json.loads(text).get("chat_template")
+    except (ValueError, AttributeError) as exc:
+        raise ValueError(f"{path} is not a tokenizer config (JSON object): {exc}") from None
+    if not isinstance(template, str):
+        raise ValueError(f"{path} has no `chat_template` text")
+    return template

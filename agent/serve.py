@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import codecs
 import glob
-import json
 import os
 import re
 import shlex
@@ -40,6 +39,7 @@ from typing import IO, Callable
 import httpx
 
 from nanbeige.agent.dialects import DIALECTS
+from nanbeige.agent.prompts import read_chat_template, search_template
 
 DEFAULT_MODEL = "Nanbeige/Nanbeige4.1-3B"
 NO_VLLM = ("vLLM is not installed (no `{command}` command found): `pip install 'nanbeige[serve]'` on a GPU machine, "
@@ -137,14 +137,8 @@ def chat_template_file(path: Path, folder: Path) -> Path:
         raise ValueError(f"chat template {path} does not exist")
     if path.suffix != ".json":
         return path
-    try:
-        template = json.loads(path.read_text(encoding="utf-8")).get("chat_template")
-    except (ValueError, AttributeError) as exc:
-        raise ValueError(f"{path} is not a tokenizer config (JSON object): {exc}") from None
-    if not isinstance(template, str):
-        raise ValueError(f"{path} has no `chat_template` text")
     target = folder / f"{path.stem}.jinja"
-    target.write_text(template, encoding="utf-8")
+    target.write_text(read_chat_template(path), encoding="utf-8")
     return target
 
 
@@ -202,8 +196,13 @@ def serve(config: ServeConfig, out: Callable[[str], None] | None = None) -> int:
         out(f"error: something already listens on {config.host}:{config.port}; choose another port")
         return 1
     if config.dialect == "mcp-xml" and config.chat_template is None:
-        out("warning: the mcp-xml dialect runs best with the deep-search template: pass --chat-template "
-            "tokenizer_config_search.json (the tokenizer config, or its template extracted to a .jinja file)")
+        found = search_template(config.model)
+        if found is not None:
+            out(f"using the deep-search chat template {found}")
+            config = replace(config, chat_template=found)
+        else:
+            out("warning: the mcp-xml dialect runs best with the deep-search template: pass --chat-template "
+                "tokenizer_config_search.json (the tokenizer config, or its template extracted to a .jinja file)")
     with tempfile.TemporaryDirectory(prefix="nanbeige-serve-") as folder:
         try:
             if config.chat_template is not None:

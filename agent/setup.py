@@ -27,6 +27,7 @@ from nanbeige.agent.config import BACKENDS, RunSettings, ToolsConfig
 from nanbeige.agent.llm import LLM, LLMConfig, ModelError, ModelUnreachable, OpenAIChat, ServerInfo, probe_server
 from nanbeige.agent.local import in_thread
 from nanbeige.agent.loop import DEFAULT_MAX_CONTEXT, AgentConfig
+from nanbeige.agent.prompts import search_template
 from nanbeige.agent.toolbox import ServerSpec, Toolbox, ToolboxError, parse_server_spec, passed_env, secrets_in_env
 from nanbeige.agent.trajectory import TrajectoryWriter
 
@@ -183,9 +184,10 @@ def make_llm(settings: RunSettings, server: ServerInfo | None) -> LLM:
     if server is not None and b.token_mode:
         from nanbeige.agent.token_mode import TokenModeChat, load_tokenizer
 
+        chosen = b.chat_template or (search_template(c.model) if settings.agent.dialect == "mcp-xml" else None)
         try:
-            tokenizer, template = load_tokenizer(c.model, b.chat_template)
-            return TokenModeChat(c, tokenizer, template, template_name=b.chat_template and b.chat_template.name)
+            tokenizer, template = load_tokenizer(c.model, chosen)
+            return TokenModeChat(c, tokenizer, template, template_name=chosen and chosen.name)
         except (ModelError, OSError) as exc:
             raise SetupError(str(exc)) from None
     if server is not None:

@@ -13,7 +13,7 @@ import orjson
 
 from nanbeige.agent.llm import Completion, LLMConfig, ModelError, OpenAIChat, parse_completion
 from nanbeige.agent.local import stop_ids
-from nanbeige.agent.prompts import Conversation, Prompter, identity
+from nanbeige.agent.prompts import Conversation, Prompter, identity, read_chat_template
 
 
 class TokenModeChat(OpenAIChat):
@@ -83,7 +83,8 @@ def _drop_prompt_echo(body: bytes) -> bytes:
 
 
 def load_tokenizer(name_or_path: str, chat_template_file: Path | None = None) -> tuple[Any, str | None]:
-    """The model's tokenizer (transformers) and, optionally, a chat template read from a file."""
+    """The model's tokenizer (transformers) and, optionally, a chat template read from a file (a
+    template, or a tokenizer config such as `tokenizer_config_search.json`)."""
     try:
         from transformers import AutoTokenizer
     except ImportError:
@@ -92,5 +93,8 @@ def load_tokenizer(name_or_path: str, chat_template_file: Path | None = None) ->
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
     except (OSError, ValueError) as exc:
         raise ModelError(f"cannot load the tokenizer of {name_or_path!r}: {exc}".splitlines()[0]) from None
-    template = chat_template_file.read_text() if chat_template_file else None
+    try:
+        template = read_chat_template(chat_template_file) if chat_template_file else None
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot read the chat template {chat_template_file}: {exc}") from None
     return tokenizer, template

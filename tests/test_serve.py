@@ -272,3 +272,15 @@ def test_a_missing_vllm_fails_in_serve_too(tmp_path: Path) -> None:
     messages: list[str] = []
     assert serve(fake_config(tmp_path, vllm_command=["no-such-vllm-here", "serve"]), messages.append) == 1
     assert "vLLM is not installed" in messages[-1]
+
+
+def test_the_deep_search_template_beside_the_weights_is_used_by_name(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "tokenizer_config_search.json").write_text(json.dumps({"chat_template": "SEARCH {{ messages }}"}))
+    config = fake_config(tmp_path, "--fake-exit-after", "1.0", model=str(model))
+    messages: list[str] = []
+    serve(config, messages.append)
+    assert fake_record(tmp_path)["template"] == "SEARCH {{ messages }}"
+    assert any("using the deep-search chat template" in m for m in messages)
+    assert not any("warning" in m for m in messages)

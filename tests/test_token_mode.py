@@ -172,3 +172,27 @@ async def test_a_rolled_back_reply_is_sampled_again_from_the_very_same_prompt_id
     first = trajectory.turns[0]
     assert prompts[1][:len(prompts[0]) + len(first.completion_ids)] == prompts[0] + first.completion_ids  # verbatim
     assert trajectory.answer == "5"
+
+
+def test_token_mode_renders_with_the_deep_search_template_beside_the_weights(tmp_path: Path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tiny_model import CHAT_TEMPLATE
+
+    folder = make_tiny_model(tmp_path / "tiny")
+    (folder / "tokenizer_config_search.json").write_text(json.dumps({"chat_template": "SEARCH " + CHAT_TEMPLATE}))
+    tokenizer = load_tokenizer(str(folder))[0]
+    stop_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    with FakeOpenAI([], default=mcp_answer("5"), tokenize=lambda text: tokenizer(text, add_special_tokens=False)[
+            "input_ids"], stop_id=stop_id, vllm=True) as server:
+        result = subprocess.run([str(Path(sys.executable).parent / "nanbeige"), "ask", "q", "--token-mode",
+                                 "--base-url", server.base_url, "--model", str(folder), "--no-default-servers",
+                                 "--trajectory", str(tmp_path / "t.jsonl")], capture_output=True, text=True,
+                                timeout=120, env={**os.environ, "COLUMNS": "200"})
+    assert result.returncode == 0, result.stderr
+    assert tokenizer.decode(server.requests[0]["prompt"]).startswith("SEARCH ")
+    start = json.loads((tmp_path / "t.jsonl").read_text().splitlines()[0])
+    assert start["chat_template"]["name"] == "tokenizer_config_search.json"
