@@ -28,6 +28,11 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny"))
 
 
+def ask_server(server: FakeOpenAI, path: Path, *args: str) -> subprocess.CompletedProcess:
+    """`nanbeige ask q` against the loopback model server, with no tool servers."""
+    return nanbeige("ask", "q", "--base-url", server.base_url, "--no-default-servers", "--trajectory", str(path), *args)
+
+
 def in_process(tiny: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return nanbeige("ask", "q", "--backend", "transformers", "--model", str(tiny), "--no-default-servers", *args,
                     env=env)
@@ -126,10 +131,8 @@ async def test_a_bug_ends_the_trajectory_as_crashed_not_interrupted(tmp_path: Pa
 
 def test_the_context_length_comes_from_the_server_unless_given(tmp_path: Path) -> None:
     with FakeOpenAI([], default=mcp_answer("a"), vllm=True, max_model_len=40960) as server:
-        told = nanbeige("ask", "q", "--base-url", server.base_url, "--no-default-servers", "--trajectory",
-                        str(tmp_path / "told.jsonl"))
-        given = nanbeige("ask", "q", "--base-url", server.base_url, "--no-default-servers", "--max-context", "20000",
-                         "--trajectory", str(tmp_path / "given.jsonl"))
+        told = ask_server(server, tmp_path / "told.jsonl")
+        given = ask_server(server, tmp_path / "given.jsonl", "--max-context", "20000")
     assert told.returncode == 0 and given.returncode == 0, told.stderr + given.stderr
     for name, expected in (("told", 40960), ("given", 20000)):
         start = json.loads((tmp_path / f"{name}.jsonl").read_text().splitlines()[0])
@@ -175,10 +178,8 @@ def test_token_mode_against_a_server_that_is_not_vllm_is_refused_before_anything
 
 def test_the_default_reply_length_shrinks_to_fit_a_small_server_context(tmp_path: Path) -> None:
     with FakeOpenAI([], default=mcp_answer("ok"), vllm=True, max_model_len=8192) as server:
-        fitted = nanbeige("ask", "q", "--base-url", server.base_url, "--no-default-servers", "--trajectory",
-                          str(tmp_path / "t.jsonl"))
-        asked = nanbeige("ask", "q", "--base-url", server.base_url, "--no-default-servers", "--max-tokens", "8000",
-                         "--trajectory", str(tmp_path / "u.jsonl"))
+        fitted = ask_server(server, tmp_path / "t.jsonl")
+        asked = ask_server(server, tmp_path / "u.jsonl", "--max-tokens", "8000")
     assert fitted.returncode == 0, fitted.stderr
     assert "replies shortened" in fitted.stderr and server.requests[0]["max_tokens"] == 2048
     assert_one_line_error(asked, "--max-tokens 8000 leaves no room", "8192")  # what the user asked is not overridden
@@ -220,8 +221,7 @@ def test_a_key_quoted_back_by_the_server_never_reaches_stdout_or_stderr(tmp_path
 def test_sampling_and_turn_limits_follow_the_dialect_unless_given(tmp_path: Path) -> None:
     def ask(*args: str, vllm: bool = True) -> tuple[dict, dict]:
         with FakeOpenAI([], default=mcp_answer("ok"), vllm=vllm) as server:
-            result = nanbeige("ask", "q", "--base-url", server.base_url, "--no-default-servers", "--trajectory",
-                              str(tmp_path / "t.jsonl"), *args)
+            result = ask_server(server, tmp_path / "t.jsonl", *args)
         assert result.returncode == 0, result.stderr
         records = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
         start = [record for record in records if record["type"] == "start"][-1]
