@@ -172,6 +172,7 @@ async def _turns(state: Run, llm: LLM, toolbox: Toolbox | None, config: AgentCon
         problem = _unusable(turn, parsed) if config.rollback else None
         if problem is not None:  # dropped: the next prompt is this one again, and the model samples anew
             turn.format_error, turn.rolled_back = problem, True
+            turn.tool_calls = []  # none of its calls ran (each recorded call has its result)
             _log_turn(trajectory, turn, writer, on_event)
         else:
             turn.format_error = parsed.format_error or (
