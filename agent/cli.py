@@ -42,7 +42,7 @@ T = TypeVar("T")
 def ask(
     question: Annotated[str, typer.Argument(help="The question to research.")],
     base_url: Annotated[str | None, typer.Option(envvar="NANBEIGE_BASE_URL", show_default=False,
-                                                 help=f"OpenAI-compatible endpoint [default: {LLMConfig.base_url}, "
+                                                 help=f"OpenAI-compatible endpoint \\[default: {LLMConfig.base_url}, "
                                                       "or the in-process model when nothing answers there].")] = None,
     backend: Annotated[str, typer.Option(help="auto, openai (a server) or transformers (in this process).")
                        ] = BackendConfig.backend,
@@ -51,17 +51,17 @@ def ask(
                                                 show_default=False)] = None,
     dialect: Annotated[str, typer.Option(help="Tool dialect: mcp-xml or tool-call.")] = AgentConfig.dialect,
     max_turns: Annotated[int | None, typer.Option(min=1, show_default=False, help=(
-        "Most model turns before the answer is asked for [default: 600 for mcp-xml, 200 for tool-call]."))] = None,
+        "Most model turns before the answer is asked for \\[default: 600 for mcp-xml, 200 for tool-call]."))] = None,
     keep_tool_results: Annotated[int, typer.Option(min=-1, help="Show only the last K tool results (-1: all).")
                                  ] = AgentConfig.keep_tool_results,
     max_context: Annotated[int | None, typer.Option(min=1024, show_default=False, help=(
-        "Model context length in tokens [default: the server's max_model_len, else 131072]."))] = None,
+        "Model context length in tokens \\[default: the server's max_model_len, else 131072]."))] = None,
     temperature: Annotated[float | None, typer.Option(min=0.0, show_default=False, help=(
-        "Sampling temperature [default: 1.0 for mcp-xml, 0.6 for tool-call]."))] = None,
+        "Sampling temperature \\[default: 1.0 for mcp-xml, 0.6 for tool-call]."))] = None,
     top_p: Annotated[float | None, typer.Option(min=0.0, max=1.0, show_default=False, help=(
-        "Nucleus sampling threshold [default: 0.95]."))] = None,
+        "Nucleus sampling threshold \\[default: 0.95]."))] = None,
     repetition_penalty: Annotated[float | None, typer.Option(min=0.0, show_default=False, help=(
-        "Penalty on repeated tokens, vLLM servers only [default: 1.05 for mcp-xml, 1.0 (off) for tool-call]."))
+        "Penalty on repeated tokens, vLLM servers only \\[default: 1.05 for mcp-xml, 1.0 (off) for tool-call]."))
     ] = None,
     max_tokens: Annotated[int, typer.Option(min=1, help="Most tokens per model reply.")] = LLMConfig.max_tokens,
     trajectory: Annotated[Path | None, typer.Option(help="Trajectory file (JSONL, appended). Default: a new "
@@ -85,11 +85,11 @@ def ask(
                                                             "tokenizer's).", rich_help_panel=ADVANCED,
                                                        show_default=False)] = None,
     summary_turn: Annotated[bool | None, typer.Option("--summary-turn/--no-summary-turn", show_default=False, help=(
-        "End every run with a turn that asks for the boxed answer [default: on for mcp-xml, as the reference "
+        "End every run with a turn that asks for the boxed answer \\[default: on for mcp-xml, as the reference "
         "harness does; off for tool-call]."), rich_help_panel=ADVANCED)] = None,
     rollback: Annotated[bool | None, typer.Option("--rollback/--no-rollback", show_default=False, help=(
         "Drop unusable replies (malformed call, refusal, cut off, looping) and sample again, instead of "
-        "answering them with a message [default: on for mcp-xml, off for tool-call]."), rich_help_panel=ADVANCED)
+        "answering them with a message \\[default: on for mcp-xml, off for tool-call]."), rich_help_panel=ADVANCED)
     ] = None,
     system_prompt_file: Annotated[Path | None, typer.Option(help="The mcp-xml system prompt as a template: {tools} "
                                                                  "is the tool catalogue, {date} today's date.",

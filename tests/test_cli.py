@@ -212,3 +212,11 @@ def test_something_that_is_not_a_model_server_is_not_taken_for_one(tmp_path: Pat
         result = nanbeige("ask", "q", "--base-url", site.url("/v1"), "--trajectory", str(tmp_path / "t.jsonl"))
     assert_one_line_error(result, "not an OpenAI-compatible server")
     assert_one_line_error(nanbeige("ask", "q", "--token-mode", "--backend", "transformers"), "--token-mode")
+
+
+def test_help_shows_the_defaults_that_depend_on_the_dialect() -> None:
+    result = nanbeige("ask", "--help", env={"COLUMNS": "250"})
+    text = " ".join(result.stdout.split())
+    for shown in ("[default: 1.0 for mcp-xml, 0.6 for tool-call]", "[default: 600 for mcp-xml, 200 for tool-call]",
+                  "[default: the server's max_model_len, else 131072]"):
+        assert shown in text, shown
