@@ -12,7 +12,6 @@ import argparse
 import json
 
 from mcp.server.mcpserver import MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
 
 from nanbeige.tools.fetch import FetchError
 from nanbeige.tools import scrape
@@ -43,8 +42,10 @@ def build_server(config: ScrapeConfig | None = None) -> MCPServer:
         try:
             result = await scrape.scrape_and_extract_info(url, info_to_extract, custom_headers, config)
         except (FetchError, ScrapeError) as exc:
-            raise ToolError(str(exc)) from None
-        return json.dumps(result, ensure_ascii=False)
+            # as the reference's scrape server answers: the same JSON object, saying what failed
+            result = {"success": False, "url": url, "extracted_info": "", "error": f"Scraping failed: {exc}",
+                      "scrape_stats": {}, "tokens_used": 0}
+        return json.dumps(result, ensure_ascii=False, indent=2)  # printed as the reference's server did
 
     return server
 

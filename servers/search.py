@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 
 from nanbeige.tools.search import (
@@ -69,7 +68,8 @@ def build_server(config: SearchConfig | None = None) -> MCPServer:
         try:
             result = await searcher.google_search(q, gl, hl, location, num, tbs, page, autocorrect)
         except (SearchError, SearchUnavailable) as exc:
-            raise ToolError(str(exc)) from None
+            # as the reference's search server answers: a JSON object saying what failed, not a tool error
+            return format_results({"success": False, "error": str(exc), "results": []})
         return format_results(result)
 
     return server

@@ -151,7 +151,10 @@ async def test_the_server_in_process_returns_json_and_tool_errors() -> None:
             missing = await client.call_tool("scrape_and_extract_info", {"url": site.url("/gone"),
                                                                          "info_to_extract": "x"})
     assert not ok.is_error and json.loads(ok.content[0].text)["success"] is True
-    assert missing.is_error and "HTTP 404" in missing.content[0].text
+    failed = json.loads(missing.content[0].text)  # the same JSON object, as the reference's server answers
+    assert not missing.is_error and failed["success"] is False and failed["url"] == site.url("/gone")
+    assert failed["error"].startswith("Scraping failed: ") and "HTTP 404" in failed["error"]
+    assert (failed["extracted_info"], failed["scrape_stats"], failed["tokens_used"]) == ("", {}, 0)
 
 
 async def test_the_server_as_a_stdio_subprocess() -> None:

@@ -354,12 +354,16 @@ async def test_server_in_process(tmp_path: Path) -> None:
             payload = json.loads(result.content[0].text)
             assert [r["position"] for r in payload["organic"]] == [1, 2]
             failed = await client.call_tool("google_search", {"q": "nothing at all"})
-            assert failed.is_error and "no results for 'nothing at all'" in failed.content[0].text
+            assert not failed.is_error  # a JSON object saying what failed, as the reference's server answers
+            assert json.loads(failed.content[0].text) == {"success": False, "results": [],
+                                                          "error": json.loads(failed.content[0].text)["error"]}
+            assert "no results for 'nothing at all'" in json.loads(failed.content[0].text)["error"]
+            assert failed.content[0].text.startswith('{\n  "success": false')  # printed with a 2-space indent
             bad = await client.call_tool("google_search", {"q": "x", "num": "many"})
             assert bad.is_error and "num" in bad.content[0].text
     async with mcp.Client(build_server(SearchConfig(index_dir=tmp_path / "none"))) as client:
         failed = await client.call_tool("google_search", {"q": "otters"})
-        assert failed.is_error and "no search backend is configured" in failed.content[0].text
+        assert "no search backend is configured" in json.loads(failed.content[0].text)["error"]
 
 
 async def test_server_over_stdio(tmp_path: Path) -> None:

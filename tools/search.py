@@ -152,8 +152,9 @@ def search_parameters(request: dict[str, Any], engine: str) -> dict[str, Any]:
 
 
 def format_results(result: dict[str, Any]) -> str:
-    """The tool result text: the JSON, with non-ASCII characters as themselves."""
-    return json.dumps(result, ensure_ascii=False)
+    """The tool result text: the JSON as the reference's server printed it (indented by 2 spaces),
+    with non-ASCII characters as themselves."""
+    return json.dumps(result, ensure_ascii=False, indent=2)
 
 
 # ---------------------------------------------------------------- HTTP with retries
