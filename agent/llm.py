@@ -276,7 +276,7 @@ def _kind(value: Any) -> str:
     return kinds.get(type(value), type(value).__name__)
 
 
-def _unusable(problem: str) -> ModelError:
+def _bad_reply(problem: str) -> ModelError:
     return ModelError(f"model server sent an unusable reply: {problem}")
 
 
@@ -288,7 +288,7 @@ def _content_text(content: Any) -> str:
     if isinstance(content, list):
         return "".join(part["text"] for part in content
                        if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str))
-    raise _unusable(f"content is {_kind(content)}, not text")
+    raise _bad_reply(f"content is {_kind(content)}, not text")
 
 
 def _check_tool_calls(tool_calls: Any) -> None:
@@ -296,19 +296,19 @@ def _check_tool_calls(tool_calls: Any) -> None:
     objects, each with a `function` object whose `name` is a string and whose `arguments` are a JSON
     string or an object (absent or null reads as no arguments)."""
     if not isinstance(tool_calls, list):
-        raise _unusable(f"tool_calls is {_kind(tool_calls)}, not a list")
+        raise _bad_reply(f"tool_calls is {_kind(tool_calls)}, not a list")
     for i, call in enumerate(tool_calls):
         if not isinstance(call, dict):
-            raise _unusable(f"tool_calls[{i}] is {_kind(call)}, not an object")
+            raise _bad_reply(f"tool_calls[{i}] is {_kind(call)}, not an object")
         function = call.get("function")
         if function is None:
-            raise _unusable(f"tool_calls[{i}] has no function")
+            raise _bad_reply(f"tool_calls[{i}] has no function")
         if not isinstance(function, dict):
-            raise _unusable(f"tool_calls[{i}].function is {_kind(function)}, not an object")
+            raise _bad_reply(f"tool_calls[{i}].function is {_kind(function)}, not an object")
         if not isinstance(function.get("name"), str):
-            raise _unusable(f"tool_calls[{i}].function.name is {_kind(function.get('name'))}, not a string")
+            raise _bad_reply(f"tool_calls[{i}].function.name is {_kind(function.get('name'))}, not a string")
         if not isinstance(function.get("arguments"), (str, dict, type(None))):
-            raise _unusable(f"tool_calls[{i}].function.arguments is {_kind(function['arguments'])}, "
+            raise _bad_reply(f"tool_calls[{i}].function.arguments is {_kind(function['arguments'])}, "
                             "not a string or an object")
 
 

@@ -73,6 +73,15 @@ class AgentConfig:
     """The mcp-xml system prompt as a template of your own: `{tools}` stands for the tool catalogue
     and `{date}` for the date. None: the built-in prompt, laid out as the reference harness's."""
 
+    def for_dialect(self) -> AgentConfig:
+        """This config with what was left unset (max turns, summary turn, rollback) taken from the
+        dialect's defaults."""
+        deep_search = self.dialect == "mcp-xml"
+        return dataclasses.replace(
+            self, max_turns=self.max_turns or dialects.MAX_TURNS[self.dialect],
+            summary_turn=deep_search if self.summary_turn is None else self.summary_turn,
+            rollback=deep_search if self.rollback is None else self.rollback)
+
 
 Event = Callable[[str, Any], None]
 
@@ -99,13 +108,8 @@ async def run(question: str, llm: LLM, toolbox: Toolbox | None, config: AgentCon
               group_id: str | None = None) -> Trajectory:
     """Answer one question; returns the finished trajectory (also written turn by turn)."""
     tools = toolbox.tools if toolbox else []
-    deep_search = config.dialect == "mcp-xml"
-    config = dataclasses.replace(
-        config, date=config.date or datetime.date.today().isoformat(),
-        max_context=config.max_context or DEFAULT_MAX_CONTEXT,
-        max_turns=config.max_turns or dialects.MAX_TURNS[config.dialect],
-        summary_turn=deep_search if config.summary_turn is None else config.summary_turn,
-        rollback=deep_search if config.rollback is None else config.rollback)
+    config = dataclasses.replace(config.for_dialect(), date=config.date or datetime.date.today().isoformat(),
+                                 max_context=config.max_context or DEFAULT_MAX_CONTEXT)
     date = config.date
     limits = dataclasses.asdict(config) | (toolbox.settings() if toolbox else {})
     trajectory = Trajectory(

@@ -201,10 +201,9 @@ def make_llm(settings: RunSettings, server: ServerInfo | None) -> LLM:
 
 
 def for_dialect(settings: RunSettings) -> RunSettings:
-    """The settings with what the user left unset (sampling, max turns) taken from the dialect's defaults."""
+    """The settings with what the user left unset (sampling, max turns, ...) taken from the dialect's defaults."""
     agent = settings.agent
-    return dataclasses.replace(settings, llm=settings.llm.for_dialect(agent.dialect), agent=dataclasses.replace(
-        agent, max_turns=agent.max_turns or dialects.MAX_TURNS[agent.dialect]))
+    return dataclasses.replace(settings, llm=settings.llm.for_dialect(agent.dialect), agent=agent.for_dialect())
 
 
 def fit_to_server(settings: RunSettings, server: ServerInfo | None, notice: Notice) -> RunSettings:
