@@ -99,7 +99,7 @@ def result_text(content: list[Any]) -> str:
 def truncate(text: str, max_chars: int) -> tuple[str, bool]:
     if len(text) <= max_chars:
         return text, False
-    return text[:max_chars] + f"\n... [Result truncated: {max_chars} of {len(text)} characters shown]", True
+    return text[:max_chars] + "\n... [Result truncated]", True  # the reference harness's marker
 
 
 class Toolbox:
@@ -229,24 +229,26 @@ class Toolbox:
         if client is None:  # being restarted by another run: wait for it to finish
             async with self._restarting.setdefault(call.server, asyncio.Lock()):
                 client = self._clients.get(call.server)
+        # Failures read as the reference harness wrote them: "Tool call to T on S failed. Error: ..."
+        failed = f"Tool call to {call.name} on {call.server} failed. Error: "
         try:
             return await self._call_once(call, client)
         except MCPError as exc:
             if exc.code == REQUEST_TIMEOUT:
-                return f"Tool call timed out after {self.call_timeout_s:g} s.", True
+                return failed + f"timed out after {self.call_timeout_s:g} s.", True
             if exc.code != CONNECTION_CLOSED:
-                return f"Tool call to {call.name} on {call.server} failed: {exc}", True
+                return failed + f"{exc}", True
             failure = exc
         except Exception as exc:  # the transport broke in some other way
             failure = exc
         if restarts.get(call.server, 0) >= self.max_restarts and self._clients.get(call.server) is client:
-            return f"Server {call.server} is not available ({_describe(failure)}); it was already restarted.", True
+            return failed + f"the server is not available ({_describe(failure)}); it was already restarted.", True
         try:  # shielded: a run cancelled mid-restart must not leave the server half-started for the others
             await asyncio.shield(self._restart(call.server, client, restarts))
         except Exception as exc:
-            return f"Server {call.server} stopped and could not be restarted: {_describe(exc)}", True
+            return failed + f"the server stopped and could not be restarted: {_describe(exc)}", True
         # Not retried: the call may be what killed the server, and it may have had effects.
-        return (f"Server {call.server} stopped during this call ({_describe(failure)}) and was restarted; "
+        return (failed + f"the server stopped during this call ({_describe(failure)}) and was restarted; "
                 "anything it held in memory is gone. Make the call again if you still need it."), True
 
     async def _call_once(self, call: ToolCall, client: Client | None) -> tuple[str, bool]:

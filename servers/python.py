@@ -15,33 +15,42 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import inspect
 import logging
 import os
 import signal
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio.to_thread
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import CallToolResult, TextContent
 
-from nanbeige.tools.sandbox import SandboxError, Sandboxes, config_from_env
+from nanbeige.servers.listing import fastmcp_tool
+from nanbeige.tools.sandbox import ERROR_DETAIL_CHARS, SandboxError, Sandboxes, config_from_env
 
 log = logging.getLogger(__name__)
 
 
-@contextmanager
-def model_errors() -> Iterator[None]:
-    """Failures become tool errors with a message the model can act on."""
+def answer(work: Callable[[], str]) -> CallToolResult:
+    """The tool's text. A failure answers as the reference server did, with a text starting
+    `[ERROR]: ` (there it was an ordinary result; here it is also marked as an error)."""
     try:
-        yield
+        return CallToolResult(content=[TextContent(type="text", text=work())])
     except SandboxError as exc:
-        raise ToolError(str(exc)) from None
+        text = f"[ERROR]: {exc}"
     except Exception as exc:
         log.exception("tool-python failed")
-        raise ToolError(f"The sandbox failed unexpectedly ({type(exc).__name__}: {exc}); try again.") from None
+        text = (f"[ERROR]: The sandbox failed unexpectedly; try again. Exception type: {type(exc).__name__}, "
+                f"Details: {str(exc)[:ERROR_DETAIL_CHARS]}")
+    return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+
+
+def whole_seconds(timeout: Any) -> int:
+    try:
+        return int(timeout)
+    except (TypeError, ValueError):
+        raise SandboxError(f"timeout must be a whole number of seconds, not {timeout!r}.") from None
 
 
 def sandboxes(ctx: Context) -> Sandboxes:
@@ -49,7 +58,7 @@ def sandboxes(ctx: Context) -> Sandboxes:
     return ctx.request_context.lifespan_context["sandboxes"]
 
 
-def create_sandbox(ctx: Context, timeout: int = 600) -> str:
+def create_sandbox(ctx: Context, timeout: Any = 600) -> CallToolResult:
     """Create a Linux sandbox for running Python code and shell commands, and return its id.
 
     Files live in /home/user. Variables, imports and definitions persist between
@@ -62,11 +71,11 @@ def create_sandbox(ctx: Context, timeout: int = 600) -> str:
     Returns:
         `Sandbox created with sandbox_id: <id>`; pass that id to the other tools.
     """
-    with model_errors():
-        return sandboxes(ctx).create(timeout)
+    # `Any`: the reference left it unannotated, so its schema is `{'default': 600, 'title': 'Timeout'}`.
+    return answer(lambda: sandboxes(ctx).create(whole_seconds(timeout)))
 
 
-def run_command(ctx: Context, command: str, sandbox_id: str) -> str:
+def run_command(ctx: Context, command: str, sandbox_id: str) -> CallToolResult:
     """Run a short shell command in the sandbox, in /home/user.
 
     Keep commands quick; long-running servers or heavy jobs are stopped at the time limit, and
@@ -79,11 +88,10 @@ def run_command(ctx: Context, command: str, sandbox_id: str) -> str:
     Returns:
         CommandResult(stderr=..., stdout=..., exit_code=..., error=...).
     """
-    with model_errors():
-        return sandboxes(ctx).run_command(command, sandbox_id)
+    return answer(lambda: sandboxes(ctx).run_command(command, sandbox_id))
 
 
-def run_python_code(ctx: Context, code_block: str, sandbox_id: str) -> str:
+def run_python_code(ctx: Context, code_block: str, sandbox_id: str) -> CallToolResult:
     """Run Python code in the sandbox, like a notebook cell, and return what it produced.
 
     State persists between calls on the same sandbox. The value of a final expression is
@@ -98,12 +106,11 @@ def run_python_code(ctx: Context, code_block: str, sandbox_id: str) -> str:
     Returns:
         Execution(Results: [...], Logs: Logs(stdout: [...], stderr: [...]), Error: ...).
     """
-    with model_errors():
-        return sandboxes(ctx).run_python(code_block, sandbox_id)
+    return answer(lambda: sandboxes(ctx).run_python(code_block, sandbox_id))
 
 
 def upload_file_from_local_to_sandbox(ctx: Context, sandbox_id: str, local_file_path: str,
-                                      sandbox_file_path: str = "/home/user") -> str:
+                                      sandbox_file_path: str = "/home/user") -> CallToolResult:
     """Copy a local file into the sandbox.
 
     Args:
@@ -114,12 +121,11 @@ def upload_file_from_local_to_sandbox(ctx: Context, sandbox_id: str, local_file_
     Returns:
         The path of the file in the sandbox.
     """
-    with model_errors():
-        return sandboxes(ctx).upload(sandbox_id, local_file_path, sandbox_file_path)
+    return answer(lambda: sandboxes(ctx).upload(sandbox_id, local_file_path, sandbox_file_path))
 
 
 def download_file_from_internet_to_sandbox(ctx: Context, sandbox_id: str, url: str,
-                                           sandbox_file_path: str = "/home/user") -> str:
+                                           sandbox_file_path: str = "/home/user") -> CallToolResult:
     """Download a file from an http(s) URL into the sandbox.
 
     Args:
@@ -130,12 +136,11 @@ def download_file_from_internet_to_sandbox(ctx: Context, sandbox_id: str, url: s
     Returns:
         The path of the downloaded file in the sandbox.
     """
-    with model_errors():
-        return sandboxes(ctx).download_url(sandbox_id, url, sandbox_file_path)
+    return answer(lambda: sandboxes(ctx).download_url(sandbox_id, url, sandbox_file_path))
 
 
 def download_file_from_sandbox_to_local(ctx: Context, sandbox_id: str, sandbox_file_path: str,
-                                        local_filename: str | None = None) -> str:
+                                        local_filename: str | None = None) -> CallToolResult:
     """Copy a file from the sandbox to the local machine, where other tools can read it.
 
     Args:
@@ -146,12 +151,12 @@ def download_file_from_sandbox_to_local(ctx: Context, sandbox_id: str, sandbox_f
     Returns:
         The local path of the saved file.
     """
-    with model_errors():
-        return sandboxes(ctx).download_to_local(sandbox_id, sandbox_file_path, local_filename)
+    return answer(lambda: sandboxes(ctx).download_to_local(sandbox_id, sandbox_file_path, local_filename))
 
 
-TOOLS: list[Callable[..., str]] = [create_sandbox, run_command, run_python_code, upload_file_from_local_to_sandbox,
-                                   download_file_from_internet_to_sandbox, download_file_from_sandbox_to_local]
+TOOLS: list[Callable[..., CallToolResult]] = [
+    create_sandbox, run_command, run_python_code, upload_file_from_local_to_sandbox,
+    download_file_from_internet_to_sandbox, download_file_from_sandbox_to_local]
 
 
 def build_server(boxes: Sandboxes | None = None) -> MCPServer:
@@ -166,11 +171,7 @@ def build_server(boxes: Sandboxes | None = None) -> MCPServer:
         finally:
             await anyio.to_thread.run_sync(boxes.close)
 
-    server = MCPServer(name="tool-python", lifespan=lifespan)
-    for tool in TOOLS:
-        # the model reads the docstring as the tool's description
-        server.add_tool(tool, description=inspect.cleandoc(tool.__doc__ or ""), structured_output=False)
-    return server
+    return MCPServer(name="tool-python", lifespan=lifespan, tools=[fastmcp_tool(tool) for tool in TOOLS])
 
 
 def serve(transport: str = "stdio", host: str = "127.0.0.1", port: int = 8001) -> None:

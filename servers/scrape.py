@@ -13,6 +13,7 @@ import json
 
 from mcp.server.mcpserver import MCPServer
 
+from nanbeige.servers.listing import sdk_description
 from nanbeige.tools.fetch import FetchError
 from nanbeige.tools import scrape
 from nanbeige.tools.scrape import ScrapeConfig, ScrapeError, scrape_config_from_env
@@ -24,7 +25,6 @@ def build_server(config: ScrapeConfig | None = None) -> MCPServer:
     config = config or scrape_config_from_env()
     server = MCPServer(name=NAME)
 
-    @server.tool(structured_output=False)
     async def scrape_and_extract_info(url: str, info_to_extract: str,
                                       custom_headers: dict[str, str] | None = None) -> str:
         """Fetch a web page, PDF, or other online file and extract the requested information from it
@@ -47,6 +47,8 @@ def build_server(config: ScrapeConfig | None = None) -> MCPServer:
                       "scrape_stats": {}, "tokens_used": 0}
         return json.dumps(result, ensure_ascii=False, indent=2)  # printed as the reference's server did
 
+    server.add_tool(scrape_and_extract_info, description=sdk_description(scrape_and_extract_info),
+                    structured_output=False)
     return server
 
 

@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import ToolAnnotations
 
+from nanbeige.servers.listing import sdk_description
 from nanbeige.tools.search import (
     SearchConfig,
     SearchError,
@@ -45,7 +46,6 @@ def build_server(config: SearchConfig | None = None) -> MCPServer:
 
     server = MCPServer(name=NAME, instructions="Web search in Google's result format.", lifespan=lifespan)
 
-    @server.tool(annotations=ToolAnnotations(read_only_hint=True, open_world_hint=True), structured_output=False)
     async def google_search(q: str, gl: str = "us", hl: str = "en", location: str | None = None,
                             num: int | None = None, tbs: str | None = None, page: int | None = None,
                             autocorrect: bool | None = None, *, ctx: Context) -> str:
@@ -72,6 +72,8 @@ def build_server(config: SearchConfig | None = None) -> MCPServer:
             return format_results({"success": False, "error": str(exc), "results": []})
         return format_results(result)
 
+    server.add_tool(google_search, description=sdk_description(google_search), structured_output=False,
+                    annotations=ToolAnnotations(read_only_hint=True, open_world_hint=True))
     return server
 
 

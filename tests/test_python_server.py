@@ -48,13 +48,20 @@ async def test_offers_the_six_tools_with_the_trained_signatures(tmp_path: Path) 
         assert sorted(schema.get("required", [])) == sorted(p for p, d in params.items() if d is None and
                                                              p != "local_filename"), name
         assert "Args:" in tools[name].description and "Returns:" in tools[name].description
-        assert not tools[name].description.startswith(" ")
+        # listed as the reference's fastmcp server listed them: cleaned docstring, no schema title
+        description = tools[name].description
+        assert description == description.strip() and "\n    Args:" not in description
+        assert "title" not in schema, name
+    assert tools["create_sandbox"].input_schema["properties"] == {"timeout": {"default": 600, "title": "Timeout"}}
 
 
 async def test_a_session_with_state_errors_and_files(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("hello")
     async with mcp.Client(build_server(Sandboxes(local_config(tmp_path)))) as client:
         created = text(await client.call_tool("create_sandbox", {}))
+        # the timeout's schema has no type (as in the reference), so the tool checks it itself
+        vague = await client.call_tool("create_sandbox", {"timeout": "soon"})
+        assert vague.is_error and text(vague) == "[ERROR]: timeout must be a whole number of seconds, not 'soon'."
         assert created.startswith("Sandbox created with sandbox_id: ")
         sid = created.split(": ")[1]
 
@@ -69,21 +76,24 @@ async def test_a_session_with_state_errors_and_files(tmp_path: Path) -> None:
         assert not raised.is_error and "Error: ExecutionError(name='ValueError', value='bad input'" in text(raised)
         slow = await call("run_python_code", code_block="while True: pass")
         assert slow.is_error and "timed out after 2 s" in text(slow) and "lost" in text(slow)
-        command = await call("run_command", command="echo $HOME; exit 1")
-        assert text(command) == "CommandResult(stderr='', stdout='/home/user\\n', exit_code=1, error='exit status 1')"
+        command = await call("run_command", command="echo $HOME")
+        assert text(command) == "CommandResult(stderr='', stdout='/home/user\\n', exit_code=0, error=None)"
+        failed = await call("run_command", command="echo $HOME; echo no >&2; exit 3")
+        assert failed.is_error and text(failed) == ("[ERROR]: Failed to run command.\n\nException type: "
+                                                    "CommandExitException\nDetails: Command exited with code 3 "
+                                                    "and error:\nno\n")
         uploaded = await call("upload_file_from_local_to_sandbox", local_file_path=str(tmp_path / "notes.txt"))
         assert text(uploaded) == "File uploaded to /home/user/notes.txt"
         refused = await call("upload_file_from_local_to_sandbox", local_file_path="/etc/passwd")
-        assert refused.is_error and "cannot be uploaded" in text(refused)
+        assert refused.is_error and text(refused).startswith("[ERROR]: /etc/passwd cannot be uploaded")
         saved = await call("download_file_from_sandbox_to_local", sandbox_file_path="notes.txt", local_filename="n.txt")
         assert text(saved).endswith("/downloads/n.txt") and (tmp_path / "downloads" / "n.txt").read_text() == "hello"
         fetched = await call("download_file_from_internet_to_sandbox", url="http://127.0.0.1:9/x.txt")
         assert fetched.is_error and "local or private address" in text(fetched)
 
         bad = await client.call_tool("run_python_code", {"code_block": "1", "sandbox_id": "my-sandbox"})
-        assert bad.is_error and text(bad) == ("Error executing tool run_python_code: 'my-sandbox' is not a valid "
-                                              "sandbox_id. Please create a real sandbox first using the "
-                                              "create_sandbox tool.")
+        assert bad.is_error and text(bad) == ("[ERROR]: 'my-sandbox' is not a valid sandbox_id. Please create a "
+                                              "real sandbox first using the create_sandbox tool.")
         throwaway = await client.call_tool("run_python_code", {"code_block": "1 + 1", "sandbox_id": "default"})
         assert not throwaway.is_error and "Result(2)" in text(throwaway)
     assert os.listdir(tmp_path / "sandboxes") == []  # closed with the session

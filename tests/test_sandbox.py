@@ -122,12 +122,18 @@ def test_unknown_ids_are_errors_for_every_tool(sandboxes: Sandboxes, tmp_path: P
 
 def test_commands_run_in_the_sandbox_folder(sandboxes: Sandboxes) -> None:
     sid = new_id(sandboxes)
-    assert sandboxes.run_command("pwd; echo oops >&2; exit 3", sid) == \
-        "CommandResult(stderr='oops\\n', stdout='/home/user\\n', exit_code=3, error='exit status 3')"
+    assert sandboxes.run_command("pwd", sid) == \
+        "CommandResult(stderr='', stdout='/home/user\\n', exit_code=0, error=None)"
+    # a non-zero exit fails as E2B's CommandExitException did in the reference server: stderr only
+    with pytest.raises(SandboxError) as failed:
+        sandboxes.run_command("pwd; echo oops >&2; exit 3", sid)
+    assert str(failed.value) == ("Failed to run command.\n\nException type: CommandExitException\n"
+                                 "Details: Command exited with code 3 and error:\noops\n")
     sandboxes.run_python("open('/home/user/made.txt', 'w').write('from python')", sid)
     assert "stdout='from python'" in sandboxes.run_command("cat made.txt", sid)
     if not sandboxes.backend.isolation.own_pids:  # as the first process of a pid namespace it would be immune
-        assert "exit_code=-1, error='signal: SIGKILL'" in sandboxes.run_command("kill -9 $$", sid)
+        with pytest.raises(SandboxError, match=re.escape("code -1 (signal: SIGKILL) and error:")):
+            sandboxes.run_command("kill -9 $$", sid)
 
 
 def test_no_server_secrets_reach_the_sandbox(sandboxes: Sandboxes, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -207,7 +213,8 @@ def test_cpu_time_is_limited_per_call(tmp_path: Path) -> None:
         assert "Error: ExecutionError(name='TimeoutError', value='CPU time limit for this call exceeded'" in \
             boxes.run_python("while True: pass", sid)
         assert "Result(5)" in boxes.run_python("kept", sid)  # a CPU limit, unlike a timeout, keeps the state
-        assert "exit_code=-1, error='signal: SIGXCPU'" in boxes.run_command("while :; do :; done", sid)
+        with pytest.raises(SandboxError, match=re.escape("code -1 (signal: SIGXCPU)")):
+            boxes.run_command("while :; do :; done", sid)
     finally:
         boxes.close()
 
@@ -226,7 +233,8 @@ def test_huge_output_is_capped(strict: Sandboxes) -> None:
 def test_writes_are_held_to_the_file_size_limit_and_the_sandbox_folder(strict: Sandboxes) -> None:
     sid = new_id(strict)
     assert "File too large" in strict.run_python("open('big', 'wb').write(b'0' * 2_000_000)", sid)
-    assert "File size limit exceeded" in strict.run_command("head -c 2000000 /dev/zero > big2", sid)
+    with pytest.raises(SandboxError, match="File size limit exceeded"):
+        strict.run_command("head -c 2000000 /dev/zero > big2", sid)
     if not strict.backend.isolation.own_uid:
         pytest.skip("no uid of its own: the OS lets the code write wherever the server's user can")
     # the sandbox root above its folder and the repository both belong to root
@@ -404,7 +412,7 @@ class FakeE2BSandbox:
 
     def run(self, cmd: str, timeout: float | None = 60) -> CommandResult:
         if cmd.startswith("false"):
-            raise CommandExitException(stderr="", stdout="", exit_code=1, error="exit status 1")
+            raise CommandExitException(stderr="no such thing\n", stdout="", exit_code=1, error="exit status 1")
         return CommandResult(stderr="", stdout=cmd.removeprefix("echo ") + "\n", exit_code=0, error=None)
 
     def write(self, path: str, data: bytes) -> None:
@@ -428,8 +436,10 @@ def test_e2b_backend_against_a_fake_of_its_sdk(tmp_path: Path) -> None:
         "Execution(Results: [Result(42)], Logs: Logs(stdout: [], stderr: []), Error: None)"
     assert "ExecutionError(name='ZeroDivisionError'" in boxes.run_python("1/0", "e2b0")
     assert boxes.run_command("echo hi", "e2b0") == "CommandResult(stderr='', stdout='hi\\n', exit_code=0, error=None)"
-    assert boxes.run_command("false", "e2b0") == \
-        "CommandResult(stderr='', stdout='', exit_code=1, error='exit status 1')"
+    with pytest.raises(SandboxError) as failed:
+        boxes.run_command("false", "e2b0")
+    assert str(failed.value).endswith("CommandExitException\nDetails: " + str(
+        CommandExitException(stderr="no such thing\n", stdout="", exit_code=1, error="exit status 1")))
     with pytest.raises(SandboxError, match="Timed out after 30 s"):
         boxes.run_python("while True: pass", "e2b0")
     (tmp_path / "uploads").mkdir()

@@ -32,6 +32,7 @@ from nanbeige.tools.fetch import BlockedAddress, FetchError, FetchPolicy, Guarde
 
 SANDBOX_HOME = "/home/user"
 TRUNCATED = " [Result truncated due to length limit]"
+ERROR_DETAIL_CHARS = 4000  # the reference server cut an error's details to this many characters
 # Ids the model makes up instead of calling create_sandbox; code sent with one runs in a
 # throwaway sandbox, as in the reference server the model was trained with.
 PLACEHOLDER_IDS = frozenset({
@@ -141,6 +142,14 @@ def format_execution(results: list[str], stdout: str, stderr: str, error: dict[s
 def format_command(stdout: str, stderr: str, exit_code: int, error: str | None) -> str:
     """The text of E2B's `str(CommandResult)`."""
     return f"CommandResult(stderr={stderr!r}, stdout={stdout!r}, exit_code={exit_code!r}, error={error!r})"
+
+
+def command_failed(exit_code: int, stderr: str, signal_text: str | None = None) -> str:
+    """The error text for a command that exited non-zero. E2B raises `CommandExitException` then, and
+    the reference server answered with its text (stderr only, no stdout) in this layout."""
+    code = f"{exit_code} ({signal_text})" if signal_text else f"{exit_code}"
+    details = f"Command exited with code {code} and error:\n{stderr}"
+    return f"Failed to run command.\n\nException type: CommandExitException\nDetails: {details[:ERROR_DETAIL_CHARS]}"
 
 
 def truncate(text: str, max_chars: int) -> str:

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from nanbeige.tools.sandbox import MB, SandboxConfig, SandboxError, format_command, invalid_id
+from nanbeige.tools.sandbox import MB, SandboxConfig, SandboxError, command_failed, format_command, invalid_id
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +64,8 @@ class E2BBackend:
         with self._errors("run the command", sandbox_id):
             try:
                 result = self._get(sandbox_id).commands.run(command, timeout=self.config.timeout_s)
-            except self._e2b.CommandExitException as exc:  # a non-zero exit is a result, not a failure
-                result = exc
+            except self._e2b.CommandExitException as exc:
+                raise SandboxError(command_failed(exc.exit_code, exc.stderr or "")) from None
         return format_command(result.stdout, result.stderr, result.exit_code, result.error)
 
     def is_dir(self, sandbox_id: str, path: str) -> bool:

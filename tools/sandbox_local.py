@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from nanbeige.tools.sandbox import (
-    MB, SANDBOX_HOME, SandboxConfig, SandboxError, format_command, format_execution, inside, invalid_id, truncate,
+    MB, SANDBOX_HOME, SandboxConfig, SandboxError, command_failed, format_command, format_execution, inside, invalid_id,
+    truncate,
 )
 from nanbeige.tools.sandbox_os import (
     Isolation, Proc, allocate_uid, become_subreaper, collect, exit_text, kill_processes, minimal_env, probe_isolation,
@@ -208,9 +209,10 @@ class LocalBackend:
             raise SandboxError(f"Command timed out after {self.config.timeout_s:g} s; it and every process it "
                                f"started were killed. Output so far: {truncate(partial, 4000)}")
         code = int(number) if how == "exit" else -int(number) if how == "signal" else proc.returncode
-        if code < 0:
-            return format_command(stdout, stderr, -1, f"signal: {signal_name(-code)}")
-        return format_command(stdout, stderr, code, f"exit status {code}" if code else None)
+        if code != 0:
+            signal_text = f"signal: {signal_name(-code)}" if code < 0 else None
+            raise SandboxError(command_failed(-1 if code < 0 else code, stderr, signal_text))
+        return format_command(stdout, stderr, 0, None)
 
     def is_dir(self, sandbox_id: str, path: str) -> bool:
         full = host_path(self._box(sandbox_id).folder, path)

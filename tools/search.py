@@ -224,11 +224,10 @@ class Searcher:
         if not result["organic"] and unquoted != request["q"] and unquoted:
             # exact phrases often match nothing; the model was trained with this second, looser try
             result = await self._search(backend, {**request, "q": unquoted})
-        if not result["organic"]:
-            hint = result.pop("hint", "")
-            raise SearchError(f"no results for {request['q']!r}{hint}; try fewer or different keywords"
-                              + (" or a wider time filter" if tbs else ""))
-        result.pop("hint", None)
+        hint = result.pop("hint", "")
+        if not result["organic"] and hint:  # the engines failed: not the same as a search that found nothing
+            raise SearchError(f"no results for {request['q']!r}{hint}; try again later or with other keywords")
+        # A search that finds nothing answers with an empty `organic` list, as the reference's server did.
         return result
 
     async def _search(self, backend: str, request: dict[str, Any]) -> dict[str, Any]:
