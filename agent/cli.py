@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from nanbeige.agent import commands, settings_file
+from nanbeige.agent import options as o
 from nanbeige.agent.config import BackendConfig, RunSettings, ToolsConfig
 from nanbeige.agent.console import err, fail, hide, out
 from nanbeige.agent.llm import LLMConfig
@@ -34,80 +35,47 @@ if TYPE_CHECKING:  # imported lazily at run time so `--help` stays fast
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Agent runtime for deep search and tool use with Nanbeige4.1-3B.")
-ADVANCED = "Advanced"
 T = TypeVar("T")
 
 
 @app.command()
 def ask(
     question: Annotated[str, typer.Argument(help="The question to research.")],
-    base_url: Annotated[str | None, typer.Option(envvar="NANBEIGE_BASE_URL", show_default=False,
-                                                 help=f"OpenAI-compatible endpoint \\[default: {LLMConfig.base_url}, "
-                                                      "or the in-process model when nothing answers there].")] = None,
-    backend: Annotated[str, typer.Option(help="auto, openai (a server) or transformers (in this process).")
-                       ] = BackendConfig.backend,
-    model: Annotated[str, typer.Option(envvar="NANBEIGE_MODEL", help="Model name.")] = LLMConfig.model,
-    api_key: Annotated[str | None, typer.Option(envvar="NANBEIGE_API_KEY", help="API key for the endpoint.",
-                                                show_default=False)] = None,
-    dialect: Annotated[str, typer.Option(help="Tool dialect: mcp-xml or tool-call.")] = AgentConfig.dialect,
-    max_turns: Annotated[int | None, typer.Option(min=1, show_default=False, help=(
-        "Most model turns before the answer is asked for \\[default: 600 for mcp-xml, 200 for tool-call]."))] = None,
-    keep_tool_results: Annotated[int, typer.Option(min=-1, help="Show only the last K tool results (-1: all).")
-                                 ] = AgentConfig.keep_tool_results,
-    max_context: Annotated[int | None, typer.Option(min=1024, show_default=False, help=(
-        "Model context length in tokens \\[default: the server's max_model_len, else 131072]."))] = None,
-    temperature: Annotated[float | None, typer.Option(min=0.0, show_default=False, help=(
-        "Sampling temperature \\[default: 1.0 for mcp-xml, 0.6 for tool-call]."))] = None,
-    top_p: Annotated[float | None, typer.Option(min=0.0, max=1.0, show_default=False, help=(
-        "Nucleus sampling threshold \\[default: 0.95]."))] = None,
-    repetition_penalty: Annotated[float | None, typer.Option(min=0.0, show_default=False, help=(
-        "Penalty on repeated tokens, vLLM servers only \\[default: 1.05 for mcp-xml, 1.0 (off) for tool-call]."))
-    ] = None,
-    max_tokens: Annotated[int, typer.Option(min=1, help="Most tokens per model reply.")] = LLMConfig.max_tokens,
+    base_url: o.BaseUrl = None,
+    backend: o.Backend = BackendConfig.backend,
+    model: o.Model = LLMConfig.model,
+    api_key: o.ApiKey = None,
+    dialect: o.Dialect = AgentConfig.dialect,
+    max_turns: o.MaxTurns = None,
+    keep_tool_results: o.KeepToolResults = AgentConfig.keep_tool_results,
+    max_context: o.MaxContext = None,
+    temperature: o.Temperature = None,
+    top_p: o.TopP = None,
+    repetition_penalty: o.RepetitionPenalty = None,
+    max_tokens: o.MaxTokens = LLMConfig.max_tokens,
     trajectory: Annotated[Path | None, typer.Option(help="Trajectory file (JSONL, appended). Default: a new "
                                                          "file under runs/.", show_default=False)] = None,
-    mcp: Annotated[list[str] | None, typer.Option(help="Extra MCP server, NAME=COMMAND or NAME=URL (repeatable).",
-                                                  show_default=False)] = None,
-    no_default_servers: Annotated[bool, typer.Option(help="Use only the --mcp servers.")] = False,
+    mcp: o.Mcp = None,
+    no_default_servers: o.NoDefaultServers = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print the end record as JSON on stdout.")] = False,
-    tool_timeout: Annotated[float, typer.Option(min=1, help="Seconds one tool call may take.",
-                                                rich_help_panel=ADVANCED)] = ToolsConfig.tool_timeout_s,
-    max_result_chars: Annotated[int, typer.Option(min=100, help="Longer tool results are cut.",
-                                                  rich_help_panel=ADVANCED)] = ToolsConfig.max_result_chars,
-    timeout: Annotated[float | None, typer.Option(help="Wall-clock limit for the run, in seconds.",
-                                                  rich_help_panel=ADVANCED, show_default=False)] = None,
-    gguf_file: Annotated[str | None, typer.Option(help="GGUF file inside --model, for the in-process backend.",
-                                                  rich_help_panel=ADVANCED, show_default=False)] = None,
-    token_mode: Annotated[bool, typer.Option(help="Render prompts here with the model's tokenizer and send token "
-                                                  "ids to vLLM's /v1/completions (token-exact trajectories).",
-                                             rich_help_panel=ADVANCED)] = False,
-    chat_template: Annotated[Path | None, typer.Option(help="Chat template file for --token-mode (default: the "
-                                                            "tokenizer's).", rich_help_panel=ADVANCED,
-                                                       show_default=False)] = None,
-    summary_turn: Annotated[bool | None, typer.Option("--summary-turn/--no-summary-turn", show_default=False, help=(
-        "End every run with a turn that asks for the boxed answer \\[default: on for mcp-xml, as the reference "
-        "harness does; off for tool-call]."), rich_help_panel=ADVANCED)] = None,
-    rollback: Annotated[bool | None, typer.Option("--rollback/--no-rollback", show_default=False, help=(
-        "Drop unusable replies (malformed call, refusal, cut off, looping) and sample again, instead of "
-        "answering them with a message \\[default: on for mcp-xml, off for tool-call]."), rich_help_panel=ADVANCED)
-    ] = None,
-    system_prompt_file: Annotated[Path | None, typer.Option(help="The mcp-xml system prompt as a template: {tools} "
-                                                                 "is the tool catalogue, {date} today's date.",
-                                                            rich_help_panel=ADVANCED, show_default=False)] = None,
+    tool_timeout: o.ToolTimeout = ToolsConfig.tool_timeout_s,
+    max_result_chars: o.MaxResultChars = ToolsConfig.max_result_chars,
+    timeout: o.Timeout = None,
+    gguf_file: o.GgufFile = None,
+    token_mode: o.TokenMode = False,
+    chat_template: o.ChatTemplate = None,
+    summary_turn: o.SummaryTurn = None,
+    rollback: o.Rollback = None,
+    system_prompt_file: o.SystemPromptFile = None,
 ) -> None:
     """Research a question with tools; print the answer."""
-    settings = RunSettings(
-        llm=LLMConfig(base_url=base_url or LLMConfig.base_url, model=model, api_key=api_key,
-                      temperature=temperature, top_p=top_p, repetition_penalty=repetition_penalty,
-                      max_tokens=max_tokens),
-        agent=AgentConfig(dialect=dialect, max_turns=max_turns, keep_tool_results=keep_tool_results,
-                          max_context=max_context, timeout_s=timeout, summary_turn=summary_turn, rollback=rollback),
-        backend=BackendConfig(backend=backend, base_url_given=base_url is not None, gguf_file=gguf_file,
-                              token_mode=token_mode, chat_template=chat_template),
-        tools=ToolsConfig(mcp=mcp or [], default_servers=not no_default_servers, tool_timeout_s=tool_timeout,
-                          max_result_chars=max_result_chars),
-        trajectory=trajectory, system_prompt_file=system_prompt_file,
-    )
+    settings = o.run_settings(
+        base_url=base_url, backend=backend, model=model, api_key=api_key, dialect=dialect, max_turns=max_turns,
+        keep_tool_results=keep_tool_results, max_context=max_context, temperature=temperature, top_p=top_p,
+        repetition_penalty=repetition_penalty, max_tokens=max_tokens, mcp=mcp, no_default_servers=no_default_servers,
+        tool_timeout=tool_timeout, max_result_chars=max_result_chars, timeout=timeout, gguf_file=gguf_file,
+        token_mode=token_mode, chat_template=chat_template, summary_turn=summary_turn, rollback=rollback,
+        system_prompt_file=system_prompt_file, trajectory=trajectory)
     from nanbeige.agent.setup import secrets_of
 
     hide(secrets_of(settings))
@@ -206,6 +174,7 @@ app.command("serve", context_settings={"allow_extra_args": True, "ignore_unknown
     commands.serve)
 app.command("server")(commands.server)
 app.add_typer(commands.index_app, name="index")
+app.command("eval", epilog=commands.benchmark_list())(commands.evaluate)
 
 
 def main() -> None:

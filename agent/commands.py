@@ -1,16 +1,22 @@
-"""The `nanbeige` commands around the agent: `serve` (vLLM), `server` (a built-in MCP tool server) and
-`index` (the local search index). Registered on the app in cli.py."""
+"""The `nanbeige` commands around the agent: `serve` (vLLM), `server` (a built-in MCP tool server),
+`index` (the local search index) and `eval` (benchmarks). Registered on the app in cli.py."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from nanbeige.agent.console import err, fail
+from nanbeige.agent import options as o
+from nanbeige.agent.config import BackendConfig, ToolsConfig
+from nanbeige.agent.console import err, fail, hide
+from nanbeige.agent.console import out as print_line
+from nanbeige.agent.llm import LLMConfig
+from nanbeige.agent.loop import AgentConfig
 from nanbeige.agent.serve import ServeConfig
 
 
@@ -128,3 +134,156 @@ def index_search(
         out.print(escape(hit["snippet"]), highlight=False)
     if not hits:
         err.print("no results")
+
+
+# ---------------------------------------------------------------- nanbeige eval
+
+
+def evaluate(
+    bench: Annotated[str, typer.Argument(help="The benchmark (see the list below), or `report` to re-render the "
+                                              "report of the eval in FOLDER.")],
+    folder: Annotated[Path | None, typer.Argument(help="With `report`: the eval's out folder.",
+                                                  show_default=False)] = None,
+    data: Annotated[Path | None, typer.Option(help="The benchmark's official file (or folder).",
+                                              show_default=False)] = None,
+    k: Annotated[int, typer.Option("-k", min=1, help="Runs per task (avg@k, pass@k).")] = 3,
+    concurrency: Annotated[int, typer.Option(min=1, help="Runs at once.")] = 4,
+    limit: Annotated[int | None, typer.Option(min=1, help="Only the first N tasks.", show_default=False)] = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Out folder; an existing one of the same eval is "
+                                                               "resumed. Default: runs/eval-BENCH-<time>.",
+                                                 show_default=False)] = None,
+    grader: Annotated[str | None, typer.Option(help="gaia-exact, or a judge profile: browsecomp, browsecomp-zh, hle, "
+                                                    "xbench, equivalent \\[default: the benchmark's].",
+                                               show_default=False)] = None,
+    judge_base_url: Annotated[str | None, typer.Option(envvar="NANBEIGE_JUDGE_BASE_URL", show_default=False,
+                                                       help="OpenAI-compatible endpoint of the LLM judge "
+                                                            "\\[default: https://api.openai.com/v1].")] = None,
+    judge_model: Annotated[str | None, typer.Option(envvar="NANBEIGE_JUDGE_MODEL", show_default=False,
+                                                    help="The judge model \\[default: gpt-4.1-2025-04-14, the "
+                                                         "reference harness's].")] = None,
+    judge_api_key: Annotated[str | None, typer.Option(envvar="NANBEIGE_JUDGE_API_KEY", show_default=False,
+                                                      help="API key for the judge endpoint.")] = None,
+    judge_template: Annotated[Path | None, typer.Option(show_default=False, help=(
+        "The judge prompt, verbatim from a file (an official template, to reproduce published numbers); "
+        "{question}, {response} and {correct_answer} are filled in."))] = None,
+    base_url: o.BaseUrl = None,
+    backend: o.Backend = BackendConfig.backend,
+    model: o.Model = LLMConfig.model,
+    api_key: o.ApiKey = None,
+    dialect: o.Dialect = AgentConfig.dialect,
+    max_turns: o.MaxTurns = None,
+    keep_tool_results: o.KeepToolResults = AgentConfig.keep_tool_results,
+    max_context: o.MaxContext = None,
+    temperature: o.Temperature = None,
+    top_p: o.TopP = None,
+    repetition_penalty: o.RepetitionPenalty = None,
+    max_tokens: o.MaxTokens = LLMConfig.max_tokens,
+    mcp: o.Mcp = None,
+    no_default_servers: o.NoDefaultServers = False,
+    tool_timeout: o.ToolTimeout = ToolsConfig.tool_timeout_s,
+    max_result_chars: o.MaxResultChars = ToolsConfig.max_result_chars,
+    timeout: o.Timeout = None,
+    gguf_file: o.GgufFile = None,
+    token_mode: o.TokenMode = False,
+    chat_template: o.ChatTemplate = None,
+    summary_turn: o.SummaryTurn = None,
+    rollback: o.Rollback = None,
+    system_prompt_file: o.SystemPromptFile = None,
+) -> None:
+    """Score the agent on a benchmark from its official files: every task k times, graded, resumable."""
+    from nanbeige.evals.benchmarks import BENCHMARKS
+
+    if bench == "report":
+        return eval_report(folder)
+    if bench not in BENCHMARKS:
+        fail(f"unknown benchmark {bench!r}; known: {', '.join(BENCHMARKS)}", 2)
+    if folder is not None:
+        fail(f"unexpected argument {str(folder)!r}: the benchmark's file goes in --data", 2)
+    settings = o.run_settings(
+        base_url=base_url, backend=backend, model=model, api_key=api_key, dialect=dialect, max_turns=max_turns,
+        keep_tool_results=keep_tool_results, max_context=max_context, temperature=temperature, top_p=top_p,
+        repetition_penalty=repetition_penalty, max_tokens=max_tokens, mcp=mcp, no_default_servers=no_default_servers,
+        tool_timeout=tool_timeout, max_result_chars=max_result_chars, timeout=timeout, gguf_file=gguf_file,
+        token_mode=token_mode, chat_template=chat_template, summary_turn=summary_turn, rollback=rollback,
+        system_prompt_file=system_prompt_file)
+    config = eval_config(BENCHMARKS[bench], data, k, concurrency, limit, out_dir, grader, judge_base_url,
+                         judge_model, judge_api_key, judge_template)
+    from nanbeige.agent.setup import secrets_of
+
+    hide(secrets_of(settings) + ([judge_api_key] if judge_api_key else []))
+    run_eval(config, settings)
+
+
+def benchmark_list() -> str:
+    from nanbeige.evals.benchmarks import describe
+
+    return "Benchmarks: " + "; ".join(f"{b['name']} ({b['about']}; graded by {b['grader']})" for b in describe())
+
+
+def eval_config(bench: Any, data: Path | None, k: int, concurrency: int, limit: int | None, out_dir: Path | None,
+                grader: str | None, judge_base_url: str | None, judge_model: str | None, judge_api_key: str | None,
+                judge_template: Path | None) -> Any:
+    """The eval's config from its flags (the out folder defaults to a new one under runs/)."""
+    import datetime
+    import os
+
+    from nanbeige.evals.judges import JudgeConfig
+    from nanbeige.evals.runner import EvalConfig
+
+    if bench.needs_data and data is None:
+        fail(f"--data is required: the path of {bench.about}", 2)
+    if data is not None and not data.exists():
+        fail(f"--data {data}: no such file or folder", 2)
+    if out_dir is None:
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        out_dir = Path(os.environ.get("NANBEIGE_RUNS_DIR", "runs")) / f"eval-{bench.name}-{stamp}"
+    judge = JudgeConfig(base_url=judge_base_url or JudgeConfig.base_url, model=judge_model or JudgeConfig.model,
+                        api_key=judge_api_key, template=judge_template)
+    return EvalConfig(bench=bench, data=data, out=out_dir, k=k, concurrency=concurrency, limit=limit, grader=grader,
+                      judge=judge)
+
+
+def run_eval(config: Any, settings: Any) -> None:
+    """Run the eval with a progress display on stderr; print the report on stdout."""
+    from nanbeige.agent.cli import notice, run_command
+    from nanbeige.agent.view import EvalView
+    from nanbeige.evals.report import markdown
+    from nanbeige.evals.runner import EvalError, evaluate
+
+    err.print(f"[dim]eval {config.bench.name}: results in {escape(str(config.out))}[/]", highlight=False)
+
+    async def main() -> dict[str, Any]:
+        try:
+            return await evaluate(config, settings, notice, lambda progress: EvalView(err, progress, config.bench.name))
+        except EvalError as exc:
+            fail(str(exc))
+        except asyncio.CancelledError:
+            err.print(f"[yellow]interrupted[/]; finished runs are kept in {escape(str(config.out))}: run the same "
+                      "command to go on", highlight=False)
+            raise
+
+    report = run_command(main())
+    print_line(markdown(report))
+    if report.get("failed_runs"):
+        err.print(f"[yellow]{report['failed_runs']} runs failed[/] (model server errors or crashes) and are not "
+                  "counted; run the same command again to retry them", highlight=False)
+
+
+def eval_report(folder: Path | None) -> None:
+    """Re-render the report of an eval from its out folder."""
+    import json
+
+    from nanbeige.evals.report import build_report, markdown
+    from nanbeige.evals.runner import MANIFEST, REPORT, read_results
+
+    if folder is None:
+        fail("`nanbeige eval report` needs the eval's out folder", 2)
+    try:
+        found = json.loads((folder / MANIFEST).read_text())
+    except OSError as exc:
+        fail(f"cannot read {folder / MANIFEST}: {exc.strerror or exc} (is {folder} an eval's out folder?)")
+    except ValueError as exc:
+        fail(f"{folder / MANIFEST} is not valid JSON: {exc}")
+    report = build_report(found, read_results(folder))
+    (folder / REPORT).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    print_line(markdown(report))

@@ -129,7 +129,7 @@ def check_writable(path: Path) -> None:
         raise SetupError(f"cannot write the trajectory to {path}: permission denied. {fix}")
 
 
-def default_servers(llm_config: LLMConfig, notice: Notice) -> list[ServerSpec]:
+def default_servers(llm_config: LLMConfig, notice: Notice, upload_dirs: list[Path] | None = None) -> list[ServerSpec]:
     """The built-in tool servers: Python sandbox, search (when a backend is set up; otherwise a notice
     says how), and scrape + extract (extracting with the run's own model unless NANBEIGE_SUMMARY_*
     say otherwise)."""
@@ -139,6 +139,9 @@ def default_servers(llm_config: LLMConfig, notice: Notice) -> list[ServerSpec]:
                                            "NANBEIGE_MODEL": llm_config.model}
     if llm_config.api_key:
         env["NANBEIGE_API_KEY"] = llm_config.api_key
+    if upload_dirs:
+        allowed = env.get("NANBEIGE_SANDBOX_UPLOAD_DIRS") or os.getcwd()
+        env["NANBEIGE_SANDBOX_UPLOAD_DIRS"] = os.pathsep.join([allowed, *map(str, upload_dirs)])
     modules = {"tool-python": "python", "search_and_scrape_webpage": "search", "jina_scrape_llm_summary": "scrape"}
     problem = search_setup_problem()
     if problem:
@@ -242,7 +245,8 @@ async def ready(settings: RunSettings, notice: Notice) -> AsyncIterator[Ready]:
     check_writable(path)
     server = await in_thread(find_model_server, settings, notice)
     settings = fit_to_server(for_dialect(settings), server, notice)
-    specs = (default_servers(settings.llm, notice) if settings.tools.default_servers else []) + extra
+    specs = (default_servers(settings.llm, notice, settings.tools.upload_dirs) if settings.tools.default_servers
+             else []) + extra
     if not specs:
         notice("no tools available: the model answers from its own knowledge. Add MCP servers with --mcp NAME=COMMAND.")
     secrets = secrets_of(settings)

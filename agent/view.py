@@ -93,3 +93,43 @@ def show(console: Console, trajectory: Trajectory, full: bool = False) -> None:
     status = trajectory.stop_reason or "unfinished (no end record)"
     console.print(f"[bold]stop reason:[/] {status}" + (f" · {escape(trajectory.error)}" if trajectory.error else ""))
     console.print(f"[bold]answer:[/] {escape(trajectory.answer or '(none)')}", highlight=False)
+
+
+class EvalView:
+    """A live line on stderr while an eval runs: a bar, runs done, running, accuracy so far, ETA."""
+
+    def __init__(self, console: Console, progress: Any, name: str):
+        from rich.live import Live
+
+        self.progress, self.name = progress, name
+        self.resumed = progress.done  # runs done before this session: not part of its pace
+        self.live = Live(console=console, get_renderable=self._render, refresh_per_second=4, transient=False)
+        self.live.start()
+
+    def _render(self) -> Any:
+        from rich.progress_bar import ProgressBar
+        from rich.table import Table
+
+        p = self.progress
+        accuracy = "-" if p.accuracy is None else f"{100 * p.accuracy:.1f}%"
+        line = f"{p.done}/{p.total} runs · {p.running} running · accuracy {accuracy} · ETA {self._eta()}"
+        if p.failed:
+            line += f" · [yellow]{p.failed} failed[/]"
+        grid = Table.grid(padding=(0, 1))
+        grid.add_row(f"[bold]{escape(self.name)}[/]", ProgressBar(total=max(p.total, 1), completed=p.done, width=30),
+                     line)
+        return grid
+
+    def _eta(self) -> str:
+        import time
+
+        p = self.progress
+        finished = p.done - self.resumed
+        if finished <= 0:
+            return "-"
+        seconds = (time.monotonic() - p.started) / finished * (p.total - p.done)
+        return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m" if seconds >= 3600 else \
+            f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+
+    def stop(self) -> None:
+        self.live.stop()

@@ -1,0 +1,82 @@
+"""The model, loop and tool flags that every command running the agent shares (`ask`, `eval`), as
+typed Typer options, and the one function that maps their values onto `RunSettings`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from nanbeige.agent.config import BackendConfig, RunSettings, ToolsConfig
+from nanbeige.agent.llm import LLMConfig
+from nanbeige.agent.loop import AgentConfig
+
+ADVANCED = "Advanced"
+
+BaseUrl = Annotated[str | None, typer.Option(envvar="NANBEIGE_BASE_URL", show_default=False, help=(
+    f"OpenAI-compatible endpoint \\[default: {LLMConfig.base_url}, or the in-process model when nothing answers "
+    "there]."))]
+Backend = Annotated[str, typer.Option(help="auto, openai (a server) or transformers (in this process).")]
+Model = Annotated[str, typer.Option(envvar="NANBEIGE_MODEL", help="Model name.")]
+ApiKey = Annotated[str | None, typer.Option(envvar="NANBEIGE_API_KEY", help="API key for the endpoint.",
+                                            show_default=False)]
+Dialect = Annotated[str, typer.Option(help="Tool dialect: mcp-xml or tool-call.")]
+MaxTurns = Annotated[int | None, typer.Option(min=1, show_default=False, help=(
+    "Most model turns before the answer is asked for \\[default: 600 for mcp-xml, 200 for tool-call]."))]
+KeepToolResults = Annotated[int, typer.Option(min=-1, help="Show only the last K tool results (-1: all).")]
+MaxContext = Annotated[int | None, typer.Option(min=1024, show_default=False, help=(
+    "Model context length in tokens \\[default: the server's max_model_len, else 131072]."))]
+Temperature = Annotated[float | None, typer.Option(min=0.0, show_default=False, help=(
+    "Sampling temperature \\[default: 1.0 for mcp-xml, 0.6 for tool-call]."))]
+TopP = Annotated[float | None, typer.Option(min=0.0, max=1.0, show_default=False, help=(
+    "Nucleus sampling threshold \\[default: 0.95]."))]
+RepetitionPenalty = Annotated[float | None, typer.Option(min=0.0, show_default=False, help=(
+    "Penalty on repeated tokens, vLLM servers only \\[default: 1.05 for mcp-xml, 1.0 (off) for tool-call]."))]
+MaxTokens = Annotated[int, typer.Option(min=1, help="Most tokens per model reply.")]
+Mcp = Annotated[list[str] | None, typer.Option(help="Extra MCP server, NAME=COMMAND or NAME=URL (repeatable).",
+                                               show_default=False)]
+NoDefaultServers = Annotated[bool, typer.Option(help="Use only the --mcp servers.")]
+ToolTimeout = Annotated[float, typer.Option(min=1, help="Seconds one tool call may take.",
+                                            rich_help_panel=ADVANCED)]
+MaxResultChars = Annotated[int, typer.Option(min=100, help="Longer tool results are cut.", rich_help_panel=ADVANCED)]
+Timeout = Annotated[float | None, typer.Option(help="Wall-clock limit for one run, in seconds.",
+                                               rich_help_panel=ADVANCED, show_default=False)]
+GgufFile = Annotated[str | None, typer.Option(help="GGUF file inside --model, for the in-process backend.",
+                                              rich_help_panel=ADVANCED, show_default=False)]
+TokenMode = Annotated[bool, typer.Option(help="Render prompts here with the model's tokenizer and send token ids to "
+                                              "vLLM's /v1/completions (token-exact trajectories).",
+                                         rich_help_panel=ADVANCED)]
+ChatTemplate = Annotated[Path | None, typer.Option(help="Chat template file for --token-mode (default: the "
+                                                        "tokenizer's).", rich_help_panel=ADVANCED, show_default=False)]
+SummaryTurn = Annotated[bool | None, typer.Option("--summary-turn/--no-summary-turn", show_default=False, help=(
+    "End every run with a turn that asks for the boxed answer \\[default: on for mcp-xml, as the reference harness "
+    "does; off for tool-call]."), rich_help_panel=ADVANCED)]
+Rollback = Annotated[bool | None, typer.Option("--rollback/--no-rollback", show_default=False, help=(
+    "Drop unusable replies (malformed call, refusal, cut off, looping) and sample again, instead of answering them "
+    "with a message \\[default: on for mcp-xml, off for tool-call]."), rich_help_panel=ADVANCED)]
+SystemPromptFile = Annotated[Path | None, typer.Option(help="The mcp-xml system prompt as a template: {tools} is the "
+                                                            "tool catalogue, {date} today's date.",
+                                                       rich_help_panel=ADVANCED, show_default=False)]
+
+
+def run_settings(*, base_url: str | None, backend: str, model: str, api_key: str | None, dialect: str,
+                 max_turns: int | None, keep_tool_results: int, max_context: int | None, temperature: float | None,
+                 top_p: float | None, repetition_penalty: float | None, max_tokens: int, mcp: list[str] | None,
+                 no_default_servers: bool, tool_timeout: float, max_result_chars: int, timeout: float | None,
+                 gguf_file: str | None, token_mode: bool, chat_template: Path | None, summary_turn: bool | None,
+                 rollback: bool | None, system_prompt_file: Path | None, trajectory: Path | None = None,
+                 upload_dirs: list[Path] | None = None) -> RunSettings:
+    """The settings the shared flags describe (unset ones stay None: the dialect fills them in)."""
+    return RunSettings(
+        llm=LLMConfig(base_url=base_url or LLMConfig.base_url, model=model, api_key=api_key,
+                      temperature=temperature, top_p=top_p, repetition_penalty=repetition_penalty,
+                      max_tokens=max_tokens),
+        agent=AgentConfig(dialect=dialect, max_turns=max_turns, keep_tool_results=keep_tool_results,
+                          max_context=max_context, timeout_s=timeout, summary_turn=summary_turn, rollback=rollback),
+        backend=BackendConfig(backend=backend, base_url_given=base_url is not None, gguf_file=gguf_file,
+                              token_mode=token_mode, chat_template=chat_template),
+        tools=ToolsConfig(mcp=mcp or [], default_servers=not no_default_servers, tool_timeout_s=tool_timeout,
+                          max_result_chars=max_result_chars, upload_dirs=upload_dirs or []),
+        trajectory=trajectory, system_prompt_file=system_prompt_file,
+    )

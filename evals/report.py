@@ -1,0 +1,88 @@
+"""Scores from `results.jsonl`: avg@k, pass@k, per-run accuracy, a per-level breakdown, and what the
+runs did (turns, tool calls, stop reasons, judge failures); as JSON and as a markdown table.
+
+With n tasks and k runs, C[q][r] = 1 when run r of task q was graded correct (a run not done yet,
+or one the judge could not decide, counts 0):
+- avg@k = mean over runs and tasks of C (the reference harness's "avg@3", pass@1 averaged over runs);
+- pass@k = mean over tasks of max over runs of C;
+- best@1 = the best run's accuracy, and the standard deviation of the runs' accuracies.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter, defaultdict
+from typing import Any
+
+
+def scores(cells: dict[tuple[str, int], bool], task_ids: list[str], k: int) -> dict[str, Any]:
+    """avg@k, pass@k and per-run accuracies (in %) of `task_ids` from the correct cells."""
+    n = len(task_ids)
+    if n == 0:
+        return {"tasks": 0, "avg_at_k": None, "pass_at_k": None, "runs": []}
+    per_run = [100 * sum(cells.get((t, r), False) for t in task_ids) / n for r in range(k)]
+    passed = sum(any(cells.get((t, r), False) for r in range(k)) for t in task_ids)
+    return {"tasks": n, "avg_at_k": round(statistics.fmean(per_run), 2), "pass_at_k": round(100 * passed / n, 2),
+            "best_at_1": round(max(per_run), 2), "std": round(statistics.pstdev(per_run), 2),
+            "runs": [round(a, 2) for a in per_run]}
+
+
+def build_report(manifest: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The report of an eval from its manifest (`eval.json`) and its graded rows."""
+    k, tasks = manifest["k"], manifest.get("tasks") or []
+    task_ids = [t["id"] for t in tasks]
+    known = set(task_ids)
+    rows = [row for row in rows if row["task_id"] in known and 0 <= row["run"] < k]
+    cells = {(row["task_id"], row["run"]): row["correct"] is True for row in rows}
+    report: dict[str, Any] = {
+        "bench": manifest["bench"], "grader": manifest["grader"], "judge_model": manifest.get("judge_model"),
+        "k": k, "runs_done": len(cells), "runs_expected": len(task_ids) * k,
+        "complete": len(cells) == len(task_ids) * k, **scores(cells, task_ids, k),
+    }
+    levels: dict[str, list[str]] = defaultdict(list)
+    for task in tasks:
+        if task.get("level") is not None:
+            levels[str(task["level"])].append(task["id"])
+    report["levels"] = {level: scores(cells, ids, k) for level, ids in sorted(levels.items())}
+    report["mean_turns"] = _mean(row.get("turns") for row in rows)
+    report["mean_tool_calls"] = _mean(row.get("tool_calls") for row in rows)
+    report["stop_reasons"] = dict(Counter(row.get("stop_reason") or "none" for row in rows).most_common())
+    report["judge_failures"] = sum(row["correct"] is None for row in rows)
+    report["no_answer"] = sum(row.get("prediction") is None for row in rows)
+    return report
+
+
+def _mean(values: Any) -> float | None:
+    numbers = [v for v in values if isinstance(v, (int, float))]
+    return round(statistics.fmean(numbers), 2) if numbers else None
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The report as markdown: one table of the scores, one per level when the benchmark has levels."""
+    k = report["k"]
+    judge = f" ({report['judge_model']})" if report.get("judge_model") else ""
+    lines = [f"## {report['bench']}: {report['tasks']} tasks × {k} runs, graded by {report['grader']}{judge}", ""]
+    if not report["complete"]:
+        lines += [f"Incomplete: {report['runs_done']} of {report['runs_expected']} runs done; runs not done count "
+                  "as wrong. Run the same command again to finish.", ""]
+    lines += ["| metric | value |", "|---|---|",
+              f"| avg@{k} | {_pct(report['avg_at_k'])} |", f"| pass@{k} | {_pct(report['pass_at_k'])} |",
+              f"| best@1 | {_pct(report.get('best_at_1'))} |", f"| std across runs | {_num(report.get('std'))} |",
+              f"| per run | {', '.join(_pct(a) for a in report['runs']) or '-'} |",
+              f"| mean turns | {_num(report['mean_turns'])} |",
+              f"| mean tool calls | {_num(report['mean_tool_calls'])} |",
+              f"| stop reasons | {', '.join(f'{r} {n}' for r, n in report['stop_reasons'].items()) or '-'} |",
+              f"| no answer | {report['no_answer']} |", f"| judge failures | {report['judge_failures']} |"]
+    if report["levels"]:
+        lines += ["", f"| level | tasks | avg@{k} | pass@{k} |", "|---|---|---|---|"]
+        lines += [f"| {level} | {s['tasks']} | {_pct(s['avg_at_k'])} | {_pct(s['pass_at_k'])} |"
+                  for level, s in report["levels"].items()]
+    return "\n".join(lines)
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}%"
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"

@@ -1,0 +1,345 @@
+"""Running a benchmark: every task k times, concurrently, graded as each run finishes, resumable.
+
+The out folder holds everything a run of `nanbeige eval` leaves:
+
+    eval.json           what was run (benchmark, data file, k, grader, judge), checked on resume
+    trajectories.jsonl  every run's trajectory, written turn by turn
+    results.jsonl       one line per graded run (see `result_row`), appended as each finishes
+    report.json         the scores (`evals.report`), rewritten at the end
+
+A run is done when its line is in `results.jsonl`; resuming runs only the (task, run) pairs
+without one, so an interrupted or killed eval loses at most the runs in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import json
+import os
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from nanbeige.agent import dialects
+from nanbeige.agent.config import RunSettings
+from nanbeige.agent.trajectory import Trajectory
+from nanbeige.evals.judges import JudgeConfig
+from nanbeige.evals.tasks import Task, Verdict
+
+if TYPE_CHECKING:
+    from nanbeige.agent.setup import Ready
+    from nanbeige.evals.benchmarks import Benchmark
+
+RESULTS, TRAJECTORIES, MANIFEST, REPORT = "results.jsonl", "trajectories.jsonl", "eval.json", "report.json"
+
+
+class EvalError(Exception):
+    """Something the user must fix before the eval can run; one line naming the fix."""
+
+
+@dataclass
+class EvalConfig:
+    """What to evaluate and how; the model and tools come from `RunSettings`."""
+
+    bench: "Benchmark"
+    """The benchmark: how to load it and its default grader."""
+    data: Path | None
+    """The benchmark's official file (or folder); None for BFCL, whose data ships in its package."""
+    out: Path
+    """The out folder (created; an existing one of the same eval is resumed)."""
+    k: int = 3
+    """Runs per task (avg@k, pass@k); the reference harness scores avg@3."""
+    concurrency: int = 4
+    """Runs at once."""
+    limit: int | None = None
+    """Only the first N tasks of the file."""
+    grader: str | None = None
+    """`gaia-exact` or a judge profile; None: the benchmark's own."""
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    """The LLM judge's endpoint, for judge graders."""
+
+
+@dataclass
+class Progress:
+    """Counts a progress display reads while the eval runs."""
+
+    total: int
+    done: int = 0
+    running: int = 0
+    correct: int = 0
+    failed: int = 0
+    """Runs that failed (model server errors, crashes): not recorded, run again on resume."""
+    last_error: str | None = None
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def accuracy(self) -> float | None:
+        return self.correct / self.done if self.done else None
+
+
+# ---------------------------------------------------------------- the out folder
+
+
+def manifest(config: EvalConfig, tasks: list[Task]) -> dict[str, Any]:
+    """What `eval.json` records: enough to check a resume and to re-render the report without the data."""
+    data = config.data
+    return {"bench": config.bench.name, "data": str(data.resolve()) if data else None,
+            "data_sha256": file_sha256(data) if data and data.is_file() else None, "k": config.k,
+            "limit": config.limit, "grader": config.grader or config.bench.grader,
+            "judge_model": None if (config.grader or config.bench.grader) == "gaia-exact" else config.judge.model,
+            "tasks": [{"id": task.id, "level": task.level} for task in tasks]}
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def prepare_out(config: EvalConfig, tasks: list[Task]) -> dict[str, Any]:
+    """Create the out folder, or check that the one there holds this same eval (to be resumed);
+    returns the manifest."""
+    wanted = manifest(config, tasks)
+    path = config.out / MANIFEST
+    if path.exists():
+        try:
+            found = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise EvalError(f"cannot read {path} ({exc}); pass another --out") from None
+        for key in ("bench", "data_sha256", "grader", "k", "limit"):
+            if found.get(key) != wanted[key]:
+                raise EvalError(f"{config.out} holds an eval with {key} {found.get(key)!r}, not {wanted[key]!r}; "
+                                "pass the same options to resume it, or another --out to start a new one")
+        return found
+    try:
+        config.out.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(wanted, indent=2, ensure_ascii=False) + "\n")
+    except OSError as exc:
+        raise EvalError(f"cannot write to {config.out}: {exc.strerror or exc}; pass another --out") from None
+    return wanted
+
+
+def read_results(out: Path) -> list[dict[str, Any]]:
+    """The graded runs so far; a line torn by a kill is skipped (that run is done again)."""
+    path = out / RESULTS
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_bytes().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and "task_id" in row and "run" in row:
+            rows.append(row)
+    return rows
+
+
+def append_result(out: Path, row: dict[str, Any]) -> None:
+    with open(out / RESULTS, "ab") as file:
+        if file.tell() and not _ends_with_newline(out / RESULTS):
+            file.write(b"\n")  # a killed eval left half a line: ours starts on a line of its own
+        file.write(json.dumps(row, ensure_ascii=False).encode() + b"\n")
+        file.flush()
+        os.fsync(file.fileno())
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with open(path, "rb") as file:
+        file.seek(-1, os.SEEK_END)
+        return file.read(1) == b"\n"
+
+
+def pending_runs(tasks: list[Task], k: int, rows: list[dict[str, Any]]) -> list[tuple[Task, int]]:
+    done = {(row["task_id"], row["run"]) for row in rows}
+    return [(task, r) for r in range(k) for task in tasks if (task.id, r) not in done]
+
+
+# ---------------------------------------------------------------- one run of one task
+
+
+def final_response(trajectory: Trajectory) -> str:
+    """What the agent finally said, without its reasoning: the text an LLM judge reads."""
+    for turn in reversed(trajectory.turns):
+        if not turn.rolled_back:
+            return dialects.visible_text(turn.assistant.get("content") or "").strip()
+    return ""
+
+
+def result_row(task: Task, run_index: int, prediction: str | None, verdict: Verdict,
+               trajectory: Trajectory | None) -> dict[str, Any]:
+    """One line of `results.jsonl`."""
+    turns = trajectory.turns if trajectory else []
+    return {
+        "task_id": task.id, "run": run_index, "level": task.level, "prediction": prediction, "gold": task.answer,
+        "correct": verdict.correct, "grader": verdict.grader, "judge_model": verdict.judge_model,
+        "extracted": verdict.extracted, "reason": verdict.reason, "judge_error": verdict.error,
+        "confidence": verdict.confidence,
+        "stop_reason": trajectory.stop_reason if trajectory else None,
+        "turns": sum(not t.rolled_back for t in turns),
+        "tool_calls": sum(len(t.tool_calls) for t in turns),
+        "trajectory_id": trajectory.id if trajectory else None,
+        "trajectory_file": TRAJECTORIES if trajectory else None,
+        "wall_s": round(trajectory.timings.get("wall_s", 0.0), 3) if trajectory else None,
+    }
+
+
+Attempt = Callable[[Task, int], Awaitable["dict[str, Any] | str"]]
+"""Runs one task once: the graded row, or why the run failed in a way worth retrying (the model
+server failed, a crash): such runs are not recorded, so the next resume runs them again."""
+
+
+async def run_all(config: EvalConfig, tasks: list[Task], attempt: Attempt, progress: Progress) -> None:
+    """Every pending (task, run) through `attempt`, `config.concurrency` at a time, each graded row
+    appended as it comes. A cancelled eval cancels the runs in flight (each closes its trajectory);
+    failures in a row past the concurrency (a model server gone) stop the eval."""
+    pending = pending_runs(tasks, config.k, read_results(config.out))
+    queue: asyncio.Queue[tuple[Task, int]] = asyncio.Queue()
+    for item in pending:
+        queue.put_nowait(item)
+    in_a_row = [0]
+
+    async def worker() -> None:
+        while not queue.empty():
+            task, run_index = queue.get_nowait()
+            progress.running += 1
+            try:
+                row = await attempt(task, run_index)
+            finally:
+                progress.running -= 1
+            if isinstance(row, str):
+                progress.failed, progress.last_error = progress.failed + 1, row
+                in_a_row[0] += 1
+                if in_a_row[0] >= max(3, config.concurrency):
+                    raise EvalError(f"{in_a_row[0]} runs in a row failed, the last with: {row}")
+                continue
+            in_a_row[0] = 0
+            append_result(config.out, row)
+            progress.done += 1
+            progress.correct += row["correct"] is True
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            for _ in range(min(config.concurrency, len(pending))):
+                group.create_task(worker())
+    except* EvalError as errors:
+        raise errors.exceptions[0] from None
+
+
+Grade = Callable[[Task, "str | None", str, httpx.AsyncClient], Awaitable[Verdict]]
+
+
+def agent_attempt(runtime: Ready, config: EvalConfig, client: httpx.AsyncClient) -> Attempt:
+    """A run of the agent loop on the task's question, graded on its answer."""
+    from nanbeige.agent.loop import run
+
+    grade = grader_for(config)
+
+    async def attempt(task: Task, run_index: int) -> dict[str, Any] | str:
+        try:
+            trajectory = await run(task.question, runtime.llm, runtime.toolbox, runtime.agent, runtime.writer,
+                                   group_id=task.id)
+        except Exception as exc:  # the trajectory is closed as crashed; the run is retried on resume
+            return f"{type(exc).__name__}: {exc}"
+        if trajectory.stop_reason == "model_error":
+            return trajectory.error or "the model server failed"
+        verdict = await grade(task, trajectory.answer, final_response(trajectory), client)
+        return result_row(task, run_index, trajectory.answer, verdict, trajectory)
+    return attempt
+
+
+def grader_for(config: EvalConfig) -> Grade:
+    """The grading function for answers: the GAIA scorer, or the named judge profile."""
+    from nanbeige.evals import gaia_scorer, judges
+
+    name = config.grader or config.bench.grader
+    if name == "gaia-exact":
+        async def exact(task: Task, prediction: str | None, response: str, client: httpx.AsyncClient) -> Verdict:
+            return gaia_scorer.grade_exact(prediction, task.answer)
+        return exact
+    profile = judges.profile_for(name, config.judge.template)
+
+    async def judged(task: Task, prediction: str | None, response: str, client: httpx.AsyncClient) -> Verdict:
+        if prediction is None:  # nothing to judge: wrong, without spending a judge call
+            return Verdict(correct=False, grader=profile.name, reason="no answer")
+        text = prediction if profile.reads_answer else (response or prediction)
+        return await judges.judge(profile, task.question, text, task.answer, config.judge, client)
+    return judged
+
+
+def check_grader(config: EvalConfig) -> None:
+    from nanbeige.evals import judges
+
+    name = config.grader or config.bench.grader
+    if name in ("gaia-exact", "bfcl-ast"):
+        return
+    if name not in judges.PROFILES:
+        raise EvalError(f"--grader must be gaia-exact or one of {', '.join(judges.PROFILES)}, not {name!r}")
+    if config.judge.base_url == JudgeConfig.base_url and not config.judge.api_key:
+        hint = "; or --grader gaia-exact, the official GAIA scorer, which needs no judge" \
+            if config.bench.name.startswith("gaia") else ""
+        raise EvalError(f"{config.bench.name} is graded by the {name!r} LLM judge, by default {config.judge.model} "
+                        f"at {JudgeConfig.base_url}: set NANBEIGE_JUDGE_API_KEY, or pass --judge-base-url (and "
+                        f"--judge-model) for another OpenAI-compatible endpoint{hint}")
+    if config.judge.template is not None and not config.judge.template.is_file():
+        raise EvalError(f"--judge-template {config.judge.template}: no such file")
+
+
+def with_out(settings: RunSettings, config: EvalConfig, tasks: list[Task]) -> RunSettings:
+    """The run settings writing into the out folder, with the tasks' attachments uploadable."""
+    folders = sorted({str(f.parent) for task in tasks for f in task.files})
+    tools = dataclasses.replace(settings.tools, upload_dirs=[*settings.tools.upload_dirs, *map(Path, folders)])
+    return dataclasses.replace(settings, trajectory=config.out / TRAJECTORIES, tools=tools)
+
+
+# ---------------------------------------------------------------- the whole eval
+
+
+def load_tasks(config: EvalConfig) -> list[Task]:
+    from nanbeige.evals.tasks import LoadError
+
+    try:
+        tasks = config.bench.load(config.data)
+    except LoadError as exc:
+        raise EvalError(str(exc)) from None
+    if not tasks:
+        raise EvalError(f"{config.data} holds no tasks of {config.bench.name}")
+    return tasks[: config.limit] if config.limit else tasks
+
+
+async def evaluate(config: EvalConfig, settings: RunSettings, notice: Callable[[str], None],
+                   progress_view: Callable[[Progress], Any] | None = None) -> dict[str, Any]:
+    """Run (or resume) the eval and return its report, also written to `report.json`."""
+    from nanbeige.agent.setup import ready
+    from nanbeige.evals.report import build_report
+
+    tasks = load_tasks(config)
+    check_grader(config)
+    found = prepare_out(config, tasks)
+    settings = config.bench.adjust(settings)
+    progress = Progress(total=len(tasks) * config.k)
+    pending = pending_runs(tasks, config.k, read_results(config.out))
+    progress.done = progress.total - len(pending)
+    if pending:
+        if progress.done:
+            notice(f"resuming: {progress.done} of {progress.total} runs already done in {config.out}")
+        async with ready(with_out(settings, config, tasks), notice) as runtime, httpx.AsyncClient() as client:
+            attempt = config.bench.attempt(runtime, config, client)
+            view = progress_view(progress) if progress_view else None
+            try:
+                await run_all(config, tasks, attempt, progress)
+            finally:
+                if view is not None:
+                    view.stop()
+    report = build_report(found, read_results(config.out))
+    report["failed_runs"] = progress.failed
+    (config.out / REPORT).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    return report
