@@ -217,7 +217,12 @@ def evaluate(
 def benchmark_list() -> str:
     from nanbeige.evals.benchmarks import describe
 
-    return "Benchmarks: " + "; ".join(f"{b['name']} ({b['about']}; graded by {b['grader']})" for b in describe())
+    benches = describe()
+    files = "; ".join(f"{b['name']} ({b['about']}; graded by {b['grader']})" for b in benches
+                      if b["grader"] != "bfcl-ast")
+    bfcl = ", ".join(b["name"] for b in benches if b["grader"] == "bfcl-ast")
+    return (f"Benchmarks: {files}. BFCL-V4 in the tool-call dialect, on the data of the bfcl-eval package, graded "
+            f"by its AST checker: {bfcl}.")
 
 
 def eval_config(bench: Any, data: Path | None, k: int, concurrency: int, limit: int | None, out_dir: Path | None,

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nanbeige.agent.config import RunSettings
+from nanbeige.evals.bfcl import CATEGORIES as BFCL_CATEGORIES
+from nanbeige.evals.bfcl import GRADER
 from nanbeige.evals.tasks import LoadError, Task
 
 if TYPE_CHECKING:
@@ -78,11 +80,46 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in [
 ]}
 
 
+def _bfcl_attempt(runtime: Ready, config: EvalConfig, client: httpx.AsyncClient) -> Attempt:
+    """One model call on the item's first turn with its functions as tools; the calls it makes are
+    graded by BFCL's checker and never run."""
+    import json
+
+    from nanbeige.agent.llm import ModelError
+    from nanbeige.evals import bfcl
+    from nanbeige.evals.runner import result_row
+
+    async def attempt(task: Task, run_index: int) -> dict[str, Any] | str:
+        try:
+            calls, _ = await bfcl.run_bfcl_task(task, runtime.llm)
+        except ModelError as exc:
+            return str(exc)
+        prediction = json.dumps([{name: arguments} for name, arguments in calls], ensure_ascii=False)
+        return result_row(task, run_index, prediction, bfcl.grade(task, calls), None)
+    return attempt
+
+
+def _bfcl_load(categories: tuple[str, ...]) -> Callable[[Path | None], list[Task]]:
+    def load(data_dir: Path | None) -> list[Task]:
+        from nanbeige.evals import bfcl
+
+        return [task for category in categories for task in bfcl.load(category, data_dir)]
+    return load
+
+
 def tool_call_only(settings: RunSettings) -> RunSettings:
     """BFCL's settings: the tool-call dialect, the offered functions as the only tools."""
     agent = dataclasses.replace(settings.agent, dialect="tool-call")
     tools = dataclasses.replace(settings.tools, default_servers=False, mcp=[])
     return dataclasses.replace(settings, agent=agent, tools=tools)
+
+
+for _category in ("", *BFCL_CATEGORIES):
+    _name = f"bfcl-{_category.replace('_', '-')}" if _category else "bfcl"
+    BENCHMARKS[_name] = Benchmark(
+        _name, _bfcl_load((_category,) if _category else BFCL_CATEGORIES), GRADER,
+        f"BFCL-V4 {_category or 'single-turn AST categories, all eight'} (--data: a copy of bfcl-eval's data folder, "
+        "default the installed package's)", attempt=_bfcl_attempt, adjust=tool_call_only, needs_data=False)
 
 
 def describe() -> list[dict[str, Any]]:
