@@ -49,8 +49,14 @@ def serve(turns: int, conn) -> None:
         return mcp_call("testkit", "echo", {"text": f"probe number {turn}"}, thought=f"Step {turn}.")
 
     with FakeOpenAI(reply) as server:
-        conn.send(server.base_url)
+        conn.send((server.base_url, os.getpid()))
         conn.recv()
+
+
+def cpu_s(pid: int) -> float:
+    """User plus system CPU seconds a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def write_tasks(path: Path, count: int) -> Path:
@@ -88,20 +94,25 @@ def main() -> None:
     process.start()
     rows = []
     try:
-        base_url = parent.recv()
+        base_url, server_pid = parent.recv()
         with tempfile.TemporaryDirectory() as tmp:
             for concurrency in args.concurrency:
-                rows.append(asyncio.run(measure(base_url, concurrency, args.turns, Path(tmp))))
+                before = (time.process_time(), cpu_s(server_pid))
+                row = asyncio.run(measure(base_url, concurrency, args.turns, Path(tmp)))
+                after = (time.process_time(), cpu_s(server_pid))
+                row["cpu_ms"] = [1000 * (a - b) / row["turns"] for a, b in zip(after, before)]
+                rows.append(row)
     finally:
         parent.send("stop")
         process.join(5)
     print(f"eval of GAIA-format tasks, k=1, {args.turns} echo turns + a summary turn per run; "
           f"{os.cpu_count()} CPUs")
     print(f"{'conc':>5}{'tasks':>7}{'avg@1':>8}{'wall s':>8}{'tasks/min':>11}{'turns':>7}{'turns/s':>9}"
-          f"{'overhead ms/turn':>18}")
+          f"{'overhead ms/turn':>18}   CPU ms/turn: ours / model server")
     for r in rows:
         print(f"{r['concurrency']:>5}{r['tasks']:>7}{r['correct']:>8.1f}{r['wall']:>8.2f}{r['tasks_min']:>11.0f}"
-              f"{r['turns']:>7}{r['turns_s']:>9.0f}{r['overhead_ms']:>18.3f}")
+              f"{r['turns']:>7}{r['turns_s']:>9.0f}{r['overhead_ms']:>18.3f}   "
+              f"{r['cpu_ms'][0]:.3f} / {r['cpu_ms'][1]:.3f}")
     best = max(rows, key=lambda r: r["turns_s"])
     print(f"target >= {TARGET_TURNS_S:.0f} turns/s aggregate: {best['turns_s']:.0f} at concurrency "
           f"{best['concurrency']} {'OK' if best['turns_s'] >= TARGET_TURNS_S else 'MISSED'}")
