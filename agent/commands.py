@@ -199,13 +199,7 @@ def evaluate(
         fail(f"unknown benchmark {bench!r}; known: {', '.join(BENCHMARKS)}", 2)
     if folder is not None:
         fail(f"unexpected argument {str(folder)!r}: the benchmark's file goes in --data", 2)
-    settings = o.run_settings(
-        base_url=base_url, backend=backend, model=model, api_key=api_key, dialect=dialect, max_turns=max_turns,
-        keep_tool_results=keep_tool_results, max_context=max_context, temperature=temperature, top_p=top_p,
-        repetition_penalty=repetition_penalty, max_tokens=max_tokens, mcp=mcp, no_default_servers=no_default_servers,
-        tool_timeout=tool_timeout, max_result_chars=max_result_chars, timeout=timeout, gguf_file=gguf_file,
-        token_mode=token_mode, chat_template=chat_template, summary_turn=summary_turn, rollback=rollback,
-        system_prompt_file=system_prompt_file)
+    settings = o.run_settings(**o.shared(locals()))
     config = eval_config(BENCHMARKS[bench], data, k, concurrency, limit, out_dir, grader, judge_base_url,
                          judge_model, judge_api_key, judge_template)
     from nanbeige.agent.setup import secrets_of

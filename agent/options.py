@@ -3,8 +3,9 @@ typed Typer options, and the one function that maps their values onto `RunSettin
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -58,6 +59,11 @@ Rollback = Annotated[bool | None, typer.Option("--rollback/--no-rollback", show_
 SystemPromptFile = Annotated[Path | None, typer.Option(help="The mcp-xml system prompt as a template: {tools} is the "
                                                             "tool catalogue, {date} today's date.",
                                                        rich_help_panel=ADVANCED, show_default=False)]
+
+
+def shared(values: dict[str, Any]) -> dict[str, Any]:
+    """Of a command's parameter values (its `locals()`), those of the shared flags above."""
+    return {name: values[name] for name in inspect.signature(run_settings).parameters if name in values}
 
 
 def run_settings(*, base_url: str | None, backend: str, model: str, api_key: str | None, dialect: str,

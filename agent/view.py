@@ -116,7 +116,7 @@ class EvalView:
         if p.failed:
             line += f" · [yellow]{p.failed} failed[/]"
         grid = Table.grid(padding=(0, 1))
-        grid.add_row(f"[bold]{escape(self.name)}[/]", ProgressBar(total=max(p.total, 1), completed=p.done, width=30),
+        grid.add_row(f"[bold]{escape(self.name)}[/]", ProgressBar(total=max(p.total, 1), completed=p.done, width=20),
                      line)
         return grid
 

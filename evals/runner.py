@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import json
 import os
 import time
@@ -29,6 +28,7 @@ import httpx
 from nanbeige.agent import dialects
 from nanbeige.agent.config import RunSettings
 from nanbeige.agent.trajectory import Trajectory
+from nanbeige.evals.files import file_sha256
 from nanbeige.evals.judges import JudgeConfig
 from nanbeige.evals.tasks import Task, Verdict
 
@@ -94,14 +94,6 @@ def manifest(config: EvalConfig, tasks: list[Task]) -> dict[str, Any]:
             "limit": config.limit, "grader": config.grader or config.bench.grader,
             "judge_model": None if (config.grader or config.bench.grader) == "gaia-exact" else config.judge.model,
             "tasks": [{"id": task.id, "level": task.level} for task in tasks]}
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def prepare_out(config: EvalConfig, tasks: list[Task]) -> dict[str, Any]:
