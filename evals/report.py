@@ -48,8 +48,33 @@ def build_report(manifest: dict[str, Any], rows: list[dict[str, Any]]) -> dict[s
     report["mean_tool_calls"] = _mean(row.get("tool_calls") for row in rows)
     report["stop_reasons"] = dict(Counter(row.get("stop_reason") or "none" for row in rows).most_common())
     report["judge_failures"] = sum(row["correct"] is None for row in rows)
+    report["calibration_error"] = calibration_error(rows, manifest["grader"])
     report["no_answer"] = sum(row.get("prediction") is None for row in rows)
     return report
+
+
+def calibration_error(rows: list[dict[str, Any]], grader: str) -> float | None:
+    """How far the judged confidences are from the accuracy, in %, over the runs whose judge gave a
+    confidence. BrowseComp-ZH's way for its grader: fixed bins [0,20), [20,40), ..., [80,100], summing
+    |accuracy - mean confidence| weighted by the bin's share. HLE's way for the others: the runs sorted
+    by confidence in bins of 100, the root of the bin-share-weighted squared gaps (the last bin counts
+    too; HLE's own script leaves it out)."""
+    pairs = sorted((min(max(row["confidence"], 0), 100) / 100, row["correct"] is True) for row in rows
+                   if isinstance(row.get("confidence"), (int, float)) and row["correct"] is not None)
+    if not pairs:
+        return None
+    if grader == "browsecomp-zh":
+        bins = [[p for p in pairs if low <= 100 * p[0] < high] for low, high in
+                ((0, 20), (20, 40), (40, 60), (60, 80), (80, 101))]
+        gap = sum(len(b) * abs(_share(b) - statistics.fmean(c for c, _ in b)) for b in bins if b) / len(pairs)
+        return round(100 * gap, 2)
+    bins = [pairs[i:i + 100] for i in range(0, len(pairs), 100)]
+    squared = sum(len(b) * (_share(b) - statistics.fmean(c for c, _ in b)) ** 2 for b in bins) / len(pairs)
+    return round(100 * squared ** 0.5, 2)
+
+
+def _share(pairs: list[tuple[float, bool]]) -> float:
+    return sum(correct for _, correct in pairs) / len(pairs)
 
 
 def _mean(values: Any) -> float | None:
@@ -73,6 +98,8 @@ def markdown(report: dict[str, Any]) -> str:
               f"| mean tool calls | {_num(report['mean_tool_calls'])} |",
               f"| stop reasons | {', '.join(f'{r} {n}' for r, n in report['stop_reasons'].items()) or '-'} |",
               f"| no answer | {report['no_answer']} |", f"| judge failures | {report['judge_failures']} |"]
+    if report.get("calibration_error") is not None:
+        lines.append(f"| calibration error | {_pct(report['calibration_error'])} |")
     if report["levels"]:
         lines += ["", f"| level | tasks | avg@{k} | pass@{k} |", "|---|---|---|---|"]
         lines += [f"| {level} | {s['tasks']} | {_pct(s['avg_at_k'])} | {_pct(s['pass_at_k'])} |"

@@ -167,3 +167,23 @@ def test_bad_input_is_one_line_and_nothing_runs(tmp_path: Path) -> None:
         assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
         assert words in result.stderr, (words, result.stderr)
     assert not (tmp_path / "o2").exists()  # refused before anything was written
+
+
+def test_attachments_are_named_in_the_question_and_their_folder_is_uploadable(tmp_path: Path) -> None:
+    from nanbeige.agent.setup import default_servers
+    from nanbeige.evals.runner import load_tasks, with_out
+
+    folder = tmp_path / "gaia"
+    folder.mkdir()
+    (folder / "sheet.csv").write_text("a,b\n1,2\n")
+    (folder / "metadata.jsonl").write_text(json.dumps({
+        "task_id": "f1", "Question": "What is in the sheet?", "Level": 1, "Final answer": "2",
+        "file_name": "sheet.csv"}) + "\n")
+    config = EvalConfig(bench=BENCHMARKS["gaia"], data=folder, out=tmp_path / "out")
+    [task] = load_tasks(config)
+    assert str(folder / "sheet.csv") in task.question and task.files == [folder / "sheet.csv"]
+    settings = with_out(RunSettings(), config, [task])
+    assert settings.trajectory == tmp_path / "out" / "trajectories.jsonl"
+    [python] = [s for s in default_servers(settings.llm, lambda text: None, settings.tools.upload_dirs)
+                if s.name == "tool-python"]
+    assert str(folder) in python.env["NANBEIGE_SANDBOX_UPLOAD_DIRS"].split(os.pathsep)
