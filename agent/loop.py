@@ -105,8 +105,9 @@ def _no_event(kind: str, data: Any) -> None:
 
 async def run(question: str, llm: LLM, toolbox: Toolbox | None, config: AgentConfig,
               writer: TrajectoryWriter | None = None, on_event: Event = _no_event,
-              group_id: str | None = None) -> Trajectory:
-    """Answer one question; returns the finished trajectory (also written turn by turn)."""
+              group_id: str | None = None, header: dict[str, Any] | None = None) -> Trajectory:
+    """Answer one question; returns the finished trajectory (also written turn by turn). `header`
+    sets other fields of the trajectory's start record (`rollout_index`, `policy_version`, ...)."""
     tools = toolbox.tools if toolbox else []
     config = dataclasses.replace(config.for_dialect(), date=config.date or datetime.date.today().isoformat(),
                                  max_context=config.max_context or DEFAULT_MAX_CONTEXT)
@@ -117,7 +118,7 @@ async def run(question: str, llm: LLM, toolbox: Toolbox | None, config: AgentCon
         system_prompt=dialects.system_prompt(config.dialect, tools, date, config.system_prompt_template),
         user_message=dialects.user_message(config.dialect, question),
         sampling=llm.config.sampling(), limits=limits,
-        tokenizer=llm.tokenizer_identity, chat_template=llm.template_identity,
+        tokenizer=llm.tokenizer_identity, chat_template=llm.template_identity, **(header or {}),
     )
     state = Run(trajectory, History(trajectory.system_prompt, trajectory.user_message, config.keep_tool_results),
                 llm.new_conversation())

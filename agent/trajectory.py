@@ -120,7 +120,15 @@ class Trajectory:
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     """Unique id of this trajectory."""
     group_id: str | None = None
-    """Id shared by rollouts of the same question."""
+    """Id shared by rollouts of the same question (the question's id)."""
+    rollout_index: int | None = None
+    """Which of the question's G rollouts this is (0..G-1), for `collect`."""
+    policy_version: str | None = None
+    """The version of the weights that sampled it (`--policy-version`, or what the server reports)."""
+    reference_answer: str | None = None
+    """The question's gold answer, when known: what the outcome reward is graded against."""
+    grader: str | None = None
+    """The grader the question's benchmark uses (`gaia-exact`, a judge profile), when known."""
     system_prompt: str = ""
     """The system prompt the model saw."""
     user_message: str = ""

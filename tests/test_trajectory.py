@@ -23,7 +23,8 @@ GOLDEN = Path(__file__).parent / "golden" / "trajectory.jsonl"
 
 
 def sample_trajectory() -> Trajectory:
-    trajectory = Trajectory(question="What is 2+3?", id="t0", group_id="q0", system_prompt="sys",
+    trajectory = Trajectory(question="What is 2+3?", id="t0", group_id="q0", rollout_index=0, policy_version="v0",
+                            reference_answer="5", grader="gaia-exact", system_prompt="sys",
                             user_message="What is 2+3?", model="m", started_at=1700000000.0,
                             sampling={"temperature": 0.6}, limits={"max_turns": 5})
     trajectory.turns.append(Turn(
