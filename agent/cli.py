@@ -23,7 +23,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from nanbeige.agent import commands, settings_file
+from nanbeige.agent import commands, rl_commands, settings_file
 from nanbeige.agent import options as o
 from nanbeige.agent.config import BackendConfig, RunSettings, ToolsConfig
 from nanbeige.agent.console import err, fail, hide, out
@@ -121,6 +121,8 @@ def run_command(main: Coroutine[Any, Any, T]) -> T:
         fail(str(exc), 2 if exc.usage else 1)
     except (KeyboardInterrupt, asyncio.CancelledError):  # the servers' shutdown may re-cancel the task
         raise typer.Exit(143 if terminated else 130) from None
+    except typer.Exit:  # a command's own `fail`: its line is already printed
+        raise
     except Exception as exc:
         if os.environ.get("NANBEIGE_DEBUG"):
             raise
@@ -169,6 +171,7 @@ app.command("serve", context_settings={"allow_extra_args": True, "ignore_unknown
 app.command("server")(commands.server)
 app.add_typer(commands.index_app, name="index")
 app.command("eval", epilog=commands.benchmark_list())(commands.evaluate)
+app.command("collect")(rl_commands.collect)
 
 
 def main() -> None:

@@ -245,7 +245,7 @@ def eval_config(bench: Any, data: Path | None, k: int, concurrency: int, limit: 
 def run_eval(config: Any, settings: Any) -> None:
     """Run the eval with a progress display on stderr; print the report on stdout."""
     from nanbeige.agent.cli import notice, run_command
-    from nanbeige.agent.view import EvalView
+    from nanbeige.agent.view import RunsView
     from nanbeige.evals.report import markdown
     from nanbeige.evals.runner import EvalError, evaluate
 
@@ -253,7 +253,7 @@ def run_eval(config: Any, settings: Any) -> None:
 
     async def main() -> dict[str, Any]:
         try:
-            return await evaluate(config, settings, notice, lambda progress: EvalView(err, progress, config.bench.name))
+            return await evaluate(config, settings, notice, lambda progress: RunsView(err, progress, config.bench.name))
         except EvalError as exc:
             fail(str(exc))
         except asyncio.CancelledError:

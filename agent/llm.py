@@ -143,6 +143,10 @@ class ServerInfo:
     """The model's context length in tokens, where the server lists one (vLLM does)."""
     models: list[str] = field(default_factory=list)
     """The ids of the models the server lists."""
+    weights: str | None = None
+    """What the server says the served weights are, where it says: the model entry's `root` (vLLM
+    lists the weights' path there, and a LoRA adapter's own path for an adapter), a version of the
+    policy for rollouts."""
 
 
 def probe_server(base_url: str, api_key: str | None, timeout: float = PROBE_TIMEOUT_S,
@@ -176,9 +180,10 @@ def _read_model_list(response: httpx.Response, model: str | None) -> tuple[Serve
         raise ModelUnreachable(f"HTTP {response.status_code} from {response.url}: not an OpenAI-compatible server")
     owners = [entry["owned_by"] for entry in entries if entry.get("owned_by") is not None]
     chosen = next((entry for entry in entries if entry.get("id") == model), entries[0] if entries else {})
-    length = chosen.get("max_model_len")
+    length, root = chosen.get("max_model_len"), chosen.get("root")
     info = ServerInfo(vllm="vllm" in owners, max_model_len=length if isinstance(length, int) else None,
-                      models=[str(entry["id"]) for entry in entries if "id" in entry])
+                      models=[str(entry["id"]) for entry in entries if "id" in entry],
+                      weights=root if isinstance(root, str) and root else None)
     return info, bool(owners)
 
 

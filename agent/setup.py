@@ -54,6 +54,8 @@ class Ready:
     """Where the trajectories go."""
     agent: AgentConfig
     """The loop settings, with the context length the server reported filled in."""
+    server: ServerInfo | None = None
+    """What the model server said about itself; None when the model runs in this process."""
 
 
 def default_trajectory_path() -> Path:
@@ -263,10 +265,10 @@ async def ready(settings: RunSettings, notice: Notice) -> AsyncIterator[Ready]:
         async with _toolbox(specs, settings.tools, errlog, secrets) as toolbox:
             llm = await _backend(settings, server, notice)
             try:
-                writer = open_writer(path, secrets)
+                writer = open_writer(path, secrets, settings.whole_trajectories)
                 began = True
                 try:
-                    yield Ready(llm, toolbox, writer, path, settings.agent)
+                    yield Ready(llm, toolbox, writer, path, settings.agent, server)
                 finally:
                     writer.close()
             finally:
@@ -309,9 +311,9 @@ def _remove(log_path: Path | None, folders: list[Path]) -> None:
             return
 
 
-def open_writer(path: Path, secrets: list[str]) -> TrajectoryWriter:
+def open_writer(path: Path, secrets: list[str], whole: bool = False) -> TrajectoryWriter:
     try:
-        return TrajectoryWriter(path, secrets=secrets)
+        return TrajectoryWriter(path, secrets=secrets, whole=whole)
     except OSError as exc:
         raise SetupError(f"cannot write the trajectory to {path}: {exc.strerror or exc}. "
                          "Pass --trajectory with a writable path.") from None

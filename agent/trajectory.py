@@ -204,35 +204,60 @@ def redact(text: str, secrets: list[str]) -> str:
     return text
 
 
+NOT_ENDED_ON_ITS_OWN = ("interrupted", "crashed", "model_error")
+"""Stop reasons of runs cut short from outside (a signal, a bug, the model server): such a run says
+nothing about the question, and `collect` runs it again."""
+
+
 class TrajectoryWriter:
-    """Appends trajectory records to a JSONL file, one flushed line per record.
+    """Appends trajectory records to a JSONL file, one flushed line per record; or, with `whole`,
+    each trajectory's lines together when it ends, and only when it ended on its own (not
+    `NOT_ENDED_ON_ITS_OWN`), so that the file holds finished trajectories only.
 
     Every string in `secrets` (of 8 characters or more: shorter ones would match ordinary text and
     JSON syntax) is replaced by `[REDACTED]` before a line is written."""
 
-    def __init__(self, path: str | Path, secrets: list[str] | None = None):
+    def __init__(self, path: str | Path, secrets: list[str] | None = None, whole: bool = False):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.secrets = sorted({s for s in secrets or [] if len(s) >= 8}, key=len, reverse=True)
+        self.whole = whole
+        self._held: dict[str, list[bytes]] = {}  # whole mode: each open trajectory's lines so far
         self._file: IO[bytes] = open(self.path, "ab")
         if self._file.tell() and not _ends_with_newline(self.path):
             self._file.write(b"\n")  # an earlier run died mid-line: start ours on a line of its own
 
-    def write(self, record: dict[str, Any]) -> None:
+    def _line(self, record: dict[str, Any]) -> bytes:
         line = orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY, default=str)
         for secret in self.secrets:
             line = line.replace(orjson.dumps(secret)[1:-1], REDACTED.encode())
-        self._file.write(line + b"\n")
+        return line + b"\n"
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._file.write(self._line(record))
         self._file.flush()
 
     def start(self, trajectory: Trajectory) -> None:
-        self.write(start_record(trajectory))
+        if self.whole:
+            self._held[trajectory.id] = [self._line(start_record(trajectory))]
+        else:
+            self.write(start_record(trajectory))
 
     def turn(self, trajectory: Trajectory, turn: Turn) -> None:
-        self.write(turn_record(trajectory.id, turn))
+        if self.whole:  # encoded now: the record is what the turn was when it was logged
+            self._held[trajectory.id].append(self._line(turn_record(trajectory.id, turn)))
+        else:
+            self.write(turn_record(trajectory.id, turn))
 
     def end(self, trajectory: Trajectory) -> None:
-        self.write(end_record(trajectory))
+        if self.whole:
+            lines = self._held.pop(trajectory.id, [])
+            if trajectory.stop_reason in NOT_ENDED_ON_ITS_OWN:
+                return
+            self._file.write(b"".join([*lines, self._line(end_record(trajectory))]))
+            self._file.flush()
+        else:
+            self.write(end_record(trajectory))
         os.fsync(self._file.fileno())
 
     def close(self) -> None:

@@ -95,13 +95,14 @@ def show(console: Console, trajectory: Trajectory, full: bool = False) -> None:
     console.print(f"[bold]answer:[/] {escape(trajectory.answer or '(none)')}", highlight=False)
 
 
-class EvalView:
-    """A live line on stderr while an eval runs: a bar, runs done, running, accuracy so far, ETA."""
+class RunsView:
+    """A live line on stderr while many runs go (an eval, a collection): a bar, runs done, running,
+    accuracy or pass rate so far, and ETA; with `group_size`, questions done and turns/s too."""
 
-    def __init__(self, console: Console, progress: Any, name: str):
+    def __init__(self, console: Console, progress: Any, name: str, group_size: int | None = None):
         from rich.live import Live
 
-        self.progress, self.name = progress, name
+        self.progress, self.name, self.group_size = progress, name, group_size
         self.resumed = progress.done  # runs done before this session: not part of its pace
         self.live = Live(console=console, get_renderable=self._render, refresh_per_second=4, transient=False)
         self.live.start()
@@ -111,14 +112,24 @@ class EvalView:
         from rich.table import Table
 
         p = self.progress
-        accuracy = "-" if p.accuracy is None else f"{100 * p.accuracy:.1f}%"
-        line = f"{p.done}/{p.total} runs · {p.running} running · accuracy {accuracy} · ETA {self._eta()}"
+        rate = "-" if p.accuracy is None else f"{100 * p.accuracy:.1f}%"
+        if self.group_size:
+            line = (f"{p.groups_done}/{p.total // self.group_size} questions · {p.done}/{p.total} rollouts · "
+                    f"{p.running} running · pass rate {rate} · {self._turns_per_s()} turns/s · ETA {self._eta()}")
+        else:
+            line = f"{p.done}/{p.total} runs · {p.running} running · accuracy {rate} · ETA {self._eta()}"
         if p.failed:
             line += f" · [yellow]{p.failed} failed[/]"
         grid = Table.grid(padding=(0, 1))
         grid.add_row(f"[bold]{escape(self.name)}[/]", ProgressBar(total=max(p.total, 1), completed=p.done, width=20),
                      line)
         return grid
+
+    def _turns_per_s(self) -> str:
+        import time
+
+        elapsed = time.monotonic() - self.progress.started
+        return f"{self.progress.turns / elapsed:.1f}" if elapsed > 0 else "-"
 
     def _eta(self) -> str:
         import time

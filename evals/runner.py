@@ -73,6 +73,12 @@ class Progress:
     done: int = 0
     running: int = 0
     correct: int = 0
+    turns: int = 0
+    """Model turns of the runs done in this session."""
+    graded: int = 0
+    """Runs done whose answer could be graded (a reference answer, a judge that decided)."""
+    groups_done: int = 0
+    """Tasks all of whose runs are done (`collect`: questions with their G rollouts)."""
     failed: int = 0
     """Runs that failed (model server errors, crashes): not recorded, run again on resume."""
     last_error: str | None = None
@@ -80,7 +86,7 @@ class Progress:
 
     @property
     def accuracy(self) -> float | None:
-        return self.correct / self.done if self.done else None
+        return self.correct / self.graded if self.graded else None
 
 
 # ---------------------------------------------------------------- the out folder
@@ -189,11 +195,11 @@ Attempt = Callable[[Task, int], Awaitable["dict[str, Any] | str"]]
 server failed, a crash): such runs are not recorded, so the next resume runs them again."""
 
 
-async def run_all(config: EvalConfig, tasks: list[Task], attempt: Attempt, progress: Progress) -> None:
-    """Every pending (task, run) through `attempt`, `config.concurrency` at a time, each graded row
-    appended as it comes. A cancelled eval cancels the runs in flight (each closes its trajectory);
-    failures in a row past the concurrency (a model server gone) stop the eval."""
-    pending = pending_runs(tasks, config.k, read_results(config.out))
+async def run_all(pending: list[tuple[Task, int]], attempt: Attempt, concurrency: int, progress: Progress,
+                  record: Callable[[dict[str, Any]], None]) -> None:
+    """Every pending (task, run) through `attempt`, `concurrency` at a time, each finished one handed
+    to `record` as it comes. A cancelled eval cancels the runs in flight (each closes its trajectory);
+    failures in a row past the concurrency (a model server gone) stop it with the last error."""
     queue: asyncio.Queue[tuple[Task, int]] = asyncio.Queue()
     for item in pending:
         queue.put_nowait(item)
@@ -210,17 +216,19 @@ async def run_all(config: EvalConfig, tasks: list[Task], attempt: Attempt, progr
             if isinstance(row, str):
                 progress.failed, progress.last_error = progress.failed + 1, row
                 in_a_row[0] += 1
-                if in_a_row[0] >= max(3, config.concurrency):
+                if in_a_row[0] >= max(3, concurrency):
                     raise EvalError(f"{in_a_row[0]} runs in a row failed, the last with: {row}")
                 continue
             in_a_row[0] = 0
-            append_result(config.out, row)
+            record(row)
             progress.done += 1
-            progress.correct += row["correct"] is True
+            progress.correct += row.get("correct") is True
+            progress.graded += row.get("correct") is not None
+            progress.turns += row.get("turns") or 0
 
     try:
         async with asyncio.TaskGroup() as group:
-            for _ in range(min(config.concurrency, len(pending))):
+            for _ in range(min(concurrency, len(pending))):
                 group.create_task(worker())
     except* EvalError as errors:
         raise errors.exceptions[0] from None
@@ -327,7 +335,8 @@ async def evaluate(config: EvalConfig, settings: RunSettings, notice: Callable[[
             attempt = config.bench.attempt(runtime, config, client)
             view = progress_view(progress) if progress_view else None
             try:
-                await run_all(config, tasks, attempt, progress)
+                await run_all(pending, attempt, config.concurrency, progress,
+                              lambda row: append_result(config.out, row))
             finally:
                 if view is not None:
                     view.stop()

@@ -165,7 +165,8 @@ def test_bad_input_is_one_line_and_nothing_runs(tmp_path: Path) -> None:
              (run("report", str(tmp_path)), "eval.json")]
     for result, words in cases:
         assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
-        assert words in result.stderr, (words, result.stderr)
+        assert words in result.stderr and "crashed" not in result.stderr, (words, result.stderr)
+        assert len([line for line in result.stderr.splitlines() if line.startswith("error:")]) == 1, result.stderr
     assert not (tmp_path / "o2").exists()  # refused before anything was written
 
 

@@ -1,0 +1,107 @@
+"""The `nanbeige` commands that make RL data: `collect` (rollouts), `judge` (rewards, turn critic) and
+`synth` (questions from a corpus). Registered on the app in cli.py; the work is in `trainer/`."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+
+from nanbeige.agent import options as o
+from nanbeige.agent.config import BackendConfig, ToolsConfig
+from nanbeige.agent.console import err, fail, hide
+from nanbeige.agent.llm import LLMConfig
+from nanbeige.agent.loop import AgentConfig
+
+
+def collect(
+    questions: Annotated[Path | None, typer.Option(help="Questions: JSONL or CSV with `question`, optional `answer` "
+                                                        "and `id`.", show_default=False)] = None,
+    bench: Annotated[str | None, typer.Option(help="Or a benchmark of `nanbeige eval` (with --data).",
+                                              show_default=False)] = None,
+    data: Annotated[Path | None, typer.Option(help="The benchmark's file, with --bench.", show_default=False)] = None,
+    group_size: Annotated[int, typer.Option("--group-size", "-G", min=1, help="Rollouts per question.")] = 8,
+    out: Annotated[Path, typer.Option(help="Trajectory JSONL the rollouts are appended to; an existing one is "
+                                           "resumed.")] = Path("rollouts.jsonl"),
+    concurrency: Annotated[int, typer.Option(min=1, help="Rollouts at once.")] = 8,
+    limit: Annotated[int | None, typer.Option(min=1, help="Only the first N questions.", show_default=False)] = None,
+    policy_version: Annotated[str | None, typer.Option(help="Recorded on every rollout \\[default: the weights the "
+                                                            "server reports, or the model's name in process].",
+                                                       show_default=False)] = None,
+    allow_inexact: Annotated[bool, typer.Option(help="Collect through a chat endpoint, whose token ids are not "
+                                                     "exact.")] = False,
+    base_url: o.BaseUrl = None,
+    backend: o.Backend = BackendConfig.backend,
+    model: o.Model = LLMConfig.model,
+    api_key: o.ApiKey = None,
+    dialect: o.Dialect = AgentConfig.dialect,
+    max_turns: o.MaxTurns = None,
+    keep_tool_results: o.KeepToolResults = AgentConfig.keep_tool_results,
+    max_context: o.MaxContext = None,
+    temperature: o.Temperature = None,
+    top_p: o.TopP = None,
+    repetition_penalty: o.RepetitionPenalty = None,
+    max_tokens: o.MaxTokens = LLMConfig.max_tokens,
+    mcp: o.Mcp = None,
+    no_default_servers: o.NoDefaultServers = False,
+    tool_timeout: o.ToolTimeout = ToolsConfig.tool_timeout_s,
+    max_result_chars: o.MaxResultChars = ToolsConfig.max_result_chars,
+    timeout: o.Timeout = None,
+    gguf_file: o.GgufFile = None,
+    token_mode: o.TokenMode = False,
+    chat_template: o.ChatTemplate = None,
+    summary_turn: o.SummaryTurn = None,
+    rollback: o.Rollback = None,
+    system_prompt_file: o.SystemPromptFile = None,
+) -> None:
+    """Sample G token-exact rollouts per question for RL, concurrently; resumable."""
+    from nanbeige.agent.setup import secrets_of
+    from nanbeige.evals.benchmarks import BENCHMARKS
+    from nanbeige.trainer.collect import CollectConfig
+
+    settings = o.run_settings(**o.shared(locals()))
+    if (questions is None) == (bench is None):
+        fail("give the questions with --questions FILE, or --bench NAME --data PATH (one of them)", 2)
+    if bench is not None and bench not in BENCHMARKS:
+        fail(f"unknown benchmark {bench!r}; known: {', '.join(BENCHMARKS)}", 2)
+    if bench is not None and BENCHMARKS[bench].needs_data and data is None:
+        fail(f"--data is required with --bench {bench}: the path of {BENCHMARKS[bench].about}", 2)
+    for path in (questions, data):
+        if path is not None and not path.exists():
+            fail(f"{path}: no such file or folder", 2)
+    config = CollectConfig(out=out, questions=questions, bench=BENCHMARKS[bench] if bench else None, data=data,
+                           group_size=group_size, concurrency=concurrency, limit=limit,
+                           policy_version=policy_version, allow_inexact=allow_inexact)
+    hide(secrets_of(settings))
+    run_collect(config, settings)
+
+
+def run_collect(config: Any, settings: Any) -> None:
+    from nanbeige.agent.cli import notice, run_command
+    from nanbeige.agent.view import RunsView
+    from nanbeige.trainer.collect import CollectError, collect
+
+    err.print(f"[dim]collect: rollouts go to {escape(str(config.out))}[/]", highlight=False)
+
+    async def main() -> dict[str, Any]:
+        try:
+            return await collect(config, settings, notice,
+                                 lambda progress: RunsView(err, progress, "collect", config.group_size))
+        except CollectError as exc:
+            fail(str(exc))
+        except asyncio.CancelledError:
+            err.print(f"[yellow]interrupted[/]; finished rollouts are kept in {escape(str(config.out))}: run the "
+                      "same command to go on", highlight=False)
+            raise
+
+    summary = run_command(main())
+    rate = "-" if summary["pass_rate"] is None else f"{100 * summary['pass_rate']:.1f}%"
+    err.print(f"{summary['rollouts']} of {summary['rollouts_expected']} rollouts in {escape(str(config.out))}; "
+              f"{summary['questions_done']} of {summary['questions']} questions complete; pass rate (exact match) "
+              f"{rate}", highlight=False)
+    if summary["failed"]:
+        fail(f"{summary['failed']} rollouts failed and were not written (last: {summary['last_error']}); run the "
+             "same command again to retry them")

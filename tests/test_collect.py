@@ -1,0 +1,115 @@
+"""`nanbeige collect`: G token-exact rollouts per question, written whole as they end, resumable."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from fake_openai import FakeOpenAI, mcp_answer
+from conftest import TEST_SERVER
+from tiny_model import make_tiny_model
+
+from nanbeige.agent.tokens import training_rows
+from nanbeige.agent.trajectory import load_trajectories
+from nanbeige.evals.tasks import LoadError
+from nanbeige.trainer.collect import question_id, read_questions
+
+NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
+TESTKIT = "testkit=" + shlex.join(TEST_SERVER)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
+def questions_file(folder: Path) -> Path:
+    path = folder / "questions.jsonl"
+    path.write_text('{"id": "q1", "question": "What is 2+2?", "answer": "4"}\n'
+                    '{"question": "Name a colour.", "answer": "red"}\n'
+                    '{"id": "q3", "question": "Who wrote Hamlet?"}\n')
+    return path
+
+
+def collect_command(tiny: Path, questions: Path, out: Path, *extra: str) -> list[str]:
+    return [NANBEIGE, "collect", "--questions", str(questions), "--group-size", "4", "--out", str(out),
+            "--backend", "transformers", "--model", str(tiny), "--max-turns", "2", "--max-tokens", "12",
+            "--no-default-servers", "--mcp", TESTKIT, "--concurrency", "2", *extra]
+
+
+def test_rollouts_are_exact_grouped_and_resumed_after_a_kill_without_loss_or_duplicates(tiny: Path,
+                                                                                        tmp_path: Path) -> None:
+    questions, out = questions_file(tmp_path), tmp_path / "rollouts.jsonl"
+    env = {**os.environ, "COLUMNS": "200"}
+    process = subprocess.Popen(collect_command(tiny, questions, out, "--policy-version", "step-7"),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None and \
+            (not out.exists() or out.read_text().count('"type":"end"') < 3):
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.communicate(timeout=30)
+    before = len(load_trajectories(out))
+    assert 3 <= before < 12
+    finished = subprocess.run(collect_command(tiny, questions, out, "--policy-version", "step-7"),
+                              capture_output=True, text=True, env=env, timeout=300)
+    assert finished.returncode == 0, finished.stderr
+    assert f"resuming: {before} of 12 rollouts already in" in finished.stderr
+    trajectories = load_trajectories(out)
+    keys = Counter((t.group_id, t.rollout_index) for t in trajectories)
+    ids = ["q1", question_id("Name a colour."), "q3"]
+    assert keys == {(q, r): 1 for q in ids for r in range(4)}  # every rollout once: none lost, none twice
+    for trajectory in trajectories:
+        assert trajectory.finished and trajectory.policy_version == "step-7"
+        assert trajectory.tokenizer is not None  # prompts rendered here: exact ids
+        assert trajectory.tools and trajectory.tools[0]["server"] == "testkit"
+        rows = training_rows(trajectory.turns)  # raises unless every prefix hash and logprob checks out
+        assert rows and all(turn.completion_ids and len(turn.logprobs) == len(turn.completion_ids)
+                            for turn in trajectory.turns)
+    by_group = {t.group_id: t for t in trajectories}
+    assert (by_group["q1"].reference_answer, by_group["q3"].reference_answer) == ("4", None)
+    # whole trajectories only: no start line without its end line
+    records = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    assert Counter(r["type"] for r in records)["start"] == Counter(r["type"] for r in records)["end"] == 12
+
+
+def test_a_chat_endpoint_is_refused_unless_inexact_rollouts_are_allowed(tmp_path: Path) -> None:
+    questions, out = questions_file(tmp_path), tmp_path / "rollouts.jsonl"
+    with FakeOpenAI([], default=mcp_answer("4")) as server:
+        base = [NANBEIGE, "collect", "--questions", str(questions), "-G", "2", "--out", str(out),
+                "--base-url", server.base_url, "--no-default-servers"]
+        refused = subprocess.run(base, capture_output=True, text=True, timeout=60)
+        assert refused.returncode == 1 and "token-exact" in refused.stderr and "--allow-inexact" in refused.stderr
+        assert "Traceback" not in refused.stderr and not out.exists() or out.read_text() == ""
+        allowed = subprocess.run([*base, "--allow-inexact", "--limit", "1"], capture_output=True, text=True,
+                                 timeout=60)
+    assert allowed.returncode == 0, allowed.stderr
+    assert "pass rate (exact match) 100.0%" in allowed.stderr
+    assert [(t.group_id, t.rollout_index, t.answer) for t in load_trajectories(out)] in (
+        [("q1", 0, "4"), ("q1", 1, "4")], [("q1", 1, "4"), ("q1", 0, "4")])
+
+
+def test_questions_files_and_their_errors(tmp_path: Path) -> None:
+    csv = tmp_path / "q.csv"
+    csv.write_text("question,answer\nWhat is 2+2?,4\nName a colour.,\n")
+    tasks = read_questions(csv)
+    assert [(t.id, t.question, t.answer) for t in tasks] == [
+        (question_id("What is 2+2?"), "What is 2+2?", "4"), (question_id("Name a colour."), "Name a colour.", "")]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "ok"}\n{"answer": "no question"}\n')
+    with pytest.raises(LoadError, match=r"bad.jsonl row 2: no `question`"):
+        read_questions(bad)
+    bad.write_text('{"id": "a", "question": "one"}\n{"id": "a", "question": "two"}\n')
+    with pytest.raises(LoadError, match="the id 'a' is given to more than one question"):
+        read_questions(bad)
+    bad.write_text('not json\n')
+    with pytest.raises(LoadError, match=r"bad.jsonl row 1: not JSON"):
+        read_questions(bad)

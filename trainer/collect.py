@@ -1,0 +1,201 @@
+"""Rollouts for RL: G token-exact rollouts of the agent per question, run concurrently, resumable.
+
+The out file is trajectory JSONL holding finished rollouts only: each trajectory is written whole
+when it ends, and only when it ended on its own (answered, or a limit), never one cut short by a
+signal, a crash or the model server. Each carries its group id (the question's id), its rollout
+index, the policy version and, when the question has one, the reference answer and its grader.
+Resuming counts the (question, rollout) pairs already in the file and runs only the missing ones.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import hashlib
+import json
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from nanbeige.agent.config import RunSettings
+from nanbeige.agent.trajectory import NOT_ENDED_ON_ITS_OWN, load_trajectories
+from nanbeige.evals.gaia_scorer import question_scorer
+from nanbeige.evals.runner import EvalError, Progress, run_all
+from nanbeige.evals.tasks import LoadError, Task
+
+if TYPE_CHECKING:
+    from nanbeige.agent.setup import Ready
+    from nanbeige.evals.benchmarks import Benchmark
+
+
+class CollectError(Exception):
+    """Something the user must fix before rollouts can be collected; one line naming the fix."""
+
+
+@dataclass
+class CollectConfig:
+    """Which questions, how many rollouts, and where they go; the model and tools come from `RunSettings`."""
+
+    out: Path
+    """Trajectory JSONL the rollouts are appended to (an existing one is resumed)."""
+    questions: Path | None = None
+    """A JSONL or CSV file of questions: `question`, optional `answer`, optional `id`."""
+    bench: Benchmark | None = None
+    """Or a benchmark of `nanbeige eval`, read from `data`."""
+    data: Path | None = None
+    """The benchmark's file, with `bench`."""
+    group_size: int = 8
+    """Rollouts per question (G)."""
+    concurrency: int = 8
+    """Rollouts at once."""
+    limit: int | None = None
+    """Only the first N questions."""
+    policy_version: str | None = None
+    """Recorded on every rollout; None: what the model server says its weights are (vLLM's model
+    `root`), or the model's name in process."""
+    allow_inexact: bool = False
+    """Collect through a chat endpoint, whose prompts the server renders, so token ids are not exact."""
+
+
+def question_id(text: str) -> str:
+    """A stable id for a question given without one: the same text gives the same id on every run."""
+    return "q" + hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def read_questions(path: Path) -> list[Task]:
+    """Questions from JSONL (one object a line) or CSV (a header row): `question`, optional `answer`
+    and `id`. Errors name the file and the row."""
+    try:
+        if path.suffix.lower() == ".csv":
+            with open(path, newline="", encoding="utf-8-sig") as file:
+                rows = list(csv.DictReader(file))
+        else:
+            rows = [_json_row(path, n, line) for n, line in enumerate(path.read_text().splitlines(), 1)
+                    if line.strip()]
+    except OSError as exc:
+        raise LoadError(f"{path}: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise LoadError(f"{path}: not a readable questions file ({exc})") from None
+    tasks = []
+    for number, row in enumerate(rows, 1):
+        question = row.get("question")
+        if not isinstance(question, str) or not question.strip():
+            raise LoadError(f"{path} row {number}: no `question` (each row needs one; `answer` and `id` are "
+                            "optional)")
+        answer = row.get("answer")
+        tasks.append(Task(id=str(row.get("id") or question_id(question)), question=question,
+                          answer="" if answer is None else str(answer)))
+    if not tasks:
+        raise LoadError(f"{path}: no questions")
+    ids = Counter(task.id for task in tasks)
+    if len(ids) != len(tasks):
+        raise LoadError(f"{path}: the id {ids.most_common(1)[0][0]!r} is given to more than one question")
+    return tasks
+
+
+def _json_row(path: Path, number: int, line: str) -> dict[str, Any]:
+    try:
+        row = json.loads(line)
+    except ValueError as exc:
+        raise LoadError(f"{path} row {number}: not JSON ({exc})") from None
+    if not isinstance(row, dict):
+        raise LoadError(f"{path} row {number}: not a JSON object")
+    return row
+
+
+def load_questions(config: CollectConfig) -> list[Task]:
+    try:
+        if config.bench is not None:
+            tasks = config.bench.load(config.data)
+        elif config.questions is not None:
+            tasks = read_questions(config.questions)
+        else:
+            raise CollectError("give the questions: --questions FILE, or --bench NAME --data PATH")
+    except LoadError as exc:
+        raise CollectError(str(exc)) from None
+    return tasks[: config.limit] if config.limit else tasks
+
+
+def done_rollouts(out: Path) -> set[tuple[str, int]]:
+    """The (question id, rollout index) pairs already in the out file."""
+    if not out.exists():
+        return set()
+    try:
+        trajectories = load_trajectories(out)
+    except (OSError, ValueError) as exc:
+        raise CollectError(f"cannot read {out} to resume it ({exc}); pass another --out") from None
+    return {(t.group_id, t.rollout_index) for t in trajectories
+            if t.finished and t.stop_reason not in NOT_ENDED_ON_ITS_OWN and t.group_id is not None}
+
+
+def check_exact(runtime: Ready, config: CollectConfig) -> None:
+    """Refuse a backend whose token ids are not exact: a chat server renders prompts itself, so what
+    the model saw can only be re-tokenized, which RL must not train on."""
+    if runtime.llm.tokenizer_identity is None and not config.allow_inexact:
+        raise CollectError("collect needs token-exact rollouts, and this chat endpoint renders prompts on the "
+                           "server: use --token-mode against vLLM (`nanbeige serve --rl-logprobs`), or the in-process "
+                           "backend (--backend transformers); --allow-inexact collects through the chat endpoint "
+                           "anyway")
+
+
+def rollout_attempt(runtime: Ready, config: CollectConfig, policy_version: str | None) -> Callable[..., Any]:
+    """One rollout of the agent on a question; its trajectory goes to the out file when it ends."""
+    from nanbeige.agent.loop import run
+
+    grader = config.bench.grader if config.bench is not None else None
+
+    async def attempt(task: Task, rollout_index: int) -> dict[str, Any] | str:
+        header = {"rollout_index": rollout_index, "policy_version": policy_version,
+                  "reference_answer": task.answer or None, "grader": grader if task.answer else None}
+        try:
+            trajectory = await run(task.question, runtime.llm, runtime.toolbox, runtime.agent, runtime.writer,
+                                   group_id=task.id, header=header)
+        except Exception as exc:  # not written (whole mode): run again on resume
+            return f"{type(exc).__name__}: {exc}"
+        if trajectory.stop_reason in NOT_ENDED_ON_ITS_OWN:
+            return trajectory.error or f"the rollout ended as {trajectory.stop_reason}"
+        # a quick pass rate for the progress line; `nanbeige judge` gives the rewards
+        correct = question_scorer(trajectory.answer, task.answer) if task.answer else None
+        return {"task_id": task.id, "correct": correct, "turns": len(trajectory.turns)}
+    return attempt
+
+
+async def collect(config: CollectConfig, settings: RunSettings, notice: Callable[[str], None],
+                  progress_view: Callable[[Progress], Any] | None = None) -> dict[str, Any]:
+    """Run (or resume) the collection; returns a summary of what this call did."""
+    from nanbeige.agent.setup import ready
+
+    tasks = load_questions(config)
+    done = done_rollouts(config.out)
+    pending = [(task, r) for task in tasks for r in range(config.group_size) if (task.id, r) not in done]
+    progress = Progress(total=len(tasks) * config.group_size, done=len(tasks) * config.group_size - len(pending))
+    left = Counter(task.id for task, _ in pending)
+    progress.groups_done = sum(task.id not in left for task in tasks)
+    if progress.done:
+        notice(f"resuming: {progress.done} of {progress.total} rollouts already in {config.out}")
+    if pending:
+        settings = dataclasses.replace(settings, trajectory=config.out, whole_trajectories=True)
+        async with ready(settings, notice) as runtime:
+            check_exact(runtime, config)
+            policy_version = config.policy_version or (runtime.server.weights if runtime.server else None) \
+                or (settings.llm.model if runtime.server is None else None)
+
+            def record(row: dict[str, Any]) -> None:
+                left[row["task_id"]] -= 1
+                progress.groups_done += left[row["task_id"]] == 0
+
+            view = progress_view(progress) if progress_view else None
+            try:
+                await run_all(pending, rollout_attempt(runtime, config, policy_version), config.concurrency,
+                              progress, record)
+            except EvalError as exc:
+                raise CollectError(str(exc)) from None
+            finally:
+                if view is not None:
+                    view.stop()
+    return {"questions": len(tasks), "group_size": config.group_size, "rollouts": progress.done,
+            "rollouts_expected": progress.total, "questions_done": progress.groups_done,
+            "failed": progress.failed, "last_error": progress.last_error,
+            "pass_rate": progress.accuracy, "turns": progress.turns}
