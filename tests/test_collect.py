@@ -113,3 +113,13 @@ def test_questions_files_and_their_errors(tmp_path: Path) -> None:
     bad.write_text('not json\n')
     with pytest.raises(LoadError, match=r"bad.jsonl row 1: not JSON"):
         read_questions(bad)
+
+
+def test_the_policy_version_defaults_to_the_weights_the_server_names() -> None:
+    from nanbeige.agent.llm import probe_server
+
+    entry = {"id": "policy", "object": "model", "owned_by": "vllm", "root": "/ckpt/step-9", "max_model_len": 32768}
+    with FakeOpenAI([], models=[entry]) as server:
+        assert probe_server(server.base_url, None, model="policy").weights == "/ckpt/step-9"
+    with FakeOpenAI([]) as server:
+        assert probe_server(server.base_url, None).weights is None  # a server that does not say
