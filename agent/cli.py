@@ -172,6 +172,7 @@ app.command("server")(commands.server)
 app.add_typer(commands.index_app, name="index")
 app.command("eval", epilog=commands.benchmark_list())(commands.evaluate)
 app.command("collect")(rl_commands.collect)
+app.command("judge")(rl_commands.judge)
 
 
 def main() -> None:

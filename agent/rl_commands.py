@@ -105,3 +105,92 @@ def run_collect(config: Any, settings: Any) -> None:
     if summary["failed"]:
         fail(f"{summary['failed']} rollouts failed and were not written (last: {summary['last_error']}); run the "
              "same command again to retry them")
+
+
+def judge(
+    src: Annotated[Path, typer.Argument(help="Trajectory JSONL to judge (from `nanbeige collect`).")],
+    out: Annotated[Path, typer.Option(help="Where the judged trajectories go (appended; an existing file is "
+                                           "resumed). Never the input file.")],
+    grader: Annotated[str | None, typer.Option(help="gaia-exact or a judge profile (browsecomp, browsecomp-zh, hle, "
+                                                    "xbench, equivalent) for every trajectory \\[default: each "
+                                                    "trajectory's own].", show_default=False)] = None,
+    no_critic: Annotated[bool, typer.Option(help="The outcome reward alone; no critic endpoint needed.")] = False,
+    critic_base_url: Annotated[str | None, typer.Option(envvar="NANBEIGE_CRITIC_BASE_URL", show_default=False,
+                                                        help="OpenAI-compatible endpoint of the turn critic "
+                                                             "\\[default: https://api.openai.com/v1].")] = None,
+    critic_model: Annotated[str | None, typer.Option(envvar="NANBEIGE_CRITIC_MODEL", show_default=False,
+                                                     help="The critic model \\[default: gpt-4.1-2025-04-14].")] = None,
+    critic_api_key: Annotated[str | None, typer.Option(envvar="NANBEIGE_CRITIC_API_KEY", show_default=False,
+                                                       help="API key for the critic endpoint.")] = None,
+    critic_template: Annotated[Path | None, typer.Option(show_default=False, help=(
+        "The critic prompt from a file, verbatim; {question}, {earlier_turns}, {reasoning}, {tool_calls} and "
+        "{tool_results} are filled in."))] = None,
+    min_logical_soundness: Annotated[int, typer.Option(min=1, max=5, help="A turn fails below this score.")] = 3,
+    min_tool_call_accuracy: Annotated[int, typer.Option(min=1, max=5, help="A turn fails below this score.")] = 3,
+    min_information_gain: Annotated[int, typer.Option(min=1, max=5, help="A turn fails below this score.")] = 3,
+    failed: Annotated[str, typer.Option(help="What a failed turn gets: mask (left out of training) or penalise "
+                                             "(trained on with reward -PENALTY).")] = "mask",
+    penalty: Annotated[float, typer.Option(min=0.0, help="The negative reward of a failed turn, with --failed "
+                                                         "penalise.")] = 1.0,
+    judge_base_url: Annotated[str | None, typer.Option(envvar="NANBEIGE_JUDGE_BASE_URL", show_default=False,
+                                                       help="OpenAI-compatible endpoint of the LLM judge, for "
+                                                            "judge-profile graders.")] = None,
+    judge_model: Annotated[str | None, typer.Option(envvar="NANBEIGE_JUDGE_MODEL", show_default=False,
+                                                    help="The judge model.")] = None,
+    judge_api_key: Annotated[str | None, typer.Option(envvar="NANBEIGE_JUDGE_API_KEY", show_default=False,
+                                                      help="API key for the judge endpoint.")] = None,
+    judge_template: Annotated[Path | None, typer.Option(show_default=False, help="The judge prompt from a file, "
+                                                                                "verbatim.")] = None,
+    concurrency: Annotated[int, typer.Option(min=1, help="Trajectories judged at once.")] = 8,
+) -> None:
+    """Add outcome rewards and turn-level critic scores, rewards and masks to trajectories; tokens untouched."""
+    from nanbeige.evals.judges import JudgeConfig
+    from nanbeige.trainer.critic import CriticConfig, TurnRule
+    from nanbeige.trainer.judge import JudgeRunConfig
+
+    if failed not in ("mask", "penalise"):
+        fail(f"--failed must be mask or penalise, not {failed!r}", 2)
+    critic = None if no_critic else CriticConfig(
+        base_url=critic_base_url or CriticConfig.base_url, model=critic_model or CriticConfig.model,
+        api_key=critic_api_key, template=critic_template)
+    rule = TurnRule(min_logical_soundness=min_logical_soundness, min_tool_call_accuracy=min_tool_call_accuracy,
+                    min_information_gain=min_information_gain, failed=failed, penalty=penalty)  # type: ignore[arg-type]
+    config = JudgeRunConfig(grader=grader, judge=JudgeConfig(
+        base_url=judge_base_url or JudgeConfig.base_url, model=judge_model or JudgeConfig.model,
+        api_key=judge_api_key, template=judge_template), critic=critic, rule=rule, concurrency=concurrency,
+        no_critic=no_critic)
+    hide([key for key in (critic_api_key, judge_api_key) if key])
+    run_judge(src, out, config)
+
+
+def run_judge(src: Path, out: Path, config: Any) -> None:
+    from nanbeige.agent.cli import notice, run_command
+    from nanbeige.agent.view import LiveLine
+    from nanbeige.trainer.judge import JudgeError, JudgeProgress, judge_file
+
+    progress = JudgeProgress()
+
+    def line() -> str:
+        mean = "-" if progress.mean_reward is None else f"{progress.mean_reward:.3f}"
+        return (f"judge {progress.done}/{progress.total} trajectories · {progress.running} running · mean reward "
+                f"{mean} · {progress.turns_judged} turns judged, {progress.masked_turns} masked · "
+                f"{progress.critic_failures} critic failures")
+
+    async def main() -> dict[str, Any]:
+        view = LiveLine(err, line)
+        try:
+            return await judge_file(src, out, config, notice, progress)
+        except JudgeError as exc:
+            view.stop()
+            fail(str(exc))
+        except asyncio.CancelledError:
+            err.print(f"[yellow]interrupted[/]; judged trajectories are kept in {escape(str(out))}: run the same "
+                      "command to go on", highlight=False)
+            raise
+        finally:
+            view.stop()
+
+    summary = run_command(main())
+    err.print(f"{summary['judged']} trajectories judged into {escape(str(out))} ({summary['already_judged']} were "
+              f"already there, {summary['skipped']} unfinished skipped); {summary['outcome_errors']} without an "
+              f"outcome reward, {summary['critic_failures']} turns the critic could not judge", highlight=False)

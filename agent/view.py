@@ -144,3 +144,17 @@ class RunsView:
 
     def stop(self) -> None:
         self.live.stop()
+
+
+class LiveLine:
+    """One line on stderr, redrawn four times a second from `text()` until stopped."""
+
+    def __init__(self, console: Console, text: Any):
+        from rich.live import Live
+        from rich.text import Text
+
+        self.live = Live(console=console, get_renderable=lambda: Text.from_markup(text()), refresh_per_second=4)
+        self.live.start()
+
+    def stop(self) -> None:
+        self.live.stop()

@@ -144,7 +144,8 @@ def rollout_attempt(runtime: Ready, config: CollectConfig, policy_version: str |
     """One rollout of the agent on a question; its trajectory goes to the out file when it ends."""
     from nanbeige.agent.loop import run
 
-    grader = config.bench.grader if config.bench is not None else None
+    # a questions file's answers are short: the GAIA scorer by default (`nanbeige judge --grader` overrides)
+    grader = config.bench.grader if config.bench is not None else "gaia-exact"
 
     async def attempt(task: Task, rollout_index: int) -> dict[str, Any] | str:
         header = {"rollout_index": rollout_index, "policy_version": policy_version,

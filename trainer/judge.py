@@ -1,0 +1,276 @@
+"""Judging trajectories for training: `nanbeige judge IN --out OUT`.
+
+Each finished trajectory in IN gets
+- an outcome reward: its answer graded against its reference answer, 1.0 right, 0.0 wrong, None when
+  there is no reference answer or the grader could not decide (`trajectory.reward`, `trajectory.judge`);
+- unless `no_critic`, a critic verdict on every turn, turned into the turn's reward and mask by the
+  `TurnRule` (`turn.critic`, `turn.reward`, `turn.mask`; see `critic.py`).
+
+It is then written whole to OUT (start record, every turn, end record), everything else unchanged, token
+fields included. Trajectories still running or cut short (`interrupted`, `crashed`, `model_error`) are
+skipped. OUT is appended to: a trajectory already complete there (an end record) is not judged again, so
+an interrupted judge run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+
+from nanbeige.agent.trajectory import Trajectory, TrajectoryWriter, load_trajectories, read_records
+from nanbeige.evals import gaia_scorer, judges
+from nanbeige.evals.judges import JudgeConfig
+from nanbeige.evals.runner import final_response
+from nanbeige.evals.tasks import Verdict
+from nanbeige.trainer.critic import CriticConfig, CriticUnreachable, TurnRule, judge_turn, load_template
+
+CUT_SHORT = ("interrupted", "crashed", "model_error")
+EXACT = "gaia-exact"
+
+
+class JudgeError(Exception):
+    """Something the user must fix before judging can go on; one line naming the fix."""
+
+
+@dataclass
+class JudgeRunConfig:
+    """What `judge_file` does and which endpoints it asks."""
+
+    grader: str | None = None
+    """`gaia-exact` or a judge profile (`browsecomp`, `equivalent`, ...) for every trajectory; None: each
+    trajectory's own `grader`."""
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    """The LLM judge's endpoint, for judge-profile graders."""
+    critic: CriticConfig | None = None
+    """The turn critic's endpoint; needed unless `no_critic`."""
+    rule: TurnRule = field(default_factory=TurnRule)
+    """What the critic's scores mean for each turn's reward and mask."""
+    concurrency: int = 8
+    """Trajectories judged at a time (a trajectory's turns go to the critic one after another)."""
+    no_critic: bool = False
+    """Compute the outcome reward alone; turns are left as they are."""
+
+
+@dataclass
+class JudgeProgress:
+    """Counts a progress display reads while judging runs."""
+
+    total: int = 0
+    """Trajectories to judge in this run (not counting those already judged in OUT)."""
+    done: int = 0
+    running: int = 0
+    skipped: int = 0
+    """Trajectories not judged because they are unfinished or were cut short."""
+    already_judged: int = 0
+    """Trajectories complete in OUT before this run."""
+    rewarded: int = 0
+    """Judged trajectories with an outcome reward (not None)."""
+    reward_sum: float = 0.0
+    outcome_errors: int = 0
+    """Trajectories whose outcome could not be graded (no reference answer, a judge that failed)."""
+    turns_judged: int = 0
+    masked_turns: int = 0
+    critic_failures: int = 0
+    """Turns the critic gave no usable scores for (recorded unjudged)."""
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def mean_reward(self) -> float | None:
+        return self.reward_sum / self.rewarded if self.rewarded else None
+
+    def count(self, trajectory: Trajectory) -> None:
+        """Add one judged trajectory."""
+        self.done += 1
+        if trajectory.reward is None:
+            self.outcome_errors += 1
+        else:
+            self.rewarded, self.reward_sum = self.rewarded + 1, self.reward_sum + trajectory.reward
+        for turn in trajectory.turns:
+            critic = turn.critic or {}
+            self.turns_judged += bool(critic)
+            self.masked_turns += bool(critic) and turn.mask == 0
+            self.critic_failures += "error" in critic
+
+
+# ---------------------------------------------------------------- the outcome
+
+
+def judgeable(trajectory: Trajectory) -> bool:
+    """Whether the trajectory ended in a way worth judging (not still running, not cut short)."""
+    return trajectory.stop_reason is not None and trajectory.stop_reason not in CUT_SHORT
+
+
+def verdict_record(verdict: Verdict) -> dict[str, Any]:
+    """What `trajectory.judge` holds."""
+    return {"grader": verdict.grader, "judge_model": verdict.judge_model, "correct": verdict.correct,
+            "extracted": verdict.extracted, "reason": verdict.reason, "error": verdict.error}
+
+
+async def grade(trajectory: Trajectory, grader: str, config: JudgeRunConfig, client: httpx.AsyncClient) -> Verdict:
+    """The grader's verdict on the trajectory's answer against its reference answer."""
+    gold = trajectory.reference_answer or ""
+    if grader == EXACT:
+        return gaia_scorer.grade_exact(trajectory.answer, gold)
+    if grader not in judges.PROFILES:
+        return Verdict(correct=None, grader=grader, error=f"unknown grader {grader!r}: pass --grader")
+    profile = judges.profile_for(grader, config.judge.template)
+    if trajectory.answer is None:  # nothing to judge: wrong, without spending a judge call
+        return Verdict(correct=False, grader=profile.name, reason="no answer")
+    text = trajectory.answer if profile.reads_answer else (final_response(trajectory) or trajectory.answer)
+    return await judges.judge(profile, trajectory.question, text, gold, config.judge, client)
+
+
+async def judge_outcome(trajectory: Trajectory, config: JudgeRunConfig, client: httpx.AsyncClient) -> None:
+    """Set the trajectory's `reward` (1.0 / 0.0, or None when undecided) and `judge` breakdown."""
+    if trajectory.reference_answer is None:
+        trajectory.reward, trajectory.judge = None, {"error": "no reference answer"}
+        return
+    grader = config.grader or trajectory.grader
+    if grader is None:
+        trajectory.reward, trajectory.judge = None, {"error": "no grader named: pass --grader"}
+        return
+    verdict = await grade(trajectory, grader, config, client)
+    trajectory.reward = None if verdict.correct is None else float(verdict.correct)
+    trajectory.judge = verdict_record(verdict)
+
+
+# ---------------------------------------------------------------- the file
+
+
+def completed_ids(out: Path) -> set[str]:
+    """Ids of the trajectories complete (with an end record) in OUT; a torn last line is tolerated."""
+    if not out.exists() or not out.stat().st_size:
+        return set()
+    try:
+        records = read_records(out)
+    except (OSError, ValueError) as exc:
+        raise JudgeError(f"cannot read {out} to resume it ({exc}); pass another --out") from None
+    return {r["trajectory_id"] for r in records if r.get("type") == "end" and "trajectory_id" in r}
+
+
+def write_whole(writer: TrajectoryWriter, trajectory: Trajectory) -> None:
+    # No await between these writes: trajectories judged concurrently never interleave their lines.
+    writer.start(trajectory)
+    for turn in trajectory.turns:
+        writer.turn(trajectory, turn)
+    writer.end(trajectory)
+
+
+def check(src: Path, out: Path, config: JudgeRunConfig) -> None:
+    """Raise `JudgeError` for what the user must fix, before anything is judged."""
+    if not src.is_file():
+        raise JudgeError(f"{src}: no such trajectory file")
+    if out.resolve() == src.resolve():
+        raise JudgeError("--out must be another file than the input: judging appends whole trajectories to it")
+    if config.grader is not None and config.grader != EXACT and config.grader not in judges.PROFILES:
+        raise JudgeError(f"--grader must be {EXACT} or one of {', '.join(judges.PROFILES)}, not {config.grader!r}")
+    if config.concurrency < 1:
+        raise JudgeError("--concurrency must be at least 1")
+    if config.rule.failed not in ("mask", "penalise"):
+        raise JudgeError(f"the rule for failed turns must be mask or penalise, not {config.rule.failed!r}")
+    for name, template in (("--judge-template", config.judge.template),
+                           ("--critic-template", config.critic.template if config.critic else None)):
+        if template is not None and not template.is_file():
+            raise JudgeError(f"{name} {template}: no such file")
+    if config.no_critic:
+        return
+    if config.critic is None:
+        raise JudgeError("the turn critic needs an endpoint: pass --critic-base-url and --critic-model, "
+                         "or --no-critic for the outcome reward alone")
+    if config.critic.base_url == CriticConfig.base_url and not config.critic.api_key:
+        raise JudgeError(f"the critic is {config.critic.model} at {CriticConfig.base_url}: set its API key, or "
+                         "pass --critic-base-url for another OpenAI-compatible endpoint")
+
+
+def check_judge_endpoint(trajectories: list[Trajectory], config: JudgeRunConfig) -> None:
+    """Refuse to start when some trajectory needs the LLM judge and it cannot be reached as configured."""
+    needs = {config.grader or t.grader for t in trajectories if t.reference_answer is not None} & set(judges.PROFILES)
+    if needs and config.judge.base_url == JudgeConfig.base_url and not config.judge.api_key:
+        raise JudgeError(f"grading with {', '.join(sorted(needs))} asks {config.judge.model} at "
+                         f"{JudgeConfig.base_url}: set NANBEIGE_JUDGE_API_KEY, or pass --judge-base-url "
+                         f"(and --judge-model) for another OpenAI-compatible endpoint, or --grader {EXACT}")
+
+
+async def judge_trajectory(trajectory: Trajectory, config: JudgeRunConfig, template: str,
+                           client: httpx.AsyncClient) -> None:
+    """The outcome reward, then (unless `no_critic`) each turn's critic verdict, in place."""
+    await judge_outcome(trajectory, config, client)
+    if config.no_critic or config.critic is None:
+        return
+    for turn in trajectory.turns:
+        await judge_turn(trajectory, turn, config.critic, config.rule, template, client)
+
+
+def _secrets(config: JudgeRunConfig) -> list[str]:
+    keys = [config.judge.api_key, config.critic.api_key if config.critic else None]
+    return [key for key in keys if key]
+
+
+async def judge_file(src: Path, out: Path, config: JudgeRunConfig, notice: Callable[[str], None] = lambda _: None,
+                     progress: JudgeProgress | None = None) -> dict[str, Any]:
+    """Judge the finished trajectories of `src` not yet complete in `out`, appending each to `out` whole
+    as it is done; returns a summary. `progress` (if given) is kept up to date for a live view."""
+    check(src, out, config)
+    progress = progress if progress is not None else JudgeProgress()
+    try:
+        trajectories = load_trajectories(src)
+    except (OSError, ValueError) as exc:
+        raise JudgeError(f"cannot read {src}: {exc}") from None
+    done = completed_ids(out)
+    todo = [t for t in trajectories if judgeable(t) and t.id not in done]
+    progress.skipped = sum(not judgeable(t) for t in trajectories)
+    progress.already_judged = sum(judgeable(t) and t.id in done for t in trajectories)
+    progress.total = len(todo)
+    check_judge_endpoint(todo, config)
+    if progress.already_judged:
+        notice(f"resuming: {progress.already_judged} trajectories already judged in {out}")
+    if progress.skipped:
+        notice(f"skipping {progress.skipped} trajectories that are unfinished or were cut short")
+    try:
+        template = "" if config.no_critic or config.critic is None else load_template(config.critic)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise JudgeError(f"cannot read --critic-template: {exc}") from None
+    if todo:
+        await _judge_all(todo, out, config, template, progress)
+    return summary(progress, out)
+
+
+async def _judge_all(todo: list[Trajectory], out: Path, config: JudgeRunConfig, template: str,
+                     progress: JudgeProgress) -> None:
+    slots = asyncio.Semaphore(config.concurrency)
+    writer = TrajectoryWriter(out, secrets=_secrets(config))
+
+    async def one(trajectory: Trajectory) -> None:
+        async with slots:
+            progress.running += 1
+            try:
+                await judge_trajectory(trajectory, config, template, client)
+            finally:
+                progress.running -= 1
+            write_whole(writer, trajectory)
+            progress.count(trajectory)
+
+    try:
+        async with httpx.AsyncClient(limits=httpx.Limits(max_connections=max(config.concurrency, 10))) as client:
+            async with asyncio.TaskGroup() as group:
+                for trajectory in todo:
+                    group.create_task(one(trajectory))
+    except* CriticUnreachable as errors:
+        raise JudgeError(f"{errors.exceptions[0]}; fix the critic endpoint and run again to resume") from None
+    finally:
+        writer.close()
+
+
+def summary(progress: JudgeProgress, out: Path) -> dict[str, Any]:
+    """What a judge run reports at the end."""
+    mean = progress.mean_reward
+    return {"out": str(out), "judged": progress.done, "already_judged": progress.already_judged,
+            "skipped": progress.skipped, "mean_reward": None if mean is None else round(mean, 4),
+            "rewarded": progress.rewarded, "outcome_errors": progress.outcome_errors,
+            "turns_judged": progress.turns_judged, "masked_turns": progress.masked_turns,
+            "critic_failures": progress.critic_failures}
