@@ -173,6 +173,7 @@ app.add_typer(commands.index_app, name="index")
 app.command("eval", epilog=commands.benchmark_list())(commands.evaluate)
 app.command("collect")(rl_commands.collect)
 app.command("judge")(rl_commands.judge)
+app.command("synth")(rl_commands.synth)
 
 
 def main() -> None:

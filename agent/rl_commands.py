@@ -194,3 +194,44 @@ def run_judge(src: Path, out: Path, config: Any) -> None:
     err.print(f"{summary['judged']} trajectories judged into {escape(str(out))} ({summary['already_judged']} were "
               f"already there, {summary['skipped']} unfinished skipped); {summary['outcome_errors']} without an "
               f"outcome reward, {summary['critic_failures']} turns the critic could not judge", highlight=False)
+
+
+def synth(
+    corpus: Annotated[Path, typer.Option(help="A local index built by `nanbeige index build`: the documents.")],
+    out: Annotated[Path, typer.Option(help="Questions JSONL (appended; resumed), for `nanbeige collect "
+                                           "--questions`.")],
+    count: Annotated[int, typer.Option(min=1, help="How many questions the file should hold.")] = 100,
+    hops: Annotated[int, typer.Option(min=1, max=6, help="Links each question must follow.")] = 2,
+    seed: Annotated[int, typer.Option(help="Seed of the random walks (the same seed gives the same walks).")] = 0,
+    concurrency: Annotated[int, typer.Option(min=1, help="Walks written and checked at once.")] = 4,
+    base_url: Annotated[str | None, typer.Option(envvar="NANBEIGE_SYNTH_BASE_URL", show_default=False,
+                                                 help=f"OpenAI-compatible endpoint that writes and checks the "
+                                                      f"questions \\[default: {LLMConfig.base_url}].")] = None,
+    model: Annotated[str, typer.Option(envvar="NANBEIGE_SYNTH_MODEL", help="The model there.")] = LLMConfig.model,
+    api_key: Annotated[str | None, typer.Option(envvar="NANBEIGE_SYNTH_API_KEY", show_default=False,
+                                                help="API key for that endpoint.")] = None,
+) -> None:
+    """Write multi-hop questions from your documents: random walks over the links between them, a question
+    per walk that needs every hop, rejected when one document answers it or the documents do not support it."""
+    from nanbeige.agent.cli import run_command
+    from nanbeige.trainer.synth import SynthConfig, SynthError, synthesize
+
+    config = SynthConfig(base_url=base_url or SynthConfig.base_url, model=model, api_key=api_key)
+    hide([api_key] if api_key else [])
+
+    def progress(in_file: int, wanted: int, rejected: int) -> None:
+        err.print(f"[dim]{in_file}/{wanted} questions, {rejected} walks rejected[/]", highlight=False)
+
+    async def main() -> dict[str, Any]:
+        try:
+            return await synthesize(corpus, out, config, count, hops=hops, seed=seed, concurrency=concurrency,
+                                    progress=progress)
+        except SynthError as exc:
+            fail(str(exc))
+
+    summary = run_command(main())
+    rejected = ", ".join(f"{reason} {n}" for reason, n in summary["rejected"].items()) or "none"
+    err.print(f"{summary['in_file']} questions in {escape(str(out))} ({summary['accepted']} new) from "
+              f"{summary['walks']} walks over {summary['documents']} documents and {summary['edges']} links; "
+              f"rejected: {rejected}" + ("; the walks ran out before the count was reached"
+                                         if summary.get("exhausted") else ""), highlight=False)
