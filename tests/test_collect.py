@@ -42,7 +42,7 @@ def questions_file(folder: Path) -> Path:
 def collect_command(tiny: Path, questions: Path, out: Path, *extra: str) -> list[str]:
     return [NANBEIGE, "collect", "--questions", str(questions), "--group-size", "4", "--out", str(out),
             "--backend", "transformers", "--model", str(tiny), "--max-turns", "2", "--max-tokens", "12",
-            "--no-default-servers", "--mcp", TESTKIT, "--concurrency", "2", *extra]
+            "--mcp", TESTKIT, "--concurrency", "2", *extra]  # the built-in stdio servers, and testkit
 
 
 def test_rollouts_are_exact_grouped_and_resumed_after_a_kill_without_loss_or_duplicates(tiny: Path,
@@ -70,7 +70,7 @@ def test_rollouts_are_exact_grouped_and_resumed_after_a_kill_without_loss_or_dup
     for trajectory in trajectories:
         assert trajectory.finished and trajectory.policy_version == "step-7"
         assert trajectory.tokenizer is not None  # prompts rendered here: exact ids
-        assert trajectory.tools and trajectory.tools[0]["server"] == "testkit"
+        assert {"tool-python", "jina_scrape_llm_summary", "testkit"} <= {tool["server"] for tool in trajectory.tools}
         rows = training_rows(trajectory.turns)  # raises unless every prefix hash and logprob checks out
         assert rows and all(turn.completion_ids and len(turn.logprobs) == len(turn.completion_ids)
                             for turn in trajectory.turns)

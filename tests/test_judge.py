@@ -250,6 +250,19 @@ async def test_malformed_critiques_are_retried_then_the_turn_is_left_unjudged(tm
 
 
 @pytest.mark.anyio
+async def test_a_critic_that_times_out_is_retried_then_the_turn_is_left_unjudged(tmp_path: Path) -> None:
+    def replies(request: dict[str, Any]) -> Reply | str:
+        return Reply(content="{}", delay_s=1.0) if marker(request) == "THINK-0" else critic_replies(request)
+
+    src = write(tmp_path / "in.jsonl", [make("t1")])
+    with FakeOpenAI(replies) as server:
+        result = await judge_file(src, tmp_path / "out.jsonl", config(server, timeout_s=0.2))
+    [judged] = load_trajectories(tmp_path / "out.jsonl")
+    assert judged.turns[0].reward is None and "did not answer within 0.2 s" in judged.turns[0].critic["error"]
+    assert judged.turns[1].critic["passed"] is False and result["critic_failures"] == 1  # the rest is judged
+
+
+@pytest.mark.anyio
 async def test_a_fenced_reply_with_text_around_it_is_read(tmp_path: Path) -> None:
     def fenced(request: dict[str, Any]) -> str:
         return f"Sure, here is my review.\n```json\n{critic_replies(request)}\n```\nLet me know if you need more."

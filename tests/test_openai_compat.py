@@ -37,7 +37,7 @@ def carries_extras(request: dict[str, Any]) -> bool:
 def test_probe_reads_a_vllm_model_list() -> None:
     with FakeOpenAI([], vllm=True, max_model_len=65536) as server:
         info = probe_server(server.base_url, None)
-    assert info == ServerInfo(vllm=True, max_model_len=65536, models=["fake-model"])
+    assert info == ServerInfo(vllm=True, max_model_len=65536, models=["fake-model"], weights="fake-model")
     assert server.gets == ["/v1/models"]  # the owner decided: no second request
 
 

@@ -290,6 +290,8 @@ async def _ask(client: httpx.AsyncClient, config: CriticConfig, prompt: str) -> 
     try:
         response = await client.post(config.base_url.rstrip("/") + "/chat/completions", json=body,
                                      headers=headers, timeout=config.timeout_s)
+    except httpx.TimeoutException:  # a slow reply on a long turn: retried, then the turn is left unjudged
+        raise _AttemptFailed(f"the critic did not answer within {config.timeout_s:g} s") from None
     except httpx.TransportError as exc:
         raise _AttemptFailed(f"critic unreachable at {config.base_url}: {type(exc).__name__}: {exc}",
                              unreachable=True) from None
