@@ -153,3 +153,20 @@ def test_collected_rollouts_are_judged_by_the_judge_command(tmp_path: Path) -> N
     again = subprocess.run([NANBEIGE, "judge", str(rollouts), "--out", str(judged), "--no-critic"],
                            capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and "0 trajectories judged" in again.stderr  # both already in OUT
+
+
+def test_questions_can_come_from_an_eval_benchmark(tmp_path: Path) -> None:
+    data, out = tmp_path / "metadata.jsonl", tmp_path / "rollouts.jsonl"
+    data.write_text(json.dumps({"task_id": "g1", "Question": "What is 2+2?", "Level": 1, "Final answer": "4",
+                                "file_name": ""}) + "\n")
+    with FakeOpenAI([], default=mcp_answer("5")) as server:
+        result = subprocess.run([NANBEIGE, "collect", "--bench", "gaia", "--data", str(data), "-G", "2", "--out",
+                                 str(out), "--base-url", server.base_url, "--no-default-servers", "--allow-inexact"],
+                                capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "pass rate (exact match) 0.0%" in result.stderr  # 5 is not 4
+    assert sorted((t.group_id, t.rollout_index, t.reference_answer, t.grader) for t in load_trajectories(out)) == [
+        ("g1", 0, "4", "gaia-exact"), ("g1", 1, "4", "gaia-exact")]
+    missing = subprocess.run([NANBEIGE, "collect", "--bench", "gaia", "--out", str(out)], capture_output=True,
+                             text=True, timeout=60)
+    assert missing.returncode == 2 and "--data is required with --bench gaia" in missing.stderr
