@@ -174,6 +174,7 @@ app.command("eval", epilog=commands.benchmark_list())(commands.evaluate)
 app.command("collect")(rl_commands.collect)
 app.command("judge")(rl_commands.judge)
 app.command("synth")(rl_commands.synth)
+app.command("train")(rl_commands.train)
 
 
 def main() -> None:

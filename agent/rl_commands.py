@@ -235,3 +235,50 @@ def synth(
               f"{summary['walks']} walks over {summary['documents']} documents and {summary['edges']} links; "
               f"rejected: {rejected}" + ("; the walks ran out before the count was reached"
                                          if summary.get("exhausted") else ""), highlight=False)
+
+
+def train(
+    data: Annotated[list[Path], typer.Option(help="Judged trajectory files (repeatable).")],
+    model: Annotated[str, typer.Option(help="The model to start from: a Hugging Face id or folder.")],
+    out: Annotated[Path, typer.Option(help="Folder for checkpoints and metrics.jsonl.")],
+    objective: Annotated[str, typer.Option(help="grpo, or sft (on passing rollouts, failed turns masked).")] = "grpo",
+    steps: Annotated[int | None, typer.Option(min=1, help="Optimizer steps \\[default: one pass over the data].",
+                                              show_default=False)] = None,
+    step_tokens: Annotated[int, typer.Option(min=1, help="Tokens per optimizer step.")] = 65_536,
+    micro_tokens: Annotated[int, typer.Option(min=1, help="Padded tokens per micro-batch.")] = 16_384,
+    lr: Annotated[float | None, typer.Option(min=0.0, help="Learning rate \\[default: 1e-6, or 3e-5 with LoRA].",
+                                             show_default=False)] = None,
+    lam: Annotated[float, typer.Option("--lambda", help="Weight of the turn-level advantage (0: plain GRPO).")] = 1.0,
+    min_pass_rate: Annotated[float, typer.Option(min=0.0, max=1.0, help="Drop groups passing less often.")] = 0.1,
+    max_pass_rate: Annotated[float, typer.Option(min=0.0, max=1.0, help="Drop groups passing more often.")] = 0.9,
+    lora_rank: Annotated[int, typer.Option(min=0, help="LoRA rank (0: every parameter).")] = 0,
+    save_every: Annotated[int, typer.Option(min=0, help="Checkpoint every N steps (0: at the end).")] = 0,
+    resume: Annotated[bool, typer.Option(help="Go on from the newest checkpoint in --out.")] = False,
+    no_gradient_checkpointing: Annotated[bool, typer.Option(help="Keep activations (faster, more memory).")] = False,
+    dtype: Annotated[str, typer.Option(help="auto (bfloat16 on GPU, float32 on CPU), bfloat16 or float32.")] = "auto",
+    seed: Annotated[int, typer.Option(help="Seed of the row order.")] = 0,
+) -> None:
+    """Train the model on judged trajectories: GRPO with turn-level advantages, or SFT. Under torchrun
+    (`torchrun --nproc-per-node N --no-python nanbeige train ...`) the model is sharded with FSDP2."""
+    from nanbeige.trainer.train import TrainConfig, TrainError
+    from nanbeige.trainer.train import train as run_training
+
+    if objective not in ("grpo", "sft"):
+        fail(f"--objective must be grpo or sft, not {objective!r}", 2)
+    if min_pass_rate > max_pass_rate:
+        fail(f"--min-pass-rate {min_pass_rate} is above --max-pass-rate {max_pass_rate}", 2)
+    config = TrainConfig(data=data, model=model, out=out, objective=objective, steps=steps, step_tokens=step_tokens,
+                         micro_tokens=micro_tokens, lr=lr, lam=lam, min_pass_rate=min_pass_rate,
+                         max_pass_rate=max_pass_rate, lora_rank=lora_rank, save_every=save_every,
+                         gradient_checkpointing=not no_gradient_checkpointing, dtype=dtype, seed=seed)
+    try:
+        summary = run_training(config, resume=resume,
+                               log=lambda text: err.print(escape(text), highlight=False, soft_wrap=True))
+    except TrainError as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted[/]; checkpoints so far are kept: --resume goes on from the newest",
+                  highlight=False)
+        raise typer.Exit(130) from None
+    if summary["checkpoint"]:
+        err.print(f"checkpoint: {escape(summary['checkpoint'])}", highlight=False)

@@ -1,0 +1,141 @@
+"""`nanbeige train` on CPU: real rollouts of the tiny model, judged by hand, trained on with GRPO, SFT
+and LoRA; checkpoints that resume and that the in-process backend loads; two gloo processes under
+torchrun agree with one."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tiny_model import make_tiny_model
+
+from nanbeige.agent.config import BackendConfig, RunSettings, ToolsConfig
+from nanbeige.agent.llm import LLMConfig
+from nanbeige.agent.loop import AgentConfig
+from nanbeige.agent.trajectory import TrajectoryWriter, load_trajectories
+from nanbeige.trainer.collect import CollectConfig, collect
+from nanbeige.trainer.train import TrainConfig, latest_checkpoint, train
+
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def judged(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two questions x 4 real rollouts of the tiny model (token-exact, in process), judged by hand:
+    rollouts 0 and 1 of each question pass (pass rate 50%), and each rollout's first turn is masked in
+    rollout 3 (as a critic-failed turn), the others rewarded 0.5."""
+    folder = tmp_path_factory.mktemp("rollouts")
+    questions = folder / "questions.jsonl"
+    questions.write_text('{"id": "a", "question": "What is 2+2?", "answer": "4"}\n'
+                         '{"id": "b", "question": "Name a colour.", "answer": "red"}\n')
+    settings = RunSettings(llm=LLMConfig(model=str(tiny), max_tokens=10, temperature=1.0),
+                           agent=AgentConfig(max_turns=2), backend=BackendConfig(backend="transformers"),
+                           tools=ToolsConfig(default_servers=False))
+    config = CollectConfig(out=folder / "rollouts.jsonl", questions=questions, group_size=4, concurrency=2)
+    asyncio.run(collect(config, settings, notice=lambda text: None))
+    path = folder / "judged.jsonl"
+    writer = TrajectoryWriter(path)
+    for trajectory in load_trajectories(config.out):
+        trajectory.reward = 1.0 if trajectory.rollout_index < 2 else 0.0
+        for turn in trajectory.turns:
+            turn.reward, turn.mask = 0.5, 1
+        if trajectory.rollout_index == 3:
+            trajectory.turns[0].reward, trajectory.turns[0].mask = None, 0
+        writer.start(trajectory)
+        for turn in trajectory.turns:
+            writer.turn(trajectory, turn)
+        writer.end(trajectory)
+    writer.close()
+    return path
+
+
+def weights(folder: Path) -> dict:
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder)
+    return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+
+
+def config_for(tiny: Path, judged: Path, out: Path, **options: object) -> TrainConfig:
+    settings = {"steps": 2, "step_tokens": 200, "micro_tokens": 256, "lr": 1e-3} | options
+    return TrainConfig(data=[judged], model=str(tiny), out=out, **settings)  # type: ignore[arg-type]
+
+
+def test_two_grpo_steps_change_every_parameter_and_the_checkpoint_answers(tiny: Path, judged: Path,
+                                                                           tmp_path: Path) -> None:
+    summary = train(config_for(tiny, judged, tmp_path / "out"), log=lambda text: None)
+    assert summary["data"]["groups_kept"] == 2 and summary["rows"] > 0
+    lines = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2]
+    assert all(line["loss"] == line["loss"] and abs(line["loss"]) < 1e3 for line in lines)  # finite
+    assert all(line["tokens_per_s"] > 0 and line["loss_tokens"] > 0 for line in lines)
+    before, after = weights(tiny), weights(tmp_path / "out" / "checkpoint-2")
+    unchanged = [name for name in before if (before[name] == after[name]).all()]
+    assert unchanged == []  # every trainable parameter moved
+
+    from nanbeige.agent.local import TransformersLLM
+
+    llm = TransformersLLM(LLMConfig(model=str(tmp_path / "out" / "checkpoint-2"), max_tokens=5, temperature=0.0))
+    completion = asyncio.run(llm.complete([{"role": "user", "content": "What is 2+2?"}],
+                                          conversation=llm.new_conversation()))
+    assert completion.completion_ids and completion.message["role"] == "assistant"
+
+
+def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tiny: Path, judged: Path, tmp_path: Path) -> None:
+    whole = train(config_for(tiny, judged, tmp_path / "whole", save_every=1), log=lambda text: None)
+    assert whole["saved_at_step"] == 2
+    broken = tmp_path / "broken"
+    train(config_for(tiny, judged, broken, save_every=1), log=lambda text: None)
+    import shutil
+
+    shutil.rmtree(broken / "checkpoint-2")  # as if killed before its second checkpoint
+    assert latest_checkpoint(broken) == (broken / "checkpoint-1", 1)
+    resumed = train(config_for(tiny, judged, broken, save_every=1), resume=True, log=lambda text: None)
+    assert resumed["started_at_step"] == 1
+    a, b = weights(tmp_path / "whole" / "checkpoint-2"), weights(broken / "checkpoint-2")
+    assert all((a[name] - b[name]).abs().max() < 1e-6 for name in a)
+
+
+def test_lora_trains_only_the_adapter_and_saves_it_with_a_merged_model(tiny: Path, judged: Path,
+                                                                       tmp_path: Path) -> None:
+    train(config_for(tiny, judged, tmp_path / "out", lora_rank=4, steps=1), log=lambda text: None)
+    folder = tmp_path / "out" / "checkpoint-1"
+    assert (folder / "adapter" / "adapter_config.json").exists()
+    before, merged = weights(tiny), weights(folder)
+    assert set(merged) == set(before)  # a plain Hugging Face model: the adapter merged in
+    assert any(not (before[n] == merged[n]).all() for n in before if "proj" in n)  # LoRA changed the projections
+    assert all((before[n] == merged[n]).all() for n in before if "norm" in n or "embed" in n)  # nothing else
+
+
+def test_sft_trains_on_the_passing_rollouts(tiny: Path, judged: Path, tmp_path: Path) -> None:
+    summary = train(config_for(tiny, judged, tmp_path / "out", objective="sft", steps=1), log=lambda text: None)
+    line = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])
+    assert summary["rows"] > 0 and line["loss"] > 0  # a masked NLL
+
+
+def test_two_gloo_processes_under_torchrun_give_the_loss_of_one(tiny: Path, judged: Path, tmp_path: Path) -> None:
+    args = ["train", "--data", str(judged), "--model", str(tiny), "--steps", "1", "--step-tokens", "200",
+            "--micro-tokens", "128", "--lr", "0.001"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    one = subprocess.run([str(BIN / "nanbeige"), *args, "--out", str(tmp_path / "one")], capture_output=True,
+                         text=True, env=env, timeout=300)
+    assert one.returncode == 0, one.stderr
+    two = subprocess.run([str(BIN / "torchrun"), "--nproc-per-node", "2", "--no-python", str(BIN / "nanbeige"),
+                          *args, "--out", str(tmp_path / "two")], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert two.returncode == 0, two.stderr[-3000:]
+    [single] = [json.loads(line) for line in (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()]
+    [sharded] = [json.loads(line) for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
+    assert abs(single["loss"] - sharded["loss"]) < 1e-5 and single["loss_tokens"] == sharded["loss_tokens"]
+    a, b = weights(tmp_path / "one" / "checkpoint-1"), weights(tmp_path / "two" / "checkpoint-1")
+    assert all((a[name] - b[name]).abs().max() < 1e-4 for name in a)  # the same update, gathered from shards

@@ -1,0 +1,77 @@
+"""Advantages for one group of rollouts of the same question: an outcome term plus a turn term.
+
+For a group g of G trajectories of one question, trajectory i with outcome reward R_i and turns t with
+turn rewards r_{i,t} (set by the critic) and masks m_{i,t}:
+
+    Â^O_i     = (R_i - mean_j R_j) / (std_j R_j + eps)             outcome term, one per trajectory
+    Â^T_{i,t} = (r_{i,t} - μ_g) / (σ_g + eps)                      turn term, μ_g, σ_g over the group's
+                                                                   unmasked turns that have a reward
+    A_{i,t}   = Â^O_i + λ·Â^T_{i,t}   (0 on masked turns)          what the turn's completion tokens get
+
+Both standard deviations are population ones (divide by n, not n - 1): defined for a single value (it
+is 0, so the advantage is 0 rather than NaN), and for a fixed G they differ from the sample std only by
+the constant factor sqrt((G - 1) / G). With λ = 0 this is plain GRPO: every turn of trajectory i gets
+Â^O_i. Pure functions on CPU tensors; the shape suffixes are _G (trajectories of the group) and _T (turns
+of one trajectory, T_i of them for trajectory i).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def outcome_advantages(rewards_G: Tensor, std_normalize: bool = True, eps: float = 1e-6) -> Tensor:
+    """Each trajectory's outcome advantage within its group.
+
+    rewards_G: float [G], the outcome rewards R (1.0 right, 0.0 wrong). Returns float [G]:
+    (R - mean(R)) / (std(R) + eps) with the population std, or with `std_normalize=False` (Dr.GRPO)
+    just R - mean(R), so that low-variance groups (1 pass of 8) are not scaled up. A uniform group
+    (all R equal) gives 0 for everyone: nothing to learn from it."""
+    centred_G = rewards_G - rewards_G.mean()
+    if not std_normalize:
+        return centred_G
+    return centred_G / (rewards_G.std(correction=0) + eps)
+
+
+def turn_advantages(turn_rewards: list[Tensor], turn_masks: list[Tensor], eps: float = 1e-6) -> list[Tensor]:
+    """Each turn's turn-level advantage, normalised over the whole group's turns.
+
+    turn_rewards[i]: float [T_i], trajectory i's turn rewards r, NaN where a turn has none (not judged);
+    turn_masks[i]: [T_i], 1 = trained on, 0 = masked. A turn counts when it is unmasked and has a reward;
+    μ_g and σ_g (population std) are taken over the counted turns of all G trajectories pooled, with no
+    per-position buckets: turns of an open web search rarely line up across rollouts. Returns a float
+    [T_i] per trajectory: (r - μ_g) / (σ_g + eps) on counted turns, 0 on the others, so a turn without
+    a reward moves nothing and a masked turn neither shapes the statistics nor gets an advantage."""
+    counted = [(mask_T != 0) & ~torch.isnan(rewards_T) for rewards_T, mask_T in zip(turn_rewards, turn_masks)]
+    pooled = torch.cat([rewards_T[ok_T] for rewards_T, ok_T in zip(turn_rewards, counted)])  # [N counted turns]
+    if pooled.numel() == 0:
+        return [torch.zeros_like(rewards_T) for rewards_T in turn_rewards]
+    mu, sigma = pooled.mean(), pooled.std(correction=0)
+    return [torch.where(ok_T, (torch.nan_to_num(rewards_T) - mu) / (sigma + eps), 0.0)
+            for rewards_T, ok_T in zip(turn_rewards, counted)]
+
+
+def group_advantages(rewards_G: Tensor, turn_rewards: list[Tensor], turn_masks: list[Tensor], lam: float = 1.0,
+                     std_normalize: bool = True, eps: float = 1e-6) -> list[Tensor]:
+    """Each turn's final advantage A_{i,t} = Â^O_i + λ·Â^T_{i,t}, and 0 on masked turns.
+
+    rewards_G: float [G], the outcome rewards (not yet normalised); turn_rewards, turn_masks: G tensors
+    of [T_i] as for `turn_advantages`. Returns G float tensors [T_i]; the trainer puts A_{i,t} on every
+    completion token of turn t. Masked turns get 0 because they get no gradient anyway (loss mask 0),
+    and a 0 keeps them out of any advantage statistics a caller logs. With λ = 0 this is plain GRPO:
+    Â^O_i broadcast to every unmasked turn of trajectory i."""
+    outcome_G = outcome_advantages(rewards_G, std_normalize=std_normalize, eps=eps)
+    turn = turn_advantages(turn_rewards, turn_masks, eps=eps)
+    return [torch.where(mask_T != 0, outcome_G[i] + lam * turn_T, 0.0)
+            for i, (turn_T, mask_T) in enumerate(zip(turn, turn_masks))]
+
+
+def keep_group(pass_rate: float, min_pass_rate: float = 0.1, max_pass_rate: float = 0.9) -> bool:
+    """Whether a group is worth training on: min_pass_rate <= pass_rate <= max_pass_rate, both inclusive.
+
+    A group all right or all wrong has outcome advantage 0 everywhere, and one nearly so teaches little.
+    With G = 8 and the default 10%-90% band: 0 of 8 (0%) is dropped as too hard, 1 of 8 (12.5%) and 7 of
+    8 (87.5%) are kept, 8 of 8 (100%) is dropped as too easy; so the band keeps 1 to 7 passes of 8. With
+    G = 10 the bounds themselves (1 and 9 of 10) are kept."""
+    return min_pass_rate <= pass_rate <= max_pass_rate

@@ -1,0 +1,272 @@
+"""From judged trajectories to padded tensors: rows with per-token advantages, micro-batches, collation.
+
+    trajectories --samples_from--> Samples (one per token segment: ids, loss mask, advantages, logprobs)
+                 --pack--> micro-batches within a token budget --collate--> [B, L] tensors for the loss
+
+Rows come only from `agent/tokens.py`'s `training_rows`: the ids are exactly the ones the model read
+and sampled, never a re-tokenization. `samples_from` decides which trajectories train and with what
+advantage (see `advantages.py` for the math); everything it leaves out is counted in its summary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from nanbeige.agent.tokens import TrainingRow, training_rows
+from nanbeige.agent.trajectory import NOT_ENDED_ON_ITS_OWN, Trajectory, Turn
+from nanbeige.trainer.advantages import group_advantages, keep_group
+
+OBJECTIVES = ("grpo", "sft")
+
+
+@dataclass
+class Sample:
+    """One training row: a token segment of one trajectory, everything aligned to `ids`."""
+
+    ids: list[int]
+    """The segment's token ids: its last prompt followed by that turn's completion (`training_rows`)."""
+    loss_mask: list[int]
+    """1 on tokens the model sampled in a trained turn; 0 on prompt, tool results, template glue, and
+    the completions of masked or rolled-back turns."""
+    advantages: list[float]
+    """Per token: the advantage of the turn a completion token belongs to, 0.0 wherever loss_mask is 0.
+    For SFT, 1.0 on every trained token (the policy loss then reduces to plain masked NLL)."""
+    rollout_logprobs: list[float] | None
+    """Per token: the sampler's logprob on completion tokens, 0.0 elsewhere; None when a turn of the
+    row was recorded without logprobs."""
+    group_id: str
+    """The question's group (rollouts of one question)."""
+    trajectory_id: str
+    """The trajectory the row comes from."""
+    turns: list[int]
+    """Indices of the turns in the row, in order."""
+
+
+@dataclass
+class GroupStats:
+    """What `samples_from` read, kept and left out (returned as a dict)."""
+
+    groups_read: int = 0
+    groups_kept: int = 0
+    """Groups that gave at least one sample."""
+    groups_too_easy: int = 0
+    """GRPO: pass rate above max_pass_rate."""
+    groups_too_hard: int = 0
+    """GRPO: pass rate below min_pass_rate."""
+    groups_no_reward: int = 0
+    """No trajectory of the group is left with an outcome reward (the others unfinished or without
+    token records)."""
+    trajectories_read: int = 0
+    trajectories_kept: int = 0
+    trajectories_unfinished: int = 0
+    """Still running, or cut short from outside (interrupted, crashed, model error)."""
+    trajectories_no_tokens: int = 0
+    """Some turn (or every turn: none at all) lacks a token record: nothing exact to train on."""
+    trajectories_no_reward: int = 0
+    """Outcome reward None (no reference answer, or the judge could not decide)."""
+    trajectories_failed: int = 0
+    """SFT: reward <= 0, so not imitated."""
+    turns_trained: int = 0
+    turns_masked: int = 0
+    """Turns of kept trajectories with mask 0 or rolled back: no loss on them."""
+    samples: int = 0
+    tokens: int = 0
+    loss_tokens: int = 0
+
+
+def has_token_records(trajectory: Trajectory) -> bool:
+    return bool(trajectory.turns) and all(
+        t.completion_ids is not None and t.prompt_delta_ids is not None and t.prompt_keep is not None
+        for t in trajectory.turns)
+
+
+def trained(turn: Turn) -> bool:
+    """Whether a turn contributes to the loss. A rolled-back turn never does, whatever its mask: its
+    reply was dropped, the model sampled again, and no later prompt contains it."""
+    return turn.mask != 0 and not turn.rolled_back
+
+
+def usable(trajectories: list[Trajectory], stats: GroupStats) -> list[Trajectory]:
+    """The trajectories that can train: finished on their own, token-recorded, with an outcome reward."""
+    kept = []
+    for trajectory in trajectories:
+        if trajectory.stop_reason is None or trajectory.stop_reason in NOT_ENDED_ON_ITS_OWN:
+            stats.trajectories_unfinished += 1
+        elif not has_token_records(trajectory):
+            stats.trajectories_no_tokens += 1
+        elif trajectory.reward is None:
+            stats.trajectories_no_reward += 1
+        else:
+            kept.append(trajectory)
+    return kept
+
+
+def turn_advantages_of(group: list[Trajectory], lam: float, std_normalize: bool) -> list[list[float]]:
+    """Each trajectory's per-turn advantages [T_i], from its outcome reward and its turns' rewards."""
+    rewards_G = torch.tensor([t.reward for t in group], dtype=torch.float32)
+    turn_rewards = [torch.tensor([float("nan") if turn.reward is None else turn.reward for turn in t.turns],
+                                 dtype=torch.float32) for t in group]
+    turn_masks = [torch.tensor([int(trained(turn)) for turn in t.turns]) for t in group]
+    return [a.tolist() for a in group_advantages(rewards_G, turn_rewards, turn_masks, lam=lam,
+                                                 std_normalize=std_normalize)]
+
+
+def completion_spans(row: TrainingRow, turns: dict[int, Turn]) -> dict[int, tuple[int, int]]:
+    """Where each turn's completion sits in the row: turn index -> (start, end) into `row.ids`.
+
+    A turn's prompt is the first `prompt_keep` tokens of what came before plus its delta, and
+    `training_rows` puts its completion right after that prompt, at prompt_keep + len(prompt_delta_ids)
+    (within a segment the row so far is exactly the kept part). Checked against the ids."""
+    spans = {}
+    for index in row.turns:
+        turn = turns[index]
+        start = turn.prompt_keep + len(turn.prompt_delta_ids)
+        end = start + len(turn.completion_ids)
+        if row.ids[start:end] != turn.completion_ids:
+            raise ValueError(f"turn {index}: its completion is not at {start}:{end} of segment {row.segment}")
+        spans[index] = (start, end)
+    return spans
+
+
+def samples_of(trajectory: Trajectory, turn_advantage: list[float]) -> list[Sample]:
+    """The trajectory's rows, each turn's advantage on its completion tokens. Rows with nothing to
+    train (only masked turns) are left out: they would cost a forward pass for no gradient."""
+    by_index = {turn.index: turn for turn in trajectory.turns}
+    position = {turn.index: i for i, turn in enumerate(trajectory.turns)}
+    # training_rows masks by turn.mask; a rolled-back turn must be masked too (on copies: the input stays)
+    turns = [dataclasses.replace(t, mask=0) if t.rolled_back else t for t in trajectory.turns]
+    try:
+        rows = training_rows(turns)
+    except ValueError as exc:
+        raise ValueError(f"trajectory {trajectory.id}: {exc}") from None
+    samples = []
+    for row in rows:
+        advantages = [0.0] * len(row.ids)
+        for index, (start, end) in completion_spans(row, by_index).items():
+            if trained(by_index[index]):
+                advantages[start:end] = [turn_advantage[position[index]]] * (end - start)
+        if any(row.loss_mask):
+            samples.append(Sample(ids=row.ids, loss_mask=row.loss_mask, advantages=advantages,
+                                  rollout_logprobs=row.logprobs, group_id=trajectory.group_id or trajectory.id,
+                                  trajectory_id=trajectory.id, turns=row.turns))
+    return samples
+
+
+def group_samples(group: list[Trajectory], objective: str, lam: float, min_pass_rate: float, max_pass_rate: float,
+                  std_normalize: bool, stats: GroupStats) -> list[Sample]:
+    """One group's samples (its usable trajectories), counting what is left out."""
+    if objective == "sft":
+        passing = [t for t in group if t.reward > 0]
+        stats.trajectories_failed += len(group) - len(passing)
+        group, advantages = passing, [[1.0] * len(t.turns) for t in passing]
+    else:
+        pass_rate = sum(t.reward > 0 for t in group) / len(group)
+        if not keep_group(pass_rate, min_pass_rate, max_pass_rate):
+            stats.groups_too_easy += pass_rate > max_pass_rate
+            stats.groups_too_hard += pass_rate < min_pass_rate
+            return []
+        advantages = turn_advantages_of(group, lam, std_normalize)
+    samples = []
+    for trajectory, turn_advantage in zip(group, advantages):
+        samples += samples_of(trajectory, turn_advantage)
+        stats.trajectories_kept += 1
+        stats.turns_masked += sum(not trained(turn) for turn in trajectory.turns)
+        stats.turns_trained += sum(trained(turn) for turn in trajectory.turns)
+    return samples
+
+
+def samples_from(trajectories: list[Trajectory], objective: str = "grpo", lam: float = 1.0,
+                 min_pass_rate: float = 0.1, max_pass_rate: float = 0.9,
+                 std_normalize: bool = True) -> tuple[list[Sample], dict[str, Any]]:
+    """The training samples of judged trajectories, and a summary of what was kept and left out
+    (`GroupStats` as a dict).
+
+    Trajectories are grouped by `group_id` (one without is a group of its own). A trajectory is left
+    out when it did not finish on its own, lacks token records, or has no outcome reward; a group with
+    none left is dropped. A pass is an outcome reward > 0.
+    - `grpo`: a group trains only when its pass rate is within [min_pass_rate, max_pass_rate]
+      (`keep_group`); each turn's advantage is A = Â^O + λ·Â^T (`group_advantages`) over the group's
+      usable trajectories, turn rewards None counting as unjudged.
+    - `sft`: no group filter; only passing trajectories (reward > 0) are kept, with advantage 1.0 on
+      every trained token, so the loss is masked NLL. Failed and undecided (None) outcomes are never
+      imitated. Turns the critic masked stay masked: SFT trains on the judged trajectories with failed
+      turns masked.
+    Either way masked (mask 0) and rolled-back turns get loss mask 0 and advantage 0."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, not {objective!r}")
+    groups: dict[str, list[Trajectory]] = defaultdict(list)
+    for trajectory in trajectories:
+        groups[trajectory.group_id or trajectory.id].append(trajectory)
+    stats = GroupStats(groups_read=len(groups), trajectories_read=len(trajectories))
+    samples: list[Sample] = []
+    for group in groups.values():
+        group = usable(group, stats)
+        if not group:
+            stats.groups_no_reward += 1
+            continue
+        kept = group_samples(group, objective, lam, min_pass_rate, max_pass_rate, std_normalize, stats)
+        stats.groups_kept += bool(kept)
+        samples += kept
+    stats.samples = len(samples)
+    stats.tokens = sum(len(s.ids) for s in samples)
+    stats.loss_tokens = sum(sum(s.loss_mask) for s in samples)
+    return samples, dataclasses.asdict(stats)
+
+
+# ---------------------------------------------------------------- batches
+
+
+def pack(samples: list[Sample], max_tokens: int) -> list[list[Sample]]:
+    """Samples cut into micro-batches for padded [B, L] batches, with B * L <= max_tokens in each
+    (L = the batch's longest sample); a sample longer than the budget goes alone.
+
+    Longest first, so each batch's first sample sets its L and similar lengths share a batch (little
+    padding); ties keep the input order, so the result is deterministic."""
+    order = sorted(samples, key=lambda s: -len(s.ids))  # stable: equal lengths keep their input order
+    batches: list[list[Sample]] = []
+    for sample in order:
+        if batches and (len(batches[-1]) + 1) * len(batches[-1][0].ids) <= max_tokens:
+            batches[-1].append(sample)  # not longer than the batch's first, so L stays
+        else:
+            batches.append([sample])
+    return batches
+
+
+def collate(batch: list[Sample], pad_id: int) -> dict[str, Tensor]:
+    """Right-padded tensors for one micro-batch, B = len(batch), L = its longest sample.
+
+    The model reads input_ids and its logits at position t predict the token at t + 1, so everything
+    the loss needs is shifted by one and has L - 1 columns: column t of targets / loss_mask /
+    advantages / rollout_logprobs describes token t + 1 of the sample, predicted from tokens 0..t.
+    (Token 0 is never predicted; it is always prompt.)
+
+        input_ids         long [B, L]      the ids, pad_id after each sample's end
+        attention_mask    long [B, L]      1 on the sample's tokens, 0 on padding
+        targets           long [B, L-1]    input_ids[:, 1:]: targets[b, t] == input_ids[b, t + 1]
+        loss_mask         float [B, L-1]   sample loss_mask[1:], 0 on padding
+        advantages        float [B, L-1]   sample advantages[1:], 0 on padding
+        rollout_logprobs  float [B, L-1]   sample rollout_logprobs[1:], 0 on padding and where missing
+        has_rollout_logprobs  bool []      True when every sample of the batch has rollout logprobs"""
+    length = max(len(s.ids) for s in batch)
+    input_ids = torch.full((len(batch), length), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(batch), length), dtype=torch.long)
+    loss_mask, advantages, rollout_logprobs = (torch.zeros((len(batch), length)) for _ in range(3))
+    for b, sample in enumerate(batch):
+        n = len(sample.ids)
+        input_ids[b, :n] = torch.tensor(sample.ids, dtype=torch.long)
+        attention_mask[b, :n] = 1
+        loss_mask[b, :n] = torch.tensor(sample.loss_mask, dtype=torch.float32)
+        advantages[b, :n] = torch.tensor(sample.advantages, dtype=torch.float32)
+        if sample.rollout_logprobs is not None:
+            rollout_logprobs[b, :n] = torch.tensor(sample.rollout_logprobs, dtype=torch.float32)
+    return {"input_ids": input_ids, "attention_mask": attention_mask,
+            "targets": input_ids[:, 1:].clone(),  # [B, L-1]: token t + 1 is what position t predicts
+            "loss_mask": loss_mask[:, 1:].contiguous(), "advantages": advantages[:, 1:].contiguous(),
+            "rollout_logprobs": rollout_logprobs[:, 1:].contiguous(),
+            "has_rollout_logprobs": torch.tensor(all(s.rollout_logprobs is not None for s in batch))}

@@ -1,0 +1,129 @@
+"""The trainer's losses: per-token log-probabilities without full logits, the RL policy loss and the SFT loss.
+
+Shapes: B rows, L tokens per row, H hidden size, V vocabulary (166,144 for Nanbeige). Position t of a
+`[B, L-1]` tensor is about predicting token t+1 from the prefix up to token t:
+
+    targets          [B, L-1]  input_ids[:, 1:]
+    loss_mask        [B, L-1]  1 on sampled completion tokens (prompt, tool results and padding are 0)
+    advantages       [B, L-1]  the advantage of each token (its turn's or trajectory's)
+    rollout_logprobs [B, L-1]  the sampler's log-probability of each target token (0 where masked)
+
+The policy loss is one algorithm (settings in the reference notes on RL, section 6): clip-higher PPO surrogate
+with dual clip, no KL, a truncated importance weight for the sampler/trainer mismatch, token-mean over the
+global batch, and one update per batch, so the "old" policy is the current one ("bypass": no separate pass to
+recompute old log-probabilities).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+
+def _chunk_logprobs(head: nn.Module, hidden: Tensor, targets: Tensor, temperature: float) -> Tensor:
+    """log p(target) for one chunk of n positions: hidden [n, H], targets [n] -> [n]."""
+    logits = head(hidden).float() / temperature  # (n, V), the only vocabulary-sized tensor
+    # log_softmax gathered at the target = logit[target] - logsumexp(logits); computing it this way never
+    # materialises a second (n, V) tensor of log-probabilities
+    return logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # (n,)
+
+
+def token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, targets: Tensor,
+                   chunk_tokens: int = 4096, temperature: float = 1.0) -> Tensor:
+    """The model's log-probability of each target token, [B, L-1] in float32, without full logits.
+
+    The full logits would be B·L·V floats: 32k tokens × 166k vocabulary × 4 bytes ≈ 22 GB. Instead:
+
+    1. the backbone (embeddings, layers, final norm) gives hidden states h [B, L, H]; the last position predicts
+       nothing in the batch, so h[:, :-1] is flattened to [N, H] with N = B·(L-1);
+    2. the LM head W [V, H] is applied to `chunk_tokens` rows at a time: logits [n, V], then
+       log p = logits[target] - logsumexp(logits) per row, so at most one [n, V] tensor lives at once;
+    3. each chunk runs under activation checkpointing, so backward keeps only h and recomputes the chunk's
+       logits when its turn comes, instead of holding every chunk's [n, V] logits for the whole backward.
+
+    `temperature` must be the sampling temperature: vLLM's logprobs are taken after dividing the logits by it.
+    Padding is whatever `attention_mask` says; positions over padding get a value that the loss mask drops.
+
+    The backbone is `model.get_decoder()` and the head `model.get_output_embeddings()`. Both work unchanged on
+    a peft `PeftModel` (it forwards attributes to the wrapped model, whose modules carry the LoRA layers), and
+    a LoRA on `lm_head` is the returned head. Models that post-process logits (soft-capping, logit scales) are
+    not covered; Llama-style models such as Nanbeige have none.
+    """
+    backbone, head = model.get_decoder(), model.get_output_embeddings()
+    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    B, L, H = hidden.shape
+    hidden = hidden[:, :-1].reshape(-1, H)  # (N, H), N = B·(L-1)
+    flat_targets = targets.reshape(-1)  # (N,)
+    pieces = []
+    for start in range(0, hidden.shape[0], chunk_tokens):
+        h, t = hidden[start:start + chunk_tokens], flat_targets[start:start + chunk_tokens]  # (n, H), (n,)
+        if torch.is_grad_enabled():
+            pieces.append(checkpoint(_chunk_logprobs, head, h, t, temperature, use_reentrant=False))
+        else:
+            pieces.append(_chunk_logprobs(head, h, t, temperature))
+    return torch.cat(pieces).view(B, L - 1)
+
+
+def _masked_mean(x: Tensor, mask: Tensor) -> float:
+    return float((x * mask).sum() / mask.sum().clamp(min=1))
+
+
+def policy_loss(logprobs: Tensor, rollout_logprobs: Tensor, advantages: Tensor, loss_mask: Tensor,
+                total_tokens: float, clip_low: float = 0.2, clip_high: float = 0.28, clip_dual: float = 3.0,
+                tis_cap: float = 2.0, has_rollout_logprobs: bool = True) -> tuple[Tensor, dict]:
+    """Clip-higher, dual-clip PPO loss with a truncated importance weight; all inputs [B, L-1].
+
+    One update per batch, so π_old is the current policy at the start of the step: old = logp.detach() and the
+    ratio r = exp(logp - old) is 1 in value with gradient ∇logp. The surrogate per token is
+
+        ℓ = max(-A·r, -A·clip(r, 1-ε_low, 1+ε_high))      clip-higher (DAPO): ε_high > ε_low
+        ℓ = min(ℓ, -A·c)                 when A < 0       dual clip: a bounded loss for very large r
+
+    With r = 1 no clip binds and ∇ℓ = -A·∇logp; the clips are kept so the loss stays the documented one.
+    The sampler (vLLM, bf16, other kernels) is not exactly the trainer, so each token is weighted by the
+    truncated importance weight w = min(exp(old - rollout), C) (TIS, detached), which corrects tokens the
+    trainer finds likelier than the sampler did, up to C.
+
+    Aggregation is token-mean over the global batch: Σ(w·ℓ·mask) / total_tokens, where total_tokens counts the
+    loss tokens of the whole optimizer step (all micro-batches and ranks), so micro-batch gradients simply add
+    up to the full batch's gradient. The metrics are this micro-batch's, as floats.
+    """
+    mask = loss_mask.to(logprobs.dtype)
+    old = logprobs.detach()
+    ratio = torch.exp(torch.clamp(logprobs - old, -20.0, 20.0))  # (B, L-1), value 1, gradient ∇logp
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    surrogate = torch.maximum(unclipped, clipped)
+    dual_binds = (advantages < 0) & (-advantages * clip_dual < surrogate)
+    per_token = torch.where(dual_binds, -advantages * clip_dual, surrogate)  # (B, L-1)
+
+    metrics = {"loss_tokens": float(mask.sum()),
+               "clip_frac": _masked_mean((clipped > unclipped).float(), mask),
+               "dual_clip_frac": _masked_mean(dual_binds.float(), mask)}
+    if has_rollout_logprobs:
+        log_w = torch.clamp(old - rollout_logprobs, -20.0, 20.0)  # (B, L-1): log π_old / π_rollout
+        weight = torch.clamp(torch.exp(log_w), max=tis_cap)  # (B, L-1), detached since old is
+        per_token = per_token * weight
+        on = mask.bool()
+        metrics |= {"tis_weight_mean": _masked_mean(weight, mask),
+                    "tis_weight_max": float(weight[on].max()) if on.any() else 0.0,
+                    "tis_weight_min": float(weight[on].min()) if on.any() else 0.0,
+                    "tis_capped_frac": _masked_mean((torch.exp(log_w) > tis_cap).float(), mask),
+                    "rollout_abs_log_ratio": _masked_mean(log_w.abs(), mask)}
+    adv_mean = _masked_mean(advantages, mask)
+    metrics |= {"advantage_mean": adv_mean,
+                "advantage_std": _masked_mean((advantages - adv_mean) ** 2, mask) ** 0.5}
+    loss = (per_token * mask).sum() / total_tokens
+    return loss, metrics
+
+
+def sft_loss(logprobs: Tensor, loss_mask: Tensor, total_tokens: float) -> tuple[Tensor, dict]:
+    """Negative log-likelihood of the loss tokens, token-mean over the global batch: -Σ(logp·mask) / total_tokens.
+
+    logprobs and loss_mask are [B, L-1]; total_tokens counts the loss tokens of the whole optimizer step, as in
+    `policy_loss`. The metric `nll` is this micro-batch's own mean.
+    """
+    mask = loss_mask.to(logprobs.dtype)
+    nll = -(logprobs * mask).sum()
+    return nll / total_tokens, {"nll": float(nll.detach() / mask.sum().clamp(min=1)), "loss_tokens": float(mask.sum())}
