@@ -95,6 +95,8 @@ class StepLog:
     lr: float
     metrics: dict[str, float] = field(default_factory=dict)
     mfu: float | None = None
+    groups: dict[str, int] = field(default_factory=dict)
+    """The data's group counts (read, kept, filtered as too easy / too hard / without reward)."""
 
 
 # ---------------------------------------------------------------- the rows
@@ -412,7 +414,8 @@ def train(config: TrainConfig, resume: bool = False, log: Any = None) -> dict[st
         seconds = time.perf_counter() - began
         entry = StepLog(step=index + 1, loss=result["loss"], tokens=result["tokens"], loss_tokens=result["loss_tokens"],
                         seconds=seconds, tokens_per_s=result["tokens"] / seconds, grad_norm=result["grad_norm"],
-                        lr=lr, metrics=result["metrics"], mfu=mfu(params, result["tokens"], seconds, world))
+                        lr=lr, metrics=result["metrics"], mfu=mfu(params, result["tokens"], seconds, world),
+                        groups={k: v for k, v in data.items() if k.startswith("groups_")})
         if world.main:
             with open(config.out / "metrics.jsonl", "a") as file:
                 file.write(json.dumps(asdict(entry)) + "\n")
