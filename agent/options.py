@@ -37,7 +37,7 @@ RepetitionPenalty = Annotated[float | None, typer.Option(min=0.0, show_default=F
 MaxTokens = Annotated[int, typer.Option(min=1, help="Most tokens per model reply.")]
 Mcp = Annotated[list[str] | None, typer.Option(help="Extra MCP server, NAME=COMMAND or NAME=URL (repeatable).",
                                                show_default=False)]
-NoDefaultServers = Annotated[bool, typer.Option(help="Use only the --mcp servers.")]
+NoDefaultServers = Annotated[bool, typer.Option("--no-default-servers", help="Use only the --mcp servers.")]
 ToolTimeout = Annotated[float, typer.Option(min=1, help="Seconds one tool call may take.",
                                             rich_help_panel=ADVANCED)]
 MaxResultChars = Annotated[int, typer.Option(min=100, help="Longer tool results are cut.", rich_help_panel=ADVANCED)]

@@ -114,7 +114,8 @@ def judge(
     grader: Annotated[str | None, typer.Option(help="gaia-exact or a judge profile (browsecomp, browsecomp-zh, hle, "
                                                     "xbench, equivalent) for every trajectory \\[default: each "
                                                     "trajectory's own].", show_default=False)] = None,
-    no_critic: Annotated[bool, typer.Option(help="The outcome reward alone; no critic endpoint needed.")] = False,
+    no_critic: Annotated[bool, typer.Option("--no-critic", help="The outcome reward alone; no critic endpoint "
+                                                                "needed.")] = False,
     critic_base_url: Annotated[str | None, typer.Option(envvar="NANBEIGE_CRITIC_BASE_URL", show_default=False,
                                                         help="OpenAI-compatible endpoint of the turn critic "
                                                              "\\[default: https://api.openai.com/v1].")] = None,
@@ -238,9 +239,10 @@ def synth(
 
 
 def train(
-    data: Annotated[list[Path], typer.Option(help="Judged trajectory files (repeatable).")],
     model: Annotated[str, typer.Option(help="The model to start from: a Hugging Face id or folder.")],
     out: Annotated[Path, typer.Option(help="Folder for checkpoints and metrics.jsonl.")],
+    data: Annotated[list[Path] | None, typer.Option(help="Judged trajectory files (repeatable).",
+                                                    show_default=False)] = None,
     objective: Annotated[str, typer.Option(help="grpo, or sft (on passing rollouts, failed turns masked).")] = "grpo",
     steps: Annotated[int | None, typer.Option(min=1, help="Optimizer steps \\[default: one pass over the data].",
                                               show_default=False)] = None,
@@ -254,12 +256,38 @@ def train(
     lora_rank: Annotated[int, typer.Option(min=0, help="LoRA rank (0: every parameter).")] = 0,
     save_every: Annotated[int, typer.Option(min=0, help="Checkpoint every N steps (0: at the end).")] = 0,
     resume: Annotated[bool, typer.Option(help="Go on from the newest checkpoint in --out.")] = False,
-    no_gradient_checkpointing: Annotated[bool, typer.Option(help="Keep activations (faster, more memory).")] = False,
+    no_gradient_checkpointing: Annotated[bool, typer.Option("--no-gradient-checkpointing",
+                                                            help="Keep activations (faster, more memory).")] = False,
     dtype: Annotated[str, typer.Option(help="auto (bfloat16 on GPU, float32 on CPU), bfloat16 or float32.")] = "auto",
     seed: Annotated[int, typer.Option(help="Seed of the row order.")] = 0,
+    loop: Annotated[int, typer.Option(min=0, help="Alternate collect, judge, train and sync this many times "
+                                                  "(0: train once on --data).", rich_help_panel="Loop")] = 0,
+    questions: Annotated[Path | None, typer.Option(help="With --loop: the questions collect samples.",
+                                                   rich_help_panel="Loop", show_default=False)] = None,
+    group_size: Annotated[int, typer.Option("--group-size", "-G", min=1, help="With --loop: rollouts per question.",
+                                            rich_help_panel="Loop")] = 8,
+    sync: Annotated[str, typer.Option(help="With --loop: lora (hot-load each adapter into the serving vLLM) or "
+                                           "none.", rich_help_panel="Loop")] = "lora",
+    base_url: o.BaseUrl = None,
+    backend: o.Backend = BackendConfig.backend,
+    token_mode: o.TokenMode = False,
+    no_default_servers: o.NoDefaultServers = False,
+    no_critic: Annotated[bool, typer.Option("--no-critic", help="With --loop: outcome rewards only.",
+                                            rich_help_panel="Loop")] = False,
+    critic_base_url: Annotated[str | None, typer.Option(envvar="NANBEIGE_CRITIC_BASE_URL", show_default=False,
+                                                        rich_help_panel="Loop",
+                                                        help="With --loop: the turn critic's endpoint.")] = None,
+    critic_model: Annotated[str | None, typer.Option(envvar="NANBEIGE_CRITIC_MODEL", show_default=False,
+                                                     rich_help_panel="Loop", help="With --loop: the critic model.")
+                            ] = None,
+    critic_api_key: Annotated[str | None, typer.Option(envvar="NANBEIGE_CRITIC_API_KEY", show_default=False,
+                                                       rich_help_panel="Loop")] = None,
 ) -> None:
     """Train the model on judged trajectories: GRPO with turn-level advantages, or SFT. Under torchrun
-    (`torchrun --nproc-per-node N --no-python nanbeige train ...`) the model is sharded with FSDP2."""
+    (`torchrun --nproc-per-node N --no-python nanbeige train ...`) the model is sharded with FSDP2. With
+    --loop N it alternates collect, judge, train and sync N times in --out, resumable at any stage."""
+    from nanbeige.trainer.critic import CriticConfig
+    from nanbeige.trainer.judge import JudgeRunConfig
     from nanbeige.trainer.train import TrainConfig, TrainError
     from nanbeige.trainer.train import train as run_training
 
@@ -267,10 +295,23 @@ def train(
         fail(f"--objective must be grpo or sft, not {objective!r}", 2)
     if min_pass_rate > max_pass_rate:
         fail(f"--min-pass-rate {min_pass_rate} is above --max-pass-rate {max_pass_rate}", 2)
-    config = TrainConfig(data=data, model=model, out=out, objective=objective, steps=steps, step_tokens=step_tokens,
-                         micro_tokens=micro_tokens, lr=lr, lam=lam, min_pass_rate=min_pass_rate,
-                         max_pass_rate=max_pass_rate, lora_rank=lora_rank, save_every=save_every,
-                         gradient_checkpointing=not no_gradient_checkpointing, dtype=dtype, seed=seed)
+    config = TrainConfig(data=data or [], model=model, out=out, objective=objective, steps=steps,
+                         step_tokens=step_tokens, micro_tokens=micro_tokens, lr=lr, lam=lam,
+                         min_pass_rate=min_pass_rate, max_pass_rate=max_pass_rate, lora_rank=lora_rank,
+                         save_every=save_every, gradient_checkpointing=not no_gradient_checkpointing, dtype=dtype,
+                         seed=seed)
+    if loop:
+        if questions is None:
+            fail("--loop needs --questions: the questions collect samples rollouts for", 2)
+        settings = o.run_settings(**{**o.shared(locals()), **LOOP_DEFAULTS, "model": model, "base_url": base_url,
+                                     "backend": backend, "token_mode": token_mode,
+                                     "no_default_servers": no_default_servers})
+        critic = None if no_critic else CriticConfig(base_url=critic_base_url or CriticConfig.base_url,
+                                                     model=critic_model or CriticConfig.model, api_key=critic_api_key)
+        return run_train_loop(loop, questions, group_size, sync, settings, JudgeRunConfig(critic=critic,
+                                                                                          no_critic=no_critic), config)
+    if not data:
+        fail("--data is required: judged trajectory files (`nanbeige judge ... --out FILE`)", 2)
     try:
         summary = run_training(config, resume=resume,
                                log=lambda text: err.print(escape(text), highlight=False, soft_wrap=True))
@@ -282,3 +323,34 @@ def train(
         raise typer.Exit(130) from None
     if summary["checkpoint"]:
         err.print(f"checkpoint: {escape(summary['checkpoint'])}", highlight=False)
+
+
+# The run settings `train --loop` gives collect beyond its own flags: the loop's defaults.
+LOOP_DEFAULTS: dict[str, Any] = {
+    "api_key": None, "dialect": AgentConfig.dialect, "max_turns": None,
+    "keep_tool_results": AgentConfig.keep_tool_results, "max_context": None, "temperature": None, "top_p": None,
+    "repetition_penalty": None, "max_tokens": LLMConfig.max_tokens, "mcp": None,
+    "tool_timeout": ToolsConfig.tool_timeout_s, "max_result_chars": ToolsConfig.max_result_chars, "timeout": None,
+    "gguf_file": None, "chat_template": None, "summary_turn": None, "rollback": None, "system_prompt_file": None}
+
+
+def run_train_loop(iterations: int, questions: Path, group_size: int, sync: str, settings: Any, judge_config: Any,
+                   train_config: Any) -> None:
+    from nanbeige.agent.cli import notice, run_command
+    from nanbeige.agent.setup import secrets_of
+    from nanbeige.trainer.loop import LoopConfig, LoopError, run_loop
+
+    hide(secrets_of(settings) + [k for k in (judge_config.critic.api_key if judge_config.critic else None,) if k])
+    config = LoopConfig(iterations=iterations, out=train_config.out, questions=questions, settings=settings,
+                        judge=judge_config, train=train_config, group_size=group_size, sync=sync)
+
+    async def main() -> dict[str, Any]:
+        try:
+            return await run_loop(config, notice)
+        except LoopError as exc:
+            fail(str(exc))
+
+    summary = run_command(main())
+    for item in summary["iterations"]:
+        err.print(f"iteration {item['iteration']}: {item['rollouts']} rollouts, mean reward {item['mean_reward']}, "
+                  f"{item['train_steps']} steps, checkpoint {escape(str(item['checkpoint']))}", highlight=False)

@@ -8,6 +8,11 @@ the scripted backend, but over real HTTP. With `vllm=True` it also returns vLLM'
 real template. Usage figures count those bytes. It then also says it is vLLM as vLLM does: its
 model list is `owned_by: "vllm"` with `max_model_len`, and `GET /version` answers.
 
+It also takes vLLM's runtime LoRA calls, `POST /v1/load_lora_adapter` and `POST /v1/unload_lora_adapter`
+(`{"lora_name", "lora_path"}`): each body is recorded in `lora_requests`, and a loaded adapter is listed in
+`/v1/models` as vLLM lists one (its path as `root`, the base model as `parent`). Loading a name already
+loaded, or unloading one that is not, gets vLLM's HTTP 400 / 404.
+
 With `strict=True` it answers like a FastAPI server whose request model forbids unknown fields:
 a chat request with any field outside OpenAI's own gets HTTP 422 naming them.
 """
@@ -82,6 +87,8 @@ class FakeOpenAI:
         self.tokenize = tokenize or tokens  # for /v1/completions: the model's tokenizer
         self.stop_id = stop_id  # appended to token_ids when a completion stops, as vLLM does with EOS
         self.requests: list[dict[str, Any]] = []
+        self.lora_requests: list[dict[str, Any]] = []  # the body of every load/unload_lora_adapter call
+        self.adapters: dict[str, str] = {}  # loaded LoRA adapters: name -> path
         self.lock = threading.Lock()
         self.httpd = _Server(("127.0.0.1", 0), self._handler())
         self.httpd.daemon_threads = True
@@ -110,11 +117,34 @@ class FakeOpenAI:
         """The `/v1/models` answer: vLLM lists its own name as owner and each model's context length;
         OpenAI-style servers name some other owner."""
         if self.models is not None:
-            return {"object": "list", "data": self.models}
+            return {"object": "list", "data": self.models + self.adapter_entries()}
         entry: dict[str, Any] = {"id": "fake-model", "object": "model", "created": 0, "owned_by": "organization-owner"}
         if self.vllm:
             entry.update(owned_by="vllm", root="fake-model", max_model_len=self.max_model_len)
-        return {"object": "list", "data": [entry]}
+        return {"object": "list", "data": [entry] + self.adapter_entries()}
+
+    def adapter_entries(self) -> list[dict[str, Any]]:
+        """The loaded LoRA adapters as vLLM lists them: no context length, the base model as parent."""
+        base = self.models[0]["id"] if self.models else "fake-model"
+        with self.lock:
+            adapters = list(self.adapters.items())
+        return [{"id": name, "object": "model", "owned_by": "vllm", "root": path, "parent": base}
+                for name, path in adapters]
+
+    def lora_call(self, path: str, request: dict[str, Any]) -> tuple[int, str]:
+        """vLLM's answer to a runtime LoRA call: plain text on success, an error status otherwise."""
+        name = request.get("lora_name")
+        with self.lock:
+            self.lora_requests.append(request)
+            if path.endswith("/unload_lora_adapter"):
+                if name not in self.adapters:
+                    return 404, f"The lora adapter '{name}' cannot be found."
+                del self.adapters[name]
+                return 200, f"Success: LoRA adapter '{name}' removed successfully."
+            if name in self.adapters:
+                return 400, f"The lora adapter '{name}' has already been loaded."
+            self.adapters[name] = request.get("lora_path")
+            return 200, f"Success: LoRA adapter '{name}' added successfully."
 
     def unexpected_fields(self, path: str, request: dict[str, Any]) -> set[str]:
         """The fields a strict server refuses in this request (none unless strict)."""
@@ -176,6 +206,14 @@ class FakeOpenAI:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def _send_text(self, text: str) -> None:
+                data = text.encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; charset=utf-8")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
             def _refused(self) -> bool:
                 """Answers 401 as OpenAI does when the server wants a key this request lacks."""
                 if fake.api_key is None or self.headers.get("Authorization") == f"Bearer {fake.api_key}":
@@ -199,6 +237,13 @@ class FakeOpenAI:
             def do_POST(self) -> None:
                 request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 if self._refused():
+                    return
+                if self.path.endswith(("/load_lora_adapter", "/unload_lora_adapter")):
+                    status, text = fake.lora_call(self.path, request)
+                    if status == 200:
+                        self._send_text(text)
+                    else:
+                        self._send(status, {"error": {"message": text, "type": "BadRequestError", "code": status}})
                     return
                 unexpected = fake.unexpected_fields(self.path, request)
                 request["_headers"] = dict(self.headers)

@@ -347,6 +347,9 @@ def save_checkpoint(model: Any, tokenizer: Any, optimizer: Any, step: int, confi
         else:
             model.save_pretrained(folder, state_dict=state)
         tokenizer.save_pretrained(folder)
+        search_template = Path(config.model) / "tokenizer_config_search.json"
+        if search_template.is_file():  # so that serve and token mode find the deep-search template here too
+            (folder / search_template.name).write_bytes(search_template.read_bytes())
     barrier(world)
     torch.save({"optimizer": optimizer.state_dict(), "step": step, "config": asdict(config)},
                folder / f"trainer-state-rank{world.rank}.pt")
