@@ -258,7 +258,9 @@ def train(
     resume: Annotated[bool, typer.Option(help="Go on from the newest checkpoint in --out.")] = False,
     no_gradient_checkpointing: Annotated[bool, typer.Option("--no-gradient-checkpointing",
                                                             help="Keep activations (faster, more memory).")] = False,
-    dtype: Annotated[str, typer.Option(help="auto (bfloat16 on GPU, float32 on CPU), bfloat16 or float32.")] = "auto",
+    dtype: Annotated[str, typer.Option(help="Weights: auto (float32, computing in bfloat16 on a GPU) or bfloat16 "
+                                            "(half the memory; tiny updates are lost).")] = "auto",
+    chunk_tokens: Annotated[int, typer.Option(min=1, help="Positions whose logits exist at once.")] = 4096,
     seed: Annotated[int, typer.Option(help="Seed of the row order.")] = 0,
     loop: Annotated[int, typer.Option(min=0, help="Alternate collect, judge, train and sync this many times "
                                                   "(0: train once on --data).", rich_help_panel="Loop")] = 0,
@@ -293,13 +295,15 @@ def train(
 
     if objective not in ("grpo", "sft"):
         fail(f"--objective must be grpo or sft, not {objective!r}", 2)
+    if dtype not in ("auto", "float32", "bfloat16"):
+        fail(f"--dtype must be auto, float32 or bfloat16, not {dtype!r}", 2)
     if min_pass_rate > max_pass_rate:
         fail(f"--min-pass-rate {min_pass_rate} is above --max-pass-rate {max_pass_rate}", 2)
     config = TrainConfig(data=data or [], model=model, out=out, objective=objective, steps=steps,
                          step_tokens=step_tokens, micro_tokens=micro_tokens, lr=lr, lam=lam,
                          min_pass_rate=min_pass_rate, max_pass_rate=max_pass_rate, lora_rank=lora_rank,
                          save_every=save_every, gradient_checkpointing=not no_gradient_checkpointing, dtype=dtype,
-                         seed=seed)
+                         seed=seed, chunk_tokens=chunk_tokens)
     if loop:
         if questions is None:
             fail("--loop needs --questions: the questions collect samples rollouts for", 2)

@@ -30,7 +30,7 @@ def _chunk_logprobs(head: nn.Module, hidden: Tensor, targets: Tensor, temperatur
 
 
 def token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, targets: Tensor,
-                   chunk_tokens: int = 4096, temperature: float = 1.0) -> Tensor:
+                   chunk_tokens: int = 4096, temperature: float = 1.0, chunks: int | None = None) -> Tensor:
     """The model's log-probability of each target token, [B, L-1] in float32, without full logits.
 
     The full logits would be B·L·V floats: 32k tokens × 166k vocabulary × 4 bytes ≈ 22 GB. Instead:
@@ -43,6 +43,8 @@ def token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, 
        logits when its turn comes, instead of holding every chunk's [n, V] logits for the whole backward.
 
     `temperature` must be the sampling temperature: vLLM's logprobs are taken after dividing the logits by it.
+    `chunks` forces the number of head calls (pieces may then be empty): under FSDP every rank must call the
+    sharded head the same number of times, since each call gathers its weights.
     Padding is whatever `attention_mask` says; positions over padding get a value that the loss mask drops.
 
     The backbone is `model.get_decoder()` and the head `model.get_output_embeddings()`. Both work unchanged on
@@ -56,8 +58,8 @@ def token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, 
     hidden = hidden[:, :-1].reshape(-1, H)  # (N, H), N = B·(L-1)
     flat_targets = targets.reshape(-1)  # (N,)
     pieces = []
-    for start in range(0, hidden.shape[0], chunk_tokens):
-        h, t = hidden[start:start + chunk_tokens], flat_targets[start:start + chunk_tokens]  # (n, H), (n,)
+    count = chunks or max(1, -(-hidden.shape[0] // chunk_tokens))
+    for h, t in zip(torch.tensor_split(hidden, count), torch.tensor_split(flat_targets, count)):  # (n, H), (n,)
         if torch.is_grad_enabled():
             pieces.append(checkpoint(_chunk_logprobs, head, h, t, temperature, use_reentrant=False))
         else:

@@ -72,7 +72,9 @@ class TrainConfig:
     gradient_checkpointing: bool = True
     """Recompute activations in backward (less memory, about a third more compute)."""
     dtype: str = "auto"
-    """`bfloat16`, `float32`, or `auto`: bfloat16 on a GPU, float32 on a CPU."""
+    """Weights in `float32` (`auto`: with bfloat16 compute on a GPU, so small updates are not rounded
+    away) or `bfloat16` (half the memory of weights, gradients and AdamW state; updates below bfloat16's
+    resolution are lost)."""
     chunk_tokens: int = 4096
     """Positions whose logits are computed at once (the vocabulary is large)."""
     save_every: int = 0
@@ -187,8 +189,8 @@ def load_model(config: TrainConfig, world: World, checkpoint: Path | None = None
         raise TrainError("LoRA trains in one process here (a 3B model's LoRA fits one GPU); drop --lora-rank "
                          "or run without torchrun")
     source = str(checkpoint) if checkpoint is not None and not config.lora_rank else config.model
-    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}.get(config.dtype) or \
-        (torch.bfloat16 if world.device != "cpu" else torch.float32)
+    # float32 weights (bfloat16 compute on a GPU, see `compute_precision`) unless bfloat16 is asked for
+    dtype = torch.bfloat16 if config.dtype == "bfloat16" else torch.float32
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(source)
         model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
@@ -279,8 +281,11 @@ def train_step(model: Any, optimizer: Any, step: list[Any], config: TrainConfig,
         weight = 1.0 if batch else 0.0
         tensors = {k: v.to(world.device) if hasattr(v, "to") else v for k, v in
                    collate(batch or step[:1], pad_id).items()}
-        logprobs = token_logprobs(model, tensors["input_ids"], tensors["attention_mask"], tensors["targets"],
-                                  chunk_tokens=config.chunk_tokens, temperature=temperature)
+        positions = tensors["targets"].numel()
+        chunks = int(all_max(max(1, -(-positions // config.chunk_tokens)), world))  # the same head calls everywhere
+        with compute_precision(world):
+            logprobs = token_logprobs(model, tensors["input_ids"], tensors["attention_mask"], tensors["targets"],
+                                      chunk_tokens=config.chunk_tokens, temperature=temperature, chunks=chunks)
         if config.objective == "sft":
             loss, info = sft_loss(logprobs, tensors["loss_mask"], loss_tokens)
         else:
@@ -303,15 +308,31 @@ def train_step(model: Any, optimizer: Any, step: list[Any], config: TrainConfig,
             "grad_norm": float(grad_norm), "metrics": mean_metrics(metrics)}
 
 
-def all_sum(value: float, world: World) -> float:
+def all_sum(value: float, world: World, op: str = "sum") -> float:
     if world.size == 1:
         return value
     import torch
     import torch.distributed as dist
 
     tensor = torch.tensor([value], dtype=torch.float64, device=world.device)
-    dist.all_reduce(tensor)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
     return float(tensor.item())
+
+
+def all_max(value: float, world: World) -> float:
+    return all_sum(value, world, op="max")
+
+
+def compute_precision(world: World) -> Any:
+    """bfloat16 compute on a GPU over float32 weights: AdamW's updates (lr 1e-6 times a step of order 1)
+    are far below bfloat16's resolution near typical weights and would round away in bfloat16 weights."""
+    import contextlib
+
+    import torch
+
+    if world.device == "cpu":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
 
 
 def mean_metrics(metrics: list[dict[str, float]]) -> dict[str, float]:
