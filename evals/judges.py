@@ -274,12 +274,18 @@ def fill(template: str, question: str, response: str, gold: str) -> str:
     return re.sub(r"\{(question|response|correct_answer)\}", lambda m: values[m.group(1)], template)
 
 
-class _AttemptFailed(Exception):
-    """One judge call that gave no verdict; `retry` says whether asking again may help."""
+class JudgeUnavailable(Exception):
+    """The judge endpoint could not be used (unreachable, refused, failing): not a verdict on the answer,
+    so the caller stops or tries again later rather than scoring the answer."""
 
-    def __init__(self, message: str, retry: bool = True):
+
+class _AttemptFailed(Exception):
+    """One judge call that gave no verdict; `retry` says whether asking again may help, `unavailable`
+    that the endpoint itself failed (as opposed to answering without a verdict)."""
+
+    def __init__(self, message: str, retry: bool = True, unavailable: bool = False):
         super().__init__(message)
-        self.retry = retry
+        self.retry, self.unavailable = retry, unavailable
 
 
 def _reply_text(body: Any) -> str:
@@ -302,10 +308,10 @@ async def _ask(client: httpx.AsyncClient, config: JudgeConfig, messages: list[di
     try:
         response = await client.post(url, json=body, headers=headers, timeout=config.timeout_s)
     except httpx.TransportError as exc:
-        raise _AttemptFailed(f"judge unreachable: {type(exc).__name__}: {exc}") from None
+        raise _AttemptFailed(f"judge unreachable: {type(exc).__name__}: {exc}", unavailable=True) from None
     if response.status_code != 200:
         message = f"judge answered HTTP {response.status_code}: {response.text[:200]}"
-        raise _AttemptFailed(message, retry=response.status_code in RETRY_STATUSES)
+        raise _AttemptFailed(message, retry=response.status_code in RETRY_STATUSES, unavailable=True)
     try:
         return _reply_text(response.json())
     except ValueError:
@@ -325,20 +331,22 @@ async def judge(profile: Profile, question: str, response: str, gold: str, confi
     messages = [{"role": "user", "content": fill(profile.template, question, response, gold)}]
     if profile.system is not None:
         messages.insert(0, {"role": "system", "content": profile.system})
-    error = ""
+    error, unavailable = "", False
     for attempt in range(config.retries + 1):
         if attempt:
             await asyncio.sleep(config.retry_wait_s * 2 ** (attempt - 1))
         try:
             reading = profile.parse(await _ask(client, config, messages))
         except _AttemptFailed as exc:
-            error = str(exc)
+            error, unavailable = str(exc), exc.unavailable
             if not exc.retry:
                 break
             continue
         except MalformedVerdict as exc:
-            error = f"malformed verdict: {exc}"
+            error, unavailable = f"malformed verdict: {exc}", False
             continue
         return Verdict(correct=reading.correct, grader=profile.name, judge_model=config.model,
                        extracted=reading.extracted, reason=reading.reasoning, confidence=reading.confidence)
+    if unavailable:
+        raise JudgeUnavailable(error)
     return Verdict(correct=None, grader=profile.name, judge_model=config.model, error=error)

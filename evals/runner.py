@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import json
 import os
 import time
@@ -29,7 +30,7 @@ from nanbeige.agent import dialects
 from nanbeige.agent.config import RunSettings
 from nanbeige.agent.trajectory import Trajectory
 from nanbeige.evals.files import file_sha256
-from nanbeige.evals.judges import JudgeConfig
+from nanbeige.evals.judges import JudgeConfig, JudgeUnavailable
 from nanbeige.evals.tasks import Task, Verdict
 
 if TYPE_CHECKING:
@@ -96,10 +97,18 @@ def manifest(config: EvalConfig, tasks: list[Task]) -> dict[str, Any]:
     """What `eval.json` records: enough to check a resume and to re-render the report without the data."""
     data = config.data
     return {"bench": config.bench.name, "data": str(data.resolve()) if data else None,
-            "data_sha256": file_sha256(data) if data and data.is_file() else None, "k": config.k,
+            "data_sha256": file_sha256(data) if data and data.is_file() else tasks_sha256(tasks), "k": config.k,
             "limit": config.limit, "grader": config.grader or config.bench.grader,
             "judge_model": None if (config.grader or config.bench.grader) == "gaia-exact" else config.judge.model,
             "tasks": [{"id": task.id, "level": task.level} for task in tasks]}
+
+
+def tasks_sha256(tasks: list[Task]) -> str:
+    """A hash of what was loaded (ids, questions, answers), for data given as a folder."""
+    digest = hashlib.sha256()
+    for task in tasks:
+        digest.update(json.dumps([task.id, task.question, task.answer], ensure_ascii=False).encode())
+    return digest.hexdigest()
 
 
 def prepare_out(config: EvalConfig, tasks: list[Task]) -> dict[str, Any]:
@@ -112,7 +121,7 @@ def prepare_out(config: EvalConfig, tasks: list[Task]) -> dict[str, Any]:
             found = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
             raise EvalError(f"cannot read {path} ({exc}); pass another --out") from None
-        for key in ("bench", "data_sha256", "grader", "k", "limit"):
+        for key in ("bench", "data_sha256", "grader", "judge_model", "k", "limit"):
             if found.get(key) != wanted[key]:
                 raise EvalError(f"{config.out} holds an eval with {key} {found.get(key)!r}, not {wanted[key]!r}; "
                                 "pass the same options to resume it, or another --out to start a new one")
@@ -251,7 +260,10 @@ def agent_attempt(runtime: Ready, config: EvalConfig, client: httpx.AsyncClient)
             return f"{type(exc).__name__}: {exc}"
         if trajectory.stop_reason == "model_error":
             return trajectory.error or "the model server failed"
-        verdict = await grade(task, trajectory.answer, final_response(trajectory), client)
+        try:
+            verdict = await grade(task, trajectory.answer, final_response(trajectory), client)
+        except JudgeUnavailable as exc:  # not recorded: the run is graded again on resume
+            return f"the judge cannot be used: {exc}"
         return result_row(task, run_index, trajectory.answer, verdict, trajectory)
     return attempt
 

@@ -14,7 +14,7 @@ from conftest import free_port
 from fake_openai import FakeOpenAI, Reply
 
 from nanbeige.evals.gaia_scorer import grade_exact, question_scorer
-from nanbeige.evals.judges import PROFILES, JudgeConfig, judge, parse_labelled, profile_for
+from nanbeige.evals.judges import PROFILES, JudgeConfig, JudgeUnavailable, judge, parse_labelled, profile_for
 from nanbeige.evals.tasks import Verdict
 
 QUESTION = "Which city hosted the 1900 Summer Olympics?"
@@ -159,17 +159,19 @@ async def test_server_errors_are_retried(server: FakeOpenAI, status: int) -> Non
 
 @pytest.mark.anyio
 async def test_a_refused_request_is_not_retried_and_the_key_is_not_reported(server: FakeOpenAI) -> None:
-    verdict, requests = await ask(server, "hle", [Reply(status=401, body={"error": "bad key"}), WELL_FORMED])
-    assert verdict.correct is None and "HTTP 401" in verdict.error and len(requests) == 1
-    assert "sk-secret" not in verdict.error and "sk-secret" not in repr(JudgeConfig(api_key="sk-secret"))
+    # a refused key says nothing about the answer: the judge is unavailable, not the answer wrong
+    with pytest.raises(JudgeUnavailable, match="HTTP 401") as failed:
+        await ask(server, "hle", [Reply(status=401, body={"error": "bad key"}), WELL_FORMED])
+    assert len(server.requests) == 1
+    assert "sk-secret" not in str(failed.value) and "sk-secret" not in repr(JudgeConfig(api_key="sk-secret"))
 
 
 @pytest.mark.anyio
-async def test_an_unreachable_judge_gives_a_failed_verdict() -> None:
+async def test_an_unreachable_judge_is_unavailable_not_a_verdict() -> None:
     cfg = JudgeConfig(base_url=f"http://127.0.0.1:{free_port()}/v1", retries=1, retry_wait_s=0.0)
     async with httpx.AsyncClient() as client:
-        verdict = await judge(PROFILES["browsecomp"], QUESTION, RESPONSE, GOLD, cfg, client)
-    assert verdict.correct is None and "unreachable" in verdict.error
+        with pytest.raises(JudgeUnavailable, match="unreachable"):
+            await judge(PROFILES["browsecomp"], QUESTION, RESPONSE, GOLD, cfg, client)
 
 
 @pytest.mark.anyio

@@ -188,3 +188,16 @@ def test_attachments_are_named_in_the_question_and_their_folder_is_uploadable(tm
     [python] = [s for s in default_servers(settings.llm, lambda text: None, settings.tools.upload_dirs)
                 if s.name == "tool-python"]
     assert str(folder) in python.env["NANBEIGE_SANDBOX_UPLOAD_DIRS"].split(os.pathsep)
+
+
+@pytest.mark.anyio
+async def test_a_judge_that_refuses_stops_the_eval_and_scores_nothing(tmp_path: Path) -> None:
+    from nanbeige.evals.runner import EvalError
+
+    data = write_gaia(tmp_path / "gaia")
+    with FakeOpenAI(scripted_model()) as model, FakeOpenAI([], default=Reply(status=401)) as judge_server:
+        config = EvalConfig(bench=BENCHMARKS["gaia"], data=data, out=tmp_path / "out", k=1, concurrency=1,
+                            grader="equivalent", judge=JudgeConfig(base_url=judge_server.base_url, model="judge"))
+        with pytest.raises(EvalError, match="the judge cannot be used: judge answered HTTP 401"):
+            await evaluate(config, settings_for(model), notice=lambda text: None)
+    assert read_results(tmp_path / "out") == []  # nothing scored wrong for the judge's sake: a resume grades them

@@ -143,3 +143,16 @@ def test_two_gloo_processes_under_torchrun_give_the_loss_and_gradients_of_one(ti
     assert abs(single["grad_norm"] - sharded["grad_norm"]) < 1e-4 * max(1.0, single["grad_norm"])  # summed right
     a, b = weights(tmp_path / "one" / "checkpoint-1"), weights(tmp_path / "two" / "checkpoint-1")
     assert all((a[name] - b[name]).abs().max() < 1e-4 for name in a)  # the same update, gathered from shards
+
+
+def test_an_inconsistent_token_record_is_a_clear_error(tiny: Path, judged: Path, tmp_path: Path) -> None:
+    from nanbeige.trainer.train import TrainError
+
+    lines = judged.read_text().splitlines()
+    broken = [json.loads(line) for line in lines]
+    turn = next(r for r in broken if r["type"] == "turn" and r.get("prefix_hash"))
+    turn["prefix_hash"] = "0" * 64  # as a file edited by hand, or a tokenizer that changed
+    path = tmp_path / "broken.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in broken))
+    with pytest.raises(TrainError, match="token record is inconsistent"):
+        train(config_for(tiny, path, tmp_path / "out"), log=lambda text: None)

@@ -122,7 +122,10 @@ async def grade(trajectory: Trajectory, grader: str, config: JudgeRunConfig, cli
     if trajectory.answer is None:  # nothing to judge: wrong, without spending a judge call
         return Verdict(correct=False, grader=profile.name, reason="no answer")
     text = trajectory.answer if profile.reads_answer else (final_response(trajectory) or trajectory.answer)
-    return await judges.judge(profile, trajectory.question, text, gold, config.judge, client)
+    try:
+        return await judges.judge(profile, trajectory.question, text, gold, config.judge, client)
+    except judges.JudgeUnavailable as exc:  # not a verdict: stop, so that a resume grades this one again
+        raise JudgeError(f"the outcome judge cannot be used: {exc}") from None
 
 
 async def judge_outcome(trajectory: Trajectory, config: JudgeRunConfig, client: httpx.AsyncClient) -> None:

@@ -116,12 +116,15 @@ def read_samples(config: TrainConfig) -> tuple[list[Any], dict[str, Any], float]
             trajectories += load_trajectories(path)
         except (OSError, ValueError) as exc:
             raise TrainError(f"cannot read {path}: {exc}") from None
-    temperatures = {t.sampling.get("temperature") for t in trajectories if t.sampling}
+    temperatures = {t.sampling.get("temperature") for t in trajectories if t.sampling} - {None}
     if len(temperatures) > 1:
         raise TrainError(f"the trajectories were sampled at different temperatures {sorted(temperatures)}; the "
                          "trainer's logprobs must use the sampler's, so train on one temperature at a time")
-    samples, summary = samples_from(trajectories, objective=config.objective, lam=config.lam,
-                                    min_pass_rate=config.min_pass_rate, max_pass_rate=config.max_pass_rate)
+    try:
+        samples, summary = samples_from(trajectories, objective=config.objective, lam=config.lam,
+                                        min_pass_rate=config.min_pass_rate, max_pass_rate=config.max_pass_rate)
+    except ValueError as exc:  # a token record that does not check out: training on it would be wrong
+        raise TrainError(f"a trajectory's token record is inconsistent ({exc}); it cannot be trained on") from None
     if not samples:
         raise TrainError(f"nothing to train on: {json.dumps(summary)} (GRPO keeps groups whose pass rate is between "
                          f"{config.min_pass_rate} and {config.max_pass_rate}; check the outcome rewards)")
@@ -372,7 +375,8 @@ def save_checkpoint(model: Any, tokenizer: Any, optimizer: Any, step: int, confi
         if search_template.is_file():  # so that serve and token mode find the deep-search template here too
             (folder / search_template.name).write_bytes(search_template.read_bytes())
     barrier(world)
-    torch.save({"optimizer": optimizer.state_dict(), "step": step, "config": asdict(config)},
+    torch.save({"optimizer": optimizer.state_dict(), "step": step, "world_size": world.size,
+                "config": json.loads(json.dumps(asdict(config), default=str))},
                folder / f"trainer-state-rank{world.rank}.pt")
     barrier(world)
     return folder
@@ -401,7 +405,8 @@ def latest_checkpoint(out: Path) -> tuple[Path, int] | None:
 # ---------------------------------------------------------------- the run
 
 
-RESUME_KEYS = ("objective", "seed", "step_tokens", "micro_tokens", "lora_rank", "steps")
+RESUME_KEYS = ("objective", "seed", "step_tokens", "micro_tokens", "lora_rank", "steps", "data", "lam",
+               "min_pass_rate", "max_pass_rate")
 
 
 def train(config: TrainConfig, resume: bool = False, log: Any = None) -> dict[str, Any]:
@@ -416,8 +421,15 @@ def train(config: TrainConfig, resume: bool = False, log: Any = None) -> dict[st
     found = latest_checkpoint(config.out) if resume else None
     start = found[1] if found else 0
     if found:
-        saved = torch.load(found[0] / f"trainer-state-rank{world.rank}.pt", weights_only=False)
-        changed = [k for k in RESUME_KEYS if saved["config"].get(k) != getattr(config, k)]
+        state = found[0] / f"trainer-state-rank{world.rank}.pt"
+        if not state.exists():
+            raise TrainError(f"{found[0]} was saved by fewer processes than this run has; resume with as many")
+        saved = torch.load(state, weights_only=False)
+        if saved.get("world_size", 1) != world.size:
+            raise TrainError(f"{found[0]} was saved by {saved.get('world_size', 1)} processes; resume with as many "
+                             "(the optimizer state is sharded)")
+        now = json.loads(json.dumps(asdict(config), default=str))  # as saved: paths as text
+        changed = [k for k in RESUME_KEYS if saved["config"].get(k) != now.get(k)]
         if changed:
             raise TrainError(f"{found[0]} was trained with other {', '.join(changed)}; resume with the same options")
     model, tokenizer = load_model(config, world, found[0] if found else None)
@@ -429,6 +441,7 @@ def train(config: TrainConfig, resume: bool = False, log: Any = None) -> dict[st
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     if world.main:
         config.out.mkdir(parents=True, exist_ok=True)
+        drop_metrics_after(config.out / "metrics.jsonl", start)  # steps past the checkpoint are done again
         log(f"training on {len(samples)} rows ({json.dumps(data)}); {len(steps)} steps"
             + (f", resuming after step {start}" if found else ""))
     params, saved_at = parameter_count(model), start
@@ -450,6 +463,15 @@ def train(config: TrainConfig, resume: bool = False, log: Any = None) -> dict[st
             saved_at = entry.step
     return {"steps": len(steps), "started_at_step": start, "saved_at_step": saved_at, "rows": len(samples),
             "data": data, "checkpoint": str(config.out / f"checkpoint-{saved_at}") if saved_at else None}
+
+
+def drop_metrics_after(path: Path, step: int) -> None:
+    if not path.exists():
+        return
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    kept = [line for line in lines if json.loads(line).get("step", 0) <= step]
+    if len(kept) != len(lines):
+        path.write_text("".join(line + "\n" for line in kept))
 
 
 def mfu(params: int, tokens: int, seconds: float, world: World) -> float | None:
