@@ -30,7 +30,6 @@ import asyncio
 import dataclasses
 import json
 import os
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,28 +147,13 @@ async def judge_stage(config: LoopConfig, folder: Path, notice: Callable[[str], 
 
 def train_config_for(config: LoopConfig, policy: dict[str, Any], folder: Path) -> TrainConfig:
     """The iteration's training: on its judged rollouts, from the previous checkpoint. With LoRA the
-    model stays the base one and the previous adapter (and its optimizer state) is put in the out
-    folder as `checkpoint-0`, so that `train(resume=True)` goes on training it: a fresh adapter on a
-    merged checkpoint would be wrong on a server that applies it to the base model."""
-    previous = policy["checkpoint"]
-    out = folder / "train"
-    model = previous if previous and not config.train.lora_rank else config.train.model
-    if previous and config.train.lora_rank:
-        seed_adapter(Path(previous), out)
-    return dataclasses.replace(config.train, data=[folder / "judged.jsonl"], model=model, out=out)
-
-
-def seed_adapter(checkpoint: Path, out: Path) -> None:
-    """Copy the checkpoint's adapter and optimizer state to `out/checkpoint-0` (once: renamed into place
-    whole, so a kill leaves either nothing or all of it)."""
-    seed = out / "checkpoint-0"
-    if seed.exists():
-        return
-    partial = out / "checkpoint-0.partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    shutil.copytree(checkpoint / "adapter", partial / "adapter")
-    shutil.copy2(checkpoint / "trainer-state-rank0.pt", partial / "trainer-state-rank0.pt")
-    os.replace(partial, seed)
+    model stays the base one and training goes on from the previous adapter and its optimizer state:
+    a fresh adapter on a merged checkpoint would be wrong on a server that applies it to the base model."""
+    previous = Path(policy["checkpoint"]) if policy["checkpoint"] else None
+    model = str(previous) if previous and not config.train.lora_rank else config.train.model
+    init_from = previous if previous and config.train.lora_rank else None
+    return dataclasses.replace(config.train, data=[folder / "judged.jsonl"], model=model, out=folder / "train",
+                               init_from=init_from)
 
 
 async def train_stage(config: LoopConfig, policy: dict[str, Any], folder: Path, notice: Callable[[str], None]

@@ -81,6 +81,9 @@ class TrainConfig:
     """Save a checkpoint every N steps; 0: at the end only."""
     seed: int = 0
     """Seed of the row order."""
+    init_from: Path | None = None
+    """A checkpoint of an earlier run to start from, with its optimizer state: with LoRA, its adapter
+    on the base `model` (the loop's next iteration goes on training the adapter the server has)."""
 
 
 @dataclass
@@ -432,12 +435,16 @@ def train(config: TrainConfig, resume: bool = False, log: Any = None) -> dict[st
         changed = [k for k in RESUME_KEYS if saved["config"].get(k) != now.get(k)]
         if changed:
             raise TrainError(f"{found[0]} was trained with other {', '.join(changed)}; resume with the same options")
-    model, tokenizer = load_model(config, world, found[0] if found else None)
+    origin = found[0] if found else config.init_from
+    model, tokenizer = load_model(config, world, origin)
     lr = config.lr or (3e-5 if config.lora_rank else 1e-6)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr,
                                   weight_decay=config.weight_decay)
     if found:
         optimizer.load_state_dict(saved["optimizer"])
+    elif config.init_from is not None and (config.init_from / f"trainer-state-rank{world.rank}.pt").exists():
+        optimizer.load_state_dict(torch.load(config.init_from / f"trainer-state-rank{world.rank}.pt",
+                                             weights_only=False)["optimizer"])
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     if world.main:
         config.out.mkdir(parents=True, exist_ok=True)
