@@ -23,13 +23,13 @@ import asyncio
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import httpx
 
+from nanbeige.evals.endpoint import CallFailed, chat_text
 from nanbeige.evals.tasks import Verdict
 
-RETRY_STATUSES = {408, 429, 500, 502, 503, 504}
 
 
 class MalformedVerdict(ValueError):
@@ -279,45 +279,6 @@ class JudgeUnavailable(Exception):
     so the caller stops or tries again later rather than scoring the answer."""
 
 
-class _AttemptFailed(Exception):
-    """One judge call that gave no verdict; `retry` says whether asking again may help, `unavailable`
-    that the endpoint itself failed (as opposed to answering without a verdict)."""
-
-    def __init__(self, message: str, retry: bool = True, unavailable: bool = False):
-        super().__init__(message)
-        self.retry, self.unavailable = retry, unavailable
-
-
-def _reply_text(body: Any) -> str:
-    try:
-        content = body["choices"][0]["message"]["content"]
-    except (KeyError, IndexError, TypeError):
-        raise _AttemptFailed("the judge's answer is not a chat completion") from None
-    if not isinstance(content, str):
-        raise _AttemptFailed("the judge's reply has no text content")
-    # A thinking judge may leave its deliberation in the content; only what follows it is the verdict.
-    return content.rsplit("</think>", 1)[-1]
-
-
-async def _ask(client: httpx.AsyncClient, config: JudgeConfig, messages: list[dict[str, str]]) -> str:
-    """One chat completion's reply text; raises `_AttemptFailed`."""
-    headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
-    body = {"model": config.model, "messages": messages, "temperature": config.temperature,
-            "max_tokens": config.max_tokens}
-    url = config.base_url.rstrip("/") + "/chat/completions"
-    try:
-        response = await client.post(url, json=body, headers=headers, timeout=config.timeout_s)
-    except httpx.TransportError as exc:
-        raise _AttemptFailed(f"judge unreachable: {type(exc).__name__}: {exc}", unavailable=True) from None
-    if response.status_code != 200:
-        message = f"judge answered HTTP {response.status_code}: {response.text[:200]}"
-        raise _AttemptFailed(message, retry=response.status_code in RETRY_STATUSES, unavailable=True)
-    try:
-        return _reply_text(response.json())
-    except ValueError:
-        raise _AttemptFailed("the judge's answer is not JSON") from None
-
-
 async def judge(profile: Profile, question: str, response: str, gold: str, config: JudgeConfig,
                 client: httpx.AsyncClient) -> Verdict:
     """The judge's verdict on `response` to `question` with gold answer `gold`.
@@ -336,9 +297,10 @@ async def judge(profile: Profile, question: str, response: str, gold: str, confi
         if attempt:
             await asyncio.sleep(config.retry_wait_s * 2 ** (attempt - 1))
         try:
-            reading = profile.parse(await _ask(client, config, messages))
-        except _AttemptFailed as exc:
-            error, unavailable = str(exc), exc.unavailable
+            reading = profile.parse(await chat_text(client, config.base_url, config.model, config.api_key, messages,
+                                                    config.temperature, config.max_tokens, config.timeout_s))
+        except CallFailed as exc:
+            error, unavailable = f"judge answered {exc}" if exc.status else f"judge {exc}", exc.unavailable
             if not exc.retry:
                 break
             continue

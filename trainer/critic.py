@@ -34,7 +34,7 @@ import json_repair
 
 from nanbeige.agent.trajectory import Trajectory, Turn
 from nanbeige.agent.view import short
-from nanbeige.evals.judges import RETRY_STATUSES
+from nanbeige.evals.endpoint import CallFailed, chat_text
 
 DIMENSIONS = ("logical_soundness", "tool_call_accuracy", "information_gain")
 TOOL_DIMENSIONS = ("tool_call_accuracy", "information_gain")
@@ -276,37 +276,10 @@ def parse_scores(text: str, tool_turn: bool) -> dict[str, dict[str, Any] | None]
 # ---------------------------------------------------------------- asking
 
 
-class _AttemptFailed(Exception):
-    def __init__(self, message: str, retry: bool = True, unreachable: bool = False):
-        super().__init__(message)
-        self.retry, self.unreachable = retry, unreachable
-
-
-async def _ask(client: httpx.AsyncClient, config: CriticConfig, prompt: str) -> str:
-    """One chat completion's reply text; raises `_AttemptFailed`."""
-    headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
-    body = {"model": config.model, "messages": [{"role": "user", "content": prompt}],
-            "temperature": config.temperature, "max_tokens": config.max_tokens}
-    try:
-        response = await client.post(config.base_url.rstrip("/") + "/chat/completions", json=body,
-                                     headers=headers, timeout=config.timeout_s)
-    except httpx.TimeoutException:  # a slow reply on a long turn: retried, then the turn is left unjudged
-        raise _AttemptFailed(f"the critic did not answer within {config.timeout_s:g} s") from None
-    except httpx.TransportError as exc:
-        raise _AttemptFailed(f"critic unreachable at {config.base_url}: {type(exc).__name__}: {exc}",
-                             unreachable=True) from None
-    if response.status_code != 200:
-        # A refused key or a wrong path fails every turn alike: the user must fix it.
-        raise _AttemptFailed(f"critic answered HTTP {response.status_code}: {response.text[:200]}",
-                             retry=response.status_code in RETRY_STATUSES,
-                             unreachable=response.status_code in (401, 403, 404))
-    try:
-        content = response.json()["choices"][0]["message"]["content"]
-    except (ValueError, KeyError, IndexError, TypeError):
-        raise _AttemptFailed("the critic's answer is not a chat completion") from None
-    if not isinstance(content, str):
-        raise _AttemptFailed("the critic's reply has no text content")
-    return content
+def _unreachable(exc: CallFailed) -> bool:
+    """A failure that would fail every turn alike, which the user must fix: no connection, a refused
+    key, a wrong path. Time-outs and server errors are retried, then leave the one turn unjudged."""
+    return (exc.unavailable and not exc.timed_out and exc.status is None) or exc.status in (401, 403, 404)
 
 
 async def critique(trajectory: Trajectory, turn: Turn, config: CriticConfig, template: str,
@@ -320,11 +293,14 @@ async def critique(trajectory: Trajectory, turn: Turn, config: CriticConfig, tem
         if attempt:
             await asyncio.sleep(config.retry_wait_s * 2 ** (attempt - 1))
         try:
-            scores = parse_scores(await _ask(client, config, prompt), tool_turn=bool(turn.tool_calls))
-        except _AttemptFailed as exc:
-            if exc.unreachable and (not exc.retry or attempt == config.retries):
-                raise CriticUnreachable(str(exc)) from None
-            error = str(exc)
+            reply = await chat_text(client, config.base_url, config.model, config.api_key,
+                                    [{"role": "user", "content": prompt}], config.temperature, config.max_tokens,
+                                    config.timeout_s)
+            scores = parse_scores(reply, tool_turn=bool(turn.tool_calls))
+        except CallFailed as exc:
+            error = f"critic answered {exc}" if exc.status else f"critic {exc}"
+            if _unreachable(exc) and (not exc.retry or attempt == config.retries):
+                raise CriticUnreachable(error) from None
             if not exc.retry:
                 break
             continue

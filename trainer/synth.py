@@ -36,12 +36,12 @@ from typing import Any
 import httpx
 import json_repair
 
+from nanbeige.evals.endpoint import CallFailed, chat_text
 from nanbeige.evals.gaia_scorer import question_scorer
 from nanbeige.trainer.graph import Graph, SynthError, build_graph, first_sentence, load_documents, walks
 
 __all__ = ["SynthConfig", "SynthError", "synthesize", "walk_id", "parse_question", "rejected_path"]
 
-RETRY_STATUSES = {408, 429, 500, 502, 503, 504}
 TRIES_PER_QUESTION = 50  # walk attempts allowed per question wanted, so a hopeless corpus ends
 MAX_DOCUMENT_CHARS = 6000  # of one document shown to the model
 
@@ -112,33 +112,18 @@ Reply with the single word yes or no."""
 
 async def _chat(client: httpx.AsyncClient, config: SynthConfig, prompt: str, temperature: float) -> str:
     """The model's reply text to one user message; raises `SynthError` once the retries are spent."""
-    headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
-    body = {"model": config.model, "messages": [{"role": "user", "content": prompt}],
-            "temperature": temperature, "max_tokens": config.max_tokens}
-    url = config.base_url.rstrip("/") + "/chat/completions"
     error, tries = "", 0
     for tries in range(1, config.retries + 2):
         if tries > 1:
             await asyncio.sleep(config.retry_wait_s * 2 ** (tries - 2))
         try:
-            response = await client.post(url, json=body, headers=headers, timeout=config.timeout_s)
-        except httpx.TransportError as exc:
-            error = f"unreachable: {type(exc).__name__}: {exc}"
-            continue
-        if response.status_code != 200:
-            error = f"HTTP {response.status_code}: {response.text[:200]}"
-            if response.status_code in RETRY_STATUSES:
-                continue
-            break
-        try:
-            content = response.json()["choices"][0]["message"]["content"]
-        except (ValueError, KeyError, IndexError, TypeError):
-            error = "its answer is not a chat completion"
-            continue
-        if isinstance(content, str):
-            # A thinking model may leave its deliberation in the content; only what follows is the reply.
-            return content.rsplit("</think>", 1)[-1].strip()
-        error = "its reply has no text"
+            return (await chat_text(client, config.base_url, config.model, config.api_key,
+                                    [{"role": "user", "content": prompt}], temperature, config.max_tokens,
+                                    config.timeout_s)).strip()
+        except CallFailed as exc:
+            error = str(exc)
+            if not exc.retry:
+                break
     raise SynthError(f"the model at {config.base_url} failed after {tries} tries ({error}); check that the "
                      f"server is up and serves {config.model!r} (--base-url, --model)")
 

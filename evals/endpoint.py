@@ -1,0 +1,49 @@
+"""One chat completion from an OpenAI-compatible endpoint: what the LLM judges, the turn critic and the
+question writer each ask of their model. Retrying and what a failure means stay with each caller."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+RETRY_STATUSES = {408, 429, 500, 502, 503, 504}
+"""HTTP statuses worth asking again after: time-outs, rate limits and server errors."""
+
+
+class CallFailed(Exception):
+    """One call that gave no reply text. `retry`: asking again may help. `unavailable`: the endpoint
+    itself failed (unreachable, an error status), as opposed to answering with something unusable.
+    `timed_out`: no answer in time."""
+
+    def __init__(self, message: str, retry: bool = True, unavailable: bool = False, timed_out: bool = False):
+        super().__init__(message)
+        self.retry, self.unavailable, self.timed_out = retry, unavailable, timed_out
+        self.status: int | None = None
+
+
+async def chat_text(client: httpx.AsyncClient, base_url: str, model: str, api_key: str | None,
+                    messages: list[dict[str, str]], temperature: float, max_tokens: int, timeout_s: float) -> str:
+    """The reply's text, after any `</think>` (a thinking model may leave its deliberation in the
+    content; only what follows it is the reply). Raises `CallFailed`; the key never appears in it."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    body = {"model": model, "messages": messages, "temperature": temperature, "max_tokens": max_tokens}
+    try:
+        response = await client.post(base_url.rstrip("/") + "/chat/completions", json=body, headers=headers,
+                                     timeout=timeout_s)
+    except httpx.TimeoutException:
+        raise CallFailed(f"did not answer within {timeout_s:g} s", unavailable=True, timed_out=True) from None
+    except httpx.TransportError as exc:
+        raise CallFailed(f"unreachable at {base_url}: {type(exc).__name__}: {exc}", unavailable=True) from None
+    if response.status_code != 200:
+        failed = CallFailed(f"HTTP {response.status_code}: {response.text[:200]}",
+                            retry=response.status_code in RETRY_STATUSES, unavailable=True)
+        failed.status = response.status_code
+        raise failed
+    try:
+        content: Any = response.json()["choices"][0]["message"]["content"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise CallFailed("the answer is not a chat completion") from None
+    if not isinstance(content, str):
+        raise CallFailed("the reply has no text content")
+    return content.rsplit("</think>", 1)[-1]
