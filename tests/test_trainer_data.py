@@ -236,3 +236,16 @@ def test_collated_samples_train_exactly_the_completion_tokens() -> None:
     assert trained == [10, 11, 12, 20, 21, 22, 31, 32, 40]
     assert close(tensors["advantages"][tensors["loss_mask"].bool()], [1.5, 1.5, 0.5, -1.5, -1.5, -1.5, -0.5, -0.5, 1])
     assert close(tensors["rollout_logprobs"][tensors["loss_mask"].bool()], [-t / 100 for t in trained])
+
+
+def test_a_rolled_back_reply_is_trained_only_when_the_judge_penalised_it() -> None:
+    dropped = {"rolled_back": True}
+    penalised = {"rolled_back": True, "critic": {"rolled_back": True}, "reward": -1.0}
+    group = [trajectory("p0", "q", 1.0, ([1, 2], [30], penalised), ([1, 2], [31], {"reward": 1.0})),
+             trajectory("p1", "q", 0.0, ([1, 2], [40], dropped), ([1, 2], [41], {"reward": 1.0}))]
+    samples, summary = samples_from(group, lam=1.0)
+    rows = {(s.trajectory_id, s.ids[-1]): s for s in samples}
+    # p0's penalised reply is trained, below its rollout's other turn; p1's plain rollback trains nothing
+    assert rows[("p0", 30)].loss_mask == [0, 0, 1] and rows[("p0", 30)].advantages[-1] < rows[("p0", 31)].advantages[-1]
+    assert ("p1", 40) not in rows and rows[("p1", 41)].loss_mask == [0, 0, 1]
+    assert summary["turns_masked"] == 1 and summary["turns_trained"] == 3

@@ -86,10 +86,17 @@ def has_token_records(trajectory: Trajectory) -> bool:
         for t in trajectory.turns)
 
 
+def penalised(turn: Turn) -> bool:
+    """A rolled-back reply that the judge chose to penalise (`nanbeige judge --failed penalise` records
+    `critic.rolled_back`, mask 1 and a negative reward): trained on, so the model learns to avoid it."""
+    return turn.rolled_back and bool(turn.critic and turn.critic.get("rolled_back")) and turn.mask != 0 \
+        and turn.reward is not None
+
+
 def trained(turn: Turn) -> bool:
-    """Whether a turn contributes to the loss. A rolled-back turn never does, whatever its mask: its
-    reply was dropped, the model sampled again, and no later prompt contains it."""
-    return turn.mask != 0 and not turn.rolled_back
+    """Whether a turn contributes to the loss. A rolled-back turn does only when penalised: otherwise
+    its reply was dropped, the model sampled again, and nothing judged it (its mask is just the default)."""
+    return turn.mask != 0 and (not turn.rolled_back or penalised(turn))
 
 
 def usable(trajectories: list[Trajectory], stats: GroupStats) -> list[Trajectory]:
@@ -139,8 +146,8 @@ def samples_of(trajectory: Trajectory, turn_advantage: list[float]) -> list[Samp
     train (only masked turns) are left out: they would cost a forward pass for no gradient."""
     by_index = {turn.index: turn for turn in trajectory.turns}
     position = {turn.index: i for i, turn in enumerate(trajectory.turns)}
-    # training_rows masks by turn.mask; a rolled-back turn must be masked too (on copies: the input stays)
-    turns = [dataclasses.replace(t, mask=0) if t.rolled_back else t for t in trajectory.turns]
+    # training_rows masks by turn.mask; an unpenalised rolled-back turn is masked too (on copies: the input stays)
+    turns = [dataclasses.replace(t, mask=0) if t.rolled_back and not penalised(t) else t for t in trajectory.turns]
     try:
         rows = training_rows(turns)
     except ValueError as exc:
