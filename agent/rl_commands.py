@@ -170,7 +170,7 @@ def judge(
 def run_judge(src: Path, out: Path, config: Any) -> None:
     from nanbeige.agent.cli import notice, run_command
     from nanbeige.agent.view import LiveLine
-    from nanbeige.trainer.judge import JudgeError, JudgeProgress, judge_file
+    from nanbeige.trainer.judge import JudgeError, JudgeProgress, check, judge_file
 
     progress = JudgeProgress()
 
@@ -179,6 +179,11 @@ def run_judge(src: Path, out: Path, config: Any) -> None:
         return (f"judge {progress.done}/{progress.total} trajectories · {progress.running} running · mean reward "
                 f"{mean} · {progress.turns_judged} turns judged, {progress.masked_turns} masked · "
                 f"{progress.critic_failures} critic failures")
+
+    try:
+        check(src, out, config)  # before the live line starts: a bad input is one line, alone
+    except JudgeError as exc:
+        fail(str(exc))
 
     async def main() -> dict[str, Any]:
         view = LiveLine(err, line)

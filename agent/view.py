@@ -153,7 +153,8 @@ class LiveLine:
         from rich.live import Live
         from rich.text import Text
 
-        self.live = Live(console=console, get_renderable=lambda: Text.from_markup(text()), refresh_per_second=4)
+        self.live = Live(console=console, get_renderable=lambda: Text.from_markup(text()), refresh_per_second=4,
+                         transient=True)  # gone when done: the command's summary line follows
         self.live.start()
 
     def stop(self) -> None:
