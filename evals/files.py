@@ -12,6 +12,7 @@ import csv
 import hashlib
 import io
 import json
+import os
 import posixpath
 import zipfile
 import zlib
@@ -95,6 +96,28 @@ def file_sha256(path: Path) -> str:
         for block in iter(lambda: file.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def drop_torn_line(path: Path) -> None:
+    """Cut off a last line left half-written by a kill, so every line reads as JSON and the next one
+    starts on a line of its own (what that line held is simply done again)."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    with open(path, "rb+") as file:
+        file.seek(-1, os.SEEK_END)
+        if file.read(1) != b"\n":
+            file.seek(0)
+            file.truncate(file.read().rfind(b"\n") + 1)
+
+
+def append_jsonl(path: Path, row: dict[str, object]) -> None:
+    """Append one row as a JSON line, synced to disk before returning: a finished piece of work is
+    never lost to a crash after it."""
+    drop_torn_line(path)
+    with open(path, "ab") as file:
+        file.write(json.dumps(row, ensure_ascii=False).encode() + b"\n")
+        file.flush()
+        os.fsync(file.fileno())
 
 
 def _existing_file(path: Path) -> Path:

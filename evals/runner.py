@@ -17,7 +17,6 @@ import asyncio
 import dataclasses
 import hashlib
 import json
-import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ import httpx
 from nanbeige.agent import dialects
 from nanbeige.agent.config import RunSettings
 from nanbeige.agent.trajectory import Trajectory
-from nanbeige.evals.files import file_sha256
+from nanbeige.evals.files import append_jsonl, file_sha256
 from nanbeige.evals.judges import JudgeConfig, JudgeUnavailable
 from nanbeige.evals.tasks import Task, Verdict
 
@@ -151,18 +150,7 @@ def read_results(out: Path) -> list[dict[str, Any]]:
 
 
 def append_result(out: Path, row: dict[str, Any]) -> None:
-    with open(out / RESULTS, "ab") as file:
-        if file.tell() and not _ends_with_newline(out / RESULTS):
-            file.write(b"\n")  # a killed eval left half a line: ours starts on a line of its own
-        file.write(json.dumps(row, ensure_ascii=False).encode() + b"\n")
-        file.flush()
-        os.fsync(file.fileno())
-
-
-def _ends_with_newline(path: Path) -> bool:
-    with open(path, "rb") as file:
-        file.seek(-1, os.SEEK_END)
-        return file.read(1) == b"\n"
+    append_jsonl(out / RESULTS, row)
 
 
 def pending_runs(tasks: list[Task], k: int, rows: list[dict[str, Any]]) -> list[tuple[Task, int]]:

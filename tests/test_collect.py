@@ -112,7 +112,7 @@ def test_questions_files_and_their_errors(tmp_path: Path) -> None:
     with pytest.raises(LoadError, match="the id 'a' is given to more than one question"):
         read_questions(bad)
     bad.write_text('not json\n')
-    with pytest.raises(LoadError, match=r"bad.jsonl row 1: not JSON"):
+    with pytest.raises(LoadError, match=r"bad.jsonl line 1: not JSON"):
         read_questions(bad)
 
 

@@ -9,10 +9,8 @@ Resuming counts the (question, rollout) pairs already in the file and runs only 
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import hashlib
-import json
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from nanbeige.agent.config import RunSettings
 from nanbeige.agent.trajectory import NOT_ENDED_ON_ITS_OWN, load_trajectories
+from nanbeige.evals.files import read_csv, read_jsonl
 from nanbeige.evals.gaia_scorer import question_scorer
 from nanbeige.evals.runner import EvalError, Progress, run_all
 from nanbeige.evals.tasks import LoadError, Task
@@ -67,17 +66,7 @@ def question_id(text: str) -> str:
 def read_questions(path: Path) -> list[Task]:
     """Questions from JSONL (one object a line) or CSV (a header row): `question`, optional `answer`
     and `id`. Errors name the file and the row."""
-    try:
-        if path.suffix.lower() == ".csv":
-            with open(path, newline="", encoding="utf-8-sig") as file:
-                rows = list(csv.DictReader(file))
-        else:
-            rows = [_json_row(path, n, line) for n, line in enumerate(path.read_text().splitlines(), 1)
-                    if line.strip()]
-    except OSError as exc:
-        raise LoadError(f"{path}: {exc.strerror or exc}") from None
-    except (UnicodeDecodeError, csv.Error) as exc:
-        raise LoadError(f"{path}: not a readable questions file ({exc})") from None
+    rows = read_csv(path, ["question"], encoding="utf-8-sig") if path.suffix.lower() == ".csv" else read_jsonl(path)
     tasks = []
     for number, row in enumerate(rows, 1):
         question = row.get("question")
@@ -87,22 +76,10 @@ def read_questions(path: Path) -> list[Task]:
         answer = row.get("answer")
         tasks.append(Task(id=str(row.get("id") or question_id(question)), question=question,
                           answer="" if answer is None else str(answer)))
-    if not tasks:
-        raise LoadError(f"{path}: no questions")
     ids = Counter(task.id for task in tasks)
     if len(ids) != len(tasks):
         raise LoadError(f"{path}: the id {ids.most_common(1)[0][0]!r} is given to more than one question")
     return tasks
-
-
-def _json_row(path: Path, number: int, line: str) -> dict[str, Any]:
-    try:
-        row = json.loads(line)
-    except ValueError as exc:
-        raise LoadError(f"{path} row {number}: not JSON ({exc})") from None
-    if not isinstance(row, dict):
-        raise LoadError(f"{path} row {number}: not a JSON object")
-    return row
 
 
 def load_questions(config: CollectConfig) -> list[Task]:

@@ -37,6 +37,7 @@ import httpx
 import json_repair
 
 from nanbeige.evals.endpoint import CallFailed, chat_text
+from nanbeige.evals.files import append_jsonl, drop_torn_line
 from nanbeige.evals.gaia_scorer import question_scorer
 from nanbeige.trainer.graph import Graph, SynthError, build_graph, first_sentence, load_documents, walks
 
@@ -260,23 +261,6 @@ def _read_ids(path: Path) -> set[str]:
     return ids
 
 
-def _drop_torn_line(path: Path) -> None:
-    """Cut a torn last line (a crash mid-write) off the file, so that every line is a row `collect` can read
-    and the next row starts on a line of its own; that walk is simply done again."""
-    if not path.is_file():
-        return
-    data = path.read_bytes()
-    whole = data.rfind(b"\n") + 1
-    if whole < len(data):
-        with open(path, "rb+") as f:
-            f.truncate(whole)
-
-
-def _append(path: Path, row: dict[str, Any]) -> None:
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(row, ensure_ascii=False) + "\n")
-
-
 def _fresh(graph: Graph, hops: int, seed: int, count: int, done: set[str],
            summary: dict[str, Any]) -> Iterator[list[int]]:
     """The seed's walks, less those accepted or rejected before (counted as skipped) and repeats."""
@@ -303,8 +287,8 @@ async def synthesize(index_dir: Path, out: Path, config: SynthConfig, count: int
     graph = build_graph(load_documents(Path(index_dir)))
     out, rejected_file = Path(out), rejected_path(Path(out))
     out.parent.mkdir(parents=True, exist_ok=True)
-    _drop_torn_line(out)
-    _drop_torn_line(rejected_file)
+    drop_torn_line(out)
+    drop_torn_line(rejected_file)
     accepted_ids = _read_ids(out)
     summary: dict[str, Any] = {"documents": len(graph.documents), "edges": graph.edges,
                                "graph_seconds": round(graph.seconds, 3), "walks": 0, "skipped": 0, "accepted": 0,
@@ -327,11 +311,11 @@ async def synthesize(index_dir: Path, out: Path, config: SynthConfig, count: int
             finally:
                 in_flight -= 1
             if reason is None:
-                _append(out, row)
+                append_jsonl(out, row)
                 summary["accepted"] += 1
                 summary["in_file"] += 1
             else:
-                _append(rejected_file, row)
+                append_jsonl(rejected_file, row)
                 summary["rejected"][reason] += 1
             if progress is not None:
                 progress(summary["in_file"], count, sum(summary["rejected"].values()))
