@@ -155,17 +155,10 @@ def evaluate(
     grader: Annotated[str | None, typer.Option(help="gaia-exact, or a judge profile: browsecomp, browsecomp-zh, hle, "
                                                     "xbench, equivalent \\[default: the benchmark's].",
                                                show_default=False)] = None,
-    judge_base_url: Annotated[str | None, typer.Option(envvar="NANBEIGE_JUDGE_BASE_URL", show_default=False,
-                                                       help="OpenAI-compatible endpoint of the LLM judge "
-                                                            "\\[default: https://api.openai.com/v1].")] = None,
-    judge_model: Annotated[str | None, typer.Option(envvar="NANBEIGE_JUDGE_MODEL", show_default=False,
-                                                    help="The judge model \\[default: gpt-4.1-2025-04-14, the "
-                                                         "reference harness's].")] = None,
-    judge_api_key: Annotated[str | None, typer.Option(envvar="NANBEIGE_JUDGE_API_KEY", show_default=False,
-                                                      help="API key for the judge endpoint.")] = None,
-    judge_template: Annotated[Path | None, typer.Option(show_default=False, help=(
-        "The judge prompt, verbatim from a file (an official template, to reproduce published numbers); "
-        "{question}, {response} and {correct_answer} are filled in."))] = None,
+    judge_base_url: o.JudgeBaseUrl = None,
+    judge_model: o.JudgeModel = None,
+    judge_api_key: o.JudgeApiKey = None,
+    judge_template: o.JudgeTemplate = None,
     base_url: o.BaseUrl = None,
     backend: o.Backend = BackendConfig.backend,
     model: o.Model = LLMConfig.model,
@@ -226,7 +219,6 @@ def eval_config(bench: Any, data: Path | None, k: int, concurrency: int, limit: 
     import datetime
     import os
 
-    from nanbeige.evals.judges import JudgeConfig
     from nanbeige.evals.runner import EvalConfig
 
     if bench.needs_data and data is None:
@@ -236,8 +228,7 @@ def eval_config(bench: Any, data: Path | None, k: int, concurrency: int, limit: 
     if out_dir is None:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         out_dir = Path(os.environ.get("NANBEIGE_RUNS_DIR", "runs")) / f"eval-{bench.name}-{stamp}"
-    judge = JudgeConfig(base_url=judge_base_url or JudgeConfig.base_url, model=judge_model or JudgeConfig.model,
-                        api_key=judge_api_key, template=judge_template)
+    judge = o.judge_config(judge_base_url, judge_model, judge_api_key, judge_template)
     return EvalConfig(bench=bench, data=data, out=out_dir, k=k, concurrency=concurrency, limit=limit, grader=grader,
                       judge=judge)
 

@@ -60,6 +60,25 @@ SystemPromptFile = Annotated[Path | None, typer.Option(help="The mcp-xml system 
                                                             "tool catalogue, {date} today's date.",
                                                        rich_help_panel=ADVANCED, show_default=False)]
 
+# The LLM judge, for `eval` and `judge`.
+JudgeBaseUrl = Annotated[str | None, typer.Option(envvar="NANBEIGE_JUDGE_BASE_URL", show_default=False, help=(
+    "OpenAI-compatible endpoint of the LLM judge \\[default: https://api.openai.com/v1]."))]
+JudgeModel = Annotated[str | None, typer.Option(envvar="NANBEIGE_JUDGE_MODEL", show_default=False, help=(
+    "The judge model \\[default: gpt-4.1-2025-04-14, the reference harness's]."))]
+JudgeApiKey = Annotated[str | None, typer.Option(envvar="NANBEIGE_JUDGE_API_KEY", show_default=False,
+                                                 help="API key for the judge endpoint.")]
+JudgeTemplate = Annotated[Path | None, typer.Option(show_default=False, help=(
+    "The judge prompt, verbatim from a file (an official template, to reproduce published numbers); "
+    "{question}, {response} and {correct_answer} are filled in."))]
+
+
+def judge_config(base_url: str | None, model: str | None, api_key: str | None, template: Path | None) -> Any:
+    """The judge's settings from its flags (unset ones keep `JudgeConfig`'s defaults)."""
+    from nanbeige.evals.judges import JudgeConfig
+
+    return JudgeConfig(base_url=base_url or JudgeConfig.base_url, model=model or JudgeConfig.model, api_key=api_key,
+                       template=template)
+
 
 def shared(values: dict[str, Any]) -> dict[str, Any]:
     """Of a command's parameter values (its `locals()`), those of the shared flags above."""

@@ -136,19 +136,13 @@ def judge(
                                              "(trained on with reward -PENALTY).")] = "mask",
     penalty: Annotated[float, typer.Option(min=0.0, help="The negative reward of a failed turn, with --failed "
                                                          "penalise.")] = 1.0,
-    judge_base_url: Annotated[str | None, typer.Option(envvar="NANBEIGE_JUDGE_BASE_URL", show_default=False,
-                                                       help="OpenAI-compatible endpoint of the LLM judge, for "
-                                                            "judge-profile graders.")] = None,
-    judge_model: Annotated[str | None, typer.Option(envvar="NANBEIGE_JUDGE_MODEL", show_default=False,
-                                                    help="The judge model.")] = None,
-    judge_api_key: Annotated[str | None, typer.Option(envvar="NANBEIGE_JUDGE_API_KEY", show_default=False,
-                                                      help="API key for the judge endpoint.")] = None,
-    judge_template: Annotated[Path | None, typer.Option(show_default=False, help="The judge prompt from a file, "
-                                                                                "verbatim.")] = None,
+    judge_base_url: o.JudgeBaseUrl = None,
+    judge_model: o.JudgeModel = None,
+    judge_api_key: o.JudgeApiKey = None,
+    judge_template: o.JudgeTemplate = None,
     concurrency: Annotated[int, typer.Option(min=1, help="Trajectories judged at once.")] = 8,
 ) -> None:
     """Add outcome rewards and turn-level critic scores, rewards and masks to trajectories; tokens untouched."""
-    from nanbeige.evals.judges import JudgeConfig
     from nanbeige.trainer.critic import CriticConfig, TurnRule
     from nanbeige.trainer.judge import JudgeRunConfig
 
@@ -159,10 +153,9 @@ def judge(
         api_key=critic_api_key, template=critic_template)
     rule = TurnRule(min_logical_soundness=min_logical_soundness, min_tool_call_accuracy=min_tool_call_accuracy,
                     min_information_gain=min_information_gain, failed=failed, penalty=penalty)  # type: ignore[arg-type]
-    config = JudgeRunConfig(grader=grader, judge=JudgeConfig(
-        base_url=judge_base_url or JudgeConfig.base_url, model=judge_model or JudgeConfig.model,
-        api_key=judge_api_key, template=judge_template), critic=critic, rule=rule, concurrency=concurrency,
-        no_critic=no_critic)
+    config = JudgeRunConfig(grader=grader, judge=o.judge_config(judge_base_url, judge_model, judge_api_key,
+                                                                judge_template),
+                            critic=critic, rule=rule, concurrency=concurrency, no_critic=no_critic)
     hide([key for key in (critic_api_key, judge_api_key) if key])
     run_judge(src, out, config)
 
