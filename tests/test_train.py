@@ -19,7 +19,8 @@ from nanbeige.agent.llm import LLMConfig
 from nanbeige.agent.loop import AgentConfig
 from nanbeige.agent.trajectory import TrajectoryWriter, load_trajectories
 from nanbeige.trainer.collect import CollectConfig, collect
-from nanbeige.trainer.train import TrainConfig, latest_checkpoint, train
+from nanbeige.trainer.checkpoints import latest_checkpoint
+from nanbeige.trainer.train import TrainConfig, train
 
 BIN = Path(sys.executable).parent
 
@@ -123,12 +124,12 @@ def test_sft_trains_on_the_passing_rollouts(tiny: Path, judged: Path, tmp_path: 
     assert summary["rows"] > 0 and line["loss"] > 0  # a masked NLL
 
 
-def test_two_gloo_processes_under_torchrun_give_the_loss_and_gradients_of_one(tiny: Path, judged: Path,
-                                                                              tmp_path: Path) -> None:
+def one_and_two_processes(tiny: Path, judged: Path, tmp_path: Path, *options: str) -> tuple[dict, dict]:
+    """One step trained in one process and in two gloo processes under torchrun; each one's metrics line."""
     # small logit chunks over rows of unequal length: the ranks' micro-batches need different numbers of
     # chunks, which must not leave one rank waiting in a collective the other never starts
     args = ["train", "--data", str(judged), "--model", str(tiny), "--steps", "1", "--step-tokens", "200",
-            "--micro-tokens", "128", "--lr", "0.001", "--chunk-tokens", "8"]
+            "--micro-tokens", "128", "--lr", "0.001", "--chunk-tokens", "8", *options]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     one = subprocess.run([str(BIN / "nanbeige"), *args, "--out", str(tmp_path / "one")], capture_output=True,
                          text=True, env=env, timeout=300)
@@ -139,10 +140,33 @@ def test_two_gloo_processes_under_torchrun_give_the_loss_and_gradients_of_one(ti
     assert two.returncode == 0, two.stderr[-3000:]
     [single] = [json.loads(line) for line in (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()]
     [sharded] = [json.loads(line) for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
+    return single, sharded
+
+
+def test_two_gloo_processes_under_torchrun_give_the_loss_gradients_and_metrics_of_one(tiny: Path, judged: Path,
+                                                                                      tmp_path: Path) -> None:
+    single, sharded = one_and_two_processes(tiny, judged, tmp_path)
     assert abs(single["loss"] - sharded["loss"]) < 1e-5 and single["loss_tokens"] == sharded["loss_tokens"]
     assert abs(single["grad_norm"] - sharded["grad_norm"]) < 1e-4 * max(1.0, single["grad_norm"])  # summed right
+    # the step's metrics come from both ranks' micro-batches, not rank 0's alone
+    assert set(single["metrics"]) == set(sharded["metrics"]) and "clip_frac" in single["metrics"]
+    assert all(abs(single["metrics"][k] - sharded["metrics"][k]) < 1e-5 for k in single["metrics"])
     a, b = weights(tmp_path / "one" / "checkpoint-1"), weights(tmp_path / "two" / "checkpoint-1")
     assert all((a[name] - b[name]).abs().max() < 1e-4 for name in a)  # the same update, gathered from shards
+
+
+def test_lora_under_torchrun_trains_the_adapter_of_one_process(tiny: Path, judged: Path, tmp_path: Path) -> None:
+    single, sharded = one_and_two_processes(tiny, judged, tmp_path, "--lora-rank", "4")
+    assert abs(single["loss"] - sharded["loss"]) < 1e-5
+    import safetensors.torch
+
+    adapters = [safetensors.torch.load_file(tmp_path / run / "checkpoint-1" / "adapter" / "adapter_model.safetensors")
+                for run in ("one", "two")]
+    assert set(adapters[0]) == set(adapters[1]) and any("lora_B" in name for name in adapters[0])
+    assert all((adapters[0][n] - adapters[1][n]).abs().max() < 1e-4 for n in adapters[0])  # gathered from shards
+    assert any(adapters[1][n].abs().max() > 0 for n in adapters[1] if "lora_B" in n)  # B starts at 0: it trained
+    a, b = weights(tmp_path / "one" / "checkpoint-1"), weights(tmp_path / "two" / "checkpoint-1")
+    assert set(a) == set(weights(tiny)) and all((a[n] - b[n]).abs().max() < 1e-4 for n in a)  # merged alike
 
 
 def test_an_inconsistent_token_record_is_a_clear_error(tiny: Path, judged: Path, tmp_path: Path) -> None:

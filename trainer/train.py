@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import sys
 import time
@@ -23,10 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from nanbeige.agent.trajectory import load_trajectories
-
-
-class TrainError(Exception):
-    """Something the user must fix before training can start; one line naming the fix."""
+from nanbeige.trainer.checkpoints import drop_metrics_after, latest_checkpoint, save_checkpoint
+from nanbeige.trainer.model import (TrainError, World, all_max, all_sum, compute_precision, join_world, load_model,
+                                    mfu, parameter_count)
 
 
 @dataclass
@@ -154,107 +152,6 @@ def plan_steps(samples: list[Any], config: TrainConfig) -> list[list[Any]]:
             return steps if config.steps is None else steps[: config.steps]
 
 
-# ---------------------------------------------------------------- the model and the processes
-
-
-@dataclass
-class World:
-    """This process's place among the training processes (`torchrun` sets the environment)."""
-
-    rank: int = 0
-    size: int = 1
-    device: str = "cpu"
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-
-def join_world() -> World:
-    """Join the process group when launched by torchrun (gloo on CPU, NCCL on GPUs); else one process."""
-    import torch
-    import torch.distributed as dist
-
-    size = int(os.environ.get("WORLD_SIZE", "1"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
-    if size > 1 and not dist.is_initialized():
-        if device != "cpu":
-            torch.cuda.set_device(local_rank)
-        dist.init_process_group("nccl" if device != "cpu" else "gloo")
-    return World(rank=int(os.environ.get("RANK", "0")), size=size, device=device)
-
-
-def load_model(config: TrainConfig, world: World, checkpoint: Path | None = None) -> tuple[Any, Any]:
-    """The model (LoRA-wrapped when asked, sharded over the world) and its tokenizer; from `checkpoint`
-    when resuming (its full weights, or with LoRA the base model and the checkpoint's adapter)."""
-    import torch
-    import transformers
-
-    if config.lora_rank and world.size > 1:
-        raise TrainError("LoRA trains in one process here (a 3B model's LoRA fits one GPU); drop --lora-rank "
-                         "or run without torchrun")
-    source = str(checkpoint) if checkpoint is not None and not config.lora_rank else config.model
-    # float32 weights (bfloat16 compute on a GPU, see `compute_precision`) unless bfloat16 is asked for
-    dtype = torch.bfloat16 if config.dtype == "bfloat16" else torch.float32
-    try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(source)
-        model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
-    except (OSError, ValueError) as exc:
-        raise TrainError(f"cannot load the model {config.model}: {exc}") from None
-    model.config.use_cache = False  # no generation while training; the cache only costs memory
-    if config.gradient_checkpointing:
-        if hasattr(model, "activation_checkpointing_enable"):  # the newer name
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if config.lora_rank:
-        import peft
-
-        if checkpoint is not None:
-            model = peft.PeftModel.from_pretrained(model, checkpoint / "adapter", is_trainable=True)
-        else:
-            lora = peft.LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules="all-linear",
-                                   task_type="CAUSAL_LM")
-            model = peft.get_peft_model(model, lora)
-        if config.gradient_checkpointing:
-            model.enable_input_require_grads()  # checkpointed blocks need an input that requires grad
-    model.to(world.device)
-    if world.size > 1:
-        shard(model)
-    return model, tokenizer
-
-
-def shard(model: Any) -> None:
-    """FSDP2 units: each block; the backbone (embeddings, final norm); the LM head, kept gathered between
-    the chunks `token_logprobs` runs it on; then the root. The loss calls the backbone and the head
-    directly, so each needs its own unit for its weights to be gathered."""
-    from torch.distributed.fsdp import fully_shard
-
-    head, decoder = model.get_output_embeddings(), model.get_decoder()
-    if head.weight is decoder.get_input_embeddings().weight:
-        raise TrainError("a model whose LM head shares the embedding matrix cannot be sharded here yet; train it "
-                         "in one process")
-    for layer in decoder_layers(model):
-        fully_shard(layer)
-    fully_shard(decoder)
-    fully_shard(head, reshard_after_forward=False)
-    fully_shard(model)
-
-
-def decoder_layers(model: Any) -> list[Any]:
-    """The transformer blocks, each its own FSDP unit (so only one block's full weights exist at once)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    layers = getattr(base.get_decoder(), "layers", None)
-    if layers is None:
-        raise TrainError(f"{type(base).__name__} has no decoder layers to shard")
-    return list(layers)
-
-
-def parameter_count(model: Any) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
 # ---------------------------------------------------------------- one optimizer step
 
 
@@ -311,98 +208,31 @@ def train_step(model: Any, optimizer: Any, step: list[Any], config: TrainConfig,
     optimizer.zero_grad(set_to_none=True)
     grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
     return {"loss": all_sum(total, world), "tokens": int(all_sum(tokens, world)), "loss_tokens": loss_tokens,
-            "grad_norm": float(grad_norm), "metrics": mean_metrics(metrics)}
+            "grad_norm": float(grad_norm), "metrics": step_metrics(metrics, world)}
 
 
-def all_sum(value: float, world: World, op: str = "sum") -> float:
-    if world.size == 1:
-        return value
-    import torch
-    import torch.distributed as dist
-
-    tensor = torch.tensor([value], dtype=torch.float64, device=world.device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
-    return float(tensor.item())
-
-
-def all_max(value: float, world: World) -> float:
-    return all_sum(value, world, op="max")
-
-
-def compute_precision(world: World) -> Any:
-    """bfloat16 compute on a GPU over float32 weights: AdamW's updates (lr 1e-6 times a step of order 1)
-    are far below bfloat16's resolution near typical weights and would round away in bfloat16 weights."""
-    import contextlib
-
-    import torch
-
-    if world.device == "cpu":
-        return contextlib.nullcontext()
-    return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
-
-
-def mean_metrics(metrics: list[dict[str, float]]) -> dict[str, float]:
-    """This rank's micro-batch metrics averaged (counts summed)."""
-    if not metrics:
-        return {}
-    keys = metrics[0].keys()
-    return {k: sum(m[k] for m in metrics) / (1 if "tokens" in k or "count" in k else len(metrics)) for k in keys}
-
-
-# ---------------------------------------------------------------- checkpoints
-
-
-def save_checkpoint(model: Any, tokenizer: Any, optimizer: Any, step: int, config: TrainConfig,
-                    world: World) -> Path:
-    """`out/checkpoint-STEP/`: a Hugging Face model (with LoRA: the merged model, and the adapter in
-    `adapter/` for a server to hot-load), the tokenizer, and each rank's optimizer state."""
-    import copy
-
-    import torch
-
-    folder = config.out / f"checkpoint-{step}"
-    state = None
-    if world.size > 1:  # every rank takes part in gathering the full weights
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if world.main:
-        folder.mkdir(parents=True, exist_ok=True)
-        if config.lora_rank:
-            model.save_pretrained(folder / "adapter")
-            copy.deepcopy(model).merge_and_unload().save_pretrained(folder)
-        else:
-            model.save_pretrained(folder, state_dict=state)
-        tokenizer.save_pretrained(folder)
-        search_template = Path(config.model) / "tokenizer_config_search.json"
-        if search_template.is_file():  # so that serve and token mode find the deep-search template here too
-            (folder / search_template.name).write_bytes(search_template.read_bytes())
-    barrier(world)
-    torch.save({"optimizer": optimizer.state_dict(), "step": step, "world_size": world.size,
-                "config": json.loads(json.dumps(asdict(config), default=str))},
-               folder / f"trainer-state-rank{world.rank}.pt")
-    barrier(world)
-    return folder
-
-
-def barrier(world: World) -> None:
+def step_metrics(metrics: list[dict[str, float]], world: World) -> dict[str, float]:
+    """The step's metrics from every rank's micro-batches, the same whatever the number of ranks: counts
+    summed, `_max` / `_min` the extreme, the rest averaged weighted by each micro-batch's loss tokens."""
     if world.size > 1:
         import torch.distributed as dist
 
-        dist.barrier()
-
-
-def latest_checkpoint(out: Path) -> tuple[Path, int] | None:
-    """The newest complete checkpoint in `out` (one whose trainer state was written), and its step."""
-    found = []
-    for folder in out.glob("checkpoint-*"):
-        step = folder.name.removeprefix("checkpoint-")
-        if step.isdigit() and (folder / "trainer-state-rank0.pt").exists():
-            found.append((int(step), folder))
-    if not found:
-        return None
-    step, folder = max(found)
-    return folder, step
+        everyone: list[Any] = [None] * world.size
+        dist.all_gather_object(everyone, metrics)
+        metrics = [info for part in everyone for info in part]
+    if not metrics:
+        return {}
+    weights = [m.get("loss_tokens", 1.0) for m in metrics]
+    combined = {}
+    for key in metrics[0]:
+        values = [m.get(key, 0.0) for m in metrics]
+        if key == "loss_tokens":
+            combined[key] = sum(values)
+        elif key.endswith("_max") or key.endswith("_min"):
+            combined[key] = (max if key.endswith("_max") else min)(values)
+        else:
+            combined[key] = sum(v * w for v, w in zip(values, weights)) / max(sum(weights), 1.0)
+    return combined
 
 
 # ---------------------------------------------------------------- the run
@@ -410,6 +240,25 @@ def latest_checkpoint(out: Path) -> tuple[Path, int] | None:
 
 RESUME_KEYS = ("objective", "seed", "step_tokens", "micro_tokens", "lora_rank", "steps", "data", "lam",
                "min_pass_rate", "max_pass_rate")
+
+
+def saved_state(checkpoint: Path, config: TrainConfig, world: World) -> dict[str, Any]:
+    """This rank's trainer state in `checkpoint`, once it is checked to fit this run: as many processes
+    (the optimizer state is sharded) and the options that decide the steps."""
+    import torch
+
+    state = checkpoint / f"trainer-state-rank{world.rank}.pt"
+    if not state.exists():
+        raise TrainError(f"{checkpoint} was saved by fewer processes than this run has; resume with as many")
+    saved = torch.load(state, weights_only=False)
+    if saved.get("world_size", 1) != world.size:
+        raise TrainError(f"{checkpoint} was saved by {saved.get('world_size', 1)} processes; resume with as many "
+                         "(the optimizer state is sharded)")
+    now = json.loads(json.dumps(asdict(config), default=str))  # as saved: paths as text
+    changed = [k for k in RESUME_KEYS if saved["config"].get(k) != now.get(k)]
+    if changed:
+        raise TrainError(f"{checkpoint} was trained with other {', '.join(changed)}; resume with the same options")
+    return saved
 
 
 def train(config: TrainConfig, resume: bool = False, log: Any = None) -> dict[str, Any]:
@@ -423,24 +272,13 @@ def train(config: TrainConfig, resume: bool = False, log: Any = None) -> dict[st
     steps = plan_steps(samples, config)
     found = latest_checkpoint(config.out) if resume else None
     start = found[1] if found else 0
-    if found:
-        state = found[0] / f"trainer-state-rank{world.rank}.pt"
-        if not state.exists():
-            raise TrainError(f"{found[0]} was saved by fewer processes than this run has; resume with as many")
-        saved = torch.load(state, weights_only=False)
-        if saved.get("world_size", 1) != world.size:
-            raise TrainError(f"{found[0]} was saved by {saved.get('world_size', 1)} processes; resume with as many "
-                             "(the optimizer state is sharded)")
-        now = json.loads(json.dumps(asdict(config), default=str))  # as saved: paths as text
-        changed = [k for k in RESUME_KEYS if saved["config"].get(k) != now.get(k)]
-        if changed:
-            raise TrainError(f"{found[0]} was trained with other {', '.join(changed)}; resume with the same options")
+    saved = saved_state(found[0], config, world) if found else None
     origin = found[0] if found else config.init_from
     model, tokenizer = load_model(config, world, origin)
     lr = config.lr or (3e-5 if config.lora_rank else 1e-6)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr,
                                   weight_decay=config.weight_decay)
-    if found:
+    if saved:
         optimizer.load_state_dict(saved["optimizer"])
     elif config.init_from is not None and (config.init_from / f"trainer-state-rank{world.rank}.pt").exists():
         optimizer.load_state_dict(torch.load(config.init_from / f"trainer-state-rank{world.rank}.pt",
@@ -470,24 +308,3 @@ def train(config: TrainConfig, resume: bool = False, log: Any = None) -> dict[st
             saved_at = entry.step
     return {"steps": len(steps), "started_at_step": start, "saved_at_step": saved_at, "rows": len(samples),
             "data": data, "checkpoint": str(config.out / f"checkpoint-{saved_at}") if saved_at else None}
-
-
-def drop_metrics_after(path: Path, step: int) -> None:
-    if not path.exists():
-        return
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    kept = [line for line in lines if json.loads(line).get("step", 0) <= step]
-    if len(kept) != len(lines):
-        path.write_text("".join(line + "\n" for line in kept))
-
-
-def mfu(params: int, tokens: int, seconds: float, world: World) -> float | None:
-    """Model FLOPs utilisation on an H100 (6 N FLOPs a token forward and backward, 989 TFLOPS bf16 dense);
-    None elsewhere."""
-    if world.device == "cpu":
-        return None
-    import torch
-
-    if "H100" not in torch.cuda.get_device_name():
-        return None
-    return 6 * params * tokens / seconds / (989e12 * world.size)

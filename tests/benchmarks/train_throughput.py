@@ -28,7 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for tiny_model
 
 from nanbeige.trainer.batches import Sample
-from nanbeige.trainer.train import TrainConfig, World, load_model, parameter_count, train_step
+from nanbeige.trainer.model import World, load_model, parameter_count
+from nanbeige.trainer.train import TrainConfig, train_step
 
 
 def random_rows(count: int, length: int, vocab: int, seed: int = 0) -> list[Sample]:

@@ -1,0 +1,98 @@
+"""The trainer's checkpoints: `out/checkpoint-STEP/`, each a Hugging Face model that vLLM and the in-process
+backend load, plus each rank's optimizer state for a resume.
+
+With LoRA the folder holds the merged model and, in `adapter/`, the adapter alone (what a server hot-loads).
+Under torchrun the weights are gathered from the ranks' shards; with LoRA only the adapter is gathered (the
+frozen base is read again from its source), so saving never needs a full copy of the model on one rank.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nanbeige.trainer.train import TrainConfig, World
+
+
+def save_checkpoint(model: Any, tokenizer: Any, optimizer: Any, step: int, config: TrainConfig,
+                    world: World) -> Path:
+    """Write `out/checkpoint-STEP/` (every rank must call it) and return the folder."""
+    import torch
+
+    folder = config.out / f"checkpoint-{step}"
+    state = gathered_state(model, world, trainable_only=bool(config.lora_rank))
+    if world.main:
+        folder.mkdir(parents=True, exist_ok=True)
+        if config.lora_rank:
+            save_lora(model, state, config, folder)
+        else:
+            model.save_pretrained(folder, state_dict=state)
+        tokenizer.save_pretrained(folder)
+        search_template = Path(config.model) / "tokenizer_config_search.json"
+        if search_template.is_file():  # so that serve and token mode find the deep-search template here too
+            (folder / search_template.name).write_bytes(search_template.read_bytes())
+    barrier(world)
+    torch.save({"optimizer": optimizer.state_dict(), "step": step, "world_size": world.size,
+                "config": json.loads(json.dumps(asdict(config), default=str))},
+               folder / f"trainer-state-rank{world.rank}.pt")
+    barrier(world)
+    return folder
+
+
+def gathered_state(model: Any, world: World, trainable_only: bool) -> dict[str, Any] | None:
+    """The full (unsharded) state dict on the CPU of every rank, or None in one process (the model's own
+    state is full there). Every rank takes part in the gather."""
+    if world.size == 1:
+        return None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=trainable_only)
+    return get_model_state_dict(model, options=options)
+
+
+def save_lora(model: Any, state: dict[str, Any] | None, config: TrainConfig, folder: Path) -> None:
+    """The adapter in `folder/adapter` and the merged model in `folder`, built on a fresh CPU copy of the
+    base model: the trained one may be sharded or on a GPU, and merging must not touch it."""
+    import peft
+    import transformers
+
+    adapter = peft.get_peft_model_state_dict(model, state_dict=state)
+    base = transformers.AutoModelForCausalLM.from_pretrained(config.model, dtype=model.dtype)
+    fresh = peft.get_peft_model(base, copy.deepcopy(model.peft_config["default"]))
+    peft.set_peft_model_state_dict(fresh, adapter)
+    fresh.save_pretrained(folder / "adapter")
+    fresh.merge_and_unload().save_pretrained(folder)
+
+
+def barrier(world: World) -> None:
+    if world.size > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def latest_checkpoint(out: Path) -> tuple[Path, int] | None:
+    """The newest complete checkpoint in `out` (one whose trainer state was written), and its step."""
+    found = []
+    for folder in out.glob("checkpoint-*"):
+        step = folder.name.removeprefix("checkpoint-")
+        if step.isdigit() and (folder / "trainer-state-rank0.pt").exists():
+            found.append((int(step), folder))
+    if not found:
+        return None
+    step, folder = max(found)
+    return folder, step
+
+
+def drop_metrics_after(path: Path, step: int) -> None:
+    """Cut `metrics.jsonl` back to the resumed checkpoint's step: the steps after it are done again."""
+    if not path.exists():
+        return
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    kept = [line for line in lines if json.loads(line).get("step", 0) <= step]
+    if len(kept) != len(lines):
+        path.write_text("".join(line + "\n" for line in kept))

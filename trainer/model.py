@@ -1,0 +1,152 @@
+"""The model and the processes that train it: which process this is under torchrun, the model (LoRA-wrapped
+when asked) sharded with FSDP2, and the collectives the trainer's step needs. Torch is imported lazily."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nanbeige.trainer.train import TrainConfig
+
+
+class TrainError(Exception):
+    """Something the user must fix before training can start; one line naming the fix."""
+
+
+@dataclass
+class World:
+    """This process's place among the training processes (`torchrun` sets the environment)."""
+
+    rank: int = 0
+    size: int = 1
+    device: str = "cpu"
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def join_world() -> World:
+    """Join the process group when launched by torchrun (gloo on CPU, NCCL on GPUs); else one process."""
+    import torch
+    import torch.distributed as dist
+
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
+    if size > 1 and not dist.is_initialized():
+        if device != "cpu":
+            torch.cuda.set_device(local_rank)
+        dist.init_process_group("nccl" if device != "cpu" else "gloo")
+    return World(rank=int(os.environ.get("RANK", "0")), size=size, device=device)
+
+
+def load_model(config: TrainConfig, world: World, checkpoint: Path | None = None) -> tuple[Any, Any]:
+    """The model (LoRA-wrapped when asked, sharded over the world) and its tokenizer; from `checkpoint`
+    when resuming (its full weights, or with LoRA the base model and the checkpoint's adapter)."""
+    import torch
+    import transformers
+
+    source = str(checkpoint) if checkpoint is not None and not config.lora_rank else config.model
+    # float32 weights (bfloat16 compute on a GPU, see `compute_precision`) unless bfloat16 is asked for
+    dtype = torch.bfloat16 if config.dtype == "bfloat16" else torch.float32
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(source)
+        model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+    except (OSError, ValueError) as exc:
+        raise TrainError(f"cannot load the model {config.model}: {exc}") from None
+    model.config.use_cache = False  # no generation while training; the cache only costs memory
+    if config.gradient_checkpointing:
+        if hasattr(model, "activation_checkpointing_enable"):  # the newer name
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if config.lora_rank:
+        import peft
+
+        if checkpoint is not None:
+            model = peft.PeftModel.from_pretrained(model, checkpoint / "adapter", is_trainable=True)
+        else:
+            lora = peft.LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules="all-linear",
+                                   task_type="CAUSAL_LM")
+            # the same A matrices on every rank (each keeps its shard of them) and in every run of a seed
+            torch.manual_seed(config.seed)
+            model = peft.get_peft_model(model, lora)
+        if config.gradient_checkpointing:
+            model.enable_input_require_grads()  # checkpointed blocks need an input that requires grad
+    model.to(world.device)
+    if world.size > 1:
+        shard(model)
+    return model, tokenizer
+
+
+def shard(model: Any) -> None:
+    """FSDP2 units: each block; the backbone (embeddings, final norm); the LM head, kept gathered between
+    the chunks `token_logprobs` runs it on; then the root. The loss calls the backbone and the head
+    directly, so each needs its own unit for its weights to be gathered."""
+    from torch.distributed.fsdp import fully_shard
+
+    head, decoder = model.get_output_embeddings(), model.get_decoder()
+    if head.weight is decoder.get_input_embeddings().weight:
+        raise TrainError("a model whose LM head shares the embedding matrix cannot be sharded here yet; train it "
+                         "in one process")
+    for layer in decoder_layers(model):
+        fully_shard(layer)
+    fully_shard(decoder)
+    fully_shard(head, reshard_after_forward=False)
+    fully_shard(model)
+
+
+def decoder_layers(model: Any) -> list[Any]:
+    """The transformer blocks, each its own FSDP unit (so only one block's full weights exist at once)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    layers = getattr(base.get_decoder(), "layers", None)
+    if layers is None:
+        raise TrainError(f"{type(base).__name__} has no decoder layers to shard")
+    return list(layers)
+
+
+def parameter_count(model: Any) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def all_sum(value: float, world: World, op: str = "sum") -> float:
+    if world.size == 1:
+        return value
+    import torch
+    import torch.distributed as dist
+
+    tensor = torch.tensor([value], dtype=torch.float64, device=world.device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+    return float(tensor.item())
+
+
+def all_max(value: float, world: World) -> float:
+    return all_sum(value, world, op="max")
+
+
+def compute_precision(world: World) -> Any:
+    """bfloat16 compute on a GPU over float32 weights: AdamW's updates (lr 1e-6 times a step of order 1)
+    are far below bfloat16's resolution near typical weights and would round away in bfloat16 weights."""
+    import contextlib
+
+    import torch
+
+    if world.device == "cpu":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+
+
+def mfu(params: int, tokens: int, seconds: float, world: World) -> float | None:
+    """Model FLOPs utilisation on an H100 (6 N FLOPs a token forward and backward, 989 TFLOPS bf16 dense);
+    None elsewhere."""
+    if world.device == "cpu":
+        return None
+    import torch
+
+    if "H100" not in torch.cuda.get_device_name():
+        return None
+    return 6 * params * tokens / seconds / (989e12 * world.size)
