@@ -22,6 +22,7 @@ from typing import IO, Any
 from mcp import Client, MCPError, StdioServerParameters, stdio_client
 from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT, TextContent
 
+from nanbeige.agent.lifeline import tied_to_this_process
 from nanbeige.agent.trajectory import ToolCall, ToolResult, redact
 
 # Environment passed on to stdio servers: backend settings, and API keys only to our own servers.
@@ -55,7 +56,8 @@ class ServerSpec:
         if self.url:
             return self.url
         assert self.command, f"server {self.name} has no command, url or server object"
-        params = StdioServerParameters(command=self.command[0], args=self.command[1:], env=self.env)
+        command = tied_to_this_process(self.command)  # a runtime killed outright takes its servers with it
+        params = StdioServerParameters(command=command[0], args=command[1:], env=self.env)
         return stdio_client(params, errlog=errlog)
 
 

@@ -181,7 +181,11 @@ def serve(transport: str = "stdio", host: str = "127.0.0.1", port: int = 8001) -
 
     def stop(signum: int, frame: Any) -> None:
         # Exit at once: unwinding would wait for the thread blocked reading stdin. The sandbox
-        # locks are only taken in worker threads, never in this (the main) one.
+        # locks are only taken in worker threads, never in this (the main) one. A second signal
+        # (a dying runtime's parent-death signal comes once per thread it had) must not cut the
+        # cleanup short.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         boxes.close()
         os._exit(128 + signum)
 

@@ -308,7 +308,7 @@ class LocalBackend:
         request_read, request_write = os.pipe()
         reply_read, reply_write = os.pipe()
         mode = ["python", str(request_read), str(reply_write), str(self.config.cpu_seconds),
-                str(4 * self.config.max_output_chars)]
+                str(4 * self.config.max_output_chars), str(int(box.uid is not None))]
         args = self._command_line(box, mode, python=True)
         try:
             box.worker = subprocess.Popen(args, pass_fds=(request_read, reply_write), stdin=subprocess.DEVNULL,

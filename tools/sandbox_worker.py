@@ -1,13 +1,16 @@
 """The process inside a local sandbox (see `sandbox_local.py`); standard library only, because it runs
 in an isolated interpreter that must start fast.
 
-    python -I -B sandbox_worker.py LIMITS python REQUEST_FD REPLY_FD CPU_SECONDS MAX_BYTES
+    python -I -B sandbox_worker.py LIMITS python REQUEST_FD REPLY_FD CPU_SECONDS MAX_BYTES [OWN_UID]
     python -I -S -B sandbox_worker.py LIMITS exec STATUS_FD PROGRAM [ARG ...]
 
 LIMITS is `AS=bytes,FSIZE=bytes,...` (RLIMIT_ names without the prefix). The worker first applies
 them to itself (soft = hard, so sandboxed code cannot raise them), then either serves Python cells
 like a notebook kernel, one JSON line per request and per reply, keeping one namespace across
 cells, or runs PROGRAM (a shell command) and writes how it ended to STATUS_FD (-1: nowhere).
+OWN_UID is 1 when the sandbox runs as a uid of its own (nothing else runs as it).
+
+Either way it ends, with everything it started, as soon as the server is gone (`watch_server`).
 
 Modules beyond the first four are imported where they are used: the `exec` path runs once per
 shell command and should cost little more than the interpreter's start.
@@ -18,8 +21,10 @@ from __future__ import annotations
 import io
 import os
 import resource
+import select
 import signal
 import sys
+from contextlib import suppress
 
 MAX_TRACEBACK_CHARS = 4_000
 
@@ -151,11 +156,33 @@ def run_cell(code: str, namespace: dict, cell: int, captures: tuple[CappedRaw, C
             "error": error}
 
 
-def serve(request_fd: int, reply_fd: int, cpu_seconds: int, max_bytes: int) -> None:
+def watch_server(fd: int, own_uid: bool) -> None:
+    """Ends this process and everything it started once the server is gone, even killed outright:
+    the server holds the other end of the pipe `fd`, which the kernel closes when it dies. Without
+    this, a cell or command would run on until it ends by itself, or forever. The watching is a
+    thread of its own because the main thread is busy running the model's code."""
+    import threading
+
+    def watch() -> None:
+        poller = select.poll()
+        poller.register(fd, 0)  # only hang-up and error: the pipe's data belongs to the main thread
+        poller.poll()
+        if own_uid:  # every process of this sandbox's uid, also those that left this process group
+            with suppress(OSError):
+                os.kill(-1, signal.SIGKILL)
+        with suppress(OSError):
+            os.killpg(0, signal.SIGKILL)
+        os._exit(137)
+
+    threading.Thread(target=watch, name="server-watch", daemon=True).start()
+
+
+def serve(request_fd: int, reply_fd: int, cpu_seconds: int, max_bytes: int, own_uid: int = 0) -> None:
     import builtins
     import json
     import tempfile
 
+    watch_server(request_fd, bool(own_uid))
     os.set_inheritable(request_fd, False)
     os.set_inheritable(reply_fd, False)
     # fd 1 and 2 become unnamed files in the sandbox, so `os.system` output is captured too
@@ -188,6 +215,7 @@ def run_program(status_fd: int, args: list[str]) -> int:
     cannot pass a death by signal on."""
     if status_fd >= 0:
         os.set_inheritable(status_fd, False)
+        watch_server(status_fd, own_uid=False)  # the command's processes share this process group
     try:
         child = os.fork()
     except OSError as exc:
@@ -212,7 +240,7 @@ def run_program(status_fd: int, args: list[str]) -> int:
 def main(argv: list[str]) -> None:
     apply_limits(argv[1])
     if argv[2] == "python":
-        serve(*map(int, argv[3:7]))  # type: ignore[arg-type]
+        serve(*map(int, argv[3:8]))  # type: ignore[arg-type]
     else:
         sys.exit(run_program(int(argv[3]), argv[4:]))
 
