@@ -11,19 +11,20 @@ without them.
 from __future__ import annotations
 
 import asyncio
+import datetime
+import email.utils
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import httpx
 import orjson
 from tenacity import (
     AsyncRetrying,
+    RetryCallState,
     retry_if_exception,
     stop_after_attempt,
-    stop_after_delay,
-    wait_combine,
-    wait_exception,
+    stop_before_delay,
     wait_exponential_jitter,
 )
 
@@ -74,12 +75,19 @@ class LLMConfig:
     """Extra stop strings."""
     timeout_s: float = 600.0
     """Timeout for one model call."""
-    max_attempts: int = 5
-    """Attempts per call on connection errors and 408/429/5xx answers."""
+    max_attempts: int | None = None
+    """Most attempts per call on connection errors and 408/425/429/5xx answers; None: as many as
+    `max_retry_s` allows."""
     max_retry_s: float = 300.0
-    """Give up retrying one call after this many seconds."""
+    """The retry budget of one call, in seconds: no attempt starts later than this after the first,
+    so a model server that restarts or sheds load (429) within it costs the run only time."""
     retry_wait_s: float = 0.5
-    """First wait between attempts; it doubles each time (up to 20 s), plus jitter, or follows Retry-After."""
+    """First wait between attempts; it doubles each time up to `max_retry_wait_s`, plus jitter,
+    unless the server said how long to wait (Retry-After)."""
+    max_retry_wait_s: float = 20.0
+    """Longest wait of the doubling backoff."""
+    max_retry_after_s: float = 60.0
+    """Longest wait a server's Retry-After (seconds, or an HTTP date) is followed for."""
 
     def for_dialect(self, dialect: str) -> LLMConfig:
         """This config with each sampling setting left unset taken from the dialect's defaults."""
@@ -206,13 +214,36 @@ class _RetryableStatus(Exception):
         self.response = response
 
 
-def _retry_after(exc: BaseException) -> float:
-    if not isinstance(exc, _RetryableStatus):
-        return 0.0
+def retry_after(response: httpx.Response) -> float | None:
+    """The seconds a `Retry-After` header asks for: a number of seconds or an HTTP date; None
+    when there is none or it cannot be read."""
+    value = response.headers.get("retry-after", "").strip()
+    if not value:
+        return None
     try:
-        return min(float(exc.response.headers.get("retry-after", 0)), 60.0)
+        return max(0.0, float(value))
     except ValueError:
-        return 0.0
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:  # HTTP dates are GMT
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return max(0.0, when.timestamp() - time.time())
+
+
+def _backoff(config: LLMConfig) -> Callable[[RetryCallState], float]:
+    """The wait before the next attempt: what the server asked for (capped), else a doubling
+    backoff with jitter."""
+    doubling = wait_exponential_jitter(multiplier=config.retry_wait_s, max=config.max_retry_wait_s,
+                                       jitter=config.retry_wait_s)
+
+    def wait(state: RetryCallState) -> float:
+        failure = state.outcome.exception() if state.outcome else None
+        asked = retry_after(failure.response) if isinstance(failure, _RetryableStatus) else None
+        return min(asked, config.max_retry_after_s) if asked is not None else doubling(state)
+    return wait
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -372,12 +403,12 @@ class OpenAIChat:
                                  ) -> tuple[httpx.Response, float]:
         """The response and the seconds spent waiting for it (encoding the request is not counted)."""
         c = self.config
+        stop = stop_before_delay(c.max_retry_s)
+        if c.max_attempts is not None:
+            stop = stop | stop_after_attempt(c.max_attempts)
         retrying = AsyncRetrying(
             retry=retry_if_exception(lambda e: _retryable(e) or isinstance(e, ModelUnreachable)),
-            stop=stop_after_attempt(c.max_attempts) | stop_after_delay(c.max_retry_s),
-            wait=wait_combine(wait_exponential_jitter(multiplier=c.retry_wait_s, max=20, jitter=c.retry_wait_s),
-                              wait_exception(_retry_after)),
-            reraise=True,
+            stop=stop, wait=_backoff(c), reraise=True,
         )
         content = orjson.dumps(body)
         started = time.perf_counter()

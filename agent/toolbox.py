@@ -1,8 +1,10 @@
 """The agent's tools, reached only through MCP (the official `mcp` SDK).
 
 A stdio server is launched once and kept alive for every run that shares the toolbox; if it dies
-mid-run it is restarted (once per run, by default) and the model is told to make the call again
-(it is not retried blindly: the call may be what killed the server). Streamable-HTTP servers are
+mid-run, or a call times out and the server no longer answers at all (it hangs), it is restarted
+(once per run, by default) and the model is told to make the call again (it is not retried
+blindly: the call may be what killed the server). Once a run's restarts are spent, its calls to
+that server fail at once with a message saying so, instead of each waiting out the timeout. Streamable-HTTP servers are
 reached by URL. Every call has a timeout, long results are cut with a visible marker, and anything
 that goes wrong inside a call comes back as an error result the model can read; only a server that
 cannot start at all is an error for the user.
@@ -28,6 +30,7 @@ from nanbeige.agent.trajectory import ToolCall, ToolResult, redact
 # Environment passed on to stdio servers: backend settings, and API keys only to our own servers.
 ENV_PREFIXES = ("NANBEIGE_", "SERPER_", "JINA_", "E2B_", "SEARXNG_")
 ENV_NAMES = ("PYTHONPATH", "VIRTUAL_ENV", "HF_HOME", "HF_HUB_OFFLINE", "LANG", "TMPDIR")
+PING_TIMEOUT_S = 5.0  # after a call timed out, how long the server gets to answer before it counts as hung
 SECRET_NAMES = ("NANBEIGE_API_KEY", "NANBEIGE_SUMMARY_API_KEY", "SERPER_API_KEY", "JINA_API_KEY", "E2B_API_KEY")
 
 
@@ -125,6 +128,7 @@ class Toolbox:
         self._holders: dict[str, tuple[asyncio.Task[None], asyncio.Event]] = {}  # each connection's task
         self._restarting: dict[str, asyncio.Lock] = {}  # one restart of a server at a time
         self._closed = False  # once closed, nothing restarts a server
+        self._hung: dict[str, Client] = {}  # a connection whose server stopped answering, by server
 
     def settings(self) -> dict[str, Any]:
         """The settings that shape what the model reads, for the trajectory."""
@@ -233,25 +237,56 @@ class Toolbox:
                 client = self._clients.get(call.server)
         # Failures read as the reference harness wrote them: "Tool call to T on S failed. Error: ..."
         failed = f"Tool call to {call.name} on {call.server} failed. Error: "
-        try:
-            return await self._call_once(call, client)
-        except MCPError as exc:
-            if exc.code == REQUEST_TIMEOUT:
-                return failed + f"timed out after {self.call_timeout_s:g} s.", True
-            if exc.code != CONNECTION_CLOSED:
-                return failed + f"{exc}", True
-            failure = exc
-        except Exception as exc:  # the transport broke in some other way
-            failure = exc
-        if restarts.get(call.server, 0) >= self.max_restarts and self._clients.get(call.server) is client:
-            return failed + f"the server is not available ({_describe(failure)}); it was already restarted.", True
+        timed_out = ""
+        if client is not None and self._hung.get(call.server) is client:  # known to hang: not waited for again
+            failure: BaseException = TimeoutError("not responding")
+        else:
+            try:
+                return await self._call_once(call, client)
+            except MCPError as exc:
+                if exc.code == REQUEST_TIMEOUT:
+                    timed_out = f"timed out after {self.call_timeout_s:g} s"
+                    if await self._responds(client):
+                        return failed + timed_out + ".", True
+                    self._hung[call.server] = client
+                elif exc.code != CONNECTION_CLOSED:
+                    return failed + f"{exc}", True
+                failure = exc
+            except Exception as exc:  # the transport broke in some other way
+                failure = exc
+        return await self._after_failure(call, client, failure, timed_out, restarts)
+
+    async def _after_failure(self, call: ToolCall, client: Client | None, failure: BaseException, timed_out: str,
+                             restarts: dict[str, int]) -> tuple[str, bool]:
+        """The server died or hangs: restart it if this run's budget allows, and say what happened."""
+        failed = f"Tool call to {call.name} on {call.server} failed. Error: " + (timed_out + "; " if timed_out else "")
+        hung = client is not None and self._hung.get(call.server) is client
+        spent = restarts.get(call.server, 0)
+        if spent >= self.max_restarts and self._clients.get(call.server) is client:
+            state = "is not responding" if hung else f"is not available ({_describe(failure)})"
+            times = "once" if spent == 1 else f"{spent} times"
+            return failed + f"the server {state}; it was already restarted {times} in this run.", True
         try:  # shielded: a run cancelled mid-restart must not leave the server half-started for the others
             await asyncio.shield(self._restart(call.server, client, restarts))
         except Exception as exc:
             return failed + f"the server stopped and could not be restarted: {_describe(exc)}", True
         # Not retried: the call may be what killed the server, and it may have had effects.
-        return (failed + f"the server stopped during this call ({_describe(failure)}) and was restarted; "
-                "anything it held in memory is gone. Make the call again if you still need it."), True
+        what = "the server stopped responding" if hung else \
+            f"the server stopped during this call ({_describe(failure)})"
+        return (failed + f"{what} and was restarted; anything it held in memory is gone. "
+                "Make the call again if you still need it."), True
+
+    async def _responds(self, client: Client | None) -> bool:
+        """Whether the server still answers a request (listing its tools: every server answers that,
+        and newer protocol versions have no ping): a call that timed out may just be slow."""
+        if client is None:
+            return False
+        try:
+            async with asyncio.timeout(min(PING_TIMEOUT_S, self.call_timeout_s)):
+                await client.list_tools()
+        except Exception:
+            return False
+        return True
 
     async def _call_once(self, call: ToolCall, client: Client | None) -> tuple[str, bool]:
         if client is None:

@@ -15,11 +15,16 @@ loaded, or unloading one that is not, gets vLLM's HTTP 400 / 404.
 
 With `strict=True` it answers like a FastAPI server whose request model forbids unknown fields:
 a chat request with any field outside OpenAI's own gets HTTP 422 naming them.
+
+`outage(seconds)` takes it down as a crash would (connections refused, open ones cut, the request
+in flight unanswered) and brings it back on the same port, as a restarted model server comes back.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -63,6 +68,10 @@ class Reply:
 
 class _Server(ThreadingHTTPServer):
     request_queue_size = 128  # many runs connect at once; the default backlog of 5 overflows and resets them
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a connection cut by an outage; the client sees it
 
 
 Script = Callable[[dict[str, Any]], Reply | str]
@@ -89,9 +98,9 @@ class FakeOpenAI:
         self.requests: list[dict[str, Any]] = []
         self.lora_requests: list[dict[str, Any]] = []  # the body of every load/unload_lora_adapter call
         self.adapters: dict[str, str] = {}  # loaded LoRA adapters: name -> path
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # a script function may call outage() while holding it
+        self.connections: set[socket.socket] = set()  # open client connections, cut by an outage
         self.httpd = _Server(("127.0.0.1", 0), self._handler())
-        self.httpd.daemon_threads = True
         self.base_url = f"http://127.0.0.1:{self.httpd.server_port}/v1"
 
     def __enter__(self) -> FakeOpenAI:
@@ -99,8 +108,32 @@ class FakeOpenAI:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        with self.lock:
+            httpd, self.httpd = self.httpd, None
+        if httpd is not None:
+            httpd.shutdown()
+            httpd.server_close()
+
+    def outage(self, seconds: float) -> None:
+        """Go down at once, as a crashed server does: the listening socket closes (connections are
+        refused) and open connections are cut; after `seconds` listen again on the same port. Call
+        it from a script function to cut the request being answered too."""
+        with self.lock:
+            httpd, self.httpd = self.httpd, None
+            connections = list(self.connections)
+        port = httpd.server_port
+        httpd.socket.close()  # refused from now on; serve_forever stops below, off this thread
+        for connection in connections:
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
+        threading.Thread(target=httpd.shutdown, daemon=True).start()
+
+        def come_back() -> None:
+            with self.lock:
+                self.httpd = _Server(("127.0.0.1", port), self._handler())
+                threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+        threading.Timer(seconds, come_back).start()
 
     def next_reply(self, request: dict[str, Any]) -> Reply:
         with self.lock:
@@ -110,7 +143,9 @@ class FakeOpenAI:
             elif self.replies:
                 reply = self.replies.pop(0)
             else:
-                reply = self.default if self.default is not None else Reply(status=500, body={"error": "no reply"})
+                # a client error, not retried: a script that ran out is the test's mistake
+                reply = self.default if self.default is not None else Reply(status=400, body={
+                    "error": "the fake model's script has no more replies"})
         return Reply(content=reply) if isinstance(reply, str) else reply
 
     def model_list(self) -> dict[str, Any]:
@@ -196,6 +231,17 @@ class FakeOpenAI:
             def log_message(self, *args: Any) -> None:
                 pass
 
+            def setup(self) -> None:
+                super().setup()
+                with fake.lock:
+                    fake.connections.add(self.connection)
+
+            def finish(self) -> None:
+                with fake.lock:
+                    fake.connections.discard(self.connection)
+                with contextlib.suppress(OSError):
+                    super().finish()
+
             def _send(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
                 data = json.dumps(body).encode()
                 self.send_response(status)
@@ -247,6 +293,7 @@ class FakeOpenAI:
                     return
                 unexpected = fake.unexpected_fields(self.path, request)
                 request["_headers"] = dict(self.headers)
+                request["_received"] = time.monotonic()
                 if unexpected:
                     with fake.lock:
                         fake.requests.append(request)

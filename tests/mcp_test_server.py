@@ -1,7 +1,8 @@
 """A small MCP server for tests and benchmarks: `python tests/mcp_test_server.py [--http PORT]`.
 
-Tools: echo, add, fail (a tool error), slow (sleeps), crash (the process dies), big (a long
-result), env_has (whether an environment variable reached the server)."""
+Tools: echo, add, fail (a tool error), slow (sleeps), crash (the process dies), hang (the server
+stops answering anything), big (a long result), env_has (whether an environment variable reached
+the server), pid."""
 
 from __future__ import annotations
 
@@ -44,6 +45,13 @@ def slow(seconds: float) -> str:
 def crash() -> str:
     """Kill the server process."""
     os._exit(3)
+
+
+@server.tool()
+async def hang() -> str:
+    """Block the server's event loop: it answers nothing more, not even pings."""
+    time.sleep(3600)
+    return "woke up"
 
 
 @server.tool()

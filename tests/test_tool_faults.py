@@ -1,0 +1,98 @@
+"""A long run goes on through tool servers that keep crashing or hanging: each failure is an error
+result the model reads, the server is restarted within the run's budget (`max_restarts`), then its
+calls fail at once with a clear message, and other runs sharing the toolbox keep their tools."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from conftest import TEST_SERVER
+from fake_openai import mcp_answer, mcp_call
+
+from nanbeige.agent.loop import AgentConfig, run
+from nanbeige.agent.scripted import ScriptedLLM
+from nanbeige.agent.toolbox import ServerSpec, Toolbox
+from nanbeige.agent.trajectory import ToolCall
+
+pytestmark = pytest.mark.anyio
+
+
+def model(turns: int, faulty: str, every: int) -> ScriptedLLM:
+    """Calls `faulty` every `every` turns and `pid` otherwise, then answers after `turns`."""
+    def reply(messages: list[dict]) -> str:
+        step = sum(m["role"] == "assistant" for m in messages)
+        if step >= turns:
+            return mcp_answer("done")
+        tool = faulty if step % every == every - 1 else "pid"
+        return mcp_call("testkit", tool, {}, thought=f"Step {step}.")
+    return ScriptedLLM([], default=reply, record=False)
+
+
+def results(trajectory) -> list[tuple[str, str]]:
+    return [(turn.tool_calls[0].name, turn.tool_results[0].text) for turn in trajectory.turns if turn.tool_calls]
+
+
+async def test_a_server_that_keeps_crashing_is_restarted_within_the_budget_then_fails_fast() -> None:
+    config = AgentConfig(max_turns=40, summary_turn=False)
+    async with Toolbox([ServerSpec(name="testkit", command=TEST_SERVER)], max_restarts=3) as toolbox:
+        started = time.monotonic()
+        trajectory = await run("q", model(30, "crash", every=4), toolbox, config)
+        took = time.monotonic() - started
+    assert trajectory.stop_reason == "answered" and trajectory.answer == "done"
+    calls = results(trajectory)
+    crashes = [text for name, text in calls if name == "crash"]
+    assert len(crashes) == 7
+    assert all("was restarted" in text for text in crashes[:3])  # the budget: three restarts
+    assert all("it was already restarted 3 times" in text for text in crashes[3:])
+    # between crashes the restarted server answers; once the budget is spent nothing does, quickly
+    pids = [text for name, text in calls[:15] if name == "pid"]
+    assert all(text.isdigit() for text in pids) and len(set(pids)) == 4
+    assert all("not available" in text for name, text in calls[16:] if name == "pid")
+    assert took < 30
+
+
+async def test_a_server_that_hangs_is_restarted_and_then_fails_fast() -> None:
+    """A call that outlives its timeout on a server that no longer answers anything: the server is
+    restarted (within the budget); once the budget is spent, calls fail at once instead of each
+    waiting out the timeout."""
+    config = AgentConfig(max_turns=40, summary_turn=False)
+    spec = ServerSpec(name="testkit", command=TEST_SERVER)
+    async with Toolbox([spec], max_restarts=1, call_timeout_s=0.5) as toolbox:
+        started = time.monotonic()
+        trajectory = await run("q", model(24, "hang", every=3), toolbox, config)
+        took = time.monotonic() - started
+    assert trajectory.stop_reason == "answered" and trajectory.answer == "done"
+    calls = results(trajectory)
+    hangs = [text for name, text in calls if name == "hang"]
+    assert len(hangs) == 8
+    assert "timed out after 0.5 s" in hangs[0] and "stopped responding and was restarted" in hangs[0]
+    assert "timed out after 0.5 s" in hangs[1] and "already restarted once" in hangs[1]
+    after = calls[6:]  # from the second hang on, nothing is waited for
+    assert all("not responding" in text and "already restarted once" in text for _, text in after)
+    pids = [text for name, text in calls[:5] if name == "pid"]
+    assert all(text.isdigit() for text in pids) and len(set(pids)) == 2
+    assert took < 12  # without the check, 17 calls would each wait out the timeout on a dead server
+
+
+async def test_a_run_whose_budget_is_spent_does_not_take_the_tools_from_the_others() -> None:
+    async with Toolbox([ServerSpec(name="testkit", command=TEST_SERVER)], max_restarts=1,
+                       call_timeout_s=0.5) as toolbox:
+        spent: dict[str, int] = {}
+        await toolbox.call(ToolCall("testkit", "hang", {}), spent)  # restarted, with run one's budget
+        hung = await toolbox.call(ToolCall("testkit", "hang", {}), spent)  # hangs it again: not restarted
+        assert "not responding" in hung.text
+        others = [{} for _ in range(3)]
+        answers = await asyncio.gather(*(toolbox.call(ToolCall("testkit", "echo", {"text": "hi"}), budget)
+                                         for budget in others))
+        # one of the other runs restarted it; the call that saw it hung is told to call again
+        again = await asyncio.gather(*(toolbox.call(ToolCall("testkit", "echo", {"text": "hi"}), budget)
+                                       for budget in others))
+        fast = time.monotonic()
+        still = await toolbox.call(ToolCall("testkit", "echo", {"text": "hi"}), spent)
+        assert time.monotonic() - fast < 1.0
+    assert sum(budget.get("testkit", 0) for budget in others) == 1 and spent == {"testkit": 1}
+    assert all(answer.is_error for answer in answers)
+    assert [answer.text for answer in again] == ["hi"] * 3
+    assert (still.text, still.is_error) == ("hi", False)  # the server others restarted serves it too
