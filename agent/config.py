@@ -43,6 +43,9 @@ class ToolsConfig:
     """Longer tool results are cut, with a marker saying so."""
     start_timeout_s: float = 60.0
     """Seconds a tool server may take to start and list its tools."""
+    max_restarts: int = 1
+    """Times one run may restart a stdio server that died or hangs; after that its calls to the
+    server come back at once as errors, and the run goes on."""
     upload_dirs: list[Path] = field(default_factory=list)
     """Local folders, besides those in NANBEIGE_SANDBOX_UPLOAD_DIRS (default the working directory),
     that the Python sandbox may upload files from (an eval's attachments)."""

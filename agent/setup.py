@@ -296,7 +296,8 @@ async def _toolbox(specs: list[ServerSpec], tools: ToolsConfig, errlog: IO[str] 
         yield None
         return
     async with Toolbox(specs, call_timeout_s=tools.tool_timeout_s, max_result_chars=tools.max_result_chars,
-                       errlog=errlog, start_timeout_s=tools.start_timeout_s, secrets=secrets) as toolbox:
+                       errlog=errlog, start_timeout_s=tools.start_timeout_s, secrets=secrets,
+                       max_restarts=tools.max_restarts) as toolbox:
         yield toolbox
 
 
