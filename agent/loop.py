@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # the MCP SDK takes most of a second to import; `nanbeige --h
 MIN_ANSWER_TOKENS = 512  # the final answer turn needs at least this much room to be worth making
 FINAL_ANSWER_TOKENS = 4096  # room wanted for the final answer (a thinking model reasons first)
 DEFAULT_MAX_CONTEXT = 131072  # Nanbeige4.1-3B's served context, when neither the user nor the server says
+RELEASED = "[not kept in memory: this tool result is in the trajectory file]"
 
 
 @dataclass
@@ -43,6 +44,11 @@ class AgentConfig:
     for mcp-xml, as the reference harness's keep-5 configuration; 200 for tool-call)."""
     keep_tool_results: int = 5
     """Show the model only the last K tool results (-1 = all). The trajectory keeps all."""
+    release_results: bool = False
+    """Once a turn is written to the trajectory file and its tool results have left the model's view
+    (keep-K), drop their text from memory (`RELEASED` takes its place), so that a run of hundreds of
+    turns with large results stays flat in memory; the file keeps every result. Off: every result's
+    text stays in `trajectory.turns`, for code that reads them after the run."""
     max_context: int | None = None
     """The model's context length in tokens; the answer is requested before a call could overflow.
     None: what the model server reports (vLLM's `max_model_len`), else 131072."""
@@ -191,6 +197,8 @@ async def _turns(state: Run, llm: LLM, toolbox: Toolbox | None, config: AgentCon
             _log_turn(trajectory, turn, writer, on_event)
             history.add_turn(dialects.history_message(config.dialect, turn.assistant),
                              dialects.observation_messages(config.dialect, turn), tool_results=bool(turn.tool_calls))
+            if config.release_results and writer is not None:
+                _release_unseen_results(trajectory.turns, config.keep_tool_results)
         if not trajectory.stop_reason and _format_errors_in_a_row(trajectory.turns) >= config.max_format_errors:
             trajectory.stop_reason = "format_errors"
         if trajectory.stop_reason:
@@ -353,6 +361,19 @@ def _format_errors_in_a_row(turns: list[Turn]) -> int:
             break
         count += 1
     return count
+
+
+def _release_unseen_results(turns: list[Turn], keep: int) -> None:
+    """Drop the text of the tool results that just left the model's view: they are on disk, and the
+    model never reads them again. Earlier ones went the same way on earlier turns."""
+    shown = 0
+    for turn in reversed(turns) if keep >= 0 else ():
+        if turn.tool_calls and not turn.rolled_back:  # as History counts the results it shows
+            shown += 1
+            if shown > keep:
+                for result in turn.tool_results:
+                    result.text = RELEASED
+                return
 
 
 def _log_turn(trajectory: Trajectory, turn: Turn, writer: TrajectoryWriter | None, on_event: Event) -> None:

@@ -1,0 +1,75 @@
+"""A 600-turn run with a 100 kB tool result every turn: the prompt stays within the context budget
+(keep-K), and with `release_results` the process's memory stays flat while the trajectory file
+keeps every result."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import TEST_SERVER
+from fake_openai import mcp_answer, mcp_call
+
+from nanbeige.agent.context import estimate_tokens
+from nanbeige.agent.loop import RELEASED, AgentConfig, run
+from nanbeige.agent.scripted import ScriptedLLM
+from nanbeige.agent.toolbox import ServerSpec, Toolbox
+from nanbeige.agent.trajectory import TrajectoryWriter, load_trajectories
+
+pytestmark = pytest.mark.anyio
+TURNS, RESULT = 600, 100_000
+CONTEXT = 400_000  # tokens: five 100 kB results fit (about 170k by the runtime's estimate), fifty would not
+
+
+def rss_kib() -> int:
+    status = Path("/proc/self/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1])
+
+
+def researcher(prompts: list[int]) -> ScriptedLLM:
+    """Reads 100 kB every turn for TURNS turns, then answers; notes each prompt's size."""
+    def reply(messages: list[dict]) -> str:
+        prompts.append(sum(estimate_tokens(m["content"] or "") for m in messages))
+        step = sum(m["role"] == "assistant" for m in messages)
+        return mcp_call("testkit", "big", {"n": RESULT}, thought=f"Step {step}.") if step < TURNS else mcp_answer("42")
+    llm = ScriptedLLM([], default=reply, record=False)
+    llm.config.max_tokens = 4096
+    return llm
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads memory from /proc")
+async def test_600_turns_of_100_kb_results_stay_in_budget_and_flat_in_memory(tmp_path: Path) -> None:
+    prompts: list[int] = []
+    rss: dict[int, int] = {}
+
+    def on_event(kind: str, data: object) -> None:
+        if kind == "turn" and data.index + 1 in (100, TURNS):  # type: ignore[attr-defined]
+            rss[data.index + 1] = rss_kib()  # type: ignore[attr-defined]
+
+    writer = TrajectoryWriter(tmp_path / "run.jsonl")
+    config = AgentConfig(max_turns=TURNS, max_context=CONTEXT, summary_turn=False, release_results=True)
+    async with Toolbox([ServerSpec(name="testkit", command=TEST_SERVER)], max_result_chars=RESULT) as toolbox:
+        trajectory = await run("q", researcher(prompts), toolbox, config, writer, on_event)
+    writer.close()
+    # 600 turns with tool calls, then the limit's final-answer turn
+    assert trajectory.stop_reason == "max_turns" and trajectory.answer == "42", trajectory.error
+    assert len(trajectory.turns) == TURNS + 1 and len(prompts) == TURNS + 1
+    # keep-5: the prompt stops growing once five results are shown, far below what 600 would be
+    assert max(prompts) + 4096 + config.context_reserve <= CONTEXT
+    # what still grows is each turn's short reply and the placeholder of its result: under 100 tokens
+    assert (max(prompts) - prompts[10]) / (TURNS - 10) < 100
+    # memory: turns 100 to 600 added 50 MB of results, all on disk, almost nothing in memory
+    assert rss[TURNS] - rss[100] < 8 * 1024, rss
+    texts = [r.text for turn in trajectory.turns for r in turn.tool_results]
+    assert texts[-5:] == ["x" * RESULT] * 5 and set(texts[:-5]) == {RELEASED}
+    [saved] = load_trajectories(tmp_path / "run.jsonl")
+    assert all(r.text == "x" * RESULT for turn in saved.turns for r in turn.tool_results)
+    assert sum(len(turn.tool_results) for turn in saved.turns) == TURNS
+
+
+async def test_by_default_every_result_stays_in_the_trajectory_in_memory(tmp_path: Path) -> None:
+    llm = ScriptedLLM([mcp_call("testkit", "big", {"n": 1000})] * 8 + [mcp_answer("42")])
+    async with Toolbox([ServerSpec(name="testkit", command=TEST_SERVER)]) as toolbox:
+        trajectory = await run("q", llm, toolbox, AgentConfig(keep_tool_results=2, summary_turn=False),
+                               TrajectoryWriter(tmp_path / "run.jsonl"))
+    assert [r.text for turn in trajectory.turns for r in turn.tool_results] == ["x" * 1000] * 8
