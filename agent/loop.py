@@ -103,6 +103,9 @@ class Run:
     tracker: TokenTracker = dataclasses.field(default_factory=TokenTracker)
     restarts: dict[str, int] = dataclasses.field(default_factory=dict)
     """Tool server restarts this run has used, by server."""
+    turns_counted: tuple[int, int] = (0, 0)
+    """How many of the trajectory's turns were counted against max_turns, and how many of those
+    count (rolled-back replies do not): counting only the new ones keeps a turn's cost flat."""
 
 
 def _no_event(kind: str, data: Any) -> None:
@@ -160,7 +163,7 @@ async def _turns(state: Run, llm: LLM, toolbox: Toolbox | None, config: AgentCon
     request_tools = dialects.request_tools(config.dialect, trajectory.tools)
     while True:
         prompt_tokens = _next_prompt_tokens(llm, state, request_tools)
-        if sum(not turn.rolled_back for turn in trajectory.turns) >= config.max_turns:
+        if _turns_used(state) >= config.max_turns:
             trajectory.stop_reason = "max_turns"
         elif prompt_tokens + llm.config.max_tokens + config.context_reserve > config.max_context:
             trajectory.stop_reason = "context_limit"
@@ -204,6 +207,15 @@ async def _turns(state: Run, llm: LLM, toolbox: Toolbox | None, config: AgentCon
         if trajectory.stop_reason:
             await _end(state, llm, config, None, writer, on_event)
             return
+
+
+def _turns_used(state: Run) -> int:
+    """The turns that count against max_turns so far (rolled-back replies do not)."""
+    turns = state.trajectory.turns
+    seen, used = state.turns_counted
+    used += sum(not turn.rolled_back for turn in turns[seen:])
+    state.turns_counted = (len(turns), used)
+    return used
 
 
 def _next_prompt_tokens(llm: LLM, state: Run, tools: list[dict[str, Any]] | None) -> int:

@@ -11,6 +11,7 @@ from conftest import TEST_SERVER
 from fake_openai import mcp_answer, mcp_call
 
 from nanbeige.agent.context import estimate_tokens
+from nanbeige.agent.llm import Completion
 from nanbeige.agent.loop import RELEASED, AgentConfig, run
 from nanbeige.agent.scripted import ScriptedLLM
 from nanbeige.agent.toolbox import ServerSpec, Toolbox
@@ -73,3 +74,15 @@ async def test_by_default_every_result_stays_in_the_trajectory_in_memory(tmp_pat
         trajectory = await run("q", llm, toolbox, AgentConfig(keep_tool_results=2, summary_turn=False),
                                TrajectoryWriter(tmp_path / "run.jsonl"))
     assert [r.text for turn in trajectory.turns for r in turn.tool_results] == ["x" * 1000] * 8
+
+
+async def test_rolled_back_replies_do_not_use_up_turns(tmp_path: Path) -> None:
+    """The turn count is kept as the run goes (a turn's cost stays flat); replies rolled back and
+    sampled again still do not count."""
+    cut_off = Completion(message={"role": "assistant", "content": "<think>\nLet me"}, finish_reason="length")
+    calls = [mcp_call("testkit", "echo", {"text": str(i)}) for i in range(3)]
+    llm = ScriptedLLM([calls[0], cut_off, calls[1], cut_off, cut_off, calls[2], mcp_answer("late")])
+    async with Toolbox([ServerSpec(name="testkit", command=TEST_SERVER)]) as toolbox:
+        trajectory = await run("q", llm, toolbox, AgentConfig(max_turns=3, summary_turn=False))
+    assert [turn.rolled_back for turn in trajectory.turns] == [False, True, False, True, True, False, False]
+    assert (trajectory.stop_reason, trajectory.answer) == ("max_turns", "late")
