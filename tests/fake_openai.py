@@ -100,6 +100,7 @@ class FakeOpenAI:
         self.adapters: dict[str, str] = {}  # loaded LoRA adapters: name -> path
         self.lock = threading.RLock()  # a script function may call outage() while holding it
         self.connections: set[socket.socket] = set()  # open client connections, cut by an outage
+        self.closed = False
         self.httpd = _Server(("127.0.0.1", 0), self._handler())
         self.base_url = f"http://127.0.0.1:{self.httpd.server_port}/v1"
 
@@ -109,6 +110,7 @@ class FakeOpenAI:
 
     def __exit__(self, *exc: Any) -> None:
         with self.lock:
+            self.closed = True  # an outage in progress does not come back
             httpd, self.httpd = self.httpd, None
         if httpd is not None:
             httpd.shutdown()
@@ -130,6 +132,8 @@ class FakeOpenAI:
 
         def come_back() -> None:
             with self.lock:
+                if self.closed:
+                    return
                 self.httpd = _Server(("127.0.0.1", port), self._handler())
                 threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
