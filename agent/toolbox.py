@@ -1,7 +1,8 @@
 """The agent's tools, reached only through MCP (the official `mcp` SDK).
 
 A stdio server is launched once and kept alive for every run that shares the toolbox; if it dies
-mid-run, or a call times out and the server no longer answers at all (it hangs), it is restarted
+mid-run, or it hangs (a call timed out and the server answers nothing more, or three calls in a row
+timed out), it is restarted
 (once per run, by default) and the model is told to make the call again (it is not retried
 blindly: the call may be what killed the server). Once a run's restarts are spent, its calls to
 that server fail at once with a message saying so, instead of each waiting out the timeout. Streamable-HTTP servers are
@@ -31,6 +32,7 @@ from nanbeige.agent.trajectory import ToolCall, ToolResult, redact
 ENV_PREFIXES = ("NANBEIGE_", "SERPER_", "JINA_", "E2B_", "SEARXNG_")
 ENV_NAMES = ("PYTHONPATH", "VIRTUAL_ENV", "HF_HOME", "HF_HUB_OFFLINE", "LANG", "TMPDIR")
 PING_TIMEOUT_S = 5.0  # after a call timed out, how long the server gets to answer before it counts as hung
+HUNG_AFTER_TIMEOUTS = 3  # calls in a row that time out make a server count as hung, even if it still answers
 SECRET_NAMES = ("NANBEIGE_API_KEY", "NANBEIGE_SUMMARY_API_KEY", "SERPER_API_KEY", "JINA_API_KEY", "E2B_API_KEY")
 
 
@@ -129,6 +131,7 @@ class Toolbox:
         self._restarting: dict[str, asyncio.Lock] = {}  # one restart of a server at a time
         self._closed = False  # once closed, nothing restarts a server
         self._hung: dict[str, Client] = {}  # a connection whose server stopped answering, by server
+        self._timeouts: dict[str, int] = {}  # calls in a row that timed out, by server
 
     def settings(self) -> dict[str, Any]:
         """The settings that shape what the model reads, for the trajectory."""
@@ -242,14 +245,18 @@ class Toolbox:
             failure: BaseException = TimeoutError("not responding")
         else:
             try:
-                return await self._call_once(call, client)
+                answer = await self._call_once(call, client)
+                self._timeouts[call.server] = 0
+                return answer
             except MCPError as exc:
                 if exc.code == REQUEST_TIMEOUT:
                     timed_out = f"timed out after {self.call_timeout_s:g} s"
-                    if await self._responds(client):
+                    self._timeouts[call.server] = self._timeouts.get(call.server, 0) + 1
+                    if self._timeouts[call.server] < HUNG_AFTER_TIMEOUTS and await self._responds(client):
                         return failed + timed_out + ".", True
-                    self._hung[call.server] = client
+                    self._hung[call.server], self._timeouts[call.server] = client, 0
                 elif exc.code != CONNECTION_CLOSED:
+                    self._timeouts[call.server] = 0
                     return failed + f"{exc}", True
                 failure = exc
             except Exception as exc:  # the transport broke in some other way

@@ -96,3 +96,15 @@ async def test_a_run_whose_budget_is_spent_does_not_take_the_tools_from_the_othe
     assert all(answer.is_error for answer in answers)
     assert [answer.text for answer in again] == ["hi"] * 3
     assert (still.text, still.is_error) == ("hi", False)  # the server others restarted serves it too
+
+
+async def test_a_server_whose_calls_keep_timing_out_is_restarted_though_it_still_answers() -> None:
+    """Calls stuck in the server's worker threads: it still lists its tools, but three calls in a
+    row that time out make it count as hung."""
+    async with Toolbox([ServerSpec(name="testkit", command=TEST_SERVER)], call_timeout_s=0.3) as toolbox:
+        before = (await toolbox.call(ToolCall("testkit", "pid", {}))).text
+        stuck = [await toolbox.call(ToolCall("testkit", "slow", {"seconds": 60})) for _ in range(3)]
+        after = (await toolbox.call(ToolCall("testkit", "pid", {}))).text
+    assert [("timed out after 0.3 s" in r.text, "restarted" in r.text) for r in stuck] == [
+        (True, False), (True, False), (True, True)]
+    assert after.isdigit() and after != before
