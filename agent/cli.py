@@ -67,6 +67,7 @@ def ask(
     summary_turn: o.SummaryTurn = None,
     rollback: o.Rollback = None,
     system_prompt_file: o.SystemPromptFile = None,
+    budget: o.Budget = None,
 ) -> None:
     """Research a question with tools; print the answer."""
     settings = o.run_settings(**o.shared(locals()))
@@ -151,7 +152,7 @@ def show_command(
 ) -> None:
     """Print a saved trajectory readably."""
     from nanbeige.agent.trajectory import load_trajectories
-    from nanbeige.agent.view import show
+    from nanbeige.agent.view import show, show_total
 
     try:
         trajectories = load_trajectories(path)
@@ -164,6 +165,8 @@ def show_command(
     out = Console()
     for trajectory in trajectories:
         show(out, trajectory, full=full)
+    if len(trajectories) > 1:
+        show_total(out, trajectories)
 
 
 app.command("serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(

@@ -182,6 +182,7 @@ def evaluate(
     summary_turn: o.SummaryTurn = None,
     rollback: o.Rollback = None,
     system_prompt_file: o.SystemPromptFile = None,
+    budget: o.Budget = None,
 ) -> None:
     """Score the agent on a benchmark from its official files: every task k times, graded, resumable."""
     from nanbeige.evals.benchmarks import BENCHMARKS

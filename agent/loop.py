@@ -23,6 +23,7 @@ from nanbeige.agent.context import History, degenerate, estimate_tokens, repeate
 from nanbeige.agent.llm import LLM, Completion, ContextOverflow, ModelError
 from nanbeige.agent.tokens import TokenTracker
 from nanbeige.agent.trajectory import ToolResult, Trajectory, TrajectoryWriter, Turn
+from nanbeige.agent.usage import add_turn, over_budget
 
 if TYPE_CHECKING:  # the MCP SDK takes most of a second to import; `nanbeige --help` needs none of it
     from nanbeige.agent.toolbox import Toolbox
@@ -67,6 +68,9 @@ class AgentConfig:
     end the run. None: on for mcp-xml, off for tool-call."""
     timeout_s: float | None = None
     """Wall-clock limit for the run (None = none)."""
+    budgets: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Most of each unit a run may use (`tokens`, `tool_calls`, `serper_queries`, `jina_tokens`,
+    `summary_tokens`, `e2b_seconds`; see `agent/usage.py`); reaching one stops the run (`budget`)."""
     date: str | None = None
     """Date shown to the model (YYYY-MM-DD); today when None."""
     system_prompt_template: str | None = None
@@ -156,6 +160,8 @@ async def _turns(state: Run, llm: LLM, toolbox: Toolbox | None, config: AgentCon
         prompt_tokens = _next_prompt_tokens(llm, state, request_tools)
         if sum(not turn.rolled_back for turn in trajectory.turns) >= config.max_turns:
             trajectory.stop_reason = "max_turns"
+        elif over_budget(trajectory.usage, config.budgets):
+            trajectory.stop_reason, trajectory.error = "budget", over_budget(trajectory.usage, config.budgets)
         elif prompt_tokens + llm.config.max_tokens + config.context_reserve > config.max_context:
             trajectory.stop_reason = "context_limit"
         if trajectory.stop_reason:
@@ -233,7 +239,7 @@ async def _end(state: Run, llm: LLM, config: AgentConfig, prompt_tokens: int | N
                writer: TrajectoryWriter | None, on_event: Event, omit_latest: bool = False) -> None:
     """How a run ends once its loop stopped: with the summary turn (whatever the reason, when it is
     on), with a final-answer turn at a limit, or as it is."""
-    limit = state.trajectory.stop_reason in ("max_turns", "context_limit")
+    limit = state.trajectory.stop_reason in ("max_turns", "context_limit", "budget")
     if state.trajectory.stop_reason == "model_error" or not (config.summary_turn or (config.final_answer_turn
                                                                                       and limit)):
         return
@@ -357,6 +363,7 @@ def _format_errors_in_a_row(turns: list[Turn]) -> int:
 
 def _log_turn(trajectory: Trajectory, turn: Turn, writer: TrajectoryWriter | None, on_event: Event) -> None:
     trajectory.turns.append(turn)
+    add_turn(trajectory.usage, turn)
     if writer:
         writer.turn(trajectory, turn)
     on_event("turn", turn)

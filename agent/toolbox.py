@@ -220,11 +220,12 @@ class Toolbox:
         unknown = self._unknown(call)
         if unknown:
             return ToolResult(text=unknown, is_error=True)
-        text, is_error = await self._call_with_restart(call, {} if restarts is None else restarts)
+        text, is_error, cost = await self._call_with_restart(call, {} if restarts is None else restarts)
         text, truncated = truncate(defuse_control_tokens(redact(text, self.secrets)), self.max_result_chars)
-        return ToolResult(text=text, is_error=is_error, latency_s=time.perf_counter() - started, truncated=truncated)
+        return ToolResult(text=text, is_error=is_error, latency_s=time.perf_counter() - started, truncated=truncated,
+                          usage=cost)
 
-    async def _call_with_restart(self, call: ToolCall, restarts: dict[str, int]) -> tuple[str, bool]:
+    async def _call_with_restart(self, call: ToolCall, restarts: dict[str, int]) -> tuple[str, bool, dict | None]:
         client = self._clients.get(call.server)
         if client is None:  # being restarted by another run: wait for it to finish
             async with self._restarting.setdefault(call.server, asyncio.Lock()):
@@ -235,23 +236,23 @@ class Toolbox:
             return await self._call_once(call, client)
         except MCPError as exc:
             if exc.code == REQUEST_TIMEOUT:
-                return failed + f"timed out after {self.call_timeout_s:g} s.", True
+                return failed + f"timed out after {self.call_timeout_s:g} s.", True, None
             if exc.code != CONNECTION_CLOSED:
-                return failed + f"{exc}", True
+                return failed + f"{exc}", True, None
             failure = exc
         except Exception as exc:  # the transport broke in some other way
             failure = exc
         if restarts.get(call.server, 0) >= self.max_restarts and self._clients.get(call.server) is client:
-            return failed + f"the server is not available ({_describe(failure)}); it was already restarted.", True
+            return failed + f"the server is not available ({_describe(failure)}); it was already restarted.", True, None
         try:  # shielded: a run cancelled mid-restart must not leave the server half-started for the others
             await asyncio.shield(self._restart(call.server, client, restarts))
         except Exception as exc:
-            return failed + f"the server stopped and could not be restarted: {_describe(exc)}", True
+            return failed + f"the server stopped and could not be restarted: {_describe(exc)}", True, None
         # Not retried: the call may be what killed the server, and it may have had effects.
         return (failed + f"the server stopped during this call ({_describe(failure)}) and was restarted; "
-                "anything it held in memory is gone. Make the call again if you still need it."), True
+                "anything it held in memory is gone. Make the call again if you still need it."), True, None
 
-    async def _call_once(self, call: ToolCall, client: Client | None) -> tuple[str, bool]:
+    async def _call_once(self, call: ToolCall, client: Client | None) -> tuple[str, bool, dict | None]:
         if client is None:
             raise MCPError(CONNECTION_CLOSED, "not connected")
         try:  # the SDK's own timeout does not cover every transport (in-process), so bound it here too
@@ -259,13 +260,22 @@ class Toolbox:
                 result = await client.call_tool(call.name, call.arguments, read_timeout_seconds=self.call_timeout_s)
         except TimeoutError:
             raise MCPError(REQUEST_TIMEOUT, "timed out") from None
-        return result_text(result.content), bool(result.is_error)
+        return result_text(result.content), bool(result.is_error), paid_usage(result.meta)
 
     async def aclose(self) -> None:
         self._closed = True
         for name in self.specs:
             async with self._restarting.setdefault(name, asyncio.Lock()):  # after a restart in flight
                 await self._disconnect(name)
+
+
+def paid_usage(meta: dict[str, Any] | None) -> dict[str, float] | None:
+    """What the call cost, as our own servers report it in the result's `_meta` (numbers only: a server
+    the user plugged in could send anything there)."""
+    reported = (meta or {}).get("nanbeige/usage")
+    if not isinstance(reported, dict):
+        return None
+    return {k: v for k, v in reported.items() if isinstance(k, str) and isinstance(v, (int, float))} or None
 
 
 def _describe(exc: BaseException) -> str:

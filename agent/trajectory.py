@@ -27,7 +27,8 @@ import orjson
 FORMAT_VERSION = 1
 
 StopReason = Literal[
-    "answered", "max_turns", "context_limit", "format_errors", "model_error", "interrupted", "timeout", "crashed"
+    "answered", "max_turns", "context_limit", "format_errors", "model_error", "interrupted", "timeout", "crashed",
+    "budget",
 ]
 
 
@@ -57,6 +58,8 @@ class ToolResult:
     """Wall time of the call."""
     truncated: bool = False
     """True when the text was cut to the result size limit."""
+    usage: dict[str, float] | None = None
+    """What the call cost in paid units (`serper_queries`, `jina_tokens`, ...), as the server reported."""
 
 
 @dataclass
@@ -162,6 +165,9 @@ class Trajectory:
     """Judge breakdown."""
     timings: dict[str, float] = field(default_factory=dict)
     """`wall_s`, `model_s`, `tool_s`."""
+    usage: dict[str, float] = field(default_factory=dict)
+    """What the run used: `model_calls`, `prompt_tokens`, `completion_tokens`, `tokens`, `tool_calls`, and
+    the paid units its tools reported (`serper_queries`, `jina_tokens`, ...); see `agent/usage.py`."""
     started_at: float = field(default_factory=time.time)
     """Unix time the run began."""
     format_version: int = FORMAT_VERSION
@@ -172,7 +178,7 @@ class Trajectory:
         return self.stop_reason is not None
 
 
-_END_FIELDS = ("answer", "stop_reason", "error", "reward", "judge", "timings")
+_END_FIELDS = ("answer", "stop_reason", "error", "reward", "judge", "timings", "usage")
 
 
 def start_record(trajectory: Trajectory) -> dict[str, Any]:
@@ -315,4 +321,5 @@ def load_trajectories(path: str | Path) -> list[Trajectory]:
             trajectory = by_id[record["trajectory_id"]]
             for name in _END_FIELDS:
                 setattr(trajectory, name, record.get(name))
+            trajectory.usage = trajectory.usage or {}  # files from before usage was recorded
     return list(by_id.values())

@@ -10,6 +10,7 @@ from rich.markup import escape
 
 from nanbeige.agent import dialects
 from nanbeige.agent.trajectory import ToolCall, Trajectory, Turn
+from nanbeige.agent.usage import add_turn, run_usage, total, usage_text
 
 
 def short(value: Any, limit: int = 60) -> str:
@@ -41,25 +42,32 @@ def turn_line(turn: Turn) -> str:
 
 
 class LiveView:
-    """Renders loop events on stderr: a spinner while waiting, a line per finished turn."""
+    """Renders loop events on stderr: a spinner while waiting (with what the run used so far), a line
+    per finished turn."""
 
     def __init__(self, console: Console, max_turns: int):
         self.console = console
         self.max_turns = max_turns
         self.status = console.status("")
         self.index = 0
+        self.usage: dict[str, float] = {}
 
     def __call__(self, kind: str, data: Any) -> None:
         if kind == "model":
             self.index = data
-            self._wait(f"turn {data + 1}/{self.max_turns} · waiting for the model")
+            self._wait(f"turn {data + 1}/{self.max_turns}{self._used()} · waiting for the model")
         elif kind == "tool":
-            self._wait(f"turn {self.index + 1}/{self.max_turns} · {escape(call_summary(data, 40))}")
+            self._wait(f"turn {self.index + 1}/{self.max_turns}{self._used()} · {escape(call_summary(data, 40))}")
         elif kind == "turn":
+            add_turn(self.usage, data)
             self.status.stop()
             self.console.print(turn_line(data), highlight=False)
         elif kind == "end":
             self.status.stop()
+
+    def _used(self) -> str:
+        used = usage_text(self.usage)
+        return f" · [dim]{used}[/]" if used else ""
 
     def _wait(self, text: str) -> None:
         self.status.update(text)
@@ -93,6 +101,16 @@ def show(console: Console, trajectory: Trajectory, full: bool = False) -> None:
     status = trajectory.stop_reason or "unfinished (no end record)"
     console.print(f"[bold]stop reason:[/] {status}" + (f" · {escape(trajectory.error)}" if trajectory.error else ""))
     console.print(f"[bold]answer:[/] {escape(trajectory.answer or '(none)')}", highlight=False)
+    used = usage_text(trajectory.usage or run_usage(trajectory.turns))
+    if used:
+        console.print(f"[bold]used:[/] {used}", highlight=False)
+
+
+def show_total(console: Console, trajectories: list[Trajectory]) -> None:
+    """The usage of all the file's trajectories together (after `show` of each)."""
+    used = usage_text(total(t.usage or run_usage(t.turns) for t in trajectories))
+    console.rule(f"{len(trajectories)} trajectories")
+    console.print(f"[bold]used in all:[/] {used or 'nothing recorded'}", highlight=False)
 
 
 class RunsView:

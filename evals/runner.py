@@ -184,6 +184,7 @@ def result_row(task: Task, run_index: int, prediction: str | None, verdict: Verd
         "trajectory_id": trajectory.id if trajectory else None,
         "trajectory_file": TRAJECTORIES if trajectory else None,
         "wall_s": round(trajectory.timings.get("wall_s", 0.0), 3) if trajectory else None,
+        "usage": trajectory.usage if trajectory else None,
     }
 
 
