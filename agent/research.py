@@ -1,19 +1,20 @@
 """Research runs: `ask` pushed to its limits, with restart-with-summary attempts.
 
 A research run makes up to `attempts` attempts at one question, each an ordinary run of the loop
-and its own trajectory in the same file: all of them share a `group_id`, and each after the first
-names the one before in `previous_attempt`. An attempt that ends with an answer (stop reason
-`answered`) ends the research. One that ends without (the turn limit, the context limit, unusable
-replies in a row, a model error) is summarised by the model in one call without tools: it reads a
-transcript of the attempt and writes notes for the next one (what was established, the sources,
-what remains). The next attempt's question is the original question followed by the notes of
-every failed attempt so far, as the reference harness restarts a run that ran out of room.
+and its own trajectory in the same file, all sharing one `group_id` (the first attempt's id). An
+attempt that ends with an answer (stop reason `answered`) ends the research. One that ends
+without (the turn limit, the context limit, unusable replies in a row, a model error) is summarised
+by the model in one call without tools: it reads a transcript of the attempt and writes notes for
+the next one (what was established, the sources, what remains). The next attempt's question is the
+original question followed by the notes of every failed attempt so far, as the reference harness
+restarts a run that ran out of room.
 
 The summary call gets a fresh prompt (the question and a transcript of the attempt, newest steps
 first to go in, cut to fit the context) rather than the attempt's own history: an attempt that hit
 the context limit leaves no room in its own history for anything more. The call is written to the
-trajectory file as an `attempt_summary` record naming the failed attempt (loaders of trajectories
-skip it).
+trajectory file as an `attempt_summary` record that links the attempts: `trajectory_id` names the
+failed attempt, `next_trajectory_id` the one that starts from its notes (loaders of trajectories skip
+the record).
 
 `timeout_s` bounds the whole research, not each attempt: each attempt gets the time left, and when
 it runs out (stop reason `timeout`) no further attempt starts. A guess the final-answer turn made at
@@ -88,7 +89,7 @@ async def research(question: str, llm: LLM, toolbox: Toolbox | None, config: Age
     """Attempt the question up to `attempts` times (see the module's docstring). `on_event(n)` gives the
     event handler of attempt n (1-based); `notice` is told when an attempt is summarised."""
     result = Research(question)
-    group_id = uuid.uuid4().hex[:12]
+    group_id = next_id = uuid.uuid4().hex[:12]  # the first attempt's id is the research's
     deadline = None if config.timeout_s is None else time.monotonic() + config.timeout_s
     while True:
         number = len(result.attempts) + 1
@@ -96,17 +97,16 @@ async def research(question: str, llm: LLM, toolbox: Toolbox | None, config: Age
         if left is not None and left <= 0 and result.attempts:
             return result
         attempt_config = dataclasses.replace(config, timeout_s=left)
-        previous = result.attempts[-1].id if result.attempts else None
         trajectory = await run(attempt_question(question, result.summaries), llm, toolbox, attempt_config, writer,
-                               on_event(number) if on_event else _no_event, group_id=group_id,
-                               header={"previous_attempt": previous})
+                               on_event(number) if on_event else _no_event, group_id=group_id, header={"id": next_id})
         result.attempts.append(trajectory)
         if answered(trajectory) or number >= attempts or trajectory.stop_reason == "timeout":
             return result
         notice(f"attempt {number} of {attempts}: no answer ({trajectory.stop_reason}); summarising it for the next")
+        next_id = uuid.uuid4().hex[:12]
         try:
             async with asyncio.timeout(None if deadline is None else deadline - time.monotonic()):
-                summary = await summarise(llm, question, trajectory, config, writer)
+                summary = await summarise(llm, question, trajectory, config, writer, next_id)
         except TimeoutError:
             return result  # the research's time is up: no attempt could start
         except ModelError as exc:
@@ -149,21 +149,29 @@ def summary_prompt(question: str, reason: str, transcript: str) -> str:
 
 
 async def summarise(llm: LLM, question: str, trajectory: Trajectory, config: AgentConfig,
-                    writer: TrajectoryWriter | None) -> str | None:
+                    writer: TrajectoryWriter | None, next_id: str | None = None) -> str | None:
     """The model's notes on a failed attempt (the visible text of its reply), or None when it wrote
-    none. One call without tools; written to the trajectory file as an `attempt_summary` record."""
+    none. One call without tools, written to the trajectory file as an `attempt_summary` record (with
+    the model's error, then raised again, when the call failed)."""
     max_context = config.max_context or DEFAULT_MAX_CONTEXT
     reply_tokens = min(llm.config.max_tokens, SUMMARY_REPLY_TOKENS, max_context // 2)
     budget = max_context - reply_tokens - config.context_reserve - estimate_tokens(summary_prompt(question, "", ""))
     reason = STOP_WORDS.get(trajectory.stop_reason or "", str(trajectory.stop_reason))
     prompt = summary_prompt(question, reason, transcript(trajectory.turns, budget))
-    completion = await llm.complete([{"role": "user", "content": prompt}], None, max_tokens=reply_tokens,
-                                    conversation=llm.new_conversation())
+    record = {"type": "attempt_summary", "trajectory_id": trajectory.id, "next_trajectory_id": next_id,
+              "instruction": prompt}
+    try:
+        completion = await llm.complete([{"role": "user", "content": prompt}], None, max_tokens=reply_tokens,
+                                        conversation=llm.new_conversation())
+    except ModelError as exc:
+        if writer:
+            writer.write(record | {"summary": None, "error": str(exc)})
+        raise
     summary = dialects.visible_text(completion.message.get("content") or "").strip() or None
     if writer:
-        writer.write({"type": "attempt_summary", "trajectory_id": trajectory.id, "instruction": prompt,
-                      "assistant": completion.message, "summary": summary, "finish_reason": completion.finish_reason,
-                      "usage": completion.usage, "latency_s": completion.latency_s})
+        writer.write(record | {"summary": summary, "assistant": completion.message, "error": None,
+                               "finish_reason": completion.finish_reason, "usage": completion.usage,
+                               "latency_s": completion.latency_s})
     return summary
 
 

@@ -123,9 +123,6 @@ class Trajectory:
     """Id shared by rollouts of the same question (the question's id)."""
     rollout_index: int | None = None
     """Which of the question's G rollouts this is (0..G-1), for `collect`."""
-    previous_attempt: str | None = None
-    """`research`: the id of the attempt this one restarts after (it ended without an answer, and
-    its summary is in this trajectory's question); None for a first attempt and for other runs."""
     policy_version: str | None = None
     """The version of the weights that sampled it (`--policy-version`, or what the server reports)."""
     reference_answer: str | None = None

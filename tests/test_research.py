@@ -108,8 +108,7 @@ def test_an_attempt_that_runs_out_of_turns_is_summarised_and_the_next_answers(fi
     first, second = load_trajectories(path / "run.jsonl")
     assert (first.stop_reason, first.answer) == ("max_turns", None)
     assert (second.stop_reason, second.answer) == ("answered", "1374")
-    assert first.group_id == second.group_id and first.previous_attempt is None
-    assert second.previous_attempt == first.id
+    assert first.group_id == second.group_id == first.id  # the research's id: its first attempt's
     assert first.question == QUESTION and second.question.startswith(QUESTION) and NOTES in second.question
     prompts = [r["messages"][0]["content"] for r in finished["requests"]
                if r["messages"][0]["content"].startswith(SUMMARY_OPENING)]
@@ -117,7 +116,8 @@ def test_an_attempt_that_runs_out_of_turns_is_summarised_and_the_next_answers(fi
     assert QUESTION in prompts[0] and "it reached the turn limit" in prompts[0]
     assert "scrape_and_extract_info" in prompts[0] and "687 Earth days" in prompts[0]  # the attempt's transcript
     summary, = [r for r in read_records(path / "run.jsonl") if r["type"] == "attempt_summary"]
-    assert summary["trajectory_id"] == first.id and summary["summary"] == NOTES
+    assert (summary["trajectory_id"], summary["next_trajectory_id"]) == (first.id, second.id)  # the link
+    assert summary["summary"] == NOTES and summary["error"] is None
     assert "attempt 1 of 3: no answer (max_turns)" in result.stderr and "attempt 2 of 3" in result.stderr
 
 
@@ -183,8 +183,11 @@ async def test_attempts_are_capped_and_each_retry_carries_all_earlier_notes(tmp_
     assert sum(c[0]["content"].startswith(SUMMARY_OPENING) for c in llm.calls) == 2
     third = result.attempts[2].question
     assert "[Attempt 1]\nNotes 1." in third and "[Attempt 2]\nNotes 2." in third
-    assert [t.previous_attempt for t in load_trajectories(tmp_path / "run.jsonl")] == [
-        None, result.attempts[0].id, result.attempts[1].id]
+    links = [(r["trajectory_id"], r["next_trajectory_id"]) for r in read_records(tmp_path / "run.jsonl")
+             if r["type"] == "attempt_summary"]
+    ids = [t.id for t in load_trajectories(tmp_path / "run.jsonl")]  # the summary records are skipped
+    assert links == [(ids[0], ids[1]), (ids[1], ids[2])] and ids == [t.id for t in result.attempts]
+    assert {t.group_id for t in result.attempts} == {ids[0]}
 
 
 @pytest.mark.anyio
