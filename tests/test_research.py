@@ -20,7 +20,7 @@ from fake_search_apis import FakeSerper
 from fake_site import Site
 
 from nanbeige.agent import report
-from nanbeige.agent.llm import Completion
+from nanbeige.agent.llm import Completion, ModelError
 from nanbeige.agent.loop import AgentConfig
 from nanbeige.agent.research import research
 from nanbeige.agent.scripted import ScriptedLLM
@@ -246,3 +246,20 @@ def test_only_scrapes_that_returned_an_extract_are_cited_and_a_page_read_twice_i
     assert [(c.url, c.passages) for c in built.citations] == [
         ("https://a.example/x", ["First fact.", "Second fact."]),
         ("https://e.example/plain", ["Plain text from a scrape server of your own."])]
+
+
+@pytest.mark.anyio
+async def test_when_the_summary_call_fails_the_next_attempt_starts_afresh_and_the_failure_is_recorded(
+        tmp_path: Path) -> None:
+    call = mcp_call("search_and_scrape_webpage", "google_search", {"q": "mars"})
+    llm = ScriptedLLM([call, call, ModelError("server said 503"), "<think>ok</think>\\boxed{1374}"],
+                      default="<think>ok</think>\\boxed{1374}")
+    writer, notices = TrajectoryWriter(tmp_path / "run.jsonl"), []
+    result = await research(QUESTION, llm, None, AgentConfig(max_turns=1), writer, attempts=3, notice=notices.append)
+    writer.close()
+    assert [t.stop_reason for t in result.attempts] == ["max_turns", "answered"] and result.answer == "1374"
+    assert result.attempts[1].question == QUESTION and result.summaries == []
+    assert "summary failed: server said 503; the next attempt starts without it" in notices
+    record, = [r for r in read_records(tmp_path / "run.jsonl") if r["type"] == "attempt_summary"]
+    assert (record["summary"], record["error"]) == (None, "server said 503")
+    assert record["next_trajectory_id"] == result.attempts[1].id
