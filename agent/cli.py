@@ -1,6 +1,7 @@
 """The `nanbeige` command line.
 
     nanbeige ask "question"      run the agent; the answer alone on stdout, the turns on stderr
+    nanbeige research "question" the same at length: attempts restarted with a summary, a cited report
     nanbeige show run.jsonl      print a saved trajectory readably
 
 Settings come from flags, then environment variables (NANBEIGE_*), then `nanbeige.toml`, then the
@@ -23,7 +24,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from nanbeige.agent import commands, rl_commands, settings_file
+from nanbeige.agent import commands, research, rl_commands, settings_file
 from nanbeige.agent import options as o
 from nanbeige.agent.config import BackendConfig, RunSettings, ToolsConfig
 from nanbeige.agent.console import err, fail, hide, out
@@ -169,6 +170,7 @@ def show_command(
         show_total(out, trajectories)
 
 
+app.command("research")(research.research_command)
 app.command("serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
     commands.serve)
 app.command("server")(commands.server)
