@@ -17,9 +17,11 @@ failed attempt, `next_trajectory_id` the one that starts from its notes (loaders
 the record).
 
 `timeout_s` bounds the whole research, not each attempt: each attempt gets the time left, and when
-it runs out (stop reason `timeout`) no further attempt starts. A guess the final-answer turn made at
-a limit does not end the research while attempts remain; the last attempt's answer, guess or not,
-is the research's answer (else the newest answer an earlier attempt gave).
+it runs out (stop reason `timeout`) no further attempt starts. Budgets (`--budget`) likewise span all
+attempts: each gets what earlier ones left, and an attempt that used one up (`budget`) is the last.
+A guess the final-answer turn made at a limit does not end the research while attempts remain; the
+last attempt's answer, guess or not, is the research's answer (else the newest answer an earlier
+attempt gave).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from nanbeige.agent.context import estimate_tokens
 from nanbeige.agent.llm import LLM, LLMConfig, ModelError
 from nanbeige.agent.loop import DEFAULT_MAX_CONTEXT, AgentConfig, Event, run
 from nanbeige.agent.trajectory import Trajectory, TrajectoryWriter, Turn, end_record
+from nanbeige.agent.usage import total
 
 if TYPE_CHECKING:
     from nanbeige.agent.toolbox import Toolbox
@@ -96,11 +99,13 @@ async def research(question: str, llm: LLM, toolbox: Toolbox | None, config: Age
         left = None if deadline is None else deadline - time.monotonic()
         if left is not None and left <= 0 and result.attempts:
             return result
-        attempt_config = dataclasses.replace(config, timeout_s=left)
+        used = total(t.usage for t in result.attempts)
+        budgets = {unit: limit - used.get(unit, 0) for unit, limit in config.budgets.items()}
+        attempt_config = dataclasses.replace(config, timeout_s=left, budgets=budgets)
         trajectory = await run(attempt_question(question, result.summaries), llm, toolbox, attempt_config, writer,
                                on_event(number) if on_event else _no_event, group_id=group_id, header={"id": next_id})
         result.attempts.append(trajectory)
-        if answered(trajectory) or number >= attempts or trajectory.stop_reason == "timeout":
+        if answered(trajectory) or number >= attempts or trajectory.stop_reason in ("timeout", "budget"):
             return result
         notice(f"attempt {number} of {attempts}: no answer ({trajectory.stop_reason}); summarising it for the next")
         next_id = uuid.uuid4().hex[:12]
@@ -264,6 +269,7 @@ def research_command(
     summary_turn: o.SummaryTurn = None,
     rollback: o.Rollback = None,
     system_prompt_file: o.SystemPromptFile = None,
+    budget: o.Budget = None,
 ) -> None:
     """Research a question at length (600 turns an attempt; an attempt that ends without an answer
     is summarised and the next starts from its notes); print the answer, optionally write a cited report."""

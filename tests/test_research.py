@@ -191,6 +191,17 @@ async def test_attempts_are_capped_and_each_retry_carries_all_earlier_notes(tmp_
 
 
 @pytest.mark.anyio
+async def test_a_budget_spans_all_attempts(tmp_path: Path) -> None:
+    writer = TrajectoryWriter(tmp_path / "run.jsonl")
+    result = await research(QUESTION, Model(), None, AgentConfig(max_turns=2, budgets={"tool_calls": 3}), writer,
+                            attempts=3)
+    writer.close()
+    # the first attempt used 2 of the 3 tool calls; the second got the 1 left, used it, and was the last
+    assert [t.stop_reason for t in result.attempts] == ["max_turns", "budget"]
+    assert [t.usage["tool_calls"] for t in result.attempts] == [2, 1]
+
+
+@pytest.mark.anyio
 async def test_a_guess_forced_at_the_turn_limit_does_not_end_the_research_but_the_last_one_stands(
         tmp_path: Path) -> None:
     writer = TrajectoryWriter(tmp_path / "run.jsonl")
