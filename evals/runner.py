@@ -149,8 +149,8 @@ def read_results(out: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def append_result(out: Path, row: dict[str, Any]) -> None:
-    append_jsonl(out / RESULTS, row)
+def append_result(out: Path, row: dict[str, Any], secrets: list[str] | None = None) -> None:
+    append_jsonl(out / RESULTS, row, secrets)
 
 
 def pending_runs(tasks: list[Task], k: int, rows: list[dict[str, Any]]) -> list[tuple[Task, int]]:
@@ -336,8 +336,10 @@ async def evaluate(config: EvalConfig, settings: RunSettings, notice: Callable[[
             attempt = config.bench.attempt(runtime, config, client)
             view = progress_view(progress) if progress_view else None
             try:
+                # the model's answer or the judge's reason may quote a key: the results file never does
+                secrets = [*runtime.writer.secrets, *([config.judge.api_key] if config.judge.api_key else [])]
                 await run_all(pending, attempt, config.concurrency, progress,
-                              lambda row: append_result(config.out, row))
+                              lambda row: append_result(config.out, row, secrets))
             finally:
                 if view is not None:
                     view.stop()
