@@ -27,7 +27,8 @@ import orjson
 FORMAT_VERSION = 1
 
 StopReason = Literal[
-    "answered", "max_turns", "context_limit", "format_errors", "model_error", "interrupted", "timeout", "crashed"
+    "answered", "max_turns", "context_limit", "format_errors", "model_error", "interrupted", "timeout", "crashed",
+    "replay_miss",
 ]
 
 
@@ -57,6 +58,8 @@ class ToolResult:
     """Wall time of the call."""
     truncated: bool = False
     """True when the text was cut to the result size limit."""
+    cached: bool = False
+    """True when the result was served from the tool-result cache (`--cache`, `--replay`) instead of the tool."""
 
 
 @dataclass
@@ -204,9 +207,9 @@ def redact(text: str, secrets: list[str]) -> str:
     return text
 
 
-NOT_ENDED_ON_ITS_OWN = ("interrupted", "crashed", "model_error")
-"""Stop reasons of runs cut short from outside (a signal, a bug, the model server): such a run says
-nothing about the question, and `collect` runs it again."""
+NOT_ENDED_ON_ITS_OWN = ("interrupted", "crashed", "model_error", "replay_miss")
+"""Stop reasons of runs cut short from outside (a signal, a bug, the model server, a replay that found
+no recorded tool result): such a run says nothing about the question, and `collect` runs it again."""
 
 
 class TrajectoryWriter:
