@@ -260,7 +260,8 @@ def run_eval(config: Any, settings: Any) -> None:
         err.print(f"[yellow]{report['failed_runs']} runs failed[/] (model server errors or crashes) and are not "
                   "counted; run the same command again to retry them", highlight=False)
         if settings.tools.replay:  # a replay that did not replay every run is not the recorded eval
-            fail(f"{report['failed_runs']} runs could not be replayed; their trajectories in "
+            failed = report['failed_runs']
+            fail(f"{failed} run{'s' * (failed != 1)} could not be replayed; their trajectories in "
                  f"{config.out} say which tool call the cache did not hold")
 
 

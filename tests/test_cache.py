@@ -17,6 +17,7 @@ import pytest
 from conftest import TEST_SERVER
 from fake_openai import FakeOpenAI, Reply, mcp_answer, mcp_call
 from fake_search_apis import FakeSerper
+from test_eval_runner import TASKS, write_gaia
 from mcp.server.mcpserver import MCPServer
 
 from nanbeige.agent.cache import ReplayMiss, ToolCache, canonical_arguments
@@ -24,6 +25,7 @@ from nanbeige.agent.loop import AgentConfig, run
 from nanbeige.agent.scripted import ScriptedLLM
 from nanbeige.agent.toolbox import ServerSpec, Toolbox
 from nanbeige.agent.trajectory import ToolCall
+from nanbeige.evals.runner import read_results
 
 NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
 SEARCH = "search_and_scrape_webpage"
@@ -279,3 +281,41 @@ def test_processes_writing_one_file_at_once_lose_nothing(tmp_path: Path) -> None
         stored = dict(db.execute("SELECT arguments, text FROM tool_results"))
     assert len(stored) == 6 * 300
     assert stored['{"q":"5-299"}'] == "answer 5 299"
+
+
+def echo_then_answer(twist: str = "") -> Callable[[dict], Reply]:
+    """Echoes the question (with `twist` added to the last task's), then gives the gold answer."""
+    def reply(request: dict) -> Reply:
+        messages = request["messages"]
+        task = next(t for t in TASKS if t[2] in messages[1]["content"])
+        if not any(m["role"] == "assistant" for m in messages):
+            return Reply(content=mcp_call("testkit", "echo", {"text": task[2] + (twist if task == TASKS[-1] else "")}))
+        return Reply(content=mcp_answer(task[3]))
+    return reply
+
+
+def test_an_eval_replayed_from_the_cache_fails_when_a_run_misses_it(tmp_path: Path) -> None:
+    data, cache = write_gaia(tmp_path / "gaia"), tmp_path / "tools.sqlite"
+
+    def evaluate(model: FakeOpenAI, out: str, *flags: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([NANBEIGE, "eval", "gaia", "--data", str(data), "--out", str(tmp_path / out), "-k", "1",
+                               "--base-url", model.base_url, "--no-default-servers", "--mcp",
+                               f"testkit={' '.join(TEST_SERVER)}", "--cache", str(cache), *flags],
+                              capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"}, timeout=120)
+
+    with FakeOpenAI(echo_then_answer()) as model:
+        recorded = evaluate(model, "recorded")
+        replayed = evaluate(model, "replayed", "--replay")
+    with FakeOpenAI(echo_then_answer(twist=" (reworded)")) as model:
+        missed = evaluate(model, "missed", "--replay")
+    assert recorded.returncode == 0 and replayed.returncode == 0, recorded.stderr + replayed.stderr
+    assert "| avg@1 | 100.00% |" in recorded.stdout and "| avg@1 | 100.00% |" in replayed.stdout
+    assert len(rows(cache)) == len(TASKS)
+    assert missed.returncode == 1
+    assert missed.stderr.strip().splitlines()[-1] == (
+        f"error: 1 run could not be replayed; their trajectories in {tmp_path / 'missed'} say which tool call the "
+        "cache did not hold")
+    assert len(read_results(tmp_path / "missed")) == len(TASKS) - 1  # the missed run is not scored
+    ends = [json.loads(line) for line in (tmp_path / "missed" / "trajectories.jsonl").read_text().splitlines()
+            if '"type":"end"' in line]
+    assert [e["stop_reason"] for e in ends].count("replay_miss") == 1
