@@ -84,6 +84,9 @@ class ToolCache:
         self.hits = 0
         self.misses = 0
         """Calls the cache could serve but did not (the tool was called instead)."""
+        self.errors = 0
+        """Reads and writes the file refused (a disk that is full, a lock held past the busy timeout)."""
+        self.last_error = ""
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tool-cache")
         self._db: sqlite3.Connection | None = None
 
@@ -103,7 +106,12 @@ class ToolCache:
         if server in UNCACHED_SERVERS:
             return None
         key = canonical_arguments(arguments)
-        row = await self._run(self.get, server, tool, key)
+        try:
+            row = await self._run(self.get, server, tool, key)
+        except sqlite3.Error as exc:  # a live run goes on without the cache; a replay cannot
+            if self.replay:
+                raise ReplayMiss(f"--replay: cannot read the cache {self.path}: {exc}") from None
+            row = self._failed(exc)
         if row is not None and (self.replay or row[2]):
             self.hits += 1
             return row[0], row[1]
@@ -118,10 +126,19 @@ class ToolCache:
         """Record a tool's answer (the newest answer replaces an older one)."""
         if server in UNCACHED_SERVERS or self.replay:
             return
-        await self._run(self.put, server, tool, canonical_arguments(arguments), text, is_error)
+        try:
+            await self._run(self.put, server, tool, canonical_arguments(arguments), text, is_error)
+        except sqlite3.Error as exc:  # the answer is good all the same: the run goes on with it
+            self._failed(exc)
+
+    def _failed(self, exc: sqlite3.Error) -> None:
+        self.errors, self.last_error = self.errors + 1, str(exc)
 
     def summary(self) -> str:
-        return f"cache: {self.hits} hit{'s' * (self.hits != 1)}, {self.misses} miss{'es' * (self.misses != 1)}"
+        line = f"cache: {self.hits} hit{'s' * (self.hits != 1)}, {self.misses} miss{'es' * (self.misses != 1)}"
+        if self.errors:
+            line += f", {self.errors} failed to read or write the file (the last: {self.last_error})"
+        return line
 
     async def aclose(self) -> None:
         await self._run(self._close)

@@ -319,3 +319,20 @@ def test_an_eval_replayed_from_the_cache_fails_when_a_run_misses_it(tmp_path: Pa
     ends = [json.loads(line) for line in (tmp_path / "missed" / "trajectories.jsonl").read_text().splitlines()
             if '"type":"end"' in line]
     assert [e["stop_reason"] for e in ends].count("replay_miss") == 1
+
+
+@pytest.mark.anyio
+async def test_a_cache_that_cannot_be_written_does_not_stop_the_run(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("nanbeige.agent.cache.BUSY_TIMEOUT_S", 0.2)
+    cache = await ToolCache.open(tmp_path / "cache.sqlite")
+    other = sqlite3.connect(tmp_path / "cache.sqlite", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another process holds the write lock past the busy timeout
+    async with Toolbox([ServerSpec(name="testkit", command=TEST_SERVER)], cache=cache) as tools:
+        result = await tools.call(ToolCall("testkit", "add", {"a": 1, "b": 2}))
+    other.rollback()
+    other.close()
+    assert (result.text, result.is_error, result.cached) == ("3", False, False)
+    assert cache.summary() == "cache: 0 hits, 1 miss, 1 failed to read or write the file (the last: database is locked)"
+    await cache.aclose()
+    assert rows(tmp_path / "cache.sqlite") == []
