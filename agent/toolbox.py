@@ -224,11 +224,11 @@ class Toolbox:
         unknown = self._unknown(call)
         if unknown:
             return ToolResult(text=unknown, is_error=True)
-        cached = await self.cache.lookup(call.server, call.name, call.arguments) if self.cache else None
+        cached = await self.cache.lookup(call.server, call.name, call.arguments) if self.cache is not None else None
         text, is_error = cached or await self._call_with_restart(call, {} if restarts is None else restarts)
         answered = cached is None and not text.startswith(failure_prefix(call))  # not a timeout, nor a dead server
         text = defuse_control_tokens(redact(text, self.secrets))
-        if self.cache and answered:  # recorded before the cut, so that any result size limit can be served
+        if self.cache is not None and answered:  # recorded before the cut, so that any result size limit can be served
             await self.cache.record(call.server, call.name, call.arguments, text, is_error)
         text, truncated = truncate(text, self.max_result_chars)
         return ToolResult(text=text, is_error=is_error, latency_s=time.perf_counter() - started, truncated=truncated,
