@@ -69,6 +69,8 @@ def ask(
     rollback: o.Rollback = None,
     system_prompt_file: o.SystemPromptFile = None,
     budget: o.Budget = None,
+    cache: o.Cache = None,
+    replay: o.Replay = False,
 ) -> None:
     """Research a question with tools; print the answer."""
     settings = o.run_settings(**o.shared(locals()))
@@ -86,8 +88,11 @@ async def _ask(question: str, settings: RunSettings) -> Trajectory:
     async with ready(settings, notice) as runtime:
         err.print(f"[dim]trajectory: {escape(str(runtime.path))}[/]", highlight=False)
         try:
-            return await run(question, runtime.llm, runtime.toolbox, runtime.agent, runtime.writer,
-                             on_event=LiveView(err, runtime.agent.max_turns))
+            trajectory = await run(question, runtime.llm, runtime.toolbox, runtime.agent, runtime.writer,
+                                   on_event=LiveView(err, runtime.agent.max_turns))
+            if runtime.toolbox is not None and runtime.toolbox.cache is not None:
+                err.print(f"[dim]{runtime.toolbox.cache.summary()}[/]", highlight=False)
+            return trajectory
         except asyncio.CancelledError:
             err.print(f"[yellow]interrupted[/]; the trajectory so far is in {escape(str(runtime.path))}",
                       highlight=False)

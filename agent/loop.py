@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from nanbeige.agent import dialects
+from nanbeige.agent.cache import ReplayMiss
 from nanbeige.agent.context import History, degenerate, estimate_tokens, repeated_call, used_query
 from nanbeige.agent.llm import LLM, Completion, ContextOverflow, ModelError
 from nanbeige.agent.tokens import TokenTracker
@@ -134,6 +135,8 @@ async def run(question: str, llm: LLM, toolbox: Toolbox | None, config: AgentCon
             await _turns(state, llm, toolbox, config, writer, on_event)
     except TimeoutError:
         trajectory.stop_reason = "timeout"
+    except ReplayMiss as exc:  # the replay went where the recorded runs did not: no answer, plainly invalid
+        trajectory.stop_reason, trajectory.error = "replay_miss", str(exc)
     except (asyncio.CancelledError, KeyboardInterrupt):
         trajectory.stop_reason = "interrupted"
         raise

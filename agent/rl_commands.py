@@ -57,6 +57,8 @@ def collect(
     rollback: o.Rollback = None,
     system_prompt_file: o.SystemPromptFile = None,
     budget: o.Budget = None,
+    cache: o.Cache = None,
+    replay: o.Replay = False,
 ) -> None:
     """Sample G token-exact rollouts per question for RL, concurrently; resumable."""
     from nanbeige.agent.setup import secrets_of

@@ -23,6 +23,7 @@ from typing import IO
 import httpx
 
 from nanbeige.agent import dialects
+from nanbeige.agent.cache import CacheError, ToolCache
 from nanbeige.agent.config import BACKENDS, RunSettings, ToolsConfig
 from nanbeige.agent.llm import LLM, LLMConfig, ModelError, ModelUnreachable, OpenAIChat, ServerInfo, probe_server
 from nanbeige.agent.local import in_thread
@@ -84,6 +85,8 @@ def check_settings(settings: RunSettings) -> list[ServerSpec]:
     if max_context is not None and c.max_tokens + settings.agent.context_reserve >= max_context:
         raise SetupError(f"--max-tokens {c.max_tokens} leaves no room for a prompt in --max-context {max_context}",
                          usage=True)
+    if settings.tools.replay and settings.tools.cache is None:
+        raise SetupError("--replay needs --cache PATH: the cache file to answer tool calls from", usage=True)
     try:
         extra = [parse_server_spec(text) for text in settings.tools.mcp]
     except ValueError as exc:
@@ -131,10 +134,11 @@ def check_writable(path: Path) -> None:
         raise SetupError(f"cannot write the trajectory to {path}: permission denied. {fix}")
 
 
-def default_servers(llm_config: LLMConfig, notice: Notice, upload_dirs: list[Path] | None = None) -> list[ServerSpec]:
-    """The built-in tool servers: Python sandbox, search (when a backend is set up; otherwise a notice
-    says how), and scrape + extract (extracting with the run's own model unless NANBEIGE_SUMMARY_*
-    say otherwise)."""
+def default_servers(llm_config: LLMConfig, notice: Notice, upload_dirs: list[Path] | None = None,
+                    replay: bool = False) -> list[ServerSpec]:
+    """The built-in tool servers: Python sandbox, search (when a backend is set up, or to be replayed
+    from the cache; otherwise a notice says how), and scrape + extract (extracting with the run's own
+    model unless NANBEIGE_SUMMARY_* say otherwise)."""
     from nanbeige.tools.search import search_setup_problem
 
     env = passed_env(with_secrets=True) | {"NANBEIGE_BASE_URL": llm_config.base_url,
@@ -146,7 +150,7 @@ def default_servers(llm_config: LLMConfig, notice: Notice, upload_dirs: list[Pat
         env["NANBEIGE_SANDBOX_UPLOAD_DIRS"] = os.pathsep.join([allowed, *map(str, upload_dirs)])
     modules = {"tool-python": "python", "search_and_scrape_webpage": "search", "jina_scrape_llm_summary": "scrape"}
     problem = search_setup_problem()
-    if problem:
+    if problem and not replay:  # a replay never reaches the backend: the server only lists its tool
         notice(f"search is off: {problem}")
         del modules["search_and_scrape_webpage"]
     return [ServerSpec(name=name, command=[sys.executable, "-m", f"nanbeige.servers.{module}"], env=env)
@@ -247,8 +251,8 @@ async def ready(settings: RunSettings, notice: Notice) -> AsyncIterator[Ready]:
     check_writable(path)
     server = await in_thread(find_model_server, settings, notice)
     settings = fit_to_server(for_dialect(settings), server, notice)
-    specs = (default_servers(settings.llm, notice, settings.tools.upload_dirs) if settings.tools.default_servers
-             else []) + extra
+    specs = (default_servers(settings.llm, notice, settings.tools.upload_dirs, settings.tools.replay)
+             if settings.tools.default_servers else []) + extra
     if not specs:
         notice("no tools available: the model answers from its own knowledge. Add MCP servers with --mcp NAME=COMMAND.")
     secrets = secrets_of(settings)
@@ -295,9 +299,25 @@ async def _toolbox(specs: list[ServerSpec], tools: ToolsConfig, errlog: IO[str] 
     if not specs:
         yield None
         return
-    async with Toolbox(specs, call_timeout_s=tools.tool_timeout_s, max_result_chars=tools.max_result_chars,
-                       errlog=errlog, start_timeout_s=tools.start_timeout_s, secrets=secrets) as toolbox:
-        yield toolbox
+    cache = await open_cache(tools)
+    try:
+        async with Toolbox(specs, call_timeout_s=tools.tool_timeout_s, max_result_chars=tools.max_result_chars,
+                           errlog=errlog, start_timeout_s=tools.start_timeout_s, secrets=secrets,
+                           cache=cache) as toolbox:
+            yield toolbox
+    finally:
+        if cache is not None:
+            await cache.aclose()
+
+
+async def open_cache(tools: ToolsConfig) -> ToolCache | None:
+    """The tool-result cache the settings name, opened (None when they name none)."""
+    if tools.cache is None:
+        return None
+    try:
+        return await ToolCache.open(tools.cache, tools.replay)
+    except CacheError as exc:
+        raise SetupError(str(exc)) from None
 
 
 def _remove(log_path: Path | None, folders: list[Path]) -> None:

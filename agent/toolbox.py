@@ -22,6 +22,7 @@ from typing import IO, Any
 from mcp import Client, MCPError, StdioServerParameters, stdio_client
 from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT, TextContent
 
+from nanbeige.agent.cache import ToolCache
 from nanbeige.agent.trajectory import ToolCall, ToolResult, redact
 
 # Environment passed on to stdio servers: backend settings, and API keys only to our own servers.
@@ -108,7 +109,7 @@ class Toolbox:
 
     def __init__(self, specs: list[ServerSpec], call_timeout_s: float = 300.0, max_result_chars: int = 100_000,
                  errlog: IO[str] | None = None, max_restarts: int = 1, start_timeout_s: float = 60.0,
-                 secrets: list[str] | None = None):
+                 secrets: list[str] | None = None, cache: ToolCache | None = None):
         self.specs = {spec.name: spec for spec in specs}
         self.call_timeout_s = call_timeout_s
         self.max_result_chars = max_result_chars
@@ -123,6 +124,8 @@ class Toolbox:
         self._holders: dict[str, tuple[asyncio.Task[None], asyncio.Event]] = {}  # each connection's task
         self._restarting: dict[str, asyncio.Lock] = {}  # one restart of a server at a time
         self._closed = False  # once closed, nothing restarts a server
+        self.cache = cache
+        """Tool results recorded and served again (see cache.py); shared like the connections."""
 
     def settings(self) -> dict[str, Any]:
         """The settings that shape what the model reads, for the trajectory."""
@@ -215,15 +218,24 @@ class Toolbox:
 
     async def call(self, call: ToolCall, restarts: dict[str, int] | None = None) -> ToolResult:
         """Run one tool call. Never raises for anything the model could fix or the server did.
-        `restarts` is the calling run's own count of server restarts (a fresh one when None)."""
+        `restarts` is the calling run's own count of server restarts (a fresh one when None). With a
+        cache in replay mode, a call it holds no result for raises `ReplayMiss`."""
         started = time.perf_counter()
         unknown = self._unknown(call)
         if unknown:
             return ToolResult(text=unknown, is_error=True)
-        text, is_error, cost = await self._call_with_restart(call, {} if restarts is None else restarts)
-        text, truncated = truncate(defuse_control_tokens(redact(text, self.secrets)), self.max_result_chars)
+        cached = await self.cache.lookup(call.server, call.name, call.arguments) if self.cache is not None else None
+        if cached is not None:  # a cache hit costs nothing
+            text, is_error, cost = *cached, None
+        else:
+            text, is_error, cost = await self._call_with_restart(call, {} if restarts is None else restarts)
+        answered = cached is None and not text.startswith(failure_prefix(call))  # not a timeout, nor a dead server
+        text = defuse_control_tokens(redact(text, self.secrets))
+        if self.cache is not None and answered:  # recorded before the cut, so that any result size limit can be served
+            await self.cache.record(call.server, call.name, call.arguments, text, is_error)
+        text, truncated = truncate(text, self.max_result_chars)
         return ToolResult(text=text, is_error=is_error, latency_s=time.perf_counter() - started, truncated=truncated,
-                          usage=cost)
+                          usage=cost, cached=cached is not None)
 
     async def _call_with_restart(self, call: ToolCall, restarts: dict[str, int]) -> tuple[str, bool, dict | None]:
         client = self._clients.get(call.server)
@@ -231,7 +243,7 @@ class Toolbox:
             async with self._restarting.setdefault(call.server, asyncio.Lock()):
                 client = self._clients.get(call.server)
         # Failures read as the reference harness wrote them: "Tool call to T on S failed. Error: ..."
-        failed = f"Tool call to {call.name} on {call.server} failed. Error: "
+        failed = failure_prefix(call)
         try:
             return await self._call_once(call, client)
         except MCPError as exc:
@@ -276,6 +288,11 @@ def paid_usage(meta: dict[str, Any] | None) -> dict[str, float] | None:
     if not isinstance(reported, dict):
         return None
     return {k: v for k, v in reported.items() if isinstance(k, str) and isinstance(v, (int, float))} or None
+
+
+def failure_prefix(call: ToolCall) -> str:
+    """How a result the runtime wrote for a call that got no answer begins (the reference harness's words)."""
+    return f"Tool call to {call.name} on {call.server} failed. Error: "
 
 
 def _describe(exc: BaseException) -> str:

@@ -29,6 +29,7 @@ FORMAT_VERSION = 1
 StopReason = Literal[
     "answered", "max_turns", "context_limit", "format_errors", "model_error", "interrupted", "timeout", "crashed",
     "budget",
+    "replay_miss",
 ]
 
 
@@ -60,6 +61,8 @@ class ToolResult:
     """True when the text was cut to the result size limit."""
     usage: dict[str, float] | None = None
     """What the call cost in paid units (`serper_queries`, `jina_tokens`, ...), as the server reported."""
+    cached: bool = False
+    """True when the result was served from the tool-result cache (`--cache`, `--replay`) instead of the tool."""
 
 
 @dataclass
@@ -210,9 +213,9 @@ def redact(text: str, secrets: list[str]) -> str:
     return text
 
 
-NOT_ENDED_ON_ITS_OWN = ("interrupted", "crashed", "model_error")
-"""Stop reasons of runs cut short from outside (a signal, a bug, the model server): such a run says
-nothing about the question, and `collect` runs it again."""
+NOT_ENDED_ON_ITS_OWN = ("interrupted", "crashed", "model_error", "replay_miss")
+"""Stop reasons of runs cut short from outside (a signal, a bug, the model server, a replay that found
+no recorded tool result): such a run says nothing about the question, and `collect` runs it again."""
 
 
 class TrajectoryWriter:

@@ -27,7 +27,7 @@ import httpx
 
 from nanbeige.agent import dialects
 from nanbeige.agent.config import RunSettings
-from nanbeige.agent.trajectory import Trajectory
+from nanbeige.agent.trajectory import NOT_ENDED_ON_ITS_OWN, Trajectory
 from nanbeige.evals.files import append_jsonl, file_sha256
 from nanbeige.evals.judges import JudgeConfig, JudgeUnavailable
 from nanbeige.evals.tasks import Task, Verdict
@@ -247,7 +247,7 @@ def agent_attempt(runtime: Ready, config: EvalConfig, client: httpx.AsyncClient)
                                    group_id=task.id)
         except Exception as exc:  # the trajectory is closed as crashed; the run is retried on resume
             return f"{type(exc).__name__}: {exc}"
-        if trajectory.stop_reason == "model_error":
+        if trajectory.stop_reason in NOT_ENDED_ON_ITS_OWN:  # the model server failed, or a replay missed
             return trajectory.error or "the model server failed"
         try:
             verdict = await grade(task, trajectory.answer, final_response(trajectory), client)
