@@ -93,6 +93,26 @@ def iter_prompts(turns: list[Turn]) -> Iterator[tuple[Turn, list[int]]]:
         previous = kept
 
 
+def last_prompt(turns: list[Turn]) -> tuple[Turn, list[int]] | None:
+    """The last token-recorded turn and the prompt ids sent for it, rebuilt in one pass over the
+    deltas without copying the history at every turn (a resumed run starts from them); only that
+    turn's prefix hash is checked. Raises ValueError when it does not match."""
+    ids, last, prompt_length = array("i"), None, 0
+    for turn in turns:
+        if turn.prompt_delta_ids is None or turn.completion_ids is None or turn.prompt_keep is None:
+            continue
+        del ids[turn.prompt_keep:]
+        ids.extend(turn.prompt_delta_ids)
+        prompt_length = len(ids)
+        ids.extend(turn.completion_ids)
+        last = turn
+    if last is None:
+        return None
+    if _hash(ids[:last.prompt_keep]) != last.prefix_hash:
+        raise ValueError(f"turn {last.index}: prefix hash does not match the rebuilt tokens")
+    return last, ids[:prompt_length].tolist()
+
+
 def full_prompt(turns: list[Turn], index: int) -> list[int]:
     """The exact prompt token ids sent for turn `index`."""
     for turn, prompt in iter_prompts(turns):
