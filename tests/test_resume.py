@@ -21,11 +21,11 @@ from fake_openai import FakeOpenAI, Reply, mcp_answer, mcp_call
 
 from nanbeige.agent.llm import LLMConfig
 from nanbeige.agent.loop import AgentConfig, run
-from nanbeige.agent.resume import pick, settings_for
+from nanbeige.agent.resume import check_unchanged, pick, settings_for
 from nanbeige.agent.scripted import ScriptedLLM
 from nanbeige.agent.setup import SetupError
 from nanbeige.agent.token_mode import TokenModeChat
-from nanbeige.agent.tokens import rebuild_segments
+from nanbeige.agent.tokens import last_prompt, rebuild_segments
 from nanbeige.agent.toolbox import ServerSpec, Toolbox
 from nanbeige.agent.restore import used_wall_s
 from nanbeige.agent.trajectory import (NOT_ENDED_ON_ITS_OWN, ToolCall, ToolResult, Trajectory, TrajectoryWriter, Turn,
@@ -154,7 +154,8 @@ def test_a_run_killed_after_a_resume_counts_the_resume_time_and_its_later_turns(
     writer.start(trajectory)
     for index in range(3):
         turn = Turn(index=index, assistant={"role": "assistant", "content": "..."}, latency_s=2.0,
-                    tool_calls=[ToolCall(server="s", name="t", arguments={})], tool_results=[ToolResult("r", latency_s=1.0)])
+                    tool_calls=[ToolCall(server="s", name="t", arguments={})],
+                    tool_results=[ToolResult("r", latency_s=1.0)])
         trajectory.turns.append(turn)
         writer.turn(trajectory, turn)
         if index == 1:  # Ctrl-C after 40 s, then resumed
@@ -191,3 +192,156 @@ def test_which_trajectory_of_a_file_is_resumed(tmp_path: Path) -> None:
         pick(path, a.id)
     with pytest.raises(SetupError, match="no trajectory 'nope'"):
         pick(path, "nope")
+
+
+# ---------------------------------------------------------------- token mode: the same token chain
+
+
+async def token_mode_run(tokenizer: Any, replies: list[Any], path: Path, resume_from: Trajectory | None = None
+                         ) -> tuple[Trajectory, list[list[int]]]:
+    def sampled_letter_by_letter(text: str) -> list[int]:  # valid ids, but not how the text re-tokenizes
+        return [i for char in text for i in tokenizer(char, add_special_tokens=False)["input_ids"]]
+
+    stop_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    with FakeOpenAI(list(replies), tokenize=sampled_letter_by_letter, stop_id=stop_id) as server:
+        config, llm_config = AgentConfig(keep_tool_results=2, max_context=10**6, date="2026-11-21"), LLMConfig()
+        if resume_from is not None:
+            settings = settings_for(resume_from, path, server.base_url, "openai", None, None, False, None, True, None)
+            config, llm_config = settings.agent, settings.llm
+        # a new client, as a new process has: nothing of the first run's prompt state is in it
+        llm = TokenModeChat(dataclasses.replace(llm_config, base_url=server.base_url, model="tiny"), tokenizer)
+        writer = TrajectoryWriter(path)
+        async with toolbox() as tools:
+            if resume_from is not None:
+                check_unchanged(resume_from, llm, tools.tools)
+            trajectory = await run("What is it?", llm, tools, config, writer, resume_from=resume_from)
+        writer.close()
+        await llm.aclose()
+    return trajectory, [request["prompt"] for request in server.requests]
+
+
+@pytest.mark.anyio
+async def test_in_token_mode_a_resumed_run_extends_the_same_token_ids(tokenizer: Any, tmp_path: Path) -> None:
+    replies = [CALLS[0], CALLS[1], "", CALLS[2], BROKEN, CALLS[3], mcp_answer("42"), mcp_answer("42")]
+    whole, prompts = await token_mode_run(tokenizer, replies, tmp_path / "whole.jsonl")
+    assert len({turn.segment for turn in whole.turns}) > 1  # keep-2 rewrote the history: segments changed
+    for turns in range(1, len(whole.turns) + 1):  # the prompt a resumed run starts from, rebuilt backwards
+        assert last_prompt(whole.turns[:turns]) == (whole.turns[turns - 1], prompts[turns - 1])
+    for turns in range(len(whole.turns)):
+        path = tmp_path / f"cut-{turns}.jsonl"
+        cut(tmp_path / "whole.jsonl", path, turns, end="interrupted" if turns % 2 else None)
+        resumed, resumed_prompts = await token_mode_run(tokenizer, replies[turns:], path, pick(path, None))
+        assert resumed_prompts == prompts[turns:], f"resumed after {turns} turns"
+        # segment, prompt_keep, prefix_hash, deltas: the chain an uninterrupted run made
+        assert [comparable(t) for t in resumed.turns] == [comparable(t) for t in whole.turns]
+        [saved] = load_trajectories(path)
+        assert rebuild_segments(saved.turns) == rebuild_segments(whole.turns)
+
+
+@pytest.mark.anyio
+async def test_a_backend_that_would_build_prompts_otherwise_is_refused(tokenizer: Any, tmp_path: Path) -> None:
+    replies = [CALLS[0], mcp_answer("42"), mcp_answer("42")]
+    await token_mode_run(tokenizer, replies, tmp_path / "whole.jsonl")
+    cut(tmp_path / "whole.jsonl", tmp_path / "cut.jsonl", 1)
+    trajectory = pick(tmp_path / "cut.jsonl", None)
+    with pytest.raises(SetupError, match="built with tokenizer .*: resume with the backend flags the run had"):
+        check_unchanged(trajectory, ScriptedLLM([]), trajectory.tools)  # a chat server would render them
+    with pytest.raises(SetupError, match="missing testkit/echo"):
+        check_unchanged(trajectory, ScriptedLLM([]), [t for t in trajectory.tools if t["name"] != "echo"])
+
+
+# ---------------------------------------------------------------- the command, on a real process
+
+
+def model(block_at: int | None = None) -> Any:
+    """The loopback model: echo calls, then the answer (and again for the summary turn). With
+    `block_at`, its first reply at that turn never comes in time: the run is stopped while it waits."""
+    blocked: list[bool] = []
+
+    def reply(request: dict[str, Any]) -> Reply | str:
+        step = sum(m["role"] == "assistant" for m in request["messages"])
+        if step == block_at and not blocked:
+            blocked.append(True)
+            return Reply(content="too late", delay_s=60)
+        return mcp_call("testkit", "echo", {"text": f"finding {step}"}, thought=f"Step {step}.") if step < 6 \
+            else mcp_answer("42")
+    return reply
+
+
+def nanbeige(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([NANBEIGE, *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "COLUMNS": "200"})
+
+
+def bodies(server: FakeOpenAI) -> list[dict[str, Any]]:
+    return [{k: v for k, v in request.items() if k != "_headers"} for request in server.requests]
+
+
+ASK = ("--mcp", TESTKIT, "--no-default-servers", "--keep-tool-results", "2")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
+    """A run that was not stopped: its file, and every request its model received."""
+    path = tmp_path_factory.mktemp("whole") / "whole.jsonl"
+    with FakeOpenAI(model()) as server:
+        result = nanbeige("ask", "What is it?", "--base-url", server.base_url, "--trajectory", str(path), *ASK)
+    assert result.returncode == 0 and result.stdout == "42\n", result.stderr
+    return path, bodies(server)
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGINT", "SIGTERM"])
+def test_a_stopped_run_is_resumed_by_the_command_into_the_same_file(how: str, uninterrupted: Any,
+                                                                    tmp_path: Path) -> None:
+    whole_path, whole_requests = uninterrupted
+    path = tmp_path / "run.jsonl"
+    with FakeOpenAI(model(block_at=4)) as server:
+        process = subprocess.Popen([NANBEIGE, "ask", "What is it?", "--base-url", server.base_url, "--trajectory",
+                                    str(path), *ASK], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   start_new_session=True)
+        deadline = time.monotonic() + 60
+        while len(server.requests) < 5 and time.monotonic() < deadline:  # waiting for its turn 4
+            time.sleep(0.05)
+        if how == "SIGTERM":
+            process.send_signal(signal.SIGTERM)
+        else:  # SIGKILL: as a machine that stops; SIGINT: as a terminal's Ctrl-C, tool servers included
+            os.killpg(process.pid, getattr(signal, how))
+        _, stderr = process.communicate(timeout=30)
+        assert process.returncode == {"SIGKILL": -9, "SIGINT": 130, "SIGTERM": 143}[how], stderr
+        [stopped] = load_trajectories(path)
+        assert len(stopped.turns) == 4
+        assert stopped.stop_reason == (None if how == "SIGKILL" else "interrupted")
+        before = bodies(server)
+        resumed = nanbeige("resume", str(path), "--base-url", server.base_url, "--mcp", TESTKIT, "--no-default-servers")
+        assert resumed.returncode == 0 and resumed.stdout == "42\n", resumed.stderr
+        after = bodies(server)[len(before):]
+    # the model was asked what an uninterrupted run asked it, the stopped request again first
+    assert before[:-1] + after == whole_requests and before[-1] == after[0]
+    [saved], [whole] = load_trajectories(path), load_trajectories(whole_path)
+    assert [t.index for t in saved.turns] == list(range(len(whole.turns))) == list(range(8))
+    assert [comparable(t) for t in saved.turns] == [comparable(t) for t in whole.turns]
+    assert (saved.answer, saved.stop_reason) == ("42", "answered") and saved.stop_reason not in NOT_ENDED_ON_ITS_OWN
+    shown = nanbeige("show", str(path))
+    assert shown.stdout.count("trajectory ") == 1 and "stop reason: answered" in shown.stdout
+    assert "turn 8" in shown.stdout and "answer: 42" in shown.stdout
+
+
+def test_a_finished_trajectory_is_not_resumed(uninterrupted: Any, tmp_path: Path) -> None:
+    path = tmp_path / "done.jsonl"
+    shutil.copy(uninterrupted[0], path)
+    result = nanbeige("resume", str(path), "--no-default-servers")
+    assert result.returncode == 1 and result.stdout == "" and "Traceback" not in result.stderr
+    assert "finished on its own (stop reason answered)" in result.stderr
+    assert path.read_bytes() == uninterrupted[0].read_bytes()
+
+
+def test_a_resume_without_the_run_s_tools_is_refused_and_writes_nothing(uninterrupted: Any, tmp_path: Path) -> None:
+    path = tmp_path / "killed.jsonl"
+    cut(uninterrupted[0], path, 3)
+    written = path.read_bytes()
+    with FakeOpenAI(model()) as server:
+        result = nanbeige("resume", str(path), "--base-url", server.base_url, "--no-default-servers")
+        assert server.requests == []
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "the tools offered now are not the run's (missing testkit/echo" in result.stderr
+    assert path.read_bytes() == written
