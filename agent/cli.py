@@ -92,8 +92,8 @@ async def _ask(question: str, settings: RunSettings, resume_from: Trajectory | N
             return await run(question, runtime.llm, runtime.toolbox, runtime.agent, runtime.writer,
                              on_event=LiveView(err, runtime.agent.max_turns), resume_from=resume_from)
         except asyncio.CancelledError:
-            err.print(f"[yellow]interrupted[/]; the trajectory so far is in {escape(str(runtime.path))}",
-                      highlight=False)
+            err.print(f"[yellow]interrupted[/]; the trajectory so far is in {escape(str(runtime.path))} "
+                      f"(`nanbeige resume {escape(str(runtime.path))}` goes on with it)", highlight=False)
             raise
         except Exception:
             err.print(f"[dim]the trajectory, closed as crashed, is in {escape(str(runtime.path))}[/]", highlight=False)

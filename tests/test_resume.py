@@ -29,7 +29,7 @@ from nanbeige.agent.tokens import last_prompt, rebuild_segments
 from nanbeige.agent.toolbox import ServerSpec, Toolbox
 from nanbeige.agent.restore import used_wall_s
 from nanbeige.agent.trajectory import (NOT_ENDED_ON_ITS_OWN, ToolCall, ToolResult, Trajectory, TrajectoryWriter, Turn,
-                                       end_record, load_trajectories, resume_record)
+                                       end_record, load_trajectories, read_records, resume_record)
 
 NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
 TESTKIT = "testkit=" + " ".join(TEST_SERVER)
@@ -64,19 +64,25 @@ def cut(full: Path, to: Path, turns: int, end: str | None = None) -> None:
 # ---------------------------------------------------------------- the loop, resumed at every turn
 
 CALLS = [mcp_call("testkit", "echo", {"text": f"finding {i}"}, thought=f"Step {i}.") for i in range(4)]
+FUNCTION_CALLS = [{"role": "assistant", "content": "", "tool_calls": [{"id": f"c{i}", "type": "function", "function": {
+    "name": "echo", "arguments": json.dumps({"text": f"finding {i}"})}}]} for i in range(3)]
 SCRIPTS = {
     # rolled-back replies, keep-2 hiding older results, an answer, then the summary turn
     "answers": [CALLS[0], "", CALLS[1], CALLS[2], BROKEN, CALLS[3], mcp_answer("42"), mcp_answer("42")],
     # five unusable replies in a row end the loop; the summary turn still asks for the answer
     "format errors": [CALLS[0], BROKEN, BROKEN, "", BROKEN, BROKEN, mcp_answer("7")],
+    # tool-call: function calls, an empty reply answered with a message, max_turns, then the final-answer turn
+    "tool-call at max turns": [*FUNCTION_CALLS[:2], "", FUNCTION_CALLS[2], "The answer is 9."],
 }
+CONFIGS = {"tool-call at max turns": {"dialect": "tool-call", "max_turns": 4}}
 
 
-async def full_run(replies: list[Any], path: Path) -> tuple[Any, ScriptedLLM]:
+async def full_run(replies: list[Any], path: Path, **config: Any) -> tuple[Any, ScriptedLLM]:
     llm = ScriptedLLM(list(replies))
     writer = TrajectoryWriter(path)
     async with toolbox() as tools:
-        trajectory = await run("What is it?", llm, tools, AgentConfig(keep_tool_results=2, date="2026-11-21"), writer)
+        trajectory = await run("What is it?", llm, tools, AgentConfig(keep_tool_results=2, date="2026-11-21", **config),
+                               writer)
     writer.close()
     return trajectory, llm
 
@@ -98,7 +104,7 @@ async def resume_in_process(path: Path, replies: list[Any]) -> tuple[Any, Script
 async def test_a_run_resumed_after_any_turn_asks_what_the_whole_run_asked(script: str, end: str | None,
                                                                           tmp_path: Path) -> None:
     replies = SCRIPTS[script]
-    whole, whole_llm = await full_run(replies, tmp_path / "whole.jsonl")
+    whole, whole_llm = await full_run(replies, tmp_path / "whole.jsonl", **CONFIGS.get(script, {}))
     assert len(whole.turns) == len(replies) and whole.turns[-1].instruction is not None  # the summary turn
     for turns in range(len(whole.turns) + 1):
         path = tmp_path / f"cut-{turns}.jsonl"
@@ -123,11 +129,12 @@ async def test_a_turn_whose_tool_calls_lack_results_is_made_again(tmp_path: Path
     lines = path.read_text().splitlines()
     torn = json.loads(lines[3])  # turn 2, a call to echo: as if its result were never recorded
     torn["tool_results"] = []
-    path.write_text("\n".join([*lines[:3], json.dumps(torn)]) + "\n")
+    # and killed while writing turn 3: its line was cut off mid-way
+    path.write_text("\n".join([*lines[:3], json.dumps(torn), lines[3][:40]]))
     resumed, llm = await resume_in_process(path, replies[2:])
     assert llm.calls == whole_llm.calls[2:]
-    records = [json.loads(line) for line in path.read_text().splitlines()]
-    assert [r["type"] for r in records][3:6] == ["turn", "resume", "turn"]
+    records = read_records(path)
+    assert [r["type"] for r in records][3:6] == ["turn", "resume", "turn"]  # the torn line is passed over
     assert records[4]["num_turns"] == 2 and records[5]["index"] == 2
     [saved] = load_trajectories(path)
     assert [comparable(t) for t in saved.turns] == [comparable(t) for t in whole.turns]
