@@ -2,6 +2,7 @@
 
     nanbeige ask "question"      run the agent; the answer alone on stdout, the turns on stderr
     nanbeige research "question" the same at length: attempts restarted with a summary, a cited report
+    nanbeige resume run.jsonl    continue an interrupted run, in the same file
     nanbeige show run.jsonl      print a saved trajectory readably
 
 Settings come from flags, then environment variables (NANBEIGE_*), then `nanbeige.toml`, then the
@@ -80,22 +81,26 @@ def ask(
     report(run_command(_ask(question, settings)), json_output)
 
 
-async def _ask(question: str, settings: RunSettings) -> Trajectory:
+async def _ask(question: str, settings: RunSettings, resume_from: Trajectory | None = None) -> Trajectory:
     from nanbeige.agent.loop import run
     from nanbeige.agent.setup import ready
     from nanbeige.agent.view import LiveView
 
     async with ready(settings, notice) as runtime:
+        if resume_from is not None:
+            from nanbeige.agent.resume import check_unchanged
+
+            check_unchanged(resume_from, runtime.llm, runtime.toolbox.tools if runtime.toolbox else [])
         err.print(f"[dim]trajectory: {escape(str(runtime.path))}[/]", highlight=False)
         try:
             trajectory = await run(question, runtime.llm, runtime.toolbox, runtime.agent, runtime.writer,
-                                   on_event=LiveView(err, runtime.agent.max_turns))
+                                   on_event=LiveView(err, runtime.agent.max_turns), resume_from=resume_from)
             if runtime.toolbox is not None and runtime.toolbox.cache is not None:
                 err.print(f"[dim]{runtime.toolbox.cache.summary()}[/]", highlight=False)
             return trajectory
         except asyncio.CancelledError:
-            err.print(f"[yellow]interrupted[/]; the trajectory so far is in {escape(str(runtime.path))}",
-                      highlight=False)
+            err.print(f"[yellow]interrupted[/]; the trajectory so far is in {escape(str(runtime.path))} "
+                      f"(`nanbeige resume {escape(str(runtime.path))}` goes on with it)", highlight=False)
             raise
         except Exception:
             err.print(f"[dim]the trajectory, closed as crashed, is in {escape(str(runtime.path))}[/]", highlight=False)
@@ -149,6 +154,40 @@ def report(trajectory: Trajectory, json_output: bool) -> None:
     if trajectory.answer is None:
         detail = f": {trajectory.error}" if trajectory.error else ""
         fail(f"no answer (stop reason {trajectory.stop_reason}){detail}")
+
+
+@app.command()
+def resume(
+    path: Annotated[Path, typer.Argument(help="The trajectory file of the run; the run goes on in it.")],
+    trajectory_id: Annotated[str | None, typer.Option("--id", help="Which trajectory of the file (needed when "
+                                                                   "several can be resumed).", show_default=False)
+                             ] = None,
+    base_url: o.BaseUrl = None,
+    backend: o.Backend = BackendConfig.backend,
+    api_key: o.ApiKey = None,
+    mcp: o.Mcp = None,
+    no_default_servers: o.NoDefaultServers = False,
+    json_output: Annotated[bool, typer.Option("--json", help="Print the end record as JSON on stdout.")] = False,
+    gguf_file: o.GgufFile = None,
+    token_mode: o.TokenMode = False,
+    chat_template: o.ChatTemplate = None,
+) -> None:
+    """Continue a run cut short (killed, Ctrl-C, crashed, model server error) from its last complete turn,
+    with its own settings; print the answer. Tool servers and backend flags must be the run's."""
+    from nanbeige.agent.restore import complete_turns
+    from nanbeige.agent.resume import pick, settings_for
+    from nanbeige.agent.setup import SetupError, secrets_of
+
+    try:
+        trajectory = pick(path, trajectory_id)
+    except SetupError as exc:
+        fail(str(exc), 2 if exc.usage else 1)
+    settings = settings_for(trajectory, path, base_url, backend, api_key, mcp, no_default_servers, gguf_file,
+                            token_mode, chat_template)
+    hide(secrets_of(settings))
+    err.print(f"[dim]resuming trajectory {trajectory.id} after {complete_turns(trajectory.turns)} turns "
+              f"({trajectory.stop_reason or 'no end record'})[/]", highlight=False)
+    report(run_command(_ask(trajectory.question, settings, resume_from=trajectory)), json_output)
 
 
 @app.command("show")

@@ -22,8 +22,9 @@ from nanbeige.agent import dialects
 from nanbeige.agent.cache import ReplayMiss
 from nanbeige.agent.context import History, degenerate, estimate_tokens, repeated_call, used_query
 from nanbeige.agent.llm import LLM, Completion, ContextOverflow, ModelError
+from nanbeige.agent.restore import rebuild, reopen
 from nanbeige.agent.tokens import TokenTracker
-from nanbeige.agent.trajectory import ToolResult, Trajectory, TrajectoryWriter, Turn
+from nanbeige.agent.trajectory import ToolResult, Trajectory, TrajectoryWriter, Turn, resume_record
 from nanbeige.agent.usage import add_turn, over_budget
 
 if TYPE_CHECKING:  # the MCP SDK takes most of a second to import; `nanbeige --help` needs none of it
@@ -110,29 +111,41 @@ def _no_event(kind: str, data: Any) -> None:
 
 async def run(question: str, llm: LLM, toolbox: Toolbox | None, config: AgentConfig,
               writer: TrajectoryWriter | None = None, on_event: Event = _no_event,
-              group_id: str | None = None, header: dict[str, Any] | None = None) -> Trajectory:
+              group_id: str | None = None, header: dict[str, Any] | None = None,
+              resume_from: Trajectory | None = None) -> Trajectory:
     """Answer one question; returns the finished trajectory (also written turn by turn). `header`
-    sets other fields of the trajectory's start record (`rollout_index`, `policy_version`, ...)."""
+    sets other fields of the trajectory's start record (`rollout_index`, `policy_version`, ...).
+    `resume_from` continues a trajectory cut short (see `restore.py`) instead, with the settings it
+    was made with (in `llm` and `config`), writing a resume line and then its next turns."""
     tools = toolbox.tools if toolbox else []
     config = dataclasses.replace(config.for_dialect(), date=config.date or datetime.date.today().isoformat(),
                                  max_context=config.max_context or DEFAULT_MAX_CONTEXT)
     date = config.date
     limits = dataclasses.asdict(config) | (toolbox.settings() if toolbox else {})
-    trajectory = Trajectory(
+    trajectory = resume_from or Trajectory(
         question=question, group_id=group_id, tools=tools, model=llm.config.model, dialect=config.dialect,
         system_prompt=dialects.system_prompt(config.dialect, tools, date, config.system_prompt_template),
         user_message=dialects.user_message(config.dialect, question),
         sampling=llm.config.sampling(), limits=limits,
         tokenizer=llm.tokenizer_identity, chat_template=llm.template_identity, **(header or {}),
     )
-    state = Run(trajectory, History(trajectory.system_prompt, trajectory.user_message, config.keep_tool_results),
-                llm.new_conversation())
+    used = reopen(trajectory) if resume_from else 0.0  # the time limit counts the time already used
+    state = _resumed(trajectory, llm, config) if resume_from else \
+        Run(trajectory, History(trajectory.system_prompt, trajectory.user_message, config.keep_tool_results),
+            llm.new_conversation())
     started = time.monotonic()
-    if writer:
+    if writer and resume_from:
+        writer.write(resume_record(trajectory, used))
+    elif writer:
         writer.start(trajectory)
     try:
-        async with asyncio.timeout(config.timeout_s):
-            await _turns(state, llm, toolbox, config, writer, on_event)
+        async with asyncio.timeout(None if config.timeout_s is None else config.timeout_s - used):
+            if config.timeout_s is not None and used >= config.timeout_s:
+                raise TimeoutError  # a resumed run with no time left: the model is not asked again
+            if trajectory.stop_reason:  # a resumed run whose last turn had ended the loop
+                await _end(state, llm, config, None, writer, on_event)
+            else:
+                await _turns(state, llm, toolbox, config, writer, on_event)
     except TimeoutError:
         trajectory.stop_reason = "timeout"
     except ReplayMiss as exc:  # the replay went where the recorded runs did not: no answer, plainly invalid
@@ -145,7 +158,7 @@ async def run(question: str, llm: LLM, toolbox: Toolbox | None, config: AgentCon
         raise
     finally:
         trajectory.timings = {
-            "wall_s": time.monotonic() - started,
+            "wall_s": used + time.monotonic() - started,
             "model_s": sum(t.latency_s for t in trajectory.turns),
             "tool_s": sum(r.latency_s for t in trajectory.turns for r in t.tool_results),
         }
@@ -192,9 +205,7 @@ async def _turns(state: Run, llm: LLM, toolbox: Toolbox | None, config: AgentCon
             turn.format_error = parsed.format_error or (
                 None if config.rollback else _reply_problem(turn, parsed, config.dialect))
             if not turn.tool_calls and turn.format_error is None:
-                # with a summary turn to come, only a boxed answer counts until then
-                trajectory.answer = (dialects.last_boxed(turn.assistant["content"]) or None) if config.summary_turn \
-                    else dialects.extract_answer(config.dialect, turn.assistant["content"])
+                trajectory.answer = _reply_answer(turn, config)
                 trajectory.stop_reason = "answered"
             await _run_calls(turn, parsed, state, toolbox, config, on_event)
             _log_turn(trajectory, turn, writer, on_event)
@@ -205,6 +216,26 @@ async def _turns(state: Run, llm: LLM, toolbox: Toolbox | None, config: AgentCon
         if trajectory.stop_reason:
             await _end(state, llm, config, None, writer, on_event)
             return
+
+
+def _reply_answer(turn: Turn, config: AgentConfig) -> str | None:
+    """The answer in a reply that ends the loop: with a summary turn to come, only a boxed answer
+    counts until then."""
+    content = turn.assistant["content"]
+    return (dialects.last_boxed(content) or None) if config.summary_turn else \
+        dialects.extract_answer(config.dialect, content)
+
+
+def _resumed(trajectory: Trajectory, llm: LLM, config: AgentConfig) -> Run:
+    """A resumed run's state after its last complete turn, and how that turn left the loop: when it
+    answered, or was one unusable reply too many, the run only has its end to make."""
+    state = Run(trajectory, *rebuild(trajectory, llm, config.keep_tool_results))
+    last = trajectory.turns[-1] if trajectory.turns else None
+    if last is not None and not last.rolled_back and not last.tool_calls and last.format_error is None:
+        trajectory.answer, trajectory.stop_reason = _reply_answer(last, config), "answered"
+    elif _format_errors_in_a_row(trajectory.turns) >= config.max_format_errors:
+        trajectory.stop_reason = "format_errors"
+    return state
 
 
 def _next_prompt_tokens(llm: LLM, state: Run, tools: list[dict[str, Any]] | None) -> int:

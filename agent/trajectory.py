@@ -10,6 +10,16 @@ Several trajectories may share a file; every line names its trajectory. A crash 
 turn in flight, and `load_trajectories` tolerates a torn last line. A trajectory without an end
 line is unfinished (resumable). Writing a turn costs O(size of that turn): the file is never
 rewritten and the prompt is never stored again.
+
+`nanbeige resume` continues a trajectory cut short (no end line, or one whose stop reason is in
+`RESUMABLE`) in the same file, by appending
+
+    {"type": "resume", "trajectory_id": ..., "num_turns": K, "wall_s": ..., "resumed_at": ...}
+
+and then turn lines from index K on and, in the end, a new end line. Records apply in file order:
+a resume line keeps the trajectory's first K turns (a turn after them was not complete), and undoes
+the end line before it, so the newest end line is the one that counts. `wall_s` is the run time
+already used (the wall-time limit counts it). Files without resume lines read as before.
 """
 
 from __future__ import annotations
@@ -217,6 +227,15 @@ NOT_ENDED_ON_ITS_OWN = ("interrupted", "crashed", "model_error", "replay_miss")
 """Stop reasons of runs cut short from outside (a signal, a bug, the model server, a replay that found
 no recorded tool result): such a run says nothing about the question, and `collect` runs it again."""
 
+RESUMABLE = (None, *NOT_ENDED_ON_ITS_OWN)
+"""Stop reasons of runs that `nanbeige resume` continues: no end line yet (killed, or the machine
+stopped), or cut short from outside. The others are limits the run reached on its own."""
+
+
+def resume_record(trajectory: Trajectory, wall_s: float) -> dict[str, Any]:
+    return {"type": "resume", "trajectory_id": trajectory.id, "num_turns": len(trajectory.turns), "wall_s": wall_s,
+            "resumed_at": time.time()}
+
 
 class TrajectoryWriter:
     """Appends trajectory records to a JSONL file, one flushed line per record; or, with `whole`,
@@ -293,7 +312,7 @@ def _turn_from_record(record: dict[str, Any]) -> Turn:
 
 def read_records(path: str | Path) -> list[dict[str, Any]]:
     """All records of a trajectory file. A torn line (a crash mid-write) is skipped when it is the
-    last line or a new run started right after it; a broken line anywhere else raises ValueError."""
+    last line or a new or resumed run started right after it; a broken line anywhere else raises ValueError."""
     records: list[dict[str, Any]] = []
     torn: int | None = None  # line number of an unreadable line not yet explained
     for number, line in enumerate(Path(path).read_bytes().split(b"\n"), start=1):
@@ -303,7 +322,7 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
             record = orjson.loads(line)
         except orjson.JSONDecodeError:
             record = None
-        if torn is not None and not (isinstance(record, dict) and record.get("type") == "start"):
+        if torn is not None and not (isinstance(record, dict) and record.get("type") in ("start", "resume")):
             raise ValueError(f"{path}:{torn}: not a JSON line")
         torn = number if record is None else None
         if isinstance(record, dict):
@@ -325,4 +344,16 @@ def load_trajectories(path: str | Path) -> list[Trajectory]:
             for name in _END_FIELDS:
                 setattr(trajectory, name, record.get(name))
             trajectory.usage = trajectory.usage or {}  # files from before usage was recorded
+        elif kind == "resume" and record.get("trajectory_id") in by_id:
+            _reopen(by_id[record["trajectory_id"]], record)
     return list(by_id.values())
+
+
+def _reopen(trajectory: Trajectory, record: dict[str, Any]) -> None:
+    """Apply a resume line: the first `num_turns` turns stay, and the run is open again."""
+    del trajectory.turns[record.get("num_turns", len(trajectory.turns)):]
+    for name in _END_FIELDS:
+        setattr(trajectory, name, None)
+    trajectory.usage = {}
+    # what the wall time covers: the turns after them were made in a run that wrote no end line
+    trajectory.timings = {"wall_s": record.get("wall_s") or 0.0, "timed_turns": len(trajectory.turns)}

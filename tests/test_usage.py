@@ -105,7 +105,8 @@ def test_e2b_sandbox_seconds_are_counted_against_the_calls_that_use_the_sandbox(
 
 def test_eval_reports_sum_the_runs_usage() -> None:
     manifest = {"bench": "b", "grader": "gaia-exact", "k": 1, "tasks": [{"id": "a"}, {"id": "b"}]}
-    rows = [{"task_id": task, "run": 0, "correct": True, "prediction": "x", "usage": {"tokens": 10, "serper_queries": 2}}
+    used = {"tokens": 10, "serper_queries": 2}
+    rows = [{"task_id": task, "run": 0, "correct": True, "prediction": "x", "usage": used}
             for task in ("a", "b")]
     report = build_report(manifest, rows)
     assert report["usage"] == {"tokens": 20, "serper_queries": 4}
@@ -115,6 +116,7 @@ def test_eval_reports_sum_the_runs_usage() -> None:
 def test_old_trajectories_without_usage_still_load(tmp_path: Path) -> None:
     path = tmp_path / "old.jsonl"
     path.write_text(json.dumps({"type": "start", "id": "t", "question": "q"}) + "\n"
-                    + json.dumps({"type": "end", "trajectory_id": "t", "answer": "a", "stop_reason": "answered"}) + "\n")
+                    + json.dumps({"type": "end", "trajectory_id": "t", "answer": "a", "stop_reason": "answered"})
+                    + "\n")
     [trajectory] = load_trajectories(path)
     assert isinstance(trajectory, Trajectory) and trajectory.usage == {}
