@@ -1,8 +1,9 @@
 """The ReAct loop: ask the model, parse its tool calls, run them, log the turn, repeat.
 
 `run` is the whole agent; everything it needs is a function in dialects.py, context.py or
-toolbox. Limits end the run with a stop reason, never with an exception; Ctrl-C or SIGTERM (task
-cancellation) closes the trajectory as `interrupted`, and a bug as `crashed`, and both re-raise.
+toolbox. Limits end the run with a stop reason, never with an exception, and so does a trajectory
+file that cannot be written (`write_error`: a full disk); Ctrl-C or SIGTERM (task cancellation)
+closes the trajectory as `interrupted`, and a bug as `crashed`, and both re-raise.
 
 Many runs may share one model backend and one toolbox: everything that belongs to one run (the
 backend's conversation state, the history, the token tracker, the tool servers' restart budget)
@@ -22,7 +23,7 @@ from nanbeige.agent import dialects
 from nanbeige.agent.context import History, degenerate, estimate_tokens, repeated_call, used_query
 from nanbeige.agent.llm import LLM, Completion, ContextOverflow, ModelError
 from nanbeige.agent.tokens import TokenTracker
-from nanbeige.agent.trajectory import ToolResult, Trajectory, TrajectoryWriter, Turn
+from nanbeige.agent.trajectory import ToolResult, Trajectory, TrajectoryWriteError, TrajectoryWriter, Turn
 
 if TYPE_CHECKING:  # the MCP SDK takes most of a second to import; `nanbeige --help` needs none of it
     from nanbeige.agent.toolbox import Toolbox
@@ -123,13 +124,15 @@ async def run(question: str, llm: LLM, toolbox: Toolbox | None, config: AgentCon
     state = Run(trajectory, History(trajectory.system_prompt, trajectory.user_message, config.keep_tool_results),
                 llm.new_conversation())
     started = time.monotonic()
-    if writer:
-        writer.start(trajectory)
     try:
+        if writer:
+            writer.start(trajectory)
         async with asyncio.timeout(config.timeout_s):
             await _turns(state, llm, toolbox, config, writer, on_event)
     except TimeoutError:
         trajectory.stop_reason = "timeout"
+    except TrajectoryWriteError as exc:  # what is not logged would be lost: stop here
+        trajectory.stop_reason, trajectory.error = "write_error", str(exc)
     except (asyncio.CancelledError, KeyboardInterrupt):
         trajectory.stop_reason = "interrupted"
         raise
@@ -143,7 +146,10 @@ async def run(question: str, llm: LLM, toolbox: Toolbox | None, config: AgentCon
             "tool_s": sum(r.latency_s for t in trajectory.turns for r in t.tool_results),
         }
         if writer:
-            writer.end(trajectory)
+            try:
+                writer.end(trajectory)
+            except TrajectoryWriteError as exc:  # not logged: the run's own exception, if any, goes on
+                trajectory.stop_reason, trajectory.error = "write_error", str(exc)
         on_event("end", trajectory)
     return trajectory
 
