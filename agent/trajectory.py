@@ -29,7 +29,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Iterator, Literal
 
 import orjson
 
@@ -333,12 +333,11 @@ def warn_on_stderr(text: str) -> None:
     sys.stderr.write(f"warning: {text}\n")
 
 
-def _numbered_records(path: str | Path, warn: Warn) -> list[tuple[int, dict[str, Any]]]:
+def _numbered_records(path: str | Path, warn: Warn) -> Iterator[tuple[int, dict[str, Any]]]:
     """The records of a file with their line numbers. A line that is not a JSON object (torn by a
     crash mid-write) is skipped: with a warning when records follow it (the file was appended to
-    after the crash), quietly when it is the last line. Two such lines at the end, or only such
-    lines, are not a torn write: ValueError."""
-    records: list[tuple[int, dict[str, Any]]] = []
+    after the crash), quietly when it is the last line. Two such lines at the end are not a torn
+    write: ValueError."""
     unread: list[int] = []  # unreadable lines no record has followed yet
     for number, line in enumerate(Path(path).read_bytes().split(b"\n"), start=1):
         if not line.strip():
@@ -351,12 +350,11 @@ def _numbered_records(path: str | Path, warn: Warn) -> list[tuple[int, dict[str,
             unread.append(number)
             continue
         for torn in unread:
-            warn(f"{path}:{torn}: skipped a line that is not a JSON record (a write cut short)")
+            warn(f"{path}:{torn}: skipped a line that is not a JSON object (a write cut short?)")
         unread = []
-        records.append((number, record))
-    if len(unread) > 1 or (unread and not records):
+        yield number, record
+    if len(unread) > 1:
         raise ValueError(f"{path}:{unread[0]}: not a JSON line")
-    return records
 
 
 def read_records(path: str | Path, warn: Warn = warn_on_stderr) -> list[dict[str, Any]]:

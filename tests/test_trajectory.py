@@ -128,7 +128,7 @@ def test_a_broken_line_in_the_middle_is_skipped_with_a_warning_when_records_foll
     warnings: list[str] = []
     [trajectory] = load_trajectories(path, warn=warnings.append)
     assert trajectory.finished and trajectory.turns == []
-    assert warnings == [f"{path}:2: skipped a line that is not a JSON record (a write cut short)"]
+    assert warnings == [f"{path}:2: skipped a line that is not a JSON object (a write cut short?)"]
 
 
 def test_two_broken_lines_at_the_end_are_an_error(tmp_path: Path) -> None:
