@@ -20,13 +20,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from nanbeige.agent import commands, rl_commands, settings_file
 from nanbeige.agent import options as o
 from nanbeige.agent.config import BackendConfig, RunSettings, ToolsConfig
-from nanbeige.agent.console import err, fail, hide, out, out_json, shown
+from nanbeige.agent.console import SafeConsole, err, fail, hide, out, out_json, shown
 from nanbeige.agent.llm import LLMConfig
 from nanbeige.agent.loop import AgentConfig
 
@@ -173,7 +172,7 @@ def show_command(
         fail(f"{exc}: is this a trajectory file?")
     if not trajectories:
         fail(f"{path} holds no trajectory")
-    out = Console()
+    out = SafeConsole()
     for trajectory in trajectories:
         show(out, trajectory, full=full)
 

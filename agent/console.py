@@ -64,9 +64,18 @@ class _Stderr:
         return sys.stderr.fileno()
 
 
+class SafeConsole(Console):
+    """A rich Console that takes the secrets out of every string it prints and escapes its control
+    characters, before laying it out (control characters are no markup, so markup stays markup).
+    What callers format themselves (a path, an exception's text) is covered without their help."""
+
+    def render_str(self, text: str, **kwargs: Any) -> Any:
+        return super().render_str(shown(text), **kwargs)
+
+
 # soft_wrap: a line is written whole and the terminal folds it, so no key is split where a folded
 # line would no longer match it
-err = Console(file=_Stderr(), soft_wrap=True)  # type: ignore[arg-type]
+err = SafeConsole(file=_Stderr(), soft_wrap=True)  # type: ignore[arg-type]
 
 
 def out(text: str) -> None:

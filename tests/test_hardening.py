@@ -70,6 +70,18 @@ def test_a_key_the_model_and_a_tool_repeat_is_in_no_output(tmp_path: Path) -> No
     assert "invalid key [REDACTED]" in log
 
 
+def test_a_tool_server_that_fails_to_start_leaves_its_output_redacted_in_the_log(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    says = f"import sys; print('rejected key {KEY}', file=sys.stderr); sys.exit(3)"
+    broken = shlex.join([sys.executable, "-c", says])
+    with FakeOpenAI([mcp_answer("x")], default=mcp_answer("x")) as server:
+        result = nanbeige("ask", "q", "--base-url", server.base_url, "--no-default-servers", "--mcp",
+                          f"broken={broken}", "--trajectory", str(path), env={"SERPER_API_KEY": KEY})
+    assert_one_line_error(result, "MCP server 'broken'", f"its output is in {path}.servers.log")
+    assert Path(f"{path}.servers.log").read_text() == "rejected key [REDACTED]\n"
+    assert KEY[:6] not in result.stderr and not path.exists()
+
+
 def test_credentials_in_the_base_url_reach_only_the_model_server(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     replies = [mcp_call("testkit", "env_value", {"name": "NANBEIGE_BASE_URL"}), mcp_answer("done")]
@@ -108,7 +120,7 @@ def test_json_output_hides_a_key_however_json_spells_it(capsys: pytest.CaptureFi
 
 
 def test_control_characters_are_shown_escaped_and_kept_exactly_in_the_trajectory(tmp_path: Path) -> None:
-    path = tmp_path / "t.jsonl"
+    path = tmp_path / "t\x1b[2J.jsonl"  # printed too, as the path of the trajectory
     replies = [mcp_call("testkit", "echo", {"text": EVIL}), mcp_answer(EVIL)]
     with FakeOpenAI(replies, default=mcp_answer(EVIL)) as server:
         asked = nanbeige("ask", "Q" + EVIL, "--base-url", server.base_url, "--mcp", TESTKIT, "--trajectory", str(path))
@@ -121,6 +133,7 @@ def test_control_characters_are_shown_escaped_and_kept_exactly_in_the_trajectory
             assert control not in result.stdout and control not in result.stderr
     assert asked.stdout == "A\\x1b[2J\\x1b]0;pwned\\x07B\\x9b31mC\\x7fD\\x0dE\n"
     assert "echo(text=A\\x1b[2J" in asked.stderr  # the live view
+    assert "t\\x1b[2J.jsonl" in asked.stderr
     assert "question: QA\\x1b[2J\\x1b]0;pwned\\x07B\\x9b31mC" in shown_later.stdout
     assert json.loads(as_json.stdout)["answer"] == EVIL  # valid JSON that reads back exactly
     [trajectory] = load_trajectories(path)

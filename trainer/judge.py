@@ -209,9 +209,12 @@ async def judge_trajectory(trajectory: Trajectory, config: JudgeRunConfig, templ
         await judge_turn(trajectory, turn, config.critic, config.rule, template, client)
 
 
-def _secrets(config: JudgeRunConfig) -> list[str]:
+def judging_secrets(config: JudgeRunConfig) -> list[str]:
+    from nanbeige.agent.toolbox import url_credentials
+
     keys = [config.judge.api_key, config.critic.api_key if config.critic else None]
-    return [key for key in keys if key]
+    urls = [config.judge.base_url, config.critic.base_url if config.critic else ""]
+    return [key for key in keys if key] + [s for url in urls for s in url_credentials(url) if s]
 
 
 async def judge_file(src: Path, out: Path, config: JudgeRunConfig, notice: Callable[[str], None] = lambda _: None,
@@ -246,7 +249,7 @@ async def judge_file(src: Path, out: Path, config: JudgeRunConfig, notice: Calla
 async def _judge_all(todo: list[Trajectory], out: Path, config: JudgeRunConfig, template: str,
                      progress: JudgeProgress) -> None:
     slots = asyncio.Semaphore(config.concurrency)
-    writer = TrajectoryWriter(out, secrets=_secrets(config))
+    writer = TrajectoryWriter(out, secrets=judging_secrets(config))
 
     async def one(trajectory: Trajectory) -> None:
         async with slots:
