@@ -26,15 +26,18 @@ class ServerLog:
         self._copier.start()
 
     def _copy(self, read_end: int) -> None:
+        writable = True
         with open(read_end, "rb") as pipe:
             for line in pipe:  # until every writing end is closed
+                if not writable:
+                    continue  # still read: a server whose stderr pipe fills up would block
                 for secret in self._secrets:
                     line = line.replace(secret, REDACTED.encode())
                 try:
                     self._file.write(line)
                     self._file.flush()
-                except (OSError, ValueError):  # a full disk, or closed after the wait below
-                    return
+                except (OSError, ValueError):  # a full disk, or closed after the wait in `close`
+                    writable = False
 
     def size(self) -> int:
         """Bytes in the log so far (exact once closed)."""

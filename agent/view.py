@@ -73,24 +73,26 @@ def show(console: Console, trajectory: Trajectory, full: bool = False) -> None:
     limit = None if full else 600
     cut = (lambda s: s) if full else (lambda s: s if len(s) <= limit else s[:limit] + f" … [{len(s)} chars]")
     console.rule(escape(shown(f"trajectory {trajectory.id} · {trajectory.model} · {trajectory.dialect}")))
-    console.print(f"[bold]question:[/] {escape(shown(trajectory.question))}", highlight=False)
+    # --full: lines are left to the terminal to fold; rich's own folding of megabytes takes minutes
+    console.print(f"[bold]question:[/] {escape(cut(shown(trajectory.question)))}", highlight=False, soft_wrap=full)
     for turn in trajectory.turns:
         console.print()
         console.print(turn_line(turn), highlight=False)
         content = turn.assistant.get("content") or ""
         thought, _, _ = content.rpartition("</think>")
         if thought.strip():
-            console.print(f"[dim]{escape(cut(shown(thought.replace('<think>', '').strip())))}[/]", highlight=False)
+            console.print(f"[dim]{escape(cut(shown(thought.replace('<think>', '').strip())))}[/]", highlight=False,
+                          soft_wrap=full)
         visible = dialects.visible_text(content).strip()
         if visible and not turn.tool_calls:
-            console.print(escape(cut(shown(visible))), highlight=False)
+            console.print(escape(cut(shown(visible))), highlight=False, soft_wrap=full)
         if turn.format_error:
             console.print(f"[yellow]→ {escape(shown(turn.format_error))}[/]", highlight=False)
         for call, result in zip(turn.tool_calls, turn.tool_results):
             style = "red" if result.is_error else "blue"
             console.print(f"[{style}]{escape(shown(call.server))}/{escape(shown(call.name))}[/] "
                           f"{escape(shown(json.dumps(call.arguments, ensure_ascii=False)))}", highlight=False)
-            console.print(f"[dim]{escape(cut(shown(result.text)))}[/]", highlight=False)
+            console.print(f"[dim]{escape(cut(shown(result.text)))}[/]", highlight=False, soft_wrap=full)
     console.print()
     status = shown(trajectory.stop_reason or "unfinished (no end record)")
     console.print(f"[bold]stop reason:[/] {escape(status)}" +

@@ -361,6 +361,12 @@ def test_a_10_mb_question_runs_end_to_end_and_is_kept_intact(tmp_path: Path, sou
     assert elapsed < 30  # a few seconds: nothing on the way is quadratic
     assert question in server.requests[0]["messages"][-1]["content"]
     assert load_trajectories(path)[0].question == question
+    if source == "file":
+        started = time.monotonic()
+        shown_in_full = nanbeige("show", "--full", str(path))
+        assert shown_in_full.returncode == 0 and len(shown_in_full.stdout) > len(question)
+        assert question.rsplit("\t", 1)[-1] in shown_in_full.stdout  # (rich turns tabs into spaces)
+        assert time.monotonic() - started < 30  # rich folding megabytes itself took a minute
 
 
 def test_the_question_comes_from_one_place_only(tmp_path: Path) -> None:
