@@ -16,6 +16,7 @@ import re
 import shlex
 import sys
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -73,12 +74,14 @@ URL_CREDENTIALS = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)([^/?#]*)@")
 
 
 def url_credentials(value: str) -> list[str]:
-    """The secrets in a URL's `user:password@`: the user:password text and the password alone."""
+    """The secrets in a URL's `user:password@`: the user:password text and the password alone, as
+    written and percent-decoded (an error message may quote either)."""
     found = URL_CREDENTIALS.match(value.strip())
     if not found:
         return []
     userinfo = found.group(2)
-    return [userinfo, userinfo.partition(":")[2]]
+    spelled = [userinfo, userinfo.partition(":")[2]]
+    return spelled + [urllib.parse.unquote(s) for s in spelled if urllib.parse.unquote(s) != s]
 
 
 def without_credentials(value: str) -> str:
