@@ -153,7 +153,7 @@ def completed_ids(out: Path) -> set[str]:
         records = read_records(out)
     except (OSError, ValueError) as exc:
         raise JudgeError(f"cannot read {out} to resume it ({exc}); pass another --out") from None
-    return {r["trajectory_id"] for r in records if r.get("type") == "end" and "trajectory_id" in r}
+    return {r["trajectory_id"] for r in records if r.get("type") == "end" and isinstance(r.get("trajectory_id"), str)}
 
 
 def write_whole(writer: TrajectoryWriter, trajectory: Trajectory) -> None:
