@@ -3,6 +3,7 @@
     nanbeige ask "question"      run the agent; the answer alone on stdout, the turns on stderr
     nanbeige research "question" the same at length: attempts restarted with a summary, a cited report
     nanbeige resume run.jsonl    continue an interrupted run, in the same file
+    nanbeige ask - < q.txt       the question from stdin (or --question-file q.txt)
     nanbeige show run.jsonl      print a saved trajectory readably
 
 Settings come from flags, then environment variables (NANBEIGE_*), then `nanbeige.toml`, then the
@@ -20,15 +21,13 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
-import orjson
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from nanbeige.agent import commands, research, rl_commands, settings_file
 from nanbeige.agent import options as o
 from nanbeige.agent.config import BackendConfig, RunSettings, ToolsConfig
-from nanbeige.agent.console import err, fail, hide, out
+from nanbeige.agent.console import SafeConsole, err, fail, hide, out, out_json, shown
 from nanbeige.agent.llm import LLMConfig
 from nanbeige.agent.loop import AgentConfig
 
@@ -42,7 +41,10 @@ T = TypeVar("T")
 
 @app.command()
 def ask(
-    question: Annotated[str, typer.Argument(help="The question to research.")],
+    question: Annotated[str | None, typer.Argument(help="The question to research; `-` reads it from stdin.",
+                                                   show_default=False)] = None,
+    question_file: Annotated[Path | None, typer.Option(help="Read the question from this file (any length).",
+                                                       show_default=False)] = None,
     base_url: o.BaseUrl = None,
     backend: o.Backend = BackendConfig.backend,
     model: o.Model = LLMConfig.model,
@@ -75,10 +77,17 @@ def ask(
 ) -> None:
     """Research a question with tools; print the answer."""
     settings = o.run_settings(**o.shared(locals()))
+    from nanbeige.agent.question import QuestionError, read_question
     from nanbeige.agent.setup import secrets_of
 
     hide(secrets_of(settings))
-    report(run_command(_ask(question, settings)), json_output)
+    try:
+        text, problem = read_question(question, question_file)
+    except QuestionError as exc:
+        fail(str(exc), 2)
+    if problem:
+        notice(problem)
+    report(run_command(_ask(text, settings)), json_output)
 
 
 async def _ask(question: str, settings: RunSettings, resume_from: Trajectory | None = None) -> Trajectory:
@@ -108,8 +117,8 @@ async def _ask(question: str, settings: RunSettings, resume_from: Trajectory | N
 
 
 def notice(text: str) -> None:
-    head, sep, rest = text.partition(": ")
-    line = f"[yellow]{escape(head)}:[/] {escape(rest)}" if sep else escape(text)
+    head, sep, rest = shown(text).partition(": ")
+    line = f"[yellow]{escape(head)}:[/] {escape(rest)}" if sep else escape(head)
     err.print(line, highlight=False, soft_wrap=True)
 
 
@@ -145,12 +154,14 @@ def report(trajectory: Trajectory, json_output: bool) -> None:
     from nanbeige.agent.trajectory import end_record
 
     if json_output:
-        out(orjson.dumps(end_record(trajectory)).decode())
+        out_json(end_record(trajectory))
     elif trajectory.answer is not None:
         out(trajectory.answer)
     turns = len(trajectory.turns)
     err.print(f"[dim]{trajectory.stop_reason} after {turns} turn{'s' * (turns != 1)} in "
               f"{trajectory.timings.get('wall_s', 0):.1f}s[/]", highlight=False)
+    if trajectory.stop_reason == "write_error":  # the answer, if any, is printed, but the log is not whole
+        fail(f"the run stopped: {trajectory.error}; the lines written before are kept")
     if trajectory.answer is None:
         detail = f": {trajectory.error}" if trajectory.error else ""
         fail(f"no answer (stop reason {trajectory.stop_reason}){detail}")
@@ -200,14 +211,14 @@ def show_command(
     from nanbeige.agent.view import show, show_total
 
     try:
-        trajectories = load_trajectories(path)
+        trajectories = load_trajectories(path, warn=lambda text: notice(f"warning: {text}"))
     except OSError as exc:
         fail(f"cannot read {path}: {exc.strerror or exc}")
     except ValueError as exc:
         fail(f"{exc}: is this a trajectory file?")
     if not trajectories:
         fail(f"{path} holds no trajectory")
-    out = Console()
+    out = SafeConsole()
     for trajectory in trajectories:
         show(out, trajectory, full=full)
     if len(trajectories) > 1:

@@ -1,8 +1,9 @@
 """The ReAct loop: ask the model, parse its tool calls, run them, log the turn, repeat.
 
 `run` is the whole agent; everything it needs is a function in dialects.py, context.py or
-toolbox. Limits end the run with a stop reason, never with an exception; Ctrl-C or SIGTERM (task
-cancellation) closes the trajectory as `interrupted`, and a bug as `crashed`, and both re-raise.
+toolbox. Limits end the run with a stop reason, never with an exception, and so does a trajectory
+file that cannot be written (`write_error`: a full disk); Ctrl-C or SIGTERM (task cancellation)
+closes the trajectory as `interrupted`, and a bug as `crashed`, and both re-raise.
 
 Many runs may share one model backend and one toolbox: everything that belongs to one run (the
 backend's conversation state, the history, the token tracker, the tool servers' restart budget)
@@ -24,7 +25,8 @@ from nanbeige.agent.context import History, degenerate, estimate_tokens, repeate
 from nanbeige.agent.llm import LLM, Completion, ContextOverflow, ModelError
 from nanbeige.agent.restore import rebuild, reopen
 from nanbeige.agent.tokens import TokenTracker
-from nanbeige.agent.trajectory import ToolResult, Trajectory, TrajectoryWriter, Turn, resume_record
+from nanbeige.agent.trajectory import (ToolResult, Trajectory, TrajectoryWriteError, TrajectoryWriter, Turn,
+                                        resume_record)
 from nanbeige.agent.usage import add_turn, over_budget
 
 if TYPE_CHECKING:  # the MCP SDK takes most of a second to import; `nanbeige --help` needs none of it
@@ -134,11 +136,11 @@ async def run(question: str, llm: LLM, toolbox: Toolbox | None, config: AgentCon
         Run(trajectory, History(trajectory.system_prompt, trajectory.user_message, config.keep_tool_results),
             llm.new_conversation())
     started = time.monotonic()
-    if writer and resume_from:
-        writer.write(resume_record(trajectory, used))
-    elif writer:
-        writer.start(trajectory)
     try:
+        if writer and resume_from:
+            writer.write(resume_record(trajectory, used))
+        elif writer:
+            writer.start(trajectory)
         async with asyncio.timeout(None if config.timeout_s is None else config.timeout_s - used):
             if config.timeout_s is not None and used >= config.timeout_s:
                 raise TimeoutError  # a resumed run with no time left: the model is not asked again
@@ -150,6 +152,8 @@ async def run(question: str, llm: LLM, toolbox: Toolbox | None, config: AgentCon
         trajectory.stop_reason = "timeout"
     except ReplayMiss as exc:  # the replay went where the recorded runs did not: no answer, plainly invalid
         trajectory.stop_reason, trajectory.error = "replay_miss", str(exc)
+    except TrajectoryWriteError as exc:  # what is not logged would be lost: stop here
+        trajectory.stop_reason, trajectory.error = "write_error", str(exc)
     except (asyncio.CancelledError, KeyboardInterrupt):
         trajectory.stop_reason = "interrupted"
         raise
@@ -163,7 +167,10 @@ async def run(question: str, llm: LLM, toolbox: Toolbox | None, config: AgentCon
             "tool_s": sum(r.latency_s for t in trajectory.turns for r in t.tool_results),
         }
         if writer:
-            writer.end(trajectory)
+            try:
+                writer.end(trajectory)
+            except TrajectoryWriteError as exc:  # not logged: the run's own exception, if any, goes on
+                trajectory.stop_reason, trajectory.error = "write_error", str(exc)
         on_event("end", trajectory)
     return trajectory
 

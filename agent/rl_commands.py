@@ -159,7 +159,9 @@ def judge(
     config = JudgeRunConfig(grader=grader, judge=o.judge_config(judge_base_url, judge_model, judge_api_key,
                                                                 judge_template),
                             critic=critic, rule=rule, concurrency=concurrency, no_critic=no_critic)
-    hide([key for key in (critic_api_key, judge_api_key) if key])
+    from nanbeige.trainer.judge import judging_secrets
+
+    hide(judging_secrets(config))
     run_judge(src, out, config)
 
 

@@ -29,8 +29,11 @@ from nanbeige.agent.llm import LLM, LLMConfig, ModelError, ModelUnreachable, Ope
 from nanbeige.agent.local import in_thread
 from nanbeige.agent.loop import DEFAULT_MAX_CONTEXT, AgentConfig
 from nanbeige.agent.prompts import search_template
-from nanbeige.agent.toolbox import ServerSpec, Toolbox, ToolboxError, parse_server_spec, passed_env, secrets_in_env
-from nanbeige.agent.trajectory import TrajectoryWriter
+from nanbeige.agent.records import NotATrajectoryFile, check_trajectory_file
+from nanbeige.agent.server_log import ServerLog
+from nanbeige.agent.toolbox import (ServerSpec, Toolbox, ToolboxError, parse_server_spec, passed_env, secrets_in_env,
+                                    url_credentials)
+from nanbeige.agent.trajectory import TrajectoryWriteError, TrajectoryWriter
 
 Notice = Callable[[str], None]
 
@@ -132,6 +135,12 @@ def check_writable(path: Path) -> None:
     target = path if path.exists() else folder
     if not os.access(target, os.W_OK):
         raise SetupError(f"cannot write the trajectory to {path}: permission denied. {fix}")
+    try:
+        check_trajectory_file(path)
+    except NotATrajectoryFile as exc:
+        raise SetupError(f"cannot write the trajectory: {exc}. {fix}") from None
+    except OSError as exc:
+        raise SetupError(f"cannot write the trajectory to {path}: {exc.strerror or exc}. {fix}") from None
 
 
 def default_servers(llm_config: LLMConfig, notice: Notice, upload_dirs: list[Path] | None = None,
@@ -233,8 +242,8 @@ def fit_to_server(settings: RunSettings, server: ServerInfo | None, notice: Noti
 
 
 def secrets_of(settings: RunSettings) -> list[str]:
-    """Every key the runs know, to be kept out of every output."""
-    return [s for s in (settings.llm.api_key, *secrets_in_env()) if s]
+    """Every key the runs know, and the credentials in URLs, to be kept out of every output."""
+    return [s for s in (settings.llm.api_key, *url_credentials(settings.llm.base_url), *secrets_in_env()) if s]
 
 
 @asynccontextmanager
@@ -256,17 +265,17 @@ async def ready(settings: RunSettings, notice: Notice) -> AsyncIterator[Ready]:
     if not specs:
         notice("no tools available: the model answers from its own knowledge. Add MCP servers with --mcp NAME=COMMAND.")
     secrets = secrets_of(settings)
-    log_path = path.with_name(path.name + ".servers.log")
+    log_path = Path(os.devnull) if _is_devnull(path) else path.with_name(path.name + ".servers.log")
     new_log, new_folders = not log_path.exists(), [p for p in path.parents if not p.exists()]
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        errlog = open(log_path, "a") if specs else None
+        errlog = ServerLog(log_path, secrets) if specs else None
     except OSError as exc:
         raise SetupError(f"cannot write the tool servers' log {log_path}: {exc.strerror or exc}. Pass --trajectory "
                          "with a path in a writable folder.") from None
     began, keep_log = False, False
     try:
-        async with _toolbox(specs, settings.tools, errlog, secrets) as toolbox:
+        async with _toolbox(specs, settings.tools, errlog and errlog.stream, secrets) as toolbox:
             llm = await _backend(settings, server, notice)
             try:
                 writer = open_writer(path, secrets, settings.whole_trajectories)
@@ -278,7 +287,9 @@ async def ready(settings: RunSettings, notice: Notice) -> AsyncIterator[Ready]:
             finally:
                 await llm.aclose()
     except ToolboxError as exc:
-        keep_log = errlog is not None and errlog.tell() > 0
+        if errlog:
+            errlog.close()  # all the failed server wrote is in the log
+        keep_log = errlog is not None and errlog.size() > 0
         raise SetupError(f"{exc}" + (f" (its output is in {log_path})" if keep_log else "")) from None
     finally:
         if errlog:
@@ -337,3 +348,13 @@ def open_writer(path: Path, secrets: list[str], whole: bool = False) -> Trajecto
     except OSError as exc:
         raise SetupError(f"cannot write the trajectory to {path}: {exc.strerror or exc}. "
                          "Pass --trajectory with a writable path.") from None
+    except (NotATrajectoryFile, TrajectoryWriteError) as exc:
+        raise SetupError(f"{exc}. Pass --trajectory with a writable path.") from None
+
+
+def _is_devnull(path: Path) -> bool:
+    """The trajectory is thrown away: so is the tool servers' log."""
+    try:
+        return os.path.samefile(path, os.devnull)
+    except OSError:
+        return False

@@ -16,6 +16,7 @@ import re
 import shlex
 import sys
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -61,15 +62,37 @@ class ServerSpec:
 
 
 def passed_env(with_secrets: bool = False) -> dict[str, str]:
-    """The part of this process's environment that tool servers may need. API keys go only to the
-    built-in servers (`with_secrets`), never to a server the user plugged in."""
-    return {k: v for k, v in os.environ.items()
-            if (k.startswith(ENV_PREFIXES) or k in ENV_NAMES) and (with_secrets or k not in SECRET_NAMES)}
+    """The part of this process's environment that tool servers may need. API keys, and the user
+    name and password in a URL (`http://user:pass@host`), go only to the built-in servers
+    (`with_secrets`), never to a server the user plugged in."""
+    env = {k: v for k, v in os.environ.items()
+           if (k.startswith(ENV_PREFIXES) or k in ENV_NAMES) and (with_secrets or k not in SECRET_NAMES)}
+    return env if with_secrets else {k: without_credentials(v) for k, v in env.items()}
+
+
+# scheme://userinfo@host...: the userinfo ends at the last @ before the path
+URL_CREDENTIALS = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)([^/?#]*)@")
+
+
+def url_credentials(value: str) -> list[str]:
+    """The secrets in a URL's `user:password@`: the user:password text and the password alone, as
+    written and percent-decoded (an error message may quote either)."""
+    found = URL_CREDENTIALS.match(value.strip())
+    if not found:
+        return []
+    userinfo = found.group(2)
+    spelled = [userinfo, userinfo.partition(":")[2]]
+    return spelled + [urllib.parse.unquote(s) for s in spelled if urllib.parse.unquote(s) != s]
+
+
+def without_credentials(value: str) -> str:
+    return URL_CREDENTIALS.sub(r"\1", value.strip()) if URL_CREDENTIALS.match(value.strip()) else value
 
 
 def secrets_in_env() -> list[str]:
-    """The API keys set in this process's environment."""
-    return [os.environ[name] for name in SECRET_NAMES if os.environ.get(name)]
+    """The API keys set in this process's environment, and the credentials in the URLs passed on."""
+    keys = [os.environ[name] for name in SECRET_NAMES if os.environ.get(name)]
+    return keys + [s for value in passed_env(with_secrets=True).values() for s in url_credentials(value) if s]
 
 
 # Text spelling a chat control token (a scraped page quoting "<|im_end|>") would become the real

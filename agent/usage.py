@@ -21,14 +21,19 @@ LABELS = {"tokens": "tokens", "tool_calls": "tool calls", "serper_queries": "Ser
           "jina_tokens": "Jina tokens", "summary_tokens": "extraction tokens", "e2b_seconds": "E2B seconds"}
 
 
+def _number(value: Any) -> float:
+    """A count read from a file or a server: a number, else 0 (a crafted record must not break a sum)."""
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
+
+
 def add_turn(usage: dict[str, float], turn: Any) -> None:
     """Add one logged turn (a model call and its tool calls) to a run's usage, in place."""
-    prompt, completion = turn.usage.get("prompt_tokens") or 0, turn.usage.get("completion_tokens") or 0
+    prompt, completion = _number(turn.usage.get("prompt_tokens")), _number(turn.usage.get("completion_tokens"))
     counts = {"model_calls": 1, "prompt_tokens": prompt, "completion_tokens": completion,
               "tokens": prompt + completion, "tool_calls": len(turn.tool_calls)}
     for result in turn.tool_results:
         for unit, amount in (result.usage or {}).items():
-            counts[unit] = counts.get(unit, 0) + amount
+            counts[unit] = counts.get(unit, 0) + _number(amount)
     for unit, amount in counts.items():
         usage[unit] = usage.get(unit, 0) + amount
 
@@ -46,7 +51,7 @@ def total(usages: Iterable[dict[str, float] | None]) -> dict[str, float]:
     summed: dict[str, float] = {}
     for usage in usages:
         for unit, amount in (usage or {}).items():
-            summed[unit] = summed.get(unit, 0) + amount
+            summed[unit] = summed.get(unit, 0) + _number(amount)
     return summed
 
 
@@ -79,7 +84,7 @@ def usage_text(usage: dict[str, float] | None) -> str:
     """`12,345 tokens · 4 tool calls · 3 Serper queries`: what was used, zero units left out."""
     parts = []
     for unit in BUDGET_UNITS:
-        amount = (usage or {}).get(unit, 0)
+        amount = _number((usage or {}).get(unit))
         if amount:
             shown = f"{amount:,.1f}" if unit == "e2b_seconds" else f"{amount:,.0f}"
             parts.append(f"{shown} {LABELS[unit]}")

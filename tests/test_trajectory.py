@@ -124,11 +124,22 @@ def test_short_secrets_are_not_redacted_so_the_file_stays_valid(tmp_path: Path) 
     assert loaded.turns[0].format_error is None
 
 
-def test_a_broken_line_in_the_middle_is_an_error(tmp_path: Path) -> None:
+def test_a_broken_line_in_the_middle_is_skipped_with_a_warning_when_records_follow(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     write(sample_trajectory(), path)
     lines = path.read_bytes().splitlines()
     path.write_bytes(b"\n".join([lines[0], b"{oops", lines[2]]) + b"\n")
+    warnings: list[str] = []
+    [trajectory] = load_trajectories(path, warn=warnings.append)
+    assert trajectory.finished and trajectory.turns == []
+    assert warnings == [f"{path}:2: skipped a line that is not a JSON object (a write cut short?)"]
+
+
+def test_two_broken_lines_at_the_end_are_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    write(sample_trajectory(), path)
+    lines = path.read_bytes().splitlines()
+    path.write_bytes(b"\n".join([lines[0], b"{oops", b"more"]) + b"\n")
     with pytest.raises(ValueError, match=":2: not a JSON line"):
         load_trajectories(path)
 
