@@ -1,6 +1,9 @@
 """The `nanbeige` command line.
 
     nanbeige ask "question"      run the agent; the answer alone on stdout, the turns on stderr
+    nanbeige research "question" the same at length: attempts restarted with a summary, a cited report
+    nanbeige resume run.jsonl    continue an interrupted run, in the same file
+    nanbeige ask - < q.txt       the question from stdin (or --question-file q.txt)
     nanbeige show run.jsonl      print a saved trajectory readably
 
 Settings come from flags, then environment variables (NANBEIGE_*), then `nanbeige.toml`, then the
@@ -18,15 +21,13 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
-import orjson
 import typer
-from rich.console import Console
 from rich.markup import escape
 
-from nanbeige.agent import commands, rl_commands, settings_file
+from nanbeige.agent import commands, research, rl_commands, settings_file
 from nanbeige.agent import options as o
 from nanbeige.agent.config import BackendConfig, RunSettings, ToolsConfig
-from nanbeige.agent.console import err, fail, hide, out
+from nanbeige.agent.console import SafeConsole, err, fail, hide, out, out_json, shown
 from nanbeige.agent.llm import LLMConfig
 from nanbeige.agent.loop import AgentConfig
 
@@ -40,7 +41,10 @@ T = TypeVar("T")
 
 @app.command()
 def ask(
-    question: Annotated[str, typer.Argument(help="The question to research.")],
+    question: Annotated[str | None, typer.Argument(help="The question to research; `-` reads it from stdin.",
+                                                   show_default=False)] = None,
+    question_file: Annotated[Path | None, typer.Option(help="Read the question from this file (any length).",
+                                                       show_default=False)] = None,
     base_url: o.BaseUrl = None,
     backend: o.Backend = BackendConfig.backend,
     model: o.Model = LLMConfig.model,
@@ -67,28 +71,45 @@ def ask(
     summary_turn: o.SummaryTurn = None,
     rollback: o.Rollback = None,
     system_prompt_file: o.SystemPromptFile = None,
+    budget: o.Budget = None,
+    cache: o.Cache = None,
+    replay: o.Replay = False,
 ) -> None:
     """Research a question with tools; print the answer."""
     settings = o.run_settings(**o.shared(locals()))
+    from nanbeige.agent.question import QuestionError, read_question
     from nanbeige.agent.setup import secrets_of
 
     hide(secrets_of(settings))
-    report(run_command(_ask(question, settings)), json_output)
+    try:
+        text, problem = read_question(question, question_file)
+    except QuestionError as exc:
+        fail(str(exc), 2)
+    if problem:
+        notice(problem)
+    report(run_command(_ask(text, settings)), json_output)
 
 
-async def _ask(question: str, settings: RunSettings) -> Trajectory:
+async def _ask(question: str, settings: RunSettings, resume_from: Trajectory | None = None) -> Trajectory:
     from nanbeige.agent.loop import run
     from nanbeige.agent.setup import ready
     from nanbeige.agent.view import LiveView
 
     async with ready(settings, notice) as runtime:
+        if resume_from is not None:
+            from nanbeige.agent.resume import check_unchanged
+
+            check_unchanged(resume_from, runtime.llm, runtime.toolbox.tools if runtime.toolbox else [])
         err.print(f"[dim]trajectory: {escape(str(runtime.path))}[/]", highlight=False)
         try:
-            return await run(question, runtime.llm, runtime.toolbox, runtime.agent, runtime.writer,
-                             on_event=LiveView(err, runtime.agent.max_turns))
+            trajectory = await run(question, runtime.llm, runtime.toolbox, runtime.agent, runtime.writer,
+                                   on_event=LiveView(err, runtime.agent.max_turns), resume_from=resume_from)
+            if runtime.toolbox is not None and runtime.toolbox.cache is not None:
+                err.print(f"[dim]{runtime.toolbox.cache.summary()}[/]", highlight=False)
+            return trajectory
         except asyncio.CancelledError:
-            err.print(f"[yellow]interrupted[/]; the trajectory so far is in {escape(str(runtime.path))}",
-                      highlight=False)
+            err.print(f"[yellow]interrupted[/]; the trajectory so far is in {escape(str(runtime.path))} "
+                      f"(`nanbeige resume {escape(str(runtime.path))}` goes on with it)", highlight=False)
             raise
         except Exception:
             err.print(f"[dim]the trajectory, closed as crashed, is in {escape(str(runtime.path))}[/]", highlight=False)
@@ -96,8 +117,8 @@ async def _ask(question: str, settings: RunSettings) -> Trajectory:
 
 
 def notice(text: str) -> None:
-    head, sep, rest = text.partition(": ")
-    line = f"[yellow]{escape(head)}:[/] {escape(rest)}" if sep else escape(text)
+    head, sep, rest = shown(text).partition(": ")
+    line = f"[yellow]{escape(head)}:[/] {escape(rest)}" if sep else escape(head)
     err.print(line, highlight=False, soft_wrap=True)
 
 
@@ -133,15 +154,51 @@ def report(trajectory: Trajectory, json_output: bool) -> None:
     from nanbeige.agent.trajectory import end_record
 
     if json_output:
-        out(orjson.dumps(end_record(trajectory)).decode())
+        out_json(end_record(trajectory))
     elif trajectory.answer is not None:
         out(trajectory.answer)
     turns = len(trajectory.turns)
     err.print(f"[dim]{trajectory.stop_reason} after {turns} turn{'s' * (turns != 1)} in "
               f"{trajectory.timings.get('wall_s', 0):.1f}s[/]", highlight=False)
+    if trajectory.stop_reason == "write_error":  # the answer, if any, is printed, but the log is not whole
+        fail(f"the run stopped: {trajectory.error}; the lines written before are kept")
     if trajectory.answer is None:
         detail = f": {trajectory.error}" if trajectory.error else ""
         fail(f"no answer (stop reason {trajectory.stop_reason}){detail}")
+
+
+@app.command()
+def resume(
+    path: Annotated[Path, typer.Argument(help="The trajectory file of the run; the run goes on in it.")],
+    trajectory_id: Annotated[str | None, typer.Option("--id", help="Which trajectory of the file (needed when "
+                                                                   "several can be resumed).", show_default=False)
+                             ] = None,
+    base_url: o.BaseUrl = None,
+    backend: o.Backend = BackendConfig.backend,
+    api_key: o.ApiKey = None,
+    mcp: o.Mcp = None,
+    no_default_servers: o.NoDefaultServers = False,
+    json_output: Annotated[bool, typer.Option("--json", help="Print the end record as JSON on stdout.")] = False,
+    gguf_file: o.GgufFile = None,
+    token_mode: o.TokenMode = False,
+    chat_template: o.ChatTemplate = None,
+) -> None:
+    """Continue a run cut short (killed, Ctrl-C, crashed, model server error) from its last complete turn,
+    with its own settings; print the answer. Tool servers and backend flags must be the run's."""
+    from nanbeige.agent.restore import complete_turns
+    from nanbeige.agent.resume import pick, settings_for
+    from nanbeige.agent.setup import SetupError, secrets_of
+
+    try:
+        trajectory = pick(path, trajectory_id)
+    except SetupError as exc:
+        fail(str(exc), 2 if exc.usage else 1)
+    settings = settings_for(trajectory, path, base_url, backend, api_key, mcp, no_default_servers, gguf_file,
+                            token_mode, chat_template)
+    hide(secrets_of(settings))
+    err.print(f"[dim]resuming trajectory {trajectory.id} after {complete_turns(trajectory.turns)} turns "
+              f"({trajectory.stop_reason or 'no end record'})[/]", highlight=False)
+    report(run_command(_ask(trajectory.question, settings, resume_from=trajectory)), json_output)
 
 
 @app.command("show")
@@ -151,21 +208,24 @@ def show_command(
 ) -> None:
     """Print a saved trajectory readably."""
     from nanbeige.agent.trajectory import load_trajectories
-    from nanbeige.agent.view import show
+    from nanbeige.agent.view import show, show_total
 
     try:
-        trajectories = load_trajectories(path)
+        trajectories = load_trajectories(path, warn=lambda text: notice(f"warning: {text}"))
     except OSError as exc:
         fail(f"cannot read {path}: {exc.strerror or exc}")
     except ValueError as exc:
         fail(f"{exc}: is this a trajectory file?")
     if not trajectories:
         fail(f"{path} holds no trajectory")
-    out = Console()
+    out = SafeConsole()
     for trajectory in trajectories:
         show(out, trajectory, full=full)
+    if len(trajectories) > 1:
+        show_total(out, trajectories)
 
 
+app.command("research")(research.research_command)
 app.command("serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
     commands.serve)
 app.command("server")(commands.server)

@@ -182,6 +182,9 @@ def evaluate(
     summary_turn: o.SummaryTurn = None,
     rollback: o.Rollback = None,
     system_prompt_file: o.SystemPromptFile = None,
+    budget: o.Budget = None,
+    cache: o.Cache = None,
+    replay: o.Replay = False,
 ) -> None:
     """Score the agent on a benchmark from its official files: every task k times, graded, resumable."""
     from nanbeige.evals.benchmarks import BENCHMARKS
@@ -257,6 +260,10 @@ def run_eval(config: Any, settings: Any) -> None:
     if report.get("failed_runs"):
         err.print(f"[yellow]{report['failed_runs']} runs failed[/] (model server errors or crashes) and are not "
                   "counted; run the same command again to retry them", highlight=False)
+        if settings.tools.replay:  # a replay that did not replay every run is not the recorded eval
+            failed = report['failed_runs']
+            fail(f"{failed} run{'s' * (failed != 1)} could not be replayed; their trajectories in "
+                 f"{config.out} say which tool call the cache did not hold")
 
 
 def eval_report(folder: Path | None) -> None:

@@ -49,6 +49,12 @@ class ToolsConfig:
     upload_dirs: list[Path] = field(default_factory=list)
     """Local folders, besides those in NANBEIGE_SANDBOX_UPLOAD_DIRS (default the working directory),
     that the Python sandbox may upload files from (an eval's attachments)."""
+    cache: Path | None = None
+    """SQLite file of tool results, shared by runs and processes: a call recorded there is answered from
+    it, and a new answer is recorded (the Python sandbox is never cached). None: no cache."""
+    replay: bool = False
+    """Answer tool calls only from `cache`; a call it holds no result for stops the run (`replay_miss`).
+    No search or scrape backend is needed."""
 
 
 @dataclass

@@ -1,12 +1,15 @@
 """Where the command line talks to a person: stderr, and one-line errors. Every key the command
 knows is replaced by `[REDACTED]` in all it prints (a server's error message may quote the key it
-was sent)."""
+was sent), and control characters from outside (a question, a web page, a tool's output) are shown
+escaped (`\\x1b`), never sent raw to the terminal, where they could clear it or retitle it."""
 
 from __future__ import annotations
 
+import re
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
+import orjson
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -19,11 +22,30 @@ _secrets: list[str] = []
 def hide(secrets: list[str]) -> None:
     """Keep these strings (8 characters or more: shorter ones would match ordinary text) out of
     everything printed from now on."""
-    _secrets[:] = sorted({s for s in secrets if len(s) >= 8}, key=len, reverse=True)
+    spelled = {s for s in secrets if len(s) >= 8}
+    spelled |= {orjson.dumps(s).decode()[1:-1] for s in spelled}  # as a JSON string spells it (--json)
+    _secrets[:] = sorted(spelled, key=len, reverse=True)
 
 
 def visible(text: str) -> str:
     return redact(text, _secrets)
+
+
+# C0 controls but newline and tab, DEL and C1 controls: what a terminal may act on. ESC starts
+# sequences that clear the screen or set the window title; C1's CSI (0x9b) does the same alone.
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """The text with every control character written out (`\\x1b`), so a terminal shows it and
+    acts on none. Newlines and tabs stay."""
+    return CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def shown(text: Any) -> str:
+    """Text from outside (a question, a reply, a tool result, an error), ready to print: the secrets
+    taken out first (before any cutting or wrapping could split one), control characters escaped."""
+    return printable(visible(text if isinstance(text, str) else str(text)))
 
 
 class _Stderr:
@@ -42,14 +64,32 @@ class _Stderr:
         return sys.stderr.fileno()
 
 
-err = Console(file=_Stderr())  # type: ignore[arg-type]
+class SafeConsole(Console):
+    """A rich Console that takes the secrets out of every string it prints and escapes its control
+    characters, before laying it out (control characters are no markup, so markup stays markup).
+    What callers format themselves (a path, an exception's text) is covered without their help."""
+
+    def render_str(self, text: str, **kwargs: Any) -> Any:
+        return super().render_str(shown(text), **kwargs)
+
+
+# soft_wrap: a line is written whole and the terminal folds it, so no key is split where a folded
+# line would no longer match it
+err = SafeConsole(file=_Stderr(), soft_wrap=True)  # type: ignore[arg-type]
 
 
 def out(text: str) -> None:
-    """A line on stdout, the secrets taken out."""
-    sys.stdout.write(visible(text) + "\n")
+    """A line on stdout, the secrets taken out and control characters escaped."""
+    sys.stdout.write(shown(text) + "\n")
+
+
+def out_json(value: Any) -> None:
+    """A value as one JSON line on stdout, the secrets taken out. JSON already escapes C0 controls;
+    DEL and C1 are escaped too (`\\u009b`), which keeps the line valid JSON."""
+    text = visible(orjson.dumps(value, default=str).decode())
+    sys.stdout.write(CONTROL.sub(lambda m: f"\\u{ord(m.group()):04x}", text) + "\n")
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
-    err.print(f"[red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    err.print(f"[red]error:[/] {escape(shown(message))}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)

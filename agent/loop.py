@@ -1,8 +1,9 @@
 """The ReAct loop: ask the model, parse its tool calls, run them, log the turn, repeat.
 
 `run` is the whole agent; everything it needs is a function in dialects.py, context.py or
-toolbox. Limits end the run with a stop reason, never with an exception; Ctrl-C or SIGTERM (task
-cancellation) closes the trajectory as `interrupted`, and a bug as `crashed`, and both re-raise.
+toolbox. Limits end the run with a stop reason, never with an exception, and so does a trajectory
+file that cannot be written (`write_error`: a full disk); Ctrl-C or SIGTERM (task cancellation)
+closes the trajectory as `interrupted`, and a bug as `crashed`, and both re-raise.
 
 Many runs may share one model backend and one toolbox: everything that belongs to one run (the
 backend's conversation state, the history, the token tracker, the tool servers' restart budget)
@@ -19,10 +20,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from nanbeige.agent import dialects
+from nanbeige.agent.cache import ReplayMiss
 from nanbeige.agent.context import History, degenerate, estimate_tokens, repeated_call, used_query
 from nanbeige.agent.llm import LLM, Completion, ContextOverflow, ModelError
+from nanbeige.agent.restore import rebuild, reopen
 from nanbeige.agent.tokens import TokenTracker
-from nanbeige.agent.trajectory import ToolResult, Trajectory, TrajectoryWriter, Turn
+from nanbeige.agent.trajectory import (ToolResult, Trajectory, TrajectoryWriteError, TrajectoryWriter, Turn,
+                                        resume_record)
+from nanbeige.agent.usage import add_turn, over_budget
 
 if TYPE_CHECKING:  # the MCP SDK takes most of a second to import; `nanbeige --help` needs none of it
     from nanbeige.agent.toolbox import Toolbox
@@ -73,6 +78,9 @@ class AgentConfig:
     end the run. None: on for mcp-xml, off for tool-call."""
     timeout_s: float | None = None
     """Wall-clock limit for the run (None = none)."""
+    budgets: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Most of each unit a run may use (`tokens`, `tool_calls`, `serper_queries`, `jina_tokens`,
+    `summary_tokens`, `e2b_seconds`; see `agent/usage.py`); reaching one stops the run (`budget`)."""
     date: str | None = None
     """Date shown to the model (YYYY-MM-DD); today when None."""
     system_prompt_template: str | None = None
@@ -114,31 +122,47 @@ def _no_event(kind: str, data: Any) -> None:
 
 async def run(question: str, llm: LLM, toolbox: Toolbox | None, config: AgentConfig,
               writer: TrajectoryWriter | None = None, on_event: Event = _no_event,
-              group_id: str | None = None, header: dict[str, Any] | None = None) -> Trajectory:
+              group_id: str | None = None, header: dict[str, Any] | None = None,
+              resume_from: Trajectory | None = None) -> Trajectory:
     """Answer one question; returns the finished trajectory (also written turn by turn). `header`
-    sets other fields of the trajectory's start record (`rollout_index`, `policy_version`, ...)."""
+    sets other fields of the trajectory's start record (`rollout_index`, `policy_version`, ...).
+    `resume_from` continues a trajectory cut short (see `restore.py`) instead, with the settings it
+    was made with (in `llm` and `config`), writing a resume line and then its next turns."""
     tools = toolbox.tools if toolbox else []
     config = dataclasses.replace(config.for_dialect(), date=config.date or datetime.date.today().isoformat(),
                                  max_context=config.max_context or DEFAULT_MAX_CONTEXT)
     date = config.date
     limits = dataclasses.asdict(config) | (toolbox.settings() if toolbox else {})
-    trajectory = Trajectory(
+    trajectory = resume_from or Trajectory(
         question=question, group_id=group_id, tools=tools, model=llm.config.model, dialect=config.dialect,
         system_prompt=dialects.system_prompt(config.dialect, tools, date, config.system_prompt_template),
         user_message=dialects.user_message(config.dialect, question),
         sampling=llm.config.sampling(), limits=limits,
         tokenizer=llm.tokenizer_identity, chat_template=llm.template_identity, **(header or {}),
     )
-    state = Run(trajectory, History(trajectory.system_prompt, trajectory.user_message, config.keep_tool_results),
-                llm.new_conversation())
+    used = reopen(trajectory) if resume_from else 0.0  # the time limit counts the time already used
+    state = _resumed(trajectory, llm, config) if resume_from else \
+        Run(trajectory, History(trajectory.system_prompt, trajectory.user_message, config.keep_tool_results),
+            llm.new_conversation())
     started = time.monotonic()
-    if writer:
-        writer.start(trajectory)
     try:
-        async with asyncio.timeout(config.timeout_s):
-            await _turns(state, llm, toolbox, config, writer, on_event)
+        if writer and resume_from:
+            writer.write(resume_record(trajectory, used))
+        elif writer:
+            writer.start(trajectory)
+        async with asyncio.timeout(None if config.timeout_s is None else config.timeout_s - used):
+            if config.timeout_s is not None and used >= config.timeout_s:
+                raise TimeoutError  # a resumed run with no time left: the model is not asked again
+            if trajectory.stop_reason:  # a resumed run whose last turn had ended the loop
+                await _end(state, llm, config, None, writer, on_event)
+            else:
+                await _turns(state, llm, toolbox, config, writer, on_event)
     except TimeoutError:
         trajectory.stop_reason = "timeout"
+    except ReplayMiss as exc:  # the replay went where the recorded runs did not: no answer, plainly invalid
+        trajectory.stop_reason, trajectory.error = "replay_miss", str(exc)
+    except TrajectoryWriteError as exc:  # what is not logged would be lost: stop here
+        trajectory.stop_reason, trajectory.error = "write_error", str(exc)
     except (asyncio.CancelledError, KeyboardInterrupt):
         trajectory.stop_reason = "interrupted"
         raise
@@ -147,12 +171,15 @@ async def run(question: str, llm: LLM, toolbox: Toolbox | None, config: AgentCon
         raise
     finally:
         trajectory.timings = {
-            "wall_s": time.monotonic() - started,
+            "wall_s": used + time.monotonic() - started,
             "model_s": sum(t.latency_s for t in trajectory.turns),
             "tool_s": sum(r.latency_s for t in trajectory.turns for r in t.tool_results),
         }
         if writer:
-            writer.end(trajectory)
+            try:
+                writer.end(trajectory)
+            except TrajectoryWriteError as exc:  # not logged: the run's own exception, if any, goes on
+                trajectory.stop_reason, trajectory.error = "write_error", str(exc)
         on_event("end", trajectory)
     return trajectory
 
@@ -165,6 +192,8 @@ async def _turns(state: Run, llm: LLM, toolbox: Toolbox | None, config: AgentCon
         prompt_tokens = _next_prompt_tokens(llm, state, request_tools)
         if _turns_used(state) >= config.max_turns:
             trajectory.stop_reason = "max_turns"
+        elif over_budget(trajectory.usage, config.budgets):
+            trajectory.stop_reason, trajectory.error = "budget", over_budget(trajectory.usage, config.budgets)
         elif prompt_tokens + llm.config.max_tokens + config.context_reserve > config.max_context:
             trajectory.stop_reason = "context_limit"
         if trajectory.stop_reason:
@@ -192,9 +221,7 @@ async def _turns(state: Run, llm: LLM, toolbox: Toolbox | None, config: AgentCon
             turn.format_error = parsed.format_error or (
                 None if config.rollback else _reply_problem(turn, parsed, config.dialect))
             if not turn.tool_calls and turn.format_error is None:
-                # with a summary turn to come, only a boxed answer counts until then
-                trajectory.answer = (dialects.last_boxed(turn.assistant["content"]) or None) if config.summary_turn \
-                    else dialects.extract_answer(config.dialect, turn.assistant["content"])
+                trajectory.answer = _reply_answer(turn, config)
                 trajectory.stop_reason = "answered"
             await _run_calls(turn, parsed, state, toolbox, config, on_event)
             _log_turn(trajectory, turn, writer, on_event)
@@ -216,6 +243,26 @@ def _turns_used(state: Run) -> int:
     used += sum(not turn.rolled_back for turn in turns[seen:])
     state.turns_counted = (len(turns), used)
     return used
+
+
+def _reply_answer(turn: Turn, config: AgentConfig) -> str | None:
+    """The answer in a reply that ends the loop: with a summary turn to come, only a boxed answer
+    counts until then."""
+    content = turn.assistant["content"]
+    return (dialects.last_boxed(content) or None) if config.summary_turn else \
+        dialects.extract_answer(config.dialect, content)
+
+
+def _resumed(trajectory: Trajectory, llm: LLM, config: AgentConfig) -> Run:
+    """A resumed run's state after its last complete turn, and how that turn left the loop: when it
+    answered, or was one unusable reply too many, the run only has its end to make."""
+    state = Run(trajectory, *rebuild(trajectory, llm, config.keep_tool_results))
+    last = trajectory.turns[-1] if trajectory.turns else None
+    if last is not None and not last.rolled_back and not last.tool_calls and last.format_error is None:
+        trajectory.answer, trajectory.stop_reason = _reply_answer(last, config), "answered"
+    elif _format_errors_in_a_row(trajectory.turns) >= config.max_format_errors:
+        trajectory.stop_reason = "format_errors"
+    return state
 
 
 def _next_prompt_tokens(llm: LLM, state: Run, tools: list[dict[str, Any]] | None) -> int:
@@ -253,7 +300,7 @@ async def _end(state: Run, llm: LLM, config: AgentConfig, prompt_tokens: int | N
                writer: TrajectoryWriter | None, on_event: Event, omit_latest: bool = False) -> None:
     """How a run ends once its loop stopped: with the summary turn (whatever the reason, when it is
     on), with a final-answer turn at a limit, or as it is."""
-    limit = state.trajectory.stop_reason in ("max_turns", "context_limit")
+    limit = state.trajectory.stop_reason in ("max_turns", "context_limit", "budget")
     if state.trajectory.stop_reason == "model_error" or not (config.summary_turn or (config.final_answer_turn
                                                                                       and limit)):
         return
@@ -390,6 +437,7 @@ def _release_unseen_results(turns: list[Turn], keep: int) -> None:
 
 def _log_turn(trajectory: Trajectory, turn: Turn, writer: TrajectoryWriter | None, on_event: Event) -> None:
     trajectory.turns.append(turn)
+    add_turn(trajectory.usage, turn)
     if writer:
         writer.turn(trajectory, turn)
     on_event("turn", turn)

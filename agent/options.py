@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from nanbeige.agent.config import BackendConfig, RunSettings, ToolsConfig
+from nanbeige.agent.console import fail
 from nanbeige.agent.llm import LLMConfig
 from nanbeige.agent.loop import AgentConfig
 
@@ -56,9 +57,19 @@ SummaryTurn = Annotated[bool | None, typer.Option("--summary-turn/--no-summary-t
 Rollback = Annotated[bool | None, typer.Option("--rollback/--no-rollback", show_default=False, help=(
     "Drop unusable replies (malformed call, refusal, cut off, looping) and sample again, instead of answering them "
     "with a message \\[default: on for mcp-xml, off for tool-call]."), rich_help_panel=ADVANCED)]
+Budget = Annotated[list[str] | None, typer.Option(show_default=False, help=(
+    "Most a run may use, UNIT=N (repeatable): tokens, tool_calls, serper_queries, jina_tokens, summary_tokens, "
+    "e2b_seconds. Reaching one stops the run (stop reason budget) and asks for its answer."),
+    rich_help_panel=ADVANCED)]
 SystemPromptFile = Annotated[Path | None, typer.Option(help="The mcp-xml system prompt as a template: {tools} is the "
                                                             "tool catalogue, {date} today's date.",
                                                        rich_help_panel=ADVANCED, show_default=False)]
+Cache = Annotated[Path | None, typer.Option(show_default=False, help=(
+    "SQLite file of tool results (made if missing): recorded calls are answered from it, new answers recorded. "
+    "Safe for many runs and processes at once. The Python sandbox is never cached."))]
+Replay = Annotated[bool, typer.Option("--replay", help=(
+    "Answer tool calls only from --cache, offline (the sandbox still runs); a call not recorded stops the run "
+    "and the command fails."))]
 
 # The LLM judge, for `eval` and `judge`.
 JudgeBaseUrl = Annotated[str | None, typer.Option(envvar="NANBEIGE_JUDGE_BASE_URL", show_default=False, help=(
@@ -91,17 +102,28 @@ def run_settings(*, base_url: str | None, backend: str, model: str, api_key: str
                  no_default_servers: bool, tool_timeout: float, max_result_chars: int, timeout: float | None,
                  gguf_file: str | None, token_mode: bool, chat_template: Path | None, summary_turn: bool | None,
                  rollback: bool | None, system_prompt_file: Path | None, trajectory: Path | None = None,
-                 upload_dirs: list[Path] | None = None) -> RunSettings:
+                 upload_dirs: list[Path] | None = None, budget: list[str] | None = None, cache: Path | None = None,
+                 replay: bool = False) -> RunSettings:
     """The settings the shared flags describe (unset ones stay None: the dialect fills them in)."""
+    from nanbeige.agent.usage import parse_budgets
+
+    try:
+        budgets = parse_budgets(budget or [])
+    except ValueError as exc:
+        fail(str(exc), 2)  # a bad value, as setup's own checks report one
+    if replay and cache is None:  # before a command makes anything (an eval's out folder)
+        fail("--replay needs --cache PATH: the cache file to answer tool calls from", 2)
     return RunSettings(
         llm=LLMConfig(base_url=base_url or LLMConfig.base_url, model=model, api_key=api_key,
                       temperature=temperature, top_p=top_p, repetition_penalty=repetition_penalty,
                       max_tokens=max_tokens),
         agent=AgentConfig(dialect=dialect, max_turns=max_turns, keep_tool_results=keep_tool_results,
-                          max_context=max_context, timeout_s=timeout, summary_turn=summary_turn, rollback=rollback),
+                          max_context=max_context, timeout_s=timeout, summary_turn=summary_turn, rollback=rollback,
+                          budgets=budgets),
         backend=BackendConfig(backend=backend, base_url_given=base_url is not None, gguf_file=gguf_file,
                               token_mode=token_mode, chat_template=chat_template),
         tools=ToolsConfig(mcp=mcp or [], default_servers=not no_default_servers, tool_timeout_s=tool_timeout,
-                          max_result_chars=max_result_chars, upload_dirs=upload_dirs or []),
+                          max_result_chars=max_result_chars, upload_dirs=upload_dirs or [], cache=cache,
+                          replay=replay),
         trajectory=trajectory, system_prompt_file=system_prompt_file,
     )

@@ -173,6 +173,17 @@ class Prompter:
         conversation.sent = (text, prompt_ids)
         conversation.last = None  # the same messages may now extend a different prompt
 
+    def restore(self, conversation: Conversation, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                prompt_ids: list[int], completion_ids: list[int]) -> None:
+        """Put a fresh conversation where a recorded one was after a turn (a resumed run): asked with
+        `messages`, whose prompt was `prompt_ids`, it sampled `completion_ids`. The prompt is rendered
+        again for its text, which the next prompt extends; its ids are the recorded ones."""
+        if self.split_token is None:  # chosen from the first prompt, as the recorded run chose it
+            self.split_token = _split_token(self.tokenizer, self.render(messages[:2], tools)) or ""
+        text = self.render(messages, tools, conversation=conversation)
+        conversation.last = (messages, len(messages), messages[-1], tools, text, prompt_ids)
+        self.sampled(conversation, prompt_ids, completion_ids)
+
 
 def _compiled(chat_template: str | None) -> Any:
     """transformers' compiled form of the template, or None where this transformers has none."""

@@ -56,6 +56,9 @@ def collect(
     summary_turn: o.SummaryTurn = None,
     rollback: o.Rollback = None,
     system_prompt_file: o.SystemPromptFile = None,
+    budget: o.Budget = None,
+    cache: o.Cache = None,
+    replay: o.Replay = False,
 ) -> None:
     """Sample G token-exact rollouts per question for RL, concurrently; resumable."""
     from nanbeige.agent.setup import secrets_of
@@ -156,7 +159,9 @@ def judge(
     config = JudgeRunConfig(grader=grader, judge=o.judge_config(judge_base_url, judge_model, judge_api_key,
                                                                 judge_template),
                             critic=critic, rule=rule, concurrency=concurrency, no_critic=no_critic)
-    hide([key for key in (critic_api_key, judge_api_key) if key])
+    from nanbeige.trainer.judge import judging_secrets
+
+    hide(judging_secrets(config))
     run_judge(src, out, config)
 
 

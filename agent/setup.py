@@ -23,13 +23,17 @@ from typing import IO
 import httpx
 
 from nanbeige.agent import dialects
+from nanbeige.agent.cache import CacheError, ToolCache
 from nanbeige.agent.config import BACKENDS, RunSettings, ToolsConfig
 from nanbeige.agent.llm import LLM, LLMConfig, ModelError, ModelUnreachable, OpenAIChat, ServerInfo, probe_server
 from nanbeige.agent.local import in_thread
 from nanbeige.agent.loop import DEFAULT_MAX_CONTEXT, AgentConfig
 from nanbeige.agent.prompts import search_template
-from nanbeige.agent.toolbox import ServerSpec, Toolbox, ToolboxError, parse_server_spec, passed_env, secrets_in_env
-from nanbeige.agent.trajectory import TrajectoryWriter
+from nanbeige.agent.records import NotATrajectoryFile, check_trajectory_file
+from nanbeige.agent.server_log import ServerLog
+from nanbeige.agent.toolbox import (ServerSpec, Toolbox, ToolboxError, parse_server_spec, passed_env, secrets_in_env,
+                                    url_credentials)
+from nanbeige.agent.trajectory import TrajectoryWriteError, TrajectoryWriter
 
 Notice = Callable[[str], None]
 
@@ -84,6 +88,8 @@ def check_settings(settings: RunSettings) -> list[ServerSpec]:
     if max_context is not None and c.max_tokens + settings.agent.context_reserve >= max_context:
         raise SetupError(f"--max-tokens {c.max_tokens} leaves no room for a prompt in --max-context {max_context}",
                          usage=True)
+    if settings.tools.replay and settings.tools.cache is None:
+        raise SetupError("--replay needs --cache PATH: the cache file to answer tool calls from", usage=True)
     try:
         extra = [parse_server_spec(text) for text in settings.tools.mcp]
     except ValueError as exc:
@@ -129,12 +135,19 @@ def check_writable(path: Path) -> None:
     target = path if path.exists() else folder
     if not os.access(target, os.W_OK):
         raise SetupError(f"cannot write the trajectory to {path}: permission denied. {fix}")
+    try:
+        check_trajectory_file(path)
+    except NotATrajectoryFile as exc:
+        raise SetupError(f"cannot write the trajectory: {exc}. {fix}") from None
+    except OSError as exc:
+        raise SetupError(f"cannot write the trajectory to {path}: {exc.strerror or exc}. {fix}") from None
 
 
-def default_servers(llm_config: LLMConfig, notice: Notice, upload_dirs: list[Path] | None = None) -> list[ServerSpec]:
-    """The built-in tool servers: Python sandbox, search (when a backend is set up; otherwise a notice
-    says how), and scrape + extract (extracting with the run's own model unless NANBEIGE_SUMMARY_*
-    say otherwise)."""
+def default_servers(llm_config: LLMConfig, notice: Notice, upload_dirs: list[Path] | None = None,
+                    replay: bool = False) -> list[ServerSpec]:
+    """The built-in tool servers: Python sandbox, search (when a backend is set up, or to be replayed
+    from the cache; otherwise a notice says how), and scrape + extract (extracting with the run's own
+    model unless NANBEIGE_SUMMARY_* say otherwise)."""
     from nanbeige.tools.search import search_setup_problem
 
     env = passed_env(with_secrets=True) | {"NANBEIGE_BASE_URL": llm_config.base_url,
@@ -146,7 +159,7 @@ def default_servers(llm_config: LLMConfig, notice: Notice, upload_dirs: list[Pat
         env["NANBEIGE_SANDBOX_UPLOAD_DIRS"] = os.pathsep.join([allowed, *map(str, upload_dirs)])
     modules = {"tool-python": "python", "search_and_scrape_webpage": "search", "jina_scrape_llm_summary": "scrape"}
     problem = search_setup_problem()
-    if problem:
+    if problem and not replay:  # a replay never reaches the backend: the server only lists its tool
         notice(f"search is off: {problem}")
         del modules["search_and_scrape_webpage"]
     return [ServerSpec(name=name, command=[sys.executable, "-m", f"nanbeige.servers.{module}"], env=env)
@@ -229,8 +242,8 @@ def fit_to_server(settings: RunSettings, server: ServerInfo | None, notice: Noti
 
 
 def secrets_of(settings: RunSettings) -> list[str]:
-    """Every key the runs know, to be kept out of every output."""
-    return [s for s in (settings.llm.api_key, *secrets_in_env()) if s]
+    """Every key the runs know, and the credentials in URLs, to be kept out of every output."""
+    return [s for s in (settings.llm.api_key, *url_credentials(settings.llm.base_url), *secrets_in_env()) if s]
 
 
 @asynccontextmanager
@@ -247,22 +260,22 @@ async def ready(settings: RunSettings, notice: Notice) -> AsyncIterator[Ready]:
     check_writable(path)
     server = await in_thread(find_model_server, settings, notice)
     settings = fit_to_server(for_dialect(settings), server, notice)
-    specs = (default_servers(settings.llm, notice, settings.tools.upload_dirs) if settings.tools.default_servers
-             else []) + extra
+    specs = (default_servers(settings.llm, notice, settings.tools.upload_dirs, settings.tools.replay)
+             if settings.tools.default_servers else []) + extra
     if not specs:
         notice("no tools available: the model answers from its own knowledge. Add MCP servers with --mcp NAME=COMMAND.")
     secrets = secrets_of(settings)
-    log_path = path.with_name(path.name + ".servers.log")
+    log_path = Path(os.devnull) if _is_devnull(path) else path.with_name(path.name + ".servers.log")
     new_log, new_folders = not log_path.exists(), [p for p in path.parents if not p.exists()]
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        errlog = open(log_path, "a") if specs else None
+        errlog = ServerLog(log_path, secrets) if specs else None
     except OSError as exc:
         raise SetupError(f"cannot write the tool servers' log {log_path}: {exc.strerror or exc}. Pass --trajectory "
                          "with a path in a writable folder.") from None
     began, keep_log = False, False
     try:
-        async with _toolbox(specs, settings.tools, errlog, secrets) as toolbox:
+        async with _toolbox(specs, settings.tools, errlog and errlog.stream, secrets) as toolbox:
             llm = await _backend(settings, server, notice)
             try:
                 writer = open_writer(path, secrets, settings.whole_trajectories)
@@ -274,7 +287,9 @@ async def ready(settings: RunSettings, notice: Notice) -> AsyncIterator[Ready]:
             finally:
                 await llm.aclose()
     except ToolboxError as exc:
-        keep_log = errlog is not None and errlog.tell() > 0
+        if errlog:
+            errlog.close()  # all the failed server wrote is in the log
+        keep_log = errlog is not None and errlog.size() > 0
         raise SetupError(f"{exc}" + (f" (its output is in {log_path})" if keep_log else "")) from None
     finally:
         if errlog:
@@ -295,10 +310,25 @@ async def _toolbox(specs: list[ServerSpec], tools: ToolsConfig, errlog: IO[str] 
     if not specs:
         yield None
         return
-    async with Toolbox(specs, call_timeout_s=tools.tool_timeout_s, max_result_chars=tools.max_result_chars,
-                       errlog=errlog, start_timeout_s=tools.start_timeout_s, secrets=secrets,
-                       max_restarts=tools.max_restarts) as toolbox:
-        yield toolbox
+    cache = await open_cache(tools)
+    try:
+        async with Toolbox(specs, call_timeout_s=tools.tool_timeout_s, max_result_chars=tools.max_result_chars,
+                           errlog=errlog, start_timeout_s=tools.start_timeout_s, secrets=secrets,
+                           cache=cache, max_restarts=tools.max_restarts) as toolbox:
+            yield toolbox
+    finally:
+        if cache is not None:
+            await cache.aclose()
+
+
+async def open_cache(tools: ToolsConfig) -> ToolCache | None:
+    """The tool-result cache the settings name, opened (None when they name none)."""
+    if tools.cache is None:
+        return None
+    try:
+        return await ToolCache.open(tools.cache, tools.replay)
+    except CacheError as exc:
+        raise SetupError(str(exc)) from None
 
 
 def _remove(log_path: Path | None, folders: list[Path]) -> None:
@@ -318,3 +348,13 @@ def open_writer(path: Path, secrets: list[str], whole: bool = False) -> Trajecto
     except OSError as exc:
         raise SetupError(f"cannot write the trajectory to {path}: {exc.strerror or exc}. "
                          "Pass --trajectory with a writable path.") from None
+    except (NotATrajectoryFile, TrajectoryWriteError) as exc:
+        raise SetupError(f"{exc}. Pass --trajectory with a writable path.") from None
+
+
+def _is_devnull(path: Path) -> bool:
+    """The trajectory is thrown away: so is the tool servers' log."""
+    try:
+        return os.path.samefile(path, os.devnull)
+    except OSError:
+        return False

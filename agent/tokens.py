@@ -93,6 +93,32 @@ def iter_prompts(turns: list[Turn]) -> Iterator[tuple[Turn, list[int]]]:
         previous = kept
 
 
+def last_prompt(turns: list[Turn]) -> tuple[Turn, list[int]] | None:
+    """The last token-recorded turn and the prompt ids sent for it (a resumed run starts from them).
+
+    Rebuilt backwards, touching only the ids that survive into that prompt: with keep-K rewriting
+    the prompt every turn most of each delta was cut again later, and the file can hold far more ids
+    than the prompt. Only that turn's prefix hash is checked; ValueError when it does not match."""
+    recorded = [t for t in turns if t.prompt_delta_ids is not None and t.completion_ids is not None
+                and t.prompt_keep is not None]
+    if not recorded:
+        return None
+    last = recorded[-1]
+    pieces, need = [last.prompt_delta_ids], last.prompt_keep  # need: how many leading ids are still missing
+    for turn in reversed(recorded[:-1]):
+        if need > turn.prompt_keep:  # ids from this turn's delta and completion survive, up to `need`
+            wanted = need - turn.prompt_keep
+            pieces += [turn.completion_ids[:max(wanted - len(turn.prompt_delta_ids), 0)],
+                       turn.prompt_delta_ids[:wanted]]
+            need = turn.prompt_keep
+        if need == 0:
+            break
+    prompt = [i for piece in reversed(pieces) for i in piece]
+    if need or _hash(array("i", prompt[:last.prompt_keep])) != last.prefix_hash:
+        raise ValueError(f"turn {last.index}: prefix hash does not match the rebuilt tokens")
+    return last, prompt
+
+
 def full_prompt(turns: list[Turn], index: int) -> list[int]:
     """The exact prompt token ids sent for turn `index`."""
     for turn, prompt in iter_prompts(turns):

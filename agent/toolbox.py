@@ -19,6 +19,7 @@ import re
 import shlex
 import sys
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -26,6 +27,7 @@ from mcp import Client, MCPError, StdioServerParameters, stdio_client
 from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT, TextContent
 
 from nanbeige.agent.lifeline import tied_to_this_process
+from nanbeige.agent.cache import ToolCache
 from nanbeige.agent.trajectory import ToolCall, ToolResult, redact
 
 # Environment passed on to stdio servers: backend settings, and API keys only to our own servers.
@@ -67,15 +69,37 @@ class ServerSpec:
 
 
 def passed_env(with_secrets: bool = False) -> dict[str, str]:
-    """The part of this process's environment that tool servers may need. API keys go only to the
-    built-in servers (`with_secrets`), never to a server the user plugged in."""
-    return {k: v for k, v in os.environ.items()
-            if (k.startswith(ENV_PREFIXES) or k in ENV_NAMES) and (with_secrets or k not in SECRET_NAMES)}
+    """The part of this process's environment that tool servers may need. API keys, and the user
+    name and password in a URL (`http://user:pass@host`), go only to the built-in servers
+    (`with_secrets`), never to a server the user plugged in."""
+    env = {k: v for k, v in os.environ.items()
+           if (k.startswith(ENV_PREFIXES) or k in ENV_NAMES) and (with_secrets or k not in SECRET_NAMES)}
+    return env if with_secrets else {k: without_credentials(v) for k, v in env.items()}
+
+
+# scheme://userinfo@host...: the userinfo ends at the last @ before the path
+URL_CREDENTIALS = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)([^/?#]*)@")
+
+
+def url_credentials(value: str) -> list[str]:
+    """The secrets in a URL's `user:password@`: the user:password text and the password alone, as
+    written and percent-decoded (an error message may quote either)."""
+    found = URL_CREDENTIALS.match(value.strip())
+    if not found:
+        return []
+    userinfo = found.group(2)
+    spelled = [userinfo, userinfo.partition(":")[2]]
+    return spelled + [urllib.parse.unquote(s) for s in spelled if urllib.parse.unquote(s) != s]
+
+
+def without_credentials(value: str) -> str:
+    return URL_CREDENTIALS.sub(r"\1", value.strip()) if URL_CREDENTIALS.match(value.strip()) else value
 
 
 def secrets_in_env() -> list[str]:
-    """The API keys set in this process's environment."""
-    return [os.environ[name] for name in SECRET_NAMES if os.environ.get(name)]
+    """The API keys set in this process's environment, and the credentials in the URLs passed on."""
+    keys = [os.environ[name] for name in SECRET_NAMES if os.environ.get(name)]
+    return keys + [s for value in passed_env(with_secrets=True).values() for s in url_credentials(value) if s]
 
 
 # Text spelling a chat control token (a scraped page quoting "<|im_end|>") would become the real
@@ -115,7 +139,7 @@ class Toolbox:
 
     def __init__(self, specs: list[ServerSpec], call_timeout_s: float = 300.0, max_result_chars: int = 100_000,
                  errlog: IO[str] | None = None, max_restarts: int = 1, start_timeout_s: float = 60.0,
-                 secrets: list[str] | None = None):
+                 secrets: list[str] | None = None, cache: ToolCache | None = None):
         self.specs = {spec.name: spec for spec in specs}
         self.call_timeout_s = call_timeout_s
         self.max_result_chars = max_result_chars
@@ -132,6 +156,8 @@ class Toolbox:
         self._closed = False  # once closed, nothing restarts a server
         self._hung: dict[str, Client] = {}  # a connection whose server stopped answering, by server
         self._timeouts: dict[str, int] = {}  # calls in a row that timed out, by server
+        self.cache = cache
+        """Tool results recorded and served again (see cache.py); shared like the connections."""
 
     def settings(self) -> dict[str, Any]:
         """The settings that shape what the model reads, for the trajectory."""
@@ -224,22 +250,32 @@ class Toolbox:
 
     async def call(self, call: ToolCall, restarts: dict[str, int] | None = None) -> ToolResult:
         """Run one tool call. Never raises for anything the model could fix or the server did.
-        `restarts` is the calling run's own count of server restarts (a fresh one when None)."""
+        `restarts` is the calling run's own count of server restarts (a fresh one when None). With a
+        cache in replay mode, a call it holds no result for raises `ReplayMiss`."""
         started = time.perf_counter()
         unknown = self._unknown(call)
         if unknown:
             return ToolResult(text=unknown, is_error=True)
-        text, is_error = await self._call_with_restart(call, {} if restarts is None else restarts)
-        text, truncated = truncate(defuse_control_tokens(redact(text, self.secrets)), self.max_result_chars)
-        return ToolResult(text=text, is_error=is_error, latency_s=time.perf_counter() - started, truncated=truncated)
+        cached = await self.cache.lookup(call.server, call.name, call.arguments) if self.cache is not None else None
+        if cached is not None:  # a cache hit costs nothing
+            text, is_error, cost = *cached, None
+        else:
+            text, is_error, cost = await self._call_with_restart(call, {} if restarts is None else restarts)
+        answered = cached is None and not text.startswith(failure_prefix(call))  # not a timeout, nor a dead server
+        text = defuse_control_tokens(redact(text, self.secrets))
+        if self.cache is not None and answered:  # recorded before the cut, so that any result size limit can be served
+            await self.cache.record(call.server, call.name, call.arguments, text, is_error)
+        text, truncated = truncate(text, self.max_result_chars)
+        return ToolResult(text=text, is_error=is_error, latency_s=time.perf_counter() - started, truncated=truncated,
+                          usage=cost, cached=cached is not None)
 
-    async def _call_with_restart(self, call: ToolCall, restarts: dict[str, int]) -> tuple[str, bool]:
+    async def _call_with_restart(self, call: ToolCall, restarts: dict[str, int]) -> tuple[str, bool, dict | None]:
         client = self._clients.get(call.server)
         if client is None:  # being restarted by another run: wait for it to finish
             async with self._restarting.setdefault(call.server, asyncio.Lock()):
                 client = self._clients.get(call.server)
         # Failures read as the reference harness wrote them: "Tool call to T on S failed. Error: ..."
-        failed = f"Tool call to {call.name} on {call.server} failed. Error: "
+        failed = failure_prefix(call)
         timed_out = ""
         if client is not None and self._hung.get(call.server) is client:  # known to hang: not waited for again
             failure: BaseException = TimeoutError("not responding")
@@ -253,35 +289,35 @@ class Toolbox:
                     timed_out = f"timed out after {self.call_timeout_s:g} s"
                     self._timeouts[call.server] = self._timeouts.get(call.server, 0) + 1
                     if self._timeouts[call.server] < HUNG_AFTER_TIMEOUTS and await self._responds(client):
-                        return failed + timed_out + ".", True
+                        return failed + timed_out + ".", True, None
                     self._hung[call.server], self._timeouts[call.server] = client, 0
                 elif exc.code != CONNECTION_CLOSED:
                     self._timeouts[call.server] = 0
-                    return failed + f"{exc}", True
+                    return failed + f"{exc}", True, None
                 failure = exc
             except Exception as exc:  # the transport broke in some other way
                 failure = exc
         return await self._after_failure(call, client, failure, timed_out, restarts)
 
     async def _after_failure(self, call: ToolCall, client: Client | None, failure: BaseException, timed_out: str,
-                             restarts: dict[str, int]) -> tuple[str, bool]:
+                             restarts: dict[str, int]) -> tuple[str, bool, None]:
         """The server died or hangs: restart it if this run's budget allows, and say what happened."""
-        failed = f"Tool call to {call.name} on {call.server} failed. Error: " + (timed_out + "; " if timed_out else "")
+        failed = failure_prefix(call) + (timed_out + "; " if timed_out else "")
         hung = client is not None and self._hung.get(call.server) is client
         spent = restarts.get(call.server, 0)
         if spent >= self.max_restarts and self._clients.get(call.server) is client:
             state = "is not responding" if hung else f"is not available ({_describe(failure)})"
             times = "once" if spent == 1 else f"{spent} times"
-            return failed + f"the server {state}; it was already restarted {times} in this run.", True
+            return failed + f"the server {state}; it was already restarted {times} in this run.", True, None
         try:  # shielded: a run cancelled mid-restart must not leave the server half-started for the others
             await asyncio.shield(self._restart(call.server, client, restarts))
         except Exception as exc:
-            return failed + f"the server stopped and could not be restarted: {_describe(exc)}", True
+            return failed + f"the server stopped and could not be restarted: {_describe(exc)}", True, None
         # Not retried: the call may be what killed the server, and it may have had effects.
         what = "the server stopped responding" if hung else \
             f"the server stopped during this call ({_describe(failure)})"
         return (failed + f"{what} and was restarted; anything it held in memory is gone. "
-                "Make the call again if you still need it."), True
+                "Make the call again if you still need it."), True, None
 
     async def _responds(self, client: Client | None) -> bool:
         """Whether the server still answers a request (listing its tools: every server answers that,
@@ -295,7 +331,7 @@ class Toolbox:
             return False
         return True
 
-    async def _call_once(self, call: ToolCall, client: Client | None) -> tuple[str, bool]:
+    async def _call_once(self, call: ToolCall, client: Client | None) -> tuple[str, bool, dict | None]:
         if client is None:
             raise MCPError(CONNECTION_CLOSED, "not connected")
         try:  # the SDK's own timeout does not cover every transport (in-process), so bound it here too
@@ -303,13 +339,27 @@ class Toolbox:
                 result = await client.call_tool(call.name, call.arguments, read_timeout_seconds=self.call_timeout_s)
         except TimeoutError:
             raise MCPError(REQUEST_TIMEOUT, "timed out") from None
-        return result_text(result.content), bool(result.is_error)
+        return result_text(result.content), bool(result.is_error), paid_usage(result.meta)
 
     async def aclose(self) -> None:
         self._closed = True
         for name in self.specs:
             async with self._restarting.setdefault(name, asyncio.Lock()):  # after a restart in flight
                 await self._disconnect(name)
+
+
+def paid_usage(meta: dict[str, Any] | None) -> dict[str, float] | None:
+    """What the call cost, as our own servers report it in the result's `_meta` (numbers only: a server
+    the user plugged in could send anything there)."""
+    reported = (meta or {}).get("nanbeige/usage")
+    if not isinstance(reported, dict):
+        return None
+    return {k: v for k, v in reported.items() if isinstance(k, str) and isinstance(v, (int, float))} or None
+
+
+def failure_prefix(call: ToolCall) -> str:
+    """How a result the runtime wrote for a call that got no answer begins (the reference harness's words)."""
+    return f"Tool call to {call.name} on {call.server} failed. Error: "
 
 
 def _describe(exc: BaseException) -> str:

@@ -7,27 +7,51 @@ A trajectory file holds one JSON object per line, appended and flushed as the ru
     {"type": "end", "trajectory_id": ..., "answer": ..., "stop_reason": ...}   once, when it ends
 
 Several trajectories may share a file; every line names its trajectory. A crash loses at most the
-turn in flight, and `load_trajectories` tolerates a torn last line. A trajectory without an end
-line is unfinished (resumable). Writing a turn costs O(size of that turn): the file is never
-rewritten and the prompt is never stored again.
+turn in flight, and `load_trajectories` tolerates a torn line (skipped, with a warning when records
+follow it). A trajectory without an end line is unfinished (resumable). A record that does not fit
+the format (a start without an id, a number where text belongs) is skipped with a warning naming
+its file and line.
+
+The writer refuses to append to a file that holds something else, or to a FIFO, socket or device
+other than /dev/null. When a write fails (a full disk), it cuts the file back to its last whole
+line and raises `TrajectoryWriteError`: the loop ends the run with the stop reason `write_error`.
+Writing a turn costs O(size of that turn): the file is never rewritten and the prompt is never
+stored again.
+
+`nanbeige resume` continues a trajectory cut short (no end line, or one whose stop reason is in
+`RESUMABLE`) in the same file, by appending
+
+    {"type": "resume", "trajectory_id": ..., "num_turns": K, "wall_s": ..., "resumed_at": ...}
+
+and then turn lines from index K on and, in the end, a new end line. Records apply in file order:
+a resume line keeps the trajectory's first K turns (a turn after them was not complete), and undoes
+the end line before it, so the newest end line is the one that counts. `wall_s` is the run time
+already used (the wall-time limit counts it). Files without resume lines read as before.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import Any, Callable, Iterator, Literal
 
 import orjson
+
+from nanbeige.agent.records import check_trajectory_file, encodable, fields_problem
 
 FORMAT_VERSION = 1
 
 StopReason = Literal[
-    "answered", "max_turns", "context_limit", "format_errors", "model_error", "interrupted", "timeout", "crashed"
+    "answered", "max_turns", "context_limit", "format_errors", "model_error", "interrupted", "timeout", "crashed",
+    "budget",
+    "replay_miss",
+    "write_error",
 ]
 
 
@@ -57,6 +81,10 @@ class ToolResult:
     """Wall time of the call."""
     truncated: bool = False
     """True when the text was cut to the result size limit."""
+    usage: dict[str, float] | None = None
+    """What the call cost in paid units (`serper_queries`, `jina_tokens`, ...), as the server reported."""
+    cached: bool = False
+    """True when the result was served from the tool-result cache (`--cache`, `--replay`) instead of the tool."""
 
 
 @dataclass
@@ -162,6 +190,9 @@ class Trajectory:
     """Judge breakdown."""
     timings: dict[str, float] = field(default_factory=dict)
     """`wall_s`, `model_s`, `tool_s`."""
+    usage: dict[str, float] = field(default_factory=dict)
+    """What the run used: `model_calls`, `prompt_tokens`, `completion_tokens`, `tokens`, `tool_calls`, and
+    the paid units its tools reported (`serper_queries`, `jina_tokens`, ...); see `agent/usage.py`."""
     started_at: float = field(default_factory=time.time)
     """Unix time the run began."""
     format_version: int = FORMAT_VERSION
@@ -172,7 +203,7 @@ class Trajectory:
         return self.stop_reason is not None
 
 
-_END_FIELDS = ("answer", "stop_reason", "error", "reward", "judge", "timings")
+_END_FIELDS = ("answer", "stop_reason", "error", "reward", "judge", "timings", "usage")
 
 
 def start_record(trajectory: Trajectory) -> dict[str, Any]:
@@ -204,38 +235,76 @@ def redact(text: str, secrets: list[str]) -> str:
     return text
 
 
-NOT_ENDED_ON_ITS_OWN = ("interrupted", "crashed", "model_error")
-"""Stop reasons of runs cut short from outside (a signal, a bug, the model server): such a run says
-nothing about the question, and `collect` runs it again."""
+NOT_ENDED_ON_ITS_OWN = ("interrupted", "crashed", "model_error", "replay_miss", "write_error")
+"""Stop reasons of runs cut short from outside (a signal, a bug, the model server, a replay that found
+no recorded tool result, a full disk): such a run says nothing about the question, and `collect` runs it
+again."""
+
+RESUMABLE = (None, *NOT_ENDED_ON_ITS_OWN)
+"""Stop reasons of runs that `nanbeige resume` continues: no end line yet (killed, or the machine
+stopped), or cut short from outside. The others are limits the run reached on its own."""
+
+
+def resume_record(trajectory: Trajectory, wall_s: float) -> dict[str, Any]:
+    return {"type": "resume", "trajectory_id": trajectory.id, "num_turns": len(trajectory.turns), "wall_s": wall_s,
+            "resumed_at": time.time()}
+
+
+class TrajectoryWriteError(Exception):
+    """The trajectory file could not be written (a full disk, a quota): the run stops."""
 
 
 class TrajectoryWriter:
-    """Appends trajectory records to a JSONL file, one flushed line per record; or, with `whole`,
+    """Appends trajectory records to a JSONL file, one line per record; or, with `whole`,
     each trajectory's lines together when it ends, and only when it ended on its own (not
     `NOT_ENDED_ON_ITS_OWN`), so that the file holds finished trajectories only.
 
     Every string in `secrets` (of 8 characters or more: shorter ones would match ordinary text and
-    JSON syntax) is replaced by `[REDACTED]` before a line is written."""
+    JSON syntax) is replaced by `[REDACTED]` before a line is written. A failed write cuts the file
+    back to its last whole line and raises `TrajectoryWriteError`, as does every write after it."""
 
     def __init__(self, path: str | Path, secrets: list[str] | None = None, whole: bool = False):
         self.path = Path(path)
+        check_trajectory_file(self.path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.secrets = sorted({s for s in secrets or [] if len(s) >= 8}, key=len, reverse=True)
         self.whole = whole
+        self.error: str | None = None
+        """Why writing failed; every later write raises `TrajectoryWriteError` with it."""
         self._held: dict[str, list[bytes]] = {}  # whole mode: each open trajectory's lines so far
-        self._file: IO[bytes] = open(self.path, "ab")
-        if self._file.tell() and not _ends_with_newline(self.path):
-            self._file.write(b"\n")  # an earlier run died mid-line: start ours on a line of its own
+        # Unbuffered: each record is one write call, so a failed one leaves nothing pending to retry
+        self._file = open(self.path, "ab", buffering=0)
+        self._whole_lines = self._file.tell()  # the file's size up to its last whole line
+        if self._whole_lines and not _ends_with_newline(self.path):
+            self._append(b"\n")  # an earlier run died mid-line: start ours on a line of its own
 
     def _line(self, record: dict[str, Any]) -> bytes:
-        line = orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY, default=str)
+        try:
+            line = orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY, default=str)
+        except TypeError:  # text orjson refuses (lone surrogates), an integer over 64 bits
+            line = orjson.dumps(encodable(record), option=orjson.OPT_SERIALIZE_NUMPY, default=str)
         for secret in self.secrets:
             line = line.replace(orjson.dumps(secret)[1:-1], REDACTED.encode())
         return line + b"\n"
 
+    def _append(self, data: bytes) -> None:
+        if self.error:
+            raise TrajectoryWriteError(self.error)
+        rest = memoryview(data)
+        try:
+            while rest:
+                rest = rest[self._file.write(rest):]
+        except OSError as exc:
+            self.error = f"cannot write the trajectory to {self.path}: {exc.strerror or exc}"
+            try:  # no torn line left behind; what was written before stays
+                os.ftruncate(self._file.fileno(), self._whole_lines)
+            except OSError:
+                pass
+            raise TrajectoryWriteError(self.error) from None
+        self._whole_lines += len(data)
+
     def write(self, record: dict[str, Any]) -> None:
-        self._file.write(self._line(record))
-        self._file.flush()
+        self._append(self._line(record))
 
     def start(self, trajectory: Trajectory) -> None:
         if self.whole:
@@ -254,11 +323,15 @@ class TrajectoryWriter:
             lines = self._held.pop(trajectory.id, [])
             if trajectory.stop_reason in NOT_ENDED_ON_ITS_OWN:
                 return
-            self._file.write(b"".join([*lines, self._line(end_record(trajectory))]))
-            self._file.flush()
+            self._append(b"".join([*lines, self._line(end_record(trajectory))]))
         else:
             self.write(end_record(trajectory))
-        os.fsync(self._file.fileno())
+        try:
+            os.fsync(self._file.fileno())
+        except OSError as exc:
+            if exc.errno not in (errno.EINVAL, errno.ENOTSUP):  # EINVAL: /dev/null cannot be synced
+                self.error = f"cannot write the trajectory to {self.path}: {exc.strerror or exc}"
+                raise TrajectoryWriteError(self.error) from None
 
     def close(self) -> None:
         self._file.close()
@@ -282,11 +355,19 @@ def _turn_from_record(record: dict[str, Any]) -> Turn:
     return turn
 
 
-def read_records(path: str | Path) -> list[dict[str, Any]]:
-    """All records of a trajectory file. A torn line (a crash mid-write) is skipped when it is the
-    last line or a new run started right after it; a broken line anywhere else raises ValueError."""
-    records: list[dict[str, Any]] = []
-    torn: int | None = None  # line number of an unreadable line not yet explained
+Warn = Callable[[str], None]
+
+
+def warn_on_stderr(text: str) -> None:
+    sys.stderr.write(f"warning: {text}\n")
+
+
+def _numbered_records(path: str | Path, warn: Warn) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The records of a file with their line numbers. A line that is not a JSON object (torn by a
+    crash mid-write) is skipped: with a warning when records follow it (the file was appended to
+    after the crash), quietly when it is the last line. Two such lines at the end are not a torn
+    write: ValueError."""
+    unread: list[int] = []  # unreadable lines no record has followed yet
     for number, line in enumerate(Path(path).read_bytes().split(b"\n"), start=1):
         if not line.strip():
             continue
@@ -294,18 +375,55 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
             record = orjson.loads(line)
         except orjson.JSONDecodeError:
             record = None
-        if torn is not None and not (isinstance(record, dict) and record.get("type") == "start"):
-            raise ValueError(f"{path}:{torn}: not a JSON line")
-        torn = number if record is None else None
-        if isinstance(record, dict):
-            records.append(record)
-    return records
+        if not isinstance(record, dict):
+            unread.append(number)
+            continue
+        for torn in unread:
+            warn(f"{path}:{torn}: skipped a line that is not a JSON object (a write cut short?)")
+        unread = []
+        yield number, record
+    if len(unread) > 1:
+        raise ValueError(f"{path}:{unread[0]}: not a JSON line")
 
 
-def load_trajectories(path: str | Path) -> list[Trajectory]:
-    """Trajectories of a file, in the order they started; unfinished ones have `stop_reason` None."""
+def read_records(path: str | Path, warn: Warn = warn_on_stderr) -> list[dict[str, Any]]:
+    """All records (JSON objects) of a trajectory file; see `_numbered_records` for torn lines."""
+    return [record for _, record in _numbered_records(path, warn)]
+
+
+def record_problem(record: dict[str, Any]) -> str | None:
+    """Why a record cannot be read as the trajectory record it says it is, or None."""
+    kind = record.get("type")
+    if kind == "start":
+        return fields_problem(record, Trajectory, ("id", "question"))
+    if kind not in ("turn", "end", "resume"):
+        return None  # not ours: ignored
+    if not isinstance(record.get("trajectory_id"), str):
+        return "no text 'trajectory_id'"
+    if kind == "resume":
+        count = record.get("num_turns")
+        return None if type(count) is int and count >= 0 else "'num_turns' is not a count"
+    if kind == "end":
+        return fields_problem({k: record[k] for k in _END_FIELDS if k in record}, Trajectory)
+    problem = fields_problem(record, Turn, ("index", "assistant"))
+    if problem is None and not isinstance(record["assistant"].get("content"), (str, type(None))):
+        problem = "the assistant message's content is not text"
+    for item in record.get("tool_calls", ()) if problem is None else ():
+        problem = problem or fields_problem(item, ToolCall, ("server", "name", "arguments"))
+    for item in record.get("tool_results", ()) if problem is None else ():
+        problem = problem or fields_problem(item, ToolResult, ("text",))
+    return problem
+
+
+def load_trajectories(path: str | Path, warn: Warn = warn_on_stderr) -> list[Trajectory]:
+    """Trajectories of a file, in the order they started; unfinished ones have `stop_reason` None.
+    A record that does not fit the format is skipped, with a warning naming its line."""
     by_id: dict[str, Trajectory] = {}
-    for record in read_records(path):
+    for number, record in _numbered_records(path, warn):
+        problem = record_problem(record)
+        if problem is not None:
+            warn(f"{path}:{number}: skipped the {record.get('type')} record that does not fit the format: {problem}")
+            continue
         kind = record.get("type")
         if kind == "start":
             by_id[record["id"]] = _from_dict(Trajectory, record)
@@ -315,4 +433,17 @@ def load_trajectories(path: str | Path) -> list[Trajectory]:
             trajectory = by_id[record["trajectory_id"]]
             for name in _END_FIELDS:
                 setattr(trajectory, name, record.get(name))
+            trajectory.usage = trajectory.usage or {}  # files from before usage was recorded
+        elif kind == "resume" and record.get("trajectory_id") in by_id:
+            _reopen(by_id[record["trajectory_id"]], record)
     return list(by_id.values())
+
+
+def _reopen(trajectory: Trajectory, record: dict[str, Any]) -> None:
+    """Apply a resume line: the first `num_turns` turns stay, and the run is open again."""
+    del trajectory.turns[record.get("num_turns", len(trajectory.turns)):]
+    for name in _END_FIELDS:
+        setattr(trajectory, name, None)
+    trajectory.usage = {}
+    # what the wall time covers: the turns after them were made in a run that wrote no end line
+    trajectory.timings = {"wall_s": record.get("wall_s") or 0.0, "timed_turns": len(trajectory.turns)}

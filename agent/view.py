@@ -1,4 +1,5 @@
-"""What a person sees: the live view of a run on stderr, and `nanbeige show` for a saved one."""
+"""What a person sees: the live view of a run on stderr, and `nanbeige show` for a saved one.
+Every text that came from outside goes through `shown` first: keys out, control characters escaped."""
 
 from __future__ import annotations
 
@@ -9,18 +10,20 @@ from rich.console import Console
 from rich.markup import escape
 
 from nanbeige.agent import dialects
+from nanbeige.agent.console import shown
 from nanbeige.agent.trajectory import ToolCall, Trajectory, Turn
+from nanbeige.agent.usage import add_turn, run_usage, total, usage_text
 
 
 def short(value: Any, limit: int = 60) -> str:
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    text = " ".join(text.split())
+    text = " ".join(shown(text).split())  # keys out before cutting: a cut key would no longer match
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def call_summary(call: ToolCall, limit: int = 60) -> str:
     arguments = ", ".join(f"{k}={short(v, limit)}" for k, v in call.arguments.items())
-    return f"{call.name}({arguments})"
+    return f"{shown(call.name)}({arguments})"
 
 
 def turn_line(turn: Turn) -> str:
@@ -41,25 +44,32 @@ def turn_line(turn: Turn) -> str:
 
 
 class LiveView:
-    """Renders loop events on stderr: a spinner while waiting, a line per finished turn."""
+    """Renders loop events on stderr: a spinner while waiting (with what the run used so far), a line
+    per finished turn."""
 
     def __init__(self, console: Console, max_turns: int):
         self.console = console
         self.max_turns = max_turns
         self.status = console.status("")
         self.index = 0
+        self.usage: dict[str, float] = {}
 
     def __call__(self, kind: str, data: Any) -> None:
         if kind == "model":
             self.index = data
-            self._wait(f"turn {data + 1}/{self.max_turns} · waiting for the model")
+            self._wait(f"turn {data + 1}/{self.max_turns}{self._used()} · waiting for the model")
         elif kind == "tool":
-            self._wait(f"turn {self.index + 1}/{self.max_turns} · {escape(call_summary(data, 40))}")
+            self._wait(f"turn {self.index + 1}/{self.max_turns}{self._used()} · {escape(call_summary(data, 40))}")
         elif kind == "turn":
+            add_turn(self.usage, data)
             self.status.stop()
             self.console.print(turn_line(data), highlight=False)
         elif kind == "end":
             self.status.stop()
+
+    def _used(self) -> str:
+        used = usage_text(self.usage)
+        return f" · [dim]{used}[/]" if used else ""
 
     def _wait(self, text: str) -> None:
         self.status.update(text)
@@ -70,29 +80,42 @@ def show(console: Console, trajectory: Trajectory, full: bool = False) -> None:
     """Print a saved trajectory readably: question, turns (reasoning, calls, results), answer."""
     limit = None if full else 600
     cut = (lambda s: s) if full else (lambda s: s if len(s) <= limit else s[:limit] + f" … [{len(s)} chars]")
-    console.rule(f"trajectory {trajectory.id} · {trajectory.model} · {trajectory.dialect}")
-    console.print(f"[bold]question:[/] {escape(trajectory.question)}", highlight=False)
+    console.rule(escape(shown(f"trajectory {trajectory.id} · {trajectory.model} · {trajectory.dialect}")))
+    # --full: lines are left to the terminal to fold; rich's own folding of megabytes takes minutes
+    console.print(f"[bold]question:[/] {escape(cut(shown(trajectory.question)))}", highlight=False, soft_wrap=full)
     for turn in trajectory.turns:
         console.print()
         console.print(turn_line(turn), highlight=False)
         content = turn.assistant.get("content") or ""
         thought, _, _ = content.rpartition("</think>")
         if thought.strip():
-            console.print(f"[dim]{escape(cut(thought.replace('<think>', '').strip()))}[/]", highlight=False)
+            console.print(f"[dim]{escape(cut(shown(thought.replace('<think>', '').strip())))}[/]", highlight=False,
+                          soft_wrap=full)
         visible = dialects.visible_text(content).strip()
         if visible and not turn.tool_calls:
-            console.print(escape(cut(visible)), highlight=False)
+            console.print(escape(cut(shown(visible))), highlight=False, soft_wrap=full)
         if turn.format_error:
-            console.print(f"[yellow]→ {escape(turn.format_error)}[/]", highlight=False)
+            console.print(f"[yellow]→ {escape(shown(turn.format_error))}[/]", highlight=False)
         for call, result in zip(turn.tool_calls, turn.tool_results):
             style = "red" if result.is_error else "blue"
-            console.print(f"[{style}]{escape(call.server)}/{escape(call.name)}[/] "
-                          f"{escape(json.dumps(call.arguments, ensure_ascii=False))}", highlight=False)
-            console.print(f"[dim]{escape(cut(result.text))}[/]", highlight=False)
+            console.print(f"[{style}]{escape(shown(call.server))}/{escape(shown(call.name))}[/] "
+                          f"{escape(shown(json.dumps(call.arguments, ensure_ascii=False)))}", highlight=False)
+            console.print(f"[dim]{escape(cut(shown(result.text)))}[/]", highlight=False, soft_wrap=full)
     console.print()
-    status = trajectory.stop_reason or "unfinished (no end record)"
-    console.print(f"[bold]stop reason:[/] {status}" + (f" · {escape(trajectory.error)}" if trajectory.error else ""))
-    console.print(f"[bold]answer:[/] {escape(trajectory.answer or '(none)')}", highlight=False)
+    status = shown(trajectory.stop_reason or "unfinished (no end record)")
+    console.print(f"[bold]stop reason:[/] {escape(status)}" +
+                  (f" · {escape(shown(trajectory.error))}" if trajectory.error else ""), highlight=False)
+    console.print(f"[bold]answer:[/] {escape(shown(trajectory.answer or '(none)'))}", highlight=False)
+    used = usage_text(trajectory.usage or run_usage(trajectory.turns))
+    if used:
+        console.print(f"[bold]used:[/] {used}", highlight=False)
+
+
+def show_total(console: Console, trajectories: list[Trajectory]) -> None:
+    """The usage of all the file's trajectories together (after `show` of each)."""
+    used = usage_text(total(t.usage or run_usage(t.turns) for t in trajectories))
+    console.rule(f"{len(trajectories)} trajectories")
+    console.print(f"[bold]used in all:[/] {used or 'nothing recorded'}", highlight=False)
 
 
 class RunsView:

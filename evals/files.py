@@ -110,12 +110,15 @@ def drop_torn_line(path: Path) -> None:
             file.truncate(file.read().rfind(b"\n") + 1)
 
 
-def append_jsonl(path: Path, row: dict[str, object]) -> None:
+def append_jsonl(path: Path, row: dict[str, object], secrets: list[str] | None = None) -> None:
     """Append one row as a JSON line, synced to disk before returning: a finished piece of work is
-    never lost to a crash after it."""
+    never lost to a crash after it. Each of `secrets` (keys, 8 characters or more) becomes `[REDACTED]`."""
     drop_torn_line(path)
+    line = json.dumps(row, ensure_ascii=False)
+    for secret in sorted((s for s in secrets or [] if len(s) >= 8), key=len, reverse=True):
+        line = line.replace(json.dumps(secret, ensure_ascii=False)[1:-1], "[REDACTED]")
     with open(path, "ab") as file:
-        file.write(json.dumps(row, ensure_ascii=False).encode() + b"\n")
+        file.write(line.encode() + b"\n")
         file.flush()
         os.fsync(file.fileno())
 

@@ -1,5 +1,6 @@
 """Scores from `results.jsonl`: avg@k, pass@k, per-run accuracy, a per-level breakdown, and what the
-runs did (turns, tool calls, stop reasons, judge failures); as JSON and as a markdown table.
+runs did (turns, tool calls, stop reasons, judge failures, tokens and paid tool units used); as JSON and as a
+markdown table.
 
 With n tasks and k runs, C[q][r] = 1 when run r of task q was graded correct (a run not done yet,
 or one the judge could not decide, counts 0):
@@ -13,6 +14,8 @@ from __future__ import annotations
 import statistics
 from collections import Counter, defaultdict
 from typing import Any
+
+from nanbeige.agent.usage import total, usage_text
 
 
 def scores(cells: dict[tuple[str, int], bool], task_ids: list[str], k: int) -> dict[str, Any]:
@@ -50,6 +53,7 @@ def build_report(manifest: dict[str, Any], rows: list[dict[str, Any]]) -> dict[s
     report["judge_failures"] = sum(row["correct"] is None for row in rows)
     report["calibration_error"] = calibration_error(rows, manifest["grader"])
     report["no_answer"] = sum(row.get("prediction") is None for row in rows)
+    report["usage"] = total(row.get("usage") for row in rows)
     return report
 
 
@@ -97,7 +101,8 @@ def markdown(report: dict[str, Any]) -> str:
               f"| mean turns | {_num(report['mean_turns'])} |",
               f"| mean tool calls | {_num(report['mean_tool_calls'])} |",
               f"| stop reasons | {', '.join(f'{r} {n}' for r, n in report['stop_reasons'].items()) or '-'} |",
-              f"| no answer | {report['no_answer']} |", f"| judge failures | {report['judge_failures']} |"]
+              f"| no answer | {report['no_answer']} |", f"| judge failures | {report['judge_failures']} |",
+              f"| used in all | {usage_text(report.get('usage')) or '-'} |"]
     if report.get("calibration_error") is not None:
         lines.append(f"| calibration error | {_pct(report['calibration_error'])} |")
     if report["levels"]:

@@ -27,7 +27,7 @@ import httpx
 
 from nanbeige.agent import dialects
 from nanbeige.agent.config import RunSettings
-from nanbeige.agent.trajectory import Trajectory
+from nanbeige.agent.trajectory import NOT_ENDED_ON_ITS_OWN, Trajectory
 from nanbeige.evals.files import append_jsonl, file_sha256
 from nanbeige.evals.judges import JudgeConfig, JudgeUnavailable
 from nanbeige.evals.tasks import Task, Verdict
@@ -149,8 +149,8 @@ def read_results(out: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def append_result(out: Path, row: dict[str, Any]) -> None:
-    append_jsonl(out / RESULTS, row)
+def append_result(out: Path, row: dict[str, Any], secrets: list[str] | None = None) -> None:
+    append_jsonl(out / RESULTS, row, secrets)
 
 
 def pending_runs(tasks: list[Task], k: int, rows: list[dict[str, Any]]) -> list[tuple[Task, int]]:
@@ -184,6 +184,7 @@ def result_row(task: Task, run_index: int, prediction: str | None, verdict: Verd
         "trajectory_id": trajectory.id if trajectory else None,
         "trajectory_file": TRAJECTORIES if trajectory else None,
         "wall_s": round(trajectory.timings.get("wall_s", 0.0), 3) if trajectory else None,
+        "usage": trajectory.usage if trajectory else None,
     }
 
 
@@ -246,7 +247,7 @@ def agent_attempt(runtime: Ready, config: EvalConfig, client: httpx.AsyncClient)
                                    group_id=task.id)
         except Exception as exc:  # the trajectory is closed as crashed; the run is retried on resume
             return f"{type(exc).__name__}: {exc}"
-        if trajectory.stop_reason == "model_error":
+        if trajectory.stop_reason in NOT_ENDED_ON_ITS_OWN:  # the model server failed, or a replay missed
             return trajectory.error or "the model server failed"
         try:
             verdict = await grade(task, trajectory.answer, final_response(trajectory), client)
@@ -335,8 +336,10 @@ async def evaluate(config: EvalConfig, settings: RunSettings, notice: Callable[[
             attempt = config.bench.attempt(runtime, config, client)
             view = progress_view(progress) if progress_view else None
             try:
+                # the model's answer or the judge's reason may quote a key: the results file never does
+                secrets = [*runtime.writer.secrets, *([config.judge.api_key] if config.judge.api_key else [])]
                 await run_all(pending, attempt, config.concurrency, progress,
-                              lambda row: append_result(config.out, row))
+                              lambda row: append_result(config.out, row, secrets))
             finally:
                 if view is not None:
                     view.stop()

@@ -24,9 +24,11 @@ from typing import Any
 
 import anyio.to_thread
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.types import CallToolResult, TextContent
+from mcp.types import CallToolResult
 
 from nanbeige.servers.listing import fastmcp_tool
+from nanbeige.servers.metered import metered_result
+from nanbeige.tools import usage
 from nanbeige.tools.sandbox import ERROR_DETAIL_CHARS, SandboxError, Sandboxes, config_from_env
 
 log = logging.getLogger(__name__)
@@ -35,15 +37,16 @@ log = logging.getLogger(__name__)
 def answer(work: Callable[[], str]) -> CallToolResult:
     """The tool's text. A failure answers as the reference server did, with a text starting
     `[ERROR]: ` (there it was an ordinary result; here it is also marked as an error)."""
-    try:
-        return CallToolResult(content=[TextContent(type="text", text=work())])
-    except SandboxError as exc:
-        text = f"[ERROR]: {exc}"
-    except Exception as exc:
-        log.exception("tool-python failed")
-        text = (f"[ERROR]: The sandbox failed unexpectedly; try again. Exception type: {type(exc).__name__}, "
-                f"Details: {str(exc)[:ERROR_DETAIL_CHARS]}")
-    return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+    with usage.metered() as cost:  # E2B's sandbox seconds
+        try:
+            return metered_result(work(), cost)
+        except SandboxError as exc:
+            text = f"[ERROR]: {exc}"
+        except Exception as exc:
+            log.exception("tool-python failed")
+            text = (f"[ERROR]: The sandbox failed unexpectedly; try again. Exception type: {type(exc).__name__}, "
+                    f"Details: {str(exc)[:ERROR_DETAIL_CHARS]}")
+    return metered_result(text, cost, is_error=True)
 
 
 def whole_seconds(timeout: Any) -> int:

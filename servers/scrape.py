@@ -12,10 +12,12 @@ import argparse
 import json
 
 from mcp.server.mcpserver import MCPServer
+from mcp.types import CallToolResult
 
 from nanbeige.servers.listing import sdk_description
+from nanbeige.servers.metered import metered_result
 from nanbeige.tools.fetch import FetchError
-from nanbeige.tools import scrape
+from nanbeige.tools import scrape, usage
 from nanbeige.tools.scrape import ScrapeConfig, ScrapeError, scrape_config_from_env
 
 NAME = "jina_scrape_llm_summary"
@@ -26,7 +28,7 @@ def build_server(config: ScrapeConfig | None = None) -> MCPServer:
     server = MCPServer(name=NAME)
 
     async def scrape_and_extract_info(url: str, info_to_extract: str,
-                                      custom_headers: dict[str, str] | None = None) -> str:
+                                      custom_headers: dict[str, str] | None = None) -> CallToolResult:
         """Fetch a web page, PDF, or other online file and extract the requested information from it
         with a language model. Use it to read a page found by search, and for PDFs and documents.
 
@@ -39,13 +41,15 @@ def build_server(config: ScrapeConfig | None = None) -> MCPServer:
             A JSON object: success, url, extracted_info, error, scrape_stats (line_count, char_count,
             last_char_line, all_content_displayed), model_used, tokens_used.
         """
-        try:
-            result = await scrape.scrape_and_extract_info(url, info_to_extract, custom_headers, config)
-        except (FetchError, ScrapeError) as exc:
-            # as the reference's scrape server answers: the same JSON object, saying what failed
-            result = {"success": False, "url": url, "extracted_info": "", "error": f"Scraping failed: {exc}",
-                      "scrape_stats": {}, "tokens_used": 0}
-        return json.dumps(result, ensure_ascii=False, indent=2)  # printed as the reference's server did
+        with usage.metered() as cost:
+            try:
+                result = await scrape.scrape_and_extract_info(url, info_to_extract, custom_headers, config)
+            except (FetchError, ScrapeError) as exc:
+                # as the reference's scrape server answers: the same JSON object, saying what failed
+                result = {"success": False, "url": url, "extracted_info": "", "error": f"Scraping failed: {exc}",
+                          "scrape_stats": {}, "tokens_used": 0}
+        # printed as the reference's server did
+        return metered_result(json.dumps(result, ensure_ascii=False, indent=2), cost)
 
     server.add_tool(scrape_and_extract_info, description=sdk_description(scrape_and_extract_info),
                     structured_output=False)

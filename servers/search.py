@@ -15,9 +15,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.types import ToolAnnotations
+from mcp.types import CallToolResult, ToolAnnotations
 
 from nanbeige.servers.listing import sdk_description
+from nanbeige.servers.metered import metered_result
+from nanbeige.tools import usage
 from nanbeige.tools.search import (
     SearchConfig,
     SearchError,
@@ -48,7 +50,7 @@ def build_server(config: SearchConfig | None = None) -> MCPServer:
 
     async def google_search(q: str, gl: str = "us", hl: str = "en", location: str | None = None,
                             num: int | None = None, tbs: str | None = None, page: int | None = None,
-                            autocorrect: bool | None = None, *, ctx: Context) -> str:
+                            autocorrect: bool | None = None, *, ctx: Context) -> CallToolResult:
         """Search the web (Google results) and get back JSON with the organic results: title, link,
         snippet and, when known, a date.
 
@@ -65,12 +67,13 @@ def build_server(config: SearchConfig | None = None) -> MCPServer:
             autocorrect: Whether the engine may correct the query's spelling.
         """
         searcher: Searcher = ctx.request_context.lifespan_context["searcher"]
-        try:
-            result = await searcher.google_search(q, gl, hl, location, num, tbs, page, autocorrect)
-        except (SearchError, SearchUnavailable) as exc:
-            # as the reference's search server answers: a JSON object saying what failed, not a tool error
-            return format_results({"success": False, "error": str(exc), "results": []})
-        return format_results(result)
+        with usage.metered() as cost:
+            try:
+                result = await searcher.google_search(q, gl, hl, location, num, tbs, page, autocorrect)
+            except (SearchError, SearchUnavailable) as exc:
+                # as the reference's search server answers: a JSON object saying what failed, not a tool error
+                result = {"success": False, "error": str(exc), "results": []}
+        return metered_result(format_results(result), cost)
 
     server.add_tool(google_search, description=sdk_description(google_search), structured_output=False,
                     annotations=ToolAnnotations(read_only_hint=True, open_world_hint=True))

@@ -2,7 +2,8 @@
 
 Tools: echo, add, fail (a tool error), slow (sleeps), crash (the process dies), hang (the server
 stops answering anything), big (a long result), env_has (whether an environment variable reached
-the server), pid."""
+the server), env_value (its value: what a hostile server could send on), shout (writes its text to
+the server's stderr, the tool servers' log), pid."""
 
 from __future__ import annotations
 
@@ -64,6 +65,19 @@ def big(n: int) -> str:
 def env_has(name: str) -> str:
     """Whether an environment variable is set in the server."""
     return "yes" if os.environ.get(name) else "no"
+
+
+@server.tool()
+def env_value(name: str) -> str:
+    """The value of an environment variable in the server, or an empty string."""
+    return os.environ.get(name, "")
+
+
+@server.tool()
+def shout(text: str) -> str:
+    """Write the text to the server's stderr, as a library's log line would."""
+    print(text, file=sys.stderr, flush=True)
+    return "logged"
 
 
 @server.tool()

@@ -110,6 +110,30 @@ async def test_a_judge_profile_grades_through_the_judge_endpoint(tmp_path: Path)
     assert len(judge_server.requests) <= 1  # "paris." is not "Paris" verbatim, so the judge was asked at most once
 
 
+@pytest.mark.anyio
+async def test_keys_the_model_or_judge_quote_never_reach_the_results_file(tmp_path: Path) -> None:
+    data = write_gaia(tmp_path / "gaia")
+    model_key, judge_key = "sk-model-0123456789", "sk-judge-9876543210"
+
+    def leaky(request: dict[str, Any]) -> Reply:
+        return Reply(content=f"\\boxed{{{model_key} {judge_key}}}")
+
+    def judge(request: dict[str, Any]) -> str:
+        return f"extracted_final_answer: {judge_key}\nreasoning: it quotes {model_key}\ncorrect: no"
+
+    with FakeOpenAI(leaky) as model, FakeOpenAI(judge) as judge_server:
+        settings = settings_for(model)
+        settings.llm.api_key = model_key
+        config = EvalConfig(bench=BENCHMARKS["gaia"], data=data, out=tmp_path / "out", k=1, limit=1,
+                            grader="browsecomp", judge=JudgeConfig(base_url=judge_server.base_url, model="judge",
+                                                                   api_key=judge_key))
+        await evaluate(config, settings, notice=lambda text: None)
+    written = (tmp_path / "out" / "results.jsonl").read_text()
+    assert model_key not in written and judge_key not in written
+    [row] = read_results(tmp_path / "out")
+    assert row["prediction"] == "[REDACTED] [REDACTED]" and "[REDACTED]" in row["reason"]  # the judge quoted it
+
+
 def eval_command(data: Path, out: Path, server: FakeOpenAI) -> list[str]:
     return [NANBEIGE, "eval", "gaia", "--data", str(data), "--out", str(out), "-k", "3", "--concurrency", "2",
             "--base-url", server.base_url, "--no-default-servers"]

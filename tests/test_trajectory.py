@@ -18,6 +18,7 @@ from nanbeige.agent.trajectory import (
     load_trajectories,
     read_records,
 )
+from nanbeige.agent.usage import run_usage
 
 GOLDEN = Path(__file__).parent / "golden" / "trajectory.jsonl"
 
@@ -30,11 +31,12 @@ def sample_trajectory() -> Trajectory:
     trajectory.turns.append(Turn(
         index=0, assistant={"role": "assistant", "content": "<think>\nadd\n</think>\n\ncall"},
         tool_calls=[ToolCall(server="calc", name="add", arguments={"a": 2, "b": 3})],
-        tool_results=[ToolResult(text="5", latency_s=0.25)], finish_reason="stop",
+        tool_results=[ToolResult(text="5", latency_s=0.25, usage={"serper_queries": 1})], finish_reason="stop",
         usage={"prompt_tokens": 10, "completion_tokens": 4}, latency_s=0.5,
         segment=0, prompt_keep=0, prompt_delta_ids=[1, 2, 3], prefix_hash="h", completion_ids=[7, 8], logprobs=[-0.1, -0.2]))
     trajectory.answer, trajectory.stop_reason = "5", "answered"
     trajectory.timings = {"wall_s": 1.0, "model_s": 0.5, "tool_s": 0.25}
+    trajectory.usage = run_usage(trajectory.turns)
     return trajectory
 
 
@@ -65,6 +67,8 @@ def test_golden_file_has_the_documented_fields() -> None:
     assert set(turn["tool_calls"][0]) >= {"server", "name", "arguments"}
     assert set(turn["tool_results"][0]) >= {"text", "is_error", "latency_s"}
     assert end["answer"] == "5" and end["stop_reason"] == "answered"
+    assert end["usage"] == {"model_calls": 1, "prompt_tokens": 10, "completion_tokens": 4, "tokens": 14,
+                            "tool_calls": 1, "serper_queries": 1}
 
 
 def test_round_trip_keeps_every_field(tmp_path: Path) -> None:
@@ -120,11 +124,22 @@ def test_short_secrets_are_not_redacted_so_the_file_stays_valid(tmp_path: Path) 
     assert loaded.turns[0].format_error is None
 
 
-def test_a_broken_line_in_the_middle_is_an_error(tmp_path: Path) -> None:
+def test_a_broken_line_in_the_middle_is_skipped_with_a_warning_when_records_follow(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     write(sample_trajectory(), path)
     lines = path.read_bytes().splitlines()
     path.write_bytes(b"\n".join([lines[0], b"{oops", lines[2]]) + b"\n")
+    warnings: list[str] = []
+    [trajectory] = load_trajectories(path, warn=warnings.append)
+    assert trajectory.finished and trajectory.turns == []
+    assert warnings == [f"{path}:2: skipped a line that is not a JSON object (a write cut short?)"]
+
+
+def test_two_broken_lines_at_the_end_are_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    write(sample_trajectory(), path)
+    lines = path.read_bytes().splitlines()
+    path.write_bytes(b"\n".join([lines[0], b"{oops", b"more"]) + b"\n")
     with pytest.raises(ValueError, match=":2: not a JSON line"):
         load_trajectories(path)
 

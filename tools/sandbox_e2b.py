@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from nanbeige.tools import usage
 from nanbeige.tools.sandbox import MB, SandboxConfig, SandboxError, command_failed, format_command, invalid_id
 
 log = logging.getLogger(__name__)
@@ -30,6 +32,7 @@ class E2BBackend:
         self._class = sandbox_class
         self._e2b = e2b
         self._live: dict[str, Any] = {}
+        self._counted: dict[str, float] = {}  # when each sandbox's alive time was last counted (E2B bills it)
         self._lock = threading.Lock()
 
     def create(self, timeout: int) -> str:
@@ -40,6 +43,7 @@ class E2BBackend:
             sandbox = self._class.create(**options)
         with self._lock:
             self._live[sandbox.sandbox_id] = sandbox
+            self._counted[sandbox.sandbox_id] = time.monotonic()
         return sandbox.sandbox_id
 
     def attach(self, sandbox_id: str, timeout: int) -> None:
@@ -55,6 +59,7 @@ class E2BBackend:
                 raise
         with self._lock:
             self._live.setdefault(sandbox_id, sandbox)
+            self._counted.setdefault(sandbox_id, time.monotonic())
 
     def run_python(self, sandbox_id: str, code: str) -> str:
         with self._errors("run the code", sandbox_id):
@@ -83,8 +88,10 @@ class E2BBackend:
         return data
 
     def destroy(self, sandbox_id: str) -> None:
+        self._count_alive_time(sandbox_id)
         with self._lock:
             sandbox = self._live.pop(sandbox_id, None)
+            self._counted.pop(sandbox_id, None)
         if sandbox is not None:
             try:
                 sandbox.kill()
@@ -102,8 +109,19 @@ class E2BBackend:
             sandbox = self._live.get(sandbox_id)
         if sandbox is None:
             raise SandboxError(invalid_id(sandbox_id))
+        self._count_alive_time(sandbox_id)
         sandbox.set_timeout(self.config.idle_timeout_s)  # E2B counts its lifetime from the last refresh
         return sandbox
+
+    def _count_alive_time(self, sandbox_id: str) -> None:
+        """Count the sandbox's seconds alive since they were last counted against the current call."""
+        now = time.monotonic()
+        with self._lock:
+            since = self._counted.get(sandbox_id)
+            if since is not None:
+                self._counted[sandbox_id] = now
+        if since is not None:
+            usage.add("e2b_seconds", round(now - since, 3))
 
     @contextmanager
     def _errors(self, action: str, sandbox_id: str | None = None) -> Iterator[None]:

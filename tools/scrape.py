@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 import httpx
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
+from nanbeige.tools import usage
 from nanbeige.tools.fetch import FetchError, FetchPolicy, Page, check_url, fetch_direct, ssl_context, to_text
 
 BLOCKED_LINKS = ("huggingface.co/datasets", "huggingface.co/spaces")
@@ -120,8 +121,9 @@ async def fetch_jina(url: str, config: ScrapeConfig, headers: dict[str, str] | N
         raise FetchError(f"Jina Reader could not fetch {url}: HTTP {status}") from None
     except httpx.HTTPError as exc:
         raise FetchError(f"Jina Reader could not be reached: {type(exc).__name__}: {exc}") from None
-    return Page(url=url, text=to_text(response.content, response.headers.get("content-type", "text/plain")),
-                content_type="text/markdown")
+    text = to_text(response.content, response.headers.get("content-type", "text/plain"))
+    usage.add("jina_tokens", len(text) // 4)
+    return Page(url=url, text=text, content_type="text/markdown")
 
 
 async def fetch_page(url: str, config: ScrapeConfig, headers: dict[str, str] | None = None) -> Page:
@@ -197,7 +199,9 @@ async def extract_info(content: str, info_to_extract: str, config: ScrapeConfig)
             body = response.json()
             text = body["choices"][0]["message"].get("content") or ""
             text = text.rsplit("</think>", 1)[-1].strip()  # keep the answer, not the reasoning
-            return text, int((body.get("usage") or {}).get("total_tokens", 0)), used
+            tokens = int((body.get("usage") or {}).get("total_tokens", 0))
+            usage.add("summary_tokens", tokens)
+            return text, tokens, used
     raise ScrapeError("the page does not fit the extraction model's context even when cut short")
 
 

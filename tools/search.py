@@ -37,6 +37,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from nanbeige.tools import usage
 from nanbeige.tools.results import organic
 from nanbeige.tools.index import META_FILE, IndexNotFound, LocalIndex, default_index_dir, index_exists
 
@@ -278,6 +279,8 @@ class Searcher:
             body = None
         if not isinstance(body, dict):
             raise SearchUnavailable(f"Serper at {url} sent a reply that is not a JSON object; check SERPER_BASE_URL")
+        credits = body.get("credits")
+        usage.add("serper_queries", credits if isinstance(credits, (int, float)) and credits > 0 else 1)
         params = body.get("searchParameters")
         return {"organic": organic(body.get("organic"), request["num"]),
                 "searchParameters": params if isinstance(params, dict) else search_parameters(request, "google")}

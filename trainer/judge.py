@@ -153,7 +153,7 @@ def completed_ids(out: Path) -> set[str]:
         records = read_records(out)
     except (OSError, ValueError) as exc:
         raise JudgeError(f"cannot read {out} to resume it ({exc}); pass another --out") from None
-    return {r["trajectory_id"] for r in records if r.get("type") == "end" and "trajectory_id" in r}
+    return {r["trajectory_id"] for r in records if r.get("type") == "end" and isinstance(r.get("trajectory_id"), str)}
 
 
 def write_whole(writer: TrajectoryWriter, trajectory: Trajectory) -> None:
@@ -209,9 +209,12 @@ async def judge_trajectory(trajectory: Trajectory, config: JudgeRunConfig, templ
         await judge_turn(trajectory, turn, config.critic, config.rule, template, client)
 
 
-def _secrets(config: JudgeRunConfig) -> list[str]:
+def judging_secrets(config: JudgeRunConfig) -> list[str]:
+    from nanbeige.agent.toolbox import url_credentials
+
     keys = [config.judge.api_key, config.critic.api_key if config.critic else None]
-    return [key for key in keys if key]
+    urls = [config.judge.base_url, config.critic.base_url if config.critic else ""]
+    return [key for key in keys if key] + [s for url in urls for s in url_credentials(url) if s]
 
 
 async def judge_file(src: Path, out: Path, config: JudgeRunConfig, notice: Callable[[str], None] = lambda _: None,
@@ -246,7 +249,7 @@ async def judge_file(src: Path, out: Path, config: JudgeRunConfig, notice: Calla
 async def _judge_all(todo: list[Trajectory], out: Path, config: JudgeRunConfig, template: str,
                      progress: JudgeProgress) -> None:
     slots = asyncio.Semaphore(config.concurrency)
-    writer = TrajectoryWriter(out, secrets=_secrets(config))
+    writer = TrajectoryWriter(out, secrets=judging_secrets(config))
 
     async def one(trajectory: Trajectory) -> None:
         async with slots:

@@ -1,0 +1,100 @@
+"""`nanbeige resume`: which trajectory of a file to continue, with what settings, and the checks that
+it will see what it saw.
+
+A run's settings come from its start line: model, sampling, dialect, limits, tools, system prompt
+and question. Only what does not change what the model sees may be given anew: where the model
+is served (`--base-url`, `--api-key`, `--backend`, ...) and how the tool servers start (`--mcp`,
+`--no-default-servers`). The tools they offer, and the tokenizer and chat template when prompts are
+built here, must be the very ones the run had, or the resume is refused before anything is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from nanbeige.agent.config import BackendConfig, RunSettings, ToolsConfig
+from nanbeige.agent.llm import LLMConfig
+from nanbeige.agent.loop import AgentConfig
+from nanbeige.agent.restore import complete_turns
+from nanbeige.agent.setup import SetupError
+from nanbeige.agent.tokens import last_prompt
+from nanbeige.agent.trajectory import RESUMABLE, Trajectory, load_trajectories
+
+SAMPLING = ("temperature", "top_p", "repetition_penalty", "max_tokens", "stop")
+
+
+def pick(path: Path, trajectory_id: str | None) -> Trajectory:
+    """The trajectory of the file to resume: the one named, else the only one that can be."""
+    try:
+        trajectories = load_trajectories(path)
+    except OSError as exc:
+        raise SetupError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SetupError(f"{path}: {exc}: is this a trajectory file?") from None
+    if trajectory_id is not None:
+        named = [t for t in trajectories if t.id == trajectory_id]
+        if not named:
+            raise SetupError(f"{path} holds no trajectory {trajectory_id!r}", usage=True)
+        if named[0].stop_reason not in RESUMABLE:
+            raise SetupError(finished(named[0]))
+        return checked(named[0], path)
+    open_ones = [t for t in trajectories if t.stop_reason in RESUMABLE]
+    if len(open_ones) == 1:
+        return checked(open_ones[0], path)
+    if open_ones:
+        raise SetupError(f"{path} holds {len(open_ones)} trajectories that can be resumed "
+                         f"({', '.join(t.id for t in open_ones)}): pass --id", usage=True)
+    if len(trajectories) == 1:
+        raise SetupError(finished(trajectories[0]))
+    raise SetupError(f"{path} holds no trajectory that can be resumed: "
+                     f"{len(trajectories)} finished on their own" if trajectories else f"{path} holds no trajectory")
+
+
+def checked(trajectory: Trajectory, path: Path) -> Trajectory:
+    """The trajectory, once its token records are known to rebuild (the resumed run starts from them)."""
+    try:
+        last_prompt(trajectory.turns[:complete_turns(trajectory.turns)])
+    except (ValueError, TypeError) as exc:
+        raise SetupError(f"{path}: trajectory {trajectory.id} cannot be resumed: {exc}") from None
+    return trajectory
+
+
+def finished(trajectory: Trajectory) -> str:
+    return (f"trajectory {trajectory.id} finished on its own (stop reason {trajectory.stop_reason}): only a run cut "
+            "short (no end record, or interrupted, crashed or model_error) can be resumed")
+
+
+def settings_for(trajectory: Trajectory, path: Path, base_url: str | None, backend: str, api_key: str | None,
+                 mcp: list[str] | None, no_default_servers: bool, gguf_file: str | None, token_mode: bool,
+                 chat_template: Path | None) -> RunSettings:
+    """The settings the run was made with, served and tooled as the flags say."""
+    limits, sampling = trajectory.limits, trajectory.sampling
+    agent = AgentConfig(**{f.name: limits[f.name] for f in dataclasses.fields(AgentConfig) if f.name in limits})
+    llm = LLMConfig(base_url=base_url or LLMConfig.base_url, model=trajectory.model, api_key=api_key,
+                    **{name: sampling[name] for name in SAMPLING if name in sampling})
+    tools = ToolsConfig(mcp=mcp or [], default_servers=not no_default_servers,
+                        tool_timeout_s=limits.get("tool_timeout_s", ToolsConfig.tool_timeout_s),
+                        max_result_chars=limits.get("max_result_chars", ToolsConfig.max_result_chars))
+    return RunSettings(llm=llm, agent=agent, tools=tools, trajectory=path,
+                       backend=BackendConfig(backend=backend, base_url_given=base_url is not None, gguf_file=gguf_file,
+                                             token_mode=token_mode, chat_template=chat_template))
+
+
+def check_unchanged(trajectory: Trajectory, llm: Any, tools: list[dict[str, Any]]) -> None:
+    """Refuse a resume whose tools, tokenizer or chat template differ from the run's."""
+    if tools != trajectory.tools:
+        had = [f"{t['server']}/{t['name']}" for t in trajectory.tools]
+        now = [f"{t['server']}/{t['name']}" for t in tools]
+        gone, new = [n for n in had if n not in now], [n for n in now if n not in had]
+        detail = "; ".join(part for part in (gone and "missing " + ", ".join(gone), new and "new " + ", ".join(new))
+                           if part) or "their descriptions or schemas changed"
+        raise SetupError(f"the tools offered now are not the run's ({detail}): resume with the tool servers the run "
+                         "had (the same --mcp and --no-default-servers)")
+    for what, had, now in (("tokenizer", trajectory.tokenizer, llm.tokenizer_identity),
+                           ("chat template", trajectory.chat_template, llm.template_identity)):
+        if (had or {}).get("sha256") != (now or {}).get("sha256"):
+            said = f"{what} {had['name']}" if had else f"no {what} here (a chat server rendered them)"
+            raise SetupError(f"the run's prompts were built with {said}, and this backend would build them otherwise: "
+                             "resume with the backend flags the run had (--token-mode, --chat-template, --backend)")
