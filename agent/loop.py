@@ -1,9 +1,10 @@
 """The ReAct loop: ask the model, parse its tool calls, run them, log the turn, repeat.
 
-`run` is the whole agent; everything it needs is a function in dialects.py, context.py or
-toolbox. Limits end the run with a stop reason, never with an exception, and so does a trajectory
-file that cannot be written (`write_error`: a full disk); Ctrl-C or SIGTERM (task cancellation)
-closes the trajectory as `interrupted`, and a bug as `crashed`, and both re-raise.
+`run` is the whole agent; everything it needs is a function in dialects.py, replies.py (what a
+reply is), context.py, restore.py (a resumed run's state) or toolbox. Limits end the run with a stop
+reason, never with an exception, and so does a trajectory file that cannot be written
+(`write_error`: a full disk); Ctrl-C or SIGTERM (task cancellation) closes the trajectory as
+`interrupted`, and a bug as `crashed`, and both re-raise.
 
 Many runs may share one model backend and one toolbox: everything that belongs to one run (the
 backend's conversation state, the history, the token tracker, the tool servers' restart budget)
@@ -19,9 +20,9 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from nanbeige.agent import dialects
+from nanbeige.agent import dialects, replies
 from nanbeige.agent.cache import ReplayMiss
-from nanbeige.agent.context import History, degenerate, estimate_tokens, repeated_call, used_query
+from nanbeige.agent.context import History, estimate_tokens, repeated_call, used_query
 from nanbeige.agent.llm import LLM, Completion, ContextOverflow, ModelError
 from nanbeige.agent.restore import rebuild, reopen
 from nanbeige.agent.tokens import TokenTracker
@@ -212,16 +213,16 @@ async def _turns(state: Run, llm: LLM, toolbox: Toolbox | None, config: AgentCon
         turn = _new_turn(trajectory, completion, state.tracker)
         parsed = dialects.parse_reply(config.dialect, turn.assistant, trajectory.tools)
         turn.tool_calls = parsed.tool_calls
-        problem = _unusable(turn, parsed) if config.rollback else None
+        problem = replies.unusable(turn, parsed) if config.rollback else None
         if problem is not None:  # dropped: the next prompt is this one again, and the model samples anew
             turn.format_error, turn.rolled_back = problem, True
             turn.tool_calls = []  # none of its calls ran (each recorded call has its result)
             _log_turn(trajectory, turn, writer, on_event)
         else:
             turn.format_error = parsed.format_error or (
-                None if config.rollback else _reply_problem(turn, parsed, config.dialect))
+                None if config.rollback else replies.reply_problem(turn, parsed, config.dialect))
             if not turn.tool_calls and turn.format_error is None:
-                trajectory.answer = _reply_answer(turn, config)
+                trajectory.answer = replies.reply_answer(turn, config)
                 trajectory.stop_reason = "answered"
             await _run_calls(turn, parsed, state, toolbox, config, on_event)
             _log_turn(trajectory, turn, writer, on_event)
@@ -229,7 +230,7 @@ async def _turns(state: Run, llm: LLM, toolbox: Toolbox | None, config: AgentCon
                              dialects.observation_messages(config.dialect, turn), tool_results=bool(turn.tool_calls))
             if config.release_results and writer is not None:
                 _release_unseen_results(trajectory.turns, config.keep_tool_results)
-        if not trajectory.stop_reason and _format_errors_in_a_row(trajectory.turns) >= config.max_format_errors:
+        if not trajectory.stop_reason and replies.format_errors_in_a_row(trajectory.turns) >= config.max_format_errors:
             trajectory.stop_reason = "format_errors"
         if trajectory.stop_reason:
             await _end(state, llm, config, None, writer, on_event)
@@ -245,22 +246,14 @@ def _turns_used(state: Run) -> int:
     return used
 
 
-def _reply_answer(turn: Turn, config: AgentConfig) -> str | None:
-    """The answer in a reply that ends the loop: with a summary turn to come, only a boxed answer
-    counts until then."""
-    content = turn.assistant["content"]
-    return (dialects.last_boxed(content) or None) if config.summary_turn else \
-        dialects.extract_answer(config.dialect, content)
-
-
 def _resumed(trajectory: Trajectory, llm: LLM, config: AgentConfig) -> Run:
     """A resumed run's state after its last complete turn, and how that turn left the loop: when it
     answered, or was one unusable reply too many, the run only has its end to make."""
     state = Run(trajectory, *rebuild(trajectory, llm, config.keep_tool_results))
     last = trajectory.turns[-1] if trajectory.turns else None
     if last is not None and not last.rolled_back and not last.tool_calls and last.format_error is None:
-        trajectory.answer, trajectory.stop_reason = _reply_answer(last, config), "answered"
-    elif _format_errors_in_a_row(trajectory.turns) >= config.max_format_errors:
+        trajectory.answer, trajectory.stop_reason = replies.reply_answer(last, config), "answered"
+    elif replies.format_errors_in_a_row(trajectory.turns) >= config.max_format_errors:
         trajectory.stop_reason = "format_errors"
     return state
 
@@ -341,52 +334,13 @@ async def _final_turn(state: Run, llm: LLM, config: AgentConfig, prompt_tokens: 
     turn = _new_turn(trajectory, completion, state.tracker)
     turn.instruction, turn.omitted_latest_results = instruction, omitted or (
         dropped and bool(history.observations) and history.observations[-1][-1] == len(history.messages) - 1)
-    answer = _final_answer(turn, config.dialect, bool(config.summary_turn))
+    answer = replies.final_answer(turn, config.dialect, bool(config.summary_turn))
     if answer is None:
         turn.format_error = "The reply to the final-answer request had no usable answer."
     _log_turn(trajectory, turn, writer, on_event)
     if answer is None and config.summary_turn:
-        answer = _latest_boxed(trajectory.turns)
+        answer = replies.latest_boxed(trajectory.turns)
     trajectory.answer = answer if answer is not None else trajectory.answer
-
-
-def _final_answer(turn: Turn, dialect: str, summary: bool) -> str | None:
-    """The answer in a reply to the final-answer request: a non-empty `\\boxed{}` (mcp-xml; anywhere
-    in the reply for the summary turn, as the reference reads it, else after the reasoning), or the
-    visible text of a finished reply without tool calls (tool-call)."""
-    content = turn.assistant.get("content") or ""
-    if dialect == "mcp-xml":
-        return dialects.last_boxed(content if summary else dialects.visible_text(content)) or None
-    if turn.finish_reason == "length" or turn.assistant.get("tool_calls") or "<tool_call>" in content:
-        return None
-    return dialects.extract_answer(dialect, content) or None
-
-
-def _latest_boxed(turns: list[Turn]) -> str | None:
-    """The newest non-empty `\\boxed{}` answer any reply of the run gave: the fallback when the
-    summary turn gives none."""
-    for turn in reversed(turns):
-        answer = dialects.last_boxed(turn.assistant.get("content") or "")
-        if answer:
-            return answer
-    return None
-
-
-def _unusable(turn: Turn, parsed: dialects.ParsedReply) -> str | None:
-    """Why a reply is rolled back, or None: the reference harness drops a reply with a malformed call
-    or a refusal, and samples again (in its client) one cut off at the token limit or looping."""
-    content = turn.assistant.get("content") or ""
-    if turn.finish_reason == "length":
-        return "rolled back: the reply was cut off at the token limit"
-    if degenerate(content):
-        return "rolled back: the reply kept repeating the same text"
-    if not content.strip() and not turn.tool_calls:
-        return "rolled back: the reply was empty"
-    if not turn.tool_calls and parsed.format_error:
-        return f"rolled back: {parsed.format_error}"
-    if not turn.tool_calls and any(phrase in content for phrase in dialects.REFUSALS):
-        return "rolled back: the reply refused the task"
-    return None
 
 
 def _new_turn(trajectory: Trajectory, completion: Completion, tracker: TokenTracker) -> Turn:
@@ -395,31 +349,6 @@ def _new_turn(trajectory: Trajectory, completion: Completion, tracker: TokenTrac
     if completion.prompt_ids is not None and completion.completion_ids is not None:
         tracker.record(turn, completion.prompt_ids, completion.completion_ids)
     return turn
-
-
-def _reply_problem(turn: Turn, parsed: dialects.ParsedReply, dialect: str) -> str | None:
-    """Why a reply without tool calls is not an answer either: cut off, looping, empty, or (mcp-xml)
-    without a `\\boxed{}` answer."""
-    if parsed.tool_calls:
-        return None
-    content = turn.assistant.get("content") or ""
-    if turn.finish_reason == "length":
-        return ("Your reply was cut off at the token limit before it was finished. Think more briefly, then "
-                "make your tool call or give your final answer.")
-    if degenerate(content):
-        return "Your reply kept repeating the same text. Stop repeating, and continue with a new step."
-    if not dialects.visible_text(content).strip():
-        return "Your reply had no answer and no tool call. Continue: make a tool call or give your final answer."
-    return dialects.mcp_xml_answer_problem(content) if dialect == "mcp-xml" else None
-
-
-def _format_errors_in_a_row(turns: list[Turn]) -> int:
-    count = 0
-    for turn in reversed(turns):
-        if turn.format_error is None:
-            break
-        count += 1
-    return count
 
 
 def _release_unseen_results(turns: list[Turn], keep: int) -> None:

@@ -1,0 +1,85 @@
+"""What a model reply is, read by the loop: usable or to be rolled back, an answer, or a problem to tell
+the model about; and the answer a run ends with. Pure functions of turns, in the dialects' terms."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from nanbeige.agent import dialects
+from nanbeige.agent.context import degenerate
+from nanbeige.agent.trajectory import Turn
+
+if TYPE_CHECKING:
+    from nanbeige.agent.loop import AgentConfig
+
+
+def reply_answer(turn: Turn, config: AgentConfig) -> str | None:
+    """The answer in a reply that ends the loop: with a summary turn to come, only a boxed answer
+    counts until then."""
+    content = turn.assistant["content"]
+    return (dialects.last_boxed(content) or None) if config.summary_turn else \
+        dialects.extract_answer(config.dialect, content)
+
+
+def final_answer(turn: Turn, dialect: str, summary: bool) -> str | None:
+    """The answer in a reply to the final-answer request: a non-empty `\\boxed{}` (mcp-xml; anywhere
+    in the reply for the summary turn, as the reference reads it, else after the reasoning), or the
+    visible text of a finished reply without tool calls (tool-call)."""
+    content = turn.assistant.get("content") or ""
+    if dialect == "mcp-xml":
+        return dialects.last_boxed(content if summary else dialects.visible_text(content)) or None
+    if turn.finish_reason == "length" or turn.assistant.get("tool_calls") or "<tool_call>" in content:
+        return None
+    return dialects.extract_answer(dialect, content) or None
+
+
+def latest_boxed(turns: list[Turn]) -> str | None:
+    """The newest non-empty `\\boxed{}` answer any reply of the run gave: the fallback when the
+    summary turn gives none."""
+    for turn in reversed(turns):
+        answer = dialects.last_boxed(turn.assistant.get("content") or "")
+        if answer:
+            return answer
+    return None
+
+
+def unusable(turn: Turn, parsed: dialects.ParsedReply) -> str | None:
+    """Why a reply is rolled back, or None: the reference harness drops a reply with a malformed call
+    or a refusal, and samples again (in its client) one cut off at the token limit or looping."""
+    content = turn.assistant.get("content") or ""
+    if turn.finish_reason == "length":
+        return "rolled back: the reply was cut off at the token limit"
+    if degenerate(content):
+        return "rolled back: the reply kept repeating the same text"
+    if not content.strip() and not turn.tool_calls:
+        return "rolled back: the reply was empty"
+    if not turn.tool_calls and parsed.format_error:
+        return f"rolled back: {parsed.format_error}"
+    if not turn.tool_calls and any(phrase in content for phrase in dialects.REFUSALS):
+        return "rolled back: the reply refused the task"
+    return None
+
+
+def reply_problem(turn: Turn, parsed: dialects.ParsedReply, dialect: str) -> str | None:
+    """Why a reply without tool calls is not an answer either: cut off, looping, empty, or (mcp-xml)
+    without a `\\boxed{}` answer."""
+    if parsed.tool_calls:
+        return None
+    content = turn.assistant.get("content") or ""
+    if turn.finish_reason == "length":
+        return ("Your reply was cut off at the token limit before it was finished. Think more briefly, then "
+                "make your tool call or give your final answer.")
+    if degenerate(content):
+        return "Your reply kept repeating the same text. Stop repeating, and continue with a new step."
+    if not dialects.visible_text(content).strip():
+        return "Your reply had no answer and no tool call. Continue: make a tool call or give your final answer."
+    return dialects.mcp_xml_answer_problem(content) if dialect == "mcp-xml" else None
+
+
+def format_errors_in_a_row(turns: list[Turn]) -> int:
+    count = 0
+    for turn in reversed(turns):
+        if turn.format_error is None:
+            break
+        count += 1
+    return count
