@@ -50,11 +50,11 @@ class AgentConfig:
     for mcp-xml, as the reference harness's keep-5 configuration; 200 for tool-call)."""
     keep_tool_results: int = 5
     """Show the model only the last K tool results (-1 = all). The trajectory keeps all."""
-    release_results: bool = False
+    release_results: bool = True
     """Once a turn is written to the trajectory file and its tool results have left the model's view
     (keep-K), drop their text from memory (`RELEASED` takes its place), so that a run of hundreds of
-    turns with large results stays flat in memory; the file keeps every result. Off: every result's
-    text stays in `trajectory.turns`, for code that reads them after the run."""
+    turns with large results stays flat in memory; the file keeps every result (read it back with
+    `load_trajectories`). Off: every result's text stays in `trajectory.turns` too."""
     max_context: int | None = None
     """The model's context length in tokens; the answer is requested before a call could overflow.
     None: what the model server reports (vLLM's `max_model_len`), else 131072."""

@@ -49,7 +49,7 @@ from nanbeige.agent.console import err, fail, hide, out, visible
 from nanbeige.agent.context import estimate_tokens
 from nanbeige.agent.llm import LLM, LLMConfig, ModelError
 from nanbeige.agent.loop import DEFAULT_MAX_CONTEXT, AgentConfig, Event, run
-from nanbeige.agent.trajectory import Trajectory, TrajectoryWriter, Turn, end_record
+from nanbeige.agent.trajectory import Trajectory, TrajectoryWriter, Turn, end_record, load_trajectories
 from nanbeige.agent.usage import total
 
 if TYPE_CHECKING:
@@ -341,7 +341,11 @@ def write_report(path: Path, result: Research, trajectory_file: Path, open_it: b
     """Write the report (HTML for a .html path, else markdown), and open it in a browser when asked."""
     from nanbeige.agent import report
 
-    content = report.build(result.question, result.attempts, result.answer, str(trajectory_file))
+    # the attempts as written: the run let go of tool results the model no longer saw, the file has them all
+    ids = {t.id for t in result.attempts}
+    written = {t.id: t for t in load_trajectories(trajectory_file, warn=lambda text: None) if t.id in ids}
+    attempts = [written.get(t.id, t) for t in result.attempts]
+    content = report.build(result.question, attempts, result.answer, str(trajectory_file))
     is_html = path.suffix.lower() in (".html", ".htm")
     page = path if is_html or not open_it else path.with_suffix(".html")
     try:

@@ -48,7 +48,7 @@ async def test_600_turns_of_100_kb_results_stay_in_budget_and_flat_in_memory(tmp
             rss[data.index + 1] = rss_kib()  # type: ignore[attr-defined]
 
     writer = TrajectoryWriter(tmp_path / "run.jsonl")
-    config = AgentConfig(max_turns=TURNS, max_context=CONTEXT, summary_turn=False, release_results=True)
+    config = AgentConfig(max_turns=TURNS, max_context=CONTEXT, summary_turn=False)  # the defaults release results
     async with Toolbox([ServerSpec(name="testkit", command=TEST_SERVER)], max_result_chars=RESULT) as toolbox:
         trajectory = await run("q", researcher(prompts), toolbox, config, writer, on_event)
     writer.close()
@@ -68,11 +68,11 @@ async def test_600_turns_of_100_kb_results_stay_in_budget_and_flat_in_memory(tmp
     assert sum(len(turn.tool_results) for turn in saved.turns) == TURNS
 
 
-async def test_by_default_every_result_stays_in_the_trajectory_in_memory(tmp_path: Path) -> None:
+async def test_without_release_every_result_stays_in_the_trajectory_in_memory(tmp_path: Path) -> None:
     llm = ScriptedLLM([mcp_call("testkit", "big", {"n": 1000})] * 8 + [mcp_answer("42")])
+    config = AgentConfig(keep_tool_results=2, summary_turn=False, release_results=False)
     async with Toolbox([ServerSpec(name="testkit", command=TEST_SERVER)]) as toolbox:
-        trajectory = await run("q", llm, toolbox, AgentConfig(keep_tool_results=2, summary_turn=False),
-                               TrajectoryWriter(tmp_path / "run.jsonl"))
+        trajectory = await run("q", llm, toolbox, config, TrajectoryWriter(tmp_path / "run.jsonl"))
     assert [r.text for turn in trajectory.turns for r in turn.tool_results] == ["x" * 1000] * 8
 
 

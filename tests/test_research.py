@@ -274,3 +274,24 @@ async def test_when_the_summary_call_fails_the_next_attempt_starts_afresh_and_th
     record, = [r for r in read_records(tmp_path / "run.jsonl") if r["type"] == "attempt_summary"]
     assert (record["summary"], record["error"]) == (None, "server said 503")
     assert record["next_trajectory_id"] == result.attempts[1].id
+
+
+def test_the_report_reads_passages_the_run_let_go_of_from_the_trajectory_file(tmp_path: Path) -> None:
+    from nanbeige.agent.loop import RELEASED
+    from nanbeige.agent.research import Research, write_report
+
+    extract = json.dumps({"success": True, "url": "https://example.com/a", "extracted_info": "Mars: 687 days."})
+    trajectory = Trajectory(question=QUESTION, answer="1374", stop_reason="answered")
+    trajectory.turns.append(Turn(index=0, assistant={"role": "assistant", "content": "Reading."},
+                                 tool_calls=[ToolCall("jina_scrape_llm_summary", "scrape_and_extract_info",
+                                                      {"url": "https://example.com/a", "info_to_extract": "year"})],
+                                 tool_results=[ToolResult(extract)]))
+    writer = TrajectoryWriter(tmp_path / "run.jsonl")
+    writer.start(trajectory)
+    writer.turn(trajectory, trajectory.turns[0])
+    writer.end(trajectory)
+    writer.close()
+    trajectory.turns[0].tool_results[0].text = RELEASED  # as a long run holds it once out of the model's view
+    write_report(tmp_path / "report.md", Research(QUESTION, [trajectory]), tmp_path / "run.jsonl", False)
+    report = (tmp_path / "report.md").read_text()
+    assert "https://example.com/a" in report and "Mars: 687 days." in report and RELEASED not in report

@@ -81,8 +81,10 @@ async def full_run(replies: list[Any], path: Path, **config: Any) -> tuple[Any, 
     llm = ScriptedLLM(list(replies))
     writer = TrajectoryWriter(path)
     async with toolbox() as tools:
-        trajectory = await run("What is it?", llm, tools, AgentConfig(keep_tool_results=2, date="2026-11-21", **config),
-                               writer)
+        # every result kept in memory (and so in a resumed run, which takes the recorded settings): the
+        # tests compare the runs' turns whole
+        config = {"keep_tool_results": 2, "date": "2026-11-21", "release_results": False} | config
+        trajectory = await run("What is it?", llm, tools, AgentConfig(**config), writer)
     writer.close()
     return trajectory, llm
 
@@ -212,7 +214,8 @@ async def token_mode_run(tokenizer: Any, replies: list[Any], path: Path, resume_
 
     stop_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
     with FakeOpenAI(list(replies), tokenize=sampled_letter_by_letter, stop_id=stop_id) as server:
-        config, llm_config = AgentConfig(keep_tool_results=2, max_context=10**6, date="2026-11-21"), LLMConfig()
+        config = AgentConfig(keep_tool_results=2, max_context=10**6, date="2026-11-21", release_results=False)
+        llm_config = LLMConfig()
         if resume_from is not None:
             settings = settings_for(resume_from, path, server.base_url, "openai", None, None, False, None, True, None)
             config, llm_config = settings.agent, settings.llm

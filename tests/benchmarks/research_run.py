@@ -12,7 +12,7 @@ context budget (the fake server counts one token per byte).
 
 Run from the repository root:
 
-    python tests/benchmarks/research_run.py [--turns 600] [--result-bytes 100000] [--keep 5] [--release]
+    python tests/benchmarks/research_run.py [--turns 600] [--result-bytes 100000] [--keep 5] [--keep-results]
 """
 
 from __future__ import annotations
@@ -121,8 +121,9 @@ def main() -> None:
     parser.add_argument("--result-bytes", type=int, default=100_000, help="size of every tool result (100 kB)")
     parser.add_argument("--keep", type=int, default=AgentConfig.keep_tool_results,
                         help="keep_tool_results of the run (default: AgentConfig's)")
-    parser.add_argument("--release", action="store_true",
-                        help="release_results: results out of the model's view are dropped from memory")
+    parser.add_argument("--keep-results", action="store_true",
+                        help="release_results off: every result stays in memory (by default results out of the "
+                             "model's view are dropped from memory once written)")
     args = parser.parse_args()
     parent, child = multiprocessing.Pipe()
     process = multiprocessing.Process(target=serve, args=(args.turns, args.result_bytes, child), daemon=True)
@@ -131,13 +132,13 @@ def main() -> None:
         try:
             base_url = parent.recv()
             result = asyncio.run(measure(base_url, args.turns, args.keep, args.result_bytes, Path(tmp) / "run.jsonl",
-                                         args.release))
+                                         not args.keep_results))
         finally:
             parent.send("stop")
             largest = parent.recv() if parent.poll(10) else 0
             process.join(5)
     print(f"research run: {args.turns} turns, a {args.result_bytes:,}-byte tool result each, "
-          f"keep_tool_results={args.keep}, release_results={args.release}")
+          f"keep_tool_results={args.keep}, release_results={not args.keep_results}")
     report(result, args.turns, largest)
 
 
