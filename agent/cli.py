@@ -41,10 +41,8 @@ T = TypeVar("T")
 
 @app.command()
 def ask(
-    question: Annotated[str | None, typer.Argument(help="The question to research; `-` reads it from stdin.",
-                                                   show_default=False)] = None,
-    question_file: Annotated[Path | None, typer.Option(help="Read the question from this file (any length).",
-                                                       show_default=False)] = None,
+    question: o.Question = None,
+    question_file: o.QuestionFile = None,
     base_url: o.BaseUrl = None,
     backend: o.Backend = BackendConfig.backend,
     model: o.Model = LLMConfig.model,
@@ -77,17 +75,23 @@ def ask(
 ) -> None:
     """Research a question with tools; print the answer."""
     settings = o.run_settings(**o.shared(locals()))
-    from nanbeige.agent.question import QuestionError, read_question
     from nanbeige.agent.setup import secrets_of
 
     hide(secrets_of(settings))
+    report(run_command(_ask(question_text(question, question_file), settings)), json_output)
+
+
+def question_text(question: str | None, question_file: Path | None) -> str:
+    """The question from the argument, stdin (`-`) or --question-file; a usage error when there is none."""
+    from nanbeige.agent.question import QuestionError, read_question
+
     try:
         text, problem = read_question(question, question_file)
     except QuestionError as exc:
         fail(str(exc), 2)
     if problem:
         notice(problem)
-    report(run_command(_ask(text, settings)), json_output)
+    return text
 
 
 async def _ask(question: str, settings: RunSettings, resume_from: Trajectory | None = None) -> Trajectory:

@@ -57,6 +57,10 @@ SummaryTurn = Annotated[bool | None, typer.Option("--summary-turn/--no-summary-t
 Rollback = Annotated[bool | None, typer.Option("--rollback/--no-rollback", show_default=False, help=(
     "Drop unusable replies (malformed call, refusal, cut off, looping) and sample again, instead of answering them "
     "with a message \\[default: on for mcp-xml, off for tool-call]."), rich_help_panel=ADVANCED)]
+Question = Annotated[str | None, typer.Argument(help="The question to research; `-` reads it from stdin.",
+                                                show_default=False)]
+QuestionFile = Annotated[Path | None, typer.Option(help="Read the question from this file (any length).",
+                                                   show_default=False)]
 Budget = Annotated[list[str] | None, typer.Option(show_default=False, help=(
     "Most a run may use, UNIT=N (repeatable): tokens, tool_calls, serper_queries, jina_tokens, summary_tokens, "
     "e2b_seconds. Reaching one stops the run (stop reason budget) and asks for its answer."),

@@ -237,7 +237,8 @@ ResearchTimeout = Annotated[float | None, typer.Option(help="Wall-clock limit fo
 
 
 def research_command(
-    question: Annotated[str, typer.Argument(help="The question to research.")],
+    question: o.Question = None,
+    question_file: o.QuestionFile = None,
     attempts: Attempts = ATTEMPTS,
     report: ReportPath = None,
     open_report: OpenReport = False,
@@ -270,10 +271,12 @@ def research_command(
     rollback: o.Rollback = None,
     system_prompt_file: o.SystemPromptFile = None,
     budget: o.Budget = None,
+    cache: o.Cache = None,
+    replay: o.Replay = False,
 ) -> None:
     """Research a question at length (600 turns an attempt; an attempt that ends without an answer
     is summarised and the next starts from its notes); print the answer, optionally write a cited report."""
-    from nanbeige.agent.cli import run_command
+    from nanbeige.agent.cli import question_text, run_command
     from nanbeige.agent.setup import secrets_of
 
     settings = o.run_settings(**o.shared(locals()))
@@ -282,6 +285,7 @@ def research_command(
         fail("--open opens the report: pass --report PATH too", 2)
     if report is not None:
         check_report_path(report)
+    question = question_text(question, question_file)
     result, path = run_command(_research(question, settings, attempts))
     answer = result.answer
     if json_output:

@@ -86,9 +86,10 @@ def run_research(tmp_path: Path, site: Site, server: FakeOpenAI, serper: FakeSer
            "NANBEIGE_RUNS_DIR": str(tmp_path), "BROWSER": f"{sys.executable} {browser} %s"}
     for name in ("SEARXNG_URL", "JINA_API_KEY", "E2B_API_KEY", "NANBEIGE_SEARCH_BACKEND", "NANBEIGE_CONFIG"):
         env.pop(name, None)
-    return subprocess.run([NANBEIGE, "research", QUESTION, "--base-url", server.base_url, "--max-turns", "2",
+    question, stdin = (["-"], QUESTION) if "--cache" in args else ([QUESTION], None)  # one run reads stdin
+    return subprocess.run([NANBEIGE, "research", *question, "--base-url", server.base_url, "--max-turns", "2",
                            "--trajectory", str(tmp_path / "run.jsonl"), *args],
-                          capture_output=True, text=True, env=env, timeout=180, cwd=tmp_path)
+                          capture_output=True, text=True, env=env, timeout=180, cwd=tmp_path, input=stdin)
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +98,7 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp_path = tmp_path_factory.mktemp("research")
     with Site() as site, FakeSerper(results=search_results(site)) as serper, FakeOpenAI(model(site)) as server:
         result = run_research(tmp_path, site, server, serper, "--attempts", "3", "--report",
-                              str(tmp_path / "report.md"), "--open")
+                              str(tmp_path / "report.md"), "--open", "--cache", str(tmp_path / "tools.sqlite"))
     return {"result": result, "path": tmp_path, "requests": server.requests, "site": site}
 
 
@@ -110,6 +111,7 @@ def test_an_attempt_that_runs_out_of_turns_is_summarised_and_the_next_answers(fi
     assert (second.stop_reason, second.answer) == ("answered", "1374")
     assert first.group_id == second.group_id == first.id  # the research's id: its first attempt's
     assert first.question == QUESTION and second.question.startswith(QUESTION) and NOTES in second.question
+    assert (path / "tools.sqlite").stat().st_size > 0  # the question came on stdin, the tool results went to --cache
     prompts = [r["messages"][0]["content"] for r in finished["requests"]
                if r["messages"][0]["content"].startswith(SUMMARY_OPENING)]
     assert len(prompts) == 1  # one summary, of the failed attempt; none after the answer
