@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import ipaddress
+import signal
 import socket
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+# A shell that starts pytest in the background (`pytest &` in a script) leaves SIGINT ignored, and an
+# ignored signal stays ignored in every process started from it: the tests that press Ctrl-C on a
+# command would get no Ctrl-C. Handled here, SIGINT is back to its default in each process a test starts.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 TESTS = Path(__file__).parent
 TEST_SERVER = [sys.executable, str(TESTS / "mcp_test_server.py")]
