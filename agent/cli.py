@@ -186,6 +186,8 @@ def resume(
     gguf_file: o.GgufFile = None,
     token_mode: o.TokenMode = False,
     chat_template: o.ChatTemplate = None,
+    cache: o.Cache = None,
+    replay: o.Replay = False,
 ) -> None:
     """Continue a run cut short (killed, Ctrl-C, crashed, model server error) from its last complete turn,
     with its own settings; print the answer. Tool servers and backend flags must be the run's."""
@@ -193,12 +195,16 @@ def resume(
     from nanbeige.agent.resume import pick, settings_for
     from nanbeige.agent.setup import SetupError, secrets_of
 
+    if replay and cache is None:
+        fail("--replay needs --cache PATH: the cache file to answer tool calls from", 2)
     try:
         trajectory = pick(path, trajectory_id)
     except SetupError as exc:
         fail(str(exc), 2 if exc.usage else 1)
     settings = settings_for(trajectory, path, base_url, backend, api_key, mcp, no_default_servers, gguf_file,
                             token_mode, chat_template)
+    # where tool results come from is given anew, like the tool servers: the start record does not keep it
+    settings.tools.cache, settings.tools.replay = cache, replay
     hide(secrets_of(settings))
     err.print(f"[dim]resuming trajectory {trajectory.id} after {complete_turns(trajectory.turns)} turns "
               f"({trajectory.stop_reason or 'no end record'})[/]", highlight=False)

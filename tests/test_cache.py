@@ -187,6 +187,23 @@ def test_a_replay_miss_stops_the_run_and_the_command_fails(tmp_path: Path) -> No
     assert end["stop_reason"] == "replay_miss" and end["answer"] is None and "seven times six" in end["error"]
 
 
+def test_a_run_stopped_by_a_replay_miss_is_resumed_live_into_the_same_cache(tmp_path: Path) -> None:
+    cache = tmp_path / "tools.sqlite"
+    with FakeSerper() as serper, FakeOpenAI(web_model({"q": "six times seven"})) as model:
+        assert ask(tmp_path, model, tmp_path / "first.jsonl", "--cache", str(cache), serper=serper).returncode == 0
+    with FakeOpenAI(web_model({"q": "seven times six"})) as model:
+        assert ask(tmp_path, model, tmp_path / "run.jsonl", "--cache", str(cache), "--replay").returncode == 1
+        with FakeSerper() as serper:  # resumed live, with the cache: what the replay missed is searched
+            env = {**os.environ, "SERPER_API_KEY": serper.api_key, "SERPER_BASE_URL": serper.url,
+                   "NANBEIGE_SANDBOX_DIR": str(tmp_path / "sandboxes")}
+            resumed = subprocess.run([NANBEIGE, "resume", str(tmp_path / "run.jsonl"), "--base-url", model.base_url,
+                                      "--cache", str(cache)], capture_output=True, text=True, env=env, timeout=120)
+            searched = len(serper.requests)
+    assert resumed.returncode == 0 and resumed.stdout == "42\n", resumed.stderr
+    assert searched == 1 and end_record(tmp_path / "run.jsonl")["stop_reason"] == "answered"
+    assert ("search_and_scrape_webpage", "google_search", '{"q":"seven times six"}') in rows(cache)  # recorded now
+
+
 def test_replay_without_a_cache_file_is_a_usage_error(tmp_path: Path) -> None:
     with FakeOpenAI([mcp_answer("1")]) as model:
         no_flag = ask(tmp_path, model, tmp_path / "t.jsonl", "--replay")
