@@ -14,10 +14,10 @@ killing processes) lives in `sandbox_os.py`; this module is the sandbox logic ov
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import secrets
-import select
 import signal
 import stat
 import subprocess
@@ -31,35 +31,18 @@ from nanbeige.tools.sandbox import (
     MB, SANDBOX_HOME, SandboxConfig, SandboxError, command_failed, format_command, format_execution, inside, invalid_id,
     truncate,
 )
+from nanbeige.tools.sandbox_channel import Channel, ChannelError, check_cell_reply, exchange, read_line
 from nanbeige.tools.sandbox_os import (
     Isolation, Proc, allocate_uid, become_subreaper, collect, exit_text, kill_processes, minimal_env, probe_isolation,
     processes, remove_tree, setpriv_args, signal_name,
 )
-from nanbeige.tools.sandbox_worker import send
+
+log = logging.getLogger(__name__)
 
 WORKER = str(Path(__file__).with_name("sandbox_worker.py"))
 HOME_IN_TEXT = re.compile(r"/home/user(?![\w.-])")
-REPLY_LIMIT = 64 * MB
 STATE_LOST = ("The Python process was restarted, so variables, imports and definitions from earlier calls are "
               "lost; files in /home/user are kept.")
-
-
-# --- the worker's reply pipe -------------------------------------------------------------------
-
-
-def read_line(fd: int, deadline: float) -> bytes | None:
-    """One line from fd; None when the deadline passes first, b"" at end of file or past REPLY_LIMIT
-    (code that writes to the reply pipe itself must not fill the server's memory)."""
-    buffer = bytearray()
-    while not buffer.endswith(b"\n") and len(buffer) < REPLY_LIMIT:
-        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
-        if not ready:
-            return None
-        chunk = os.read(fd, 1 << 16)
-        if not chunk:
-            return b""
-        buffer += chunk
-    return bytes(buffer) if buffer.endswith(b"\n") else b""
 
 
 # --- paths inside a sandbox folder -------------------------------------------------------------
@@ -110,9 +93,7 @@ class LocalSandbox:
     uid_lock: int | None
     lock: threading.Lock = field(default_factory=threading.Lock)
     worker: subprocess.Popen | None = None
-    worker_pid: int = 0
-    requests: int = -1
-    replies: int = -1
+    channel: Channel = field(default_factory=lambda: Channel(-1, -1))
     sessions: set[int] = field(default_factory=set)
 
     def to_host(self, text: str) -> str:
@@ -167,21 +148,17 @@ class LocalBackend:
             if box.worker is None:
                 self._start_worker(box)
             try:
-                send(box.requests, {"code": box.to_host(code)})
-                line = read_line(box.replies, time.monotonic() + self.config.timeout_s)
-                reply = json.loads(line) if line else None
-            except (OSError, ValueError):
-                line, reply = b"", None
-            if reply is None:
-                status = self._stop_worker(box)
-                what = (f"Execution timed out after {self.config.timeout_s:g} s and was stopped" if line is None
-                        else f"The Python process died ({exit_text(status)})")
-                raise SandboxError(f"{what}. {STATE_LOST}")
+                reply = check_cell_reply(exchange(box.channel, {"code": box.to_host(code)},
+                                                  time.monotonic() + self.config.timeout_s, self.config.cpu_seconds))
+            except ChannelError as exc:
+                raise SandboxError(f"{self._broken(box, exc)}. {STATE_LOST}") from None
             if self._kill_strays(box):
                 # the worker reaps the zombies of its children now, not at the next cell: until then they
                 # would count against the process limit of the sandbox's commands
-                send(box.requests, {"reap": True})
-                read_line(box.replies, time.monotonic() + 5.0)
+                try:
+                    exchange(box.channel, {"reap": True}, time.monotonic() + 5.0)
+                except ChannelError as exc:
+                    reply["stderr"] += f"\n[sandbox] After this cell: {self._broken(box, exc)}. {STATE_LOST}\n"
         return box.to_model(format_execution(reply["results"], reply["stdout"], reply["stderr"], reply["error"]))
 
     def run_command(self, sandbox_id: str, command: str) -> str:
@@ -321,13 +298,13 @@ class LocalBackend:
         finally:
             os.close(request_read)
             os.close(reply_write)
-        box.requests, box.replies = request_write, reply_read
+        box.channel = Channel(request_write, reply_read)
         box.sessions.add(box.worker.pid)
         # the worker's first line is its pid, which differs from Popen's when unshare forks it
-        hello = read_line(reply_read, time.monotonic() + max(self.config.timeout_s, 30.0))
         try:
-            box.worker_pid = json.loads(hello or b"")["pid"]
-        except (ValueError, KeyError):
+            box.channel.pid = int(json.loads(read_line(box.channel, time.monotonic() + max(self.config.timeout_s,
+                                                                                             30.0)))["pid"])
+        except (ChannelError, ValueError, KeyError, TypeError):
             status = self._stop_worker(box)
             raise SandboxError(f"The Python process could not start ({exit_text(status)}).") from None
 
@@ -341,10 +318,23 @@ class LocalBackend:
             os.killpg(worker.pid, signal.SIGKILL)
         code = worker.wait()
         box.sessions.discard(worker.pid)
-        for fd in (box.requests, box.replies):
+        for fd in (box.channel.requests, box.channel.replies):
             with suppress(OSError):
                 os.close(fd)
         return code
+
+    def _broken(self, box: LocalSandbox, exc: ChannelError) -> str:
+        """Stops a worker that timed out, overran its CPU time or broke the protocol; says what happened."""
+        status = self._stop_worker(box)
+        if exc.kind == "timeout":
+            return f"Execution timed out after {self.config.timeout_s:g} s and was stopped"
+        if exc.kind == "cpu":
+            return (f"Execution used more than {self.config.cpu_seconds} s of CPU time without stopping at its limit, "
+                    "so it was stopped")
+        if exc.kind == "protocol":
+            log.warning("local sandbox %s: the Python process sent %s; restarting it", box.id, exc)
+            return f"The Python process sent {exc} instead of its reply, so it was stopped"
+        return f"The Python process died ({exit_text(status)})"
 
     def _kill_strays(self, box: LocalSandbox) -> int:
         """Kills what the last call left running (only the Python worker may outlive a call); returns how many."""
@@ -353,4 +343,4 @@ class LocalBackend:
 
 def _worker_pids(box: LocalSandbox) -> set[int]:
     # two pids when unshare forks the worker: Popen's and the worker's own
-    return {box.worker.pid, box.worker_pid} if box.worker else set()
+    return {box.worker.pid, box.channel.pid} if box.worker else set()
