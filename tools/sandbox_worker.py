@@ -28,6 +28,9 @@ from contextlib import suppress
 
 MAX_TRACEBACK_CHARS = 4_000
 SERVING_PID = 0  # the process that serves cells; a process forked by a cell has another pid
+PROCESS_EVENTS = frozenset({"os.fork", "os.forkpty", "os.system", "os.posix_spawn", "os.spawn", "os.exec",
+                            "subprocess.Popen"})
+PROCESS_STARTED = False
 
 
 def apply_limits(limits: str) -> None:
@@ -112,24 +115,39 @@ def describe_error(exc: BaseException) -> dict[str, str]:
 
 
 def new_capture(fd: int, folder: str) -> None:
-    """Points fd (1 or 2) at a new unnamed file in folder, so that `os.system` output is captured
-    too, and a process an earlier cell left running writes to that cell's file, not this one's."""
+    """Points fd (1 or 2) at a new unnamed file in folder, so that `os.system` output is captured too."""
     import tempfile
 
-    try:
-        capture = tempfile.TemporaryFile(dir=folder)
-    except OSError:  # the code made its folder unwritable: reuse the file
-        os.ftruncate(fd, 0)
-        os.lseek(fd, 0, os.SEEK_SET)
-        return
+    capture = tempfile.TemporaryFile(dir=folder)
     os.dup2(capture.fileno(), fd)
     capture.close()
 
 
 def read_capture(fd: int, max_bytes: int, folder: str) -> str:
+    """What the cell wrote to fd. A cell that started processes leaves them its file and the next
+    cell gets a new one (about 0.1 ms each), so what they write later reaches no other cell's output."""
+    global PROCESS_STARTED
+
     data = os.pread(fd, max_bytes, 0)
-    new_capture(fd, folder)
+    try:
+        if PROCESS_STARTED:
+            new_capture(fd, folder)
+            return data.decode("utf-8", errors="replace")
+    except OSError:  # the code made its folder unwritable: keep the file
+        pass
+    finally:
+        PROCESS_STARTED = False
+    os.ftruncate(fd, 0)
+    os.lseek(fd, 0, os.SEEK_SET)
     return data.decode("utf-8", errors="replace")
+
+
+def note_process_start(event: str, args: tuple) -> None:
+    """An audit hook: notes that the cell started a process (which may outlive it)."""
+    global PROCESS_STARTED
+
+    if event in PROCESS_EVENTS:
+        PROCESS_STARTED = True
 
 
 def cpu_exceeded(signum: int, frame: object) -> None:
@@ -232,6 +250,7 @@ def serve(request_fd: int, reply_fd: int, cpu_seconds: int, max_bytes: int, own_
     global SERVING_PID
     SERVING_PID = os.getpid()
     os.register_at_fork(after_in_child=lambda: close_channel_in_child(request_fd, reply_fd))
+    sys.addaudithook(note_process_start)
     watch_server(request_fd, bool(own_uid))
     os.set_inheritable(request_fd, False)
     os.set_inheritable(reply_fd, False)
