@@ -188,3 +188,25 @@ def test_a_cell_within_its_limit_keeps_its_state_after_an_earlier_one_used_much_
         assert "Result(7)" in boxes.run_python("x", sid)
     finally:
         boxes.close()
+
+
+@pytest.mark.parametrize("drop_privileges", [True, False], ids=["own-uid", "shared-uid"])
+def test_hard_limits_hold_for_cells_and_commands(tmp_path: Path, drop_privileges: bool) -> None:
+    """Without CAP_SYS_RESOURCE (which the sandbox never has) a hard limit cannot be raised: a command's
+    CPU limit is a hard one, and a command that ignores SIGXCPU is killed at it."""
+    boxes = make_boxes(tmp_path, cpu_seconds=2, drop_privileges=drop_privileges)
+    try:
+        sid = new_id(boxes)
+        capabilities = "int(open('/proc/self/status').read().split('CapEff:')[1].split()[0], 16)"
+        assert "Result(0)" in boxes.run_python(f"{capabilities} >> 24 & 1", sid)  # CAP_SYS_RESOURCE is bit 24
+        assert "not allowed to raise maximum limit" in boxes.run_python(
+            "import resource\nhard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]\n"
+            "resource.setrlimit(resource.RLIMIT_NOFILE, (hard + 1, hard + 1))", sid)
+        with pytest.raises(SandboxError, match="not allowed to raise maximum limit"):
+            boxes.run_command("python3 -c 'import resource; resource.setrlimit(resource.RLIMIT_CPU, (-1, -1))'", sid)
+        started = time.monotonic()
+        with pytest.raises(SandboxError, match=re.escape("code -1 (signal: SIGKILL)")):
+            boxes.run_command("trap '' XCPU; while :; do :; done", sid)
+        assert time.monotonic() - started < 8
+    finally:
+        boxes.close()
