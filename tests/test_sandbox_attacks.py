@@ -160,8 +160,10 @@ def test_a_worker_that_exits_is_restarted_with_the_state_lost(boxes: Sandboxes) 
     "import resource\nresource.setrlimit(resource.RLIMIT_CPU, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))",
     "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)",
 ], ids=["raise-the-limit", "ignore-the-signal"])
-def test_code_that_lifts_its_cpu_limit_is_still_stopped_near_the_budget(tmp_path: Path, lift: str) -> None:
-    boxes = make_boxes(tmp_path, cpu_seconds=2, timeout_s=30.0)
+@pytest.mark.parametrize("drop_privileges", [True, False], ids=["own-uid", "shared-uid"])
+def test_code_that_lifts_its_cpu_limit_is_still_stopped_near_the_budget(tmp_path: Path, lift: str,
+                                                                        drop_privileges: bool) -> None:
+    boxes = make_boxes(tmp_path, cpu_seconds=2, timeout_s=30.0, drop_privileges=drop_privileges)
     try:
         sid = new_id(boxes)
         boxes.run_python("x = 7", sid)

@@ -2,13 +2,15 @@
 `/home/user`, and a persistent Python process per sandbox (`sandbox_worker.py`) so variables
 survive between calls.
 
-Every process runs with rlimits on CPU time, address space, file size, open files and processes,
-a wall-clock timeout after which everything it started is killed, a minimal environment (no API
-keys), and, where the OS allows (`sandbox_os.probe_isolation`), no network (`unshare --net`) and,
-when the server runs as root, its own unprivileged uid per sandbox (`setpriv`), which makes the
-process limit hold, keeps the limits from being raised and makes everything but the sandbox folder
-and world-writable places (/tmp) read-only to it. The OS side of this (probing, uids, listing and
-killing processes) lives in `sandbox_os.py`; this module is the sandbox logic over it.
+Every process runs with rlimits on CPU time (a Python cell's also watched from outside, by
+`sandbox_channel.py`, which carries the worker's requests and replies), address space, file size,
+open files and processes, a wall-clock timeout after which everything it started is killed, a
+minimal environment (no API keys), and, where the OS allows (`sandbox_os.probe_isolation`), no
+network (`unshare --net`) and, when the server runs as root, its own unprivileged uid per sandbox
+(`setpriv`), which makes the process limit hold, keeps the limits from being raised and makes
+everything but the sandbox folder and world-writable places (/tmp) read-only to it. The OS side
+of this (probing, uids, listing and killing processes) lives in `sandbox_os.py`; this module is the
+sandbox logic over it.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ in an isolated interpreter that must start fast.
 
 LIMITS is `AS=bytes,FSIZE=bytes,...` (RLIMIT_ names without the prefix). The worker first applies
 them to itself (soft = hard, so sandboxed code cannot raise them), then either serves Python cells
-like a notebook kernel, one JSON line per request and per reply, keeping one namespace across
+like a notebook kernel, one JSON line per request and per reply (the reply echoes the request's
+`id`; only this process ever replies, never one a cell forked), keeping one namespace across
 cells, or runs PROGRAM (a shell command) and writes how it ended to STATUS_FD (-1: nowhere).
 OWN_UID is 1 when the sandbox runs as a uid of its own (nothing else runs as it).
 
