@@ -212,3 +212,33 @@ def test_hard_limits_hold_for_cells_and_commands(tmp_path: Path, drop_privileges
         assert time.monotonic() - started < 8
     finally:
         boxes.close()
+
+
+def running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2].split()[0] not in (b"Z", b"X")
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("drop_privileges", [True, False], ids=["own-uid", "shared-uid"])
+def test_a_thread_left_spinning_between_calls_is_stopped(tmp_path: Path, drop_privileges: bool) -> None:
+    boxes = make_boxes(tmp_path, cpu_seconds=2, timeout_s=30.0, drop_privileges=drop_privileges)
+    try:
+        sid = new_id(boxes)
+        text = boxes.run_python(
+            "import os, resource, threading\nx = 7\n"
+            "resource.setrlimit(resource.RLIMIT_CPU, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))\n"
+            "def spin():\n    while True: pass\nthreading.Thread(target=spin, daemon=True).start()\n"
+            "int(os.readlink('/proc/self'))", sid)
+        worker = int(re.search(r"Result\((\d+)\)", text)[1])  # type: ignore[index]
+        deadline = time.monotonic() + 20
+        while running(worker) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not running(worker)  # stopped while idle, not at the next call
+        with pytest.raises(SandboxError, match=f"Between calls.*more than 2 s of CPU time.*{STATE_LOST}.*did not run"):
+            boxes.run_python("x", sid)
+        assert "name 'x' is not defined" in boxes.run_python("x", sid)
+    finally:
+        boxes.close()

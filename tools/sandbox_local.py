@@ -33,7 +33,7 @@ from nanbeige.tools.sandbox import (
     MB, SANDBOX_HOME, SandboxConfig, SandboxError, command_failed, format_command, format_execution, inside, invalid_id,
     truncate,
 )
-from nanbeige.tools.sandbox_channel import Channel, ChannelError, check_cell_reply, exchange, read_line
+from nanbeige.tools.sandbox_channel import Channel, ChannelError, check_cell_reply, cpu_time, exchange, read_line
 from nanbeige.tools.sandbox_os import (
     Isolation, Proc, allocate_uid, become_subreaper, collect, exit_text, kill_processes, minimal_env, probe_isolation,
     processes, remove_tree, setpriv_args, signal_name,
@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 WORKER = str(Path(__file__).with_name("sandbox_worker.py"))
 HOME_IN_TEXT = re.compile(r"/home/user(?![\w.-])")
+IDLE_CHECK_S = 1.0  # how often idle workers' CPU time is read
 STATE_LOST = ("The Python process was restarted, so variables, imports and definitions from earlier calls are "
               "lost; files in /home/user are kept.")
 
@@ -97,6 +98,10 @@ class LocalSandbox:
     worker: subprocess.Popen | None = None
     channel: Channel = field(default_factory=lambda: Channel(-1, -1))
     sessions: set[int] = field(default_factory=set)
+    idle_cpu: float = 0.0
+    """The worker's CPU time when its last call ended."""
+    stopped_idle: str = ""
+    """Why the worker was stopped between calls, for the next call to say."""
 
     def to_host(self, text: str) -> str:
         return HOME_IN_TEXT.sub(lambda _: str(self.folder), text)
@@ -116,6 +121,8 @@ class LocalBackend:
         self._boxes: dict[str, LocalSandbox] = {}
         self._lock = threading.Lock()
         self._isolation: Isolation | None = None
+        self._idle_watch: threading.Thread | None = None
+        self._closed = threading.Event()
 
     @property
     def isolation(self) -> Isolation:
@@ -147,6 +154,9 @@ class LocalBackend:
     def run_python(self, sandbox_id: str, code: str) -> str:
         box = self._box(sandbox_id)
         with box.lock:
+            if box.stopped_idle:
+                message, box.stopped_idle = box.stopped_idle, ""
+                raise SandboxError(message)
             if box.worker is None:
                 self._start_worker(box)
             try:
@@ -161,6 +171,7 @@ class LocalBackend:
                     exchange(box.channel, {"reap": True}, time.monotonic() + 5.0)
                 except ChannelError as exc:
                     reply["stderr"] += f"\n[sandbox] After this cell: {self._broken(box, exc)}. {STATE_LOST}\n"
+            box.idle_cpu = cpu_time(box.channel.pid)
         return box.to_model(format_execution(reply["results"], reply["stdout"], reply["stderr"], reply["error"]))
 
     def run_command(self, sandbox_id: str, command: str) -> str:
@@ -245,10 +256,29 @@ class LocalBackend:
             os.close(box.uid_lock)
 
     def close(self) -> None:
+        self._closed.set()
         with self._lock:
             ids = list(self._boxes)
         for sandbox_id in ids:
             self.destroy(sandbox_id)
+
+    def _watch_idle(self, closed: threading.Event) -> None:
+        """Stops workers that used more than a call's CPU time since their last call ended: code may
+        leave a thread running, and between calls no limit inside the process holds."""
+        while not closed.wait(IDLE_CHECK_S):
+            with self._lock:
+                boxes = list(self._boxes.values())
+            for box in boxes:
+                if not box.lock.acquire(blocking=False):
+                    continue  # in a call, which watches its own CPU time
+                try:
+                    if box.worker and cpu_time(box.channel.pid) - box.idle_cpu > self.config.cpu_seconds:
+                        self._stop_worker(box)
+                        box.stopped_idle = (f"Between calls, code left running in the Python process used more "
+                                            f"than {self.config.cpu_seconds} s of CPU time, so it was stopped. "
+                                            f"{STATE_LOST} The code of this call did not run; send it again.")
+                finally:
+                    box.lock.release()
 
     def leftover_processes(self, sandbox_id: str) -> list[int]:
         """Live processes of the sandbox other than its Python worker (between calls: none)."""
@@ -309,6 +339,13 @@ class LocalBackend:
         except (ChannelError, ValueError, KeyError, TypeError):
             status = self._stop_worker(box)
             raise SandboxError(f"The Python process could not start ({exit_text(status)}).") from None
+        box.idle_cpu = cpu_time(box.channel.pid)
+        with self._lock:
+            if self._idle_watch is None or not self._idle_watch.is_alive():
+                self._closed = threading.Event()
+                self._idle_watch = threading.Thread(target=self._watch_idle, args=(self._closed,),
+                                                    name="sandbox-idle-watch", daemon=True)
+                self._idle_watch.start()
 
     def _stop_worker(self, box: LocalSandbox) -> int | None:
         """Kills the worker and everything the sandbox started; returns the worker's exit status."""

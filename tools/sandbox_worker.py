@@ -151,6 +151,11 @@ def note_process_start(event: str, args: tuple) -> None:
         PROCESS_STARTED = True
 
 
+def set_cpu_limit(soft: int) -> None:
+    hard = resource.getrlimit(resource.RLIMIT_CPU)[1]  # infinite, unless the code lowered it
+    resource.setrlimit(resource.RLIMIT_CPU, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
+
+
 def cpu_exceeded(signum: int, frame: object) -> None:
     raise TimeoutError("CPU time limit for this call exceeded")
 
@@ -208,8 +213,7 @@ def run_cell(code: str, namespace: dict, cell: int, captures: tuple[CappedRaw, C
     for capture in captures:
         capture.left = max_bytes
     used = resource.getrusage(resource.RUSAGE_SELF)
-    soft = -int(-(used.ru_utime + used.ru_stime + cpu_seconds))  # rounded up: at least cpu_seconds for this cell
-    resource.setrlimit(resource.RLIMIT_CPU, (soft, resource.RLIM_INFINITY))
+    set_cpu_limit(-int(-(used.ru_utime + used.ru_stime + cpu_seconds)))  # rounded up: at least cpu_seconds
     error, raised = None, None
     try:
         run_code(code, namespace, f"<cell {cell}>", results, max_bytes)
@@ -217,6 +221,8 @@ def run_cell(code: str, namespace: dict, cell: int, captures: tuple[CappedRaw, C
         raised = exc
     if os.getpid() != SERVING_PID:  # a process the cell forked, at the end of the cell
         end_forked_child(raised)
+    # between calls the server watches the CPU time; a SIGXCPU then would end this process
+    set_cpu_limit(resource.RLIM_INFINITY)
     if raised is not None:
         error = describe_error(raised)
     return {"results": results, "stdout": read_capture(1, max_bytes, folder),
