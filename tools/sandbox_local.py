@@ -98,8 +98,8 @@ class LocalSandbox:
     worker: subprocess.Popen | None = None
     channel: Channel = field(default_factory=lambda: Channel(-1, -1))
     sessions: set[int] = field(default_factory=set)
-    idle_cpu: float = 0.0
-    """The worker's CPU time when its last call ended."""
+    idle_cpu: float | None = None
+    """The worker's CPU time when its last call ended, as the idle watch first read it (None: not yet)."""
     stopped_idle: str = ""
     """Why the worker was stopped between calls, for the next call to say."""
 
@@ -171,7 +171,7 @@ class LocalBackend:
                     exchange(box.channel, {"reap": True}, time.monotonic() + 5.0)
                 except ChannelError as exc:
                     reply["stderr"] += f"\n[sandbox] After this cell: {self._broken(box, exc)}. {STATE_LOST}\n"
-            box.idle_cpu = cpu_time(box.channel.pid)
+            box.idle_cpu = None  # read by the idle watch, not here: a call costs one /proc read less
         return box.to_model(format_execution(reply["results"], reply["stdout"], reply["stderr"], reply["error"]))
 
     def run_command(self, sandbox_id: str, command: str) -> str:
@@ -272,7 +272,10 @@ class LocalBackend:
                 if not box.lock.acquire(blocking=False):
                     continue  # in a call, which watches its own CPU time
                 try:
-                    if box.worker and cpu_time(box.channel.pid) - box.idle_cpu > self.config.cpu_seconds:
+                    used = cpu_time(box.channel.pid) if box.worker else 0.0
+                    if box.idle_cpu is None:
+                        box.idle_cpu = used
+                    elif box.worker and used - box.idle_cpu > self.config.cpu_seconds:
                         self._stop_worker(box)
                         box.stopped_idle = (f"Between calls, code left running in the Python process used more "
                                             f"than {self.config.cpu_seconds} s of CPU time, so it was stopped. "
@@ -339,7 +342,6 @@ class LocalBackend:
         except (ChannelError, ValueError, KeyError, TypeError):
             status = self._stop_worker(box)
             raise SandboxError(f"The Python process could not start ({exit_text(status)}).") from None
-        box.idle_cpu = cpu_time(box.channel.pid)
         with self._lock:
             if self._idle_watch is None or not self._idle_watch.is_alive():
                 self._closed = threading.Event()
