@@ -2,22 +2,24 @@
 `/home/user`, and a persistent Python process per sandbox (`sandbox_worker.py`) so variables
 survive between calls.
 
-Every process runs with rlimits on CPU time, address space, file size, open files and processes,
-a wall-clock timeout after which everything it started is killed, a minimal environment (no API
-keys), and, where the OS allows (`sandbox_os.probe_isolation`), no network (`unshare --net`) and,
-when the server runs as root, its own unprivileged uid per sandbox (`setpriv`), which makes the
-process limit hold, keeps the limits from being raised and makes everything but the sandbox folder
-and world-writable places (/tmp) read-only to it. The OS side of this (probing, uids, listing and
-killing processes) lives in `sandbox_os.py`; this module is the sandbox logic over it.
+Every process runs with rlimits on CPU time (a Python cell's also watched from outside, by
+`sandbox_channel.py`, which carries the worker's requests and replies), address space, file size,
+open files and processes, a wall-clock timeout after which everything it started is killed, a
+minimal environment (no API keys), and, where the OS allows (`sandbox_os.probe_isolation`), no
+network (`unshare --net`) and, when the server runs as root, its own unprivileged uid per sandbox
+(`setpriv`), which makes the process limit hold, keeps the limits from being raised and makes
+everything but the sandbox folder and world-writable places (/tmp) read-only to it. The OS side
+of this (probing, uids, listing and killing processes) lives in `sandbox_os.py`; this module is the
+sandbox logic over it.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import secrets
-import select
 import signal
 import stat
 import subprocess
@@ -31,35 +33,19 @@ from nanbeige.tools.sandbox import (
     MB, SANDBOX_HOME, SandboxConfig, SandboxError, command_failed, format_command, format_execution, inside, invalid_id,
     truncate,
 )
+from nanbeige.tools.sandbox_channel import Channel, ChannelError, check_cell_reply, cpu_time, exchange, read_line
 from nanbeige.tools.sandbox_os import (
     Isolation, Proc, allocate_uid, become_subreaper, collect, exit_text, kill_processes, minimal_env, probe_isolation,
     processes, remove_tree, setpriv_args, signal_name,
 )
-from nanbeige.tools.sandbox_worker import send
+
+log = logging.getLogger(__name__)
 
 WORKER = str(Path(__file__).with_name("sandbox_worker.py"))
 HOME_IN_TEXT = re.compile(r"/home/user(?![\w.-])")
-REPLY_LIMIT = 64 * MB
+IDLE_CHECK_S = 1.0  # how often idle workers' CPU time is read
 STATE_LOST = ("The Python process was restarted, so variables, imports and definitions from earlier calls are "
               "lost; files in /home/user are kept.")
-
-
-# --- the worker's reply pipe -------------------------------------------------------------------
-
-
-def read_line(fd: int, deadline: float) -> bytes | None:
-    """One line from fd; None when the deadline passes first, b"" at end of file or past REPLY_LIMIT
-    (code that writes to the reply pipe itself must not fill the server's memory)."""
-    buffer = bytearray()
-    while not buffer.endswith(b"\n") and len(buffer) < REPLY_LIMIT:
-        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
-        if not ready:
-            return None
-        chunk = os.read(fd, 1 << 16)
-        if not chunk:
-            return b""
-        buffer += chunk
-    return bytes(buffer) if buffer.endswith(b"\n") else b""
 
 
 # --- paths inside a sandbox folder -------------------------------------------------------------
@@ -110,10 +96,12 @@ class LocalSandbox:
     uid_lock: int | None
     lock: threading.Lock = field(default_factory=threading.Lock)
     worker: subprocess.Popen | None = None
-    worker_pid: int = 0
-    requests: int = -1
-    replies: int = -1
+    channel: Channel = field(default_factory=lambda: Channel(-1, -1))
     sessions: set[int] = field(default_factory=set)
+    idle_cpu: float | None = None
+    """The worker's CPU time when its last call ended, as the idle watch first read it (None: not yet)."""
+    stopped_idle: str = ""
+    """Why the worker was stopped between calls, for the next call to say."""
 
     def to_host(self, text: str) -> str:
         return HOME_IN_TEXT.sub(lambda _: str(self.folder), text)
@@ -133,6 +121,8 @@ class LocalBackend:
         self._boxes: dict[str, LocalSandbox] = {}
         self._lock = threading.Lock()
         self._isolation: Isolation | None = None
+        self._idle_watch: threading.Thread | None = None
+        self._closed = threading.Event()
 
     @property
     def isolation(self) -> Isolation:
@@ -164,24 +154,24 @@ class LocalBackend:
     def run_python(self, sandbox_id: str, code: str) -> str:
         box = self._box(sandbox_id)
         with box.lock:
+            if box.stopped_idle:
+                message, box.stopped_idle = box.stopped_idle, ""
+                raise SandboxError(message)
             if box.worker is None:
                 self._start_worker(box)
             try:
-                send(box.requests, {"code": box.to_host(code)})
-                line = read_line(box.replies, time.monotonic() + self.config.timeout_s)
-                reply = json.loads(line) if line else None
-            except (OSError, ValueError):
-                line, reply = b"", None
-            if reply is None:
-                status = self._stop_worker(box)
-                what = (f"Execution timed out after {self.config.timeout_s:g} s and was stopped" if line is None
-                        else f"The Python process died ({exit_text(status)})")
-                raise SandboxError(f"{what}. {STATE_LOST}")
+                reply = check_cell_reply(exchange(box.channel, {"code": box.to_host(code)},
+                                                  time.monotonic() + self.config.timeout_s, self.config.cpu_seconds))
+            except ChannelError as exc:
+                raise SandboxError(f"{self._broken(box, exc)}. {STATE_LOST}") from None
             if self._kill_strays(box):
                 # the worker reaps the zombies of its children now, not at the next cell: until then they
                 # would count against the process limit of the sandbox's commands
-                send(box.requests, {"reap": True})
-                read_line(box.replies, time.monotonic() + 5.0)
+                try:
+                    exchange(box.channel, {"reap": True}, time.monotonic() + 5.0)
+                except ChannelError as exc:
+                    reply["stderr"] += f"\n[sandbox] After this cell: {self._broken(box, exc)}. {STATE_LOST}\n"
+            box.idle_cpu = None  # read by the idle watch, not here: a call costs one /proc read less
         return box.to_model(format_execution(reply["results"], reply["stdout"], reply["stderr"], reply["error"]))
 
     def run_command(self, sandbox_id: str, command: str) -> str:
@@ -266,10 +256,32 @@ class LocalBackend:
             os.close(box.uid_lock)
 
     def close(self) -> None:
+        self._closed.set()
         with self._lock:
             ids = list(self._boxes)
         for sandbox_id in ids:
             self.destroy(sandbox_id)
+
+    def _watch_idle(self, closed: threading.Event) -> None:
+        """Stops workers that used more than a call's CPU time since their last call ended: code may
+        leave a thread running, and between calls no limit inside the process holds."""
+        while not closed.wait(IDLE_CHECK_S):
+            with self._lock:
+                boxes = list(self._boxes.values())
+            for box in boxes:
+                if not box.lock.acquire(blocking=False):
+                    continue  # in a call, which watches its own CPU time
+                try:
+                    used = cpu_time(box.channel.pid) if box.worker else 0.0
+                    if box.idle_cpu is None:
+                        box.idle_cpu = used
+                    elif box.worker and used - box.idle_cpu > self.config.cpu_seconds:
+                        self._stop_worker(box)
+                        box.stopped_idle = (f"Between calls, code left running in the Python process used more "
+                                            f"than {self.config.cpu_seconds} s of CPU time, so it was stopped. "
+                                            f"{STATE_LOST} The code of this call did not run; send it again.")
+                finally:
+                    box.lock.release()
 
     def leftover_processes(self, sandbox_id: str) -> list[int]:
         """Live processes of the sandbox other than its Python worker (between calls: none)."""
@@ -321,15 +333,21 @@ class LocalBackend:
         finally:
             os.close(request_read)
             os.close(reply_write)
-        box.requests, box.replies = request_write, reply_read
+        box.channel = Channel(request_write, reply_read)
         box.sessions.add(box.worker.pid)
         # the worker's first line is its pid, which differs from Popen's when unshare forks it
-        hello = read_line(reply_read, time.monotonic() + max(self.config.timeout_s, 30.0))
         try:
-            box.worker_pid = json.loads(hello or b"")["pid"]
-        except (ValueError, KeyError):
+            box.channel.pid = int(json.loads(read_line(box.channel, time.monotonic() + max(self.config.timeout_s,
+                                                                                             30.0)))["pid"])
+        except (ChannelError, ValueError, KeyError, TypeError):
             status = self._stop_worker(box)
             raise SandboxError(f"The Python process could not start ({exit_text(status)}).") from None
+        with self._lock:
+            if self._idle_watch is None or not self._idle_watch.is_alive():
+                self._closed = threading.Event()
+                self._idle_watch = threading.Thread(target=self._watch_idle, args=(self._closed,),
+                                                    name="sandbox-idle-watch", daemon=True)
+                self._idle_watch.start()
 
     def _stop_worker(self, box: LocalSandbox) -> int | None:
         """Kills the worker and everything the sandbox started; returns the worker's exit status."""
@@ -341,10 +359,23 @@ class LocalBackend:
             os.killpg(worker.pid, signal.SIGKILL)
         code = worker.wait()
         box.sessions.discard(worker.pid)
-        for fd in (box.requests, box.replies):
+        for fd in (box.channel.requests, box.channel.replies):
             with suppress(OSError):
                 os.close(fd)
         return code
+
+    def _broken(self, box: LocalSandbox, exc: ChannelError) -> str:
+        """Stops a worker that timed out, overran its CPU time or broke the protocol; says what happened."""
+        status = self._stop_worker(box)
+        if exc.kind == "timeout":
+            return f"Execution timed out after {self.config.timeout_s:g} s and was stopped"
+        if exc.kind == "cpu":
+            return (f"Execution used more than {self.config.cpu_seconds} s of CPU time without stopping at its limit, "
+                    "so it was stopped")
+        if exc.kind == "protocol":
+            log.warning("local sandbox %s: the Python process sent %s; restarting it", box.id, exc)
+            return f"The Python process sent {exc} instead of its reply, so it was stopped"
+        return f"The Python process died ({exit_text(status)})"
 
     def _kill_strays(self, box: LocalSandbox) -> int:
         """Kills what the last call left running (only the Python worker may outlive a call); returns how many."""
@@ -353,4 +384,4 @@ class LocalBackend:
 
 def _worker_pids(box: LocalSandbox) -> set[int]:
     # two pids when unshare forks the worker: Popen's and the worker's own
-    return {box.worker.pid, box.worker_pid} if box.worker else set()
+    return {box.worker.pid, box.channel.pid} if box.worker else set()

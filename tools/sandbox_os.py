@@ -55,7 +55,8 @@ class Isolation:
     process_limit: bool
     """RLIMIT_NPROC bounds the sandbox's processes (root ignores it, so false for root without own_uid)."""
     prefix: tuple[str, ...] = ()
-    """Command prefix that enters the namespaces (`unshare ...`)."""
+    """Command prefix that enters the namespaces (`unshare ...`) and, for root without a uid of its
+    own, drops CAP_SYS_RESOURCE (`setpriv ...`), so that hard rlimits hold there too."""
 
 
 def setpriv_args(uid: int, read_all: bool) -> list[str]:
@@ -78,6 +79,10 @@ def probe_isolation(*, python: str, worker: str, root: Path, network: bool, drop
     candidates = [("unshare", *user, *itertools.chain(*combo))
                   for size in range(len(wanted), 0, -1) for combo in itertools.combinations(wanted, size)]
     prefix = next((c for c in candidates if _succeeds([*c, "true"])), ()) if shutil.which("unshare") else ()
+    if root_user and not own_uid and shutil.which("setpriv"):
+        # root keeps CAP_SYS_RESOURCE, with which code could raise its hard limits (CPU time among them)
+        keep_limits = ("setpriv", "--bounding-set=-sys_resource", "--inh-caps=-sys_resource", "--")
+        prefix += keep_limits if _succeeds([*prefix, *keep_limits, "true"]) else ()
     isolation = Isolation("--net" in prefix, "--pid" in prefix, own_uid, read_all, own_uid or not root_user, prefix)
     if not network and not isolation.network_off:
         log.warning("local sandbox: cannot make a network namespace (unshare); sandboxed code can use the network")

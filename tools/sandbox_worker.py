@@ -6,7 +6,8 @@ in an isolated interpreter that must start fast.
 
 LIMITS is `AS=bytes,FSIZE=bytes,...` (RLIMIT_ names without the prefix). The worker first applies
 them to itself (soft = hard, so sandboxed code cannot raise them), then either serves Python cells
-like a notebook kernel, one JSON line per request and per reply, keeping one namespace across
+like a notebook kernel, one JSON line per request and per reply (the reply echoes the request's
+`id`; only this process ever replies, never one a cell forked), keeping one namespace across
 cells, or runs PROGRAM (a shell command) and writes how it ended to STATUS_FD (-1: nowhere).
 OWN_UID is 1 when the sandbox runs as a uid of its own (nothing else runs as it).
 
@@ -27,6 +28,10 @@ import sys
 from contextlib import suppress
 
 MAX_TRACEBACK_CHARS = 4_000
+SERVING_PID = 0  # the process that serves cells; a process forked by a cell has another pid
+PROCESS_EVENTS = frozenset({"os.fork", "os.forkpty", "os.system", "os.posix_spawn", "os.spawn", "os.exec",
+                            "subprocess.Popen"})
+PROCESS_STARTED = False
 
 
 def apply_limits(limits: str) -> None:
@@ -110,11 +115,45 @@ def describe_error(exc: BaseException) -> dict[str, str]:
     return {"name": type(exc).__name__, "value": value[:MAX_TRACEBACK_CHARS], "traceback": text}
 
 
-def read_capture(fd: int, max_bytes: int) -> str:
+def new_capture(fd: int, folder: str) -> None:
+    """Points fd (1 or 2) at a new unnamed file in folder, so that `os.system` output is captured too."""
+    import tempfile
+
+    capture = tempfile.TemporaryFile(dir=folder)
+    os.dup2(capture.fileno(), fd)
+    capture.close()
+
+
+def read_capture(fd: int, max_bytes: int, folder: str) -> str:
+    """What the cell wrote to fd. A cell that started processes leaves them its file and the next
+    cell gets a new one (about 0.1 ms each), so what they write later reaches no other cell's output."""
+    global PROCESS_STARTED
+
     data = os.pread(fd, max_bytes, 0)
+    try:
+        if PROCESS_STARTED:
+            new_capture(fd, folder)
+            return data.decode("utf-8", errors="replace")
+    except OSError:  # the code made its folder unwritable: keep the file
+        pass
+    finally:
+        PROCESS_STARTED = False
     os.ftruncate(fd, 0)
     os.lseek(fd, 0, os.SEEK_SET)
     return data.decode("utf-8", errors="replace")
+
+
+def note_process_start(event: str, args: tuple) -> None:
+    """An audit hook: notes that the cell started a process (which may outlive it)."""
+    global PROCESS_STARTED
+
+    if event in PROCESS_EVENTS:
+        PROCESS_STARTED = True
+
+
+def set_cpu_limit(soft: int) -> None:
+    hard = resource.getrlimit(resource.RLIMIT_CPU)[1]  # infinite, unless the code lowered it
+    resource.setrlimit(resource.RLIMIT_CPU, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
 
 
 def cpu_exceeded(signum: int, frame: object) -> None:
@@ -132,27 +171,62 @@ def reap_children() -> None:
 
 
 def send(fd: int, message: dict) -> None:
-    """One JSON line: the worker's replies, and the server's requests (`sandbox_local` uses it too)."""
+    """One JSON line to the server; never from a process a cell forked (it ends instead), so
+    replies cannot come twice or out of turn."""
     import json
 
+    if os.getpid() != SERVING_PID:
+        os._exit(0)
     write_all(fd, json.dumps(message).encode() + b"\n")
 
 
+def end_forked_child(exc: BaseException | None) -> None:
+    """Ends a process that a cell forked, once it has run the rest of the cell, the way a script
+    ends: the loop that serves cells belongs to the worker alone."""
+    code = 0
+    if isinstance(exc, SystemExit):
+        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    elif exc is not None:
+        import traceback
+
+        with suppress(Exception):
+            traceback.print_exception(exc)
+        code = 1
+    with suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code & 0xFF)
+
+
+def close_channel_in_child(*fds: int) -> None:
+    """Runs in every process forked from the worker: a child has no business with the pipes to the
+    server, so it loses them before the cell's code goes on in it."""
+    for fd in fds:
+        with suppress(OSError):
+            os.close(fd)
+
+
 def run_cell(code: str, namespace: dict, cell: int, captures: tuple[CappedRaw, CappedRaw],
-             cpu_seconds: int, max_bytes: int) -> dict:
+             cpu_seconds: int, max_bytes: int, folder: str) -> dict:
     results: list[str] = []
     namespace["display"] = lambda *values: results.extend(repr(v)[:max_bytes] for v in values)
     for capture in captures:
         capture.left = max_bytes
     used = resource.getrusage(resource.RUSAGE_SELF)
-    soft = int(used.ru_utime + used.ru_stime) + cpu_seconds
-    resource.setrlimit(resource.RLIMIT_CPU, (soft, resource.RLIM_INFINITY))
-    error = None
+    set_cpu_limit(-int(-(used.ru_utime + used.ru_stime + cpu_seconds)))  # rounded up: at least cpu_seconds
+    error, raised = None, None
     try:
         run_code(code, namespace, f"<cell {cell}>", results, max_bytes)
     except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt are the cell's errors too
-        error = describe_error(exc)
-    return {"results": results, "stdout": read_capture(1, max_bytes), "stderr": read_capture(2, max_bytes),
+        raised = exc
+    if os.getpid() != SERVING_PID:  # a process the cell forked, at the end of the cell
+        end_forked_child(raised)
+    # between calls the server watches the CPU time; a SIGXCPU then would end this process
+    set_cpu_limit(resource.RLIM_INFINITY)
+    if raised is not None:
+        error = describe_error(raised)
+    return {"results": results, "stdout": read_capture(1, max_bytes, folder),
+            "stderr": read_capture(2, max_bytes, folder),
             "error": error}
 
 
@@ -180,16 +254,16 @@ def watch_server(fd: int, own_uid: bool) -> None:
 def serve(request_fd: int, reply_fd: int, cpu_seconds: int, max_bytes: int, own_uid: int = 0) -> None:
     import builtins
     import json
-    import tempfile
-
+    global SERVING_PID
+    SERVING_PID = os.getpid()
+    os.register_at_fork(after_in_child=lambda: close_channel_in_child(request_fd, reply_fd))
+    sys.addaudithook(note_process_start)
     watch_server(request_fd, bool(own_uid))
     os.set_inheritable(request_fd, False)
     os.set_inheritable(reply_fd, False)
-    # fd 1 and 2 become unnamed files in the sandbox, so `os.system` output is captured too
+    folder = os.getcwd()
     for fd in (1, 2):
-        capture = tempfile.TemporaryFile(dir=".")
-        os.dup2(capture.fileno(), fd)
-        capture.close()
+        new_capture(fd, folder)
     captures = CappedRaw(1), CappedRaw(2)
     streams = text_stream(captures[0]), text_stream(captures[1])
     signal.signal(signal.SIGXCPU, cpu_exceeded)
@@ -201,12 +275,13 @@ def serve(request_fd: int, reply_fd: int, cpu_seconds: int, max_bytes: int, own_
         request = json.loads(line)
         reap_children()
         if "code" not in request:  # the server asks for the reaping alone
-            send(reply_fd, {})
+            send(reply_fd, {"id": request["id"]})
             continue
         cell += 1
         sys.stdout, sys.stderr = streams  # in case the previous cell replaced them
         sys.stdin = io.StringIO()
-        send(reply_fd, run_cell(request["code"], namespace, cell, captures, cpu_seconds, max_bytes))
+        reply = run_cell(request["code"], namespace, cell, captures, cpu_seconds, max_bytes, folder)
+        send(reply_fd, {"id": request["id"], **reply})
 
 
 def run_program(status_fd: int, args: list[str]) -> int:
