@@ -192,13 +192,14 @@ def resume(
     """Continue a run cut short (killed, Ctrl-C, crashed, model server error) from its last complete turn,
     with its own settings; print the answer. Tool servers and backend flags must be the run's."""
     from nanbeige.agent.restore import complete_turns
-    from nanbeige.agent.resume import pick, settings_for
+    from nanbeige.agent.resume import check_not_in_use, pick, settings_for
     from nanbeige.agent.setup import SetupError, secrets_of
 
     if replay and cache is None:
         fail("--replay needs --cache PATH: the cache file to answer tool calls from", 2)
     try:
         trajectory = pick(path, trajectory_id)
+        check_not_in_use(path)
     except SetupError as exc:
         fail(str(exc), 2 if exc.usage else 1)
     settings = settings_for(trajectory, path, base_url, backend, api_key, mcp, no_default_servers, gguf_file,

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nanbeige.agent import dialects
+from nanbeige.agent.console import visible
 from nanbeige.agent.trajectory import Trajectory, Turn
 
 SCRAPE_TOOL, SEARCH_TOOL = "scrape_and_extract_info", "google_search"
@@ -157,8 +158,14 @@ def _attempt_line(number: int, trajectory: Trajectory) -> str:
             f"in {wall:.1f}s")
 
 
+def _clean(text: str) -> str:
+    """The text with the keys the run knows taken out (before any escaping could disguise them) and no
+    control characters."""
+    return _UNSAFE.sub("", visible(text))
+
+
 def _trim(text: str) -> str:
-    text = _UNSAFE.sub("", text).strip()
+    text = _clean(text).strip()
     return text if len(text) <= PASSAGE_CHARS else text[:PASSAGE_CHARS] + " …"
 
 
@@ -167,14 +174,14 @@ def _trim(text: str) -> str:
 
 def _md(text: str) -> str:
     """Text safe in markdown: no control characters, and no raw HTML a viewer would run."""
-    return html.escape(_UNSAFE.sub("", text), quote=False)
+    return html.escape(_clean(text), quote=False)
 
 
 def _md_link(citation: Citation) -> str:
     title = _md(citation.title or citation.url).replace("[", "\\[").replace("]", "\\]")
     if not citation.url.lower().startswith(("http://", "https://")):
         return f"{title} ({_md(citation.url)})"
-    target = "".join(f"%{ord(ch):02X}" if ch in " ()<>" else ch for ch in _UNSAFE.sub("", citation.url))
+    target = "".join(f"%{ord(ch):02X}" if ch in " ()<>" else ch for ch in _clean(citation.url))
     return f"[{title}]({target})"
 
 
@@ -207,7 +214,7 @@ word-break:break-all}li{margin-bottom:1em}"""
 
 
 def _h(text: str) -> str:
-    return html.escape(_UNSAFE.sub("", text), quote=True)
+    return html.escape(_clean(text), quote=True)
 
 
 def _html_link(citation: Citation) -> str:

@@ -284,7 +284,7 @@ def research_command(
     if open_report and report is None:
         fail("--open opens the report: pass --report PATH too", 2)
     if report is not None:
-        check_report_path(report)
+        check_report_path(report, trajectory)
     question = question_text(question, question_file)
     result, path = run_command(_research(question, settings, attempts))
     answer = result.answer
@@ -330,10 +330,15 @@ async def _research(question: str, settings: RunSettings, attempts: int) -> tupl
         return result, runtime.path
 
 
-def check_report_path(path: Path) -> None:
-    """That the report can be written, checked before hours of research rather than after."""
+def check_report_path(path: Path, trajectory: Path | None) -> None:
+    """That the report can be written, checked before hours of research rather than after, and would
+    overwrite nothing the run needs."""
     if path.is_dir():
         fail(f"--report {path} is a folder; pass a file path", 2)
+    if path.exists() and not path.is_file():
+        fail(f"--report {path} is not a regular file (a FIFO, socket or device); pass a file path", 2)
+    if trajectory is not None and path.resolve() == trajectory.resolve():
+        fail(f"--report {path} is the trajectory file; pass another path", 2)
     folder = path.parent
     while not folder.exists():
         folder = folder.parent
@@ -347,7 +352,10 @@ def write_report(path: Path, result: Research, trajectory_file: Path, open_it: b
 
     # the attempts as written: the run let go of tool results the model no longer saw, the file has them all
     ids = {t.id for t in result.attempts}
-    written = {t.id: t for t in load_trajectories(trajectory_file, warn=lambda text: None) if t.id in ids}
+    try:
+        written = {t.id: t for t in load_trajectories(trajectory_file, warn=lambda text: None) if t.id in ids}
+    except (OSError, ValueError):  # gone or unreadable since: the report makes do with what is in memory
+        written = {}
     attempts = [written.get(t.id, t) for t in result.attempts]
     content = report.build(result.question, attempts, result.answer, str(trajectory_file))
     is_html = path.suffix.lower() in (".html", ".htm")

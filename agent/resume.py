@@ -17,6 +17,7 @@ from typing import Any
 from nanbeige.agent.config import BackendConfig, RunSettings, ToolsConfig
 from nanbeige.agent.llm import LLMConfig
 from nanbeige.agent.loop import AgentConfig
+from nanbeige.agent.records import NotATrajectoryFile, check_trajectory_file
 from nanbeige.agent.restore import complete_turns
 from nanbeige.agent.setup import SetupError
 from nanbeige.agent.tokens import last_prompt
@@ -27,6 +28,10 @@ SAMPLING = ("temperature", "top_p", "repetition_penalty", "max_tokens", "stop")
 
 def pick(path: Path, trajectory_id: str | None) -> Trajectory:
     """The trajectory of the file to resume: the one named, else the only one that can be."""
+    try:
+        check_trajectory_file(path)  # before reading: a FIFO would block, another file is not ours
+    except NotATrajectoryFile as exc:
+        raise SetupError(str(exc)) from None
     try:
         trajectories = load_trajectories(path)
     except OSError as exc:
@@ -61,9 +66,27 @@ def checked(trajectory: Trajectory, path: Path) -> Trajectory:
     return trajectory
 
 
+def check_not_in_use(path: Path) -> None:
+    """Refuse to resume into a file another process is still writing: every trajectory writer holds a
+    shared lock on its file while open, and its run's later turns and end record would interleave with
+    the resumed run's."""
+    import fcntl
+
+    with open(path, "rb") as file:
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SetupError(f"another process is still writing {path} (is its run still going?): resume it after "
+                             "that process ends") from None
+        except OSError:
+            return  # a file system without locks: nothing to check with
+        fcntl.flock(file, fcntl.LOCK_UN)
+
+
 def finished(trajectory: Trajectory) -> str:
+    reasons = ", ".join(str(reason) for reason in RESUMABLE if reason)
     return (f"trajectory {trajectory.id} finished on its own (stop reason {trajectory.stop_reason}): only a run cut "
-            "short (no end record, or interrupted, crashed or model_error) can be resumed")
+            f"short (no end record, or {reasons}) can be resumed")
 
 
 def settings_for(trajectory: Trajectory, path: Path, base_url: str | None, backend: str, api_key: str | None,

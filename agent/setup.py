@@ -77,6 +77,9 @@ def check_settings(settings: RunSettings) -> list[ServerSpec]:
     if b.backend not in BACKENDS:
         raise SetupError(f"--backend must be one of {', '.join(BACKENDS)}, not {b.backend!r}", usage=True)
     check_url("--base-url", c.base_url)
+    if c.api_key and not c.api_key.isascii():
+        raise SetupError("--api-key / NANBEIGE_API_KEY has characters that are not ASCII: an HTTP header cannot carry "
+                         "them; check the key", usage=True)
     if b.token_mode and b.backend == "transformers":
         raise SetupError("--token-mode talks to a vLLM server; the in-process backend records exact tokens by "
                          "itself", usage=True)

@@ -274,6 +274,7 @@ class TrajectoryWriter:
         self._held: dict[str, list[bytes]] = {}  # whole mode: each open trajectory's lines so far
         # Unbuffered: each record is one write call, so a failed one leaves nothing pending to retry
         self._file = open(self.path, "ab", buffering=0)
+        _hold_shared_lock(self._file)
         self._whole_lines = self._file.tell()  # the file's size up to its last whole line
         if self._whole_lines and not _ends_with_newline(self.path):
             self._append(b"\n")  # an earlier run died mid-line: start ours on a line of its own
@@ -335,6 +336,17 @@ class TrajectoryWriter:
 
     def close(self) -> None:
         self._file.close()
+
+
+def _hold_shared_lock(file: Any) -> None:
+    """Say that this process writes the file, for as long as it is open: `nanbeige resume` refuses a
+    file that someone still writes (writers share the lock; many may append to one file)."""
+    import fcntl
+
+    try:
+        fcntl.flock(file, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        pass  # being resumed this very moment, or a file system without locks: write as before
 
 
 def _ends_with_newline(path: Path) -> bool:

@@ -10,6 +10,7 @@ reason `budget` and is then asked for its answer, as at the turn limit.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -74,9 +75,9 @@ def parse_budgets(texts: list[str]) -> dict[str, float]:
         try:
             budgets[unit] = float(value)
         except ValueError:
-            raise ValueError(f"--budget {unit}= wants a number, got {value!r}") from None
-        if budgets[unit] <= 0:
-            raise ValueError(f"--budget {unit}= must be positive, got {value!r}")
+            raise ValueError(f"--budget {unit} wants a number, got {value!r}") from None
+        if not math.isfinite(budgets[unit]) or budgets[unit] <= 0:
+            raise ValueError(f"--budget {unit} must be a positive number, got {value!r}")
     return budgets
 
 

@@ -383,3 +383,11 @@ def test_the_question_comes_from_one_place_only(tmp_path: Path) -> None:
     assert_one_line_error(nanbeige("ask", "q", "--question-file", str(tmp_path / "q.txt")), "one of them")
     assert_one_line_error(nanbeige("ask"), "one of them")
     assert_one_line_error(nanbeige("ask", "-", input=b"  \n"), "the question is empty")
+
+
+def test_a_key_that_cannot_go_in_a_header_is_a_usage_error(tmp_path: Path) -> None:
+    result = subprocess.run([NANBEIGE, "ask", "q", "--base-url", "http://127.0.0.1:9/v1", "--no-default-servers",
+                             "--trajectory", str(tmp_path / "t.jsonl")], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "NANBEIGE_API_KEY": "pässwörd-123456"})
+    assert result.returncode == 2 and "not ASCII" in result.stderr and "crashed" not in result.stderr
+    assert "pässwörd" not in result.stderr and not (tmp_path / "t.jsonl").exists()

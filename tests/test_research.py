@@ -238,6 +238,32 @@ def test_open_without_a_report_is_a_usage_error(tmp_path: Path) -> None:
     assert not list(tmp_path.iterdir())  # nothing started, nothing written
 
 
+def test_a_report_path_that_would_lose_something_is_refused_before_the_run(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "pipe")
+    for target, why in ((tmp_path / "run.jsonl", "is the trajectory file"), (tmp_path / "pipe", "not a regular file")):
+        result = subprocess.run([NANBEIGE, "research", QUESTION, "--trajectory", str(tmp_path / "run.jsonl"),
+                                 "--report", str(target)], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+        assert result.returncode == 2 and why in result.stderr, result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]  # nothing started, nothing written
+
+
+def test_keys_are_taken_out_of_the_report_before_it_is_escaped(tmp_path: Path) -> None:
+    from nanbeige.agent.console import hide
+    from nanbeige.agent.research import Research, write_report
+
+    key = 'key<with>&amp"1'
+    trajectory = Trajectory(question=QUESTION, answer=f"the key is {key}", stop_reason="answered")
+    trajectory.turns.append(Turn(index=0, assistant={"role": "assistant", "content": f"It is {key}. \\boxed{{x}}"}))
+    hide([key])
+    try:
+        for name in ("report.md", "report.html"):
+            write_report(tmp_path / name, Research(QUESTION, [trajectory]), tmp_path / "none.jsonl", False)
+            text = (tmp_path / name).read_text()
+            assert "[REDACTED]" in text and "&lt;with&gt;" not in text and "with&gt;" not in text
+    finally:
+        hide([])
+
+
 def scrape(url: str, result: str, is_error: bool = False) -> Turn:
     call = ToolCall(server="jina_scrape_llm_summary", name="scrape_and_extract_info",
                     arguments={"url": url, "info_to_extract": "facts"})

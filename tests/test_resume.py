@@ -357,3 +357,24 @@ def test_a_resume_without_the_run_s_tools_is_refused_and_writes_nothing(uninterr
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "the tools offered now are not the run's (missing testkit/echo" in result.stderr
     assert path.read_bytes() == written
+
+
+def test_a_file_another_process_still_writes_is_not_resumed(uninterrupted: Any, tmp_path: Path) -> None:
+    path = tmp_path / "live.jsonl"
+    cut(uninterrupted[0], path, 3)
+    written = path.read_bytes()
+    live = TrajectoryWriter(path)  # as the run itself, still going, holds its file
+    result = nanbeige("resume", str(path), "--no-default-servers")
+    assert result.returncode == 1 and "another process is still writing" in result.stderr
+    assert path.read_bytes() == written
+    live.close()  # once it has ended (or was killed: the lock goes with the process) the file is free
+    from nanbeige.agent.resume import check_not_in_use
+
+    check_not_in_use(path)
+
+
+def test_a_fifo_is_refused_without_waiting_on_it(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    result = nanbeige("resume", str(fifo), "--no-default-servers")
+    assert result.returncode == 1 and "not a regular file" in result.stderr and "Traceback" not in result.stderr

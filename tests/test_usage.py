@@ -72,8 +72,9 @@ def test_a_bad_budget_is_a_usage_error(tmp_path: Path) -> None:
     result = subprocess.run([NANBEIGE, "ask", "q", "--budget", "dollars=3"], capture_output=True, text=True)
     assert result.returncode == 2 and "UNIT one of tokens, tool_calls, serper_queries" in result.stderr
     assert "Traceback" not in result.stderr
-    with pytest.raises(ValueError, match="must be positive"):
-        parse_budgets(["tokens=0"])
+    for bad in ("tokens=0", "tokens=-1", "tokens=nan", "tokens=inf"):  # none of them a budget
+        with pytest.raises(ValueError, match="must be a positive number"):
+            parse_budgets([bad])
     assert parse_budgets(["tokens=1e6", "e2b_seconds=90"]) == {"tokens": 1e6, "e2b_seconds": 90.0}
 
 
