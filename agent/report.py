@@ -173,12 +173,19 @@ def _trim(text: str) -> str:
 
 
 def _md(text: str) -> str:
-    """Text safe in markdown: no control characters, and no raw HTML a viewer would run."""
-    return html.escape(_clean(text), quote=False)
+    """Text safe in markdown: no control characters, no raw HTML a viewer would run, and no link or
+    image of the model's or a page's making (a viewer would fetch an image: `![x](https://tracker/)`),
+    since `[` and `]` are escaped; only `_md_link` makes links, to the pages cited."""
+    escaped = html.escape(_clean(text), quote=False).replace("[", "\\[").replace("]", "\\]")
+    return _CITATION_MARK.sub(r"[\1]", escaped)  # a bare [n] links nothing: kept readable
+
+
+# an escaped `[n]` followed by neither `(` (an inline link) nor `:` (a link definition)
+_CITATION_MARK = re.compile(r"\\\[(\d+)\\\](?![(:])")
 
 
 def _md_link(citation: Citation) -> str:
-    title = _md(citation.title or citation.url).replace("[", "\\[").replace("]", "\\]")
+    title = _md(citation.title or citation.url)
     if not citation.url.lower().startswith(("http://", "https://")):
         return f"{title} ({_md(citation.url)})"
     target = "".join(f"%{ord(ch):02X}" if ch in " ()<>" else ch for ch in _clean(citation.url))

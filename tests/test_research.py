@@ -247,6 +247,18 @@ def test_a_report_path_that_would_lose_something_is_refused_before_the_run(tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]  # nothing started, nothing written
 
 
+def test_the_markdown_report_makes_no_link_or_image_of_the_models_text(tmp_path: Path) -> None:
+    from nanbeige.agent.research import Research, write_report
+
+    reply = "See ![pixel](http://tracker.example/p.png), [click](javascript:alert(1)) and [1]: http://x [2]."
+    trajectory = Trajectory(question=QUESTION, answer="42", stop_reason="answered")
+    trajectory.turns.append(Turn(index=0, assistant={"role": "assistant", "content": reply}))
+    write_report(tmp_path / "report.md", Research(QUESTION, [trajectory]), tmp_path / "none.jsonl", False)
+    text = (tmp_path / "report.md").read_text()
+    assert "![pixel](" not in text and "[click](" not in text and "[1]:" not in text
+    assert "!\\[pixel\\](" in text and "\\[click\\](" in text and " [2]." in text  # shown as written, linking nothing
+
+
 def test_keys_are_taken_out_of_the_report_before_it_is_escaped(tmp_path: Path) -> None:
     from nanbeige.agent.console import hide
     from nanbeige.agent.research import Research, write_report
@@ -259,7 +271,7 @@ def test_keys_are_taken_out_of_the_report_before_it_is_escaped(tmp_path: Path) -
         for name in ("report.md", "report.html"):
             write_report(tmp_path / name, Research(QUESTION, [trajectory]), tmp_path / "none.jsonl", False)
             text = (tmp_path / name).read_text()
-            assert "[REDACTED]" in text and "&lt;with&gt;" not in text and "with&gt;" not in text
+            assert "REDACTED" in text and "&lt;with&gt;" not in text and "with&gt;" not in text
     finally:
         hide([])
 
