@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from nanbeige.agent.trajectory import redact
+from nanbeige.agent.trajectory import redact, usable_secrets
 
 _secrets: list[str] = []
 
@@ -22,9 +22,8 @@ _secrets: list[str] = []
 def hide(secrets: list[str]) -> None:
     """Keep these strings (8 characters or more: shorter ones would match ordinary text) out of
     everything printed from now on."""
-    spelled = {s for s in secrets if len(s) >= 8}
-    spelled |= {orjson.dumps(s).decode()[1:-1] for s in spelled}  # as a JSON string spells it (--json)
-    _secrets[:] = sorted(spelled, key=len, reverse=True)
+    spelled = usable_secrets(secrets)
+    _secrets[:] = usable_secrets(spelled + [orjson.dumps(s).decode()[1:-1] for s in spelled])  # and as JSON spells it
 
 
 def visible(text: str) -> str:

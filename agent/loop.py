@@ -193,8 +193,8 @@ async def _turns(state: Run, llm: LLM, toolbox: Toolbox | None, config: AgentCon
         prompt_tokens = _next_prompt_tokens(llm, state, request_tools)
         if _turns_used(state) >= config.max_turns:
             trajectory.stop_reason = "max_turns"
-        elif over_budget(trajectory.usage, config.budgets):
-            trajectory.stop_reason, trajectory.error = "budget", over_budget(trajectory.usage, config.budgets)
+        elif spent := over_budget(trajectory.usage, config.budgets):
+            trajectory.stop_reason, trajectory.error = "budget", spent
         elif prompt_tokens + llm.config.max_tokens + config.context_reserve > config.max_context:
             trajectory.stop_reason = "context_limit"
         if trajectory.stop_reason:

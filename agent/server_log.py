@@ -8,7 +8,7 @@ import os
 import threading
 from pathlib import Path
 
-from nanbeige.agent.trajectory import REDACTED
+from nanbeige.agent.trajectory import REDACTED, usable_secrets
 
 
 class ServerLog:
@@ -17,8 +17,7 @@ class ServerLog:
     def __init__(self, path: Path, secrets: list[str]):
         self.path = path
         self._file = open(path, "ab")
-        spelled = {s.encode() for s in secrets if len(s) >= 8}
-        self._secrets = sorted(spelled, key=len, reverse=True)
+        self._secrets = [s.encode() for s in usable_secrets(secrets)]
         read_end, write_end = os.pipe()
         self.stream = open(write_end, "w")
         """The pipe's writing end, a text stream with a file descriptor, as the MCP SDK wants."""

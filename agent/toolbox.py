@@ -28,7 +28,7 @@ from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT, TextContent
 
 from nanbeige.agent.lifeline import tied_to_this_process
 from nanbeige.agent.cache import ToolCache
-from nanbeige.agent.trajectory import ToolCall, ToolResult, redact
+from nanbeige.agent.trajectory import ToolCall, ToolResult, redact, usable_secrets
 
 # Environment passed on to stdio servers: backend settings, and API keys only to our own servers.
 ENV_PREFIXES = ("NANBEIGE_", "SERPER_", "JINA_", "E2B_", "SEARXNG_")
@@ -148,7 +148,7 @@ class Toolbox:
         self.start_timeout_s = start_timeout_s
         # Keys are taken out of tool results before the model or the log can see them (>= 8 chars:
         # shorter strings would match ordinary text).
-        self.secrets = [s for s in secrets or [] if len(s) >= 8]
+        self.secrets = usable_secrets(secrets)
         self.tools: list[dict[str, Any]] = []
         self._clients: dict[str, Client] = {}
         self._holders: dict[str, tuple[asyncio.Task[None], asyncio.Event]] = {}  # each connection's task

@@ -39,7 +39,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal
+from typing import Any, Callable, Iterable, Iterator, Literal
 
 import orjson
 
@@ -228,6 +228,19 @@ def end_record(trajectory: Trajectory) -> dict[str, Any]:
 REDACTED = "[REDACTED]"
 
 
+def usable_secrets(secrets: Iterable[str] | None) -> list[str]:
+    """The secrets worth redacting: 8 characters or more (shorter ones would match ordinary text and
+    JSON syntax), longest first (a key that holds another is replaced whole)."""
+    return sorted({s for s in secrets or () if len(s) >= 8}, key=len, reverse=True)
+
+
+def redact_json_line(line: bytes, secrets: list[str]) -> bytes:
+    """An encoded JSON line with every secret, spelled as a JSON string spells it, replaced."""
+    for secret in secrets:
+        line = line.replace(orjson.dumps(secret)[1:-1], REDACTED.encode())
+    return line
+
+
 def redact(text: str, secrets: list[str]) -> str:
     """The text with every secret (API keys the runtime knows) replaced by `[REDACTED]`."""
     for secret in secrets:
@@ -267,7 +280,7 @@ class TrajectoryWriter:
         self.path = Path(path)
         check_trajectory_file(self.path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.secrets = sorted({s for s in secrets or [] if len(s) >= 8}, key=len, reverse=True)
+        self.secrets = usable_secrets(secrets)
         self.whole = whole
         self.error: str | None = None
         """Why writing failed; every later write raises `TrajectoryWriteError` with it."""
@@ -284,9 +297,7 @@ class TrajectoryWriter:
             line = orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY, default=str)
         except TypeError:  # text orjson refuses (lone surrogates), an integer over 64 bits
             line = orjson.dumps(encodable(record), option=orjson.OPT_SERIALIZE_NUMPY, default=str)
-        for secret in self.secrets:
-            line = line.replace(orjson.dumps(secret)[1:-1], REDACTED.encode())
-        return line + b"\n"
+        return redact_json_line(line, self.secrets) + b"\n"
 
     def _append(self, data: bytes) -> None:
         if self.error:

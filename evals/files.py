@@ -24,6 +24,7 @@ from xml.etree import ElementTree
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from nanbeige.agent.trajectory import redact_json_line, usable_secrets
 from nanbeige.evals.tasks import LoadError
 
 Row = dict[str, Any]
@@ -114,11 +115,9 @@ def append_jsonl(path: Path, row: dict[str, object], secrets: list[str] | None =
     """Append one row as a JSON line, synced to disk before returning: a finished piece of work is
     never lost to a crash after it. Each of `secrets` (keys, 8 characters or more) becomes `[REDACTED]`."""
     drop_torn_line(path)
-    line = json.dumps(row, ensure_ascii=False)
-    for secret in sorted((s for s in secrets or [] if len(s) >= 8), key=len, reverse=True):
-        line = line.replace(json.dumps(secret, ensure_ascii=False)[1:-1], "[REDACTED]")
+    line = redact_json_line(json.dumps(row, ensure_ascii=False).encode(), usable_secrets(secrets))
     with open(path, "ab") as file:
-        file.write(line.encode() + b"\n")
+        file.write(line + b"\n")
         file.flush()
         os.fsync(file.fileno())
 
