@@ -62,7 +62,11 @@ class SandboxConfig:
     cpu_seconds: int = 120
     """CPU time limit of one call (NANBEIGE_SANDBOX_CPU_SECONDS)."""
     memory_mb: int = 2048
-    """Address-space limit per process, RLIMIT_AS (NANBEIGE_SANDBOX_MEMORY_MB); numpy needs ~1 GB."""
+    """Memory of all of a local sandbox's processes together (a cgroup, or a watch over their
+    resident memory), and address space of each, RLIMIT_AS (NANBEIGE_SANDBOX_MEMORY_MB); numpy needs ~1 GB."""
+    disk_mb: int = 2048
+    """Disk a local sandbox's files may take, /home/user and /tmp together (a file system of its own
+    as root, else a watch over the folder) (NANBEIGE_SANDBOX_DISK_MB)."""
     file_size_mb: int = 100
     """Largest file a sandbox may write, RLIMIT_FSIZE (NANBEIGE_SANDBOX_FILE_SIZE_MB); also caps
     uploads and downloads to local."""
@@ -80,6 +84,8 @@ class SandboxConfig:
     (NANBEIGE_SANDBOX_MAX_SANDBOXES)."""
     network: bool = False
     """Let local sandboxed code use the network (NANBEIGE_SANDBOX_NETWORK=1); off where the OS can do it."""
+    jail: bool = True
+    """Run local sandboxes in a filesystem jail (bwrap) where it works here (NANBEIGE_SANDBOX_JAIL)."""
     drop_privileges: bool = True
     """When the server runs as root, run each local sandbox as its own unprivileged uid
     (NANBEIGE_SANDBOX_DROP_PRIVILEGES)."""

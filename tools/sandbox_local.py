@@ -2,41 +2,54 @@
 `/home/user`, and a persistent Python process per sandbox (`sandbox_worker.py`) so variables
 survive between calls.
 
-Every process runs with rlimits on CPU time (a Python cell's also watched from outside, by
-`sandbox_channel.py`, which carries the worker's requests and replies), address space, file size,
-open files and processes, a wall-clock timeout after which everything it started is killed, a
-minimal environment (no API keys), and, where the OS allows (`sandbox_os.probe_isolation`), no
-network (`unshare --net`) and, when the server runs as root, its own unprivileged uid per sandbox
-(`setpriv`), which makes the process limit hold, keeps the limits from being raised and makes
-everything but the sandbox folder and world-writable places (/tmp) read-only to it. The OS side
-of this (probing, uids, listing and killing processes) lives in `sandbox_os.py`; this module is the
-sandbox logic over it.
+Where Bubblewrap works (`sandbox_jail.py`), every process of a sandbox runs in a jail that shows it
+only read-only system folders and the interpreter, its own home and /tmp, and a /dev and /proc of
+its own, with no network and no host sockets; as root, under an unprivileged uid of its own with
+no capabilities. Its processes together are held to a memory and process budget (a cgroup, or
+else a watch that sums their memory), and its files to a disk budget (a file system of its own,
+or else a watch that sums them): `sandbox_budget.py`. Each process also runs with rlimits on CPU
+time (a Python cell's also watched from outside, by `sandbox_channel.py`, which carries the
+worker's requests and replies), address space, file size and open files, a wall-clock timeout
+after which everything it started is killed, and a minimal environment (no API keys).
+
+Without a jail (no bwrap, no user namespaces) the server says so and falls back to what the OS
+allows (`sandbox_os.probe_isolation`): no network (`unshare --net`) and, as root, the uid of its
+own, which leaves the host's world-readable files readable to the code.
+
+Nothing is left behind: a sandbox's processes, cgroup, file system, folders and uid lock go when
+it is deleted, times out or its server exits; a server killed outright leaves them to the next
+one, which sweeps what no live server holds (each holds a lock on its sandboxes' folders).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
 import re
 import secrets
 import signal
-import stat
 import subprocess
 import threading
 import time
 from contextlib import suppress
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from nanbeige.tools.sandbox import (
-    MB, SANDBOX_HOME, SandboxConfig, SandboxError, command_failed, format_command, format_execution, inside, invalid_id,
+    MB, SANDBOX_HOME, SandboxConfig, SandboxError, command_failed, format_command, format_execution, invalid_id,
     truncate,
 )
+from nanbeige.tools.sandbox_budget import (
+    Cgroup, can_make_disks, cgroup_parents, folder_bytes, make_cgroup, make_disk, place_lock, rss_bytes, sweep, unmount,
+)
 from nanbeige.tools.sandbox_channel import Channel, ChannelError, check_cell_reply, cpu_time, exchange, read_line
+from nanbeige.tools.sandbox_files import host_path, read_file, write_file
+from nanbeige.tools.sandbox_jail import JAIL_WORKER, account_files, jail_args
 from nanbeige.tools.sandbox_os import (
-    Isolation, Proc, allocate_uid, become_subreaper, collect, exit_text, kill_processes, minimal_env, probe_isolation,
-    processes, remove_tree, setpriv_args, signal_name,
+    Isolation, Proc, allocate_uid, become_subreaper, collect, descendant_chain, exit_text, kill_processes, minimal_env,
+    probe_isolation, processes, release_uid, remove_tree, setpriv_args, signal_name,
 )
 
 log = logging.getLogger(__name__)
@@ -44,45 +57,9 @@ log = logging.getLogger(__name__)
 WORKER = str(Path(__file__).with_name("sandbox_worker.py"))
 HOME_IN_TEXT = re.compile(r"/home/user(?![\w.-])")
 IDLE_CHECK_S = 1.0  # how often idle workers' CPU time is read
+BUDGET_CHECK_S = 0.25  # how often memory and disk are summed, where no cgroup or file system holds them
 STATE_LOST = ("The Python process was restarted, so variables, imports and definitions from earlier calls are "
               "lost; files in /home/user are kept.")
-
-
-# --- paths inside a sandbox folder -------------------------------------------------------------
-
-
-def host_path(folder: Path, path: str) -> Path:
-    """The place in a local sandbox's folder that the model's path (under /home/user) names."""
-    model_path = PurePosixPath(path or SANDBOX_HOME)
-    if model_path.is_absolute():
-        if not (model_path == PurePosixPath(SANDBOX_HOME) or PurePosixPath(SANDBOX_HOME) in model_path.parents):
-            raise SandboxError(f"{path} is outside the sandbox; use a path under {SANDBOX_HOME}.")
-        model_path = model_path.relative_to(SANDBOX_HOME)
-    full = Path(os.path.normpath(folder / model_path))
-    if not inside(full, folder):
-        raise SandboxError(f"{path} is outside the sandbox; use a path under {SANDBOX_HOME}.")
-    return full
-
-
-def open_dir(folder: Path, parts: tuple[str, ...], create: bool, owner: int | None) -> int:
-    """A descriptor of folder/parts reached one step at a time without following symlinks, so
-    links the sandboxed code planted cannot lead the server outside its folder."""
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        for part in parts:
-            if create:
-                with suppress(FileExistsError):
-                    os.mkdir(part, 0o755, dir_fd=fd)
-                    if owner is not None:
-                        os.chown(part, owner, owner, dir_fd=fd, follow_symlinks=False)
-            step = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-            os.close(fd)
-            fd = step
-    except OSError as exc:
-        os.close(fd)
-        raise SandboxError(f"Cannot use folder {'/'.join(parts)} in the sandbox: {exc.strerror} "
-                           "(symbolic links are not followed).") from None
-    return fd
 
 
 # --- the backend -------------------------------------------------------------------------------
@@ -91,23 +68,40 @@ def open_dir(folder: Path, parts: tuple[str, ...], create: bool, owner: int | No
 @dataclass
 class LocalSandbox:
     id: str
+    place: Path
+    """The sandbox's own folder on the host, the server's: the lock, the disk image, account files."""
     folder: Path
+    """Its home, shown to the code as /home/user."""
     uid: int | None
     uid_lock: int | None
+    place_lock: int
+    """A lock on `place`, held while the server lives: a later server sweeps only unlocked places."""
+    jailed: bool = False
+    cgroup: Cgroup | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     worker: subprocess.Popen | None = None
     channel: Channel = field(default_factory=lambda: Channel(-1, -1))
+    keep: set[int] = field(default_factory=set)
+    """The worker and, in a jail, the processes between Popen's and it."""
     sessions: set[int] = field(default_factory=set)
     idle_cpu: float | None = None
     """The worker's CPU time when its last call ended, as the idle watch first read it (None: not yet)."""
     stopped_idle: str = ""
     """Why the worker was stopped between calls, for the next call to say."""
+    oom_kills: int = 0
+    """The cgroup's count of processes killed for want of memory, when last reported."""
+    over_budget: str = ""
+    """Why the budget watch stopped the sandbox's processes, for the call that saw them die to say."""
+
+    @property
+    def tmp(self) -> Path:
+        return self.folder.with_name("tmp")
 
     def to_host(self, text: str) -> str:
-        return HOME_IN_TEXT.sub(lambda _: str(self.folder), text)
+        return text if self.jailed else HOME_IN_TEXT.sub(lambda _: str(self.folder), text)
 
     def to_model(self, text: str) -> str:
-        return text.replace(str(self.folder), SANDBOX_HOME)
+        return text if self.jailed else text.replace(str(self.folder), SANDBOX_HOME)
 
     def owns(self, p: Proc) -> bool:
         return p.uid == self.uid if self.uid is not None else p.session in self.sessions
@@ -121,6 +115,8 @@ class LocalBackend:
         self._boxes: dict[str, LocalSandbox] = {}
         self._lock = threading.Lock()
         self._isolation: Isolation | None = None
+        self._cgroups: tuple[int, tuple[Path, ...]] | None = None
+        self._disks = False
         self._idle_watch: threading.Thread | None = None
         self._closed = threading.Event()
 
@@ -131,22 +127,76 @@ class LocalBackend:
                 self.config.root.mkdir(parents=True, exist_ok=True)
                 os.chmod(self.config.root, 0o711)  # sandbox uids pass through, but cannot list
                 become_subreaper()
+                swept = sweep(self.config.root)
+                if swept:
+                    log.info("local sandbox: removed %d sandboxes left by servers that are gone", swept)
                 c = self.config
                 self._isolation = probe_isolation(python=c.python, worker=WORKER, root=c.root, network=c.network,
-                                                  drop_privileges=c.drop_privileges)
+                                                  drop_privileges=c.drop_privileges, jail=c.jail)
+                self._cgroups = cgroup_parents()
+                self._disks = can_make_disks()
+                if self.notice:
+                    log.warning("local sandbox: %s", self.notice)
             return self._isolation
 
+    @property
+    def notice(self) -> str:
+        """What the model and the log are told of the isolation this server lacks (empty: none lacking)."""
+        missing = [] if self._isolation and self._isolation.jail else [
+            "no filesystem jail (bwrap is missing or cannot run here): sandboxed code can read the host's "
+            "world-readable files"]
+        if self._cgroups is None:
+            missing.append("memory is held by a watch over the processes' sum, not by the kernel")
+        if not self._disks:
+            missing.append("disk use is held by a watch over the folder, not by a file system of its own")
+        return "; ".join(missing)
+
     def create(self, timeout: int) -> str:
-        own_uid = self.isolation.own_uid
+        isolation = self.isolation
         sandbox_id = secrets.token_hex(10)
-        folder = Path(os.path.realpath(self.config.root / sandbox_id))
-        folder.mkdir(mode=0o700)
-        uid, lock = allocate_uid() if own_uid else (None, None)
-        if uid is not None:
-            os.chown(folder, uid, uid)
+        place = Path(os.path.realpath(self.config.root / sandbox_id))
+        guard = place_lock(self.config.root, shared=True)
+        try:
+            place.mkdir(mode=0o711)
+            held = os.open(place, os.O_RDONLY | os.O_DIRECTORY)
+            fcntl.flock(held, fcntl.LOCK_EX)
+        finally:
+            os.close(guard)
+        uid, uid_lock = allocate_uid() if isolation.own_uid else (None, None)
+        box = LocalSandbox(sandbox_id, place, place / "files" / "home", uid, uid_lock, held,
+                           jailed=isolation.jail is not None)
+        try:
+            self._make_place(box)
+        except (OSError, subprocess.SubprocessError) as exc:
+            self._remove(box)
+            raise SandboxError(f"The sandbox could not be made: {exc}") from None
         with self._lock:
-            self._boxes[sandbox_id] = LocalSandbox(sandbox_id, folder, uid, lock)
+            self._boxes[sandbox_id] = box
+            if self._idle_watch is None or not self._idle_watch.is_alive():
+                self._closed = threading.Event()
+                self._idle_watch = threading.Thread(target=self._watch, args=(self._closed,),
+                                                    name="sandbox-watch", daemon=True)
+                self._idle_watch.start()
         return sandbox_id
+
+    def _make_place(self, box: LocalSandbox) -> None:
+        c, owner = self.config, box.uid if box.uid is not None else os.getuid()
+        if self._cgroups:
+            box.cgroup = make_cgroup(self._cgroups, f"sandbox-{box.id}", c.memory_mb * MB, c.max_processes)
+        # what a later server needs to sweep this sandbox if this one is killed
+        owner_file = os.open(box.place / "owner.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with open(owner_file, "w") as f:
+            json.dump({"uid": box.uid, "cgroup": [str(f) for f in box.cgroup.folders] if box.cgroup else [],
+                       "version": box.cgroup.version if box.cgroup else 0}, f)
+        if self._disks:
+            make_disk(box.place / "disk.img", box.place / "files", c.disk_mb)
+        else:
+            (box.place / "files").mkdir()
+        for folder in (box.folder, box.tmp):
+            folder.mkdir(mode=0o700)
+            os.chown(folder, owner, owner)
+        for name, text in zip(("passwd", "group"), account_files(owner), strict=True):
+            (box.place / name).write_text(text)
 
     def attach(self, sandbox_id: str, timeout: int) -> None:
         raise SandboxError(invalid_id(sandbox_id))  # local sandboxes end with the server that made them
@@ -182,8 +232,8 @@ class LocalBackend:
                                       python=False)
             try:
                 proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        cwd=box.folder, env=minimal_env(box.folder, self.config.python),
-                                        start_new_session=True, pass_fds=(status_write,))
+                                        cwd=box.folder, env=self._env(box), start_new_session=True,
+                                        pass_fds=(status_write,))
             finally:
                 os.close(status_write)
             box.sessions.add(proc.pid)
@@ -200,6 +250,8 @@ class LocalBackend:
                                f"started were killed. Output so far: {truncate(partial, 4000)}")
         code = int(number) if how == "exit" else -int(number) if how == "signal" else proc.returncode
         if code != 0:
+            if code == -signal.SIGKILL and (reason := self._budget_spent(box)):
+                stderr += f"\n[sandbox] {reason}\n"
             signal_text = f"signal: {signal_name(-code)}" if code < 0 else None
             raise SandboxError(command_failed(-1 if code < 0 else code, stderr, signal_text))
         return format_command(stdout, stderr, 0, None)
@@ -210,50 +262,29 @@ class LocalBackend:
 
     def write_file(self, sandbox_id: str, path: str, data: bytes) -> None:
         box = self._box(sandbox_id)
-        parts = host_path(box.folder, path).relative_to(box.folder).parts
-        if not parts:
-            raise SandboxError(f"{path!r} is a folder, not a file name.")
-        dir_fd = open_dir(box.folder, parts[:-1], create=True, owner=box.uid)
-        try:
-            fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644, dir_fd=dir_fd)
-        except OSError as exc:
-            raise SandboxError(f"Cannot write {path}: {exc.strerror}.") from None
-        finally:
-            os.close(dir_fd)
-        with open(fd, "wb") as f:
-            if box.uid is not None:
-                os.fchown(fd, box.uid, box.uid)
-            f.write(data)
+        write_file(box.folder, path, data, box.uid)
 
     def read_file(self, sandbox_id: str, path: str, max_bytes: int) -> bytes:
-        box = self._box(sandbox_id)
-        parts = host_path(box.folder, path).relative_to(box.folder).parts
-        dir_fd = open_dir(box.folder, parts[:-1], create=False, owner=None)
-        try:
-            # no symlink is followed, and O_NONBLOCK keeps a FIFO from hanging the server
-            fd = os.open(parts[-1] if parts else ".", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
-        except OSError as exc:
-            raise SandboxError(f"Cannot read {path} in the sandbox: {exc.strerror}.") from None
-        finally:
-            os.close(dir_fd)
-        with open(fd, "rb") as f:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                raise SandboxError(f"{path} is not a regular file.")
-            if info.st_size > max_bytes:
-                raise SandboxError(f"{path} is larger than {max_bytes // MB} MB.")
-            return f.read(max_bytes + 1)[:max_bytes]
+        return read_file(self._box(sandbox_id).folder, path, max_bytes)
 
     def destroy(self, sandbox_id: str) -> None:
         with self._lock:
             box = self._boxes.pop(sandbox_id, None)
         if box is None:
             return
+        self._remove(box)
+
+    def _remove(self, box: LocalSandbox) -> None:
+        """Everything of a sandbox: processes, cgroup, file system, folders, uid and lock."""
         self._stop_worker(box)
+        if box.cgroup:
+            box.cgroup.remove()
         kill_processes(box.owns, keep=set(), waited=set(box.sessions))
-        remove_tree(box.folder)
-        if box.uid_lock is not None:
-            os.close(box.uid_lock)
+        unmount(box.place / "files")
+        remove_tree(box.place)
+        if box.uid is not None and box.uid_lock is not None:
+            release_uid(box.uid, box.uid_lock)
+        os.close(box.place_lock)
 
     def close(self) -> None:
         self._closed.set()
@@ -262,13 +293,22 @@ class LocalBackend:
         for sandbox_id in ids:
             self.destroy(sandbox_id)
 
-    def _watch_idle(self, closed: threading.Event) -> None:
-        """Stops workers that used more than a call's CPU time since their last call ended: code may
-        leave a thread running, and between calls no limit inside the process holds."""
-        while not closed.wait(IDLE_CHECK_S):
+    def _watch(self, closed: threading.Event) -> None:
+        """Between calls, stops workers that used more than a call's CPU time since their last call
+        ended: code may leave a thread running, and then no limit inside the process holds. At any
+        time, stops sandboxes past their memory or disk budget where no cgroup or file system of
+        their own holds it."""
+        ticks = 0
+        while not closed.wait(BUDGET_CHECK_S if self._cgroups is None or not self._disks else IDLE_CHECK_S):
+            ticks += 1
             with self._lock:
                 boxes = list(self._boxes.values())
             for box in boxes:
+                if reason := self._over_budget(box):
+                    box.over_budget = reason
+                    kill_processes(box.owns, keep=set(), waited=set(box.sessions))
+                if (self._cgroups is None or not self._disks) and ticks % round(IDLE_CHECK_S / BUDGET_CHECK_S):
+                    continue
                 if not box.lock.acquire(blocking=False):
                     continue  # in a call, which watches its own CPU time
                 try:
@@ -283,10 +323,22 @@ class LocalBackend:
                 finally:
                     box.lock.release()
 
+    def _over_budget(self, box: LocalSandbox) -> str:
+        c = self.config
+        if self._cgroups is None:
+            pids = [p.pid for p in processes() if box.owns(p) and p.state not in b"ZX"]
+            if rss_bytes(pids) > c.memory_mb * MB:
+                return (f"the sandbox ran out of memory (its processes together may use {c.memory_mb} MB), "
+                        "so its processes were stopped")
+        if not self._disks and folder_bytes(box.folder.parent, c.disk_mb * MB) > c.disk_mb * MB:
+            return (f"the sandbox's files took more than its {c.disk_mb} MB of disk, so its processes were "
+                    "stopped; delete files to go on")
+        return ""
+
     def leftover_processes(self, sandbox_id: str) -> list[int]:
         """Live processes of the sandbox other than its Python worker (between calls: none)."""
         box = self._box(sandbox_id)
-        return [p.pid for p in processes() if p.state not in b"ZX" and box.owns(p) and p.pid not in _worker_pids(box)]
+        return [p.pid for p in processes() if p.state not in b"ZX" and box.owns(p) and p.pid not in box.keep]
 
     def _box(self, sandbox_id: str) -> LocalSandbox:
         with self._lock:
@@ -308,13 +360,25 @@ class LocalBackend:
         return ",".join(f"{name}={value}" for name, value in limits.items())
 
     def _command_line(self, box: LocalSandbox, mode: list[str], python: bool) -> list[str]:
-        isolation = self.isolation
-        prefix = [*isolation.prefix]
+        isolation, worker = self.isolation, WORKER
+        prefix = box.cgroup.join_prefix() if box.cgroup else []
+        if isolation.jail:
+            prefix += jail_args(isolation.jail, home=str(box.folder), tmp=str(box.tmp),
+                                passwd=str(box.place / "passwd"), group=str(box.place / "group"), worker=WORKER,
+                                uid=box.uid, network=self.config.network)
+            worker = JAIL_WORKER
+        prefix += isolation.prefix
         if box.uid is not None:
             prefix += setpriv_args(box.uid, isolation.read_all)
         # -S (no site-packages) starts faster; only the Python worker needs the packages
         flags = ["-I", "-B"] if python else ["-I", "-S", "-B"]
-        return [*prefix, self.config.python, *flags, WORKER, self._limits(box, python), *mode]
+        return [*prefix, self.config.python, *flags, worker, self._limits(box, python), *mode]
+
+    def _env(self, box: LocalSandbox) -> dict[str, str]:
+        env = minimal_env(Path(SANDBOX_HOME) if box.jailed else box.folder, self.config.python)
+        if box.jailed:
+            env["TMPDIR"] = "/tmp"
+        return env
 
     def _start_worker(self, box: LocalSandbox) -> None:
         request_read, request_write = os.pipe()
@@ -325,7 +389,7 @@ class LocalBackend:
         try:
             box.worker = subprocess.Popen(args, pass_fds=(request_read, reply_write), stdin=subprocess.DEVNULL,
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=box.folder,
-                                          env=minimal_env(box.folder, self.config.python), start_new_session=True)
+                                          env=self._env(box), start_new_session=True)
         except OSError:
             for fd in (request_write, reply_read):
                 os.close(fd)
@@ -335,19 +399,17 @@ class LocalBackend:
             os.close(reply_write)
         box.channel = Channel(request_write, reply_read)
         box.sessions.add(box.worker.pid)
-        # the worker's first line is its pid, which differs from Popen's when unshare forks it
+        # the worker's first line is its pid, which differs from Popen's when unshare forks it, and
+        # in a jail is the pid in its own namespace
         try:
-            box.channel.pid = int(json.loads(read_line(box.channel, time.monotonic() + max(self.config.timeout_s,
-                                                                                             30.0)))["pid"])
+            pid = int(json.loads(read_line(box.channel, time.monotonic() + max(self.config.timeout_s, 30.0)))["pid"])
+            chain = descendant_chain(box.worker.pid, pid) if box.jailed else [box.worker.pid, pid]
+            if not chain:
+                raise ValueError("the jailed worker was not found")
         except (ChannelError, ValueError, KeyError, TypeError):
             status = self._stop_worker(box)
             raise SandboxError(f"The Python process could not start ({exit_text(status)}).") from None
-        with self._lock:
-            if self._idle_watch is None or not self._idle_watch.is_alive():
-                self._closed = threading.Event()
-                self._idle_watch = threading.Thread(target=self._watch_idle, args=(self._closed,),
-                                                    name="sandbox-idle-watch", daemon=True)
-                self._idle_watch.start()
+        box.channel.pid, box.keep = chain[-1], set(chain)
 
     def _stop_worker(self, box: LocalSandbox) -> int | None:
         """Kills the worker and everything the sandbox started; returns the worker's exit status."""
@@ -358,7 +420,10 @@ class LocalBackend:
         with suppress(OSError):
             os.killpg(worker.pid, signal.SIGKILL)
         code = worker.wait()
+        if box.jailed and code > 128:  # bwrap passes on a death by signal as 128 + the signal
+            code = 128 - code
         box.sessions.discard(worker.pid)
+        box.keep = set()
         for fd in (box.channel.requests, box.channel.replies):
             with suppress(OSError):
                 os.close(fd)
@@ -375,13 +440,18 @@ class LocalBackend:
         if exc.kind == "protocol":
             log.warning("local sandbox %s: the Python process sent %s; restarting it", box.id, exc)
             return f"The Python process sent {exc} instead of its reply, so it was stopped"
-        return f"The Python process died ({exit_text(status)})"
+        reason = self._budget_spent(box) if status == -signal.SIGKILL or box.jailed else ""
+        return f"The Python process died ({exit_text(status)}){': ' + reason if reason else ''}"
+
+    def _budget_spent(self, box: LocalSandbox) -> str:
+        """Why the sandbox's processes were killed, if a budget of the whole sandbox did it."""
+        reason, box.over_budget = box.over_budget, ""
+        if not reason and box.cgroup and (kills := box.cgroup.oom_kills()) > box.oom_kills:
+            box.oom_kills = kills
+            reason = (f"the sandbox ran out of memory (its processes together may use {self.config.memory_mb} MB), "
+                      "so the kernel killed a process")
+        return reason
 
     def _kill_strays(self, box: LocalSandbox) -> int:
         """Kills what the last call left running (only the Python worker may outlive a call); returns how many."""
-        return kill_processes(box.owns, keep=_worker_pids(box), waited=set(box.sessions))
-
-
-def _worker_pids(box: LocalSandbox) -> set[int]:
-    # two pids when unshare forks the worker: Popen's and the worker's own
-    return {box.worker.pid, box.channel.pid} if box.worker else set()
+        return kill_processes(box.owns, keep=box.keep, waited=set(box.sessions))

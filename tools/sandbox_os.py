@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from nanbeige.tools.sandbox_jail import JAIL_WORKER, Jail, account_files, interpreter_paths, jail_args
+
 log = logging.getLogger(__name__)
 
 UID_BASE, UID_SPAN = 1_700_000_000, 10_000_000  # far above any real account; one uid per sandbox
@@ -56,7 +58,9 @@ class Isolation:
     """RLIMIT_NPROC bounds the sandbox's processes (root ignores it, so false for root without own_uid)."""
     prefix: tuple[str, ...] = ()
     """Command prefix that enters the namespaces (`unshare ...`) and, for root without a uid of its
-    own, drops CAP_SYS_RESOURCE (`setpriv ...`), so that hard rlimits hold there too."""
+    own, drops CAP_SYS_RESOURCE (`setpriv ...`), so that hard rlimits hold there too. Empty with a jail."""
+    jail: Jail | None = None
+    """The filesystem jail (bwrap), which also brings its own namespaces: no network, own pids."""
 
 
 def setpriv_args(uid: int, read_all: bool) -> list[str]:
@@ -65,11 +69,17 @@ def setpriv_args(uid: int, read_all: bool) -> list[str]:
     return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs", *caps, "--"]
 
 
-def probe_isolation(*, python: str, worker: str, root: Path, network: bool, drop_privileges: bool) -> Isolation:
+def probe_isolation(*, python: str, worker: str, root: Path, network: bool, drop_privileges: bool,
+                    jail: bool) -> Isolation:
     """Tries, once per server, which of the OS's isolation tools work here (each try is ~10 ms).
     `worker` is the sandbox worker script, run under setpriv to check what a sandbox uid can reach."""
     root_user = os.geteuid() == 0
     can_drop = root_user and drop_privileges and shutil.which("setpriv")
+    jailed = probe_jail(python, worker, root, as_root=bool(can_drop)) if jail else None
+    if jailed:
+        isolation = Isolation(not network, True, bool(can_drop), False, bool(can_drop) or not root_user, (), jailed)
+        log.info("local sandbox isolation: %s", isolation)
+        return isolation
     own_uid, read_all = _probe_uid(python, worker, root) if can_drop else (False, False)
     # Without a uid of its own, a pid namespace keeps the code from signalling the server or the
     # user's other processes, which share the uid.
@@ -92,6 +102,36 @@ def probe_isolation(*, python: str, worker: str, root: Path, network: bool, drop
         log.warning("local sandbox: running as root without a uid of its own; the process limit does not hold")
     log.info("local sandbox isolation: %s", isolation)
     return isolation
+
+
+def probe_jail(python: str, worker: str, root: Path, as_root: bool) -> Jail | None:
+    """A jail, if bwrap can run the worker and the interpreter in one here (as the sandbox's uid,
+    as root); None where it cannot (no bwrap, no user namespaces)."""
+    bwrap = shutil.which("bwrap")
+    if not bwrap:
+        return None
+    try:
+        jail = Jail(bwrap, interpreter_paths(python), as_root)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    uid, lock = allocate_uid() if as_root else (os.getuid(), None)
+    folder = Path(tempfile.mkdtemp(prefix=".jail-probe-", dir=root))
+    try:
+        for name, text in zip(("passwd", "group"), account_files(uid), strict=True):
+            (folder / name).write_text(text)
+        for name in ("home", "tmp"):
+            (folder / name).mkdir(mode=0o700)
+            os.chown(folder / name, uid, uid)
+        args = jail_args(jail, home=str(folder / "home"), tmp=str(folder / "tmp"), passwd=str(folder / "passwd"),
+                         group=str(folder / "group"), worker=worker, uid=uid, network=False)
+        drop = setpriv_args(uid, False) if as_root else []
+        check = "import os; os.listdir('/home/user'); open('/tmp/x', 'w')"
+        return jail if _succeeds([*args, *drop, python, "-I", "-S", "-B", JAIL_WORKER, "", "exec", "-1",
+                                  python, "-I", "-S", "-c", check]) else None
+    finally:
+        remove_tree(folder)
+        if lock is not None:
+            release_uid(uid, lock)
 
 
 def _probe_uid(python: str, worker: str, root: Path) -> tuple[bool, bool]:
@@ -120,23 +160,52 @@ def _succeeds(args: list[str]) -> bool:
         return False
 
 
+UID_LOCKS = Path(tempfile.gettempdir()) / "nanbeige-sandbox-uids"
+
+
 def allocate_uid() -> tuple[int, int]:
     """A uid no process uses, held by a lock file so concurrent servers never share one."""
-    lock_dir = Path(tempfile.gettempdir()) / "nanbeige-sandbox-uids"
-    lock_dir.mkdir(mode=0o700, exist_ok=True)
-    if lock_dir.stat().st_uid != os.geteuid():
-        raise RuntimeError(f"{lock_dir} belongs to another user")
+    UID_LOCKS.mkdir(mode=0o700, exist_ok=True)
+    if UID_LOCKS.stat().st_uid != os.geteuid():
+        raise RuntimeError(f"{UID_LOCKS} belongs to another user")
     for _ in range(100):
         uid = UID_BASE + secrets.randbelow(UID_SPAN)
-        fd = os.open(lock_dir / str(uid), os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(UID_LOCKS / str(uid), os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if not any(p.uid == uid for p in processes()):
+            # a sweep or a release may have removed the file between our open and our lock
+            if os.fstat(fd).st_ino == os.stat(UID_LOCKS / str(uid)).st_ino \
+                    and not any(p.uid == uid for p in processes()):
                 return uid, fd
-        except BlockingIOError:
+        except (BlockingIOError, FileNotFoundError):
             pass
         os.close(fd)
     raise RuntimeError("no free uid for a sandbox")
+
+
+def release_uid(uid: int, lock: int) -> None:
+    """Gives a uid back, lock file and all, once nothing of the sandbox runs as it."""
+    with suppress(OSError):
+        os.unlink(UID_LOCKS / str(uid))
+    os.close(lock)
+
+
+def sweep_uid_locks() -> int:
+    """Removes the lock files of uids no live server holds (a killed server leaves its own);
+    returns how many."""
+    removed = 0
+    for name in os.listdir(UID_LOCKS) if UID_LOCKS.is_dir() else ():
+        with suppress(OSError):
+            fd = os.open(UID_LOCKS / name, os.O_RDONLY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                os.unlink(UID_LOCKS / name)
+                removed += 1
+            except BlockingIOError:
+                pass
+            finally:
+                os.close(fd)
+    return removed
 
 
 def minimal_env(home: Path, python: str = sys.executable) -> dict[str, str]:
@@ -186,6 +255,26 @@ def become_subreaper() -> None:
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
+def descendant_chain(ancestor: int, inner_pid: int) -> list[int]:
+    """The pids, as this process sees them, from ancestor down to its descendant that is inner_pid
+    in its own pid namespace (a jailed process knows only that number). Empty when none is found."""
+    children: dict[int, list[int]] = {}
+    for p in processes():
+        children.setdefault(p.ppid, []).append(p.pid)
+    paths = [[ancestor]]
+    while paths:
+        path = paths.pop()
+        try:
+            with open(f"/proc/{path[-1]}/status", "rb") as f:
+                found = re.search(rb"^NSpid:\s+(.*)$", f.read(), re.M)
+        except OSError:
+            continue
+        if found and int(found[1].split()[-1]) == inner_pid and len(path) > 1:
+            return path
+        paths += [[*path, child] for child in children.get(path[-1], ())]
+    return []
 
 
 def kill_processes(match: Callable[[Proc], bool], keep: set[int], waited: set[int]) -> int:
