@@ -169,6 +169,7 @@ def build_server(boxes: Sandboxes | None = None) -> MCPServer:
 
     @asynccontextmanager
     async def lifespan(_: MCPServer) -> AsyncIterator[dict[str, Any]]:
+        boxes.start()
         try:
             yield {"sandboxes": boxes}
         finally:

@@ -214,7 +214,13 @@ class Sandboxes:
         sandbox_id = self.backend.create(timeout)
         with self._lock:
             self._open[sandbox_id] = Lease(timeout, time.monotonic())
-        return f"Sandbox created with sandbox_id: {sandbox_id}"
+        notice = getattr(self.backend, "notice", "")  # isolation it lacks, never claimed
+        return f"Sandbox created with sandbox_id: {sandbox_id}" + (f"\n{notice}" if notice else "")
+
+    def start(self) -> None:
+        """Lets the backend get ready (the local one finds its isolation and says what it lacks)."""
+        if start := getattr(self.backend, "start", None):
+            start()
 
     def run_python(self, code_block: str, sandbox_id: str) -> str:
         with self._use(sandbox_id, throwaway=True) as real_id:

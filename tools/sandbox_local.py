@@ -49,7 +49,7 @@ from nanbeige.tools.sandbox_files import host_path, read_file, write_file
 from nanbeige.tools.sandbox_jail import JAIL_WORKER, account_files, jail_args
 from nanbeige.tools.sandbox_os import (
     Isolation, Proc, allocate_uid, become_subreaper, collect, descendant_chain, exit_text, kill_processes, minimal_env,
-    probe_isolation, processes, release_uid, remove_tree, setpriv_args, signal_name,
+    probe_isolation, processes, reap_orphans, release_uid, remove_tree, setpriv_args, signal_name,
 )
 
 log = logging.getLogger(__name__)
@@ -135,21 +135,27 @@ class LocalBackend:
                                                   drop_privileges=c.drop_privileges, jail=c.jail)
                 self._cgroups = cgroup_parents()
                 self._disks = can_make_disks()
-                if self.notice:
-                    log.warning("local sandbox: %s", self.notice)
+                for weaker in filter(None, (self.notice, *self._watched())):
+                    log.warning("local sandbox: %s", weaker)
             return self._isolation
+
+    def start(self) -> None:
+        """Finds the isolation in the background, so that the server says at start what it lacks."""
+        threading.Thread(target=lambda: self.isolation, name="sandbox-probe", daemon=True).start()
 
     @property
     def notice(self) -> str:
-        """What the model and the log are told of the isolation this server lacks (empty: none lacking)."""
-        missing = [] if self._isolation and self._isolation.jail else [
-            "no filesystem jail (bwrap is missing or cannot run here): sandboxed code can read the host's "
-            "world-readable files"]
-        if self._cgroups is None:
-            missing.append("memory is held by a watch over the processes' sum, not by the kernel")
-        if not self._disks:
-            missing.append("disk use is held by a watch over the folder, not by a file system of its own")
-        return "; ".join(missing)
+        """What the model is told when its sandbox is not jailed (empty when it is)."""
+        if self._isolation and self._isolation.jail:
+            return ""
+        return ("This sandbox has no filesystem jail (bwrap is missing or cannot run on this machine): code in it can "
+                "read the host's world-readable files.")
+
+    def _watched(self) -> list[str]:
+        return [*(["no cgroup can be made here: memory is held by a watch over the sandbox's processes, which "
+                   "acts within a quarter second"] if self._cgroups is None else []),
+                *(["no file system of its own can be made here (needs root and loop devices): disk use is held "
+                   "by a watch over the folder, which acts within a quarter second"] if not self._disks else [])]
 
     def create(self, timeout: int) -> str:
         isolation = self.isolation
@@ -214,7 +220,9 @@ class LocalBackend:
                                                   time.monotonic() + self.config.timeout_s, self.config.cpu_seconds))
             except ChannelError as exc:
                 raise SandboxError(f"{self._broken(box, exc)}. {STATE_LOST}") from None
-            if self._kill_strays(box):
+            # with a cgroup, one small read tells whether the cell left anything, instead of a scan of
+            # every process (the worker and the jail reap their own children, so nothing else waits)
+            if (not box.cgroup or box.cgroup.members() - box.keep) and self._kill_strays(box):
                 # the worker reaps the zombies of its children now, not at the next cell: until then they
                 # would count against the process limit of the sandbox's commands
                 try:
@@ -242,6 +250,8 @@ class LocalBackend:
                                              4 * self.config.max_output_chars, cleanup=lambda: self._kill_strays(box))
             finally:
                 box.sessions.discard(proc.pid)
+            if box.jailed:
+                self._reap()
             how, _, number = status.read().decode().partition(" ")  # empty when the worker itself was killed
         stdout, stderr = box.to_model(out.decode(errors="replace")), box.to_model(err.decode(errors="replace"))
         if not finished:
@@ -424,6 +434,8 @@ class LocalBackend:
             code = 128 - code
         box.sessions.discard(worker.pid)
         box.keep = set()
+        if box.jailed:
+            self._reap()
         for fd in (box.channel.requests, box.channel.replies):
             with suppress(OSError):
                 os.close(fd)
@@ -451,6 +463,11 @@ class LocalBackend:
             reason = (f"the sandbox ran out of memory (its processes together may use {self.config.memory_mb} MB), "
                       "so the kernel killed a process")
         return reason
+
+    def _reap(self) -> None:
+        with self._lock:
+            waited = set().union(*(b.sessions for b in self._boxes.values()))
+        reap_orphans(waited)
 
     def _kill_strays(self, box: LocalSandbox) -> int:
         """Kills what the last call left running (only the Python worker may outlive a call); returns how many."""

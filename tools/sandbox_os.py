@@ -305,6 +305,17 @@ def kill_processes(match: Callable[[Proc], bool], keep: set[int], waited: set[in
     return total
 
 
+def reap_orphans(waited: set[int]) -> None:
+    """Reaps the zombies handed to this process (a subreaper), except those a Popen in `waited`
+    will wait for: bwrap leaves its pid namespace's init behind for its parent's reaper, and until
+    reaped it counts against the sandbox cgroup's process limit."""
+    me = os.getpid()
+    for p in processes():
+        if p.ppid == me and p.state in b"ZX" and p.pid not in waited:
+            with suppress(ChildProcessError):
+                os.waitpid(p.pid, os.WNOHANG)
+
+
 def collect(proc: subprocess.Popen, deadline: float, max_bytes: int,
             cleanup: Callable[[], None]) -> tuple[bytes, bytes, bool]:
     """Reads stdout and stderr (keeping max_bytes of each) until the process ends or the deadline

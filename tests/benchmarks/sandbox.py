@@ -1,5 +1,7 @@
-"""Benchmark: overhead of one local-sandbox call, measured through `Sandboxes` (no MCP).
+"""Benchmark: overhead of one local-sandbox call, through `Sandboxes` and through MCP.
 
+- create: `Sandboxes.create()` (place, uid, cgroup, file system of its own; the worker starts at
+  the first call). The targets: at most 150 ms.
 - warm python: one sandbox whose Python worker is already running; each timed call is
   `run_python("print(1)", id)` (a JSON line to the worker and back, plus the sweep for
   processes left behind).
@@ -7,6 +9,10 @@
   unshare, setpriv where used, the worker's limits, /bin/sh).
 - throwaway: `run_python("print(1)", "default")`, which creates a sandbox (folder, uid), starts its
   worker, runs, then kills it and deletes the folder.
+- MCP warm python: `run_python_code` with `print(1)` through the real `tool-python` server over
+  stdio (the official MCP client), in a sandbox whose worker runs. The target: at most 5 ms.
+
+The isolation line says whether the sandboxes were jailed (bwrap), and which budgets the kernel holds.
 
 Run from the repository root:
 
@@ -16,10 +22,15 @@ Run from the repository root:
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from mcp import Client, StdioServerParameters, stdio_client
 
 from nanbeige.tools.sandbox import SandboxConfig, Sandboxes
 
@@ -42,6 +53,34 @@ def timed(call: Callable[[], str], expected: str, n: int) -> list[float]:
     return times
 
 
+def created(sandboxes: Sandboxes, n: int) -> list[float]:
+    times = []
+    for _ in range(n):
+        started = time.perf_counter()
+        sandboxes.create()
+        times.append((time.perf_counter() - started) * 1000)
+    return times
+
+
+async def through_mcp(root: Path, calls: int) -> list[float]:
+    """Milliseconds per `run_python_code("print(1)")` over one stdio session with the server."""
+    env = {**os.environ, "NANBEIGE_SANDBOX_DIR": str(root), "NANBEIGE_SANDBOX_BACKEND": "local"}
+    params = StdioServerParameters(command=sys.executable, args=["-m", "nanbeige.servers.python"], env=env)
+    with open(os.devnull, "w") as devnull:
+        async with Client(stdio_client(params, errlog=devnull)) as client:
+            made = await client.call_tool("create_sandbox", {})
+            sandbox_id = made.content[0].text.splitlines()[0].split(": ")[1]  # type: ignore[union-attr]
+            arguments = {"code_block": "print(1)", "sandbox_id": sandbox_id}
+            await client.call_tool("run_python_code", arguments)  # starts the worker; not timed
+            times = []
+            for _ in range(calls):
+                started = time.perf_counter()
+                result = await client.call_tool("run_python_code", arguments)
+                times.append((time.perf_counter() - started) * 1000)
+                assert result.content[0].text.startswith(EXPECTED), result  # type: ignore[union-attr]
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=200)
@@ -50,10 +89,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as root:
         sandboxes = Sandboxes(SandboxConfig(root=Path(root) / "sandboxes"))
         try:
-            sandbox_id = sandboxes.create().split(": ")[1]
+            sandbox_id = sandboxes.create().splitlines()[0].split(": ")[1]
             sandboxes.run_python("print(1)", sandbox_id)  # starts the worker; not timed
-            print(f"isolation: {sandboxes.backend.isolation}")
+            backend = sandboxes.backend
+            print(f"isolation: {backend.isolation}")
+            print(f"jail: {backend.isolation.jail is not None}, cgroup: {backend._cgroups is not None}, "
+                  f"own file system: {backend._disks}")
             rows = [
+                ("create", created(sandboxes, min(args.throwaway_calls, sandboxes.config.max_sandboxes - 1))),
                 ("warm python print(1)", timed(lambda: sandboxes.run_python("print(1)", sandbox_id), EXPECTED,
                                                args.calls)),
                 ("warm command true", timed(lambda: sandboxes.run_command("true", sandbox_id), "CommandResult(",
@@ -63,6 +106,7 @@ def main() -> None:
             ]
         finally:
             sandboxes.close()
+        rows.append(("MCP warm python print(1)", asyncio.run(through_mcp(Path(root) / "mcp", args.calls))))
     for name, times in rows:
         print(f"{name:28s} n={len(times):4d}  p50 {pct(times, 0.5):7.2f} ms  p95 {pct(times, 0.95):7.2f} ms")
 
