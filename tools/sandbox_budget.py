@@ -104,7 +104,9 @@ def cgroup_parents() -> tuple[int, tuple[Path, ...]] | None:
         try:
             for c in v1:
                 (c / GROUP_NAME).mkdir(exist_ok=True)
-            return 1, tuple(c / GROUP_NAME for c in v1)
+            if all(os.access(c / GROUP_NAME, os.W_OK) for c in v1):  # another user may have made them
+                return 1, tuple(c / GROUP_NAME for c in v1)
+            return None
         except OSError:
             return None
     return _v2_parent()

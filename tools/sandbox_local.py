@@ -33,6 +33,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,7 +49,8 @@ from nanbeige.tools.sandbox_channel import Channel, ChannelError, check_cell_rep
 from nanbeige.tools.sandbox_files import host_path, read_file, write_file
 from nanbeige.tools.sandbox_jail import JAIL_WORKER, account_files, jail_args
 from nanbeige.tools.sandbox_os import (
-    Isolation, Proc, allocate_uid, become_subreaper, collect, descendant_chain, exit_text, kill_processes, minimal_env,
+    Isolation, Proc, allocate_uid, become_subreaper, children, collect, descendant_chain, exit_text, kill_processes,
+    minimal_env,
     probe_isolation, processes, reap_orphans, release_uid, remove_tree, setpriv_args, signal_name,
 )
 
@@ -103,8 +105,16 @@ class LocalSandbox:
     def to_model(self, text: str) -> str:
         return text if self.jailed else text.replace(str(self.folder), SANDBOX_HOME)
 
-    def owns(self, p: Proc) -> bool:
-        return p.uid == self.uid if self.uid is not None else p.session in self.sessions
+    def owns(self) -> Callable[[Proc], bool]:
+        """Whether a process is the sandbox's: its uid, or else its session (the sessions of the
+        processes the server started, and in a jail the session bwrap's init starts in each)."""
+        if self.uid is not None:
+            uid = self.uid
+            return lambda p: p.uid == uid
+        sessions = set(self.sessions)
+        if self.jailed:
+            sessions |= {child for pid in self.sessions for child in children(pid)}
+        return lambda p: p.session in sessions
 
 
 class LocalBackend:
@@ -289,7 +299,7 @@ class LocalBackend:
         self._stop_worker(box)
         if box.cgroup:
             box.cgroup.remove()
-        kill_processes(box.owns, keep=set(), waited=set(box.sessions))
+        kill_processes(box.owns(), keep=set(), waited=set(box.sessions))
         unmount(box.place / "files")
         remove_tree(box.place)
         if box.uid is not None and box.uid_lock is not None:
@@ -315,8 +325,9 @@ class LocalBackend:
                 boxes = list(self._boxes.values())
             for box in boxes:
                 if reason := self._over_budget(box):
-                    box.over_budget = reason
-                    kill_processes(box.owns, keep=set(), waited=set(box.sessions))
+                    box.over_budget = reason  # before the kill: the call that sees its process die says why
+                    if not kill_processes(box.owns(), keep=set(), waited=set(box.sessions)):
+                        box.over_budget = ""  # nothing was running: files past the budget wait for the model
                 if (self._cgroups is None or not self._disks) and ticks % round(IDLE_CHECK_S / BUDGET_CHECK_S):
                     continue
                 if not box.lock.acquire(blocking=False):
@@ -336,7 +347,8 @@ class LocalBackend:
     def _over_budget(self, box: LocalSandbox) -> str:
         c = self.config
         if self._cgroups is None:
-            pids = [p.pid for p in processes() if box.owns(p) and p.state not in b"ZX"]
+            owns = box.owns()
+            pids = [p.pid for p in processes() if owns(p) and p.state not in b"ZX"]
             if rss_bytes(pids) > c.memory_mb * MB:
                 return (f"the sandbox ran out of memory (its processes together may use {c.memory_mb} MB), "
                         "so its processes were stopped")
@@ -348,7 +360,8 @@ class LocalBackend:
     def leftover_processes(self, sandbox_id: str) -> list[int]:
         """Live processes of the sandbox other than its Python worker (between calls: none)."""
         box = self._box(sandbox_id)
-        return [p.pid for p in processes() if p.state not in b"ZX" and box.owns(p) and p.pid not in box.keep]
+        owns = box.owns()
+        return [p.pid for p in processes() if p.state not in b"ZX" and owns(p) and p.pid not in box.keep]
 
     def _box(self, sandbox_id: str) -> LocalSandbox:
         with self._lock:
@@ -426,7 +439,7 @@ class LocalBackend:
         worker, box.worker = box.worker, None
         if worker is None:
             return None
-        kill_processes(box.owns, keep=set(), waited=set(box.sessions))
+        kill_processes(box.owns(), keep=set(), waited=set(box.sessions))
         with suppress(OSError):
             os.killpg(worker.pid, signal.SIGKILL)
         code = worker.wait()
@@ -471,4 +484,4 @@ class LocalBackend:
 
     def _kill_strays(self, box: LocalSandbox) -> int:
         """Kills what the last call left running (only the Python worker may outlive a call); returns how many."""
-        return kill_processes(box.owns, keep=box.keep, waited=set(box.sessions))
+        return kill_processes(box.owns(), keep=box.keep, waited=set(box.sessions))
