@@ -4,6 +4,7 @@ and their sandboxes' processes with it, and a tool server killed outright takes 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -18,6 +19,7 @@ from processes import alive, command_line, tree, wait_for
 from nanbeige.agent.lifeline import tied_to_this_process
 from nanbeige.agent.toolbox import ServerSpec, Toolbox, passed_env
 from nanbeige.agent.trajectory import ToolCall
+from nanbeige.tools.sandbox import SandboxConfig, Sandboxes
 
 NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
 # The model's code starts a process that leaves the worker's process group, then keeps its call busy.
@@ -86,6 +88,8 @@ async def test_a_python_server_killed_outright_takes_its_sandboxes_processes_wit
         server = next(pid for pid in tree(me) if "nanbeige.servers.python" in command_line(pid))
         sandbox = tree(server) - {server}
         assert len(sandbox) >= 2  # the worker and its stray
+        place = next(p for p in (tmp_path / "sandboxes").iterdir() if p.name != "downloads")
+        owner = json.loads((place / "owner.json").read_text())
         os.kill(server, signal.SIGKILL)  # no cleanup of its own: the sandbox's processes notice by themselves
         try:
             assert await asyncio.to_thread(wait_for, lambda: not alive(sandbox), 2.0), \
@@ -95,6 +99,11 @@ async def test_a_python_server_killed_outright_takes_its_sandboxes_processes_wit
                 os.kill(pid, signal.SIGKILL)
         result = await busy
     assert result.is_error and "was restarted" in result.text
+    # it could not remove its sandbox (folder, and as root its file system and cgroup): the next
+    # server on the same folder (the toolbox's restart of it, or this one) sweeps them at start
+    Sandboxes(SandboxConfig(root=tmp_path / "sandboxes")).backend.isolation  # noqa: B018 - finds it, and sweeps
+    assert not place.exists() and str(tmp_path) not in Path("/proc/self/mountinfo").read_text()
+    assert not any(Path(folder).exists() for folder in owner["cgroup"])
 
 
 def test_any_server_command_ends_with_the_process_that_started_it(tmp_path: Path) -> None:

@@ -34,6 +34,7 @@ GROUP_NAME = "nanbeige-sandboxes"
 # The jail's own processes (bwrap's two, the worker that runs a command) count against pids too.
 JAIL_PROCESSES = 8
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+STALE_AFTER_S = 10.0
 PLACE_NAME = re.compile(r"[0-9a-f]{20}")  # a sandbox id
 JOIN = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
 
@@ -82,6 +83,12 @@ class Cgroup:
                 with suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
             time.sleep(0.002)
+
+    def hold(self) -> int:
+        """A lock on the cgroup, held while its sandbox lives: `sweep_cgroups` takes only unheld ones."""
+        fd = os.open(self.folders[0], os.O_RDONLY | os.O_DIRECTORY)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return fd
 
     def remove(self) -> None:
         self.kill()
@@ -222,6 +229,29 @@ def place_lock(root: Path, shared: bool) -> int:
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
     return fd
+
+
+def sweep_cgroups(parents: tuple[int, tuple[Path, ...]]) -> int:
+    """Removes the sandbox cgroups no live server holds, whatever folder their sandboxes were in
+    (the folder may be gone, and the cgroup with it would stay until the machine restarts)."""
+    version, folders = parents
+    swept = 0
+    for entry in os.scandir(folders[0]):
+        if not entry.name.startswith("sandbox-") or not entry.is_dir(follow_symlinks=False):
+            continue
+        with suppress(OSError):
+            if time.time() - entry.stat().st_ctime < STALE_AFTER_S:
+                continue  # being made this moment, before its server could lock it
+            fd = os.open(entry.path, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
+            finally:
+                os.close(fd)
+            Cgroup(tuple(f / entry.name for f in folders), version).remove()
+            swept += 1
+    return swept
 
 
 def sweep(root: Path) -> int:

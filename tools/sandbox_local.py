@@ -43,7 +43,8 @@ from nanbeige.tools.sandbox import (
     truncate,
 )
 from nanbeige.tools.sandbox_budget import (
-    Cgroup, can_make_disks, cgroup_parents, folder_bytes, make_cgroup, make_disk, place_lock, rss_bytes, sweep, unmount,
+    Cgroup, can_make_disks, cgroup_parents, folder_bytes, make_cgroup, make_disk, place_lock, rss_bytes, sweep,
+    sweep_cgroups, unmount,
 )
 from nanbeige.tools.sandbox_channel import Channel, ChannelError, check_cell_reply, cpu_time, exchange, read_line
 from nanbeige.tools.sandbox_files import host_path, read_file, write_file
@@ -80,6 +81,7 @@ class LocalSandbox:
     """A lock on `place`, held while the server lives: a later server sweeps only unlocked places."""
     jailed: bool = False
     cgroup: Cgroup | None = None
+    cgroup_lock: int | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     worker: subprocess.Popen | None = None
     channel: Channel = field(default_factory=lambda: Channel(-1, -1))
@@ -144,6 +146,8 @@ class LocalBackend:
                 self._isolation = probe_isolation(python=c.python, worker=WORKER, root=c.root, network=c.network,
                                                   drop_privileges=c.drop_privileges, jail=c.jail)
                 self._cgroups = cgroup_parents()
+                if self._cgroups and (swept := sweep_cgroups(self._cgroups)):
+                    log.info("local sandbox: removed %d cgroups left by servers that are gone", swept)
                 self._disks = can_make_disks()
                 for weaker in filter(None, (self.notice, *self._watched())):
                     log.warning("local sandbox: %s", weaker)
@@ -199,6 +203,7 @@ class LocalBackend:
         c, owner = self.config, box.uid if box.uid is not None else os.getuid()
         if self._cgroups:
             box.cgroup = make_cgroup(self._cgroups, f"sandbox-{box.id}", c.memory_mb * MB, c.max_processes)
+            box.cgroup_lock = box.cgroup.hold()
         # what a later server needs to sweep this sandbox if this one is killed
         owner_file = os.open(box.place / "owner.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with open(owner_file, "w") as f:
@@ -299,6 +304,8 @@ class LocalBackend:
         self._stop_worker(box)
         if box.cgroup:
             box.cgroup.remove()
+        if box.cgroup_lock is not None:
+            os.close(box.cgroup_lock)
         kill_processes(box.owns(), keep=set(), waited=set(box.sessions))
         unmount(box.place / "files")
         remove_tree(box.place)
