@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
 import subprocess
 from dataclasses import dataclass
 from pathlib import PurePosixPath
@@ -52,10 +53,11 @@ def interpreter_paths(python: str) -> tuple[str, ...]:
 
 
 def jail_args(jail: Jail, *, home: str, tmp: str, passwd: str, group: str, worker: str, uid: int | None,
-              network: bool) -> list[str]:
+              network: bool, seccomp: int | None = None) -> list[str]:
     """The command prefix that runs a program in the jail: home and tmp are host folders shown as
     /home/user and /tmp, passwd and group files to show as /etc/passwd and /etc/group (so that the
-    uid has a name, `user`), worker the worker script, shown at JAIL_WORKER."""
+    uid has a name, `user`), worker the worker script, shown at JAIL_WORKER, seccomp a descriptor
+    of `no_user_namespaces()` (as root)."""
     args = [jail.bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try", "--new-session",
             "--hostname", "sandbox"]
     if not network:
@@ -79,6 +81,8 @@ def jail_args(jail: Jail, *, home: str, tmp: str, passwd: str, group: str, worke
              "--perms", "0755", "--dir", "/home", "--bind", home, JAIL_HOME, "--bind", tmp, "/tmp",
              "--dev", "/dev", "--perms", "1777", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm", "--proc", "/proc",
              "--perms", "0755", "--dir", "/run/sandbox", "--ro-bind", worker, JAIL_WORKER, "--chdir", JAIL_HOME]
+    if seccomp is not None:
+        args += ["--seccomp", str(seccomp)]
     if jail.as_root and uid is not None:
         # what setpriv needs to become the sandbox's uid and drop every capability after it
         args += ["--cap-add", "cap_setuid", "--cap-add", "cap_setgid", "--cap-add", "cap_setpcap"]
@@ -93,3 +97,45 @@ def account_files(uid: int) -> tuple[str, str]:
 
 def find_bwrap() -> str | None:
     return shutil.which("bwrap")
+
+
+# --- no user namespaces inside, as root ----------------------------------------------------------
+
+# (audit arch, unshare, clone, clone3) per architecture; others are left unfiltered
+ARCHES = ((0xC000003E, 272, 56, 435), (0xC00000B7, 97, 220, 435))  # x86-64, aarch64
+X32_BIT = 0x40000000
+CLONE_NEWUSER = 0x10000000
+ALLOW, ERRNO = 0x7FFF0000, 0x00050000
+LOAD, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06  # classic BPF: ld [k], jeq/jge/jset #k, ret #k
+
+
+def no_user_namespaces() -> bytes:
+    """A seccomp filter (classic BPF, as bwrap's --seccomp reads it) for jails made as root, where
+    bwrap's own --disable-userns needs a user namespace we do not use: clone and unshare asking for
+    a new user namespace fail with EPERM, and clone3, whose flags a filter cannot see, with ENOSYS,
+    so that the C library falls back to clone. A user namespace would give the code root inside
+    it, and with it much of the kernel to attack."""
+    program: list[tuple[int, int | str, int | str, int]] = []  # (code, jump if true, jump if false, k)
+    for arch, unshare, clone, clone3 in ARCHES:
+        program += [(LOAD, 0, 0, 4), (JEQ, 0, f"next{arch}", arch), (LOAD, 0, 0, 0),
+                    (JGE, "enosys", 0, X32_BIT), (JEQ, "flags", 0, unshare), (JEQ, "flags", 0, clone),
+                    (JEQ, "enosys", "allow", clone3), (f"next{arch}",)]  # type: ignore[list-item]
+    program += [(RET, 0, 0, ALLOW),  # another architecture
+                ("flags",), (LOAD, 0, 0, 16), (JSET, "eperm", "allow", CLONE_NEWUSER),  # type: ignore[list-item]
+                ("eperm",), (RET, 0, 0, ERRNO | 1), ("enosys",), (RET, 0, 0, ERRNO | 38),  # type: ignore[list-item]
+                ("allow",), (RET, 0, 0, ALLOW)]  # type: ignore[list-item]
+    labels, pc = {}, 0
+    for item in program:
+        if len(item) == 1:
+            labels[item[0]] = pc
+        else:
+            pc += 1
+    code, pc = b"", 0
+    for item in program:
+        if len(item) == 1:
+            continue
+        op, true, false, k = item
+        jump = [labels[j] - pc - 1 if isinstance(j, str) else j for j in (true, false)]
+        code += struct.pack("<HBBI", op, jump[0], jump[1], k)
+        pc += 1
+    return code

@@ -48,7 +48,7 @@ from nanbeige.tools.sandbox_budget import (
 )
 from nanbeige.tools.sandbox_channel import Channel, ChannelError, check_cell_reply, cpu_time, exchange, read_line
 from nanbeige.tools.sandbox_files import host_path, read_file, write_file
-from nanbeige.tools.sandbox_jail import JAIL_WORKER, account_files, jail_args
+from nanbeige.tools.sandbox_jail import JAIL_WORKER, account_files, jail_args, no_user_namespaces
 from nanbeige.tools.sandbox_os import (
     Isolation, Proc, allocate_uid, become_subreaper, children, collect, descendant_chain, exit_text, kill_processes,
     minimal_env,
@@ -61,6 +61,7 @@ WORKER = str(Path(__file__).with_name("sandbox_worker.py"))
 HOME_IN_TEXT = re.compile(r"/home/user(?![\w.-])")
 IDLE_CHECK_S = 1.0  # how often idle workers' CPU time is read
 BUDGET_CHECK_S = 0.25  # how often memory and disk are summed, where no cgroup or file system holds them
+NO_USER_NAMESPACES = no_user_namespaces()
 STATE_LOST = ("The Python process was restarted, so variables, imports and definitions from earlier calls are "
               "lost; files in /home/user are kept.")
 
@@ -251,14 +252,15 @@ class LocalBackend:
         box = self._box(sandbox_id)
         status_read, status_write = os.pipe()
         with box.lock, open(status_read, "rb") as status:
-            args = self._command_line(box, ["exec", str(status_write), "/bin/sh", "-c", box.to_host(command)],
-                                      python=False)
+            args, fds = self._command_line(box, ["exec", str(status_write), "/bin/sh", "-c",
+                                                 box.to_host(command)], python=False)
             try:
                 proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         cwd=box.folder, env=self._env(box), start_new_session=True,
-                                        pass_fds=(status_write,))
+                                        pass_fds=(status_write, *fds))
             finally:
-                os.close(status_write)
+                for fd in (status_write, *fds):
+                    os.close(fd)
             box.sessions.add(proc.pid)
             try:
                 out, err, finished = collect(proc, time.monotonic() + self.config.timeout_s,
@@ -389,20 +391,25 @@ class LocalBackend:
             limits["CPU"] = c.cpu_seconds  # the Python worker sets its own, per cell
         return ",".join(f"{name}={value}" for name, value in limits.items())
 
-    def _command_line(self, box: LocalSandbox, mode: list[str], python: bool) -> list[str]:
-        isolation, worker = self.isolation, WORKER
+    def _command_line(self, box: LocalSandbox, mode: list[str], python: bool) -> tuple[list[str], list[int]]:
+        """The command line, and the descriptors it needs passed (the caller closes them)."""
+        isolation, worker, fds = self.isolation, WORKER, []
         prefix = box.cgroup.join_prefix() if box.cgroup else []
         if isolation.jail:
+            if isolation.jail.as_root:
+                fds.append(os.memfd_create("seccomp"))
+                os.write(fds[0], NO_USER_NAMESPACES)
+                os.lseek(fds[0], 0, os.SEEK_SET)
             prefix += jail_args(isolation.jail, home=str(box.folder), tmp=str(box.tmp),
                                 passwd=str(box.place / "passwd"), group=str(box.place / "group"), worker=WORKER,
-                                uid=box.uid, network=self.config.network)
+                                uid=box.uid, network=self.config.network, seccomp=fds[0] if fds else None)
             worker = JAIL_WORKER
         prefix += isolation.prefix
         if box.uid is not None:
             prefix += setpriv_args(box.uid, isolation.read_all)
         # -S (no site-packages) starts faster; only the Python worker needs the packages
         flags = ["-I", "-B"] if python else ["-I", "-S", "-B"]
-        return [*prefix, self.config.python, *flags, worker, self._limits(box, python), *mode]
+        return [*prefix, self.config.python, *flags, worker, self._limits(box, python), *mode], fds
 
     def _env(self, box: LocalSandbox) -> dict[str, str]:
         env = minimal_env(Path(SANDBOX_HOME) if box.jailed else box.folder, self.config.python)
@@ -415,9 +422,9 @@ class LocalBackend:
         reply_read, reply_write = os.pipe()
         mode = ["python", str(request_read), str(reply_write), str(self.config.cpu_seconds),
                 str(4 * self.config.max_output_chars), str(int(box.uid is not None))]
-        args = self._command_line(box, mode, python=True)
+        args, fds = self._command_line(box, mode, python=True)
         try:
-            box.worker = subprocess.Popen(args, pass_fds=(request_read, reply_write), stdin=subprocess.DEVNULL,
+            box.worker = subprocess.Popen(args, pass_fds=(request_read, reply_write, *fds), stdin=subprocess.DEVNULL,
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=box.folder,
                                           env=self._env(box), start_new_session=True)
         except OSError:
@@ -425,8 +432,8 @@ class LocalBackend:
                 os.close(fd)
             raise
         finally:
-            os.close(request_read)
-            os.close(reply_write)
+            for fd in (request_read, reply_write, *fds):
+                os.close(fd)
         box.channel = Channel(request_write, reply_read)
         box.sessions.add(box.worker.pid)
         # the worker's first line is its pid, which differs from Popen's when unshare forks it, and

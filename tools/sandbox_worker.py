@@ -32,6 +32,9 @@ SERVING_PID = 0  # the process that serves cells; a process forked by a cell has
 PROCESS_EVENTS = frozenset({"os.fork", "os.forkpty", "os.system", "os.posix_spawn", "os.spawn", "os.exec",
                             "subprocess.Popen"})
 PROCESS_STARTED = False
+# In a jail (sandbox_jail.py shows this file there) the process is in a pid namespace of its own,
+# where kill(-1) reaches only the sandbox's processes.
+JAILED = __file__ == "/run/sandbox/worker.py"
 
 
 def apply_limits(limits: str) -> None:
@@ -230,7 +233,7 @@ def run_cell(code: str, namespace: dict, cell: int, captures: tuple[CappedRaw, C
             "error": error}
 
 
-def watch_server(fd: int, own_uid: bool) -> None:
+def watch_server(fd: int, kill_all: bool) -> None:
     """Ends this process and everything it started once the server is gone, even killed outright:
     the server holds the other end of the pipe `fd`, which the kernel closes when it dies. Without
     this, a cell or command would run on until it ends by itself, or forever. The watching is a
@@ -241,7 +244,7 @@ def watch_server(fd: int, own_uid: bool) -> None:
         poller = select.poll()
         poller.register(fd, 0)  # only hang-up and error: the pipe's data belongs to the main thread
         poller.poll()
-        if own_uid:  # every process of this sandbox's uid, also those that left this process group
+        if kill_all:  # every process of this sandbox's uid or jail, also those that left this process group
             with suppress(OSError):
                 os.kill(-1, signal.SIGKILL)
         with suppress(OSError):
@@ -258,7 +261,7 @@ def serve(request_fd: int, reply_fd: int, cpu_seconds: int, max_bytes: int, own_
     SERVING_PID = os.getpid()
     os.register_at_fork(after_in_child=lambda: close_channel_in_child(request_fd, reply_fd))
     sys.addaudithook(note_process_start)
-    watch_server(request_fd, bool(own_uid))
+    watch_server(request_fd, bool(own_uid) or JAILED)
     os.set_inheritable(request_fd, False)
     os.set_inheritable(reply_fd, False)
     folder = os.getcwd()
@@ -290,7 +293,9 @@ def run_program(status_fd: int, args: list[str]) -> int:
     cannot pass a death by signal on."""
     if status_fd >= 0:
         os.set_inheritable(status_fd, False)
-        watch_server(status_fd, own_uid=False)  # the command's processes share this process group
+        # outside a jail, the command's processes share this process group (other processes of the
+        # uid may be the worker's)
+        watch_server(status_fd, kill_all=JAILED)
     try:
         child = os.fork()
     except OSError as exc:
