@@ -412,6 +412,24 @@ def test_without_a_jail_the_create_answer_carries_the_notice(tmp_path: Path) -> 
         boxes.close()
 
 
+
+@pytest.mark.skipif(not (sys.platform == "linux" and os.geteuid() == 0 and shutil.which("setpriv")),
+                    reason="needs root and setpriv")
+def test_without_a_jail_what_the_sandbox_left_in_the_shared_tmp_goes_with_it(tmp_path: Path) -> None:
+    """Outside a jail the code can write to the host's /tmp; as its uid owns only what it made, those
+    files and folders are removed with the sandbox, and so is its uid lock."""
+    boxes = make_boxes(tmp_path, jail=False)
+    try:
+        sid = new_id(boxes)
+        name = f"left-{secrets.token_hex(4)}"
+        boxes.run_command(f"echo x > /tmp/{name}.txt; mkdir -p /tmp/{name}/deep; touch /tmp/{name}/deep/f", sid)
+        uid = boxes.backend._box(sid).uid
+        assert uid is not None and Path(f"/tmp/{name}.txt").exists() and Path(f"/tmp/{name}/deep/f").exists()
+    finally:
+        boxes.close()
+    assert not Path(f"/tmp/{name}.txt").exists() and not Path(f"/tmp/{name}").exists()
+    assert not (UID_LOCKS / str(uid)).exists()
+
 @JAILED
 def test_with_the_jail_the_create_answer_claims_nothing_missing(boxes: Sandboxes) -> None:
     answer = boxes.create()

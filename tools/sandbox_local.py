@@ -23,42 +23,33 @@ one, which sweeps what no live server holds (each holds a lock on its sandboxes'
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
-import re
-import secrets
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
 from contextlib import suppress
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from nanbeige.tools.sandbox import (
     MB, SANDBOX_HOME, SandboxConfig, SandboxError, command_failed, format_command, format_execution, invalid_id,
     truncate,
 )
-from nanbeige.tools.sandbox_budget import (
-    Cgroup, can_make_disks, cgroup_parents, folder_bytes, make_cgroup, make_disk, place_lock, rss_bytes, sweep,
-    sweep_cgroups, unmount,
-)
+from nanbeige.tools.sandbox_budget import can_make_disks, cgroup_parents, folder_bytes, rss_bytes, sweep, sweep_cgroups
+from nanbeige.tools.sandbox_box import LocalSandbox, make_sandbox, remove_sandbox
 from nanbeige.tools.sandbox_channel import Channel, ChannelError, check_cell_reply, cpu_time, exchange, read_line
 from nanbeige.tools.sandbox_files import host_path, read_file, write_file
-from nanbeige.tools.sandbox_jail import JAIL_WORKER, account_files, jail_args, no_user_namespaces
+from nanbeige.tools.sandbox_jail import JAIL_WORKER, jail_args, no_user_namespaces
 from nanbeige.tools.sandbox_os import (
-    Isolation, Proc, allocate_uid, become_subreaper, children, collect, descendant_chain, exit_text, kill_processes,
-    minimal_env,
-    probe_isolation, processes, reap_orphans, release_uid, remove_tree, setpriv_args, signal_name,
+    Isolation, become_subreaper, collect, descendant_chain, exit_text, kill_processes, minimal_env, probe_isolation,
+    processes, reap_orphans, setpriv_args, signal_name,
 )
 
 log = logging.getLogger(__name__)
 
 WORKER = str(Path(__file__).with_name("sandbox_worker.py"))
-HOME_IN_TEXT = re.compile(r"/home/user(?![\w.-])")
 IDLE_CHECK_S = 1.0  # how often idle workers' CPU time is read
 BUDGET_CHECK_S = 0.25  # how often memory and disk are summed, where no cgroup or file system holds them
 NO_USER_NAMESPACES = no_user_namespaces()
@@ -67,57 +58,6 @@ STATE_LOST = ("The Python process was restarted, so variables, imports and defin
 
 
 # --- the backend -------------------------------------------------------------------------------
-
-
-@dataclass
-class LocalSandbox:
-    id: str
-    place: Path
-    """The sandbox's own folder on the host, the server's: the lock, the disk image, account files."""
-    folder: Path
-    """Its home, shown to the code as /home/user."""
-    uid: int | None
-    uid_lock: int | None
-    place_lock: int
-    """A lock on `place`, held while the server lives: a later server sweeps only unlocked places."""
-    jailed: bool = False
-    cgroup: Cgroup | None = None
-    cgroup_lock: int | None = None
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    worker: subprocess.Popen | None = None
-    channel: Channel = field(default_factory=lambda: Channel(-1, -1))
-    keep: set[int] = field(default_factory=set)
-    """The worker and, in a jail, the processes between Popen's and it."""
-    sessions: set[int] = field(default_factory=set)
-    idle_cpu: float | None = None
-    """The worker's CPU time when its last call ended, as the idle watch first read it (None: not yet)."""
-    stopped_idle: str = ""
-    """Why the worker was stopped between calls, for the next call to say."""
-    oom_kills: int = 0
-    """The cgroup's count of processes killed for want of memory, when last reported."""
-    over_budget: str = ""
-    """Why the budget watch stopped the sandbox's processes, for the call that saw them die to say."""
-
-    @property
-    def tmp(self) -> Path:
-        return self.folder.with_name("tmp")
-
-    def to_host(self, text: str) -> str:
-        return text if self.jailed else HOME_IN_TEXT.sub(lambda _: str(self.folder), text)
-
-    def to_model(self, text: str) -> str:
-        return text if self.jailed else text.replace(str(self.folder), SANDBOX_HOME)
-
-    def owns(self) -> Callable[[Proc], bool]:
-        """Whether a process is the sandbox's: its uid, or else its session (the sessions of the
-        processes the server started, and in a jail the session bwrap's init starts in each)."""
-        if self.uid is not None:
-            uid = self.uid
-            return lambda p: p.uid == uid
-        sessions = set(self.sessions)
-        if self.jailed:
-            sessions |= {child for pid in self.sessions for child in children(pid)}
-        return lambda p: p.session in sessions
 
 
 class LocalBackend:
@@ -174,51 +114,16 @@ class LocalBackend:
 
     def create(self, timeout: int) -> str:
         isolation = self.isolation
-        sandbox_id = secrets.token_hex(10)
-        place = Path(os.path.realpath(self.config.root / sandbox_id))
-        guard = place_lock(self.config.root, shared=True)
-        try:
-            place.mkdir(mode=0o711)
-            held = os.open(place, os.O_RDONLY | os.O_DIRECTORY)
-            fcntl.flock(held, fcntl.LOCK_EX)
-        finally:
-            os.close(guard)
-        uid, uid_lock = allocate_uid() if isolation.own_uid else (None, None)
-        box = LocalSandbox(sandbox_id, place, place / "files" / "home", uid, uid_lock, held,
-                           jailed=isolation.jail is not None)
-        try:
-            self._make_place(box)
-        except (OSError, subprocess.SubprocessError) as exc:
-            self._remove(box)
-            raise SandboxError(f"The sandbox could not be made: {exc}") from None
+        box = make_sandbox(self.config, own_uid=isolation.own_uid, jailed=isolation.jail is not None,
+                           cgroups=self._cgroups, disks=self._disks)
         with self._lock:
-            self._boxes[sandbox_id] = box
+            self._boxes[box.id] = box
             if self._idle_watch is None or not self._idle_watch.is_alive():
                 self._closed = threading.Event()
                 self._idle_watch = threading.Thread(target=self._watch, args=(self._closed,),
                                                     name="sandbox-watch", daemon=True)
                 self._idle_watch.start()
-        return sandbox_id
-
-    def _make_place(self, box: LocalSandbox) -> None:
-        c, owner = self.config, box.uid if box.uid is not None else os.getuid()
-        if self._cgroups:
-            box.cgroup = make_cgroup(self._cgroups, f"sandbox-{box.id}", c.memory_mb * MB, c.max_processes)
-            box.cgroup_lock = box.cgroup.hold()
-        # what a later server needs to sweep this sandbox if this one is killed
-        owner_file = os.open(box.place / "owner.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with open(owner_file, "w") as f:
-            json.dump({"uid": box.uid, "cgroup": [str(f) for f in box.cgroup.folders] if box.cgroup else [],
-                       "version": box.cgroup.version if box.cgroup else 0}, f)
-        if self._disks:
-            make_disk(box.place / "disk.img", box.place / "files", c.disk_mb)
-        else:
-            (box.place / "files").mkdir()
-        for folder in (box.folder, box.tmp):
-            folder.mkdir(mode=0o700)
-            os.chown(folder, owner, owner)
-        for name, text in zip(("passwd", "group"), account_files(owner), strict=True):
-            (box.place / name).write_text(text)
+        return box.id
 
     def attach(self, sandbox_id: str, timeout: int) -> None:
         raise SandboxError(invalid_id(sandbox_id))  # local sandboxes end with the server that made them
@@ -299,21 +204,8 @@ class LocalBackend:
             box = self._boxes.pop(sandbox_id, None)
         if box is None:
             return
-        self._remove(box)
-
-    def _remove(self, box: LocalSandbox) -> None:
-        """Everything of a sandbox: processes, cgroup, file system, folders, uid and lock."""
         self._stop_worker(box)
-        if box.cgroup:
-            box.cgroup.remove()
-        if box.cgroup_lock is not None:
-            os.close(box.cgroup_lock)
-        kill_processes(box.owns(), keep=set(), waited=set(box.sessions))
-        unmount(box.place / "files")
-        remove_tree(box.place)
-        if box.uid is not None and box.uid_lock is not None:
-            release_uid(box.uid, box.uid_lock)
-        os.close(box.place_lock)
+        remove_sandbox(box)
 
     def close(self) -> None:
         self._closed.set()

@@ -1,0 +1,154 @@
+"""One local sandbox's state (`LocalSandbox`), and the making and removal of its place on the host:
+a folder named by its id under the sandbox root, locked by its server while it lives, holding
+`owner.json` (what a later server needs to sweep it), the jail's account files, and `files/` (a
+file system of its own where the server may make one) with `home/` (/home/user) and `tmp/` (/tmp).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import secrets
+import subprocess
+import threading
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nanbeige.tools.sandbox import MB, SANDBOX_HOME, SandboxConfig, SandboxError
+from nanbeige.tools.sandbox_budget import Cgroup, make_cgroup, make_disk, place_lock, unmount
+from nanbeige.tools.sandbox_channel import Channel
+from nanbeige.tools.sandbox_jail import account_files
+from nanbeige.tools.sandbox_os import Proc, allocate_uid, children, kill_processes, release_uid, remove_tree
+
+HOME_IN_TEXT = re.compile(r"/home/user(?![\w.-])")
+SHARED_TMP = ("/tmp", "/var/tmp", "/dev/shm")  # world-writable places code outside a jail may leave files in
+
+
+@dataclass
+class LocalSandbox:
+    id: str
+    place: Path
+    """The sandbox's own folder on the host, the server's: the lock, the disk image, account files."""
+    folder: Path
+    """Its home, shown to the code as /home/user."""
+    uid: int | None
+    uid_lock: int | None
+    place_lock: int
+    """A lock on `place`, held while the server lives: a later server sweeps only unlocked places."""
+    jailed: bool = False
+    cgroup: Cgroup | None = None
+    cgroup_lock: int | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    worker: subprocess.Popen | None = None
+    channel: Channel = field(default_factory=lambda: Channel(-1, -1))
+    keep: set[int] = field(default_factory=set)
+    """The worker and, in a jail, the processes between Popen's and it."""
+    sessions: set[int] = field(default_factory=set)
+    idle_cpu: float | None = None
+    """The worker's CPU time when its last call ended, as the idle watch first read it (None: not yet)."""
+    stopped_idle: str = ""
+    """Why the worker was stopped between calls, for the next call to say."""
+    oom_kills: int = 0
+    """The cgroup's count of processes killed for want of memory, when last reported."""
+    over_budget: str = ""
+    """Why the budget watch stopped the sandbox's processes, for the call that saw them die to say."""
+
+    @property
+    def tmp(self) -> Path:
+        return self.folder.with_name("tmp")
+
+    def to_host(self, text: str) -> str:
+        return text if self.jailed else HOME_IN_TEXT.sub(lambda _: str(self.folder), text)
+
+    def to_model(self, text: str) -> str:
+        return text if self.jailed else text.replace(str(self.folder), SANDBOX_HOME)
+
+    def owns(self) -> Callable[[Proc], bool]:
+        """Whether a process is the sandbox's: its uid, or else its session (the sessions of the
+        processes the server started, and in a jail the session bwrap's init starts in each)."""
+        if self.uid is not None:
+            uid = self.uid
+            return lambda p: p.uid == uid
+        sessions = set(self.sessions)
+        if self.jailed:
+            sessions |= {child for pid in self.sessions for child in children(pid)}
+        return lambda p: p.session in sessions
+
+
+def make_sandbox(config: SandboxConfig, *, own_uid: bool, jailed: bool, cgroups: tuple[int, tuple[Path, ...]] | None,
+                 disks: bool) -> LocalSandbox:
+    """A new sandbox's place, uid, cgroup and file system; SandboxError (with nothing left) if one fails."""
+    sandbox_id = secrets.token_hex(10)
+    place = Path(os.path.realpath(config.root / sandbox_id))
+    guard = place_lock(config.root, shared=True)
+    try:
+        place.mkdir(mode=0o711)
+        held = os.open(place, os.O_RDONLY | os.O_DIRECTORY)
+        fcntl.flock(held, fcntl.LOCK_EX)
+    finally:
+        os.close(guard)
+    uid, uid_lock = allocate_uid() if own_uid else (None, None)
+    box = LocalSandbox(sandbox_id, place, place / "files" / "home", uid, uid_lock, held, jailed=jailed)
+    try:
+        _make_place(box, config, cgroups, disks)
+    except (OSError, subprocess.SubprocessError) as exc:
+        remove_sandbox(box)
+        raise SandboxError(f"The sandbox could not be made: {exc}") from None
+    return box
+
+
+def _make_place(box: LocalSandbox, config: SandboxConfig, cgroups: tuple[int, tuple[Path, ...]] | None,
+                disks: bool) -> None:
+    owner = box.uid if box.uid is not None else os.getuid()
+    if cgroups:
+        box.cgroup = make_cgroup(cgroups, f"sandbox-{box.id}", config.memory_mb * MB, config.max_processes)
+        box.cgroup_lock = box.cgroup.hold()
+    # what a later server needs to sweep this sandbox if this one is killed
+    owner_file = os.open(box.place / "owner.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with open(owner_file, "w") as f:
+        json.dump({"uid": box.uid, "cgroup": [str(f) for f in box.cgroup.folders] if box.cgroup else [],
+                   "version": box.cgroup.version if box.cgroup else 0}, f)
+    if disks:
+        make_disk(box.place / "disk.img", box.place / "files", config.disk_mb)
+    else:
+        (box.place / "files").mkdir()
+    for folder in (box.folder, box.tmp):
+        folder.mkdir(mode=0o700)
+        os.chown(folder, owner, owner)
+    for name, text in zip(("passwd", "group"), account_files(owner), strict=True):
+        (box.place / name).write_text(text)
+
+
+def remove_sandbox(box: LocalSandbox) -> None:
+    """Everything of a sandbox once its worker is stopped: processes, cgroup, file system, folders,
+    what it left in the shared temporary folders (outside a jail), uid and locks."""
+    if box.cgroup:
+        box.cgroup.remove()
+    if box.cgroup_lock is not None:
+        os.close(box.cgroup_lock)
+    kill_processes(box.owns(), keep=set(), waited=set(box.sessions))
+    unmount(box.place / "files")
+    remove_tree(box.place)
+    if box.uid is not None and not box.jailed:
+        remove_files_of(box.uid)
+    if box.uid is not None and box.uid_lock is not None:
+        release_uid(box.uid, box.uid_lock)
+    os.close(box.place_lock)
+
+
+def remove_files_of(uid: int) -> None:
+    """Removes what a sandbox uid left in the shared temporary folders: only it ever owns files there."""
+    for shared in SHARED_TMP:
+        with suppress(OSError):
+            for entry in os.scandir(shared):
+                with suppress(OSError):
+                    if entry.stat(follow_symlinks=False).st_uid != uid:
+                        continue
+                    if entry.is_dir(follow_symlinks=False):
+                        remove_tree(Path(entry.path))
+                    else:
+                        os.unlink(entry.path)
