@@ -53,6 +53,14 @@ def new_id(boxes: Sandboxes) -> str:
     return re.search(r"sandbox_id: ([0-9a-f]+)", boxes.create())[1]  # type: ignore[index]
 
 
+def outcomes(boxes: Sandboxes, sid: str, setup: str, calls: str, describe: str = "e.strerror") -> dict[str, str]:
+    """Runs each `(name, lambda)` of `calls` (the source of a tuple) in the sandbox after `setup`: per
+    name, 'done', or the error as `describe` (an expression of `e`) tells it."""
+    return value(boxes, sid, f"{setup}\nout = {{}}\nfor name, call in {calls}:\n    try:\n        call()\n"
+                             f"        out[name] = 'done'\n    except (OSError, ValueError) as e:\n"
+                             f"        out[name] = {describe}\nout")
+
+
 def value(boxes: Sandboxes, sid: str, code: str) -> Any:
     """The value of the cell's last expression (a Python literal), which must run without error."""
     text = boxes.run_python(code, sid)
@@ -481,16 +489,14 @@ def test_code_cannot_make_user_namespaces(boxes: Sandboxes) -> None:
 def test_mounts_chroot_device_files_and_the_hostname_are_refused(boxes: Sandboxes) -> None:
     sid = new_id(boxes)
     assert "must be superuser" in run_hostile(boxes, sid, "mount -t tmpfs none /tmp")
-    refused = value(boxes, sid, "import ctypes, os, stat\nlibc = ctypes.CDLL(None, use_errno=True)\nout = {}\n"
-                                "for name, call in (('mount', lambda: libc.mount(b'none', b'/tmp', b'tmpfs', 0, None)),"
-                                " ('umount', lambda: libc.umount2(b'/home/user', 2)),"
-                                " ('hostname', lambda: libc.sethostname(b'x', 1))):\n"
-                                "    out[name] = os.strerror(ctypes.get_errno()) if call() else 'done'\n"
-                                "for name, call in (('chroot', lambda: os.chroot('/tmp')),"
-                                " ('mknod', lambda: os.mknod('sda', 0o600 | stat.S_IFBLK, os.makedev(8, 0))),"
-                                " ('setuid', lambda: os.setuid(0))):\n"
-                                "    try:\n        call()\n        out[name] = 'done'\n"
-                                "    except OSError as e:\n        out[name] = e.strerror\nout")
+    refused = outcomes(boxes, sid, "import ctypes, os, stat\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+                                   "def c(result):\n    if result:\n        raise OSError(ctypes.get_errno(), "
+                                   "os.strerror(ctypes.get_errno()))",
+                       "(('mount', lambda: c(libc.mount(b'none', b'/tmp', b'tmpfs', 0, None))),"
+                       " ('umount', lambda: c(libc.umount2(b'/home/user', 2))),"
+                       " ('hostname', lambda: c(libc.sethostname(b'x', 1))), ('chroot', lambda: os.chroot('/tmp')),"
+                       " ('mknod', lambda: os.mknod('sda', 0o600 | stat.S_IFBLK, os.makedev(8, 0))),"
+                       " ('setuid', lambda: os.setuid(0)))")
     assert refused == dict.fromkeys(["mount", "umount", "hostname", "chroot", "mknod", "setuid"],
                                     "Operation not permitted")
 
@@ -498,40 +504,33 @@ def test_mounts_chroot_device_files_and_the_hostname_are_refused(boxes: Sandboxe
 @JAILED
 def test_limits_cannot_be_raised(boxes: Sandboxes) -> None:
     sid = new_id(boxes)
-    raised = value(boxes, sid, "import resource\nout = {}\nfor name in ('NPROC', 'AS', 'FSIZE'):\n"
-                               "    limit = getattr(resource, 'RLIMIT_' + name)\n"
-                               "    try:\n        resource.setrlimit(limit, (resource.RLIM_INFINITY,) * 2)\n"
-                               "        out[name] = 'raised'\n    except ValueError as e:\n        out[name] = str(e)\n"
-                               "out")
+    raised = outcomes(boxes, sid, "import resource", "((n, lambda n=n: resource.setrlimit(getattr(resource, "
+                      "'RLIMIT_' + n), (resource.RLIM_INFINITY,) * 2)) for n in ('NPROC', 'AS', 'FSIZE'))", "str(e)")
     assert raised == dict.fromkeys(["NPROC", "AS", "FSIZE"], "not allowed to raise maximum limit")
 
 
 @JAILED
 def test_system_folders_are_read_only_and_sys_devices_and_host_accounts_are_absent(boxes: Sandboxes) -> None:
     sid = new_id(boxes)
-    found = value(boxes, sid, "import os, stat\nout = {}\nfor path in ('/usr/bin/evil', '/etc/evil', '/etc/passwd'):\n"
-                              "    try:\n        open(path, 'a')\n        out[path] = 'written'\n"
-                              "    except OSError as e:\n        out[path] = e.strerror\n"
-                              "out['sys'] = os.path.exists('/sys')\n"
+    written = outcomes(boxes, sid, "", "((p, lambda p=p: open(p, 'a')) for p in ('/usr/bin/evil', '/etc/evil', "
+                                       "'/etc/passwd'))")
+    assert all(error in ("Read-only file system", "Permission denied") for error in written.values()), written
+    found = value(boxes, sid, "import os, stat\nout = {'sys': os.path.exists('/sys')}\n"
                               "modes = {n: os.lstat('/dev/' + n).st_mode for n in os.listdir('/dev')}\n"
                               "out['devices'] = [n for n, m in modes.items() if stat.S_ISBLK(m) or stat.S_ISCHR(m)]\n"
                               "out['accounts'] = [line.split(':')[0] for line in open('/etc/passwd')]\nout")
-    assert found.pop("sys") is False
-    assert set(found.pop("devices")) <= {"full", "null", "random", "tty", "urandom", "zero", "ptmx"}
-    assert found.pop("accounts") == ["root", "user"]
-    assert all(error in ("Read-only file system", "Permission denied") for error in found.values()), found
+    assert found["sys"] is False
+    assert set(found["devices"]) <= {"full", "null", "random", "tty", "urandom", "zero", "ptmx"}
+    assert found["accounts"] == ["root", "user"]
 
 
 @JAILED
 def test_the_jails_init_cannot_be_signalled_or_looked_into(boxes: Sandboxes) -> None:
     """Pid 1 of the jail is bwrap, as root: killing it, or reading its environment, root or program, is refused."""
     sid = new_id(boxes)
-    refused = value(boxes, sid, "import os, signal\nout = {}\nfor name, call in ("
-                                "('kill', lambda: os.kill(1, signal.SIGKILL)), "
-                                "('environ', lambda: open('/proc/1/environ').read()), "
-                                "('root', lambda: os.listdir('/proc/1/root')), "
-                                "('exe', lambda: os.readlink('/proc/1/exe'))):\n"
-                                "    try:\n        call()\n        out[name] = 'done'\n"
-                                "    except OSError as e:\n        out[name] = type(e).__name__\nout")
+    refused = outcomes(boxes, sid, "import os, signal", "(('kill', lambda: os.kill(1, signal.SIGKILL)), "
+                       "('environ', lambda: open('/proc/1/environ').read()), "
+                       "('root', lambda: os.listdir('/proc/1/root')), ('exe', lambda: os.readlink('/proc/1/exe')))",
+                       "type(e).__name__")
     assert refused == dict.fromkeys(["kill", "environ", "root", "exe"], "PermissionError")
     assert value(boxes, sid, "1 + 1") == 2

@@ -43,6 +43,8 @@ class LocalSandbox:
     cgroup: Cgroup | None = None
     cgroup_lock: int | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    killing: threading.Lock = field(default_factory=threading.Lock)
+    """Held while the budget watch kills the sandbox's processes; a new process waits for it."""
     worker: subprocess.Popen | None = None
     channel: Channel = field(default_factory=lambda: Channel(-1, -1))
     keep: set[int] = field(default_factory=set)
@@ -54,6 +56,8 @@ class LocalSandbox:
     """Why the worker was stopped between calls, for the next call to say."""
     oom_kills: int = 0
     """The cgroup's count of processes killed for want of memory, when last reported."""
+    disk_used: int = 0
+    """Bytes its files took at the disk watch's last look (where no file system of its own holds them)."""
     over_budget: str = ""
     """Why the budget watch stopped the sandbox's processes, for the call that saw them die to say."""
 

@@ -160,6 +160,8 @@ class LocalBackend:
             args, fds = self._command_line(box, ["exec", str(status_write), "/bin/sh", "-c",
                                                  box.to_host(command)], python=False)
             try:
+                with box.killing:
+                    pass
                 proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         cwd=box.folder, env=self._env(box), start_new_session=True,
                                         pass_fds=(status_write, *fds))
@@ -181,6 +183,8 @@ class LocalBackend:
             raise SandboxError(f"Command timed out after {self.config.timeout_s:g} s; it and every process it "
                                f"started were killed. Output so far: {truncate(partial, 4000)}")
         code = int(number) if how == "exit" else -int(number) if how == "signal" else proc.returncode
+        if not how and box.jailed and code > 128:  # bwrap passes on a death by signal as 128 + the signal
+            code = 128 - code
         if code != 0:
             if code == -signal.SIGKILL and (reason := self._budget_spent(box)):
                 stderr += f"\n[sandbox] {reason}\n"
@@ -227,8 +231,9 @@ class LocalBackend:
             for box in boxes:
                 if reason := self._over_budget(box):
                     box.over_budget = reason  # before the kill: the call that sees its process die says why
-                    if not kill_processes(box.owns(), keep=set(), waited=set(box.sessions)):
-                        box.over_budget = ""  # nothing was running: files past the budget wait for the model
+                    with box.killing:  # no process of the next call starts until the kill is over
+                        if not kill_processes(box.owns(), keep=set(), waited=set(box.sessions)):
+                            box.over_budget = ""  # nothing was running: files past the budget wait for the model
                 if (self._cgroups is None or not self._disks) and ticks % round(IDLE_CHECK_S / BUDGET_CHECK_S):
                     continue
                 if not box.lock.acquire(blocking=False):
@@ -253,9 +258,13 @@ class LocalBackend:
             if rss_bytes(pids) > c.memory_mb * MB:
                 return (f"the sandbox ran out of memory (its processes together may use {c.memory_mb} MB), "
                         "so its processes were stopped")
-        if not self._disks and folder_bytes(box.folder.parent, c.disk_mb * MB) > c.disk_mb * MB:
-            return (f"the sandbox's files took more than its {c.disk_mb} MB of disk, so its processes were "
-                    "stopped; delete files to go on")
+        if not self._disks:
+            # only while they grow: the model must be able to run the command that deletes them
+            used = folder_bytes(box.folder.parent, 4 * c.disk_mb * MB)
+            grew, box.disk_used = used > box.disk_used, used
+            if grew and used > c.disk_mb * MB:
+                return (f"the sandbox's files took more than its {c.disk_mb} MB of disk, so its processes were "
+                        "stopped; delete files to go on")
         return ""
 
     def leftover_processes(self, sandbox_id: str) -> list[int]:
@@ -316,6 +325,8 @@ class LocalBackend:
                 str(4 * self.config.max_output_chars), str(int(box.uid is not None))]
         args, fds = self._command_line(box, mode, python=True)
         try:
+            with box.killing:
+                pass
             box.worker = subprocess.Popen(args, pass_fds=(request_read, reply_write, *fds), stdin=subprocess.DEVNULL,
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=box.folder,
                                           env=self._env(box), start_new_session=True)
