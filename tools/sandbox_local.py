@@ -373,6 +373,9 @@ class LocalBackend:
 
     def _broken(self, box: LocalSandbox, exc: ChannelError) -> str:
         """Stops a worker that timed out, overran its CPU time or broke the protocol; says what happened."""
+        if exc.kind == "eof" and box.worker:  # it ended: let the jail around it end too, with its status
+            with suppress(subprocess.TimeoutExpired):
+                box.worker.wait(timeout=1.0)
         status = self._stop_worker(box)
         if exc.kind == "timeout":
             return f"Execution timed out after {self.config.timeout_s:g} s and was stopped"
