@@ -14,7 +14,6 @@ import secrets
 import subprocess
 import threading
 from collections.abc import Callable
-from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,10 +21,11 @@ from nanbeige.tools.sandbox import MB, SANDBOX_HOME, SandboxConfig, SandboxError
 from nanbeige.tools.sandbox_budget import Cgroup, make_cgroup, make_disk, place_lock, unmount
 from nanbeige.tools.sandbox_channel import Channel
 from nanbeige.tools.sandbox_jail import account_files
-from nanbeige.tools.sandbox_os import Proc, allocate_uid, children, kill_processes, release_uid, remove_tree
+from nanbeige.tools.sandbox_os import (
+    Proc, allocate_uid, children, kill_processes, pid_namespace, release_uid, remove_files_of, remove_tree,
+)
 
 HOME_IN_TEXT = re.compile(r"/home/user(?![\w.-])")
-SHARED_TMP = ("/tmp", "/var/tmp", "/dev/shm")  # world-writable places code outside a jail may leave files in
 
 
 @dataclass
@@ -72,14 +72,16 @@ class LocalSandbox:
         return text if self.jailed else text.replace(str(self.folder), SANDBOX_HOME)
 
     def owns(self) -> Callable[[Proc], bool]:
-        """Whether a process is the sandbox's: its uid, or else its session (the sessions of the
-        processes the server started, and in a jail the session bwrap's init starts in each)."""
+        """Whether a process is the sandbox's: its uid, or else its jails' pid namespaces, or else
+        its session (the sessions of the processes the server started)."""
         if self.uid is not None:
             uid = self.uid
             return lambda p: p.uid == uid
+        if self.jailed:  # the pid namespace of each of its jails, which code cannot leave
+            spaces = {pid_namespace(child) for pid in self.sessions for child in children(pid)} - {""}
+            me = os.getuid()
+            return lambda p: p.uid == me and pid_namespace(p.pid) in spaces
         sessions = set(self.sessions)
-        if self.jailed:
-            sessions |= {child for pid in self.sessions for child in children(pid)}
         return lambda p: p.session in sessions
 
 
@@ -142,17 +144,3 @@ def remove_sandbox(box: LocalSandbox) -> None:
     if box.uid is not None and box.uid_lock is not None:
         release_uid(box.uid, box.uid_lock)
     os.close(box.place_lock)
-
-
-def remove_files_of(uid: int) -> None:
-    """Removes what a sandbox uid left in the shared temporary folders: only it ever owns files there."""
-    for shared in SHARED_TMP:
-        with suppress(OSError):
-            for entry in os.scandir(shared):
-                with suppress(OSError):
-                    if entry.stat(follow_symlinks=False).st_uid != uid:
-                        continue
-                    if entry.is_dir(follow_symlinks=False):
-                        remove_tree(Path(entry.path))
-                    else:
-                        os.unlink(entry.path)

@@ -25,7 +25,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from nanbeige.tools.sandbox_os import UID_BASE, UID_SPAN, kill_processes, remove_tree, sweep_uid_locks
+from nanbeige.tools.sandbox_os import UID_BASE, UID_SPAN, kill_processes, remove_files_of, remove_tree, sweep_uid_locks
 
 log = logging.getLogger(__name__)
 
@@ -293,5 +293,6 @@ def _sweep_place(place: Path) -> None:
     uid = owner.get("uid") if isinstance(owner, dict) else None
     if isinstance(uid, int) and UID_BASE <= uid < UID_BASE + UID_SPAN:
         kill_processes(lambda p: p.uid == uid, keep=set(), waited=set())
+        remove_files_of(uid)
     unmount(place / "files")
     remove_tree(place)

@@ -14,6 +14,8 @@ from nanbeige.tools.sandbox import MB, SANDBOX_HOME, SandboxError, inside
 
 def host_path(folder: Path, path: str) -> Path:
     """The place in a local sandbox's folder that the model's path (under /home/user) names."""
+    if "\0" in path:
+        raise SandboxError(f"{path!r} is not a path: it holds a NUL character.")
     model_path = PurePosixPath(path or SANDBOX_HOME)
     if model_path.is_absolute():
         if not (model_path == PurePosixPath(SANDBOX_HOME) or PurePosixPath(SANDBOX_HOME) in model_path.parents):
@@ -52,11 +54,17 @@ def write_file(folder: Path, path: str, data: bytes, owner: int | None) -> None:
         raise SandboxError(f"{path!r} is a folder, not a file name.")
     dir_fd = open_dir(folder, parts[:-1], create=True, owner=owner)
     try:
-        fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644, dir_fd=dir_fd)
+        # O_NONBLOCK: a FIFO the code made there must not hang the server; O_TRUNC waits for the check
+        fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644, dir_fd=dir_fd)
     except OSError as exc:
         raise SandboxError(f"Cannot write {path}: {exc.strerror}.") from None
     finally:
         os.close(dir_fd)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise SandboxError(f"Cannot write {path}: it is not a regular file.")
+    os.set_blocking(fd, True)
+    os.ftruncate(fd, 0)
     with open(fd, "wb") as f:
         if owner is not None:
             os.fchown(fd, owner, owner)
@@ -76,10 +84,10 @@ def read_file(folder: Path, path: str, max_bytes: int) -> bytes:
         raise SandboxError(f"Cannot read {path} in the sandbox: {exc.strerror}.") from None
     finally:
         os.close(dir_fd)
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes:
+        os.close(fd)
+        raise SandboxError(f"{path} is not a regular file." if not stat.S_ISREG(info.st_mode)
+                           else f"{path} is larger than {max_bytes // MB} MB.")
     with open(fd, "rb") as f:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise SandboxError(f"{path} is not a regular file.")
-        if info.st_size > max_bytes:
-            raise SandboxError(f"{path} is larger than {max_bytes // MB} MB.")
         return f.read(max_bytes + 1)[:max_bytes]

@@ -58,8 +58,10 @@ def jail_args(jail: Jail, *, home: str, tmp: str, passwd: str, group: str, worke
     /home/user and /tmp, passwd and group files to show as /etc/passwd and /etc/group (so that the
     uid has a name, `user`), worker the worker script, shown at JAIL_WORKER, seccomp a descriptor
     of `no_user_namespaces()` (as root)."""
+    # --die-with-parent: the kernel kills the jail when the thread that started it dies, so callers
+    # start long-lived jails from a thread that lives as long as the server (and dies with it)
     args = [jail.bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try", "--new-session",
-            "--hostname", "sandbox"]
+            "--die-with-parent", "--hostname", "sandbox"]
     if not network:
         args.append("--unshare-net")
     if not jail.as_root:
@@ -101,8 +103,10 @@ def find_bwrap() -> str | None:
 
 # --- no user namespaces inside, as root ----------------------------------------------------------
 
-# (audit arch, unshare, clone, clone3) per architecture; others are left unfiltered
-ARCHES = ((0xC000003E, 272, 56, 435), (0xC00000B7, 97, 220, 435))  # x86-64, aarch64
+# (audit arch, unshare, clone, clone3) per architecture, with the 32-bit ones a 64-bit kernel also
+# runs (int 0x80 on x86-64, AArch32 on arm64); others are left unfiltered
+ARCHES = ((0xC000003E, 272, 56, 435), (0x40000003, 310, 120, 435),  # x86-64, i386
+          (0xC00000B7, 97, 220, 435), (0x40000028, 337, 120, 435))  # aarch64, arm
 X32_BIT = 0x40000000
 CLONE_NEWUSER = 0x10000000
 ALLOW, ERRNO = 0x7FFF0000, 0x00050000

@@ -29,6 +29,7 @@ import os
 import signal
 import subprocess
 import threading
+from concurrent.futures import ThreadPoolExecutor
 import time
 from contextlib import suppress
 from pathlib import Path
@@ -71,6 +72,10 @@ class LocalBackend:
         self._cgroups: tuple[int, tuple[Path, ...]] | None = None
         self._disks = False
         self._idle_watch: threading.Thread | None = None
+        # Workers start from this one thread, which lives as long as the server: a jail dies with the
+        # thread that started it, also when the server is killed outright and code in the jail has
+        # blinded the worker's own watch on the server.
+        self._spawner = ThreadPoolExecutor(1, thread_name_prefix="sandbox-spawner")
         self._closed = threading.Event()
 
     @property
@@ -100,11 +105,21 @@ class LocalBackend:
 
     @property
     def notice(self) -> str:
-        """What the model is told when its sandbox is not jailed (empty when it is)."""
-        if self._isolation and self._isolation.jail:
+        """What the model is told when its sandbox is not jailed (empty when it is): what code in it can do."""
+        isolation = self._isolation
+        if isolation is None or isolation.jail:
             return ""
-        return ("This sandbox has no filesystem jail (bwrap is missing or cannot run on this machine): code in it can "
-                "read the host's world-readable files.")
+        why = ("the jail is turned off here (NANBEIGE_SANDBOX_JAIL=0)" if not self.config.jail
+               else "bwrap is missing or cannot run on this machine")
+        if isolation.own_uid and isolation.read_all:
+            reach = ("code in it can read every file on this machine (the interpreter is readable only to the "
+                     "server's user, so the sandbox keeps CAP_DAC_READ_SEARCH), and write its own folder and /tmp")
+        elif isolation.own_uid:
+            reach = "code in it can read the host's world-readable files, and write its own folder and /tmp"
+        else:
+            reach = ("code in it runs as the server's user: it can read and change that user's files, "
+                     "other sandboxes' included")
+        return f"This sandbox has no filesystem jail ({why}): {reach}."
 
     def _watched(self) -> list[str]:
         return [*(["no cgroup can be made here: memory is held by a watch over the sandbox's processes, which "
@@ -136,6 +151,7 @@ class LocalBackend:
                 raise SandboxError(message)
             if box.worker is None:
                 self._start_worker(box)
+            box.oom_kills = box.cgroup.oom_kills() if box.cgroup else 0  # what this call's kills add to
             try:
                 reply = check_cell_reply(exchange(box.channel, {"code": box.to_host(code)},
                                                   time.monotonic() + self.config.timeout_s, self.config.cpu_seconds))
@@ -150,6 +166,8 @@ class LocalBackend:
                     exchange(box.channel, {"reap": True}, time.monotonic() + 5.0)
                 except ChannelError as exc:
                     reply["stderr"] += f"\n[sandbox] After this cell: {self._broken(box, exc)}. {STATE_LOST}\n"
+            if reason := self._budget_spent(box):  # a process the cell started, not the worker
+                reply["stderr"] += f"\n[sandbox] {reason}\n"
             box.idle_cpu = None  # read by the idle watch, not here: a call costs one /proc read less
         return box.to_model(format_execution(reply["results"], reply["stdout"], reply["stderr"], reply["error"]))
 
@@ -159,6 +177,7 @@ class LocalBackend:
         with box.lock, open(status_read, "rb") as status:
             args, fds = self._command_line(box, ["exec", str(status_write), "/bin/sh", "-c",
                                                  box.to_host(command)], python=False)
+            box.oom_kills = box.cgroup.oom_kills() if box.cgroup else 0  # what this call's kills add to
             try:
                 with box.killing:
                     pass
@@ -185,9 +204,9 @@ class LocalBackend:
         code = int(number) if how == "exit" else -int(number) if how == "signal" else proc.returncode
         if not how and box.jailed and code > 128:  # bwrap passes on a death by signal as 128 + the signal
             code = 128 - code
+        if reason := self._budget_spent(box):  # also when a process other than the first one was killed
+            stderr += f"\n[sandbox] {reason}\n"
         if code != 0:
-            if code == -signal.SIGKILL and (reason := self._budget_spent(box)):
-                stderr += f"\n[sandbox] {reason}\n"
             signal_text = f"signal: {signal_name(-code)}" if code < 0 else None
             raise SandboxError(command_failed(-1 if code < 0 else code, stderr, signal_text))
         return format_command(stdout, stderr, 0, None)
@@ -247,6 +266,9 @@ class LocalBackend:
                         box.stopped_idle = (f"Between calls, code left running in the Python process used more "
                                             f"than {self.config.cpu_seconds} s of CPU time, so it was stopped. "
                                             f"{STATE_LOST} The code of this call did not run; send it again.")
+                    # a thread left running may start processes after its call: none may outlive a call
+                    if box.worker and (not box.cgroup or box.cgroup.members() - box.keep):
+                        self._kill_strays(box)
                 finally:
                     box.lock.release()
 
@@ -327,9 +349,10 @@ class LocalBackend:
         try:
             with box.killing:
                 pass
-            box.worker = subprocess.Popen(args, pass_fds=(request_read, reply_write, *fds), stdin=subprocess.DEVNULL,
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=box.folder,
-                                          env=self._env(box), start_new_session=True)
+            box.worker = self._spawner.submit(
+                subprocess.Popen, args, pass_fds=(request_read, reply_write, *fds), stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=box.folder, env=self._env(box),
+                start_new_session=True).result()
         except OSError:
             for fd in (request_write, reply_read):
                 os.close(fd)

@@ -268,6 +268,14 @@ def children(pid: int) -> list[int]:
         return []
 
 
+def pid_namespace(pid: int) -> str:
+    """Which pid namespace a process is in ("" when it is gone)."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return ""
+
+
 def descendant_chain(ancestor: int, inner_pid: int) -> list[int]:
     """The pids, as this process sees them, from ancestor down to its descendant that is inner_pid
     in its own pid namespace (a jailed process knows only that number). Empty when none is found."""
@@ -389,3 +397,21 @@ def remove_tree(folder: Path) -> None:
                     with suppress(OSError):
                         os.chmod(os.path.join(path, name), 0o700)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+# world-writable places code outside a jail may leave files in
+SHARED_TMP = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+
+
+def remove_files_of(uid: int) -> None:
+    """Removes what a sandbox uid left in the shared temporary folders: only it ever owns files there."""
+    for shared in SHARED_TMP:
+        with suppress(OSError):
+            for entry in os.scandir(shared):
+                with suppress(OSError):
+                    if entry.stat(follow_symlinks=False).st_uid != uid:
+                        continue
+                    if entry.is_dir(follow_symlinks=False):
+                        remove_tree(Path(entry.path))
+                    else:
+                        os.unlink(entry.path)
