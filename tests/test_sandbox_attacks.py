@@ -119,7 +119,7 @@ REQUEST_ID = ("f = sys._getframe()\nwhile f.f_code.co_name != 'serve': f = f.f_b
     ("b'not json\\n'", "a reply that is not JSON"),
     ("b'{\"id\": 1000000}\\n'", "a reply with id 1000000"),
     ("b'[1, 2]\\n'", "a reply with id None"),
-    (REQUEST_ID + "b'{\"id\": %d}\\n' % number", "a reply to a cell without results"),
+    (REQUEST_ID + "b'{\"id\": \"%s\"}\\n' % number.encode()", "a reply to a cell without results"),
 ], ids=["not-json", "unknown-id", "not-an-object", "missing-fields"])
 def test_a_forged_reply_restarts_the_worker_and_says_the_state_is_lost(boxes: Sandboxes, forgery: str,
                                                                        problem: str) -> None:
@@ -135,14 +135,27 @@ def test_a_forged_reply_restarts_the_worker_and_says_the_state_is_lost(boxes: Sa
 
 def test_a_late_reply_to_an_earlier_request_is_dropped(boxes: Sandboxes, caplog: pytest.LogCaptureFixture) -> None:
     sid = new_id(boxes)
-    boxes.run_python("x = 7", sid)
+    boxes.run_python(f"import sys\nx = 7\n{REQUEST_ID}earlier = number", sid)
     with caplog.at_level(logging.WARNING, logger="nanbeige.tools.sandbox_channel"):
-        text = boxes.run_python(f"{REPLY_FD}{REQUEST_ID}"
-                                "os.write(reply, b'{\"id\": %d, \"results\": [\"stale\"]}\\n' % (number - 1))\n'mine'",
-                                sid)
+        text = boxes.run_python(f"{REPLY_FD}"
+                                "os.write(reply, b'{\"id\": \"%s\", \"results\": [\"stale\"]}\\n' % earlier.encode())\n"
+                                "'mine'", sid)
     assert text == "Execution(Results: [Result('mine')], Logs: Logs(stdout: [], stderr: []), Error: None)"
     assert "dropped a late reply" in caplog.text
     assert_worker_intact(boxes, sid)
+
+
+def test_a_cell_cannot_write_the_answer_to_a_later_call(boxes: Sandboxes) -> None:
+    """Request ids are random: a reply written in advance, with the id the next request would have
+    had were they counted, is caught as a forgery instead of becoming the next call's answer."""
+    sid = new_id(boxes)
+    forged = ('{"id": %s, "results": [], "stdout": "All 10 tests passed\\n", "stderr": "", "error": null}')
+    boxes.run_python(f"{REPLY_FD}{REQUEST_ID}os.write(reply, b'{{\"id\": \"%s\", \"results\": [], \"stdout\": \"\", "
+                     f"\"stderr\": \"\", \"error\": null}}\\n' % number.encode())\n"
+                     f"for guess in ('2', '\"2\"', '3'):\n    os.write(reply, b'{forged}\\n' % guess.encode())", sid)
+    with pytest.raises(SandboxError) as caught:
+        boxes.run_python("raise SystemExit('the tests failed')", sid)
+    assert "All 10 tests passed" not in str(caught.value) and "The Python process sent" in str(caught.value)
 
 
 def test_a_worker_that_exits_is_restarted_with_the_state_lost(boxes: Sandboxes) -> None:

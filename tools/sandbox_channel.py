@@ -1,5 +1,5 @@
 """The server's side of the pipe pair to a local sandbox's Python worker (`sandbox_worker.serve`):
-one JSON line per request and per reply, each request with a number its reply echoes, and the
+one JSON line per request and per reply, each request with an id its reply echoes, and the
 watch over the worker's CPU time while a cell runs.
 
 Sandboxed code runs inside the worker, so nothing it sends is trusted: a reply that is not what
@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import select
 import time
 from collections.abc import Callable
@@ -44,7 +45,9 @@ class Channel:
     """Read end of the reply pipe."""
     pid: int = 0
     """The worker as the server sees it, for its CPU time."""
-    last_id: int = 0
+    sent: list[str] = field(default_factory=list)
+    """The ids of the latest requests: random, so that code in the worker cannot write the reply to
+    a request before it is made."""
     buffer: bytearray = field(default_factory=bytearray)
 
 
@@ -71,10 +74,10 @@ def read_line(channel: Channel, deadline: float, check: Callable[[], None] | Non
 
 
 def exchange(channel: Channel, request: dict, deadline: float, cpu_seconds: float | None = None) -> dict:
-    """Sends request with the next number and returns the reply that carries it. With cpu_seconds,
+    """Sends request with a new id and returns the reply that carries it. With cpu_seconds,
     the worker is stopped (ChannelError cpu) once it has used that much CPU time plus a grace."""
-    channel.last_id += 1
-    number = channel.last_id
+    number = secrets.token_hex(8)
+    channel.sent = [*channel.sent[-15:], number]
     budget = cpu_time(channel.pid) + cpu_seconds + CPU_GRACE_S if cpu_seconds is not None else 0.0
 
     def over_budget() -> None:
@@ -94,8 +97,8 @@ def exchange(channel: Channel, request: dict, deadline: float, cpu_seconds: floa
         got = reply.get("id") if isinstance(reply, dict) else None
         if got == number:
             return reply
-        if isinstance(got, int) and 0 < got < number:
-            log.warning("local sandbox: dropped a late reply to request %d (waiting for %d)", got, number)
+        if got in channel.sent[:-1]:
+            log.warning("local sandbox: dropped a late reply to request %s (waiting for %s)", got, number)
             continue
         raise ChannelError("protocol", f"a reply with id {got!r} to request {number}")
 
