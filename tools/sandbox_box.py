@@ -1,4 +1,5 @@
-"""One local sandbox's state (`LocalSandbox`), and the making and removal of its place on the host:
+"""One local sandbox's state (`LocalSandbox`), the command lines of its processes, and the making
+and removal of its place on the host:
 a folder named by its id under the sandbox root, locked by its server while it lives, holding
 `owner.json` (what a later server needs to sweep it), the jail's account files, and `files/` (a
 file system of its own where the server may make one) with `home/` (/home/user) and `tmp/` (/tmp).
@@ -20,11 +21,15 @@ from pathlib import Path
 from nanbeige.tools.sandbox import MB, SANDBOX_HOME, SandboxConfig, SandboxError
 from nanbeige.tools.sandbox_budget import Cgroup, make_cgroup, make_disk, place_lock, unmount
 from nanbeige.tools.sandbox_channel import Channel
-from nanbeige.tools.sandbox_jail import account_files
+from nanbeige.tools.sandbox_jail import JAIL_WORKER, account_files, jail_args, no_user_namespaces
 from nanbeige.tools.sandbox_os import (
-    Proc, allocate_uid, children, kill_processes, pid_namespace, release_uid, remove_files_of, remove_tree,
+    Proc, allocate_uid, children, kill_processes, minimal_env, pid_namespace, processes, release_uid,
+    remove_files_of, remove_tree, setpriv_args,
 )
+from nanbeige.tools.sandbox_probe import Isolation
 
+WORKER = str(Path(__file__).with_name("sandbox_worker.py"))
+NO_USER_NAMESPACES = no_user_namespaces()
 HOME_IN_TEXT = re.compile(r"/home/user(?![\w.-])")
 
 
@@ -144,3 +149,50 @@ def remove_sandbox(box: LocalSandbox) -> None:
     if box.uid is not None and box.uid_lock is not None:
         release_uid(box.uid, box.uid_lock)
     os.close(box.place_lock)
+
+
+# --- the command line of its processes ---------------------------------------------------------
+
+
+def limits(box: LocalSandbox, c: SandboxConfig, python: bool) -> str:
+    """The rlimits the worker sets on itself before it runs anything."""
+    values = {"AS": c.memory_mb * MB, "FSIZE": c.file_size_mb * MB, "NOFILE": c.max_open_files, "CORE": 0}
+    if box.uid is not None:
+        values["NPROC"] = c.max_processes
+    elif os.geteuid() != 0:
+        # RLIMIT_NPROC counts all of the user's tasks, so allow what already runs plus the budget
+        values["NPROC"] = sum(p.threads for p in processes() if p.uid == os.getuid()) + c.max_processes
+    if not python:
+        values["CPU"] = c.cpu_seconds  # the Python worker sets its own, per cell
+    return ",".join(f"{name}={value}" for name, value in values.items())
+
+
+def command_line(box: LocalSandbox, config: SandboxConfig, isolation: Isolation, mode: list[str],
+                 python: bool) -> tuple[list[str], list[int]]:
+    """The command line of a sandbox process (the worker in `mode`), and the descriptors it needs
+    passed (the caller closes them)."""
+    worker, fds = WORKER, []
+    prefix = box.cgroup.join_prefix() if box.cgroup else []
+    if isolation.jail:
+        if isolation.jail.as_root:
+            fds.append(os.memfd_create("seccomp"))
+            os.write(fds[0], NO_USER_NAMESPACES)
+            os.lseek(fds[0], 0, os.SEEK_SET)
+        prefix += jail_args(isolation.jail, home=str(box.folder), tmp=str(box.tmp),
+                            passwd=str(box.place / "passwd"), group=str(box.place / "group"), worker=WORKER,
+                            uid=box.uid, network=config.network, seccomp=fds[0] if fds else None)
+        worker = JAIL_WORKER
+    prefix += isolation.prefix
+    if box.uid is not None:
+        prefix += setpriv_args(box.uid, isolation.read_all)
+    # -S (no site-packages) starts faster; only the Python worker needs the packages
+    flags = ["-I", "-B"] if python else ["-I", "-S", "-B"]
+    return [*prefix, config.python, *flags, worker, limits(box, config, python), *mode], fds
+
+
+def sandbox_env(box: LocalSandbox, config: SandboxConfig) -> dict[str, str]:
+    """All the environment its processes get (no API keys): see `minimal_env`."""
+    env = minimal_env(Path(SANDBOX_HOME) if box.jailed else box.folder, config.python)
+    if box.jailed:
+        env["TMPDIR"] = "/tmp"
+    return env

@@ -13,7 +13,7 @@ worker's requests and replies), address space, file size and open files, a wall-
 after which everything it started is killed, and a minimal environment (no API keys).
 
 Without a jail (no bwrap, no user namespaces) the server says so and falls back to what the OS
-allows (`sandbox_os.probe_isolation`): no network (`unshare --net`) and, as root, the uid of its
+allows (`sandbox_probe.probe_isolation`): no network (`unshare --net`) and, as root, the uid of its
 own, which leaves the host's world-readable files readable to the code.
 
 Nothing is left behind: a sandbox's processes, cgroup, file system, folders and uid lock go when
@@ -29,31 +29,27 @@ import os
 import signal
 import subprocess
 import threading
-from concurrent.futures import ThreadPoolExecutor
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from pathlib import Path
 
 from nanbeige.tools.sandbox import (
-    MB, SANDBOX_HOME, SandboxConfig, SandboxError, command_failed, format_command, format_execution, invalid_id,
-    truncate,
+    MB, SandboxConfig, SandboxError, command_failed, format_command, format_execution, invalid_id, truncate,
 )
+from nanbeige.tools.sandbox_box import WORKER, LocalSandbox, command_line, make_sandbox, remove_sandbox, sandbox_env
 from nanbeige.tools.sandbox_budget import can_make_disks, cgroup_parents, folder_bytes, rss_bytes, sweep, sweep_cgroups
-from nanbeige.tools.sandbox_box import LocalSandbox, make_sandbox, remove_sandbox
 from nanbeige.tools.sandbox_channel import Channel, ChannelError, check_cell_reply, cpu_time, exchange, read_line
 from nanbeige.tools.sandbox_files import host_path, read_file, write_file
-from nanbeige.tools.sandbox_jail import JAIL_WORKER, jail_args, no_user_namespaces
 from nanbeige.tools.sandbox_os import (
-    Isolation, become_subreaper, collect, descendant_chain, exit_text, kill_processes, minimal_env, probe_isolation,
-    processes, reap_orphans, setpriv_args, signal_name,
+    become_subreaper, collect, descendant_chain, exit_text, kill_processes, processes, reap_orphans, signal_name,
 )
+from nanbeige.tools.sandbox_probe import Isolation, probe_isolation
 
 log = logging.getLogger(__name__)
 
-WORKER = str(Path(__file__).with_name("sandbox_worker.py"))
 IDLE_CHECK_S = 1.0  # how often idle workers' CPU time is read
 BUDGET_CHECK_S = 0.25  # how often memory and disk are summed, where no cgroup or file system holds them
-NO_USER_NAMESPACES = no_user_namespaces()
 STATE_LOST = ("The Python process was restarted, so variables, imports and definitions from earlier calls are "
               "lost; files in /home/user are kept.")
 
@@ -175,14 +171,14 @@ class LocalBackend:
         box = self._box(sandbox_id)
         status_read, status_write = os.pipe()
         with box.lock, open(status_read, "rb") as status:
-            args, fds = self._command_line(box, ["exec", str(status_write), "/bin/sh", "-c",
+            args, fds = command_line(box, self.config, self.isolation, ["exec", str(status_write), "/bin/sh", "-c",
                                                  box.to_host(command)], python=False)
             box.oom_kills = box.cgroup.oom_kills() if box.cgroup else 0  # what this call's kills add to
             try:
                 with box.killing:
                     pass
                 proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        cwd=box.folder, env=self._env(box), start_new_session=True,
+                                        cwd=box.folder, env=sandbox_env(box, self.config), start_new_session=True,
                                         pass_fds=(status_write, *fds))
             finally:
                 for fd in (status_write, *fds):
@@ -302,57 +298,19 @@ class LocalBackend:
             raise SandboxError(invalid_id(sandbox_id))
         return box
 
-    def _limits(self, box: LocalSandbox, python: bool) -> str:
-        c = self.config
-        limits = {"AS": c.memory_mb * MB, "FSIZE": c.file_size_mb * MB, "NOFILE": c.max_open_files, "CORE": 0}
-        if box.uid is not None:
-            limits["NPROC"] = c.max_processes
-        elif os.geteuid() != 0:
-            # RLIMIT_NPROC counts all of the user's tasks, so allow what already runs plus the budget
-            limits["NPROC"] = sum(p.threads for p in processes() if p.uid == os.getuid()) + c.max_processes
-        if not python:
-            limits["CPU"] = c.cpu_seconds  # the Python worker sets its own, per cell
-        return ",".join(f"{name}={value}" for name, value in limits.items())
-
-    def _command_line(self, box: LocalSandbox, mode: list[str], python: bool) -> tuple[list[str], list[int]]:
-        """The command line, and the descriptors it needs passed (the caller closes them)."""
-        isolation, worker, fds = self.isolation, WORKER, []
-        prefix = box.cgroup.join_prefix() if box.cgroup else []
-        if isolation.jail:
-            if isolation.jail.as_root:
-                fds.append(os.memfd_create("seccomp"))
-                os.write(fds[0], NO_USER_NAMESPACES)
-                os.lseek(fds[0], 0, os.SEEK_SET)
-            prefix += jail_args(isolation.jail, home=str(box.folder), tmp=str(box.tmp),
-                                passwd=str(box.place / "passwd"), group=str(box.place / "group"), worker=WORKER,
-                                uid=box.uid, network=self.config.network, seccomp=fds[0] if fds else None)
-            worker = JAIL_WORKER
-        prefix += isolation.prefix
-        if box.uid is not None:
-            prefix += setpriv_args(box.uid, isolation.read_all)
-        # -S (no site-packages) starts faster; only the Python worker needs the packages
-        flags = ["-I", "-B"] if python else ["-I", "-S", "-B"]
-        return [*prefix, self.config.python, *flags, worker, self._limits(box, python), *mode], fds
-
-    def _env(self, box: LocalSandbox) -> dict[str, str]:
-        env = minimal_env(Path(SANDBOX_HOME) if box.jailed else box.folder, self.config.python)
-        if box.jailed:
-            env["TMPDIR"] = "/tmp"
-        return env
-
     def _start_worker(self, box: LocalSandbox) -> None:
         request_read, request_write = os.pipe()
         reply_read, reply_write = os.pipe()
         mode = ["python", str(request_read), str(reply_write), str(self.config.cpu_seconds),
                 str(4 * self.config.max_output_chars), str(int(box.uid is not None))]
-        args, fds = self._command_line(box, mode, python=True)
+        args, fds = command_line(box, self.config, self.isolation, mode, python=True)
         try:
             with box.killing:
                 pass
             box.worker = self._spawner.submit(
                 subprocess.Popen, args, pass_fds=(request_read, reply_write, *fds), stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=box.folder, env=self._env(box),
-                start_new_session=True).result()
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=box.folder,
+                env=sandbox_env(box, self.config), start_new_session=True).result()
         except OSError:
             for fd in (request_write, reply_read):
                 os.close(fd)

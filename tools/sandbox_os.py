@@ -1,7 +1,6 @@
-"""The operating-system layer of the local sandbox (`sandbox_local.py`): finding which isolation
-tools work here (`probe_isolation`), allocating a uid per sandbox, building `setpriv` command
-prefixes, listing and killing processes by owner, collecting a process's output under a deadline,
-and reaping orphans as a subreaper.
+"""The operating-system layer of the local sandbox (`sandbox_local.py`): allocating a uid per
+sandbox, building `setpriv` command prefixes, listing and killing processes by owner, collecting
+a process's output under a deadline, reaping orphans as a subreaper, and removing folders.
 
 It knows nothing of sandboxes, ids or the model: callers pass plain paths, uids and predicates.
 """
@@ -9,7 +8,6 @@ It knows nothing of sandboxes, ids or the model: callers pass plain paths, uids 
 from __future__ import annotations
 
 import fcntl
-import itertools
 import logging
 import os
 import re
@@ -23,144 +21,24 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import suppress
-from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from nanbeige.tools.sandbox_jail import JAIL_WORKER, Jail, account_files, interpreter_paths, jail_args
 
 log = logging.getLogger(__name__)
 
 UID_BASE, UID_SPAN = 1_700_000_000, 10_000_000  # far above any real account; one uid per sandbox
 
 
-# --- what the OS can enforce -------------------------------------------------------------------
+# --- uids -------------------------------------------------------------------------------------
 
-
-@dataclass(frozen=True)
-class Isolation:
-    """What the local sandbox can enforce on this machine, found by trying (`probe_isolation`)."""
-
-    network_off: bool
-    """Sandboxed code runs in a network namespace of its own, with no usable interface."""
-    own_pids: bool
-    """It runs in a pid namespace of its own (used when it has no uid of its own): it cannot signal
-    the server or the user's other processes, and when a call's first process ends the kernel
-    kills whatever else it left."""
-    own_uid: bool
-    """Each sandbox runs as its own unprivileged uid (server running as root): the process limit
-    holds, rlimits cannot be raised, and only its folder and world-writable places such as /tmp
-    are writable to it."""
-    read_all: bool
-    """That uid keeps CAP_DAC_READ_SEARCH, because the interpreter (or the sandbox root) is not
-    readable by other users here: sandboxed code can then read, not write, every file."""
-    process_limit: bool
-    """RLIMIT_NPROC bounds the sandbox's processes (root ignores it, so false for root without own_uid)."""
-    prefix: tuple[str, ...] = ()
-    """Command prefix that enters the namespaces (`unshare ...`) and, for root without a uid of its
-    own, drops CAP_SYS_RESOURCE (`setpriv ...`), so that hard rlimits hold there too. Empty with a jail."""
-    jail: Jail | None = None
-    """The filesystem jail (bwrap), which also brings its own namespaces: no network, own pids."""
+UID_LOCKS = Path(tempfile.gettempdir()) / "nanbeige-sandbox-uids"
 
 
 def setpriv_args(uid: int, read_all: bool) -> list[str]:
     caps = ["--inh-caps=-all,+dac_read_search", "--ambient-caps=+dac_read_search",
             "--bounding-set=-all,+dac_read_search"] if read_all else ["--inh-caps=-all", "--bounding-set=-all"]
     return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs", *caps, "--"]
-
-
-def probe_isolation(*, python: str, worker: str, root: Path, network: bool, drop_privileges: bool,
-                    jail: bool) -> Isolation:
-    """Tries, once per server, which of the OS's isolation tools work here (each try is ~10 ms).
-    `worker` is the sandbox worker script, run under setpriv to check what a sandbox uid can reach."""
-    root_user = os.geteuid() == 0
-    can_drop = root_user and drop_privileges and shutil.which("setpriv")
-    jailed = probe_jail(python, worker, root, as_root=bool(can_drop)) if jail else None
-    if jailed:
-        isolation = Isolation(not network, True, bool(can_drop), False, bool(can_drop) or not root_user, (), jailed)
-        log.info("local sandbox isolation: %s", isolation)
-        return isolation
-    own_uid, read_all = _probe_uid(python, worker, root) if can_drop else (False, False)
-    # Without a uid of its own, a pid namespace keeps the code from signalling the server or the
-    # user's other processes, which share the uid.
-    wanted = [flags for flags, want in ((("--net",), not network),
-                                        (("--pid", "--fork", "--kill-child"), not own_uid)) if want]
-    user = () if root_user else ("--map-root-user",)
-    candidates = [("unshare", *user, *itertools.chain(*combo))
-                  for size in range(len(wanted), 0, -1) for combo in itertools.combinations(wanted, size)]
-    prefix = next((c for c in candidates if _succeeds([*c, "true"])), ()) if shutil.which("unshare") else ()
-    if root_user and not own_uid and shutil.which("setpriv"):
-        # root keeps CAP_SYS_RESOURCE, with which code could raise its hard limits (CPU time among them)
-        keep_limits = ("setpriv", "--bounding-set=-sys_resource", "--inh-caps=-sys_resource", "--")
-        prefix += keep_limits if _succeeds([*prefix, *keep_limits, "true"]) else ()
-    isolation = Isolation("--net" in prefix, "--pid" in prefix, own_uid, read_all, own_uid or not root_user, prefix)
-    if not network and not isolation.network_off:
-        log.warning("local sandbox: cannot make a network namespace (unshare); sandboxed code can use the network")
-    if not own_uid and not isolation.own_pids:
-        log.warning("local sandbox: no pid namespace; sandboxed code can signal this user's other processes")
-    if root_user and not own_uid:
-        log.warning("local sandbox: running as root without a uid of its own; the process limit does not hold")
-    log.info("local sandbox isolation: %s", isolation)
-    return isolation
-
-
-def probe_jail(python: str, worker: str, root: Path, as_root: bool) -> Jail | None:
-    """A jail, if bwrap can run the worker and the interpreter in one here (as the sandbox's uid,
-    as root); None where it cannot (no bwrap, no user namespaces)."""
-    bwrap = shutil.which("bwrap")
-    if not bwrap:
-        return None
-    try:
-        jail = Jail(bwrap, interpreter_paths(python), as_root)
-    except (OSError, subprocess.SubprocessError, ValueError):
-        return None
-    uid, lock = allocate_uid() if as_root else (os.getuid(), None)
-    folder = Path(tempfile.mkdtemp(prefix=".jail-probe-", dir=root))
-    try:
-        for name, text in zip(("passwd", "group"), account_files(uid), strict=True):
-            (folder / name).write_text(text)
-        for name in ("home", "tmp"):
-            (folder / name).mkdir(mode=0o700)
-            os.chown(folder / name, uid, uid)
-        args = jail_args(jail, home=str(folder / "home"), tmp=str(folder / "tmp"), passwd=str(folder / "passwd"),
-                         group=str(folder / "group"), worker=worker, uid=uid, network=False)
-        drop = setpriv_args(uid, False) if as_root else []
-        check = "import os; os.listdir('/home/user'); open('/tmp/x', 'w')"
-        return jail if _succeeds([*args, *drop, python, "-I", "-S", "-B", JAIL_WORKER, "", "exec", "-1",
-                                  python, "-I", "-S", "-c", check]) else None
-    finally:
-        remove_tree(folder)
-        if lock is not None:
-            release_uid(uid, lock)
-
-
-def _probe_uid(python: str, worker: str, root: Path) -> tuple[bool, bool]:
-    """Whether sandboxes can run as a uid of their own, and whether that needs CAP_DAC_READ_SEARCH.
-    An interpreter the uid cannot read may still start, with another stdlib and without its
-    packages: the check compares sys.base_prefix, and enters the sandbox root."""
-    where = subprocess.run([python, "-I", "-S", "-c", "import sys; print(sys.base_prefix)"],
-                           capture_output=True, text=True, timeout=20).stdout.strip()
-    check = f"import os, sys; os.chdir(sys.argv[1]); sys.exit(sys.base_prefix != {where!r})"
-    uid, lock = allocate_uid()
-    try:
-        for read_all in (False, True):
-            if _succeeds([*setpriv_args(uid, read_all), python, "-I", "-S", "-B", worker, "", "exec", "-1",
-                          python, "-I", "-S", "-c", check, str(root)]):
-                return True, read_all
-        return False, False
-    finally:
-        os.close(lock)
-
-
-def _succeeds(args: list[str]) -> bool:
-    try:
-        return subprocess.run(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              env=minimal_env(Path("/")), timeout=20).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
-UID_LOCKS = Path(tempfile.gettempdir()) / "nanbeige-sandbox-uids"
 
 
 def allocate_uid() -> tuple[int, int]:
