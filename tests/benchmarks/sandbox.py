@@ -16,7 +16,7 @@ The isolation line says whether the sandboxes were jailed (bwrap), and which bud
 
 Run from the repository root:
 
-    python tests/benchmarks/sandbox.py [--calls 200] [--throwaway-calls 30]
+    python tests/benchmarks/sandbox.py [--calls 200] [--throwaway-calls 30] [--no-jail]
 """
 
 from __future__ import annotations
@@ -62,9 +62,10 @@ def created(sandboxes: Sandboxes, n: int) -> list[float]:
     return times
 
 
-async def through_mcp(root: Path, calls: int) -> list[float]:
+async def through_mcp(root: Path, calls: int, jail: bool) -> list[float]:
     """Milliseconds per `run_python_code("print(1)")` over one stdio session with the server."""
-    env = {**os.environ, "NANBEIGE_SANDBOX_DIR": str(root), "NANBEIGE_SANDBOX_BACKEND": "local"}
+    env = {**os.environ, "NANBEIGE_SANDBOX_DIR": str(root), "NANBEIGE_SANDBOX_BACKEND": "local",
+           "NANBEIGE_SANDBOX_JAIL": str(int(jail))}
     params = StdioServerParameters(command=sys.executable, args=["-m", "nanbeige.servers.python"], env=env)
     with open(os.devnull, "w") as devnull:
         async with Client(stdio_client(params, errlog=devnull)) as client:
@@ -85,9 +86,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--throwaway-calls", type=int, default=30)
+    parser.add_argument("--no-jail", action="store_true", help="the fallback without bwrap, for comparison")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as root:
-        sandboxes = Sandboxes(SandboxConfig(root=Path(root) / "sandboxes"))
+        sandboxes = Sandboxes(SandboxConfig(root=Path(root) / "sandboxes", jail=not args.no_jail))
         try:
             sandbox_id = sandboxes.create().splitlines()[0].split(": ")[1]
             sandboxes.run_python("print(1)", sandbox_id)  # starts the worker; not timed
@@ -106,7 +108,8 @@ def main() -> None:
             ]
         finally:
             sandboxes.close()
-        rows.append(("MCP warm python print(1)", asyncio.run(through_mcp(Path(root) / "mcp", args.calls))))
+        mcp_times = asyncio.run(through_mcp(Path(root) / "mcp", args.calls, not args.no_jail))
+        rows.append(("MCP warm python print(1)", mcp_times))
     for name, times in rows:
         print(f"{name:28s} n={len(times):4d}  p50 {pct(times, 0.5):7.2f} ms  p95 {pct(times, 0.95):7.2f} ms")
 
