@@ -63,7 +63,7 @@ async def test_a_session_with_state_errors_and_files(tmp_path: Path) -> None:
         vague = await client.call_tool("create_sandbox", {"timeout": "soon"})
         assert vague.is_error and text(vague) == "[ERROR]: timeout must be a whole number of seconds, not 'soon'."
         assert created.startswith("Sandbox created with sandbox_id: ")
-        sid = created.split(": ")[1]
+        sid = created.splitlines()[0].split(": ")[1]  # a second line says what isolation is missing
 
         async def call(name: str, **args: object) -> mcp.types.CallToolResult:
             return await client.call_tool(name, {"sandbox_id": sid, **args})
@@ -108,7 +108,7 @@ async def test_runs_as_a_stdio_subprocess(tmp_path: Path) -> None:
     params = mcp.StdioServerParameters(command=sys.executable, args=["-m", "nanbeige.servers.python"],
                                        env=server_env(tmp_path))
     async with mcp.Client(params) as client:
-        sid = text(await client.call_tool("create_sandbox", {"timeout": 60})).split(": ")[1]
+        sid = text(await client.call_tool("create_sandbox", {"timeout": 60})).splitlines()[0].split(": ")[1]
         await client.call_tool("run_python_code", {"code_block": "import os\nkeys = sorted(os.environ)",
                                                    "sandbox_id": sid})
         result = await client.call_tool("run_python_code", {"code_block": "keys", "sandbox_id": sid})
@@ -132,7 +132,7 @@ def test_sigterm_closes_every_sandbox(tmp_path: Path) -> None:
                                                                "clientInfo": {"name": "test", "version": "0"}}})
         rpc(proc, {"method": "notifications/initialized"})
         reply = rpc(proc, {"id": 2, "method": "tools/call", "params": {"name": "create_sandbox", "arguments": {}}})
-        sid = reply["result"]["content"][0]["text"].split(": ")[1]  # type: ignore[index]
+        sid = reply["result"]["content"][0]["text"].splitlines()[0].split(": ")[1]  # type: ignore[index]
         reply = rpc(proc, {"id": 3, "method": "tools/call", "params": {
             "name": "run_python_code", "arguments": {"code_block": "x = 1", "sandbox_id": sid}}})
         assert reply["result"]["isError"] is False  # type: ignore[index]

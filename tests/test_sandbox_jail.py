@@ -205,20 +205,24 @@ def test_a_process_started_between_calls_by_a_lingering_thread_is_stopped(boxes:
     assert wait_for(lambda: boxes.backend.leftover_processes(sid) == [], 5)
 
 
-def test_uploads_and_downloads_refuse_what_is_not_a_regular_file(boxes: Sandboxes) -> None:
+def test_uploads_and_downloads_refuse_what_is_not_a_regular_file(tmp_path: Path) -> None:
     """A FIFO or a folder where a file is expected, or a NUL in a path, is an error the model can read,
-    not a hang of the server or an unexpected failure."""
-    sid = new_id(boxes)
-    source = boxes.config.upload_dirs[0] / "up.txt"
-    source.write_text("hello")
-    boxes.run_command("mkfifo pipe.txt; mkdir folder.txt", sid)
-    for call, error in ((lambda: boxes.upload(sid, str(source), "/home/user/pipe.txt"), "Cannot write"),
-                        (lambda: boxes.download_to_local(sid, "/home/user/pipe.txt"), "not a regular file"),
-                        (lambda: boxes.download_to_local(sid, "/home/user/folder.txt"), "not a regular file"),
-                        (lambda: boxes.download_to_local(sid, "/home/user/a\0b.txt"), "NUL character")):
-        with pytest.raises(SandboxError, match=error):
-            call()
-    assert boxes.upload(sid, str(source), "/home/user/ok.txt") == "File uploaded to /home/user/ok.txt"
+    not a hang of the server or an unexpected failure (with or without a jail)."""
+    boxes = make_boxes(tmp_path)
+    try:
+        sid = new_id(boxes)
+        source = tmp_path / "up.txt"
+        source.write_text("hello")
+        boxes.run_command("mkfifo pipe.txt; mkdir folder.txt", sid)
+        for call, error in ((lambda: boxes.upload(sid, str(source), "/home/user/pipe.txt"), "Cannot write"),
+                            (lambda: boxes.download_to_local(sid, "/home/user/pipe.txt"), "not a regular file"),
+                            (lambda: boxes.download_to_local(sid, "/home/user/folder.txt"), "not a regular file"),
+                            (lambda: boxes.download_to_local(sid, "/home/user/a\0b.txt"), "NUL character")):
+            with pytest.raises(SandboxError, match=error):
+                call()
+        assert boxes.upload(sid, str(source), "/home/user/ok.txt") == "File uploaded to /home/user/ok.txt"
+    finally:
+        boxes.close()
 
 
 @JAILED

@@ -71,18 +71,19 @@ def jail_args(jail: Jail, *, home: str, tmp: str, passwd: str, group: str, worke
             args += ["--symlink", os.readlink(folder), folder]
         elif os.path.isdir(folder):
             args += ["--ro-bind", folder, folder]
+    args += ["--ro-bind", passwd, "/etc/passwd", "--ro-bind", group, "/etc/group",
+             "--perms", "0755", "--dir", "/home", "--bind", home, JAIL_HOME, "--bind", tmp, "/tmp",
+             "--dev", "/dev", "--perms", "1777", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm", "--proc", "/proc"]
+    # after /tmp and /home/user: an interpreter under /tmp (a virtual environment there) stays visible
     made: set[str] = set()
     for folder in jail.read_only:
         # bwrap would make the missing parents 0700, closed to the sandbox's uid
         for parent in reversed(PurePosixPath(folder).parents[:-1]):
-            if str(parent) not in made and not str(parent).startswith(SYSTEM_DIRS):
+            if str(parent) not in made and not str(parent).startswith(SYSTEM_DIRS) and str(parent) != "/tmp":
                 made.add(str(parent))
                 args += ["--perms", "0755", "--dir", str(parent)]
         args += ["--ro-bind", folder, folder]
-    args += ["--ro-bind", passwd, "/etc/passwd", "--ro-bind", group, "/etc/group",
-             "--perms", "0755", "--dir", "/home", "--bind", home, JAIL_HOME, "--bind", tmp, "/tmp",
-             "--dev", "/dev", "--perms", "1777", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm", "--proc", "/proc",
-             "--perms", "0755", "--dir", "/run/sandbox", "--ro-bind", worker, JAIL_WORKER, "--chdir", JAIL_HOME]
+    args += ["--perms", "0755", "--dir", "/run/sandbox", "--ro-bind", worker, JAIL_WORKER, "--chdir", JAIL_HOME]
     if seccomp is not None:
         args += ["--seccomp", str(seccomp)]
     if jail.as_root and uid is not None:
