@@ -492,6 +492,22 @@ def test_without_a_jail_what_the_sandbox_left_in_the_shared_tmp_goes_with_it(tmp
     assert not (UID_LOCKS / str(uid)).exists()
 
 @JAILED
+def test_an_interpreter_in_a_virtual_environment_under_tmp_is_jailed_and_works(tmp_path: Path) -> None:
+    """The sandbox's own /tmp must not hide an interpreter that lives under the host's /tmp."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+    assert str(venv).startswith("/tmp/")
+    boxes = make_boxes(tmp_path, python=str(venv / "bin" / "python"))
+    try:
+        sid = new_id(boxes)
+        assert boxes.backend.isolation.jail is not None and boxes.backend.notice == ""
+        assert value(boxes, sid, "import sys\nsys.prefix") == str(venv)
+        assert "stdout='ok\\n'" in boxes.run_command("echo ok > /tmp/x && cat /tmp/x", sid)
+    finally:
+        boxes.close()
+
+
+@JAILED
 def test_with_the_jail_the_create_answer_claims_nothing_missing(boxes: Sandboxes) -> None:
     answer = boxes.create()
     assert boxes.backend.notice == ""
