@@ -76,6 +76,20 @@ class LocalSandbox:
     def to_model(self, text: str) -> str:
         return text if self.jailed else text.replace(str(self.folder), SANDBOX_HOME)
 
+    def status(self, code: int) -> int:
+        """A process's exit status as Popen gives it: bwrap passes on a death by signal as 128 + the signal."""
+        return 128 - code if self.jailed and code > 128 else code
+
+    def wait_for_kills(self) -> None:
+        """Returns once a kill by the budget watch is over, so that no new process of this sandbox dies in it."""
+        with self.killing:
+            pass
+
+    def may_have_strays(self) -> bool:
+        """Whether processes other than the worker may run: with a cgroup, one small read tells, instead of a
+        scan of every process (the worker and the jail reap their own children, so nothing else waits)."""
+        return not self.cgroup or bool(self.cgroup.members() - self.keep)
+
     def owns(self) -> Callable[[Proc], bool]:
         """Whether a process is the sandbox's: its uid, or else its jails' pid namespaces, or else
         its session (the sessions of the processes the server started)."""

@@ -153,9 +153,7 @@ class LocalBackend:
                                                   time.monotonic() + self.config.timeout_s, self.config.cpu_seconds))
             except ChannelError as exc:
                 raise SandboxError(f"{self._broken(box, exc)}. {STATE_LOST}") from None
-            # with a cgroup, one small read tells whether the cell left anything, instead of a scan of
-            # every process (the worker and the jail reap their own children, so nothing else waits)
-            if (not box.cgroup or box.cgroup.members() - box.keep) and self._kill_strays(box):
+            if box.may_have_strays() and self._kill_strays(box):
                 # the worker reaps the zombies of its children now, not at the next cell: until then they
                 # would count against the process limit of the sandbox's commands
                 try:
@@ -171,12 +169,11 @@ class LocalBackend:
         box = self._box(sandbox_id)
         status_read, status_write = os.pipe()
         with box.lock, open(status_read, "rb") as status:
-            args, fds = command_line(box, self.config, self.isolation, ["exec", str(status_write), "/bin/sh", "-c",
-                                                 box.to_host(command)], python=False)
+            mode = ["exec", str(status_write), "/bin/sh", "-c", box.to_host(command)]
+            args, fds = command_line(box, self.config, self.isolation, mode, python=False)
             box.oom_kills = box.cgroup.oom_kills() if box.cgroup else 0  # what this call's kills add to
             try:
-                with box.killing:
-                    pass
+                box.wait_for_kills()
                 proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         cwd=box.folder, env=sandbox_env(box, self.config), start_new_session=True,
                                         pass_fds=(status_write, *fds))
@@ -197,9 +194,7 @@ class LocalBackend:
             partial = format_command(stdout, stderr, -1, "timeout")
             raise SandboxError(f"Command timed out after {self.config.timeout_s:g} s; it and every process it "
                                f"started were killed. Output so far: {truncate(partial, 4000)}")
-        code = int(number) if how == "exit" else -int(number) if how == "signal" else proc.returncode
-        if not how and box.jailed and code > 128:  # bwrap passes on a death by signal as 128 + the signal
-            code = 128 - code
+        code = int(number) if how == "exit" else -int(number) if how == "signal" else box.status(proc.returncode)
         if reason := self._budget_spent(box):  # also when a process other than the first one was killed
             stderr += f"\n[sandbox] {reason}\n"
         if code != 0:
@@ -263,7 +258,7 @@ class LocalBackend:
                                             f"than {self.config.cpu_seconds} s of CPU time, so it was stopped. "
                                             f"{STATE_LOST} The code of this call did not run; send it again.")
                     # a thread left running may start processes after its call: none may outlive a call
-                    if box.worker and (not box.cgroup or box.cgroup.members() - box.keep):
+                    if box.worker and box.may_have_strays():
                         self._kill_strays(box)
                 finally:
                     box.lock.release()
@@ -305,8 +300,7 @@ class LocalBackend:
                 str(4 * self.config.max_output_chars), str(int(box.uid is not None))]
         args, fds = command_line(box, self.config, self.isolation, mode, python=True)
         try:
-            with box.killing:
-                pass
+            box.wait_for_kills()
             box.worker = self._spawner.submit(
                 subprocess.Popen, args, pass_fds=(request_read, reply_write, *fds), stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=box.folder,
@@ -340,9 +334,7 @@ class LocalBackend:
         kill_processes(box.owns(), keep=set(), waited=set(box.sessions))
         with suppress(OSError):
             os.killpg(worker.pid, signal.SIGKILL)
-        code = worker.wait()
-        if box.jailed and code > 128:  # bwrap passes on a death by signal as 128 + the signal
-            code = 128 - code
+        code = box.status(worker.wait())
         box.sessions.discard(worker.pid)
         box.keep = set()
         if box.jailed:

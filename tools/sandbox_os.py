@@ -156,10 +156,8 @@ def pid_namespace(pid: int) -> str:
 
 def descendant_chain(ancestor: int, inner_pid: int) -> list[int]:
     """The pids, as this process sees them, from ancestor down to its descendant that is inner_pid
-    in its own pid namespace (a jailed process knows only that number). Empty when none is found."""
-    children: dict[int, list[int]] = {}
-    for p in processes():
-        children.setdefault(p.ppid, []).append(p.pid)
+    in its own pid namespace (a jailed process knows only that number). Empty when none is found.
+    The processes above it (bwrap's) have one thread each, whose children `children` lists."""
     paths = [[ancestor]]
     while paths:
         path = paths.pop()
@@ -170,7 +168,7 @@ def descendant_chain(ancestor: int, inner_pid: int) -> list[int]:
             continue
         if found and int(found[1].split()[-1]) == inner_pid and len(path) > 1:
             return path
-        paths += [[*path, child] for child in children.get(path[-1], ())]
+        paths += [[*path, child] for child in children(path[-1])]
     return []
 
 
