@@ -47,20 +47,33 @@ def shown(text: Any) -> str:
     return printable(visible(text if isinstance(text, str) else str(text)))
 
 
+def _real_stderr() -> Any:
+    """sys.stderr as it is now (tests swap it), but never rich's proxy of it. While a live display
+    runs, rich puts a proxy in sys.stderr that prints what others write through our console; writing
+    our console's own output to that proxy would feed it back into the console forever (a refresh
+    thread spinning between the two while the command waits for it, in every real terminal)."""
+    from rich.file_proxy import FileProxy
+
+    stream = sys.stderr
+    while isinstance(stream, FileProxy):
+        stream = stream.rich_proxied_file
+    return stream
+
+
 class _Stderr:
-    """sys.stderr (looked up at each write, as tests swap it), with the secrets taken out."""
+    """The real stderr (looked up at each write), with the secrets taken out."""
 
     def write(self, text: str) -> int:
-        return sys.stderr.write(visible(text))
+        return _real_stderr().write(visible(text))
 
     def flush(self) -> None:
-        sys.stderr.flush()
+        _real_stderr().flush()
 
     def isatty(self) -> bool:
-        return sys.stderr.isatty()
+        return _real_stderr().isatty()
 
     def fileno(self) -> int:
-        return sys.stderr.fileno()
+        return _real_stderr().fileno()
 
 
 class SafeConsole(Console):

@@ -1,0 +1,104 @@
+"""The commands as a person meets them: in a real pseudo-terminal, against a model that takes seconds
+per reply, with the screen read back through a terminal emulator. A model that answers at once and a
+stderr that is a pipe hide what a person sees (a live view that never redraws, a Ctrl-C that does
+nothing), so these tests use neither."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from conftest import TEST_SERVER
+from fake_openai import FakeOpenAI, Reply, mcp_answer, mcp_call
+from terminal import Terminal
+from test_eval_runner import scripted_model, write_gaia
+
+NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
+TESTKIT = "testkit=" + shlex.join(TEST_SERVER)
+SLOW = 2.0  # seconds a reply takes: longer than the live view's refresh, as with any real model
+
+
+def slow(*replies: str) -> list[Reply]:
+    return [Reply(content=text, delay_s=SLOW) for text in replies]
+
+
+def ask(server: FakeOpenAI, path: Path, *extra: str) -> list[str]:
+    return [NANBEIGE, "ask", "What is the capital of Mongolia?", "--base-url", server.base_url, "--mcp", TESTKIT,
+            "--no-default-servers", "--trajectory", str(path), *extra]
+
+
+def end_record(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text().splitlines()[-1])
+
+
+def test_ask_in_a_terminal_shows_the_wait_the_turns_and_the_answer(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+    replies = slow(mcp_call("testkit", "echo", {"text": "Mongolia"}), mcp_answer("Ulaanbaatar"),
+                   mcp_answer("Ulaanbaatar"))
+    with FakeOpenAI(replies) as server, Terminal(ask(server, path)) as term:
+        assert term.shows("waiting for the model", 30), term.screen_text()
+        assert term.wait(60) == 0, term.screen_text()
+    screen = term.screen_text()
+    assert "testkit/echo" in screen or "echo(text=Mongolia)" in screen, screen
+    assert "\nUlaanbaatar\n" in screen + "\n", screen
+    assert "answered after" in screen and "Traceback" not in screen
+    assert end_record(path)["stop_reason"] == "answered"
+
+
+def test_ctrl_c_in_a_terminal_while_the_model_thinks_exits_130_with_the_resume_hint(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+    replies = slow(mcp_call("testkit", "echo", {"text": "a"})) + [Reply(content="never", delay_s=60)]
+    with FakeOpenAI(replies) as server, Terminal(ask(server, path)) as term:
+        assert term.shows("turn 2/", 30), term.screen_text()
+        term.ctrl_c()
+        assert term.wait(30) == 130, term.screen_text()
+    screen = term.screen_text()
+    assert "interrupted" in screen and f"nanbeige resume {path}" in screen, screen
+    assert end_record(path)["stop_reason"] == "interrupted"
+
+
+def test_sigterm_in_a_terminal_while_the_model_thinks_exits_143_and_closes_the_run(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+    with FakeOpenAI([Reply(content="never", delay_s=60)]) as server, Terminal(ask(server, path)) as term:
+        assert term.shows("waiting for the model", 30), term.screen_text()
+        term.process.send_signal(signal.SIGTERM)
+        assert term.wait(30) == 143, term.screen_text()
+    assert end_record(path)["stop_reason"] == "interrupted"
+
+
+def test_timeout_fires_in_a_terminal_while_the_model_thinks(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+    with FakeOpenAI([Reply(content="never", delay_s=60)]) as server, \
+            Terminal(ask(server, path, "--timeout", "3")) as term:
+        assert term.wait(30) == 1, term.screen_text()
+    assert "stop reason timeout" in term.screen_text(), term.screen_text()
+    assert end_record(path)["stop_reason"] == "timeout"
+
+
+def test_research_in_a_terminal_with_a_slow_model_answers(tmp_path: Path) -> None:
+    replies = slow(mcp_answer("Ulaanbaatar"), mcp_answer("Ulaanbaatar"))
+    env = {"NANBEIGE_RUNS_DIR": str(tmp_path)}
+    with FakeOpenAI(replies, default=Reply(content=mcp_answer("Ulaanbaatar"), delay_s=SLOW)) as server, \
+            Terminal([NANBEIGE, "research", "What is the capital of Mongolia?", "--base-url", server.base_url,
+                      "--no-default-servers", "--attempts", "1", "--trajectory", str(tmp_path / "run.jsonl")],
+                     env=env, cwd=str(tmp_path)) as term:
+        assert term.shows("waiting for the model", 30), term.screen_text()
+        assert term.wait(60) == 0, term.screen_text()
+    assert "Ulaanbaatar" in term.screen_text()
+
+
+def test_eval_in_a_terminal_with_a_slow_model_draws_progress_and_the_report(tmp_path: Path) -> None:
+    data, out = write_gaia(tmp_path / "gaia"), tmp_path / "out"
+    with FakeOpenAI(scripted_model(delay_s=SLOW / 2)) as server, \
+            Terminal([NANBEIGE, "eval", "gaia", "--data", str(data), "--out", str(out), "-k", "1",
+                      "--concurrency", "2", "--base-url", server.base_url, "--no-default-servers"],
+                     env={**os.environ}) as term:
+        assert term.shows("running", 30), term.screen_text()
+        assert term.wait(90) == 0, term.screen_text()
+    screen = term.screen_text()
+    assert "4/4 runs" in screen and "accuracy" in screen.lower(), screen
