@@ -28,6 +28,7 @@ from nanbeige.agent import commands, research, rl_commands, settings_file
 from nanbeige.agent import options as o
 from nanbeige.agent.config import BackendConfig, RunSettings, ToolsConfig
 from nanbeige.agent.console import SafeConsole, err, fail, hide, out, out_json, shown
+from nanbeige.agent.entry import exit_on_sigterm
 from nanbeige.agent.llm import LLMConfig
 from nanbeige.agent.loop import AgentConfig
 
@@ -152,6 +153,8 @@ def run_command(main: Coroutine[Any, Any, T]) -> T:
         if os.environ.get("NANBEIGE_DEBUG"):
             raise
         fail(f"nanbeige crashed: {type(exc).__name__}: {exc} (NANBEIGE_DEBUG=1 shows where; please report it)")
+    finally:
+        exit_on_sigterm()  # closing the event loop put back the default action, which kills without an exit status
 
 
 def report(trajectory: Trajectory, json_output: bool) -> None:

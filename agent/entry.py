@@ -1,0 +1,26 @@
+"""The `nanbeige` program's entry point. It sets up the answer to SIGTERM before anything else is
+imported: a SIGTERM that came while the command was still starting (importing, reading its
+settings) killed it outright, exit status -15, instead of exit 143 like every other moment. Once a
+command's event loop runs, the loop's own handler takes over and closes the open trajectories first."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from typing import Any
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    sys.exit(128 + signal.SIGTERM)
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM ends the program with 143 (where no event loop handles it)."""
+    signal.signal(signal.SIGTERM, _terminated)
+
+
+def main() -> None:
+    exit_on_sigterm()
+    from nanbeige.agent.cli import main as run
+
+    run()
