@@ -43,37 +43,105 @@ def turn_line(turn: Turn) -> str:
     return f"{head} " + "; ".join(parts)
 
 
-class LiveView:
-    """Renders loop events on stderr: a spinner while waiting (with what the run used so far), a line
-    per finished turn."""
+def progress_every(default_s: float) -> float:
+    """Seconds between progress lines where stderr is no terminal: NANBEIGE_PROGRESS_EVERY, else the
+    view's own default."""
+    import os
 
-    def __init__(self, console: Console, max_turns: int):
+    try:
+        value = float(os.environ.get("NANBEIGE_PROGRESS_EVERY") or default_s)
+    except ValueError:
+        return default_s
+    return value if value > 0 else default_s
+
+
+def elapsed(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+class Ticker:
+    """Where stderr is no terminal (a log file, CI, `nohup`, a notebook) nothing is redrawn: instead
+    `text()` is printed as one plain line every `every_s` seconds, from a thread of its own, so that a
+    long wait (a model thinking for minutes on a CPU) shows it is alive. `text()` returning None
+    prints nothing that time."""
+
+    def __init__(self, console: Console, text: Any, every_s: float):
+        import threading
+
+        self.console, self.text, self.every_s = console, text, every_s
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="nanbeige-progress", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stopped.wait(self.every_s):
+            line = self.text()
+            if line:
+                self.console.print(line, highlight=False, soft_wrap=True)
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+class LiveView:
+    """Renders loop events on stderr: a line per finished turn, and while the run waits (for the
+    model, for a tool) what it waits for and what the run used so far: in a terminal a spinner line
+    redrawn in place, elsewhere a plain line every few seconds."""
+
+    def __init__(self, console: Console, max_turns: int, every_s: float | None = None):
+        import time
+
         self.console = console
         self.max_turns = max_turns
-        self.status = console.status("")
         self.index = 0
         self.usage: dict[str, float] = {}
+        self.started = time.monotonic()
+        self.waiting: tuple[str, float] | None = None  # what the run waits for, and since when
+        self.status = console.status("") if console.is_terminal else None
+        self.ticker = None if self.status else Ticker(console, self._plain_line, every_s or progress_every(10))
 
     def __call__(self, kind: str, data: Any) -> None:
         if kind == "model":
             self.index = data
-            self._wait(f"turn {data + 1}/{self.max_turns}{self._used()} · waiting for the model")
+            self._wait("waiting for the model")
         elif kind == "tool":
-            self._wait(f"turn {self.index + 1}/{self.max_turns}{self._used()} · {escape(call_summary(data, 40))}")
+            self._wait(escape(call_summary(data, 40)))
         elif kind == "turn":
             add_turn(self.usage, data)
-            self.status.stop()
+            self.waiting = None
+            if self.status:
+                self.status.stop()
             self.console.print(turn_line(data), highlight=False)
         elif kind == "end":
-            self.status.stop()
+            self.waiting = None
+            if self.status:
+                self.status.stop()
+            if self.ticker:
+                self.ticker.stop()
 
-    def _used(self) -> str:
+    def _head(self) -> str:
         used = usage_text(self.usage)
-        return f" · [dim]{used}[/]" if used else ""
+        return f"turn {self.index + 1}/{self.max_turns}" + (f" · [dim]{used}[/]" if used else "")
 
-    def _wait(self, text: str) -> None:
-        self.status.update(text)
-        self.status.start()
+    def _plain_line(self) -> str | None:
+        import time
+
+        if self.waiting is None:
+            return None
+        what, since = self.waiting
+        now = time.monotonic()
+        return f"{self._head()} · {elapsed(now - self.started)} elapsed · {what} ({elapsed(now - since)})"
+
+    def _wait(self, what: str) -> None:
+        import time
+
+        self.waiting = (what, time.monotonic())
+        if self.status:
+            self.status.update(f"{self._head()} · {what}")
+            self.status.start()
 
 
 def show(console: Console, trajectory: Trajectory, full: bool = False) -> None:
@@ -127,13 +195,30 @@ class RunsView:
 
         self.progress, self.name, self.group_size = progress, name, group_size
         self.resumed = progress.done  # runs done before this session: not part of its pace
-        self.live = Live(console=console, get_renderable=self._render, refresh_per_second=4, transient=False)
-        self.live.start()
+        self.console = console
+        self.live = self.ticker = None
+        if console.is_terminal:
+            self.live = Live(console=console, get_renderable=self._render, refresh_per_second=4, transient=False)
+            self.live.start()
+        else:
+            self.ticker = Ticker(console, self._plain_line, progress_every(30))
 
     def _render(self) -> Any:
         from rich.progress_bar import ProgressBar
         from rich.table import Table
 
+        grid = Table.grid(padding=(0, 1))
+        grid.add_row(f"[bold]{escape(self.name)}[/]", ProgressBar(total=max(self.progress.total, 1),
+                                                                   completed=self.progress.done, width=20),
+                     self._line())
+        return grid
+
+    def _plain_line(self) -> str:
+        import time
+
+        return f"{escape(self.name)}: {self._line()} · {elapsed(time.monotonic() - self.progress.started)} elapsed"
+
+    def _line(self) -> str:
         p = self.progress
         rate = "-" if p.accuracy is None else f"{100 * p.accuracy:.1f}%"
         if self.group_size:
@@ -143,10 +228,7 @@ class RunsView:
             line = f"{p.done}/{p.total} runs · {p.running} running · accuracy {rate} · ETA {self._eta()}"
         if p.failed:
             line += f" · [yellow]{p.failed} failed[/]"
-        grid = Table.grid(padding=(0, 1))
-        grid.add_row(f"[bold]{escape(self.name)}[/]", ProgressBar(total=max(p.total, 1), completed=p.done, width=20),
-                     line)
-        return grid
+        return line
 
     def _turns_per_s(self) -> str:
         import time
@@ -166,19 +248,31 @@ class RunsView:
             f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
 
     def stop(self) -> None:
-        self.live.stop()
+        if self.live:
+            self.live.stop()
+        if self.ticker:
+            self.ticker.stop()
+            self.console.print(self._plain_line(), highlight=False, soft_wrap=True)
 
 
 class LiveLine:
-    """One line on stderr, redrawn four times a second from `text()` until stopped."""
+    """One line on stderr, redrawn four times a second from `text()` until stopped; where stderr is no
+    terminal, printed every 30 seconds instead."""
 
     def __init__(self, console: Console, text: Any):
         from rich.live import Live
         from rich.text import Text
 
-        self.live = Live(console=console, get_renderable=lambda: Text.from_markup(text()), refresh_per_second=4,
-                         transient=True)  # gone when done: the command's summary line follows
-        self.live.start()
+        self.live = self.ticker = None
+        if console.is_terminal:
+            self.live = Live(console=console, get_renderable=lambda: Text.from_markup(text()), refresh_per_second=4,
+                             transient=True)  # gone when done: the command's summary line follows
+            self.live.start()
+        else:
+            self.ticker = Ticker(console, text, progress_every(30))
 
     def stop(self) -> None:
-        self.live.stop()
+        if self.live:
+            self.live.stop()
+        if self.ticker:
+            self.ticker.stop()

@@ -9,6 +9,7 @@ import json
 import os
 import shlex
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -102,3 +103,35 @@ def test_eval_in_a_terminal_with_a_slow_model_draws_progress_and_the_report(tmp_
         assert term.wait(90) == 0, term.screen_text()
     screen = term.screen_text()
     assert "4/4 runs" in screen and "accuracy" in screen.lower(), screen
+
+
+# ---------------------------------------------------------------- no terminal: a log file, CI, nohup
+
+
+def test_ask_without_a_terminal_prints_a_plain_progress_line_while_the_model_thinks(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+    replies = [Reply(content=mcp_answer("Ulaanbaatar"), delay_s=3), mcp_answer("Ulaanbaatar")]
+    with FakeOpenAI(replies) as server:
+        result = subprocess.run(ask(server, path), capture_output=True, text=True, timeout=60,
+                                env={**os.environ, "NANBEIGE_PROGRESS_EVERY": "0.5"})
+    assert result.returncode == 0, result.stderr
+    waits = [line for line in result.stderr.splitlines() if "waiting for the model" in line]
+    assert len(waits) >= 2, result.stderr  # a 3 s wait, a line every 0.5 s
+    assert waits[0].startswith("turn 1/600 · ") and "elapsed" in waits[0]
+    assert "\x1b" not in result.stderr and "\r" not in result.stderr  # nothing a log file would show as noise
+    assert result.stdout == "Ulaanbaatar\n"
+
+
+def test_eval_without_a_terminal_prints_plain_progress_lines_and_the_last_count(tmp_path: Path) -> None:
+    data, out = write_gaia(tmp_path / "gaia"), tmp_path / "out"
+    with FakeOpenAI(scripted_model(delay_s=0.5)) as server:
+        result = subprocess.run([NANBEIGE, "eval", "gaia", "--data", str(data), "--out", str(out), "-k", "1",
+                                 "--concurrency", "1", "--base-url", server.base_url, "--no-default-servers"],
+                                capture_output=True, text=True, timeout=120,
+                                env={**os.environ, "NANBEIGE_PROGRESS_EVERY": "0.5"})
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("gaia: ")]
+    assert len(lines) >= 3, result.stderr
+    assert "running" in lines[0] and "ETA" in lines[0] and "elapsed" in lines[0]
+    assert lines[-1].startswith("gaia: 4/4 runs · 0 running · accuracy ")
+    assert "\x1b" not in result.stderr and "\r" not in result.stderr
