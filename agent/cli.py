@@ -73,6 +73,7 @@ def ask(
     budget: o.Budget = None,
     cache: o.Cache = None,
     replay: o.Replay = False,
+    verbose: o.Verbose = False,
 ) -> None:
     """Research a question with tools; print the answer."""
     settings = o.run_settings(**o.shared(locals()))
@@ -164,14 +165,27 @@ def report(trajectory: Trajectory, json_output: bool) -> None:
         out_json(end_record(trajectory))
     elif trajectory.answer is not None:
         out(trajectory.answer)
-    turns = len(trajectory.turns)
-    err.print(f"[dim]{trajectory.stop_reason} after {turns} turn{'s' * (turns != 1)} in "
-              f"{trajectory.timings.get('wall_s', 0):.1f}s[/]", highlight=False)
+    err.print(f"[dim]{ending(trajectory)}[/]", highlight=False)
     if trajectory.stop_reason == "write_error":  # the answer, if any, is printed, but the log is not whole
         fail(f"the run stopped: {trajectory.error}; the lines written before are kept")
+    if trajectory.answer is None and trajectory.stop_reason == "answered":
+        fail("no answer: the model ended the run, but its final reply held no usable answer "
+             "(`nanbeige show` shows its replies)")
     if trajectory.answer is None:
         detail = f": {trajectory.error}" if trajectory.error else ""
         fail(f"no answer (stop reason {trajectory.stop_reason}){detail}")
+
+
+def ending(trajectory: Trajectory) -> str:
+    """`answered after 3 turns (1 reply rolled back) in 4.0s`: turns counted as `max_turns` counts them."""
+    from nanbeige.agent.trajectory import counted_turns, rolled_back_replies
+
+    turns, dropped = counted_turns(trajectory.turns), rolled_back_replies(trajectory.turns)
+    reason = trajectory.stop_reason if trajectory.answer is not None or trajectory.stop_reason != "answered" \
+        else "ended without a usable answer"
+    return (f"{reason} after {turns} turn{'s' * (turns != 1)}"
+            + (f" ({dropped} repl{'ies' if dropped != 1 else 'y'} rolled back)" if dropped else "")
+            + f" in {trajectory.timings.get('wall_s', 0):.1f}s")
 
 
 @app.command()

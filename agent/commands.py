@@ -101,7 +101,7 @@ def index_build(
         except OSError as exc:
             fail(f"cannot write the index to {out}: {exc.strerror or exc}")
     err.print(f"indexed {stats.documents} documents ({stats.passages} passages) from {stats.files} files in "
-              f"{stats.seconds:.1f}s; {stats.bytes_on_disk / 1e6:.1f} MB in {out}", highlight=False)
+              f"{stats.seconds:.1f}s; {size_text(stats.bytes_on_disk)} in {out}", highlight=False)
     # Unreadable files last, so that they sit right above the error line that counts them.
     for label, reasons in (("[yellow]skipped[/]", stats.skipped), ("[red]unreadable[/]", stats.unreadable)):
         for reason in reasons[:20]:
@@ -112,6 +112,15 @@ def index_build(
         # The index is written and usable, but what the user asked for is not all in it: say so, exit 1.
         fail(f"{len(stats.unreadable)} of {stats.files} files could not be read (listed above); "
              "the index holds the rest")
+
+
+def size_text(size: int) -> str:
+    """A size in the unit that fits it (`512 B`, `12 KB`, `1.2 MB`), so a small index never shows as 0.0 MB."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if size >= scale:
+            value = size / scale
+            return f"{value:.1f} {unit}" if value < 10 else f"{value:.0f} {unit}"
+    return f"{size} B"
 
 
 @index_app.command("search")
@@ -185,6 +194,7 @@ def evaluate(
     budget: o.Budget = None,
     cache: o.Cache = None,
     replay: o.Replay = False,
+    verbose: o.Verbose = False,
 ) -> None:
     """Score the agent on a benchmark from its official files: every task k times, graded, resumable."""
     from nanbeige.evals.benchmarks import BENCHMARKS

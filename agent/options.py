@@ -75,6 +75,10 @@ Replay = Annotated[bool, typer.Option("--replay", help=(
     "Answer tool calls only from --cache, offline (the sandbox still runs); a call not recorded stops the run "
     "and the command fails."))]
 
+Verbose = Annotated[bool, typer.Option("--verbose", help=(
+    "Show third-party libraries' own progress bars and logs (loading a model in this process)."),
+    rich_help_panel=ADVANCED)]
+
 # The LLM judge, for `eval` and `judge`.
 JudgeBaseUrl = Annotated[str | None, typer.Option(envvar="NANBEIGE_JUDGE_BASE_URL", show_default=False, help=(
     "OpenAI-compatible endpoint of the LLM judge \\[default: https://api.openai.com/v1]."))]
@@ -107,7 +111,7 @@ def run_settings(*, base_url: str | None, backend: str, model: str, api_key: str
                  gguf_file: str | None, token_mode: bool, chat_template: Path | None, summary_turn: bool | None,
                  rollback: bool | None, system_prompt_file: Path | None, trajectory: Path | None = None,
                  upload_dirs: list[Path] | None = None, budget: list[str] | None = None, cache: Path | None = None,
-                 replay: bool = False) -> RunSettings:
+                 replay: bool = False, verbose: bool = False) -> RunSettings:
     """The settings the shared flags describe (unset ones stay None: the dialect fills them in)."""
     from nanbeige.agent.usage import parse_budgets
 
@@ -125,7 +129,7 @@ def run_settings(*, base_url: str | None, backend: str, model: str, api_key: str
                           max_context=max_context, timeout_s=timeout, summary_turn=summary_turn, rollback=rollback,
                           budgets=budgets),
         backend=BackendConfig(backend=backend, base_url_given=base_url is not None, gguf_file=gguf_file,
-                              token_mode=token_mode, chat_template=chat_template),
+                              token_mode=token_mode, chat_template=chat_template, verbose=verbose),
         tools=ToolsConfig(mcp=mcp or [], default_servers=not no_default_servers, tool_timeout_s=tool_timeout,
                           max_result_chars=max_result_chars, upload_dirs=upload_dirs or [], cache=cache,
                           replay=replay),

@@ -19,7 +19,7 @@ from typing import Any
 
 from nanbeige.agent import dialects
 from nanbeige.agent.console import visible
-from nanbeige.agent.trajectory import Trajectory, Turn
+from nanbeige.agent.trajectory import Trajectory, Turn, counted_turns
 
 SCRAPE_TOOL, SEARCH_TOOL = "scrape_and_extract_info", "google_search"
 PASSAGE_CHARS = 800  # a passage is trimmed to this
@@ -152,7 +152,7 @@ def _visible(turn: Turn) -> str:
 
 
 def _attempt_line(number: int, trajectory: Trajectory) -> str:
-    turns = sum(not t.rolled_back for t in trajectory.turns)
+    turns = counted_turns(trajectory.turns)
     wall = trajectory.timings.get("wall_s", 0.0)
     return (f"Attempt {number} ({trajectory.id}): {trajectory.stop_reason} after {turns} turn{'s' * (turns != 1)} "
             f"in {wall:.1f}s")

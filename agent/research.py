@@ -273,6 +273,7 @@ def research_command(
     budget: o.Budget = None,
     cache: o.Cache = None,
     replay: o.Replay = False,
+    verbose: o.Verbose = False,
 ) -> None:
     """Research a question at length (600 turns an attempt; an attempt that ends without an answer
     is summarised and the next starts from its notes); print the answer, optionally write a cited report."""

@@ -173,7 +173,7 @@ def find_model_server(settings: RunSettings, notice: Notice) -> ServerInfo | Non
     """The model server to use and what it says about itself; None when the model runs in this process
     (after checking it can be had: a local folder, downloaded, or a hub that answers).
     `auto` falls back to this process only from the default address, never from one the user named."""
-    from nanbeige.agent.local import LocalModelError, check_model_available
+    from nanbeige.agent.local import LocalModelError, check_model_available, resolve_small_model
 
     b, c = settings.backend, settings.llm
     wanted = b.token_mode or b.backend == "openai" or (b.backend == "auto" and b.base_url_given)
@@ -193,10 +193,35 @@ def find_model_server(settings: RunSettings, notice: Notice) -> ServerInfo | Non
         notice(f"no model server at {c.base_url}: running {c.model} in this process (start one with "
                "`nanbeige serve` for speed)")
     try:
-        check_model_available(c.model, b.gguf_file)
+        check_model_available(*resolve_small_model(c.model, b.gguf_file))
     except LocalModelError as exc:
         raise SetupError(str(exc)) from None
     return None
+
+
+def in_process(settings: RunSettings, notice: Notice) -> RunSettings:
+    """The settings for a model run in this process: `--model smollm2` as the folder and file it stands
+    for and, on a CPU, a reply length and a number of turns a CPU gets through where the user left the
+    defaults (said on stderr)."""
+    from nanbeige.agent.local import CPU_MAX_TOKENS, CPU_MAX_TURNS, LocalModelError, on_cpu, resolve_small_model
+
+    b, llm, agent = settings.backend, settings.llm, settings.agent
+    try:
+        model, gguf_file = resolve_small_model(llm.model, b.gguf_file)
+        cpu = on_cpu()
+    except LocalModelError as exc:
+        raise SetupError(str(exc)) from None
+    llm, b = dataclasses.replace(llm, model=model), dataclasses.replace(b, gguf_file=gguf_file)
+    cut = []
+    if cpu and llm.max_tokens == LLMConfig.max_tokens:  # the default, not the user's choice
+        llm = dataclasses.replace(llm, max_tokens=CPU_MAX_TOKENS)
+        cut.append(f"--max-tokens {CPU_MAX_TOKENS}")
+    if cpu and agent.max_turns is None:
+        agent = dataclasses.replace(agent, max_turns=CPU_MAX_TURNS)
+        cut.append(f"--max-turns {CPU_MAX_TURNS}")
+    if cut:
+        notice(f"on the CPU: {' and '.join(cut)} (a CPU generates a few tokens a second; set them to go further)")
+    return dataclasses.replace(settings, llm=llm, backend=b, agent=agent)
 
 
 def make_llm(settings: RunSettings, server: ServerInfo | None) -> LLM:
@@ -216,7 +241,7 @@ def make_llm(settings: RunSettings, server: ServerInfo | None) -> LLM:
     from nanbeige.agent.local import LocalModelError, TransformersLLM
 
     try:
-        return TransformersLLM(c, gguf_file=b.gguf_file)
+        return TransformersLLM(c, gguf_file=b.gguf_file, verbose=b.verbose)
     except LocalModelError as exc:
         raise SetupError(str(exc)) from None
 
@@ -262,6 +287,8 @@ async def ready(settings: RunSettings, notice: Notice) -> AsyncIterator[Ready]:
     path = settings.trajectory or default_trajectory_path()
     check_writable(path)
     server = await in_thread(find_model_server, settings, notice)
+    if server is None:
+        settings = await in_thread(in_process, settings, notice)
     settings = fit_to_server(for_dialect(settings), server, notice)
     specs = (default_servers(settings.llm, notice, settings.tools.upload_dirs, settings.tools.replay)
              if settings.tools.default_servers else []) + extra

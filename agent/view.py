@@ -26,10 +26,13 @@ def call_summary(call: ToolCall, limit: int = 60) -> str:
     return f"{shown(call.name)}({arguments})"
 
 
-def turn_line(turn: Turn) -> str:
-    """One line per turn: tokens, model latency, each tool call with its latency and status."""
+def turn_line(turn: Turn, number: int) -> str:
+    """One line per turn: its number as `max_turns` counts, tokens, model latency, each tool call with its
+    latency and status. A rolled-back reply carries the number of the turn sampled again in its place."""
     tokens = turn.usage.get("completion_tokens")
-    head = f"[bold]turn {turn.index + 1}[/] [dim]{turn.latency_s:.1f}s" + (f" · {tokens} tok" if tokens else "") + "[/]"
+    head = f"[bold]turn {number}[/] [dim]{turn.latency_s:.1f}s" + (f" · {tokens} tok" if tokens else "") + "[/]"
+    if turn.rolled_back:
+        return f"{head} [yellow]reply rolled back, sampled again:[/] {escape(short(turn.format_error or '', 90))}"
     if turn.format_error:
         return f"{head} [yellow]unusable reply:[/] {escape(short(turn.format_error, 90))}"
     if turn.instruction:
@@ -114,7 +117,7 @@ class LiveView:
             self.waiting = None
             if self.status:
                 self.status.stop()
-            self.console.print(turn_line(data), highlight=False)
+            self.console.print(turn_line(data, self.index + 1), highlight=False)
         elif kind == "end":
             self.waiting = None
             if self.status:
@@ -151,9 +154,11 @@ def show(console: Console, trajectory: Trajectory, full: bool = False) -> None:
     console.rule(escape(shown(f"trajectory {trajectory.id} · {trajectory.model} · {trajectory.dialect}")))
     # --full: lines are left to the terminal to fold; rich's own folding of megabytes takes minutes
     console.print(f"[bold]question:[/] {escape(cut(shown(trajectory.question)))}", highlight=False, soft_wrap=full)
+    counted = 0
     for turn in trajectory.turns:
         console.print()
-        console.print(turn_line(turn), highlight=False)
+        console.print(turn_line(turn, counted + 1), highlight=False)
+        counted += not turn.rolled_back
         content = turn.assistant.get("content") or ""
         thought, _, _ = content.rpartition("</think>")
         if thought.strip():

@@ -69,3 +69,38 @@ def test_sigterm_at_any_moment_of_start_up_exits_143_with_the_trajectory_closed_
     assert "Traceback" not in stderr
     if path.exists():  # made before the signal came: closed, as an interrupted run
         assert json.loads(path.read_text().splitlines()[-1])["stop_reason"] == "interrupted"
+
+
+# ---------------------------------------------------------------- the first run, on a machine without the model
+
+
+def first_run_env(tmp_path: Path) -> dict[str, str]:
+    """A machine that has never downloaded a model and cannot: an empty hub cache, offline."""
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "NANBEIGE_RUNS_DIR": str(tmp_path)}
+    env.pop("NANBEIGE_BASE_URL", None)
+    env.pop("NANBEIGE_MODEL", None)
+    return env
+
+
+def test_without_the_default_model_the_one_line_error_says_how_to_try_the_small_model(tmp_path: Path) -> None:
+    result = subprocess.run([NANBEIGE, "ask", "What is the capital of France?", "--backend", "transformers",
+                             "--no-default-servers"], capture_output=True, text=True, timeout=120,
+                            env=first_run_env(tmp_path))
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    [error] = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert "--model smollm2 --dialect tool-call" in error
+
+
+@pytest.mark.slow
+def test_the_small_model_answers_in_process_with_cpu_sized_defaults_and_no_third_party_bars(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+    result = subprocess.run([NANBEIGE, "ask", "What is the capital of France? Answer in one word.", "--model",
+                             "smollm2", "--dialect", "tool-call", "--temperature", "0", "--backend", "transformers",
+                             "--no-default-servers", "--trajectory", str(path)],
+                            capture_output=True, text=True, timeout=280, env=first_run_env(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "Paris" in result.stdout
+    assert "on the CPU: --max-tokens 1024 and --max-turns 10" in result.stderr
+    assert "de-quantizing" not in result.stderr and "it/s]" not in result.stderr  # no tqdm bars from the loading
+    start = json.loads(path.read_text().splitlines()[0])
+    assert start["sampling"]["max_tokens"] == 1024 and start["limits"]["max_turns"] == 10
