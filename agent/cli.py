@@ -14,6 +14,7 @@ runs is `setup.py`'s, and its `SetupError` becomes a one-line error and an exit 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import signal
 import sys
@@ -253,6 +254,43 @@ def show_command(
         show_total(out, trajectories)
 
 
+@app.command()
+def doctor(
+    base_url: o.BaseUrl = None,
+    model: o.Model = LLMConfig.model,
+    api_key: o.ApiKey = None,
+) -> None:
+    """Say what a run would use here (model, search, scrape, sandbox, keys), each with its fix when missing.
+    Exit 1 when no model can be had."""
+    from nanbeige.agent.doctor import findings
+
+    hide([api_key] if api_key else [])
+    found = findings(base_url or LLMConfig.base_url, model, api_key)
+    screen = SafeConsole(soft_wrap=True)
+    for finding in found:
+        mark = "[green]✓[/]" if finding.ok else "[red]✗[/]"
+        screen.print(f"{mark} [bold]{finding.part}[/]: {escape(shown(finding.found))}", highlight=False)
+        if finding.fix:
+            screen.print(f"    [dim]{'fix' if not finding.ok else 'tip'}: {escape(shown(finding.fix))}[/]",
+                      highlight=False, soft_wrap=True)
+    if not found[0].ok:
+        raise typer.Exit(1)
+
+
+def version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version as installed
+
+        out(f"nanbeige {installed('nanbeige')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def options(show_version: Annotated[bool, typer.Option("--version", callback=version, is_eager=True,
+                                                       help="Print the version and exit.")] = False) -> None:
+    """Agent runtime for deep search and tool use with Nanbeige4.1-3B."""
+
+
 app.command("research")(research.research_command)
 app.command("serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
     commands.serve)
@@ -263,6 +301,11 @@ app.command("collect")(rl_commands.collect)
 app.command("judge")(rl_commands.judge)
 app.command("synth")(rl_commands.synth)
 app.command("train")(rl_commands.train)
+# The command list shows each command's first paragraph as one line: left to itself it keeps the docstring's
+# line breaks, which cut the list's descriptions mid-sentence.
+for _command in app.registered_commands:
+    if _command.short_help is None and _command.callback is not None:
+        _command.short_help = " ".join(inspect.cleandoc(_command.callback.__doc__ or "").split("\n\n")[0].split())
 
 
 def main() -> None:

