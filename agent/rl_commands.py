@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -90,12 +91,14 @@ def run_collect(config: Any, settings: Any) -> None:
     from nanbeige.agent.view import RunsView
     from nanbeige.trainer.collect import CollectError, collect
 
-    err.print(f"[dim]collect: rollouts go to {escape(str(config.out))}[/]", highlight=False)
+    def start(progress: Any) -> Any:
+        # Called once every check has passed and the rollouts begin: a refused run promises no file.
+        err.print(f"[dim]collect: rollouts go to {escape(str(config.out))}[/]", highlight=False)
+        return RunsView(err, progress, "collect", config.group_size)
 
     async def main() -> dict[str, Any]:
         try:
-            return await collect(config, settings, notice,
-                                 lambda progress: RunsView(err, progress, "collect", config.group_size))
+            return await collect(config, settings, notice, start)
         except CollectError as exc:
             fail(str(exc))
         except asyncio.CancelledError:
@@ -144,6 +147,11 @@ def judge(
     judge_api_key: o.JudgeApiKey = None,
     judge_template: o.JudgeTemplate = None,
     concurrency: Annotated[int, typer.Option(min=1, help="Trajectories judged at once.")] = 8,
+    request_timeout: Annotated[float | None, typer.Option(min=0.1, show_default=False, help=(
+        "Seconds one judge or critic call may take before it is asked again \\[default: 120]."))] = None,
+    retries: Annotated[int | None, typer.Option(min=0, show_default=False, help=(
+        "How many times a failed judge or critic call is asked again \\[default: 3 for the judge, 2 for the "
+        "critic]."))] = None,
 ) -> None:
     """Add outcome rewards and turn-level critic scores, rewards and masks to trajectories; tokens untouched."""
     from nanbeige.trainer.critic import CriticConfig, TurnRule
@@ -151,14 +159,17 @@ def judge(
 
     if failed not in ("mask", "penalise"):
         fail(f"--failed must be mask or penalise, not {failed!r}", 2)
+    # Each endpoint keeps its own defaults for what is not given.
+    calls = {name: value for name, value in (("timeout_s", request_timeout), ("retries", retries))
+             if value is not None}
     critic = None if no_critic else CriticConfig(
         base_url=critic_base_url or CriticConfig.base_url, model=critic_model or CriticConfig.model,
-        api_key=critic_api_key, template=critic_template)
+        api_key=critic_api_key, template=critic_template, **calls)
     rule = TurnRule(min_logical_soundness=min_logical_soundness, min_tool_call_accuracy=min_tool_call_accuracy,
                     min_information_gain=min_information_gain, failed=failed, penalty=penalty)  # type: ignore[arg-type]
-    config = JudgeRunConfig(grader=grader, judge=o.judge_config(judge_base_url, judge_model, judge_api_key,
-                                                                judge_template),
-                            critic=critic, rule=rule, concurrency=concurrency, no_critic=no_critic)
+    judge_endpoint = replace(o.judge_config(judge_base_url, judge_model, judge_api_key, judge_template), **calls)
+    config = JudgeRunConfig(grader=grader, judge=judge_endpoint, critic=critic, rule=rule, concurrency=concurrency,
+                            no_critic=no_critic)
     from nanbeige.trainer.judge import judging_secrets
 
     hide(judging_secrets(config))
@@ -221,7 +232,7 @@ def synth(
     """Write multi-hop questions from your documents: random walks over the links between them, a question
     per walk that needs every hop, rejected when one document answers it or the documents do not support it."""
     from nanbeige.agent.cli import run_command
-    from nanbeige.trainer.synth import SynthConfig, SynthError, synthesize
+    from nanbeige.trainer.synth import SynthConfig, SynthError, rejected_path, synthesize
 
     config = SynthConfig(base_url=base_url or SynthConfig.base_url, model=model, api_key=api_key)
     hide([api_key] if api_key else [])
@@ -238,6 +249,14 @@ def synth(
 
     summary = run_command(main())
     rejected = ", ".join(f"{reason} {n}" for reason, n in summary["rejected"].items()) or "none"
+    if not summary["accepted"] and summary["in_file"] < count:  # a run that adds nothing is a failure to fix
+        if summary["walks"]:
+            fail(f"no question written to {out}: every walk tried was rejected ({rejected}); see why in "
+                 f"{rejected_path(out)}")
+        if summary["skipped"]:
+            fail(f"no question written to {out}: every walk of seed {seed} with --hops {hops} was tried before; "
+                 "pass another --seed")
+        fail(f"no question written to {out}: the corpus has no walk of {hops} links; pass fewer --hops")
     err.print(f"{summary['in_file']} questions in {escape(str(out))} ({summary['accepted']} new) from "
               f"{summary['walks']} walks over {summary['documents']} documents and {summary['edges']} links; "
               f"rejected: {rejected}" + ("; the walks ran out before the count was reached"

@@ -165,6 +165,24 @@ def test_index_build_then_search_from_the_command_line(tmp_path: Path) -> None:
     assert_one_line_error(nanbeige("index", "search", str(tmp_path / "docs"), "x"), "index")
 
 
+def test_index_build_reports_the_size_of_a_small_index_in_a_unit_that_fits(tmp_path: Path) -> None:
+    import re
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "river.txt").write_text("The Danube flows through ten countries before reaching the Black Sea.")
+    index = tmp_path / "index"
+    built = nanbeige("index", "build", str(docs), "--out", str(index))
+    assert built.returncode == 0, built.stderr
+    size = sum(p.stat().st_size for p in index.rglob("*") if p.is_file())
+    assert size < 1e6  # a few KB: "0.0 MB" said nothing
+    shown = re.search(r"; ([\d.]+) (B|KB|MB) in ", built.stderr)
+    assert shown, built.stderr
+    number, unit = float(shown.group(1)), shown.group(2)
+    assert unit == ("KB" if size >= 1000 else "B") and number >= 1
+    assert abs(number * {"B": 1, "KB": 1e3, "MB": 1e6}[unit] - size) <= 0.05 * size
+
+
 def test_a_built_in_server_runs_for_any_mcp_client(tmp_path: Path) -> None:
     import anyio
     import mcp

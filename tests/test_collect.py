@@ -98,6 +98,22 @@ def test_a_chat_endpoint_is_refused_unless_inexact_rollouts_are_allowed(tmp_path
         [("q1", 0, "4"), ("q1", 1, "4")], [("q1", 1, "4"), ("q1", 0, "4")])
 
 
+def test_where_rollouts_go_is_said_only_once_the_run_starts(tmp_path: Path) -> None:
+    questions, out = questions_file(tmp_path), tmp_path / "rollouts.jsonl"
+    announced = f"collect: rollouts go to {out}"
+    with FakeOpenAI([], default=mcp_answer("4")) as server:
+        base = [NANBEIGE, "collect", "--questions", str(questions), "-G", "1", "--limit", "1", "--out", str(out),
+                "--base-url", server.base_url, "--no-default-servers"]
+        env = {**os.environ, "COLUMNS": "300"}  # the path on one line
+        refused = subprocess.run(base, capture_output=True, text=True, timeout=60, env=env)
+        started = subprocess.run([*base, "--allow-inexact"], capture_output=True, text=True, timeout=60, env=env)
+    # refused by a check (a chat endpoint gives no exact token ids): the error alone, no promise of rollouts
+    assert refused.returncode == 1 and "--allow-inexact" in refused.stderr
+    assert "rollouts go to" not in refused.stderr
+    assert started.returncode == 0, started.stderr
+    assert started.stderr.count(announced) == 1
+
+
 def test_questions_files_and_their_errors(tmp_path: Path) -> None:
     csv = tmp_path / "q.csv"
     csv.write_text("question,answer\nWhat is 2+2?,4\nName a colour.,\n")

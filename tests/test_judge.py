@@ -4,8 +4,13 @@ token fields untouched, resumable)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import socket
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +18,7 @@ import orjson
 import pytest
 from conftest import free_port
 from fake_openai import FakeOpenAI, Reply
+from test_cli import nanbeige
 
 from nanbeige.agent.trajectory import ToolCall, ToolResult, Trajectory, TrajectoryWriter, Turn, load_trajectories
 from nanbeige.agent.trajectory import read_records
@@ -391,3 +397,80 @@ async def test_what_the_user_must_fix_is_one_error(tmp_path: Path) -> None:
         with pytest.raises(JudgeError, match="HTTP 401"):
             await judge_file(src, out, JudgeRunConfig(critic=refused))
     assert len(server.requests) == 1  # a refused key is not retried
+
+
+# ---------------------------------------------------------------- a grader that is down, through the CLI
+
+
+@contextlib.contextmanager
+def silent_server() -> Iterator[str]:
+    """A loopback HTTP endpoint that accepts every connection and never answers: a hung server."""
+    held: list[socket.socket] = []
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(64)
+
+        def accept() -> None:
+            with contextlib.suppress(OSError):  # the listener closed: the test is over
+                while True:
+                    held.append(listener.accept()[0])
+
+        threading.Thread(target=accept, daemon=True).start()
+        try:
+            yield f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
+        finally:
+            for connection in held:
+                connection.close()
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+def assert_one_error_line(result: Any, *words: str) -> str:
+    """Exit 1 and one `error:` line holding every word: no traceback, no exception group."""
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr and "ExceptionGroup" not in result.stderr, result.stderr
+    [line] = error_lines(result.stderr)
+    assert "crashed" not in line
+    for word in words:
+        assert word in line, line
+    return line
+
+
+def graded_by_a_judge(tmp_path: Path, count: int = 6) -> Path:
+    """Trajectories whose answer only the LLM judge can grade (it is not the gold answer word for word)."""
+    return write(tmp_path / "in.jsonl", [make(f"t{n}", answer="Lutetia", grader="equivalent") for n in range(count)])
+
+
+def test_an_unreachable_judge_is_one_error_line_even_when_many_trajectories_fail_at_once(tmp_path: Path) -> None:
+    src, out = graded_by_a_judge(tmp_path), tmp_path / "out.jsonl"
+    judge_url = f"http://127.0.0.1:{free_port()}/v1"  # refused: nothing listens there
+    result = nanbeige("judge", str(src), "--out", str(out), "--no-critic", "--judge-base-url", judge_url)
+    assert_one_error_line(result, "outcome judge", "unreachable", judge_url)
+    assert not out.exists() or not out.read_bytes()  # nothing judged, nothing written: a resume grades them all
+
+
+def test_a_hanging_judge_is_one_error_line_within_its_timeout_and_retries(tmp_path: Path) -> None:
+    src, out = graded_by_a_judge(tmp_path), tmp_path / "out.jsonl"
+    with silent_server() as judge_url:
+        started = time.monotonic()
+        result = nanbeige("judge", str(src), "--out", str(out), "--no-critic", "--judge-base-url", judge_url,
+                          "--request-timeout", "1", "--retries", "1", "--concurrency", "4")
+        elapsed = time.monotonic() - started
+    assert_one_error_line(result, "outcome judge", "did not answer within 1 s", judge_url)
+    # each call waits 1 s, then 1 s before the one retry, then 1 s: about 3 s however many trajectories
+    assert elapsed < 15
+    assert not out.exists() or not out.read_bytes()
+
+
+def test_a_hanging_critic_stops_the_command_instead_of_timing_out_every_turn(tmp_path: Path) -> None:
+    src, out = write(tmp_path / "in.jsonl", [make(f"t{n}") for n in range(6)]), tmp_path / "out.jsonl"
+    with silent_server() as critic_url:
+        started = time.monotonic()
+        result = nanbeige("judge", str(src), "--out", str(out), "--grader", "gaia-exact", "--critic-base-url",
+                          critic_url, "--critic-model", "critic-model", "--request-timeout", "1", "--retries", "0")
+        elapsed = time.monotonic() - started
+    assert_one_error_line(result, "critic", critic_url, "did not answer", "within 1 s")
+    assert elapsed < 15  # not 6 trajectories x 3 turns x the timeout, each turn recorded unjudged
+    assert not out.exists() or not out.read_bytes()

@@ -227,3 +227,38 @@ def test_the_synth_command_reports_a_missing_corpus_in_one_line(tmp_path: Path) 
     [line] = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert "no index folder" in line and "nanbeige index build" in line
     assert not (tmp_path / "q.jsonl").exists()
+
+
+def synth_command(*args: str) -> Any:
+    import subprocess
+    import sys
+
+    nanbeige = str(Path(sys.executable).parent / "nanbeige")
+    return subprocess.run([nanbeige, "synth", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_rejected_walks_go_to_the_out_file_name_with_rejected_jsonl_added() -> None:
+    # as the README says: `<out>.rejected.jsonl`, next to the questions
+    assert rejected_path(Path("data/questions.jsonl")) == Path("data/questions.jsonl.rejected.jsonl")
+    assert rejected_path(Path("questions")) == Path("questions.rejected.jsonl")
+
+
+def test_the_synth_command_fails_when_it_writes_no_question(tmp_path: Path) -> None:
+    linked = small_corpus(tmp_path / "linked", linked=True)  # one link: a single walk of one hop
+    out = tmp_path / "q.jsonl"
+    with FakeOpenAI([], default="I would rather not.") as server:  # every write-up is malformed
+        result = synth_command("--corpus", str(linked), "--out", str(out), "--count", "1", "--hops", "1",
+                               "--base-url", server.base_url)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    [line] = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert "no question written" in line and "rejected (malformed 1)" in line
+    assert str(rejected_path(out)) in line  # where to see why
+    assert not out.exists() and len(read_jsonl(rejected_path(out))) == 1
+
+    # Run again: the one walk was tried already, so nothing new can be written either.
+    with FakeOpenAI([], default="I would rather not.") as server:
+        again = synth_command("--corpus", str(linked), "--out", str(out), "--count", "1", "--hops", "1",
+                              "--base-url", server.base_url)
+    assert again.returncode == 1 and server.requests == []
+    [line] = [line for line in again.stderr.splitlines() if line.startswith("error:")]
+    assert "no question written" in line and "--seed" in line

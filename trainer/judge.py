@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import httpx
 
-from nanbeige.agent.trajectory import Trajectory, TrajectoryWriter, load_trajectories, read_records
+from nanbeige.agent.trajectory import Trajectory, TrajectoryWriter, Turn, load_trajectories, read_records
 from nanbeige.evals import gaia_scorer, judges
 from nanbeige.evals.judges import JudgeConfig
 from nanbeige.evals.runner import final_response
@@ -31,6 +31,12 @@ from nanbeige.trainer.critic import CriticConfig, CriticUnreachable, TurnRule, j
 
 CUT_SHORT = ("interrupted", "crashed", "model_error")
 EXACT = "gaia-exact"
+CRITIC_TIMED_OUT = "critic did not answer within"
+"""How `critique` records a turn whose every call timed out (the wording of `evals.endpoint`)."""
+CRITIC_DOWN_AFTER = 3
+"""Turns in a row the critic may leave unanswered in time before the run stops. One is a slow turn; several
+in a row are a critic that hangs, which would otherwise cost timeout x retries on every turn of every
+trajectory, for hours, and record them all unjudged."""
 
 
 class JudgeError(Exception):
@@ -125,7 +131,13 @@ async def grade(trajectory: Trajectory, grader: str, config: JudgeRunConfig, cli
     try:
         return await judges.judge(profile, trajectory.question, text, gold, config.judge, client)
     except judges.JudgeUnavailable as exc:  # not a verdict: stop, so that a resume grades this one again
-        raise JudgeError(f"the outcome judge cannot be used: {exc}") from None
+        raise JudgeError(f"the outcome judge cannot be used: {naming(str(exc), config.judge.base_url)}; fix the "
+                         "judge endpoint (--judge-base-url) and run again to resume") from None
+
+
+def naming(error: str, base_url: str) -> str:
+    """The error with the endpoint's address: a time-out or an HTTP status does not say which server."""
+    return error if base_url in error else f"{error} ({base_url})"
 
 
 async def judge_outcome(trajectory: Trajectory, config: JudgeRunConfig, client: httpx.AsyncClient) -> None:
@@ -199,14 +211,40 @@ def check_judge_endpoint(trajectories: list[Trajectory], config: JudgeRunConfig)
                          f"(and --judge-model) for another OpenAI-compatible endpoint, or --grader {EXACT}")
 
 
+@dataclass
+class CriticWatch:
+    """Counts the critic's time-outs in a row, over all the trajectories judged at once."""
+
+    critic: CriticConfig
+    in_a_row: int = 0
+
+    def saw(self, turn: Turn) -> None:
+        """Raise `JudgeError` once `CRITIC_DOWN_AFTER` turns in a row got no answer in time."""
+        record = turn.critic or {}
+        if "model" not in record:  # rolled back: the critic was not asked
+            return
+        timed_out = str(record.get("error", "")).startswith(CRITIC_TIMED_OUT)
+        self.in_a_row = self.in_a_row + 1 if timed_out else 0
+        if self.in_a_row >= CRITIC_DOWN_AFTER:
+            raise JudgeError(f"the critic at {self.critic.base_url} did not answer {self.in_a_row} turns in a row "
+                             f"within {self.critic.timeout_s:g} s (each asked {self.critic.retries + 1} times); fix "
+                             "the critic endpoint and run again to resume")
+
+
 async def judge_trajectory(trajectory: Trajectory, config: JudgeRunConfig, template: str,
-                           client: httpx.AsyncClient) -> None:
+                           client: httpx.AsyncClient, watch: CriticWatch | None = None) -> None:
     """The outcome reward, then (unless `no_critic`) each turn's critic verdict, in place."""
     await judge_outcome(trajectory, config, client)
     if config.no_critic or config.critic is None:
         return
     for turn in trajectory.turns:
-        await judge_turn(trajectory, turn, config.critic, config.rule, template, client)
+        try:
+            await judge_turn(trajectory, turn, config.critic, config.rule, template, client)
+        except CriticUnreachable as exc:
+            raise JudgeError(f"{naming(str(exc), config.critic.base_url)}; fix the critic endpoint and run again "
+                             "to resume") from None
+        if watch is not None:
+            watch.saw(turn)
 
 
 def judging_secrets(config: JudgeRunConfig) -> list[str]:
@@ -250,12 +288,13 @@ async def _judge_all(todo: list[Trajectory], out: Path, config: JudgeRunConfig, 
                      progress: JudgeProgress) -> None:
     slots = asyncio.Semaphore(config.concurrency)
     writer = TrajectoryWriter(out, secrets=judging_secrets(config))
+    watch = CriticWatch(config.critic) if config.critic is not None else None
 
     async def one(trajectory: Trajectory) -> None:
         async with slots:
             progress.running += 1
             try:
-                await judge_trajectory(trajectory, config, template, client)
+                await judge_trajectory(trajectory, config, template, client, watch)
             finally:
                 progress.running -= 1
             write_whole(writer, trajectory)
@@ -266,8 +305,9 @@ async def _judge_all(todo: list[Trajectory], out: Path, config: JudgeRunConfig, 
             async with asyncio.TaskGroup() as group:
                 for trajectory in todo:
                     group.create_task(one(trajectory))
-    except* CriticUnreachable as errors:
-        raise JudgeError(f"{errors.exceptions[0]}; fix the critic endpoint and run again to resume") from None
+    except* JudgeError as errors:
+        # An endpoint that is down fails every trajectory in flight alike: the first says it for all.
+        raise errors.exceptions[0] from None
     finally:
         writer.close()
 

@@ -15,7 +15,7 @@ an LLM, then checked.
    itself, gives the answer (`one_document`). An answer matches when GAIA's quasi-exact scorer accepts it
    or the normalised answer appears whole-word in the normalised reply, so borderline cases are rejected.
 5. Accepted questions are appended to `out` as JSONL rows `{id, question, answer, supporting}` (what
-   `nanbeige collect --questions` reads); rejected ones to `<out stem>.rejected.jsonl` with the reason.
+   `nanbeige collect --questions` reads); rejected ones to `<out>.rejected.jsonl` with the reason.
    A walk's id hashes its documents, and the same seed gives the same walks, so a second run skips every
    walk already accepted or rejected and goes on to `count` accepted questions.
 """
@@ -244,8 +244,9 @@ async def _attempt(client: httpx.AsyncClient, config: SynthConfig, graph: Graph,
 
 
 def rejected_path(out: Path) -> Path:
-    """Where the rejected walks of `out` go, each with its reason: `questions.jsonl` -> `questions.rejected.jsonl`."""
-    return out.with_name(out.stem + ".rejected.jsonl")
+    """Where the rejected walks of `out` go, each with its reason: `questions.jsonl` ->
+    `questions.jsonl.rejected.jsonl`."""
+    return out.with_name(out.name + ".rejected.jsonl")
 
 
 def _read_ids(path: Path) -> set[str]:
