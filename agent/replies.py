@@ -3,7 +3,8 @@ the model about; and the answer a run ends with. Pure functions of turns, in the
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import json
+from typing import TYPE_CHECKING, Any
 
 from nanbeige.agent import dialects
 from nanbeige.agent.context import degenerate
@@ -83,3 +84,16 @@ def format_errors_in_a_row(turns: list[Turn]) -> int:
             break
         count += 1
     return count
+
+
+def tools_unseen(turn: Turn, request_tools: list[dict[str, Any]] | None) -> str | None:
+    """What to tell the user when the server's chat template left out the tools sent with the request
+    (a template without a tools slot renders the messages alone, and the server says nothing): the
+    prompt it reports is shorter than the tools' schemas alone could be. A JSON schema takes a token
+    per 3-5 characters; one per 8 is a margin no template that shows them gets under."""
+    prompt_tokens = turn.usage.get("prompt_tokens")
+    if not request_tools or not isinstance(prompt_tokens, int) or prompt_tokens * 8 >= len(json.dumps(request_tools)):
+        return None
+    return (f"warning: the server's chat template left out the {len(request_tools)} tools sent with the request (the "
+            f"prompt was {prompt_tokens} tokens), so the model cannot see them; use --dialect mcp-xml, which describes "
+            "them in the system prompt, or serve the model with a chat template that takes tools")

@@ -118,6 +118,9 @@ class LiveView:
             if self.status:
                 self.status.stop()
             self.console.print(turn_line(data, self.index + 1), highlight=False)
+        elif kind == "warning":
+            head, _, rest = data.partition(": ")
+            self.console.print(f"[yellow]{escape(head)}:[/] {escape(rest)}", highlight=False, soft_wrap=True)
         elif kind == "end":
             self.waiting = None
             if self.status:

@@ -42,9 +42,12 @@ OPENAI_CHAT_FIELDS = {
 }
 
 
-def render(messages: list[dict[str, Any]]) -> str:
-    """The fake chat template: what the prompt token ids are made of."""
-    return "".join(f"<|{m['role']}|>{m.get('content') or ''}<|end|>" for m in messages) + "<|assistant|>"
+def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+    """The fake chat template: what the prompt token ids are made of. Without `tools` it is a template
+    with no tools slot, as `transformers serve` with SmolLM2 showed (8 tools sent, `prompt_tokens: 55`);
+    `FakeOpenAI(template_takes_tools=True)` passes the request's tools, shown as a template that takes them."""
+    shown = f"<|tools|>{json.dumps(tools)}<|end|>" if tools else ""
+    return shown + "".join(f"<|{m['role']}|>{m.get('content') or ''}<|end|>" for m in messages) + "<|assistant|>"
 
 
 def tokens(text: str) -> list[int]:
@@ -83,7 +86,9 @@ class FakeOpenAI:
     def __init__(self, replies: list[Reply | str] | Script, vllm: bool = False, reject_extras: bool = False,
                  default: Reply | str | None = None, tokenize: Callable[[str], list[int]] | None = None,
                  stop_id: int | None = None, strict: bool = False, max_model_len: int = 32768,
-                 models: list[dict[str, Any]] | None = None, api_key: str | None = None):
+                 models: list[dict[str, Any]] | None = None, api_key: str | None = None,
+                 template_takes_tools: bool = False):
+        self.template_takes_tools = template_takes_tools  # the chat template shows the request's tools
         self.replies = replies if callable(replies) else list(replies)
         self.default = default
         self.vllm = vllm
@@ -192,7 +197,7 @@ class FakeOpenAI:
         return set(request) - OPENAI_CHAT_FIELDS
 
     def completion(self, request: dict[str, Any], reply: Reply) -> dict[str, Any]:
-        prompt = tokens(render(request["messages"]))
+        prompt = tokens(render(request["messages"], request.get("tools") if self.template_takes_tools else None))
         completion = tokens(reply.content)
         message: dict[str, Any] = {"role": "assistant", "content": reply.content}
         if reply.tool_calls:

@@ -46,3 +46,26 @@ def test_a_run_that_ends_without_a_usable_answer_never_says_it_answered(tmp_path
     assert "ended without a usable answer after 2 turns" in result.stderr
     [error] = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert "held no usable answer" in error
+
+
+def tool_call_ask(server: FakeOpenAI, path: Path) -> subprocess.CompletedProcess[str]:
+    from test_cli import TESTKIT
+
+    return subprocess.run([NANBEIGE, "ask", "q", "--base-url", server.base_url, "--dialect", "tool-call", "--mcp",
+                           TESTKIT, "--no-default-servers", "--trajectory", str(path)], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "COLUMNS": "200"})
+
+
+def test_tools_a_server_template_leaves_out_are_told_once(tmp_path: Path) -> None:
+    with FakeOpenAI(["Let me see.", "Four."]) as dropping:  # a template without a tools slot
+        result = tool_call_ask(dropping, tmp_path / "run.jsonl")
+    assert result.returncode == 0, result.stderr
+    [warning] = [line for line in result.stderr.splitlines() if "left out" in line]
+    assert warning.startswith("warning: the server's chat template left out the ") and "--dialect mcp-xml" in warning
+
+
+def test_tools_a_server_template_shows_bring_no_warning(tmp_path: Path) -> None:
+    with FakeOpenAI(["Four."], template_takes_tools=True) as showing:
+        result = tool_call_ask(showing, tmp_path / "run.jsonl")
+    assert result.returncode == 0, result.stderr
+    assert "left out" not in result.stderr
