@@ -14,6 +14,7 @@ runs is `setup.py`'s, and its `SetupError` becomes a one-line error and an exit 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import os
 import signal
@@ -109,7 +110,8 @@ async def _ask(question: str, settings: RunSettings, resume_from: Trajectory | N
             check_unchanged(resume_from, runtime.llm, runtime.toolbox.tools if runtime.toolbox else [])
         err.print(f"[dim]trajectory: {escape(str(runtime.path))}[/]", highlight=False)
         try:
-            trajectory = await run(question, runtime.llm, runtime.toolbox, runtime.agent, runtime.writer,
+            streamed = dataclasses.replace(runtime.agent, stream=True)  # a person watches the reply come
+            trajectory = await run(question, runtime.llm, runtime.toolbox, streamed, runtime.writer,
                                    on_event=LiveView(err, runtime.agent.max_turns), resume_from=resume_from)
             if runtime.toolbox is not None and runtime.toolbox.cache is not None:
                 err.print(f"[dim]{runtime.toolbox.cache.summary()}[/]", highlight=False)

@@ -14,6 +14,7 @@ import asyncio
 import datetime
 import email.utils
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Protocol
 
@@ -27,6 +28,8 @@ from tenacity import (
     stop_before_delay,
     wait_exponential_jitter,
 )
+
+from nanbeige.agent.stream import STREAM_FIELDS, StreamError, read_stream
 
 RETRY_STATUSES = {408, 425, 429, 500, 502, 503, 504}
 # Sampling per tool dialect, for settings the user leaves unset: the model card's deep-search
@@ -135,7 +138,11 @@ class LLM(Protocol):
         them; None when only the server knows (its usage figures are used instead)."""
 
     async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-                       max_tokens: int | None = None, conversation: Any = None) -> Completion: ...
+                       max_tokens: int | None = None, conversation: Any = None,
+                       on_text: Callable[[str], None] | None = None) -> Completion:
+        """The model's reply. With `on_text`, the reply is streamed and each piece of its text handed to
+        it as it comes (the reasoning of a server that splits it off between `<think>` and `</think>`);
+        the Completion is the same as without."""
 
     async def aclose(self) -> None: ...
 
@@ -376,7 +383,7 @@ class OpenAIChat:
         return None  # the server tokenizes; its usage figures say how much
 
     def request_body(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                     max_tokens: int | None) -> dict[str, Any]:
+                     max_tokens: int | None, stream: Any = None) -> dict[str, Any]:
         c = self.config
         body: dict[str, Any] = {"model": c.model, "messages": messages, "temperature": c.temperature,
                                 "top_p": c.top_p, "max_tokens": max_tokens or c.max_tokens}
@@ -384,24 +391,33 @@ class OpenAIChat:
             body["stop"] = c.stop
         if tools:
             body["tools"] = tools
+        if stream:
+            body.update(STREAM_FIELDS)
         if self.send_extras:
             body.update(VLLM_EXTRAS)
             if c.repetition_penalty != 1.0:
                 body["repetition_penalty"] = c.repetition_penalty
         return body
 
-    async def _post(self, content: bytes, path: str) -> httpx.Response:
+    async def _post(self, content: bytes, path: str, stream: bool = False) -> httpx.Response:
+        """The server's answer; with `stream`, a 200 answer's body is left to be read as it comes."""
         try:
-            response = await self.http.post(path, content=content)
+            request = self.http.build_request("POST", path, content=content)
+            response = await self.http.send(request, stream=stream)
         except httpx.ConnectError as exc:
             raise ModelUnreachable(f"cannot connect to {self.config.base_url}: {exc}") from exc
+        if stream and response.status_code != 200:
+            await response.aread()  # an error's body is read whole, as without streaming
         if response.status_code in RETRY_STATUSES:
             raise _RetryableStatus(response)
         return response
 
-    async def _post_with_retries(self, body: dict[str, Any], path: str = "/chat/completions"
-                                 ) -> tuple[httpx.Response, float]:
-        """The response and the seconds spent waiting for it (encoding the request is not counted)."""
+    async def _post_with_retries(self, body: dict[str, Any], path: str = "/chat/completions",
+                                 read: Callable[[httpx.Response], Awaitable[Any]] | None = None
+                                 ) -> tuple[Any, float]:
+        """The response and the seconds spent waiting for it (encoding the request is not counted).
+        With `read`, the request streams, and a 200 answer is what `read` makes of its stream: a
+        connection cut in the middle of it is asked again like one cut before it."""
         c = self.config
         stop = stop_before_delay(c.max_retry_s)
         if c.max_attempts is not None:
@@ -415,7 +431,10 @@ class OpenAIChat:
         try:
             async for attempt in retrying:
                 with attempt:
-                    return await self._post(content, path), time.perf_counter() - started
+                    response = await self._post(content, path, stream=read is not None)
+                    if read is not None and response.status_code == 200:
+                        return await read(response), time.perf_counter() - started
+                    return response, time.perf_counter() - started
         except _RetryableStatus as exc:
             raise ModelError(f"model server answered HTTP {exc.response.status_code}: "
                              f"{_error_text(exc.response)}") from None
@@ -426,17 +445,21 @@ class OpenAIChat:
         raise AssertionError("unreachable")
 
     async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-                       max_tokens: int | None = None, conversation: Any = None) -> Completion:
+                       max_tokens: int | None = None, conversation: Any = None,
+                       on_text: Callable[[str], None] | None = None) -> Completion:
         if self.server is None:
             await self._learn_server()
-        response, latency_s = await self._post_with_retries(self.request_body(messages, tools, max_tokens))
-        if 400 <= response.status_code < 500 and self.send_extras and _mentions_extras(response):
+        read = streamed(on_text) if on_text is not None else None
+        answer, latency_s = await self._post_with_retries(self.request_body(messages, tools, max_tokens, read), read=read)
+        if isinstance(answer, httpx.Response) and 400 <= answer.status_code < 500 and self.send_extras \
+                and _mentions_extras(answer):
             self.send_extras = False
-            response, latency_s = await self._post_with_retries(self.request_body(messages, tools, max_tokens))
-        if response.status_code != 200:
-            self.raise_for_answer(response)
+            answer, latency_s = await self._post_with_retries(self.request_body(messages, tools, max_tokens, read),
+                                                              read=read)
+        if isinstance(answer, httpx.Response) and answer.status_code != 200:
+            self.raise_for_answer(answer)
         try:
-            return parse_completion(orjson.loads(response.content), latency_s)
+            return parse_completion(answer if read else orjson.loads(answer.content), latency_s)
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
             raise ModelError(f"model server sent a reply that is not a chat completion: {exc!r}") from None
 
@@ -471,6 +494,25 @@ class OpenAIChat:
 
     async def aclose(self) -> None:
         await self.http.aclose()
+
+
+def streamed(on_text: Callable[[str], None], completions_api: bool = False
+             ) -> Callable[[httpx.Response], Awaitable[dict[str, Any]]]:
+    """How a streamed answer is read: into the body it would have been whole, its text handed to `on_text`.
+    A stream that breaks off is asked again; the view is told, since the text it showed starts over."""
+    attempts = 0
+
+    async def read(response: httpx.Response) -> dict[str, Any]:
+        nonlocal attempts
+        attempts += 1
+        if attempts > 1:
+            on_text("\n[the connection was cut: asking again]\n")
+        try:
+            return await read_stream(response, on_text, completions_api)
+        except StreamError as exc:
+            raise ModelError(f"model server sent an unusable stream: {exc}") from None
+
+    return read
 
 
 def _mentions_extras(response: httpx.Response) -> bool:

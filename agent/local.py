@@ -176,7 +176,8 @@ class TransformersLLM:
         return self.prompter.count(messages, tools, conversation)
 
     async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-                       max_tokens: int | None = None, conversation: Conversation | None = None) -> Completion:
+                       max_tokens: int | None = None, conversation: Conversation | None = None,
+                       on_text: Callable[[str], None] | None = None) -> Completion:
         # The tokenizer is used only on the event loop's thread (as `count_prompt` is), the model only in
         # the worker thread, one generation at a time. A cancelled call (Ctrl-C, SIGTERM, a timeout) stops
         # its generation at the next token, so nothing waits for a long reply at exit.
@@ -185,16 +186,31 @@ class TransformersLLM:
         async with self.lock:
             started = time.perf_counter()
             prompt_ids = self.prompter.prompt_ids(messages, tools, conversation)
+            streamer = self._streamer(on_text) if on_text is not None else None
             try:
                 completion_ids, logprobs = await asyncio.to_thread(
-                    self._generate, prompt_ids, max_tokens or self.config.max_tokens, cancelled)
+                    self._generate, prompt_ids, max_tokens or self.config.max_tokens, cancelled, streamer)
             except asyncio.CancelledError:
                 cancelled.set()
                 raise
             self.prompter.sampled(conversation, prompt_ids, completion_ids)
         return self._completion(prompt_ids, completion_ids, logprobs, time.perf_counter() - started)
 
-    def _generate(self, prompt_ids: list[int], max_tokens: int, cancelled: threading.Event
+    def _streamer(self, on_text: Callable[[str], None]) -> Any:
+        """A transformers streamer that hands the reply's text to `on_text` on the event loop's thread,
+        a word at a time as transformers decodes it (special tokens shown: `<think>` marks reasoning)."""
+        from transformers import TextStreamer
+
+        loop = asyncio.get_running_loop()
+
+        class ToLoop(TextStreamer):
+            def on_finalized_text(self, text: str, stream_end: bool = False) -> None:
+                if text:
+                    loop.call_soon_threadsafe(on_text, text)
+
+        return ToLoop(self.tokenizer, skip_prompt=True, skip_special_tokens=False)
+
+    def _generate(self, prompt_ids: list[int], max_tokens: int, cancelled: threading.Event, streamer: Any = None
                   ) -> tuple[list[int], list[float]]:
         """Sample a reply: its token ids (the stop token included) and each one's sampling logprob."""
         torch, c = self.torch, self.config
@@ -210,7 +226,7 @@ class TransformersLLM:
             out = self.model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_tokens,
                                       eos_token_id=self.stop_ids, pad_token_id=self.stop_ids[0],
                                       output_scores=True, return_dict_in_generate=True,
-                                      stopping_criteria=_until(cancelled), **sampling)
+                                      stopping_criteria=_until(cancelled), streamer=streamer, **sampling)
         completion_ids = out.sequences[0, len(prompt_ids):].tolist()
         # scores are the logits after temperature and top-p (shape: one (1, vocab) row per new token)
         logprobs = [torch.log_softmax(score[0].float(), dim=-1)[token].item()

@@ -79,6 +79,9 @@ class AgentConfig:
     end the run. None: on for mcp-xml, off for tool-call."""
     timeout_s: float | None = None
     """Wall-clock limit for the run (None = none)."""
+    stream: bool = False
+    """Have the model's reply streamed while it is generated, each piece of text handed to `on_event`
+    as a `text` event (the live view shows it); the turn recorded is the same either way."""
     budgets: dict[str, float] = dataclasses.field(default_factory=dict)
     """Most of each unit a run may use (`tokens`, `tool_calls`, `serper_queries`, `jina_tokens`,
     `summary_tokens`, `e2b_seconds`; see `agent/usage.py`); reaching one stops the run (`budget`)."""
@@ -119,6 +122,12 @@ class Run:
 
 def _no_event(kind: str, data: Any) -> None:
     pass
+
+
+def _streaming(config: AgentConfig, on_event: Event) -> dict[str, Any]:
+    """The model call's `on_text` when the run streams; nothing otherwise, so a backend that cannot
+    stream works as before."""
+    return {"on_text": lambda text: on_event("text", text)} if config.stream else {}
 
 
 async def run(question: str, llm: LLM, toolbox: Toolbox | None, config: AgentConfig,
@@ -202,7 +211,8 @@ async def _turns(state: Run, llm: LLM, toolbox: Toolbox | None, config: AgentCon
             return
         on_event("model", _turns_used(state))
         try:
-            completion = await llm.complete(history.messages, request_tools, conversation=state.conversation)
+            completion = await llm.complete(history.messages, request_tools, conversation=state.conversation,
+                                            **_streaming(config, on_event))
         except ContextOverflow as exc:  # our estimate was low: answer from what fits
             trajectory.stop_reason, trajectory.error = "context_limit", str(exc)
             await _end(state, llm, config, prompt_tokens, writer, on_event, omit_latest=True)
@@ -329,7 +339,8 @@ async def _final_turn(state: Run, llm: LLM, config: AgentConfig, prompt_tokens: 
     on_event("model", _turns_used(state))
     try:
         completion = await llm.complete([*messages, {"role": "user", "content": instruction}], None,
-                                        max_tokens=min(llm.config.max_tokens, room), conversation=state.conversation)
+                                        max_tokens=min(llm.config.max_tokens, room), conversation=state.conversation,
+                                        **_streaming(config, on_event))
     except ModelError as exc:
         trajectory.error = str(exc)
         return

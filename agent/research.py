@@ -319,7 +319,8 @@ async def _research(question: str, settings: RunSettings, attempts: int) -> tupl
             return LiveView(err, runtime.agent.max_turns or MAX_TURNS)
 
         try:
-            result = await research(question, runtime.llm, runtime.toolbox, runtime.agent, runtime.writer,
+            streamed = dataclasses.replace(runtime.agent, stream=True)  # a person watches the reply come
+            result = await research(question, runtime.llm, runtime.toolbox, streamed, runtime.writer,
                                     attempts, view, notice)
         except asyncio.CancelledError:
             err.print(f"[yellow]interrupted[/]; the trajectories so far are in {escape(str(runtime.path))}",

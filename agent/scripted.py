@@ -33,7 +33,8 @@ class ScriptedLLM:
         return None
 
     async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-                       max_tokens: int | None = None, conversation: Any = None) -> Completion:
+                       max_tokens: int | None = None, conversation: Any = None,
+                       on_text: Callable[[str], None] | None = None) -> Completion:
         if self.record:
             self.calls.append(list(messages))  # a copy: the loop keeps appending to its list
             self.max_tokens.append(max_tokens)
@@ -51,6 +52,8 @@ class ScriptedLLM:
             return reply
         if isinstance(reply, str):
             reply = {"role": "assistant", "content": reply}
+        if on_text is not None and reply.get("content"):
+            on_text(reply["content"])  # the whole reply as one piece: a script has nothing to generate
         tokens = len(reply.get("content") or "") // 4 + 1
         return Completion(message=reply, finish_reason="stop", usage={"completion_tokens": tokens})
 

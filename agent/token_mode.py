@@ -7,13 +7,15 @@ segment) is in `prompts.py`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+import httpx
 import orjson
 
-from nanbeige.agent.llm import Completion, LLMConfig, ModelError, OpenAIChat, parse_completion
+from nanbeige.agent.llm import Completion, LLMConfig, ModelError, OpenAIChat, parse_completion, streamed
 from nanbeige.agent.local import stop_ids
 from nanbeige.agent.prompts import Conversation, Prompter, identity, read_chat_template
+from nanbeige.agent.stream import STREAM_FIELDS
 
 
 class TokenModeChat(OpenAIChat):
@@ -48,16 +50,18 @@ class TokenModeChat(OpenAIChat):
         return body
 
     async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-                       max_tokens: int | None = None, conversation: Conversation | None = None) -> Completion:
+                       max_tokens: int | None = None, conversation: Conversation | None = None,
+                       on_text: Callable[[str], None] | None = None) -> Completion:
         conversation = conversation or Conversation()
         prompt = self.prompter.prompt_ids(messages, tools, conversation)
-        response, latency_s = await self._post_with_retries(self.completions_body(prompt, max_tokens),
-                                                            "/completions")
-        if response.status_code != 200:
-            self.raise_for_answer(response)
+        read = streamed(on_text, completions_api=True) if on_text is not None else None
+        body = self.completions_body(prompt, max_tokens) | (STREAM_FIELDS if read else {})
+        answer, latency_s = await self._post_with_retries(body, "/completions", read=read)
+        if isinstance(answer, httpx.Response) and answer.status_code != 200:
+            self.raise_for_answer(answer)
         try:
-            completion = parse_completion(orjson.loads(_drop_prompt_echo(response.content)), latency_s,
-                                          completions_api=True)
+            completion = parse_completion(answer if read else orjson.loads(_drop_prompt_echo(answer.content)),
+                                          latency_s, completions_api=True)
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
             raise ModelError(f"model server sent a reply that is not a completion: {exc!r}") from None
         if completion.completion_ids is None:

@@ -103,30 +103,38 @@ class LiveView:
         self.usage: dict[str, float] = {}
         self.started = time.monotonic()
         self.waiting: tuple[str, float] | None = None  # what the run waits for, and since when
-        self.status = console.status("") if console.is_terminal else None
-        self.ticker = None if self.status else Ticker(console, self._plain_line, every_s or progress_every(10))
+        self.reply: list[str] = []  # the pieces of the reply streamed so far (the refresh thread joins them)
+        self.line = ""  # what the run waits for, as the spinner line shows it
+        # A new spinner for each wait: one restarted would first erase as many lines above it as the
+        # last reply it showed had, which are the turn lines printed since.
+        self.status: Any = None
+        self.ticker = None if console.is_terminal else Ticker(console, self._plain_line, every_s or progress_every(10))
 
     def __call__(self, kind: str, data: Any) -> None:
-        if kind == "model":
+        if kind == "text":
+            self.reply.append(data)
+        elif kind == "model":
             self.index = data
             self._wait("waiting for the model")
         elif kind == "tool":
             self._wait(escape(call_summary(data, 40)))
         elif kind == "turn":
             add_turn(self.usage, data)
-            self.waiting = None
-            if self.status:
-                self.status.stop()
+            self._stop_waiting()
             self.console.print(turn_line(data, self.index + 1), highlight=False)
         elif kind == "warning":
             head, _, rest = data.partition(": ")
             self.console.print(f"[yellow]{escape(head)}:[/] {escape(rest)}", highlight=False, soft_wrap=True)
         elif kind == "end":
-            self.waiting = None
-            if self.status:
-                self.status.stop()
+            self._stop_waiting()
             if self.ticker:
                 self.ticker.stop()
+
+    def _stop_waiting(self) -> None:
+        self.waiting = None
+        if self.status:
+            self.status.stop()
+            self.status = None
 
     def _head(self) -> str:
         used = usage_text(self.usage)
@@ -139,15 +147,49 @@ class LiveView:
             return None
         what, since = self.waiting
         now = time.monotonic()
-        return f"{self._head()} · {elapsed(now - self.started)} elapsed · {what} ({elapsed(now - since)})"
+        streamed = sum(map(len, self.reply))
+        so_far = f", {streamed:,} characters so far" if streamed else ""
+        return f"{self._head()} · {elapsed(now - self.started)} elapsed · {what} ({elapsed(now - since)}{so_far})"
 
     def _wait(self, what: str) -> None:
         import time
 
-        self.waiting = (what, time.monotonic())
-        if self.status:
-            self.status.update(f"{self._head()} · {what}")
+        self.waiting, self.reply = (what, time.monotonic()), []
+        self.line = f"{self._head()} · {what}"
+        if self.console.is_terminal and self.status is None:
+            self.status = self.console.status(self)  # drawn through __rich__ at each refresh, as it is then
             self.status.start()
+
+    def __rich__(self) -> Any:
+        from rich.console import Group
+        from rich.text import Text
+
+        line = Text.from_markup(self.line)
+        if not self.reply:
+            return line
+        # the spinner takes the first columns; the head line and a margin take rows
+        return Group(line, reply_tail("".join(self.reply), self.console.width - 3, self.console.height - 4))
+
+
+def reply_tail(reply: str, width: int, height: int) -> Any:
+    """The end of a reply being generated, as much as fills `height` rows of `width` columns, its
+    reasoning (up to `</think>`, or all of it while a `<think>` is open) dimmed."""
+    from rich.text import Text
+
+    width, height = max(width, 10), max(height, 1)
+    start, rows = len(reply), 0
+    while start > 0 and rows < height:
+        line_start = reply.rfind("\n", 0, start - 1) + 1  # of the line that ends at `start`, its newline included
+        line = reply[line_start:start].rstrip("\n")
+        needed = max(1, -(-len(line) // width))
+        if rows + needed > height:  # only the end of this line fits
+            start -= (height - rows) * width
+            break
+        rows, start = rows + needed, line_start
+    closed = reply.find("</think>")
+    thought_end = closed + len("</think>") if closed >= 0 else (len(reply) if "<think>" in reply else 0)
+    cut = max(start, min(thought_end, len(reply)))
+    return Text.assemble((shown(reply[start:cut]), "dim"), shown(reply[cut:]))
 
 
 def show(console: Console, trajectory: Trajectory, full: bool = False) -> None:

@@ -67,6 +67,8 @@ class Reply:
     tool_calls: list[dict[str, Any]] | None = None
     message: dict[str, Any] | None = None
     """The whole assistant message, sent as it is (for shapes the fields above cannot express)."""
+    piece_delay_s: float = 0.0
+    """When the request streams: the wait before each piece of the reply, as a model generating it."""
 
 
 class _Server(ThreadingHTTPServer):
@@ -219,15 +221,66 @@ class FakeOpenAI:
                                                "top_logprobs": []} for t in completion]}
         return body
 
+    def stream_chunks(self, body: dict[str, Any], completions_api: bool) -> list[dict[str, Any]]:
+        """A whole answer as the chunks of a stream (`"stream": true`), laid out as vLLM 0.32 sends them
+        (tests/golden/vllm_stream/): for chat a first chunk with the role and, at its top level, the
+        prompt's ids; the text a piece at a time (here one character each) with its token ids and
+        logprobs in the choice; tool calls whole; the finish reason on a last empty piece (with the stop
+        token, where there is one); the usage in a chunk of its own with no choices. A completions stream
+        has no first empty chunk: its first piece carries the prompt's ids in the choice."""
+        choice = body["choices"][0]
+        head = {key: body[key] for key in ("id", "created", "model")}
+        head["object"] = "text_completion" if completions_api else "chat.completion.chunk"
+        text = choice["text"] if completions_api else choice["message"].get("content") or ""
+        ids, logprobs = iter(choice.get("token_ids") or []), choice.get("logprobs") or {}
+        entries = iter(logprobs.get("content") or logprobs.get("token_logprobs") or [])
+        chunks = []
+        if not completions_api:
+            first: dict[str, Any] = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                          "logprobs": None, "finish_reason": None}]}
+            if "prompt_token_ids" in body:
+                first["prompt_token_ids"] = body["prompt_token_ids"]
+            chunks.append(first)
+        all_ids = choice.get("token_ids") or []
+        stop = 1 if completions_api and self.stop_id is not None and choice["finish_reason"] == "stop" else 0
+        text_ids = len(all_ids) - stop  # the text's own ids, spread over its characters (vLLM sends a piece
+        for position, char in enumerate(text):  # per token, or several tokens in one when it falls behind)
+            piece: dict[str, Any] = {"index": 0, "finish_reason": None}
+            piece |= {"text": char} if completions_api else {"delta": {"content": char}}
+            if "token_ids" in choice:
+                count = (position + 1) * text_ids // len(text) - position * text_ids // len(text)
+                piece["token_ids"] = [next(ids) for _ in range(count)]
+                taken = [next(entries) for _ in piece["token_ids"]] if logprobs else []
+                if taken:
+                    piece["logprobs"] = {"token_logprobs": taken} if completions_api else {"content": taken}
+            if completions_api and not chunks:
+                piece["prompt_token_ids"] = choice.get("prompt_token_ids")
+            chunks.append({**head, "choices": [piece]})
+        rest: dict[str, Any] = {"index": 0, "finish_reason": choice["finish_reason"]}
+        left = list(ids)  # a stop token after the text
+        if left:
+            rest["token_ids"] = left
+            rest["logprobs"] = {"token_logprobs": [next(entries) for _ in left]}
+        if completions_api:
+            rest["text"] = ""
+        else:
+            calls = [{"index": i, **call} for i, call in enumerate(choice["message"].get("tool_calls") or [])]
+            rest["delta"] = {"tool_calls": calls} if calls else {}
+        chunks.append({**head, "choices": [rest]})
+        chunks.append({**head, "choices": [], "usage": body["usage"]})
+        return chunks
+
     def text_completion(self, request: dict[str, Any], reply: Reply) -> dict[str, Any]:
         """A `/v1/completions` answer to a token-id prompt, with vLLM's token fields."""
         completion = self.tokenize(reply.content)
         if reply.finish_reason == "stop" and self.stop_id is not None:
             completion = completion + [self.stop_id]
-        choice = {"index": 0, "text": reply.content, "finish_reason": reply.finish_reason, "token_ids": completion,
-                  "logprobs": {"token_logprobs": [-0.25] * len(completion), "tokens": [], "top_logprobs": None}}
+        # vLLM 0.32 (tests/golden/vllm_stream/completion.json): the prompt's ids are in the choice
+        choice = {"index": 0, "text": reply.content, "finish_reason": reply.finish_reason,
+                  "logprobs": {"token_logprobs": [-0.25] * len(completion), "tokens": [], "top_logprobs": None},
+                  "prompt_token_ids": request["prompt"], "token_ids": completion}
         return {"id": "cmpl-test", "object": "text_completion", "created": int(time.time()),
-                "model": request.get("model"), "choices": [choice], "prompt_token_ids": request["prompt"],
+                "model": request.get("model"), "choices": [choice],
                 "usage": {"prompt_tokens": len(request["prompt"]), "completion_tokens": len(completion)}}
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
@@ -260,6 +313,19 @@ class FakeOpenAI:
                     self.send_header(key, value)
                 self.end_headers()
                 self.wfile.write(data)
+
+            def _send_stream(self, chunks: list[dict[str, Any]], delay_s: float) -> None:
+                """Server-sent events, each chunk a `data:` line, `data: [DONE]` last, in HTTP/1.1 chunks."""
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for event in [f"data: {json.dumps(chunk)}\n\n" for chunk in chunks] + ["data: [DONE]\n\n"]:
+                    time.sleep(delay_s)
+                    data = event.encode()
+                    self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                    self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
 
             def _send_text(self, text: str) -> None:
                 data = text.encode()
@@ -318,10 +384,13 @@ class FakeOpenAI:
                 if reply.status != 200:
                     self._send(reply.status, reply.body or {"error": {"message": f"status {reply.status}"}},
                                reply.headers)
-                elif self.path.endswith("/chat/completions"):
-                    self._send(200, fake.completion(request, reply))
                 else:
-                    self._send(200, fake.text_completion(request, reply))
+                    chat = self.path.endswith("/chat/completions")
+                    body = fake.completion(request, reply) if chat else fake.text_completion(request, reply)
+                    if request.get("stream"):
+                        self._send_stream(fake.stream_chunks(body, completions_api=not chat), reply.piece_delay_s)
+                    else:
+                        self._send(200, body)
 
         return Handler
 

@@ -1,0 +1,153 @@
+"""A streamed reply (`"stream": true`: server-sent events, one `data:` line per chunk, `data: [DONE]`
+last) read back into the body the server would have sent whole, so that the streamed turn is parsed
+by the same code, and recorded the same, as one that was not streamed. Each piece of text is handed
+to `on_text` as it comes; reasoning that a server splits off (`reasoning_content` / `reasoning`) is
+handed over between `<think>` and `</think>`, as the model wrote it.
+
+What a chunk carries is what the whole body carries, a piece at a time: `choices[0].delta` (chat:
+content, reasoning, tool calls as pieces by `index`) or `choices[0].text` (completions), the
+`finish_reason` on the last piece, logprobs per piece, and, from vLLM asked for them, the token ids
+per piece and the prompt's ids once; `usage` comes in a last chunk of its own
+(`stream_options.include_usage`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import httpx
+import orjson
+
+STREAM_FIELDS = {"stream": True, "stream_options": {"include_usage": True}}
+REASONING = ("reasoning_content", "reasoning")
+
+
+class StreamError(Exception):
+    """The server sent an error, or something that is no chunk, in the middle of a stream."""
+
+
+@dataclass
+class Pieces:
+    """What the chunks of one reply carried so far."""
+
+    completions_api: bool
+    on_text: Callable[[str], None]
+    text: list[str] = field(default_factory=list)
+    reasoning: dict[str, list[str]] = field(default_factory=dict)
+    tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
+    logprobs: list[Any] = field(default_factory=list)
+    token_logprobs: list[Any] = field(default_factory=list)
+    token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = None
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+    thinking: bool = False
+
+    def add(self, chunk: dict[str, Any]) -> None:
+        if chunk.get("error"):
+            error = chunk["error"]
+            raise StreamError(error.get("message", str(error)) if isinstance(error, dict) else str(error))
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        if self.prompt_token_ids is None and chunk.get("prompt_token_ids"):
+            self.prompt_token_ids = chunk["prompt_token_ids"]
+        for choice in chunk.get("choices") or []:
+            if choice.get("index", 0) == 0:
+                self._add_choice(choice)
+
+    def _add_choice(self, choice: dict[str, Any]) -> None:
+        if choice.get("prompt_token_ids") and self.prompt_token_ids is None:
+            self.prompt_token_ids = choice["prompt_token_ids"]
+        if choice.get("token_ids"):
+            self.token_ids = (self.token_ids or []) + list(choice["token_ids"])
+        logprobs = choice.get("logprobs") or {}
+        self.logprobs += logprobs.get("content") or []
+        self.token_logprobs += logprobs.get("token_logprobs") or []
+        if choice.get("finish_reason"):
+            self.finish_reason = choice["finish_reason"]
+        if self.completions_api:
+            self._say(choice.get("text"))
+            return
+        delta = choice.get("delta") or {}
+        for key in REASONING:
+            if delta.get(key):
+                self.reasoning.setdefault(key, []).append(delta[key])
+                self._say(delta[key], thinking=True)
+        self._say(delta.get("content"))
+        for call in delta.get("tool_calls") or []:
+            self._add_call(call)
+
+    def _say(self, piece: Any, thinking: bool = False) -> None:
+        if not isinstance(piece, str) or not piece:
+            return
+        if not thinking:
+            self.text.append(piece)
+        if thinking != self.thinking:  # the boundary between split-off reasoning and the reply
+            self.on_text("<think>\n" if thinking else "\n</think>\n\n")
+            self.thinking = thinking
+        self.on_text(piece)
+
+    def _add_call(self, piece: dict[str, Any]) -> None:
+        call = self.tool_calls.setdefault(piece.get("index", 0), {"function": {"name": "", "arguments": ""}})
+        for key in ("id", "type"):
+            if piece.get(key):
+                call[key] = piece[key]
+        function = piece.get("function") or {}
+        if isinstance(function.get("name"), str):
+            call["function"]["name"] += function["name"]
+        if isinstance(function.get("arguments"), str):
+            call["function"]["arguments"] += function["arguments"]
+        elif function.get("arguments") is not None:  # an object sent whole
+            call["function"]["arguments"] = function["arguments"]
+
+    def body(self) -> dict[str, Any]:
+        """The whole response body these pieces make."""
+        choice: dict[str, Any] = {"index": 0, "finish_reason": self.finish_reason}
+        if self.completions_api:
+            choice["text"] = "".join(self.text)
+        else:
+            message: dict[str, Any] = {"role": "assistant", "content": "".join(self.text)}
+            message |= {key: "".join(parts) for key, parts in self.reasoning.items()}
+            if self.tool_calls:
+                message["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
+            choice["message"] = message
+        if self.logprobs:
+            choice["logprobs"] = {"content": self.logprobs}
+        elif self.token_logprobs:
+            choice["logprobs"] = {"token_logprobs": self.token_logprobs}
+        if self.token_ids is not None:
+            choice["token_ids"] = self.token_ids
+        body: dict[str, Any] = {"choices": [choice], "usage": self.usage or {}}
+        if self.prompt_token_ids is not None:
+            body["prompt_token_ids"] = self.prompt_token_ids
+        return body
+
+
+async def read_stream(response: httpx.Response, on_text: Callable[[str], None],
+                      completions_api: bool = False) -> dict[str, Any]:
+    """The response body a streamed reply makes, its text handed to `on_text` as it comes. A
+    connection cut or a read that times out raises httpx's error (the caller asks again); an error
+    chunk, a chunk that is no JSON object or a stream that ends without a finish reason raises
+    StreamError."""
+    pieces = Pieces(completions_api, on_text)
+    try:
+        async for line in response.aiter_lines():
+            if not line.startswith("data:"):
+                continue  # blank separators, `event:` and `:` comment lines
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            try:
+                chunk = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                raise StreamError(f"a chunk that is not JSON: {data[:200]!r}") from None
+            if not isinstance(chunk, dict):
+                raise StreamError(f"a chunk that is not an object: {data[:200]!r}")
+            pieces.add(chunk)
+    finally:
+        await response.aclose()
+    if pieces.finish_reason is None:
+        raise StreamError("the stream ended before the reply did (no finish reason)")
+    if pieces.thinking:
+        on_text("\n</think>\n\n")
+    return pieces.body()
