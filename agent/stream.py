@@ -123,6 +123,23 @@ class Pieces:
         return body
 
 
+def _take(line: bytes, pieces: Pieces) -> bool:
+    """Add one line's chunk to `pieces`; False at `data: [DONE]`."""
+    if not line.startswith(b"data:"):
+        return True  # blank separators, `event:` and `:` comment lines
+    data = line[5:].strip()
+    if data == b"[DONE]":
+        return False
+    try:
+        chunk = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise StreamError(f"a chunk that is not JSON: {data[:200]!r}") from None
+    if not isinstance(chunk, dict):
+        raise StreamError(f"a chunk that is not an object: {data[:200]!r}")
+    pieces.add(chunk)
+    return True
+
+
 async def read_stream(response: httpx.Response, on_text: Callable[[str], None],
                       completions_api: bool = False) -> dict[str, Any]:
     """The response body a streamed reply makes, its text handed to `on_text` as it comes. A
@@ -130,20 +147,13 @@ async def read_stream(response: httpx.Response, on_text: Callable[[str], None],
     chunk, a chunk that is no JSON object or a stream that ends without a finish reason raises
     StreamError."""
     pieces = Pieces(completions_api, on_text)
+    rest = b""
     try:
-        async for line in response.aiter_lines():
-            if not line.startswith("data:"):
-                continue  # blank separators, `event:` and `:` comment lines
-            data = line[5:].strip()
-            if data == "[DONE]":
+        # bytes split at newlines here, not httpx's line decoder: a stream brings a chunk per token
+        async for data in response.aiter_bytes():
+            *lines, rest = (rest + data).split(b"\n")
+            if not all(_take(line, pieces) for line in lines):
                 break
-            try:
-                chunk = orjson.loads(data)
-            except orjson.JSONDecodeError:
-                raise StreamError(f"a chunk that is not JSON: {data[:200]!r}") from None
-            if not isinstance(chunk, dict):
-                raise StreamError(f"a chunk that is not an object: {data[:200]!r}")
-            pieces.add(chunk)
     finally:
         await response.aclose()
     if pieces.finish_reason is None:

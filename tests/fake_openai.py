@@ -243,12 +243,16 @@ class FakeOpenAI:
             chunks.append(first)
         all_ids = choice.get("token_ids") or []
         stop = 1 if completions_api and self.stop_id is not None and choice["finish_reason"] == "stop" else 0
-        text_ids = len(all_ids) - stop  # the text's own ids, spread over its characters (vLLM sends a piece
-        for position, char in enumerate(text):  # per token, or several tokens in one when it falls behind)
+        text_ids = len(all_ids) - stop  # the text's own ids, spread over its pieces (vLLM sends a piece per
+        # token, or several tokens in one when it falls behind): a character a piece where the ids are the
+        # fake's bytes, else four characters, about a token of English
+        size = 1 if "token_ids" in choice else 4
+        pieces = [text[i:i + size] for i in range(0, len(text), size)]
+        for position, char in enumerate(pieces):
             piece: dict[str, Any] = {"index": 0, "finish_reason": None}
             piece |= {"text": char} if completions_api else {"delta": {"content": char}}
             if "token_ids" in choice:
-                count = (position + 1) * text_ids // len(text) - position * text_ids // len(text)
+                count = (position + 1) * text_ids // len(pieces) - position * text_ids // len(pieces)
                 piece["token_ids"] = [next(ids) for _ in range(count)]
                 taken = [next(entries) for _ in piece["token_ids"]] if logprobs else []
                 if taken:

@@ -66,7 +66,7 @@ async def test_a_streamed_run_records_the_same_turns_as_one_that_was_not(vllm: b
     assert not no_pieces and all("stream" not in r for r in plain_requests)
     assert all(r["stream"] is True and r["stream_options"] == {"include_usage": True} for r in streamed_requests)
     assert "".join(pieces) == "".join(t.assistant["content"] for t in streamed)  # every piece, once, in order
-    assert len(pieces) > 100  # a piece at a time, not the reply at once
+    assert len(pieces) > 50  # a piece at a time, not the reply at once
     if vllm:
         assert all(t.completion_ids and len(t.logprobs) == len(t.completion_ids) for t in streamed)
 
