@@ -320,7 +320,8 @@ async def ready(settings: RunSettings, notice: Notice) -> AsyncIterator[Ready]:
         if errlog:
             errlog.close()  # all the failed server wrote is in the log
         keep_log = errlog is not None and errlog.size() > 0
-        raise SetupError(f"{exc}" + (f" (its output is in {log_path})" if keep_log else "")) from None
+        # only a stdio server writes its output there: for a URL the log holds the other servers' lines
+        raise SetupError(f"{exc}" + (f" (its output is in {log_path})" if keep_log and exc.logged else "")) from None
     finally:
         if errlog:
             errlog.close()

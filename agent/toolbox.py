@@ -41,6 +41,11 @@ SECRET_NAMES = ("NANBEIGE_API_KEY", "NANBEIGE_SUMMARY_API_KEY", "SERPER_API_KEY"
 class ToolboxError(Exception):
     """A server could not be started or reached: something the user must fix."""
 
+    def __init__(self, message: str, logged: bool = False):
+        super().__init__(message)
+        self.logged = logged
+        """The failed server's own output went to the servers' log (a stdio server's stderr): worth reading."""
+
 
 @dataclass
 class ServerSpec:
@@ -191,7 +196,8 @@ class Toolbox:
                 raise
             where = spec.url or (shlex.join(spec.command) if spec.command else "in-process")
             reason = f"no answer within {self.start_timeout_s:g} s" if isinstance(exc, TimeoutError) else _describe(exc)
-            raise ToolboxError(f"MCP server {spec.name!r} ({where}) failed to start: {reason}") from None
+            raise ToolboxError(f"MCP server {spec.name!r} ({where}) failed to start: {reason}",
+                               logged=bool(spec.command) and not spec.url and spec.server is None) from None
 
     async def _hold(self, spec: ServerSpec, ready: asyncio.Future[Client], close: asyncio.Event) -> None:
         """Open a connection and hold it until `close` is set. It lives in a task of its own because

@@ -69,3 +69,22 @@ def test_tools_a_server_template_shows_bring_no_warning(tmp_path: Path) -> None:
         result = tool_call_ask(showing, tmp_path / "run.jsonl")
     assert result.returncode == 0, result.stderr
     assert "left out" not in result.stderr
+
+
+def test_a_failed_http_mcp_server_is_not_sent_to_a_log_that_holds_only_other_servers_lines(tmp_path: Path) -> None:
+    import shlex
+    import socket
+
+    from conftest import TEST_SERVER
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{closed.getsockname()[1]}/mcp"  # nothing listens there once closed
+    noisy = "noisy=" + shlex.join(["sh", "-c", f"echo starting up >&2; exec {shlex.join(TEST_SERVER)}"])
+    with FakeOpenAI([]) as server:
+        result = subprocess.run([NANBEIGE, "ask", "q", "--base-url", server.base_url, "--mcp", noisy, "--mcp",
+                                 f"web={url}", "--no-default-servers", "--trajectory", str(tmp_path / "run.jsonl")],
+                                capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "300"})
+    [error] = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 1 and "'web'" in error and url in error
+    assert "servers.log" not in error  # the log has the noisy server's line, and nothing of web's
