@@ -107,6 +107,7 @@ def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tiny: Path, judged: 
     assert all((a[name] - b[name]).abs().max() < 1e-6 for name in a)
 
 
+@pytest.mark.filterwarnings("error::FutureWarning")  # none on the user's stderr from wrapping with peft
 def test_lora_trains_only_the_adapter_and_saves_it_with_a_merged_model(tiny: Path, judged: Path,
                                                                        tmp_path: Path) -> None:
     train(config_for(tiny, judged, tmp_path / "out", lora_rank=4, steps=1), log=lambda text: None)

@@ -60,9 +60,12 @@ def save_lora(model: Any, state: dict[str, Any] | None, config: TrainConfig, fol
     import peft
     import transformers
 
+    from nanbeige.trainer.model import quiet_peft
+
     adapter = peft.get_peft_model_state_dict(model, state_dict=state)
     base = transformers.AutoModelForCausalLM.from_pretrained(config.model, dtype=model.dtype)
-    fresh = peft.get_peft_model(base, copy.deepcopy(model.peft_config["default"]))
+    with quiet_peft():
+        fresh = peft.get_peft_model(base, copy.deepcopy(model.peft_config["default"]))
     peft.set_peft_model_state_dict(fresh, adapter)
     fresh.save_pretrained(folder / "adapter")
     fresh.merge_and_unload().save_pretrained(folder)

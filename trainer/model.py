@@ -3,7 +3,9 @@ when asked) sharded with FSDP2, and the collectives the trainer's step needs. To
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -67,20 +69,33 @@ def load_model(config: TrainConfig, world: World, checkpoint: Path | None = None
     if config.lora_rank:
         import peft
 
-        if checkpoint is not None:
-            model = peft.PeftModel.from_pretrained(model, checkpoint / "adapter", is_trainable=True)
-        else:
-            lora = peft.LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules="all-linear",
-                                   task_type="CAUSAL_LM")
-            # the same A matrices on every rank (each keeps its shard of them) and in every run of a seed
-            torch.manual_seed(config.seed)
-            model = peft.get_peft_model(model, lora)
+        with quiet_peft():
+            if checkpoint is not None:
+                model = peft.PeftModel.from_pretrained(model, checkpoint / "adapter", is_trainable=True)
+            else:
+                lora = peft.LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha,
+                                       target_modules="all-linear", task_type="CAUSAL_LM")
+                # the same A matrices on every rank (each keeps its shard of them) and in every run of a seed
+                torch.manual_seed(config.seed)
+                model = peft.get_peft_model(model, lora)
         if config.gradient_checkpointing:
             model.enable_input_require_grads()  # checkpointed blocks need an input that requires grad
     model.to(world.device)
     if world.size > 1:
         shard(model)
     return model, tokenizer
+
+
+@contextlib.contextmanager
+def quiet_peft() -> Iterator[None]:
+    """Wrapping a model with peft, without the FutureWarning it draws from transformers 5 (peft asks for
+    `is_gradient_checkpointing`, which transformers now calls deprecated): a warning on the user's stderr
+    about code that is neither theirs nor ours."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        yield
 
 
 def shard(model: Any) -> None:
