@@ -135,3 +135,23 @@ def test_eval_without_a_terminal_prints_plain_progress_lines_and_the_last_count(
     assert "running" in lines[0] and "ETA" in lines[0] and "elapsed" in lines[0]
     assert lines[-1].startswith("gaia: 4/4 runs · 0 running · accuracy ")
     assert "\x1b" not in result.stderr and "\r" not in result.stderr
+
+
+def test_ctrl_c_in_a_terminal_stops_research_and_eval_with_130(tmp_path: Path) -> None:
+    never = Reply(content="never", delay_s=60)
+    with FakeOpenAI([], default=never) as server, \
+            Terminal([NANBEIGE, "research", "What is the capital of Mongolia?", "--base-url", server.base_url,
+                      "--no-default-servers", "--trajectory", str(tmp_path / "research.jsonl")],
+                     cwd=str(tmp_path)) as term:
+        assert term.shows("waiting for the model", 30), term.screen_text()
+        term.ctrl_c()
+        assert term.wait(30) == 130, term.screen_text()
+    assert "interrupted" in term.screen_text()
+    data, out = write_gaia(tmp_path / "gaia"), tmp_path / "out"
+    with FakeOpenAI([], default=never) as server, \
+            Terminal([NANBEIGE, "eval", "gaia", "--data", str(data), "--out", str(out), "-k", "1", "--base-url",
+                      server.base_url, "--no-default-servers"]) as term:
+        assert term.shows("running", 30), term.screen_text()
+        term.ctrl_c()
+        assert term.wait(30) == 130, term.screen_text()
+    assert "interrupted; finished runs are kept in" in term.screen_text()
