@@ -155,3 +155,24 @@ def test_ctrl_c_in_a_terminal_stops_research_and_eval_with_130(tmp_path: Path) -
         term.ctrl_c()
         assert term.wait(30) == 130, term.screen_text()
     assert "interrupted; finished runs are kept in" in term.screen_text()
+
+
+def test_collect_and_judge_in_a_terminal_with_slow_models_draw_progress_and_finish(tmp_path: Path) -> None:
+    from test_collect import questions_file
+    from test_judge import graded_by_a_judge
+
+    questions, rollouts = questions_file(tmp_path), tmp_path / "rollouts.jsonl"
+    with FakeOpenAI([], default=Reply(content=mcp_answer("4"), delay_s=SLOW / 2)) as server, \
+            Terminal([NANBEIGE, "collect", "--questions", str(questions), "-G", "2", "--limit", "1", "--out",
+                      str(rollouts), "--base-url", server.base_url, "--no-default-servers", "--allow-inexact",
+                      "--concurrency", "1"]) as term:
+        assert term.shows("running", 30), term.screen_text()
+        assert term.wait(60) == 0, term.screen_text()
+    assert "1/1 questions · 2/2 rollouts" in term.screen_text()
+    verdict = "extracted_final_answer: Lutetia\nreasoning: the same city\ncorrect: yes"
+    with FakeOpenAI([], default=Reply(content=verdict, delay_s=SLOW / 2)) as judge, \
+            Terminal([NANBEIGE, "judge", str(graded_by_a_judge(tmp_path, count=3)), "--out", str(tmp_path / "j.jsonl"),
+                      "--no-critic", "--judge-base-url", judge.base_url, "--concurrency", "1"]) as term:
+        assert term.shows("judge 0/3 trajectories", 30), term.screen_text()
+        assert term.wait(60) == 0, term.screen_text()
+    assert "Traceback" not in term.screen_text()
