@@ -12,7 +12,10 @@ from typing import Any
 
 
 def _terminated(signum: int, frame: Any) -> None:
-    sys.exit(128 + signal.SIGTERM)
+    # No trajectory is open where this handler is in place (the event loop's handler closes them), so
+    # nothing is left to finish: end at once. An exception raised here instead (SystemExit) could land in
+    # the middle of the import machinery, which swallows it, and the signal would be lost.
+    os._exit(128 + signal.SIGTERM)
 
 
 def exit_on_sigterm() -> None:

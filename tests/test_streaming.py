@@ -79,14 +79,20 @@ async def test_streamed_tool_calls_and_split_off_reasoning_are_recorded_as_witho
 
 
 async def test_a_stream_that_breaks_off_is_asked_again_and_one_with_an_error_chunk_is_a_model_error() -> None:
-    slow = Reply(content=mcp_answer("5"), piece_delay_s=0.05)  # about 3 s of pieces
-    with FakeOpenAI([slow, Reply(content=mcp_answer("5"))]) as server:
+    cuts: list[threading.Timer] = []
+
+    def reply(request: dict[str, Any]) -> Reply:
+        if not cuts:  # the first answer: down in the middle of its pieces (about 3 s of them), back after 1 s
+            cuts.append(threading.Timer(1.0, server.outage, args=(1.0,)))
+            cuts[0].start()
+            return Reply(content=mcp_answer("5"), piece_delay_s=0.05)
+        return Reply(content=mcp_answer("5"))
+
+    with FakeOpenAI(reply) as server:
         llm = OpenAIChat(LLMConfig(base_url=server.base_url, model="fake-model", retry_wait_s=0.05, max_retry_s=60))
         pieces: list[str] = []
-        cut = threading.Timer(1.0, server.outage, args=(1.0,))  # down in the middle of the pieces, back after 1 s
-        cut.start()
         completion = await llm.complete([{"role": "user", "content": "q"}], on_text=pieces.append)
-        cut.join()
+        cuts[0].join()
         await llm.aclose()
     assert completion.message["content"] == mcp_answer("5") and completion.finish_reason == "stop"
     assert len(server.requests) == 2
@@ -105,6 +111,7 @@ async def test_a_stream_that_breaks_off_is_asked_again_and_one_with_an_error_chu
         await llm.aclose()
 
 
+@pytest.mark.slow
 def test_ask_in_a_terminal_shows_the_reply_while_it_is_generated(tmp_path: Path) -> None:
     thought = "I should recall which city is the capital of Mongolia before I answer."
     slow_reply = Reply(content=mcp_answer("Ulaanbaatar").replace("I have what I need.", thought), piece_delay_s=0.1)
