@@ -71,3 +71,4 @@ def wait_for_http(url: str, seconds: float = 10.0) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from fake_openai import FakeOpenAI, Reply, mcp_answer, mcp_call
 from fake_site import Site
 from test_index import ovos_summaries
@@ -38,6 +39,7 @@ def model(site: Site) -> Callable[[dict], Reply]:
     return reply
 
 
+@pytest.mark.slow
 def test_ask_searches_scrapes_and_computes_with_the_built_in_servers(tmp_path: Path) -> None:
     build_index([ovos_summaries()], tmp_path / "index")
     path = tmp_path / "run.jsonl"

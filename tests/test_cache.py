@@ -79,8 +79,9 @@ async def test_failures_are_replayed_but_a_live_run_asks_the_tool_again(tmp_path
 @pytest.mark.anyio
 async def test_timeouts_are_not_recorded_and_tool_errors_are(tmp_path: Path) -> None:
     cache = await ToolCache.open(tmp_path / "cache.sqlite")
-    async with Toolbox([ServerSpec(name="testkit", command=TEST_SERVER)], call_timeout_s=0.5, cache=cache) as tools:
-        slow = await tools.call(ToolCall("testkit", "slow", {"seconds": 2}))
+    # ample for the calls that answer (milliseconds, a tenth of a second on a busy machine), never for the slow one
+    async with Toolbox([ServerSpec(name="testkit", command=TEST_SERVER)], call_timeout_s=2.0, cache=cache) as tools:
+        slow = await tools.call(ToolCall("testkit", "slow", {"seconds": 60}))
         failed = await tools.call(ToolCall("testkit", "fail", {"message": "no such page"}))
         added = await tools.call(ToolCall("testkit", "add", {"a": 2, "b": 40}))
         again = await tools.call(ToolCall("testkit", "add", {"b": 40, "a": 2}))
@@ -140,6 +141,7 @@ def end_record(trajectory: Path) -> dict:
     return json.loads(trajectory.read_text().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_a_second_ask_reads_the_search_from_the_cache_and_replay_needs_no_backend(tmp_path: Path) -> None:
     cache = tmp_path / "tools.sqlite"
     with FakeSerper() as serper:
@@ -172,6 +174,7 @@ def test_a_second_ask_reads_the_search_from_the_cache_and_replay_needs_no_backen
     assert end_record(tmp_path / "replay.jsonl")["stop_reason"] == "answered"
 
 
+@pytest.mark.slow
 def test_a_replay_miss_stops_the_run_and_the_command_fails(tmp_path: Path) -> None:
     cache = tmp_path / "tools.sqlite"
     with FakeSerper() as serper, FakeOpenAI(web_model({"q": "six times seven"})) as model:
@@ -187,6 +190,7 @@ def test_a_replay_miss_stops_the_run_and_the_command_fails(tmp_path: Path) -> No
     assert end["stop_reason"] == "replay_miss" and end["answer"] is None and "seven times six" in end["error"]
 
 
+@pytest.mark.slow
 def test_a_run_stopped_by_a_replay_miss_is_resumed_live_into_the_same_cache(tmp_path: Path) -> None:
     cache = tmp_path / "tools.sqlite"
     with FakeSerper() as serper, FakeOpenAI(web_model({"q": "six times seven"})) as model:
@@ -311,6 +315,7 @@ def echo_then_answer(twist: str = "") -> Callable[[dict], Reply]:
     return reply
 
 
+@pytest.mark.slow
 def test_an_eval_replayed_from_the_cache_fails_when_a_run_misses_it(tmp_path: Path) -> None:
     data, cache = write_gaia(tmp_path / "gaia"), tmp_path / "tools.sqlite"
 

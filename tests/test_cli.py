@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import TEST_SERVER, free_port, wait_for_http
 from fake_openai import FakeOpenAI, Reply, mcp_answer, mcp_call
 
@@ -82,6 +83,7 @@ def test_an_unreachable_model_server_is_one_line_naming_the_fix(tmp_path: Path) 
     assert result.returncode == 1
 
 
+@pytest.mark.slow
 def test_bad_flags_and_specs_are_clear_errors(tmp_path: Path) -> None:
     assert_one_line_error(nanbeige("ask", "q", "--max-turns", "zero"), "--max-turns")
     assert_one_line_error(nanbeige("ask", "q", "--dialect", "yaml"), "--dialect must be one of mcp-xml, tool-call")

@@ -45,6 +45,7 @@ def collect_command(tiny: Path, questions: Path, out: Path, *extra: str) -> list
             "--mcp", TESTKIT, "--concurrency", "2", *extra]  # the built-in stdio servers, and testkit
 
 
+@pytest.mark.slow
 def test_rollouts_are_exact_grouped_and_resumed_after_a_kill_without_loss_or_duplicates(tiny: Path,
                                                                                         tmp_path: Path) -> None:
     questions, out = questions_file(tmp_path), tmp_path / "rollouts.jsonl"

@@ -202,6 +202,7 @@ async def test_a_task_is_one_call_whose_tool_calls_are_read_back(simple: list[Ta
     assert bfcl.grade(task, calls).correct is True
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 async def test_nanbeige_eval_scores_three_real_items_with_a_real_small_model_in_process(tmp_path: Path) -> None:
     """The whole pipeline: the setup layer loads SmolLM2 in process, each item is one call in the tool-call

@@ -42,9 +42,10 @@ def write_gaia(folder: Path) -> Path:
     return path
 
 
-def scripted_model(delay_s: float = 0.0) -> Any:
+def scripted_model(delay_s: float = 0.0, hold_after: int | None = None) -> Any:
     """Answers each question as ANSWERS plans: the n-th run of a task takes the n-th planned answer (the
-    last one from then on); the summary turn repeats the answer the run gave."""
+    last one from then on); the summary turn repeats the answer the run gave. With `hold_after`, runs
+    after that many started get no answer in time (an hour's wait): they are in flight until stopped."""
     started: Counter[str] = Counter()
 
     def reply(request: dict[str, Any]) -> Reply:
@@ -52,6 +53,8 @@ def scripted_model(delay_s: float = 0.0) -> Any:
         if len(messages) > 2:  # the summary turn: the answer given before, boxed again
             given = re.findall(r"\\boxed\{([^}]*)\}", messages[-2]["content"])[-1]
             return Reply(content=f"<think>\nSo.\n</think>\n\\boxed{{{given}}}", delay_s=delay_s)
+        if hold_after is not None and sum(started.values()) >= hold_after:
+            return Reply(content="too late", delay_s=3600)
         task = next(tid for tid, _, q, _ in TASKS if messages[1]["content"].startswith(q))
         plan = ANSWERS[task]
         answer = plan[min(started[task], len(plan) - 1)]
@@ -149,7 +152,9 @@ def wait_for_results(out: Path, count: int, process: subprocess.Popen) -> None:
 def test_an_interrupted_eval_resumes_without_redoing_finished_runs(tmp_path: Path, how: signal.Signals) -> None:
     data, out = write_gaia(tmp_path / "gaia"), tmp_path / "out"
     env = {**os.environ, "COLUMNS": "200"}
-    with FakeOpenAI(scripted_model(delay_s=0.15)) as server:
+    # four runs can finish, the others wait for answers until the signal: some done, some not, however
+    # long the signal takes to land
+    with FakeOpenAI(scripted_model(delay_s=0.15, hold_after=4)) as server:
         process = subprocess.Popen(eval_command(data, out, server), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    text=True, env=env)
         wait_for_results(out, 3, process)

@@ -443,6 +443,7 @@ def graded_by_a_judge(tmp_path: Path, count: int = 6) -> Path:
     return write(tmp_path / "in.jsonl", [make(f"t{n}", answer="Lutetia", grader="equivalent") for n in range(count)])
 
 
+@pytest.mark.slow
 def test_an_unreachable_judge_is_one_error_line_even_when_many_trajectories_fail_at_once(tmp_path: Path) -> None:
     src, out = graded_by_a_judge(tmp_path), tmp_path / "out.jsonl"
     judge_url = f"http://127.0.0.1:{free_port()}/v1"  # refused: nothing listens there

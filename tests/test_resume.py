@@ -231,6 +231,7 @@ async def token_mode_run(tokenizer: Any, replies: list[Any], path: Path, resume_
     return trajectory, [request["prompt"] for request in server.requests]
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 async def test_in_token_mode_a_resumed_run_extends_the_same_token_ids(tokenizer: Any, tmp_path: Path) -> None:
     replies = [CALLS[0], CALLS[1], "", CALLS[2], BROKEN, CALLS[3], mcp_answer("42"), mcp_answer("42")]
@@ -302,6 +303,7 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[
     return path, bodies(server)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGINT", "SIGTERM"])
 def test_a_stopped_run_is_resumed_by_the_command_into_the_same_file(how: str, uninterrupted: Any,
                                                                     tmp_path: Path) -> None:

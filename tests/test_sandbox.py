@@ -174,7 +174,8 @@ def test_an_infinite_loop_times_out_and_the_worker_restarts_fresh(strict: Sandbo
     started = time.monotonic()
     with pytest.raises(SandboxError, match="timed out after 2 s.*restarted.*lost"):
         strict.run_python("import subprocess\nsubprocess.Popen(['sleep', '60'])\nwhile True: pass", sid)
-    assert time.monotonic() - started < 4
+    # back at the 2 s timeout (and a stop of the worker, slower on a busy machine), not when the `sleep 60` ends
+    assert time.monotonic() - started < 30
     assert strict.backend.leftover_processes(sid) == []
     assert "name 'kept' is not defined" in strict.run_python("kept", sid)
     assert "stdout='kept.txt\\n'" in strict.run_command("ls", sid)
@@ -273,17 +274,23 @@ def test_code_cannot_signal_the_server(strict: Sandboxes) -> None:
     assert "Result(1)" in strict.run_python("1", sid)
 
 
-def test_children_do_not_outlive_the_call(strict: Sandboxes) -> None:
-    # Processes that start a session of their own are only found when the sandbox has its own uid.
-    new_session = strict.backend.isolation.own_uid
-    sid = new_id(strict)
-    text = strict.run_python("import subprocess\n"
-                             f"p = subprocess.Popen(['sleep', '60'], start_new_session={new_session})\np.pid", sid)
-    assert "Result(" in text and strict.backend.leftover_processes(sid) == []
-    started = time.monotonic()
-    assert "stdout='started\\n'" in strict.run_command(f"{'setsid ' * new_session}sleep 60 & echo started", sid)
-    assert time.monotonic() - started < 1.5
-    assert strict.backend.leftover_processes(sid) == []
+def test_children_do_not_outlive_the_call(tmp_path: Path) -> None:
+    # A timeout far past what a call takes on a busy machine: a call that waited for the children (whose
+    # `sleep 600` holds the output pipes open) would run until it, and still answer.
+    boxes = Sandboxes(make_config(tmp_path, timeout_s=120.0))
+    try:
+        # Processes that start a session of their own are only found when the sandbox has its own uid.
+        new_session = boxes.backend.isolation.own_uid
+        sid = new_id(boxes)
+        text = boxes.run_python("import subprocess\n"
+                                f"p = subprocess.Popen(['sleep', '600'], start_new_session={new_session})\np.pid", sid)
+        assert "Result(" in text and boxes.backend.leftover_processes(sid) == []
+        started = time.monotonic()
+        assert "stdout='started\\n'" in boxes.run_command(f"{'setsid ' * new_session}sleep 600 & echo started", sid)
+        assert time.monotonic() - started < 60  # answered when the shell exited, not at the 120 s timeout
+        assert boxes.backend.leftover_processes(sid) == []
+    finally:
+        boxes.close()
 
 
 # --- files in and out --------------------------------------------------------------------------

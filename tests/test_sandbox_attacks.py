@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from processes import command_line, parents
 
 from nanbeige.tools.sandbox import SandboxConfig, SandboxError, Sandboxes
+from nanbeige.tools.sandbox_channel import CPU_GRACE_S, cpu_time
 
 STATE_LOST = "variables, imports and definitions from earlier calls are lost"
 
@@ -35,6 +39,35 @@ def new_id(boxes: Sandboxes) -> str:
     return boxes.create().splitlines()[0].removeprefix("Sandbox created with sandbox_id: ")
 
 
+class CpuPeak:
+    seconds = 0.0
+    """The most CPU time (user plus system) any of the watched processes had used when last seen."""
+
+
+@contextmanager
+def cpu_peak(find: Callable[[], set[int]]) -> Iterator[CpuPeak]:
+    """Watches, from outside the sandbox and every 10 ms while the block runs, the CPU time of the
+    processes `find()` names (asked until it names some): how much CPU code got before it was
+    stopped. The limits are CPU time; unlike the seconds a call takes, load on the machine does
+    not change it."""
+    peak, done = CpuPeak(), threading.Event()
+
+    def sample() -> None:
+        pids: set[int] = set()
+        while not done.is_set():
+            pids = pids or find()
+            peak.seconds = max([peak.seconds, *(cpu_time(pid) for pid in pids)])
+            done.wait(0.01)
+
+    watcher = threading.Thread(target=sample, daemon=True)
+    watcher.start()
+    try:
+        yield peak
+    finally:
+        done.set()
+        watcher.join()
+
+
 def assert_worker_intact(boxes: Sandboxes, sid: str) -> None:
     """Later calls answer for themselves, with the state set before the attack."""
     time.sleep(0.6)  # past the lingering children's late writes
@@ -50,8 +83,8 @@ def assert_worker_intact(boxes: Sandboxes, sid: str) -> None:
 def test_a_child_that_returns_from_the_cell_ends_instead_of_answering(boxes: Sandboxes) -> None:
     sid = new_id(boxes)
     boxes.run_python("x = 7", sid)
-    # the parent answers last: the child's answer, had it sent one, would be read first
-    text = boxes.run_python("import os, time\npid = os.fork()\nif pid: time.sleep(0.3)\npid", sid)
+    # the parent answers once the child has ended: the child's answer, had it sent one, would be read first
+    text = boxes.run_python("import os\npid = os.fork()\nif pid: os.waitpid(pid, 0)\npid", sid)
     assert re.fullmatch(r"Execution\(Results: \[Result\([1-9]\d*\)\], .*Error: None\)", text), text
     assert_worker_intact(boxes, sid)
 
@@ -59,8 +92,9 @@ def test_a_child_that_returns_from_the_cell_ends_instead_of_answering(boxes: San
 def test_what_a_forked_child_prints_during_the_cell_is_part_of_its_output(boxes: Sandboxes) -> None:
     sid = new_id(boxes)
     boxes.run_python("x = 7", sid)
-    text = boxes.run_python("import os, time\nif os.fork() == 0:\n    print('from the child')\nelse:\n"
-                            "    time.sleep(0.3)\n    print('from the parent')\n'parent'", sid)
+    # the parent prints once the child has ended, so the order of the lines is known
+    text = boxes.run_python("import os\nchild = os.fork()\nif child == 0:\n    print('from the child')\nelse:\n"
+                            "    os.waitpid(child, 0)\n    print('from the parent')\n'parent'", sid)
     assert text == ("Execution(Results: [Result('parent')], "
                     "Logs: Logs(stdout: ['from the child\\nfrom the parent\\n'], stderr: []), Error: None)")
     assert_worker_intact(boxes, sid)
@@ -93,8 +127,9 @@ def test_a_lingering_child_cannot_write_to_the_channel_or_later_cells(boxes: San
 def test_forking_twice_gives_one_answer(boxes: Sandboxes) -> None:
     sid = new_id(boxes)
     boxes.run_python("x = 7", sid)
-    text = boxes.run_python("import os, time\na = os.fork()\nb = os.fork()\nif a and b: time.sleep(0.3)\n"
-                            "(a > 0, b > 0)", sid)
+    # each process waits for the children it forked: the first one answers after the three others ended
+    text = boxes.run_python("import os\na = os.fork()\nb = os.fork()\nif b: os.waitpid(b, 0)\n"
+                            "if a and b: os.waitpid(a, 0)\n(a > 0, b > 0)", sid)
     assert text == "Execution(Results: [Result((True, True))], Logs: Logs(stdout: [], stderr: []), Error: None)"
     assert_worker_intact(boxes, sid)
 
@@ -177,15 +212,19 @@ def test_a_worker_that_exits_is_restarted_with_the_state_lost(boxes: Sandboxes) 
 @pytest.mark.parametrize("drop_privileges", [True, False], ids=["own-uid", "shared-uid"])
 def test_code_that_lifts_its_cpu_limit_is_still_stopped_near_the_budget(tmp_path: Path, lift: str,
                                                                         drop_privileges: bool) -> None:
-    boxes = make_boxes(tmp_path, cpu_seconds=2, timeout_s=30.0, drop_privileges=drop_privileges)
+    # a timeout far past what the budget takes on a busy machine: only the CPU watch can stop the loop
+    boxes = make_boxes(tmp_path, cpu_seconds=2, timeout_s=120.0, drop_privileges=drop_privileges)
     try:
         sid = new_id(boxes)
         boxes.run_python("x = 7", sid)
-        started = time.monotonic()
-        with pytest.raises(SandboxError, match=f"used more than 2 s of CPU time.*stopped.*{STATE_LOST}"):
+        worker = boxes.backend._box(sid).channel.pid  # as this process sees it, also from outside a jail
+        before = cpu_time(worker)
+        with cpu_peak(lambda: {worker}) as spent, \
+                pytest.raises(SandboxError, match=f"used more than 2 s of CPU time.*stopped.*{STATE_LOST}"):
             boxes.run_python(f"{lift}\nwhile True: pass", sid)
-        # 2 s of CPU, the grace the worker's own limit gets first, a check every 0.1 s; slack for a busy machine
-        assert time.monotonic() - started < 10
+        # stopped by the server's watch (not the timeout: the message says so) once the cell had its
+        # 2 s and the grace the worker's own limit gets first; the watch reads every 0.1 s, so not much later
+        assert 2 <= spent.seconds - before < 2 + CPU_GRACE_S + 1.5
         assert "name 'x' is not defined" in boxes.run_python("x", sid)
         assert boxes.backend.leftover_processes(sid) == []
     finally:
@@ -210,7 +249,8 @@ def test_a_cell_within_its_limit_keeps_its_state_after_an_earlier_one_used_much_
 def test_hard_limits_hold_for_cells_and_commands(tmp_path: Path, drop_privileges: bool) -> None:
     """Without CAP_SYS_RESOURCE (which the sandbox never has) a hard limit cannot be raised: a command's
     CPU limit is a hard one, and a command that ignores SIGXCPU is killed at it."""
-    boxes = make_boxes(tmp_path, cpu_seconds=2, drop_privileges=drop_privileges)
+    # a timeout far past what 3 s of CPU can take on a busy machine: only the CPU limit can stop the loop
+    boxes = make_boxes(tmp_path, cpu_seconds=2, timeout_s=120.0, drop_privileges=drop_privileges)
     try:
         sid = new_id(boxes)
         capabilities = "int(open('/proc/self/status').read().split('CapEff:')[1].split()[0], 16)"
@@ -220,10 +260,13 @@ def test_hard_limits_hold_for_cells_and_commands(tmp_path: Path, drop_privileges
             "resource.setrlimit(resource.RLIMIT_NOFILE, (hard + 1, hard + 1))", sid)
         with pytest.raises(SandboxError, match="not allowed to raise maximum limit"):
             boxes.run_command("python3 -c 'import resource; resource.setrlimit(resource.RLIMIT_CPU, (-1, -1))'", sid)
-        started = time.monotonic()
-        with pytest.raises(SandboxError, match=re.escape("code -1 (signal: SIGKILL)")):
-            boxes.run_command("trap '' XCPU; while :; do :; done", sid)
-        assert time.monotonic() - started < 8
+        loop = "trap '' XCPU; while :; do :; done"
+        shell = f"/bin/sh -c {loop}"  # the jail's processes name the command too, in longer command lines
+        with cpu_peak(lambda: {pid for pid in parents() if command_line(pid) == shell}) as spent, \
+                pytest.raises(SandboxError, match=re.escape("code -1 (signal: SIGKILL)")):
+            boxes.run_command(loop, sid)
+        # past the soft limit (2 s: SIGXCPU, ignored) and killed by the kernel at the hard one (a second more)
+        assert 2 < spent.seconds < 3.5
     finally:
         boxes.close()
 
@@ -248,10 +291,13 @@ def test_a_thread_left_spinning_between_calls_is_stopped(tmp_path: Path, drop_pr
             "int(os.readlink('/proc/self'))", sid)
         assert re.search(r"Result\((\d+)\)", text)
         worker = boxes.backend._box(sid).channel.pid  # as this process sees it, also from outside a jail
-        deadline = time.monotonic() + 20
-        while running(worker) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not running(worker)  # stopped while idle, not at the next call
+        idle_from = cpu_time(worker)
+        # the watch reads idle workers' CPU time every second and stops one past a call's 2 s: waited for
+        # in CPU time, which load does not stretch (the wall-clock limit only guards against a hang)
+        deadline = time.monotonic() + 120
+        while running(worker) and cpu_time(worker) - idle_from < 5 * 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not running(worker)  # stopped while idle, well before five budgets, not at the next call
         with pytest.raises(SandboxError, match=f"Between calls.*more than 2 s of CPU time.*{STATE_LOST}.*did not run"):
             boxes.run_python("x", sid)
         assert "name 'x' is not defined" in boxes.run_python("x", sid)

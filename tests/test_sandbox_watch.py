@@ -20,7 +20,8 @@ from nanbeige.tools.sandbox import SandboxConfig, SandboxError, Sandboxes
 def watched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Sandboxes]:
     monkeypatch.setattr(sandbox_local, "cgroup_parents", lambda: None)
     monkeypatch.setattr(sandbox_local, "can_make_disks", lambda: False)
-    boxes = Sandboxes(SandboxConfig(root=tmp_path / "sandboxes", upload_dirs=[tmp_path], timeout_s=20.0,
+    # a timeout far past what a call takes on a busy machine, so that only the watch stops what it should
+    boxes = Sandboxes(SandboxConfig(root=tmp_path / "sandboxes", upload_dirs=[tmp_path], timeout_s=120.0,
                                     memory_mb=512, disk_mb=64))
     assert boxes.backend.isolation and boxes.backend._cgroups is None and not boxes.backend._disks
     yield boxes
@@ -43,8 +44,8 @@ def test_processes_that_together_pass_the_memory_budget_are_stopped(watched: San
     started = time.monotonic()
     with pytest.raises(SandboxError) as stopped:
         watched.run_command("for i in 1 2 3 4; do python3 -c 'b = b\"1\" * (200 * 1024 * 1024); import time; "
-                            "time.sleep(20)' & done; wait; exit 3", sid)
-    assert time.monotonic() - started < 10  # the watch, not the 20 s sleep or the timeout
+                            "time.sleep(600)' & done; wait; exit 3", sid)
+    assert time.monotonic() - started < 60  # the watch, not the 600 s sleep or the 120 s timeout
     assert "ran out of memory (its processes together may use 512 MB)" in str(stopped.value)
     assert "Result(2)" in watched.run_python("1 + 1", sid)  # the sandbox goes on
 

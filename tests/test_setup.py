@@ -58,14 +58,13 @@ def test_a_tool_server_that_cannot_start_is_reported_before_the_model_is_loaded(
 def test_a_model_that_cannot_be_downloaded_fails_at_once_with_the_fixes(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     hub = f"http://127.0.0.1:{free_port()}"  # stands for a machine with no network: nothing answers there
-    started = time.monotonic()
     result = nanbeige("ask", "q", "--backend", "transformers", "--model", "nobody/no-such-model", "--mcp", TESTKIT,
                       env={"HF_ENDPOINT": hub, "HF_HOME": str(tmp_path / "hf"), "NANBEIGE_RUNS_DIR": str(runs)},
-                      timeout=40)
-    took = time.monotonic() - started
+                      timeout=120)
+    # the check's own answer, before loading began: transformers alone retries for about a minute, in loading
     assert_one_line_error(result, "'nobody/no-such-model' is not downloaded", "--model", "--base-url")
+    assert "loading" not in result.stderr
     assert len(result.stderr.strip().splitlines()) <= 4, result.stderr  # a line, not twenty
-    assert took < 30, took  # generous: transformers alone retries for about a minute
     assert not runs.exists()
 
 
@@ -192,15 +191,19 @@ def test_sigterm_during_setup_ends_the_command_at_once(tmp_path: Path) -> None:
     with socket.socket() as silent:  # takes connections, never answers: the probe waits for its timeout
         silent.bind(("127.0.0.1", 0))
         silent.listen()
+        silent.settimeout(120)  # only against a hang: the probe connects as soon as the command has started
         url = f"http://127.0.0.1:{silent.getsockname()[1]}/v1"
         process = subprocess.Popen([NANBEIGE, "ask", "q", "--base-url", url, "--trajectory", str(tmp_path / "t.jsonl")],
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(1.5)  # well inside the probe's 10 s
+        probe, _ = silent.accept()  # the command is in setup, waiting for the probe's answer
+        probing = time.monotonic()
         process.send_signal(signal.SIGTERM)
-        started = time.monotonic()
-        _, stderr = process.communicate(timeout=30)
+        _, stderr = process.communicate(timeout=60)
+        ended = time.monotonic()
+        probe.close()
     assert process.returncode == 143, stderr
-    assert time.monotonic() - started < 5  # not after the probe gives up
+    # measured from the probe's start, which the signal followed at once: the probe gives up after 10 s
+    assert ended - probing < 10  # ended by the signal, not after the probe gave up
     assert "Traceback" not in stderr and not (tmp_path / "t.jsonl").exists()
 
 
@@ -218,6 +221,7 @@ def test_a_key_quoted_back_by_the_server_never_reaches_stdout_or_stderr(tmp_path
         assert key not in text
 
 
+@pytest.mark.slow
 def test_sampling_and_turn_limits_follow_the_dialect_unless_given(tmp_path: Path) -> None:
     def ask(*args: str, vllm: bool = True) -> tuple[dict, dict]:
         with FakeOpenAI([], default=mcp_answer("ok"), vllm=vllm) as server:

@@ -23,6 +23,7 @@ def smollm2_folder() -> Path:
     return Path(spec.submodule_search_locations[0])
 
 
+@pytest.mark.slow
 async def test_a_small_real_model_answers_in_process() -> None:
     llm = TransformersLLM(LLMConfig(model=str(smollm2_folder()), temperature=0.0, repetition_penalty=1.0, max_tokens=40),
                           gguf_file=GGUF)

@@ -131,6 +131,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 @pytest.mark.anyio
+@pytest.mark.slow
 async def test_synthesize_accepts_rejects_and_resumes(index_dir: Path, graph: Graph, tmp_path: Path) -> None:
     model = ScriptedModel()
     out = tmp_path / "questions.jsonl"

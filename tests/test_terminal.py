@@ -14,11 +14,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import TEST_SERVER
 from fake_openai import FakeOpenAI, Reply, mcp_answer, mcp_call
 from terminal import Terminal
 from test_eval_runner import scripted_model, write_gaia
 
+# real terminals and whole commands against models that take seconds: 4 to 40 s a test
+pytestmark = pytest.mark.slow
 NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
 TESTKIT = "testkit=" + shlex.join(TEST_SERVER)
 SLOW = 2.0  # seconds a reply takes: longer than the live view's refresh, as with any real model

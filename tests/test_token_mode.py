@@ -90,6 +90,7 @@ async def test_concurrent_runs_over_one_client_and_one_toolbox_stay_independent(
     assert sorted(sent) == sorted(rebuilt)  # every prompt sent is rebuilt exactly from its own trajectory
 
 
+@pytest.mark.slow
 def test_ask_in_token_mode_from_the_command_line(tmp_path: Path) -> None:
     import hashlib
     import json
@@ -174,6 +175,7 @@ async def test_a_rolled_back_reply_is_sampled_again_from_the_very_same_prompt_id
     assert trajectory.answer == "5"
 
 
+@pytest.mark.slow
 def test_token_mode_renders_with_the_deep_search_template_beside_the_weights(tmp_path: Path) -> None:
     import json
     import os

@@ -144,6 +144,7 @@ def one_and_two_processes(tiny: Path, judged: Path, tmp_path: Path, *options: st
     return single, sharded
 
 
+@pytest.mark.slow
 def test_two_gloo_processes_under_torchrun_give_the_loss_gradients_and_metrics_of_one(tiny: Path, judged: Path,
                                                                                       tmp_path: Path) -> None:
     single, sharded = one_and_two_processes(tiny, judged, tmp_path)
@@ -156,6 +157,7 @@ def test_two_gloo_processes_under_torchrun_give_the_loss_gradients_and_metrics_o
     assert all((a[name] - b[name]).abs().max() < 1e-4 for name in a)  # the same update, gathered from shards
 
 
+@pytest.mark.slow
 def test_lora_under_torchrun_trains_the_adapter_of_one_process(tiny: Path, judged: Path, tmp_path: Path) -> None:
     single, sharded = one_and_two_processes(tiny, judged, tmp_path, "--lora-rank", "4")
     assert abs(single["loss"] - sharded["loss"]) < 1e-5

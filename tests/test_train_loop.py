@@ -219,6 +219,7 @@ def test_a_loop_that_cannot_sync_is_refused_before_anything_runs(tiny: Path, tmp
     assert not (tmp_path / "loop").exists()
 
 
+@pytest.mark.slow
 def test_the_train_command_runs_the_loop_from_its_flags(tmp_path: Path) -> None:
     import subprocess
     import sys
