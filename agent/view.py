@@ -59,6 +59,7 @@ def progress_every(default_s: float) -> float:
 
 
 def elapsed(seconds: float) -> str:
+    """`42s`, `3m05s`, `2h07m`: a span of time as the progress lines show it."""
     seconds = int(seconds)
     if seconds >= 3600:
         return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
@@ -293,9 +294,7 @@ class RunsView:
         finished = p.done - self.resumed
         if finished <= 0:
             return "-"
-        seconds = (time.monotonic() - p.started) / finished * (p.total - p.done)
-        return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m" if seconds >= 3600 else \
-            f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+        return elapsed((time.monotonic() - p.started) / finished * (p.total - p.done))
 
     def stop(self) -> None:
         if self.live:
