@@ -383,7 +383,7 @@ class OpenAIChat:
         return None  # the server tokenizes; its usage figures say how much
 
     def request_body(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                     max_tokens: int | None, stream: Any = None) -> dict[str, Any]:
+                     max_tokens: int | None, stream: bool = False) -> dict[str, Any]:
         c = self.config
         body: dict[str, Any] = {"model": c.model, "messages": messages, "temperature": c.temperature,
                                 "top_p": c.top_p, "max_tokens": max_tokens or c.max_tokens}
@@ -450,12 +450,16 @@ class OpenAIChat:
         if self.server is None:
             await self._learn_server()
         read = streamed(on_text) if on_text is not None else None
-        answer, latency_s = await self._post_with_retries(self.request_body(messages, tools, max_tokens, read), read=read)
+
+        def ask() -> Awaitable[tuple[Any, float]]:  # the body is built anew: it changes once extras are refused
+            body = self.request_body(messages, tools, max_tokens, stream=read is not None)
+            return self._post_with_retries(body, read=read)
+
+        answer, latency_s = await ask()
         if isinstance(answer, httpx.Response) and 400 <= answer.status_code < 500 and self.send_extras \
                 and _mentions_extras(answer):
             self.send_extras = False
-            answer, latency_s = await self._post_with_retries(self.request_body(messages, tools, max_tokens, read),
-                                                              read=read)
+            answer, latency_s = await ask()
         if isinstance(answer, httpx.Response) and answer.status_code != 200:
             self.raise_for_answer(answer)
         try:
