@@ -214,6 +214,7 @@ def resume(
     from nanbeige.agent.restore import complete_turns
     from nanbeige.agent.resume import check_not_in_use, pick, settings_for
     from nanbeige.agent.setup import SetupError, secrets_of
+    from nanbeige.agent.trajectory import counted_turns
 
     if replay and cache is None:
         fail("--replay needs --cache PATH: the cache file to answer tool calls from", 2)
@@ -227,7 +228,8 @@ def resume(
     # where tool results come from is given anew, like the tool servers: the start record does not keep it
     settings.tools.cache, settings.tools.replay = cache, replay
     hide(secrets_of(settings))
-    err.print(f"[dim]resuming trajectory {trajectory.id} after {complete_turns(trajectory.turns)} turns "
+    kept = counted_turns(trajectory.turns[:complete_turns(trajectory.turns)])  # counted as max_turns counts
+    err.print(f"[dim]resuming trajectory {trajectory.id} after {kept} turn{'s' * (kept != 1)} "
               f"({trajectory.stop_reason or 'no end record'})[/]", highlight=False)
     report(run_command(_ask(trajectory.question, settings, resume_from=trajectory)), json_output)
 
