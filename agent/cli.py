@@ -276,7 +276,7 @@ def doctor(
         screen.print(f"{mark} [bold]{finding.part}[/]: {escape(shown(finding.found))}", highlight=False)
         if finding.fix:
             screen.print(f"    [dim]{'fix' if not finding.ok else 'tip'}: {escape(shown(finding.fix))}[/]",
-                      highlight=False, soft_wrap=True)
+                         highlight=False)
     if not found[0].ok:
         raise typer.Exit(1)
 

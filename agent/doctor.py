@@ -31,7 +31,7 @@ class Finding:
 def check_model(base_url: str, model: str, api_key: str | None) -> Finding:
     """A server that answers at `base_url`, else the model in this process: installed, and at hand."""
     from nanbeige.agent.llm import ModelUnreachable, probe_server
-    from nanbeige.agent.local import SMALL_MODEL, resolve_small_model, small_model_folder
+    from nanbeige.agent.local import SMALL_MODEL, LocalModelError, at_hand, resolve_small_model, small_model_folder
 
     try:
         server = probe_server(base_url, api_key, timeout=2.0, model=model)
@@ -52,27 +52,16 @@ def check_model(base_url: str, model: str, api_key: str | None) -> Finding:
                                        "installed", f"{serve}, or pip install 'nanbeige[local]'{small}")
     try:
         folder, gguf_file = resolve_small_model(model, None)
-    except Exception as exc:  # the alias without its package
+        where = at_hand(folder, gguf_file)
+    except LocalModelError as exc:  # the alias without its package
         return Finding("model", False, f"no server at {base_url}; {exc}", serve)
-    where = at_hand(folder, gguf_file)
+    except ValueError:  # no model id: nothing of it can be here
+        where = None
     if where is None:
         return Finding("model", False, f"no server at {base_url}; {model} is not downloaded here",
                        f"{serve}, or let `nanbeige ask` download it (about 8 GB){small}")
     return Finding("model", True, f"no server at {base_url}: {model} runs in this process ({where}); slow on a CPU",
                    f"for speed, {serve}")
-
-
-def at_hand(model: str, gguf_file: str | None) -> str | None:
-    """Where the model's files are here (a folder, or the hub's cache), or None."""
-    if os.path.isdir(model):
-        return f"folder {model}"
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        found = try_to_load_from_cache(model, gguf_file or "config.json")
-    except (ImportError, ValueError):
-        return None
-    return "downloaded" if isinstance(found, str) else None
 
 
 def check_search(env: Mapping[str, str]) -> Finding:

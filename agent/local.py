@@ -92,21 +92,31 @@ def on_cpu() -> bool:
     return not torch.cuda.is_available()
 
 
+def at_hand(model: str, gguf_file: str | None = None) -> str | None:
+    """Where the model's files are here: `folder PATH`, `downloaded` (in the hub's cache), or None.
+    Raises ValueError for a name that is no model id."""
+    if Path(model).exists():
+        return f"folder {model}"
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    return "downloaded" if isinstance(try_to_load_from_cache(model, gguf_file or "config.json"), str) else None
+
+
 def check_model_available(model: str, gguf_file: str | None = None, timeout_s: float = 3.0) -> None:
     """Fail at once, with the fixes, when the model is neither a local folder nor downloaded, and the
     hub it would come from cannot be reached (transformers would retry for about a minute first)."""
-    if Path(model).exists():
-        return
     try:
-        import httpx
-        from huggingface_hub import constants, try_to_load_from_cache
-    except ImportError:
-        return  # transformers is missing: loading reports that
-    try:
-        if isinstance(try_to_load_from_cache(model, gguf_file or "config.json"), str):
+        if at_hand(model, gguf_file):
             return
     except ValueError:  # not a valid model id: loading says so
         return
+    try:
+        import httpx
+        from huggingface_hub import constants
+    except ImportError:
+        return  # transformers is missing: loading reports that
     fixes = ("pass --model with a local model folder, or --base-url with a running model server "
              "(`nanbeige serve` on a GPU machine)")
     if small_model_folder() is not None:
