@@ -27,7 +27,7 @@ from nanbeige.agent.llm import LLM, Completion, ContextOverflow, ModelError
 from nanbeige.agent.restore import rebuild, reopen
 from nanbeige.agent.tokens import TokenTracker
 from nanbeige.agent.trajectory import (ToolResult, Trajectory, TrajectoryWriteError, TrajectoryWriter, Turn,
-                                        resume_record)
+                                        counted_turns, resume_record)
 from nanbeige.agent.usage import add_turn, over_budget
 
 if TYPE_CHECKING:  # the MCP SDK takes most of a second to import; `nanbeige --help` needs none of it
@@ -253,7 +253,7 @@ def _turns_used(state: Run) -> int:
     """The turns that count against max_turns so far (rolled-back replies do not)."""
     turns = state.trajectory.turns
     seen, used = state.turns_counted
-    used += sum(not turn.rolled_back for turn in turns[seen:])
+    used += counted_turns(turns[seen:])
     state.turns_counted = (len(turns), used)
     return used
 
