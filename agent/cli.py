@@ -72,6 +72,7 @@ def ask(
     summary_turn: o.SummaryTurn = None,
     rollback: o.Rollback = None,
     system_prompt_file: o.SystemPromptFile = None,
+    reference: o.ReferenceCheckout = None,
     budget: o.Budget = None,
     cache: o.Cache = None,
     replay: o.Replay = False,
@@ -107,7 +108,8 @@ async def _ask(question: str, settings: RunSettings, resume_from: Trajectory | N
         if resume_from is not None:
             from nanbeige.agent.resume import check_unchanged
 
-            check_unchanged(resume_from, runtime.llm, runtime.toolbox.tools if runtime.toolbox else [])
+            check_unchanged(resume_from, runtime.llm, runtime.toolbox.tools if runtime.toolbox else [],
+                            runtime.agent.reference)
         err.print(f"[dim]trajectory: {escape(str(runtime.path))}[/]", highlight=False)
         try:
             streamed = dataclasses.replace(runtime.agent, stream=True)  # a person watches the reply come
@@ -300,6 +302,7 @@ app.command("serve", context_settings={"allow_extra_args": True, "ignore_unknown
     commands.serve)
 app.command("server")(commands.server)
 app.add_typer(commands.index_app, name="index")
+app.add_typer(commands.reference_app, name="reference")
 app.command("eval", epilog=commands.benchmark_list())(commands.evaluate)
 app.command("collect")(rl_commands.collect)
 app.command("judge")(rl_commands.judge)

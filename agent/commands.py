@@ -27,7 +27,8 @@ def serve(
     port: Annotated[int, typer.Option(min=1, max=65535)] = ServeConfig.port,
     dialect: Annotated[str, typer.Option(help="mcp-xml (no tool parser) or tool-call (hermes parser).")
                        ] = ServeConfig.dialect,
-    max_model_len: Annotated[int, typer.Option(min=1024, help="Context length.")] = ServeConfig.max_model_len,
+    max_model_len: Annotated[int, typer.Option(min=1024, help=(
+        "Context length in tokens (KV cache: 64 KiB a token, 16 GiB for one full 262144-token sequence)."))] = ServeConfig.max_model_len,
     gpu_memory_utilization: Annotated[float, typer.Option(min=0.05, max=1.0)] = ServeConfig.gpu_memory_utilization,
     data_parallel_size: Annotated[int, typer.Option("--data-parallel-size", "-dp", min=1)
                                   ] = ServeConfig.data_parallel_size,
@@ -68,6 +69,25 @@ def server(
     if transport == "http":
         err.print(f"[dim]serving {name} at http://{host}:{port}/mcp[/]", highlight=False)
     importlib.import_module(f"nanbeige.servers.{name}").serve(transport, host, port)
+
+
+reference_app = typer.Typer(no_args_is_help=True, help="Read the reference harness (MiroThinker) the model was trained in.")
+
+
+@reference_app.command("check")
+def reference_check(
+    path: Annotated[Path, typer.Argument(help="A checkout of MiroThinker (the repository's root folder).")],
+) -> None:
+    """Say, for each text and rule the model reads, whether this checkout was understood: what
+    `--reference PATH` would use. Exit 1 when something is missing."""
+    from nanbeige.agent.reference import inspect
+
+    report, reference = inspect(path)
+    for name, ok, detail in report:
+        print_line(f"{'✓' if ok else '✗'} {name}: {detail}")
+    if reference is None:
+        fail(f"{path} cannot be used as --reference: see the lines marked ✗", 1)
+    print_line(f"sha256 {reference.sha256}")
 
 
 index_app = typer.Typer(no_args_is_help=True, help="Build and query the local search index.")
@@ -191,6 +211,7 @@ def evaluate(
     summary_turn: o.SummaryTurn = None,
     rollback: o.Rollback = None,
     system_prompt_file: o.SystemPromptFile = None,
+    reference: o.ReferenceCheckout = None,
     budget: o.Budget = None,
     cache: o.Cache = None,
     replay: o.Replay = False,

@@ -76,6 +76,9 @@ class RunSettings:
     """Trajectory file (JSONL, appended); None: a new file under NANBEIGE_RUNS_DIR (default `runs/`)."""
     system_prompt_file: Path | None = None
     """A file holding the mcp-xml system prompt as a template (`{tools}`, `{date}`); None: the built-in one."""
+    reference: Path | None = None
+    """A checkout of the reference harness (MiroThinker) whose own texts the model reads in mcp-xml
+    (`agent/reference.py`); None: our own texts, laid out as the reference's."""
     whole_trajectories: bool = False
     """Write each trajectory in one piece when it ends, and only one that ended on its own (`collect`:
     the file then holds finished rollouts only), instead of turn by turn."""

@@ -75,6 +75,18 @@ class History:
             messages[position] = {**messages[position], "content": OMITTED}
         return messages
 
+    def summary_view(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The messages for the summary turn: the reference counts its summary prompt as one of the K
+        results it shows, so only the K-1 newest tool results among `messages` stay."""
+        shown = [group for group in self.observations if group[-1] < len(messages)]
+        hidden = shown[:max(0, len(shown) - max(self.keep - 1, 0))] if self.keep >= 0 else []
+        if not hidden:
+            return messages
+        messages = list(messages)
+        for position in (p for group in hidden for p in group):
+            messages[position] = {**messages[position], "content": OMITTED}
+        return messages
+
     def latest_tool_result_tokens(self) -> int:
         return sum(_message_tokens(self.messages[i]) for i in self.observations[-1]) if self.observations else 0
 
@@ -94,13 +106,35 @@ def degenerate(text: str, tail: int = 50, times: int = 5) -> bool:
     return text.count(text[-tail:]) > times
 
 
-def used_query(turns: list[Turn], earlier_in_turn: list[ToolCall], call: ToolCall) -> bool:
-    """True when this `google_search` query was already searched in the run (the reference harness
-    answers such a call with a note instead of running it; other tools are not checked)."""
+def used_query(turns: list[Turn], turn: Turn, position: int) -> bool:
+    """True when the `google_search` query of the turn's call at `position` was already searched in
+    the run by a call that did not fail (the reference v1.0 answers such a call with a note instead
+    of running it, and counts only queries that ran; other tools are not checked)."""
+    call = turn.tool_calls[position]
     if call.name != "google_search" or not isinstance(call.arguments.get("q"), str):
         return False
-    made = [c for turn in turns for c in turn.tool_calls] + earlier_in_turn
-    return any(c.name == "google_search" and c.arguments.get("q") == call.arguments["q"] for c in made)
+    made = [pair for earlier in turns for pair in zip(earlier.tool_calls, earlier.tool_results)]
+    made += list(zip(turn.tool_calls[:position], turn.tool_results[:position]))
+    return any(c.name == "google_search" and c.arguments.get("q") == call.arguments["q"] and not r.is_error
+               for c, r in made)
+
+
+def query_key(call: ToolCall) -> tuple[str, ...] | None:
+    """What makes two calls the same query under the reference's later rule: a search's `q`, a page
+    extraction's url and what to extract."""
+    if call.name == "google_search":
+        return (call.name, str(call.arguments.get("q", "")))
+    if call.name == "scrape_and_extract_info":
+        return (call.name, str(call.arguments.get("url", "")), str(call.arguments.get("info_to_extract", "")))
+    return None
+
+
+def repeats_query(turns: list[Turn], calls: list[ToolCall]) -> bool:
+    """True when one of these calls repeats a query an earlier call ran without failing (the rule of
+    the reference from 2025-12-28, which rolls such a reply back)."""
+    keys = {query_key(c) for c in calls} - {None}
+    return bool(keys) and any(query_key(c) in keys and not r.is_error
+                              for t in turns for c, r in zip(t.tool_calls, t.tool_results))
 
 
 def repeated_call(turns: list[Turn], call: ToolCall, limit: int) -> bool:

@@ -17,12 +17,15 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import json_repair
 
 from nanbeige.agent import mcp_prompt
 from nanbeige.agent.trajectory import ToolCall, Turn
+
+if TYPE_CHECKING:
+    from nanbeige.agent.reference import Reference
 
 DIALECTS = ("mcp-xml", "tool-call")
 OMITTED = "Tool result is omitted to save tokens."
@@ -38,7 +41,8 @@ _MCP_BLOCK = re.compile(
     r"<arguments>(.*?)</arguments>\s*</use_mcp_tool>",
     re.DOTALL,
 )
-_MCP_TAGS = ("<use_mcp_tool>", "</use_mcp_tool>", "<server_name>", "<arguments>")
+# A reply without a parsable call that holds one of these is a malformed call (the reference's six).
+MCP_TAGS = ("<use_mcp_tool>", "</use_mcp_tool>", "<server_name>", "</server_name>", "<arguments>", "</arguments>")
 _TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
 
@@ -60,32 +64,56 @@ def no_tools_system_prompt(date: str) -> str:
     return f"You are a careful assistant. Answer the user's question as accurately as you can.\n\nToday is: {date}\n"
 
 
-def system_prompt(dialect: str, tools: list[dict[str, Any]], date: str, template: str | None = None) -> str:
-    """The system prompt; `template` (with `{tools}` and `{date}`) replaces the mcp-xml one."""
-    if dialect == "mcp-xml" and (tools or template is not None):
+def system_prompt(dialect: str, tools: list[dict[str, Any]], date: str, template: str | None = None,
+                  reference: Reference | None = None) -> str:
+    """The system prompt; `template` (with `{tools}` and `{date}`) replaces the mcp-xml one, and a
+    reference checkout's own prompt replaces ours."""
+    if dialect == "mcp-xml" and template is not None:
         return mcp_prompt.system_prompt(tools, date, template)
+    if dialect == "mcp-xml" and tools:
+        return reference.system_prompt(tools, date) if reference else mcp_prompt.system_prompt(tools, date)
     if dialect == "tool-call" and tools:
         return (f"You are a careful assistant that uses the tools provided to answer the user's question.\n\n"
                 f"Today is: {date}\n")
     return no_tools_system_prompt(date)
 
 
-def user_message(dialect: str, question: str) -> str:
-    return mcp_prompt.user_message(question) if dialect == "mcp-xml" else question
+def user_message(dialect: str, question: str, reference: Reference | None = None) -> str:
+    if dialect != "mcp-xml":
+        return question
+    return reference.user_message(question) if reference else mcp_prompt.user_message(question)
 
 
-def final_answer_instruction(dialect: str, question: str, summary: bool = False) -> str:
+def final_answer_instruction(dialect: str, question: str, summary: bool = False,
+                             reference: Reference | None = None) -> str:
     """The user message that asks for the answer without more tool calls: at the end of every run
-    (the summary turn), or when limits were reached."""
-    box = "wrap it in \\boxed{}" if dialect == "mcp-xml" else "state it plainly"
+    (the summary turn), or when limits were reached. With a reference checkout (mcp-xml), its own
+    summary prompt, which the reference sends in both cases."""
+    if reference is not None and dialect == "mcp-xml":
+        return reference.summary_prompt(question)
+    box = "Put your final answer inside \\boxed{}." if dialect == "mcp-xml" else "State your final answer plainly."
     opening = ("This is the end of the task: no more tools can be used. " if summary else
                "You have reached the limit of tool calls or context for this task, so no more tools can be used. ")
+    # The rules an exact-match grader depends on, as the reference's summary prompt states them.
     return (
-        opening + "Summarise what you found and give your FINAL ANSWER now. If an earlier step already found the "
-        "answer, reuse it; if the answer is still uncertain, give your best-supported guess.\n\n"
-        f'The question was: "{question}"\n\n'
-        f"Give the final answer and {box}. Keep it short: a number, a few words, or a comma-separated list, "
-        "without units, thousands separators, articles or abbreviations unless the question asks for them. "
+        opening + "Summarise the conversation above and give the FINAL ANSWER to the original question.\n\n"
+        "If an earlier step already found a clear answer, do not work it out again: take that answer and put it in "
+        "the form required below. If no answer could be settled, give your best-informed guess from what the "
+        "conversation found.\n\n"
+        f'The original question, for reference:\n\n"{question}"\n\n'
+        f"{box} The final answer is one of:\n"
+        "- a number;\n"
+        "- as few words as possible;\n"
+        "- a comma-separated list of numbers and/or strings.\n\n"
+        "Follow every formatting instruction of the original question exactly: alphabetical or other order, units, "
+        "rounding, number of decimal places, and the like.\n"
+        "Write a number in digits, not words, without thousands separators, and without units, currency signs or "
+        "percent signs unless the question asks for them.\n"
+        "Write a string without articles and without abbreviations (a city's full name, for instance) unless the "
+        "question asks for them.\n"
+        "In a comma-separated list, write each element by the rule for numbers or for strings, whichever it is.\n"
+        "End the answer without punctuation such as '.', '!' or '?'.\n"
+        "Leave out invisible and non-printable characters.\n"
         "Do not call any tool."
     )
 
@@ -159,10 +187,11 @@ def _fix_server(server: str, name: str, tools: list[dict[str, Any]]) -> str:
     return owners[0] if len(owners) == 1 else server
 
 
-def parse_mcp_xml(content: str, tools: list[dict[str, Any]]) -> ParsedReply:
-    text = visible_text(content)
+def parse_mcp_xml(content: str, tools: list[dict[str, Any]], tags: tuple[str, ...] = MCP_TAGS) -> ParsedReply:
+    """Tool calls over the whole reply, reasoning included, as the reference reads them (a call or a
+    malformed-call tag written inside `<think>` counts too)."""
     parsed = ParsedReply()
-    for server, name, raw_arguments in _MCP_BLOCK.findall(text):
+    for server, name, raw_arguments in _MCP_BLOCK.findall(content):
         server, name = server.strip(), name.strip()
         arguments = parse_arguments(raw_arguments)
         if arguments is None:
@@ -171,7 +200,7 @@ def parse_mcp_xml(content: str, tools: list[dict[str, Any]]) -> ParsedReply:
                 "valid JSON inside <arguments>.")
         parsed.tool_calls.append(ToolCall(server=_fix_server(server, name, tools), name=name,
                                           arguments=arguments or {}))
-    if not parsed.tool_calls and any(tag in text for tag in _MCP_TAGS):
+    if not parsed.tool_calls and any(tag in content for tag in tags):
         parsed.format_error = ("Your message contains a tool call that could not be parsed. Write it as "
                                "<use_mcp_tool> with <server_name>, <tool_name> and <arguments> tags, at the end "
                                "of your message, exactly as in the instructions.")
@@ -218,9 +247,10 @@ def mcp_xml_answer_problem(content: str) -> str | None:
     return None
 
 
-def parse_reply(dialect: str, message: dict[str, Any], tools: list[dict[str, Any]]) -> ParsedReply:
+def parse_reply(dialect: str, message: dict[str, Any], tools: list[dict[str, Any]],
+                reference: Reference | None = None) -> ParsedReply:
     if dialect == "mcp-xml":
-        return parse_mcp_xml(message.get("content") or "", tools)
+        return parse_mcp_xml(message.get("content") or "", tools, reference.mcp_tags if reference else MCP_TAGS)
     return parse_tool_call(message, tools)
 
 
@@ -287,8 +317,8 @@ def observation_messages(dialect: str, turn: Turn) -> list[dict[str, Any]]:
         return [{"role": "user", "content": turn.format_error}]
     if not turn.tool_calls:
         return []
-    if dialect == "mcp-xml":
-        return [{"role": "user", "content": "\n".join(_result_text(r) for r in turn.tool_results)}]
+    if dialect == "mcp-xml":  # as the tool gave them: the reference marks no error (the trajectory does)
+        return [{"role": "user", "content": "\n".join(r.text for r in turn.tool_results)}]
     # Calls parsed from the text have no id (the server never saw them as calls), so neither do results.
     return [{"role": "tool", "content": _result_text(result)} | ({"tool_call_id": call.id} if call.id else {})
             for call, result in zip(turn.tool_calls, turn.tool_results)]

@@ -31,11 +31,20 @@ from nanbeige.agent.trajectory import (ToolResult, Trajectory, TrajectoryWriteEr
 from nanbeige.agent.usage import add_turn, over_budget
 
 if TYPE_CHECKING:  # the MCP SDK takes most of a second to import; `nanbeige --help` needs none of it
+    from nanbeige.agent.reference import Reference
     from nanbeige.agent.toolbox import Toolbox
 
 MIN_ANSWER_TOKENS = 512  # the final answer turn needs at least this much room to be worth making
 FINAL_ANSWER_TOKENS = 4096  # room wanted for the final answer (a thinking model reasons first)
-DEFAULT_MAX_CONTEXT = 131072  # Nanbeige4.1-3B's served context, when neither the user nor the server says
+# The context when neither the user nor the server says: the reference harness runs Nanbeige with
+# 262,144, the length the model was trained to.
+DEFAULT_MAX_CONTEXT = 262144
+# The reference's client tries a reply cut off at the token limit or looping this many times; then
+# the turn is used up without a reply.
+RESAMPLES = 10
+# Rolled-back replies have no cap in a row (as in the reference v1.0), so a run also stops once it
+# has sampled this many replies beyond max_turns (the reference's later bound on attempts).
+EXTRA_ATTEMPTS = 200
 RELEASED = "[not kept in memory: this tool result is in the trajectory file]"
 
 
@@ -57,11 +66,14 @@ class AgentConfig:
     `load_trajectories`). Off: every result's text stays in `trajectory.turns` too."""
     max_context: int | None = None
     """The model's context length in tokens; the answer is requested before a call could overflow.
-    None: what the model server reports (vLLM's `max_model_len`), else 131072."""
+    None: what the model server reports (vLLM's `max_model_len`), else 262144."""
     context_reserve: int = 2048
     """Tokens kept free for the final answer request."""
     max_format_errors: int = 5
-    """Stop after this many unusable replies in a row."""
+    """Without rollback: stop after this many unusable replies in a row. With rollback there is no such
+    cap, as in the reference (a reply cut off or looping is sampled up to `RESAMPLES` times, then the
+    turn is used up; other unusable replies are sampled again until max_turns + `EXTRA_ATTEMPTS`
+    replies were made)."""
     repeat_limit: int = 3
     """Refuse a tool call made this many turns in a row with the same arguments (tool-call dialect; in
     mcp-xml, as in the reference harness, a `google_search` query already searched is refused instead)."""
@@ -90,6 +102,10 @@ class AgentConfig:
     system_prompt_template: str | None = None
     """The mcp-xml system prompt as a template of your own: `{tools}` stands for the tool catalogue
     and `{date}` for the date. None: the built-in prompt, laid out as the reference harness's."""
+    reference: Reference | None = None
+    """The reference harness checkout (`--reference`) whose own texts the model reads in mcp-xml: the
+    system prompt, user message, summary prompt, duplicate-query rule, malformed-call tags and
+    refusals (see `agent/reference.py`). None: our own texts, laid out as the reference's."""
 
     def for_dialect(self) -> AgentConfig:
         """This config with what was left unset (max turns, summary turn, rollback) taken from the
@@ -142,11 +158,15 @@ async def run(question: str, llm: LLM, toolbox: Toolbox | None, config: AgentCon
     config = dataclasses.replace(config.for_dialect(), date=config.date or datetime.date.today().isoformat(),
                                  max_context=config.max_context or DEFAULT_MAX_CONTEXT)
     date = config.date
-    limits = dataclasses.asdict(config) | (toolbox.settings() if toolbox else {})
+    reference = config.reference
+    limits = dataclasses.asdict(dataclasses.replace(config, reference=None)) | (toolbox.settings() if toolbox else {})
+    if reference is not None:  # resume reads the texts again from the same checkout, checked by its hash
+        limits["reference"] = {"path": str(reference.path), **reference.identity()}
     trajectory = resume_from or Trajectory(
         question=question, group_id=group_id, tools=tools, model=llm.config.model, dialect=config.dialect,
-        system_prompt=dialects.system_prompt(config.dialect, tools, date, config.system_prompt_template),
-        user_message=dialects.user_message(config.dialect, question),
+        system_prompt=dialects.system_prompt(config.dialect, tools, date, config.system_prompt_template, reference),
+        user_message=dialects.user_message(config.dialect, question, reference),
+        reference=reference.identity() if reference else None,
         sampling=llm.config.sampling(), limits=limits,
         tokenizer=llm.tokenizer_identity, chat_template=llm.template_identity, **(header or {}),
     )
@@ -200,7 +220,7 @@ async def _turns(state: Run, llm: LLM, toolbox: Toolbox | None, config: AgentCon
     request_tools = dialects.request_tools(config.dialect, trajectory.tools)
     while True:
         prompt_tokens = _next_prompt_tokens(llm, state, request_tools)
-        if _turns_used(state) >= config.max_turns:
+        if _turns_used(state) >= config.max_turns or len(trajectory.turns) >= config.max_turns + EXTRA_ATTEMPTS:
             trajectory.stop_reason = "max_turns"
         elif spent := over_budget(trajectory.usage, config.budgets):
             trajectory.stop_reason, trajectory.error = "budget", spent
@@ -223,11 +243,12 @@ async def _turns(state: Run, llm: LLM, toolbox: Toolbox | None, config: AgentCon
         turn = _new_turn(trajectory, completion, state.tracker)
         if not trajectory.turns and (unseen := replies.tools_unseen(turn, request_tools)):
             on_event("warning", unseen)
-        parsed = dialects.parse_reply(config.dialect, turn.assistant, trajectory.tools)
+        parsed = dialects.parse_reply(config.dialect, turn.assistant, trajectory.tools, config.reference)
         turn.tool_calls = parsed.tool_calls
-        problem = replies.unusable(turn, parsed) if config.rollback else None
+        problem = replies.unusable(turn, parsed, config.reference, trajectory.turns) if config.rollback else None
         if problem is not None:  # dropped: the next prompt is this one again, and the model samples anew
             turn.format_error, turn.rolled_back = problem, True
+            turn.consumed = replies.used_up(trajectory.turns, turn, RESAMPLES)
             turn.tool_calls = []  # none of its calls ran (each recorded call has its result)
             _log_turn(trajectory, turn, writer, on_event)
         else:
@@ -242,7 +263,8 @@ async def _turns(state: Run, llm: LLM, toolbox: Toolbox | None, config: AgentCon
                              dialects.observation_messages(config.dialect, turn), tool_results=bool(turn.tool_calls))
             if config.release_results and writer is not None:
                 _release_unseen_results(trajectory.turns, config.keep_tool_results)
-        if not trajectory.stop_reason and replies.format_errors_in_a_row(trajectory.turns) >= config.max_format_errors:
+        if not trajectory.stop_reason and not config.rollback and \
+                replies.format_errors_in_a_row(trajectory.turns) >= config.max_format_errors:
             trajectory.stop_reason = "format_errors"
         if trajectory.stop_reason:
             await _end(state, llm, config, None, writer, on_event)
@@ -265,7 +287,7 @@ def _resumed(trajectory: Trajectory, llm: LLM, config: AgentConfig) -> Run:
     last = trajectory.turns[-1] if trajectory.turns else None
     if last is not None and not last.rolled_back and not last.tool_calls and last.format_error is None:
         trajectory.answer, trajectory.stop_reason = replies.reply_answer(last, config), "answered"
-    elif replies.format_errors_in_a_row(trajectory.turns) >= config.max_format_errors:
+    elif not config.rollback and replies.format_errors_in_a_row(trajectory.turns) >= config.max_format_errors:
         trajectory.stop_reason = "format_errors"
     return state
 
@@ -288,9 +310,9 @@ async def _run_calls(turn: Turn, parsed: dialects.ParsedReply, state: Run, toolb
         on_event("tool", call)
         if position in parsed.call_errors:
             result = ToolResult(text=parsed.call_errors[position], is_error=True)
-        elif config.dialect == "mcp-xml" and used_query(earlier, turn.tool_calls[:position], call):
-            result = ToolResult(text=f"The query '{call.arguments['q']}' has already been used in an earlier "
-                                     f"{call.name} call. Use a different query or other keywords.")
+        elif config.dialect == "mcp-xml" and (note := _duplicate_note(config.reference)) and \
+                used_query(earlier, turn, position):
+            result = ToolResult(text=note.format(query=call.arguments["q"], tool=call.name))
         elif config.dialect != "mcp-xml" and repeated_call(earlier, call, config.repeat_limit):
             result = ToolResult(text=f"This exact call was already made {config.repeat_limit - 1} times in a row "
                                      "and was not run again. Try a different call, or answer.", is_error=True)
@@ -299,6 +321,15 @@ async def _run_calls(turn: Turn, parsed: dialects.ParsedReply, state: Run, toolb
         else:
             result = await toolbox.call(call, state.restarts)
         turn.tool_results.append(result)
+
+
+def _duplicate_note(reference: Reference | None) -> str | None:
+    """What a repeated query is answered with (`{query}`, `{tool}`); None where the reference's rule
+    is to roll the reply back instead (`replies.unusable`)."""
+    if reference is not None:
+        return reference.duplicate_query
+    return ("The query '{query}' was already searched in an earlier {tool} call. Search with a different query or "
+            "keywords.")
 
 
 async def _end(state: Run, llm: LLM, config: AgentConfig, prompt_tokens: int | None,
@@ -321,7 +352,8 @@ async def _final_turn(state: Run, llm: LLM, config: AgentConfig, prompt_tokens: 
     results are also left out when the answer would otherwise have too little room (or the server
     said it did not fit)."""
     trajectory, history = state.trajectory, state.history
-    instruction = dialects.final_answer_instruction(config.dialect, trajectory.question, config.summary_turn)
+    instruction = dialects.final_answer_instruction(config.dialect, trajectory.question, bool(config.summary_turn),
+                                                    config.reference)
     messages = history.messages
     room = config.max_context - prompt_tokens - estimate_tokens(instruction)
     dropped = bool(config.summary_turn) and len(messages) > 2 and messages[-1]["role"] == "user"
@@ -333,6 +365,8 @@ async def _final_turn(state: Run, llm: LLM, config: AgentConfig, prompt_tokens: 
     elif omitted:
         messages = history.omit_latest()
         room += history.latest_tool_result_tokens()
+    if config.summary_turn:  # the summary prompt is one of the K results the reference shows
+        messages = history.summary_view(messages)
     if room < MIN_ANSWER_TOKENS:
         trajectory.error = trajectory.error or "no room left in the context for a final answer"
         return

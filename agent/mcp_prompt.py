@@ -115,5 +115,5 @@ def system_prompt(tools: list[dict[str, Any]], date: str, template: str | None =
 
 def user_message(question: str) -> str:
     """The question, then on a line of its own (as the reference adds it) the answer-format sentence."""
-    return question + "\nYou should follow the format instructions in the request strictly and wrap the final " \
+    return question + "\nYou should follow the format instruction in the request strictly and wrap the final " \
                       "answer in \\boxed{}."

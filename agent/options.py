@@ -28,7 +28,7 @@ MaxTurns = Annotated[int | None, typer.Option(min=1, show_default=False, help=(
     "Most model turns before the answer is asked for \\[default: 600 for mcp-xml, 200 for tool-call]."))]
 KeepToolResults = Annotated[int, typer.Option(min=-1, help="Show only the last K tool results (-1: all).")]
 MaxContext = Annotated[int | None, typer.Option(min=1024, show_default=False, help=(
-    "Model context length in tokens \\[default: the server's max_model_len, else 131072]."))]
+    "Model context length in tokens \\[default: the server's max_model_len, else 262144]."))]
 Temperature = Annotated[float | None, typer.Option(min=0.0, show_default=False, help=(
     "Sampling temperature \\[default: 1.0 for mcp-xml, 0.6 for tool-call]."))]
 TopP = Annotated[float | None, typer.Option(min=0.0, max=1.0, show_default=False, help=(
@@ -68,6 +68,10 @@ Budget = Annotated[list[str] | None, typer.Option(show_default=False, help=(
 SystemPromptFile = Annotated[Path | None, typer.Option(help="The mcp-xml system prompt as a template: {tools} is the "
                                                             "tool catalogue, {date} today's date.",
                                                        rich_help_panel=ADVANCED, show_default=False)]
+ReferenceCheckout = Annotated[Path | None, typer.Option(
+    "--reference", envvar="NANBEIGE_REFERENCE", show_default=False, rich_help_panel=ADVANCED, help=(
+        "A checkout of MiroThinker, the harness the model was trained in: in mcp-xml the model reads that harness's "
+        "own prompts, tool descriptions and rules, read from it (see `nanbeige reference check`)."))]
 Cache = Annotated[Path | None, typer.Option(show_default=False, help=(
     "SQLite file of tool results (made if missing): recorded calls are answered from it, new answers recorded. "
     "Safe for many runs and processes at once. The Python sandbox is never cached."))]
@@ -109,7 +113,8 @@ def run_settings(*, base_url: str | None, backend: str, model: str, api_key: str
                  top_p: float | None, repetition_penalty: float | None, max_tokens: int, mcp: list[str] | None,
                  no_default_servers: bool, tool_timeout: float, max_result_chars: int, timeout: float | None,
                  gguf_file: str | None, token_mode: bool, chat_template: Path | None, summary_turn: bool | None,
-                 rollback: bool | None, system_prompt_file: Path | None, trajectory: Path | None = None,
+                 rollback: bool | None, system_prompt_file: Path | None, reference: Path | None = None,
+                 trajectory: Path | None = None,
                  upload_dirs: list[Path] | None = None, budget: list[str] | None = None, cache: Path | None = None,
                  replay: bool = False, verbose: bool = False) -> RunSettings:
     """The settings the shared flags describe (unset ones stay None: the dialect fills them in)."""
@@ -133,5 +138,5 @@ def run_settings(*, base_url: str | None, backend: str, model: str, api_key: str
         tools=ToolsConfig(mcp=mcp or [], default_servers=not no_default_servers, tool_timeout_s=tool_timeout,
                           max_result_chars=max_result_chars, upload_dirs=upload_dirs or [], cache=cache,
                           replay=replay),
-        trajectory=trajectory, system_prompt_file=system_prompt_file,
+        trajectory=trajectory, system_prompt_file=system_prompt_file, reference=reference,
     )

@@ -7,11 +7,15 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from nanbeige.agent import dialects
-from nanbeige.agent.context import degenerate
+from nanbeige.agent.context import degenerate, repeats_query
 from nanbeige.agent.trajectory import Turn
 
 if TYPE_CHECKING:
     from nanbeige.agent.loop import AgentConfig
+    from nanbeige.agent.reference import Reference
+
+# The reference (from 2025-12-28) lets a repeated query run once this many replies in a row were dropped.
+DUPLICATE_ROLLBACKS = 4
 
 
 def reply_answer(turn: Turn, config: AgentConfig) -> str | None:
@@ -44,10 +48,14 @@ def latest_boxed(turns: list[Turn]) -> str | None:
     return None
 
 
-def unusable(turn: Turn, parsed: dialects.ParsedReply) -> str | None:
+def unusable(turn: Turn, parsed: dialects.ParsedReply, reference: Reference | None = None,
+             earlier: list[Turn] | None = None) -> str | None:
     """Why a reply is rolled back, or None: the reference harness drops a reply with a malformed call
-    or a refusal, and samples again (in its client) one cut off at the token limit or looping."""
+    or a refusal, and samples again (in its client) one cut off at the token limit or looping. With
+    a reference that has no duplicate-query note (from 2025-12-28), a reply repeating an earlier
+    query is dropped too, unless the last 4 replies were all dropped."""
     content = turn.assistant.get("content") or ""
+    refusals = reference.refusals if reference is not None else dialects.REFUSALS
     if turn.finish_reason == "length":
         return "rolled back: the reply was cut off at the token limit"
     if degenerate(content):
@@ -56,9 +64,38 @@ def unusable(turn: Turn, parsed: dialects.ParsedReply) -> str | None:
         return "rolled back: the reply was empty"
     if not turn.tool_calls and parsed.format_error:
         return f"rolled back: {parsed.format_error}"
-    if not turn.tool_calls and any(phrase in content for phrase in dialects.REFUSALS):
+    if not turn.tool_calls and any(phrase in content for phrase in refusals):
         return "rolled back: the reply refused the task"
+    if reference is not None and reference.duplicate_query is None and earlier is not None \
+            and rolled_back_in_a_row(earlier) < DUPLICATE_ROLLBACKS and repeats_query(earlier, turn.tool_calls):
+        return "rolled back: the reply repeats a query already made"
     return None
+
+
+def rolled_back_in_a_row(turns: list[Turn]) -> int:
+    count = 0
+    for turn in reversed(turns):
+        if not turn.rolled_back:
+            break
+        count += 1
+    return count
+
+
+def used_up(earlier: list[Turn], turn: Turn, tries: int) -> bool:
+    """True when this dropped reply uses up its turn: it is empty (the reference moves on at once),
+    or the `tries`-th reply in a row cut off or looping (its client gives up after that many)."""
+    content = turn.assistant.get("content") or ""
+    if not content.strip() and not turn.tool_calls:
+        return True
+    if turn.finish_reason != "length" and not degenerate(content):
+        return False
+    count = 1
+    for before in reversed(earlier):
+        if not before.rolled_back or before.consumed or not (
+                before.finish_reason == "length" or degenerate(before.assistant.get("content") or "")):
+            break
+        count += 1
+    return count >= tries
 
 
 def reply_problem(turn: Turn, parsed: dialects.ParsedReply, dialect: str) -> str | None:

@@ -270,6 +270,7 @@ def research_command(
     summary_turn: o.SummaryTurn = None,
     rollback: o.Rollback = None,
     system_prompt_file: o.SystemPromptFile = None,
+    reference: o.ReferenceCheckout = None,
     budget: o.Budget = None,
     cache: o.Cache = None,
     replay: o.Replay = False,

@@ -94,19 +94,27 @@ def settings_for(trajectory: Trajectory, path: Path, base_url: str | None, backe
                  chat_template: Path | None) -> RunSettings:
     """The settings the run was made with, served and tooled as the flags say."""
     limits, sampling = trajectory.limits, trajectory.sampling
-    agent = AgentConfig(**{f.name: limits[f.name] for f in dataclasses.fields(AgentConfig) if f.name in limits})
+    agent = AgentConfig(**{f.name: limits[f.name] for f in dataclasses.fields(AgentConfig)
+                           if f.name in limits and f.name != "reference"})
+    reference = limits.get("reference") if isinstance(limits.get("reference"), dict) else None
     llm = LLMConfig(base_url=base_url or LLMConfig.base_url, model=trajectory.model, api_key=api_key,
                     **{name: sampling[name] for name in SAMPLING if name in sampling})
     tools = ToolsConfig(mcp=mcp or [], default_servers=not no_default_servers,
                         tool_timeout_s=limits.get("tool_timeout_s", ToolsConfig.tool_timeout_s),
                         max_result_chars=limits.get("max_result_chars", ToolsConfig.max_result_chars))
     return RunSettings(llm=llm, agent=agent, tools=tools, trajectory=path,
+                       reference=Path(reference["path"]) if reference and reference.get("path") else None,
                        backend=BackendConfig(backend=backend, base_url_given=base_url is not None, gguf_file=gguf_file,
                                              token_mode=token_mode, chat_template=chat_template))
 
 
-def check_unchanged(trajectory: Trajectory, llm: Any, tools: list[dict[str, Any]]) -> None:
-    """Refuse a resume whose tools, tokenizer or chat template differ from the run's."""
+def check_unchanged(trajectory: Trajectory, llm: Any, tools: list[dict[str, Any]], reference: Any = None) -> None:
+    """Refuse a resume whose tools, tokenizer, chat template or reference texts differ from the run's."""
+    had = (trajectory.reference or {}).get("sha256")
+    if had != (reference.sha256 if reference is not None else None):
+        raise SetupError("the run's prompts were read from a reference checkout whose files have changed since "
+                         f"(sha256 {had}): resume with the checkout as it was" if had else
+                         "the run used our own prompts, not a reference checkout's")
     if tools != trajectory.tools:
         had = [f"{t['server']}/{t['name']}" for t in trajectory.tools]
         now = [f"{t['server']}/{t['name']}" for t in tools]

@@ -57,6 +57,7 @@ def collect(
     summary_turn: o.SummaryTurn = None,
     rollback: o.Rollback = None,
     system_prompt_file: o.SystemPromptFile = None,
+    reference: o.ReferenceCheckout = None,
     budget: o.Budget = None,
     cache: o.Cache = None,
     replay: o.Replay = False,
@@ -360,7 +361,8 @@ LOOP_DEFAULTS: dict[str, Any] = {
     "keep_tool_results": AgentConfig.keep_tool_results, "max_context": None, "temperature": None, "top_p": None,
     "repetition_penalty": None, "max_tokens": LLMConfig.max_tokens, "mcp": None,
     "tool_timeout": ToolsConfig.tool_timeout_s, "max_result_chars": ToolsConfig.max_result_chars, "timeout": None,
-    "gguf_file": None, "chat_template": None, "summary_turn": None, "rollback": None, "system_prompt_file": None}
+    "gguf_file": None, "chat_template": None, "summary_turn": None, "rollback": None, "system_prompt_file": None,
+    "reference": None}
 
 
 def run_train_loop(iterations: int, questions: Path, group_size: int, sync: str, settings: Any, judge_config: Any,

@@ -65,8 +65,9 @@ class ServeConfig:
     dialect: str = "mcp-xml"
     """Tool dialect the clients will use: `mcp-xml` (no server-side parsing) or `tool-call` (vLLM parses
     `<tool_call>` blocks into `tool_calls`). Must match `nanbeige ask --dialect`."""
-    max_model_len: int = 131072
-    """Context length in tokens (the model allows up to 262144; 131072 is ample for deep search)."""
+    max_model_len: int = 262144
+    """Context length in tokens: 262144, what the model was trained to and the reference harness runs it
+    with. One full-length sequence holds 16 GiB of KV cache (64 KiB a token in bf16)."""
     gpu_memory_utilization: float = 0.92
     """Share of GPU memory vLLM may take for weights and KV cache."""
     data_parallel_size: int = 1

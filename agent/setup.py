@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 import httpx
 
@@ -34,6 +34,9 @@ from nanbeige.agent.server_log import ServerLog
 from nanbeige.agent.toolbox import (ServerSpec, Toolbox, ToolboxError, parse_server_spec, passed_env, secrets_in_env,
                                     url_credentials)
 from nanbeige.agent.trajectory import TrajectoryWriteError, TrajectoryWriter
+
+if TYPE_CHECKING:
+    from nanbeige.agent.reference import Reference
 
 Notice = Callable[[str], None]
 
@@ -114,6 +117,16 @@ def read_template(path: Path) -> str:
         raise SetupError(f"--system-prompt-file {path} has no {{tools}} placeholder: the model would not learn "
                          "which tools it has", usage=True)
     return text
+
+
+def read_reference(path: Path) -> Reference:
+    """The reference checkout's texts; a checkout that lacks one is refused in one line."""
+    from nanbeige.agent.reference import ReferenceError, load
+
+    try:
+        return load(path)
+    except ReferenceError as exc:
+        raise SetupError(str(exc), usage=True) from None
 
 
 def check_url(flag: str, url: str) -> None:
@@ -280,6 +293,9 @@ async def ready(settings: RunSettings, notice: Notice) -> AsyncIterator[Ready]:
     Until the runs begin nothing is left behind on failure, except a tool server's own output when it
     is what failed to start."""
     extra = check_settings(settings)
+    if settings.reference is not None:
+        settings = dataclasses.replace(settings, agent=dataclasses.replace(
+            settings.agent, reference=read_reference(settings.reference)))
     if settings.system_prompt_file is not None:
         template = read_template(settings.system_prompt_file)
         settings = dataclasses.replace(settings, agent=dataclasses.replace(settings.agent,

@@ -109,6 +109,9 @@ class Turn:
     """True when the reply was unusable (a malformed call, a refusal, cut off, looping or empty) and
     was dropped: the next prompt did not contain it and the model sampled again. `format_error` says
     why. Kept for the trainer to mask or penalise."""
+    consumed: bool = False
+    """A rolled-back reply that still used up its turn: the last of the reference client's tries at
+    a reply cut off or looping (it gives up and the loop moves on to the next turn)."""
     omitted_latest_results: bool = False
     """On the final-answer turn: True when the newest tool results were left out of its prompt to
     leave room for the answer (the model did not read them)."""
@@ -172,6 +175,9 @@ class Trajectory:
     limits: dict[str, Any] = field(default_factory=dict)
     """Loop limits (max_turns, keep_tool_results, max_context, ...) and the toolbox settings that
     shaped what the model read (max_result_chars, tool_timeout_s)."""
+    reference: dict[str, Any] | None = None
+    """The reference harness checkout the prompts were read from (`--reference`): `commit` and the
+    `sha256` of every file read; None: our own texts."""
     tokenizer: dict[str, str] | None = None
     """Tokenizer identity, `name` and `sha256`, when the backend tokenizes (token mode, in-process)."""
     chat_template: dict[str, str] | None = None
@@ -209,7 +215,7 @@ _END_FIELDS = ("answer", "stop_reason", "error", "reward", "judge", "timings", "
 def counted_turns(turns: list[Turn]) -> int:
     """The turns a run made, as every count shows them and as `max_turns` counts them: a rolled-back
     reply (dropped and sampled again) is no turn of its own."""
-    return sum(not turn.rolled_back for turn in turns)
+    return sum(not turn.rolled_back or turn.consumed for turn in turns)
 
 
 def rolled_back_replies(turns: list[Turn]) -> int:

@@ -160,16 +160,24 @@ def test_broken_json_is_repaired_and_nulls_dropped() -> None:
     assert call.arguments == {"k": "single quotes", "y": [1, 2]}
 
 
-def test_calls_inside_the_reasoning_are_ignored() -> None:
+def test_calls_inside_the_reasoning_count_as_the_reference_reads_the_whole_reply() -> None:
     content = "<think>\nMaybe " + call_block("mine", "lookup", '{"k": 1}') + "\nno.\n</think>\n\nThe answer is \\boxed{42}."
     parsed = dialects.parse_reply("mcp-xml", {"content": content}, TOOLS)
-    assert parsed.tool_calls == [] and parsed.format_error is None
-    assert dialects.extract_answer("mcp-xml", content) == "42"
+    assert [c.arguments for c in parsed.tool_calls] == [{"k": 1}]
+    assert dialects.extract_answer("mcp-xml", content) == "42"  # the answer is still read after the reasoning
 
 
-def test_an_unclosed_think_is_all_reasoning() -> None:
+def test_a_call_after_an_unclosed_think_is_made() -> None:
     parsed = dialects.parse_reply("mcp-xml", {"content": "<think>\n" + call_block("mine", "lookup", "{}")}, TOOLS)
-    assert parsed.tool_calls == []
+    assert [(c.server, c.name) for c in parsed.tool_calls] == [("mine", "lookup")]
+
+
+def test_each_of_the_six_tags_marks_a_malformed_call_even_inside_the_reasoning() -> None:
+    for tag in ("<use_mcp_tool>", "</use_mcp_tool>", "<server_name>", "</server_name>", "<arguments>", "</arguments>"):
+        parsed = dialects.parse_reply("mcp-xml", {"content": f"<think>\nI could write {tag} here.\n</think>\nOK"}, TOOLS)
+        assert parsed.tool_calls == [] and "could not be parsed" in parsed.format_error, tag
+    # <tool_name> is not one of them, as in the reference
+    assert dialects.parse_reply("mcp-xml", {"content": "<tool_name>x</tool_name>"}, TOOLS).format_error is None
 
 
 def test_a_malformed_call_becomes_a_message_for_the_model() -> None:
@@ -227,8 +235,9 @@ def test_tool_call_dialect_reads_tool_call_blocks_in_the_text() -> None:
 def test_results_go_back_as_one_user_message_or_as_tool_messages() -> None:
     turn = Turn(index=0, assistant={}, tool_calls=[ToolCall("a", "x", {}, "c1"), ToolCall("a", "y", {}, "c2")],
                 tool_results=[ToolResult("one"), ToolResult("Unknown tool: y", is_error=True)])
+    # mcp-xml: the texts as the tools gave them, as the reference sends them (the error mark stays in the record)
     assert dialects.observation_messages("mcp-xml", turn) == [
-        {"role": "user", "content": "one\nError: Unknown tool: y"}]
+        {"role": "user", "content": "one\nUnknown tool: y"}]
     assert dialects.observation_messages("tool-call", turn) == [
         {"role": "tool", "tool_call_id": "c1", "content": "one"},
         {"role": "tool", "tool_call_id": "c2", "content": "Error: Unknown tool: y"}]

@@ -62,7 +62,7 @@ async def test_tool_errors_reach_the_model_as_errors() -> None:
     trajectory, llm = await ask([mcp_call("testkit", "fail", {"message": "404 page"}),
                                  mcp_call("testkit", "nope", {}), mcp_answer("x")])
     assert llm.calls[1][-1]["content"] == "Error executing tool fail: 404 page"
-    assert llm.calls[2][-1]["content"].startswith("Error: Unknown tool: 'nope'")
+    assert llm.calls[2][-1]["content"].startswith("Unknown tool: 'nope'")  # as the tool gave it: no prefix
     assert [r.is_error for t in trajectory.turns[:2] for r in t.tool_results] == [True, True]
 
 
@@ -96,13 +96,38 @@ async def test_with_rollback_off_a_malformed_call_is_answered_with_a_message() -
     assert trajectory.stop_reason == "answered"
 
 
-async def test_too_many_unusable_replies_in_a_row_stop_the_run() -> None:
+async def test_unusable_replies_are_rolled_back_with_no_cap_in_a_row_as_in_the_reference() -> None:
     broken = "<use_mcp_tool><server_name>x</server_name></use_mcp_tool>"
-    trajectory, _ = await ask([broken] * 3, AgentConfig(max_format_errors=3))
-    assert trajectory.stop_reason == "format_errors" and trajectory.answer is None
-    assert [turn.rolled_back for turn in trajectory.turns] == [True, True, True, False]  # then the summary turn
+    trajectory, llm = await ask([broken] * 8 + [mcp_answer("5")])
+    assert (trajectory.answer, trajectory.stop_reason) == ("5", "answered")
+    assert [turn.rolled_back for turn in trajectory.turns] == [True] * 8 + [False, False]  # then the summary turn
+    assert all(call == llm.calls[0] for call in llm.calls[:9])  # each sampled again from the same prompt
+    # without rollback (the unusable reply is answered with a message) max_format_errors still ends the run
     trajectory, _ = await ask([broken] * 3, AgentConfig(max_format_errors=3, rollback=False, summary_turn=False))
     assert trajectory.stop_reason == "format_errors" and len(trajectory.turns) == 3 and trajectory.answer is None
+
+
+async def test_rolled_back_replies_cannot_loop_forever_max_turns_bounds_them() -> None:
+    broken = "<use_mcp_tool><server_name>x</server_name></use_mcp_tool>"
+    trajectory, _ = await ask([broken] * 300, AgentConfig(max_turns=3, date="2026-11-21"))
+    assert trajectory.stop_reason == "max_turns"
+    assert sum(turn.rolled_back for turn in trajectory.turns) == 3 + 200  # max_turns + the reference's 200 more
+
+
+async def test_a_reply_cut_off_ten_times_uses_up_its_turn_as_the_reference_client_gives_up() -> None:
+    cut = Completion(message={"role": "assistant", "content": "<think>\nstill thinking"}, finish_reason="length")
+    trajectory, llm = await ask([cut] * 10 + [mcp_call("testkit", "add", {"a": 2, "b": 3}), mcp_answer("5")],
+                                AgentConfig(max_turns=2, date="2026-11-21"))
+    assert [t.consumed for t in trajectory.turns[:10]] == [False] * 9 + [True]
+    assert all(call == llm.calls[0] for call in llm.calls[:11])  # the history never held a cut-off reply
+    # the used-up turn counts: the call is turn 2 of 2, so the run stops at max_turns, not with the answer
+    assert trajectory.stop_reason == "max_turns" and trajectory.turns[10].tool_results[0].text == "5"
+
+
+async def test_an_empty_reply_uses_up_its_turn() -> None:
+    trajectory, _ = await ask(["", mcp_answer("5")], AgentConfig(max_turns=1, date="2026-11-21"))
+    assert trajectory.turns[0].rolled_back and trajectory.turns[0].consumed
+    assert trajectory.stop_reason == "max_turns"  # the answer came from the summary turn
 
 
 async def test_cut_off_looping_and_refusing_replies_are_rolled_back_not_taken_as_answers() -> None:
@@ -219,7 +244,7 @@ async def test_with_rollback_off_a_reply_without_a_boxed_answer_is_sent_back() -
 async def test_unusable_replies_do_not_push_tool_results_out_of_view() -> None:
     replies = [mcp_call("testkit", "echo", {"text": "kept"}), "no call", "still no call", mcp_answer("x")]
     _, llm = await ask(replies, AgentConfig(keep_tool_results=1, rollback=False, date="2026-11-21"))
-    assert "kept" in [m["content"] for m in llm.calls[-1]]
+    assert "kept" in [m["content"] for m in llm.calls[3]]  # the last call before the summary turn
 
 
 async def test_tool_call_dialect_end_to_end_over_http() -> None:
@@ -338,8 +363,8 @@ async def test_a_search_query_already_used_is_not_run_again_in_mcp_xml() -> None
         trajectory = await run("q", llm, tools, AgentConfig(date="2026-11-21"))
     first, second, third = (turn.tool_results[0].text for turn in trajectory.turns[:3])
     assert (first, second) == ("results for nanbeige", "results for nanbeige 3B")  # both new queries ran
-    assert third == ("The query 'nanbeige' has already been used in an earlier google_search call. Use a "
-                     "different query or other keywords.")  # not run: what the model reads instead
+    assert third == ("The query 'nanbeige' was already searched in an earlier google_search call. Search with a "
+                     "different query or keywords.")  # not run: what the model reads instead
     assert llm.calls[3][-1]["content"] == third  # no "Error:" prefix, as the reference sends it
 
 
@@ -376,3 +401,39 @@ async def test_when_the_summary_call_fails_only_a_boxed_answer_counts() -> None:
     assert (trajectory.answer, trajectory.error) == ("5", "server gone")
     trajectory, _ = await ask(["Let me think about it.", ModelError("server gone")])
     assert trajectory.answer is None  # not the text of a reply that gave no answer
+
+
+async def test_the_summary_turn_shows_one_result_fewer_as_its_prompt_is_one_of_the_k() -> None:
+    replies = [mcp_call("testkit", "echo", {"text": f"result {i}"}) for i in range(6)] + [mcp_answer("x")] * 2
+    trajectory, llm = await ask(replies, AgentConfig(keep_tool_results=5, date="2026-11-21"))
+    shown = [m["content"] for m in llm.calls[6] if m["content"].startswith("result")]
+    assert shown == [f"result {i}" for i in range(1, 6)]  # the last call with tools: the 5 newest
+    summary = [m["content"] for m in llm.calls[-1] if m["content"].startswith("result")]
+    assert summary == [f"result {i}" for i in range(2, 6)]  # the summary turn: 4, as the reference shows
+
+
+async def test_a_query_whose_search_failed_may_be_searched_again() -> None:
+    from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    web = MCPServer(name="search_and_scrape_webpage")
+    calls = []
+
+    @web.tool()
+    def google_search(q: str) -> str:
+        calls.append(q)
+        if len(calls) == 1:
+            raise ToolError("HTTP 503")
+        return f"results for {q}"
+
+    search = mcp_call("search_and_scrape_webpage", "google_search", {"q": "mars"})
+    llm = ScriptedLLM([search, search, search, mcp_answer("x"), mcp_answer("x")])
+    async with Toolbox([ServerSpec(name="search_and_scrape_webpage", server=web)]) as tools:
+        trajectory = await run("q", llm, tools, AgentConfig(date="2026-11-21"))
+    assert calls == ["mars", "mars"]  # the failed search did not count; the one that ran did
+    assert "already searched" in trajectory.turns[2].tool_results[0].text
+
+
+async def test_without_a_setting_or_a_server_the_context_is_what_the_model_was_trained_to() -> None:
+    trajectory, _ = await ask([mcp_answer("5")] * 2)
+    assert trajectory.limits["max_context"] == 262144

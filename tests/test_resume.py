@@ -69,8 +69,8 @@ FUNCTION_CALLS = [{"role": "assistant", "content": "", "tool_calls": [{"id": f"c
 SCRIPTS = {
     # rolled-back replies, keep-2 hiding older results, an answer, then the summary turn
     "answers": [CALLS[0], "", CALLS[1], CALLS[2], BROKEN, CALLS[3], mcp_answer("42"), mcp_answer("42")],
-    # five unusable replies in a row end the loop; the summary turn still asks for the answer
-    "format errors": [CALLS[0], BROKEN, BROKEN, "", BROKEN, BROKEN, mcp_answer("7")],
+    # unusable replies rolled back with no cap in a row (an empty one uses up its turn), then an answer
+    "rollbacks": [CALLS[0], BROKEN, BROKEN, "", BROKEN, BROKEN, mcp_answer("7"), mcp_answer("7")],
     # tool-call: function calls, an empty reply answered with a message, max_turns, then the final-answer turn
     "tool-call at max turns": [*FUNCTION_CALLS[:2], "", FUNCTION_CALLS[2], "The answer is 9."],
 }

@@ -80,7 +80,7 @@ def test_the_settings_file_sits_between_the_environment_and_the_defaults(tmp_pat
     assert server.requests[0]["model"] == "env-model"  # the environment beats the file
     assert start["limits"]["max_turns"] == 9  # a flag beats the file
     assert start["limits"]["keep_tool_results"] == 2 and server.requests[0]["temperature"] == 0.25  # the file
-    assert start["limits"]["max_context"] == 131072  # the default, where nothing else says
+    assert start["limits"]["max_context"] == 262144  # the default, where nothing else says
 
 
 def test_a_setting_no_command_has_is_a_clear_error(tmp_path: Path) -> None:

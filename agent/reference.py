@@ -1,0 +1,386 @@
+"""The reference harness's own texts, read at run time from the user's checkout of MiroThinker.
+
+Nanbeige4.1-3B was trained and evaluated inside MiroThinker (`apps/miroflow-agent`). The model is
+sensitive to the exact words of its prompts, and those words are not ours to copy, so with
+`--reference PATH` every text the model sees in the mcp-xml dialect is read from the user's own
+checkout instead of our paraphrases:
+
+- `prompt_utils.py` imports nothing beyond the standard library, so its functions are run as they
+  are: the system prompt (its MCP part and the main agent's objective, joined and stripped as the
+  orchestrator does), and the summary prompt. Its malformed-call tags and refusal phrases are read
+  too.
+- Everything else is read from the source without running it: the user-message suffix (the
+  English one of `input_handler.py`), the duplicate-query note (an f-string of the orchestrator; a
+  checkout without it rolls a repeated query back instead, as the reference did from 2025-12-28),
+  the tool descriptions (the docstrings of the three servers' tools, raw, as MCP SDK 1.x on Python
+  3.12 sent them), the page-extraction prompt, and the keep-5 agent's settings (YAML).
+
+The commits this reader is tested against are in `SUPPORTED`; another commit is read the same way
+and refused only when something cannot be found. Everything read is hashed: the hash and the
+commit go into each trajectory's start record (`reference`), and eval reports carry them.
+"""
+
+from __future__ import annotations
+
+import ast
+import datetime
+import hashlib
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Commits whose layout and texts the tests pin (any other commit is read the same way).
+SUPPORTED = {
+    "f745722": "v1.0 (2025-11-13), the release the model card points to",
+    "370f983": "2026-04-13, the newest commit read",
+}
+
+FILES = {
+    "prompts": "apps/miroflow-agent/src/utils/prompt_utils.py",
+    "input": "apps/miroflow-agent/src/io/input_handler.py",
+    "orchestrator": "apps/miroflow-agent/src/core/orchestrator.py",
+    "tool-python": "libs/miroflow-tools/src/miroflow_tools/mcp_servers/python_mcp_server.py",
+    "search_and_scrape_webpage": "libs/miroflow-tools/src/miroflow_tools/dev_mcp_servers/search_and_scrape_webpage.py",
+    "jina_scrape_llm_summary": "libs/miroflow-tools/src/miroflow_tools/dev_mcp_servers/jina_scrape_llm_summary.py",
+    "llm": "apps/miroflow-agent/conf/llm/default.yaml",
+    "llm_model": "apps/miroflow-agent/conf/llm/qwen-3.yaml",
+}
+# The keep-5 agent config: named `single_agent_keep5` at v1.0 and `mirothinker_v1.0_keep5` later.
+AGENT_CONFIGS = ("apps/miroflow-agent/conf/agent/mirothinker_v1.0_keep5.yaml",
+                 "apps/miroflow-agent/conf/agent/single_agent_keep5.yaml")
+TOOL_SERVERS = ("tool-python", "search_and_scrape_webpage", "jina_scrape_llm_summary")
+# The duplicate-query note is the orchestrator's f-string whose fields are exactly these variables
+# (its names for them, and ours).
+_DUPLICATE_FIELDS = {"query_str": "query", "tool_name": "tool"}
+
+
+class ReferenceError(Exception):
+    """The checkout cannot be read, or lacks a text the model needs (the message names it)."""
+
+
+@dataclass(frozen=True)
+class Reference:
+    """What was read from one checkout."""
+
+    path: Path
+    commit: str | None
+    """The checked-out commit (full hash), when the checkout is a git work tree."""
+    sha256: str
+    """Hash of every file read, so a trajectory says exactly which texts the model saw."""
+    mcp_system_prompt: Callable[[datetime.date, list[dict[str, Any]]], str] = field(repr=False)
+    agent_objective: str = field(repr=False)
+    summary_prompt_function: Callable[..., str] = field(repr=False)
+    user_suffix: str = field(repr=False)
+    duplicate_query: str | None = field(repr=False)
+    """The note a repeated query gets, with `{query}` and `{tool}`; None: a repeat is rolled back."""
+    tool_descriptions: dict[tuple[str, str], str] = field(repr=False)
+    extraction_prompt: str | None = field(repr=False)
+    """The page-extraction prompt, a `str.format` template taking (info to extract, content)."""
+    mcp_tags: tuple[str, ...] = ()
+    refusals: tuple[str, ...] = ()
+    settings: dict[str, Any] = field(default_factory=dict)
+    """The keep-5 agent's settings: max_turns, keep_tool_result, temperature, top_p, max_tokens,
+    max_context_length, repetition_penalty (those the checkout's YAML sets)."""
+
+    def identity(self) -> dict[str, Any]:
+        """What trajectories and reports record: `{commit, sha256}`."""
+        return {"commit": self.commit, "sha256": self.sha256}
+
+    def system_prompt(self, tools: list[dict[str, Any]], date: str) -> str:
+        """The system prompt for our tools, assembled as the orchestrator does: the MCP prompt plus
+        the main agent's objective, stripped; each tool described by the reference's docstring
+        where the reference has that tool."""
+        from nanbeige.agent.mcp_prompt import ordered_servers, reference_schema
+
+        servers = [{"name": server, "tools": [
+            {"name": tool["name"],
+             "description": self.tool_descriptions.get((server, tool["name"]), tool.get("description") or ""),
+             "schema": reference_schema(tool.get("input_schema") or {})}
+            for tool in tools if tool["server"] == server]} for server in ordered_servers(tools)]
+        day = datetime.date.fromisoformat(date)
+        return (self.mcp_system_prompt(day, servers) + self.agent_objective).strip()
+
+    def user_message(self, question: str) -> str:
+        return question + self.user_suffix
+
+    def summary_prompt(self, question: str) -> str:
+        return self.summary_prompt_function(question, agent_type="main")
+
+
+def load(path: str | Path) -> Reference:
+    """Read a checkout; ReferenceError naming everything that could not be found."""
+    report, reference = inspect(path)
+    if reference is None:
+        missing = [f"{name} ({detail})" for name, ok, detail in report if not ok]
+        raise ReferenceError(f"--reference {path}: not a MiroThinker checkout this version can read: "
+                             f"{'; '.join(missing)}")
+    return reference
+
+
+def inspect(path: str | Path) -> tuple[list[tuple[str, bool, str]], Reference | None]:
+    """Each text and behaviour with whether the checkout was understood (name, ok, detail), and the
+    Reference when everything was."""
+    root = Path(path).expanduser()
+    if not root.is_dir():
+        return [("checkout", False, f"{root} is not a folder")], None
+    reader = _Reader(root)
+    report: list[tuple[str, bool, str]] = []
+    found: dict[str, Any] = {}
+    for name, read in _PIECES:
+        try:
+            fields, detail = read(reader)
+            found |= fields
+            report.append((name, True, detail))
+        except ReferenceError as exc:
+            report.append((name, False, str(exc)))
+    if not all(ok for _, ok, _ in report):
+        return report, None
+    commit = _commit(root)
+    known = next((label for short, label in SUPPORTED.items() if commit and commit.startswith(short)), None)
+    report.insert(0, ("commit", True, f"{commit or 'unknown (not a git checkout)'}"
+                                      f"{': ' + known if known else ' (not one of the tested commits)'}"))
+    reference = Reference(path=root, commit=commit, sha256=reader.digest(), **found)
+    return report, reference
+
+
+class _Reader:
+    """Reads files of the checkout, each once, keeping what was read for the hash."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.read_files: dict[str, bytes] = {}
+
+    def text(self, relative: str) -> str:
+        if relative not in self.read_files:
+            try:
+                self.read_files[relative] = (self.root / relative).read_bytes()
+            except OSError as exc:
+                raise ReferenceError(f"cannot read {relative}: {exc.strerror or exc}") from None
+        try:
+            return self.read_files[relative].decode("utf-8")
+        except UnicodeDecodeError:
+            raise ReferenceError(f"{relative} is not UTF-8 text") from None
+
+    def tree(self, relative: str) -> ast.Module:
+        try:
+            return ast.parse(self.text(relative), filename=relative)
+        except SyntaxError as exc:
+            raise ReferenceError(f"{relative} is not Python this interpreter can parse: {exc.msg}") from None
+
+    def exists(self, relative: str) -> bool:
+        return (self.root / relative).is_file()
+
+    def digest(self) -> str:
+        sha = hashlib.sha256()
+        for relative in sorted(self.read_files):
+            data = self.read_files[relative]
+            sha.update(f"{relative}\0{len(data)}\0".encode() + data)
+        return sha.hexdigest()
+
+
+# ---------------------------------------------------------------- the pieces
+
+
+def _prompt_module(reader: _Reader) -> dict[str, Any]:
+    """`prompt_utils.py` run in a namespace of its own, once its imports are checked to be the
+    standard library's only (it is the user's checkout, but nothing else of it is ever run)."""
+    relative = FILES["prompts"]
+    tree = reader.tree(relative)
+    for node in ast.walk(tree):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module or "."] if isinstance(node, ast.ImportFrom) else []
+        outside = [n for n in names if n.split(".")[0] not in sys.stdlib_module_names]
+        if outside or (isinstance(node, ast.ImportFrom) and node.level):
+            raise ReferenceError(f"{relative} imports {(outside or ['a relative module'])[0]}, beyond the standard "
+                                 "library, so its functions are not run")
+    namespace: dict[str, Any] = {"__name__": "miroflow_reference_prompts"}
+    try:
+        exec(compile(tree, relative, "exec"), namespace)  # noqa: S102 (the user's own checkout, stdlib only)
+    except Exception as exc:  # its module body failed: say so, never a traceback
+        raise ReferenceError(f"{relative} failed to load: {type(exc).__name__}: {exc}") from None
+    return namespace
+
+
+def _read_system_prompt(reader: _Reader) -> tuple[dict[str, Any], str]:
+    namespace = _prompt_module(reader)
+    build = namespace.get("generate_mcp_system_prompt")
+    objective = namespace.get("generate_agent_specific_system_prompt")
+    if not callable(build) or not callable(objective):
+        raise ReferenceError(f"{FILES['prompts']} has no generate_mcp_system_prompt / "
+                             "generate_agent_specific_system_prompt")
+    try:
+        sample = build(datetime.date(2000, 1, 2), [])
+        main = objective(agent_type="main")
+    except Exception as exc:
+        raise ReferenceError(f"the system prompt functions failed: {type(exc).__name__}: {exc}") from None
+    if not isinstance(sample, str) or "2000-01-02" not in sample or not isinstance(main, str):
+        raise ReferenceError("generate_mcp_system_prompt does not give a prompt with the date in it")
+    return {"mcp_system_prompt": build, "agent_objective": main}, f"{len(sample)} characters before the tools"
+
+
+def _read_summary_prompt(reader: _Reader) -> tuple[dict[str, Any], str]:
+    summarize = _prompt_module(reader).get("generate_agent_summarize_prompt")
+    try:
+        sample = summarize("QUESTION", agent_type="main") if callable(summarize) else None
+    except Exception as exc:
+        raise ReferenceError(f"generate_agent_summarize_prompt failed: {type(exc).__name__}: {exc}") from None
+    if not isinstance(sample, str) or "QUESTION" not in sample:
+        raise ReferenceError(f"{FILES['prompts']} has no generate_agent_summarize_prompt for the main agent")
+    return {"summary_prompt_function": summarize}, f"{len(sample) - len('QUESTION')} characters around the question"
+
+
+def _read_tags(reader: _Reader) -> tuple[dict[str, Any], str]:
+    values = {name: _literal(reader, FILES["prompts"], name) for name in ("mcp_tags", "refusal_keywords")}
+    if not all(isinstance(v, list) and v and all(isinstance(s, str) for s in v) for v in values.values()):
+        raise ReferenceError(f"{FILES['prompts']} has no lists mcp_tags and refusal_keywords")
+    return ({"mcp_tags": tuple(values["mcp_tags"]), "refusals": tuple(values["refusal_keywords"])},
+            f"{len(values['mcp_tags'])} malformed-call tags, {len(values['refusal_keywords'])} refusal phrases")
+
+
+def _read_user_suffix(reader: _Reader) -> tuple[dict[str, Any], str]:
+    """The English sentence appended to the task: the string constant with `\\boxed{}` that the
+    task description is extended by, written in ASCII (the other one is the Chinese prompt's)."""
+    tree = reader.tree(FILES["input"])
+    suffixes = [node.value.value for node in ast.walk(tree)
+                if isinstance(node, ast.AugAssign) and isinstance(node.value, ast.Constant)
+                and isinstance(node.value.value, str) and "\\boxed{}" in node.value.value
+                and node.value.value.isascii()]
+    if len(suffixes) != 1:
+        raise ReferenceError(f"{FILES['input']}: the English answer-format suffix was not found "
+                             f"({len(suffixes)} candidates)")
+    return {"user_suffix": suffixes[0]}, f"{len(suffixes[0])} characters"
+
+
+def _read_duplicate_query(reader: _Reader) -> tuple[dict[str, Any], str]:
+    """The note a repeated query gets (v1.0), as a template; None when the orchestrator has none
+    (from 2025-12-28 a repeat is rolled back)."""
+    tree = reader.tree(FILES["orchestrator"])
+    notes = {_fstring_template(node) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr)
+             and _field_names(node) == set(_DUPLICATE_FIELDS)}
+    if len(notes) > 1:
+        raise ReferenceError(f"{FILES['orchestrator']} has {len(notes)} different duplicate-query notes")
+    if notes:
+        return {"duplicate_query": notes.pop()}, "a note answers a repeated query (v1.0)"
+    return {"duplicate_query": None}, "a repeated query is rolled back (no note in the orchestrator)"
+
+
+def _field_names(node: ast.JoinedStr) -> set[str]:
+    return {value.value.id if isinstance(value.value, ast.Name) else "" for value in node.values
+            if isinstance(value, ast.FormattedValue)}
+
+
+def _fstring_template(node: ast.JoinedStr) -> str:
+    parts = []
+    for value in node.values:
+        if isinstance(value, ast.Constant):
+            parts.append(str(value.value).replace("{", "{{").replace("}", "}}"))
+        elif isinstance(value, ast.FormattedValue) and isinstance(value.value, ast.Name) \
+                and value.value.id in _DUPLICATE_FIELDS and value.conversion == -1 and value.format_spec is None:
+            parts.append("{" + _DUPLICATE_FIELDS[value.value.id] + "}")
+        else:
+            raise ReferenceError("the duplicate-query note has a field this version does not know")
+    return "".join(parts)
+
+
+def _read_tool_descriptions(reader: _Reader) -> tuple[dict[str, Any], str]:
+    descriptions = {}
+    for server in TOOL_SERVERS:
+        for name, doc in _tool_docstrings(reader, FILES[server]).items():
+            descriptions[(server, name)] = doc
+    for needed in (("tool-python", "run_python_code"), ("search_and_scrape_webpage", "google_search"),
+                   ("jina_scrape_llm_summary", "scrape_and_extract_info")):
+        if needed not in descriptions:
+            raise ReferenceError(f"{FILES[needed[0]]} has no tool {needed[1]} with a docstring")
+    return {"tool_descriptions": descriptions}, f"{len(descriptions)} tools"
+
+
+def _tool_docstrings(reader: _Reader, relative: str) -> dict[str, str]:
+    """The docstrings of the functions registered with `@<server>.tool()`, raw: MCP SDK 1.x takes a
+    tool's description from `__doc__`, which on Python 3.12 keeps its indentation."""
+    docs = {}
+    for node in reader.tree(relative).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(_is_tool_decorator(d)
+                                                                            for d in node.decorator_list):
+            doc = ast.get_docstring(node, clean=False)
+            if doc is not None:
+                docs[node.name] = doc
+    return docs
+
+
+def _is_tool_decorator(node: ast.expr) -> bool:
+    target = node.func if isinstance(node, ast.Call) else node
+    return isinstance(target, ast.Attribute) and target.attr == "tool"
+
+
+def _read_extraction_prompt(reader: _Reader) -> tuple[dict[str, Any], str]:
+    prompt = _literal(reader, FILES["jina_scrape_llm_summary"], "EXTRACT_INFO_PROMPT")
+    if not isinstance(prompt, str) or prompt.count("{}") != 2:
+        raise ReferenceError(f"{FILES['jina_scrape_llm_summary']} has no EXTRACT_INFO_PROMPT with two fields")
+    return {"extraction_prompt": prompt}, f"{len(prompt)} characters"
+
+
+def _read_settings(reader: _Reader) -> tuple[dict[str, Any], str]:
+    import yaml
+
+    agent = next((p for p in AGENT_CONFIGS if reader.exists(p)), None)
+    if agent is None:
+        raise ReferenceError(f"no keep-5 agent config ({' or '.join(AGENT_CONFIGS)})")
+    settings: dict[str, Any] = {}
+    for relative in (FILES["llm"], FILES["llm_model"], agent):
+        try:
+            data = yaml.safe_load(reader.text(relative)) or {}
+        except yaml.YAMLError as exc:
+            raise ReferenceError(f"{relative} is not YAML: {exc}") from None
+        if not isinstance(data, dict):
+            raise ReferenceError(f"{relative} is not a YAML mapping")
+        main = data.get("main_agent") if isinstance(data.get("main_agent"), dict) else {}
+        settings |= {k: data[k] for k in ("temperature", "top_p", "max_tokens", "max_context_length",
+                                          "repetition_penalty", "keep_tool_result") if k in data}
+        settings |= {"max_turns": main["max_turns"]} if "max_turns" in main else {}
+    return {"settings": settings}, ", ".join(f"{k}={v}" for k, v in sorted(settings.items()))
+
+
+def _literal(reader: _Reader, relative: str, name: str) -> Any:
+    """The value of a module-level `name = <literal>` in a file, read without running it."""
+    for node in reader.tree(relative).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            try:
+                return ast.literal_eval(node.value)
+            except ValueError:
+                raise ReferenceError(f"{relative}: {name} is not a literal") from None
+    raise ReferenceError(f"{relative} has no {name}")
+
+
+def _commit(root: Path) -> str | None:
+    """The commit a git work tree has checked out, read from `.git` without running git."""
+    git = root / ".git"
+    try:
+        if git.is_file():  # a worktree or submodule: `gitdir: PATH`
+            git = (root / git.read_text().split(":", 1)[1].strip()).resolve()
+        head = (git / "HEAD").read_text().strip()
+        if not head.startswith("ref: "):
+            return head
+        ref = head[5:]
+        if (git / ref).is_file():
+            return (git / ref).read_text().strip()
+        for line in (git / "packed-refs").read_text().splitlines():
+            if line.endswith(" " + ref):
+                return line.split()[0]
+    except (OSError, IndexError):
+        return None
+    return None
+
+
+# Each piece gives Reference fields and a line for `nanbeige reference check`.
+_PIECES: list[tuple[str, Callable[[_Reader], tuple[dict[str, Any], str]]]] = [
+    ("system prompt", _read_system_prompt),
+    ("summary prompt", _read_summary_prompt),
+    ("malformed-call tags and refusals", _read_tags),
+    ("user-message suffix", _read_user_suffix),
+    ("duplicate-query rule", _read_duplicate_query),
+    ("tool descriptions", _read_tool_descriptions),
+    ("page-extraction prompt", _read_extraction_prompt),
+    ("keep-5 agent settings", _read_settings),
+]

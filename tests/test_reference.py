@@ -1,0 +1,183 @@
+"""`--reference PATH`: the model reads the reference harness's own texts, read from a checkout of it.
+
+The checkout here is `reference_tree.py`'s: MiroThinker's files, names and code shapes holding our
+own placeholder texts, so each text can be followed from the checkout to the model byte for byte."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fake_openai import mcp_answer, mcp_call
+from reference_tree import make_reference
+
+from nanbeige.agent import reference as ref
+from nanbeige.agent.loop import AgentConfig, run
+from nanbeige.agent.resume import check_unchanged
+from nanbeige.agent.scripted import ScriptedLLM
+from nanbeige.agent.setup import SetupError
+from nanbeige.agent.toolbox import ServerSpec, Toolbox
+from nanbeige.agent.trajectory import TrajectoryWriter, load_trajectories
+
+NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
+SYSTEM = (  # the tree's system prompt for one tool-python tool, as its own functions assemble it
+    "PLACEHOLDER-PREAMBLE with a trailing space. \n\nDate line: 2026-11-21\n\n# PLACEHOLDER-FORMAT \n"
+    "\n## Server name: tool-python\n"
+    "### Tool name: run_python_code\n"
+    "Description: PLACEHOLDER-RUN-PYTHON-CODE\n    second line, indented.\n    \n"
+    "Input JSON schema: {'properties': {'code_block': {'title': 'Code Block', 'type': 'string'}}, "
+    "'required': ['code_block'], 'type': 'object'}\n"
+    "\n# PLACEHOLDER-GENERAL\n\nPLACEHOLDER-GENERAL-TEXT\n\n"
+    "# PLACEHOLDER-MAIN-OBJECTIVE\n\nPLACEHOLDER-MAIN-TEXT")
+RUN_PYTHON = {"server": "tool-python", "name": "run_python_code", "description": "ours",
+              "input_schema": {"type": "object", "properties": {"code_block": {"type": "string", "title": "Code Block"}},
+                               "required": ["code_block"]}}
+
+
+def test_the_system_prompt_is_the_checkouts_own_with_its_tool_descriptions(tmp_path: Path) -> None:
+    reference = ref.load(make_reference(tmp_path))
+    assert reference.system_prompt([RUN_PYTHON], "2026-11-21") == SYSTEM
+    # a tool the reference does not have keeps our description
+    mine = {**RUN_PYTHON, "server": "mine", "name": "lookup"}
+    assert "### Tool name: lookup\nDescription: ours\n" in reference.system_prompt([RUN_PYTHON, mine], "2026-11-21")
+
+
+@pytest.mark.anyio
+async def test_every_text_reaches_the_model_exactly(tmp_path: Path) -> None:
+    """The system prompt, the user message, a duplicate-query note and the summary prompt, each as the
+    checkout's code builds it; a refusal phrase of the checkout's is rolled back."""
+    from mcp.server.mcpserver import MCPServer
+
+    reference = ref.load(make_reference(tmp_path / "miro"))
+    web = MCPServer(name="search_and_scrape_webpage")
+
+    @web.tool()
+    def google_search(q: str) -> str:
+        return f"results for {q}"
+
+    search = mcp_call("search_and_scrape_webpage", "google_search", {"q": "mars"})
+    llm = ScriptedLLM([search, "PLACEHOLDER-REFUSAL", search, mcp_answer("red"), mcp_answer("red")])
+    path = tmp_path / "run.jsonl"
+    writer = TrajectoryWriter(path)
+    async with Toolbox([ServerSpec(name="search_and_scrape_webpage", server=web)]) as tools:
+        trajectory = await run("Which colour?", llm, tools, AgentConfig(date="2026-11-21", reference=reference),
+                               writer)
+    writer.close()
+    system, user = llm.calls[0][:2]
+    assert system["content"].startswith("PLACEHOLDER-PREAMBLE with a trailing space. \n\nDate line: 2026-11-21\n")
+    assert "### Tool name: google_search\nDescription: PLACEHOLDER-GOOGLE-SEARCH\n" in system["content"]
+    assert user["content"] == "Which colour?\nPLACEHOLDER-SUFFIX in \\boxed{}."
+    assert trajectory.turns[1].rolled_back and "refused" in trajectory.turns[1].format_error
+    assert llm.calls[3][-1]["content"] == "PLACEHOLDER-DUPLICATE 'mars' via google_search."
+    assert llm.calls[-1][-1]["content"] == 'PLACEHOLDER-SUMMARY-HEAD\n\n"Which colour?"\n\nPLACEHOLDER-SUMMARY-RULES \\boxed{}.'
+    [start] = [json.loads(line) for line in path.read_text().splitlines()[:1]]
+    assert start["reference"] == {"commit": None, "sha256": reference.sha256}
+    assert load_trajectories(path)[0].reference == reference.identity()
+
+
+@pytest.mark.anyio
+async def test_a_later_checkout_rolls_a_repeated_query_back_instead_of_answering_it(tmp_path: Path) -> None:
+    from mcp.server.mcpserver import MCPServer
+
+    reference = ref.load(make_reference(tmp_path, head=True))
+    assert reference.duplicate_query is None
+    web = MCPServer(name="jina_scrape_llm_summary")
+
+    @web.tool()
+    def scrape_and_extract_info(url: str, info_to_extract: str) -> str:
+        return f"{info_to_extract} of {url}"
+
+    def scrape(info: str) -> str:
+        return mcp_call("jina_scrape_llm_summary", "scrape_and_extract_info", {"url": "http://127.0.0.1/a",
+                                                                               "info_to_extract": info})
+
+    llm = ScriptedLLM([scrape("title"), scrape("title"), scrape("date"), mcp_answer("x"), mcp_answer("x")])
+    async with Toolbox([ServerSpec(name="jina_scrape_llm_summary", server=web)]) as tools:
+        trajectory = await run("q", llm, tools, AgentConfig(date="2026-11-21", reference=reference))
+    assert [t.rolled_back for t in trajectory.turns] == [False, True, False, False, False]
+    assert "repeats a query" in trajectory.turns[1].format_error
+    assert [r.text for t in trajectory.turns for r in t.tool_results] == ["title of http://127.0.0.1/a",
+                                                                         "date of http://127.0.0.1/a"]
+    # after 4 replies in a row were dropped, a repeat runs (the reference lets it through)
+    llm = ScriptedLLM([scrape("title")] + ["PLACEHOLDER-REFUSAL"] * 4 + [scrape("title"), mcp_answer("x")] * 2)
+    async with Toolbox([ServerSpec(name="jina_scrape_llm_summary", server=web)]) as tools:
+        trajectory = await run("q", llm, tools, AgentConfig(date="2026-11-21", reference=reference))
+    assert [t.rolled_back for t in trajectory.turns[:6]] == [False, True, True, True, True, False]
+
+
+def test_the_checkouts_settings_and_identity_are_read(tmp_path: Path) -> None:
+    reference = ref.load(make_reference(tmp_path, git=True))
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    assert reference.commit == head and len(reference.sha256) == 64
+    assert reference.settings == {"temperature": 0.3, "top_p": 0.95, "max_tokens": 16384, "keep_tool_result": 5,
+                                  "max_context_length": 262144, "max_turns": 600}
+    assert reference.extraction_prompt == "PLACEHOLDER-EXTRACT want: {} from: {}"
+    assert reference.tool_descriptions[("tool-python", "create_sandbox")].startswith("PLACEHOLDER-CREATE-SANDBOX\n\n    Args:")
+    assert ("tool-python", "helper") not in reference.tool_descriptions  # not registered as a tool
+    # one changed byte in any file read changes the hash
+    prompts = tmp_path / ref.FILES["prompts"]
+    prompts.write_text(prompts.read_text().replace("PLACEHOLDER-MAIN-TEXT", "PLACEHOLDER-MAIN-TEXt"))
+    assert ref.load(tmp_path).sha256 != reference.sha256
+
+
+def test_a_checkout_missing_a_text_is_refused_naming_what_is_missing(tmp_path: Path) -> None:
+    root = make_reference(tmp_path)
+    (root / ref.FILES["orchestrator"]).unlink()
+    (root / ref.FILES["jina_scrape_llm_summary"]).write_text("EXTRACT_INFO_PROMPT = 'no fields'\n")
+    with pytest.raises(ref.ReferenceError) as caught:
+        ref.load(root)
+    message = str(caught.value)
+    assert "\n" not in message and "orchestrator.py" in message and "EXTRACT_INFO_PROMPT" in message
+
+
+def test_prompt_functions_that_import_beyond_the_standard_library_are_never_run(tmp_path: Path) -> None:
+    root = make_reference(tmp_path)
+    marker = tmp_path / "ran"
+    prompts = root / ref.FILES["prompts"]
+    prompts.write_text(f"import httpx\nopen({str(marker)!r}, 'w').close()\n" + prompts.read_text())
+    with pytest.raises(ref.ReferenceError, match="imports httpx"):
+        ref.load(root)
+    assert not marker.exists()
+
+
+def test_reference_check_says_what_was_understood(tmp_path: Path) -> None:
+    root = make_reference(tmp_path)
+    done = subprocess.run([NANBEIGE, "reference", "check", str(root)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert all(line.startswith("✓") for line in lines[:-1]) and lines[-1].startswith("sha256 ")
+    assert any("duplicate-query rule: a note answers" in line for line in lines)
+    (root / ref.FILES["input"]).write_text("x = 1\n")
+    done = subprocess.run([NANBEIGE, "reference", "check", str(root)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "✗ user-message suffix" in done.stdout
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+
+
+def test_ask_refuses_a_checkout_it_cannot_read_in_one_line(tmp_path: Path) -> None:
+    done = subprocess.run([NANBEIGE, "ask", "q", "--reference", str(tmp_path),
+                           "--base-url", "http://127.0.0.1:9/v1"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "--reference" in done.stderr and "prompt_utils.py" in done.stderr
+
+
+def test_resume_refuses_a_checkout_that_changed_since_the_run(tmp_path: Path) -> None:
+    from nanbeige.agent.trajectory import Trajectory
+
+    reference = ref.load(make_reference(tmp_path))
+    trajectory = Trajectory(question="q", reference=reference.identity())
+    check_unchanged(trajectory, _NoTokenizer(), [], reference)  # the same texts: fine
+    (tmp_path / ref.FILES["input"]).write_text((tmp_path / ref.FILES["input"]).read_text() + "\n")
+    with pytest.raises(SetupError, match="changed"):
+        check_unchanged(trajectory, _NoTokenizer(), [], ref.load(tmp_path))
+    with pytest.raises(SetupError):
+        check_unchanged(trajectory, _NoTokenizer(), [], None)
+
+
+class _NoTokenizer:
+    tokenizer_identity = None
+    template_identity = None
