@@ -28,7 +28,8 @@ def serve(
     dialect: Annotated[str, typer.Option(help="mcp-xml (no tool parser) or tool-call (hermes parser).")
                        ] = ServeConfig.dialect,
     max_model_len: Annotated[int, typer.Option(min=1024, help=(
-        "Context length in tokens (KV cache: 64 KiB a token, 16 GiB for one full 262144-token sequence)."))] = ServeConfig.max_model_len,
+        "Context length in tokens (KV cache: 64 KiB a token, 16 GiB for one full 262144-token sequence)."))
+    ] = ServeConfig.max_model_len,
     gpu_memory_utilization: Annotated[float, typer.Option(min=0.05, max=1.0)] = ServeConfig.gpu_memory_utilization,
     data_parallel_size: Annotated[int, typer.Option("--data-parallel-size", "-dp", min=1)
                                   ] = ServeConfig.data_parallel_size,
@@ -71,18 +72,22 @@ def server(
     importlib.import_module(f"nanbeige.servers.{name}").serve(transport, host, port)
 
 
-reference_app = typer.Typer(no_args_is_help=True, help="Read the reference harness (MiroThinker) the model was trained in.")
+reference_app = typer.Typer(no_args_is_help=True,
+                            help="Read the reference harness (MiroThinker) the model was trained in.")
 
 
 @reference_app.command("check")
 def reference_check(
     path: Annotated[Path, typer.Argument(help="A checkout of MiroThinker (the repository's root folder).")],
+    python: Annotated[str, typer.Option(envvar="NANBEIGE_REFERENCE_PYTHON", help=(
+        "The Python the reference ran on, 3.12 or 3.13: 3.13 strips the indentation of the docstrings its tool "
+        "descriptions are made of."))] = "3.12",
 ) -> None:
     """Say, for each text and rule the model reads, whether this checkout was understood: what
     `--reference PATH` would use. Exit 1 when something is missing."""
     from nanbeige.agent.reference import inspect
 
-    report, reference = inspect(path)
+    report, reference = inspect(path, python)
     for name, ok, detail in report:
         print_line(f"{'✓' if ok else '✗'} {name}: {detail}")
     if reference is None:

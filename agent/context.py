@@ -106,24 +106,27 @@ def degenerate(text: str, tail: int = 50, times: int = 5) -> bool:
     return text.count(text[-tail:]) > times
 
 
-def used_query(turns: list[Turn], turn: Turn, position: int) -> bool:
-    """True when the `google_search` query of the turn's call at `position` was already searched in
-    the run by a call that did not fail (the reference v1.0 answers such a call with a note instead
-    of running it, and counts only queries that ran; other tools are not checked)."""
+def used_query(turns: list[Turn], turn: Turn, position: int, tools: tuple[str, ...] = ("google_search",)) -> str | None:
+    """The query of the turn's call at `position` when one of the `tools` already ran it in the run
+    without failing, else None. The reference v1.0 answers such a call with a note naming the query
+    instead of running it, and counts only queries that ran; it checks `google_search` (its `q`),
+    and from 2025-12-02 `scrape_and_extract_info` (url and what to extract, joined by `_`)."""
     call = turn.tool_calls[position]
-    if call.name != "google_search" or not isinstance(call.arguments.get("q"), str):
-        return False
+    key = query_key(call) if call.name in tools else None
+    if key is None:
+        return None
     made = [pair for earlier in turns for pair in zip(earlier.tool_calls, earlier.tool_results)]
     made += list(zip(turn.tool_calls[:position], turn.tool_results[:position]))
-    return any(c.name == "google_search" and c.arguments.get("q") == call.arguments["q"] and not r.is_error
-               for c, r in made)
+    if not any(query_key(c) == key and not r.is_error for c, r in made):
+        return None
+    return "_".join(key[1:])
 
 
 def query_key(call: ToolCall) -> tuple[str, ...] | None:
     """What makes two calls the same query under the reference's later rule: a search's `q`, a page
     extraction's url and what to extract."""
-    if call.name == "google_search":
-        return (call.name, str(call.arguments.get("q", "")))
+    if call.name == "google_search" and isinstance(call.arguments.get("q"), str):
+        return (call.name, call.arguments["q"])
     if call.name == "scrape_and_extract_info":
         return (call.name, str(call.arguments.get("url", "")), str(call.arguments.get("info_to_extract", "")))
     return None

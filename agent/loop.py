@@ -311,8 +311,8 @@ async def _run_calls(turn: Turn, parsed: dialects.ParsedReply, state: Run, toolb
         if position in parsed.call_errors:
             result = ToolResult(text=parsed.call_errors[position], is_error=True)
         elif config.dialect == "mcp-xml" and (note := _duplicate_note(config.reference)) and \
-                used_query(earlier, turn, position):
-            result = ToolResult(text=note.format(query=call.arguments["q"], tool=call.name))
+                (query := used_query(earlier, turn, position, _query_tools(config.reference))) is not None:
+            result = ToolResult(text=note.format(query=query, tool=call.name))
         elif config.dialect != "mcp-xml" and repeated_call(earlier, call, config.repeat_limit):
             result = ToolResult(text=f"This exact call was already made {config.repeat_limit - 1} times in a row "
                                      "and was not run again. Try a different call, or answer.", is_error=True)
@@ -330,6 +330,10 @@ def _duplicate_note(reference: Reference | None) -> str | None:
         return reference.duplicate_query
     return ("The query '{query}' was already searched in an earlier {tool} call. Search with a different query or "
             "keywords.")
+
+
+def _query_tools(reference: Reference | None) -> tuple[str, ...]:
+    return reference.query_tools if reference is not None else ("google_search",)
 
 
 async def _end(state: Run, llm: LLM, config: AgentConfig, prompt_tokens: int | None,

@@ -9,11 +9,13 @@ checkout instead of our paraphrases:
   are: the system prompt (its MCP part and the main agent's objective, joined and stripped as the
   orchestrator does), and the summary prompt. Its malformed-call tags and refusal phrases are read
   too.
-- Everything else is read from the source without running it: the user-message suffix (the
-  English one of `input_handler.py`), the duplicate-query note (an f-string of the orchestrator; a
-  checkout without it rolls a repeated query back instead, as the reference did from 2025-12-28),
-  the tool descriptions (the docstrings of the three servers' tools, raw, as MCP SDK 1.x on Python
-  3.12 sent them), the page-extraction prompt, and the keep-5 agent's settings (YAML).
+- `process_input` of `input_handler.py` (the user message) is run alone: its module imports
+  document converters, which a task without a file never reaches.
+- Everything else is read from the source without running it: the duplicate-query note (an
+  f-string of the orchestrator; a checkout without it rolls a repeated query back instead, as the
+  reference did from 2025-12-28) and the tools it covers; the tool descriptions (the docstrings of
+  the three servers' tools, raw, as MCP SDK 1.x on Python 3.12 sent them); the page-extraction
+  prompt; and the keep-5 agent's settings (YAML).
 
 The commits this reader is tested against are in `SUPPORTED`; another commit is read the same way
 and refused only when something cannot be found. Everything read is hashed: the hash and the
@@ -37,6 +39,10 @@ SUPPORTED = {
     "370f983": "2026-04-13, the newest commit read",
 }
 
+# The reference requires Python >= 3.12 and its lock file resolves for 3.12 and 3.13, so which one
+# ran it is not known. They differ in the tool descriptions the model read: 3.13's compiler strips
+# the indentation of docstrings, and MCP SDK 1.x sends `__doc__` as it is (NANBEIGE_REFERENCE_PYTHON).
+PYTHONS = ("3.12", "3.13")
 FILES = {
     "prompts": "apps/miroflow-agent/src/utils/prompt_utils.py",
     "input": "apps/miroflow-agent/src/io/input_handler.py",
@@ -69,12 +75,17 @@ class Reference:
     """The checked-out commit (full hash), when the checkout is a git work tree."""
     sha256: str
     """Hash of every file read, so a trajectory says exactly which texts the model saw."""
+    python: str
+    """The Python whose docstrings the tool descriptions follow (PYTHONS)."""
     mcp_system_prompt: Callable[[datetime.date, list[dict[str, Any]]], str] = field(repr=False)
     agent_objective: str = field(repr=False)
     summary_prompt_function: Callable[..., str] = field(repr=False)
-    user_suffix: str = field(repr=False)
+    process_input: Callable[..., tuple[str, str]] = field(repr=False)
     duplicate_query: str | None = field(repr=False)
     """The note a repeated query gets, with `{query}` and `{tool}`; None: a repeat is rolled back."""
+    query_tools: tuple[str, ...] = field(repr=False)
+    """Our tools whose repeated queries the note answers (`google_search`, and from 2025-12-02
+    `scrape_and_extract_info`): those its query-string function names."""
     tool_descriptions: dict[tuple[str, str], str] = field(repr=False)
     extraction_prompt: str | None = field(repr=False)
     """The page-extraction prompt, a `str.format` template taking (info to extract, content)."""
@@ -85,8 +96,8 @@ class Reference:
     max_context_length, repetition_penalty (those the checkout's YAML sets)."""
 
     def identity(self) -> dict[str, Any]:
-        """What trajectories and reports record: `{commit, sha256}`."""
-        return {"commit": self.commit, "sha256": self.sha256}
+        """What trajectories and reports record: `{commit, sha256, python}`."""
+        return {"commit": self.commit, "sha256": self.sha256, "python": self.python}
 
     def system_prompt(self, tools: list[dict[str, Any]], date: str) -> str:
         """The system prompt for our tools, assembled as the orchestrator does: the MCP prompt plus
@@ -103,15 +114,18 @@ class Reference:
         return (self.mcp_system_prompt(day, servers) + self.agent_objective).strip()
 
     def user_message(self, question: str) -> str:
-        return question + self.user_suffix
+        """The first user message, as the reference's `process_input` makes it of a task without a file."""
+        return self.process_input(question, None)[0]
 
     def summary_prompt(self, question: str) -> str:
         return self.summary_prompt_function(question, agent_type="main")
 
 
-def load(path: str | Path) -> Reference:
-    """Read a checkout; ReferenceError naming everything that could not be found."""
-    report, reference = inspect(path)
+def load(path: str | Path, python: str = "3.12") -> Reference:
+    """Read a checkout; ReferenceError naming everything that could not be found. `python`: the
+    Python the reference ran its servers on, "3.12" or "3.13", whose docstrings differ (see
+    PYTHONS)."""
+    report, reference = inspect(path, python)
     if reference is None:
         missing = [f"{name} ({detail})" for name, ok, detail in report if not ok]
         raise ReferenceError(f"--reference {path}: not a MiroThinker checkout this version can read: "
@@ -119,13 +133,15 @@ def load(path: str | Path) -> Reference:
     return reference
 
 
-def inspect(path: str | Path) -> tuple[list[tuple[str, bool, str]], Reference | None]:
+def inspect(path: str | Path, python: str = "3.12") -> tuple[list[tuple[str, bool, str]], Reference | None]:
     """Each text and behaviour with whether the checkout was understood (name, ok, detail), and the
     Reference when everything was."""
     root = Path(path).expanduser()
+    if python not in PYTHONS:
+        return [("python", False, f"{python!r} is not one of {', '.join(PYTHONS)}")], None
     if not root.is_dir():
         return [("checkout", False, f"{root} is not a folder")], None
-    reader = _Reader(root)
+    reader = _Reader(root, python)
     report: list[tuple[str, bool, str]] = []
     found: dict[str, Any] = {}
     for name, read in _PIECES:
@@ -141,15 +157,16 @@ def inspect(path: str | Path) -> tuple[list[tuple[str, bool, str]], Reference | 
     known = next((label for short, label in SUPPORTED.items() if commit and commit.startswith(short)), None)
     report.insert(0, ("commit", True, f"{commit or 'unknown (not a git checkout)'}"
                                       f"{': ' + known if known else ' (not one of the tested commits)'}"))
-    reference = Reference(path=root, commit=commit, sha256=reader.digest(), **found)
+    reference = Reference(path=root, commit=commit, sha256=reader.digest(), python=python, **found)
     return report, reference
 
 
 class _Reader:
     """Reads files of the checkout, each once, keeping what was read for the hash."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, python: str = "3.12"):
         self.root = root
+        self.python = python
         self.read_files: dict[str, bytes] = {}
 
     def text(self, relative: str) -> str:
@@ -239,18 +256,31 @@ def _read_tags(reader: _Reader) -> tuple[dict[str, Any], str]:
             f"{len(values['mcp_tags'])} malformed-call tags, {len(values['refusal_keywords'])} refusal phrases")
 
 
-def _read_user_suffix(reader: _Reader) -> tuple[dict[str, Any], str]:
-    """The English sentence appended to the task: the string constant with `\\boxed{}` that the
-    task description is extended by, written in ASCII (the other one is the Chinese prompt's)."""
-    tree = reader.tree(FILES["input"])
-    suffixes = [node.value.value for node in ast.walk(tree)
-                if isinstance(node, ast.AugAssign) and isinstance(node.value, ast.Constant)
-                and isinstance(node.value.value, str) and "\\boxed{}" in node.value.value
-                and node.value.value.isascii()]
-    if len(suffixes) != 1:
-        raise ReferenceError(f"{FILES['input']}: the English answer-format suffix was not found "
-                             f"({len(suffixes)} candidates)")
-    return {"user_suffix": suffixes[0]}, f"{len(suffixes[0])} characters"
+def _read_user_message(reader: _Reader) -> tuple[dict[str, Any], str]:
+    """`process_input` of `input_handler.py`, which turns the task into the first user message. The
+    module imports document converters, so the function alone is run, in a namespace of standard
+    modules: without a task file it uses nothing else."""
+    relative = FILES["input"]
+    found = [node for node in reader.tree(relative).body
+             if isinstance(node, ast.FunctionDef) and node.name == "process_input"]
+    if len(found) != 1:
+        raise ReferenceError(f"{relative} has no function process_input")
+    import json
+    import os
+    import traceback
+    import typing
+
+    namespace: dict[str, Any] = {"__name__": "miroflow_reference_input", "os": os, "json": json,
+                                 "traceback": traceback, **{n: getattr(typing, n) for n in typing.__all__}}
+    try:
+        exec(compile(ast.Module(body=found, type_ignores=[]), relative, "exec"), namespace)  # noqa: S102
+        process_input = namespace["process_input"]
+        sample = process_input("QUESTION", None)
+    except Exception as exc:
+        raise ReferenceError(f"{relative}: process_input failed: {type(exc).__name__}: {exc}") from None
+    if not (isinstance(sample, tuple) and isinstance(sample[0], str) and "QUESTION" in sample[0]):
+        raise ReferenceError(f"{relative}: process_input does not give the user message first")
+    return {"process_input": process_input}, f"{len(sample[0]) - len('QUESTION')} characters added to the question"
 
 
 def _read_duplicate_query(reader: _Reader) -> tuple[dict[str, Any], str]:
@@ -261,9 +291,22 @@ def _read_duplicate_query(reader: _Reader) -> tuple[dict[str, Any], str]:
              and _field_names(node) == set(_DUPLICATE_FIELDS)}
     if len(notes) > 1:
         raise ReferenceError(f"{FILES['orchestrator']} has {len(notes)} different duplicate-query notes")
+    tools = _query_tools(tree)
     if notes:
-        return {"duplicate_query": notes.pop()}, "a note answers a repeated query (v1.0)"
-    return {"duplicate_query": None}, "a repeated query is rolled back (no note in the orchestrator)"
+        return ({"duplicate_query": notes.pop(), "query_tools": tools},
+                f"a note answers a repeated query of {', '.join(tools) or 'no tool of ours'}")
+    return ({"duplicate_query": None, "query_tools": tools},
+            "a repeated query is rolled back (no note in the orchestrator)")
+
+
+def _query_tools(tree: ast.Module) -> tuple[str, ...]:
+    """Which of our tools the orchestrator's query-string function (`_get_query_str_from_tool_call`)
+    compares `tool_name` with; the later layout has it in another file and rolls repeats back."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name.endswith("get_query_str_from_tool_call"):
+            names = {c.value for c in ast.walk(node) if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+            return tuple(t for t in ("google_search", "scrape_and_extract_info") if t in names)
+    return ("google_search", "scrape_and_extract_info")
 
 
 def _field_names(node: ast.JoinedStr) -> set[str]:
@@ -297,16 +340,27 @@ def _read_tool_descriptions(reader: _Reader) -> tuple[dict[str, Any], str]:
 
 
 def _tool_docstrings(reader: _Reader, relative: str) -> dict[str, str]:
-    """The docstrings of the functions registered with `@<server>.tool()`, raw: MCP SDK 1.x takes a
-    tool's description from `__doc__`, which on Python 3.12 keeps its indentation."""
+    """The docstrings of the functions registered with `@<server>.tool()`, as `__doc__` holds them on
+    the Python the reference ran on (MCP SDK 1.x takes a tool's description from `__doc__`): raw on
+    3.12, as 3.13's compiler cleans them with `reader.python` "3.13"."""
     docs = {}
     for node in reader.tree(relative).body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(_is_tool_decorator(d)
                                                                             for d in node.decorator_list):
             doc = ast.get_docstring(node, clean=False)
             if doc is not None:
-                docs[node.name] = doc
+                docs[node.name] = compiled_docstring(doc) if reader.python == "3.13" else doc
     return docs
+
+
+def compiled_docstring(raw: str) -> str:
+    """A docstring as Python 3.13's compiler stores it: tabs expanded, the first line's leading spaces
+    removed, and the smallest indentation of the later non-blank lines removed from each later line
+    (from a line of spaces alone, at most that many)."""
+    lines = raw.expandtabs().split("\n")
+    margin = min((len(line) - len(line.lstrip(" ")) for line in lines[1:] if line.strip(" ")), default=0)
+    return "\n".join([lines[0].lstrip(" ")] + [line[min(margin, len(line) - len(line.lstrip(" "))):]
+                                               for line in lines[1:]])
 
 
 def _is_tool_decorator(node: ast.expr) -> bool:
@@ -378,7 +432,7 @@ _PIECES: list[tuple[str, Callable[[_Reader], tuple[dict[str, Any], str]]]] = [
     ("system prompt", _read_system_prompt),
     ("summary prompt", _read_summary_prompt),
     ("malformed-call tags and refusals", _read_tags),
-    ("user-message suffix", _read_user_suffix),
+    ("user message", _read_user_message),
     ("duplicate-query rule", _read_duplicate_query),
     ("tool descriptions", _read_tool_descriptions),
     ("page-extraction prompt", _read_extraction_prompt),

@@ -120,11 +120,12 @@ def read_template(path: Path) -> str:
 
 
 def read_reference(path: Path) -> Reference:
-    """The reference checkout's texts; a checkout that lacks one is refused in one line."""
+    """The reference checkout's texts (tool descriptions as Python NANBEIGE_REFERENCE_PYTHON, default
+    3.12, kept them); a checkout that lacks one is refused in one line."""
     from nanbeige.agent.reference import ReferenceError, load
 
     try:
-        return load(path)
+        return load(path, os.environ.get("NANBEIGE_REFERENCE_PYTHON") or "3.12")
     except ReferenceError as exc:
         raise SetupError(str(exc), usage=True) from None
 
@@ -160,7 +161,7 @@ def check_writable(path: Path) -> None:
 
 
 def default_servers(llm_config: LLMConfig, notice: Notice, upload_dirs: list[Path] | None = None,
-                    replay: bool = False) -> list[ServerSpec]:
+                    replay: bool = False, reference: Reference | None = None) -> list[ServerSpec]:
     """The built-in tool servers: Python sandbox, search (when a backend is set up, or to be replayed
     from the cache; otherwise a notice says how), and scrape + extract (extracting with the run's own
     model unless NANBEIGE_SUMMARY_* say otherwise)."""
@@ -170,6 +171,8 @@ def default_servers(llm_config: LLMConfig, notice: Notice, upload_dirs: list[Pat
                                            "NANBEIGE_MODEL": llm_config.model}
     if llm_config.api_key:
         env["NANBEIGE_API_KEY"] = llm_config.api_key
+    if reference is not None and reference.extraction_prompt:
+        env["NANBEIGE_EXTRACTION_PROMPT"] = reference.extraction_prompt
     if upload_dirs:
         allowed = env.get("NANBEIGE_SANDBOX_UPLOAD_DIRS") or os.getcwd()
         env["NANBEIGE_SANDBOX_UPLOAD_DIRS"] = os.pathsep.join([allowed, *map(str, upload_dirs)])
@@ -306,7 +309,8 @@ async def ready(settings: RunSettings, notice: Notice) -> AsyncIterator[Ready]:
     if server is None:
         settings = await in_thread(in_process, settings, notice)
     settings = fit_to_server(for_dialect(settings), server, notice)
-    specs = (default_servers(settings.llm, notice, settings.tools.upload_dirs, settings.tools.replay)
+    specs = (default_servers(settings.llm, notice, settings.tools.upload_dirs, settings.tools.replay,
+                             settings.agent.reference)
              if settings.tools.default_servers else []) + extra
     if not specs:
         notice("no tools available: the model answers from its own knowledge. Add MCP servers with --mcp NAME=COMMAND.")

@@ -39,6 +39,7 @@ def build_report(manifest: dict[str, Any], rows: list[dict[str, Any]]) -> dict[s
     cells = {(row["task_id"], row["run"]): row["correct"] is True for row in rows}
     report: dict[str, Any] = {
         "bench": manifest["bench"], "grader": manifest["grader"], "judge_model": manifest.get("judge_model"),
+        "reference": manifest.get("reference"),
         "k": k, "runs_done": len(cells), "runs_expected": len(task_ids) * k,
         "complete": len(cells) == len(task_ids) * k, **scores(cells, task_ids, k),
     }

@@ -92,14 +92,15 @@ class Progress:
 # ---------------------------------------------------------------- the out folder
 
 
-def manifest(config: EvalConfig, tasks: list[Task]) -> dict[str, Any]:
-    """What `eval.json` records: enough to check a resume and to re-render the report without the data."""
+def manifest(config: EvalConfig, tasks: list[Task], reference: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What `eval.json` records: enough to check a resume and to re-render the report without the data.
+    `reference`: the reference checkout the prompts came from (`--reference`), commit and hash."""
     data = config.data
     return {"bench": config.bench.name, "data": str(data.resolve()) if data else None,
             "data_sha256": file_sha256(data) if data and data.is_file() else tasks_sha256(tasks), "k": config.k,
             "limit": config.limit, "grader": config.grader or config.bench.grader,
             "judge_model": None if (config.grader or config.bench.grader) == "gaia-exact" else config.judge.model,
-            "tasks": [{"id": task.id, "level": task.level} for task in tasks]}
+            "reference": reference, "tasks": [{"id": task.id, "level": task.level} for task in tasks]}
 
 
 def tasks_sha256(tasks: list[Task]) -> str:
@@ -110,17 +111,17 @@ def tasks_sha256(tasks: list[Task]) -> str:
     return digest.hexdigest()
 
 
-def prepare_out(config: EvalConfig, tasks: list[Task]) -> dict[str, Any]:
+def prepare_out(config: EvalConfig, tasks: list[Task], reference: dict[str, Any] | None = None) -> dict[str, Any]:
     """Create the out folder, or check that the one there holds this same eval (to be resumed);
     returns the manifest."""
-    wanted = manifest(config, tasks)
+    wanted = manifest(config, tasks, reference)
     path = config.out / MANIFEST
     if path.exists():
         try:
             found = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
             raise EvalError(f"cannot read {path} ({exc}); pass another --out") from None
-        for key in ("bench", "data_sha256", "grader", "judge_model", "k", "limit"):
+        for key in ("bench", "data_sha256", "grader", "judge_model", "k", "limit", "reference"):
             if found.get(key) != wanted[key]:
                 raise EvalError(f"{config.out} holds an eval with {key} {found.get(key)!r}, not {wanted[key]!r}; "
                                 "pass the same options to resume it, or another --out to start a new one")
@@ -316,6 +317,19 @@ def load_tasks(config: EvalConfig) -> list[Task]:
     return tasks[: config.limit] if config.limit else tasks
 
 
+def reference_identity(settings: RunSettings) -> dict[str, Any] | None:
+    """The commit and hash of the reference checkout the runs' prompts come from, if any (a checkout
+    that cannot be read is refused here, before the out folder is made)."""
+    if settings.reference is None:
+        return None
+    from nanbeige.agent.setup import SetupError, read_reference
+
+    try:
+        return read_reference(settings.reference).identity()
+    except SetupError as exc:
+        raise EvalError(str(exc)) from None
+
+
 async def evaluate(config: EvalConfig, settings: RunSettings, notice: Callable[[str], None],
                    progress_view: Callable[[Progress], Any] | None = None) -> dict[str, Any]:
     """Run (or resume) the eval and return its report, also written to `report.json`."""
@@ -324,7 +338,7 @@ async def evaluate(config: EvalConfig, settings: RunSettings, notice: Callable[[
 
     tasks = load_tasks(config)
     check_grader(config)
-    found = prepare_out(config, tasks)
+    found = prepare_out(config, tasks, reference_identity(settings))
     settings = config.bench.adjust(settings)
     progress = Progress(total=len(tasks) * config.k)
     pending = pending_runs(tasks, config.k, read_results(config.out))

@@ -407,3 +407,13 @@ def mcp_call(server: str, tool: str, arguments: dict[str, Any], thought: str = "
 
 def mcp_answer(answer: str) -> str:
     return f"<think>\nI have what I need.\n</think>\n\nThe answer is \\boxed{{{answer}}}."
+
+
+def created_sandbox(messages: list[dict]) -> str:
+    """The id of the sandbox the latest `create_sandbox` result in the messages named (as a model reads
+    it from `Sandbox created with sandbox_id: ID`)."""
+    for message in reversed(messages):
+        for line in (message.get("content") or "").splitlines():
+            if line.startswith("Sandbox created with sandbox_id: "):
+                return line.split(": ", 1)[1].strip()
+    raise AssertionError("no sandbox was created in this conversation")

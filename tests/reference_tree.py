@@ -2,7 +2,7 @@
 placeholder texts: what `--reference` reads, without the reference's words in this repository.
 
 Each text carries marks a test can look for, and the layouts the real one has that are easy to get
-wrong: trailing spaces, blank lines around sections, a leading newline on the user-message suffix,
+wrong: trailing spaces, blank lines around sections, a user message stripped at its end,
 an indented docstring."""
 
 from __future__ import annotations
@@ -77,15 +77,20 @@ def generate_agent_summarize_prompt(task_description, task_failed=False, agent_t
 
 INPUT = '''\
 import os
+from typing import Tuple
+
+import markdownify  # not installed: the module is never imported, process_input runs alone
 
 
-def process_input(task_description, task_file_name):
+def process_input(task_description: str, task_file_name: str) -> Tuple[str, str]:
     updated_task_description = task_description
+    if task_file_name:
+        updated_task_description += markdownify.markdownify(open(task_file_name).read())
     if os.getenv("USE_CN_PROMPT", "0") == "1":
         updated_task_description += "\\n中文-PLACEHOLDER \\\\boxed{}"
     else:
-        updated_task_description += "\\nPLACEHOLDER-SUFFIX in \\\\boxed{}."
-    return updated_task_description, task_description
+        updated_task_description += "\\nPLACEHOLDER-SUFFIX in \\\\boxed{}.  "
+    return updated_task_description.strip(), updated_task_description
 '''
 
 ORCHESTRATOR_V1 = '''\
@@ -93,6 +98,13 @@ class Orchestrator:
     def run(self, tool_name, query_str, count):
         log = f"query {query_str} seen {count} times"
         return {"result": f"PLACEHOLDER-DUPLICATE '{query_str}' via {tool_name}."}, log
+
+    def _get_query_str_from_tool_call(self, tool_name, arguments):
+        if tool_name == "google_search":
+            return arguments.get("q")
+        elif tool_name == "scrape_website":
+            return arguments.get("url")
+        return None
 '''
 
 ORCHESTRATOR_HEAD = '''\
@@ -157,14 +169,16 @@ LLM_MODEL = "defaults:\n  - default\nmax_context_length: 262144\nmax_tokens: 163
 AGENT = "main_agent:\n  tools:\n    - tool-python\n  max_turns: 600\nkeep_tool_result: 5\n"
 
 
-def make_reference(root: Path, head: bool = False, git: bool = False) -> Path:
+def make_reference(root: Path, head: bool = False, git: bool = False, scrape_repeats: bool = False) -> Path:
     """Write the tree at `root`: laid out as v1.0 (a duplicate-query note, `single_agent_keep5`), or
-    as the later head (`head`: repeats rolled back, `mirothinker_v1.0_keep5`); a git repository with
-    one commit when `git`."""
+    as the later head (`head`: repeats rolled back, `mirothinker_v1.0_keep5`); with the note covering
+    page extractions too as from 2025-12-02 (`scrape_repeats`); a git repository with one commit when
+    `git`."""
     files = {
         "apps/miroflow-agent/src/utils/prompt_utils.py": PROMPTS,
         "apps/miroflow-agent/src/io/input_handler.py": INPUT,
-        "apps/miroflow-agent/src/core/orchestrator.py": ORCHESTRATOR_HEAD if head else ORCHESTRATOR_V1,
+        "apps/miroflow-agent/src/core/orchestrator.py": ORCHESTRATOR_HEAD if head else ORCHESTRATOR_V1.replace(
+            '"scrape_website"', '"scrape_and_extract_info"' if scrape_repeats else '"scrape_website"'),
         "libs/miroflow-tools/src/miroflow_tools/mcp_servers/python_mcp_server.py": PYTHON_SERVER,
         "libs/miroflow-tools/src/miroflow_tools/dev_mcp_servers/search_and_scrape_webpage.py": SEARCH_SERVER,
         "libs/miroflow-tools/src/miroflow_tools/dev_mcp_servers/jina_scrape_llm_summary.py": EXTRACT_SERVER,

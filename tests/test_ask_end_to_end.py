@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from fake_openai import FakeOpenAI, Reply, mcp_answer, mcp_call
+from fake_openai import FakeOpenAI, Reply, created_sandbox, mcp_answer, mcp_call
 from fake_site import Site
 from test_index import ovos_summaries
 
@@ -29,13 +29,15 @@ def model(site: Site) -> Callable[[dict], Reply]:
             return Reply(content=" ".join(line for line in page.splitlines() if "687" in line))
         step = sum(m["role"] == "assistant" for m in messages)
         script = [
-            mcp_call("search_and_scrape_webpage", "google_search", {"q": "Beethoven composer"}),
-            mcp_call("jina_scrape_llm_summary", "scrape_and_extract_info",
-                     {"url": site.url("/article"), "info_to_extract": "length of a Martian year"}),
-            mcp_call("tool-python", "run_python_code", {"code_block": "years = 2\nyears * 687", "sandbox_id": "default"}),
-            mcp_answer("1374"),
+            lambda: mcp_call("search_and_scrape_webpage", "google_search", {"q": "Beethoven composer"}),
+            lambda: mcp_call("jina_scrape_llm_summary", "scrape_and_extract_info",
+                             {"url": site.url("/article"), "info_to_extract": "length of a Martian year"}),
+            lambda: mcp_call("tool-python", "create_sandbox", {}),
+            lambda: mcp_call("tool-python", "run_python_code", {"code_block": "years = 2\nyears * 687",
+                                                                "sandbox_id": created_sandbox(messages)}),
+            lambda: mcp_answer("1374"),
         ]
-        return Reply(content=script[min(step, len(script) - 1)])  # the summary turn: the answer again
+        return Reply(content=script[min(step, len(script) - 1)]())  # the summary turn: the answer again
     return reply
 
 
@@ -54,8 +56,8 @@ def test_ask_searches_scrapes_and_computes_with_the_built_in_servers(tmp_path: P
     assert result.returncode == 0, result.stderr
     assert result.stdout == "1374\n"
     turns = [json.loads(line) for line in path.read_text().splitlines() if '"type":"turn"' in line]
-    search, scrape, python = (turn["tool_results"][0] for turn in turns[:3])
-    assert not any(r["is_error"] for r in (search, scrape, python))
+    search, scrape, created, python = (turn["tool_results"][0] for turn in turns[:4])
+    assert not any(r["is_error"] for r in (search, scrape, created, python))
     hits = json.loads(search["text"])["organic"]
     assert hits[0]["title"] == "Ludwig van Beethoven"
     assert "687 Earth days" in json.loads(scrape["text"])["extracted_info"]

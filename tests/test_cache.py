@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import TEST_SERVER
-from fake_openai import FakeOpenAI, Reply, mcp_answer, mcp_call
+from fake_openai import FakeOpenAI, Reply, created_sandbox, mcp_answer, mcp_call
 from fake_search_apis import FakeSerper
 from test_eval_runner import TASKS, write_gaia
 from mcp.server.mcpserver import MCPServer
@@ -108,13 +108,16 @@ async def test_results_are_recorded_whole_and_cut_to_each_runs_limit(tmp_path: P
 
 
 def web_model(query_args: dict[str, object]) -> Callable[[dict], Reply]:
-    """Searches with `query_args`, runs Python, then answers 42 (again in the summary turn)."""
+    """Searches with `query_args`, makes a sandbox and runs Python in it, then answers 42 (again in the summary
+    turn)."""
     def reply(request: dict) -> Reply:
         step = sum(m["role"] == "assistant" for m in request["messages"])
-        script = [mcp_call(SEARCH, "google_search", query_args),
-                  mcp_call("tool-python", "run_python_code", {"code_block": "print(6 * 7)", "sandbox_id": "default"}),
-                  mcp_answer("42")]
-        return Reply(content=script[min(step, len(script) - 1)])
+        script = [lambda: mcp_call(SEARCH, "google_search", query_args),
+                  lambda: mcp_call("tool-python", "create_sandbox", {}),
+                  lambda: mcp_call("tool-python", "run_python_code", {
+                      "code_block": "print(6 * 7)", "sandbox_id": created_sandbox(request["messages"])}),
+                  lambda: mcp_answer("42")]
+        return Reply(content=script[min(step, len(script) - 1)]())
     return reply
 
 
@@ -155,8 +158,8 @@ def test_a_second_ask_reads_the_search_from_the_cache_and_replay_needs_no_backen
         assert len(serper.requests) == 1  # the search API was not asked again
     assert first.stdout == second.stdout == "42\n"
     assert "cache: 0 hits, 1 miss" in first.stderr and "cache: 1 hit, 0 misses" in second.stderr
-    searched, computed = tool_results(tmp_path / "first.jsonl")
-    served, recomputed = tool_results(tmp_path / "second.jsonl")
+    searched, _, computed = tool_results(tmp_path / "first.jsonl")
+    served, _, recomputed = tool_results(tmp_path / "second.jsonl")
     assert "six times seven - page 1" in searched["text"] and not searched["cached"]
     assert served["text"] == searched["text"] and served["cached"]
     assert "42" in computed["text"] and "42" in recomputed["text"]  # the sandbox ran both times
@@ -168,7 +171,7 @@ def test_a_second_ask_reads_the_search_from_the_cache_and_replay_needs_no_backen
         replayed = ask(tmp_path, model, tmp_path / "replay.jsonl", "--cache", str(cache), "--replay")
     assert replayed.returncode == 0, replayed.stderr
     assert replayed.stdout == "42\n" and "search is off" not in replayed.stderr
-    search, python = tool_results(tmp_path / "replay.jsonl")
+    search, _, python = tool_results(tmp_path / "replay.jsonl")
     assert (search["text"], search["cached"]) == (searched["text"], True)
     assert "42" in python["text"] and not python["cached"]
     assert end_record(tmp_path / "replay.jsonl")["stop_reason"] == "answered"

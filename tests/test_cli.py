@@ -211,7 +211,9 @@ def test_a_built_in_server_over_streamable_http(tmp_path: Path) -> None:
 
         async def run_code() -> str:
             async with mcp.Client(f"http://127.0.0.1:{port}/mcp") as client:
-                result = await client.call_tool("run_python_code", {"code_block": "6 * 7", "sandbox_id": "default"})
+                made = await client.call_tool("create_sandbox", {})
+                sandbox_id = made.content[0].text.split(": ", 1)[1].strip()
+                result = await client.call_tool("run_python_code", {"code_block": "6 * 7", "sandbox_id": sandbox_id})
                 return result.content[0].text
 
         assert "42" in anyio.run(run_code)
@@ -238,5 +240,5 @@ def test_help_shows_the_defaults_that_depend_on_the_dialect() -> None:
     result = nanbeige("ask", "--help", env={"COLUMNS": "250"})
     text = " ".join(result.stdout.split())
     for shown in ("[default: 1.0 for mcp-xml, 0.6 for tool-call]", "[default: 600 for mcp-xml, 200 for tool-call]",
-                  "[default: the server's max_model_len, else 131072]"):
+                  "[default: the server's max_model_len, else 262144]"):
         assert shown in text, shown

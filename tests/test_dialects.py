@@ -270,3 +270,22 @@ def test_the_boxed_answer_is_read_as_the_reference_reads_it() -> None:
     }
     for text, answer in cases.items():
         assert dialects.last_boxed(text) == answer, text
+
+
+def test_our_summary_prompt_states_every_rule_an_exact_match_grader_depends_on() -> None:
+    prompt = dialects.final_answer_instruction("mcp-xml", "How many moons?", summary=True)
+    assert '"How many moons?"' in prompt and "\\boxed{}" in prompt and "Do not call any tool." in prompt
+    for rule in ("a number;", "as few words as possible;", "a comma-separated list of numbers and/or strings",
+                 "formatting instruction of the original question", "order, units, rounding, number of decimal places",
+                 "in digits, not words", "without thousands separators", "percent signs unless the question asks",
+                 "without articles and without abbreviations", "by the rule for numbers or for strings",
+                 "without punctuation such as '.', '!' or '?'", "invisible and non-printable characters",
+                 "do not work it out again", "best-informed guess"):
+        assert rule in prompt, rule
+    assert "Put your final answer" not in dialects.final_answer_instruction("tool-call", "q", summary=True)
+
+
+def test_the_user_message_ends_with_the_reference_answer_format_sentence() -> None:
+    message = dialects.user_message("mcp-xml", "Q?")
+    assert message.startswith("Q?\nYou should follow the format instruction in the request strictly")
+    assert message.endswith("\\boxed{}.") and dialects.user_message("tool-call", "Q?") == "Q?"

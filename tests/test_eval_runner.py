@@ -230,3 +230,24 @@ async def test_a_judge_that_refuses_stops_the_eval_and_scores_nothing(tmp_path: 
         with pytest.raises(EvalError, match="the judge cannot be used: judge answered HTTP 401"):
             await evaluate(config, settings_for(model), notice=lambda text: None)
     assert read_results(tmp_path / "out") == []  # nothing scored wrong for the judge's sake: a resume grades them
+
+
+@pytest.mark.anyio
+async def test_an_eval_with_a_reference_checkout_reports_it_and_resumes_only_with_it(tmp_path: Path) -> None:
+    import dataclasses
+
+    from reference_tree import make_reference
+
+    from nanbeige.agent.reference import load
+    from nanbeige.evals.runner import EvalError
+
+    checkout = make_reference(tmp_path / "miro")
+    data = write_gaia(tmp_path / "gaia")
+    config = EvalConfig(bench=BENCHMARKS["gaia"], data=data, out=tmp_path / "out", k=1, limit=1)
+    with FakeOpenAI(scripted_model()) as server:
+        settings = dataclasses.replace(settings_for(server), reference=checkout)
+        report = await evaluate(config, settings, notice=lambda text: None)
+        assert report["reference"] == load(checkout).identity()
+        assert server.requests[0]["messages"][1]["content"].endswith("PLACEHOLDER-SUFFIX in \\boxed{}.")
+        with pytest.raises(EvalError, match="reference"):  # the same out folder, our own prompts: not the same eval
+            await evaluate(config, settings_for(server), notice=lambda text: None)

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fake_openai import FakeOpenAI, mcp_answer, mcp_call
+from fake_openai import FakeOpenAI, created_sandbox, mcp_answer, mcp_call
 from processes import alive, command_line, tree, wait_for
 
 from nanbeige.agent.lifeline import tied_to_this_process
@@ -48,9 +48,13 @@ def test_a_killed_ask_takes_its_tool_servers_and_sandboxes_with_it(tmp_path: Pat
     code = STRAY.format(marker=marker)
 
     def reply(request: dict) -> str:
-        if any(m["role"] == "assistant" for m in request["messages"]):
-            return mcp_answer("x")
-        return mcp_call("tool-python", "run_python_code", {"code_block": code, "sandbox_id": "default"})
+        made = sum(m["role"] == "assistant" for m in request["messages"])
+        if made == 0:
+            return mcp_call("tool-python", "create_sandbox", {})
+        if made == 1:
+            return mcp_call("tool-python", "run_python_code", {"code_block": code,
+                                                               "sandbox_id": created_sandbox(request["messages"])})
+        return mcp_answer("x")
 
     with FakeOpenAI(reply) as server:
         ask = subprocess.Popen([NANBEIGE, "ask", "q", "--base-url", server.base_url], env=sandbox_env(tmp_path),
@@ -82,8 +86,9 @@ async def test_a_python_server_killed_outright_takes_its_sandboxes_processes_wit
     finally:
         del os.environ["NANBEIGE_SANDBOX_DIR"]
     async with Toolbox([spec]) as toolbox:
+        made = await toolbox.call(ToolCall("tool-python", "create_sandbox", {}))
         busy = asyncio.create_task(toolbox.call(ToolCall("tool-python", "run_python_code", {
-            "code_block": STRAY.format(marker=marker), "sandbox_id": "default"})))
+            "code_block": STRAY.format(marker=marker), "sandbox_id": made.text.split(": ", 1)[1].strip()})))
         me = os.getpid()
         assert await asyncio.to_thread(wait_for, lambda: running(me, marker), 60)
         server = next(pid for pid in tree(me) if "nanbeige.servers.python" in command_line(pid))

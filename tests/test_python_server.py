@@ -94,8 +94,15 @@ async def test_a_session_with_state_errors_and_files(tmp_path: Path) -> None:
         bad = await client.call_tool("run_python_code", {"code_block": "1", "sandbox_id": "my-sandbox"})
         assert bad.is_error and text(bad) == ("[ERROR]: 'my-sandbox' is not a valid sandbox_id. Please create a "
                                               "real sandbox first using the create_sandbox tool.")
-        throwaway = await client.call_tool("run_python_code", {"code_block": "1 + 1", "sandbox_id": "default"})
-        assert not throwaway.is_error and "Result(2)" in text(throwaway)
+        # a made-up id is refused by every tool that takes one, in the reference server's words
+        for name, args in (("run_python_code", {"code_block": "1 + 1"}), ("run_command", {"command": "echo hi"}),
+                           ("upload_file_from_local_to_sandbox", {"local_file_path": str(tmp_path / "notes.txt")}),
+                           ("download_file_from_internet_to_sandbox", {"url": "https://example.com/x.txt"}),
+                           ("download_file_from_sandbox_to_local", {"sandbox_file_path": "/home/user/notes.txt"})):
+            made_up = await client.call_tool(name, {"sandbox_id": "default", **args})
+            assert made_up.is_error and text(made_up) == (
+                "[ERROR]: 'default' is not a valid sandbox_id. Please create a real sandbox first using the "
+                "create_sandbox tool."), name
     assert os.listdir(tmp_path / "sandboxes") == []  # closed with the session
 
 

@@ -74,7 +74,7 @@ async def test_every_text_reaches_the_model_exactly(tmp_path: Path) -> None:
     assert llm.calls[3][-1]["content"] == "PLACEHOLDER-DUPLICATE 'mars' via google_search."
     assert llm.calls[-1][-1]["content"] == 'PLACEHOLDER-SUMMARY-HEAD\n\n"Which colour?"\n\nPLACEHOLDER-SUMMARY-RULES \\boxed{}.'
     [start] = [json.loads(line) for line in path.read_text().splitlines()[:1]]
-    assert start["reference"] == {"commit": None, "sha256": reference.sha256}
+    assert start["reference"] == {"commit": None, "sha256": reference.sha256, "python": "3.12"}
     assert load_trajectories(path)[0].reference == reference.identity()
 
 
@@ -154,7 +154,7 @@ def test_reference_check_says_what_was_understood(tmp_path: Path) -> None:
     (root / ref.FILES["input"]).write_text("x = 1\n")
     done = subprocess.run([NANBEIGE, "reference", "check", str(root)],
                           capture_output=True, text=True, timeout=60)
-    assert done.returncode == 1 and "✗ user-message suffix" in done.stdout
+    assert done.returncode == 1 and "✗ user message" in done.stdout
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
 
 
@@ -181,3 +181,60 @@ def test_resume_refuses_a_checkout_that_changed_since_the_run(tmp_path: Path) ->
 class _NoTokenizer:
     tokenizer_identity = None
     template_identity = None
+
+
+@pytest.mark.anyio
+async def test_a_checkout_whose_note_covers_page_extractions_answers_their_repeats_too(tmp_path: Path) -> None:
+    from mcp.server.mcpserver import MCPServer
+
+    assert ref.load(make_reference(tmp_path / "v1")).query_tools == ("google_search",)
+    reference = ref.load(make_reference(tmp_path / "later", scrape_repeats=True))
+    assert reference.query_tools == ("google_search", "scrape_and_extract_info")
+    web = MCPServer(name="jina_scrape_llm_summary")
+
+    @web.tool()
+    def scrape_and_extract_info(url: str, info_to_extract: str) -> str:
+        return f"{info_to_extract} of {url}"
+
+    scrape = mcp_call("jina_scrape_llm_summary", "scrape_and_extract_info", {"url": "http://127.0.0.1/a",
+                                                                             "info_to_extract": "title"})
+    llm = ScriptedLLM([scrape, scrape, mcp_answer("x"), mcp_answer("x")])
+    async with Toolbox([ServerSpec(name="jina_scrape_llm_summary", server=web)]) as tools:
+        trajectory = await run("q", llm, tools, AgentConfig(date="2026-11-21", reference=reference))
+    assert trajectory.turns[1].tool_results[0].text == \
+        "PLACEHOLDER-DUPLICATE 'http://127.0.0.1/a_title' via scrape_and_extract_info."
+
+
+def test_the_page_extraction_prompt_reaches_the_scrape_server_and_the_extraction_model(tmp_path: Path) -> None:
+    from nanbeige.agent.llm import LLMConfig
+    from nanbeige.agent.setup import default_servers
+    from nanbeige.tools.scrape import extraction_prompt, scrape_config_from_env
+
+    reference = ref.load(make_reference(tmp_path))
+    [scrape] = [s for s in default_servers(LLMConfig(), lambda _: None, reference=reference)
+                if s.name == "jina_scrape_llm_summary"]
+    config = scrape_config_from_env(scrape.env)
+    assert extraction_prompt("PAGE", "INFO", config.extraction_prompt) == "PLACEHOLDER-EXTRACT want: INFO from: PAGE"
+    [scrape] = [s for s in default_servers(LLMConfig(), lambda _: None) if s.name == "jina_scrape_llm_summary"]
+    assert scrape_config_from_env(scrape.env).extraction_prompt is None  # ours, without a reference
+
+
+def test_tool_descriptions_follow_the_python_the_reference_ran_on(tmp_path: Path) -> None:
+    root = make_reference(tmp_path)
+    raw = ref.load(root).tool_descriptions[("tool-python", "run_python_code")]
+    stripped = ref.load(root, python="3.13").tool_descriptions[("tool-python", "run_python_code")]
+    assert raw == "PLACEHOLDER-RUN-PYTHON-CODE\n    second line, indented.\n    "  # as Python 3.12 keeps __doc__
+    assert stripped == "PLACEHOLDER-RUN-PYTHON-CODE\nsecond line, indented.\n"  # as 3.13's compiler stores it
+    assert ref.load(root, python="3.13").identity()["python"] == "3.13"
+    report, reference = ref.inspect(root, python="3.11")
+    assert reference is None and "not one of 3.12, 3.13" in report[0][2]
+
+
+@pytest.mark.parametrize(("raw", "stored"), [  # what CPython 3.13 stored for these docstrings
+    ("x\n      six\n    four\n          ten\n  \n        \n    ", "x\n  six\nfour\n      ten\n\n    \n"),
+    ("\n    Leading newline.\n        more\n    ", "\nLeading newline.\n    more\n"),
+    ("\ttab first\n\ttabbed line\n    four", "tab first\n    tabbed line\nfour"),
+    ("two\n\nlines no indent\n    ", "two\n\nlines no indent\n    "),
+    ("one line", "one line")])
+def test_docstrings_are_cleaned_as_python_3_13_compiles_them(raw: str, stored: str) -> None:
+    assert ref.compiled_docstring(raw) == stored

@@ -18,7 +18,8 @@ from e2b import CommandExitException, CommandResult, SandboxNotFoundException, T
 from e2b_code_interpreter import Execution, ExecutionError, Logs, Result
 
 from nanbeige.tools.sandbox import (
-    TRUNCATED, SandboxConfig, SandboxError, Sandboxes, config_from_env, format_command, format_execution, invalid_id,
+    PLACEHOLDER_IDS, TRUNCATED, SandboxConfig, SandboxError, Sandboxes, config_from_env, format_command,
+    format_execution, invalid_id,
 )
 from nanbeige.tools.sandbox_e2b import E2BBackend
 from nanbeige.tools.sandbox_os import processes
@@ -101,12 +102,31 @@ def test_an_exception_is_a_normal_result_with_the_error(sandboxes: Sandboxes) ->
     assert "Result(3)" in sandboxes.run_python("1 + 2", sid)  # the worker survived all of it
 
 
-@pytest.mark.parametrize("placeholder", ["", "default", "sandbox1", "None", " auto "])
-def test_placeholder_ids_run_in_a_throwaway_sandbox(sandboxes: Sandboxes, placeholder: str) -> None:
+# The ids MiroThinker v1.0's server refused (python_mcp_server.py, INVALID_SANDBOX_IDS).
+REFERENCE_PLACEHOLDERS = {
+    "default", "sandbox1", "sandbox", "some_id", "new_sandbox", "python", "create_sandbox", "sandbox123", "temp",
+    "sandbox-0", "sandbox-1", "sandbox_0", "sandbox_1", "new", "0", "auto", "default_sandbox", "none",
+    "sandbox_12345", "dummy", "sandbox_01"}
+
+
+def test_placeholder_ids_are_the_reference_servers() -> None:
+    assert PLACEHOLDER_IDS == REFERENCE_PLACEHOLDERS
+
+
+@pytest.mark.parametrize("placeholder", sorted(REFERENCE_PLACEHOLDERS) + [""])
+def test_a_placeholder_id_is_refused_by_every_tool_and_nothing_runs(sandboxes: Sandboxes, tmp_path: Path,
+                                                                     placeholder: str) -> None:
+    """As in the reference server: no throwaway sandbox, the model is told to create a real one."""
     before = set(os.listdir(sandboxes.config.root))
-    assert "Result(2)" in sandboxes.run_python("y = 2\ny", placeholder)
-    assert "NameError" in sandboxes.run_python("y", placeholder)
-    assert "stdout='hi\\n'" in sandboxes.run_command("echo hi", placeholder)
+    message = re.escape(f"'{placeholder}' is not a valid sandbox_id. Please create a real sandbox first using "
+                        "the create_sandbox tool.")
+    for call in (lambda: sandboxes.run_python("1 + 1", placeholder),
+                 lambda: sandboxes.run_command("echo hi", placeholder),
+                 lambda: sandboxes.upload(placeholder, str(tmp_path / "missing.txt")),  # the id is checked first
+                 lambda: sandboxes.download_url(placeholder, "https://example.com/x.txt"),
+                 lambda: sandboxes.download_to_local(placeholder, "/home/user/x.txt")):
+        with pytest.raises(SandboxError, match=f"^{message}$"):
+            call()
     assert set(os.listdir(sandboxes.config.root)) == before
 
 
@@ -460,8 +480,9 @@ def test_e2b_backend_against_a_fake_of_its_sdk(tmp_path: Path) -> None:
     assert fake.files_data == {"/home/user/in.txt": b"data"}
     assert boxes.download_to_local("e2b0", "/home/user/in.txt", "copy.txt").endswith("/downloads/copy.txt")
     assert fake.timeouts and set(fake.timeouts) == {600}
-    assert "Result(2)" in boxes.run_python("2", "default")  # a throwaway sandbox, killed after the call
-    assert FakeE2BSandbox.created[1].killed
+    with pytest.raises(SandboxError, match="'default' is not a valid sandbox_id"):
+        boxes.run_python("2", "default")
+    assert len(FakeE2BSandbox.created) == 1  # no sandbox was made for the placeholder
     fake.killed = True
     with pytest.raises(SandboxError, match="no longer exists"):
         boxes.run_python("1", "e2b0")
@@ -487,5 +508,7 @@ def test_e2b_backend_connects_to_sandboxes_it_did_not_create(tmp_path: Path) -> 
         boxes.download_to_local("e2b-unknown", "/home/user/x.txt")
     with pytest.raises(SandboxError, match="'default' is not a valid sandbox_id"):
         boxes.download_to_local("default", "/home/user/x.txt")  # a placeholder is never looked up
-    assert [c[0] for c in FakeE2BSandbox.connected] == ["e2b0", "e2b-unknown", "e2b-unknown"]
+    with pytest.raises(SandboxError, match="'None' is not a valid sandbox_id"):
+        boxes.run_command("true", "None")  # compared case and all, as the reference did: looked up, not found
+    assert [c[0] for c in FakeE2BSandbox.connected] == ["e2b0", "e2b-unknown", "e2b-unknown", "None"]
     boxes.close()

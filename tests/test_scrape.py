@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 
 import mcp
 import pytest
@@ -44,6 +45,19 @@ async def test_an_html_page_is_cleaned_and_the_asked_information_extracted() -> 
     assert "Looking." not in result["extracted_info"]  # the extractor's reasoning is dropped
     assert result["scrape_stats"]["all_content_displayed"] is True
     assert result["model_used"] == "extractor" and result["tokens_used"] > 0
+
+
+@pytest.mark.parametrize(("model_name", "settings"), [
+    ("extractor", {"max_tokens": 8192, "temperature": 1.0}),  # and no top_p: the reference sent none
+    ("gpt-4.1-mini", {"max_completion_tokens": 8192}),  # OpenAI's models: no sampling settings at all
+])
+async def test_the_extraction_request_samples_as_the_reference_did(model_name: str, settings: dict) -> None:
+    with Site() as site, FakeOpenAI(extractor) as model:
+        await scrape_and_extract_info(site.url("/article"), "How long is a year on Mars?", None,
+                                      replace(config(model.base_url), summary_model=model_name))
+    request = model.requests[0]
+    assert set(request) - {"_headers", "_received"} == {"model", "messages", *settings}  # less what the fake adds
+    assert request["model"] == model_name and {k: request[k] for k in settings} == settings
 
 
 async def test_a_pdf_becomes_text() -> None:

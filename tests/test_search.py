@@ -14,7 +14,7 @@ from conftest import free_port
 
 from nanbeige.servers.search import build_server
 from nanbeige.tools.index import build_index
-from nanbeige.tools.results import decode_link
+from nanbeige.tools.results import decode_percent, decode_strings
 from nanbeige.tools.search import (
     SearchConfig,
     SearchError,
@@ -100,49 +100,70 @@ async def test_no_results_is_an_empty_organic_list(tmp_path: Path) -> None:
     assert [r.body["q"] for r in api.requests] == ["nothing here", '"nothing" at all', "nothing at all"]
 
 
+async def test_serper_items_are_passed_on_whole(tmp_path: Path) -> None:
+    """Every field Serper sent, in its order, as the reference's server passed them on; nothing cut
+    to `num` (Serper already sent that many)."""
+    item = {"title": "Mars", "link": "https://en.wikipedia.org/wiki/Mars", "snippet": "The fourth planet.",
+            "date": "Mar 3, 2024", "sitelinks": [{"title": "Moons", "link": "https://en.wikipedia.org/wiki/Moons"}],
+            "attributes": {"Distance": "225 million km"}, "rating": 4.5, "ratingCount": 12, "position": 1}
+    body = {"searchParameters": {"q": "mars", "type": "search"}, "organic": [item, {"title": "no link"}, "odd"],
+            "knowledgeGraph": {"title": "Mars"}, "answerBox": {"answer": "Mars"}, "credits": 1}
+    with FakeSerper([Reply(200, body)]) as api:
+        result = await google_search("mars", num=1, config=serper(api, tmp_path))
+    assert result == {"organic": [item, {"title": "no link"}, "odd"], "searchParameters": body["searchParameters"]}
+    assert list(result["organic"][0]) == list(item)
+
+
 async def test_hub_links_are_dropped(tmp_path: Path) -> None:
-    links = ["https://huggingface.co/datasets/x/y", "https://huggingface.co/spaces/a/b", "https://www.unifuncs.com/s",
+    # the reference's test: these substrings, case as written, in the link as Serper sent it
+    links = ["https://huggingface.co/datasets/x/y", "https://www.huggingface.co/spaces/a/b",
+             "https://www.unifuncs.com/s", "https://HuggingFace.co/datasets/x/y",
              "https://huggingface.co/Nanbeige/Nanbeige4.1-3B", "https://example.com/ok"]
     results = {"hub": [{"title": str(n), "link": link, "snippet": ""} for n, link in enumerate(links)]}
     with FakeSerper(results=results) as api:
         result = await google_search("hub", config=serper(api, tmp_path))
-    assert [r["link"] for r in result["organic"]] == links[3:]
+    assert [r["link"] for r in result["organic"]] == links[2:]
 
 
-async def test_links_are_percent_decoded(tmp_path: Path) -> None:
-    results = {"cafe": [{"title": "t", "link": "https://fr.wikipedia.org/wiki/Caf%C3%A9_%28boisson%29", "snippet": "",
-                         "sitelinks": [{"title": "s", "link": "https://zh.wikipedia.org/wiki/%E5%92%96%E5%95%A1"}]}]}
+async def test_every_string_with_a_percent_is_decoded(tmp_path: Path) -> None:
+    sitelink = {"title": "s", "link": "https://zh.wikipedia.org/wiki/%E5%92%96%E5%95%A1"}
+    results = {"cafe 100%": [{"title": "Caf%C3%A9", "link": "https://fr.wikipedia.org/wiki/Caf%C3%A9_%28boisson%29",
+                              "snippet": "50% off, a%2Fb", "sitelinks": [sitelink]}]}
     with FakeSerper(results=results) as api:
-        result = await google_search("cafe", config=serper(api, tmp_path))
-    item = result["organic"][0]
-    assert item["link"] == "https://fr.wikipedia.org/wiki/Café_%28boisson%29"
-    assert item["sitelinks"] == [{"title": "s", "link": "https://zh.wikipedia.org/wiki/咖啡"}]
+        result = await google_search("cafe 100%", config=serper(api, tmp_path))
+    assert result["organic"][0] == {
+        "title": "Café", "link": "https://fr.wikipedia.org/wiki/Café_(boisson)", "snippet": "50% off, a%2Fb",
+        "sitelinks": [{"title": "s", "link": "https://zh.wikipedia.org/wiki/咖啡"}], "position": 1}
+    assert result["searchParameters"]["q"] == "cafe 100%"
 
 
-@pytest.mark.parametrize(("url", "expected"), [
+@pytest.mark.parametrize(("text", "expected"), [
     ("https://de.wikipedia.org/wiki/M%C3%BCnchen", "https://de.wikipedia.org/wiki/München"),
-    ("https://x.org/a%2Fb?q=1%262&r=%3D#%23", "https://x.org/a%2Fb?q=1%262&r=%3D#%23"),  # reserved: kept
-    ("https://x.org/a%20b%7Ec%2dd", "https://x.org/a%20b~c-d"),  # space stays escaped; unreserved decoded
-    ("https://x.org/%FF%E4%B8%AD", "https://x.org/%FF中"),  # a stray byte stays escaped
-    ("https://x.org/%e2%80%8b", "https://x.org/%E2%80%8B"),  # an invisible character stays escaped
+    # the escapes the reference kept: / ? # & = space + % (and %2f %3f in lower case, uppercased)
+    ("https://x.org/a%2Fb?q=1%262&r=%3D#%23%20%2B%25", "https://x.org/a%2Fb?q=1%262&r=%3D#%23%20%2B%25"),
+    ("https://x.org/a%2fb%3fc", "https://x.org/a%2Fb%3Fc"),
+    ("https://x.org/a%3db%2bc%28%29%7E", "https://x.org/a=b+c()~"),  # lower-case %3d and %2b are decoded
+    ("https://x.org/%FF%E4%B8%AD", "https://x.org/中"),  # bytes that are not UTF-8 are dropped
+    ("https://x.org/%E4%B8%2F%AD", "https://x.org/%2F"),  # a character cut by a kept escape: both halves dropped
+    ("https://x.org/%e2%80%8b", "https://x.org/\u200b"),  # an invisible character too is decoded
+    ("100% sure, %zz and %", "100% sure, %zz and %"),  # not escapes: left as they are
+    ("%252F", "%252F"),  # decoded once: %25 is kept, so no new escape appears
     ("https://x.org/plain", "https://x.org/plain"),
 ])
-def test_decode_link(url: str, expected: str) -> None:
-    assert decode_link(url) == expected
+def test_decode_percent(text: str, expected: str) -> None:
+    assert decode_percent(text) == expected
 
 
-async def test_serper_fields_parsed_defensively(tmp_path: Path) -> None:
-    body = {"organic": [{"title": None, "link": "https://a.org", "snippet": None, "date": "Mar 3, 2024"},
-                        {"title": "no link"}, "junk", {"link": "https://b.org", "siteLinks": [{"link": "https://b.org/x"}],
-                                                       "position": 7}]}
+def test_decoding_walks_dict_values_and_lists_only() -> None:
+    value = {"a%C3%A9": ["%C3%A9", {"k": "%C3%A9"}], "n": 5, "f": 1.5, "none": None, "t": ("%C3%A9",)}
+    assert decode_strings(value) == {"a%C3%A9": ["é", {"k": "é"}], "n": 5, "f": 1.5, "none": None, "t": ("%C3%A9",)}
+
+
+async def test_serper_answers_missing_pieces(tmp_path: Path) -> None:
+    body = {"organic": [{"title": None, "link": "https://a.org", "snippet": None}]}  # no searchParameters
     with FakeSerper([Reply(200, body)]) as api:
         result = await google_search("q", config=serper(api, tmp_path))
-    assert result["organic"] == [
-        {"title": "", "link": "https://a.org", "snippet": "", "date": "Mar 3, 2024", "position": 1},
-        {"title": "", "link": "https://b.org", "snippet": "", "sitelinks": [{"title": "", "link": "https://b.org/x"}],
-         "position": 7}]
-    assert result["searchParameters"] == {"q": "q", "gl": "us", "hl": "en", "num": 10, "type": "search",
-                                          "engine": "google"}
+    assert result == {"organic": body["organic"], "searchParameters": {}}  # as the reference answered
     with FakeSerper([Reply(200, {"organic": None}), Reply(200, [1, 2])]) as api:
         assert (await google_search("q", config=serper(api, tmp_path)))["organic"] == []
         with pytest.raises(SearchUnavailable, match="not a JSON object"):

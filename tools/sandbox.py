@@ -33,13 +33,14 @@ from nanbeige.tools.fetch import BlockedAddress, FetchError, FetchPolicy, Guarde
 SANDBOX_HOME = "/home/user"
 TRUNCATED = " [Result truncated due to length limit]"
 ERROR_DETAIL_CHARS = 4000  # the reference server cut an error's details to this many characters
-# Ids the model makes up instead of calling create_sandbox; code sent with one runs in a
-# throwaway sandbox, as in the reference server the model was trained with.
+# Ids the model makes up instead of calling create_sandbox. Every tool that takes a sandbox_id answers
+# one of these with invalid_id's text, as the reference server the model was trained with (MiroThinker
+# v1.0) did: the model learned to create a sandbox then. The same ids, compared as that server did:
+# exactly, case and spaces included (`None` or ` auto ` are not in it; they are looked up like any id).
 PLACEHOLDER_IDS = frozenset({
-    "default", "sandbox", "sandbox1", "sandbox_1", "sandbox-1", "sandbox0", "sandbox_0", "sandbox-0",
-    "sandbox_01", "sandbox123", "sandbox_12345", "default_sandbox", "new_sandbox", "create_sandbox",
-    "some_id", "sandbox_id", "your_sandbox_id", "python", "new", "temp", "dummy", "auto", "none", "null",
-    "0", "1",
+    "default", "sandbox1", "sandbox", "some_id", "new_sandbox", "python", "create_sandbox", "sandbox123",
+    "temp", "sandbox-0", "sandbox-1", "sandbox_0", "sandbox_1", "new", "0", "auto", "default_sandbox", "none",
+    "sandbox_12345", "dummy", "sandbox_01",
 })
 MB = 1024 * 1024
 
@@ -223,18 +224,18 @@ class Sandboxes:
             start()
 
     def run_python(self, code_block: str, sandbox_id: str) -> str:
-        with self._use(sandbox_id, throwaway=True) as real_id:
+        with self._use(sandbox_id) as real_id:
             return truncate(self.backend.run_python(real_id, code_block), self.config.max_output_chars)
 
     def run_command(self, command: str, sandbox_id: str) -> str:
-        with self._use(sandbox_id, throwaway=True) as real_id:
+        with self._use(sandbox_id) as real_id:
             return truncate(self.backend.run_command(real_id, command), self.config.max_output_chars)
 
     def upload(self, sandbox_id: str, local_file_path: str, sandbox_file_path: str = SANDBOX_HOME) -> str:
-        source = allowed_local_file(local_file_path, self.config.upload_dirs)
-        if source.stat().st_size > self.config.file_size_mb * MB:
-            raise SandboxError(f"{local_file_path} is larger than the {self.config.file_size_mb} MB file limit.")
-        with self._use(sandbox_id) as real_id:
+        with self._use(sandbox_id) as real_id:  # the id first: a placeholder is answered before the file
+            source = allowed_local_file(local_file_path, self.config.upload_dirs)
+            if source.stat().st_size > self.config.file_size_mb * MB:
+                raise SandboxError(f"{local_file_path} is larger than the {self.config.file_size_mb} MB file limit.")
             target = self._target(real_id, sandbox_file_path, source.name)
             self.backend.write_file(real_id, target, source.read_bytes())
         return f"File uploaded to {target}"
@@ -261,21 +262,16 @@ class Sandboxes:
         self.backend.close()
 
     @contextmanager
-    def _use(self, sandbox_id: str, throwaway: bool = False) -> Iterator[str]:
-        sandbox_id = (sandbox_id or "").strip()
-        placeholder = not sandbox_id or sandbox_id.lower() in PLACEHOLDER_IDS
-        if throwaway and placeholder:
-            real_id = self.backend.create(self.config.idle_timeout_s)
-            try:
-                yield real_id
-            finally:
-                self.backend.destroy(real_id)
-            return
+    def _use(self, sandbox_id: str) -> Iterator[str]:
+        # A placeholder or an empty id is never looked up: neither can name a sandbox, and asking
+        # E2B about one would only cost a round trip to learn so.
+        if not sandbox_id or sandbox_id in PLACEHOLDER_IDS:
+            raise SandboxError(invalid_id(sandbox_id))
         self._close_idle()
         with self._lock:
             lease = self._open.get(sandbox_id)
-            if lease is None and (placeholder or sandbox_id in self._gone):
-                raise SandboxError(self._gone.get(sandbox_id, invalid_id(sandbox_id)))
+            if lease is None and sandbox_id in self._gone:
+                raise SandboxError(self._gone[sandbox_id])
         if lease is None:
             lease = self._attach(sandbox_id)
         lease.last_used = time.monotonic()

@@ -40,11 +40,18 @@ class ScrapeConfig:
     summary_base_url: str = "http://127.0.0.1:8000/v1"
     """OpenAI-compatible endpoint of the extraction model (NANBEIGE_SUMMARY_BASE_URL, else NANBEIGE_BASE_URL)."""
     summary_model: str = "Nanbeige/Nanbeige4.1-3B"
-    """Extraction model name (NANBEIGE_SUMMARY_MODEL, else NANBEIGE_MODEL)."""
+    """Extraction model name (NANBEIGE_SUMMARY_MODEL, else NANBEIGE_MODEL, the agent's own model).
+    The model card of Nanbeige4.1-3B names Qwen3-14B as the summary model of its deep-search setup
+    (the reference harness's SUMMARY_LLM_MODEL_NAME); here, by default, it is whatever model is
+    configured in those variables, and this name when neither is set."""
+    extraction_prompt: str | None = None
+    """The extraction prompt as a `str.format` template whose two fields are the information to
+    extract and the page content, in that order (NANBEIGE_EXTRACTION_PROMPT; `--reference` sets it
+    to the reference harness's own). None: ours."""
     summary_api_key: str | None = None
     """Key for the extraction endpoint (NANBEIGE_SUMMARY_API_KEY, else NANBEIGE_API_KEY)."""
     summary_max_tokens: int = 8192
-    """Most tokens of an extraction reply."""
+    """Most tokens of an extraction reply (8192, as the reference's scrape server asked)."""
     summary_timeout_s: float = 300.0
     """Timeout of one extraction call."""
     max_page_chars: int = 409_600
@@ -74,6 +81,7 @@ def scrape_config_from_env(env: Mapping[str, str] = os.environ) -> ScrapeConfig:
         or defaults.summary_base_url,
         summary_model=env.get("NANBEIGE_SUMMARY_MODEL") or env.get("NANBEIGE_MODEL") or defaults.summary_model,
         summary_api_key=env.get("NANBEIGE_SUMMARY_API_KEY") or env.get("NANBEIGE_API_KEY") or None,
+        extraction_prompt=env.get("NANBEIGE_EXTRACTION_PROMPT") or None,
         policy=FetchPolicy(allow_private=env.get("NANBEIGE_ALLOW_PRIVATE_URLS") == "1", allowed_hosts=allowed),
     )
 
@@ -142,7 +150,9 @@ async def fetch_page(url: str, config: ScrapeConfig, headers: dict[str, str] | N
             raise FetchError(f"{direct_error} (and through Jina Reader: {jina_error})") from None
 
 
-def extraction_prompt(content: str, info_to_extract: str) -> str:
+def extraction_prompt(content: str, info_to_extract: str, template: str | None = None) -> str:
+    if template is not None:  # the reference's: fields filled by position, as its server fills them
+        return template.format(info_to_extract, content)
     return (
         "Your task is to read the web page below and pull out the information that is asked for.\n\n"
         f"## Information to extract\n{info_to_extract}\n\n"
@@ -163,9 +173,21 @@ def _is_context_error(response: httpx.Response) -> bool:
     return response.status_code == 400 and "context" in text and ("length" in text or "too long" in text)
 
 
+def summary_request(prompt: str, config: ScrapeConfig) -> dict[str, Any]:
+    """The extraction request as the reference's scrape server sent it, so that pages are read as
+    during training: for a model whose name contains `gpt` (case as written; OpenAI's API wants
+    `max_completion_tokens`), no sampling settings; for any other, temperature 1.0 and nothing else
+    (no top_p or top_k)."""
+    messages = [{"role": "user", "content": prompt}]
+    if "gpt" in config.summary_model:
+        return {"model": config.summary_model, "max_completion_tokens": config.summary_max_tokens,
+                "messages": messages}
+    return {"model": config.summary_model, "max_tokens": config.summary_max_tokens, "messages": messages,
+            "temperature": 1.0}
+
+
 async def _summary_call(client: httpx.AsyncClient, prompt: str, config: ScrapeConfig) -> httpx.Response:
-    body = {"model": config.summary_model, "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": config.summary_max_tokens, "temperature": 0.6, "top_p": 0.95}
+    body = summary_request(prompt, config)
     async for attempt in _retrying(config, 3):
         with attempt:
             response = await client.post("/chat/completions", json=body)
@@ -184,7 +206,8 @@ async def extract_info(content: str, info_to_extract: str, config: ScrapeConfig)
                                  timeout=timeout, verify=ssl_context()) as client:
         for attempt in range(1, 6):
             try:
-                response = await _summary_call(client, extraction_prompt(content[:used], info_to_extract), config)
+                response = await _summary_call(client, extraction_prompt(content[:used], info_to_extract,
+                                                                             config.extraction_prompt), config)
             except httpx.HTTPStatusError as exc:
                 raise ScrapeError(f"the extraction model failed: HTTP {exc.response.status_code}") from None
             except httpx.HTTPError as exc:

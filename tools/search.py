@@ -1,10 +1,11 @@
 """Web search for the agent: `google_search`, answered by Serper, SearXNG or a local index.
 
 Whatever the backend, the result has Serper's shape, the one the model was trained on:
-`{"organic": [{"title", "link", "snippet", "date"?, "position"}], "searchParameters": {...}}`.
-The behaviour the model expects from its training harness is kept: 10 results unless `num` says
-otherwise, one retry without quotes when a quoted query finds nothing, no links into Hugging Face
-datasets or spaces, and links with their percent-escapes decoded where that is safe.
+`{"organic": [{"title", "link", "snippet", ...}], "searchParameters": {...}}`, Serper's other blocks
+(knowledge graph, people also ask, related searches, credits) left out, as its training harness
+(MiroThinker v1.0's `search_and_scrape_webpage` server) did. From that harness too: Serper's items
+passed on whole, one retry without quotes when a quoted query finds nothing, no links into Hugging
+Face datasets or spaces, and percent-escapes decoded in every string (`results.decode_percent`).
 
 Backends, chosen by `NANBEIGE_SEARCH_BACKEND` or, when unset, by what is configured (first match):
 - `serper`: Google results from serper.dev (`SERPER_API_KEY`, optional `SERPER_BASE_URL`);
@@ -38,7 +39,7 @@ from tenacity import (
 )
 
 from nanbeige.tools import usage
-from nanbeige.tools.results import organic
+from nanbeige.tools.results import decode_strings, organic, serper_organic
 from nanbeige.tools.index import META_FILE, IndexNotFound, LocalIndex, default_index_dir, index_exists
 
 log = logging.getLogger(__name__)
@@ -153,8 +154,11 @@ def search_parameters(request: dict[str, Any], engine: str) -> dict[str, Any]:
 
 
 def format_results(result: dict[str, Any]) -> str:
-    """The tool result text: the JSON as the reference's server printed it (indented by 2 spaces),
-    with non-ASCII characters as themselves."""
+    """The tool result text: the JSON as the reference's server printed it. Its tool returned a dict,
+    which its MCP SDK (mcp 1.10) printed with `pydantic_core.to_json(indent=2)`: indented by 2 spaces,
+    non-ASCII characters as themselves, keys in their order. json.dumps with these settings prints
+    the same but for floats with an exponent (json.dumps writes 1e-07 where it wrote 1e-7), which
+    search answers do not hold."""
     return json.dumps(result, ensure_ascii=False, indent=2)
 
 
@@ -228,8 +232,9 @@ class Searcher:
         hint = result.pop("hint", "")
         if not result["organic"] and hint:  # the engines failed: not the same as a search that found nothing
             raise SearchError(f"no results for {request['q']!r}{hint}; try again later or with other keywords")
-        # A search that finds nothing answers with an empty `organic` list, as the reference's server did.
-        return result
+        # A search that finds nothing answers with an empty `organic` list, as the reference's server did;
+        # decoded once, at the end, over the whole answer (searchParameters too), as it did.
+        return decode_strings(result)
 
     async def _search(self, backend: str, request: dict[str, Any]) -> dict[str, Any]:
         if backend == "serper":
@@ -281,9 +286,9 @@ class Searcher:
             raise SearchUnavailable(f"Serper at {url} sent a reply that is not a JSON object; check SERPER_BASE_URL")
         credits = body.get("credits")
         usage.add("serper_queries", credits if isinstance(credits, (int, float)) and credits > 0 else 1)
-        params = body.get("searchParameters")
-        return {"organic": organic(body.get("organic"), request["num"]),
-                "searchParameters": params if isinstance(params, dict) else search_parameters(request, "google")}
+        # Only these two blocks, and searchParameters as Serper sent it ({} when it sent none), as the
+        # reference's server answered.
+        return {"organic": serper_organic(body.get("organic")), "searchParameters": body.get("searchParameters", {})}
 
     async def _searxng(self, request: dict[str, Any]) -> dict[str, Any]:
         base = (self.config.searxng_url or "").rstrip("/")

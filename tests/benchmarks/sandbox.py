@@ -7,8 +7,6 @@
   processes left behind).
 - warm command: `run_command("true", id)` in the same sandbox (a new process chain per call:
   unshare, setpriv where used, the worker's limits, /bin/sh).
-- throwaway: `run_python("print(1)", "default")`, which creates a sandbox (folder, uid), starts its
-  worker, runs, then kills it and deletes the folder.
 - MCP warm python: `run_python_code` with `print(1)` through the real `tool-python` server over
   stdio (the official MCP client), in a sandbox whose worker runs. The target: at most 5 ms.
 
@@ -16,7 +14,7 @@ The isolation line says whether the sandboxes were jailed (bwrap), and which bud
 
 Run from the repository root:
 
-    python tests/benchmarks/sandbox.py [--calls 200] [--throwaway-calls 30] [--no-jail]
+    python tests/benchmarks/sandbox.py [--calls 200] [--creates 30] [--no-jail]
 """
 
 from __future__ import annotations
@@ -85,7 +83,7 @@ async def through_mcp(root: Path, calls: int, jail: bool) -> list[float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=200)
-    parser.add_argument("--throwaway-calls", type=int, default=30)
+    parser.add_argument("--creates", type=int, default=30)
     parser.add_argument("--no-jail", action="store_true", help="the fallback without bwrap, for comparison")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as root:
@@ -98,13 +96,11 @@ def main() -> None:
             print(f"jail: {backend.isolation.jail is not None}, cgroup: {backend._cgroups is not None}, "
                   f"own file system: {backend._disks}")
             rows = [
-                ("create", created(sandboxes, min(args.throwaway_calls, sandboxes.config.max_sandboxes - 1))),
+                ("create", created(sandboxes, min(args.creates, sandboxes.config.max_sandboxes - 1))),
                 ("warm python print(1)", timed(lambda: sandboxes.run_python("print(1)", sandbox_id), EXPECTED,
                                                args.calls)),
                 ("warm command true", timed(lambda: sandboxes.run_command("true", sandbox_id), "CommandResult(",
                                             args.calls // 4)),
-                ("throwaway python print(1)", timed(lambda: sandboxes.run_python("print(1)", "default"), EXPECTED,
-                                                    args.throwaway_calls)),
             ]
         finally:
             sandboxes.close()
