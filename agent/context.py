@@ -12,10 +12,13 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nanbeige.agent.dialects import OMITTED
 from nanbeige.agent.trajectory import ToolCall, Turn
+
+if TYPE_CHECKING:
+    from nanbeige.agent.reference import Reference
 
 MESSAGE_OVERHEAD_TOKENS = 8  # role markers and separators the chat template adds per message
 
@@ -120,6 +123,19 @@ def used_query(turns: list[Turn], turn: Turn, position: int, tools: tuple[str, .
     if not any(query_key(c) == key and not r.is_error for c, r in made):
         return None
     return "_".join(key[1:])
+
+
+def duplicate_note(reference: Reference | None) -> str | None:
+    """What a repeated query is answered with (`{query}`, `{tool}`); None where the reference's rule
+    is to roll the reply back instead (`replies.unusable`)."""
+    if reference is not None:
+        return reference.duplicate_query
+    return ("The query '{query}' was already searched in an earlier {tool} call. Search with a different query or "
+            "keywords.")
+
+
+def query_tools(reference: Reference | None) -> tuple[str, ...]:
+    return reference.query_tools if reference is not None else ("google_search",)
 
 
 def query_key(call: ToolCall) -> tuple[str, ...] | None:

@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from nanbeige.agent import dialects, replies
 from nanbeige.agent.cache import ReplayMiss
-from nanbeige.agent.context import History, estimate_tokens, repeated_call, used_query
+from nanbeige.agent.context import History, duplicate_note, estimate_tokens, query_tools, repeated_call, used_query
 from nanbeige.agent.llm import LLM, Completion, ContextOverflow, ModelError
+from nanbeige.agent.replies import EXTRA_ATTEMPTS, RESAMPLES
 from nanbeige.agent.restore import rebuild, reopen
 from nanbeige.agent.tokens import TokenTracker
 from nanbeige.agent.trajectory import (ToolResult, Trajectory, TrajectoryWriteError, TrajectoryWriter, Turn,
@@ -39,12 +40,6 @@ FINAL_ANSWER_TOKENS = 4096  # room wanted for the final answer (a thinking model
 # The context when neither the user nor the server says: the reference harness runs Nanbeige with
 # 262,144, the length the model was trained to.
 DEFAULT_MAX_CONTEXT = 262144
-# The reference's client tries a reply cut off at the token limit or looping this many times; then
-# the turn is used up without a reply.
-RESAMPLES = 10
-# Rolled-back replies have no cap in a row (as in the reference v1.0), so a run also stops once it
-# has sampled this many replies beyond max_turns (the reference's later bound on attempts).
-EXTRA_ATTEMPTS = 200
 RELEASED = "[not kept in memory: this tool result is in the trajectory file]"
 
 
@@ -310,8 +305,8 @@ async def _run_calls(turn: Turn, parsed: dialects.ParsedReply, state: Run, toolb
         on_event("tool", call)
         if position in parsed.call_errors:
             result = ToolResult(text=parsed.call_errors[position], is_error=True)
-        elif config.dialect == "mcp-xml" and (note := _duplicate_note(config.reference)) and \
-                (query := used_query(earlier, turn, position, _query_tools(config.reference))) is not None:
+        elif config.dialect == "mcp-xml" and (note := duplicate_note(config.reference)) and \
+                (query := used_query(earlier, turn, position, query_tools(config.reference))) is not None:
             result = ToolResult(text=note.format(query=query, tool=call.name))
         elif config.dialect != "mcp-xml" and repeated_call(earlier, call, config.repeat_limit):
             result = ToolResult(text=f"This exact call was already made {config.repeat_limit - 1} times in a row "
@@ -321,19 +316,6 @@ async def _run_calls(turn: Turn, parsed: dialects.ParsedReply, state: Run, toolb
         else:
             result = await toolbox.call(call, state.restarts)
         turn.tool_results.append(result)
-
-
-def _duplicate_note(reference: Reference | None) -> str | None:
-    """What a repeated query is answered with (`{query}`, `{tool}`); None where the reference's rule
-    is to roll the reply back instead (`replies.unusable`)."""
-    if reference is not None:
-        return reference.duplicate_query
-    return ("The query '{query}' was already searched in an earlier {tool} call. Search with a different query or "
-            "keywords.")
-
-
-def _query_tools(reference: Reference | None) -> tuple[str, ...]:
-    return reference.query_tools if reference is not None else ("google_search",)
 
 
 async def _end(state: Run, llm: LLM, config: AgentConfig, prompt_tokens: int | None,

@@ -16,6 +16,12 @@ if TYPE_CHECKING:
 
 # The reference (from 2025-12-28) lets a repeated query run once this many replies in a row were dropped.
 DUPLICATE_ROLLBACKS = 4
+# The reference's client tries a reply cut off at the token limit or looping this many times; then
+# the turn is used up without a reply.
+RESAMPLES = 10
+# Rolled-back replies have no cap in a row (as in the reference v1.0), so a run also stops once it
+# has sampled this many replies beyond max_turns (the reference's later bound on attempts).
+EXTRA_ATTEMPTS = 200
 
 
 def reply_answer(turn: Turn, config: AgentConfig) -> str | None:
