@@ -69,6 +69,8 @@ async def test_tool_errors_reach_the_model_as_errors() -> None:
 async def test_a_tool_that_times_out_does_not_stop_the_run() -> None:
     trajectory, llm = await ask([mcp_call("testkit", "slow", {"seconds": 60}), mcp_answer("done")])
     assert "timed out" in llm.calls[1][-1]["content"] and trajectory.answer == "done"
+    # as the reference harness words a failed call, and with no prefix of ours before it
+    assert llm.calls[1][-1]["content"].startswith("Tool call to slow on testkit failed. Error: ")
 
 
 async def test_a_server_that_dies_mid_run_is_restarted_and_the_run_goes_on() -> None:
