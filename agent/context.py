@@ -15,7 +15,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from nanbeige.agent.dialects import OMITTED
-from nanbeige.agent.trajectory import ToolCall, Turn
+from nanbeige.agent.trajectory import ToolCall, ToolResult, Turn
 
 if TYPE_CHECKING:
     from nanbeige.agent.reference import Reference
@@ -102,6 +102,36 @@ class History:
         return last.usage["prompt_tokens"] + completion + self.added_since_call
 
 
+def reference_margin(messages: list[dict[str, Any]], summary_prompt: str, after_a_turn: bool) -> int:
+    """What the reference's context check adds to the next prompt and the reply: the newest tool
+    result once more and the summary prompt twice (it counts both with tiktoken, doubled; our
+    estimate is already high), plus 1000."""
+    newest = messages[-1]
+    extra = estimate_tokens(newest["content"] or "") if newest["role"] == "user" and after_a_turn else 0
+    return extra + 2 * estimate_tokens(summary_prompt) + 1000
+
+
+def step_back(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages without their last turn: its tool result, then the reply that made the call."""
+    for role in ("user", "assistant"):
+        if len(messages) > 2 and messages[-1]["role"] == role:
+            messages = messages[:-1]
+    return messages
+
+
+def release_unseen_results(turns: list[Turn], keep: int, placeholder: str) -> None:
+    """Drop the text of the tool results that just left the model's view: they are on disk, and the
+    model never reads them again. Earlier ones went the same way on earlier turns."""
+    shown = 0
+    for turn in reversed(turns) if keep >= 0 else ():
+        if turn.tool_calls and not turn.rolled_back:  # as History counts the results it shows
+            shown += 1
+            if shown > keep:
+                for result in turn.tool_results:
+                    result.text = placeholder
+                return
+
+
 def degenerate(text: str, tail: int = 50, times: int = 5) -> bool:
     """True when a reply ends in a loop: its last `tail` characters occur more than `times` times."""
     if len(text) < tail * (times + 1):
@@ -118,11 +148,19 @@ def used_query(turns: list[Turn], turn: Turn, position: int, tools: tuple[str, .
     key = query_key(call) if call.name in tools else None
     if key is None:
         return None
+    query = "_".join(key[1:])
+    if not query:  # an empty search is never a repeat there
+        return None
     made = [pair for earlier in turns for pair in zip(earlier.tool_calls, earlier.tool_results)]
     made += list(zip(turn.tool_calls[:position], turn.tool_results[:position]))
-    if not any(query_key(c) == key and not r.is_error for c, r in made):
-        return None
-    return "_".join(key[1:])
+    return query if any(query_key(c) == key and ran(r) for c, r in made) else None
+
+
+def ran(result: ToolResult) -> bool:
+    """Whether a call counts as made for the repeated-query rules: the reference leaves out only
+    calls its tool manager failed (our `Tool call to T on S failed. Error: ...`); a tool's own error
+    answer counts."""
+    return not (result.is_error and result.text.startswith("Tool call to "))
 
 
 def duplicate_note(reference: Reference | None) -> str | None:
@@ -149,11 +187,16 @@ def query_key(call: ToolCall) -> tuple[str, ...] | None:
 
 
 def repeats_query(turns: list[Turn], calls: list[ToolCall]) -> bool:
-    """True when one of these calls repeats a query an earlier call ran without failing (the rule of
-    the reference from 2025-12-28, which rolls such a reply back)."""
-    keys = {query_key(c) for c in calls} - {None}
-    return bool(keys) and any(query_key(c) in keys and not r.is_error
-                              for t in turns for c, r in zip(t.tool_calls, t.tool_results))
+    """True when one of these calls repeats a query that an earlier call made (and did not fail), or
+    that an earlier call of the same reply makes: the rule of the reference from 2025-12-28, which
+    checks each call as it runs it and rolls the reply back at a repeat."""
+    seen = {query_key(c) for t in turns for c, r in zip(t.tool_calls, t.tool_results) if ran(r)}
+    for call in calls:
+        key = query_key(call)
+        if key is not None and key in seen:
+            return True
+        seen.add(key)
+    return False
 
 
 def repeated_call(turns: list[Turn], call: ToolCall, limit: int) -> bool:

@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 
 DIALECTS = ("mcp-xml", "tool-call")
 OMITTED = "Tool result is omitted to save tokens."
+# The format error of an empty reply kept in the history with nothing after it (mcp-xml with
+# rollback, as the reference v1.0 keeps one): the turn is used up and the next one follows.
+EMPTY_REPLY = "The reply was empty: kept in the history, and the turn is used up."
 # Model turns before the answer is asked for, when the user sets none: the reference harness's
 # keep-5 deep-search configuration allows 600; general tool use needs far fewer.
 MAX_TURNS = {"mcp-xml": 600, "tool-call": 200}
@@ -312,7 +315,10 @@ def history_message(dialect: str, assistant: dict[str, Any]) -> dict[str, Any]:
 
 
 def observation_messages(dialect: str, turn: Turn) -> list[dict[str, Any]]:
-    """What goes back to the model after a turn: its tool results, or the format error."""
+    """What goes back to the model after a turn: its tool results, or the format error (nothing
+    after an empty reply kept as it is)."""
+    if turn.format_error == EMPTY_REPLY:
+        return []
     if turn.format_error is not None:
         return [{"role": "user", "content": turn.format_error}]
     if not turn.tool_calls:

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from nanbeige.agent import dialects, replies
 from nanbeige.agent.cache import ReplayMiss
-from nanbeige.agent.context import History, duplicate_note, estimate_tokens, query_tools, repeated_call, used_query
+from nanbeige.agent.context import (History, duplicate_note, estimate_tokens, query_tools, reference_margin,
+                                    release_unseen_results, repeated_call, step_back, used_query)
 from nanbeige.agent.llm import LLM, Completion, ContextOverflow, ModelError
 from nanbeige.agent.replies import EXTRA_ATTEMPTS, RESAMPLES
 from nanbeige.agent.restore import rebuild, reopen
@@ -219,7 +220,7 @@ async def _turns(state: Run, llm: LLM, toolbox: Toolbox | None, config: AgentCon
             trajectory.stop_reason = "max_turns"
         elif spent := over_budget(trajectory.usage, config.budgets):
             trajectory.stop_reason, trajectory.error = "budget", spent
-        elif prompt_tokens + llm.config.max_tokens + config.context_reserve > config.max_context:
+        elif prompt_tokens + llm.config.max_tokens + _margin(state, config) > config.max_context:
             trajectory.stop_reason = "context_limit"
         if trajectory.stop_reason:
             await _end(state, llm, config, prompt_tokens, writer, on_event)
@@ -248,7 +249,8 @@ async def _turns(state: Run, llm: LLM, toolbox: Toolbox | None, config: AgentCon
             _log_turn(trajectory, turn, writer, on_event)
         else:
             turn.format_error = parsed.format_error or (
-                None if config.rollback else replies.reply_problem(turn, parsed, config.dialect))
+                (dialects.EMPTY_REPLY if replies.empty(turn) else None) if config.rollback else
+                replies.reply_problem(turn, parsed, config.dialect))
             if not turn.tool_calls and turn.format_error is None:
                 trajectory.answer = replies.reply_answer(turn, config)
                 trajectory.stop_reason = "answered"
@@ -257,7 +259,7 @@ async def _turns(state: Run, llm: LLM, toolbox: Toolbox | None, config: AgentCon
             history.add_turn(dialects.history_message(config.dialect, turn.assistant),
                              dialects.observation_messages(config.dialect, turn), tool_results=bool(turn.tool_calls))
             if config.release_results and writer is not None:
-                _release_unseen_results(trajectory.turns, config.keep_tool_results)
+                release_unseen_results(trajectory.turns, config.keep_tool_results, RELEASED)
         if not trajectory.stop_reason and not config.rollback and \
                 replies.format_errors_in_a_row(trajectory.turns) >= config.max_format_errors:
             trajectory.stop_reason = "format_errors"
@@ -346,8 +348,13 @@ async def _final_turn(state: Run, llm: LLM, config: AgentConfig, prompt_tokens: 
     omitted = not dropped and bool(history.observations) and (
         omit_latest or room < min(llm.config.max_tokens, FINAL_ANSWER_TOKENS))
     if dropped:
-        messages = messages[:-1]
-        room += estimate_tokens(history.messages[-1]["content"] or "")
+        if config.dialect == "mcp-xml" and trajectory.stop_reason == "context_limit" and not omit_latest:
+            # the reference steps back the whole last turn when its context check trips; then, as at
+            # its turn limit, drops the tool result that is last after that (a server's refusal of a
+            # prompt too long only drops the trailing result)
+            messages, omitted = step_back(messages), True
+        messages = messages[:-1] if messages[-1]["role"] == "user" else messages
+        room += sum(estimate_tokens(m["content"] or "") for m in history.messages[len(messages):])
     elif omitted:
         messages = history.omit_latest()
         room += history.latest_tool_result_tokens()
@@ -376,25 +383,21 @@ async def _final_turn(state: Run, llm: LLM, config: AgentConfig, prompt_tokens: 
     trajectory.answer = answer if answer is not None else trajectory.answer
 
 
+def _margin(state: Run, config: AgentConfig) -> int:
+    """Tokens the context must hold beyond the next prompt and the reply: in the reference's flow
+    (mcp-xml with its summary turn) its own check's, else `context_reserve`."""
+    if config.dialect != "mcp-xml" or not config.summary_turn:
+        return config.context_reserve
+    summary = dialects.final_answer_instruction(config.dialect, state.trajectory.question, True, config.reference)
+    return reference_margin(state.history.messages, summary, bool(state.trajectory.turns))
+
+
 def _new_turn(trajectory: Trajectory, completion: Completion, tracker: TokenTracker) -> Turn:
     turn = Turn(index=len(trajectory.turns), assistant=completion.message, finish_reason=completion.finish_reason,
                 usage=completion.usage, latency_s=completion.latency_s, logprobs=completion.logprobs)
     if completion.prompt_ids is not None and completion.completion_ids is not None:
         tracker.record(turn, completion.prompt_ids, completion.completion_ids)
     return turn
-
-
-def _release_unseen_results(turns: list[Turn], keep: int) -> None:
-    """Drop the text of the tool results that just left the model's view: they are on disk, and the
-    model never reads them again. Earlier ones went the same way on earlier turns."""
-    shown = 0
-    for turn in reversed(turns) if keep >= 0 else ():
-        if turn.tool_calls and not turn.rolled_back:  # as History counts the results it shows
-            shown += 1
-            if shown > keep:
-                for result in turn.tool_results:
-                    result.text = RELEASED
-                return
 
 
 def _log_turn(trajectory: Trajectory, turn: Turn, writer: TrajectoryWriter | None, on_event: Event) -> None:

@@ -6,7 +6,9 @@ sensitive to the exact words of its prompts, and those words are not ours to cop
 checkout instead of our paraphrases:
 
 - `prompt_utils.py` imports nothing beyond the standard library, so its functions are run as they
-  are: the system prompt (its MCP part and the main agent's objective, joined and stripped as the
+  are (once its imports are checked to be the standard library's: the checkout's own dependencies
+  need not be installed; this is no sandbox, the code runs with the user's rights, as it would in
+  the reference itself): the system prompt (its MCP part and the main agent's objective, joined and stripped as the
   orchestrator does), and the summary prompt. Its malformed-call tags and refusal phrases are read
   too.
 - `process_input` of `input_handler.py` (the user message) is run alone: its module imports
@@ -43,6 +45,7 @@ SUPPORTED = {
 # ran it is not known. They differ in the tool descriptions the model read: 3.13's compiler strips
 # the indentation of docstrings, and MCP SDK 1.x sends `__doc__` as it is (NANBEIGE_REFERENCE_PYTHON).
 PYTHONS = ("3.12", "3.13")
+MAX_FILE_BYTES = 5_000_000  # the largest source file read (the reference's are under 100 kB)
 FILES = {
     "prompts": "apps/miroflow-agent/src/utils/prompt_utils.py",
     "input": "apps/miroflow-agent/src/io/input_handler.py",
@@ -139,7 +142,11 @@ def inspect(path: str | Path, python: str = "3.12") -> tuple[list[tuple[str, boo
     root = Path(path).expanduser()
     if python not in PYTHONS:
         return [("python", False, f"{python!r} is not one of {', '.join(PYTHONS)}")], None
-    if not root.is_dir():
+    try:
+        folder = root.is_dir()
+    except OSError as exc:  # Python 3.11 raises for a folder it may not look into
+        return [("checkout", False, f"cannot read {root}: {exc.strerror or exc}")], None
+    if not folder:
         return [("checkout", False, f"{root} is not a folder")], None
     reader = _Reader(root, python)
     report: list[tuple[str, bool, str]] = []
@@ -168,11 +175,17 @@ class _Reader:
         self.root = root
         self.python = python
         self.read_files: dict[str, bytes] = {}
+        self.prompt_namespace: dict[str, Any] | None = None  # prompt_utils.py, run once
 
     def text(self, relative: str) -> str:
         if relative not in self.read_files:
+            path = self.root / relative
             try:
-                self.read_files[relative] = (self.root / relative).read_bytes()
+                if not path.is_file():  # a folder, a pipe or a device is no source file
+                    raise ReferenceError(f"{relative} is missing or not a regular file")
+                if path.stat().st_size > MAX_FILE_BYTES:
+                    raise ReferenceError(f"{relative} is larger than {MAX_FILE_BYTES // 1_000_000} MB")
+                self.read_files[relative] = path.read_bytes()
             except OSError as exc:
                 raise ReferenceError(f"cannot read {relative}: {exc.strerror or exc}") from None
         try:
@@ -185,9 +198,14 @@ class _Reader:
             return ast.parse(self.text(relative), filename=relative)
         except SyntaxError as exc:
             raise ReferenceError(f"{relative} is not Python this interpreter can parse: {exc.msg}") from None
+        except (ValueError, RecursionError, MemoryError) as exc:  # a NUL byte, nesting too deep
+            raise ReferenceError(f"{relative} cannot be parsed: {type(exc).__name__}") from None
 
     def exists(self, relative: str) -> bool:
-        return (self.root / relative).is_file()
+        try:
+            return (self.root / relative).is_file()
+        except OSError:
+            return False
 
     def digest(self) -> str:
         sha = hashlib.sha256()
@@ -201,8 +219,10 @@ class _Reader:
 
 
 def _prompt_module(reader: _Reader) -> dict[str, Any]:
-    """`prompt_utils.py` run in a namespace of its own, once its imports are checked to be the
-    standard library's only (it is the user's checkout, but nothing else of it is ever run)."""
+    """`prompt_utils.py` run (once) in a namespace of its own, after its imports are checked to be the
+    standard library's only: the checkout's dependencies need not be installed here."""
+    if reader.prompt_namespace is not None:
+        return reader.prompt_namespace
     relative = FILES["prompts"]
     tree = reader.tree(relative)
     for node in ast.walk(tree):
@@ -214,9 +234,10 @@ def _prompt_module(reader: _Reader) -> dict[str, Any]:
                                  "library, so its functions are not run")
     namespace: dict[str, Any] = {"__name__": "miroflow_reference_prompts"}
     try:
-        exec(compile(tree, relative, "exec"), namespace)  # noqa: S102 (the user's own checkout, stdlib only)
-    except Exception as exc:  # its module body failed: say so, never a traceback
+        exec(compile(tree, relative, "exec"), namespace)  # noqa: S102 (the user's own checkout)
+    except (Exception, SystemExit) as exc:  # its module body failed: say so, never a traceback
         raise ReferenceError(f"{relative} failed to load: {type(exc).__name__}: {exc}") from None
+    reader.prompt_namespace = namespace
     return namespace
 
 
@@ -230,7 +251,7 @@ def _read_system_prompt(reader: _Reader) -> tuple[dict[str, Any], str]:
     try:
         sample = build(datetime.date(2000, 1, 2), [])
         main = objective(agent_type="main")
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         raise ReferenceError(f"the system prompt functions failed: {type(exc).__name__}: {exc}") from None
     if not isinstance(sample, str) or "2000-01-02" not in sample or not isinstance(main, str):
         raise ReferenceError("generate_mcp_system_prompt does not give a prompt with the date in it")
@@ -241,7 +262,7 @@ def _read_summary_prompt(reader: _Reader) -> tuple[dict[str, Any], str]:
     summarize = _prompt_module(reader).get("generate_agent_summarize_prompt")
     try:
         sample = summarize("QUESTION", agent_type="main") if callable(summarize) else None
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         raise ReferenceError(f"generate_agent_summarize_prompt failed: {type(exc).__name__}: {exc}") from None
     if not isinstance(sample, str) or "QUESTION" not in sample:
         raise ReferenceError(f"{FILES['prompts']} has no generate_agent_summarize_prompt for the main agent")
@@ -276,7 +297,7 @@ def _read_user_message(reader: _Reader) -> tuple[dict[str, Any], str]:
         exec(compile(ast.Module(body=found, type_ignores=[]), relative, "exec"), namespace)  # noqa: S102
         process_input = namespace["process_input"]
         sample = process_input("QUESTION", None)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         raise ReferenceError(f"{relative}: process_input failed: {type(exc).__name__}: {exc}") from None
     if not (isinstance(sample, tuple) and isinstance(sample[0], str) and "QUESTION" in sample[0]):
         raise ReferenceError(f"{relative}: process_input does not give the user message first")
@@ -402,7 +423,7 @@ def _literal(reader: _Reader, relative: str, name: str) -> Any:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
             try:
                 return ast.literal_eval(node.value)
-            except ValueError:
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
                 raise ReferenceError(f"{relative}: {name} is not a literal") from None
     raise ReferenceError(f"{relative} has no {name}")
 
@@ -422,7 +443,7 @@ def _commit(root: Path) -> str | None:
         for line in (git / "packed-refs").read_text().splitlines():
             if line.endswith(" " + ref):
                 return line.split()[0]
-    except (OSError, IndexError):
+    except (OSError, IndexError, UnicodeDecodeError):  # not a readable git checkout: no commit to name
         return None
     return None
 

@@ -66,8 +66,6 @@ def unusable(turn: Turn, parsed: dialects.ParsedReply, reference: Reference | No
         return "rolled back: the reply was cut off at the token limit"
     if degenerate(content):
         return "rolled back: the reply kept repeating the same text"
-    if not content.strip() and not turn.tool_calls:
-        return "rolled back: the reply was empty"
     if not turn.tool_calls and parsed.format_error:
         return f"rolled back: {parsed.format_error}"
     if not turn.tool_calls and any(phrase in content for phrase in refusals):
@@ -78,27 +76,37 @@ def unusable(turn: Turn, parsed: dialects.ParsedReply, reference: Reference | No
     return None
 
 
+def empty(turn: Turn) -> bool:
+    """An empty reply (no text, no call): the reference v1.0 keeps it in the history and goes on to
+    the next turn, its client having found no text to read."""
+    return not (turn.assistant.get("content") or "").strip() and not turn.tool_calls and \
+        not turn.assistant.get("reasoning")
+
+
 def rolled_back_in_a_row(turns: list[Turn]) -> int:
+    """Replies rolled back in a row as the reference's orchestrator counts them: its client's own
+    retries of a reply cut off or looping are not among them."""
     count = 0
     for turn in reversed(turns):
         if not turn.rolled_back:
             break
-        count += 1
+        count += not client_retry(turn)
     return count
 
 
+def client_retry(turn: Turn) -> bool:
+    """A reply the reference's client samples again by itself: cut off at the token limit, or looping."""
+    return turn.finish_reason == "length" or degenerate(turn.assistant.get("content") or "")
+
+
 def used_up(earlier: list[Turn], turn: Turn, tries: int) -> bool:
-    """True when this dropped reply uses up its turn: it is empty (the reference moves on at once),
-    or the `tries`-th reply in a row cut off or looping (its client gives up after that many)."""
-    content = turn.assistant.get("content") or ""
-    if not content.strip() and not turn.tool_calls:
-        return True
-    if turn.finish_reason != "length" and not degenerate(content):
+    """True when this dropped reply uses up its turn: the `tries`-th reply in a row cut off or looping
+    (the reference's client gives up after that many, and the loop moves on to the next turn)."""
+    if not client_retry(turn):
         return False
     count = 1
     for before in reversed(earlier):
-        if not before.rolled_back or before.consumed or not (
-                before.finish_reason == "length" or degenerate(before.assistant.get("content") or "")):
+        if not before.rolled_back or before.consumed or not client_retry(before):
             break
         count += 1
     return count >= tries

@@ -126,10 +126,13 @@ async def test_a_reply_cut_off_ten_times_uses_up_its_turn_as_the_reference_clien
     assert trajectory.stop_reason == "max_turns" and trajectory.turns[10].tool_results[0].text == "5"
 
 
-async def test_an_empty_reply_uses_up_its_turn() -> None:
+async def test_an_empty_reply_stays_in_the_history_and_uses_up_its_turn_as_in_the_reference() -> None:
+    trajectory, llm = await ask(["", mcp_call("testkit", "add", {"a": 2, "b": 3}), mcp_answer("5"), mcp_answer("5")])
+    assert not trajectory.turns[0].rolled_back and trajectory.turns[0].format_error is not None
+    assert llm.calls[1][-1] == {"role": "assistant", "content": ""}  # sent again, with nothing after it
+    assert (trajectory.answer, trajectory.stop_reason) == ("5", "answered")
     trajectory, _ = await ask(["", mcp_answer("5")], AgentConfig(max_turns=1, date="2026-11-21"))
-    assert trajectory.turns[0].rolled_back and trajectory.turns[0].consumed
-    assert trajectory.stop_reason == "max_turns"  # the answer came from the summary turn
+    assert trajectory.stop_reason == "max_turns"  # the empty reply was the one turn; the summary turn answered
 
 
 async def test_cut_off_looping_and_refusing_replies_are_rolled_back_not_taken_as_answers() -> None:
@@ -414,7 +417,7 @@ async def test_the_summary_turn_shows_one_result_fewer_as_its_prompt_is_one_of_t
     assert summary == [f"result {i}" for i in range(2, 6)]  # the summary turn: 4, as the reference shows
 
 
-async def test_a_query_whose_search_failed_may_be_searched_again() -> None:
+async def test_a_query_whose_call_failed_may_be_searched_again_but_a_tools_own_error_counts() -> None:
     from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.exceptions import ToolError
 
@@ -422,20 +425,59 @@ async def test_a_query_whose_search_failed_may_be_searched_again() -> None:
     calls = []
 
     @web.tool()
-    def google_search(q: str) -> str:
+    async def google_search(q: str) -> str:
         calls.append(q)
         if len(calls) == 1:
-            raise ToolError("HTTP 503")
+            await asyncio.sleep(5)  # past the call timeout: the call failed, as the reference's manager fails it
+        if q == "venus":
+            raise ToolError("HTTP 503")  # the tool's own error answer: a search that was made
         return f"results for {q}"
 
-    search = mcp_call("search_and_scrape_webpage", "google_search", {"q": "mars"})
-    llm = ScriptedLLM([search, search, search, mcp_answer("x"), mcp_answer("x")])
-    async with Toolbox([ServerSpec(name="search_and_scrape_webpage", server=web)]) as tools:
+    def search(q: str) -> str:
+        return mcp_call("search_and_scrape_webpage", "google_search", {"q": q})
+
+    llm = ScriptedLLM([search("mars"), search("mars"), search("mars"), search("venus"), search("venus"),
+                       mcp_answer("x"), mcp_answer("x")])
+    async with Toolbox([ServerSpec(name="search_and_scrape_webpage", server=web)], call_timeout_s=1.0) as tools:
         trajectory = await run("q", llm, tools, AgentConfig(date="2026-11-21"))
-    assert calls == ["mars", "mars"]  # the failed search did not count; the one that ran did
-    assert "already searched" in trajectory.turns[2].tool_results[0].text
+    results = [turn.tool_results[0].text for turn in trajectory.turns[:5]]
+    assert results[0].startswith("Tool call to google_search on search_and_scrape_webpage failed.")
+    assert results[1] == "results for mars" and "already searched" in results[2]  # the failed call did not count
+    assert "already searched" in results[4] and calls == ["mars", "mars", "venus"]
 
 
 async def test_without_a_setting_or_a_server_the_context_is_what_the_model_was_trained_to() -> None:
     trajectory, _ = await ask([mcp_answer("5")] * 2)
     assert trajectory.limits["max_context"] == 262144
+
+
+async def test_an_empty_search_is_never_a_repeat() -> None:
+    from mcp.server.mcpserver import MCPServer
+
+    web = MCPServer(name="search_and_scrape_webpage")
+
+    @web.tool()
+    def google_search(q: str) -> str:
+        return f"results for '{q}'"
+
+    empty = mcp_call("search_and_scrape_webpage", "google_search", {"q": ""})
+    async with Toolbox([ServerSpec(name="search_and_scrape_webpage", server=web)]) as tools:
+        trajectory = await run("q", ScriptedLLM([empty, empty, mcp_answer("x"), mcp_answer("x")]), tools,
+                               AgentConfig(date="2026-11-21"))
+    assert [t.tool_results[0].text for t in trajectory.turns[:2]] == ["results for ''"] * 2  # both ran
+
+
+async def test_at_the_context_limit_the_summary_turn_steps_back_a_whole_turn_as_the_reference() -> None:
+    """The reference's check trips after turn n: it drops result n and reply n, then (as at its turn limit)
+    result n-1, so the summary prompt follows reply n-1."""
+    replies = [mcp_call("testkit", "echo", {"text": f"result {i} " + "x" * 3000}) for i in range(20)] + [mcp_answer("x")]
+    trajectory, llm = await ask(replies, AgentConfig(max_context=24000, date="2026-11-21"),
+                                llm_config=LLMConfig(max_tokens=4096))
+    assert trajectory.stop_reason == "context_limit"
+    n = len([t for t in trajectory.turns if t.tool_calls])
+    summary = llm.calls[-1]
+    assert summary[-1]["content"] == trajectory.turns[-1].instruction
+    assert f"result {n - 2}" in summary[-2]["content"]  # reply n-1 (0-based n-2) is the last message before it
+    assert summary[-3]["content"] == OMITTED or f"result {n - 3} " in summary[-3]["content"]  # result n-2
+    assert not any(f"result {n - 1} " in (m["content"] or "") for m in summary)  # neither reply n nor its result
+    assert trajectory.turns[-1].omitted_latest_results

@@ -238,3 +238,48 @@ def test_tool_descriptions_follow_the_python_the_reference_ran_on(tmp_path: Path
     ("one line", "one line")])
 def test_docstrings_are_cleaned_as_python_3_13_compiles_them(raw: str, stored: str) -> None:
     assert ref.compiled_docstring(raw) == stored
+
+
+def test_an_odd_checkout_is_refused_or_read_never_a_traceback_or_a_hang(tmp_path: Path) -> None:
+    import os
+
+    root = make_reference(tmp_path / "tags")
+    prompts = root / ref.FILES["prompts"]
+    prompts.write_text(prompts.read_text().replace("mcp_tags = [", "mcp_tags = {[1]: 2}\nunused = ["))
+    with pytest.raises(ref.ReferenceError, match="mcp_tags is not a literal"):
+        ref.load(root)
+
+    root = make_reference(tmp_path / "exits")
+    prompts = root / ref.FILES["prompts"]
+    prompts.write_text("raise SystemExit(3)\n" + prompts.read_text())
+    with pytest.raises(ref.ReferenceError, match="SystemExit"):
+        ref.load(root)
+
+    root = make_reference(tmp_path / "fifo")
+    (root / ref.FILES["input"]).unlink()
+    os.mkfifo(root / ref.FILES["input"])  # reading it would block forever
+    with pytest.raises(ref.ReferenceError, match="not a regular file"):
+        ref.load(root)
+
+    root = make_reference(tmp_path / "git")
+    (root / ".git").mkdir()
+    (root / ".git" / "HEAD").write_bytes(b"\xff\xfe not text")
+    assert ref.load(root).commit is None  # an unreadable HEAD names no commit; the texts still load
+
+
+@pytest.mark.anyio
+async def test_a_later_checkout_rolls_back_a_reply_that_repeats_a_query_within_itself(tmp_path: Path) -> None:
+    from mcp.server.mcpserver import MCPServer
+
+    reference = ref.load(make_reference(tmp_path, head=True))
+    web = MCPServer(name="search_and_scrape_webpage")
+
+    @web.tool()
+    def google_search(q: str) -> str:
+        return f"results for {q}"
+
+    one = mcp_call("search_and_scrape_webpage", "google_search", {"q": "mars"})
+    llm = ScriptedLLM([one + "\n" + one, one, mcp_answer("x"), mcp_answer("x")])
+    async with Toolbox([ServerSpec(name="search_and_scrape_webpage", server=web)]) as tools:
+        trajectory = await run("q", llm, tools, AgentConfig(date="2026-11-21", reference=reference))
+    assert [t.rolled_back for t in trajectory.turns[:2]] == [True, False]
