@@ -363,21 +363,29 @@ async def _final_turn(state: Run, llm: LLM, config: AgentConfig, prompt_tokens: 
     if room < MIN_ANSWER_TOKENS:
         trajectory.error = trajectory.error or "no room left in the context for a final answer"
         return
-    on_event("model", _turns_used(state))
-    try:
-        completion = await llm.complete([*messages, {"role": "user", "content": instruction}], None,
-                                        max_tokens=min(llm.config.max_tokens, room), conversation=state.conversation,
-                                        **_streaming(config, on_event))
-    except ModelError as exc:
-        trajectory.error = str(exc)
-        return
-    turn = _new_turn(trajectory, completion, state.tracker)
-    turn.instruction, turn.omitted_latest_results = instruction, omitted or (
-        dropped and bool(history.observations) and history.observations[-1][-1] == len(history.messages) - 1)
-    answer = replies.final_answer(turn, config.dialect, bool(config.summary_turn))
-    if answer is None:
-        turn.format_error = "The reply to the final-answer request had no usable answer."
-    _log_turn(trajectory, turn, writer, on_event)
+    omitted = omitted or (dropped and bool(history.observations)
+                          and history.observations[-1][-1] == len(history.messages) - 1)
+    request = [*messages, {"role": "user", "content": instruction}]
+    # the reference's summary tries (1 in v1.0; 3 in some later commits): a reply without a boxed
+    # answer is dropped and the summary asked for again
+    tries = config.reference.summary_attempts(config.keep_tool_results) if config.reference else 1
+    for attempt in range(tries if config.summary_turn else 1):
+        on_event("model", _turns_used(state))
+        try:
+            completion = await llm.complete(request, None, max_tokens=min(llm.config.max_tokens, room),
+                                            conversation=state.conversation, **_streaming(config, on_event))
+        except ModelError as exc:
+            trajectory.error = str(exc)
+            return
+        turn = _new_turn(trajectory, completion, state.tracker)
+        turn.instruction, turn.omitted_latest_results = instruction, omitted
+        answer = replies.final_answer(turn, config.dialect, bool(config.summary_turn))
+        if answer is None:
+            turn.format_error = "The reply to the final-answer request had no usable answer."
+            turn.rolled_back = attempt < tries - 1
+        _log_turn(trajectory, turn, writer, on_event)
+        if answer is not None:
+            break
     if answer is None and config.summary_turn:
         answer = replies.latest_boxed(trajectory.turns)
     trajectory.answer = answer if answer is not None else trajectory.answer

@@ -59,6 +59,7 @@ FILES = {
 # The keep-5 agent config: named `single_agent_keep5` at v1.0 and `mirothinker_v1.0_keep5` later.
 AGENT_CONFIGS = ("apps/miroflow-agent/conf/agent/mirothinker_v1.0_keep5.yaml",
                  "apps/miroflow-agent/conf/agent/single_agent_keep5.yaml")
+ANSWER_GENERATOR = "apps/miroflow-agent/src/core/answer_generator.py"  # the summary's home in later layouts
 TOOL_SERVERS = ("tool-python", "search_and_scrape_webpage", "jina_scrape_llm_summary")
 # The duplicate-query note is the orchestrator's f-string whose fields are exactly these variables
 # (its names for them, and ours).
@@ -92,6 +93,9 @@ class Reference:
     tool_descriptions: dict[tuple[str, str], str] = field(repr=False)
     extraction_prompt: str | None = field(repr=False)
     """The page-extraction prompt, a `str.format` template taking (info to extract, content)."""
+    summary_tries: tuple[int, int] = (1, 1)
+    """How many times the summary is asked for when a reply has no boxed answer: with all tool results
+    kept (keep -1), and otherwise (1 and 1 in v1.0; 3 and 3 from 2025-12-28; 3 and 1 from 2026-01-09)."""
     mcp_tags: tuple[str, ...] = ()
     refusals: tuple[str, ...] = ()
     settings: dict[str, Any] = field(default_factory=dict)
@@ -119,6 +123,9 @@ class Reference:
     def user_message(self, question: str) -> str:
         """The first user message, as the reference's `process_input` makes it of a task without a file."""
         return self.process_input(question, None)[0]
+
+    def summary_attempts(self, keep_tool_results: int) -> int:
+        return self.summary_tries[0] if keep_tool_results == -1 else self.summary_tries[1]
 
     def summary_prompt(self, question: str) -> str:
         return self.summary_prompt_function(question, agent_type="main")
@@ -335,6 +342,36 @@ def _field_names(node: ast.JoinedStr) -> set[str]:
             if isinstance(value, ast.FormattedValue)}
 
 
+def _read_summary_tries(reader: _Reader) -> tuple[dict[str, Any], str]:
+    """The number of summary tries, from the assignment to `...final_answer_retries` (in the
+    orchestrator, or in the answer generator of later layouts): a number, or `A if ... keep_tool_result
+    == -1 else B`. None at all (v1.0): one try."""
+    for relative in (FILES["orchestrator"], ANSWER_GENERATOR):
+        if relative != FILES["orchestrator"] and not reader.exists(relative):
+            continue
+        tree = reader.tree(relative)
+        constants = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
+                     and isinstance(n.value, ast.Constant) for t in n.targets if isinstance(t, ast.Name)}
+        for node in ast.walk(tree):
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            if any(isinstance(t, ast.Attribute) and t.attr.lower().endswith("final_answer_retries") for t in targets):
+                tries = _tries(node.value, constants)
+                return {"summary_tries": tries}, f"{tries[0]} with keep -1, else {tries[1]}"
+    return {"summary_tries": (1, 1)}, "one try"
+
+
+def _tries(value: ast.expr, constants: dict[str, Any]) -> tuple[int, int]:
+    def number(node: ast.expr) -> int:
+        found = node.value if isinstance(node, ast.Constant) else constants.get(getattr(node, "id", ""))
+        if not isinstance(found, int) or not 1 <= found <= 100:
+            raise ReferenceError("the number of summary tries is not a number this version reads")
+        return found
+    if isinstance(value, ast.IfExp) and "keep_tool_result" in ast.unparse(value.test) \
+            and "-1" in ast.unparse(value.test):
+        return number(value.body), number(value.orelse)
+    return number(value), number(value)
+
+
 def _fstring_template(node: ast.JoinedStr) -> str:
     parts = []
     for value in node.values:
@@ -455,6 +492,7 @@ _PIECES: list[tuple[str, Callable[[_Reader], tuple[dict[str, Any], str]]]] = [
     ("malformed-call tags and refusals", _read_tags),
     ("user message", _read_user_message),
     ("duplicate-query rule", _read_duplicate_query),
+    ("summary tries", _read_summary_tries),
     ("tool descriptions", _read_tool_descriptions),
     ("page-extraction prompt", _read_extraction_prompt),
     ("keep-5 agent settings", _read_settings),

@@ -1,19 +1,18 @@
 """Compare, byte for byte, every request nanbeige sends with `--reference PATH` against the requests
-the reference harness's own code builds for the same scripted run.
+the reference harness's own main agent sends for the same scripted runs.
 
     python tests/check_reference_requests.py PATH_TO_MIROTHINKER_CHECKOUT
 
 The model's replies and the tools' results are scripted (the same on both sides). nanbeige runs its
-real loop; the reference side is its own functions, taken from the checkout and run here: the
-system, user and summary prompts (`prompt_utils.py`, `input_handler.process_input`), the reply
-parser (`parsing_utils.py`), the result formatter (`output_formatter.py`), the history update
-(`OpenAIClient.update_message_history`) and keep-K (`BaseClient._remove_tool_result_from_messages`),
-driven by the orchestrator's main-loop flow (written out below, as its code runs it: a malformed
-call or refusal rolled back, a repeated query answered with the note of v1.0 or rolled back as
-later, the trailing tool result dropped before the summary prompt). The tool schemas on both sides
-are ours, printed in the reference's form (`test_reference_listing.py` checks that form).
+real loop; the reference runs its own `Orchestrator.run_main_agent` with its own OpenAI client,
+prompts, parser and formatter (`reference_orchestrator.py`: only the SDK client, the tool manager
+and third-party modules are stood in for). The scenarios cover every tool, a repeated query, a
+malformed call, a call inside `<think>`, keep-5, the turn limit, an empty reply, a refusal and a
+repeat within one reply. The tool schemas on both sides are ours, printed in the reference's form
+(`test_reference_listing.py` checks that form); the descriptions on the reference side are its
+servers' docstrings, read here. Messages are compared; sampling fields are not (see the README).
 
-Exit status 0 when every request matched; the first difference is printed otherwise."""
+Exit status 0 when every request matched; the first difference of each scenario is printed otherwise."""
 
 from __future__ import annotations
 
@@ -23,6 +22,7 @@ import datetime
 import json
 import sys
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -35,7 +35,7 @@ from nanbeige.agent.mcp_prompt import ordered_servers, reference_schema  # noqa:
 from nanbeige.agent.scripted import ScriptedLLM  # noqa: E402
 from nanbeige.agent.toolbox import ServerSpec, Toolbox  # noqa: E402
 
-DATE = "2026-11-21"
+DATE = datetime.date.today().isoformat()  # the reference's prompt shows today's date
 QUESTION = "Which planet is called the red planet, and what is 6*7?"
 
 
@@ -43,18 +43,34 @@ def result_of(tool: str, arguments: dict[str, Any]) -> str:
     return f"{tool} says: " + json.dumps(arguments, sort_keys=True)
 
 
-def replies() -> list[str]:
-    def search(q: str) -> str:
-        return mcp_call("search_and_scrape_webpage", "google_search", {"q": q}, thought=f"Search {q}.")
+@dataclass
+class Scenario:
+    name: str
+    replies: list[Any]
+    max_turns: int = 600
 
+
+def search(q: str) -> str:
+    return mcp_call("search_and_scrape_webpage", "google_search", {"q": q}, thought=f"Search {q}.")
+
+
+def scenarios() -> list[Scenario]:
     python = mcp_call("tool-python", "run_python_code", {"code_block": "print(6*7)", "sandbox_id": "sbx-1"})
     scrape = mcp_call("jina_scrape_llm_summary", "scrape_and_extract_info",
                       {"url": "http://127.0.0.1/mars", "info_to_extract": "nickname"})
     malformed = "<think>\nCall it.\n</think>\n\n<use_mcp_tool>\n<server_name>tool-python</server_name>"
-    inside_think = "<think>\nI will " + mcp_call("search_and_scrape_webpage", "google_search", {"q": "mars moons"}) \
-        + "\n</think>\n\nDone thinking."
-    return [search("red planet"), scrape, python, search("red planet"), malformed, inside_think, search("mars colour"),
-            search("mars size"), search("mars day"), mcp_answer("Mars, 42"), mcp_answer("Mars, 42")]
+    inside_think = "<think>\nI will " + search("mars moons") + "\n</think>\n\nDone thinking."
+    refusal = "I\u2019m sorry, but I can\u2019t help with that."
+    return [
+        Scenario("a long run: every tool, a repeat, a malformed call, a call inside <think>, keep-5",
+                 [search("red planet"), scrape, python, search("red planet"), malformed, inside_think,
+                  search("mars colour"), search("mars size"), search("mars day"), mcp_answer("Mars, 42"),
+                  mcp_answer("Mars, 42")]),
+        Scenario("max_turns reached", [search("a"), search("b"), search("c"), search("d"), mcp_answer("x")], 3),
+        Scenario("an empty reply, a refusal, a repeat within one reply",
+                 ["", search("a"), refusal, search("b") + "\n" + search("b"), search("a"), mcp_answer("x"),
+                  mcp_answer("x")]),
+    ]
 
 
 def servers() -> list[ServerSpec]:
@@ -78,125 +94,85 @@ def servers() -> list[ServerSpec]:
     return [ServerSpec(name=s.name, server=s) for s in (web, pages, python)]
 
 
-async def nanbeige_requests(reference: ref.Reference) -> tuple[list[list[dict[str, Any]]], list[dict[str, Any]]]:
-    llm = ScriptedLLM(replies())
+async def nanbeige_requests(reference: ref.Reference, scenario: Scenario
+                            ) -> tuple[list[list[dict[str, Any]]], list[dict[str, Any]]]:
+    llm = ScriptedLLM(list(scenario.replies))
     async with Toolbox(servers()) as toolbox:
-        await run(QUESTION, llm, toolbox, AgentConfig(date=DATE, reference=reference))
+        await run(QUESTION, llm, toolbox, AgentConfig(date=DATE, reference=reference, max_turns=scenario.max_turns))
         return llm.calls, toolbox.tools
 
 
 # ---------------------------------------------------------------- the reference's own code
 
 
-def module(root: Path, relative: str) -> dict[str, Any]:
-    namespace: dict[str, Any] = {"__name__": relative}
-    exec(compile((root / relative).read_text(), relative, "exec"), namespace)
-    return namespace
+def docstrings(root: Path) -> dict[tuple[str, str], str]:
+    """The reference servers' tool descriptions as MCP SDK 1.x on Python 3.12 lists them (`__doc__`)."""
+    found = {}
+    for server, relative in (("tool-python", "mcp_servers/python_mcp_server.py"),
+                             ("search_and_scrape_webpage", "dev_mcp_servers/search_and_scrape_webpage.py"),
+                             ("jina_scrape_llm_summary", "dev_mcp_servers/jina_scrape_llm_summary.py")):
+        tree = ast.parse((root / "libs/miroflow-tools/src/miroflow_tools" / relative).read_text())
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.decorator_list:
+                found[(server, node.name)] = ast.get_docstring(node, clean=False) or ""
+    return found
 
 
-def method(root: Path, relative: str, cls: str, name: str, namespace: dict[str, Any]) -> Any:
-    """One method of a class, run alone (its module imports what is not installed here)."""
-    tree = ast.parse((root / relative).read_text())
-    [body] = [n for c in tree.body if isinstance(c, ast.ClassDef) and c.name == cls for n in c.body
-              if isinstance(n, ast.FunctionDef) and n.name == name]
-    exec(compile(ast.Module(body=[body], type_ignores=[]), relative, "exec"), namespace)
-    return namespace[name]
+def reference_requests(root: Path, tools: list[dict[str, Any]], scenario: Scenario, log_dir: Path
+                       ) -> list[dict[str, Any]]:
+    """The requests of the scripted run as the checkout's own main agent makes them."""
+    import logging
 
+    from reference_orchestrator import run as run_reference
 
-class _Log:
-    def log_step(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-
-class _Client:
-    task_log = _Log()
-
-
-def reference_requests(root: Path, tools: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """The requests of the scripted run as the reference's code builds them (keep-5, main agent)."""
-    from typing import Dict, List, Tuple
-
-    agent = root / "apps/miroflow-agent"
-    prompts = module(agent, "src/utils/prompt_utils.py")
-    parse = module(agent, "src/utils/parsing_utils.py")["parse_llm_response_for_tool_calls"]
-    typing_names = {"List": List, "Dict": Dict, "Tuple": Tuple, "Any": Any}
-    limit = {"TOOL_RESULT_MAX_LENGTH": 100_000}  # a module constant from 2026 on (the same number inline before)
-    format_result = method(agent, "src/io/output_formatter.py", "OutputFormatter", "format_tool_result_for_user",
-                           typing_names | limit)
-    keep_k = method(agent, "src/llm/base_client.py", "BaseClient", "_remove_tool_result_from_messages", typing_names)
-    update = method(agent, "src/llm/providers/openai_client.py", "OpenAIClient", "update_message_history",
-                    typing_names)
-    user = ref.load(root).user_message(QUESTION)  # process_input, run alone (see agent/reference.py)
-    duplicate = ref.load(root).duplicate_query
-
-    catalogue = [{"name": server, "tools": [
-        {"name": t["name"], "description": ref.load(root).tool_descriptions.get((server, t["name"]), t["description"]),
+    described = docstrings(root)
+    definitions = [{"name": server, "tools": [
+        {"name": t["name"], "description": described.get((server, t["name"]), t["description"]),
          "schema": reference_schema(t["input_schema"])} for t in tools if t["server"] == server]}
         for server in ordered_servers(tools)]
-    system = (prompts["generate_mcp_system_prompt"](datetime.date.fromisoformat(DATE), catalogue)
-              + prompts["generate_agent_specific_system_prompt"](agent_type="main")).strip()
 
-    def request(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return keep_k(_Client(), [{"role": "system", "content": system}] + history, 5)
+    def result(server: str, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        return {"server_name": server, "tool_name": tool, "result": result_of(tool, arguments)}
 
-    history: list[dict[str, Any]] = [{"role": "user", "content": user}]
-    sent, used, rollbacks = [], set(), 0
-    for reply in replies()[:-1]:
-        sent.append(request(history))
-        history.append({"role": "assistant", "content": reply})
-        calls = parse(reply)
-        unusable = any(tag in reply for tag in prompts["mcp_tags"]) or any(k in reply for k in prompts["refusal_keywords"])
-        repeated = duplicate is None and rollbacks < 4 and any(
-            c["tool_name"] == "google_search" and c["arguments"].get("q") in used for c in calls)
-        if (not calls and unusable) or repeated:
-            history.pop()  # rolled back
-            rollbacks += 1
-            continue
-        rollbacks = 0
-        if not calls:
-            break  # the model answered
-        results = []
-        for call in calls:
-            query = call["arguments"].get("q") if call["tool_name"] == "google_search" else None
-            if query is not None and query in used and duplicate is not None:
-                text = duplicate.format(query=query, tool=call["tool_name"])
-            else:
-                text = result_of(call["tool_name"], call["arguments"])
-                used.add(query)
-            results.append((call["id"], format_result(
-                None, {"server_name": call["server_name"], "tool_name": call["tool_name"], "result": text})))
-        history = update(_Client(), history, results)
-    summary = prompts["generate_agent_summarize_prompt"](QUESTION, agent_type="main")
-    if history[-1]["role"] == "user":
-        history.pop()
-    history.append({"role": "user", "content": summary})
-    sent.append(request(history))
-    return sent
+    logging.disable(logging.CRITICAL)
+    return run_reference(root, QUESTION, scenario.replies, definitions, result, scenario.max_turns, log_dir)
+
+
+def compare(ours: list[list[dict[str, Any]]], theirs: list[dict[str, Any]]) -> str | None:
+    """The first difference between our requests' messages and the reference's, or None."""
+    for number, (mine, request) in enumerate(zip(ours, theirs)):
+        mine = [{"role": m["role"], "content": m["content"]} for m in mine]
+        expected = [{"role": m["role"], "content": m["content"]} for m in request["messages"]]
+        if json.dumps(mine) != json.dumps(expected):
+            for position, (a, b) in enumerate(zip(mine, expected)):
+                if a != b:
+                    return f"request {number}, message {position}:\n--- nanbeige\n{a}\n--- reference\n{b}"
+            return f"request {number}: {len(mine)} messages, the reference sent {len(expected)}"
+    if len(ours) != len(theirs):
+        return f"nanbeige made {len(ours)} requests, the reference {len(theirs)}"
+    return None
 
 
 def main() -> int:
+    import tempfile
+
     if len(sys.argv) != 2:
         print(__doc__.split("\n\n")[1])
         return 2
     root = Path(sys.argv[1])
     reference = ref.load(root)
-    ours, tools = asyncio.run(nanbeige_requests(reference))
-    theirs = reference_requests(root, tools)
-    for number, (mine, expected) in enumerate(zip(ours, theirs)):
-        mine = [{"role": m["role"], "content": m["content"]} for m in mine]
-        if json.dumps(mine) != json.dumps(expected):
-            for position, (a, b) in enumerate(zip(mine, expected)):
-                if a != b:
-                    print(f"request {number}, message {position} differs:\n--- nanbeige\n{a}\n--- reference\n{b}")
-                    return 1
-            print(f"request {number}: {len(mine)} messages, the reference has {len(expected)}")
-            return 1
-    if len(ours) != len(theirs):
-        print(f"nanbeige made {len(ours)} requests, the reference {len(theirs)}")
-        return 1
-    print(f"{len(ours)} requests, every message byte for byte the same (reference {reference.commit or root}, "
-          f"sha256 {reference.sha256[:12]})")
-    return 0
+    failed = 0
+    for scenario in scenarios():
+        ours, tools = asyncio.run(nanbeige_requests(reference, scenario))
+        with tempfile.TemporaryDirectory() as logs:
+            theirs = reference_requests(root, tools, scenario, Path(logs))
+        difference = compare(ours, theirs)
+        failed += difference is not None
+        print(f"{'differs' if difference else 'same'}: {scenario.name} ({len(theirs)} requests)"
+              + (f"\n{difference}" if difference else ""))
+    print(f"reference {reference.commit or root}, sha256 {reference.sha256[:12]}: "
+          f"{len(scenarios()) - failed} of {len(scenarios())} scenarios sent byte for byte the same messages")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

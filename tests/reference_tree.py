@@ -108,7 +108,13 @@ class Orchestrator:
 '''
 
 ORCHESTRATOR_HEAD = '''\
+TRIES = 3
+
+
 class Orchestrator:
+    def __init__(self, cfg):
+        self.max_final_answer_retries = TRIES if cfg.agent.keep_tool_result == -1 else 1
+
     def run(self, tool_name, query_str, count):
         return f"rolled back {tool_name} {query_str} after {count}"
 '''

@@ -470,7 +470,8 @@ async def test_an_empty_search_is_never_a_repeat() -> None:
 async def test_at_the_context_limit_the_summary_turn_steps_back_a_whole_turn_as_the_reference() -> None:
     """The reference's check trips after turn n: it drops result n and reply n, then (as at its turn limit)
     result n-1, so the summary prompt follows reply n-1."""
-    replies = [mcp_call("testkit", "echo", {"text": f"result {i} " + "x" * 3000}) for i in range(20)] + [mcp_answer("x")]
+    replies = [mcp_call("testkit", "echo", {"text": f"result {i} " + "x" * 3000}) for i in range(20)]
+    replies.append(mcp_answer("x"))
     trajectory, llm = await ask(replies, AgentConfig(max_context=24000, date="2026-11-21"),
                                 llm_config=LLMConfig(max_tokens=4096))
     assert trajectory.stop_reason == "context_limit"

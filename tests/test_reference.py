@@ -33,7 +33,8 @@ SYSTEM = (  # the tree's system prompt for one tool-python tool, as its own func
     "\n# PLACEHOLDER-GENERAL\n\nPLACEHOLDER-GENERAL-TEXT\n\n"
     "# PLACEHOLDER-MAIN-OBJECTIVE\n\nPLACEHOLDER-MAIN-TEXT")
 RUN_PYTHON = {"server": "tool-python", "name": "run_python_code", "description": "ours",
-              "input_schema": {"type": "object", "properties": {"code_block": {"type": "string", "title": "Code Block"}},
+              "input_schema": {"type": "object",
+                               "properties": {"code_block": {"type": "string", "title": "Code Block"}},
                                "required": ["code_block"]}}
 
 
@@ -72,7 +73,8 @@ async def test_every_text_reaches_the_model_exactly(tmp_path: Path) -> None:
     assert user["content"] == "Which colour?\nPLACEHOLDER-SUFFIX in \\boxed{}."
     assert trajectory.turns[1].rolled_back and "refused" in trajectory.turns[1].format_error
     assert llm.calls[3][-1]["content"] == "PLACEHOLDER-DUPLICATE 'mars' via google_search."
-    assert llm.calls[-1][-1]["content"] == 'PLACEHOLDER-SUMMARY-HEAD\n\n"Which colour?"\n\nPLACEHOLDER-SUMMARY-RULES \\boxed{}.'
+    assert llm.calls[-1][-1]["content"] == \
+        'PLACEHOLDER-SUMMARY-HEAD\n\n"Which colour?"\n\nPLACEHOLDER-SUMMARY-RULES \\boxed{}.'
     [start] = [json.loads(line) for line in path.read_text().splitlines()[:1]]
     assert start["reference"] == {"commit": None, "sha256": reference.sha256, "python": "3.12"}
     assert load_trajectories(path)[0].reference == reference.identity()
@@ -115,7 +117,8 @@ def test_the_checkouts_settings_and_identity_are_read(tmp_path: Path) -> None:
     assert reference.settings == {"temperature": 0.3, "top_p": 0.95, "max_tokens": 16384, "keep_tool_result": 5,
                                   "max_context_length": 262144, "max_turns": 600}
     assert reference.extraction_prompt == "PLACEHOLDER-EXTRACT want: {} from: {}"
-    assert reference.tool_descriptions[("tool-python", "create_sandbox")].startswith("PLACEHOLDER-CREATE-SANDBOX\n\n    Args:")
+    assert reference.tool_descriptions[("tool-python", "create_sandbox")].startswith(
+        "PLACEHOLDER-CREATE-SANDBOX\n\n    Args:")
     assert ("tool-python", "helper") not in reference.tool_descriptions  # not registered as a tool
     # one changed byte in any file read changes the hash
     prompts = tmp_path / ref.FILES["prompts"]
@@ -283,3 +286,19 @@ async def test_a_later_checkout_rolls_back_a_reply_that_repeats_a_query_within_i
     async with Toolbox([ServerSpec(name="search_and_scrape_webpage", server=web)]) as tools:
         trajectory = await run("q", llm, tools, AgentConfig(date="2026-11-21", reference=reference))
     assert [t.rolled_back for t in trajectory.turns[:2]] == [True, False]
+
+
+@pytest.mark.anyio
+async def test_a_later_checkout_asks_for_the_summary_again_when_it_has_no_boxed_answer(tmp_path: Path) -> None:
+    assert ref.load(make_reference(tmp_path / "v1")).summary_tries == (1, 1)
+    reference = ref.load(make_reference(tmp_path / "head", head=True))
+    assert reference.summary_tries == (3, 1)
+    replies = ["I have no idea.", "Still none.", mcp_answer("7")]
+    llm = ScriptedLLM([mcp_answer("5"), *replies])
+    trajectory = await run("q", llm, None, AgentConfig(date="2026-11-21", reference=reference, keep_tool_results=-1))
+    summaries = trajectory.turns[1:]
+    assert [t.rolled_back for t in summaries] == [True, True, False] and trajectory.answer == "7"
+    assert llm.calls[1] == llm.calls[2] == llm.calls[3]  # each try asked again from the same messages
+    trajectory = await run("q", ScriptedLLM([mcp_answer("5"), *replies]), None,
+                           AgentConfig(date="2026-11-21", reference=reference))
+    assert len(trajectory.turns) == 2 and trajectory.answer == "5"  # keep-5: one try, then the run's latest box
