@@ -33,8 +33,8 @@ Description:
 Asks to run a tool that an MCP server provides. Each tool has an input schema that lists its required and optional parameters; the arguments must follow it.
 
 Parameters:
-- server_name: (required) The name of the MCP server that provides the tool
-- tool_name: (required) The name of the tool to run
+- server_name: (required) The MCP server that offers the tool
+- tool_name: (required) Which of the server's tools to run
 - arguments: (required) A JSON object with the tool's input parameters, following the tool's input schema; escape quotes inside strings correctly and make sure the JSON is valid
 
 Usage:
@@ -54,7 +54,7 @@ Important Notes:
 - Keep exactly to this format, so that the call can be read and run.
 
 Give string and scalar values as they are, and lists and objects as JSON; spaces inside values are kept as written, and the call is read with regular expressions rather than an XML parser, so write the tags exactly as shown.
-Here are the functions available in JSONSchema format:
+The functions you can call follow, with their input schemas in JSONSchema form:
 
 """
 

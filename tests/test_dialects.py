@@ -70,7 +70,7 @@ REFERENCE_SKELETON = [  # the reference harness's prompt, line by line: exact wh
     "- *",
     "",
     "*",
-    "Here are the functions available in JSONSchema format:",
+    "The functions you can call follow, with their input schemas in JSONSchema form:",
     "",
     "",
     "## Server name: tool-python",
@@ -275,10 +275,10 @@ def test_the_boxed_answer_is_read_as_the_reference_reads_it() -> None:
 def test_our_summary_prompt_states_every_rule_an_exact_match_grader_depends_on() -> None:
     prompt = dialects.final_answer_instruction("mcp-xml", "How many moons?", summary=True)
     assert '"How many moons?"' in prompt and "\\boxed{}" in prompt and "Do not call any tool." in prompt
-    for rule in ("a number;", "as few words as possible;", "a comma-separated list of numbers and/or strings",
+    for rule in ("a number;", "as few words as possible;", "a list of numbers, strings or both, separated by commas",
                  "formatting instruction of the original question", "order, units, rounding, number of decimal places",
                  "in digits, not words", "without thousands separators", "percent signs unless the question asks",
-                 "without articles and without abbreviations", "by the rule for numbers or for strings",
+                 "without articles and without abbreviations", "each element by the rule for numbers or for strings",
                  "without punctuation such as '.', '!' or '?'", "invisible and non-printable characters",
                  "do not work it out again", "best-informed guess"):
         assert rule in prompt, rule
