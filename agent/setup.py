@@ -130,6 +130,17 @@ def read_reference(path: Path) -> Reference:
         raise SetupError(str(exc), usage=True) from None
 
 
+def with_reference(settings: RunSettings, reference: Reference) -> RunSettings:
+    """The settings with the reference's texts, and (in mcp-xml) its sampling where the user set none:
+    its requests are then ours byte for byte. v1.0's YAML says temperature 0.3, later ones 1.0."""
+    llm = settings.llm
+    if settings.agent.dialect == "mcp-xml":
+        given = {name: getattr(llm, name) for name in ("temperature", "top_p", "repetition_penalty")}
+        llm = dataclasses.replace(llm, **{name: reference.settings.get(name) if value is None else value
+                                          for name, value in given.items()})
+    return dataclasses.replace(settings, llm=llm, agent=dataclasses.replace(settings.agent, reference=reference))
+
+
 def check_url(flag: str, url: str) -> None:
     try:
         scheme = httpx.URL(url).scheme
@@ -297,8 +308,7 @@ async def ready(settings: RunSettings, notice: Notice) -> AsyncIterator[Ready]:
     is what failed to start."""
     extra = check_settings(settings)
     if settings.reference is not None:
-        settings = dataclasses.replace(settings, agent=dataclasses.replace(
-            settings.agent, reference=read_reference(settings.reference)))
+        settings = with_reference(settings, read_reference(settings.reference))
     if settings.system_prompt_file is not None:
         template = read_template(settings.system_prompt_file)
         settings = dataclasses.replace(settings, agent=dataclasses.replace(settings.agent,

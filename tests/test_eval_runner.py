@@ -249,5 +249,7 @@ async def test_an_eval_with_a_reference_checkout_reports_it_and_resumes_only_wit
         report = await evaluate(config, settings, notice=lambda text: None)
         assert report["reference"] == load(checkout).identity()
         assert server.requests[0]["messages"][1]["content"].endswith("PLACEHOLDER-SUFFIX in \\boxed{}.")
+        # the checkout's sampling where none was given (its YAML: temperature 0.3, top-p 0.95; no penalty)
+        assert (server.requests[0]["temperature"], server.requests[0]["top_p"]) == (0.3, 0.95)
         with pytest.raises(EvalError, match="reference"):  # the same out folder, our own prompts: not the same eval
             await evaluate(config, settings_for(server), notice=lambda text: None)

@@ -302,3 +302,16 @@ async def test_a_later_checkout_asks_for_the_summary_again_when_it_has_no_boxed_
     trajectory = await run("q", ScriptedLLM([mcp_answer("5"), *replies]), None,
                            AgentConfig(date="2026-11-21", reference=reference))
     assert len(trajectory.turns) == 2 and trajectory.answer == "5"  # keep-5: one try, then the run's latest box
+
+
+def test_the_checkouts_sampling_fills_only_what_the_user_left_unset(tmp_path: Path) -> None:
+    from nanbeige.agent.config import RunSettings
+    from nanbeige.agent.llm import LLMConfig
+    from nanbeige.agent.setup import with_reference
+
+    reference = ref.load(make_reference(tmp_path))
+    settings = with_reference(RunSettings(llm=LLMConfig(top_p=0.5)), reference)
+    assert (settings.llm.temperature, settings.llm.top_p, settings.llm.repetition_penalty) == (0.3, 0.5, None)
+    assert settings.agent.reference is reference
+    tool_call = with_reference(RunSettings(agent=AgentConfig(dialect="tool-call")), reference)
+    assert tool_call.llm.temperature is None  # the reference's settings are for its own (mcp-xml) runs
