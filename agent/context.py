@@ -73,22 +73,14 @@ class History:
 
     def omit_latest(self) -> list[dict[str, Any]]:
         """The messages with the newest tool results omitted too (for a last answer that must fit)."""
-        messages = list(self.messages)
-        for position in self.observations[-1] if self.observations else []:
-            messages[position] = {**messages[position], "content": OMITTED}
-        return messages
+        return _omitted(self.messages, self.observations[-1:])
 
     def summary_view(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The messages for the summary turn: the reference counts its summary prompt as one of the K
         results it shows, so only the K-1 newest tool results among `messages` stay."""
         shown = [group for group in self.observations if group[-1] < len(messages)]
         hidden = shown[:max(0, len(shown) - max(self.keep - 1, 0))] if self.keep >= 0 else []
-        if not hidden:
-            return messages
-        messages = list(messages)
-        for position in (p for group in hidden for p in group):
-            messages[position] = {**messages[position], "content": OMITTED}
-        return messages
+        return _omitted(messages, hidden) if hidden else messages
 
     def latest_tool_result_tokens(self) -> int:
         return sum(_message_tokens(self.messages[i]) for i in self.observations[-1]) if self.observations else 0
@@ -102,13 +94,21 @@ class History:
         return last.usage["prompt_tokens"] + completion + self.added_since_call
 
 
-def reference_margin(messages: list[dict[str, Any]], summary_prompt: str, after_a_turn: bool) -> int:
+def _omitted(messages: list[dict[str, Any]], groups: list[list[int]]) -> list[dict[str, Any]]:
+    """A copy of the messages with those at the groups' positions replaced by the placeholder."""
+    messages = list(messages)
+    for position in (p for group in groups for p in group):
+        messages[position] = {**messages[position], "content": OMITTED}
+    return messages
+
+
+def reference_margin(messages: list[dict[str, Any]], summary_tokens: int, after_a_turn: bool) -> int:
     """What the reference's context check adds to the next prompt and the reply: the newest tool
-    result once more and the summary prompt twice (it counts both with tiktoken, doubled; our
-    estimate is already high), plus 1000."""
+    result once more and the summary prompt (`summary_tokens` long) twice (it counts both with
+    tiktoken, doubled; our estimate is already high), plus 1000."""
     newest = messages[-1]
     extra = estimate_tokens(newest["content"] or "") if newest["role"] == "user" and after_a_turn else 0
-    return extra + 2 * estimate_tokens(summary_prompt) + 1000
+    return extra + 2 * summary_tokens + 1000
 
 
 def step_back(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -151,9 +151,13 @@ def used_query(turns: list[Turn], turn: Turn, position: int, tools: tuple[str, .
     query = "_".join(key[1:])
     if not query:  # an empty search is never a repeat there
         return None
-    made = [pair for earlier in turns for pair in zip(earlier.tool_calls, earlier.tool_results)]
-    made += list(zip(turn.tool_calls[:position], turn.tool_results[:position]))
-    return query if any(query_key(c) == key and ran(r) for c, r in made) else None
+    made = queries_made(turns) | queries_made([turn], upto=position)
+    return query if key in made else None
+
+
+def queries_made(turns: list[Turn], upto: int | None = None) -> set[tuple[str, ...] | None]:
+    """The query keys of the turns' calls that ran (of each turn's first `upto` calls)."""
+    return {query_key(c) for t in turns for c, r in zip(t.tool_calls[:upto], t.tool_results[:upto]) if ran(r)}
 
 
 def ran(result: ToolResult) -> bool:
@@ -190,7 +194,7 @@ def repeats_query(turns: list[Turn], calls: list[ToolCall]) -> bool:
     """True when one of these calls repeats a query that an earlier call made (and did not fail), or
     that an earlier call of the same reply makes: the rule of the reference from 2025-12-28, which
     checks each call as it runs it and rolls the reply back at a repeat."""
-    seen = {query_key(c) for t in turns for c, r in zip(t.tool_calls, t.tool_results) if ran(r)}
+    seen = queries_made(turns)
     for call in calls:
         key = query_key(call)
         if key is not None and key in seen:

@@ -130,6 +130,9 @@ class Run:
     turns_counted: tuple[int, int] = (0, 0)
     """How many of the trajectory's turns were counted against max_turns, and how many of those
     count (rolled-back replies do not): counting only the new ones keeps a turn's cost flat."""
+    summary_tokens: int | None = None
+    """The estimated size of the run's summary prompt, which the context check counts every turn
+    (made once: with a reference checkout it is the checkout's function's output)."""
 
 
 def _no_event(kind: str, data: Any) -> None:
@@ -396,8 +399,10 @@ def _margin(state: Run, config: AgentConfig) -> int:
     (mcp-xml with its summary turn) its own check's, else `context_reserve`."""
     if config.dialect != "mcp-xml" or not config.summary_turn:
         return config.context_reserve
-    summary = dialects.final_answer_instruction(config.dialect, state.trajectory.question, True, config.reference)
-    return reference_margin(state.history.messages, summary, bool(state.trajectory.turns))
+    if state.summary_tokens is None:
+        state.summary_tokens = estimate_tokens(
+            dialects.final_answer_instruction(config.dialect, state.trajectory.question, True, config.reference))
+    return reference_margin(state.history.messages, state.summary_tokens, bool(state.trajectory.turns))
 
 
 def _new_turn(trajectory: Trajectory, completion: Completion, tracker: TokenTracker) -> Turn:

@@ -25,7 +25,8 @@ import httpx
 from nanbeige.agent import dialects
 from nanbeige.agent.cache import CacheError, ToolCache
 from nanbeige.agent.config import BACKENDS, RunSettings, ToolsConfig
-from nanbeige.agent.llm import LLM, LLMConfig, ModelError, ModelUnreachable, OpenAIChat, ServerInfo, probe_server
+from nanbeige.agent.llm import (DIALECT_SAMPLING, LLM, LLMConfig, ModelError, ModelUnreachable, OpenAIChat, ServerInfo,
+                                probe_server)
 from nanbeige.agent.local import in_thread
 from nanbeige.agent.loop import DEFAULT_MAX_CONTEXT, AgentConfig
 from nanbeige.agent.prompts import search_template
@@ -135,7 +136,7 @@ def with_reference(settings: RunSettings, reference: Reference) -> RunSettings:
     its requests are then ours byte for byte. v1.0's YAML says temperature 0.3, later ones 1.0."""
     llm = settings.llm
     if settings.agent.dialect == "mcp-xml":
-        given = {name: getattr(llm, name) for name in ("temperature", "top_p", "repetition_penalty")}
+        given = {name: getattr(llm, name) for name in DIALECT_SAMPLING["mcp-xml"]}
         llm = dataclasses.replace(llm, **{name: reference.settings.get(name) if value is None else value
                                           for name, value in given.items()})
     return dataclasses.replace(settings, llm=llm, agent=dataclasses.replace(settings.agent, reference=reference))
@@ -307,7 +308,7 @@ async def ready(settings: RunSettings, notice: Notice) -> AsyncIterator[Ready]:
     Until the runs begin nothing is left behind on failure, except a tool server's own output when it
     is what failed to start."""
     extra = check_settings(settings)
-    if settings.reference is not None:
+    if settings.reference is not None and settings.agent.reference is None:  # eval loaded it already
         settings = with_reference(settings, read_reference(settings.reference))
     if settings.system_prompt_file is not None:
         template = read_template(settings.system_prompt_file)

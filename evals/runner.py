@@ -317,15 +317,16 @@ def load_tasks(config: EvalConfig) -> list[Task]:
     return tasks[: config.limit] if config.limit else tasks
 
 
-def reference_identity(settings: RunSettings) -> dict[str, Any] | None:
-    """The commit and hash of the reference checkout the runs' prompts come from, if any (a checkout
-    that cannot be read is refused here, before the out folder is made)."""
+def with_reference(settings: RunSettings) -> RunSettings:
+    """The settings with the reference checkout the runs' prompts come from, read once here (a checkout
+    that cannot be read is refused before the out folder is made); `ready` takes it as it is."""
     if settings.reference is None:
-        return None
+        return settings
     from nanbeige.agent.setup import SetupError, read_reference
+    from nanbeige.agent.setup import with_reference as taken
 
     try:
-        return read_reference(settings.reference).identity()
+        return taken(settings, read_reference(settings.reference))
     except SetupError as exc:
         raise EvalError(str(exc)) from None
 
@@ -338,8 +339,9 @@ async def evaluate(config: EvalConfig, settings: RunSettings, notice: Callable[[
 
     tasks = load_tasks(config)
     check_grader(config)
-    found = prepare_out(config, tasks, reference_identity(settings))
-    settings = config.bench.adjust(settings)
+    settings = with_reference(config.bench.adjust(settings))  # after the benchmark's dialect is set
+    reference = settings.agent.reference
+    found = prepare_out(config, tasks, reference.identity() if reference else None)
     progress = Progress(total=len(tasks) * config.k)
     pending = pending_runs(tasks, config.k, read_results(config.out))
     progress.done = progress.total - len(pending)
