@@ -71,6 +71,10 @@ class Reference:
     kept (keep -1), and otherwise (1 and 1 in v1.0; 3 and 3 from 2025-12-28; 3 and 1 from 2026-01-09)."""
     mcp_tags: tuple[str, ...] = ()
     refusals: tuple[str, ...] = ()
+    placeholder_ids: frozenset[str] = frozenset()
+    """The made-up sandbox ids the reference's tool-python refuses."""
+    placeholder_text: str | None = None
+    """Its answer to one, after `[ERROR]: `, a `str.format` template with `{sandbox_id}`."""
     settings: dict[str, Any] = field(default_factory=dict)
     """The keep-5 agent's settings: max_turns, keep_tool_result, temperature, top_p, max_tokens,
     max_context_length, repetition_penalty (those the checkout's YAML sets)."""

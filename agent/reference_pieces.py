@@ -237,16 +237,38 @@ def _tries(value: ast.expr, constants: dict[str, Any]) -> tuple[int, int]:
     return number(value), number(value)
 
 
-def _fstring_template(node: ast.JoinedStr) -> str:
+def _read_placeholder_ids(reader: Reader) -> tuple[dict[str, Any], str]:
+    """The made-up sandbox ids tool-python refuses (`INVALID_SANDBOX_IDS`), and what it answers them:
+    the f-string returned where a tool checks `sandbox_id in INVALID_SANDBOX_IDS`, its `[ERROR]: `
+    left to our server, which puts it before every error."""
+    relative = FILES["tool-python"]
+    ids = _literal(reader, relative, "INVALID_SANDBOX_IDS")
+    if not isinstance(ids, (set, list, tuple)) or not all(isinstance(i, str) for i in ids):
+        raise ReferenceError(f"{relative}: INVALID_SANDBOX_IDS is not a set of ids")
+    texts = set()
+    for node in ast.walk(reader.tree(relative)):
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "sandbox_id in INVALID_SANDBOX_IDS":
+            texts |= {_fstring_template(n.value, {"sandbox_id": "sandbox_id"}) for n in node.body
+                      if isinstance(n, ast.Return) and isinstance(n.value, ast.JoinedStr)}
+    if len(texts) != 1 or not next(iter(texts)).startswith("[ERROR]: "):
+        raise ReferenceError(f"{relative}: no single `[ERROR]: ` answer to a placeholder sandbox id")
+    text = texts.pop().removeprefix("[ERROR]: ")
+    return {"placeholder_ids": frozenset(ids), "placeholder_text": text}, f"{len(ids)} ids, one error answer"
+
+
+def _fstring_template(node: ast.JoinedStr, fields: dict[str, str] | None = None) -> str:
+    """The f-string as a `str.format` template, its fields renamed by `fields` (the reference's
+    variable names to ours; by default the duplicate-query note's)."""
+    fields = _DUPLICATE_FIELDS if fields is None else fields
     parts = []
     for value in node.values:
         if isinstance(value, ast.Constant):
             parts.append(str(value.value).replace("{", "{{").replace("}", "}}"))
         elif isinstance(value, ast.FormattedValue) and isinstance(value.value, ast.Name) \
-                and value.value.id in _DUPLICATE_FIELDS and value.conversion == -1 and value.format_spec is None:
-            parts.append("{" + _DUPLICATE_FIELDS[value.value.id] + "}")
+                and value.value.id in fields and value.conversion == -1 and value.format_spec is None:
+            parts.append("{" + fields[value.value.id] + "}")
         else:
-            raise ReferenceError("the duplicate-query note has a field this version does not know")
+            raise ReferenceError("an f-string of the reference has a field this version does not know")
     return "".join(parts)
 
 
@@ -340,5 +362,6 @@ PIECES: list[tuple[str, Callable[[Reader], tuple[dict[str, Any], str]]]] = [
     ("summary tries", _read_summary_tries),
     ("tool descriptions", _read_tool_descriptions),
     ("page-extraction prompt", _read_extraction_prompt),
+    ("placeholder sandbox ids", _read_placeholder_ids),
     ("keep-5 agent settings", _read_settings),
 ]

@@ -10,6 +10,7 @@ so a failed start leaves no empty trajectory or log behind.
 from __future__ import annotations
 
 import dataclasses
+import json
 import datetime
 import os
 import sys
@@ -183,8 +184,11 @@ def default_servers(llm_config: LLMConfig, notice: Notice, upload_dirs: list[Pat
                                            "NANBEIGE_MODEL": llm_config.model}
     if llm_config.api_key:
         env["NANBEIGE_API_KEY"] = llm_config.api_key
-    if reference is not None and reference.extraction_prompt:
-        env["NANBEIGE_EXTRACTION_PROMPT"] = reference.extraction_prompt
+    if reference is not None:  # the reference's own answers where our servers give the model text
+        env |= {"NANBEIGE_SANDBOX_PLACEHOLDER_IDS": json.dumps(sorted(reference.placeholder_ids)),
+                "NANBEIGE_SANDBOX_PLACEHOLDER_TEXT": reference.placeholder_text or ""}
+        if reference.extraction_prompt:
+            env["NANBEIGE_EXTRACTION_PROMPT"] = reference.extraction_prompt
     if upload_dirs:
         allowed = env.get("NANBEIGE_SANDBOX_UPLOAD_DIRS") or os.getcwd()
         env["NANBEIGE_SANDBOX_UPLOAD_DIRS"] = os.pathsep.join([allowed, *map(str, upload_dirs)])

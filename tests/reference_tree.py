@@ -124,6 +124,8 @@ from mcp.server.fastmcp import FastMCP
 
 mcp = FastMCP("tool-python")
 
+INVALID_SANDBOX_IDS = {"default", "placeholder-box"}
+
 
 @mcp.tool()
 async def create_sandbox(timeout=600) -> str:
@@ -139,6 +141,8 @@ async def run_python_code(code_block: str, sandbox_id: str) -> str:
     """PLACEHOLDER-RUN-PYTHON-CODE
     second line, indented.
     """
+    if sandbox_id in INVALID_SANDBOX_IDS:
+        return f"[ERROR]: PLACEHOLDER-INVALID {{'{sandbox_id}'}} id."
 
 
 def helper():

@@ -315,3 +315,21 @@ def test_the_checkouts_sampling_fills_only_what_the_user_left_unset(tmp_path: Pa
     assert settings.agent.reference is reference
     tool_call = with_reference(RunSettings(agent=AgentConfig(dialect="tool-call")), reference)
     assert tool_call.llm.temperature is None  # the reference's settings are for its own (mcp-xml) runs
+
+
+def test_placeholder_sandbox_ids_get_the_checkouts_own_answer_from_our_python_server(tmp_path: Path) -> None:
+    from nanbeige.agent.llm import LLMConfig
+    from nanbeige.agent.setup import default_servers
+    from nanbeige.tools.sandbox import SandboxError, Sandboxes, config_from_env
+
+    reference = ref.load(make_reference(tmp_path))
+    assert reference.placeholder_ids == {"default", "placeholder-box"}
+    [python] = [s for s in default_servers(LLMConfig(), lambda _: None, reference=reference)
+                if s.name == "tool-python"]
+    config = config_from_env({**python.env, "NANBEIGE_SANDBOX_DIR": str(tmp_path / "boxes")})
+    boxes = Sandboxes(config, backend=object())  # a placeholder is answered before any backend is asked
+    with pytest.raises(SandboxError) as caught:
+        boxes.run_python("1", "placeholder-box")
+    assert str(caught.value) == "PLACEHOLDER-INVALID {'placeholder-box'} id."  # the server adds `[ERROR]: `
+    with pytest.raises(SandboxError, match="is not a valid sandbox_id"):
+        boxes.run_command("true", "")  # not the checkout's placeholder: our own answer

@@ -13,6 +13,7 @@ saw during training. Settings come from `NANBEIGE_SANDBOX_*` environment variabl
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
@@ -55,6 +56,13 @@ class SandboxConfig:
 
     backend: str = "local"
     """`local` or `e2b` (NANBEIGE_SANDBOX_BACKEND; default `e2b` when E2B_API_KEY is set)."""
+    placeholder_ids: frozenset[str] = PLACEHOLDER_IDS
+    """Ids every tool answers with `placeholder_text` (NANBEIGE_SANDBOX_PLACEHOLDER_IDS, a JSON list;
+    `--reference` sets the reference server's own)."""
+    placeholder_text: str | None = None
+    """What a placeholder id is answered with after `[ERROR]: `, `{sandbox_id}` standing for the id
+    (NANBEIGE_SANDBOX_PLACEHOLDER_TEXT; `--reference` sets the reference server's own). None:
+    `invalid_id`'s text."""
     root: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / f"nanbeige-sandboxes-{os.getuid()}")
     """Folder holding one folder per local sandbox (NANBEIGE_SANDBOX_DIR; default
     `<temp dir>/nanbeige-sandboxes-<uid>`). Temporary by nature: sandboxes are deleted when they close."""
@@ -115,7 +123,8 @@ def config_from_env(env: Mapping[str, str] | None = None) -> SandboxConfig:
         raise ValueError(f"NANBEIGE_SANDBOX_BACKEND must be local or e2b, not {config.backend!r}")
     for name, value in env.items():
         key = name.removeprefix("NANBEIGE_SANDBOX_").lower()
-        if not name.startswith("NANBEIGE_SANDBOX_") or key in ("backend", "dir", "upload_dirs", "download_dir"):
+        if not name.startswith("NANBEIGE_SANDBOX_") or key in ("backend", "dir", "upload_dirs", "download_dir",
+                                                                "placeholder_ids", "placeholder_text"):
             continue
         key = {"timeout": "timeout_s", "idle_timeout": "idle_timeout_s"}.get(key, key)
         if key not in SandboxConfig.__dataclass_fields__:
@@ -129,6 +138,12 @@ def config_from_env(env: Mapping[str, str] | None = None) -> SandboxConfig:
     if env.get("NANBEIGE_SANDBOX_DOWNLOAD_DIR"):
         config.download_dir = Path(env["NANBEIGE_SANDBOX_DOWNLOAD_DIR"])
     config.e2b_template = env.get("NANBEIGE_E2B_TEMPLATE") or None
+    if env.get("NANBEIGE_SANDBOX_PLACEHOLDER_IDS"):
+        ids = json.loads(env["NANBEIGE_SANDBOX_PLACEHOLDER_IDS"])
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            raise ValueError("NANBEIGE_SANDBOX_PLACEHOLDER_IDS must be a JSON list of strings")
+        config.placeholder_ids = frozenset(ids)
+    config.placeholder_text = env.get("NANBEIGE_SANDBOX_PLACEHOLDER_TEXT") or None
     return config
 
 
@@ -161,6 +176,14 @@ def command_failed(exit_code: int, stderr: str, signal_text: str | None = None) 
 
 def truncate(text: str, max_chars: int) -> str:
     return text if len(text) <= max_chars else text[:max_chars] + TRUNCATED
+
+
+def placeholder_answer(template: str, sandbox_id: str) -> str:
+    """A `str.format` template with `{sandbox_id}` filled in; one that needs other fields is shown as it is."""
+    try:
+        return template.format(sandbox_id=sandbox_id)
+    except (IndexError, KeyError, ValueError, AttributeError):
+        return template
 
 
 def invalid_id(sandbox_id: str) -> str:
@@ -265,7 +288,9 @@ class Sandboxes:
     def _use(self, sandbox_id: str) -> Iterator[str]:
         # A placeholder or an empty id is never looked up: neither can name a sandbox, and asking
         # E2B about one would only cost a round trip to learn so.
-        if not sandbox_id or sandbox_id in PLACEHOLDER_IDS:
+        if sandbox_id in self.config.placeholder_ids and self.config.placeholder_text is not None:
+            raise SandboxError(placeholder_answer(self.config.placeholder_text, sandbox_id))
+        if not sandbox_id or sandbox_id in self.config.placeholder_ids:
             raise SandboxError(invalid_id(sandbox_id))
         self._close_idle()
         with self._lock:
