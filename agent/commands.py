@@ -245,10 +245,10 @@ def benchmark_list() -> str:
 
     benches = describe()
     files = "; ".join(f"{b['name']} ({b['about']}; graded by {b['grader']})" for b in benches
-                      if b["grader"] != "bfcl-ast")
-    bfcl = ", ".join(b["name"] for b in benches if b["grader"] == "bfcl-ast")
-    return (f"Benchmarks: {files}. BFCL-V4 in the tool-call dialect, on the data of the bfcl-eval package, graded "
-            f"by its AST checker: {bfcl}.")
+                      if b["grader"] != "bfcl-eval")
+    bfcl = ", ".join(b["name"] for b in benches if b["grader"] == "bfcl-eval")
+    return (f"Benchmarks: {files}. BFCL-V4 through the bfcl-eval package's own handler and evaluation runner, on "
+            f"its data: {bfcl}.")
 
 
 def eval_config(bench: Any, data: Path | None, k: int, concurrency: int, limit: int | None, out_dir: Path | None,
@@ -317,6 +317,15 @@ def eval_report(folder: Path | None) -> None:
         fail(f"cannot read {folder / MANIFEST}: {exc.strerror or exc} (is {folder} an eval's out folder?)")
     except ValueError as exc:
         fail(f"{folder / MANIFEST} is not valid JSON: {exc}")
-    report = build_report(found, read_results(folder))
-    (folder / REPORT).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    if str(found.get("bench", "")).startswith("bfcl"):
+        from nanbeige.evals.bfcl_run import rerender
+        from nanbeige.evals.tasks import LoadError
+
+        try:
+            report = rerender(folder)
+        except LoadError as exc:
+            fail(str(exc))
+    else:
+        report = build_report(found, read_results(folder))
+        (folder / REPORT).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     print_line(markdown(report))

@@ -467,6 +467,18 @@ class OpenAIChat:
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
             raise ModelError(f"model server sent a reply that is not a chat completion: {exc!r}") from None
 
+    async def complete_text(self, prompt: str, max_tokens: int, temperature: float) -> Completion:
+        """A plain text completion (`/completions`) with only the fields BFCL's generator sends: the
+        prompt as text, `max_tokens` and `temperature` (the server's defaults for everything else)."""
+        body = {"model": self.config.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature}
+        answer, latency_s = await self._post_with_retries(body, "/completions")
+        if answer.status_code != 200:
+            self.raise_for_answer(answer)
+        try:
+            return parse_completion(orjson.loads(answer.content), latency_s, completions_api=True)
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            raise ModelError(f"model server sent a reply that is not a completion: {exc!r}") from None
+
     async def _learn_server(self) -> None:
         async with self._asking:
             if self.server is None:  # another call may have asked while this one waited

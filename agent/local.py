@@ -11,6 +11,7 @@ only when a model is loaded, so the rest of the CLI stays fast and works without
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from pathlib import Path
@@ -206,6 +207,22 @@ class TransformersLLM:
             self.prompter.sampled(conversation, prompt_ids, completion_ids)
         return self._completion(prompt_ids, completion_ids, logprobs, time.perf_counter() - started)
 
+    async def complete_text(self, prompt: str, max_tokens: int, temperature: float) -> Completion:
+        """A plain text completion of `prompt`, tokenized as a server tokenizes a text prompt (special
+        tokens added as the tokenizer adds them), sampled at `temperature` with nothing else set."""
+        cancelled = threading.Event()
+        config = dataclasses.replace(self.config, temperature=temperature, top_p=1.0, repetition_penalty=1.0, stop=[])
+        async with self.lock:
+            started = time.perf_counter()
+            prompt_ids = self.tokenizer(prompt)["input_ids"]
+            try:
+                completion_ids, logprobs = await asyncio.to_thread(
+                    self._generate, prompt_ids, max_tokens, cancelled, None, config)
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+        return self._completion(prompt_ids, completion_ids, logprobs, time.perf_counter() - started, stops=[])
+
     def _streamer(self, on_text: Callable[[str], None]) -> Any:
         """A transformers streamer that hands the reply's text to `on_text` on the event loop's thread,
         a word at a time as transformers decodes it (special tokens shown: `<think>` marks reasoning)."""
@@ -220,10 +237,10 @@ class TransformersLLM:
 
         return ToLoop(self.tokenizer, skip_prompt=True, skip_special_tokens=False)
 
-    def _generate(self, prompt_ids: list[int], max_tokens: int, cancelled: threading.Event, streamer: Any = None
-                  ) -> tuple[list[int], list[float]]:
+    def _generate(self, prompt_ids: list[int], max_tokens: int, cancelled: threading.Event, streamer: Any = None,
+                  config: LLMConfig | None = None) -> tuple[list[int], list[float]]:
         """Sample a reply: its token ids (the stop token included) and each one's sampling logprob."""
-        torch, c = self.torch, self.config
+        torch, c = self.torch, config or self.config
         input_ids = torch.tensor([prompt_ids], device=self.device)
         # top_k=0 overrides transformers' default of 50: sampling must match the server path (vLLM: no top-k).
         sampling = {"do_sample": True, "temperature": c.temperature, "top_p": c.top_p, "top_k": 0} \
@@ -244,11 +261,11 @@ class TransformersLLM:
         return completion_ids, logprobs
 
     def _completion(self, prompt_ids: list[int], completion_ids: list[int], logprobs: list[float],
-                    latency_s: float) -> Completion:
+                    latency_s: float, stops: list[str] | None = None) -> Completion:
         ended = bool(completion_ids) and completion_ids[-1] in self.stop_ids
         text_ids = completion_ids[:-1] if ended else completion_ids
         content = self.tokenizer.decode(text_ids, skip_special_tokens=False)
-        stops = self.config.stop
+        stops = self.config.stop if stops is None else stops
         cut = min((content.find(s) for s in stops if s in content), default=-1)
         if cut >= 0:  # like a server: the text ends before the stop string
             content, ended = content[:cut], True

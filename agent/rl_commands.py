@@ -72,9 +72,9 @@ def collect(
         fail("give the questions with --questions FILE, or --bench NAME --data PATH (one of them)", 2)
     if bench is not None and bench not in BENCHMARKS:
         fail(f"unknown benchmark {bench!r}; known: {', '.join(BENCHMARKS)}", 2)
-    if bench is not None and BENCHMARKS[bench].grader == "bfcl-ast":
-        fail(f"{bench} items are single function calls graded on their arguments, not agent rollouts: use "
-             "`nanbeige eval` for them", 2)
+    if bench is not None and BENCHMARKS[bench].pipeline is not None:
+        fail(f"{bench} runs through its own pipeline (its handler's prompts, its runner's grading), not as agent "
+             "rollouts: use `nanbeige eval` for it", 2)
     if bench is not None and BENCHMARKS[bench].needs_data and data is None:
         fail(f"--data is required with --bench {bench}: the path of {BENCHMARKS[bench].about}", 2)
     for path in (questions, data):

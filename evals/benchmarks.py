@@ -3,37 +3,22 @@
 Default graders follow the reference harness (MiroThinker) where it scores the benchmark, and the
 benchmark's own official grader otherwise: GAIA validation by the official quasi-exact match;
 GAIA-Text-103 and SEAL-0 by the "equivalent" judge; BrowseComp, BrowseComp-ZH, HLE and xBench by
-their official judges' profiles; BFCL by its package's AST checker.
+their official judges' profiles; BFCL by its package's own handler and evaluation runner.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nanbeige.agent.config import RunSettings
-from nanbeige.evals.bfcl import CATEGORIES as BFCL_CATEGORIES
 from nanbeige.evals.bfcl import GRADER
 from nanbeige.evals.tasks import LoadError, Task
 
 if TYPE_CHECKING:
-    import httpx
-
-    from nanbeige.agent.setup import Ready
-    from nanbeige.evals.runner import Attempt, EvalConfig
-
-
-def _agent_attempt(runtime: Ready, config: EvalConfig, client: httpx.AsyncClient) -> Attempt:
-    from nanbeige.evals.runner import agent_attempt
-
-    return agent_attempt(runtime, config, client)
-
-
-def _unchanged(settings: RunSettings) -> RunSettings:
-    return settings
+    from nanbeige.evals.runner import EvalConfig
 
 
 @dataclass(frozen=True)
@@ -43,15 +28,14 @@ class Benchmark:
     load: Callable[[Path | None], list[Task]]
     """Reads the official file (or folder) into tasks."""
     grader: str
-    """The default grader: `gaia-exact`, `bfcl-ast` or a judge profile."""
+    """The default grader: `gaia-exact`, a judge profile, or `bfcl-eval` (its own runner)."""
     about: str
     """One line for `--help`: the file it reads."""
-    attempt: Callable[[Ready, EvalConfig, httpx.AsyncClient], Attempt] = _agent_attempt
-    """Makes the function that runs one task once (the agent loop, or BFCL's single call)."""
-    adjust: Callable[[RunSettings], RunSettings] = _unchanged
-    """What the benchmark changes in the run settings (BFCL: the tool-call dialect, no servers)."""
     needs_data: bool = True
     """Whether `--data` is required (BFCL's data ships in its package)."""
+    pipeline: Callable[..., Awaitable[dict[str, Any]]] | None = None
+    """The benchmark's own pipeline, run instead of the agent loop (BFCL: its handler and runner); it
+    takes what `runner.evaluate` takes and returns the report."""
 
 
 def _lazy(module: str, function: str = "load") -> Callable[[Path | None], list[Task]]:
@@ -80,46 +64,34 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in [
 ]}
 
 
-def _bfcl_attempt(runtime: Ready, config: EvalConfig, client: httpx.AsyncClient) -> Attempt:
-    """One model call on the item's first turn with its functions as tools; the calls it makes are
-    graded by BFCL's checker and never run."""
-    import json
-
-    from nanbeige.agent.llm import ModelError
-    from nanbeige.evals import bfcl
-    from nanbeige.evals.runner import result_row
-
-    async def attempt(task: Task, run_index: int) -> dict[str, Any] | str:
-        try:
-            calls, _ = await bfcl.run_bfcl_task(task, runtime.llm)
-        except ModelError as exc:
-            return str(exc)
-        prediction = json.dumps([{name: arguments} for name, arguments in calls], ensure_ascii=False)
-        return result_row(task, run_index, prediction, bfcl.grade(task, calls), None)
-    return attempt
-
-
-def _bfcl_load(categories: tuple[str, ...]) -> Callable[[Path | None], list[Task]]:
-    def load(data_dir: Path | None) -> list[Task]:
+def _bfcl_load(name: str) -> Callable[[Path | None], list[Task]]:
+    def load(data: Path | None) -> list[Task]:
         from nanbeige.evals import bfcl
 
-        return [task for category in categories for task in bfcl.load(category, data_dir)]
+        if data is not None:
+            raise LoadError("BFCL reads its data from the installed bfcl-eval package, as its own pipeline does: "
+                            "leave out --data")
+        return bfcl.load(name)
     return load
 
 
-def tool_call_only(settings: RunSettings) -> RunSettings:
-    """BFCL's settings: the tool-call dialect, the offered functions as the only tools."""
-    agent = dataclasses.replace(settings.agent, dialect="tool-call")
-    tools = dataclasses.replace(settings.tools, default_servers=False, mcp=[])
-    return dataclasses.replace(settings, agent=agent, tools=tools)
+async def _bfcl_pipeline(config: EvalConfig, settings: RunSettings, notice: Callable[[str], None],
+                         progress_view: Any) -> dict[str, Any]:
+    from nanbeige.evals import bfcl_run
+
+    return await bfcl_run.evaluate(config, settings, notice, progress_view)
 
 
-for _category in ("", *BFCL_CATEGORIES):
-    _name = f"bfcl-{_category.replace('_', '-')}" if _category else "bfcl"
-    BENCHMARKS[_name] = Benchmark(
-        _name, _bfcl_load((_category,) if _category else BFCL_CATEGORIES), GRADER,
-        f"BFCL-V4 {_category or 'single-turn AST categories, all eight'} (--data: a copy of bfcl-eval's data folder, "
-        "default the installed package's)", attempt=_bfcl_attempt, adjust=tool_call_only, needs_data=False)
+# BFCL's own category names, and our names for groups of them (`evals/bfcl.py` checks both against the package)
+for _name in ("all", "non_live", "live", "single_turn", "multi_turn", "simple_python", "simple_java",
+              "simple_javascript", "multiple", "parallel", "parallel_multiple", "irrelevance", "live_simple",
+              "live_multiple", "live_parallel", "live_parallel_multiple", "live_irrelevance", "live_relevance",
+              "multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context"):
+    _bench = "bfcl" if _name == "all" else f"bfcl-{_name.replace('_', '-')}"
+    BENCHMARKS[_bench] = Benchmark(
+        _bench, _bfcl_load(_name), GRADER,
+        f"BFCL-V4 {'every category that runs here' if _name == 'all' else _name}, through bfcl-eval's own handler "
+        "and evaluation runner", needs_data=False, pipeline=_bfcl_pipeline)
 
 
 def describe() -> list[dict[str, Any]]:

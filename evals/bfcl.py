@@ -1,228 +1,228 @@
-"""BFCL (Berkeley Function Calling Leaderboard, V4): the single-turn AST categories, read from the data that
-ships in the `bfcl-eval` package and graded by that package's own AST checker.
+"""BFCL-V4 through its own pipeline: the `bfcl-eval` package's model handler formats every prompt and
+decodes every reply, and its evaluation runner grades the result files and computes the summary
+numbers. Nothing of ours sits between the model's text and the official verdict; what is ours is how the
+model is reached (a server or the model in this process), concurrency, resume, progress and the report.
 
-    pip install --no-deps bfcl-eval==2026.3.23   # its pinned dependencies are model SDKs the checker never runs
+    pip install --no-deps bfcl-eval==2026.3.23   # its own dependencies pin every vendor SDK
+    pip install -e ".[bfcl]"                      # what its handler and runner import besides
 
-    tasks = load("simple_python")
-    calls, reply = await run_bfcl_task(tasks[0], llm)
-    verdict = grade(tasks[0], calls)
-
-A task is one model call: the item's first turn (its messages as written, system message included) with
-the item's functions offered as tools; the calls in the reply are graded, never executed.
-
-The checker module imports the package's whole model registry, and through it every vendor SDK, only to
-ask one thing of it: whether a model's tool names had "." turned into "_". `_ast_checker` loads the
-checker's file unchanged with a one-entry registry in its place, so grading needs no extra packages.
-Tool names are mapped back to the original dotted names before grading, so that entry answers "no".
+The package's model registry (`bfcl_eval.constants.model_config`) imports every vendor SDK to list every
+model. The runner and the response generator only look one entry up in it, so `official()` puts a
+registry holding that one entry in its place, with the entry's fields read from the package's own
+registry source (`registry_entry`): the handler class, `is_fc_model`, `underscore_to_dot`, the display
+name are the package's, not ours.
 """
 
 from __future__ import annotations
 
+import ast
 import functools
+import importlib
 import importlib.util
-import json
-import re
+import os
 import sys
 import types
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable
 
-from nanbeige.evals.files import read_jsonl
-from nanbeige.evals.tasks import LoadError, Task, Verdict
-
-if TYPE_CHECKING:
-    from nanbeige.agent.llm import LLM
+from nanbeige.evals.tasks import LoadError, Task
 
 PACKAGE = "bfcl-eval==2026.3.23"
-INSTALL = f"pip install --no-deps {PACKAGE}"
-PREFIX = "BFCL_v4_"
-# The single-turn categories the AST checker grades, by BFCL's own names (the data files' names after the
-# prefix). All are Python; the checker routes on "parallel" / "multiple" in the name.
-CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple",
-              "live_simple", "live_multiple", "live_parallel", "live_parallel_multiple")
-ALIASES = {"simple": "simple_python"}
-GRADER = "bfcl-ast"
-# The model name the checker is given; its registry entry says our tool names are the original ones.
-CHECKER_MODEL = "nanbeige"
-SERVER = "bfcl"  # the server name the tool-call parser needs; BFCL tools belong to no server
-# BFCL's type names that JSON schema spells differently ("any" has no counterpart: it is left untyped).
-JSON_TYPES = {"dict": "object", "float": "number", "tuple": "array"}
+INSTALL = f"pip install --no-deps {PACKAGE} && pip install 'nanbeige[bfcl]'"
+HANDLER_ENTRY = "Nanbeige/Nanbeige4-3B-Thinking-2511"
+"""The registry entry whose handler formats and decodes: the package's entry for this model family
+(`NanbeigeFCHandler`, function-calling mode, names kept dotted)."""
+TEMPERATURE = 0.001
+"""The official generator's default temperature (`bfcl generate --temperature`)."""
+GRADER = "bfcl-eval"
+
+# BFCL's own category names (`bfcl_eval.constants.category_mapping`), checked against the installed
+# package when loaded. Agentic categories need the official search engine (SerpAPI) or memory backends
+# with downloaded embedding models, and format sensitivity is not run for function-calling models.
+RUNNABLE = ("simple_python", "simple_java", "simple_javascript", "multiple", "parallel", "parallel_multiple",
+            "irrelevance", "live_simple", "live_multiple", "live_parallel", "live_parallel_multiple",
+            "live_irrelevance", "live_relevance", "multi_turn_base", "multi_turn_miss_func",
+            "multi_turn_miss_param", "multi_turn_long_context")
+NOT_RUNNABLE = {
+    "web_search_base": "needs the official search engine (SerpAPI, a paid API)",
+    "web_search_no_snippet": "needs the official search engine (SerpAPI, a paid API)",
+    "memory_kv": "needs its prerequisite conversations run first, which nanbeige does not schedule yet",
+    "memory_vector": "needs a sentence-transformers embedding model downloaded at run time",
+    "memory_rec_sum": "needs its prerequisite conversations run first, which nanbeige does not schedule yet",
+    "format_sensitivity": "is not run for function-calling models (the official generator skips it)",
+}
+GROUPS = {"non_live": RUNNABLE[:7], "live": RUNNABLE[7:13], "single_turn": RUNNABLE[:13],
+          "multi_turn": RUNNABLE[13:], "all": RUNNABLE}
+"""Our names for sets of categories (`bfcl-<group>`); `all` is every category that runs here."""
 
 
-# ---------------------------------------------------------------- loading
+# ---------------------------------------------------------------- the package, with a one-entry registry
 
 
-def package_data() -> Path:
-    """The `data` folder of the installed bfcl-eval package."""
+def package_root() -> Path:
     spec = importlib.util.find_spec("bfcl_eval")
     if spec is None or not spec.submodule_search_locations:
         raise LoadError(f"BFCL needs the bfcl-eval package: {INSTALL}")
-    return Path(spec.submodule_search_locations[0]) / "data"
+    return Path(spec.submodule_search_locations[0])
 
 
-def category_name(category: str) -> str:
-    name = ALIASES.get(category, category)
-    if name not in CATEGORIES:
-        raise LoadError(f"unknown BFCL category {category!r}; known: {', '.join(CATEGORIES)} "
-                        f"(and {', '.join(ALIASES)} for {', '.join(ALIASES.values())})")
-    return name
-
-
-def load(category: str, data_dir: Path | None = None) -> list[Task]:
-    """The category's items, from the installed package's data or from `data_dir` (the same layout: the
-    question file in it, the answer file in its `possible_answer/` folder)."""
-    name = category_name(category)
-    folder = Path(data_dir) if data_dir is not None else package_data()
-    questions_path = folder / f"{PREFIX}{name}.json"
-    answers_path = folder / "possible_answer" / f"{PREFIX}{name}.json"
-    questions, answers = read_jsonl(questions_path), read_jsonl(answers_path)
-    ground_truths = {}
-    for number, row in enumerate(answers, 1):
-        if "id" not in row or not isinstance(row.get("ground_truth"), list):
-            raise LoadError(f"{answers_path} row {number}: needs an id and a ground_truth list")
-        ground_truths[str(row["id"])] = row["ground_truth"]
-    return [_task(questions_path, number, row, name, ground_truths) for number, row in enumerate(questions, 1)]
-
-
-def _task(path: Path, number: int, row: dict[str, Any], category: str, ground_truths: dict[str, list]) -> Task:
-    task_id = str(row.get("id", ""))
-    turns, functions = row.get("question"), row.get("function")
-    if not task_id or not isinstance(turns, list) or not turns or not isinstance(turns[0], list) \
-            or not isinstance(functions, list):
-        raise LoadError(f"{path} row {number}: needs an id, a non-empty question (a list of turns) and a "
-                        "function list")
-    if task_id not in ground_truths:
-        raise LoadError(f"{path} row {number}: {task_id} has no ground truth in possible_answer/")
-    messages = turns[0]
-    user_text = "\n\n".join(m.get("content") or "" for m in messages if m.get("role") == "user")
-    system = [m.get("content") or "" for m in messages if m.get("role") == "system"]
-    ground_truth = ground_truths[task_id]
-    return Task(
-        id=task_id,
-        question=user_text,
-        answer=json.dumps(ground_truth, ensure_ascii=False),
-        level=category,
-        metadata={"category": category, "functions": functions, "ground_truth": ground_truth,
-                  "messages": messages, "system": system[0] if system else None},
-    )
-
-
-# ---------------------------------------------------------------- tools
-
-
-def tool_name(name: str) -> str:
-    """A BFCL function name as a valid tool name (OpenAI allows [A-Za-z0-9_-], up to 64): dots become
-    underscores, as BFCL itself does for function-calling models."""
-    return re.sub(r"[^A-Za-z0-9_-]", "_", name)[:64]
-
-
-def name_map(functions: list[dict[str, Any]]) -> dict[str, str]:
-    """Tool name -> the function's original BFCL name, for grading."""
-    return {tool_name(f["name"]): f["name"] for f in functions}
-
-
-PYTHON_NOTE = " Note that the provided function is in Python 3 syntax."
-"""What BFCL's own runner appends to every function description of these (Python) categories."""
-
-
-def tools_for(functions: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The BFCL functions as OpenAI-style tools, with JSON-schema types throughout, described as BFCL
-    describes them to the models it scores."""
-    return [{"type": "function", "function": {
-        "name": tool_name(f["name"]),
-        "description": (f.get("description") or "") + PYTHON_NOTE,
-        "parameters": _schema(f.get("parameters") or {"type": "dict", "properties": {}}),
-    }} for f in functions]
-
-
-def _schema(node: dict[str, Any]) -> dict[str, Any]:
-    """A BFCL parameter schema in JSON-schema terms, converted at every depth (nested dicts, list items)."""
-    out: dict[str, Any] = {}
-    for key, value in node.items():
-        if key == "type" and isinstance(value, str):
-            if value != "any":  # any JSON value: no type constraint at all
-                out[key] = JSON_TYPES.get(value, value)
-        elif key == "properties" and isinstance(value, dict):
-            out[key] = {name: _schema(sub) for name, sub in value.items()}
-        elif key in ("items", "additionalProperties") and isinstance(value, dict):
-            out[key] = _schema(value)
-        else:
-            out[key] = value
-    return out
-
-
-# ---------------------------------------------------------------- running and grading
-
-
-async def run_bfcl_task(task: Task, llm: LLM, max_tokens: int | None = None) -> tuple[list[tuple[str, dict]], str]:
-    """One model call on the task's first turn with its functions as tools: the calls in the reply as
-    (tool name, arguments) in order, and the reply's text. Nothing is executed.
-
-    The agent loop is not used: it adds its own system prompt and would run the calls through a toolbox,
-    while BFCL's single-turn items are one request whose calls are graded as they are. Calls are read
-    as the agent reads them (`dialects.parse_tool_call`): repaired JSON is accepted and null-valued
-    arguments are dropped, where BFCL's own decoding would reject the one and grade the other."""
-    from nanbeige.agent import dialects
-
-    tools = tools_for(task.metadata["functions"])
-    completion = await llm.complete(task.metadata["messages"], tools=tools, max_tokens=max_tokens,
-                                    conversation=llm.new_conversation())
-    # Calls come back as `tool_calls` when a server parses them, else as <tool_call> blocks in the text.
-    offered = [{"server": SERVER, "name": t["function"]["name"]} for t in tools]
-    parsed = dialects.parse_tool_call(completion.message, offered)
-    calls = [(call.name, call.arguments) for call in parsed.tool_calls]
-    return calls, completion.message.get("content") or ""
-
-
-def grade(task: Task, tool_calls: list[tuple[str, dict]]) -> Verdict:
-    """The calls of the first turn graded by BFCL's AST checker against the task's possible answers."""
-    checker, language = _ast_checker()
-    originals = name_map(task.metadata["functions"])
-    # BFCL's model_output: one {function name: arguments} dict per call, in the order made.
-    model_output = [{originals.get(name, name): dict(arguments)} for name, arguments in tool_calls]
-    extracted = json.dumps(model_output, ensure_ascii=False, default=str)
-    try:
-        result = checker(task.metadata["functions"], model_output, task.metadata["ground_truth"],
-                         language.PYTHON, task.metadata["category"], CHECKER_MODEL)
-    except Exception as exc:  # the checker has no answer for some malformed outputs; BFCL's runner would crash
-        return Verdict(correct=None, grader=GRADER, extracted=extracted,
-                       error=f"the BFCL checker failed: {type(exc).__name__}: {exc}")
-    reason = "" if result["valid"] else f"{result.get('error_type', '')}: {_error_text(result.get('error'))}"
-    return Verdict(correct=bool(result["valid"]), grader=GRADER, extracted=extracted, reason=reason)
-
-
-def _error_text(error: Any) -> str:
-    """The checker's errors (strings, or dicts for each candidate call in parallel checks) as one line."""
-    items = error if isinstance(error, list) else [error]
-    return " ".join(item if isinstance(item, str) else json.dumps(item, ensure_ascii=False, default=str)
-                    for item in items)
+def registry_entry(name: str, source: Path) -> dict[str, Any]:
+    """The fields of registry entry `name` as the package's registry source writes them; the handler is
+    the class of that name, imported from the module the registry imports it from."""
+    tree = ast.parse(source.read_text(encoding="utf-8"))
+    modules = {alias.asname or alias.name: node.module for node in ast.walk(tree)
+               if isinstance(node, ast.ImportFrom) for alias in node.names}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Dict):
+            continue
+        for key, value in zip(node.keys, node.values):
+            if isinstance(key, ast.Constant) and key.value == name and isinstance(value, ast.Call):
+                fields = {kw.arg: kw.value for kw in value.keywords}
+                handler = fields.pop("model_handler")
+                entry = {arg: ast.literal_eval(node) for arg, node in fields.items()}
+                module = importlib.import_module(modules[handler.id])  # type: ignore[attr-defined]
+                return entry | {"model_handler": getattr(module, handler.id)}  # type: ignore[attr-defined]
+    raise LoadError(f"{source}: no registry entry {name!r}; this needs {PACKAGE}")
 
 
 @functools.cache
-def _ast_checker() -> tuple[Any, Any]:
-    """The package's `ast_checker` function and its `Language` enum.
-
-    The checker's file is run unchanged, as a private module, while a one-entry registry stands in for
-    `bfcl_eval.constants.model_config`; the real registry is put back (or left absent) afterwards, so
-    nothing else in the process sees the stand-in."""
-    data = package_data()
-    source = data.parent / "eval_checker" / "ast_eval" / "ast_checker.py"
-    if not source.is_file():
-        raise LoadError(f"{source}: missing; reinstall with {INSTALL}")
-    from bfcl_eval.constants.enums import Language
-
-    registry = types.ModuleType("bfcl_eval.constants.model_config")
-    registry.MODEL_CONFIG_MAPPING = {CHECKER_MODEL: types.SimpleNamespace(underscore_to_dot=False)}  # type: ignore
-    key = registry.__name__
-    saved = sys.modules.get(key)
-    sys.modules[key] = registry
+def official() -> types.SimpleNamespace:
+    """The package's modules this pipeline uses, imported once with the one-entry registry in place."""
+    root = package_root()
+    os.environ.setdefault("BFCL_PROJECT_ROOT", str(Path.home() / ".cache" / "nanbeige" / "bfcl"))
     try:
-        spec = importlib.util.spec_from_file_location("nanbeige_bfcl_ast_checker", source)
-        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-        spec.loader.exec_module(module)  # type: ignore[union-attr]
-    finally:
-        if saved is None:
-            sys.modules.pop(key, None)
-        else:
-            sys.modules[key] = saved
-    return module.ast_checker, Language
+        entry = registry_entry(HANDLER_ENTRY, root / "constants" / "model_config.py")
+        registry = types.ModuleType("bfcl_eval.constants.model_config")
+        registry.MODEL_CONFIG_MAPPING = {HANDLER_ENTRY: types.SimpleNamespace(**entry)}  # type: ignore[attr-defined]
+        sys.modules[registry.__name__] = registry
+        modules = {name: importlib.import_module(f"bfcl_eval.{name}") for name in (
+            "utils", "constants.category_mapping", "constants.enums", "eval_checker.eval_runner",
+            "_llm_response_generation")}
+    except ImportError as exc:
+        raise LoadError(f"BFCL's pipeline cannot be imported ({exc}): {INSTALL}") from None
+    return types.SimpleNamespace(entry=entry, utils=modules["utils"], runner=modules["eval_checker.eval_runner"],
+                                 categories=modules["constants.category_mapping"],
+                                 generation=modules["_llm_response_generation"])
+
+
+# ---------------------------------------------------------------- categories and items
+
+
+def categories_of(name: str) -> tuple[str, ...]:
+    """The official categories a benchmark name (`all`, a group, or a category) stands for."""
+    if name in GROUPS:
+        return GROUPS[name]
+    if name in NOT_RUNNABLE:
+        raise LoadError(f"BFCL's {name} cannot be run here: it {NOT_RUNNABLE[name]}")
+    if name not in RUNNABLE:
+        raise LoadError(f"unknown BFCL category {name!r}; known: {', '.join(RUNNABLE)}, and the groups "
+                        f"{', '.join(GROUPS)}")
+    return (name,)
+
+
+def load(name: str) -> list[Task]:
+    """The items of the categories `name` stands for, as the official generator loads them (function
+    docs with their language hints, multi-turn classes and initial state)."""
+    package = official()
+    known = set(package.categories.ALL_CATEGORIES)
+    tasks = []
+    for category in categories_of(name):
+        if category not in known:
+            raise LoadError(f"{PACKAGE} has no category {category!r}")
+        for entry in package.utils.load_dataset_entry(category):
+            first = entry["question"][0] if entry.get("question") else []
+            text = "\n\n".join(m.get("content") or "" for m in first if m.get("role") == "user")
+            tasks.append(Task(id=entry["id"], question=text, answer="", level=category,
+                              metadata={"category": category, "entry": entry}))
+    return tasks
+
+
+# ---------------------------------------------------------------- the handler, talking to our backend
+
+
+class Completions:
+    """What the handler calls as `client.completions.create(...)`: a text completion from our backend.
+    `complete(prompt, max_tokens, temperature)` gives (text, prompt tokens, completion tokens); the
+    calls made are kept (`calls`) for the item's trajectory, and a failure of the backend itself
+    (`failure`) marks the item as not done, rather than as the model's wrong answer."""
+
+    def __init__(self, complete: Callable[[str, int, float], tuple[str, int, int]]):
+        self.complete = complete
+        self.calls: list[dict[str, Any]] = []
+        self.failure: str | None = None
+
+    def create(self, *, prompt: str, max_tokens: int, temperature: float, **_: Any) -> Any:
+        try:
+            text, prompt_tokens, completion_tokens = self.complete(prompt, max_tokens, temperature)
+        except Exception as exc:
+            self.failure = self.failure or f"{type(exc).__name__}: {exc}"
+            raise
+        self.calls.append({"prompt": prompt, "text": text, "max_tokens": max_tokens,
+                           "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}})
+        return types.SimpleNamespace(choices=[types.SimpleNamespace(text=text)], usage=types.SimpleNamespace(
+            prompt_tokens=prompt_tokens, completion_tokens=completion_tokens))
+
+
+def handler_for(completions: Completions, tokenizer: Any, max_context_length: int, model: str,
+                temperature: float) -> Any:
+    """The registry entry's handler, built as the official generator builds it, talking to `completions`
+    with `tokenizer` (anything with `.tokenize(text)`) for its prompt-size arithmetic."""
+    entry = official().entry
+    handler = entry["model_handler"](model_name=entry["model_name"], temperature=temperature,
+                                     registry_name=HANDLER_ENTRY, is_fc_model=entry["is_fc_model"])
+    handler.client = types.SimpleNamespace(completions=completions)
+    handler.tokenizer, handler.max_context_length, handler.model_path_or_id = tokenizer, max_context_length, model
+    return handler
+
+
+def infer(handler: Any, entry: dict[str, Any]) -> dict[str, Any]:
+    """One item through the official generator's per-item function: the result line it writes (an error
+    raised inside the handler is recorded as the official generator records it)."""
+    fresh_state(entry["id"])
+    return official().generation.multi_threaded_inference(handler, entry, True, False)
+
+
+def fresh_state(item_id: str | None = None) -> None:
+    """Forget the multi-turn backends' instances (of one item, or all). The package keeps each item's
+    simulated file system, bank account, ... as a module global named after the model and the item, and
+    reuses it when the name is taken: right within one process per run, as the official scripts run,
+    but a second run of an item in the same process (a retry, a re-grade) must start from the item's
+    initial state again."""
+    import re
+
+    from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
+
+    marker = "_" + re.sub(r"[-./:]", "_", item_id) + "_" if item_id else ""
+    for name in [n for n in vars(multi_turn_utils) if n.endswith("_instance") and marker in n]:
+        del vars(multi_turn_utils)[name]
+
+
+def result_dir(out: Path) -> Path:
+    return out / "bfcl" / "result"
+
+
+def score_dir(out: Path) -> Path:
+    return out / "bfcl" / "score"
+
+
+def model_dir() -> str:
+    return HANDLER_ENTRY.replace("/", "_")
+
+
+def done_ids(out: Path) -> set[str]:
+    """The items whose result lines are already in the result files (torn lines skipped)."""
+    import json
+
+    folder = result_dir(out) / model_dir()
+    ids = set()
+    for path in folder.rglob("*_result.json") if folder.exists() else []:
+        for line in path.read_bytes().splitlines():
+            try:
+                ids.add(json.loads(line)["id"])
+            except (ValueError, KeyError, TypeError):
+                continue
+    return ids
+
+
+def write(handler: Any, result: dict[str, Any], out: Path) -> None:
+    handler.write(result, result_dir=result_dir(out))

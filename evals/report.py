@@ -89,6 +89,8 @@ def _mean(values: Any) -> float | None:
 
 def markdown(report: dict[str, Any]) -> str:
     """The report as markdown: one table of the scores, one per level when the benchmark has levels."""
+    if report.get("kind") == "bfcl":
+        return bfcl_markdown(report)
     k = report["k"]
     judge = f" ({report['judge_model']})" if report.get("judge_model") else ""
     lines = [f"## {report['bench']}: {report['tasks']} tasks × {k} runs, graded by {report['grader']}{judge}", ""]
@@ -119,3 +121,31 @@ def _pct(value: float | None) -> str:
 
 def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:g}"
+
+
+SUMMARY_COLUMNS = ("Overall Acc", "Non-Live AST Acc", "Live Acc", "Multi Turn Acc", "Web Search Acc", "Memory Acc",
+                   "Relevance Detection", "Irrelevance Detection")
+
+
+def bfcl_markdown(report: dict[str, Any]) -> str:
+    """BFCL's report: the official runner's per-category accuracies and its summary numbers."""
+    lines = [f"## {report['bench']}: {report['items_done']} of {report['items']} items, graded by {report['grader']}",
+             "", f"Prompts and decoding: {report['handler']}.", ""]
+    if report["partial"]:
+        lines += ["Partial: the official runner scored only the items done (its --partial-eval); run the same "
+                  "command again to finish, or leave out --limit.", ""]
+    lines += ["| category | accuracy | correct | total |", "|---|---|---|---|"]
+    lines += [f"| {name} | {_pct(c['accuracy'])} | {c['correct']} | {c['total']} |"
+              for name, c in sorted(report["categories"].items())]
+    if report.get("runner_error"):
+        lines += ["", f"The official runner failed after scoring the categories above, so it wrote no summary "
+                  f"table: {report['runner_error']}."]
+    summary = report.get("summary") or {}
+    shown = [(column, summary[column]) for column in SUMMARY_COLUMNS if column in summary]
+    if shown:
+        lines += ["", "| BFCL summary (official runner) | value |", "|---|---|"]
+        lines += [f"| {column} | {value} |" for column, value in shown]
+    if report.get("missing_weight"):
+        parts = ", ".join(f"{part} {weight}%" for part, weight in report["missing_weight"].items())
+        lines += ["", f"Not run, counted as 0 in the overall as the official runner counts them: {parts}."]
+    return "\n".join(lines)

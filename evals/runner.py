@@ -281,7 +281,7 @@ def check_grader(config: EvalConfig) -> None:
     from nanbeige.evals import judges
 
     name = config.grader or config.bench.grader
-    if name in ("gaia-exact", "bfcl-ast"):
+    if name == "gaia-exact":
         return
     if name not in judges.PROFILES:
         raise EvalError(f"--grader must be gaia-exact or one of {', '.join(judges.PROFILES)}, not {name!r}")
@@ -337,9 +337,11 @@ async def evaluate(config: EvalConfig, settings: RunSettings, notice: Callable[[
     from nanbeige.agent.setup import ready
     from nanbeige.evals.report import build_report
 
+    if config.bench.pipeline is not None:
+        return await config.bench.pipeline(config, settings, notice, progress_view)
     tasks = load_tasks(config)
     check_grader(config)
-    settings = with_reference(config.bench.adjust(settings))  # after the benchmark's dialect is set
+    settings = with_reference(settings)
     reference = settings.agent.reference
     found = prepare_out(config, tasks, reference.identity() if reference else None)
     progress = Progress(total=len(tasks) * config.k)
@@ -349,7 +351,7 @@ async def evaluate(config: EvalConfig, settings: RunSettings, notice: Callable[[
         if progress.done:
             notice(f"resuming: {progress.done} of {progress.total} runs already done in {config.out}")
         async with ready(with_out(settings, config, tasks), notice) as runtime, httpx.AsyncClient() as client:
-            attempt = config.bench.attempt(runtime, config, client)
+            attempt = agent_attempt(runtime, config, client)
             view = progress_view(progress) if progress_view else None
             try:
                 # the model's answer or the judge's reason may quote a key: the results file never does

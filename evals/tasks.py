@@ -38,7 +38,7 @@ class Verdict:
     """Whether the answer is right; None when the grader could not decide (a judge that failed):
     counted as wrong, and reported apart as a judge failure."""
     grader: str
-    """The grader's name: `gaia-exact`, a judge profile such as `browsecomp`, or `bfcl-ast`."""
+    """The grader's name: `gaia-exact`, or a judge profile such as `browsecomp`."""
     judge_model: str | None = None
     """The judge model that decided, for LLM judges."""
     extracted: str | None = None

@@ -277,15 +277,17 @@ class FakeOpenAI:
     def text_completion(self, request: dict[str, Any], reply: Reply) -> dict[str, Any]:
         """A `/v1/completions` answer to a token-id prompt, with vLLM's token fields."""
         completion = self.tokenize(reply.content)
+        prompt = request["prompt"]
+        prompt_ids = self.tokenize(prompt) if isinstance(prompt, str) else prompt  # a text prompt is tokenized
         if reply.finish_reason == "stop" and self.stop_id is not None:
             completion = completion + [self.stop_id]
         # vLLM 0.32 (tests/golden/vllm_stream/completion.json): the prompt's ids are in the choice
         choice = {"index": 0, "text": reply.content, "finish_reason": reply.finish_reason,
                   "logprobs": {"token_logprobs": [-0.25] * len(completion), "tokens": [], "top_logprobs": None},
-                  "prompt_token_ids": request["prompt"], "token_ids": completion}
+                  "prompt_token_ids": prompt_ids, "token_ids": completion}
         return {"id": "cmpl-test", "object": "text_completion", "created": int(time.time()),
                 "model": request.get("model"), "choices": [choice],
-                "usage": {"prompt_tokens": len(request["prompt"]), "completion_tokens": len(completion)}}
+                "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(completion)}}
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         fake = self
@@ -369,6 +371,11 @@ class FakeOpenAI:
                         self._send_text(text)
                     else:
                         self._send(status, {"error": {"message": text, "type": "BadRequestError", "code": status}})
+                    return
+                if self.path == "/tokenize" and fake.vllm:  # vLLM's: {count, max_model_len, tokens, token_strs}
+                    ids = fake.tokenize(request.get("prompt") or "")
+                    self._send(200, {"count": len(ids), "max_model_len": fake.max_model_len, "tokens": ids,
+                                     "token_strs": None})
                     return
                 unexpected = fake.unexpected_fields(self.path, request)
                 request["_headers"] = dict(self.headers)

@@ -1,229 +1,220 @@
-"""BFCL on the real data shipped in `bfcl-eval` (installed with --no-deps), graded by the package's own AST
-checker; and three real `simple` items answered by a real small model (SmolLM2-135M-Instruct) in process."""
+"""BFCL-V4 through bfcl-eval's own pipeline, held against that pipeline: the same scripted model answers
+both `nanbeige eval bfcl-*` and the package's own generator and runner (`bfcl_oracle.py`), and every
+verdict and summary number must agree. The package is installed with --no-deps plus `nanbeige[bfcl]`."""
 
 from __future__ import annotations
 
-import importlib.util
+import csv
 import json
-import re
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
+from bfcl_oracle import official_verdicts, run_official, script_for
+from fake_openai import FakeOpenAI, Reply
 
-from nanbeige.agent.scripted import ScriptedLLM
-from nanbeige.evals import bfcl
-from nanbeige.evals.tasks import LoadError, Task
+from nanbeige.agent.config import AgentConfig, BackendConfig, RunSettings, ToolsConfig
+from nanbeige.agent.llm import LLMConfig
+from nanbeige.evals import bfcl, bfcl_run
+from nanbeige.evals.benchmarks import BENCHMARKS
+from nanbeige.evals.runner import EvalConfig, EvalError, evaluate
+from nanbeige.evals.tasks import LoadError
 
-# Items per category in bfcl-eval 2026.3.23 (BFCL V4).
-COUNTS = {"simple_python": 400, "multiple": 200, "parallel": 200, "parallel_multiple": 200, "live_simple": 258,
-          "live_multiple": 1053, "live_parallel": 16, "live_parallel_multiple": 24}
-JSON_SCHEMA_TYPES = {"object", "array", "string", "number", "integer", "boolean", "null"}
-
-
-def installed() -> None:
-    if importlib.util.find_spec("bfcl_eval") is None:
-        pytest.fail(f"bfcl-eval is not installed: {bfcl.INSTALL}")
-
-
-@pytest.fixture(scope="module")
-def simple() -> list[Task]:
-    installed()
-    return bfcl.load("simple")
-
-
-def schema_types(schema: dict[str, Any]) -> list[Any]:
-    """Every `type` in a parameter schema, at any depth (a parameter may itself be named "type")."""
-    found = [schema["type"]] if "type" in schema else []
-    for sub in (schema.get("properties") or {}).values():
-        found += schema_types(sub)
-    for key in ("items", "additionalProperties"):
-        if isinstance(schema.get(key), dict):
-            found += schema_types(schema[key])
-    return found
+# Items per category in bfcl-eval 2026.3.23 (BFCL V4), as its generator loads them.
+COUNTS = {"simple_python": 400, "simple_java": 100, "simple_javascript": 50, "multiple": 200, "parallel": 200,
+          "parallel_multiple": 200, "irrelevance": 240, "live_simple": 258, "live_multiple": 1053,
+          "live_parallel": 16, "live_parallel_multiple": 24, "live_irrelevance": 884, "live_relevance": 16,
+          "multi_turn_base": 200, "multi_turn_miss_func": 200, "multi_turn_miss_param": 200,
+          "multi_turn_long_context": 200}
+# The items both pipelines run: the first N of every category that runs here.
+SAMPLE = {"simple_python": 20, "simple_java": 4, "simple_javascript": 4, "multiple": 10, "parallel": 10,
+          "parallel_multiple": 4, "irrelevance": 4, "live_simple": 4, "live_multiple": 4, "live_parallel": 2,
+          "live_parallel_multiple": 2, "live_irrelevance": 3, "live_relevance": 3, "multi_turn_base": 2,
+          "multi_turn_miss_func": 1, "multi_turn_miss_param": 1, "multi_turn_long_context": 1}
 
 
-def first_choice(options: list[Any]) -> Any:
-    """The first acceptable value of a parameter's options ("" marks it optional); None: leave it out."""
-    given = [value for value in options if value != ""]
-    return choice_value(given[0]) if given else None
+def settings_for(server: FakeOpenAI) -> RunSettings:
+    return RunSettings(llm=LLMConfig(base_url=server.base_url, model="fake"), agent=AgentConfig(),
+                       backend=BackendConfig(backend="openai", base_url_given=True), tools=ToolsConfig())
 
 
-def choice_value(value: Any) -> Any:
-    # a dict parameter's options are themselves {key: [options]}; so are the dicts in a list of dicts
-    if isinstance(value, dict) and all(isinstance(v, list) for v in value.values()):
-        return {key: first_choice(v) for key, v in value.items() if first_choice(v) is not None}
-    if isinstance(value, list) and value and all(isinstance(item, dict) for item in value):
-        return [choice_value(item) for item in value]
-    return value
+async def run_ours(server: FakeOpenAI, category: str, limit: int, out: Path) -> dict:
+    bench = BENCHMARKS[f"bfcl-{category.replace('_', '-')}"]
+    config = EvalConfig(bench=bench, data=None, out=out, limit=limit, concurrency=4)
+    return await evaluate(config, settings_for(server), notice=lambda text: None)
 
 
-def ground_truth_calls(task: Task) -> list[tuple[str, dict]]:
-    """The calls a perfect model makes, under the tool names it was offered."""
-    calls = []
-    for call in task.metadata["ground_truth"]:
-        (name, params), = call.items()
-        calls.append((bfcl.tool_name(name), {p: first_choice(o) for p, o in params.items()
-                                             if first_choice(o) is not None}))
-    return calls
+# ---------------------------------------------------------------- what is run
 
 
-# ---------------------------------------------------------------- loading and tools
+def test_every_category_that_runs_here_loads_whole_as_the_official_generator_loads_it() -> None:
+    for category, count in COUNTS.items():
+        tasks = bfcl.load(category)
+        assert len(tasks) == count and len({t.id for t in tasks}) == count, category
+        assert all(t.level == category and t.metadata["entry"]["id"] == t.id for t in tasks)
+    assert len(bfcl.load("all")) == sum(COUNTS.values())
+    java = bfcl.load("simple_java")[0].metadata["entry"]["function"][0]["description"]
+    assert "Java" in java  # the generator's language hint is in the function docs, as it sends them
 
 
-@pytest.mark.parametrize("category", bfcl.CATEGORIES)
-def test_each_category_loads_and_its_functions_become_tools(category: str) -> None:
-    installed()
-    tasks = bfcl.load(category)
-    assert len(tasks) == COUNTS[category]
-    assert len({t.id for t in tasks}) == len(tasks)
-    for task in tasks:
-        assert task.question.strip() and task.level == category
-        assert task.metadata["category"] == category and task.metadata["functions"]
-        assert json.loads(task.answer) == task.metadata["ground_truth"]
-        tools = bfcl.tools_for(task.metadata["functions"])
-        types = [t for tool in tools for t in schema_types(tool["function"]["parameters"])]
-        assert set(types) <= JSON_SCHEMA_TYPES  # no "dict", "float", "tuple" or "any" left
-        names = [t["function"]["name"] for t in tools]
-        assert all(re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name) for name in names)
-        assert sorted(bfcl.name_map(task.metadata["functions"]).values()) == \
-            sorted(f["name"] for f in task.metadata["functions"])
+def test_the_handler_and_its_settings_are_the_packages_own_registry_entry() -> None:
+    entry = bfcl.official().entry
+    assert entry["model_handler"].__name__ == "NanbeigeFCHandler"
+    assert entry["model_handler"].__module__ == "bfcl_eval.model_handler.local_inference.nanbeige_fc"
+    assert entry["is_fc_model"] is True and entry["underscore_to_dot"] is False
+    assert entry["display_name"] == "Nanbeige4-3B-Thinking-2511 (FC)"
 
 
-def test_the_first_turn_is_kept_whole_system_message_included() -> None:
-    installed()
-    task = next(t for t in bfcl.load("live_simple") if t.id == "live_simple_58-27-0")
-    messages = task.metadata["messages"]
-    assert [m["role"] for m in messages] == ["system", "user"]
-    assert task.metadata["system"] == messages[0]["content"]
-    assert task.question == messages[1]["content"] == "list movies in Mumbai?"
+def test_categories_that_cannot_run_here_and_unknown_ones_are_clear_errors() -> None:
+    with pytest.raises(LoadError, match="SerpAPI"):
+        bfcl.load("web_search_base")
+    with pytest.raises(LoadError, match="unknown BFCL category 'simple_rust'"):
+        bfcl.load("simple_rust")
+    with pytest.raises(LoadError, match="leave out --data"):
+        BENCHMARKS["bfcl-simple-python"].load(Path("."))
 
 
-def test_bfcl_types_become_json_schema_at_every_depth() -> None:
-    function = {"name": "geo.route.plan", "description": "Plan a route.", "parameters": {
-        "type": "dict", "required": ["stops"], "properties": {
-            "stops": {"type": "array", "items": {"type": "dict", "properties": {
-                "at": {"type": "tuple", "items": {"type": "float"}}, "note": {"type": "any"}}}},
-            "options": {"type": "dict", "properties": {"speed": {"type": "float", "default": 1.5}}}}}}
-    (tool,) = bfcl.tools_for([function])
-    assert tool["function"]["name"] == "geo_route_plan"
-    assert tool["function"]["description"] == "Plan a route. Note that the provided function is in Python 3 syntax."
-    parameters = tool["function"]["parameters"]
-    assert parameters["type"] == "object" and parameters["required"] == ["stops"]
-    stop = parameters["properties"]["stops"]["items"]
-    assert stop["type"] == "object"
-    assert stop["properties"]["at"] == {"type": "array", "items": {"type": "number"}}
-    assert stop["properties"]["note"] == {}  # any value: untyped
-    assert parameters["properties"]["options"]["properties"]["speed"] == {"type": "number", "default": 1.5}
-    assert function["parameters"]["type"] == "dict"  # the task's own schema is left as it was
-
-
-def test_unknown_categories_and_a_missing_package_are_clear_errors(monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(LoadError, match="known: simple_python, multiple, .*live_parallel_multiple"):
-        bfcl.load("irrelevance")
-    real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, package=None: None if name == "bfcl_eval" else real_find_spec(name, package))
-    with pytest.raises(LoadError, match=re.escape("pip install --no-deps bfcl-eval==2026.3.23")):
-        bfcl.load("simple")
-
-
-def test_a_data_folder_of_the_same_layout_is_read(tmp_path: Path) -> None:
-    installed()
-    source = bfcl.package_data()
-    name = "BFCL_v4_parallel.json"
-    (tmp_path / "possible_answer").mkdir()
-    for part in ("", "possible_answer/"):
-        lines = (source / f"{part}{name}").read_text(encoding="utf-8").splitlines()[:2]
-        (tmp_path / f"{part}{name}").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    assert [t.id for t in bfcl.load("parallel", tmp_path)] == ["parallel_0", "parallel_1"]
-    (tmp_path / "possible_answer" / name).unlink()
-    with pytest.raises(LoadError, match="possible_answer"):
-        bfcl.load("parallel", tmp_path)
-
-
-# ---------------------------------------------------------------- grading by the official checker
-
-
-@pytest.mark.parametrize("category", bfcl.CATEGORIES)
-def test_the_ground_truth_is_graded_correct(category: str) -> None:
-    installed()
-    for task in bfcl.load(category)[:3]:
-        verdict = bfcl.grade(task, ground_truth_calls(task))
-        assert (verdict.correct, verdict.grader, verdict.reason) == (True, "bfcl-ast", ""), task.id
-
-
-def test_dotted_names_are_graded_under_their_original_names(simple: list[Task]) -> None:
-    task = next(t for t in simple if "." in t.metadata["functions"][0]["name"])
-    calls = ground_truth_calls(task)
-    assert "." not in calls[0][0]  # the model calls the tool name it was offered
-    assert bfcl.grade(task, calls).correct is True
-    assert json.loads(bfcl.grade(task, calls).extracted)[0].keys() == {task.metadata["functions"][0]["name"]}
-
-
-def test_wrong_missing_and_misnamed_calls_are_wrong_with_the_checkers_reason(simple: list[Task]) -> None:
-    task = simple[0]  # calculate_triangle_area(base=10, height=5, unit="units")
-    ((name, arguments),) = ground_truth_calls(task)
-    wrong = bfcl.grade(task, [(name, arguments | {"base": 11})])
-    assert wrong.correct is False and "Invalid value for parameter 'base'" in wrong.reason
-    missing = bfcl.grade(task, [])
-    assert missing.correct is False and "Wrong number of functions" in missing.reason
-    misnamed = bfcl.grade(task, [("calculate_area", arguments)])
-    assert misnamed.correct is False and "not found in model output" in misnamed.reason
-
-
-def test_parallel_calls_are_matched_in_any_order() -> None:
-    installed()
-    task = bfcl.load("parallel")[0]
-    calls = ground_truth_calls(task)
-    assert len(calls) > 1
-    assert bfcl.grade(task, calls[::-1]).correct is True
-    assert bfcl.grade(task, calls[:-1]).correct is False
-
-
-def test_the_checker_is_loaded_without_leaving_a_stand_in_registry(simple: list[Task]) -> None:
-    bfcl.grade(simple[0], [])
-    assert "bfcl_eval.constants.model_config" not in sys.modules
-
-
-# ---------------------------------------------------------------- running a task
-
-
-@pytest.mark.anyio
-async def test_a_task_is_one_call_whose_tool_calls_are_read_back(simple: list[Task]) -> None:
-    task = simple[0]
-    ((name, arguments),) = ground_truth_calls(task)
-    block = json.dumps({"name": name, "arguments": arguments})
-    llm = ScriptedLLM([f"<tool_call>{block}</tool_call>"])
-    calls, reply = await bfcl.run_bfcl_task(task, llm)
-    assert calls == [(name, arguments)] and block in reply
-    assert llm.calls == [task.metadata["messages"]]  # the item's own messages, nothing added
-    assert bfcl.grade(task, calls).correct is True
+# ---------------------------------------------------------------- the official pipeline as the oracle
 
 
 @pytest.mark.slow
 @pytest.mark.anyio
-async def test_nanbeige_eval_scores_three_real_items_with_a_real_small_model_in_process(tmp_path: Path) -> None:
-    """The whole pipeline: the setup layer loads SmolLM2 in process, each item is one call in the tool-call
-    dialect, the package's checker grades it, and the report counts it. The score is whatever it is."""
+async def test_every_verdict_and_summary_number_is_the_official_pipelines_on_the_same_replies(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """80 items of all 17 categories that run here, answered in the shapes real models give: right, without
+    the newlines the handler needs, with Python quotes, with a null argument, one good and one broken call,
+    an unclosed <think>, wrong values, plain text, and multi-turn calls run on the simulated backends."""
+    script = script_for(SAMPLE)
+    with FakeOpenAI(script, vllm=True) as server:
+        ours = {category: await run_ours(server, category, n, tmp_path / "ours" / category)
+                for category, n in SAMPLE.items()}
+        official = run_official(server.base_url, SAMPLE, tmp_path / "official", monkeypatch)
+    ids = [item_id for item_id in script.items]
+    expected = official_verdicts(official, ids)
+    got = {}
+    for category, report in ours.items():
+        done = [i for i in ids if script.items[i][0]["id"].rsplit("_", 1)[0] == category]
+        got |= {item_id: item_id not in report["wrong_ids"] for item_id in done}
+    assert got == expected
+    assert 0 < sum(expected.values()) < len(expected)  # the replies are neither all right nor all wrong
+    # per category: the official runner's own accuracy on the same items
+    official_table = {}
+    for path in (official / bfcl.model_dir()).rglob("*_score.json"):
+        head = json.loads(path.read_text().splitlines()[0])
+        official_table[path.name.removeprefix("BFCL_v4_").removesuffix("_score.json")] = head["correct_count"]
+    assert {c: r["categories"][c]["correct"] for c, r in ours.items()} == official_table
+    # the shapes whose official verdict our earlier decoding got wrong
+    assert expected["simple_python_1"] is False  # no newlines inside <tool_call>: the handler finds no call
+    assert expected["simple_python_2"] is False  # Python quotes are not JSON
+    assert expected["simple_python_5"] is True  # one readable call and one broken block: the readable one counts
+    assert expected["simple_python_6"] is True  # a call after an unclosed <think> counts
+    assert expected["multi_turn_base_0"] is True  # four turns of calls run on the simulated file system
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_the_summary_numbers_are_the_official_runners_and_the_missing_weight_is_named(tmp_path: Path) -> None:
+    script = script_for({"simple_python": 10, "irrelevance": 4})
+    with FakeOpenAI(script, vllm=True) as server:
+        report = await run_ours(server, "simple_python", 10, tmp_path / "out")
+    with open(tmp_path / "out" / "bfcl" / "score" / "data_overall.csv", newline="") as stream:
+        row = next(csv.DictReader(stream))
+    assert report["summary"]["Overall Acc"] == row["Overall Acc"]
+    assert report["categories"]["simple_python"]["correct"] == 10 - len(report["wrong_ids"])
+    # simple_python alone: the official overall counts every other category as 0
+    assert report["missing_weight"]["agentic"] == 40 and report["missing_weight"]["multi_turn"] == 30
+    assert report["partial"] is True  # --limit: the runner's --partial-eval
+
+
+# ---------------------------------------------------------------- our conveniences around it
+
+
+@pytest.mark.anyio
+async def test_a_failing_model_server_leaves_the_item_undone_and_a_rerun_finishes_it(tmp_path: Path) -> None:
+    script = script_for({"simple_python": 4})
+    failing = {"simple_python_2"}
+
+    def flaky(request: dict) -> Reply | str:
+        item = [i for i, (e, _, _) in script.items.items() if script.first_user(e) in request["prompt"]]
+        if item and item[0] in failing:
+            return Reply(status=400, body={"error": {"message": "this model is not loaded"}})
+        return script(request)
+
+    with FakeOpenAI(flaky, vllm=True) as server:
+        report = await run_ours(server, "simple_python", 4, tmp_path / "out")
+        assert report["items_done"] == 3 and report["failed_runs"] == 1
+        assert "simple_python_2" not in bfcl.done_ids(tmp_path / "out")
+        # a torn last line (a kill mid-write) is dropped, not fatal
+        result = next((tmp_path / "out" / "bfcl" / "result").rglob("*_result.json"))
+        result.write_text(result.read_text() + '{"id": "simple_python_3", "res')
+        failing.clear()
+        asked = len(server.requests)
+        report = await run_ours(server, "simple_python", 4, tmp_path / "out")
+    assert report["items_done"] == 4 and report["failed_runs"] == 0
+    assert len(server.requests) - asked == 1  # only the item that had failed ran again
+    trajectories = [json.loads(line) for line in (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()]
+    starts = [t for t in trajectories if t["type"] == "start"]
+    assert sorted(t["group_id"] for t in starts) == [f"simple_python_{i}" for i in range(4)]
+    assert all("<|im_start|>system" in t["user_message"] for t in starts)  # the handler's prompt, as sent
+
+
+@pytest.mark.anyio
+async def test_requests_carry_what_the_official_generator_sends(tmp_path: Path) -> None:
+    script = script_for({"simple_python": 1})
+    with FakeOpenAI(script, vllm=True) as server:
+        await run_ours(server, "simple_python", 1, tmp_path / "out")
+    (request,) = server.requests
+    fields = {k: v for k, v in request.items() if not k.startswith("_")}
+    assert set(fields) == {"model", "prompt", "max_tokens", "temperature"}
+    assert fields["temperature"] == bfcl.TEMPERATURE and fields["max_tokens"] == 4096
+    assert fields["prompt"].startswith("<|im_start|>system\n") and fields["prompt"].endswith("<|im_start|>assistant\n")
+
+
+@pytest.mark.anyio
+async def test_one_item_is_scored_even_where_the_official_summary_table_fails(tmp_path: Path) -> None:
+    """The official runner needs two items for its latency statistics; with one it raises after writing
+    the category's score. The report keeps the score and says why there is no summary."""
+    script = script_for({"simple_python": 1})
+    with FakeOpenAI(script, vllm=True) as server:
+        report = await run_ours(server, "simple_python", 1, tmp_path / "out")
+    assert report["categories"]["simple_python"] == {"accuracy": 100.0, "correct": 1, "total": 1}
+    assert "StatisticsError" in report["runner_error"] and report["summary"] == {}
+
+
+def test_eval_report_regrades_a_bfcl_folder_with_the_official_runner(tmp_path: Path) -> None:
+    import anyio
+
+    script = script_for({"simple_python": 3})
+
+    async def main() -> dict:
+        with FakeOpenAI(script, vllm=True) as server:
+            return await run_ours(server, "simple_python", 3, tmp_path / "out")
+
+    first = anyio.run(main)
+    (tmp_path / "out" / "report.json").unlink()
+    again = bfcl_run.rerender(tmp_path / "out")
+    assert again["categories"] == first["categories"] and again["wrong_ids"] == first["wrong_ids"]
+
+
+@pytest.mark.anyio
+async def test_an_out_folder_of_another_category_is_refused(tmp_path: Path) -> None:
+    script = script_for({"simple_python": 1, "multiple": 1})
+    with FakeOpenAI(script, vllm=True) as server:
+        await run_ours(server, "simple_python", 1, tmp_path / "out")
+        with pytest.raises(EvalError, match="holds an eval with bench"):
+            await run_ours(server, "multiple", 1, tmp_path / "out")
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_nanbeige_eval_runs_bfcl_items_with_a_real_small_model_in_process(tmp_path: Path) -> None:
+    """The in-process backend: SmolLM2 completes the handler's own prompts; the official runner grades."""
     from test_smollm2 import GGUF, smollm2_folder
 
-    from nanbeige.agent.config import BackendConfig, RunSettings, ToolsConfig
-    from nanbeige.agent.llm import LLMConfig
-    from nanbeige.evals.benchmarks import BENCHMARKS
-    from nanbeige.evals.runner import EvalConfig, evaluate, read_results
-
-    settings = RunSettings(llm=LLMConfig(model=str(smollm2_folder()), temperature=0.0, repetition_penalty=1.0,
-                                         max_tokens=48),
-                           backend=BackendConfig(backend="transformers", gguf_file=GGUF),
-                           tools=ToolsConfig(default_servers=True))  # BFCL turns the built-in servers off
-    config = EvalConfig(bench=BENCHMARKS["bfcl-simple-python"], data=None, out=tmp_path / "out", k=1, limit=3)
+    settings = RunSettings(llm=LLMConfig(model=str(smollm2_folder()), max_tokens=48),
+                           backend=BackendConfig(backend="transformers", gguf_file=GGUF), tools=ToolsConfig())
+    config = EvalConfig(bench=BENCHMARKS["bfcl-simple-python"], data=None, out=tmp_path / "out", limit=2)
     report = await evaluate(config, settings, notice=lambda text: None)
-    rows = read_results(tmp_path / "out")
-    assert sorted(row["task_id"] for row in rows) == sorted(task.id for task in bfcl.load("simple_python")[:3])
-    for row in rows:
-        assert row["grader"] == "bfcl-ast" and row["correct"] in (True, False), row
-        assert row["correct"] or row["reason"]  # the checker says why it is wrong
-        assert isinstance(json.loads(row["prediction"]), list)  # the calls as BFCL's model_output
-    assert report["tasks"] == 3 and report["levels"] == {"simple_python": report["levels"]["simple_python"]}
+    assert report["items_done"] == 2 and report["categories"]["simple_python"]["total"] == 2
+    lines = [json.loads(line) for line in next((tmp_path / "out" / "bfcl" / "result").rglob("*.json")).open()]
+    assert [line["id"] for line in lines] == ["simple_python_0", "simple_python_1"]
+    assert all(isinstance(line["result"], str) for line in lines)  # the model's text, as the handler kept it

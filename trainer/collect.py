@@ -154,8 +154,6 @@ async def collect(config: CollectConfig, settings: RunSettings, notice: Callable
     if progress.done:
         notice(f"resuming: {progress.done} of {progress.total} rollouts already in {config.out}")
     if pending:
-        if config.bench is not None:  # as `nanbeige eval` runs the benchmark: its dialect, its attachments
-            settings = config.bench.adjust(settings)
         folders = sorted({f.parent for task in tasks for f in task.files})
         tools = dataclasses.replace(settings.tools, upload_dirs=[*settings.tools.upload_dirs, *folders])
         settings = dataclasses.replace(settings, trajectory=config.out, whole_trajectories=True, tools=tools)

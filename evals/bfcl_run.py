@@ -1,0 +1,286 @@
+"""Running BFCL through its own pipeline (`evals/bfcl.py`) with our conveniences around it.
+
+The out folder holds, besides `eval.json` and `report.json`:
+
+    bfcl/result/<model>/<group>/BFCL_v4_<category>_result.json   the official generator's result lines
+    bfcl/score/<model>/...                                          the official runner's score files
+    bfcl/score/data_overall.csv (and data_non_live.csv, ...)        its summary tables
+    bfcl/runner.log                                                  what the official runner printed
+    trajectories.jsonl                                               every item's model calls
+
+An item is done when its line is in a result file; resuming runs only the others, so a killed eval loses
+at most the items in flight. A model server that fails is not a wrong answer: such an item gets no line
+and is run again on resume. Grading happens once every item is done, by the official runner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import csv
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from nanbeige.agent.config import RunSettings
+from nanbeige.agent.trajectory import Trajectory, Turn
+from nanbeige.evals import bfcl
+from nanbeige.evals.runner import MANIFEST, REPORT, TRAJECTORIES, EvalConfig, EvalError, Progress, prepare_out, \
+    run_all
+
+if TYPE_CHECKING:
+    from nanbeige.agent.setup import Ready
+    from nanbeige.evals.tasks import Task
+
+WEIGHTS = {"non_live": 10, "live": 10, "irrelevance": 10, "multi_turn": 30, "agentic": 40}
+"""BFCL-V4's overall: the weights its runner gives each part (`generate_leaderboard_csv`)."""
+AGENTIC = ("web_search_base", "web_search_no_snippet", "memory_kv", "memory_vector", "memory_rec_sum")
+
+
+def settings_for_bfcl(settings: RunSettings) -> RunSettings:
+    """No tool servers (the handler offers the item's functions in its own prompt), and the official
+    generator's temperature unless one was given."""
+    llm = settings.llm if settings.llm.temperature is not None else \
+        dataclasses.replace(settings.llm, temperature=bfcl.TEMPERATURE)
+    tools = dataclasses.replace(settings.tools, default_servers=False, mcp=[])
+    return dataclasses.replace(settings, llm=llm, tools=tools, trajectory=None)
+
+
+async def evaluate(config: EvalConfig, settings: RunSettings, notice: Callable[[str], None],
+                   progress_view: Callable[[Progress], Any] | None = None) -> dict[str, Any]:
+    """Generate every item not yet in the result files, then grade them all with the official runner."""
+    from nanbeige.agent.setup import ready
+    from nanbeige.evals.tasks import LoadError
+
+    try:
+        tasks = bfcl.load(config.bench.name.removeprefix("bfcl").lstrip("-").replace("-", "_") or "all")
+    except LoadError as exc:
+        raise EvalError(str(exc)) from None
+    tasks = tasks[: config.limit] if config.limit else tasks
+    config = dataclasses.replace(config, k=1)
+    found = prepare_out(config, tasks)
+    tidy_results(config.out)
+    done = bfcl.done_ids(config.out)
+    pending = [(task, 0) for task in tasks if task.id not in done]
+    progress = Progress(total=len(tasks), done=len(tasks) - len(pending))
+    if pending:
+        if progress.done:
+            notice(f"resuming: {progress.done} of {progress.total} items already done in {config.out}")
+        settings = dataclasses.replace(settings_for_bfcl(settings), trajectory=config.out / TRAJECTORIES)
+        async with ready(settings, without_tools_notice(notice)) as runtime:
+            attempt = item_attempt(runtime, config.out, settings.llm.temperature, notice)
+            view = progress_view(progress) if progress_view else None
+            try:
+                await run_all(pending, attempt, config.concurrency, progress, lambda row: None)
+            finally:
+                if view is not None:
+                    view.stop()
+    report = grade(config.out, found)
+    report["failed_runs"] = progress.failed
+    (config.out / REPORT).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    return report
+
+
+def without_tools_notice(notice: Callable[[str], None]) -> Callable[[str], None]:
+    """`notice`, without the setup's line that the runs have no tools: BFCL's tools are in its prompts."""
+    return lambda line: None if line.startswith("no tools available") else notice(line)
+
+
+# ---------------------------------------------------------------- one item
+
+
+def item_attempt(runtime: Ready, out: Path, temperature: float | None, notice: Callable[[str], None]) -> Any:
+    """Runs one item through the official handler in a worker thread, its model calls answered by our
+    backend on this event loop; writes the item's result line and trajectory."""
+    loop = asyncio.get_running_loop()
+    llm = runtime.llm
+    tokenizer, context_length = prompt_sizes(runtime, notice)
+
+    def complete(prompt: str, max_tokens: int, temperature: float) -> tuple[str, int, int]:
+        call = llm.complete_text(prompt, max_tokens, temperature)  # type: ignore[attr-defined]
+        completion = asyncio.run_coroutine_threadsafe(call, loop).result()
+        usage = completion.usage
+        return completion.message["content"], usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
+
+    async def attempt(task: Task, run_index: int) -> dict[str, Any] | str:
+        completions = bfcl.Completions(complete)
+        handler = bfcl.handler_for(completions, tokenizer, context_length, llm.config.model,
+                                   temperature if temperature is not None else bfcl.TEMPERATURE)
+        started = time.monotonic()
+        result = await asyncio.to_thread(bfcl.infer, handler, task.metadata["entry"])
+        if completions.failure:  # the backend failed, not the model: not recorded, run again on resume
+            return completions.failure
+        bfcl.write(handler, result, out)
+        write_trajectory(runtime, task, completions.calls, result, time.monotonic() - started)
+        return {"task_id": task.id, "run": run_index, "correct": None, "turns": len(completions.calls)}
+    return attempt
+
+
+def prompt_sizes(runtime: Ready, notice: Callable[[str], None]) -> tuple[Any, int]:
+    """What the handler counts prompts with, and the context length it subtracts them from.
+
+    The official generator loads the model's tokenizer and reads `max_position_embeddings` from its
+    config. A model in this process gives both; a server gives its `/tokenize` and the length it lists
+    (deviation: the server's limit, not the config's; they differ only where the server was started
+    with a shorter one)."""
+    llm = runtime.llm
+    tokenizer = getattr(llm, "tokenizer", None) or getattr(getattr(llm, "prompter", None), "tokenizer", None)
+    model = getattr(llm, "model", None)
+    length = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if length is None and runtime.server is not None:
+        length = runtime.server.max_model_len
+    if tokenizer is None:
+        tokenizer = ServerTokenizer(llm.config.base_url, llm.config.model, llm.config.api_key, notice)
+    return tokenizer, int(length or runtime.agent.max_context or 32768)
+
+
+class ServerTokenizer:
+    """`.tokenize(text)` by the server's `/tokenize` (vLLM's); where a server has none, the length is
+    estimated at 3 characters a token, and a notice says so once."""
+
+    def __init__(self, base_url: str, model: str, api_key: str | None, notice: Callable[[str], None]):
+        import httpx
+
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.Client(base_url=base_url.rstrip("/").removesuffix("/v1"), headers=headers, timeout=60)
+        self.model, self.notice, self.estimate = model, notice, False
+
+    def tokenize(self, text: str) -> list[int]:
+        import httpx
+
+        if not self.estimate:
+            try:
+                response = self.http.post("/tokenize", json={"model": self.model, "prompt": text})
+                if response.status_code == 200 and isinstance(response.json().get("count"), int):
+                    return [0] * response.json()["count"]
+            except (httpx.HTTPError, ValueError, AttributeError):
+                pass
+            self.estimate = True
+            self.notice("the model server has no /tokenize: BFCL's prompt sizes are estimated (3 characters a "
+                        "token); they only decide max_tokens near the context limit")
+        return [0] * (len(text) // 3)
+
+
+def write_trajectory(runtime: Ready, task: Task, calls: list[dict[str, Any]], result: dict[str, Any],
+                     wall_s: float) -> None:
+    """The item's model calls as a trajectory: one turn per call, the handler's prompt text as the first
+    turn's user message (every prompt is also in the result line's `inference_log`)."""
+    trajectory = Trajectory(question=task.question, group_id=task.id, grader=bfcl.GRADER,
+                            user_message=calls[0]["prompt"] if calls else "", model=runtime.llm.config.model,
+                            dialect="bfcl-" + bfcl.HANDLER_ENTRY)
+    runtime.writer.start(trajectory)
+    for index, call in enumerate(calls):
+        turn = Turn(index=index, assistant={"role": "assistant", "content": call["text"]}, usage=call["usage"])
+        trajectory.turns.append(turn)
+        runtime.writer.turn(trajectory, turn)
+    answer = result.get("result")
+    trajectory.answer = answer if isinstance(answer, str) else json.dumps(answer, ensure_ascii=False)
+    trajectory.stop_reason, trajectory.timings = "answered", {"wall_s": wall_s}
+    runtime.writer.end(trajectory)
+
+
+# ---------------------------------------------------------------- grading by the official runner
+
+
+def tidy_results(out: Path) -> None:
+    """Each result file kept to whole, unique lines (a kill can tear the last one; the official runner
+    cannot read a torn line), sorted as the official generator leaves them."""
+    folder = bfcl.result_dir(out)
+    if not folder.exists():
+        return
+    sort_key = bfcl.official().utils.sort_key
+    for path in folder.rglob("*_result.json"):
+        entries: dict[str, dict[str, Any]] = {}
+        for line in path.read_bytes().splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(entry, dict) and isinstance(entry.get("id"), str):
+                entries.setdefault(entry["id"], entry)
+        path.write_text("".join(json.dumps(e) + "\n" for e in sorted(entries.values(), key=sort_key)))
+
+
+def grade(out: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """The official runner over the result files; the report from its score files and summary table."""
+    package = bfcl.official()
+    ids = [task["id"] for task in manifest["tasks"]]
+    categories = sorted({task["level"] for task in manifest["tasks"]})
+    tidy_results(out)
+    done = bfcl.done_ids(out)
+    partial = any(task_id not in done for task_id in ids) or bool(manifest.get("limit"))
+    scores = bfcl.score_dir(out)
+    log = out / "bfcl" / "runner.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    present = [c for c in categories if any(i in done for i in ids_of(manifest, c))]
+    bfcl.fresh_state()  # the runner replays the model's and the ground truth's calls from initial states
+    for stale in [*scores.glob("*.csv"), *scores.rglob("*_score.json")] if scores.exists() else []:
+        stale.unlink()
+    failure = None
+    with log.open("w") as stream, contextlib.redirect_stdout(stream), contextlib.redirect_stderr(stream):
+        try:
+            if present:
+                package.runner.runner([bfcl.model_dir()], present, bfcl.result_dir(out), scores,
+                                      allow_missing=partial)
+        except Exception as exc:  # the runner's own failure (its summary table needs 2 items or more)
+            failure = f"{type(exc).__name__}: {exc}"
+    return report(out, manifest, present, partial) | {"runner_error": failure}
+
+
+def ids_of(manifest: dict[str, Any], category: str) -> list[str]:
+    return [task["id"] for task in manifest["tasks"] if task["level"] == category]
+
+
+def report(out: Path, manifest: dict[str, Any], graded: list[str], partial: bool) -> dict[str, Any]:
+    scores = bfcl.score_dir(out)
+    per_category, wrong = {}, set()
+    for path in (scores / bfcl.model_dir()).rglob("*_score.json") if (scores / bfcl.model_dir()).exists() else []:
+        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        category = path.name.removeprefix(f"{bfcl.official().categories.VERSION_PREFIX}_").removesuffix("_score.json")
+        if category in graded:
+            head = lines[0]
+            per_category[category] = {"accuracy": round(100 * head["accuracy"], 2), "correct": head["correct_count"],
+                                      "total": head["total_count"]}
+            wrong |= {str(line["id"]) for line in lines[1:] if "id" in line}
+    overall = summary_row(scores / "data_overall.csv")
+    done = bfcl.done_ids(out)
+    verdicts = {task_id: (task_id not in wrong) for task_id in (t["id"] for t in manifest["tasks"]) if task_id in done}
+    missing = [c for c in bfcl.RUNNABLE + AGENTIC if c not in graded]
+    return {"kind": "bfcl", "bench": manifest["bench"], "grader": f"{bfcl.PACKAGE} eval_runner",
+            "handler": f"{bfcl.official().entry['model_handler'].__name__} ({bfcl.HANDLER_ENTRY})",
+            "items": len(manifest["tasks"]), "items_done": len(verdicts), "partial": partial,
+            "correct": sum(verdicts.values()), "categories": per_category, "summary": overall,
+            "not_run": missing, "missing_weight": missing_weight(missing),
+            "wrong_ids": sorted(wrong)}
+
+
+def summary_row(path: Path) -> dict[str, str]:
+    """The official summary table's one row (ours is the only model in the score folder)."""
+    if not path.exists():
+        return {}
+    with path.open(newline="") as stream:
+        rows = list(csv.DictReader(stream))
+    return dict(rows[0]) if rows else {}
+
+
+def missing_weight(missing: list[str]) -> dict[str, float]:
+    """How much of each part of the overall the categories not run take away (as the official runner
+    counts a category not run as 0)."""
+    groups = {"non_live": ("simple_python", "simple_java", "simple_javascript", "multiple", "parallel",
+                           "parallel_multiple"),
+              "live": ("live_simple", "live_multiple", "live_parallel", "live_parallel_multiple"),
+              "irrelevance": ("irrelevance", "live_irrelevance"), "multi_turn": bfcl.GROUPS["multi_turn"],
+              "agentic": AGENTIC}
+    return {part: WEIGHTS[part] for part, members in groups.items() if all(m in missing for m in members)} | \
+        {f"{part} (in part)": WEIGHTS[part] for part, members in groups.items()
+         if any(m in missing for m in members) and not all(m in missing for m in members)}
+
+
+def rerender(folder: Path) -> dict[str, Any]:
+    """`nanbeige eval report` for a BFCL out folder: graded again by the official runner."""
+    manifest = json.loads((folder / MANIFEST).read_text())
+    result = grade(folder, manifest)
+    (folder / REPORT).write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
+    return result
