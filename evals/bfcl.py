@@ -21,6 +21,7 @@ import importlib
 import importlib.util
 import os
 import sys
+import threading
 import types
 from pathlib import Path
 from typing import Any, Callable
@@ -163,23 +164,35 @@ class Completions:
             prompt_tokens=prompt_tokens, completion_tokens=completion_tokens))
 
 
-def handler_for(completions: Completions, tokenizer: Any, max_context_length: int, model: str,
-                temperature: float) -> Any:
-    """The registry entry's handler, built as the official generator builds it, talking to `completions`
-    with `tokenizer` (anything with `.tokenize(text)`) for its prompt-size arithmetic."""
+class PerItem(threading.local):
+    """The handler's `client`: one handler serves every item, each item runs in a worker thread of its
+    own, and `completions` is that thread's item's `Completions`."""
+
+    completions: Completions | None = None
+
+
+def handler_for(tokenizer: Any, max_context_length: int, model: str, temperature: float) -> Any:
+    """The registry entry's handler, built as the official generator builds it, its model calls going to
+    the `Completions` of the item its thread runs (`infer`), with `tokenizer` (anything with
+    `.tokenize(text)`) for its prompt-size arithmetic."""
     entry = official().entry
     handler = entry["model_handler"](model_name=entry["model_name"], temperature=temperature,
                                      registry_name=HANDLER_ENTRY, is_fc_model=entry["is_fc_model"])
-    handler.client = types.SimpleNamespace(completions=completions)
+    handler.client = PerItem()
     handler.tokenizer, handler.max_context_length, handler.model_path_or_id = tokenizer, max_context_length, model
     return handler
 
 
-def infer(handler: Any, entry: dict[str, Any]) -> dict[str, Any]:
-    """One item through the official generator's per-item function: the result line it writes (an error
-    raised inside the handler is recorded as the official generator records it)."""
+def infer(handler: Any, entry: dict[str, Any], completions: Completions) -> dict[str, Any]:
+    """One item through the official generator's per-item function, in this thread, its model calls
+    answered by `completions`: the result line it writes (an error raised inside the handler is recorded
+    as the official generator records it)."""
     fresh_state(entry["id"])
-    return official().generation.multi_threaded_inference(handler, entry, True, False)
+    handler.client.completions = completions
+    try:
+        return official().generation.multi_threaded_inference(handler, entry, True, False)
+    finally:
+        handler.client.completions = None
 
 
 def fresh_state(item_id: str | None = None) -> None:

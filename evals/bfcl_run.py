@@ -5,7 +5,7 @@ The out folder holds, besides `eval.json` and `report.json`:
     bfcl/result/<model>/<group>/BFCL_v4_<category>_result.json   the official generator's result lines
     bfcl/score/<model>/...                                          the official runner's score files
     bfcl/score/data_overall.csv (and data_non_live.csv, ...)        its summary tables
-    bfcl/runner.log                                                  what the official runner printed
+    bfcl/generator.log, bfcl/runner.log                              what the handler and the runner printed
     trajectories.jsonl                                               every item's model calls
 
 An item is done when its line is in a result file; resuming runs only the others, so a killed eval loses
@@ -61,6 +61,7 @@ async def evaluate(config: EvalConfig, settings: RunSettings, notice: Callable[[
     tasks = tasks[: config.limit] if config.limit else tasks
     config = dataclasses.replace(config, k=1)
     found = prepare_out(config, tasks)
+    (config.out / "bfcl").mkdir(exist_ok=True)
     tidy_results(config.out)
     done = bfcl.done_ids(config.out)
     pending = [(task, 0) for task in tasks if task.id not in done]
@@ -72,11 +73,13 @@ async def evaluate(config: EvalConfig, settings: RunSettings, notice: Callable[[
         async with ready(settings, without_tools_notice(notice)) as runtime:
             attempt = item_attempt(runtime, config.out, settings.llm.temperature, notice)
             view = progress_view(progress) if progress_view else None
-            try:
-                await run_all(pending, attempt, config.concurrency, progress, lambda row: None)
-            finally:
-                if view is not None:
-                    view.stop()
+            # the handler prints what it does (and what the model got wrong) on stdout, where our report goes
+            with (config.out / "bfcl" / "generator.log").open("a") as log, contextlib.redirect_stdout(log):
+                try:
+                    await run_all(pending, attempt, config.concurrency, progress, lambda row: None)
+                finally:
+                    if view is not None:
+                        view.stop()
     report = grade(config.out, found)
     report["failed_runs"] = progress.failed
     (config.out / REPORT).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
@@ -104,12 +107,13 @@ def item_attempt(runtime: Ready, out: Path, temperature: float | None, notice: C
         usage = completion.usage
         return completion.message["content"], usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
 
+    handler = bfcl.handler_for(tokenizer, context_length, llm.config.model,
+                               temperature if temperature is not None else bfcl.TEMPERATURE)
+
     async def attempt(task: Task, run_index: int) -> dict[str, Any] | str:
         completions = bfcl.Completions(complete)
-        handler = bfcl.handler_for(completions, tokenizer, context_length, llm.config.model,
-                                   temperature if temperature is not None else bfcl.TEMPERATURE)
         started = time.monotonic()
-        result = await asyncio.to_thread(bfcl.infer, handler, task.metadata["entry"])
+        result = await asyncio.to_thread(bfcl.infer, handler, task.metadata["entry"], completions)
         if completions.failure:  # the backend failed, not the model: not recorded, run again on resume
             return completions.failure
         bfcl.write(handler, result, out)
