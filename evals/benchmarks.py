@@ -83,10 +83,11 @@ async def _bfcl_pipeline(config: EvalConfig, settings: RunSettings, notice: Call
 
 
 # BFCL's own category names, and our names for groups of them (`evals/bfcl.py` checks both against the package)
-for _name in ("all", "non_live", "live", "single_turn", "multi_turn", "simple_python", "simple_java",
+for _name in ("all", "non_live", "live", "single_turn", "multi_turn", "memory", "simple_python", "simple_java",
               "simple_javascript", "multiple", "parallel", "parallel_multiple", "irrelevance", "live_simple",
               "live_multiple", "live_parallel", "live_parallel_multiple", "live_irrelevance", "live_relevance",
-              "multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context"):
+              "multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context",
+              "memory_kv", "memory_rec_sum"):
     _bench = "bfcl" if _name == "all" else f"bfcl-{_name.replace('_', '-')}"
     BENCHMARKS[_bench] = Benchmark(
         _bench, _bfcl_load(_name), GRADER,

@@ -38,22 +38,20 @@ TEMPERATURE = 0.001
 GRADER = "bfcl-eval"
 
 # BFCL's own category names (`bfcl_eval.constants.category_mapping`), checked against the installed
-# package when loaded. Agentic categories need the official search engine (SerpAPI) or memory backends
-# with downloaded embedding models, and format sensitivity is not run for function-calling models.
+# package when loaded. Web search needs the official search engine (SerpAPI), memory_vector downloads an
+# embedding model, and format sensitivity is not run for function-calling models.
 RUNNABLE = ("simple_python", "simple_java", "simple_javascript", "multiple", "parallel", "parallel_multiple",
             "irrelevance", "live_simple", "live_multiple", "live_parallel", "live_parallel_multiple",
             "live_irrelevance", "live_relevance", "multi_turn_base", "multi_turn_miss_func",
-            "multi_turn_miss_param", "multi_turn_long_context")
+            "multi_turn_miss_param", "multi_turn_long_context", "memory_kv", "memory_rec_sum")
 NOT_RUNNABLE = {
     "web_search_base": "needs the official search engine (SerpAPI, a paid API)",
     "web_search_no_snippet": "needs the official search engine (SerpAPI, a paid API)",
-    "memory_kv": "needs its prerequisite conversations run first, which nanbeige does not schedule yet",
     "memory_vector": "needs a sentence-transformers embedding model downloaded at run time",
-    "memory_rec_sum": "needs its prerequisite conversations run first, which nanbeige does not schedule yet",
     "format_sensitivity": "is not run for function-calling models (the official generator skips it)",
 }
 GROUPS = {"non_live": RUNNABLE[:7], "live": RUNNABLE[7:13], "single_turn": RUNNABLE[:13],
-          "multi_turn": RUNNABLE[13:], "all": RUNNABLE}
+          "multi_turn": RUNNABLE[13:17], "memory": RUNNABLE[17:], "all": RUNNABLE}
 """Our names for sets of categories (`bfcl-<group>`); `all` is every category that runs here."""
 
 
@@ -123,7 +121,8 @@ def categories_of(name: str) -> tuple[str, ...]:
 
 def load(name: str) -> list[Task]:
     """The items of the categories `name` stands for, as the official generator loads them (function
-    docs with their language hints, multi-turn classes and initial state)."""
+    docs with their language hints, multi-turn classes and initial state; a memory category's
+    prerequisite conversations first, each depending on those before it, and its questions on all)."""
     package = official()
     known = set(package.categories.ALL_CATEGORIES)
     tasks = []

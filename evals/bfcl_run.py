@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import csv
 import dataclasses
 import json
 import time
+import types
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -63,8 +65,7 @@ async def evaluate(config: EvalConfig, settings: RunSettings, notice: Callable[[
     found = prepare_out(config, tasks)
     (config.out / "bfcl").mkdir(exist_ok=True)
     tidy_results(config.out)
-    done = bfcl.done_ids(config.out)
-    pending = [(task, 0) for task in tasks if task.id not in done]
+    pending = to_generate(config.out, tasks)
     progress = Progress(total=len(tasks), done=len(tasks) - len(pending))
     if pending:
         if progress.done:
@@ -76,7 +77,7 @@ async def evaluate(config: EvalConfig, settings: RunSettings, notice: Callable[[
             # the handler prints what it does (and what the model got wrong) on stdout, where our report goes
             with (config.out / "bfcl" / "generator.log").open("a") as log, contextlib.redirect_stdout(log):
                 try:
-                    await run_all(pending, attempt, config.concurrency, progress, lambda row: None)
+                    await run_in_order(pending, attempt, config.concurrency, progress)
                 finally:
                     if view is not None:
                         view.stop()
@@ -84,6 +85,34 @@ async def evaluate(config: EvalConfig, settings: RunSettings, notice: Callable[[
     report["failed_runs"] = progress.failed
     (config.out / REPORT).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     return report
+
+
+def to_generate(out: Path, tasks: list[Task]) -> list[Task]:
+    """The items without a result line, set up as the official generator sets them up before it runs
+    them (`collect_test_cases`: a memory item's dependencies on prerequisites already done dropped, its
+    memory snapshot folder and a web search item's snippet setting filled in), in its order."""
+    package = bfcl.official()
+    entries = [copy.deepcopy(task.metadata["entry"]) for task in tasks]
+    categories = sorted({package.utils.extract_test_category_from_id(e["id"], remove_prereq=True) for e in entries})
+    args = types.SimpleNamespace(result_dir=bfcl.result_dir(out), allow_overwrite=False, run_ids=False)
+    by_id = {task.id: task for task in tasks}
+    cases = package.generation.collect_test_cases(args, bfcl.HANDLER_ENTRY, categories, entries)
+    return [dataclasses.replace(by_id[case["id"]], metadata=by_id[case["id"]].metadata | {"entry": case})
+            for case in cases]
+
+
+async def run_in_order(pending: list[Task], attempt: Any, concurrency: int, progress: Progress) -> None:
+    """The items in waves: each wave, every item whose dependencies (`depends_on`: a memory category's
+    prerequisite conversations) are all done, `concurrency` at a time. An item whose dependency failed
+    stays undone, for the next resume (the official generator would wait for it forever)."""
+    waiting, finished = list(pending), set()
+    while waiting:
+        ready = [t for t in waiting if all(d in finished for d in t.metadata["entry"].get("depends_on", []))]
+        if not ready:
+            return
+        waiting = [t for t in waiting if t not in ready]
+        await run_all([(t, 0) for t in ready], attempt, concurrency, progress,
+                      lambda row: finished.add(row["task_id"]))
 
 
 def without_tools_notice(notice: Callable[[str], None]) -> Callable[[str], None]:
@@ -250,7 +279,8 @@ def report(out: Path, manifest: dict[str, Any], graded: list[str], partial: bool
             wrong |= {str(line["id"]) for line in lines[1:] if "id" in line}
     overall = summary_row(scores / "data_overall.csv")
     done = bfcl.done_ids(out)
-    verdicts = {task_id: (task_id not in wrong) for task_id in (t["id"] for t in manifest["tasks"]) if task_id in done}
+    scored = [t["id"] for t in manifest["tasks"] if "_prereq_" not in t["id"]]  # memory's prerequisites are not
+    verdicts = {task_id: task_id not in wrong for task_id in scored if task_id in done}
     missing = [c for c in bfcl.RUNNABLE + AGENTIC if c not in graded]
     return {"kind": "bfcl", "bench": manifest["bench"], "grader": f"{bfcl.PACKAGE} eval_runner",
             "handler": f"{bfcl.official().entry['model_handler'].__name__} ({bfcl.HANDLER_ENTRY})",

@@ -111,6 +111,11 @@ class Replies:
             if position % 2 or truth is None or turn >= len(truth) or not truth[turn]:
                 return "Which folder do you mean?"
             return "\n".join(block(c) for c in multi_turn_calls(truth[turn], entry["function"]))
+        if item_id.startswith("memory"):  # a prerequisite conversation, or a question on what it said
+            if truth is None:
+                return "Noted, thank you."
+            answer = truth[0] if position % 2 == 0 else "I do not know"
+            return "{'answer': '" + answer + "', 'context': 'from what you told me earlier'}"
         if truth is None:  # irrelevance, relevance: a call to the first function offered, or none
             offered = entry["function"][0]["name"] if entry.get("function") else "anything"
             return variant((0, 8, 1)[position % 3], [{"name": offered, "arguments": {}}])
@@ -124,9 +129,12 @@ def script_for(counts: dict[str, int]) -> Replies:
     items = {}
     for category, n in counts.items():
         entries = bfcl.official().utils.load_dataset_entry(category)[:n]
-        truths = [None] * n if is_relevance_or_irrelevance(category) else load_ground_truth_entry(category)[:n]
-        for position, (entry, truth) in enumerate(zip(entries, truths)):
-            items[entry["id"]] = (entry, truth["ground_truth"] if truth else None, position)
+        truths: dict[str, Any] = {}
+        if not is_relevance_or_irrelevance(category):  # memory truths are named "memory_..." for every backend
+            truths = {row["id"].replace("memory", category, 1) if category.startswith("memory") else row["id"]:
+                      row["ground_truth"] for row in load_ground_truth_entry(category)}
+        for position, entry in enumerate(entries):
+            items[entry["id"]] = (entry, truths.get(entry["id"]), position)
     return Replies(items)
 
 

@@ -24,12 +24,13 @@ COUNTS = {"simple_python": 400, "simple_java": 100, "simple_javascript": 50, "mu
           "parallel_multiple": 200, "irrelevance": 240, "live_simple": 258, "live_multiple": 1053,
           "live_parallel": 16, "live_parallel_multiple": 24, "live_irrelevance": 884, "live_relevance": 16,
           "multi_turn_base": 200, "multi_turn_miss_func": 200, "multi_turn_miss_param": 200,
-          "multi_turn_long_context": 200}
+          "multi_turn_long_context": 200, "memory_kv": 37 + 155, "memory_rec_sum": 37 + 155}
 # The items both pipelines run: the first N of every category that runs here.
 SAMPLE = {"simple_python": 20, "simple_java": 4, "simple_javascript": 4, "multiple": 10, "parallel": 10,
           "parallel_multiple": 4, "irrelevance": 4, "live_simple": 4, "live_multiple": 4, "live_parallel": 2,
           "live_parallel_multiple": 2, "live_irrelevance": 3, "live_relevance": 3, "multi_turn_base": 2,
-          "multi_turn_miss_func": 1, "multi_turn_miss_param": 1, "multi_turn_long_context": 1}
+          "multi_turn_miss_func": 1, "multi_turn_miss_param": 1, "multi_turn_long_context": 1,
+          "memory_kv": 37 + 6, "memory_rec_sum": 37 + 6}  # a memory category's 37 prerequisite conversations first
 
 
 def settings_for(server: FakeOpenAI) -> RunSettings:
@@ -80,15 +81,16 @@ def test_categories_that_cannot_run_here_and_unknown_ones_are_clear_errors() -> 
 @pytest.mark.anyio
 async def test_every_verdict_and_summary_number_is_the_official_pipelines_on_the_same_replies(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """80 items of all 17 categories that run here, answered in the shapes real models give: right, without
-    the newlines the handler needs, with Python quotes, with a null argument, one good and one broken call,
-    an unclosed <think>, wrong values, plain text, and multi-turn calls run on the simulated backends."""
+    """All 19 categories that run here, answered in the shapes real models give: right, without the newlines
+    the handler needs, with Python quotes, with a null argument, one good and one broken call, an unclosed
+    <think>, wrong values, plain text, multi-turn calls run on the simulated backends, and memory questions
+    answered after the prerequisite conversations, in their order."""
     script = script_for(SAMPLE)
     with FakeOpenAI(script, vllm=True) as server:
         ours = {category: await run_ours(server, category, n, tmp_path / "ours" / category)
                 for category, n in SAMPLE.items()}
         official = run_official(server.base_url, SAMPLE, tmp_path / "official", monkeypatch)
-    ids = [item_id for item_id in script.items]
+    ids = [item_id for item_id in script.items if "_prereq_" not in item_id]  # prerequisites are not scored
     expected = official_verdicts(official, ids)
     got = {}
     for category, report in ours.items():
@@ -108,6 +110,8 @@ async def test_every_verdict_and_summary_number_is_the_official_pipelines_on_the
     assert expected["simple_python_5"] is True  # one readable call and one broken block: the readable one counts
     assert expected["simple_python_6"] is True  # a call after an unclosed <think> counts
     assert expected["multi_turn_base_0"] is True  # four turns of calls run on the simulated file system
+    assert expected["memory_kv_1-customer-1"] is True  # answered from memory after its prerequisites
+    assert expected["memory_kv_0-customer-0"] is False  # "I do not know"
 
 
 @pytest.mark.slow
