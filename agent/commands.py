@@ -186,8 +186,10 @@ def evaluate(
     out_dir: Annotated[Path | None, typer.Option("--out", help="Out folder; an existing one of the same eval is "
                                                                "resumed. Default: runs/eval-BENCH-<time>.",
                                                  show_default=False)] = None,
-    grader: Annotated[str | None, typer.Option(help="gaia-exact, or a judge profile: browsecomp, browsecomp-zh, hle, "
-                                                    "xbench, equivalent \\[default: the benchmark's].",
+    grader: Annotated[str | None, typer.Option(help="reference (the reference harness's evaluator, which produced "
+                                                    "the paper's numbers), official (the benchmark authors' grader), "
+                                                    "official-fixed (the same with a known bug fixed), or a grader's "
+                                                    "full name \\[default: reference].",
                                                show_default=False)] = None,
     judge_base_url: o.JudgeBaseUrl = None,
     judge_model: o.JudgeModel = None,

@@ -87,7 +87,7 @@ Verbose = Annotated[bool, typer.Option("--verbose", help=(
 JudgeBaseUrl = Annotated[str | None, typer.Option(envvar="NANBEIGE_JUDGE_BASE_URL", show_default=False, help=(
     "OpenAI-compatible endpoint of the LLM judge \\[default: https://api.openai.com/v1]."))]
 JudgeModel = Annotated[str | None, typer.Option(envvar="NANBEIGE_JUDGE_MODEL", show_default=False, help=(
-    "The judge model \\[default: gpt-4.1-2025-04-14, the reference harness's]."))]
+    "The judge model \\[default: the grader's own: its source's judge model]."))]
 JudgeApiKey = Annotated[str | None, typer.Option(envvar="NANBEIGE_JUDGE_API_KEY", show_default=False,
                                                  help="API key for the judge endpoint.")]
 JudgeTemplate = Annotated[Path | None, typer.Option(show_default=False, help=(
@@ -99,8 +99,7 @@ def judge_config(base_url: str | None, model: str | None, api_key: str | None, t
     """The judge's settings from its flags (unset ones keep `JudgeConfig`'s defaults)."""
     from nanbeige.evals.judges import JudgeConfig
 
-    return JudgeConfig(base_url=base_url or JudgeConfig.base_url, model=model or JudgeConfig.model, api_key=api_key,
-                       template=template)
+    return JudgeConfig(base_url=base_url or JudgeConfig.base_url, model=model, api_key=api_key, template=template)
 
 
 def shared(values: dict[str, Any]) -> dict[str, Any]:

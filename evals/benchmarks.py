@@ -1,9 +1,8 @@
 """The benchmarks `nanbeige eval` knows: how each is loaded, graded and run.
 
-Default graders follow the reference harness (MiroThinker) where it scores the benchmark, and the
-benchmark's own official grader otherwise: GAIA validation by the official quasi-exact match;
-GAIA-Text-103 and SEAL-0 by the "equivalent" judge; BrowseComp, BrowseComp-ZH, HLE and xBench by
-their official judges' profiles; BFCL by its package's own handler and evaluation runner.
+Every deep-search benchmark is graded by default as the reference harness (MiroThinker) grades it, which
+produced the paper's table (`--grader reference`); `--grader official` picks the benchmark authors'
+grader (`evals/judges.py`). BFCL is graded by its package's own handler and evaluation runner.
 """
 
 from __future__ import annotations
@@ -50,17 +49,18 @@ def _lazy(module: str, function: str = "load") -> Callable[[Path | None], list[T
 
 
 BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in [
-    Benchmark("gaia", _lazy("gaia"), "gaia-exact",
+    Benchmark("gaia", _lazy("gaia"), "equivalent/reference",
               "GAIA validation: metadata.jsonl / metadata.parquet (or its folder)"),
-    Benchmark("gaia-text-103", _lazy("gaia"), "equivalent", "GAIA text-only subset: the 103-question dev.json"),
-    Benchmark("browsecomp", _lazy("browsecomp"), "browsecomp", "BrowseComp: browse_comp_test_set.csv"),
-    Benchmark("browsecomp-zh", _lazy("browsecomp", "load_zh"), "browsecomp-zh",
+    Benchmark("gaia-text-103", _lazy("gaia"), "equivalent/reference",
+              "GAIA text-only subset: the 103-question dev.json"),
+    Benchmark("browsecomp", _lazy("browsecomp"), "browsecomp/reference", "BrowseComp: browse_comp_test_set.csv"),
+    Benchmark("browsecomp-zh", _lazy("browsecomp", "load_zh"), "browsecomp-zh/reference",
               "BrowseComp-ZH: browsecomp-zh-encrypted.xlsx"),
-    Benchmark("xbench-2505", _lazy("xbench"), "xbench", "xBench-DeepSearch 2505: DeepSearch-2505.csv"),
-    Benchmark("xbench-2510", _lazy("xbench"), "xbench", "xBench-DeepSearch 2510: DeepSearch-2510.csv"),
-    Benchmark("hle", _lazy("hle"), "hle", "HLE text-only: the test parquet (rows with an image are left out)"),
-    Benchmark("hle-500", _lazy("hle"), "hle", "HLE 500-question subset: test.json"),
-    Benchmark("seal-0", _lazy("seal"), "equivalent", "SEAL-0: seal-0.parquet"),
+    Benchmark("xbench-2505", _lazy("xbench"), "xbench/reference", "xBench-DeepSearch 2505: DeepSearch-2505.csv"),
+    Benchmark("xbench-2510", _lazy("xbench"), "xbench/reference", "xBench-DeepSearch 2510: DeepSearch-2510.csv"),
+    Benchmark("hle", _lazy("hle"), "hle/reference", "HLE text-only: the test parquet (rows with an image are left out)"),
+    Benchmark("hle-500", _lazy("hle"), "hle/reference", "HLE 500-question subset: test.json"),
+    Benchmark("seal-0", _lazy("seal"), "equivalent/reference", "SEAL-0: seal-0.parquet"),
 ]}
 
 

@@ -24,10 +24,18 @@ class CallFailed(Exception):
 
 async def chat_text(client: httpx.AsyncClient, base_url: str, model: str, api_key: str | None,
                     messages: list[dict[str, str]], temperature: float, max_tokens: int, timeout_s: float) -> str:
-    """The reply's text, after any `</think>` (a thinking model may leave its deliberation in the
-    content; only what follows it is the reply). Raises `CallFailed`; the key never appears in it."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    """`chat` with a model, its messages, a temperature and max_tokens (the critic's and the question
+    writer's requests)."""
     body = {"model": model, "messages": messages, "temperature": temperature, "max_tokens": max_tokens}
+    return await chat(client, base_url, api_key, body, timeout_s)
+
+
+async def chat(client: httpx.AsyncClient, base_url: str, api_key: str | None, body: dict[str, Any],
+               timeout_s: float) -> str:
+    """The reply's text to the request `body`, sent as it is, after any `</think>` (a thinking model may
+    leave its deliberation in the content; only what follows it is the reply). Raises `CallFailed`; the
+    key never appears in it."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         response = await client.post(base_url.rstrip("/") + "/chat/completions", json=body, headers=headers,
                                      timeout=timeout_s)

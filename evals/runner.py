@@ -60,7 +60,8 @@ class EvalConfig:
     limit: int | None = None
     """Only the first N tasks of the file."""
     grader: str | None = None
-    """`gaia-exact` or a judge profile; None: the benchmark's own."""
+    """A grader family (`reference`, `official`, `official-fixed`), `gaia-exact` or a judge profile's full
+    name; None: the benchmark's default (the reference harness's)."""
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     """The LLM judge's endpoint, for judge graders."""
 
@@ -98,9 +99,15 @@ def manifest(config: EvalConfig, tasks: list[Task], reference: dict[str, Any] | 
     data = config.data
     return {"bench": config.bench.name, "data": str(data.resolve()) if data else None,
             "data_sha256": file_sha256(data) if data and data.is_file() else tasks_sha256(tasks), "k": config.k,
-            "limit": config.limit, "grader": config.grader or config.bench.grader,
-            "judge_model": None if (config.grader or config.bench.grader) == "gaia-exact" else config.judge.model,
+            "limit": config.limit, "grader": grader_name(config), "judge_model": judge_model(config),
             "reference": reference, "tasks": [{"id": task.id, "level": task.level} for task in tasks]}
+
+
+def judge_model(config: EvalConfig) -> str | None:
+    from nanbeige.evals import judges
+
+    name = grader_name(config)
+    return None if name not in judges.PROFILES else config.judge.model or judges.PROFILES[name].model
 
 
 def tasks_sha256(tasks: list[Task]) -> str:
@@ -163,11 +170,13 @@ def pending_runs(tasks: list[Task], k: int, rows: list[dict[str, Any]]) -> list[
 
 
 def final_response(trajectory: Trajectory) -> str:
-    """What the agent finally said, without its reasoning: the text an LLM judge reads."""
-    for turn in reversed(trajectory.turns):
-        if not turn.rolled_back:
-            return dialects.visible_text(turn.assistant.get("content") or "").strip()
-    return ""
+    """What the agent said in the turn its answer came from (the last turn whose text holds the answer;
+    the last turn when none does), without its reasoning: the response an official judge reads."""
+    texts = [dialects.visible_text(turn.assistant.get("content") or "").strip() for turn in trajectory.turns
+             if not turn.rolled_back]
+    answer = trajectory.answer
+    holding = [text for text in texts if answer and answer in text]
+    return holding[-1] if holding else (texts[-1] if texts else "")
 
 
 def result_row(task: Task, run_index: int, prediction: str | None, verdict: Verdict,
@@ -258,11 +267,25 @@ def agent_attempt(runtime: Ready, config: EvalConfig, client: httpx.AsyncClient)
     return attempt
 
 
+def grader_name(config: EvalConfig) -> str:
+    """The grader's full name: `--grader` as given (a family, resolved for the benchmark, or a full name),
+    else the benchmark's default (the reference harness's)."""
+    from nanbeige.evals import judges
+
+    name = config.grader or config.bench.grader
+    if name in judges.FAMILIES:
+        try:
+            return judges.grader_name(config.bench.name, name)
+        except ValueError as exc:
+            raise EvalError(str(exc)) from None
+    return name
+
+
 def grader_for(config: EvalConfig) -> Grade:
     """The grading function for answers: the GAIA scorer, or the named judge profile."""
     from nanbeige.evals import gaia_scorer, judges
 
-    name = config.grader or config.bench.grader
+    name = grader_name(config)
     if name == "gaia-exact":
         async def exact(task: Task, prediction: str | None, response: str, client: httpx.AsyncClient) -> Verdict:
             return gaia_scorer.grade_exact(prediction, task.answer)
@@ -270,26 +293,30 @@ def grader_for(config: EvalConfig) -> Grade:
     profile = judges.profile_for(name, config.judge.template)
 
     async def judged(task: Task, prediction: str | None, response: str, client: httpx.AsyncClient) -> Verdict:
-        if prediction is None:  # nothing to judge: wrong, without spending a judge call
-            return Verdict(correct=False, grader=profile.name, reason="no answer")
-        text = prediction if profile.reads_answer else (response or prediction)
-        return await judges.judge(profile, task.question, text, task.answer, config.judge, client)
+        if profile.shows == "answer":
+            if prediction is None:  # deviation: the reference harness shows its judge a format-error text instead
+                return Verdict(correct=False, grader=profile.name, reason="no answer")
+            return await judges.judge(profile, task.question, prediction, task.answer, config.judge, client)
+        return await judges.judge(profile, task.question, response or prediction or "", task.answer, config.judge,
+                                  client)
     return judged
 
 
 def check_grader(config: EvalConfig) -> None:
     from nanbeige.evals import judges
 
-    name = config.grader or config.bench.grader
+    name = grader_name(config)
     if name == "gaia-exact":
         return
     if name not in judges.PROFILES:
-        raise EvalError(f"--grader must be gaia-exact or one of {', '.join(judges.PROFILES)}, not {name!r}")
+        raise EvalError(f"--grader must be one of {', '.join(judges.FAMILIES)}, gaia-exact or a grader's full name "
+                        f"({', '.join(judges.PROFILES)}), not {name!r}")
     if config.judge.base_url == JudgeConfig.base_url and not config.judge.api_key:
-        hint = "; or --grader gaia-exact, the official GAIA scorer, which needs no judge" \
+        hint = "; or --grader official, GAIA's own scorer, which needs no judge" \
             if config.bench.name.startswith("gaia") else ""
-        raise EvalError(f"{config.bench.name} is graded by the {name!r} LLM judge, by default {config.judge.model} "
-                        f"at {JudgeConfig.base_url}: set NANBEIGE_JUDGE_API_KEY, or pass --judge-base-url (and "
+        model = config.judge.model or judges.PROFILES[name].model
+        raise EvalError(f"{config.bench.name} is graded by the {name!r} LLM judge, by default {model} at "
+                        f"{JudgeConfig.base_url}: set NANBEIGE_JUDGE_API_KEY, or pass --judge-base-url (and "
                         f"--judge-model) for another OpenAI-compatible endpoint{hint}")
     if config.judge.template is not None and not config.judge.template.is_file():
         raise EvalError(f"--judge-template {config.judge.template}: no such file")

@@ -184,7 +184,7 @@ def test_questions_can_come_from_an_eval_benchmark(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "pass rate (exact match) 0.0%" in result.stderr  # 5 is not 4
     assert sorted((t.group_id, t.rollout_index, t.reference_answer, t.grader) for t in load_trajectories(out)) == [
-        ("g1", 0, "4", "gaia-exact"), ("g1", 1, "4", "gaia-exact")]
+        ("g1", 0, "4", "equivalent/reference"), ("g1", 1, "4", "equivalent/reference")]  # GAIA's default grader
     missing = subprocess.run([NANBEIGE, "collect", "--bench", "gaia", "--out", str(out)], capture_output=True,
                              text=True, timeout=60)
     assert missing.returncode == 2 and "--data is required with --bench gaia" in missing.stderr

@@ -71,7 +71,7 @@ def settings_for(server: FakeOpenAI) -> RunSettings:
 @pytest.mark.anyio
 async def test_every_task_runs_k_times_and_is_scored_by_hand_checked_metrics(tmp_path: Path) -> None:
     data = write_gaia(tmp_path / "gaia")
-    config = EvalConfig(bench=BENCHMARKS["gaia"], data=data, out=tmp_path / "out", k=3, concurrency=4)
+    config = EvalConfig(bench=BENCHMARKS["gaia"], grader="official", data=data, out=tmp_path / "out", k=3, concurrency=4)
     with FakeOpenAI(scripted_model()) as server:
         report = await evaluate(config, settings_for(server), notice=lambda text: None)
     rows = read_results(tmp_path / "out")
@@ -80,7 +80,8 @@ async def test_every_task_runs_k_times_and_is_scored_by_hand_checked_metrics(tmp
     assert Counter(r["task_id"] for r in rows if r["correct"]) == {"t1": 3, "t2": 2, "t4": 3}
     assert report["avg_at_k"] == round(100 * 8 / 12, 2) and report["pass_at_k"] == 75.0
     assert sorted(report["runs"]) == [50.0, 75.0, 75.0]  # the run that got "41" scored 2 of 4
-    assert report["levels"] == {
+    levels = {level: {k: v for k, v in scores.items() if k != "std_kind"} for level, scores in report["levels"].items()}
+    assert levels == {
         "1": {"tasks": 2, "avg_at_k": round(100 * 5 / 6, 2), "pass_at_k": 100.0, "best_at_1": 100.0,
               "std": report["levels"]["1"]["std"], "runs": report["levels"]["1"]["runs"]},
         "2": {"tasks": 1, "avg_at_k": 0.0, "pass_at_k": 0.0, "best_at_1": 0.0, "std": 0.0, "runs": [0.0] * 3},
@@ -105,10 +106,10 @@ async def test_a_judge_profile_grades_through_the_judge_endpoint(tmp_path: Path)
 
     with FakeOpenAI(scripted_model()) as model, FakeOpenAI(judge) as judge_server:
         config = EvalConfig(bench=BENCHMARKS["gaia"], data=data, out=tmp_path / "out", k=1, limit=1,
-                            grader="equivalent", judge=JudgeConfig(base_url=judge_server.base_url, model="judge"))
+                            grader="equivalent/reference", judge=JudgeConfig(base_url=judge_server.base_url, model="judge"))
         report = await evaluate(config, settings_for(model), notice=lambda text: None)
     [row] = read_results(tmp_path / "out")
-    assert (row["correct"], row["grader"], row["judge_model"]) == (True, "equivalent", "judge")
+    assert (row["correct"], row["grader"], row["judge_model"]) == (True, "equivalent/reference", "judge")
     assert report["avg_at_k"] == 100.0 and report["tasks"] == 1  # --limit 1: the first task only
     assert len(judge_server.requests) <= 1  # "paris." is not "Paris" verbatim, so the judge was asked at most once
 
@@ -122,14 +123,14 @@ async def test_keys_the_model_or_judge_quote_never_reach_the_results_file(tmp_pa
         return Reply(content=f"\\boxed{{{model_key} {judge_key}}}")
 
     def judge(request: dict[str, Any]) -> str:
-        return f"extracted_final_answer: {judge_key}\nreasoning: it quotes {model_key}\ncorrect: no"
+        return f"extracted_final_answer: {judge_key}\nreasoning: it quotes {model_key}\ncorrect: no\nconfidence: 50"
 
     with FakeOpenAI(leaky) as model, FakeOpenAI(judge) as judge_server:
         settings = settings_for(model)
         settings.llm.api_key = model_key
         config = EvalConfig(bench=BENCHMARKS["gaia"], data=data, out=tmp_path / "out", k=1, limit=1,
-                            grader="browsecomp", judge=JudgeConfig(base_url=judge_server.base_url, model="judge",
-                                                                   api_key=judge_key))
+                            grader="browsecomp-zh/official", judge=JudgeConfig(base_url=judge_server.base_url,
+                                                                               model="judge", api_key=judge_key))
         await evaluate(config, settings, notice=lambda text: None)
     written = (tmp_path / "out" / "results.jsonl").read_text()
     assert model_key not in written and judge_key not in written
@@ -139,7 +140,7 @@ async def test_keys_the_model_or_judge_quote_never_reach_the_results_file(tmp_pa
 
 def eval_command(data: Path, out: Path, server: FakeOpenAI) -> list[str]:
     return [NANBEIGE, "eval", "gaia", "--data", str(data), "--out", str(out), "-k", "3", "--concurrency", "2",
-            "--base-url", server.base_url, "--no-default-servers"]
+            "--base-url", server.base_url, "--no-default-servers", "--grader", "official"]
 
 
 def wait_for_results(out: Path, count: int, process: subprocess.Popen) -> None:
@@ -189,7 +190,7 @@ def test_bad_input_is_one_line_and_nothing_runs(tmp_path: Path) -> None:
              (run("gaia"), "--data is required"),
              (run("gaia", "--data", str(tmp_path / "missing.jsonl")), "no such file"),
              (run("browsecomp", "--data", str(data), "--out", str(tmp_path / "o1")), "metadata.jsonl"),
-             (run("gaia", "--data", str(data), "--grader", "equivalent", "--out", str(tmp_path / "o2")),
+             (run("gaia", "--data", str(data), "--grader", "equivalent/reference", "--out", str(tmp_path / "o2")),
               "NANBEIGE_JUDGE_API_KEY"),
              (run("report", str(tmp_path)), "eval.json")]
     for result, words in cases:
@@ -209,7 +210,7 @@ def test_attachments_are_named_in_the_question_and_their_folder_is_uploadable(tm
     (folder / "metadata.jsonl").write_text(json.dumps({
         "task_id": "f1", "Question": "What is in the sheet?", "Level": 1, "Final answer": "2",
         "file_name": "sheet.csv"}) + "\n")
-    config = EvalConfig(bench=BENCHMARKS["gaia"], data=folder, out=tmp_path / "out")
+    config = EvalConfig(bench=BENCHMARKS["gaia"], grader="official", data=folder, out=tmp_path / "out")
     [task] = load_tasks(config)
     assert str(folder / "sheet.csv") in task.question and task.files == [folder / "sheet.csv"]
     settings = with_out(RunSettings(), config, [task])
@@ -226,7 +227,7 @@ async def test_a_judge_that_refuses_stops_the_eval_and_scores_nothing(tmp_path: 
     data = write_gaia(tmp_path / "gaia")
     with FakeOpenAI(scripted_model()) as model, FakeOpenAI([], default=Reply(status=401)) as judge_server:
         config = EvalConfig(bench=BENCHMARKS["gaia"], data=data, out=tmp_path / "out", k=1, concurrency=1,
-                            grader="equivalent", judge=JudgeConfig(base_url=judge_server.base_url, model="judge"))
+                            grader="equivalent/reference", judge=JudgeConfig(base_url=judge_server.base_url, model="judge"))
         with pytest.raises(EvalError, match="the judge cannot be used: judge answered HTTP 401"):
             await evaluate(config, settings_for(model), notice=lambda text: None)
     assert read_results(tmp_path / "out") == []  # nothing scored wrong for the judge's sake: a resume grades them
@@ -243,7 +244,7 @@ async def test_an_eval_with_a_reference_checkout_reports_it_and_resumes_only_wit
 
     checkout = make_reference(tmp_path / "miro")
     data = write_gaia(tmp_path / "gaia")
-    config = EvalConfig(bench=BENCHMARKS["gaia"], data=data, out=tmp_path / "out", k=1, limit=1)
+    config = EvalConfig(bench=BENCHMARKS["gaia"], grader="official", data=data, out=tmp_path / "out", k=1, limit=1)
     with FakeOpenAI(scripted_model()) as server:
         settings = dataclasses.replace(settings_for(server), reference=checkout)
         report = await evaluate(config, settings, notice=lambda text: None)

@@ -165,21 +165,30 @@ async def test_outcome_reward_with_gaia_exact_and_without_a_reference(tmp_path: 
 
 
 @pytest.mark.anyio
-async def test_a_judge_profile_grades_and_an_undecided_judge_gives_no_reward(tmp_path: Path) -> None:
+async def test_a_judge_profile_grades_and_an_undecided_judge_gives_no_reward(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from dataclasses import replace
+
+    from nanbeige.evals import judges
+
+    # the reference harness waits 5 s between its 10 tries for a verdict; not here
+    monkeypatch.setitem(judges.PROFILES, "equivalent/reference", replace(judges.PROFILES["equivalent/reference"],
+                                                                         wait_s=0.0))
+
     def judge(request: dict[str, Any]) -> str:
         return "Correct" if "Predicted answer: The city of Paris" in prompt_of(request) else "Perhaps."
 
     src = write(tmp_path / "in.jsonl", [make("yes", answer="The city of Paris"), make("undecided", answer="Lutetia")])
     with FakeOpenAI(judge) as server:
         run = config(None)
-        run.grader = "equivalent"
+        run.grader = "equivalent/reference"
         run.judge = JudgeConfig(base_url=server.base_url, model="judge-model", retries=1, retry_wait_s=0.0)
         await judge_file(src, tmp_path / "out.jsonl", run)
     judged = {t.id: t for t in load_trajectories(tmp_path / "out.jsonl")}
     assert judged["yes"].reward == 1.0 and judged["yes"].judge["judge_model"] == "judge-model"
     assert judged["undecided"].reward is None  # never silently 0
-    assert judged["undecided"].judge["correct"] is None and "malformed verdict" in judged["undecided"].judge["error"]
-    assert len(server.requests) == 1 + 2  # one verdict, then a malformed one asked twice
+    assert judged["undecided"].judge["correct"] is None and "no verdict" in judged["undecided"].judge["error"]
+    assert len(server.requests) == 1 + 10  # one verdict, then a reply without one asked for 10 times
 
 
 # ---------------------------------------------------------------- the critic
@@ -384,7 +393,7 @@ async def test_what_the_user_must_fix_is_one_error(tmp_path: Path) -> None:
     with pytest.raises(JudgeError, match="another file"):
         await judge_file(src, src, JudgeRunConfig(no_critic=True))
     with pytest.raises(JudgeError, match="NANBEIGE_JUDGE_API_KEY"):
-        await judge_file(src, out, JudgeRunConfig(grader="browsecomp", no_critic=True))
+        await judge_file(src, out, JudgeRunConfig(grader="browsecomp/reference", no_critic=True))
     unreachable = CriticConfig(base_url=f"http://127.0.0.1:{free_port()}/v1", api_key="sk-critic-secret-key",
                                retries=1, retry_wait_s=0.0)
     with pytest.raises(JudgeError, match="critic unreachable") as raised:
@@ -440,7 +449,7 @@ def assert_one_error_line(result: Any, *words: str) -> str:
 
 def graded_by_a_judge(tmp_path: Path, count: int = 6) -> Path:
     """Trajectories whose answer only the LLM judge can grade (it is not the gold answer word for word)."""
-    return write(tmp_path / "in.jsonl", [make(f"t{n}", answer="Lutetia", grader="equivalent") for n in range(count)])
+    return write(tmp_path / "in.jsonl", [make(f"t{n}", answer="Lutetia", grader="equivalent/reference") for n in range(count)])
 
 
 @pytest.mark.slow

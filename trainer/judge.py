@@ -48,8 +48,8 @@ class JudgeRunConfig:
     """What `judge_file` does and which endpoints it asks."""
 
     grader: str | None = None
-    """`gaia-exact` or a judge profile (`browsecomp`, `equivalent`, ...) for every trajectory; None: each
-    trajectory's own `grader`."""
+    """`gaia-exact` or a judge profile's full name (`browsecomp/reference`, `hle/official`, ...) for every
+    trajectory; None: each trajectory's own `grader`."""
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     """The LLM judge's endpoint, for judge-profile graders."""
     critic: CriticConfig | None = None
@@ -125,9 +125,9 @@ async def grade(trajectory: Trajectory, grader: str, config: JudgeRunConfig, cli
     if grader not in judges.PROFILES:
         return Verdict(correct=None, grader=grader, error=f"unknown grader {grader!r}: pass --grader")
     profile = judges.profile_for(grader, config.judge.template)
-    if trajectory.answer is None:  # nothing to judge: wrong, without spending a judge call
+    if profile.shows == "answer" and trajectory.answer is None:  # as `nanbeige eval` grades it
         return Verdict(correct=False, grader=profile.name, reason="no answer")
-    text = trajectory.answer if profile.reads_answer else (final_response(trajectory) or trajectory.answer)
+    text = trajectory.answer if profile.shows == "answer" else (final_response(trajectory) or trajectory.answer or "")
     try:
         return await judges.judge(profile, trajectory.question, text, gold, config.judge, client)
     except judges.JudgeUnavailable as exc:  # not a verdict: stop, so that a resume grades this one again
@@ -140,12 +140,20 @@ def naming(error: str, base_url: str) -> str:
     return error if base_url in error else f"{error} ({base_url})"
 
 
+def chosen_grader(trajectory: Trajectory, config: JudgeRunConfig) -> str | None:
+    """`--grader` (a grader, or a family resolved for the trajectory's own grader), else the trajectory's."""
+    own = judges.ALIASES.get(trajectory.grader or "", trajectory.grader)
+    if config.grader in judges.FAMILIES:
+        return judges.in_family(own, config.grader) if own else None
+    return config.grader or own
+
+
 async def judge_outcome(trajectory: Trajectory, config: JudgeRunConfig, client: httpx.AsyncClient) -> None:
     """Set the trajectory's `reward` (1.0 / 0.0, or None when undecided) and `judge` breakdown."""
     if trajectory.reference_answer is None:
         trajectory.reward, trajectory.judge = None, {"error": "no reference answer"}
         return
-    grader = config.grader or trajectory.grader
+    grader = chosen_grader(trajectory, config)
     if grader is None:
         trajectory.reward, trajectory.judge = None, {"error": "no grader named: pass --grader"}
         return
@@ -182,8 +190,10 @@ def check(src: Path, out: Path, config: JudgeRunConfig) -> None:
         raise JudgeError(f"{src}: no such trajectory file")
     if out.resolve() == src.resolve():
         raise JudgeError("--out must be another file than the input: judging appends whole trajectories to it")
-    if config.grader is not None and config.grader != EXACT and config.grader not in judges.PROFILES:
-        raise JudgeError(f"--grader must be {EXACT} or one of {', '.join(judges.PROFILES)}, not {config.grader!r}")
+    if config.grader is not None and config.grader not in (EXACT, *judges.PROFILES, *judges.FAMILIES):
+        raise JudgeError(f"--grader must be a family ({', '.join(judges.FAMILIES)}: each trajectory's benchmark's "
+                         f"grader of that family), {EXACT} or one of {', '.join(judges.PROFILES)}, not "
+                         f"{config.grader!r}")
     if config.concurrency < 1:
         raise JudgeError("--concurrency must be at least 1")
     if config.rule.failed not in ("mask", "penalise"):
@@ -204,9 +214,10 @@ def check(src: Path, out: Path, config: JudgeRunConfig) -> None:
 
 def check_judge_endpoint(trajectories: list[Trajectory], config: JudgeRunConfig) -> None:
     """Refuse to start when some trajectory needs the LLM judge and it cannot be reached as configured."""
-    needs = {config.grader or t.grader for t in trajectories if t.reference_answer is not None} & set(judges.PROFILES)
+    needs = {chosen_grader(t, config) for t in trajectories if t.reference_answer is not None} & set(judges.PROFILES)
     if needs and config.judge.base_url == JudgeConfig.base_url and not config.judge.api_key:
-        raise JudgeError(f"grading with {', '.join(sorted(needs))} asks {config.judge.model} at "
+        models = sorted({config.judge.model or judges.PROFILES[name].model for name in needs})
+        raise JudgeError(f"grading with {', '.join(sorted(needs))} asks {', '.join(models)} at "
                          f"{JudgeConfig.base_url}: set NANBEIGE_JUDGE_API_KEY, or pass --judge-base-url "
                          f"(and --judge-model) for another OpenAI-compatible endpoint, or --grader {EXACT}")
 
