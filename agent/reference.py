@@ -78,6 +78,9 @@ class Reference:
     settings: dict[str, Any] = field(default_factory=dict)
     """The keep-5 agent's settings: max_turns, keep_tool_result, temperature, top_p, max_tokens,
     max_context_length, repetition_penalty (those the checkout's YAML sets)."""
+    judge_prompts: dict[str, str] = field(default_factory=dict, repr=False)
+    """The evaluator's judge prompts by our judges' shared names (`browsecomp`, `hle`, `equivalent`, ...),
+    `str.format` templates of question, correct_answer and response; empty without the evaluator."""
 
     def identity(self) -> dict[str, Any]:
         """What trajectories and reports record: `{commit, sha256, python}`."""

@@ -25,7 +25,12 @@ FILES = {
     "jina_scrape_llm_summary": "libs/miroflow-tools/src/miroflow_tools/dev_mcp_servers/jina_scrape_llm_summary.py",
     "llm": "apps/miroflow-agent/conf/llm/default.yaml",
     "llm_model": "apps/miroflow-agent/conf/llm/qwen-3.yaml",
+    "evaluator": "apps/miroflow-agent/benchmarks/evaluators/eval_utils.py",
 }
+# The evaluator's judge prompts (module-level templates it fills with `.format(question=, correct_answer=,
+# response=)`), by the name our judges share.
+JUDGE_PROMPTS = {"browsecomp": "JUDGE_PROMPT_BC_en", "browsecomp-zh": "JUDGE_PROMPT_BC_zh", "hle": "HLE_JUDGE_PROMPT",
+                 "xbench": "JUDGE_PROMPT_XBENCH", "equivalent": "GAIA_VALIDATION_TEXT_103_SCORER_PROMPT"}
 # The keep-5 agent config: named `single_agent_keep5` at v1.0 and `mirothinker_v1.0_keep5` later.
 AGENT_CONFIGS = ("apps/miroflow-agent/conf/agent/mirothinker_v1.0_keep5.yaml",
                  "apps/miroflow-agent/conf/agent/single_agent_keep5.yaml")
@@ -341,6 +346,40 @@ def _read_settings(reader: Reader) -> tuple[dict[str, Any], str]:
     return {"settings": settings}, ", ".join(f"{k}={v}" for k, v in sorted(settings.items()))
 
 
+def _read_judge_prompts(reader: Reader) -> tuple[dict[str, Any], str]:
+    """The evaluator's judge prompts, where the checkout has the evaluator (optional: the judges use our
+    own prompts without it). A template counts only with exactly the three fields it is filled with."""
+    import string
+
+    relative = FILES["evaluator"]
+    if not reader.exists(relative):
+        return {"judge_prompts": {}}, f"{relative} is not in this checkout: the judges use nanbeige's prompts"
+    prompts = {}
+    for judge, name in JUDGE_PROMPTS.items():
+        try:
+            text = _stripped_text(reader, relative, name)
+            fields = {field for _, field, _, _ in string.Formatter().parse(text) if field is not None}
+        except (ReferenceError, ValueError, TypeError, AttributeError):
+            continue
+        if isinstance(text, str) and fields == {"question", "correct_answer", "response"}:
+            prompts[judge] = text
+    return {"judge_prompts": prompts}, f"{', '.join(sorted(prompts)) or 'none'} from {relative}"
+
+
+def _stripped_text(reader: Reader, relative: str, name: str) -> str:
+    """A module-level text assigned to `name`, stripped where the source calls `.strip()` on it."""
+    for node in reader.tree(relative).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            value, strip = node.value, False
+            if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "strip" \
+                    and not value.args and not value.keywords:
+                value, strip = value.func.value, True
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                return value.value.strip() if strip else value.value
+            raise ReferenceError(f"{relative}: {name} is not a text")
+    raise ReferenceError(f"{relative} has no {name}")
+
+
 def _literal(reader: Reader, relative: str, name: str) -> Any:
     """The value of a module-level `name = <literal>` in a file, read without running it."""
     for node in reader.tree(relative).body:
@@ -364,4 +403,5 @@ PIECES: list[tuple[str, Callable[[Reader], tuple[dict[str, Any], str]]]] = [
     ("page-extraction prompt", _read_extraction_prompt),
     ("placeholder sandbox ids", _read_placeholder_ids),
     ("keep-5 agent settings", _read_settings),
+    ("judge prompts", _read_judge_prompts),
 ]

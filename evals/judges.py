@@ -63,6 +63,9 @@ class Profile:
     """The source's wait between those attempts."""
     confidence: bool = False
     """Whether the source reads a confidence (for calibration)."""
+    formatted: bool = False
+    """The template is the source's own text (from a reference checkout), filled by `str.format` as the
+    source fills it, rather than by `fill`."""
 
 
 def _equal(shown: str, gold: str) -> str | None:
@@ -170,10 +173,18 @@ def load_template(path: Path) -> str:
     return path.read_text(encoding="utf-8")
 
 
-def profile_for(name: str, template: Path | None = None) -> Profile:
-    """The named profile, its prompt replaced by the text of `template` when one is given."""
+def profile_for(name: str, template: Path | None = None, reference_prompts: dict[str, str] | None = None
+                ) -> Profile:
+    """The named profile, its prompt replaced by the text of `template` when one is given, else, for a
+    reference grader, by the reference checkout's own prompt where `reference_prompts` (its evaluator's,
+    `Reference.judge_prompts`) has it."""
     profile = PROFILES[name]
-    return profile if template is None else replace(profile, template=load_template(template))
+    if template is not None:
+        return replace(profile, template=load_template(template))
+    shared = name.split("/")[0]
+    if name.endswith("/reference") and shared in (reference_prompts or {}):
+        return replace(profile, template=reference_prompts[shared], formatted=True)  # type: ignore[index]
+    return profile
 
 
 def fill(template: str, question: str, response: str, gold: str) -> str:
@@ -190,7 +201,9 @@ class JudgeUnavailable(Exception):
 
 def request_body(profile: Profile, model: str, question: str, shown: str, gold: str) -> dict[str, Any]:
     """What the source sends: the model, its messages, exactly its sampling fields, its output schema."""
-    messages = [{"role": "user", "content": fill(profile.template, question, shown, gold)}]
+    content = profile.template.format(question=question, correct_answer=gold, response=shown) if profile.formatted \
+        else fill(profile.template, question, shown, gold)
+    messages = [{"role": "user", "content": content}]
     if profile.system is not None:
         messages.insert(0, {"role": "system", "content": profile.system})
     body: dict[str, Any] = {"model": model, "messages": messages, **profile.request}

@@ -66,7 +66,8 @@ def build_report(manifest: dict[str, Any], rows: list[dict[str, Any]]) -> dict[s
     grader = manifest["grader"]
     report: dict[str, Any] = {
         "bench": manifest["bench"], "grader": grader, "judge_model": manifest.get("judge_model"),
-        "grader_source": source_of(grader), "reference": manifest.get("reference"),
+        "grader_source": source_of(grader), "judge_prompt": manifest.get("judge_prompt"),
+        "reference": manifest.get("reference"),
         "k": k, "runs_done": len(cells), "runs_expected": len(task_ids) * k,
         "complete": len(cells) == len(task_ids) * k, **scores(cells, task_ids, k, grader),
     }
@@ -170,7 +171,8 @@ def markdown(report: dict[str, Any]) -> str:
     judge = f" ({report['judge_model']})" if report.get("judge_model") else ""
     lines = [f"## {report['bench']}: {report['tasks']} tasks × {k} runs, graded by {report['grader']}{judge}", ""]
     if report.get("grader_source"):
-        lines += [f"Grading rules: {report['grader_source']}.", ""]
+        prompt = f" Judge prompt: {report['judge_prompt']}." if report.get("judge_prompt") else ""
+        lines += [f"Grading rules: {report['grader_source']}.{prompt}", ""]
     if not report["complete"]:
         lines += [f"Incomplete: {report['runs_done']} of {report['runs_expected']} runs done; runs not done count "
                   "as wrong. Run the same command again to finish.", ""]

@@ -93,14 +93,30 @@ class Progress:
 # ---------------------------------------------------------------- the out folder
 
 
-def manifest(config: EvalConfig, tasks: list[Task], reference: dict[str, Any] | None = None) -> dict[str, Any]:
+def manifest(config: EvalConfig, tasks: list[Task], reference: dict[str, Any] | None = None,
+             judge_prompt: str | None = None) -> dict[str, Any]:
     """What `eval.json` records: enough to check a resume and to re-render the report without the data.
     `reference`: the reference checkout the prompts came from (`--reference`), commit and hash."""
     data = config.data
     return {"bench": config.bench.name, "data": str(data.resolve()) if data else None,
             "data_sha256": file_sha256(data) if data and data.is_file() else tasks_sha256(tasks), "k": config.k,
             "limit": config.limit, "grader": grader_name(config), "judge_model": judge_model(config),
-            "reference": reference, "tasks": [{"id": task.id, "level": task.level} for task in tasks]}
+            "reference": reference, "judge_prompt": judge_prompt,
+            "tasks": [{"id": task.id, "level": task.level} for task in tasks]}
+
+
+def judge_prompt_origin(config: EvalConfig, reference_prompts: dict[str, str]) -> str | None:
+    """Where the judge's prompt comes from, for the report."""
+    from nanbeige.evals import judges
+
+    name = grader_name(config)
+    if name not in judges.PROFILES:
+        return None
+    if config.judge.template is not None:
+        return f"the file {config.judge.template}"
+    if name.endswith("/reference") and name.split("/")[0] in reference_prompts:
+        return "the reference checkout's evaluator (its own text)"
+    return "nanbeige's own words, with the source's fields and decision rule"
 
 
 def judge_model(config: EvalConfig) -> str | None:
@@ -118,10 +134,11 @@ def tasks_sha256(tasks: list[Task]) -> str:
     return digest.hexdigest()
 
 
-def prepare_out(config: EvalConfig, tasks: list[Task], reference: dict[str, Any] | None = None) -> dict[str, Any]:
+def prepare_out(config: EvalConfig, tasks: list[Task], reference: dict[str, Any] | None = None,
+                judge_prompt: str | None = None) -> dict[str, Any]:
     """Create the out folder, or check that the one there holds this same eval (to be resumed);
     returns the manifest."""
-    wanted = manifest(config, tasks, reference)
+    wanted = manifest(config, tasks, reference, judge_prompt)
     path = config.out / MANIFEST
     if path.exists():
         try:
@@ -249,7 +266,8 @@ def agent_attempt(runtime: Ready, config: EvalConfig, client: httpx.AsyncClient)
     """A run of the agent loop on the task's question, graded on its answer."""
     from nanbeige.agent.loop import run
 
-    grade = grader_for(config)
+    reference = runtime.agent.reference
+    grade = grader_for(config, reference.judge_prompts if reference else None)
 
     async def attempt(task: Task, run_index: int) -> dict[str, Any] | str:
         try:
@@ -281,8 +299,9 @@ def grader_name(config: EvalConfig) -> str:
     return name
 
 
-def grader_for(config: EvalConfig) -> Grade:
-    """The grading function for answers: the GAIA scorer, or the named judge profile."""
+def grader_for(config: EvalConfig, reference_prompts: dict[str, str] | None = None) -> Grade:
+    """The grading function for answers: the GAIA scorer, or the named judge profile (a reference grader
+    with the reference checkout's own prompt, where `--reference` gives one)."""
     from nanbeige.evals import gaia_scorer, judges
 
     name = grader_name(config)
@@ -290,7 +309,7 @@ def grader_for(config: EvalConfig) -> Grade:
         async def exact(task: Task, prediction: str | None, response: str, client: httpx.AsyncClient) -> Verdict:
             return gaia_scorer.grade_exact(prediction, task.answer)
         return exact
-    profile = judges.profile_for(name, config.judge.template)
+    profile = judges.profile_for(name, config.judge.template, reference_prompts)
 
     async def judged(task: Task, prediction: str | None, response: str, client: httpx.AsyncClient) -> Verdict:
         if profile.shows == "answer":
@@ -370,7 +389,8 @@ async def evaluate(config: EvalConfig, settings: RunSettings, notice: Callable[[
     check_grader(config)
     settings = with_reference(settings)
     reference = settings.agent.reference
-    found = prepare_out(config, tasks, reference.identity() if reference else None)
+    found = prepare_out(config, tasks, reference.identity() if reference else None,
+                        judge_prompt_origin(config, reference.judge_prompts if reference else {}))
     progress = Progress(total=len(tasks) * config.k)
     pending = pending_runs(tasks, config.k, read_results(config.out))
     progress.done = progress.total - len(pending)

@@ -174,6 +174,20 @@ async def scrape_and_extract_info(url: str, info_to_extract: str) -> dict:
 EXTRACT_INFO_PROMPT = """PLACEHOLDER-EXTRACT want: {} from: {}"""
 '''
 
+EVALUATOR = '''\
+import re
+
+HLE_JUDGE_PROMPT = """PLACEHOLDER-HLE-JUDGE q={question} r={response} a={correct_answer} {{kept}}"""
+
+JUDGE_PROMPT_BC_en = """
+PLACEHOLDER-BC-EN q={question} a={correct_answer} r={response}
+""".strip()
+
+JUDGE_PROMPT_BC_zh = """PLACEHOLDER-BC-ZH q={question} a={correct_answer} r={response} x={extra}"""
+
+GAIA_VALIDATION_TEXT_103_SCORER_PROMPT = f"""PLACEHOLDER-EQUIVALENT {re}"""
+'''
+
 LLM_DEFAULT = "provider: anthropic\ntemperature: 0.3\ntop_p: 1.0\nmax_tokens: 4096\nkeep_tool_result: -1\n"
 LLM_MODEL = "defaults:\n  - default\nmax_context_length: 262144\nmax_tokens: 16384\ntop_p: 0.95\n"
 AGENT = "main_agent:\n  tools:\n    - tool-python\n  max_turns: 600\nkeep_tool_result: 5\n"
@@ -194,6 +208,7 @@ def make_reference(root: Path, head: bool = False, git: bool = False, scrape_rep
         "libs/miroflow-tools/src/miroflow_tools/dev_mcp_servers/jina_scrape_llm_summary.py": EXTRACT_SERVER,
         "apps/miroflow-agent/conf/llm/default.yaml": LLM_DEFAULT,
         "apps/miroflow-agent/conf/llm/qwen-3.yaml": LLM_MODEL,
+        "apps/miroflow-agent/benchmarks/evaluators/eval_utils.py": EVALUATOR,
         ("apps/miroflow-agent/conf/agent/mirothinker_v1.0_keep5.yaml" if head else
          "apps/miroflow-agent/conf/agent/single_agent_keep5.yaml"): AGENT,
     }

@@ -323,8 +323,8 @@ def test_an_eval_replayed_from_the_cache_fails_when_a_run_misses_it(tmp_path: Pa
     data, cache = write_gaia(tmp_path / "gaia"), tmp_path / "tools.sqlite"
 
     def evaluate(model: FakeOpenAI, out: str, *flags: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([NANBEIGE, "eval", "gaia", "--data", str(data), "--out", str(tmp_path / out), "-k", "1",
-                               "--base-url", model.base_url, "--no-default-servers", "--mcp",
+        return subprocess.run([NANBEIGE, "eval", "gaia", "--grader", "official", "--data", str(data), "--out",
+                               str(tmp_path / out), "-k", "1", "--base-url", model.base_url, "--no-default-servers", "--mcp",
                                f"testkit={' '.join(TEST_SERVER)}", "--cache", str(cache), *flags],
                               capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"}, timeout=120)
 

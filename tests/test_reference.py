@@ -333,3 +333,22 @@ def test_placeholder_sandbox_ids_get_the_checkouts_own_answer_from_our_python_se
     assert str(caught.value) == "PLACEHOLDER-INVALID {'placeholder-box'} id."  # the server adds `[ERROR]: `
     with pytest.raises(SandboxError, match="is not a valid sandbox_id"):
         boxes.run_command("true", "")  # not the checkout's placeholder: our own answer
+
+
+def test_reference_graders_put_the_checkouts_own_judge_prompts_in_front_of_the_judge(tmp_path: Path) -> None:
+    """The evaluator's templates, filled by `str.format` as it fills them; a template with other fields, or
+    not a plain text, is left out (our prompt is used for that judge), as is a checkout without an evaluator."""
+    from nanbeige.evals.judges import profile_for, request_body
+
+    root = make_reference(tmp_path / "ref")
+    prompts = ref.load(root).judge_prompts
+    assert set(prompts) == {"hle", "browsecomp"}  # BC-ZH has an extra field; the equivalent one is an f-string
+    assert prompts["browsecomp"] == "PLACEHOLDER-BC-EN q={question} a={correct_answer} r={response}"  # .strip()
+    body = request_body(profile_for("hle/reference", None, prompts), "judge", "Q?", "{r}", "Paris")
+    assert body["messages"][-1]["content"] == "PLACEHOLDER-HLE-JUDGE q=Q? r={r} a=Paris {kept}"
+    assert profile_for("hle/official", None, prompts).template == profile_for("hle/official").template
+    assert profile_for("equivalent/reference", None, prompts).template == profile_for("equivalent/reference").template
+    (root / "apps/miroflow-agent/benchmarks/evaluators/eval_utils.py").unlink()
+    report, reference = ref.inspect(root)
+    assert reference is not None and reference.judge_prompts == {}
+    assert any(name == "judge prompts" and ok and "nanbeige's prompts" in detail for name, ok, detail in report)
