@@ -222,3 +222,20 @@ async def test_nanbeige_eval_runs_bfcl_items_with_a_real_small_model_in_process(
     lines = [json.loads(line) for line in next((tmp_path / "out" / "bfcl" / "result").rglob("*.json")).open()]
     assert [line["id"] for line in lines] == ["simple_python_0", "simple_python_1"]
     assert all(isinstance(line["result"], str) for line in lines)  # the model's text, as the handler kept it
+
+
+def test_the_command_prints_the_report_alone_on_stdout(tmp_path: Path) -> None:
+    """The handler and the runner print as they go; that goes to bfcl/*.log, not into the report."""
+    import subprocess
+    import sys
+
+    script = script_for({"multi_turn_base": 2})
+    with FakeOpenAI(script, vllm=True) as server:
+        result = subprocess.run([str(Path(sys.executable).with_name("nanbeige")), "eval", "bfcl-multi-turn-base",
+                                 "--limit", "2", "--base-url", server.base_url, "--out", str(tmp_path / "out")],
+                                capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("## bfcl-multi-turn-base: 2 of 2 items, graded by bfcl-eval==2026.3.23")
+    assert "multi_turn_base" in result.stdout and "Overall Acc" in result.stdout
+    assert "Empty response" not in result.stdout + result.stderr and "🦍" not in result.stdout
+    assert "Running test" in (tmp_path / "out" / "bfcl" / "runner.log").read_text()
