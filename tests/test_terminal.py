@@ -172,7 +172,7 @@ def test_collect_and_judge_in_a_terminal_with_slow_models_draw_progress_and_fini
         assert term.shows("running", 30), term.screen_text()
         assert term.wait(60) == 0, term.screen_text()
     assert "1/1 questions · 2/2 rollouts" in term.screen_text()
-    verdict = "extracted_final_answer: Lutetia\nreasoning: the same city\ncorrect: yes"
+    verdict = "Correct"  # the reference harness's "equivalent" judge answers with one word
     with FakeOpenAI([], default=Reply(content=verdict, delay_s=SLOW / 2)) as judge, \
             Terminal([NANBEIGE, "judge", str(graded_by_a_judge(tmp_path, count=3)), "--out", str(tmp_path / "j.jsonl"),
                       "--no-critic", "--judge-base-url", judge.base_url, "--concurrency", "1"]) as term:
