@@ -87,7 +87,9 @@ for _name in ("all", "non_live", "live", "single_turn", "multi_turn", "memory", 
               "simple_javascript", "multiple", "parallel", "parallel_multiple", "irrelevance", "live_simple",
               "live_multiple", "live_parallel", "live_parallel_multiple", "live_irrelevance", "live_relevance",
               "multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context",
-              "memory_kv", "memory_rec_sum"):
+              "memory_kv", "memory_rec_sum",
+              # named so that asking for them says why they do not run here
+              "web_search_base", "web_search_no_snippet", "memory_vector", "format_sensitivity"):
     _bench = "bfcl" if _name == "all" else f"bfcl-{_name.replace('_', '-')}"
     BENCHMARKS[_bench] = Benchmark(
         _bench, _bfcl_load(_name), GRADER,

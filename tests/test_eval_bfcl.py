@@ -67,7 +67,9 @@ def test_the_handler_and_its_settings_are_the_packages_own_registry_entry() -> N
 
 def test_categories_that_cannot_run_here_and_unknown_ones_are_clear_errors() -> None:
     with pytest.raises(LoadError, match="SerpAPI"):
-        bfcl.load("web_search_base")
+        BENCHMARKS["bfcl-web-search-base"].load(None)  # named, so that the reason is given
+    with pytest.raises(LoadError, match="not run for function-calling models"):
+        BENCHMARKS["bfcl-format-sensitivity"].load(None)
     with pytest.raises(LoadError, match="unknown BFCL category 'simple_rust'"):
         bfcl.load("simple_rust")
     with pytest.raises(LoadError, match="leave out --data"):
