@@ -83,13 +83,13 @@ async def _bfcl_pipeline(config: EvalConfig, settings: RunSettings, notice: Call
 
 
 # BFCL's own category names, and our names for groups of them (`evals/bfcl.py` checks both against the package)
-for _name in ("all", "non_live", "live", "single_turn", "multi_turn", "memory", "simple_python", "simple_java",
+for _name in ("all", "non_live", "live", "single_turn", "multi_turn", "memory", "web_search", "simple_python", "simple_java",
               "simple_javascript", "multiple", "parallel", "parallel_multiple", "irrelevance", "live_simple",
               "live_multiple", "live_parallel", "live_parallel_multiple", "live_irrelevance", "live_relevance",
               "multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context",
-              "memory_kv", "memory_rec_sum",
+              "memory_kv", "memory_rec_sum", "web_search_base", "web_search_no_snippet",
               # named so that asking for them says why they do not run here
-              "web_search_base", "web_search_no_snippet", "memory_vector", "format_sensitivity"):
+              "memory_vector", "format_sensitivity"):
     _bench = "bfcl" if _name == "all" else f"bfcl-{_name.replace('_', '-')}"
     BENCHMARKS[_bench] = Benchmark(
         _bench, _bfcl_load(_name), GRADER,

@@ -38,20 +38,20 @@ TEMPERATURE = 0.001
 GRADER = "bfcl-eval"
 
 # BFCL's own category names (`bfcl_eval.constants.category_mapping`), checked against the installed
-# package when loaded. Web search needs the official search engine (SerpAPI), memory_vector downloads an
-# embedding model, and format sensitivity is not run for function-calling models.
+# package when loaded. memory_vector downloads an embedding model, and format sensitivity is not run for
+# function-calling models. Web search runs on our search backend in place of the official engine (SerpAPI's
+# DuckDuckGo), so its number is not the official one: it is asked for by name, never part of `all`.
 RUNNABLE = ("simple_python", "simple_java", "simple_javascript", "multiple", "parallel", "parallel_multiple",
             "irrelevance", "live_simple", "live_multiple", "live_parallel", "live_parallel_multiple",
             "live_irrelevance", "live_relevance", "multi_turn_base", "multi_turn_miss_func",
             "multi_turn_miss_param", "multi_turn_long_context", "memory_kv", "memory_rec_sum")
+WEB_SEARCH = ("web_search_base", "web_search_no_snippet")
 NOT_RUNNABLE = {
-    "web_search_base": "needs the official search engine (SerpAPI, a paid API)",
-    "web_search_no_snippet": "needs the official search engine (SerpAPI, a paid API)",
     "memory_vector": "needs a sentence-transformers embedding model downloaded at run time",
     "format_sensitivity": "is not run for function-calling models (the official generator skips it)",
 }
 GROUPS = {"non_live": RUNNABLE[:7], "live": RUNNABLE[7:13], "single_turn": RUNNABLE[:13],
-          "multi_turn": RUNNABLE[13:17], "memory": RUNNABLE[17:], "all": RUNNABLE}
+          "multi_turn": RUNNABLE[13:17], "memory": RUNNABLE[17:], "web_search": WEB_SEARCH, "all": RUNNABLE}
 """Our names for sets of categories (`bfcl-<group>`); `all` is every category that runs here."""
 
 
@@ -84,6 +84,34 @@ def registry_entry(name: str, source: Path) -> dict[str, Any]:
     raise LoadError(f"{source}: no registry entry {name!r}; this needs {PACKAGE}")
 
 
+class SearchEngine:
+    """What the package's web search backend imports as `serpapi.GoogleSearch`: our search answers its
+    queries (`use_search`), in SerpAPI's result shape, so that everything around the call (the result
+    format, `show_snippet`, the error texts) stays the package's. Its region is not passed on: our
+    backends take none."""
+
+    search: Callable[[str, int], list[dict[str, str]]] | None = None
+    """(keywords, how many) -> results with title, link and snippet; set for the run by `use_search`."""
+
+    def __init__(self, params: dict[str, Any]):
+        self.params = params
+
+    def get_dict(self) -> dict[str, Any]:
+        if SearchEngine.search is None:
+            return {"error": "no search backend was set up for this run"}
+        return {"organic_results": SearchEngine.search(self.params["q"], 10)}
+
+
+def official_search() -> bool:
+    """Whether web search runs on the official engine: SerpAPI's client installed and its key set."""
+    return bool(os.environ.get("SERPAPI_API_KEY")) and importlib.util.find_spec("serpapi") is not None
+
+
+def use_search(search: Callable[[str, int], list[dict[str, str]]] | None) -> None:
+    """Answer the web search categories' queries with `search` (None: no search)."""
+    SearchEngine.search = search
+
+
 @functools.cache
 def official() -> types.SimpleNamespace:
     """The package's modules this pipeline uses, imported once with the one-entry registry in place."""
@@ -94,6 +122,10 @@ def official() -> types.SimpleNamespace:
         registry = types.ModuleType("bfcl_eval.constants.model_config")
         registry.MODEL_CONFIG_MAPPING = {HANDLER_ENTRY: types.SimpleNamespace(**entry)}  # type: ignore[attr-defined]
         sys.modules[registry.__name__] = registry
+        if not official_search():  # the official engine's client, or ours in its place (SearchEngine)
+            engine = types.ModuleType("serpapi")
+            engine.GoogleSearch = SearchEngine  # type: ignore[attr-defined]
+            sys.modules["serpapi"] = engine
         modules = {name: importlib.import_module(f"bfcl_eval.{name}") for name in (
             "utils", "constants.category_mapping", "constants.enums", "eval_checker.eval_runner",
             "_llm_response_generation")}
@@ -113,9 +145,9 @@ def categories_of(name: str) -> tuple[str, ...]:
         return GROUPS[name]
     if name in NOT_RUNNABLE:
         raise LoadError(f"BFCL's {name} cannot be run here: it {NOT_RUNNABLE[name]}")
-    if name not in RUNNABLE:
-        raise LoadError(f"unknown BFCL category {name!r}; known: {', '.join(RUNNABLE)}, and the groups "
-                        f"{', '.join(GROUPS)}")
+    if name not in RUNNABLE + WEB_SEARCH:
+        raise LoadError(f"unknown BFCL category {name!r}; known: {', '.join(RUNNABLE + WEB_SEARCH)}, and the "
+                        f"groups {', '.join(GROUPS)}")
     return (name,)
 
 

@@ -71,7 +71,7 @@ async def evaluate(config: EvalConfig, settings: RunSettings, notice: Callable[[
         if progress.done:
             notice(f"resuming: {progress.done} of {progress.total} items already done in {config.out}")
         settings = dataclasses.replace(settings_for_bfcl(settings), trajectory=config.out / TRAJECTORIES)
-        async with ready(settings, without_tools_notice(notice)) as runtime:
+        async with ready(settings, without_tools_notice(notice)) as runtime, web_search(pending):
             attempt = item_attempt(runtime, config.out, settings.llm.temperature, notice)
             view = progress_view(progress) if progress_view else None
             # the handler prints what it does (and what the model got wrong) on stdout, where our report goes
@@ -113,6 +113,52 @@ async def run_in_order(pending: list[Task], attempt: Any, concurrency: int, prog
         waiting = [t for t in waiting if t not in ready]
         await run_all([(t, 0) for t in ready], attempt, concurrency, progress,
                       lambda row: finished.add(row["task_id"]))
+
+
+@contextlib.asynccontextmanager
+async def web_search(pending: list[Task]) -> Any:
+    """For the web search categories, our search backend in place of the official engine (unless that is
+    installed with its key), answering from this event loop; EvalError when none is configured."""
+    if bfcl.official_search() or not any(t.level in bfcl.WEB_SEARCH for t in pending):
+        yield
+        return
+    from nanbeige.tools.search import Searcher, SearchError, SearchUnavailable, config_from_env, \
+        search_setup_problem
+
+    problem = search_setup_problem(config_from_env())
+    if problem:
+        raise EvalError(f"BFCL's web search needs a search backend: {problem}")
+    loop = asyncio.get_running_loop()
+    async with Searcher() as searcher:
+        def search(keywords: str, count: int) -> list[dict[str, str]]:
+            try:
+                found = asyncio.run_coroutine_threadsafe(searcher.google_search(keywords, num=count), loop).result()
+            except SearchError:
+                return []
+            except SearchUnavailable as exc:  # raised into the package's code, which reports it as an error
+                raise RuntimeError(str(exc)) from None
+            return [{"title": r.get("title", ""), "link": r.get("link", ""), "snippet": r.get("snippet", "")}
+                    for r in found.get("organic", [])][:count]
+        bfcl.use_search(search)
+        try:
+            yield
+        finally:
+            bfcl.use_search(None)
+
+
+def search_engine(categories: list[str]) -> str | None:
+    """Which engine the web search categories ran on, for the report."""
+    if not any(c in bfcl.WEB_SEARCH for c in categories):
+        return None
+    if bfcl.official_search():
+        return "SerpAPI (the official engine)"
+    from nanbeige.tools.search import choose_backend, config_from_env
+
+    try:
+        backend = choose_backend(config_from_env())
+    except Exception:  # noqa: BLE001 - the report is written even when search is no longer set up
+        backend = "unknown"
+    return f"nanbeige's {backend} search backend, not the official engine: not the official number"
 
 
 def without_tools_notice(notice: Callable[[str], None]) -> Callable[[str], None]:
@@ -283,6 +329,7 @@ def report(out: Path, manifest: dict[str, Any], graded: list[str], partial: bool
     verdicts = {task_id: task_id not in wrong for task_id in scored if task_id in done}
     missing = [c for c in bfcl.RUNNABLE + AGENTIC if c not in graded]
     return {"kind": "bfcl", "bench": manifest["bench"], "grader": f"{bfcl.PACKAGE} eval_runner",
+            "search_engine": search_engine(graded),
             "handler": f"{bfcl.official().entry['model_handler'].__name__} ({bfcl.HANDLER_ENTRY})",
             "items": len(manifest["tasks"]), "items_done": len(verdicts), "partial": partial,
             "correct": sum(verdicts.values()), "categories": per_category, "summary": overall,

@@ -217,6 +217,8 @@ def bfcl_markdown(report: dict[str, Any]) -> str:
     """BFCL's report: the official runner's per-category accuracies and its summary numbers."""
     lines = [f"## {report['bench']}: {report['items_done']} of {report['items']} items, graded by {report['grader']}",
              "", f"Prompts and decoding: {report['handler']}.", ""]
+    if report.get("search_engine"):
+        lines += [f"Web search ran on {report['search_engine']}.", ""]
     if report["partial"]:
         lines += ["Partial: the official runner scored only the items done (its --partial-eval); run the same "
                   "command again to finish, or leave out --limit.", ""]

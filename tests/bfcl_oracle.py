@@ -111,6 +111,11 @@ class Replies:
             if position % 2 or truth is None or turn >= len(truth) or not truth[turn]:
                 return "Which folder do you mean?"
             return "\n".join(block(c) for c in multi_turn_calls(truth[turn], entry["function"]))
+        if item_id.startswith("web_search"):  # a search first, then an answer from what it found
+            if "<tool_response>" not in prompt:
+                return block({"name": "search_engine_query", "arguments": {"keywords": "sea otters sleeping"}})
+            answer = truth[0] if position % 2 == 0 else "I do not know"
+            return "{'answer': '" + answer + "', 'context': 'from the search results'}"
         if item_id.startswith("memory"):  # a prerequisite conversation, or a question on what it said
             if truth is None:
                 return "Noted, thank you."
@@ -131,8 +136,9 @@ def script_for(counts: dict[str, int]) -> Replies:
         entries = bfcl.official().utils.load_dataset_entry(category)[:n]
         truths: dict[str, Any] = {}
         if not is_relevance_or_irrelevance(category):  # memory truths are named "memory_..." for every backend
-            truths = {row["id"].replace("memory", category, 1) if category.startswith("memory") else row["id"]:
-                      row["ground_truth"] for row in load_ground_truth_entry(category)}
+            shared = next((name for name in ("memory", "web_search") if category.startswith(name)), None)
+            truths = {row["id"].replace(shared, category, 1) if shared else row["id"]: row["ground_truth"]
+                      for row in load_ground_truth_entry(category)}
         for position, entry in enumerate(entries):
             items[entry["id"]] = (entry, truths.get(entry["id"]), position)
     return Replies(items)

@@ -66,8 +66,8 @@ def test_the_handler_and_its_settings_are_the_packages_own_registry_entry() -> N
 
 
 def test_categories_that_cannot_run_here_and_unknown_ones_are_clear_errors() -> None:
-    with pytest.raises(LoadError, match="SerpAPI"):
-        BENCHMARKS["bfcl-web-search-base"].load(None)  # named, so that the reason is given
+    with pytest.raises(LoadError, match="embedding model"):
+        BENCHMARKS["bfcl-memory-vector"].load(None)  # named, so that the reason is given
     with pytest.raises(LoadError, match="not run for function-calling models"):
         BENCHMARKS["bfcl-format-sensitivity"].load(None)
     with pytest.raises(LoadError, match="unknown BFCL category 'simple_rust'"):
@@ -241,3 +241,46 @@ def test_the_command_prints_the_report_alone_on_stdout(tmp_path: Path) -> None:
     assert "multi_turn_base" in result.stdout and "Overall Acc" in result.stdout
     assert "Empty response" not in result.stdout + result.stderr and "🦍" not in result.stdout
     assert "Running test" in (tmp_path / "out" / "bfcl" / "runner.log").read_text()
+
+
+def local_search(keywords: str, count: int) -> list[dict]:
+    """A search of the local index from a worker thread, in the shape the engine's client gives."""
+    import asyncio
+
+    from nanbeige.tools.search import google_search
+
+    found = asyncio.run(google_search(keywords, num=count))
+    return [{"title": r["title"], "link": r["link"], "snippet": r["snippet"]} for r in found["organic"]]
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_web_search_runs_on_our_search_backend_and_says_it_is_not_the_official_engine(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The package's WebSearchAPI is run as it is, its engine's client answered by our local index; the
+    verdicts are the official generator's and runner's with the same engine in place."""
+    from nanbeige.tools.index import build_index
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "otters.md").write_text("# Sea otters\n\nSea otters hold hands while sleeping so they do not drift.")
+    build_index([docs], tmp_path / "index")
+    monkeypatch.setenv("NANBEIGE_SEARCH_BACKEND", "local")
+    monkeypatch.setenv("NANBEIGE_INDEX", str(tmp_path / "index"))
+    counts = {"web_search_base": 4, "web_search_no_snippet": 2}
+    script = script_for(counts)
+    with FakeOpenAI(script, vllm=True) as server:
+        ours = {c: await run_ours(server, c, n, tmp_path / "ours" / c) for c, n in counts.items()}
+        answered = [r["prompt"] for r in server.requests if "<tool_response>" in r["prompt"]]
+        bfcl.use_search(local_search)  # the official generator's threads ask the same index
+        try:
+            official = run_official(server.base_url, counts, tmp_path / "official", monkeypatch)
+        finally:
+            bfcl.use_search(None)
+    assert answered and all("Sea otters" in prompt for prompt in answered)  # the index's result reached the model
+    assert any("hold hands" in p for p in answered) and not all("hold hands" in p for p in answered)  # no snippet
+    expected = official_verdicts(official, list(script.items))
+    got = {i: i not in report["wrong_ids"] for category, report in ours.items() for i in script.items
+           if i.startswith(category)}
+    assert got == expected and set(expected.values()) == {True, False}
+    assert all("not the official engine" in r["search_engine"] for r in ours.values())
