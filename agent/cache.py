@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -154,15 +155,25 @@ class ToolCache:
             raise CacheError(f"--replay: there is no cache file {self.path}; record one first with --cache")
         if self.path.is_dir():
             raise CacheError(f"--cache {self.path} is a folder; give a file path")
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")  # in WAL mode: no fsync per write, never corrupt
-            self._check_schema()
-        except (sqlite3.Error, OSError) as exc:
-            self._close()
-            raise CacheError(f"cannot use {self.path} as a tool-result cache: {exc}") from None
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        while True:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA synchronous=NORMAL")  # in WAL mode: no fsync per write, never corrupt
+                self._db.execute("BEGIN IMMEDIATE")  # the write lock first: a reader cannot upgrade while others write
+                self._check_schema()
+                self._db.execute("COMMIT")
+                return
+            except (sqlite3.Error, OSError) as exc:
+                self._close()
+                # Switching a new file to WAL while other processes open it can be refused at once, busy
+                # timeout or not: another try a moment later succeeds
+                if "locked" in str(exc) and time.monotonic() < deadline:
+                    time.sleep(random.uniform(0.02, 0.2))
+                    continue
+                raise CacheError(f"cannot use {self.path} as a tool-result cache: {exc}") from None
 
     def _check_schema(self) -> None:
         assert self._db is not None
