@@ -87,9 +87,12 @@ class History:
 
     def next_prompt_tokens(self, last: Turn | None) -> int:
         """Estimated prompt size of the next call: the server's count for the last call plus its
-        completion, plus an estimate of the messages added since; a full estimate without usage."""
+        completion, plus an estimate of the messages added since (after a rolled-back reply, the server's
+        count for the call it answered); a full estimate without usage."""
         if last is None or "prompt_tokens" not in last.usage:
             return self.estimated_tokens
+        if last.rolled_back:  # the reply was dropped and nothing added: the same prompt goes again
+            return last.usage["prompt_tokens"]
         completion = last.usage.get("completion_tokens", _message_tokens(last.assistant))
         return last.usage["prompt_tokens"] + completion + self.added_since_call
 

@@ -42,7 +42,7 @@ NoDefaultServers = Annotated[bool, typer.Option("--no-default-servers", help="Us
 ToolTimeout = Annotated[float, typer.Option(min=1, help="Seconds one tool call may take.",
                                             rich_help_panel=ADVANCED)]
 MaxResultChars = Annotated[int, typer.Option(min=100, help="Longer tool results are cut.", rich_help_panel=ADVANCED)]
-Timeout = Annotated[float | None, typer.Option(help="Wall-clock limit for one run, in seconds.",
+Timeout = Annotated[float | None, typer.Option(min=1, help="Wall-clock limit for one run, in seconds.",
                                                rich_help_panel=ADVANCED, show_default=False)]
 GgufFile = Annotated[str | None, typer.Option(help="GGUF file inside --model, for the in-process backend.",
                                               rich_help_panel=ADVANCED, show_default=False)]

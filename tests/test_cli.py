@@ -92,6 +92,7 @@ def test_bad_flags_and_specs_are_clear_errors(tmp_path: Path) -> None:
                           "two MCP servers share a name: a")
     assert_one_line_error(nanbeige("ask", "q", "--base-url", "http://[::1"), "--base-url", "not a valid URL")
     assert_one_line_error(nanbeige("ask", "q", "--base-url", "ftp://host/v1"), "must be an http(s) URL")
+    assert_one_line_error(nanbeige("ask", "q", "--timeout", "-5"), "--timeout")  # it used to stop the run at once
 
 
 def test_a_tool_server_that_cannot_start_is_a_clear_error(tmp_path: Path) -> None:

@@ -42,6 +42,22 @@ def test_next_prompt_uses_the_servers_count_plus_an_estimate_of_what_is_new() ->
     assert history.next_prompt_tokens(turn) == 1000 + 50 + estimate_tokens("y" * 3000)
 
 
+def test_after_a_rolled_back_reply_the_next_prompt_is_the_one_it_answered() -> None:
+    """Seen against real vLLM: a dropped reply's tokens and the first prompt's estimate were counted again
+    on top of the server's count (1,872 + 256 + 2,048 in a 4,096 context), ending runs as context_limit."""
+    history = History("s" * 4000, "q" * 4000, keep_tool_results=5)
+    dropped = Turn(index=0, assistant={"content": "cut off"}, rolled_back=True,
+                   usage={"prompt_tokens": 1872, "completion_tokens": 256})
+    assert history.next_prompt_tokens(dropped) == 1872  # nothing was added: the same prompt is sent again
+    history.add_turn({"role": "assistant", "content": "x"}, [{"role": "user", "content": "y" * 300}])
+    kept = Turn(index=1, assistant={"content": "x"}, usage={"prompt_tokens": 1872, "completion_tokens": 10})
+    history.add_turn({"role": "assistant", "content": "z"}, [{"role": "user", "content": "w" * 30}])
+    dropped = Turn(index=2, assistant={"content": "again"}, rolled_back=True,
+                   usage={"prompt_tokens": 1990, "completion_tokens": 400})
+    assert history.next_prompt_tokens(kept) == 1872 + 10 + estimate_tokens("w" * 30)
+    assert history.next_prompt_tokens(dropped) == 1990
+
+
 def test_the_estimate_errs_high_for_english_and_cjk() -> None:
     english = "The quick brown fox jumps over the lazy dog. " * 100  # about 1000 real tokens
     assert estimate_tokens(english) > 1000
