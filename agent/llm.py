@@ -506,7 +506,11 @@ class OpenAIChat:
         text = _error_text(response)
         if response.status_code == 400 and "context" in text.lower() and "length" in text.lower():
             raise ContextOverflow(text)
-        raise ModelError(f"model server answered HTTP {response.status_code}: {text}")
+        hint = ""
+        if "--enable-auto-tool-choice" in text:  # vLLM started without a tool-call parser
+            hint = (" (the server parses no tool calls: start it with `nanbeige serve --dialect tool-call`, or vLLM "
+                    "with --enable-auto-tool-choice --tool-call-parser NAME; or use --dialect mcp-xml)")
+        raise ModelError(f"model server answered HTTP {response.status_code}: {text}{hint}")
 
     async def aclose(self) -> None:
         await self.http.aclose()

@@ -114,6 +114,17 @@ async def test_a_pydantic_style_refusal_naming_a_field_in_its_location_also_drop
     assert [carries_extras(r) for r in server.requests] == [True, False]
 
 
+async def test_tool_calls_refused_by_a_server_without_a_tool_parser_say_how_to_start_it() -> None:
+    # vLLM 0.32's answer to a request with tools when it was started without --enable-auto-tool-choice
+    refusal = {"error": {"message": '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser '
+                                    "to be set", "type": "BadRequestError", "param": None, "code": 400}}
+    with FakeOpenAI([Reply(status=400, body=refusal)], vllm=True) as server:
+        llm = client(server.base_url)
+        with pytest.raises(ModelError, match=r"HTTP 400: .*nanbeige serve --dialect tool-call.*--dialect mcp-xml"):
+            await llm.complete(MESSAGES, [{"type": "function", "function": {"name": "f", "parameters": {}}}])
+        await llm.aclose()
+
+
 async def test_a_422_about_something_else_is_an_error_with_the_servers_words() -> None:
     refusal = {"detail": [{"type": "missing", "loc": ["body", "messages"], "msg": "Field required"}]}
     with FakeOpenAI([Reply(status=422, body=refusal)], vllm=True) as server:
