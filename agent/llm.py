@@ -211,6 +211,15 @@ def _version_is_vllm(response: httpx.Response) -> bool:
     return response.status_code == 200 and isinstance(body, dict) and isinstance(body.get("version"), str)
 
 
+def served_by(llm: Any) -> str | None:
+    """The address of the server a backend talks to, without credentials (a user and password in the URL,
+    its query), for the trajectory: `resume` finds the server again; None for a model in this process."""
+    if not isinstance(llm, OpenAIChat):
+        return None
+    url = httpx.URL(llm.config.base_url)
+    return str(url.copy_with(username=None, password=None, query=None, fragment=None))
+
+
 def _server_root(base_url: str) -> str:
     return base_url.rstrip("/").removesuffix("/v1")
 

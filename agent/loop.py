@@ -24,7 +24,7 @@ from nanbeige.agent import dialects, replies
 from nanbeige.agent.cache import ReplayMiss
 from nanbeige.agent.context import (History, duplicate_note, estimate_tokens, query_tools, reference_margin,
                                     release_unseen_results, repeated_call, step_back, used_query)
-from nanbeige.agent.llm import LLM, Completion, ContextOverflow, ModelError
+from nanbeige.agent.llm import LLM, Completion, ContextOverflow, ModelError, served_by
 from nanbeige.agent.replies import EXTRA_ATTEMPTS, RESAMPLES
 from nanbeige.agent.restore import rebuild, reopen
 from nanbeige.agent.tokens import TokenTracker
@@ -161,6 +161,8 @@ async def run(question: str, llm: LLM, toolbox: Toolbox | None, config: AgentCon
     limits = dataclasses.asdict(dataclasses.replace(config, reference=None)) | (toolbox.settings() if toolbox else {})
     if reference is not None:  # resume reads the texts again from the same checkout, checked by its hash
         limits["reference"] = {"path": str(reference.path), **reference.identity()}
+    if (server := served_by(llm)) is not None:  # resume asks the same server again
+        limits["server"] = server
     trajectory = resume_from or Trajectory(
         question=question, group_id=group_id, tools=tools, model=llm.config.model, dialect=config.dialect,
         system_prompt=dialects.system_prompt(config.dialect, tools, date, config.system_prompt_template, reference),

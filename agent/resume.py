@@ -92,11 +92,14 @@ def finished(trajectory: Trajectory) -> str:
 def settings_for(trajectory: Trajectory, path: Path, base_url: str | None, backend: str, api_key: str | None,
                  mcp: list[str] | None, no_default_servers: bool, gguf_file: str | None, token_mode: bool,
                  chat_template: Path | None) -> RunSettings:
-    """The settings the run was made with, served and tooled as the flags say."""
+    """The settings the run was made with, served and tooled as the flags say: by default by the server
+    the run used (recorded without credentials; a key comes from --api-key or NANBEIGE_API_KEY again)."""
     limits, sampling = trajectory.limits, trajectory.sampling
     agent = AgentConfig(**{f.name: limits[f.name] for f in dataclasses.fields(AgentConfig)
                            if f.name in limits and f.name != "reference"})
     reference = limits.get("reference") if isinstance(limits.get("reference"), dict) else None
+    recorded = limits.get("server") if isinstance(limits.get("server"), str) else None
+    base_url = base_url or (recorded if backend in ("auto", "openai") else None)  # the run's server, unless told
     llm = LLMConfig(base_url=base_url or LLMConfig.base_url, model=trajectory.model, api_key=api_key,
                     **{name: sampling[name] for name in SAMPLING if name in sampling})
     tools = ToolsConfig(mcp=mcp or [], default_servers=not no_default_servers,

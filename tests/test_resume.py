@@ -340,6 +340,27 @@ def test_a_stopped_run_is_resumed_by_the_command_into_the_same_file(how: str, un
     assert "turn 8" in shown.stdout and "answer: 42" in shown.stdout
 
 
+def test_resume_asks_the_runs_own_server_recorded_without_its_credentials(uninterrupted: Any, tmp_path: Path) -> None:
+    """Without --base-url a resume used to fall back to loading the model in this process."""
+    path = tmp_path / "run.jsonl"
+    with FakeOpenAI(model(block_at=4)) as server:
+        with_credentials = server.base_url.replace("http://", "http://someone:hunter2secret@")
+        process = subprocess.Popen([NANBEIGE, "ask", "What is it?", "--base-url", with_credentials, "--trajectory",
+                                    str(path), *ASK], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   start_new_session=True)
+        deadline = time.monotonic() + 60
+        while len(server.requests) < 5 and time.monotonic() < deadline:  # waiting for its turn 4
+            time.sleep(0.05)
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate(timeout=30)
+        [stopped] = load_trajectories(path)
+        assert stopped.limits["server"] == server.base_url and "hunter2secret" not in path.read_text()
+        resumed = nanbeige("resume", str(path), "--mcp", TESTKIT, "--no-default-servers")
+        assert resumed.returncode == 0 and resumed.stdout == "42\n", resumed.stderr
+    gone = nanbeige("resume", str(path), "--mcp", TESTKIT, "--no-default-servers")  # finished now: refused
+    assert gone.returncode != 0 and "finished on its own" in gone.stderr
+
+
 def test_a_finished_trajectory_is_not_resumed(uninterrupted: Any, tmp_path: Path) -> None:
     path = tmp_path / "done.jsonl"
     shutil.copy(uninterrupted[0], path)
