@@ -176,7 +176,8 @@ class Completions:
     """What the handler calls as `client.completions.create(...)`: a text completion from our backend.
     `complete(prompt, max_tokens, temperature)` gives (text, prompt tokens, completion tokens); the
     calls made are kept (`calls`) for the item's trajectory, and a failure of the backend itself
-    (`failure`) marks the item as not done, rather than as the model's wrong answer."""
+    (`failure`) marks the item as not done, rather than as the model's wrong answer; a prompt the server
+    refuses as too long is the item's own outcome, recorded as the official generator records errors."""
 
     def __init__(self, complete: Callable[[str, int, float], tuple[str, int, int]]):
         self.complete = complete
@@ -184,8 +185,12 @@ class Completions:
         self.failure: str | None = None
 
     def create(self, *, prompt: str, max_tokens: int, temperature: float, **_: Any) -> Any:
+        from nanbeige.agent.llm import ContextOverflow
+
         try:
             text, prompt_tokens, completion_tokens = self.complete(prompt, max_tokens, temperature)
+        except ContextOverflow:  # the item's own prompt is too long: the official generator records that
+            raise
         except Exception as exc:
             self.failure = self.failure or f"{type(exc).__name__}: {exc}"
             raise

@@ -168,6 +168,24 @@ async def test_a_failing_model_server_leaves_the_item_undone_and_a_rerun_finishe
 
 
 @pytest.mark.anyio
+async def test_a_prompt_too_long_for_the_server_is_the_items_outcome_not_a_failure(tmp_path: Path) -> None:
+    script = script_for({"simple_python": 2})
+    too_long = Reply(status=400, body={"error": {"message": "This model's maximum context length is 2048 tokens. "
+                                                 "However, you requested 4196 tokens.", "code": 400}})
+
+    def model(request: dict) -> Reply | str:
+        return too_long if script.first_user(script.items["simple_python_1"][0]) in request["prompt"] else \
+            script(request)
+
+    with FakeOpenAI(model, vllm=True) as server:
+        report = await run_ours(server, "simple_python", 2, tmp_path / "out")
+    assert report["items_done"] == 2 and report["failed_runs"] == 0 and "simple_python_1" in report["wrong_ids"]
+    line = next(json.loads(x) for x in next((tmp_path / "out" / "bfcl" / "result").rglob("*.json")).open()
+                if json.loads(x)["id"] == "simple_python_1")
+    assert line["result"].startswith("Error during inference: ")  # as the official generator writes it
+
+
+@pytest.mark.anyio
 async def test_requests_carry_what_the_official_generator_sends(tmp_path: Path) -> None:
     script = script_for({"simple_python": 1})
     with FakeOpenAI(script, vllm=True) as server:
