@@ -69,6 +69,7 @@ def ask(
     gguf_file: o.GgufFile = None,
     token_mode: o.TokenMode = False,
     chat_template: o.ChatTemplate = None,
+    tokenizer: o.Tokenizer = None,
     summary_turn: o.SummaryTurn = None,
     rollback: o.Rollback = None,
     system_prompt_file: o.SystemPromptFile = None,

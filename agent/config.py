@@ -27,6 +27,9 @@ class BackendConfig:
     """Render prompts here and send token ids to vLLM's `/v1/completions` (token-exact trajectories)."""
     chat_template: Path | None = None
     """Chat template file for token mode (default: the tokenizer's)."""
+    tokenizer: str | None = None
+    """The tokenizer for token mode, a folder or Hugging Face id; None: the folder the server lists as the
+    model's `root` when it is one here, else the model name."""
     verbose: bool = False
     """Let third-party libraries draw their own progress bars and logs on stderr (loading a model in
     this process); off, they are kept out, and our own progress lines say what happens."""

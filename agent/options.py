@@ -51,6 +51,9 @@ TokenMode = Annotated[bool, typer.Option(help="Render prompts here with the mode
                                          rich_help_panel=ADVANCED)]
 ChatTemplate = Annotated[Path | None, typer.Option(help="Chat template file for --token-mode (default: the "
                                                         "tokenizer's).", rich_help_panel=ADVANCED, show_default=False)]
+Tokenizer = Annotated[str | None, typer.Option(help="Tokenizer for --token-mode: a folder or Hugging Face id "
+                                                  "\\[default: the folder the server lists as the model's root, else "
+                                                  "--model].", rich_help_panel=ADVANCED, show_default=False)]
 SummaryTurn = Annotated[bool | None, typer.Option("--summary-turn/--no-summary-turn", show_default=False, help=(
     "End every run with a turn that asks for the boxed answer \\[default: on for mcp-xml, as the reference harness "
     "does; off for tool-call]."), rich_help_panel=ADVANCED)]
@@ -115,7 +118,7 @@ def run_settings(*, base_url: str | None, backend: str, model: str, api_key: str
                  rollback: bool | None, system_prompt_file: Path | None, reference: Path | None = None,
                  trajectory: Path | None = None,
                  upload_dirs: list[Path] | None = None, budget: list[str] | None = None, cache: Path | None = None,
-                 replay: bool = False, verbose: bool = False) -> RunSettings:
+                 replay: bool = False, verbose: bool = False, tokenizer: str | None = None) -> RunSettings:
     """The settings the shared flags describe (unset ones stay None: the dialect fills them in)."""
     from nanbeige.agent.usage import parse_budgets
 
@@ -133,7 +136,8 @@ def run_settings(*, base_url: str | None, backend: str, model: str, api_key: str
                           max_context=max_context, timeout_s=timeout, summary_turn=summary_turn, rollback=rollback,
                           budgets=budgets),
         backend=BackendConfig(backend=backend, base_url_given=base_url is not None, gguf_file=gguf_file,
-                              token_mode=token_mode, chat_template=chat_template, verbose=verbose),
+                              token_mode=token_mode, chat_template=chat_template, tokenizer=tokenizer,
+                              verbose=verbose),
         tools=ToolsConfig(mcp=mcp or [], default_servers=not no_default_servers, tool_timeout_s=tool_timeout,
                           max_result_chars=max_result_chars, upload_dirs=upload_dirs or [], cache=cache,
                           replay=replay),

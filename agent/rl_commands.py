@@ -54,6 +54,7 @@ def collect(
     gguf_file: o.GgufFile = None,
     token_mode: o.TokenMode = False,
     chat_template: o.ChatTemplate = None,
+    tokenizer: o.Tokenizer = None,
     summary_turn: o.SummaryTurn = None,
     rollback: o.Rollback = None,
     system_prompt_file: o.SystemPromptFile = None,

@@ -260,14 +260,7 @@ def make_llm(settings: RunSettings, server: ServerInfo | None) -> LLM:
     """The model backend: a client of the server found, or the model loaded in this process (slow)."""
     b, c = settings.backend, settings.llm
     if server is not None and b.token_mode:
-        from nanbeige.agent.token_mode import TokenModeChat, load_tokenizer
-
-        chosen = b.chat_template or (search_template(c.model) if settings.agent.dialect == "mcp-xml" else None)
-        try:
-            tokenizer, template = load_tokenizer(c.model, chosen)
-            return TokenModeChat(c, tokenizer, template, template_name=chosen and chosen.name)
-        except (ModelError, OSError) as exc:
-            raise SetupError(str(exc)) from None
+        return token_mode_client(settings, server)
     if server is not None:
         return OpenAIChat(c, server=server)
     from nanbeige.agent.local import LocalModelError, TransformersLLM
@@ -276,6 +269,28 @@ def make_llm(settings: RunSettings, server: ServerInfo | None) -> LLM:
         return TransformersLLM(c, gguf_file=b.gguf_file, verbose=b.verbose)
     except LocalModelError as exc:
         raise SetupError(str(exc)) from None
+
+
+def token_mode_client(settings: RunSettings, server: ServerInfo) -> LLM:
+    """The token-mode client, its tokenizer from `--tokenizer`, else the first that loads of the folder the
+    server lists as the model's root (when it is a folder here) and the model name."""
+    from nanbeige.agent.token_mode import TokenModeChat, load_tokenizer
+
+    b, c = settings.backend, settings.llm
+    root = server.weights if server.weights and Path(server.weights).is_dir() else None
+    sources = [b.tokenizer] if b.tokenizer else list(dict.fromkeys(s for s in (root, c.model) if s))
+    problems = []
+    for source in sources:
+        chosen = b.chat_template or (search_template(source) if settings.agent.dialect == "mcp-xml" else None)
+        try:
+            tokenizer, template = load_tokenizer(source, chosen)
+            return TokenModeChat(c, tokenizer, template, template_name=chosen and chosen.name)
+        except (ModelError, OSError) as exc:
+            problems.append(str(exc))
+    if b.tokenizer:
+        raise SetupError(problems[0])
+    raise SetupError(f"token mode needs the model's tokenizer: {'; '.join(problems)}. Pass --tokenizer with the "
+                     "model's folder or Hugging Face id")
 
 
 def for_dialect(settings: RunSettings) -> RunSettings:

@@ -122,6 +122,40 @@ def test_ask_in_token_mode_from_the_command_line(tmp_path: Path) -> None:
     assert start["chat_template"]["sha256"] == hashlib.sha256(tokenizer.chat_template.encode()).hexdigest()
 
 
+@pytest.mark.slow
+def test_token_mode_finds_the_tokenizer_at_the_root_the_server_lists_or_takes_one_named(tmp_path: Path) -> None:
+    """Seen against real vLLM: a model served as `smollm2` is no tokenizer path, and its folder is no served
+    name (HTTP 404). vLLM's /v1/models lists the folder as the model's `root`."""
+    import os
+    import subprocess
+    import sys
+
+    folder = make_tiny_model(tmp_path / "tiny")
+    tokenizer = load_tokenizer(str(folder))[0]
+    command = [str(Path(sys.executable).parent / "nanbeige"), "ask", "What is 2+3?", "--token-mode", "--model",
+               "smollm2", "--no-default-servers", "--dialect", "tool-call"]
+    env = {**os.environ, "COLUMNS": "200"}
+
+    def served(root: str | None) -> FakeOpenAI:
+        entry = {"id": "smollm2", "object": "model", "owned_by": "vllm", "max_model_len": 32768} | (
+            {"root": root} if root else {})
+        return FakeOpenAI([], default="5", tokenize=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
+                          stop_id=tokenizer.convert_tokens_to_ids("<|im_end|>"), vllm=True, models=[entry])
+
+    with served(str(folder)) as server:
+        listed = subprocess.run([*command, "--base-url", server.base_url, "--trajectory", str(tmp_path / "a.jsonl")],
+                                capture_output=True, text=True, timeout=120, env=env)
+    assert listed.returncode == 0 and listed.stdout == "5\n", listed.stderr
+    assert server.requests[0]["model"] == "smollm2" and isinstance(server.requests[0]["prompt"], list)
+    with served(None) as server:
+        named = subprocess.run([*command, "--base-url", server.base_url, "--tokenizer", str(folder), "--trajectory",
+                                str(tmp_path / "b.jsonl")], capture_output=True, text=True, timeout=120, env=env)
+        missing = subprocess.run([*command, "--base-url", server.base_url, "--trajectory", str(tmp_path / "c.jsonl")],
+                                 capture_output=True, text=True, timeout=120, env=env)
+    assert named.returncode == 0 and named.stdout == "5\n", named.stderr
+    assert missing.returncode != 0 and "Traceback" not in missing.stderr and "--tokenizer" in missing.stderr
+
+
 def test_the_prompt_echo_is_dropped_before_parsing_and_nothing_else() -> None:
     import orjson
 
