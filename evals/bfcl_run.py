@@ -305,14 +305,15 @@ def grade(out: Path, manifest: dict[str, Any]) -> dict[str, Any]:
                                       allow_missing=partial)
         except Exception as exc:  # the runner's own failure (its summary table needs 2 items or more)
             failure = f"{type(exc).__name__}: {exc}"
-    return report(out, manifest, present, partial) | {"runner_error": failure}
+    return report(out, manifest, present, partial, done) | {"runner_error": failure}
 
 
 def ids_of(manifest: dict[str, Any], category: str) -> list[str]:
     return [task["id"] for task in manifest["tasks"] if task["level"] == category]
 
 
-def report(out: Path, manifest: dict[str, Any], graded: list[str], partial: bool) -> dict[str, Any]:
+def report(out: Path, manifest: dict[str, Any], graded: list[str], partial: bool, done: set[str]) -> dict[str, Any]:
+    """The report from the runner's score files; `done`: the items with a result line (read once, by `grade`)."""
     scores = bfcl.score_dir(out)
     per_category, wrong = {}, set()
     for path in (scores / bfcl.model_dir()).rglob("*_score.json") if (scores / bfcl.model_dir()).exists() else []:
@@ -324,7 +325,6 @@ def report(out: Path, manifest: dict[str, Any], graded: list[str], partial: bool
                                       "total": head["total_count"]}
             wrong |= {str(line["id"]) for line in lines[1:] if "id" in line}
     overall = summary_row(scores / "data_overall.csv")
-    done = bfcl.done_ids(out)
     scored = [t["id"] for t in manifest["tasks"] if "_prereq_" not in t["id"]]  # memory's prerequisites are not
     verdicts = {task_id: task_id not in wrong for task_id in scored if task_id in done}
     missing = [c for c in bfcl.RUNNABLE + AGENTIC if c not in graded]
