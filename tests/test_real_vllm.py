@@ -1,0 +1,167 @@
+"""The real-vLLM tier: `nanbeige serve` starts vLLM's CPU build with a small real model (SmolLM2-135M-
+Instruct) and every client path runs against it. These tests run where vLLM is installed in this Python
+(CI installs the CPU build in an environment of its own: .ci/run; the README says how); one server serves
+the whole module. The model's choices are its own, so the tests assert what must hold whatever it says."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import pytest
+from conftest import TEST_SERVER, free_port
+from real_vllm import (NANBEIGE, SERVED_NAME, RecordingProxy, Server, prefix_cache_counts, smollm2_hf_folder,
+                       start_server, vllm_installed)
+
+from nanbeige.agent.tokens import training_rows
+from nanbeige.agent.trajectory import load_trajectories, read_records
+
+if not vllm_installed():
+    pytest.skip("the real-vLLM tier needs vLLM in this Python (README: the real-vLLM tier)", allow_module_level=True)
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
+ECHO_SERVER = ["--no-default-servers", "--mcp", "calc=" + " ".join(TEST_SERVER)]
+SHORT = ["--max-tokens", "24", "--temperature", "0.7"]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return smollm2_hf_folder(tmp_path_factory.mktemp("smollm2-hf"))
+
+
+@pytest.fixture(scope="module")
+def server(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    running = start_server(model, free_port(), tmp_path_factory.mktemp("serve") / "serve.log")
+    yield running
+    assert running.stop() == 130  # Ctrl-C: the server stopped in order
+
+
+def nanbeige(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([NANBEIGE, *args], capture_output=True, text=True, cwd=cwd, timeout=timeout)
+    assert "Traceback" not in result.stderr and "crashed" not in result.stderr, result.stderr
+    return result
+
+
+def ask(server_url: str, tmp_path: Path, *args: str, question: str = "What is 2 + 3? Use the add tool.") -> list[
+        dict[str, Any]]:
+    trajectory = tmp_path / "run.jsonl"
+    result = nanbeige("ask", "--base-url", server_url, "--model", SERVED_NAME, "--trajectory", str(trajectory),
+                      *ECHO_SERVER, *SHORT, *args, question, cwd=tmp_path)
+    assert result.returncode in (0, 1), result.stderr  # 1: the small model gave no answer, said in one line
+    return read_records(trajectory)
+
+
+def test_serve_runs_vllms_cpu_build_and_says_so(server: Server, model: Path) -> None:
+    assert server.stdout[:3] == [f"{server.url}\n", f"NANBEIGE_BASE_URL={server.url}\n",
+                                 f"NANBEIGE_MODEL={SERVED_NAME}\n"]
+    assert "vLLM's CPU build serves the model on this machine's CPU" in server.stderr_text()
+    [listed] = httpx.get(f"{server.url}/models").json()["data"]
+    assert (listed["id"], listed["root"], listed["max_model_len"]) == (SERVED_NAME, str(model), 8192)
+
+
+@pytest.mark.parametrize("dialect", ["mcp-xml", "tool-call"])
+def test_ask_runs_against_real_vllm_in_both_dialects(server: Server, tmp_path: Path, dialect: str) -> None:
+    records = ask(server.url, tmp_path, "--dialect", dialect, "--max-turns", "2")
+    start, turns, end = records[0], [r for r in records if r["type"] == "turn"], records[-1]
+    assert start["dialect"] == dialect and start["limits"]["server"] == server.url
+    assert start["limits"]["max_context"] == 8192  # read from vLLM's max_model_len
+    assert turns and all(turn["usage"]["prompt_tokens"] > 0 for turn in turns)
+    assert end["type"] == "end" and end["stop_reason"] != "model_error", end
+
+
+def test_token_mode_sends_and_records_exactly_the_ids_vllm_saw_and_sampled(server: Server, tmp_path: Path) -> None:
+    """Every turn: the prompt ids we sent are vLLM's echo of them, and the trajectory's completion ids
+    and logprobs are vLLM's own. The tokenizer is found through /v1/models' root (the served name is none)."""
+    proxy = RecordingProxy(server.url)
+    try:
+        trajectory = tmp_path / "run.jsonl"
+        result = nanbeige("ask", "--base-url", proxy.url, "--model", SERVED_NAME, "--token-mode", "--trajectory",
+                          str(trajectory), *ECHO_SERVER, *SHORT, "--max-turns", "3", "--dialect", "mcp-xml",
+                          "What is 2 + 3?", cwd=tmp_path)
+        assert result.returncode in (0, 1), result.stderr
+    finally:
+        proxy.close()
+    [run] = load_trajectories(trajectory)
+    sent = [x for x in proxy.exchanges if x.path == "/v1/completions"]
+    assert len(sent) == len(run.turns) >= 2
+    from nanbeige.agent.tokens import full_prompt
+    for turn, exchange in zip(run.turns, sent):
+        assert exchange.request["prompt"] == full_prompt(run.turns, turn.index) == exchange.prompt_token_ids
+        assert turn.completion_ids == exchange.token_ids
+        assert turn.logprobs == pytest.approx(exchange.logprobs, abs=0)
+    training_rows(run.turns)  # raises unless every prefix hash and logprob checks out
+
+
+def test_collect_groups_concurrently_token_exact_and_from_the_prefix_cache(server: Server, tmp_path: Path) -> None:
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text("".join(json.dumps({"question": q, "answer": a}) + "\n"
+                                 for q, a in (("What is 2 + 3?", "5"), ("What is 4 + 4?", "8"))))
+    queries, hits = prefix_cache_counts(server.url)
+    out = tmp_path / "rollouts.jsonl"
+    result = nanbeige("collect", "--questions", str(questions), "-G", "3", "--concurrency", "6", "--out", str(out),
+                      "--base-url", server.url, "--model", SERVED_NAME, "--token-mode", "--max-turns", "2", *SHORT, *ECHO_SERVER,
+                      cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr
+    runs = load_trajectories(out)
+    assert len(runs) == 6 and sorted(r.rollout_index for r in runs) == [0, 0, 1, 1, 2, 2]
+    assert len({r.group_id for r in runs}) == 2
+    for run in runs:
+        assert run.turns and run.stop_reason != "model_error"
+        training_rows(run.turns)
+    queries_after, hits_after = prefix_cache_counts(server.url)
+    # Six rollouts of two questions share one system prompt and, per group, the whole first prompt.
+    assert (hits_after - hits) / (queries_after - queries) > 0.6
+
+
+def test_a_question_longer_than_the_context_ends_the_run_in_one_line(server: Server, tmp_path: Path) -> None:
+    long_question = "Count the words in this text. " + "alpha beta gamma delta " * 2500  # ~10k tokens > 8192
+    for mode in ("--no-token-mode", "--token-mode"):
+        records = ask(server.url, tmp_path, mode, question=long_question)
+        assert records[-1]["stop_reason"] == "context_limit", records[-1]
+
+
+def test_a_rolled_back_reply_in_chat_mode_does_not_end_the_run_at_a_false_context_limit(server: Server,
+                                                                                       tmp_path: Path) -> None:
+    """A 1.3k-token prompt in a 4k context (2k of it kept for the answer): a reply cut off at 8 tokens is
+    rolled back, the same prompt goes again, and the run goes on. Counting the dropped reply and the first
+    prompt's estimate again made it 4.6k: the run ended at once as context_limit."""
+    records = ask(server.url, tmp_path, "--dialect", "mcp-xml", "--max-turns", "2", "--max-tokens", "8",
+                  "--max-context", "4096")
+    turns = [r for r in records if r["type"] == "turn"]
+    assert turns[0]["rolled_back"] and turns[0]["format_error"].endswith("cut off at the token limit")
+    assert len(turns) > 2 and records[-1]["stop_reason"] != "context_limit", [t["usage"] for t in turns]
+
+
+def _paths(value: Any, prefix: str = "") -> set[tuple[str, type]]:
+    """Every field path of a JSON value with its type (a list's first item stands for all)."""
+    if isinstance(value, dict) and prefix.endswith("top_logprobs[]"):  # keyed by the tokens' text
+        return {(prefix, dict)}
+    if isinstance(value, dict):
+        return {(prefix, dict)} | {p for k, v in value.items() for p in _paths(v, f"{prefix}.{k}")}
+    if isinstance(value, list):
+        return {(prefix, list)} | (_paths(value[0], prefix + "[]") if value else set())
+    return {(prefix, float if isinstance(value, int) and not isinstance(value, bool) else type(value))}
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/completions", {"prompt": [1, 9690, 198], "logprobs": 0, "skip_special_tokens": False}),
+    ("/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True}),
+])
+def test_the_imitation_server_answers_with_the_fields_vllm_answers_with(server: Server, path: str,
+                                                                          body: dict[str, Any]) -> None:
+    """The rest of the suite talks to tests/fake_openai.py: every field it answers with is where real vLLM
+    puts it, with the same type (vLLM has more, which the client does not read)."""
+    from fake_openai import FakeOpenAI
+
+    body = {"model": SERVED_NAME, "max_tokens": 4, "temperature": 0.0, "return_token_ids": True} | body
+    real = httpx.post(f"{server.url}{path}", json=body, timeout=120).json()
+    with FakeOpenAI(["four"], vllm=True) as fake:
+        imitation = httpx.post(f"{fake.base_url}{path}", json=body, timeout=30).json()
+    missing = _paths(imitation) - _paths(real)
+    assert not missing, f"the imitation answers with fields real vLLM does not: {sorted(missing, key=str)}"
+    choice = real["choices"][0]
+    assert len(choice["token_ids"]) == 4 and real["usage"]["completion_tokens"] == 4
