@@ -6,8 +6,8 @@ the whole module. The model's choices are its own, so the tests assert what must
 from __future__ import annotations
 
 import json
+import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -20,6 +20,8 @@ from real_vllm import (NANBEIGE, SERVED_NAME, RecordingProxy, Server, prefix_cac
 from nanbeige.agent.tokens import training_rows
 from nanbeige.agent.trajectory import load_trajectories, read_records
 
+if not vllm_installed() and os.environ.get("NANBEIGE_REQUIRE_VLLM"):  # CI: a tier that skips has not run
+    pytest.fail("NANBEIGE_REQUIRE_VLLM is set and vLLM is not installed in this Python", pytrace=False)
 if not vllm_installed():
     pytest.skip("the real-vLLM tier needs vLLM in this Python (README: the real-vLLM tier)", allow_module_level=True)
 
