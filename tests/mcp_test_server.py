@@ -3,7 +3,8 @@
 Tools: echo, add, fail (a tool error), slow (sleeps), crash (the process dies), hang (the server
 stops answering anything), big (a long result), env_has (whether an environment variable reached
 the server), env_value (its value: what a hostile server could send on), shout (writes its text to
-the server's stderr, the tool servers' log), pid."""
+the server's stderr, the tool servers' log), pid, page (about 700 characters of words, like a search result,
+the same for the same topic)."""
 
 from __future__ import annotations
 
@@ -53,6 +54,16 @@ async def hang() -> str:
     """Block the server's event loop: it answers nothing more, not even pings."""
     time.sleep(3600)
     return "woke up"
+
+
+@server.tool()
+def page(topic: str) -> str:
+    """Return a page of text about the topic."""
+    words = ("river", "census", "district", "founded", "railway", "museum", "council", "harbour", "village",
+             "bridge", "century", "market", "school", "temple", "island", "valley", "mayor", "festival")
+    seed = sum(map(ord, topic))
+    return f"{topic}: " + " ".join(words[(seed + 7 * i + i * i) % len(words)] + (f" {seed + i}" if i % 5 == 0 else "")
+                                   for i in range(80))
 
 
 @server.tool()

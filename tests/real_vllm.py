@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Callable
 
 import httpx
 
@@ -71,11 +71,12 @@ class Server:
             return self.process.wait()
 
 
-def start_server(model: Path, port: int, log: Path, *args: str, timeout_s: float = 600) -> Server:
+def start_server(model: Path, port: int, log: Path, *args: str, max_model_len: int = 8192,
+                 timeout_s: float = 600) -> Server:
     """`nanbeige serve` for `model` in the tool-call dialect (a server for it answers mcp-xml requests as
     well), returned once it has printed its address. `--enforce-eager`: no torch.compile at start."""
     command = [NANBEIGE, "serve", "--model", str(model), "--served-model-name", SERVED_NAME, "--port", str(port),
-               "--dialect", "tool-call", "--reasoning-parser", "none", "--max-model-len", "8192",
+               "--dialect", "tool-call", "--reasoning-parser", "none", "--max-model-len", str(max_model_len),
                "--gpu-memory-utilization", "0.15", "--rl-logprobs", *args, "--", "--enforce-eager"]
     stderr = open(log, "w+")
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True)
@@ -93,7 +94,7 @@ def start_server(model: Path, port: int, log: Path, *args: str, timeout_s: float
 
 def prefix_cache_counts(url: str) -> tuple[float, float]:
     """vLLM's running totals of prompt tokens looked up in the prefix cache, and of those found there."""
-    text = httpx.get(url.removesuffix("/v1") + "/metrics", timeout=10).text
+    text = httpx.get(url.removesuffix("/v1") + "/metrics", timeout=10, trust_env=False).text
     counts = {}
     for name in ("queries", "hits"):
         found = re.search(rf"^vllm:prefix_cache_{name}_total\{{[^}}]*\}} ([0-9.e+]+)$", text, re.M)
@@ -111,6 +112,11 @@ class Exchange:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     status: int = 200
+    seconds: float = 0.0
+    """How long vLLM took to answer."""
+    cache: tuple[float, float] = (0.0, 0.0)
+    """With `measure_cache`: the prompt tokens vLLM looked up in its prefix cache for this request, and
+    those it found there (the requests must come one at a time)."""
 
 
 def _read_answer(exchange: Exchange, body: bytes, streamed: bool) -> None:
@@ -127,7 +133,8 @@ def _read_answer(exchange: Exchange, body: bytes, streamed: bool) -> None:
 class RecordingProxy:
     """A loopback HTTP server that passes every request to vLLM and keeps each POST and its answer."""
 
-    def __init__(self, upstream: str):
+    def __init__(self, upstream: str, rewrite: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+                 measure_cache: bool = False):
         self.upstream = upstream.removesuffix("/v1")
         self.exchanges: list[Exchange] = []
         proxy = self
@@ -144,10 +151,20 @@ class RecordingProxy:
 
             def _pass_on(self, body: bytes | None) -> None:
                 headers = {k: v for k, v in self.headers.items() if k.lower() in ("content-type", "authorization")}
+                request = json.loads(body) if body is not None else None
+                if request is not None and rewrite is not None:
+                    request = rewrite(request)
+                    body = json.dumps(request).encode()
+                before = prefix_cache_counts(proxy.upstream) if body is not None and measure_cache else (0.0, 0.0)
+                started = time.monotonic()
                 with httpx.Client(timeout=600, trust_env=False) as http:
                     answer = http.request(self.command, proxy.upstream + self.path, content=body, headers=headers)
-                if body is not None:
-                    exchange = Exchange(self.path, json.loads(body), status=answer.status_code)
+                if request is not None:
+                    exchange = Exchange(self.path, request, status=answer.status_code,
+                                        seconds=time.monotonic() - started)
+                    if measure_cache:
+                        after = prefix_cache_counts(proxy.upstream)
+                        exchange.cache = (after[0] - before[0], after[1] - before[1])
                     if answer.status_code == 200:
                         _read_answer(exchange, answer.content, "text/event-stream" in answer.headers.get(
                             "content-type", ""))

@@ -47,6 +47,14 @@ def test_a_bad_trajectory_path_is_reported_before_the_model_is_loaded(tiny: Path
     assert_one_line_error(result, "it is a folder")
 
 
+def test_a_trajectory_folder_that_cannot_be_made_is_reported_before_the_model_server_is_asked(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    with FakeOpenAI([mcp_answer("4")]) as server:
+        result = ask_server(server, tmp_path / "file" / "no" / "such" / "t.jsonl")
+        assert server.gets == [] and server.requests == []  # not even probed
+    assert_one_line_error(result, "cannot write the trajectory", "is not a folder", "--trajectory")
+
+
 def test_a_tool_server_that_cannot_start_is_reported_before_the_model_is_loaded(tiny: Path, tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     result = in_process(tiny, "--mcp", "broken=/no/such/program", env={"NANBEIGE_RUNS_DIR": str(runs)})
