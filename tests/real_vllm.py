@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import signal
 import subprocess
@@ -77,9 +78,12 @@ def start_server(model: Path, port: int, log: Path, *args: str, max_model_len: i
     well), returned once it has printed its address. `--enforce-eager`: no torch.compile at start."""
     command = [NANBEIGE, "serve", "--model", str(model), "--served-model-name", SERVED_NAME, "--port", str(port),
                "--dialect", "tool-call", "--reasoning-parser", "none", "--max-model-len", str(max_model_len),
-               "--gpu-memory-utilization", "0.15", "--rl-logprobs", *args, "--", "--enforce-eager"]
+               "--gpu-memory-utilization", "0.15", "--rl-logprobs", *args, "--", "--enforce-eager", "--enable-lora",
+               "--max-lora-rank", "8"]
     stderr = open(log, "w+")
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True)
+    # LoRA adapters loaded while it runs, as `train --loop --sync lora` does
+    env = os.environ | {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
     lines: list[str] = []
     deadline = time.monotonic() + timeout_s
     reader = threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True)  # type: ignore[arg-type]

@@ -138,6 +138,39 @@ def test_a_rolled_back_reply_in_chat_mode_does_not_end_the_run_at_a_false_contex
     assert len(turns) > 2 and records[-1]["stop_reason"] != "context_limit", [t["usage"] for t in turns]
 
 
+def test_the_training_loops_lora_sync_hot_loads_an_adapter_that_token_mode_then_samples_from(
+        server: Server, model: Path, tmp_path: Path) -> None:
+    """What `train --loop --sync lora` does between iterations: a checkpoint's adapter is loaded into the
+    serving vLLM under the checkpoint's path, and the next collect samples from it by that name (the
+    checkpoint holds the tokenizer token mode loads)."""
+    import asyncio
+
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from nanbeige.trainer.loop import load_adapter
+
+    checkpoint = tmp_path / "step-1"
+    base = AutoModelForCausalLM.from_pretrained(model)
+    get_peft_model(base, LoraConfig(r=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+                   ).save_pretrained(checkpoint / "adapter")
+    AutoTokenizer.from_pretrained(model).save_pretrained(checkpoint)
+    asyncio.run(load_adapter(server.url, str(checkpoint), checkpoint / "adapter"))
+    listed = {entry["id"]: entry for entry in httpx.get(f"{server.url}/models").json()["data"]}
+    assert listed[str(checkpoint)]["root"] == str(checkpoint / "adapter")
+    asyncio.run(load_adapter(server.url, str(checkpoint), checkpoint / "adapter"))  # loaded already: a no-op
+    body = {"prompt": [1, 9690, 198, 30], "max_tokens": 8, "temperature": 0.0, "return_token_ids": True}
+    adapted = httpx.post(f"{server.url}/completions", json=body | {"model": str(checkpoint)}, timeout=120).json()
+    plain = httpx.post(f"{server.url}/completions", json=body | {"model": SERVED_NAME}, timeout=120).json()
+    assert adapted["choices"][0]["token_ids"] != plain["choices"][0]["token_ids"]  # the adapter changes the model
+    trajectory = tmp_path / "run.jsonl"
+    result = nanbeige("ask", "--base-url", server.url, "--model", str(checkpoint), "--token-mode", "--trajectory",
+                      str(trajectory), *ECHO_SERVER, *SHORT, "--max-turns", "1", "What is 2 + 3?", cwd=tmp_path)
+    assert result.returncode in (0, 1), result.stderr
+    [run] = load_trajectories(trajectory)
+    assert run.model == str(checkpoint) and run.turns and run.turns[0].completion_ids
+
+
 def _paths(value: Any, prefix: str = "") -> set[tuple[str, type]]:
     """Every field path of a JSON value with its type (a list's first item stands for all)."""
     if isinstance(value, dict) and prefix.endswith("top_logprobs[]"):  # keyed by the tokens' text
