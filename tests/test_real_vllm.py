@@ -145,15 +145,21 @@ def test_the_training_loops_lora_sync_hot_loads_an_adapter_that_token_mode_then_
     checkpoint holds the tokenizer token mode loads)."""
     import asyncio
 
+    import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from nanbeige.trainer.loop import load_adapter
 
     checkpoint = tmp_path / "step-1"
-    base = AutoModelForCausalLM.from_pretrained(model)
-    get_peft_model(base, LoraConfig(r=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
-                   ).save_pretrained(checkpoint / "adapter")
+    torch.manual_seed(0)
+    adapter = get_peft_model(AutoModelForCausalLM.from_pretrained(model),
+                             LoraConfig(r=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    with torch.no_grad():  # far from the base model, so that greedy decoding must come out otherwise
+        for name, weight in adapter.named_parameters():
+            if "lora_" in name:
+                weight.normal_(0.0, 0.5)
+    adapter.save_pretrained(checkpoint / "adapter")
     AutoTokenizer.from_pretrained(model).save_pretrained(checkpoint)
     asyncio.run(load_adapter(server.url, str(checkpoint), checkpoint / "adapter"))
     listed = {entry["id"]: entry for entry in httpx.get(f"{server.url}/models").json()["data"]}
