@@ -120,7 +120,9 @@ def vllm_args(config: ServeConfig) -> list[str]:
     command = config.vllm_command
     if config.on_cpu and command == ["vllm", "serve"]:
         command = [sys.executable, "-m", "nanbeige.agent.vllm_cpu", "serve"]
-    utilization = config.gpu_memory_utilization or (CPU_MEMORY_UTILIZATION if config.on_cpu else 0.92)
+    utilization = config.gpu_memory_utilization
+    if utilization is None:
+        utilization = CPU_MEMORY_UTILIZATION if config.on_cpu else 0.92
     args = [
         *command, config.model,
         "--host", config.host,

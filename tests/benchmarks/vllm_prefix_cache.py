@@ -58,7 +58,8 @@ def one_run(url: str, folder: Path, slug: str, turns: int, token_mode: bool, kee
         result = subprocess.run(
             [NANBEIGE, "ask", "--base-url", proxy.url, "--model", SERVED_NAME, "--dialect", "mcp-xml",
              "--token-mode" if token_mode else "--no-token-mode", "--keep-tool-results", str(keep),
-             "--max-turns", str(turns), "--max-tokens", str(max_tokens), "--temperature", "1.0", "--max-context", "32768",
+             "--max-turns", str(turns), "--max-tokens", str(max_tokens), "--temperature", "1.0",
+             "--max-context", "32768",
              "--no-summary-turn", "--no-default-servers", "--mcp", "calc=" + " ".join(TEST_SERVER),
              "--trajectory", str(trajectory), "Tell me about the towns of the valley."],
             capture_output=True, text=True, timeout=7200)
@@ -103,9 +104,11 @@ def report(name: str, folder: Path, slug: str) -> None:
     ours = timings["wall_s"] - timings["model_s"] - timings["tool_s"]
     print(f"{name}: {len(every)} model calls ({len(every) - len(firsts)} retries of a rolled-back reply, left out "
           f"below), {calls} tool calls, stop reason {run.stop_reason}")
-    print(f"  prompt tokens looked up {looked_up:.0f}, from the prefix cache {hits:.0f}: {hits / max(looked_up, 1):.1%}"
-          f" overall; per turn median {statistics.median(rates):.1%}, lowest after turn 1 {min(rates[1:]):.1%}")
-    print(f"  the last 50 turns: {sum(r['hits'] for r in firsts[-50:]) / sum(r['looked_up'] for r in firsts[-50:]):.1%}")
+    print(f"  prompt tokens looked up {looked_up:.0f}, from the prefix cache {hits:.0f}: "
+          f"{hits / max(looked_up, 1):.1%} overall; per turn median {statistics.median(rates):.1%}, "
+          f"lowest after turn 1 {min(rates[1:]):.1%}")
+    last_50 = firsts[-50:]
+    print(f"  the last 50 turns: {sum(r['hits'] for r in last_50) / sum(r['looked_up'] for r in last_50):.1%}")
     print(f"  tokens computed anew per turn: median {statistics.median(computed):.0f}, max {max(computed):.0f}; "
           f"last prompt {firsts[-1]['prompt']} tokens")
     print(f"  turns whose prompt rewrote the last request (keep-K): {len(evicted)}; tokens rewritten and so computed"
@@ -113,7 +116,8 @@ def report(name: str, folder: Path, slug: str) -> None:
     print(f"  reusable tokens vLLM did not serve from its cache: {sum(vllm_missed):.0f} in all, at most "
           f"{max(vllm_missed):.0f} a turn (it caches whole blocks of 128 tokens on the CPU)")
     print(f"  wall {timings['wall_s']:.1f} s = model {timings['model_s']:.1f} s + tools {timings['tool_s']:.1f} s + "
-          f"runtime {ours:.1f} s ({ours / timings['wall_s']:.2%} of the wall; {ours / len(every) * 1000:.0f} ms a turn)")
+          f"runtime {ours:.1f} s ({ours / timings['wall_s']:.2%} of the wall; "
+          f"{ours / len(every) * 1000:.0f} ms a turn)")
     print(f"  hit rate per turn: {' '.join(f'{r:.0%}' for r in rates)}")
 
 
