@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.server
 import os
 import re
+import signal
 import socket
 import threading
 import time
@@ -227,6 +228,19 @@ def test_memory_bombs_raise_memory_error(strict: Sandboxes) -> None:
     assert "name='MemoryError'" in strict.run_python("x = bytearray(8 * 1024**3)", sid)
     assert "name='MemoryError'" in strict.run_python("a = []\nwhile True: a.append(bytearray(10**7))", sid)
     assert "Result(3)" in strict.run_python("del a\n1 + 2", sid)
+
+
+def test_a_cpu_signal_the_cell_did_not_earn_is_ignored(sandboxes: Sandboxes) -> None:
+    # The kernel counts CPU time by ticks and a signal can reach Python after the cell that earned it;
+    # neither a stray SIGXCPU between calls nor one early in a cell may end a cell or the worker.
+    sid = new_id(sandboxes)
+    sandboxes.run_python("kept = 5", sid)
+    worker = sandboxes.backend._box(sid).channel.pid
+    os.kill(worker, signal.SIGXCPU)
+    time.sleep(0.2)
+    assert "Result(5)" in sandboxes.run_python("kept", sid)
+    threading.Timer(0.3, os.kill, (worker, signal.SIGXCPU)).start()
+    assert "Result(5)" in sandboxes.run_python("import time\ntime.sleep(1)\nkept", sid)
 
 
 def test_cpu_time_is_limited_per_call(tmp_path: Path) -> None:
