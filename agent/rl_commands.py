@@ -16,6 +16,7 @@ from nanbeige.agent.config import BackendConfig, ToolsConfig
 from nanbeige.agent.console import err, fail, hide
 from nanbeige.agent.llm import LLMConfig
 from nanbeige.agent.loop import AgentConfig
+from nanbeige.trainer.train import TrainConfig
 
 
 def collect(
@@ -273,13 +274,31 @@ def train(
     objective: Annotated[str, typer.Option(help="grpo, or sft (on passing rollouts, failed turns masked).")] = "grpo",
     steps: Annotated[int | None, typer.Option(min=1, help="Optimizer steps \\[default: one pass over the data].",
                                               show_default=False)] = None,
-    step_tokens: Annotated[int, typer.Option(min=1, help="Tokens per optimizer step.")] = 65_536,
+    epochs: Annotated[int, typer.Option(min=1, help="Passes over the rollouts, without --steps: optimizer steps = "
+                                                    "mini-batches x epochs, all against one fixed pi_old.")] = 1,
+    step_tokens: Annotated[int, typer.Option(min=1, help="Tokens per optimizer step (the mini-batch).")] = 65_536,
     micro_tokens: Annotated[int, typer.Option(min=1, help="Padded tokens per micro-batch.")] = 16_384,
     lr: Annotated[float | None, typer.Option(min=0.0, help="Learning rate \\[default: 1e-6, or 3e-5 with LoRA].",
                                              show_default=False)] = None,
     lam: Annotated[float, typer.Option("--lambda", help="Weight of the turn-level advantage (0: plain GRPO).")] = 1.0,
     min_pass_rate: Annotated[float, typer.Option(min=0.0, max=1.0, help="Drop groups passing less often.")] = 0.1,
     max_pass_rate: Annotated[float, typer.Option(min=0.0, max=1.0, help="Drop groups passing more often.")] = 0.9,
+    clip_low: Annotated[float, typer.Option(min=0.0, max=1.0, help="PPO clip below: ratio >= 1 - CLIP_LOW.",
+                                            rich_help_panel="Objective")] = TrainConfig.clip_low,
+    clip_high: Annotated[float, typer.Option(min=0.0, help="PPO clip above (clip-higher): ratio <= 1 + CLIP_HIGH.",
+                                             rich_help_panel="Objective")] = TrainConfig.clip_high,
+    clip_dual: Annotated[float, typer.Option(min=1.0, help="Dual clip: a negative-advantage token loses at most "
+                                                           "CLIP_DUAL x |A|.", rich_help_panel="Objective")
+                         ] = TrainConfig.clip_dual,
+    tis_cap: Annotated[float, typer.Option(min=0.0, help="Cap of the truncated importance weight pi_old / "
+                                                         "pi_rollout.", rich_help_panel="Objective")
+                       ] = TrainConfig.tis_cap,
+    max_rollout_drift: Annotated[float, typer.Option(min=0.0, help="Refuse rollouts further from the starting "
+                                                                   "policy (mean |log ratio|).",
+                                                     rich_help_panel="Objective")] = TrainConfig.max_rollout_drift,
+    off_policy: Annotated[bool, typer.Option("--off-policy", help="Train on rollouts sampled with top-p or penalties "
+                                                                  "anyway (TIS corrects what it can).",
+                                             rich_help_panel="Objective")] = False,
     lora_rank: Annotated[int, typer.Option(min=0, help="LoRA rank (0: every parameter).")] = 0,
     save_every: Annotated[int, typer.Option(min=0, help="Checkpoint every N steps (0: at the end).")] = 0,
     resume: Annotated[bool, typer.Option(help="Go on from the newest checkpoint in --out.")] = False,
@@ -326,8 +345,10 @@ def train(
         fail(f"--dtype must be auto, float32 or bfloat16, not {dtype!r}", 2)
     if min_pass_rate > max_pass_rate:
         fail(f"--min-pass-rate {min_pass_rate} is above --max-pass-rate {max_pass_rate}", 2)
-    config = TrainConfig(data=data or [], model=model, out=out, objective=objective, steps=steps,
-                         step_tokens=step_tokens, micro_tokens=micro_tokens, lr=lr, lam=lam,
+    config = TrainConfig(data=data or [], model=model, out=out, objective=objective, steps=steps, epochs=epochs,
+                         clip_low=clip_low, clip_high=clip_high, clip_dual=clip_dual, tis_cap=tis_cap,
+                         max_rollout_drift=max_rollout_drift, off_policy=off_policy, step_tokens=step_tokens,
+                         micro_tokens=micro_tokens, lr=lr, lam=lam,
                          min_pass_rate=min_pass_rate, max_pass_rate=max_pass_rate, lora_rank=lora_rank,
                          save_every=save_every, gradient_checkpointing=not no_gradient_checkpointing, dtype=dtype,
                          seed=seed, chunk_tokens=chunk_tokens)

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tiny_model import make_tiny_model
@@ -183,3 +185,79 @@ def test_an_inconsistent_token_record_is_a_clear_error(tiny: Path, judged: Path,
     path.write_text("".join(json.dumps(r) + "\n" for r in broken))
     with pytest.raises(TrainError, match="token record is inconsistent"):
         train(config_for(tiny, path, tmp_path / "out"), log=lambda text: None)
+
+
+def metrics_of(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_pi_old_is_held_over_the_batch_of_rollouts_so_the_clip_binds(tiny: Path, judged: Path,
+                                                                     tmp_path: Path) -> None:
+    logs: list[str] = []
+    train(config_for(tiny, judged, tmp_path / "out", steps=4, step_tokens=100, lr=0.05), log=logs.append)
+    lines = metrics_of(tmp_path / "out")
+    assert [line["metrics"]["staleness"] for line in lines] == [0, 1, 2, 3]  # updates since the sampling policy
+    first = lines[0]["metrics"]
+    assert first["drift_from_start"] < 1e-6 and first["clip_frac"] == 0  # the first step starts at π_old
+    # rollouts sampled in process with the temperature alone (collect's default): the trainer's policy exactly
+    assert first["start_drift_from_rollout"] < 1e-4 and abs(first["tis_weight_mean"] - 1) < 1e-3
+    assert lines[-1]["metrics"]["drift_from_start"] > 0.01  # π moved away from π_old, which stayed put ...
+    assert max(line["metrics"]["clip_frac"] for line in lines[1:]) > 0  # ... so the trust region binds
+    assert (tmp_path / "out" / "start-logprobs.pt").exists()
+    assert any("sampler vs the starting policy: mean |log ratio|" in line for line in logs)
+
+
+def rewritten(judged: Path, path: Path, change: Any) -> Path:
+    rows = [json.loads(line) for line in judged.read_text().splitlines()]
+    for row in rows:
+        change(row)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_rollouts_sampled_with_top_p_or_by_another_policy_are_refused_unless_off_policy(
+        tiny: Path, judged: Path, tmp_path: Path) -> None:
+    from nanbeige.trainer.train import TrainError
+
+    def top_p(row: dict) -> None:
+        if row["type"] == "start":
+            row["sampling"]["top_p"] = 0.95
+
+    nucleus = rewritten(judged, tmp_path / "top_p.jsonl", top_p)
+    with pytest.raises(TrainError, match="sampled with top_p 0.95, which the trainer does not apply"):
+        train(config_for(tiny, nucleus, tmp_path / "a"), log=lambda text: None)
+
+    def older_policy(row: dict) -> None:
+        if row["type"] == "turn" and row.get("logprobs"):
+            row["logprobs"] = [value - 0.5 for value in row["logprobs"]]
+
+    stale = rewritten(judged, tmp_path / "stale.jsonl", older_policy)
+    with pytest.raises(TrainError, match=r"mean \|log π_old - log π_rollout\| is 0.500, above --max-rollout-drift"):
+        train(config_for(tiny, stale, tmp_path / "b"), log=lambda text: None)
+    train(config_for(tiny, stale, tmp_path / "c", steps=1, off_policy=True), log=lambda text: None)
+    weights_of_step = metrics_of(tmp_path / "c")[0]["metrics"]
+    assert weights_of_step["tis_weight_min"] == pytest.approx(math.exp(0.5), rel=1e-3)  # π_old / π_rollout
+    assert weights_of_step["start_drift_from_rollout"] == pytest.approx(0.5, rel=1e-3)
+
+
+def test_activation_checkpointing_keeps_fewer_activations(tiny: Path, tmp_path: Path) -> None:
+    import torch
+
+    from nanbeige.trainer.model import load_model, join_world
+
+    def saved_bytes(checkpointing: bool) -> int:
+        config = TrainConfig(data=[], model=str(tiny), out=tmp_path, gradient_checkpointing=checkpointing)
+        model, _ = load_model(config, join_world())
+        kept = []
+
+        def pack(tensor: torch.Tensor) -> torch.Tensor:
+            kept.append(tensor.numel() * tensor.element_size())
+            return tensor
+
+        ids = torch.randint(0, model.config.vocab_size, (2, 64))
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            model(input_ids=ids).logits.sum().backward()
+        return sum(kept)
+
+    with_it, without = saved_bytes(True), saved_bytes(False)
+    assert with_it < 0.6 * without

@@ -165,8 +165,9 @@ def test_lora_adapters_are_hot_loaded_and_the_next_iteration_samples_from_them(t
                                agent=AgentConfig(max_turns=1, summary_turn=False),
                                backend=BackendConfig(backend="openai", base_url_given=True, token_mode=True),
                                tools=ToolsConfig(default_servers=False))
+        # the scripted policy is not the tiny model, so its rollouts are off-policy for the trainer
         train = TrainConfig(data=[], model=str(tiny), out=out, steps=1, step_tokens=4000, micro_tokens=4000,
-                            lr=1e-3, lora_rank=4)
+                            lr=1e-3, lora_rank=4, off_policy=True)
         config = LoopConfig(iterations=2, out=out, questions=questions, settings=settings,
                             judge=JudgeRunConfig(no_critic=True), train=train, group_size=4, sync="lora")
         summary = asyncio.run(run_loop(config, print))

@@ -212,6 +212,7 @@ def test_pack_keeps_each_padded_batch_within_the_budget() -> None:
 def test_collate_shifts_targets_and_masks_padding() -> None:
     batch = [sample([5, 6, 7, 8]), sample([9, 10], logprobs=False)]
     batch[0].loss_mask = [0, 0, 1, 1]
+    batch[0].old_logprobs = [0.0, -0.2, -0.3, -0.4]  # π_old, as the trainer sets it before the first step
     tensors = collate(batch, pad_id=0)
     assert tensors["input_ids"].tolist() == [[5, 6, 7, 8], [9, 10, 0, 0]]
     assert tensors["attention_mask"].tolist() == [[1, 1, 1, 1], [1, 1, 0, 0]]
@@ -220,11 +221,12 @@ def test_collate_shifts_targets_and_masks_padding() -> None:
     assert tensors["loss_mask"].tolist() == [[0, 1, 1], [1, 0, 0]]  # token t + 1's mask; padding 0
     assert close(tensors["advantages"], [[0.5, 0.5, 0.5], [0.5, 0, 0]])
     assert close(tensors["rollout_logprobs"], [[-0.1, -0.1, -0.1], [0, 0, 0]])  # missing: 0
+    assert close(tensors["old_logprobs"], [[-0.2, -0.3, -0.4], [0, 0, 0]])  # not computed yet: 0
     assert tensors["has_rollout_logprobs"].item() is False
     assert collate(batch[:1], pad_id=0)["has_rollout_logprobs"].item() is True
     assert {k: tuple(v.shape) for k, v in tensors.items()} == {
         "input_ids": (2, 4), "attention_mask": (2, 4), "targets": (2, 3), "loss_mask": (2, 3),
-        "advantages": (2, 3), "rollout_logprobs": (2, 3), "has_rollout_logprobs": ()}
+        "advantages": (2, 3), "rollout_logprobs": (2, 3), "old_logprobs": (2, 3), "has_rollout_logprobs": ()}
     assert tensors["input_ids"].dtype == tensors["targets"].dtype == torch.long
     assert tensors["loss_mask"].dtype == tensors["advantages"].dtype == torch.float32
 

@@ -120,16 +120,21 @@ def loss_inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return logprobs, advantages, loss_mask
 
 
+def first_step_loss(logprobs: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, dict]:
+    """The loss at a batch's first optimizer step, where π_old is the current policy."""
+    return policy_loss(logprobs, logprobs.detach(), *args, **kwargs)
+
+
 def test_policy_loss_on_policy_is_advantage_weighted_logprob() -> None:
     logprobs, advantages, loss_mask = loss_inputs()
-    loss, metrics = policy_loss(logprobs, logprobs.detach().clone(), advantages, loss_mask, total_tokens=20.0)
+    loss, metrics = first_step_loss(logprobs, logprobs.detach().clone(), advantages, loss_mask, total_tokens=20.0)
     assert math.isclose(loss.item(), float(-(advantages * loss_mask).sum() / 20), rel_tol=1e-6)
     loss.backward()
     torch.testing.assert_close(logprobs.grad, -advantages * loss_mask / 20)
     assert metrics["loss_tokens"] == 9
     assert metrics["tis_weight_mean"] == metrics["tis_weight_max"] == metrics["tis_weight_min"] == 1.0
-    assert metrics["tis_capped_frac"] == 0 and metrics["rollout_abs_log_ratio"] == 0
-    assert metrics["clip_frac"] == 0 and metrics["dual_clip_frac"] == 0  # one update per batch: ratio is 1
+    assert metrics["tis_capped_frac"] == 0 and metrics["start_drift_from_rollout"] == 0
+    assert metrics["clip_frac"] == 0 and metrics["dual_clip_frac"] == 0  # the first step of a batch: ratio is 1
     on = loss_mask.bool()
     assert math.isclose(metrics["advantage_mean"], advantages[on].mean().item(), rel_tol=1e-5)
     assert math.isclose(metrics["advantage_std"], advantages[on].std(unbiased=False).item(), rel_tol=1e-5)
@@ -138,18 +143,19 @@ def test_policy_loss_on_policy_is_advantage_weighted_logprob() -> None:
 def test_policy_loss_caps_the_importance_weight() -> None:
     logprobs, advantages, loss_mask = loss_inputs()
     rollout = (logprobs.detach() - 5) * loss_mask  # the sampler found every token far less likely; 0 where masked
-    loss, metrics = policy_loss(logprobs, rollout, advantages, loss_mask, total_tokens=9.0, tis_cap=2.0)
+    loss, metrics = first_step_loss(logprobs, rollout, advantages, loss_mask, total_tokens=9.0, tis_cap=2.0)
     assert math.isclose(loss.item(), float(-2 * (advantages * loss_mask).sum() / 9), rel_tol=1e-6)
     loss.backward()
     torch.testing.assert_close(logprobs.grad, -2 * advantages * loss_mask / 9)
     assert metrics["tis_capped_frac"] == 1 and metrics["tis_weight_max"] == metrics["tis_weight_min"] == 2.0
-    assert math.isclose(metrics["rollout_abs_log_ratio"], 5.0, rel_tol=1e-5)
+    assert math.isclose(metrics["start_drift_from_rollout"], 5.0, rel_tol=1e-5)
     # a weight below the cap is used as it is: exp(-0.5) when the sampler found the tokens likelier
-    loss, metrics = policy_loss(logprobs, logprobs.detach() + 0.5, advantages, loss_mask, total_tokens=9.0)
+    loss, metrics = first_step_loss(logprobs, logprobs.detach() + 0.5, advantages, loss_mask, total_tokens=9.0)
     assert math.isclose(loss.item(), float(-math.exp(-0.5) * (advantages * loss_mask).sum() / 9), rel_tol=1e-5)
     assert metrics["tis_capped_frac"] == 0
     # without rollout logprobs there is no weight
-    loss, metrics = policy_loss(logprobs, rollout, advantages, loss_mask, total_tokens=9.0, has_rollout_logprobs=False)
+    loss, metrics = first_step_loss(logprobs, rollout, advantages, loss_mask, total_tokens=9.0,
+                                    has_rollout_logprobs=False)
     assert math.isclose(loss.item(), float(-(advantages * loss_mask).sum() / 9), rel_tol=1e-6)
     assert "tis_weight_mean" not in metrics
 
@@ -157,10 +163,10 @@ def test_policy_loss_caps_the_importance_weight() -> None:
 def test_policy_loss_ignores_masked_tokens() -> None:
     logprobs, advantages, loss_mask = loss_inputs()
     rollout = logprobs.detach() * loss_mask
-    loss, metrics = policy_loss(logprobs, rollout, advantages, loss_mask, total_tokens=9.0)
+    loss, metrics = first_step_loss(logprobs, rollout, advantages, loss_mask, total_tokens=9.0)
     noisy_advantages = torch.where(loss_mask.bool(), advantages, torch.full_like(advantages, 1e6))
     noisy_rollout = torch.where(loss_mask.bool(), rollout, torch.full_like(rollout, -1e6))
-    noisy_loss, noisy_metrics = policy_loss(logprobs, noisy_rollout, noisy_advantages, loss_mask, total_tokens=9.0)
+    noisy_loss, noisy_metrics = first_step_loss(logprobs, noisy_rollout, noisy_advantages, loss_mask, total_tokens=9.0)
     assert torch.equal(loss, noisy_loss) and metrics == noisy_metrics
     noisy_loss.backward()
     assert (logprobs.grad[~loss_mask.bool()] == 0).all()
@@ -175,7 +181,7 @@ def test_policy_loss_micro_batches_add_up(tiny_folder: Any) -> None:
     def step(rows: slice) -> None:
         logprobs = token_logprobs(model, input_ids[rows], attention_mask[rows], targets[rows], chunk_tokens=4)
         rollout = (logprobs.detach() - 0.3) * loss_mask[rows]
-        policy_loss(logprobs, rollout, advantages[rows], loss_mask[rows], total_tokens=total)[0].backward()
+        first_step_loss(logprobs, rollout, advantages[rows], loss_mask[rows], total_tokens=total)[0].backward()
 
     step(slice(0, 2))
     whole = {name: p.grad.clone() for name, p in model.named_parameters()}

@@ -46,6 +46,9 @@ class Sample:
     """The trajectory the row comes from."""
     turns: list[int]
     """Indices of the turns in the row, in order."""
+    old_logprobs: list[float] | None = None
+    """Per token: π_old, the logprob under the policy the update started from (0.0 at position 0),
+    computed by the trainer before its first optimizer step on this batch of rollouts."""
 
 
 @dataclass
@@ -259,11 +262,12 @@ def collate(batch: list[Sample], pad_id: int) -> dict[str, Tensor]:
         loss_mask         float [B, L-1]   sample loss_mask[1:], 0 on padding
         advantages        float [B, L-1]   sample advantages[1:], 0 on padding
         rollout_logprobs  float [B, L-1]   sample rollout_logprobs[1:], 0 on padding and where missing
+        old_logprobs      float [B, L-1]   sample old_logprobs[1:], 0 on padding and before they are computed
         has_rollout_logprobs  bool []      True when every sample of the batch has rollout logprobs"""
     length = max(len(s.ids) for s in batch)
     input_ids = torch.full((len(batch), length), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((len(batch), length), dtype=torch.long)
-    loss_mask, advantages, rollout_logprobs = (torch.zeros((len(batch), length)) for _ in range(3))
+    loss_mask, advantages, rollout_logprobs, old_logprobs = (torch.zeros((len(batch), length)) for _ in range(4))
     for b, sample in enumerate(batch):
         n = len(sample.ids)
         input_ids[b, :n] = torch.tensor(sample.ids, dtype=torch.long)
@@ -272,8 +276,10 @@ def collate(batch: list[Sample], pad_id: int) -> dict[str, Tensor]:
         advantages[b, :n] = torch.tensor(sample.advantages, dtype=torch.float32)
         if sample.rollout_logprobs is not None:
             rollout_logprobs[b, :n] = torch.tensor(sample.rollout_logprobs, dtype=torch.float32)
+        if sample.old_logprobs is not None:
+            old_logprobs[b, :n] = torch.tensor(sample.old_logprobs, dtype=torch.float32)
     return {"input_ids": input_ids, "attention_mask": attention_mask,
             "targets": input_ids[:, 1:].clone(),  # [B, L-1]: token t + 1 is what position t predicts
             "loss_mask": loss_mask[:, 1:].contiguous(), "advantages": advantages[:, 1:].contiguous(),
-            "rollout_logprobs": rollout_logprobs[:, 1:].contiguous(),
+            "rollout_logprobs": rollout_logprobs[:, 1:].contiguous(), "old_logprobs": old_logprobs[:, 1:].contiguous(),
             "has_rollout_logprobs": torch.tensor(all(s.rollout_logprobs is not None for s in batch))}

@@ -140,6 +140,19 @@ def rollout_attempt(runtime: Ready, config: CollectConfig, policy_version: str |
     return attempt
 
 
+def on_policy(settings: RunSettings, notice: Callable[[str], None]) -> RunSettings:
+    """Rollouts for training sample with what the trainer computes, the temperature alone: the dialect's
+    top-p and repetition penalty (for answering questions) are not applied unless asked for, since they
+    make every recorded logprob another policy's."""
+    llm = settings.llm
+    top_p = 1.0 if llm.top_p is None else llm.top_p
+    penalty = 1.0 if llm.repetition_penalty is None else llm.repetition_penalty
+    if top_p != 1.0 or penalty != 1.0:
+        notice(f"sampling with top-p {top_p} and repetition penalty {penalty}, which the trainer does not apply: "
+               "these rollouts are off-policy (`nanbeige train` asks for --off-policy to use them)")
+    return dataclasses.replace(settings, llm=dataclasses.replace(llm, top_p=top_p, repetition_penalty=penalty))
+
+
 async def collect(config: CollectConfig, settings: RunSettings, notice: Callable[[str], None],
                   progress_view: Callable[[Progress], Any] | None = None) -> dict[str, Any]:
     """Run (or resume) the collection; returns a summary of what this call did."""
@@ -154,6 +167,7 @@ async def collect(config: CollectConfig, settings: RunSettings, notice: Callable
     if progress.done:
         notice(f"resuming: {progress.done} of {progress.total} rollouts already in {config.out}")
     if pending:
+        settings = on_policy(settings, notice)
         folders = sorted({f.parent for task in tasks for f in task.files})
         tools = dataclasses.replace(settings.tools, upload_dirs=[*settings.tools.upload_dirs, *folders])
         settings = dataclasses.replace(settings, trajectory=config.out, whole_trajectories=True, tools=tools)

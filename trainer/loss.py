@@ -7,11 +7,13 @@ Shapes: B rows, L tokens per row, H hidden size, V vocabulary (166,144 for Nanbe
     loss_mask        [B, L-1]  1 on sampled completion tokens (prompt, tool results and padding are 0)
     advantages       [B, L-1]  the advantage of each token (its turn's or trajectory's)
     rollout_logprobs [B, L-1]  the sampler's log-probability of each target token (0 where masked)
+    old_logprobs     [B, L-1]  π_old: the same tokens under the policy this update started from (fixed)
 
 The policy loss is one algorithm (settings in the reference notes on RL, section 6): clip-higher PPO surrogate
-with dual clip, no KL, a truncated importance weight for the sampler/trainer mismatch, token-mean over the
-global batch, and one update per batch, so the "old" policy is the current one ("bypass": no separate pass to
-recompute old log-probabilities).
+with dual clip, no KL, a truncated importance weight for the sampler/trainer mismatch and token-mean over the
+global batch. π_old is computed once per batch of rollouts, before its first optimizer step, and held fixed
+over all of that batch's mini-batches and epochs (verl's `old_log_prob`), so the clip bounds how far the
+update moves from where it started.
 """
 
 from __future__ import annotations
@@ -71,29 +73,31 @@ def _masked_mean(x: Tensor, mask: Tensor) -> float:
     return float((x * mask).sum() / mask.sum().clamp(min=1))
 
 
-def policy_loss(logprobs: Tensor, rollout_logprobs: Tensor, advantages: Tensor, loss_mask: Tensor,
-                total_tokens: float, clip_low: float = 0.2, clip_high: float = 0.28, clip_dual: float = 3.0,
-                tis_cap: float = 2.0, has_rollout_logprobs: bool = True) -> tuple[Tensor, dict]:
+def policy_loss(logprobs: Tensor, old_logprobs: Tensor, rollout_logprobs: Tensor, advantages: Tensor,
+                loss_mask: Tensor, total_tokens: float, clip_low: float = 0.2, clip_high: float = 0.28,
+                clip_dual: float = 3.0, tis_cap: float = 2.0, has_rollout_logprobs: bool = True) -> tuple[Tensor, dict]:
     """Clip-higher, dual-clip PPO loss with a truncated importance weight; all inputs [B, L-1].
 
-    One update per batch, so π_old is the current policy at the start of the step: old = logp.detach() and the
-    ratio r = exp(logp - old) is 1 in value with gradient ∇logp. The surrogate per token is
+    With r = exp(logp - old), old the fixed π_old of this batch of rollouts, the surrogate per token is
 
         ℓ = max(-A·r, -A·clip(r, 1-ε_low, 1+ε_high))      clip-higher (DAPO): ε_high > ε_low
         ℓ = min(ℓ, -A·c)                 when A < 0       dual clip: a bounded loss for very large r
 
-    With r = 1 no clip binds and ∇ℓ = -A·∇logp; the clips are kept so the loss stays the documented one.
-    The sampler (vLLM, bf16, other kernels) is not exactly the trainer, so each token is weighted by the
-    truncated importance weight w = min(exp(old - rollout), C) (TIS, detached), which corrects tokens the
-    trainer finds likelier than the sampler did, up to C.
+    At the batch's first optimizer step r = 1 and nothing clips; from the second on, tokens whose ratio
+    left [1-ε_low, 1+ε_high] in the direction the advantage pushes get no gradient. The sampler (vLLM,
+    bf16, other kernels) is not exactly the trainer, so each token is weighted by the truncated importance
+    weight w = min(exp(old - rollout), C) (TIS, detached): π_old over the sampler's probability, capped.
 
     Aggregation is token-mean over the global batch: Σ(w·ℓ·mask) / total_tokens, where total_tokens counts the
     loss tokens of the whole optimizer step (all micro-batches and ranks), so micro-batch gradients simply add
-    up to the full batch's gradient. The metrics are this micro-batch's, as floats.
+    up to the full batch's gradient. The metrics are this micro-batch's, as floats: `clip_frac` (the clip
+    binds), `dual_clip_frac`, and the drifts as mean |log ratio|: `drift_from_start` (current vs π_old) and
+    `drift_from_rollout` (current vs the sampler).
     """
     mask = loss_mask.to(logprobs.dtype)
-    old = logprobs.detach()
-    ratio = torch.exp(torch.clamp(logprobs - old, -20.0, 20.0))  # (B, L-1), value 1, gradient ∇logp
+    old = old_logprobs.to(logprobs.dtype)
+    log_ratio = torch.clamp(logprobs - old, -20.0, 20.0)  # (B, L-1)
+    ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     surrogate = torch.maximum(unclipped, clipped)
@@ -102,17 +106,19 @@ def policy_loss(logprobs: Tensor, rollout_logprobs: Tensor, advantages: Tensor, 
 
     metrics = {"loss_tokens": float(mask.sum()),
                "clip_frac": _masked_mean((clipped > unclipped).float(), mask),
-               "dual_clip_frac": _masked_mean(dual_binds.float(), mask)}
+               "dual_clip_frac": _masked_mean(dual_binds.float(), mask),
+               "drift_from_start": _masked_mean(log_ratio.detach().abs(), mask)}
     if has_rollout_logprobs:
         log_w = torch.clamp(old - rollout_logprobs, -20.0, 20.0)  # (B, L-1): log π_old / π_rollout
-        weight = torch.clamp(torch.exp(log_w), max=tis_cap)  # (B, L-1), detached since old is
+        weight = torch.clamp(torch.exp(log_w), max=tis_cap)  # (B, L-1), constant: old is
         per_token = per_token * weight
         on = mask.bool()
         metrics |= {"tis_weight_mean": _masked_mean(weight, mask),
                     "tis_weight_max": float(weight[on].max()) if on.any() else 0.0,
                     "tis_weight_min": float(weight[on].min()) if on.any() else 0.0,
                     "tis_capped_frac": _masked_mean((torch.exp(log_w) > tis_cap).float(), mask),
-                    "rollout_abs_log_ratio": _masked_mean(log_w.abs(), mask)}
+                    "start_drift_from_rollout": _masked_mean(log_w.abs(), mask),
+                    "drift_from_rollout": _masked_mean((logprobs.detach() - rollout_logprobs).abs(), mask)}
     adv_mean = _masked_mean(advantages, mask)
     metrics |= {"advantage_mean": adv_mean,
                 "advantage_std": _masked_mean((advantages - adv_mean) ** 2, mask) ** 0.5}

@@ -80,10 +80,25 @@ def load_model(config: TrainConfig, world: World, checkpoint: Path | None = None
                 model = peft.get_peft_model(model, lora)
         if config.gradient_checkpointing:
             model.enable_input_require_grads()  # checkpointed blocks need an input that requires grad
+    switch_off_dropout(model)
+    model.train()  # transformers checkpoints activations only in training mode
     model.to(world.device)
     if world.size > 1:
         shard(model)
     return model, tokenizer
+
+
+def switch_off_dropout(model: Any) -> None:
+    """Every dropout to 0, so that training mode changes nothing but activation checkpointing: the
+    trainer's logprobs must be the sampler's, and vLLM never drops out. Attention dropout is a float
+    on the attention modules (read at each call), the rest `nn.Dropout` modules."""
+    import torch
+
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
 
 
 @contextlib.contextmanager

@@ -6,8 +6,12 @@
 
 The token ids are the recorded ones (`agent.tokens.training_rows`): nothing is re-tokenized. Under
 `torchrun` every rank reads the same rows and takes every world-size-th micro-batch of each step; the
-model is sharded with FSDP2 (`fully_shard`), gloo on CPU and NCCL on GPUs. One update per batch, so
-the policy that sampled a row stands in for the old policy, corrected by truncated importance weights.
+model is sharded with FSDP2 (`fully_shard`), gloo on CPU and NCCL on GPUs.
+
+The data of one `train` call is one batch of rollouts. Before its first optimizer step the trainer computes
+π_old, every row's logprobs under the starting policy, and holds them fixed over all of the batch's
+optimizer steps (mini-batches of `step_tokens` × `epochs`), as verl and TRL do: the PPO clip then bounds how
+far the whole update moves. The sampler's own logprobs only weight tokens (truncated importance sampling).
 """
 
 from __future__ import annotations
@@ -40,9 +44,11 @@ class TrainConfig:
     objective: str = "grpo"
     """`grpo` (clipped policy loss with turn-level advantages) or `sft` (masked NLL on passing rollouts)."""
     steps: int | None = None
-    """Optimizer steps; None: one pass over the data."""
+    """Optimizer steps; None: `epochs` passes over the data. More steps than one pass repeat it, reshuffled."""
+    epochs: int = 1
+    """Passes over the batch of rollouts (with `steps` None): optimizer steps = mini-batches × epochs."""
     step_tokens: int = 65_536
-    """Tokens (rows' ids) per optimizer step."""
+    """Tokens (rows' ids) per optimizer step: the mini-batch."""
     micro_tokens: int = 16_384
     """Padded tokens per micro-batch (batch size x longest row); a longer row goes alone."""
     lr: float | None = None
@@ -61,8 +67,17 @@ class TrainConfig:
     """Lower clip of the ratio: 1 - clip_low."""
     clip_high: float = 0.28
     """Upper clip of the ratio (clip-higher): 1 + clip_high."""
+    clip_dual: float = 3.0
+    """Dual clip: a token with a negative advantage loses at most clip_dual × |A| (above 1)."""
     tis_cap: float = 2.0
-    """Cap of the truncated importance weight against the rollout logprobs."""
+    """Cap of the truncated importance weight π_old / π_rollout."""
+    off_policy: bool = False
+    """Train on rollouts sampled with top-p, top-k or penalties the trainer does not apply, the truncated
+    importance weights correcting what they can; lifts `max_rollout_drift`."""
+    max_rollout_drift: float = 0.25
+    """Refuse rollouts whose sampler is further than this from the starting policy, as the mean
+    |log π_old − log π_rollout| over trained tokens: data from an older policy, or sampled with settings
+    the trainer does not apply. On-policy data measures about 1e-5 in float32, a few 1e-2 from vLLM in bf16."""
     lora_rank: int = 0
     """LoRA rank; 0 trains every parameter."""
     lora_alpha: int = 32
@@ -117,6 +132,7 @@ def read_samples(config: TrainConfig) -> tuple[list[Any], dict[str, Any], float]
             trajectories += load_trajectories(path)
         except (OSError, ValueError) as exc:
             raise TrainError(f"cannot read {path}: {exc}") from None
+    check_sampling(trajectories, config)
     temperatures = {t.sampling.get("temperature") for t in trajectories if t.sampling} - {None}
     if len(temperatures) > 1:
         raise TrainError(f"the trajectories were sampled at different temperatures {sorted(temperatures)}; the "
@@ -132,11 +148,32 @@ def read_samples(config: TrainConfig) -> tuple[list[Any], dict[str, Any], float]
     return samples, summary, float(temperatures.pop() or 1.0) if temperatures else 1.0
 
 
+# What the trainer computes is softmax(logits / temperature): a sampler that also cut or reweighted the
+# distribution recorded logprobs of another policy. Each setting and the value at which it does nothing.
+NEUTRAL_SAMPLING = {"top_p": (1.0,), "top_k": (0, -1), "min_p": (0.0,), "repetition_penalty": (1.0,),
+                    "presence_penalty": (0.0,), "frequency_penalty": (0.0,)}
+
+
+def check_sampling(trajectories: list[Any], config: TrainConfig) -> None:
+    """Refuses rollouts sampled with a setting the trainer does not apply (unless `off_policy`)."""
+    if config.off_policy:
+        return
+    for trajectory in trajectories:
+        for name, neutral in NEUTRAL_SAMPLING.items():
+            value = (trajectory.sampling or {}).get(name)
+            if value is not None and value not in neutral:
+                raise TrainError(
+                    f"trajectory {trajectory.id} was sampled with {name} {value}, which the trainer does not apply, "
+                    "so its logprobs are another policy's; collect with --top-p 1 --repetition-penalty 1 (collect's "
+                    "default), or pass --off-policy to train on it with truncated importance weights correcting it")
+
+
 def plan_steps(samples: list[Any], config: TrainConfig) -> list[list[Any]]:
-    """The rows in a seeded order, cut into optimizer steps of about `step_tokens` tokens; repeated
-    (reshuffled) when `steps` asks for more than one pass."""
+    """The rows in a seeded order, cut into optimizer steps of about `step_tokens` tokens; `epochs` passes,
+    each reshuffled, or as many as `steps` asks for."""
     rng = random.Random(config.seed)
     steps: list[list[Any]] = []
+    passes = 0
     while True:
         order = list(samples)
         rng.shuffle(order)
@@ -148,7 +185,8 @@ def plan_steps(samples: list[Any], config: TrainConfig) -> list[list[Any]]:
                 current = []
         if current:
             steps.append(current)
-        if config.steps is None or len(steps) >= config.steps:
+        passes += 1
+        if passes >= config.epochs if config.steps is None else len(steps) >= config.steps:
             return steps if config.steps is None else steps[: config.steps]
 
 
@@ -192,9 +230,9 @@ def train_step(model: Any, optimizer: Any, step: list[Any], config: TrainConfig,
         if config.objective == "sft":
             loss, info = sft_loss(logprobs, tensors["loss_mask"], loss_tokens)
         else:
-            loss, info = policy_loss(logprobs, tensors["rollout_logprobs"], tensors["advantages"],
-                                     tensors["loss_mask"], loss_tokens, clip_low=config.clip_low,
-                                     clip_high=config.clip_high, tis_cap=config.tis_cap,
+            loss, info = policy_loss(logprobs, tensors["old_logprobs"], tensors["rollout_logprobs"],
+                                     tensors["advantages"], tensors["loss_mask"], loss_tokens, clip_low=config.clip_low,
+                                     clip_high=config.clip_high, clip_dual=config.clip_dual, tis_cap=config.tis_cap,
                                      has_rollout_logprobs=bool(tensors.get("has_rollout_logprobs", True)))
         # FSDP averages gradients over ranks; the loss is already a share of the global mean, so undo it
         (loss * weight * world.size).backward()
@@ -238,7 +276,7 @@ def step_metrics(metrics: list[dict[str, float]], world: World) -> dict[str, flo
 # ---------------------------------------------------------------- the run
 
 
-RESUME_KEYS = ("objective", "seed", "step_tokens", "micro_tokens", "lora_rank", "steps", "data", "lam",
+RESUME_KEYS = ("objective", "seed", "step_tokens", "micro_tokens", "lora_rank", "steps", "epochs", "data", "lam",
                "min_pass_rate", "max_pass_rate")
 
 
@@ -259,6 +297,31 @@ def saved_state(checkpoint: Path, config: TrainConfig, world: World) -> dict[str
     if changed:
         raise TrainError(f"{checkpoint} was trained with other {', '.join(changed)}; resume with the same options")
     return saved
+
+
+def start_policy(model: Any, samples: list[Any], config: TrainConfig, world: World, temperature: float, pad_id: int,
+                 resumed: bool, log: Any) -> None:
+    """π_old for every row (`start_policy.py`): computed and saved before the first step, read back on resume;
+    then the rollouts' distance from it, refused beyond `max_rollout_drift`."""
+    from nanbeige.trainer.start_policy import (compute_start_logprobs, load_start_logprobs, rollout_drift,
+                                               save_start_logprobs)
+
+    if resumed:
+        load_start_logprobs(config.out, samples)
+    else:
+        began = time.perf_counter()
+        compute_start_logprobs(model, samples, config.micro_tokens, config.chunk_tokens, world, temperature, pad_id)
+        if world.main:
+            save_start_logprobs(config.out, samples)
+            log(f"π_old: the starting policy's logprobs of {len(samples)} rows in {time.perf_counter() - began:.1f} s")
+    drift = rollout_drift(samples)
+    if drift is not None and world.main:
+        log(f"the rollouts' sampler vs the starting policy: mean |log ratio| {drift:.2e}")
+    if drift is not None and drift > config.max_rollout_drift and not config.off_policy:
+        raise TrainError(f"the rollouts were not sampled by the policy training starts from: mean |log π_old - "
+                         f"log π_rollout| is {drift:.3f}, above --max-rollout-drift {config.max_rollout_drift} "
+                         "(rollouts of an older checkpoint, or sampled with top-p or penalties the trainer does not "
+                         "apply); collect them again from this model, or pass --off-policy to train on them anyway")
 
 
 def train(config: TrainConfig, resume: bool = False, log: Any = None) -> dict[str, Any]:
@@ -287,13 +350,18 @@ def train(config: TrainConfig, resume: bool = False, log: Any = None) -> dict[st
     if world.main:
         config.out.mkdir(parents=True, exist_ok=True)
         drop_metrics_after(config.out / "metrics.jsonl", start)  # steps past the checkpoint are done again
-        log(f"training on {len(samples)} rows ({json.dumps(data)}); {len(steps)} steps"
+        log(f"training on {len(samples)} rows ({json.dumps(data)}); {len(steps)} optimizer steps"
             + (f", resuming after step {start}" if found else ""))
+    if config.objective == "grpo":
+        start_policy(model, samples, config, world, temperature, pad_id, resumed=found is not None, log=log)
     params, saved_at = parameter_count(model), start
     for index in range(start, len(steps)):
         began = time.perf_counter()
         result = train_step(model, optimizer, steps[index], config, world, temperature, pad_id)
         seconds = time.perf_counter() - began
+        # policy versions between the rollouts' sampler and the policy this step updates (the drift check at
+        # the start refuses data whose sampler was not the starting policy)
+        result["metrics"]["staleness"] = float(index)
         entry = StepLog(step=index + 1, loss=result["loss"], tokens=result["tokens"], loss_tokens=result["loss_tokens"],
                         seconds=seconds, tokens_per_s=result["tokens"] / seconds, grad_norm=result["grad_norm"],
                         lr=lr, metrics=result["metrics"], mfu=mfu(params, result["tokens"], seconds, world),

@@ -1,0 +1,96 @@
+"""π_old: every row's logprobs under the policy an update starts from, computed once per batch of rollouts.
+
+The PPO ratio r = π / π_old needs π_old fixed over all of a batch's optimizer steps; were it recomputed at
+each step (the current policy, detached) r would always be 1 and the clip would never bind. So before the
+first step every row goes through the model once without gradients, and the result is kept on each
+`Sample` (`old_logprobs`, aligned to its ids, 0.0 at position 0) and in `start-logprobs.pt` in the run's
+folder: a resumed run must use the starting policy's values, not its checkpoint's.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from nanbeige.trainer.model import TrainError, World, all_max, compute_precision
+
+FILE = "start-logprobs.pt"
+
+
+def compute_start_logprobs(model: Any, samples: list[Any], micro_tokens: int, chunk_tokens: int, world: World,
+                           temperature: float, pad_id: int) -> None:
+    """Sets `old_logprobs` on every sample. Each rank computes every world-size-th micro-batch (all ranks
+    make the same number of forward passes, as FSDP's collectives need) and then every rank gets all rows."""
+    import torch
+
+    from nanbeige.trainer.batches import collate, pack
+    from nanbeige.trainer.loss import token_logprobs
+
+    batches = pack(samples, micro_tokens)
+    position = {id(sample): i for i, sample in enumerate(samples)}
+    mine = batches[world.rank::world.size]
+    found: dict[int, list[float]] = {}
+    with torch.no_grad():
+        for batch in mine + [[]] * (math.ceil(len(batches) / world.size) - len(mine)):
+            tensors = {k: v.to(world.device) for k, v in collate(batch or samples[:1], pad_id).items()}
+            chunks = int(all_max(max(1, -(-tensors["targets"].numel() // chunk_tokens)), world))
+            with compute_precision(world):
+                logprobs = token_logprobs(model, tensors["input_ids"], tensors["attention_mask"], tensors["targets"],
+                                          chunk_tokens=chunk_tokens, temperature=temperature, chunks=chunks)
+            for b, sample in enumerate(batch):  # [B, L-1] -> per sample, aligned to its ids
+                found[position[id(sample)]] = [0.0] + logprobs[b, : len(sample.ids) - 1].float().cpu().tolist()
+    if world.size > 1:
+        import torch.distributed as dist
+
+        everyone: list[Any] = [None] * world.size
+        dist.all_gather_object(everyone, found)
+        found = {i: values for part in everyone for i, values in part.items()}
+    for i, sample in enumerate(samples):
+        sample.old_logprobs = found[i]
+
+
+def save_start_logprobs(out: Path, samples: list[Any]) -> None:
+    """Written once (atomically) before the first optimizer step: one flat float32 tensor and the lengths."""
+    import torch
+
+    lengths = torch.tensor([len(s.old_logprobs) for s in samples], dtype=torch.long)
+    values = torch.tensor([v for s in samples for v in s.old_logprobs], dtype=torch.float32)
+    partial = out / (FILE + ".partial")
+    torch.save({"lengths": lengths, "values": values}, partial)
+    os.replace(partial, out / FILE)
+
+
+def load_start_logprobs(out: Path, samples: list[Any]) -> None:
+    """The values `save_start_logprobs` wrote, checked to fit these rows; a file that does not is a clear error."""
+    import torch
+
+    path = out / FILE
+    fix = "start again in a new --out folder"
+    if not path.exists():
+        raise TrainError(f"{path} is missing, so the policy this run started from is unknown; {fix}")
+    try:
+        saved = torch.load(path, weights_only=True)
+        lengths, values = saved["lengths"].tolist(), saved["values"]
+    except Exception as exc:  # noqa: BLE001 - a damaged or foreign file: any error of the unpickler
+        raise TrainError(f"cannot read {path}: {exc}; {fix}") from None
+    if lengths != [len(s.ids) for s in samples] or values.numel() != sum(lengths):
+        raise TrainError(f"{path} does not fit this run's rows (other data or options?); {fix}")
+    offset = 0
+    for sample, n in zip(samples, lengths):
+        sample.old_logprobs = values[offset: offset + n].tolist()
+        offset += n
+
+
+def rollout_drift(samples: list[Any]) -> float | None:
+    """Mean |log π_old − log π_rollout| over the trained tokens of rows with rollout logprobs (None: no such row).
+    With on-policy data this is the sampler/trainer mismatch alone."""
+    total, count = 0.0, 0
+    for sample in samples:
+        if sample.rollout_logprobs is None or sample.old_logprobs is None:
+            continue
+        for on, old, rollout in zip(sample.loss_mask, sample.old_logprobs, sample.rollout_logprobs):
+            if on:
+                total, count = total + abs(old - rollout), count + 1
+    return total / count if count else None
