@@ -283,6 +283,13 @@ def train(
     lam: Annotated[float, typer.Option("--lambda", help="Weight of the turn-level advantage (0: plain GRPO).")] = 1.0,
     min_pass_rate: Annotated[float, typer.Option(min=0.0, max=1.0, help="Drop groups passing less often.")] = 0.1,
     max_pass_rate: Annotated[float, typer.Option(min=0.0, max=1.0, help="Drop groups passing more often.")] = 0.9,
+    advantage_std: Annotated[str, typer.Option(help="GRPO's std: sample (GRPO, verl, TRL), population, or none "
+                                                    "(Dr.GRPO).", rich_help_panel="Objective")] = "sample",
+    single_rollout: Annotated[str, typer.Option(help="A one-rollout group's advantage: zero (TRL) or reward (verl).",
+                                                rich_help_panel="Objective")] = "zero",
+    truncated: Annotated[str, typer.Option(help="Rollouts cut at max turns, the context limit, the timeout or the "
+                                                "budget: train, or mask (DAPO's overlong filtering).",
+                                           rich_help_panel="Objective")] = "train",
     clip_low: Annotated[float, typer.Option(min=0.0, max=1.0, help="PPO clip below: ratio >= 1 - CLIP_LOW.",
                                             rich_help_panel="Objective")] = TrainConfig.clip_low,
     clip_high: Annotated[float, typer.Option(min=0.0, help="PPO clip above (clip-higher): ratio <= 1 + CLIP_HIGH.",
@@ -343,11 +350,17 @@ def train(
         fail(f"--objective must be grpo or sft, not {objective!r}", 2)
     if dtype not in ("auto", "float32", "bfloat16"):
         fail(f"--dtype must be auto, float32 or bfloat16, not {dtype!r}", 2)
+    for name, value, allowed in (("--advantage-std", advantage_std, ("sample", "population", "none")),
+                                 ("--single-rollout", single_rollout, ("zero", "reward")),
+                                 ("--truncated", truncated, ("train", "mask"))):
+        if value not in allowed:
+            fail(f"{name} must be {', '.join(allowed[:-1])} or {allowed[-1]}, not {value!r}", 2)
     if min_pass_rate > max_pass_rate:
         fail(f"--min-pass-rate {min_pass_rate} is above --max-pass-rate {max_pass_rate}", 2)
     config = TrainConfig(data=data or [], model=model, out=out, objective=objective, steps=steps, epochs=epochs,
                          clip_low=clip_low, clip_high=clip_high, clip_dual=clip_dual, tis_cap=tis_cap,
                          max_rollout_drift=max_rollout_drift, off_policy=off_policy, step_tokens=step_tokens,
+                         advantage_std=advantage_std, single_rollout=single_rollout, truncated=truncated,
                          micro_tokens=micro_tokens, lr=lr, lam=lam,
                          min_pass_rate=min_pass_rate, max_pass_rate=max_pass_rate, lora_rank=lora_rank,
                          save_every=save_every, gradient_checkpointing=not no_gradient_checkpointing, dtype=dtype,

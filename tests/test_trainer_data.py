@@ -11,10 +11,15 @@ import torch
 from nanbeige.agent.tokens import TokenTracker, full_prompt
 from nanbeige.agent.trajectory import Trajectory, Turn
 from nanbeige.trainer.advantages import group_advantages, keep_group, outcome_advantages, turn_advantages
-from nanbeige.trainer.batches import Sample, collate, pack, samples_from
+from nanbeige.trainer.batches import GroupRule, Sample, collate, pack, samples_from
 
 NAN = float("nan")
 SQRT3 = math.sqrt(3)
+
+
+def population_rule(lam: float) -> GroupRule:
+    """The hand-computed numbers below divide by the population std (n), the simpler arithmetic."""
+    return GroupRule(lam=lam, std="population")
 
 
 def close(actual: torch.Tensor | list[float], expected: list[float]) -> bool:
@@ -27,16 +32,17 @@ def close(actual: torch.Tensor | list[float], expected: list[float]) -> bool:
 def test_outcome_advantages_by_hand() -> None:
     # R = [1, 0, 0, 0]: mean 0.25; population var (0.75² + 3·0.25²) / 4 = 0.1875, std = √3/4 ≈ 0.4330
     # → (0.75, -0.25) / (√3/4) = (√3, -1/√3)
-    assert close(outcome_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0])), [SQRT3, -1 / SQRT3, -1 / SQRT3, -1 / SQRT3])
+    assert close(outcome_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), std="population"),
+                 [SQRT3, -1 / SQRT3, -1 / SQRT3, -1 / SQRT3])
     # R = [1, 1, 0, 0]: mean 0.5, std 0.5 → ±1
-    assert close(outcome_advantages(torch.tensor([1.0, 1.0, 0.0, 0.0])), [1.0, 1.0, -1.0, -1.0])
+    assert close(outcome_advantages(torch.tensor([1.0, 1.0, 0.0, 0.0]), std="population"), [1.0, 1.0, -1.0, -1.0])
     # Dr.GRPO: centred only
-    assert close(outcome_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), std_normalize=False),
+    assert close(outcome_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), std="none"),
                  [0.75, -0.25, -0.25, -0.25])
     # a uniform group teaches nothing, with or without the std (0 / (0 + eps) = 0, not NaN)
     for rewards in ([1.0, 1.0, 1.0], [0.0, 0.0], [1.0]):
         assert close(outcome_advantages(torch.tensor(rewards)), [0.0] * len(rewards))
-        assert close(outcome_advantages(torch.tensor(rewards), std_normalize=False), [0.0] * len(rewards))
+        assert close(outcome_advantages(torch.tensor(rewards), std="none"), [0.0] * len(rewards))
 
 
 def test_turn_advantages_pool_the_groups_unmasked_judged_turns() -> None:
@@ -44,7 +50,7 @@ def test_turn_advantages_pool_the_groups_unmasked_judged_turns() -> None:
     masks = [torch.tensor([1, 1, 1]), torch.tensor([1, 0])]
     # counted: 1.0, 0.2, 0.6 (NaN = unjudged, 5.0 masked): μ = 0.6, σ² = (0.4² + 0.4² + 0) / 3 = 0.10667,
     # σ = 0.32660 → 0.4 / σ = √1.5 = 1.22474. Were the masked 5.0 counted, μ would be 1.7.
-    first, second = turn_advantages(rewards, masks)
+    first, second = turn_advantages(rewards, masks, std="population")
     assert close(first, [math.sqrt(1.5), 0.0, -math.sqrt(1.5)])
     assert close(second, [0.0, 0.0])
     # nothing judged (no critic): no turn term at all
@@ -58,19 +64,19 @@ def test_group_advantages_add_the_turn_term_and_zero_masked_turns() -> None:
     rewards_G = torch.tensor([1.0, 0.0])  # outcome ±1
     turn_rewards = [torch.tensor([1.0, NAN, 0.2]), torch.tensor([0.6, 5.0])]
     masks = [torch.tensor([1, 1, 1]), torch.tensor([1, 0])]
-    first, second = group_advantages(rewards_G, turn_rewards, masks, lam=2.0)
+    first, second = group_advantages(rewards_G, turn_rewards, masks, lam=2.0, std="population")
     t = math.sqrt(1.5)
     assert close(first, [1 + 2 * t, 1.0, 1 - 2 * t])  # the unjudged turn keeps the outcome term
     assert close(second, [-1.0, 0.0])  # the masked turn gets 0
     # λ = 0 is plain GRPO: the outcome advantage on every unmasked turn
-    first, second = group_advantages(rewards_G, turn_rewards, masks, lam=0.0)
+    first, second = group_advantages(rewards_G, turn_rewards, masks, lam=0.0, std="population")
     assert close(first, [1.0, 1.0, 1.0]) and close(second, [-1.0, 0.0])
     outcome = outcome_advantages(torch.tensor([1.0, 0.0, 0.0]))
     plain = group_advantages(torch.tensor([1.0, 0.0, 0.0]), [torch.rand(4) for _ in range(3)],
                              [torch.ones(4) for _ in range(3)], lam=0.0)
     assert all(torch.equal(a, outcome[i].expand(4)) for i, a in enumerate(plain))
     # Dr.GRPO passes through: R = [1, 0] → ±0.5
-    assert close(group_advantages(rewards_G, turn_rewards, masks, lam=0.0, std_normalize=False)[0], [0.5] * 3)
+    assert close(group_advantages(rewards_G, turn_rewards, masks, lam=0.0, std="none")[0], [0.5] * 3)
 
 
 @pytest.mark.parametrize(("passes", "of", "kept"), [(0, 8, False), (1, 8, True), (4, 8, True), (7, 8, True),
@@ -127,7 +133,7 @@ def other_groups() -> list[Trajectory]:
 
 def test_samples_carry_each_turns_advantage_on_its_completion_tokens() -> None:
     group = judged_group()
-    samples, summary = samples_from(group + other_groups(), lam=0.5)
+    samples, summary = samples_from(group + other_groups(), rule=population_rule(lam=0.5))
     by_id = {s.trajectory_id: s for s in samples}
     assert [s.trajectory_id for s in samples] == ["t0", "t1", "t2", "t3"]  # t2's rolled-back row trains nothing
     t0, t1, t2, t3 = (by_id[t] for t in ("t0", "t1", "t2", "t3"))
@@ -151,15 +157,15 @@ def test_samples_carry_each_turns_advantage_on_its_completion_tokens() -> None:
     assert summary == {"groups_read": 4, "groups_kept": 1, "groups_too_easy": 1, "groups_too_hard": 1,
                        "groups_no_reward": 1, "trajectories_read": 11, "trajectories_kept": 4,
                        "trajectories_unfinished": 1, "trajectories_no_tokens": 1, "trajectories_no_reward": 1,
-                       "trajectories_failed": 0, "turns_trained": 5, "turns_masked": 2, "samples": 4,
-                       "tokens": 25, "loss_tokens": 9}
+                       "trajectories_failed": 0, "trajectories_truncated": 0, "turns_trained": 5, "turns_masked": 2,
+                       "samples": 4, "tokens": 25, "loss_tokens": 9}
 
 
 def test_a_merged_row_carries_a_different_advantage_per_turn() -> None:
     turns = ([1], [2, 3], {"reward": 1.0}), ([1, 2, 3, 4], [5], {"reward": 0.5}), ([1, 2, 3, 4, 5, 6, 7], [8], {})
     group = [trajectory("a", "g", 1.0, *turns), trajectory("b", "g", 0.0, ([1], [9], {"reward": 0.0}))]
     # outcome ±1; judged 1.0, 0.5, 0.0: μ = 0.5, σ = √(1/6) = 0.40825 → turn terms √1.5, 0, -√1.5
-    [a, b], _ = samples_from(group, lam=1.0)
+    [a, b], _ = samples_from(group, rule=population_rule(lam=1.0))
     assert a.ids == [1, 2, 3, 4, 5, 6, 7, 8] and a.turns == [0, 1, 2]
     t = math.sqrt(1.5)
     assert close(a.advantages, [0, 1 + t, 1 + t, 0, 1.0, 0, 0, 1.0])
@@ -168,10 +174,22 @@ def test_a_merged_row_carries_a_different_advantage_per_turn() -> None:
 
 def test_a_group_outside_the_band_gives_nothing_and_is_counted() -> None:
     group = judged_group()
-    samples, summary = samples_from(group, min_pass_rate=0.6)  # 2 of 4 = 50% < 60%
+    samples, summary = samples_from(group, rule=GroupRule(min_pass_rate=0.6))  # 2 of 4 = 50% < 60%
     assert samples == [] and summary["groups_too_hard"] == 1 and summary["groups_kept"] == 0
-    samples, summary = samples_from(group, max_pass_rate=0.4)
+    samples, summary = samples_from(group, rule=GroupRule(max_pass_rate=0.4))
     assert samples == [] and summary["groups_too_easy"] == 1
+
+
+@pytest.mark.parametrize("cut", ["max_turns", "context_limit", "timeout", "budget"])
+def test_truncated_rollouts_can_be_masked_but_still_count_in_their_group(cut: str) -> None:
+    one = ([1], [2], {})
+    group = [trajectory("a", "g", 1.0, one), trajectory("b", "g", 0.0, one), trajectory("c", "g", 0.0, one, stop=cut)]
+    trained, summary = samples_from(group, rule=GroupRule(lam=0.0))
+    assert [s.trajectory_id for s in trained] == ["a", "b", "c"] and summary["trajectories_truncated"] == 0
+    masked, summary = samples_from(group, rule=GroupRule(lam=0.0, truncated="mask"))
+    assert [s.trajectory_id for s in masked] == ["a", "b"] and summary["trajectories_truncated"] == 1
+    # the group's mean and std still include the cut rollout: a's advantage is the same either way
+    assert masked[0].advantages == trained[0].advantages and masked[1].advantages == trained[1].advantages
 
 
 def test_sft_imitates_passing_trajectories_with_failed_turns_masked() -> None:
@@ -232,7 +250,7 @@ def test_collate_shifts_targets_and_masks_padding() -> None:
 
 
 def test_collated_samples_train_exactly_the_completion_tokens() -> None:
-    samples, _ = samples_from(judged_group(), lam=0.5)
+    samples, _ = samples_from(judged_group(), rule=population_rule(lam=0.5))
     tensors = collate(samples, pad_id=-1)
     trained = tensors["targets"][tensors["loss_mask"].bool()].tolist()
     assert trained == [10, 11, 12, 20, 21, 22, 31, 32, 40]
@@ -245,7 +263,7 @@ def test_a_rolled_back_reply_is_trained_only_when_the_judge_penalised_it() -> No
     penalised = {"rolled_back": True, "critic": {"rolled_back": True}, "reward": -1.0}
     group = [trajectory("p0", "q", 1.0, ([1, 2], [30], penalised), ([1, 2], [31], {"reward": 1.0})),
              trajectory("p1", "q", 0.0, ([1, 2], [40], dropped), ([1, 2], [41], {"reward": 1.0}))]
-    samples, summary = samples_from(group, lam=1.0)
+    samples, summary = samples_from(group, rule=GroupRule(lam=1.0))
     rows = {(s.trajectory_id, s.ids[-1]): s for s in samples}
     # p0's penalised reply is trained, below its rollout's other turn; p1's plain rollback trains nothing
     assert rows[("p0", 30)].loss_mask == [0, 0, 1] and rows[("p0", 30)].advantages[-1] < rows[("p0", 31)].advantages[-1]

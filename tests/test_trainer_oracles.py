@@ -1,17 +1,21 @@
 """The trainer's objective against verl's own functions (verl 0.9.1, installed with `tests/oracles.txt`) on
 identical tensors: the clipped policy loss over a multi-step update with one fixed π_old, where the clip
-binds, and the truncated importance weights."""
+binds, with the truncated importance weights; and GRPO's outcome advantages, each std option and the
+one-rollout rule. TRL's trainer needs `datasets` to import, so TRL's rules are quoted where they apply."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
-from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla
+from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, compute_policy_loss_vanilla
 from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_weights
 
+from nanbeige.trainer.advantages import outcome_advantages
 from nanbeige.trainer.loss import policy_loss, token_logprobs
 
 B, L = 3, 16
@@ -71,3 +75,37 @@ def test_a_multi_step_update_clips_where_verl_clips(tiny_folder: Any) -> None:
         optimizer.step()
     assert clip_fracs[0] == 0.0  # at the first step the policy is π_old: nothing to clip
     assert max(clip_fracs[1:]) > 0.05  # later steps moved far enough that the trust region binds
+
+
+# groups of unequal size, as after unusable rollouts are dropped: 8, 4, 2 and one rollout
+GROUPS = [[1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0], [1.0, 0.0, 0.0, 0.0], [0.0, 1.0], [1.0]]
+
+
+def verl_advantages(groups: list[list[float]], norm_by_std: bool) -> list[list[float]]:
+    rewards = [r for group in groups for r in group]
+    index = np.array([g for g, group in enumerate(groups) for _ in group])
+    token_rewards = torch.zeros(len(rewards), 3)
+    token_rewards[:, -1] = torch.tensor(rewards)  # the outcome on the last response token, as verl's reward does
+    advantages, _ = compute_grpo_outcome_advantage(token_rewards, torch.ones(len(rewards), 3), index,
+                                                   norm_adv_by_std_in_grpo=norm_by_std)
+    flat = advantages[:, 0].tolist()
+    return [[flat.pop(0) for _ in group] for group in groups]
+
+
+@pytest.mark.parametrize(("std", "norm_by_std"), [("sample", True), ("none", False)])
+def test_grpo_advantages_are_verls(std: str, norm_by_std: bool) -> None:
+    theirs = verl_advantages(GROUPS, norm_by_std)
+    for group, expected in zip(GROUPS, theirs):
+        ours = outcome_advantages(torch.tensor(group), std=std, single="reward").tolist()
+        assert ours == pytest.approx(expected, abs=1e-6)
+    # a group of one: verl gives R (mean 0, std 1); the default gives 0, as TRL does (its std of one value is
+    # NaN, and NaN advantages become 0)
+    assert outcome_advantages(torch.tensor([1.0]), std=std).tolist() == [0.0]
+
+
+def test_the_population_std_scales_advantages_by_a_factor_that_varies_with_the_group_size() -> None:
+    theirs = verl_advantages(GROUPS, norm_by_std=True)
+    for group, expected in zip(GROUPS[:3], theirs):
+        ours = outcome_advantages(torch.tensor(group), std="population")
+        n = len(group)
+        assert ours.tolist() == pytest.approx([math.sqrt(n / (n - 1)) * a for a in expected], rel=1e-5)

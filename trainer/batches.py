@@ -51,6 +51,30 @@ class Sample:
     computed by the trainer before its first optimizer step on this batch of rollouts."""
 
 
+# Runs cut before they could answer: with `truncated="mask"` they get no loss (DAPO's overlong filtering),
+# since their 0 reward says the run was too long, not that what it did was wrong.
+TRUNCATED = ("max_turns", "context_limit", "timeout", "budget")
+
+
+@dataclass
+class GroupRule:
+    """How GRPO turns a group's rewards into advantages, and which groups and trajectories train."""
+
+    lam: float = 1.0
+    """Weight of the turn-level advantage: A = A_outcome + lam * A_turn (0: plain GRPO)."""
+    min_pass_rate: float = 0.1
+    """Groups passing less often are dropped (every rollout failed: nothing to compare)."""
+    max_pass_rate: float = 0.9
+    """Groups passing more often are dropped."""
+    std: str = "sample"
+    """The std advantages are divided by: `sample` (GRPO, verl, TRL), `population`, or `none` (Dr.GRPO)."""
+    single: str = "zero"
+    """A one-rollout group's advantage: `zero` (TRL) or `reward` (verl: R itself)."""
+    truncated: str = "train"
+    """Trajectories cut at max_turns, the context limit, the timeout or the budget: `train` them with their
+    outcome reward, or `mask` them (in the group's statistics, no loss: DAPO's overlong filtering)."""
+
+
 @dataclass
 class GroupStats:
     """What `samples_from` read, kept and left out (returned as a dict)."""
@@ -75,6 +99,8 @@ class GroupStats:
     """Outcome reward None (no reference answer, or the judge could not decide)."""
     trajectories_failed: int = 0
     """SFT: reward <= 0, so not imitated."""
+    trajectories_truncated: int = 0
+    """GRPO with truncated "mask": cut at max_turns, the context limit, the timeout or the budget."""
     turns_trained: int = 0
     turns_masked: int = 0
     """Turns of kept trajectories with mask 0 or rolled back: no loss on them."""
@@ -117,14 +143,14 @@ def usable(trajectories: list[Trajectory], stats: GroupStats) -> list[Trajectory
     return kept
 
 
-def turn_advantages_of(group: list[Trajectory], lam: float, std_normalize: bool) -> list[list[float]]:
+def turn_advantages_of(group: list[Trajectory], rule: GroupRule) -> list[list[float]]:
     """Each trajectory's per-turn advantages [T_i], from its outcome reward and its turns' rewards."""
     rewards_G = torch.tensor([t.reward for t in group], dtype=torch.float32)
     turn_rewards = [torch.tensor([float("nan") if turn.reward is None else turn.reward for turn in t.turns],
                                  dtype=torch.float32) for t in group]
     turn_masks = [torch.tensor([int(trained(turn)) for turn in t.turns]) for t in group]
-    return [a.tolist() for a in group_advantages(rewards_G, turn_rewards, turn_masks, lam=lam,
-                                                 std_normalize=std_normalize)]
+    return [a.tolist() for a in group_advantages(rewards_G, turn_rewards, turn_masks, lam=rule.lam, std=rule.std,
+                                                 single=rule.single)]
 
 
 def completion_spans(row: TrainingRow, turns: dict[int, Turn]) -> dict[int, tuple[int, int]]:
@@ -168,8 +194,7 @@ def samples_of(trajectory: Trajectory, turn_advantage: list[float]) -> list[Samp
     return samples
 
 
-def group_samples(group: list[Trajectory], objective: str, lam: float, min_pass_rate: float, max_pass_rate: float,
-                  std_normalize: bool, stats: GroupStats) -> list[Sample]:
+def group_samples(group: list[Trajectory], objective: str, rule: GroupRule, stats: GroupStats) -> list[Sample]:
     """One group's samples (its usable trajectories), counting what is left out."""
     if objective == "sft":
         passing = [t for t in group if t.reward > 0]
@@ -177,13 +202,16 @@ def group_samples(group: list[Trajectory], objective: str, lam: float, min_pass_
         group, advantages = passing, [[1.0] * len(t.turns) for t in passing]
     else:
         pass_rate = sum(t.reward > 0 for t in group) / len(group)
-        if not keep_group(pass_rate, min_pass_rate, max_pass_rate):
-            stats.groups_too_easy += pass_rate > max_pass_rate
-            stats.groups_too_hard += pass_rate < min_pass_rate
+        if not keep_group(pass_rate, rule.min_pass_rate, rule.max_pass_rate):
+            stats.groups_too_easy += pass_rate > rule.max_pass_rate
+            stats.groups_too_hard += pass_rate < rule.min_pass_rate
             return []
-        advantages = turn_advantages_of(group, lam, std_normalize)
+        advantages = turn_advantages_of(group, rule)
     samples = []
     for trajectory, turn_advantage in zip(group, advantages):
+        if rule.truncated == "mask" and trajectory.stop_reason in TRUNCATED:
+            stats.trajectories_truncated += 1  # in the group's statistics above, but no loss on it
+            continue
         samples += samples_of(trajectory, turn_advantage)
         stats.trajectories_kept += 1
         stats.turns_masked += sum(not trained(turn) for turn in trajectory.turns)
@@ -191,9 +219,8 @@ def group_samples(group: list[Trajectory], objective: str, lam: float, min_pass_
     return samples
 
 
-def samples_from(trajectories: list[Trajectory], objective: str = "grpo", lam: float = 1.0,
-                 min_pass_rate: float = 0.1, max_pass_rate: float = 0.9,
-                 std_normalize: bool = True) -> tuple[list[Sample], dict[str, Any]]:
+def samples_from(trajectories: list[Trajectory], objective: str = "grpo",
+                 rule: GroupRule | None = None) -> tuple[list[Sample], dict[str, Any]]:
     """The training samples of judged trajectories, and a summary of what was kept and left out
     (`GroupStats` as a dict).
 
@@ -220,7 +247,7 @@ def samples_from(trajectories: list[Trajectory], objective: str = "grpo", lam: f
         if not group:
             stats.groups_no_reward += 1
             continue
-        kept = group_samples(group, objective, lam, min_pass_rate, max_pass_rate, std_normalize, stats)
+        kept = group_samples(group, objective, rule or GroupRule(), stats)
         stats.groups_kept += bool(kept)
         samples += kept
     stats.samples = len(samples)

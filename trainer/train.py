@@ -63,6 +63,13 @@ class TrainConfig:
     """Groups whose pass rate is below this teach nothing (every rollout failed): dropped."""
     max_pass_rate: float = 0.9
     """Groups whose pass rate is above this teach nothing (every rollout passed): dropped."""
+    advantage_std: str = "sample"
+    """The std GRPO divides advantages by: `sample` (the GRPO paper, verl, TRL), `population` or `none` (Dr.GRPO)."""
+    single_rollout: str = "zero"
+    """The advantage of a group left with one rollout: `zero` (TRL) or `reward` (verl: R itself)."""
+    truncated: str = "train"
+    """Trajectories cut at max_turns, the context limit, the timeout or the budget: `train` on them with their
+    outcome reward, or `mask` them (DAPO's overlong filtering: in the group's statistics, no loss)."""
     clip_low: float = 0.2
     """Lower clip of the ratio: 1 - clip_low."""
     clip_high: float = 0.28
@@ -122,7 +129,7 @@ class StepLog:
 
 def read_samples(config: TrainConfig) -> tuple[list[Any], dict[str, Any], float]:
     """The training rows of every file, the data summary, and the sampling temperature they share."""
-    from nanbeige.trainer.batches import samples_from
+    from nanbeige.trainer.batches import GroupRule, samples_from
 
     trajectories = []
     for path in config.data:
@@ -138,8 +145,9 @@ def read_samples(config: TrainConfig) -> tuple[list[Any], dict[str, Any], float]
         raise TrainError(f"the trajectories were sampled at different temperatures {sorted(temperatures)}; the "
                          "trainer's logprobs must use the sampler's, so train on one temperature at a time")
     try:
-        samples, summary = samples_from(trajectories, objective=config.objective, lam=config.lam,
-                                        min_pass_rate=config.min_pass_rate, max_pass_rate=config.max_pass_rate)
+        rule = GroupRule(lam=config.lam, min_pass_rate=config.min_pass_rate, max_pass_rate=config.max_pass_rate,
+                         std=config.advantage_std, single=config.single_rollout, truncated=config.truncated)
+        samples, summary = samples_from(trajectories, objective=config.objective, rule=rule)
     except ValueError as exc:  # a token record that does not check out: training on it would be wrong
         raise TrainError(f"a trajectory's token record is inconsistent ({exc}); it cannot be trained on") from None
     if not samples:
@@ -277,7 +285,7 @@ def step_metrics(metrics: list[dict[str, float]], world: World) -> dict[str, flo
 
 
 RESUME_KEYS = ("objective", "seed", "step_tokens", "micro_tokens", "lora_rank", "steps", "epochs", "data", "lam",
-               "min_pass_rate", "max_pass_rate")
+               "min_pass_rate", "max_pass_rate", "advantage_std", "single_rollout", "truncated")
 
 
 def saved_state(checkpoint: Path, config: TrainConfig, world: World) -> dict[str, Any]:
