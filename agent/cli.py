@@ -308,7 +308,8 @@ app.command("eval", epilog=commands.benchmark_list())(commands.evaluate)
 app.command("collect")(rl_commands.collect)
 app.command("judge")(rl_commands.judge)
 app.command("synth")(rl_commands.synth)
-app.command("train")(rl_commands.train)
+# `train` trains; `train report RUN_DIR` draws a run's curves
+app.add_typer(rl_commands.train_app, name="train")
 # The command list shows each command's first paragraph as one line: left to itself it keeps the docstring's
 # line breaks, which cut the list's descriptions mid-sentence.
 for _command in app.registered_commands:

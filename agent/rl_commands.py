@@ -266,9 +266,16 @@ def synth(
                                          if summary.get("exhausted") else ""), highlight=False)
 
 
+train_app = typer.Typer(invoke_without_command=True, help="Train the model on judged trajectories.")
+
+
+@train_app.callback()
 def train(
-    model: Annotated[str, typer.Option(help="The model to start from: a Hugging Face id or folder.")],
-    out: Annotated[Path, typer.Option(help="Folder for checkpoints and metrics.jsonl.")],
+    ctx: typer.Context,
+    model: Annotated[str | None, typer.Option(help="The model to start from: a Hugging Face id or folder "
+                                                   "(required).", show_default=False)] = None,
+    out: Annotated[Path | None, typer.Option(help="Folder for checkpoints, metrics.jsonl and TensorBoard events "
+                                                  "(required).", show_default=False)] = None,
     data: Annotated[list[Path] | None, typer.Option(help="Judged trajectory files (repeatable).",
                                                     show_default=False)] = None,
     objective: Annotated[str, typer.Option(help="grpo, or sft (on passing rollouts, failed turns masked).")] = "grpo",
@@ -280,6 +287,15 @@ def train(
     micro_tokens: Annotated[int, typer.Option(min=1, help="Padded tokens per micro-batch.")] = 16_384,
     lr: Annotated[float | None, typer.Option(min=0.0, help="Learning rate \\[default: 1e-6, or 3e-5 with LoRA].",
                                              show_default=False)] = None,
+    warmup_steps: Annotated[int, typer.Option(min=0, help="Linear warmup of the learning rate over N steps.")] = 0,
+    lr_schedule: Annotated[str, typer.Option(help="After the warmup: constant, or cosine (to --min-lr-ratio x lr "
+                                                  "at the last step).")] = "constant",
+    min_lr_ratio: Annotated[float, typer.Option(min=0.0, max=1.0, help="Where cosine ends, as a fraction of lr.")
+                            ] = 0.0,
+    no_tensorboard: Annotated[bool, typer.Option("--no-tensorboard", help="No TensorBoard event files (only "
+                                                                          "metrics.jsonl).")] = False,
+    wandb_project: Annotated[str | None, typer.Option(help="Also log to this Weights & Biases project (needs wandb).",
+                                                      show_default=False)] = None,
     lam: Annotated[float, typer.Option("--lambda", help="Weight of the turn-level advantage (0: plain GRPO).")] = 1.0,
     min_pass_rate: Annotated[float, typer.Option(min=0.0, max=1.0, help="Drop groups passing less often.")] = 0.1,
     max_pass_rate: Annotated[float, typer.Option(min=0.0, max=1.0, help="Drop groups passing more often.")] = 0.9,
@@ -343,9 +359,15 @@ def train(
     --loop N it alternates collect, judge, train and sync N times in --out, resumable at any stage."""
     from nanbeige.trainer.critic import CriticConfig
     from nanbeige.trainer.judge import JudgeRunConfig
-    from nanbeige.trainer.train import TrainConfig, TrainError
+    from nanbeige.trainer.train import TrainError
     from nanbeige.trainer.train import train as run_training
 
+    if ctx.invoked_subcommand is not None:
+        return
+    if model is None or out is None:
+        fail(f"--{'model' if model is None else 'out'} is required (see nanbeige train --help)", 2)
+    if lr_schedule not in ("constant", "cosine"):
+        fail(f"--lr-schedule must be constant or cosine, not {lr_schedule!r}", 2)
     if objective not in ("grpo", "sft"):
         fail(f"--objective must be grpo or sft, not {objective!r}", 2)
     if dtype not in ("auto", "float32", "bfloat16"):
@@ -361,6 +383,8 @@ def train(
                          clip_low=clip_low, clip_high=clip_high, clip_dual=clip_dual, tis_cap=tis_cap,
                          max_rollout_drift=max_rollout_drift, off_policy=off_policy, step_tokens=step_tokens,
                          advantage_std=advantage_std, single_rollout=single_rollout, truncated=truncated,
+                         warmup_steps=warmup_steps, lr_schedule=lr_schedule, min_lr_ratio=min_lr_ratio,
+                         tensorboard=not no_tensorboard, wandb_project=wandb_project,
                          micro_tokens=micro_tokens, lr=lr, lam=lam,
                          min_pass_rate=min_pass_rate, max_pass_rate=max_pass_rate, lora_rank=lora_rank,
                          save_every=save_every, gradient_checkpointing=not no_gradient_checkpointing, dtype=dtype,
@@ -388,6 +412,30 @@ def train(
         raise typer.Exit(130) from None
     if summary["checkpoint"]:
         err.print(f"checkpoint: {escape(summary['checkpoint'])}", highlight=False)
+
+
+@train_app.command("report")
+def train_report(
+    run: Annotated[Path, typer.Argument(help="A `train --out` folder, or a `train --loop` folder.")],
+    out: Annotated[Path | None, typer.Option(help="Where the PNGs go \\[default: RUN/report].",
+                                             show_default=False)] = None,
+) -> None:
+    """Draw a run's curves as PNG plots: reward and pass rate, loss, entropy, rollout length, clip fraction,
+    drift, tokens/s, learning rate."""
+    from nanbeige.trainer.report import ReportError, draw
+
+    if not run.is_dir():
+        fail(f"{run}: no such folder", 2)
+    try:
+        written = draw(run, out)
+    except ReportError as exc:
+        fail(str(exc))
+    except OSError as exc:
+        fail(f"cannot write the plots: {exc}")
+    if not written:
+        fail(f"{run}: its metrics have no step with numbers to draw")
+    err.print(f"{len(written)} plots in {escape(str(written[0].parent))}: "
+              + ", ".join(p.name for p in written), highlight=False)
 
 
 # The run settings `train --loop` gives collect beyond its own flags: the loop's defaults.

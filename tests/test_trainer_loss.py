@@ -56,6 +56,18 @@ def test_token_logprobs_match_full_logits(tiny_folder: Any, chunk_tokens: int) -
     assert (got < 0).all()
 
 
+def test_token_entropy_is_the_full_distributions(tiny_folder: Any) -> None:
+    model = load(tiny_folder)
+    input_ids, attention_mask, targets = batch(model.config.vocab_size)
+    logprobs, entropy = token_logprobs(model, input_ids, attention_mask, targets, chunk_tokens=5, temperature=0.7,
+                                       entropy=True)
+    with torch.no_grad():
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float() / 0.7
+        expected = torch.distributions.Categorical(logits=logits).entropy()  # [B, L-1]
+    torch.testing.assert_close(entropy, expected, rtol=1e-5, atol=1e-5)
+    assert logprobs.requires_grad and not entropy.requires_grad  # a metric only
+
+
 def test_token_logprobs_with_padding(tiny_folder: Any) -> None:
     model = load(tiny_folder)
     input_ids, attention_mask, targets = batch(model.config.vocab_size)

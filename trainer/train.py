@@ -27,6 +27,7 @@ from typing import Any
 
 from nanbeige.agent.trajectory import load_trajectories
 from nanbeige.trainer.checkpoints import drop_metrics_after, latest_checkpoint, save_checkpoint
+from nanbeige.trainer.metrics import MetricsLog
 from nanbeige.trainer.model import (TrainError, World, all_max, all_sum, compute_precision, join_world, load_model,
                                     mfu, parameter_count)
 
@@ -53,6 +54,12 @@ class TrainConfig:
     """Padded tokens per micro-batch (batch size x longest row); a longer row goes alone."""
     lr: float | None = None
     """AdamW learning rate; None: 1e-6 for full fine-tuning, 3e-5 with LoRA."""
+    warmup_steps: int = 0
+    """The learning rate rises linearly from lr / warmup_steps to lr over the first warmup_steps steps."""
+    lr_schedule: str = "constant"
+    """After the warmup: `constant`, or `cosine` down to min_lr_ratio × lr at the last step."""
+    min_lr_ratio: float = 0.0
+    """Where the cosine schedule ends, as a fraction of lr."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     max_grad_norm: float = 1.0
@@ -101,6 +108,10 @@ class TrainConfig:
     """Save a checkpoint every N steps; 0: at the end only."""
     seed: int = 0
     """Seed of the row order."""
+    tensorboard: bool = True
+    """Write TensorBoard event files to `out/tensorboard/` besides `metrics.jsonl`."""
+    wandb_project: str | None = None
+    """Also log to this Weights & Biases project (needs `wandb` installed)."""
     init_from: Path | None = None
     """A checkpoint of an earlier run to start from, with its optimizer state: with LoRA, its adapter
     on the base `model` (the loop's next iteration goes on training the adapter the server has)."""
@@ -122,6 +133,8 @@ class StepLog:
     mfu: float | None = None
     groups: dict[str, int] = field(default_factory=dict)
     """The data's group counts (read, kept, filtered as too easy / too hard / without reward)."""
+    rollouts: dict[str, float] = field(default_factory=dict)
+    """The batch of rollouts: mean reward, pass rate, completion tokens per turn, turns per trajectory."""
 
 
 # ---------------------------------------------------------------- the rows
@@ -150,6 +163,7 @@ def read_samples(config: TrainConfig) -> tuple[list[Any], dict[str, Any], float]
         samples, summary = samples_from(trajectories, objective=config.objective, rule=rule)
     except ValueError as exc:  # a token record that does not check out: training on it would be wrong
         raise TrainError(f"a trajectory's token record is inconsistent ({exc}); it cannot be trained on") from None
+    summary["rollouts"] = rollout_summary(trajectories)
     if not samples:
         raise TrainError(f"nothing to train on: {json.dumps(summary)} (GRPO keeps groups whose pass rate is between "
                          f"{config.min_pass_rate} and {config.max_pass_rate}; check the outcome rewards)")
@@ -198,6 +212,29 @@ def plan_steps(samples: list[Any], config: TrainConfig) -> list[list[Any]]:
             return steps if config.steps is None else steps[: config.steps]
 
 
+def lr_at(index: int, total: int, config: TrainConfig, peak: float) -> float:
+    """The learning rate of optimizer step `index` (0-based) of `total`: linear warmup, then constant or cosine."""
+    if index < config.warmup_steps:
+        return peak * (index + 1) / config.warmup_steps
+    if config.lr_schedule == "constant":
+        return peak
+    progress = (index - config.warmup_steps) / max(1, total - 1 - config.warmup_steps)  # 0 → 1 at the last step
+    floor = peak * config.min_lr_ratio
+    return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def rollout_summary(trajectories: list[Any]) -> dict[str, float]:
+    """What the batch of rollouts looked like, for the curves: over the trajectories with an outcome reward."""
+    judged = [t for t in trajectories if t.reward is not None]
+    turns = [turn for t in judged for turn in t.turns]
+    if not judged:
+        return {}
+    return {"reward_mean": sum(t.reward for t in judged) / len(judged),
+            "pass_rate": sum(t.reward > 0 for t in judged) / len(judged),
+            "response_tokens_mean": sum(len(turn.completion_ids or []) for turn in turns) / max(1, len(turns)),
+            "turns_mean": len(turns) / len(judged)}
+
+
 # ---------------------------------------------------------------- one optimizer step
 
 
@@ -233,8 +270,9 @@ def train_step(model: Any, optimizer: Any, step: list[Any], config: TrainConfig,
         positions = tensors["targets"].numel()
         chunks = int(all_max(max(1, -(-positions // config.chunk_tokens)), world))  # the same head calls everywhere
         with compute_precision(world):
-            logprobs = token_logprobs(model, tensors["input_ids"], tensors["attention_mask"], tensors["targets"],
-                                      chunk_tokens=config.chunk_tokens, temperature=temperature, chunks=chunks)
+            logprobs, entropy = token_logprobs(model, tensors["input_ids"], tensors["attention_mask"],
+                                               tensors["targets"], chunk_tokens=config.chunk_tokens,
+                                               temperature=temperature, chunks=chunks, entropy=True)
         if config.objective == "sft":
             loss, info = sft_loss(logprobs, tensors["loss_mask"], loss_tokens)
         else:
@@ -247,7 +285,8 @@ def train_step(model: Any, optimizer: Any, step: list[Any], config: TrainConfig,
         total += float(loss.detach()) * weight
         tokens += int(tensors["attention_mask"].sum()) if batch else 0
         if batch:
-            metrics.append(info)
+            mask = tensors["loss_mask"]
+            metrics.append(info | {"entropy": float((entropy * mask).sum() / mask.sum().clamp(min=1))})
     grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad],
                                                config.max_grad_norm)
     optimizer.step()
@@ -332,6 +371,40 @@ def start_policy(model: Any, samples: list[Any], config: TrainConfig, world: Wor
                          "apply); collect them again from this model, or pass --off-policy to train on them anyway")
 
 
+def peak_lr(config: TrainConfig) -> float:
+    return config.lr or (3e-5 if config.lora_rank else 1e-6)
+
+
+def run_steps(model: Any, tokenizer: Any, optimizer: Any, steps: list[list[Any]], start: int, config: TrainConfig,
+              world: World, temperature: float, pad_id: int, data: dict[str, Any], metrics_log: MetricsLog | None,
+              log: Any) -> int:
+    """The optimizer steps from `start` on, each logged and checkpointed as asked; the last step saved."""
+    params, saved_at = parameter_count(model), start
+    for index in range(start, len(steps)):
+        lr = lr_at(index, len(steps), config, peak_lr(config))
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        began = time.perf_counter()
+        result = train_step(model, optimizer, steps[index], config, world, temperature, pad_id)
+        seconds = time.perf_counter() - began
+        # policy versions between the rollouts' sampler and the policy this step updates (the drift check at
+        # the start refuses data whose sampler was not the starting policy)
+        result["metrics"]["staleness"] = float(index)
+        entry = StepLog(step=index + 1, loss=result["loss"], tokens=result["tokens"], loss_tokens=result["loss_tokens"],
+                        seconds=seconds, tokens_per_s=result["tokens"] / seconds, grad_norm=result["grad_norm"],
+                        lr=lr, metrics=result["metrics"], mfu=mfu(params, result["tokens"], seconds, world),
+                        groups={k: v for k, v in data.items() if k.startswith("groups_")},
+                        rollouts=data.get("rollouts", {}))
+        if metrics_log is not None:
+            metrics_log.write(asdict(entry))
+            log(f"step {entry.step}/{len(steps)} loss {entry.loss:.5f} · {entry.tokens_per_s:,.0f} tokens/s · "
+                f"grad norm {entry.grad_norm:.4f}" + (f" · MFU {entry.mfu:.1%}" if entry.mfu else ""))
+        if config.save_every and entry.step % config.save_every == 0 or entry.step == len(steps):
+            save_checkpoint(model, tokenizer, optimizer, entry.step, config, world)
+            saved_at = entry.step
+    return saved_at
+
+
 def train(config: TrainConfig, resume: bool = False, log: Any = None) -> dict[str, Any]:
     """Train, writing `metrics.jsonl` and checkpoints to `config.out`; with `resume`, go on from the
     newest checkpoint there (the same options give the same steps). Returns a summary."""
@@ -346,8 +419,7 @@ def train(config: TrainConfig, resume: bool = False, log: Any = None) -> dict[st
     saved = saved_state(found[0], config, world) if found else None
     origin = found[0] if found else config.init_from
     model, tokenizer = load_model(config, world, origin)
-    lr = config.lr or (3e-5 if config.lora_rank else 1e-6)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr,
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=peak_lr(config),
                                   weight_decay=config.weight_decay)
     if saved:
         optimizer.load_state_dict(saved["optimizer"])
@@ -355,32 +427,21 @@ def train(config: TrainConfig, resume: bool = False, log: Any = None) -> dict[st
         optimizer.load_state_dict(torch.load(config.init_from / f"trainer-state-rank{world.rank}.pt",
                                              weights_only=False)["optimizer"])
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    metrics_log = None
     if world.main:
         config.out.mkdir(parents=True, exist_ok=True)
         drop_metrics_after(config.out / "metrics.jsonl", start)  # steps past the checkpoint are done again
+        metrics_log = MetricsLog(config.out, start, config.tensorboard, config.wandb_project,
+                                 json.loads(json.dumps(asdict(config), default=str)))
         log(f"training on {len(samples)} rows ({json.dumps(data)}); {len(steps)} optimizer steps"
             + (f", resuming after step {start}" if found else ""))
-    if config.objective == "grpo":
-        start_policy(model, samples, config, world, temperature, pad_id, resumed=found is not None, log=log)
-    params, saved_at = parameter_count(model), start
-    for index in range(start, len(steps)):
-        began = time.perf_counter()
-        result = train_step(model, optimizer, steps[index], config, world, temperature, pad_id)
-        seconds = time.perf_counter() - began
-        # policy versions between the rollouts' sampler and the policy this step updates (the drift check at
-        # the start refuses data whose sampler was not the starting policy)
-        result["metrics"]["staleness"] = float(index)
-        entry = StepLog(step=index + 1, loss=result["loss"], tokens=result["tokens"], loss_tokens=result["loss_tokens"],
-                        seconds=seconds, tokens_per_s=result["tokens"] / seconds, grad_norm=result["grad_norm"],
-                        lr=lr, metrics=result["metrics"], mfu=mfu(params, result["tokens"], seconds, world),
-                        groups={k: v for k, v in data.items() if k.startswith("groups_")})
-        if world.main:
-            with open(config.out / "metrics.jsonl", "a") as file:
-                file.write(json.dumps(asdict(entry)) + "\n")
-            log(f"step {entry.step}/{len(steps)} loss {entry.loss:.5f} · {entry.tokens_per_s:,.0f} tokens/s · "
-                f"grad norm {entry.grad_norm:.4f}" + (f" · MFU {entry.mfu:.1%}" if entry.mfu else ""))
-        if config.save_every and entry.step % config.save_every == 0 or entry.step == len(steps):
-            save_checkpoint(model, tokenizer, optimizer, entry.step, config, world)
-            saved_at = entry.step
+    try:
+        if config.objective == "grpo":
+            start_policy(model, samples, config, world, temperature, pad_id, resumed=found is not None, log=log)
+        saved_at = run_steps(model, tokenizer, optimizer, steps, start, config, world, temperature, pad_id, data,
+                             metrics_log, log)
+    finally:
+        if metrics_log is not None:
+            metrics_log.close()
     return {"steps": len(steps), "started_at_step": start, "saved_at_step": saved_at, "rows": len(samples),
             "data": data, "checkpoint": str(config.out / f"checkpoint-{saved_at}") if saved_at else None}
