@@ -47,6 +47,8 @@ def serve(
     ] = ServeConfig.reasoning_parser or "none",
     rl_logprobs: Annotated[bool, typer.Option(help="Report processed logprobs, for RL rollouts.")] = False,
     no_prefix_caching: Annotated[bool, typer.Option(help="Turn prefix caching off.")] = False,
+    weight_sync: Annotated[bool, typer.Option(help="Accept full-weight updates from `train --loop --sync weights` "
+                                                   "(vLLM's dev endpoints, which take no API key).")] = False,
 ) -> None:
     """Start vLLM's OpenAI-compatible server for the model and wait until it answers. Arguments after `--`
     go to vLLM unchanged."""
@@ -59,7 +61,8 @@ def serve(
                          gpu_memory_utilization=gpu_memory_utilization, data_parallel_size=data_parallel_size,
                          chat_template=chat_template, rl_logprobs=rl_logprobs, tool_call_parser=tool_call_parser,
                          reasoning_parser=None if reasoning_parser.lower() == "none" else reasoning_parser,
-                         enable_prefix_caching=not no_prefix_caching, extra_args=list(ctx.args))
+                         enable_prefix_caching=not no_prefix_caching, weight_sync=weight_sync,
+                         extra_args=list(ctx.args))
     problem = check_vllm_available(config)
     if problem:
         fail(problem)

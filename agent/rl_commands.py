@@ -337,8 +337,17 @@ def train(
                                                    rich_help_panel="Loop", show_default=False)] = None,
     group_size: Annotated[int, typer.Option("--group-size", "-G", min=1, help="With --loop: rollouts per question.",
                                             rich_help_panel="Loop")] = 8,
-    sync: Annotated[str, typer.Option(help="With --loop: lora (hot-load each adapter into the serving vLLM) or "
-                                           "none.", rich_help_panel="Loop")] = "lora",
+    questions_per_iteration: Annotated[int | None, typer.Option(
+        min=1, rich_help_panel="Loop", show_default=False,
+        help="With --loop: questions an iteration draws from the file, in order \\[default: all].")] = None,
+    min_informative_groups: Annotated[int, typer.Option(
+        min=0, rich_help_panel="Loop", help="With --loop: dynamic sampling, drawing more questions while fewer "
+                                            "groups than this pass inside the pass-rate band.")] = 0,
+    max_draws: Annotated[int, typer.Option(min=1, rich_help_panel="Loop",
+                                           help="With --loop: the most draws an iteration makes.")] = 4,
+    sync: Annotated[str, typer.Option(help="With --loop: lora (hot-load each adapter into the serving vLLM), "
+                                           "weights (load each full checkpoint into it in place; serve with "
+                                           "--weight-sync) or none.", rich_help_panel="Loop")] = "lora",
     base_url: o.BaseUrl = None,
     backend: o.Backend = BackendConfig.backend,
     token_mode: o.TokenMode = False,
@@ -397,8 +406,10 @@ def train(
                                      "no_default_servers": no_default_servers})
         critic = None if no_critic else CriticConfig(base_url=critic_base_url or CriticConfig.base_url,
                                                      model=critic_model or CriticConfig.model, api_key=critic_api_key)
-        return run_train_loop(loop, questions, group_size, sync, settings, JudgeRunConfig(critic=critic,
-                                                                                          no_critic=no_critic), config)
+        sampling = {"questions_per_iteration": questions_per_iteration,
+                    "min_informative_groups": min_informative_groups, "max_draws": max_draws}
+        return run_train_loop(loop, questions, group_size, sync, settings,
+                              JudgeRunConfig(critic=critic, no_critic=no_critic), config, sampling)
     if not data:
         fail("--data is required: judged trajectory files (`nanbeige judge ... --out FILE`)", 2)
     try:
@@ -449,14 +460,14 @@ LOOP_DEFAULTS: dict[str, Any] = {
 
 
 def run_train_loop(iterations: int, questions: Path, group_size: int, sync: str, settings: Any, judge_config: Any,
-                   train_config: Any) -> None:
+                   train_config: Any, sampling: dict[str, Any]) -> None:
     from nanbeige.agent.cli import notice, run_command
     from nanbeige.agent.setup import secrets_of
     from nanbeige.trainer.loop import LoopConfig, LoopError, run_loop
 
     hide(secrets_of(settings) + [k for k in (judge_config.critic.api_key if judge_config.critic else None,) if k])
     config = LoopConfig(iterations=iterations, out=train_config.out, questions=questions, settings=settings,
-                        judge=judge_config, train=train_config, group_size=group_size, sync=sync)
+                        judge=judge_config, train=train_config, group_size=group_size, sync=sync, **sampling)
 
     async def main() -> dict[str, Any]:
         try:

@@ -94,6 +94,10 @@ class ServeConfig:
     rl_logprobs: bool = False
     """Report logprobs after temperature and top-p (`--logprobs-mode processed_logprobs`), the distribution
     the tokens were actually sampled from, as RL importance ratios need."""
+    weight_sync: bool = False
+    """Accept full-weight updates without a restart (`train --loop --sync weights`): starts vLLM with
+    VLLM_SERVER_DEV_MODE=1, which opens its /pause, /collective_rpc (reload_weights), /reset_prefix_cache
+    and /resume endpoints. They take no API key: keep such a server on a private address."""
     extra_args: list[str] = field(default_factory=list)
     """More `vllm serve` arguments, passed through unchanged after ours (a later flag wins in vLLM)."""
     startup_timeout_s: float = 900.0
@@ -268,8 +272,9 @@ def _run(argv: list[str], config: ServeConfig, out: Callable[[str], None]) -> in
     # Its own process group, so that stopping it reaches vLLM's engine and worker processes too, and a
     # Ctrl-C in the terminal reaches only us: we then stop the server in order, with a deadline.
     try:
+        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"} if config.weight_sync else None
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
+                                   stderr=subprocess.STDOUT, start_new_session=True, env=env)
     except OSError as exc:
         out(f"error: cannot start {argv[0]}: {exc.strerror or exc}")
         return 1

@@ -76,7 +76,8 @@ def start_server(model: Path, port: int, log: Path, *args: str, max_model_len: i
     well), returned once it has printed its address. `--enforce-eager`: no torch.compile at start."""
     command = [NANBEIGE, "serve", "--model", str(model), "--served-model-name", SERVED_NAME, "--port", str(port),
                "--dialect", "tool-call", "--reasoning-parser", "none", "--max-model-len", str(max_model_len),
-               "--gpu-memory-utilization", "0.15", "--rl-logprobs", *args, "--", "--enforce-eager", "--enable-lora",
+               "--gpu-memory-utilization", "0.15", "--rl-logprobs", "--weight-sync", *args, "--", "--enforce-eager",
+               "--enable-lora",
                "--max-lora-rank", "8"]
     stderr = open(log, "w+")
     # LoRA adapters loaded while it runs, as `train --loop --sync lora` does

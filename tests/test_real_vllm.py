@@ -97,7 +97,8 @@ def test_token_mode_sends_and_records_exactly_the_ids_vllm_saw_and_sampled(serve
     training_rows(run.turns)  # raises unless every prefix hash and logprob checks out
 
 
-def test_collect_groups_concurrently_token_exact_and_from_the_prefix_cache(server: Server, tmp_path: Path) -> None:
+def test_collect_groups_concurrently_token_exact_and_from_the_prefix_cache(server: Server, model: Path,
+                                                                           tmp_path: Path) -> None:
     questions = tmp_path / "questions.jsonl"
     questions.write_text("".join(json.dumps({"question": q, "answer": a}) + "\n"
                                  for q, a in (("What is 2 + 3?", "5"), ("What is 4 + 4?", "8"))))
@@ -116,6 +117,38 @@ def test_collect_groups_concurrently_token_exact_and_from_the_prefix_cache(serve
     queries_after, hits_after = prefix_cache_counts(server.url)
     # Six rollouts of two questions share one system prompt and, per group, the whole first prompt.
     assert (hits_after - hits) / (queries_after - queries) > 0.6
+    # On-policy: collect samples with the temperature alone (top-p 1, no penalty), so the trainer's π_old of
+    # the same weights is the sampler's distribution, up to vLLM's bfloat16 arithmetic.
+    assert {(r.sampling["top_p"], r.sampling["repetition_penalty"]) for r in runs} == {(1.0, 1.0)}
+    drift = trainer_drift(model, runs, temperature=0.7, out=tmp_path / "train")
+    print(f"mean |log pi_old - log pi_vllm| over {sum(len(t.completion_ids) for r in runs for t in r.turns)} "
+          f"sampled tokens: {drift:.2e}")
+    assert drift < 0.05
+    # the dialect's answering settings (top-p 0.95, repetition penalty 1.05) sample another distribution
+    nucleus = tmp_path / "nucleus.jsonl"
+    result = nanbeige("collect", "--questions", str(questions), "--limit", "1", "-G", "2", "--out", str(nucleus),
+                      "--base-url", server.url, "--model", SERVED_NAME, "--token-mode", "--max-turns", "2", *SHORT,
+                      "--top-p", "0.95", "--repetition-penalty", "1.05", *ECHO_SERVER, cwd=tmp_path, timeout=600)
+    assert result.returncode == 0 and "off-policy" in result.stderr, result.stderr
+    off = trainer_drift(model, load_trajectories(nucleus), temperature=0.7, out=tmp_path / "train-off")
+    print(f"the same with top-p 0.95 and repetition penalty 1.05: {off:.2e}")
+    assert off > 2 * drift
+
+
+def trainer_drift(model: Path, runs: list[Any], temperature: float, out: Path) -> float:
+    """Mean |log π_old - log π_rollout| of the rollouts' sampled tokens, π_old by the trainer (float32)."""
+    from nanbeige.trainer.batches import GroupRule, samples_from
+    from nanbeige.trainer.model import join_world, load_model
+    from nanbeige.trainer.start_policy import compute_start_logprobs, rollout_drift
+    from nanbeige.trainer.train import TrainConfig
+
+    for run in runs:
+        run.reward = float(run.rollout_index == 0)  # a group with a spread, so that every rollout trains
+    samples, _ = samples_from(runs, rule=GroupRule(min_pass_rate=0.0, max_pass_rate=1.0))
+    world = join_world()
+    policy, tokenizer = load_model(TrainConfig(data=[], model=str(model), out=out), world)
+    compute_start_logprobs(policy, samples, 16384, 4096, world, temperature, tokenizer.eos_token_id)
+    return rollout_drift(samples) or 0.0
 
 
 def test_a_question_longer_than_the_context_ends_the_run_in_one_line(server: Server, tmp_path: Path) -> None:
@@ -148,7 +181,7 @@ def test_the_training_loops_lora_sync_hot_loads_an_adapter_that_token_mode_then_
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from nanbeige.trainer.loop import load_adapter
+    from nanbeige.trainer.sync import load_adapter
 
     checkpoint = tmp_path / "step-1"
     torch.manual_seed(0)
@@ -174,6 +207,59 @@ def test_the_training_loops_lora_sync_hot_loads_an_adapter_that_token_mode_then_
     assert result.returncode in (0, 1), result.stderr
     [run] = load_trajectories(trajectory)
     assert run.model == str(checkpoint) and run.turns and run.turns[0].completion_ids
+
+
+def greedy(server: Server, prompt: list[int]) -> tuple[list[int], list[float]]:
+    body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": 8, "temperature": 0.0, "logprobs": 0,
+            "return_token_ids": True}
+    choice = httpx.post(f"{server.url}/completions", json=body, timeout=120).json()["choices"][0]
+    return choice["token_ids"], choice["logprobs"]["token_logprobs"]
+
+
+def model_logprobs(model: Any, prompt: list[int], ids: list[int]) -> list[float]:
+    import torch
+
+    with torch.no_grad():
+        logits = model.float()(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1]
+        return torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids)[:, None]).squeeze(-1).tolist()
+
+
+def distance(a: list[float], b: list[float]) -> float:
+    return max(abs(x - y) for x, y in zip(a, b))
+
+
+def test_the_loops_weight_sync_loads_a_full_checkpoint_into_the_running_server(server: Server, model: Path,
+                                                                                tmp_path: Path) -> None:
+    """What `train --loop --sync weights` does between iterations: vLLM's reload_weights on the new
+    checkpoint's folder, in place; the server then answers with the new weights, without a restart."""
+    import asyncio
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from nanbeige.trainer.sync import load_weights
+
+    prompt = [1, 9690, 198, 30]
+    before = greedy(server, prompt)
+    changed = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16)
+    torch.manual_seed(0)
+    with torch.no_grad():  # far enough from the served weights that greedy decoding must come out otherwise
+        for layer in changed.model.layers:
+            layer.mlp.down_proj.weight.add_(torch.randn_like(layer.mlp.down_proj.weight) * 0.05)
+    checkpoint = tmp_path / "checkpoint-1"
+    changed.save_pretrained(checkpoint)
+    try:
+        asyncio.run(load_weights(server.url, checkpoint))
+        ids, logprobs = greedy(server, prompt)
+        assert (ids, logprobs) != before
+        # the server's logprobs of what it said are the new model's (up to bfloat16 arithmetic), not the old one's
+        new_error = distance(logprobs, model_logprobs(changed, prompt, ids))
+        old_error = distance(logprobs, model_logprobs(AutoModelForCausalLM.from_pretrained(model), prompt, ids))
+        print(f"served logprobs vs the new weights: {new_error:.3f}, vs the old: {old_error:.3f}")
+        assert new_error < 0.25 and new_error < old_error / 3
+    finally:
+        asyncio.run(load_weights(server.url, model))  # the other tests' model again
+    assert greedy(server, prompt)[0] == before[0]
 
 
 def _paths(value: Any, prefix: str = "") -> set[tuple[str, type]]:

@@ -22,7 +22,8 @@ from nanbeige.agent.loop import AgentConfig
 from nanbeige.agent.trajectory import load_trajectories
 from nanbeige.trainer.critic import CriticConfig
 from nanbeige.trainer.judge import JudgeRunConfig
-from nanbeige.trainer.loop import LoopConfig, LoopError, load_adapter, run_loop
+from nanbeige.trainer.loop import LoopConfig, LoopError, run_loop
+from nanbeige.trainer.sync import SyncError, load_adapter
 from nanbeige.trainer.train import TrainConfig
 
 QUESTIONS = ('{"id": "a", "question": "What is 2+2?", "answer": "4"}\n'
@@ -202,10 +203,10 @@ def test_load_adapter_posts_the_absolute_path_once_and_names_the_fix_when_refuse
         assert server.lora_requests == [{"lora_name": "policy-1", "lora_path": str(tmp_path / "ckpt" / "adapter")}]
         models = {m["id"]: m for m in httpx.get(server.base_url + "/models").json()["data"]}
         assert models["policy-1"]["root"] == str(tmp_path / "ckpt" / "adapter") and models["policy-1"]["parent"]
-        with pytest.raises(LoopError, match=r"HTTP 400 The lora adapter 'policy-1' has already been loaded.*"
+        with pytest.raises(SyncError, match=r"HTTP 400 The lora adapter 'policy-1' has already been loaded.*"
                                             r"--enable-lora.*VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"):
             asyncio.run(load_adapter(server.base_url, "policy-1", Path("other")))
-    with pytest.raises(LoopError, match="cannot reach the model server"):
+    with pytest.raises(SyncError, match="cannot reach the model server"):
         asyncio.run(load_adapter(server.base_url, "policy-2", adapter))
 
 
@@ -244,3 +245,57 @@ def test_the_train_command_runs_the_loop_from_its_flags(tmp_path: Path) -> None:
     missing = subprocess.run([str(Path(sys.executable).parent / "nanbeige"), "train", "--loop", "1", "--model",
                               str(tiny), "--out", str(out)], capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and "--loop needs --questions" in missing.stderr
+
+
+def scripted_loop(tiny: Path, tmp_path: Path, server: FakeOpenAI, out: Path, **loop: Any) -> LoopConfig:
+    questions = tmp_path / "pool.jsonl"
+    questions.write_text('{"id": "easy", "question": "What is 2+2?", "answer": "4"}\n'
+                         '{"id": "hard", "question": "Name a colour.", "answer": "red"}\n'
+                         '{"id": "fair", "question": "Name a fruit.", "answer": "apple"}\n')
+    settings = RunSettings(llm=LLMConfig(base_url=server.base_url, model=str(tiny), max_tokens=64, temperature=1.0),
+                           agent=AgentConfig(max_turns=1, summary_turn=False),
+                           backend=BackendConfig(backend="openai", base_url_given=True, token_mode=True),
+                           tools=ToolsConfig(default_servers=False))
+    train = TrainConfig(data=[], model=str(tiny), out=out, steps=1, step_tokens=4000, micro_tokens=4000, lr=1e-3,
+                        off_policy=True)  # the scripted policy is not the tiny model
+    return LoopConfig(out=out, questions=questions, settings=settings, judge=JudgeRunConfig(no_critic=True),
+                      train=train, group_size=4, sync="none", **loop)
+
+
+def test_dynamic_sampling_draws_questions_until_a_group_is_informative(tiny: Path, tmp_path: Path) -> None:
+    """A scripted policy that always answers `easy` right, never `hard`, and `fair` right 2 times of 4: with
+    one question a draw, the loop draws easy (too easy), hard (too hard), then fair (inside the band)."""
+    from nanbeige.agent.token_mode import load_tokenizer
+
+    tokenizer = load_tokenizer(str(tiny))[0]
+    answered: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def policy(request: dict[str, Any]) -> str:
+        prompt = tokenizer.decode(request["prompt"])
+        question = "easy" if "2+2" in prompt else "hard" if "colour" in prompt else "fair"
+        with lock:
+            n = answered[question] = answered.get(question, 0) + 1
+        return mcp_answer({"easy": "4", "hard": "blue", "fair": "apple" if n <= 2 else "pear"}[question])
+
+    notices: list[str] = []
+    with FakeOpenAI(policy, vllm=True, tokenize=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
+                    stop_id=tokenizer.convert_tokens_to_ids("<|im_end|>")) as server:
+        config = scripted_loop(tiny, tmp_path, server, tmp_path / "loop", iterations=1, questions_per_iteration=1,
+                               min_informative_groups=1, max_draws=3)
+        asyncio.run(run_loop(config, notices.append))
+        drawn = [json.loads(line)["id"] for line in (tmp_path / "loop" / "iter-1" / "questions.jsonl").open()]
+        assert drawn == ["easy", "hard", "fair"]
+        assert sum("drawing 1 more questions" in text for text in notices) == 2
+        judged = json.loads((tmp_path / "loop" / "loop.json").read_text())["iterations"][0]["judged"]
+        assert (judged["groups"], judged["informative_groups"], judged["questions"]) == (3, 1, 3)
+        [step] = [json.loads(line) for line in (tmp_path / "loop" / "iter-1" / "train" / "metrics.jsonl").open()]
+        assert step["groups"] == {"groups_read": 3, "groups_kept": 1, "groups_too_easy": 1, "groups_too_hard": 1,
+                                  "groups_no_reward": 0}
+        # with two draws at most, no informative group is found: the trainer says there is nothing to train on
+        capped = scripted_loop(tiny, tmp_path, server, tmp_path / "capped", iterations=1,
+                               questions_per_iteration=1, min_informative_groups=1, max_draws=2)
+        with pytest.raises(LoopError, match="iteration 1, train: nothing to train on"):
+            asyncio.run(run_loop(capped, notices.append))
+    drawn = [json.loads(line)["id"] for line in (tmp_path / "capped" / "iter-1" / "questions.jsonl").open()]
+    assert drawn == ["easy", "hard"]

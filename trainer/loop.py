@@ -1,5 +1,6 @@
 """`nanbeige train --loop N`: collect -> judge -> train -> sync, N iterations, resumable at any stage.
 
+    out/iter-<i>/questions.jsonl  the questions drawn for the iteration (all, or the next batch of the file)
     out/iter-<i>/rollouts.jsonl   G rollouts per question, sampled by the current policy (`collect`)
     out/iter-<i>/judged.jsonl     the same, with rewards (`judge`)
     out/iter-<i>/train/           the checkpoints trained on them (`train`)
@@ -12,10 +13,18 @@ the new checkpoint the policy the next iteration samples from:
   name is a path because token mode loads the tokenizer from the model name, and the checkpoint
   holds one. With LoRA every iteration goes on training one adapter on the base model (seeded from
   the last checkpoint's adapter and optimizer state), since vLLM applies an adapter to the base model.
+- `sync="weights"`: full fine-tuning; the new checkpoint's weights are loaded into the running vLLM
+  in place, through vLLM's own RL path (`reload_weights`, see `sync.load_weights`), and the next collect
+  asks for the same served model. The server must be started with `nanbeige serve --weight-sync`.
 - `sync="none"`: nothing is sent anywhere. In process (`--backend transformers`) the next collect
   loads the new checkpoint folder itself; against a server it samples from whatever the server
   serves, so restart the server on the new checkpoint between iterations (run one iteration at a
   time, `iterations` 1, 2, ...: each call resumes the last) to stay on-policy.
+
+Dynamic sampling (DAPO's, `min_informative_groups`): an iteration draws `questions_per_iteration`
+questions from the file in order (going round across iterations); after judging, while fewer groups than
+asked have a pass rate inside the trainer's band, it draws the next questions and collects and judges
+them too, at most `max_draws` times. The groups outside the band are then dropped by the trainer as usual.
 
 The state file is rewritten (atomically) after each stage, so a run stopped anywhere goes on where
 it stopped when called again with the same out folder: done stages are skipped; an interrupted
@@ -35,17 +44,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from nanbeige.agent.config import RunSettings
 from nanbeige.trainer.judge import JudgeRunConfig
+from nanbeige.trainer.sync import SyncError, load_adapter, load_weights
 from nanbeige.trainer.train import TrainConfig
 
 STATE = "loop.json"
-SYNCS = ("lora", "none")
+SYNCS = ("lora", "weights", "none")
 STAGES = {"collected": "collect", "judged": "judge", "trained": "train", "synced": "sync"}  # done -> the stage
-LORA_FIX = ("vLLM hot-loads adapters only when started with --enable-lora (and --max-lora-rank at least the "
-            "adapter's rank) and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True in its environment")
+
 
 
 class LoopError(Exception):
@@ -74,9 +81,17 @@ class LoopConfig:
     """Rollouts per question (G)."""
     collect_concurrency: int = 8
     """Rollouts at once."""
+    questions_per_iteration: int | None = None
+    """Questions an iteration draws from the file, in order and going round; None: all of them each time."""
+    min_informative_groups: int = 0
+    """Dynamic sampling: draw more questions while fewer groups than this pass inside the trainer's
+    `min_pass_rate`..`max_pass_rate` band (0: one draw, whatever the groups)."""
+    max_draws: int = 4
+    """The most draws of `questions_per_iteration` questions an iteration makes."""
     sync: str = "lora"
-    """`lora`: hot-load each new adapter into the serving vLLM; `none`: send nothing (in process the
-    next collect loads the new checkpoint; against a server, restart it on the checkpoint)."""
+    """`lora`: hot-load each new adapter into the serving vLLM; `weights`: load each new checkpoint's weights
+    into it in place; `none`: send nothing (in process the next collect loads the new checkpoint; against a
+    server, restart it on the checkpoint)."""
 
 
 # ---------------------------------------------------------------- the state file
@@ -129,7 +144,7 @@ async def collect_stage(config: LoopConfig, entry: dict[str, Any], folder: Path,
         backend = dataclasses.replace(backend, chat_template=search_template(settings.llm.model))
     settings = dataclasses.replace(settings, backend=backend,
                                    llm=dataclasses.replace(settings.llm, model=entry["policy"]["model"]))
-    collect_config = CollectConfig(out=folder / "rollouts.jsonl", questions=config.questions,
+    collect_config = CollectConfig(out=folder / "rollouts.jsonl", questions=folder / "questions.jsonl",
                                    group_size=config.group_size, concurrency=config.collect_concurrency)
     summary = await collect(collect_config, settings, notice)
     if summary["failed"]:  # not written: the next call retries them, so the stage is not done
@@ -137,12 +152,73 @@ async def collect_stage(config: LoopConfig, entry: dict[str, Any], folder: Path,
     return {"rollouts": summary["rollouts"], "pass_rate": summary["pass_rate"], "model": settings.llm.model}
 
 
-async def judge_stage(config: LoopConfig, folder: Path, notice: Callable[[str], None]) -> dict[str, Any]:
+async def judge_stage(config: LoopConfig, state: dict[str, Any], iteration: int, folder: Path,
+                      notice: Callable[[str], None]) -> dict[str, Any]:
+    """Judge the rollouts; with dynamic sampling, draw, collect and judge more until enough groups are
+    informative or the draws run out."""
     from nanbeige.trainer.judge import judge_file
 
-    summary = await judge_file(folder / "rollouts.jsonl", folder / "judged.jsonl", config.judge, notice)
+    while True:
+        summary = await judge_file(folder / "rollouts.jsonl", folder / "judged.jsonl", config.judge, notice)
+        informative, groups = informative_groups(folder / "judged.jsonl", config.train)
+        draws = -(-drawn(folder) // (config.questions_per_iteration or max(1, drawn(folder))))
+        if informative >= config.min_informative_groups or draws >= config.max_draws \
+                or not draw_questions(config, iteration, folder):
+            break
+        notice(f"loop: iteration {iteration}: {informative} of {groups} groups inside the pass-rate band, "
+               f"{config.min_informative_groups} wanted: drawing {config.questions_per_iteration} more questions")
+        await collect_stage(config, iteration_entry(state, iteration), folder, notice)
     return {"judged": summary["judged"] + summary["already_judged"], "mean_reward": summary["mean_reward"],
-            "outcome_errors": summary["outcome_errors"], "masked_turns": summary["masked_turns"]}
+            "outcome_errors": summary["outcome_errors"], "masked_turns": summary["masked_turns"],
+            "groups": groups, "informative_groups": informative, "questions": drawn(folder)}
+
+
+def informative_groups(judged: Path, train: TrainConfig) -> tuple[int, int]:
+    """How many of the judged groups pass inside the trainer's band, and how many groups there are."""
+    from nanbeige.agent.trajectory import load_trajectories
+    from nanbeige.trainer.advantages import keep_group
+
+    outcomes: dict[str, list[bool]] = {}
+    for trajectory in load_trajectories(judged) if judged.exists() else []:
+        if trajectory.reward is not None:
+            outcomes.setdefault(trajectory.group_id or trajectory.id, []).append(trajectory.reward > 0)
+    rates = [sum(passed) / len(passed) for passed in outcomes.values()]
+    return sum(keep_group(rate, train.min_pass_rate, train.max_pass_rate) for rate in rates), len(rates)
+
+
+# ---------------------------------------------------------------- drawing questions
+
+
+def drawn(folder: Path) -> int:
+    """How many questions the iteration has drawn (the lines of its questions file)."""
+    path = folder / "questions.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def draw_questions(config: LoopConfig, iteration: int, folder: Path) -> bool:
+    """Append the iteration's next questions to its questions file (written whole, atomically); False when
+    none is left to draw (every question of the file is in this iteration already)."""
+    from nanbeige.evals.tasks import LoadError
+    from nanbeige.trainer.collect import read_questions
+
+    try:
+        pool = read_questions(config.questions)
+    except LoadError as exc:
+        raise LoopError(str(exc)) from None
+    have = drawn(folder)
+    count = min(config.questions_per_iteration or len(pool), len(pool) - have)
+    if count <= 0:
+        return False
+    # where the file's order stands: after every question the earlier iterations drew
+    start = sum(drawn(config.out / f"iter-{i}") for i in range(1, iteration)) + have
+    rows = [pool[(start + n) % len(pool)] for n in range(count)]
+    path = folder / "questions.jsonl"
+    lines = path.read_text() if path.exists() else ""
+    lines += "".join(json.dumps({"id": t.id, "question": t.question, "answer": t.answer}) + "\n" for t in rows)
+    temporary = folder / "questions.jsonl.tmp"
+    temporary.write_text(lines)
+    os.replace(temporary, path)
+    return True
 
 
 def train_config_for(config: LoopConfig, policy: dict[str, Any], folder: Path) -> TrainConfig:
@@ -167,37 +243,6 @@ async def train_stage(config: LoopConfig, policy: dict[str, Any], folder: Path, 
     return {"checkpoint": checkpoint, "steps": summary["steps"], "rows": summary["rows"]}
 
 
-async def load_adapter(base_url: str, name: str, adapter: Path, api_key: str | None = None) -> None:
-    """Hot-load a LoRA adapter into the vLLM server at `base_url` (ending in /v1) as model `name`.
-    Nothing is sent when the server already lists `name` with this adapter (a resumed sync)."""
-    path = str(adapter.resolve())
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    root = base_url.rstrip("/").removesuffix("/v1")
-    try:
-        async with httpx.AsyncClient(headers=headers, timeout=120.0) as http:
-            listed = await http.get(f"{root}/v1/models")
-            if listed.status_code == 200 and any(entry.get("id") == name and entry.get("root") == path
-                                                 for entry in listed.json().get("data", [])):
-                return
-            response = await http.post(f"{root}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": path})
-    except httpx.HTTPError as exc:
-        raise LoopError(f"cannot reach the model server at {root} to load the LoRA adapter {path} "
-                        f"({type(exc).__name__}); start it, or use sync none") from None
-    if response.status_code != 200:
-        raise LoopError(f"the model server at {root} refused the LoRA adapter {path}: HTTP {response.status_code} "
-                        f"{server_words(response)}; {LORA_FIX}")
-
-
-def server_words(response: httpx.Response) -> str:
-    """The error message in vLLM's answer (`error.message`, or `message` in older versions), else its text."""
-    try:
-        body = response.json()
-    except ValueError:
-        return response.text[:300]
-    error = body.get("error", body) if isinstance(body, dict) else body
-    return str(error.get("message", error) if isinstance(error, dict) else error)[:300]
-
-
 async def sync_stage(config: LoopConfig, checkpoint: str, iteration: int, notice: Callable[[str], None]
                      ) -> dict[str, Any]:
     """Make the new checkpoint the policy the next iteration samples from; returns that policy."""
@@ -205,6 +250,9 @@ async def sync_stage(config: LoopConfig, checkpoint: str, iteration: int, notice
         await load_adapter(config.settings.llm.base_url, checkpoint, Path(checkpoint) / "adapter",
                            config.settings.llm.api_key)
         model = checkpoint
+    elif config.sync == "weights":
+        await load_weights(config.settings.llm.base_url, Path(checkpoint), config.settings.llm.api_key)
+        model = config.settings.llm.model  # the same served model, now with the new weights
     elif config.settings.backend.backend == "transformers":
         model = checkpoint  # the in-process backend loads the checkpoint folder itself
     else:
@@ -226,11 +274,17 @@ def check(config: LoopConfig) -> None:
     if config.sync == "lora" and not config.train.lora_rank:
         raise LoopError("sync lora hot-loads a LoRA adapter into vLLM: train with a LoRA rank, or use sync none "
                         "(and serve each new checkpoint)")
-    if config.sync == "lora" and config.settings.backend.backend == "transformers":
-        raise LoopError("sync lora updates a vLLM server, and the in-process backend has none: use sync none, "
-                        "where each iteration's collect loads the new checkpoint")
+    if config.sync == "weights" and config.train.lora_rank:
+        raise LoopError("sync weights loads full checkpoints into vLLM: train every parameter (LoRA rank 0), or "
+                        "use sync lora")
+    if config.sync != "none" and config.settings.backend.backend == "transformers":
+        raise LoopError(f"sync {config.sync} updates a vLLM server, and the in-process backend has none: use sync "
+                        "none, where each iteration's collect loads the new checkpoint")
     if not config.questions.is_file():
         raise LoopError(f"{config.questions}: no such questions file")
+    if config.min_informative_groups and not config.questions_per_iteration:
+        raise LoopError("dynamic sampling (min informative groups) draws more questions in batches: give the "
+                        "questions per iteration")
 
 
 async def run_iteration(config: LoopConfig, state: dict[str, Any], iteration: int,
@@ -244,9 +298,11 @@ async def run_iteration(config: LoopConfig, state: dict[str, Any], iteration: in
     entry = iteration_entry(state, iteration)
     folder = config.out / f"iter-{iteration}"
     folder.mkdir(parents=True, exist_ok=True)
+    if not drawn(folder):
+        draw_questions(config, iteration, folder)
     stages: list[tuple[str, Callable[[], Any]]] = [
         ("collected", lambda: collect_stage(config, entry, folder, notice)),
-        ("judged", lambda: judge_stage(config, folder, notice)),
+        ("judged", lambda: judge_stage(config, state, iteration, folder, notice)),
         ("trained", lambda: train_stage(config, entry["policy"], folder, notice)),
         ("synced", lambda: sync_stage(config, entry["trained"]["checkpoint"], iteration, notice)),
     ]
@@ -255,7 +311,7 @@ async def run_iteration(config: LoopConfig, state: dict[str, Any], iteration: in
             continue
         try:
             entry[stage] = await run()
-        except (CollectError, JudgeError, TrainError, SetupError, LoopError) as exc:
+        except (CollectError, JudgeError, TrainError, SetupError, SyncError, LoopError) as exc:
             raise LoopError(f"iteration {iteration}, {STAGES[stage]}: {exc} "
                             f"(the state is in {config.out / STATE}: run the same loop again to resume)") from None
         if stage == "synced":

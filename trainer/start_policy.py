@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nanbeige.trainer.model import TrainError, World, all_max, compute_precision
+
+if TYPE_CHECKING:
+    from nanbeige.trainer.train import TrainConfig
 
 FILE = "start-logprobs.pt"
 
@@ -94,3 +98,25 @@ def rollout_drift(samples: list[Any]) -> float | None:
             if on:
                 total, count = total + abs(old - rollout), count + 1
     return total / count if count else None
+
+
+def start_policy(model: Any, samples: list[Any], config: TrainConfig, world: World, temperature: float, pad_id: int,
+                 resumed: bool, log: Any) -> None:
+    """π_old for every row (`start_policy.py`): computed and saved before the first step, read back on resume;
+    then the rollouts' distance from it, refused beyond `max_rollout_drift`."""
+    if resumed:
+        load_start_logprobs(config.out, samples)
+    else:
+        began = time.perf_counter()
+        compute_start_logprobs(model, samples, config.micro_tokens, config.chunk_tokens, world, temperature, pad_id)
+        if world.main:
+            save_start_logprobs(config.out, samples)
+            log(f"π_old: the starting policy's logprobs of {len(samples)} rows in {time.perf_counter() - began:.1f} s")
+    drift = rollout_drift(samples)
+    if drift is not None and world.main:
+        log(f"the rollouts' sampler vs the starting policy: mean |log ratio| {drift:.2e}")
+    if drift is not None and drift > config.max_rollout_drift and not config.off_policy:
+        raise TrainError(f"the rollouts were not sampled by the policy training starts from: mean |log π_old - "
+                         f"log π_rollout| is {drift:.3f}, above --max-rollout-drift {config.max_rollout_drift} "
+                         "(rollouts of an older checkpoint, or sampled with top-p or penalties the trainer does not "
+                         "apply); collect them again from this model, or pass --off-policy to train on them anyway")

@@ -18,16 +18,16 @@ from __future__ import annotations
 
 import json
 import math
-import random
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nanbeige.agent.trajectory import load_trajectories
 from nanbeige.trainer.checkpoints import drop_metrics_after, latest_checkpoint, save_checkpoint
 from nanbeige.trainer.metrics import MetricsLog
+from nanbeige.trainer.rollouts import plan_steps, read_samples
+from nanbeige.trainer.start_policy import start_policy
 from nanbeige.trainer.model import (TrainError, World, all_max, all_sum, compute_precision, join_world, load_model,
                                     mfu, parameter_count)
 
@@ -137,79 +137,7 @@ class StepLog:
     """The batch of rollouts: mean reward, pass rate, completion tokens per turn, turns per trajectory."""
 
 
-# ---------------------------------------------------------------- the rows
-
-
-def read_samples(config: TrainConfig) -> tuple[list[Any], dict[str, Any], float]:
-    """The training rows of every file, the data summary, and the sampling temperature they share."""
-    from nanbeige.trainer.batches import GroupRule, samples_from
-
-    trajectories = []
-    for path in config.data:
-        if not path.is_file():
-            raise TrainError(f"{path}: no such file (pass judged trajectories: `nanbeige judge ... --out FILE`)")
-        try:
-            trajectories += load_trajectories(path)
-        except (OSError, ValueError) as exc:
-            raise TrainError(f"cannot read {path}: {exc}") from None
-    check_sampling(trajectories, config)
-    temperatures = {t.sampling.get("temperature") for t in trajectories if t.sampling} - {None}
-    if len(temperatures) > 1:
-        raise TrainError(f"the trajectories were sampled at different temperatures {sorted(temperatures)}; the "
-                         "trainer's logprobs must use the sampler's, so train on one temperature at a time")
-    try:
-        rule = GroupRule(lam=config.lam, min_pass_rate=config.min_pass_rate, max_pass_rate=config.max_pass_rate,
-                         std=config.advantage_std, single=config.single_rollout, truncated=config.truncated)
-        samples, summary = samples_from(trajectories, objective=config.objective, rule=rule)
-    except ValueError as exc:  # a token record that does not check out: training on it would be wrong
-        raise TrainError(f"a trajectory's token record is inconsistent ({exc}); it cannot be trained on") from None
-    summary["rollouts"] = rollout_summary(trajectories)
-    if not samples:
-        raise TrainError(f"nothing to train on: {json.dumps(summary)} (GRPO keeps groups whose pass rate is between "
-                         f"{config.min_pass_rate} and {config.max_pass_rate}; check the outcome rewards)")
-    return samples, summary, float(temperatures.pop() or 1.0) if temperatures else 1.0
-
-
-# What the trainer computes is softmax(logits / temperature): a sampler that also cut or reweighted the
-# distribution recorded logprobs of another policy. Each setting and the value at which it does nothing.
-NEUTRAL_SAMPLING = {"top_p": (1.0,), "top_k": (0, -1), "min_p": (0.0,), "repetition_penalty": (1.0,),
-                    "presence_penalty": (0.0,), "frequency_penalty": (0.0,)}
-
-
-def check_sampling(trajectories: list[Any], config: TrainConfig) -> None:
-    """Refuses rollouts sampled with a setting the trainer does not apply (unless `off_policy`)."""
-    if config.off_policy:
-        return
-    for trajectory in trajectories:
-        for name, neutral in NEUTRAL_SAMPLING.items():
-            value = (trajectory.sampling or {}).get(name)
-            if value is not None and value not in neutral:
-                raise TrainError(
-                    f"trajectory {trajectory.id} was sampled with {name} {value}, which the trainer does not apply, "
-                    "so its logprobs are another policy's; collect with --top-p 1 --repetition-penalty 1 (collect's "
-                    "default), or pass --off-policy to train on it with truncated importance weights correcting it")
-
-
-def plan_steps(samples: list[Any], config: TrainConfig) -> list[list[Any]]:
-    """The rows in a seeded order, cut into optimizer steps of about `step_tokens` tokens; `epochs` passes,
-    each reshuffled, or as many as `steps` asks for."""
-    rng = random.Random(config.seed)
-    steps: list[list[Any]] = []
-    passes = 0
-    while True:
-        order = list(samples)
-        rng.shuffle(order)
-        current: list[Any] = []
-        for sample in order:
-            current.append(sample)
-            if sum(len(s.ids) for s in current) >= config.step_tokens:
-                steps.append(current)
-                current = []
-        if current:
-            steps.append(current)
-        passes += 1
-        if passes >= config.epochs if config.steps is None else len(steps) >= config.steps:
-            return steps if config.steps is None else steps[: config.steps]
+# ---------------------------------------------------------------- the learning rate
 
 
 def lr_at(index: int, total: int, config: TrainConfig, peak: float) -> float:
@@ -221,18 +149,6 @@ def lr_at(index: int, total: int, config: TrainConfig, peak: float) -> float:
     progress = (index - config.warmup_steps) / max(1, total - 1 - config.warmup_steps)  # 0 → 1 at the last step
     floor = peak * config.min_lr_ratio
     return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-
-def rollout_summary(trajectories: list[Any]) -> dict[str, float]:
-    """What the batch of rollouts looked like, for the curves: over the trajectories with an outcome reward."""
-    judged = [t for t in trajectories if t.reward is not None]
-    turns = [turn for t in judged for turn in t.turns]
-    if not judged:
-        return {}
-    return {"reward_mean": sum(t.reward for t in judged) / len(judged),
-            "pass_rate": sum(t.reward > 0 for t in judged) / len(judged),
-            "response_tokens_mean": sum(len(turn.completion_ids or []) for turn in turns) / max(1, len(turns)),
-            "turns_mean": len(turns) / len(judged)}
 
 
 # ---------------------------------------------------------------- one optimizer step
@@ -344,31 +260,6 @@ def saved_state(checkpoint: Path, config: TrainConfig, world: World) -> dict[str
     if changed:
         raise TrainError(f"{checkpoint} was trained with other {', '.join(changed)}; resume with the same options")
     return saved
-
-
-def start_policy(model: Any, samples: list[Any], config: TrainConfig, world: World, temperature: float, pad_id: int,
-                 resumed: bool, log: Any) -> None:
-    """π_old for every row (`start_policy.py`): computed and saved before the first step, read back on resume;
-    then the rollouts' distance from it, refused beyond `max_rollout_drift`."""
-    from nanbeige.trainer.start_policy import (compute_start_logprobs, load_start_logprobs, rollout_drift,
-                                               save_start_logprobs)
-
-    if resumed:
-        load_start_logprobs(config.out, samples)
-    else:
-        began = time.perf_counter()
-        compute_start_logprobs(model, samples, config.micro_tokens, config.chunk_tokens, world, temperature, pad_id)
-        if world.main:
-            save_start_logprobs(config.out, samples)
-            log(f"π_old: the starting policy's logprobs of {len(samples)} rows in {time.perf_counter() - began:.1f} s")
-    drift = rollout_drift(samples)
-    if drift is not None and world.main:
-        log(f"the rollouts' sampler vs the starting policy: mean |log ratio| {drift:.2e}")
-    if drift is not None and drift > config.max_rollout_drift and not config.off_policy:
-        raise TrainError(f"the rollouts were not sampled by the policy training starts from: mean |log π_old - "
-                         f"log π_rollout| is {drift:.3f}, above --max-rollout-drift {config.max_rollout_drift} "
-                         "(rollouts of an older checkpoint, or sampled with top-p or penalties the trainer does not "
-                         "apply); collect them again from this model, or pass --off-policy to train on them anyway")
 
 
 def peak_lr(config: TrainConfig) -> float:

@@ -39,7 +39,8 @@ def random_rows(count: int, length: int, vocab: int, seed: int = 0) -> list[Samp
         ids = [rng.randrange(vocab) for _ in range(length)]
         mask = [i % 2 for i in range(length)]
         rows.append(Sample(ids=ids, loss_mask=mask, advantages=[(1.0 if n % 2 else -1.0) * m for m in mask],
-                           rollout_logprobs=[-1.0 * m for m in mask], group_id="g", trajectory_id=f"t{n}", turns=[0]))
+                           rollout_logprobs=[-1.0 * m for m in mask], group_id="g", trajectory_id=f"t{n}", turns=[0],
+                           old_logprobs=[-1.0 * m for m in mask]))
     return rows
 
 

@@ -1,0 +1,99 @@
+"""The batch of rollouts a `train` call trains on: the judged files read and checked (their sampling
+settings must be what the trainer computes), turned into rows (`batches.samples_from`), summarised for the
+curves, and cut into optimizer steps."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import TYPE_CHECKING, Any
+
+from nanbeige.agent.trajectory import load_trajectories
+from nanbeige.trainer.model import TrainError
+
+if TYPE_CHECKING:
+    from nanbeige.trainer.train import TrainConfig
+
+
+def read_samples(config: TrainConfig) -> tuple[list[Any], dict[str, Any], float]:
+    """The training rows of every file, the data summary, and the sampling temperature they share."""
+    from nanbeige.trainer.batches import GroupRule, samples_from
+
+    trajectories = []
+    for path in config.data:
+        if not path.is_file():
+            raise TrainError(f"{path}: no such file (pass judged trajectories: `nanbeige judge ... --out FILE`)")
+        try:
+            trajectories += load_trajectories(path)
+        except (OSError, ValueError) as exc:
+            raise TrainError(f"cannot read {path}: {exc}") from None
+    check_sampling(trajectories, config)
+    temperatures = {t.sampling.get("temperature") for t in trajectories if t.sampling} - {None}
+    if len(temperatures) > 1:
+        raise TrainError(f"the trajectories were sampled at different temperatures {sorted(temperatures)}; the "
+                         "trainer's logprobs must use the sampler's, so train on one temperature at a time")
+    try:
+        rule = GroupRule(lam=config.lam, min_pass_rate=config.min_pass_rate, max_pass_rate=config.max_pass_rate,
+                         std=config.advantage_std, single=config.single_rollout, truncated=config.truncated)
+        samples, summary = samples_from(trajectories, objective=config.objective, rule=rule)
+    except ValueError as exc:  # a token record that does not check out: training on it would be wrong
+        raise TrainError(f"a trajectory's token record is inconsistent ({exc}); it cannot be trained on") from None
+    summary["rollouts"] = rollout_summary(trajectories)
+    if not samples:
+        raise TrainError(f"nothing to train on: {json.dumps(summary)} (GRPO keeps groups whose pass rate is between "
+                         f"{config.min_pass_rate} and {config.max_pass_rate}; check the outcome rewards)")
+    return samples, summary, float(temperatures.pop() or 1.0) if temperatures else 1.0
+
+
+# What the trainer computes is softmax(logits / temperature): a sampler that also cut or reweighted the
+# distribution recorded logprobs of another policy. Each setting and the value at which it does nothing.
+NEUTRAL_SAMPLING = {"top_p": (1.0,), "top_k": (0, -1), "min_p": (0.0,), "repetition_penalty": (1.0,),
+                    "presence_penalty": (0.0,), "frequency_penalty": (0.0,)}
+
+
+def check_sampling(trajectories: list[Any], config: TrainConfig) -> None:
+    """Refuses rollouts sampled with a setting the trainer does not apply (unless `off_policy`)."""
+    if config.off_policy:
+        return
+    for trajectory in trajectories:
+        for name, neutral in NEUTRAL_SAMPLING.items():
+            value = (trajectory.sampling or {}).get(name)
+            if value is not None and value not in neutral:
+                raise TrainError(
+                    f"trajectory {trajectory.id} was sampled with {name} {value}, which the trainer does not apply, "
+                    "so its logprobs are another policy's; collect with --top-p 1 --repetition-penalty 1 (collect's "
+                    "default), or pass --off-policy to train on it with truncated importance weights correcting it")
+
+
+def plan_steps(samples: list[Any], config: TrainConfig) -> list[list[Any]]:
+    """The rows in a seeded order, cut into optimizer steps of about `step_tokens` tokens; `epochs` passes,
+    each reshuffled, or as many as `steps` asks for."""
+    rng = random.Random(config.seed)
+    steps: list[list[Any]] = []
+    passes = 0
+    while True:
+        order = list(samples)
+        rng.shuffle(order)
+        current: list[Any] = []
+        for sample in order:
+            current.append(sample)
+            if sum(len(s.ids) for s in current) >= config.step_tokens:
+                steps.append(current)
+                current = []
+        if current:
+            steps.append(current)
+        passes += 1
+        if passes >= config.epochs if config.steps is None else len(steps) >= config.steps:
+            return steps if config.steps is None else steps[: config.steps]
+
+
+def rollout_summary(trajectories: list[Any]) -> dict[str, float]:
+    """What the batch of rollouts looked like, for the curves: over the trajectories with an outcome reward."""
+    judged = [t for t in trajectories if t.reward is not None]
+    turns = [turn for t in judged for turn in t.turns]
+    if not judged:
+        return {}
+    return {"reward_mean": sum(t.reward for t in judged) / len(judged),
+            "pass_rate": sum(t.reward > 0 for t in judged) / len(judged),
+            "response_tokens_mean": sum(len(turn.completion_ids or []) for turn in turns) / max(1, len(turns)),
+            "turns_mean": len(turns) / len(judged)}
