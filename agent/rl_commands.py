@@ -330,6 +330,8 @@ def train(
     dtype: Annotated[str, typer.Option(help="Weights: auto (float32, computing in bfloat16 on a GPU) or bfloat16 "
                                             "(half the memory; tiny updates are lost).")] = "auto",
     chunk_tokens: Annotated[int, typer.Option(min=1, help="Positions whose logits exist at once.")] = 4096,
+    packing: Annotated[str, typer.Option(help="on (rows end to end, no padding), off (padded micro-batches) or "
+                                              "auto (on with flash attention).")] = "auto",
     seed: Annotated[int, typer.Option(help="Seed of the row order.")] = 0,
     loop: Annotated[int, typer.Option(min=0, help="Alternate collect, judge, train and sync this many times "
                                                   "(0: train once on --data).", rich_help_panel="Loop")] = 0,
@@ -375,6 +377,8 @@ def train(
         return
     if model is None or out is None:
         fail(f"--{'model' if model is None else 'out'} is required (see nanbeige train --help)", 2)
+    if packing not in ("auto", "on", "off"):
+        fail(f"--packing must be auto, on or off, not {packing!r}", 2)
     if lr_schedule not in ("constant", "cosine"):
         fail(f"--lr-schedule must be constant or cosine, not {lr_schedule!r}", 2)
     if objective not in ("grpo", "sft"):
@@ -393,7 +397,7 @@ def train(
                          max_rollout_drift=max_rollout_drift, off_policy=off_policy, step_tokens=step_tokens,
                          advantage_std=advantage_std, single_rollout=single_rollout, truncated=truncated,
                          warmup_steps=warmup_steps, lr_schedule=lr_schedule, min_lr_ratio=min_lr_ratio,
-                         tensorboard=not no_tensorboard, wandb_project=wandb_project,
+                         tensorboard=not no_tensorboard, wandb_project=wandb_project, packing=packing,
                          micro_tokens=micro_tokens, lr=lr, lam=lam,
                          min_pass_rate=min_pass_rate, max_pass_rate=max_pass_rate, lora_rank=lora_rank,
                          save_every=save_every, gradient_checkpointing=not no_gradient_checkpointing, dtype=dtype,

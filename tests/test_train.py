@@ -315,3 +315,20 @@ def test_train_report_draws_the_curves_of_a_run_and_of_a_loop(scheduled_run: Pat
                          timeout=120)
     assert bad.returncode == 1 and "iter-2/train/metrics.jsonl, line 1: not a step record" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_packed_rows_train_as_padded_batches_do_without_the_padding(tiny: Path, judged: Path, tmp_path: Path) -> None:
+    logs: list[str] = []
+    # one step of every row (of about 160 and 1,100 tokens), two or three rows a micro-batch
+    options = {"steps": 1, "step_tokens": 100_000, "micro_tokens": 2400}
+    train(config_for(tiny, judged, tmp_path / "packed", packing="on", **options), log=logs.append)
+    train(config_for(tiny, judged, tmp_path / "padded", packing="off", **options), log=lambda text: None)
+    assert not any("packing off" in line for line in logs)  # the tiny Llama keeps packed rows apart
+    packed, padded = metrics_of(tmp_path / "packed"), metrics_of(tmp_path / "padded")
+    for a, b in zip(packed, padded):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-7)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-3)
+        assert a["tokens"] == b["tokens"]  # the same real tokens ...
+        assert a["metrics"]["padding_frac"] == 0 < b["metrics"]["padding_frac"]  # ... and no padding computed
+    a, b = weights(tmp_path / "packed" / "checkpoint-1"), weights(tmp_path / "padded" / "checkpoint-1")
+    assert all((a[name] - b[name]).abs().max() < 1e-5 for name in a)

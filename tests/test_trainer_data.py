@@ -11,7 +11,8 @@ import torch
 from nanbeige.agent.tokens import TokenTracker, full_prompt
 from nanbeige.agent.trajectory import Trajectory, Turn
 from nanbeige.trainer.advantages import group_advantages, keep_group, outcome_advantages, turn_advantages
-from nanbeige.trainer.batches import GroupRule, Sample, collate, pack, samples_from
+from nanbeige.trainer.batches import (GroupRule, Sample, collate, collate_packed, pack, pack_rows,
+                                     samples_from)
 
 NAN = float("nan")
 SQRT3 = math.sqrt(3)
@@ -269,3 +270,21 @@ def test_a_rolled_back_reply_is_trained_only_when_the_judge_penalised_it() -> No
     assert rows[("p0", 30)].loss_mask == [0, 0, 1] and rows[("p0", 30)].advantages[-1] < rows[("p0", 31)].advantages[-1]
     assert ("p1", 40) not in rows and rows[("p1", 41)].loss_mask == [0, 0, 1]
     assert summary["turns_masked"] == 1 and summary["turns_trained"] == 3
+
+
+def test_packed_rows_hold_samples_end_to_end_with_positions_restarting() -> None:
+    rows = [sample([1, 2, 3, 4, 5]), sample([6, 7, 8]), sample([9, 10]), sample([11, 12, 13, 14, 15, 16, 17])]
+    for row in rows:
+        row.loss_mask = [0] + [1] * (len(row.ids) - 1)
+        row.old_logprobs = [0.0] + [-0.5] * (len(row.ids) - 1)
+    packed = pack_rows(rows, max_tokens=8)
+    assert [[len(s.ids) for s in row] for row in packed] == [[7], [5, 3], [2]]  # longest first, first fit
+    tensors = collate_packed(packed[1], pad_id=0)
+    assert tensors["input_ids"].tolist() == [[1, 2, 3, 4, 5, 6, 7, 8]]
+    assert tensors["position_ids"].tolist() == [[0, 1, 2, 3, 4, 0, 1, 2]]
+    assert tensors["attention_mask"].tolist() == [[1] * 8]  # no padding
+    # position 4 (token 5, the first sample's last) would predict token 6, the second sample's prompt: mask 0
+    assert tensors["loss_mask"].tolist() == [[1, 1, 1, 1, 0, 1, 1]]
+    assert close(tensors["old_logprobs"], [[-0.5, -0.5, -0.5, -0.5, 0.0, -0.5, -0.5]])
+    assert close(tensors["advantages"], [[0.5, 0.5, 0.5, 0.5, 0.0, 0.5, 0.5]])
+    assert pack_rows([sample(list(range(1, 12)))], max_tokens=8)[0][0].ids == list(range(1, 12))  # too long: alone

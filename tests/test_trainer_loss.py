@@ -212,3 +212,28 @@ def test_sft_loss() -> None:
     torch.testing.assert_close(logprobs.grad, -loss_mask / 18)
     assert metrics["loss_tokens"] == 9
     assert math.isclose(metrics["nll"], float(-logprobs.detach()[loss_mask.bool()].mean()), rel_tol=1e-6)
+
+
+def test_packed_rows_get_the_logprobs_and_gradients_they_get_alone(tiny_folder: Any) -> None:
+    from nanbeige.trainer.batches import Sample, collate, collate_packed
+
+    model = load(tiny_folder)
+    generator = torch.Generator().manual_seed(9)
+    rows = [Sample(ids=torch.randint(1, model.config.vocab_size, (n,), generator=generator).tolist(),
+                   loss_mask=[0] + [1] * (n - 1), advantages=[1.0] * n, rollout_logprobs=None, group_id="g",
+                   trajectory_id=str(n), turns=[]) for n in (9, 5, 7)]
+    packed = collate_packed(rows, pad_id=0)
+    together = token_logprobs(model, packed["input_ids"], None, packed["targets"], chunk_tokens=4,
+                              position_ids=packed["position_ids"])
+    together[packed["loss_mask"].bool()].sum().backward()
+    packed_grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    start = 0
+    for row in rows:  # each alone, padded to the longest
+        alone = collate([row], pad_id=0)
+        logprobs = token_logprobs(model, alone["input_ids"], alone["attention_mask"], alone["targets"])
+        torch.testing.assert_close(together[0, start: start + len(row.ids) - 1], logprobs[0], rtol=1e-5, atol=1e-5)
+        logprobs.sum().backward()
+        start += len(row.ids)
+    for name, p in model.named_parameters():  # the rows did not read each other: the same gradients
+        torch.testing.assert_close(packed_grads[name], p.grad, rtol=1e-4, atol=1e-6, msg=name)

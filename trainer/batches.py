@@ -275,6 +275,59 @@ def pack(samples: list[Sample], max_tokens: int) -> list[list[Sample]]:
     return batches
 
 
+def micro_batches(samples: list[Sample], max_tokens: int, packing: bool) -> list[list[Sample]]:
+    """The micro-batches of these samples: packed rows (`pack_rows`) or padded batches (`pack`)."""
+    return pack_rows(samples, max_tokens) if packing else pack(samples, max_tokens)
+
+
+def tensors_of(batch: list[Sample], pad_id: int, packing: bool) -> dict[str, Tensor]:
+    """A micro-batch's tensors: one packed row (`collate_packed`) or a padded batch (`collate`)."""
+    return collate_packed(batch, pad_id) if packing else collate(batch, pad_id)
+
+
+def sample_spans(batch: list[Sample], packing: bool) -> list[tuple[int, int]]:
+    """Where each sample's positions are in the micro-batch's [B, L-1] tensors: (row, first column)."""
+    if not packing:
+        return [(b, 0) for b in range(len(batch))]
+    starts = [0]
+    for sample in batch[:-1]:
+        starts.append(starts[-1] + len(sample.ids))
+    return [(0, start) for start in starts]
+
+
+def pack_rows(samples: list[Sample], max_tokens: int) -> list[list[Sample]]:
+    """Samples put end to end into packed rows of at most max_tokens tokens (a longer sample alone), each
+    packed row one micro-batch without padding: first fit, longest first, deterministic."""
+    rows: list[list[Sample]] = []
+    sizes: list[int] = []
+    for sample in sorted(samples, key=lambda s: -len(s.ids)):
+        fits = next((i for i, size in enumerate(sizes) if size + len(sample.ids) <= max_tokens), None)
+        if fits is None:
+            rows.append([sample])
+            sizes.append(len(sample.ids))
+        else:
+            rows[fits].append(sample)
+            sizes[fits] += len(sample.ids)
+    return rows
+
+
+def collate_packed(batch: list[Sample], pad_id: int) -> dict[str, Tensor]:
+    """One packed row, B = 1, L = the samples' lengths added up: their lists end to end, shifted as in
+    `collate`, and `position_ids` [1, L] restarting at 0 where each sample starts (so the model keeps the
+    samples apart). The position at a sample's last token predicts the next sample's first token, which
+    is prompt: loss mask 0 there, as every sample's token 0 is."""
+    joined = Sample(ids=[i for s in batch for i in s.ids], loss_mask=[m for s in batch for m in s.loss_mask],
+                    advantages=[a for s in batch for a in s.advantages],
+                    rollout_logprobs=None if any(s.rollout_logprobs is None for s in batch)
+                    else [v for s in batch for v in s.rollout_logprobs],
+                    group_id="packed", trajectory_id="packed", turns=[],
+                    old_logprobs=None if any(s.old_logprobs is None for s in batch)
+                    else [v for s in batch for v in s.old_logprobs])
+    tensors = collate([joined], pad_id)
+    tensors["position_ids"] = torch.tensor([[p for s in batch for p in range(len(s.ids))]], dtype=torch.long)
+    return tensors
+
+
 def collate(batch: list[Sample], pad_id: int) -> dict[str, Tensor]:
     """Right-padded tensors for one micro-batch, B = len(batch), L = its longest sample.
 

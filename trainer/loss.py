@@ -23,20 +23,24 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 
-def _chunk_logprobs(head: nn.Module, hidden: Tensor, targets: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
-    """log p(target) and the entropy of p for one chunk of n positions: hidden [n, H], targets [n] -> [n], [n]."""
+def _chunk_logprobs(head: nn.Module, hidden: Tensor, targets: Tensor, temperature: float,
+                    entropy: list[Tensor] | None = None) -> Tensor:
+    """log p(target) for one chunk of n positions: hidden [n, H], targets [n] -> [n]. With an empty `entropy`
+    list, the entropy of p [n] is appended to it: once, so that checkpointing's recompute in backward (which
+    calls this again with the same list) does not compute it a second time."""
     logits = head(hidden).float() / temperature  # (n, V), the only vocabulary-sized tensor
     # log_softmax gathered at the target = logit[target] - logsumexp(logits); computing it this way never
     # materialises a second (n, V) tensor of log-probabilities
     normaliser = torch.logsumexp(logits, dim=-1)  # (n,)
-    with torch.no_grad():  # a metric: H(p) = logsumexp - Σ p·logit, no gradient
-        entropy = normaliser - (torch.softmax(logits, dim=-1) * logits).sum(-1)  # (n,)
-    return logits.gather(-1, targets[:, None]).squeeze(-1) - normaliser, entropy
+    if entropy is not None and not entropy:
+        with torch.no_grad():  # a metric: H(p) = logsumexp - Σ p·logit, no gradient
+            entropy.append(normaliser - (torch.exp(logits - normaliser[:, None]) * logits).sum(-1))  # (n,)
+    return logits.gather(-1, targets[:, None]).squeeze(-1) - normaliser
 
 
 def token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, targets: Tensor,
                    chunk_tokens: int = 4096, temperature: float = 1.0, chunks: int | None = None,
-                   entropy: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+                   entropy: bool = False, position_ids: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
     """The model's log-probability of each target token, [B, L-1] in float32, without full logits.
 
     The full logits would be B·L·V floats: 32k tokens × 166k vocabulary × 4 bytes ≈ 22 GB. Instead:
@@ -52,7 +56,10 @@ def token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, 
     `chunks` forces the number of head calls (pieces may then be empty): under FSDP every rank must call the
     sharded head the same number of times, since each call gathers its weights.
     Padding is whatever `attention_mask` says; positions over padding get a value that the loss mask drops.
-    With `entropy`, also the entropy of each position's (temperature-scaled) distribution, [B, L-1], detached.
+    With `position_ids` (packed rows, `batches.collate_packed`) the attention mask is not passed: transformers
+    then reads each row's extent from where its positions restart at 0 and keeps the rows from attending to
+    each other. With `entropy`, also the entropy of each position's (temperature-scaled) distribution,
+    [B, L-1], detached.
 
     The backbone is `model.get_decoder()` and the head `model.get_output_embeddings()`. Both work unchanged on
     a peft `PeftModel` (it forwards attributes to the wrapped model, whose modules carry the LoRA layers), and
@@ -60,19 +67,22 @@ def token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, 
     not covered; Llama-style models such as Nanbeige have none.
     """
     backbone, head = model.get_decoder(), model.get_output_embeddings()
-    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    if position_ids is not None:
+        hidden = backbone(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
+    else:
+        hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
     B, L, H = hidden.shape
     hidden = hidden[:, :-1].reshape(-1, H)  # (N, H), N = B·(L-1)
     flat_targets = targets.reshape(-1)  # (N,)
     pieces, entropies = [], []
     count = chunks or max(1, -(-hidden.shape[0] // chunk_tokens))
     for h, t in zip(torch.tensor_split(hidden, count), torch.tensor_split(flat_targets, count)):  # (n, H), (n,)
+        box: list[Tensor] | None = [] if entropy else None
         if torch.is_grad_enabled():
-            logprobs, chunk_entropy = checkpoint(_chunk_logprobs, head, h, t, temperature, use_reentrant=False)
+            pieces.append(checkpoint(_chunk_logprobs, head, h, t, temperature, box, use_reentrant=False))
         else:
-            logprobs, chunk_entropy = _chunk_logprobs(head, h, t, temperature)
-        pieces.append(logprobs)
-        entropies.append(chunk_entropy)
+            pieces.append(_chunk_logprobs(head, h, t, temperature, box))
+        entropies += box or []
     logprobs = torch.cat(pieces).view(B, L - 1)
     return (logprobs, torch.cat(entropies).view(B, L - 1)) if entropy else logprobs
 

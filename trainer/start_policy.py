@@ -24,27 +24,29 @@ FILE = "start-logprobs.pt"
 
 
 def compute_start_logprobs(model: Any, samples: list[Any], micro_tokens: int, chunk_tokens: int, world: World,
-                           temperature: float, pad_id: int) -> None:
+                           temperature: float, pad_id: int, packing: bool = False) -> None:
     """Sets `old_logprobs` on every sample. Each rank computes every world-size-th micro-batch (all ranks
     make the same number of forward passes, as FSDP's collectives need) and then every rank gets all rows."""
     import torch
 
-    from nanbeige.trainer.batches import collate, pack
+    from nanbeige.trainer.batches import micro_batches, sample_spans, tensors_of
     from nanbeige.trainer.loss import token_logprobs
 
-    batches = pack(samples, micro_tokens)
+    batches = micro_batches(samples, micro_tokens, packing)
     position = {id(sample): i for i, sample in enumerate(samples)}
     mine = batches[world.rank::world.size]
     found: dict[int, list[float]] = {}
     with torch.no_grad():
         for batch in mine + [[]] * (math.ceil(len(batches) / world.size) - len(mine)):
-            tensors = {k: v.to(world.device) for k, v in collate(batch or samples[:1], pad_id).items()}
+            tensors = {k: v.to(world.device) for k, v in tensors_of(batch or samples[:1], pad_id, packing).items()}
             chunks = int(all_max(max(1, -(-tensors["targets"].numel() // chunk_tokens)), world))
             with compute_precision(world):
                 logprobs = token_logprobs(model, tensors["input_ids"], tensors["attention_mask"], tensors["targets"],
-                                          chunk_tokens=chunk_tokens, temperature=temperature, chunks=chunks)
-            for b, sample in enumerate(batch):  # [B, L-1] -> per sample, aligned to its ids
-                found[position[id(sample)]] = [0.0] + logprobs[b, : len(sample.ids) - 1].float().cpu().tolist()
+                                          chunk_tokens=chunk_tokens, temperature=temperature, chunks=chunks,
+                                          position_ids=tensors.get("position_ids"))
+            for sample, (b, start) in zip(batch, sample_spans(batch, packing)):  # [B, L-1] -> aligned to its ids
+                values = logprobs[b, start: start + len(sample.ids) - 1]
+                found[position[id(sample)]] = [0.0] + values.float().cpu().tolist()
     if world.size > 1:
         import torch.distributed as dist
 
@@ -108,7 +110,8 @@ def start_policy(model: Any, samples: list[Any], config: TrainConfig, world: Wor
         load_start_logprobs(config.out, samples)
     else:
         began = time.perf_counter()
-        compute_start_logprobs(model, samples, config.micro_tokens, config.chunk_tokens, world, temperature, pad_id)
+        compute_start_logprobs(model, samples, config.micro_tokens, config.chunk_tokens, world, temperature, pad_id,
+                               config.packing == "on")
         if world.main:
             save_start_logprobs(config.out, samples)
             log(f"π_old: the starting policy's logprobs of {len(samples)} rows in {time.perf_counter() - began:.1f} s")

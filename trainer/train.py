@@ -20,7 +20,7 @@ import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +102,11 @@ class TrainConfig:
     """Weights in `float32` (`auto`: with bfloat16 compute on a GPU, so small updates are not rounded
     away) or `bfloat16` (half the memory of weights, gradients and AdamW state; updates below bfloat16's
     resolution are lost)."""
+    packing: str = "auto"
+    """`on`: rows end to end in micro-batches of one packed row, without padding (the model keeps them apart
+    by their positions); `off`: right-padded batches of rows of similar length; `auto`: packed where the
+    model's attention runs each packed row at its own cost (flash attention's variable-length kernels),
+    padded with sdpa or eager attention, which would attend over the whole packed length."""
     chunk_tokens: int = 4096
     """Positions whose logits are computed at once (the vocabulary is large)."""
     save_every: int = 0
@@ -159,9 +164,9 @@ def micro_batches_of(step: list[Any], config: TrainConfig, world: World) -> tupl
 
     Every rank runs the same number of forward/backward passes, as FSDP's collectives need: a rank
     short of micro-batches repeats one with its loss weighted 0 (marked by an empty list)."""
-    from nanbeige.trainer.batches import pack
+    from nanbeige.trainer.batches import micro_batches
 
-    batches = pack(step, config.micro_tokens)
+    batches = micro_batches(step, config.micro_tokens, config.packing == "on")
     loss_tokens = sum(sum(s.loss_mask) for s in step)
     mine = batches[world.rank::world.size]
     passes = math.ceil(len(batches) / world.size)
@@ -174,21 +179,22 @@ def train_step(model: Any, optimizer: Any, step: list[Any], config: TrainConfig,
     micro-batch is its share of the step's token mean, so the gradients add up to the step's."""
     import torch
 
-    from nanbeige.trainer.batches import collate
+    from nanbeige.trainer.batches import tensors_of
     from nanbeige.trainer.loss import policy_loss, sft_loss, token_logprobs
 
     mine, loss_tokens = micro_batches_of(step, config, world)
-    total, metrics, tokens = 0.0, [], 0
+    total, metrics, tokens, padded = 0.0, [], 0, 0
     for batch in mine:
         weight = 1.0 if batch else 0.0
         tensors = {k: v.to(world.device) if hasattr(v, "to") else v for k, v in
-                   collate(batch or step[:1], pad_id).items()}
+                   tensors_of(batch or step[:1], pad_id, config.packing == "on").items()}
         positions = tensors["targets"].numel()
         chunks = int(all_max(max(1, -(-positions // config.chunk_tokens)), world))  # the same head calls everywhere
         with compute_precision(world):
             logprobs, entropy = token_logprobs(model, tensors["input_ids"], tensors["attention_mask"],
                                                tensors["targets"], chunk_tokens=config.chunk_tokens,
-                                               temperature=temperature, chunks=chunks, entropy=True)
+                                               temperature=temperature, chunks=chunks, entropy=True,
+                                               position_ids=tensors.get("position_ids"))
         if config.objective == "sft":
             loss, info = sft_loss(logprobs, tensors["loss_mask"], loss_tokens)
         else:
@@ -200,6 +206,7 @@ def train_step(model: Any, optimizer: Any, step: list[Any], config: TrainConfig,
         (loss * weight * world.size).backward()
         total += float(loss.detach()) * weight
         tokens += int(tensors["attention_mask"].sum()) if batch else 0
+        padded += tensors["attention_mask"].numel() if batch else 0
         if batch:
             mask = tensors["loss_mask"]
             metrics.append(info | {"entropy": float((entropy * mask).sum() / mask.sum().clamp(min=1))})
@@ -209,7 +216,8 @@ def train_step(model: Any, optimizer: Any, step: list[Any], config: TrainConfig,
     optimizer.zero_grad(set_to_none=True)
     grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
     return {"loss": all_sum(total, world), "tokens": int(all_sum(tokens, world)), "loss_tokens": loss_tokens,
-            "grad_norm": float(grad_norm), "metrics": step_metrics(metrics, world)}
+            "grad_norm": float(grad_norm), "metrics": step_metrics(metrics, world),
+            "padding_frac": 1.0 - all_sum(tokens, world) / max(1.0, all_sum(padded, world))}
 
 
 def step_metrics(metrics: list[dict[str, float]], world: World) -> dict[str, float]:
@@ -262,6 +270,36 @@ def saved_state(checkpoint: Path, config: TrainConfig, world: World) -> dict[str
     return saved
 
 
+def packing_works(model: Any, world: World, pad_id: int) -> bool:
+    """Whether this model keeps packed rows apart: two short rows must get the same logprobs packed and alone
+    (an attention that ignored the restarting positions would let the second row read the first)."""
+    import torch
+
+    from nanbeige.trainer.batches import Sample, collate, collate_packed
+    from nanbeige.trainer.loss import token_logprobs
+
+    rows = [Sample(ids=[(7 * i + 3 * k) % 100 + 1 for i in range(12)], loss_mask=[1] * 12, advantages=[0.0] * 12,
+                   rollout_logprobs=None, group_id="g", trajectory_id=str(k), turns=[]) for k in (1, 2)]
+    with torch.no_grad(), compute_precision(world):
+        packed, alone = ({k: v.to(world.device) for k, v in tensors.items()}
+                         for tensors in (collate_packed(rows, pad_id), collate(rows[1:], pad_id)))
+        together = token_logprobs(model, packed["input_ids"], None, packed["targets"],
+                                  position_ids=packed["position_ids"])
+        second = token_logprobs(model, alone["input_ids"], alone["attention_mask"], alone["targets"])
+    return bool(torch.allclose(together[0, 12:].float(), second[0].float(), atol=1e-2))
+
+
+def resolve_packing(config: TrainConfig, model: Any, world: World, pad_id: int, log: Any) -> str:
+    """`on` or `off` for this run: `auto` packs with flash attention only; packing needs the check to pass."""
+    attention = str(getattr(getattr(model, "config", None), "_attn_implementation", ""))
+    if config.packing == "off" or config.packing == "auto" and "flash" not in attention:
+        return "off"
+    if not packing_works(model, world, pad_id):
+        log("packing off: this model's attention does not keep rows packed together apart; padding instead")
+        return "off"
+    return "on"
+
+
 def peak_lr(config: TrainConfig) -> float:
     return config.lr or (3e-5 if config.lora_rank else 1e-6)
 
@@ -281,6 +319,7 @@ def run_steps(model: Any, tokenizer: Any, optimizer: Any, steps: list[list[Any]]
         # policy versions between the rollouts' sampler and the policy this step updates (the drift check at
         # the start refuses data whose sampler was not the starting policy)
         result["metrics"]["staleness"] = float(index)
+        result["metrics"]["padding_frac"] = result["padding_frac"]  # of the tokens the micro-batches computed
         entry = StepLog(step=index + 1, loss=result["loss"], tokens=result["tokens"], loss_tokens=result["loss_tokens"],
                         seconds=seconds, tokens_per_s=result["tokens"] / seconds, grad_norm=result["grad_norm"],
                         lr=lr, metrics=result["metrics"], mfu=mfu(params, result["tokens"], seconds, world),
@@ -326,6 +365,7 @@ def train(config: TrainConfig, resume: bool = False, log: Any = None) -> dict[st
                                  json.loads(json.dumps(asdict(config), default=str)))
         log(f"training on {len(samples)} rows ({json.dumps(data)}); {len(steps)} optimizer steps"
             + (f", resuming after step {start}" if found else ""))
+    config = replace(config, packing=resolve_packing(config, model, world, pad_id, log))
     try:
         if config.objective == "grpo":
             start_policy(model, samples, config, world, temperature, pad_id, resumed=found is not None, log=log)
