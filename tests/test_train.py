@@ -332,3 +332,12 @@ def test_packed_rows_train_as_padded_batches_do_without_the_padding(tiny: Path, 
         assert a["metrics"]["padding_frac"] == 0 < b["metrics"]["padding_frac"]  # ... and no padding computed
     a, b = weights(tmp_path / "packed" / "checkpoint-1"), weights(tmp_path / "padded" / "checkpoint-1")
     assert all((a[name] - b[name]).abs().max() < 1e-5 for name in a)
+
+
+def test_a_wandb_project_without_wandb_is_one_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nanbeige.trainer.metrics import MetricsLog
+    from nanbeige.trainer.train import TrainError
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as where it is not installed: importing it fails
+    with pytest.raises(TrainError, match="--wandb-project needs the wandb package: pip install wandb"):
+        MetricsLog(tmp_path, 0, tensorboard=False, wandb_project="runs")

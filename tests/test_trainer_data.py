@@ -4,6 +4,8 @@ from hand-made judged trajectories, and packing/collation into shifted [B, L] te
 from __future__ import annotations
 
 import math
+from dataclasses import replace
+from typing import Any
 
 import pytest
 import torch
@@ -288,3 +290,17 @@ def test_packed_rows_hold_samples_end_to_end_with_positions_restarting() -> None
     assert close(tensors["old_logprobs"], [[-0.5, -0.5, -0.5, -0.5, 0.0, -0.5, -0.5]])
     assert close(tensors["advantages"], [[0.5, 0.5, 0.5, 0.5, 0.0, 0.5, 0.5]])
     assert pack_rows([sample(list(range(1, 12)))], max_tokens=8)[0][0].ids == list(range(1, 12))  # too long: alone
+
+
+def test_epochs_are_reshuffled_passes_over_the_batch_of_rollouts(tmp_path: Any) -> None:
+    from nanbeige.trainer.rollouts import plan_steps
+    from nanbeige.trainer.train import TrainConfig
+
+    rows = [sample(list(range(k, k + 10))) for k in range(1, 7)]  # 10 tokens each
+    config = TrainConfig(data=[], model="m", out=tmp_path, step_tokens=20)
+    one = plan_steps(rows, config)
+    assert [len(step) for step in one] == [2, 2, 2]  # mini-batches of 20 tokens
+    two = plan_steps(rows, replace(config, epochs=2))
+    assert len(two) == 6 and two[:3] == one and two[3:] != one  # the second pass is another order
+    assert sorted(id(s) for step in two[3:] for s in step) == sorted(id(s) for s in rows)
+    assert len(plan_steps(rows, replace(config, epochs=2, steps=4))) == 4  # --steps caps (or extends) them

@@ -363,8 +363,10 @@ def train(config: TrainConfig, resume: bool = False, log: Any = None) -> dict[st
         drop_metrics_after(config.out / "metrics.jsonl", start)  # steps past the checkpoint are done again
         metrics_log = MetricsLog(config.out, start, config.tensorboard, config.wandb_project,
                                  json.loads(json.dumps(asdict(config), default=str)))
-        log(f"training on {len(samples)} rows ({json.dumps(data)}); {len(steps)} optimizer steps"
-            + (f", resuming after step {start}" if found else ""))
+        per_pass = len(plan_steps(samples, replace(config, steps=None, epochs=1)))
+        log(f"training on {len(samples)} rows ({json.dumps(data)}); {len(steps)} optimizer steps on this batch of "
+            f"rollouts ({per_pass} mini-batches of about {config.step_tokens} tokens a pass, "
+            f"{len(steps) / per_pass:g} passes)" + (f", resuming after step {start}" if found else ""))
     config = replace(config, packing=resolve_packing(config, model, world, pad_id, log))
     try:
         if config.objective == "grpo":
