@@ -16,6 +16,7 @@ from nanbeige.agent.config import BackendConfig, ToolsConfig
 from nanbeige.agent.console import err, fail, hide
 from nanbeige.agent.llm import LLMConfig
 from nanbeige.agent.loop import AgentConfig
+from nanbeige.trainer.rollouts import GroupRule
 from nanbeige.trainer.train import TrainConfig
 
 
@@ -395,11 +396,11 @@ def train(
     config = TrainConfig(data=data or [], model=model, out=out, objective=objective, steps=steps, epochs=epochs,
                          clip_low=clip_low, clip_high=clip_high, clip_dual=clip_dual, tis_cap=tis_cap,
                          max_rollout_drift=max_rollout_drift, off_policy=off_policy, step_tokens=step_tokens,
-                         advantage_std=advantage_std, single_rollout=single_rollout, truncated=truncated,
+                         groups=GroupRule(lam=lam, min_pass_rate=min_pass_rate, max_pass_rate=max_pass_rate,
+                                          std=advantage_std, single=single_rollout, truncated=truncated),
                          warmup_steps=warmup_steps, lr_schedule=lr_schedule, min_lr_ratio=min_lr_ratio,
                          tensorboard=not no_tensorboard, wandb_project=wandb_project, packing=packing,
-                         micro_tokens=micro_tokens, lr=lr, lam=lam,
-                         min_pass_rate=min_pass_rate, max_pass_rate=max_pass_rate, lora_rank=lora_rank,
+                         micro_tokens=micro_tokens, lr=lr, lora_rank=lora_rank,
                          save_every=save_every, gradient_checkpointing=not no_gradient_checkpointing, dtype=dtype,
                          seed=seed, chunk_tokens=chunk_tokens)
     if loop:

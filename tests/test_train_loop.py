@@ -24,6 +24,7 @@ from nanbeige.trainer.critic import CriticConfig
 from nanbeige.trainer.judge import JudgeRunConfig
 from nanbeige.trainer.loop import LoopConfig, LoopError, run_loop
 from nanbeige.trainer.sync import SyncError, load_adapter
+from nanbeige.trainer.rollouts import GroupRule
 from nanbeige.trainer.train import TrainConfig
 
 QUESTIONS = ('{"id": "a", "question": "What is 2+2?", "answer": "4"}\n'
@@ -66,8 +67,8 @@ def in_process_loop(tiny: Path, out: Path, critic: FakeOpenAI, iterations: int, 
                            tools=ToolsConfig(default_servers=False))
     judge = JudgeRunConfig(critic=CriticConfig(base_url=critic.base_url, model="critic", retries=0, retry_wait_s=0.0),
                            concurrency=1)
-    options = {"steps": 1, "step_tokens": 4000, "micro_tokens": 4000, "lr": 1e-3, "min_pass_rate": 0.0,
-               "max_pass_rate": 1.0} | train
+    options = {"steps": 1, "step_tokens": 4000, "micro_tokens": 4000, "lr": 1e-3,
+               "groups": GroupRule(min_pass_rate=0.0, max_pass_rate=1.0)} | train
     return LoopConfig(iterations=iterations, out=out, questions=questions, settings=settings, judge=judge,
                       train=TrainConfig(data=[], model=str(tiny), out=out, **options), group_size=4,
                       collect_concurrency=2, sync="none")

@@ -21,6 +21,7 @@ from torch import Tensor
 from nanbeige.agent.tokens import TrainingRow, training_rows
 from nanbeige.agent.trajectory import NOT_ENDED_ON_ITS_OWN, Trajectory, Turn
 from nanbeige.trainer.advantages import group_advantages, keep_group
+from nanbeige.trainer.rollouts import TRUNCATED, GroupRule
 
 OBJECTIVES = ("grpo", "sft")
 
@@ -49,30 +50,6 @@ class Sample:
     old_logprobs: list[float] | None = None
     """Per token: π_old, the logprob under the policy the update started from (0.0 at position 0),
     computed by the trainer before its first optimizer step on this batch of rollouts."""
-
-
-# Runs cut before they could answer: with `truncated="mask"` they get no loss (DAPO's overlong filtering),
-# since their 0 reward says the run was too long, not that what it did was wrong.
-TRUNCATED = ("max_turns", "context_limit", "timeout", "budget")
-
-
-@dataclass
-class GroupRule:
-    """How GRPO turns a group's rewards into advantages, and which groups and trajectories train."""
-
-    lam: float = 1.0
-    """Weight of the turn-level advantage: A = A_outcome + lam * A_turn (0: plain GRPO)."""
-    min_pass_rate: float = 0.1
-    """Groups passing less often are dropped (every rollout failed: nothing to compare)."""
-    max_pass_rate: float = 0.9
-    """Groups passing more often are dropped."""
-    std: str = "sample"
-    """The std advantages are divided by: `sample` (GRPO, verl, TRL), `population`, or `none` (Dr.GRPO)."""
-    single: str = "zero"
-    """A one-rollout group's advantage: `zero` (TRL) or `reward` (verl: R itself)."""
-    truncated: str = "train"
-    """Trajectories cut at max_turns, the context limit, the timeout or the budget: `train` them with their
-    outcome reward, or `mask` them (in the group's statistics, no loss: DAPO's overlong filtering)."""
 
 
 @dataclass

@@ -183,7 +183,7 @@ def informative_groups(judged: Path, train: TrainConfig) -> tuple[int, int]:
         if trajectory.reward is not None:
             outcomes.setdefault(trajectory.group_id or trajectory.id, []).append(trajectory.reward > 0)
     rates = [sum(passed) / len(passed) for passed in outcomes.values()]
-    return sum(keep_group(rate, train.min_pass_rate, train.max_pass_rate) for rate in rates), len(rates)
+    return sum(keep_group(rate, train.groups.min_pass_rate, train.groups.max_pass_rate) for rate in rates), len(rates)
 
 
 # ---------------------------------------------------------------- drawing questions

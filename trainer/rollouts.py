@@ -1,11 +1,12 @@
 """The batch of rollouts a `train` call trains on: the judged files read and checked (their sampling
-settings must be what the trainer computes), turned into rows (`batches.samples_from`), summarised for the
-curves, and cut into optimizer steps."""
+settings must be what the trainer computes), turned into rows by GRPO's group rule (`GroupRule`,
+`batches.samples_from`), summarised for the curves, and cut into optimizer steps."""
 
 from __future__ import annotations
 
 import json
 import random
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from nanbeige.agent.trajectory import load_trajectories
@@ -15,9 +16,33 @@ if TYPE_CHECKING:
     from nanbeige.trainer.train import TrainConfig
 
 
+# Runs cut before they could answer: with `truncated="mask"` they get no loss (DAPO's overlong filtering),
+# since their 0 reward says the run was too long, not that what it did was wrong.
+TRUNCATED = ("max_turns", "context_limit", "timeout", "budget")
+
+
+@dataclass
+class GroupRule:
+    """How GRPO turns a group's rewards into advantages, and which groups and trajectories train."""
+
+    lam: float = 1.0
+    """Weight of the turn-level advantage: A = A_outcome + lam * A_turn (0: plain GRPO)."""
+    min_pass_rate: float = 0.1
+    """Groups passing less often are dropped (every rollout failed: nothing to compare)."""
+    max_pass_rate: float = 0.9
+    """Groups passing more often are dropped."""
+    std: str = "sample"
+    """The std advantages are divided by: `sample` (GRPO, verl, TRL), `population`, or `none` (Dr.GRPO)."""
+    single: str = "zero"
+    """A one-rollout group's advantage: `zero` (TRL) or `reward` (verl: R itself)."""
+    truncated: str = "train"
+    """Trajectories cut at max_turns, the context limit, the timeout or the budget: `train` them with their
+    outcome reward, or `mask` them (in the group's statistics, no loss: DAPO's overlong filtering)."""
+
+
 def read_samples(config: TrainConfig) -> tuple[list[Any], dict[str, Any], float]:
     """The training rows of every file, the data summary, and the sampling temperature they share."""
-    from nanbeige.trainer.batches import GroupRule, samples_from
+    from nanbeige.trainer.batches import samples_from
 
     trajectories = []
     for path in config.data:
@@ -33,15 +58,13 @@ def read_samples(config: TrainConfig) -> tuple[list[Any], dict[str, Any], float]
         raise TrainError(f"the trajectories were sampled at different temperatures {sorted(temperatures)}; the "
                          "trainer's logprobs must use the sampler's, so train on one temperature at a time")
     try:
-        rule = GroupRule(lam=config.lam, min_pass_rate=config.min_pass_rate, max_pass_rate=config.max_pass_rate,
-                         std=config.advantage_std, single=config.single_rollout, truncated=config.truncated)
-        samples, summary = samples_from(trajectories, objective=config.objective, rule=rule)
+        samples, summary = samples_from(trajectories, objective=config.objective, rule=config.groups)
     except ValueError as exc:  # a token record that does not check out: training on it would be wrong
         raise TrainError(f"a trajectory's token record is inconsistent ({exc}); it cannot be trained on") from None
     summary["rollouts"] = rollout_summary(trajectories)
     if not samples:
         raise TrainError(f"nothing to train on: {json.dumps(summary)} (GRPO keeps groups whose pass rate is between "
-                         f"{config.min_pass_rate} and {config.max_pass_rate}; check the outcome rewards)")
+                         f"{config.groups.min_pass_rate} and {config.groups.max_pass_rate}; check the outcome rewards)")
     return samples, summary, float(temperatures.pop() or 1.0) if temperatures else 1.0
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from nanbeige.trainer.checkpoints import drop_metrics_after, latest_checkpoint, save_checkpoint
 from nanbeige.trainer.metrics import MetricsLog
-from nanbeige.trainer.rollouts import plan_steps, read_samples
+from nanbeige.trainer.rollouts import GroupRule, plan_steps, read_samples
 from nanbeige.trainer.start_policy import start_policy
 from nanbeige.trainer.model import (TrainError, World, all_max, all_sum, compute_precision, join_world, load_model,
                                     mfu, parameter_count)
@@ -64,19 +64,9 @@ class TrainConfig:
     """AdamW weight decay."""
     max_grad_norm: float = 1.0
     """Gradients are clipped to this global norm."""
-    lam: float = 1.0
-    """Weight of the turn-level advantage: A = A_outcome + lam * A_turn (0: plain GRPO)."""
-    min_pass_rate: float = 0.1
-    """Groups whose pass rate is below this teach nothing (every rollout failed): dropped."""
-    max_pass_rate: float = 0.9
-    """Groups whose pass rate is above this teach nothing (every rollout passed): dropped."""
-    advantage_std: str = "sample"
-    """The std GRPO divides advantages by: `sample` (the GRPO paper, verl, TRL), `population` or `none` (Dr.GRPO)."""
-    single_rollout: str = "zero"
-    """The advantage of a group left with one rollout: `zero` (TRL) or `reward` (verl: R itself)."""
-    truncated: str = "train"
-    """Trajectories cut at max_turns, the context limit, the timeout or the budget: `train` on them with their
-    outcome reward, or `mask` them (DAPO's overlong filtering: in the group's statistics, no loss)."""
+    groups: GroupRule = field(default_factory=GroupRule)
+    """GRPO's groups: which train (the pass-rate band), how their rewards become advantages (λ, the std,
+    a one-rollout group) and whether truncated rollouts train."""
     clip_low: float = 0.2
     """Lower clip of the ratio: 1 - clip_low."""
     clip_high: float = 0.28
@@ -247,8 +237,7 @@ def step_metrics(metrics: list[dict[str, float]], world: World) -> dict[str, flo
 # ---------------------------------------------------------------- the run
 
 
-RESUME_KEYS = ("objective", "seed", "step_tokens", "micro_tokens", "lora_rank", "steps", "epochs", "data", "lam",
-               "min_pass_rate", "max_pass_rate", "advantage_std", "single_rollout", "truncated")
+RESUME_KEYS = ("objective", "seed", "step_tokens", "micro_tokens", "lora_rank", "steps", "epochs", "data", "groups")
 
 
 def saved_state(checkpoint: Path, config: TrainConfig, world: World) -> dict[str, Any]:
