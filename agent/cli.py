@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import typer
 from rich.markup import escape
 
-from nanbeige.agent import commands, research, rl_commands, settings_file
+from nanbeige.agent import commands, research, rl_commands, settings_file, train_commands
 from nanbeige.agent import options as o
 from nanbeige.agent.config import BackendConfig, RunSettings, ToolsConfig
 from nanbeige.agent.console import SafeConsole, err, fail, hide, out, out_json, shown
@@ -309,7 +309,7 @@ app.command("collect")(rl_commands.collect)
 app.command("judge")(rl_commands.judge)
 app.command("synth")(rl_commands.synth)
 # `train` trains; `train report RUN_DIR` draws a run's curves
-app.add_typer(rl_commands.train_app, name="train")
+app.add_typer(train_commands.train_app, name="train")
 # The command list shows each command's first paragraph as one line: left to itself it keeps the docstring's
 # line breaks, which cut the list's descriptions mid-sentence.
 for _command in app.registered_commands:
