@@ -200,7 +200,7 @@ def test_pi_old_is_held_over_the_batch_of_rollouts_so_the_clip_binds(tiny: Path,
     first = lines[0]["metrics"]
     assert first["drift_from_start"] < 1e-6 and first["clip_frac"] == 0  # the first step starts at π_old
     # rollouts sampled in process with the temperature alone (collect's default): the trainer's policy exactly
-    assert first["start_drift_from_rollout"] < 1e-4 and abs(first["tis_weight_mean"] - 1) < 1e-3
+    assert first["start_drift_from_rollout"] < 1e-5 and abs(first["tis_weight_mean"] - 1) < 1e-4
     assert lines[-1]["metrics"]["drift_from_start"] > 0.01  # π moved away from π_old, which stayed put ...
     assert max(line["metrics"]["clip_frac"] for line in lines[1:]) > 0  # ... so the trust region binds
     assert (tmp_path / "out" / "start-logprobs.pt").exists()
