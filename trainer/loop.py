@@ -54,7 +54,6 @@ SYNCS = ("lora", "weights", "none")
 STAGES = {"collected": "collect", "judged": "judge", "trained": "train", "synced": "sync"}  # done -> the stage
 
 
-
 class LoopError(Exception):
     """A stage of the loop failed, or the loop is misconfigured; one line naming the fix."""
 
