@@ -160,7 +160,8 @@ async def judge_stage(config: LoopConfig, state: dict[str, Any], iteration: int,
     while True:
         summary = await judge_file(folder / "rollouts.jsonl", folder / "judged.jsonl", config.judge, notice)
         informative, groups = informative_groups(folder / "judged.jsonl", config.train)
-        draws = -(-drawn(folder) // (config.questions_per_iteration or max(1, drawn(folder))))
+        have = drawn(folder)
+        draws = -(-have // (config.questions_per_iteration or max(1, have)))
         if informative >= config.min_informative_groups or draws >= config.max_draws \
                 or not draw_questions(config, iteration, folder):
             break

@@ -157,7 +157,6 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    torch.set_num_threads(torch.get_num_threads())
     with tempfile.TemporaryDirectory() as tmp:
         folder = model_folder(args.model, Path(tmp))
         import transformers
