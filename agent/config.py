@@ -50,8 +50,10 @@ class ToolsConfig:
     start_timeout_s: float = 60.0
     """Seconds a tool server may take to start and list its tools."""
     max_restarts: int = 1
-    """Times one run may restart a stdio server that died or hangs; after that its calls to the
-    server come back at once as errors, and the run goes on."""
+    """Times in a row one run may restart a stdio server that died or hangs; a row ends once the
+    restarted server has answered 10 of the run's calls (`restarts.RESTART_CREDIT_CALLS`), so a server
+    that crashes now and then is restarted as long as it works in between. Once spent, the run's calls
+    to the server come back at once as errors, and the run goes on."""
     upload_dirs: list[Path] = field(default_factory=list)
     """Local folders, besides those in NANBEIGE_SANDBOX_UPLOAD_DIRS (default the working directory),
     that the Python sandbox may upload files from (an eval's attachments)."""

@@ -26,6 +26,7 @@ from nanbeige.agent.context import (History, duplicate_note, estimate_tokens, qu
                                     release_unseen_results, repeated_call, step_back, used_query)
 from nanbeige.agent.llm import LLM, Completion, ContextOverflow, ModelError, served_by
 from nanbeige.agent.replies import EXTRA_ATTEMPTS, RESAMPLES
+from nanbeige.agent.restarts import Restarts
 from nanbeige.agent.restore import rebuild, reopen
 from nanbeige.agent.tokens import TokenTracker
 from nanbeige.agent.trajectory import (ToolResult, Trajectory, TrajectoryWriteError, TrajectoryWriter, Turn,
@@ -125,8 +126,8 @@ class Run:
     conversation: Any
     """The model backend's state for this conversation (see `LLM.new_conversation`)."""
     tracker: TokenTracker = dataclasses.field(default_factory=TokenTracker)
-    restarts: dict[str, int] = dataclasses.field(default_factory=dict)
-    """Tool server restarts this run has used, by server."""
+    restarts: Restarts = dataclasses.field(default_factory=Restarts)
+    """This run's budget of tool-server restarts."""
     turns_counted: tuple[int, int] = (0, 0)
     """How many of the trajectory's turns were counted against max_turns, and how many of those
     count (rolled-back replies do not): counting only the new ones keeps a turn's cost flat."""

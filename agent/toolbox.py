@@ -28,6 +28,7 @@ from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT, TextContent
 
 from nanbeige.agent.lifeline import tied_to_this_process
 from nanbeige.agent.cache import ToolCache
+from nanbeige.agent.restarts import RESTART_CREDIT_CALLS, Restarts
 from nanbeige.agent.trajectory import ToolCall, ToolResult, redact, usable_secrets
 
 # Environment passed on to stdio servers: backend settings, and API keys only to our own servers.
@@ -236,7 +237,7 @@ class Toolbox:
             if not cursor:
                 return tools
 
-    async def _restart(self, server: str, dead: Client | None, restarts: dict[str, int]) -> None:
+    async def _restart(self, server: str, dead: Client | None, restarts: Restarts) -> None:
         """Restart a server whose client `dead` failed, unless another run already did (then the new
         connection serves this run too and its budget is untouched)."""
         async with self._restarting.setdefault(server, asyncio.Lock()):
@@ -244,7 +245,7 @@ class Toolbox:
                 raise ToolboxError("the toolbox is closed")
             if server in self._clients and self._clients[server] is not dead:
                 return
-            restarts[server] = restarts.get(server, 0) + 1
+            restarts.restarted(server)
             await self._disconnect(server)
             await self._connect(self.specs[server])
 
@@ -254,9 +255,9 @@ class Toolbox:
         available = ", ".join(f"{t['name']} (server {t['server']})" for t in self.tools) or "none"
         return f"Unknown tool: {call.name!r} on server {call.server!r}. Available tools: {available}."
 
-    async def call(self, call: ToolCall, restarts: dict[str, int] | None = None) -> ToolResult:
+    async def call(self, call: ToolCall, restarts: Restarts | None = None) -> ToolResult:
         """Run one tool call. Never raises for anything the model could fix or the server did.
-        `restarts` is the calling run's own count of server restarts (a fresh one when None). With a
+        `restarts` is the calling run's own restart budget (a fresh one when None). With a
         cache in replay mode, a call it holds no result for raises `ReplayMiss`."""
         started = time.perf_counter()
         unknown = self._unknown(call)
@@ -266,7 +267,7 @@ class Toolbox:
         if cached is not None:  # a cache hit costs nothing
             text, is_error, cost = *cached, None
         else:
-            text, is_error, cost = await self._call_with_restart(call, {} if restarts is None else restarts)
+            text, is_error, cost = await self._call_with_restart(call, Restarts() if restarts is None else restarts)
         answered = cached is None and not text.startswith(failure_prefix(call))  # not a timeout, nor a dead server
         text = defuse_control_tokens(redact(text, self.secrets))
         if self.cache is not None and answered:  # recorded before the cut, so that any result size limit can be served
@@ -275,7 +276,7 @@ class Toolbox:
         return ToolResult(text=text, is_error=is_error, latency_s=time.perf_counter() - started, truncated=truncated,
                           usage=cost, cached=cached is not None)
 
-    async def _call_with_restart(self, call: ToolCall, restarts: dict[str, int]) -> tuple[str, bool, dict | None]:
+    async def _call_with_restart(self, call: ToolCall, restarts: Restarts) -> tuple[str, bool, dict | None]:
         client = self._clients.get(call.server)
         if client is None:  # being restarted by another run: wait for it to finish
             async with self._restarting.setdefault(call.server, asyncio.Lock()):
@@ -289,6 +290,7 @@ class Toolbox:
             try:
                 answer = await self._call_once(call, client)
                 self._timeouts[call.server] = 0
+                restarts.answered_call(call.server)
                 return answer
             except MCPError as exc:
                 if exc.code == REQUEST_TIMEOUT:
@@ -306,15 +308,16 @@ class Toolbox:
         return await self._after_failure(call, client, failure, timed_out, restarts)
 
     async def _after_failure(self, call: ToolCall, client: Client | None, failure: BaseException, timed_out: str,
-                             restarts: dict[str, int]) -> tuple[str, bool, None]:
+                             restarts: Restarts) -> tuple[str, bool, None]:
         """The server died or hangs: restart it if this run's budget allows, and say what happened."""
         failed = failure_prefix(call) + (timed_out + "; " if timed_out else "")
         hung = client is not None and self._hung.get(call.server) is client
-        spent = restarts.get(call.server, 0)
+        spent = restarts.spent(call.server)
         if spent >= self.max_restarts and self._clients.get(call.server) is client:
             state = "is not responding" if hung else f"is not available ({_describe(failure)})"
             times = "once" if spent == 1 else f"{spent} times"
-            return failed + f"the server {state}; it was already restarted {times} in this run.", True, None
+            return failed + (f"the server {state}; it was already restarted {times} in this run without answering "
+                             f"{RESTART_CREDIT_CALLS} calls in between."), True, None
         try:  # shielded: a run cancelled mid-restart must not leave the server half-started for the others
             await asyncio.shield(self._restart(call.server, client, restarts))
         except Exception as exc:

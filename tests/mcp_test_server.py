@@ -4,7 +4,7 @@ Tools: echo, add, fail (a tool error), slow (sleeps), crash (the process dies), 
 stops answering anything), big (a long result), env_has (whether an environment variable reached
 the server), env_value (its value: what a hostile server could send on), shout (writes its text to
 the server's stderr, the tool servers' log), pid, page (about 700 characters of words, like a search result,
-the same for the same topic)."""
+the same for the same topic), flaky (answers, except that every Nth call kills the process)."""
 
 from __future__ import annotations
 
@@ -95,6 +95,19 @@ def shout(text: str) -> str:
 def pid() -> str:
     """The server's process id."""
     return str(os.getpid())
+
+
+calls_to_flaky = 0
+
+
+@server.tool()
+def flaky(every: int, text: str) -> str:
+    """Answer with the process id, the call's count and the text; the `every`-th call kills the process."""
+    global calls_to_flaky
+    calls_to_flaky += 1
+    if calls_to_flaky % every == 0:
+        os._exit(3)
+    return f"{os.getpid()} {calls_to_flaky} {text}"
 
 
 if __name__ == "__main__":

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 from conftest import TEST_SERVER
-from fake_openai import mcp_answer, mcp_call
+from fake_openai import FakeOpenAI, Reply, mcp_answer, mcp_call
 
 from nanbeige.agent.context import estimate_tokens
-from nanbeige.agent.llm import Completion
+from nanbeige.agent.llm import Completion, LLMConfig, OpenAIChat
 from nanbeige.agent.loop import RELEASED, AgentConfig, run
 from nanbeige.agent.scripted import ScriptedLLM
 from nanbeige.agent.toolbox import ServerSpec, Toolbox
@@ -86,3 +86,41 @@ async def test_rolled_back_replies_do_not_use_up_turns(tmp_path: Path) -> None:
         trajectory = await run("q", llm, toolbox, AgentConfig(max_turns=3, summary_turn=False))
     assert [turn.rolled_back for turn in trajectory.turns] == [False, True, False, True, True, False, False]
     assert (trajectory.stop_reason, trajectory.answer) == ("max_turns", "late")
+
+
+async def test_600_turns_through_a_crashing_tool_server_and_a_restarting_model_server(tmp_path: Path) -> None:
+    """The tool server dies on every 50th call and the model server goes down twice mid-run: every turn
+    still happens, the only error results are the 12 crashes (each says the server was restarted), and
+    every call after a restart is answered by the new server, in the trajectory file as in memory."""
+    holder: dict[str, FakeOpenAI] = {}
+    requests = iter(range(10**6))
+
+    def reply(request: dict) -> Reply | str:
+        if next(requests) in (200, 400):
+            holder["server"].outage(1.0)  # this request is cut; the next ones are refused for a second
+            return Reply(content="never sent")
+        step = sum(m["role"] == "assistant" for m in request["messages"])
+        if step >= TURNS:
+            return mcp_answer("done")
+        return mcp_call("testkit", "flaky", {"every": 50, "text": f"step {step}"}, thought=f"Step {step}.")
+
+    config = AgentConfig(max_turns=TURNS + 1, summary_turn=False)
+    with FakeOpenAI(reply) as server:
+        holder["server"] = server
+        llm = OpenAIChat(LLMConfig(base_url=server.base_url, model="fake-model", retry_wait_s=0.05,
+                                   max_retry_wait_s=0.5, max_retry_s=60.0))
+        writer = TrajectoryWriter(tmp_path / "run.jsonl")
+        async with Toolbox([ServerSpec(name="testkit", command=TEST_SERVER)]) as toolbox:
+            trajectory = await run("q", llm, toolbox, config, writer)
+        writer.close()
+        await llm.aclose()
+    assert (trajectory.stop_reason, trajectory.answer) == ("answered", "done"), trajectory.error
+    [saved] = load_trajectories(tmp_path / "run.jsonl")
+    results = [(turn.tool_calls[0].arguments["text"], turn.tool_results[0]) for turn in saved.turns if turn.tool_calls]
+    assert [text for text, _ in results] == [f"step {step}" for step in range(TURNS)]
+    crashes = [result for _, result in results if result.is_error]
+    assert len(crashes) == TURNS // 50 and all("was restarted" in r.text for r in crashes)
+    answered = [(text, result.text.split(" ", 2)) for text, result in results if not result.is_error]
+    assert all(said == text for text, (_, _, said) in answered)  # each a real answer to its own call
+    assert len({pid for _, (pid, _, _) in answered}) == len(crashes)  # the 600th call is the 12th server's last
+    assert len(server.requests) >= TURNS + 1 + 2

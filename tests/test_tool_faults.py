@@ -12,6 +12,7 @@ from conftest import TEST_SERVER
 from fake_openai import mcp_answer, mcp_call
 
 from nanbeige.agent.loop import AgentConfig, run
+from nanbeige.agent.restarts import RESTART_CREDIT_CALLS, Restarts
 from nanbeige.agent.scripted import ScriptedLLM
 from nanbeige.agent.toolbox import ServerSpec, Toolbox
 from nanbeige.agent.trajectory import ToolCall
@@ -84,18 +85,18 @@ async def test_a_server_that_hangs_is_restarted_and_then_fails_fast() -> None:
 async def test_a_run_whose_budget_is_spent_does_not_take_the_tools_from_the_others() -> None:
     async with Toolbox([ServerSpec(name="testkit", command=TEST_SERVER)], max_restarts=1,
                        call_timeout_s=CALL_TIMEOUT_S) as toolbox:
-        spent: dict[str, int] = {}
+        spent = Restarts()
         await toolbox.call(ToolCall("testkit", "hang", {}), spent)  # restarted, with run one's budget
         hung = await toolbox.call(ToolCall("testkit", "hang", {}), spent)  # hangs it again: not restarted
         assert "not responding" in hung.text
-        others = [{} for _ in range(3)]
+        others = [Restarts() for _ in range(3)]
         answers = await asyncio.gather(*(toolbox.call(ToolCall("testkit", "echo", {"text": "hi"}), budget)
                                          for budget in others))
         # one of the other runs restarted it; the call that saw it hung is told to call again
         again = await asyncio.gather(*(toolbox.call(ToolCall("testkit", "echo", {"text": "hi"}), budget)
                                        for budget in others))
         still = await toolbox.call(ToolCall("testkit", "echo", {"text": "hi"}), spent)
-    assert sum(budget.get("testkit", 0) for budget in others) == 1 and spent == {"testkit": 1}
+    assert sum(budget.total.get("testkit", 0) for budget in others) == 1 and spent.total == {"testkit": 1}
     assert all(answer.is_error for answer in answers)
     assert [answer.text for answer in again] == ["hi"] * 3
     # the server others restarted serves it too, at once: a call sent to the hung one would have waited out
@@ -114,3 +115,32 @@ async def test_a_server_whose_calls_keep_timing_out_is_restarted_though_it_still
     assert [("timed out after 2 s" in r.text, "restarted" in r.text) for r in stuck] == [
         (True, False), (True, False), (True, True)]
     assert after.isdigit() and after != before
+
+
+async def test_a_server_that_crashes_now_and_then_is_restarted_for_as_long_as_it_works_in_between() -> None:
+    """The budget follows progress: once a restarted server has answered RESTART_CREDIT_CALLS calls, its
+    next crash is restarted again, however many came before (a budget of one restart per run would
+    have left the run without the tool after the second crash)."""
+    every = RESTART_CREDIT_CALLS + 2
+    budget = Restarts()
+    async with Toolbox([ServerSpec(name="testkit", command=TEST_SERVER)], max_restarts=1) as toolbox:
+        texts = [(await toolbox.call(ToolCall("testkit", "flaky", {"every": every, "text": "t"}), budget)).text
+                 for _ in range(4 * every)]
+    crashes = [text for text in texts if not text.endswith(" t")]
+    assert len(crashes) == 4 and all("was restarted" in text for text in crashes)
+    assert budget.total == {"testkit": 4}
+    answered = [text.split() for text in texts if text.endswith(" t")]
+    assert len(answered) == 4 * (every - 1) and len({pid for pid, _, _ in answered}) == 4
+
+
+async def test_a_server_that_dies_again_before_making_progress_stops_being_restarted() -> None:
+    """Restarts in a row without RESTART_CREDIT_CALLS answers between them use up the budget."""
+    every = RESTART_CREDIT_CALLS - 2
+    budget = Restarts()
+    async with Toolbox([ServerSpec(name="testkit", command=TEST_SERVER)], max_restarts=2) as toolbox:
+        texts = [(await toolbox.call(ToolCall("testkit", "flaky", {"every": every, "text": "t"}), budget)).text
+                 for _ in range(4 * every)]
+    assert budget.total == {"testkit": 2}
+    first_refusal = next(i for i, text in enumerate(texts) if "already restarted" in text)
+    assert first_refusal == 3 * every - 1  # the third crash: two restarts in a row, no progress between
+    assert all("already restarted 2 times in this run without answering" in text for text in texts[first_refusal:])

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import TEST_SERVER, free_port, wait_for_http
 
+from nanbeige.agent.restarts import Restarts
 from nanbeige.agent.toolbox import ServerSpec, Toolbox, ToolboxError, parse_server_spec, passed_env
 from nanbeige.agent.trajectory import ToolCall
 
@@ -66,8 +67,7 @@ async def test_long_results_are_cut_with_a_visible_marker() -> None:
 
 
 async def test_a_server_that_dies_is_restarted_once_per_run() -> None:
-    run_a: dict[str, int] = {}  # each run's own restart budget
-    run_b: dict[str, int] = {}
+    run_a, run_b = Restarts(), Restarts()  # each run's own restart budget
     async with Toolbox([stdio_spec()]) as toolbox:
         first_pid = (await toolbox.call(ToolCall("testkit", "pid", {}), run_a)).text
         crashed = await toolbox.call(ToolCall("testkit", "crash", {}), run_a)
@@ -81,7 +81,7 @@ async def test_a_server_that_dies_is_restarted_once_per_run() -> None:
         revived = await toolbox.call(ToolCall("testkit", "echo", {"text": "y"}), run_b)
         assert "was restarted" in revived.text
         assert (await toolbox.call(ToolCall("testkit", "echo", {"text": "z"}), run_b)).text == "z"
-    assert run_a == {"testkit": 1} and run_b == {"testkit": 1}
+    assert run_a.total == {"testkit": 1} and run_b.total == {"testkit": 1}
 
 
 async def test_runs_that_see_the_same_death_restart_the_server_once() -> None:
@@ -89,11 +89,11 @@ async def test_runs_that_see_the_same_death_restart_the_server_once() -> None:
         pid = int((await toolbox.call(ToolCall("testkit", "pid", {}))).text)
         os.kill(pid, 9)
         time.sleep(0.2)
-        budgets: list[dict[str, int]] = [{} for _ in range(4)]
+        budgets = [Restarts() for _ in range(4)]
         lost = await asyncio.gather(*(toolbox.call(ToolCall("testkit", "echo", {"text": "lost"}), budget)
                                       for budget in budgets))
         assert all(result.is_error and "Make the call again" in result.text for result in lost)
-        assert sum(budget.get("testkit", 0) for budget in budgets) == 1  # one restart, by one run
+        assert sum(budget.total.get("testkit", 0) for budget in budgets) == 1  # one restart, by one run
         assert (await toolbox.call(ToolCall("testkit", "echo", {"text": "back"}), budgets[1])).text == "back"
 
 
@@ -193,8 +193,9 @@ def test_server_specs_from_the_command_line() -> None:
 
 async def test_a_run_cancelled_while_it_restarts_a_server_leaves_it_working_for_the_others() -> None:
     async with Toolbox([stdio_spec()]) as toolbox:
-        spent: dict[str, int] = {"testkit": 1}  # a run that already used its one restart
-        dying = asyncio.create_task(toolbox.call(ToolCall("testkit", "crash", {}), {}))
+        spent = Restarts()
+        spent.restarted("testkit")  # a run that already used its one restart
+        dying = asyncio.create_task(toolbox.call(ToolCall("testkit", "crash", {}), Restarts()))
         while not (toolbox._restarting.get("testkit") and toolbox._restarting["testkit"].locked()):
             await asyncio.sleep(0.01)
         dying.cancel()  # e.g. that run's --timeout ran out mid-restart
