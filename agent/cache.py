@@ -2,9 +2,16 @@
 results again (`--cache PATH`), or serves only from it (`--replay`).
 
 A row is keyed by server, tool and the canonical JSON of the arguments (sorted keys, no spaces), and
-holds the text the tool answered (secrets already taken out, before the cut to the result size limit,
-so a run with another `--max-result-chars` reads what a live call would have given it), whether it
-was an error, whether it succeeded, and when it was recorded.
+holds the text the tool answered (before the cut to the result size limit, so a run with another
+`--max-result-chars` reads what a live call would have given it), whether it was an error, whether it
+succeeded, when it was recorded, and its origin: the name and version the server gave for itself and
+a digest of the tool's description and schema. Secrets are taken out of every column (the arguments
+too: a model may quote a key), so the file holds no key the runtime knows.
+
+A cache file is untrusted input like any other: a row whose columns have the wrong types is never
+served (a live run calls the tool instead and records a good row; a replay stops, naming the row), and
+a row recorded from another server, or another version of the server or of its tool, is not served
+either: a live run calls the tool again, a replay stops and says which origin the row came from.
 
 What is recorded: every answer a tool gave, its own error results included (a 404 page, bad
 arguments). What is not: calls that got no answer (a timeout, a server that stopped: the runtime
@@ -33,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the origin column
 BUSY_TIMEOUT_S = 60.0
 UNCACHED_SERVERS = ("tool-python",)
 """Servers whose calls are never recorded or served: their results depend on state and effects."""
@@ -46,6 +53,7 @@ SCHEMA = """CREATE TABLE IF NOT EXISTS tool_results (
     is_error INTEGER NOT NULL,
     succeeded INTEGER NOT NULL,
     recorded_at REAL NOT NULL,
+    origin TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (server, tool, arguments)
 ) WITHOUT ROWID"""
 
@@ -75,6 +83,19 @@ def succeeded(text: str, is_error: bool) -> bool:
         return True
 
 
+def malformed(row: tuple) -> str:
+    """What is wrong with a row's columns, or "" (SQLite keeps whatever type a writer gave a column)."""
+    text, is_error, ok, origin = row
+    if type(text) is not str:
+        return f"its text is {type(text).__name__}, not text"
+    for name, flag in (("is_error", is_error), ("succeeded", ok)):
+        if type(flag) is not int or flag not in (0, 1):
+            return f"its {name} is {flag!r}, not 0 or 1"
+    if type(origin) is not str:
+        return f"its origin is {type(origin).__name__}, not text"
+    return ""
+
+
 class ToolCache:
     """One cache file, shared by every run of a command. Open with `await ToolCache.open(...)`."""
 
@@ -101,34 +122,46 @@ class ToolCache:
             raise
         return cache
 
-    async def lookup(self, server: str, tool: str, arguments: dict[str, Any]) -> tuple[str, bool] | None:
+    async def lookup(self, server: str, tool: str, arguments: dict[str, Any],
+                     origin: str = "") -> tuple[str, bool] | None:
         """The recorded (text, is_error) to serve for this call, or None to call the tool. Replay raises
-        `ReplayMiss` where a live run would call the tool."""
+        `ReplayMiss` where a live run would call the tool. `origin` is the live server's (see `put`)."""
         if server in UNCACHED_SERVERS:
             return None
         key = canonical_arguments(arguments)
+        shown = key if len(key) <= 500 else key[:500] + "…"
         try:
             row = await self._run(self.get, server, tool, key)
         except sqlite3.Error as exc:  # a live run goes on without the cache; a replay cannot
             if self.replay:
                 raise ReplayMiss(f"--replay: cannot read the cache {self.path}: {exc}") from None
             row = self._failed(exc)
-        if row is not None and (self.replay or row[2]):
+        unusable = row is not None and (malformed(row) or self._foreign(row, origin))
+        if unusable and self.replay:
+            raise ReplayMiss(f"--replay: the cache {self.path} holds an answer for {tool} on server {server} with "
+                             f"arguments {shown} that cannot be served: {unusable}")
+        if row is not None and not unusable and (self.replay or row[2]):
             self.hits += 1
-            return row[0], row[1]
+            return row[0], bool(row[1])
         if self.replay:
-            shown = key if len(key) <= 500 else key[:500] + "…"
             raise ReplayMiss(f"--replay: the cache {self.path} holds no answer for {tool} on server {server} "
                              f"with arguments {shown}")
         self.misses += 1
         return None
 
-    async def record(self, server: str, tool: str, arguments: dict[str, Any], text: str, is_error: bool) -> None:
+    def _foreign(self, row: tuple, origin: str) -> str:
+        if row[3] == origin:
+            return ""
+        recorded = f"recorded from {row[3]!r}" if row[3] else "recorded with no origin (an older nanbeige)"
+        return f"it was {recorded}, and the server now is {origin!r}"
+
+    async def record(self, server: str, tool: str, arguments: dict[str, Any], text: str, is_error: bool,
+                     origin: str = "") -> None:
         """Record a tool's answer (the newest answer replaces an older one)."""
         if server in UNCACHED_SERVERS or self.replay:
             return
         try:
-            await self._run(self.put, server, tool, canonical_arguments(arguments), text, is_error)
+            await self._run(self.put, server, tool, canonical_arguments(arguments), text, is_error, origin)
         except sqlite3.Error as exc:  # the answer is good all the same: the run goes on with it
             self._failed(exc)
 
@@ -185,18 +218,21 @@ class ToolCache:
             raise sqlite3.DatabaseError(f"it was written by a newer nanbeige (format {version})")
         if not tables:
             self._db.execute(SCHEMA)
+        elif version < SCHEMA_VERSION:  # format 1 had no origin: its rows read as recorded from no server
+            self._db.execute("ALTER TABLE tool_results ADD COLUMN origin TEXT NOT NULL DEFAULT ''")
+        if version != SCHEMA_VERSION:
             self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
-    def get(self, server: str, tool: str, key: str) -> tuple[str, bool, bool] | None:
+    def get(self, server: str, tool: str, key: str) -> tuple | None:
+        """The row's (text, is_error, succeeded, origin), as the file holds them (see `malformed`)."""
         assert self._db is not None
-        row = self._db.execute("SELECT text, is_error, succeeded FROM tool_results "
-                               "WHERE server = ? AND tool = ? AND arguments = ?", (server, tool, key)).fetchone()
-        return None if row is None else (row[0], bool(row[1]), bool(row[2]))
+        return self._db.execute("SELECT text, is_error, succeeded, origin FROM tool_results "
+                                "WHERE server = ? AND tool = ? AND arguments = ?", (server, tool, key)).fetchone()
 
-    def put(self, server: str, tool: str, key: str, text: str, is_error: bool) -> None:
+    def put(self, server: str, tool: str, key: str, text: str, is_error: bool, origin: str) -> None:
         assert self._db is not None
-        self._db.execute("INSERT OR REPLACE INTO tool_results VALUES (?, ?, ?, ?, ?, ?, ?)",
-                         (server, tool, key, text, int(is_error), int(succeeded(text, is_error)), time.time()))
+        self._db.execute("INSERT OR REPLACE INTO tool_results VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                         (server, tool, key, text, int(is_error), int(succeeded(text, is_error)), time.time(), origin))
 
     def _close(self) -> None:
         if self._db is not None:

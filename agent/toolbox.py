@@ -14,6 +14,8 @@ cannot start at all is an error for the user.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import os
 import re
 import shlex
@@ -164,6 +166,7 @@ class Toolbox:
         self._timeouts: dict[str, int] = {}  # calls in a row that timed out, by server
         self.cache = cache
         """Tool results recorded and served again (see cache.py); shared like the connections."""
+        self._origins: dict[tuple[str, str], str] = {}  # (server, tool): where its results come from
 
     def settings(self) -> dict[str, Any]:
         """The settings that shape what the model reads, for the trajectory."""
@@ -228,14 +231,18 @@ class Toolbox:
             await asyncio.gather(task, return_exceptions=True)
 
     async def _list_tools(self, server: str) -> list[dict[str, Any]]:
+        client = self._clients[server]
         tools, cursor = [], None
         while True:
-            page = await self._clients[server].list_tools(cursor=cursor)
+            page = await client.list_tools(cursor=cursor)
             tools += [{"server": server, "name": t.name, "description": t.description or "",
                        "input_schema": t.input_schema} for t in page.tools]
             cursor = page.next_cursor
             if not cursor:
-                return tools
+                break
+        for tool in tools:
+            self._origins[server, tool["name"]] = origin(client.server_info, tool)
+        return tools
 
     async def _restart(self, server: str, dead: Client | None, restarts: Restarts) -> None:
         """Restart a server whose client `dead` failed, unless another run already did (then the new
@@ -263,7 +270,9 @@ class Toolbox:
         unknown = self._unknown(call)
         if unknown:
             return ToolResult(text=unknown, is_error=True)
-        cached = await self.cache.lookup(call.server, call.name, call.arguments) if self.cache is not None else None
+        # the cache's key holds no secret either: a model may quote a key in its arguments
+        arguments, where = redact_values(call.arguments, self.secrets), self._origins.get((call.server, call.name), "")
+        cached = await self.cache.lookup(call.server, call.name, arguments, where) if self.cache is not None else None
         if cached is not None:  # a cache hit costs nothing
             text, is_error, cost = *cached, None
         else:
@@ -271,7 +280,7 @@ class Toolbox:
         answered = cached is None and not text.startswith(failure_prefix(call))  # not a timeout, nor a dead server
         text = defuse_control_tokens(redact(text, self.secrets))
         if self.cache is not None and answered:  # recorded before the cut, so that any result size limit can be served
-            await self.cache.record(call.server, call.name, call.arguments, text, is_error)
+            await self.cache.record(call.server, call.name, arguments, text, is_error, where)
         text, truncated = truncate(text, self.max_result_chars)
         return ToolResult(text=text, is_error=is_error, latency_s=time.perf_counter() - started, truncated=truncated,
                           usage=cost, cached=cached is not None)
@@ -355,6 +364,25 @@ class Toolbox:
         for name in self.specs:
             async with self._restarting.setdefault(name, asyncio.Lock()):  # after a restart in flight
                 await self._disconnect(name)
+
+
+def origin(info: Any, tool: dict[str, Any]) -> str:
+    """Where a tool's results come from, for the cache: the name and version the server gave for itself
+    and a digest of the tool's description and schema (a tool that changed may answer differently)."""
+    about = json.dumps([tool["description"], tool["input_schema"]], sort_keys=True, default=str)
+    server = f"{info.name} {info.version}".strip() if info is not None else "an unnamed server"
+    return f"{server}; {tool['name']} {hashlib.sha256(about.encode()).hexdigest()[:12]}"
+
+
+def redact_values(value: Any, secrets: list[str]) -> Any:
+    """A JSON value with the secrets taken out of every string in it (keys of objects too)."""
+    if isinstance(value, str):
+        return redact(value, secrets)
+    if isinstance(value, dict):
+        return {redact(str(k), secrets): redact_values(v, secrets) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact_values(v, secrets) for v in value]
+    return value
 
 
 def paid_usage(meta: dict[str, Any] | None) -> dict[str, float] | None:

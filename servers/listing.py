@@ -12,6 +12,7 @@ and the model read both in its system prompt:
 
 from __future__ import annotations
 
+import importlib.metadata
 import inspect
 import textwrap
 from collections.abc import Callable
@@ -30,3 +31,11 @@ def fastmcp_tool(fn: Callable[..., Any]) -> Tool:
     tool = Tool.from_function(fn, description=inspect.cleandoc(fn.__doc__ or ""), structured_output=False)
     tool.parameters.pop("title", None)
     return tool
+
+
+def server_version() -> str:
+    """The version our servers give for themselves (the tool-result cache records it with each result)."""
+    try:
+        return importlib.metadata.version("nanbeige")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"

@@ -7,17 +7,25 @@ limits; `sandbox.SandboxConfig` lists their variables).
 
     python -m nanbeige.servers.python [--transport stdio|http] [--host 127.0.0.1] [--port 8001]
 
-Sandboxes are closed when the server stops (stdin closed, SIGTERM, Ctrl-C). Logs go to stderr;
-stdout carries the stdio protocol.
+Sandboxes are closed when the server stops (stdin closed, SIGTERM, Ctrl-C): as soon as the client
+closes stdin, even while calls are still running in them, since an MCP client kills a server that
+has not exited 2 s after that. Logs go to stderr; stdout carries the stdio protocol.
 """
 
 from __future__ import annotations
 
 import argparse
 import atexit
+import fcntl
 import logging
 import os
+import select
 import signal
+import stat
+import struct
+import termios
+import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -26,7 +34,7 @@ import anyio.to_thread
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import CallToolResult
 
-from nanbeige.servers.listing import fastmcp_tool
+from nanbeige.servers.listing import fastmcp_tool, server_version
 from nanbeige.servers.metered import metered_result
 from nanbeige.tools import usage
 from nanbeige.tools.sandbox import ERROR_DETAIL_CHARS, SandboxError, Sandboxes, config_from_env
@@ -49,13 +57,6 @@ def answer(work: Callable[[], str]) -> CallToolResult:
     return metered_result(text, cost, is_error=True)
 
 
-def whole_seconds(timeout: Any) -> int:
-    try:
-        return int(timeout)
-    except (TypeError, ValueError):
-        raise SandboxError(f"timeout must be a whole number of seconds, not {timeout!r}.") from None
-
-
 def sandboxes(ctx: Context) -> Sandboxes:
     """The server's sandboxes, handed to the tools by the lifespan in `build_server`."""
     return ctx.request_context.lifespan_context["sandboxes"]
@@ -75,7 +76,7 @@ def create_sandbox(ctx: Context, timeout: Any = 600) -> CallToolResult:
         `Sandbox created with sandbox_id: <id>`; pass that id to the other tools.
     """
     # `Any`: the reference left it unannotated, so its schema is `{'default': 600, 'title': 'Timeout'}`.
-    return answer(lambda: sandboxes(ctx).create(whole_seconds(timeout)))
+    return answer(lambda: sandboxes(ctx).create(timeout))  # checked there: whole seconds within the limit
 
 
 def run_command(ctx: Context, command: str, sandbox_id: str) -> CallToolResult:
@@ -175,7 +176,40 @@ def build_server(boxes: Sandboxes | None = None) -> MCPServer:
         finally:
             await anyio.to_thread.run_sync(boxes.close)
 
-    return MCPServer(name="tool-python", lifespan=lifespan, tools=[fastmcp_tool(tool) for tool in TOOLS])
+    return MCPServer(name="tool-python", version=server_version(), lifespan=lifespan, tools=[fastmcp_tool(tool) for tool in TOOLS])
+
+
+STOP_WAIT_S = 10.0  # the longest a signal waits for the sandboxes to close before the server exits anyway
+READ_WAIT_S = 0.5  # the longest a hangup waits for the transport to read what came before it
+
+
+def close_on_hangup(boxes: Sandboxes, fd: int = 0) -> threading.Thread | None:
+    """Closes the sandboxes once the client has closed stdin (a pipe or socket) and the transport has
+    read what it sent. The server itself ends later, when its calls in flight do: their sandboxes are
+    what ends them, and a client gives it 2 s before it kills it. None where stdin cannot hang up."""
+    if not (stat.S_ISFIFO(os.fstat(fd).st_mode) or stat.S_ISSOCK(os.fstat(fd).st_mode)):
+        return None
+    watched = os.dup(fd)  # the transport moves fd 0 elsewhere; the copy stays on the pipe
+
+    def watch() -> None:
+        poller = select.poll()
+        poller.register(watched, 0)  # no events asked for: poll returns on hangup (or error) only
+        poller.poll()
+        deadline = time.monotonic() + READ_WAIT_S
+        while unread_bytes(watched) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        log.info('DBG hangup'); boxes.close(); log.info('DBG closed')
+
+    thread = threading.Thread(target=watch, name="stdin-hangup", daemon=True)
+    thread.start()
+    return thread
+
+
+def unread_bytes(fd: int) -> int:
+    try:
+        return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+    except OSError:
+        return 0
 
 
 def serve(transport: str = "stdio", host: str = "127.0.0.1", port: int = 8001) -> None:
@@ -184,13 +218,15 @@ def serve(transport: str = "stdio", host: str = "127.0.0.1", port: int = 8001) -
     server = build_server(boxes)
 
     def stop(signum: int, frame: Any) -> None:
-        # Exit at once: unwinding would wait for the thread blocked reading stdin. The sandbox
-        # locks are only taken in worker threads, never in this (the main) one. A second signal
-        # (a dying runtime's parent-death signal comes once per thread it had) must not cut the
+        # Exit at once: unwinding would wait for the thread blocked reading stdin. The close runs in a
+        # thread of its own: this (the main) one may have been stopped holding a lock it needs. A second
+        # signal (a dying runtime's parent-death signal comes once per thread it had) must not cut the
         # cleanup short.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        boxes.close()
+        closer = threading.Thread(target=boxes.close, name="sandbox-stop", daemon=True)
+        log.info('DBG sigterm'); closer.start()
+        closer.join(STOP_WAIT_S)
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
@@ -198,6 +234,7 @@ def serve(transport: str = "stdio", host: str = "127.0.0.1", port: int = 8001) -
     atexit.register(boxes.close)
     try:
         if transport == "stdio":
+            close_on_hangup(boxes)
             server.run()
         elif transport == "http":
             server.run("streamable-http", host=host, port=port)

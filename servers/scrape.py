@@ -14,7 +14,7 @@ import json
 from mcp.server.mcpserver import MCPServer
 from mcp.types import CallToolResult
 
-from nanbeige.servers.listing import sdk_description
+from nanbeige.servers.listing import sdk_description, server_version
 from nanbeige.servers.metered import metered_result
 from nanbeige.tools.fetch import FetchError
 from nanbeige.tools import scrape, usage
@@ -25,7 +25,7 @@ NAME = "jina_scrape_llm_summary"
 
 def build_server(config: ScrapeConfig | None = None) -> MCPServer:
     config = config or scrape_config_from_env()
-    server = MCPServer(name=NAME)
+    server = MCPServer(name=NAME, version=server_version())
 
     async def scrape_and_extract_info(url: str, info_to_extract: str,
                                       custom_headers: dict[str, str] | None = None) -> CallToolResult:

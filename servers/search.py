@@ -17,7 +17,7 @@ from contextlib import asynccontextmanager
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import CallToolResult, ToolAnnotations
 
-from nanbeige.servers.listing import sdk_description
+from nanbeige.servers.listing import sdk_description, server_version
 from nanbeige.servers.metered import metered_result
 from nanbeige.tools import usage
 from nanbeige.tools.search import (
@@ -46,7 +46,7 @@ def build_server(config: SearchConfig | None = None) -> MCPServer:
         async with Searcher(config) as searcher:
             yield {"searcher": searcher}
 
-    server = MCPServer(name=NAME, instructions="Web search in Google's result format.", lifespan=lifespan)
+    server = MCPServer(name=NAME, version=server_version(), instructions="Web search in Google's result format.", lifespan=lifespan)
 
     async def google_search(q: str, gl: str = "us", hl: str = "en", location: str | None = None,
                             num: int | None = None, tbs: str | None = None, page: int | None = None,
