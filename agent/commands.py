@@ -325,17 +325,17 @@ def eval_report(folder: Path | None) -> None:
     """Re-render the report of an eval from its out folder."""
     import json
 
+    from nanbeige.agent.cli import notice
     from nanbeige.evals.report import build_report, markdown
-    from nanbeige.evals.runner import MANIFEST, REPORT, read_results
+    from nanbeige.evals.runner import MANIFEST, REPORT, EvalError, read_manifest, read_results
 
     if folder is None:
         fail("`nanbeige eval report` needs the eval's out folder", 2)
     try:
-        found = json.loads((folder / MANIFEST).read_text())
-    except OSError as exc:
-        fail(f"cannot read {folder / MANIFEST}: {exc.strerror or exc} (is {folder} an eval's out folder?)")
-    except ValueError as exc:
-        fail(f"{folder / MANIFEST} is not valid JSON: {exc}")
+        found = read_manifest(folder / MANIFEST)
+        rows = [] if str(found.get("bench", "")).startswith("bfcl") else read_results(folder, notice)
+    except EvalError as exc:
+        fail(str(exc))
     if str(found.get("bench", "")).startswith("bfcl"):
         from nanbeige.evals.bfcl_run import rerender
         from nanbeige.evals.tasks import LoadError
@@ -345,6 +345,6 @@ def eval_report(folder: Path | None) -> None:
         except LoadError as exc:
             fail(str(exc))
     else:
-        report = build_report(found, read_results(folder))
+        report = build_report(found, rows)
         (folder / REPORT).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     print_line(markdown(report))

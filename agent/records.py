@@ -5,11 +5,13 @@ not looked at, so that checking a record costs next to nothing beside parsing it
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import functools
 import os
 import re
 import stat
+import sys
 import types
 import typing
 from pathlib import Path
@@ -65,6 +67,42 @@ def encodable(value: Any) -> Any:
     return value
 
 
+def encoded(record: dict[str, Any]) -> bytes:
+    """The record as one JSON line (without its newline). ValueError for a record that cannot be
+    written at all: nested deeper than the encoder goes (a file read in may hold one)."""
+    import orjson
+
+    try:
+        return orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY, default=str)
+    except TypeError:  # text orjson refuses (lone surrogates), an integer over 64 bits
+        pass
+    try:
+        return orjson.dumps(encodable(record), option=orjson.OPT_SERIALIZE_NUMPY, default=str)
+    except (TypeError, RecursionError) as exc:
+        raise ValueError(f"the {record.get('type', '')} record cannot be written: {exc}") from None
+
+
+def record_line(path: str | Path, trajectory_id: str, kind: str, index: int | None = None) -> int | None:
+    """The number of the line holding a trajectory's record of this kind (and turn index): the last
+    such line, the one a reader keeps. Reads the whole file: for naming the line in an error."""
+    import orjson
+
+    found = None
+    for number, line in enumerate(Path(path).read_bytes().split(b"\n"), start=1):
+        if trajectory_id.encode() not in line:
+            continue
+        try:
+            record = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if not isinstance(record, dict) or record.get("type") != kind:
+            continue
+        if record.get("id" if kind == "start" else "trajectory_id") == trajectory_id and \
+                (index is None or record.get("index") == index):
+            found = number
+    return found
+
+
 def _runtime_types(hint: Any) -> tuple[type, ...]:
     """The classes a value of this annotation may be an instance of."""
     origin = get_origin(hint)
@@ -81,9 +119,17 @@ def _runtime_types(hint: Any) -> tuple[type, ...]:
     return (origin or hint,)
 
 
+class _Names(dict):
+    """The names an annotation may use: its module's, then the builtins; a name only imported for type
+    checkers is not there, and is not checked (Any)."""
+
+    def __missing__(self, name: str) -> Any:
+        return vars(builtins).get(name, Any)
+
+
 @functools.cache
 def field_types(cls: type) -> dict[str, tuple[type, ...]]:
-    hints = get_type_hints(cls)
+    hints = get_type_hints(cls, localns=_Names(vars(sys.modules[cls.__module__])))
     return {f.name: _runtime_types(hints[f.name]) for f in dataclasses.fields(cls)}
 
 

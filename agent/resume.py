@@ -17,7 +17,7 @@ from typing import Any
 from nanbeige.agent.config import BackendConfig, RunSettings, ToolsConfig
 from nanbeige.agent.llm import LLMConfig
 from nanbeige.agent.loop import AgentConfig
-from nanbeige.agent.records import NotATrajectoryFile, check_trajectory_file
+from nanbeige.agent.records import NotATrajectoryFile, check_trajectory_file, fields_problem, record_line
 from nanbeige.agent.restore import complete_turns
 from nanbeige.agent.setup import SetupError
 from nanbeige.agent.tokens import last_prompt
@@ -33,7 +33,7 @@ def pick(path: Path, trajectory_id: str | None) -> Trajectory:
     except NotATrajectoryFile as exc:
         raise SetupError(str(exc)) from None
     try:
-        trajectories = load_trajectories(path)
+        trajectories = load_trajectories(path, say_torn=True)
     except OSError as exc:
         raise SetupError(f"cannot read {path}: {exc.strerror or exc}") from None
     except (ValueError, KeyError, TypeError) as exc:
@@ -58,12 +58,34 @@ def pick(path: Path, trajectory_id: str | None) -> Trajectory:
 
 
 def checked(trajectory: Trajectory, path: Path) -> Trajectory:
-    """The trajectory, once its token records are known to rebuild (the resumed run starts from them)."""
+    """The trajectory, once its settings are known to be of their types and its token records to rebuild
+    (the resumed run starts from them)."""
+    problem = settings_problem(trajectory)
+    if problem is not None:
+        raise SetupError(f"{path}:{record_line(path, trajectory.id, 'start')}: the start record of trajectory "
+                         f"{trajectory.id} does not fit the format ({problem}); it cannot be resumed")
     try:
         last_prompt(trajectory.turns[:complete_turns(trajectory.turns)])
     except (ValueError, TypeError) as exc:
         raise SetupError(f"{path}: trajectory {trajectory.id} cannot be resumed: {exc}") from None
     return trajectory
+
+
+def settings_problem(trajectory: Trajectory) -> str | None:
+    """Why the recorded settings cannot make a run (a value of another type than the setting's), or None."""
+    agent = {f.name for f in dataclasses.fields(AgentConfig)} - {"reference"}
+    limits, sampling = trajectory.limits, trajectory.sampling
+    for what, values, cls in (("limits", {k: v for k, v in limits.items() if k in agent}, AgentConfig),
+                              ("limits", {k: limits[k] for k in ("tool_timeout_s", "max_result_chars")
+                                          if k in limits}, ToolsConfig),
+                              ("sampling", {k: v for k, v in sampling.items() if k in SAMPLING}, LLMConfig)):
+        problem = fields_problem(values, cls)
+        if problem is not None:
+            return f"{what}: {problem}"
+    if not isinstance(limits.get("server"), str | None) or not isinstance(limits.get("reference"), dict | None):
+        return "limits: 'server' is not text" if not isinstance(limits.get("server"), str | None) else \
+            "limits: 'reference' is not an object"
+    return None
 
 
 def check_not_in_use(path: Path) -> None:

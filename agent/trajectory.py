@@ -43,7 +43,7 @@ from typing import Any, Callable, Iterable, Iterator, Literal
 
 import orjson
 
-from nanbeige.agent.records import check_trajectory_file, encodable, fields_problem
+from nanbeige.agent.records import check_trajectory_file, encoded, fields_problem
 
 FORMAT_VERSION = 1
 
@@ -309,11 +309,7 @@ class TrajectoryWriter:
             self._append(b"\n")  # an earlier run died mid-line: start ours on a line of its own
 
     def _line(self, record: dict[str, Any]) -> bytes:
-        try:
-            line = orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY, default=str)
-        except TypeError:  # text orjson refuses (lone surrogates), an integer over 64 bits
-            line = orjson.dumps(encodable(record), option=orjson.OPT_SERIALIZE_NUMPY, default=str)
-        return redact_json_line(line, self.secrets) + b"\n"
+        return redact_json_line(encoded(record), self.secrets) + b"\n"
 
     def _append(self, data: bytes) -> None:
         if self.error:
@@ -401,11 +397,11 @@ def warn_on_stderr(text: str) -> None:
     sys.stderr.write(f"warning: {text}\n")
 
 
-def _numbered_records(path: str | Path, warn: Warn) -> Iterator[tuple[int, dict[str, Any]]]:
+def _numbered_records(path: str | Path, warn: Warn, say_torn: bool = False) -> Iterator[tuple[int, dict[str, Any]]]:
     """The records of a file with their line numbers. A line that is not a JSON object (torn by a
     crash mid-write) is skipped: with a warning when records follow it (the file was appended to
-    after the crash), quietly when it is the last line. Two such lines at the end are not a torn
-    write: ValueError."""
+    after the crash), quietly when it is the last line (unless `say_torn`: a command that reads a
+    finished file says so). Two such lines at the end are not a torn write: ValueError."""
     unread: list[int] = []  # unreadable lines no record has followed yet
     for number, line in enumerate(Path(path).read_bytes().split(b"\n"), start=1):
         if not line.strip():
@@ -423,11 +419,13 @@ def _numbered_records(path: str | Path, warn: Warn) -> Iterator[tuple[int, dict[
         yield number, record
     if len(unread) > 1:
         raise ValueError(f"{path}:{unread[0]}: not a JSON line")
+    if unread and say_torn:
+        warn(f"{path}:{unread[0]}: the last line is cut short (a writer killed mid-line?); skipped")
 
 
-def read_records(path: str | Path, warn: Warn = warn_on_stderr) -> list[dict[str, Any]]:
+def read_records(path: str | Path, warn: Warn = warn_on_stderr, say_torn: bool = False) -> list[dict[str, Any]]:
     """All records (JSON objects) of a trajectory file; see `_numbered_records` for torn lines."""
-    return [record for _, record in _numbered_records(path, warn)]
+    return [record for _, record in _numbered_records(path, warn, say_torn)]
 
 
 def record_problem(record: dict[str, Any]) -> str | None:
@@ -441,9 +439,15 @@ def record_problem(record: dict[str, Any]) -> str | None:
         return "no text 'trajectory_id'"
     if kind == "resume":
         count = record.get("num_turns")
+        if not isinstance(record.get("wall_s"), int | float | None) or isinstance(record.get("wall_s"), bool):
+            return "'wall_s' is not a number"
         return None if type(count) is int and count >= 0 else "'num_turns' is not a count"
     if kind == "end":
-        return fields_problem({k: record[k] for k in _END_FIELDS if k in record}, Trajectory)
+        problem = fields_problem({k: record[k] for k in _END_FIELDS if k in record}, Trajectory)
+        times = record.get("timings") or {}
+        if problem is None and not all(isinstance(v, int | float) and not isinstance(v, bool) for v in times.values()):
+            problem = "a timing is not a number"
+        return problem
     problem = fields_problem(record, Turn, ("index", "assistant"))
     if problem is None and not isinstance(record["assistant"].get("content"), (str, type(None))):
         problem = "the assistant message's content is not text"
@@ -454,11 +458,12 @@ def record_problem(record: dict[str, Any]) -> str | None:
     return problem
 
 
-def load_trajectories(path: str | Path, warn: Warn = warn_on_stderr) -> list[Trajectory]:
+def load_trajectories(path: str | Path, warn: Warn = warn_on_stderr, say_torn: bool = False) -> list[Trajectory]:
     """Trajectories of a file, in the order they started; unfinished ones have `stop_reason` None.
-    A record that does not fit the format is skipped, with a warning naming its line."""
+    A record that does not fit the format is skipped, with a warning naming its line; so is a torn
+    last line with `say_torn`."""
     by_id: dict[str, Trajectory] = {}
-    for number, record in _numbered_records(path, warn):
+    for number, record in _numbered_records(path, warn, say_torn):
         problem = record_problem(record)
         if problem is not None:
             warn(f"{path}:{number}: skipped the {record.get('type')} record that does not fit the format: {problem}")
@@ -473,6 +478,7 @@ def load_trajectories(path: str | Path, warn: Warn = warn_on_stderr) -> list[Tra
             for name in _END_FIELDS:
                 setattr(trajectory, name, record.get(name))
             trajectory.usage = trajectory.usage or {}  # files from before usage was recorded
+            trajectory.timings = trajectory.timings or {}  # an end record written without them
         elif kind == "resume" and record.get("trajectory_id") in by_id:
             _reopen(by_id[record["trajectory_id"]], record)
     return list(by_id.values())

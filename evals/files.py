@@ -139,7 +139,8 @@ def _read_text(path: Path, encoding: str = "utf-8") -> str:
     try:
         return _existing_file(path).read_text(encoding=encoding)
     except UnicodeDecodeError as error:
-        raise LoadError(f"{path}: not UTF-8 text (byte {error.start}); is this the right file?") from None
+        line = error.object[:error.start].count(b"\n") + 1
+        raise LoadError(f"{path} line {line}: not UTF-8 text (byte {error.start}); is this the right file?") from None
     except OSError as error:
         raise LoadError(f"{path}: cannot read ({error.strerror or error})") from None
 
@@ -170,6 +171,8 @@ def read_jsonl(path: Path) -> list[Row]:
             row = json.loads(line)
         except json.JSONDecodeError as error:
             raise LoadError(f"{path} line {line_number}: not JSON ({error.msg})") from None
+        except RecursionError:  # a hostile file: Python's parser recurses once per level
+            raise LoadError(f"{path} line {line_number}: nested too deeply to be a row") from None
         if not isinstance(row, dict):
             raise LoadError(f"{path} line {line_number}: not a JSON object")
         rows.append(row)
@@ -182,6 +185,8 @@ def read_json_array(path: Path) -> list[Row]:
         data = json.loads(_read_text(path))
     except json.JSONDecodeError as error:
         raise LoadError(f"{path}: not JSON ({error.msg} at line {error.lineno})") from None
+    except RecursionError:
+        raise LoadError(f"{path}: nested too deeply to be a list of rows") from None
     if not isinstance(data, list):
         raise LoadError(f"{path}: expected a JSON array of questions, found a {type(data).__name__}")
     for number, row in enumerate(data, 1):

@@ -50,10 +50,7 @@ def _validation(path: Path, rows: list[dict]) -> list[Task]:
         files = []
         file_name = optional_text_cell(path, number, row, "file_name").strip()
         if file_name:
-            attachment = folder / file_name
-            if not attachment.is_file():
-                raise LoadError(f"{path} row {number}: attachment '{file_name}' of task {task_id} is missing "
-                                f"(looked for {attachment})")
+            attachment = _attachment(path, number, folder, file_name, task_id)
             files = [attachment]
             question += ATTACHMENT_NOTE.format(path=attachment)
         tasks.append(Task(
@@ -65,6 +62,32 @@ def _validation(path: Path, rows: list[dict]) -> list[Task]:
             metadata={"annotator_metadata": row.get("Annotator Metadata")},
         ))
     return tasks
+
+
+def _attachment(path: Path, number: int, folder: Path, file_name: str, task_id: str) -> Path:
+    """The attachment a row names, which must lie in the data folder: the agent may upload it to its
+    sandbox and read it, so a row must not point it at any other file of this machine."""
+    attachment = folder / file_name
+    inside = not Path(file_name).is_absolute() and ".." not in Path(file_name).parts
+    if not inside or not attachment.resolve().is_relative_to(_allowed_root(folder)):
+        raise LoadError(f"{path} row {number}: attachment '{file_name}' of task {task_id} is outside the data "
+                        f"folder {folder}; attachments are read only from there")
+    if not attachment.is_file():
+        raise LoadError(f"{path} row {number}: attachment '{file_name}' of task {task_id} is missing "
+                        f"(looked for {attachment})")
+    return attachment
+
+
+def _allowed_root(folder: Path) -> Path:
+    """Where the data folder's files may lead once links are followed: the folder itself, or, in a
+    Hugging Face cache (`.../snapshots/REV/...` beside `.../blobs/`), the dataset's cache folder, as
+    the snapshot's files are links to its blobs."""
+    parts = folder.parts
+    if "snapshots" in parts:
+        repo = Path(*parts[:len(parts) - 1 - parts[::-1].index("snapshots")])
+        if (repo / "blobs").is_dir():
+            return repo.resolve()
+    return folder.resolve()
 
 
 def _text_only(path: Path, rows: list[dict]) -> list[Task]:

@@ -141,10 +141,7 @@ def prepare_out(config: EvalConfig, tasks: list[Task], reference: dict[str, Any]
     wanted = manifest(config, tasks, reference, judge_prompt)
     path = config.out / MANIFEST
     if path.exists():
-        try:
-            found = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise EvalError(f"cannot read {path} ({exc}); pass another --out") from None
+        found = read_manifest(path)
         for key in ("bench", "data_sha256", "grader", "judge_model", "k", "limit", "reference"):
             if found.get(key) != wanted[key]:
                 raise EvalError(f"{config.out} holds an eval with {key} {found.get(key)!r}, not {wanted[key]!r}; "
@@ -158,20 +155,65 @@ def prepare_out(config: EvalConfig, tasks: list[Task], reference: dict[str, Any]
     return wanted
 
 
-def read_results(out: Path) -> list[dict[str, Any]]:
-    """The graded runs so far; a line torn by a kill is skipped (that run is done again)."""
+def read_results(out: Path, notice: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """The graded runs so far. A last line torn by a kill is skipped, saying so (that run is done again,
+    and the next append cuts it off); any other line that is not a result row is an `EvalError` naming it."""
     path = out / RESULTS
     if not path.exists():
         return []
     rows = []
-    for line in path.read_bytes().splitlines():
+    lines = path.read_bytes().split(b"\n")
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
         try:
             row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict) and "task_id" in row and "run" in row:
+        except (ValueError, RecursionError):
+            row = None
+        problem = result_problem(row)
+        if problem is None:
             rows.append(row)
+        elif row is None and number == len(lines):  # no line break after it: the write was cut short
+            if notice is not None:
+                notice(f"warning: {path}:{number}: the last line is cut short (a run killed mid-line?); skipped, "
+                       "that run is done again")
+        else:
+            raise EvalError(f"{path}:{number}: {problem}, not a result row of `nanbeige eval`; mend or remove the "
+                            "line, or pass another --out")
     return rows
+
+
+RESULT_FIELDS = {"task_id": (str,), "run": (int,), "correct": (bool, type(None)), "turns": (int, float, type(None)),
+                 "tool_calls": (int, float, type(None)), "stop_reason": (str, type(None)),
+                 "prediction": (str, type(None)), "usage": (dict, type(None)), "confidence": (int, float, type(None))}
+
+
+def result_problem(row: Any) -> str | None:
+    """Why a line of `results.jsonl` cannot be read as a result row, or None."""
+    if not isinstance(row, dict):
+        return "not a JSON object"
+    for name in ("task_id", "run", "correct"):
+        if name not in row:
+            return f"no {name!r}"
+    for name, allowed in RESULT_FIELDS.items():
+        value = row.get(name)
+        if (isinstance(value, bool) and bool not in allowed) or not isinstance(value, allowed):
+            return f"{name!r} is {type(value).__name__}"
+    return None
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """`eval.json` of an out folder, checked to be one."""
+    try:
+        found = json.loads(path.read_text())
+    except OSError as exc:
+        raise EvalError(f"cannot read {path}: {exc.strerror or exc} (is {path.parent} an eval's out folder?)") from None
+    except (ValueError, RecursionError) as exc:
+        raise EvalError(f"{path} is not an eval's manifest: not JSON ({exc}); pass another --out") from None
+    if not isinstance(found, dict) or not isinstance(found.get("tasks"), list) or \
+            not all(isinstance(task, dict) and isinstance(task.get("id"), str) for task in found["tasks"]):
+        raise EvalError(f"{path} is not an eval's manifest (an object with its tasks); pass another --out")
+    return found
 
 
 def append_result(out: Path, row: dict[str, Any], secrets: list[str] | None = None) -> None:
@@ -394,7 +436,7 @@ async def evaluate(config: EvalConfig, settings: RunSettings, notice: Callable[[
     found = prepare_out(config, tasks, reference.identity() if reference else None,
                         judge_prompt_origin(config, reference.judge_prompts if reference else {}))
     progress = Progress(total=len(tasks) * config.k)
-    pending = pending_runs(tasks, config.k, read_results(config.out))
+    pending = pending_runs(tasks, config.k, read_results(config.out, notice))
     progress.done = progress.total - len(pending)
     if pending:
         if progress.done:

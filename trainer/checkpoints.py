@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,9 +37,12 @@ def save_checkpoint(model: Any, tokenizer: Any, optimizer: Any, step: int, confi
         if search_template.is_file():  # so that serve and token mode find the deep-search template here too
             (folder / search_template.name).write_bytes(search_template.read_bytes())
     barrier(world)
+    # The state file is what marks the checkpoint whole (`latest_checkpoint`): written under another name
+    # and renamed, so that a kill mid-write leaves no state file a resume would take for a whole one.
+    state_file = folder / f"trainer-state-rank{world.rank}.pt"
     torch.save({"optimizer": optimizer.state_dict(), "step": step, "world_size": world.size,
-                "config": json.loads(json.dumps(asdict(config), default=str))},
-               folder / f"trainer-state-rank{world.rank}.pt")
+                "config": json.loads(json.dumps(asdict(config), default=str))}, f"{state_file}.tmp")
+    os.replace(f"{state_file}.tmp", state_file)
     barrier(world)
     return folder
 
@@ -95,7 +99,18 @@ def drop_metrics_after(path: Path, step: int) -> None:
     """Cut `metrics.jsonl` back to the resumed checkpoint's step: the steps after it are done again."""
     if not path.exists():
         return
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    kept = [line for line in lines if json.loads(line).get("step", 0) <= step]
+    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    kept = [line for line in lines if _step_of(line) <= step]
     if len(kept) != len(lines):
         path.write_text("".join(line + "\n" for line in kept))
+
+
+def _step_of(line: str) -> float:
+    """A metrics line's step; a line that is not a step record (torn by a kill) counts as past every step,
+    so it is dropped with the steps done again."""
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError):
+        return float("inf")
+    step = record.get("step") if isinstance(record, dict) else None
+    return step if isinstance(step, int) else float("inf")

@@ -73,6 +73,9 @@ def read_questions(path: Path) -> list[Task]:
         if not isinstance(question, str) or not question.strip():
             raise LoadError(f"{path} row {number}: no `question` (each row needs one; `answer` and `id` are "
                             "optional)")
+        for field in ("id", "answer"):  # text, or a number as CSV and hand-written JSON give them
+            if isinstance(row.get(field), bool) or not isinstance(row.get(field), str | int | float | None):
+                raise LoadError(f"{path} row {number}: `{field}` is a {type(row[field]).__name__}, expected text")
         answer = row.get("answer")
         tasks.append(Task(id=str(row.get("id") or question_id(question)), question=question,
                           answer="" if answer is None else str(answer)))
@@ -100,7 +103,7 @@ def done_rollouts(out: Path) -> set[tuple[str, int]]:
     if not out.exists():
         return set()
     try:
-        trajectories = load_trajectories(out)
+        trajectories = load_trajectories(out, say_torn=True)
     except (OSError, ValueError) as exc:
         raise CollectError(f"cannot read {out} to resume it ({exc}); pass another --out") from None
     return {(t.group_id, t.rollout_index) for t in trajectories

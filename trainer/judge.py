@@ -22,7 +22,9 @@ from typing import Any, Callable
 
 import httpx
 
-from nanbeige.agent.trajectory import Trajectory, TrajectoryWriter, Turn, load_trajectories, read_records
+from nanbeige.agent.records import encoded, record_line
+from nanbeige.agent.trajectory import (Trajectory, TrajectoryWriter, Turn, end_record, load_trajectories, read_records,
+                                       start_record, turn_record, warn_on_stderr)
 from nanbeige.evals import gaia_scorer, judges
 from nanbeige.evals.judges import JudgeConfig
 from nanbeige.evals.runner import final_response
@@ -170,10 +172,26 @@ def completed_ids(out: Path) -> set[str]:
     if not out.exists() or not out.stat().st_size:
         return set()
     try:
-        records = read_records(out)
+        records = read_records(out, say_torn=True)
     except (OSError, ValueError) as exc:
         raise JudgeError(f"cannot read {out} to resume it ({exc}); pass another --out") from None
     return {r["trajectory_id"] for r in records if r.get("type") == "end" and isinstance(r.get("trajectory_id"), str)}
+
+
+def writable(trajectory: Trajectory, src: Path) -> bool:
+    """Whether the trajectory can be written to OUT. One that cannot (a record nested deeper than the
+    encoder goes, read from a crafted file) is skipped, saying where, before anything is asked about it."""
+    records = [("start", None, start_record(trajectory)),
+               *(("turn", turn.index, turn_record(trajectory.id, turn)) for turn in trajectory.turns),
+               ("end", None, end_record(trajectory))]
+    for kind, index, record in records:
+        try:
+            encoded(record)
+        except ValueError as exc:
+            warn_on_stderr(f"{src}:{record_line(src, trajectory.id, kind, index)}: skipped trajectory "
+                           f"{trajectory.id}: {exc}")
+            return False
+    return True
 
 
 def write_whole(writer: TrajectoryWriter, trajectory: Trajectory) -> None:
@@ -273,11 +291,13 @@ async def judge_file(src: Path, out: Path, config: JudgeRunConfig, notice: Calla
     check(src, out, config)
     progress = progress if progress is not None else JudgeProgress()
     try:
-        trajectories = load_trajectories(src)
+        trajectories = load_trajectories(src, say_torn=True)
     except (OSError, ValueError) as exc:
         raise JudgeError(f"cannot read {src}: {exc}") from None
+    if not trajectories:
+        raise JudgeError(f"{src} holds no trajectory (`nanbeige collect --out FILE` writes them)")
     done = completed_ids(out)
-    todo = [t for t in trajectories if judgeable(t) and t.id not in done]
+    todo = [t for t in trajectories if judgeable(t) and t.id not in done and writable(t, src)]
     progress.skipped = sum(not judgeable(t) for t in trajectories)
     progress.already_judged = sum(judgeable(t) and t.id in done for t in trajectories)
     progress.total = len(todo)

@@ -5,10 +5,14 @@ settings must be what the trainer computes), turned into rows by GRPO's group ru
 from __future__ import annotations
 
 import json
+import math
 import random
+from array import array
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nanbeige.agent.records import record_line
 from nanbeige.agent.trajectory import load_trajectories
 from nanbeige.trainer.model import TrainError
 
@@ -45,13 +49,18 @@ def read_samples(config: TrainConfig) -> tuple[list[Any], dict[str, Any], float]
     from nanbeige.trainer.batches import samples_from
 
     trajectories = []
+    vocabulary = vocabulary_size(config.model)
     for path in config.data:
         if not path.is_file():
             raise TrainError(f"{path}: no such file (pass judged trajectories: `nanbeige judge ... --out FILE`)")
         try:
-            trajectories += load_trajectories(path)
+            read = load_trajectories(path, say_torn=True)
         except (OSError, ValueError) as exc:
             raise TrainError(f"cannot read {path}: {exc}") from None
+        if not read:
+            raise TrainError(f"{path} holds no trajectory (pass judged trajectories: `nanbeige judge ... --out FILE`)")
+        check_token_records(read, path, vocabulary)
+        trajectories += read
     check_sampling(trajectories, config)
     temperatures = {t.sampling.get("temperature") for t in trajectories if t.sampling} - {None}
     if len(temperatures) > 1:
@@ -66,6 +75,54 @@ def read_samples(config: TrainConfig) -> tuple[list[Any], dict[str, Any], float]
         raise TrainError(f"nothing to train on: {json.dumps(summary)} (GRPO keeps groups whose pass rate is between "
                          f"{config.groups.min_pass_rate} and {config.groups.max_pass_rate}; check the outcome rewards)")
     return samples, summary, float(temperatures.pop() or 1.0) if temperatures else 1.0
+
+
+def vocabulary_size(model: str) -> int | None:
+    """How many token ids the model has, from its config alone; None when it cannot be read here (loading
+    the model says why, later)."""
+    import transformers
+
+    try:
+        return int(transformers.AutoConfig.from_pretrained(model).vocab_size)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+
+
+def check_token_records(trajectories: list[Any], path: Path, vocabulary: int | None) -> None:
+    """Refuse a file whose token records the model cannot read: ids that are not integers, negative or
+    past the vocabulary (an embedding lookup would fail deep in training), logprobs that do not line up."""
+    for trajectory in trajectories:
+        for turn in trajectory.turns:
+            problem = token_problem(turn, vocabulary)
+            if problem is not None:
+                line = record_line(path, trajectory.id, "turn", turn.index)
+                raise TrainError(f"{path}:{line}: trajectory {trajectory.id} turn {turn.index}: {problem}; it cannot "
+                                 "be trained on")
+
+
+def token_problem(turn: Any, vocabulary: int | None) -> str | None:
+    """Why a turn's token record cannot be trained on, or None (also for a turn without one)."""
+    if turn.prompt_keep is not None and turn.prompt_keep < 0:
+        return "'prompt_keep' is negative"
+    for name in ("prompt_delta_ids", "completion_ids"):
+        ids = getattr(turn, name) or []
+        try:
+            array("q", ids)  # C speed: every id an integer of 64 bits
+        except (TypeError, OverflowError):
+            return f"{name} holds a token id that is not an integer id"
+        if ids and min(ids) < 0:
+            return f"{name} holds token id {min(ids)}, which is negative"
+        if ids and vocabulary is not None and max(ids) >= vocabulary:
+            return f"{name} holds token id {max(ids)}, past the model's vocabulary of {vocabulary} ids"
+    if turn.logprobs is None:
+        return None
+    if len(turn.logprobs) != len(turn.completion_ids or []):
+        return f"{len(turn.logprobs)} logprobs for {len(turn.completion_ids or [])} completion ids"
+    try:
+        finite = all(map(math.isfinite, array("d", turn.logprobs)))
+    except TypeError:
+        return "a logprob is not a number"
+    return None if finite else "a logprob is not finite"
 
 
 # What the trainer computes is softmax(logits / temperature): a sampler that also cut or reweighted the

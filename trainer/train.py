@@ -248,7 +248,14 @@ def saved_state(checkpoint: Path, config: TrainConfig, world: World) -> dict[str
     state = checkpoint / f"trainer-state-rank{world.rank}.pt"
     if not state.exists():
         raise TrainError(f"{checkpoint} was saved by fewer processes than this run has; resume with as many")
-    saved = torch.load(state, weights_only=False)
+    try:
+        saved = torch.load(state, weights_only=False)
+    except (OSError, RuntimeError, EOFError, ValueError) as exc:  # torn, or not a state file at all
+        raise TrainError(f"cannot read {state} ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}): "
+                         "remove that checkpoint folder to resume from the one before") from None
+    if not isinstance(saved, dict) or not isinstance(saved.get("config"), dict):
+        raise TrainError(f"cannot read {state}: not a trainer state; remove that checkpoint folder to resume from "
+                         "the one before")
     if saved.get("world_size", 1) != world.size:
         raise TrainError(f"{checkpoint} was saved by {saved.get('world_size', 1)} processes; resume with as many "
                          "(the optimizer state is sharded)")
