@@ -4,8 +4,9 @@ as /home/user, and a /tmp, /dev and /proc of its own, in namespaces with no netw
 sockets. As root, the code then becomes the sandbox's unprivileged uid with no capabilities
 (`setpriv` inside the jail); as another user, bwrap maps that user into a user namespace.
 
-It knows nothing of sandboxes: callers pass folders and uids. `probe_jail` says once per server
-whether a jail can be made here; `jail_args` builds the prefix of each command.
+It knows nothing of sandboxes: callers pass folders and uids. `sandbox_probe.probe_jail` says
+once per server whether a jail can be made here; `jail_args` builds the prefix of each command, and
+`sandbox_seccomp` the system calls it refuses.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import struct
 import subprocess
 from dataclasses import dataclass
 from pathlib import PurePosixPath
@@ -36,12 +36,13 @@ class Jail:
     """The server runs as root: bwrap needs no user namespace, and the code drops to the sandbox's uid."""
 
 
-def interpreter_paths(python: str) -> tuple[str, ...]:
+def interpreter_paths(python: str, timeout: float = 30.0) -> tuple[str, ...]:
     """The folders an interpreter needs to start and import its packages: its prefixes and every
     site-packages on its path (a .pth file may add one from elsewhere)."""
     script = ("import json, os, sys; print(json.dumps([sys.prefix, sys.base_prefix, os.path.realpath(sys.executable), "
               "*[p for p in sys.path if os.path.basename(p) in ('site-packages', 'dist-packages')]]))")
-    out = subprocess.run([python, "-I", "-c", script], capture_output=True, text=True, timeout=30, check=True).stdout
+    out = subprocess.run([python, "-I", "-c", script], capture_output=True, text=True, timeout=timeout,
+                         check=True).stdout
     prefix, base, executable, *sites = json.loads(out)
     paths = [prefix, base, os.path.dirname(executable), *sites]
     kept: list[str] = []
@@ -53,19 +54,12 @@ def interpreter_paths(python: str) -> tuple[str, ...]:
 
 
 def jail_args(jail: Jail, *, home: str, tmp: str, passwd: str, group: str, worker: str, uid: int | None,
-              network: bool, seccomp: int | None = None) -> list[str]:
+              network: bool, seccomp: int) -> list[str]:
     """The command prefix that runs a program in the jail: home and tmp are host folders shown as
     /home/user and /tmp, passwd and group files to show as /etc/passwd and /etc/group (so that the
     uid has a name, `user`), worker the worker script, shown at JAIL_WORKER, seccomp a descriptor
-    of `no_user_namespaces()` (as root)."""
-    # --die-with-parent: the kernel kills the jail when the thread that started it dies, so callers
-    # start long-lived jails from a thread that lives as long as the server (and dies with it)
-    args = [jail.bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try", "--new-session",
-            "--die-with-parent", "--hostname", "sandbox"]
-    if not network:
-        args.append("--unshare-net")
-    if not jail.as_root:
-        args += ["--unshare-user", "--disable-userns"]
+    of `sandbox_seccomp.syscall_filter()`."""
+    args = [jail.bwrap, *namespace_args(as_root=jail.as_root, network=network)]
     for folder in SYSTEM_DIRS:
         if os.path.islink(folder):
             args += ["--symlink", os.readlink(folder), folder]
@@ -84,12 +78,24 @@ def jail_args(jail: Jail, *, home: str, tmp: str, passwd: str, group: str, worke
                 args += ["--perms", "0755", "--dir", str(parent)]
         args += ["--ro-bind", folder, folder]
     args += ["--perms", "0755", "--dir", "/run/sandbox", "--ro-bind", worker, JAIL_WORKER, "--chdir", JAIL_HOME]
-    if seccomp is not None:
-        args += ["--seccomp", str(seccomp)]
+    args += ["--seccomp", str(seccomp)]
     if jail.as_root and uid is not None:
         # what setpriv needs to become the sandbox's uid and drop every capability after it
         args += ["--cap-add", "cap_setuid", "--cap-add", "cap_setgid", "--cap-add", "cap_setpcap"]
     return [*args, "--"]
+
+
+def namespace_args(*, as_root: bool, network: bool) -> list[str]:
+    """The namespaces of a jail, and its bond to the thread that starts it."""
+    # --die-with-parent: the kernel kills the jail when the thread that started it dies, so callers
+    # start long-lived jails from a thread that lives as long as the server (and dies with it)
+    args = ["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try", "--new-session",
+            "--die-with-parent", "--hostname", "sandbox"]
+    if not network:
+        args.append("--unshare-net")
+    if not as_root:
+        args += ["--unshare-user", "--disable-userns"]
+    return args
 
 
 def account_files(uid: int) -> tuple[str, str]:
@@ -100,47 +106,3 @@ def account_files(uid: int) -> tuple[str, str]:
 
 def find_bwrap() -> str | None:
     return shutil.which("bwrap")
-
-
-# --- no user namespaces inside, as root ----------------------------------------------------------
-
-# (audit arch, unshare, clone, clone3) per architecture, with the 32-bit ones a 64-bit kernel also
-# runs (int 0x80 on x86-64, AArch32 on arm64); others are left unfiltered
-ARCHES = ((0xC000003E, 272, 56, 435), (0x40000003, 310, 120, 435),  # x86-64, i386
-          (0xC00000B7, 97, 220, 435), (0x40000028, 337, 120, 435))  # aarch64, arm
-X32_BIT = 0x40000000
-CLONE_NEWUSER = 0x10000000
-ALLOW, ERRNO = 0x7FFF0000, 0x00050000
-LOAD, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06  # classic BPF: ld [k], jeq/jge/jset #k, ret #k
-
-
-def no_user_namespaces() -> bytes:
-    """A seccomp filter (classic BPF, as bwrap's --seccomp reads it) for jails made as root, where
-    bwrap's own --disable-userns needs a user namespace we do not use: clone and unshare asking for
-    a new user namespace fail with EPERM, and clone3, whose flags a filter cannot see, with ENOSYS,
-    so that the C library falls back to clone. A user namespace would give the code root inside
-    it, and with it much of the kernel to attack."""
-    program: list[tuple[int, int | str, int | str, int]] = []  # (code, jump if true, jump if false, k)
-    for arch, unshare, clone, clone3 in ARCHES:
-        program += [(LOAD, 0, 0, 4), (JEQ, 0, f"next{arch}", arch), (LOAD, 0, 0, 0),
-                    (JGE, "enosys", 0, X32_BIT), (JEQ, "flags", 0, unshare), (JEQ, "flags", 0, clone),
-                    (JEQ, "enosys", "allow", clone3), (f"next{arch}",)]  # type: ignore[list-item]
-    program += [(RET, 0, 0, ALLOW),  # another architecture
-                ("flags",), (LOAD, 0, 0, 16), (JSET, "eperm", "allow", CLONE_NEWUSER),  # type: ignore[list-item]
-                ("eperm",), (RET, 0, 0, ERRNO | 1), ("enosys",), (RET, 0, 0, ERRNO | 38),  # type: ignore[list-item]
-                ("allow",), (RET, 0, 0, ALLOW)]  # type: ignore[list-item]
-    labels, pc = {}, 0
-    for item in program:
-        if len(item) == 1:
-            labels[item[0]] = pc
-        else:
-            pc += 1
-    code, pc = b"", 0
-    for item in program:
-        if len(item) == 1:
-            continue
-        op, true, false, k = item
-        jump = [labels[j] - pc - 1 if isinstance(j, str) else j for j in (true, false)]
-        code += struct.pack("<HBBI", op, jump[0], jump[1], k)
-        pc += 1
-    return code

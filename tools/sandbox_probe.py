@@ -11,13 +11,30 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from nanbeige.tools.sandbox_jail import JAIL_WORKER, Jail, account_files, interpreter_paths, jail_args
+from nanbeige.tools.sandbox import SandboxError
+from nanbeige.tools.sandbox_jail import (
+    JAIL_WORKER, Jail, account_files, find_bwrap, interpreter_paths, jail_args, namespace_args,
+)
 from nanbeige.tools.sandbox_os import allocate_uid, minimal_env, release_uid, remove_tree, setpriv_args
+from nanbeige.tools.sandbox_seccomp import filter_fd, supported
 
 log = logging.getLogger(__name__)
+
+# a try that runs out of its time is tried again with the next: on a loaded machine a start may take long
+PROBE_TIMEOUTS_S = (20.0, 120.0)
+BWRAP_TRIES = 3
+
+
+class ProbeError(SandboxError):
+    """Whether the sandbox can be isolated here could not be decided, or a jail that works here
+    could not be set up: no code may run, since it would run with less isolation than it should."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(f"The sandbox could not be made: {why}. No code was run; try again later.")
 
 
 @dataclass(frozen=True)
@@ -49,7 +66,8 @@ class Isolation:
 def probe_isolation(*, python: str, worker: str, root: Path, network: bool, drop_privileges: bool,
                     jail: bool) -> Isolation:
     """Tries, once per server, which of the OS's isolation tools work here (each try is ~10 ms).
-    `worker` is the sandbox worker script, run under setpriv to check what a sandbox uid can reach."""
+    `worker` is the sandbox worker script, run under setpriv to check what a sandbox uid can reach.
+    ProbeError where that cannot be decided now, or where the jail works here but cannot be set up."""
     root_user = os.geteuid() == 0
     can_drop = root_user and drop_privileges and shutil.which("setpriv")
     jailed = probe_jail(python, worker, root, as_root=bool(can_drop)) if jail else None
@@ -83,16 +101,16 @@ def probe_isolation(*, python: str, worker: str, root: Path, network: bool, drop
 
 def probe_jail(python: str, worker: str, root: Path, as_root: bool) -> Jail | None:
     """A jail, if bwrap can run the worker and the interpreter in one here (as the sandbox's uid,
-    as root); None where it cannot (no bwrap, no user namespaces)."""
-    bwrap = shutil.which("bwrap")
-    if not bwrap:
+    as root); None where no jail can be made (no bwrap, bwrap cannot make namespaces, a machine the
+    seccomp filter has no numbers for). Where bwrap works but the jail around the interpreter does
+    not, or a try never finishes, ProbeError: no code may run then, rather than run unjailed."""
+    bwrap = find_bwrap()
+    if not bwrap or not supported() or not _bwrap_works(bwrap, as_root):
         return None
-    try:
-        jail = Jail(bwrap, interpreter_paths(python), as_root)
-    except (OSError, subprocess.SubprocessError, ValueError):
-        return None
+    jail = Jail(bwrap, _interpreter_paths(python), as_root)
     uid, lock = allocate_uid() if as_root else (os.getuid(), None)
     folder = Path(tempfile.mkdtemp(prefix=".jail-probe-", dir=root))
+    seccomp = filter_fd()
     try:
         for name, text in zip(("passwd", "group"), account_files(uid), strict=True):
             (folder / name).write_text(text)
@@ -100,23 +118,56 @@ def probe_jail(python: str, worker: str, root: Path, as_root: bool) -> Jail | No
             (folder / name).mkdir(mode=0o700)
             os.chown(folder / name, uid, uid)
         args = jail_args(jail, home=str(folder / "home"), tmp=str(folder / "tmp"), passwd=str(folder / "passwd"),
-                         group=str(folder / "group"), worker=worker, uid=uid, network=False)
+                         group=str(folder / "group"), worker=worker, uid=uid, network=False, seccomp=seccomp)
         drop = setpriv_args(uid, False) if as_root else []
         check = "import os; os.listdir('/home/user'); open('/tmp/x', 'w')"
-        return jail if _succeeds([*args, *drop, python, "-I", "-S", "-B", JAIL_WORKER, "", "exec", "-1",
-                                  python, "-I", "-S", "-c", check]) else None
+        done = _run([*args, *drop, python, "-I", "-S", "-B", JAIL_WORKER, "", "exec", "-1",
+                     python, "-I", "-S", "-c", check], (seccomp,))
     finally:
+        os.close(seccomp)
         remove_tree(folder)
         if lock is not None:
             release_uid(uid, lock)
+    if done.returncode != 0:
+        said = " ".join(done.stderr.decode(errors="replace").split())[-300:]
+        raise ProbeError(f"bwrap works on this machine, but the jail could not run the interpreter (exit status "
+                         f"{done.returncode}{': ' + said if said else ''}). The server's operator can turn the jail "
+                         "off with NANBEIGE_SANDBOX_JAIL=0")
+    return jail
+
+
+def _bwrap_works(bwrap: str, as_root: bool) -> bool:
+    """Whether bwrap makes a jail's namespaces here at all. One failure may be passing (memory or
+    processes short for a moment), so only a failure every time says it cannot."""
+    args = [bwrap, *namespace_args(as_root=as_root, network=False), "--ro-bind", "/", "/", "--proc", "/proc",
+            "--dev", "/dev", "true"]
+    for attempt in range(BWRAP_TRIES):
+        done = _run(args)
+        if done.returncode == 0:
+            return True
+        log.info("local sandbox: bwrap failed (try %d of %d): %s", attempt + 1, BWRAP_TRIES,
+                 done.stderr.decode(errors="replace").strip())
+        time.sleep(0.1)
+    return False
+
+
+def _interpreter_paths(python: str) -> tuple[str, ...]:
+    for timeout in PROBE_TIMEOUTS_S:
+        try:
+            return interpreter_paths(python, timeout)
+        except subprocess.TimeoutExpired:
+            log.warning("local sandbox: %s did not start within %g s; trying again", python, timeout)
+        except (OSError, subprocess.SubprocessError, ValueError) as exc:
+            raise ProbeError(f"the interpreter {python} could not tell its folders: {exc}") from None
+    raise ProbeError(f"the interpreter {python} did not finish within {sum(PROBE_TIMEOUTS_S):g} s while the jail "
+                     "was tested, so whether code can be jailed here is not yet known (the machine may be overloaded)")
 
 
 def _probe_uid(python: str, worker: str, root: Path) -> tuple[bool, bool]:
     """Whether sandboxes can run as a uid of their own, and whether that needs CAP_DAC_READ_SEARCH.
     An interpreter the uid cannot read may still start, with another stdlib and without its
     packages: the check compares sys.base_prefix, and enters the sandbox root."""
-    where = subprocess.run([python, "-I", "-S", "-c", "import sys; print(sys.base_prefix)"],
-                           capture_output=True, text=True, timeout=20).stdout.strip()
+    where = _run([python, "-I", "-S", "-c", "import sys; print(sys.base_prefix)"], output=True).stdout.decode().strip()
     check = f"import os, sys; os.chdir(sys.argv[1]); sys.exit(sys.base_prefix != {where!r})"
     uid, lock = allocate_uid()
     try:
@@ -130,8 +181,23 @@ def _probe_uid(python: str, worker: str, root: Path) -> tuple[bool, bool]:
 
 
 def _succeeds(args: list[str]) -> bool:
-    try:
-        return subprocess.run(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              env=minimal_env(Path("/")), timeout=20).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+    return _run(args).returncode == 0
+
+
+def _run(args: list[str], pass_fds: tuple[int, ...] = (), output: bool = False
+         ) -> subprocess.CompletedProcess[bytes]:
+    """Runs a probe's command (exit status 127 where it cannot start). A try that runs out of time
+    tells nothing about the tool, only that the machine is slow: it is tried again with more time,
+    and ProbeError says when every try did."""
+    for timeout in PROBE_TIMEOUTS_S:
+        try:
+            return subprocess.run(args, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, pass_fds=pass_fds,
+                                  stdout=subprocess.PIPE if output else subprocess.DEVNULL,
+                                  env=minimal_env(Path("/")), timeout=timeout)
+        except subprocess.TimeoutExpired:
+            log.warning("local sandbox: probing with %s took more than %g s; trying again", args[0], timeout)
+        except OSError as exc:
+            return subprocess.CompletedProcess(args, 127, b"", str(exc).encode())
+    raise ProbeError(f"{os.path.basename(args[0])} did not finish within {sum(PROBE_TIMEOUTS_S):g} s while the "
+                     "sandbox's isolation was tested, so what it can enforce here is not yet known (the machine may "
+                     "be overloaded)")
