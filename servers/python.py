@@ -198,7 +198,7 @@ def close_on_hangup(boxes: Sandboxes, fd: int = 0) -> threading.Thread | None:
         deadline = time.monotonic() + READ_WAIT_S
         while unread_bytes(watched) and time.monotonic() < deadline:
             time.sleep(0.01)
-        log.info('DBG hangup'); boxes.close(); log.info('DBG closed')
+        boxes.close()
 
     thread = threading.Thread(target=watch, name="stdin-hangup", daemon=True)
     thread.start()
@@ -225,7 +225,7 @@ def serve(transport: str = "stdio", host: str = "127.0.0.1", port: int = 8001) -
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         closer = threading.Thread(target=boxes.close, name="sandbox-stop", daemon=True)
-        log.info('DBG sigterm'); closer.start()
+        closer.start()
         closer.join(STOP_WAIT_S)
         os._exit(128 + signum)
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from fake_openai import FakeOpenAI, created_sandbox, mcp_answer, mcp_call
 from processes import alive, command_line, tree, wait_for
+from sandbox_leftovers import leftovers
 
 from nanbeige.agent.lifeline import tied_to_this_process
 from nanbeige.agent.toolbox import ServerSpec, Toolbox, passed_env
@@ -109,6 +110,9 @@ async def test_a_python_server_killed_outright_takes_its_sandboxes_processes_wit
     # server on the same folder (the toolbox's restart of it, or this one) sweeps them at start
     Sandboxes(SandboxConfig(root=tmp_path / "sandboxes")).backend.isolation  # noqa: B018 - finds it, and sweeps
     assert not place.exists() and str(tmp_path) not in Path("/proc/self/mountinfo").read_text()
+    # its loop device too (detached by the kernel once its unmounted file system is let go), and its image
+    assert await asyncio.to_thread(wait_for, lambda: not leftovers(tmp_path / "sandboxes"), 5), \
+        leftovers(tmp_path / "sandboxes")
     assert not any(Path(folder).exists() for folder in owner["cgroup"])
 
 

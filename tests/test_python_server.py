@@ -11,6 +11,8 @@ from pathlib import Path
 
 import mcp
 import pytest
+from mcp.client.stdio import PROCESS_TERMINATION_TIMEOUT
+from sandbox_leftovers import Leftovers, close_under_load, leftovers
 
 from nanbeige.servers.python import build_server
 from nanbeige.tools.sandbox import SandboxConfig, Sandboxes
@@ -60,8 +62,10 @@ async def test_a_session_with_state_errors_and_files(tmp_path: Path) -> None:
     async with mcp.Client(build_server(Sandboxes(local_config(tmp_path)))) as client:
         created = text(await client.call_tool("create_sandbox", {}))
         # the timeout's schema has no type (as in the reference), so the tool checks it itself
-        vague = await client.call_tool("create_sandbox", {"timeout": "soon"})
-        assert vague.is_error and text(vague) == "[ERROR]: timeout must be a whole number of seconds, not 'soon'."
+        for timeout, shown in (("soon", "'soon'"), (-5, "-5"), (0, "0"), (1e12, "1000000000000.0"), (True, "True")):
+            refused = await client.call_tool("create_sandbox", {"timeout": timeout})
+            assert refused.is_error and text(refused) == (
+                f"[ERROR]: timeout must be a whole number of seconds from 1 to 600, not {shown}."), timeout
         assert created.startswith("Sandbox created with sandbox_id: ")
         sid = created.splitlines()[0].split(": ")[1]  # a second line says what isolation is missing
 
@@ -150,3 +154,13 @@ def test_sigterm_closes_every_sandbox(tmp_path: Path) -> None:
         proc.kill()
         proc.wait()
     assert os.listdir(tmp_path / "sandboxes") == []
+
+
+async def test_a_client_closing_busy_sandboxes_leaves_nothing_behind_within_its_grace(tmp_path: Path) -> None:
+    """The MCP client closes stdin and kills the server 2 s later: every sandbox (its processes, and as
+    root its loop device, mount and image) must be gone by then, also with calls still running."""
+    root = tmp_path / "sandboxes"
+    closes, wrote, _ = await close_under_load(root, servers=1, sandboxes=8, mb=20)
+    assert wrote == 8
+    assert closes[0] < PROCESS_TERMINATION_TIMEOUT  # the server ended on its own, before any signal
+    assert leftovers(root) == Leftovers([], [], [], [])

@@ -20,7 +20,7 @@ from e2b_code_interpreter import Execution, ExecutionError, Logs, Result
 
 from nanbeige.tools.sandbox import (
     PLACEHOLDER_IDS, TRUNCATED, SandboxConfig, SandboxError, Sandboxes, config_from_env, format_command,
-    format_execution, invalid_id,
+    format_execution, idle_seconds, invalid_id,
 )
 from nanbeige.tools.sandbox_e2b import E2BBackend
 from nanbeige.tools.sandbox_os import processes
@@ -184,6 +184,81 @@ def test_idle_sandboxes_close_and_too_many_evict_the_oldest(tmp_path: Path) -> N
     finally:
         boxes.close()
     assert os.listdir(tmp_path / "sandboxes") == []
+
+
+def running(pid: int) -> bool:
+    return any(p.pid == pid and p.state not in b"ZX" for p in processes())
+
+
+def test_an_idle_sandbox_is_closed_on_time_without_another_call(tmp_path: Path) -> None:
+    boxes = Sandboxes(make_config(tmp_path))
+    try:
+        sid = boxes.create(timeout=1).splitlines()[0].split(": ")[1]
+        assert "Result(2)" in boxes.run_python("1 + 1", sid)  # starts its Python process
+        worker, place = boxes.backend._box(sid).channel.pid, tmp_path / "sandboxes" / sid
+        left = time.monotonic()
+        assert running(worker) and place.is_dir()
+        while (running(worker) or place.exists()) and time.monotonic() - left < 5:
+            time.sleep(0.05)
+        gone_after = time.monotonic() - left
+        assert not running(worker) and not place.exists()
+        assert gone_after < 3.0  # its 1 s, the timer's tick of at most 1 s, and the removal
+        with pytest.raises(SandboxError, match="shut down after 1 s without use"):
+            boxes.run_python("1", sid)
+    finally:
+        boxes.close()
+
+
+def test_a_call_longer_than_the_idle_timeout_is_not_cut_short(tmp_path: Path) -> None:
+    boxes = Sandboxes(make_config(tmp_path))
+    try:
+        sid = boxes.create(timeout=1).splitlines()[0].split(": ")[1]
+        assert "Result(5)" in boxes.run_python("import time\ntime.sleep(2.5)\n5", sid)  # busy, not idle
+        assert "Result(6)" in boxes.run_python("6", sid)  # its 1 s counts from the end of the last call
+    finally:
+        boxes.close()
+
+
+@pytest.mark.parametrize("timeout", [0, -5, 601, 1e12, 0.5, True, "30", "soon", None, float("nan"), float("inf"),
+                                     [30]])
+def test_a_timeout_outside_whole_seconds_from_1_to_the_limit_is_refused_naming_both(timeout: object) -> None:
+    boxes = Sandboxes(SandboxConfig(), backend=object())  # refused before the backend is asked for anything
+    with pytest.raises(SandboxError) as refused:
+        boxes.create(timeout=timeout)
+    assert str(refused.value) == f"timeout must be a whole number of seconds from 1 to 600, not {timeout!r}."
+
+
+def test_timeouts_within_the_limit_are_whole_seconds_and_the_default_fits_any_limit() -> None:
+    assert [idle_seconds(t, 600) for t in (1, 30, 30.0, 30.9, 600)] == [1, 30, 30, 30, 600]
+    assert idle_seconds(600, 60) == 60  # the tool's default on a server that allows less
+    assert idle_seconds(3600, 7200) == 3600
+    with pytest.raises(SandboxError, match="from 1 to 60, not 61"):
+        idle_seconds(61, 60)
+
+
+def test_a_close_while_another_is_under_way_returns_only_when_that_one_is_over() -> None:
+    """A server stopped by a signal while it closes its sandboxes after a hangup must not exit halfway."""
+
+    class SlowBackend:
+        """Like the local backend: the first close takes every sandbox, a second finds none left to remove."""
+        taken, finished = False, 0.0
+
+        def close(self) -> None:
+            if self.taken:
+                return
+            self.taken = True
+            time.sleep(0.5)
+            self.finished = time.monotonic()
+
+    backend = SlowBackend()
+    boxes = Sandboxes(SandboxConfig(), backend=backend)
+    first = threading.Thread(target=boxes.close)
+    first.start()
+    time.sleep(0.1)
+    boxes.close()
+    returned = time.monotonic()
+    first.join()
+    assert backend.finished and returned >= backend.finished
 
 
 # --- the local sandbox: hostile code -----------------------------------------------------------
@@ -475,7 +550,9 @@ def test_e2b_backend_against_a_fake_of_its_sdk(tmp_path: Path) -> None:
     FakeE2BSandbox.created = []
     config = make_config(tmp_path, backend="e2b", e2b_api_key="key", e2b_template="tpl", timeout_s=30.0)
     boxes = Sandboxes(config, backend=E2BBackend(config, sandbox_class=FakeE2BSandbox))
-    assert boxes.create(timeout=900) == "Sandbox created with sandbox_id: e2b0"
+    with pytest.raises(SandboxError, match="from 1 to 600, not 900"):
+        boxes.create(timeout=900)
+    assert boxes.create(timeout=600) == "Sandbox created with sandbox_id: e2b0"
     fake = FakeE2BSandbox.created[0]
     assert fake.options == {"template": "tpl", "timeout": 600, "api_key": "key"}
     assert boxes.run_python("6 * 7", "e2b0") == \

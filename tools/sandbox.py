@@ -14,6 +14,7 @@ saw during training. Settings come from `NANBEIGE_SANDBOX_*` environment variabl
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -24,12 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
-import anyio
-import httpx
-
-from nanbeige.tools.fetch import BlockedAddress, FetchError, FetchPolicy, GuardedTransport, check_url
 
 SANDBOX_HOME = "/home/user"
 TRUNCATED = " [Result truncated due to length limit]"
@@ -44,6 +40,7 @@ PLACEHOLDER_IDS = frozenset({
     "sandbox_12345", "dummy", "sandbox_01",
 })
 MB = 1024 * 1024
+log = logging.getLogger(__name__)
 
 
 class SandboxError(Exception):
@@ -198,6 +195,27 @@ def invalid_id(sandbox_id: str) -> str:
 class Lease:
     idle_timeout_s: float
     last_used: float
+    busy: int = 0
+    """Calls using the sandbox now: one in use is never idle, however long the call takes."""
+
+
+DEFAULT_TIMEOUT = 600  # create_sandbox's default in the signature the model was trained with
+REAP_EVERY_S = 1.0  # the longest the idle timer sleeps: a sandbox made meanwhile is closed at most this late
+
+
+def idle_seconds(timeout: Any, limit: int) -> int:
+    """create_sandbox's `timeout` as whole seconds in 1..limit (a fraction is dropped, as int() does), or a
+    SandboxError naming the range and the value. The default, 600, means `limit` where that is less: the
+    model may leave it out on a server whose operator allows less."""
+    allowed = f"timeout must be a whole number of seconds from 1 to {limit}, not {timeout!r}."
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout != timeout \
+            or timeout in (float("inf"), float("-inf")):
+        raise SandboxError(allowed)
+    if timeout == DEFAULT_TIMEOUT:
+        return min(DEFAULT_TIMEOUT, limit)
+    if not 1 <= int(timeout) <= limit:
+        raise SandboxError(allowed)
+    return int(timeout)
 
 
 def make_backend(config: SandboxConfig) -> Any:
@@ -225,10 +243,12 @@ class Sandboxes:
         self._lock = threading.Lock()
         self._open: dict[str, Lease] = {}
         self._gone: dict[str, str] = {}
+        self._reaper: threading.Thread | None = None
+        self._closing: threading.Event | None = None  # set once the close under way is over
 
-    def create(self, timeout: int = 600) -> str:
+    def create(self, timeout: Any = DEFAULT_TIMEOUT) -> str:
+        timeout = idle_seconds(timeout, self.config.idle_timeout_s)
         self._close_idle()
-        timeout = max(1, min(int(timeout), self.config.idle_timeout_s))
         with self._lock:
             evict = sorted(self._open, key=lambda i: self._open[i].last_used)[: max(0, len(self._open) + 1
                                                                                        - self.config.max_sandboxes)]
@@ -238,6 +258,9 @@ class Sandboxes:
         sandbox_id = self.backend.create(timeout)
         with self._lock:
             self._open[sandbox_id] = Lease(timeout, time.monotonic())
+            if self._reaper is None:
+                self._reaper = threading.Thread(target=self._reap, name="sandbox-idle-timer", daemon=True)
+                self._reaper.start()
         notice = getattr(self.backend, "notice", "")  # isolation it lacks, never claimed
         return f"Sandbox created with sandbox_id: {sandbox_id}" + (f"\n{notice}" if notice else "")
 
@@ -255,6 +278,8 @@ class Sandboxes:
             return truncate(self.backend.run_command(real_id, command), self.config.max_output_chars)
 
     def upload(self, sandbox_id: str, local_file_path: str, sandbox_file_path: str = SANDBOX_HOME) -> str:
+        from nanbeige.tools.sandbox_transfer import allowed_local_file  # it imports this module
+
         with self._use(sandbox_id) as real_id:  # the id first: a placeholder is answered before the file
             source = allowed_local_file(local_file_path, self.config.upload_dirs)
             if source.stat().st_size > self.config.file_size_mb * MB:
@@ -264,6 +289,8 @@ class Sandboxes:
         return f"File uploaded to {target}"
 
     def download_url(self, sandbox_id: str, url: str, sandbox_file_path: str = SANDBOX_HOME) -> str:
+        from nanbeige.tools.sandbox_transfer import fetch_url  # it imports this module
+
         with self._use(sandbox_id) as real_id:
             data, name = fetch_url(url, self.config)
             target = self._target(real_id, sandbox_file_path, name)
@@ -271,6 +298,8 @@ class Sandboxes:
         return f"File downloaded to {target}"
 
     def download_to_local(self, sandbox_id: str, sandbox_file_path: str, local_filename: str | None = None) -> str:
+        from nanbeige.tools.sandbox_transfer import write_local_file  # it imports this module
+
         with self._use(sandbox_id) as real_id:
             data = self.backend.read_file(real_id, sandbox_file_path, self.config.file_size_mb * MB)
         folder = self.config.download_dir or self.config.root / "downloads"
@@ -278,11 +307,23 @@ class Sandboxes:
         return f"File downloaded successfully to: {target}"
 
     def close(self) -> None:
+        """Closes every sandbox; safe from any thread, at once. A call made while another is closing
+        returns when that one is over: a server stopping on a signal must not exit halfway through."""
         with self._lock:
-            ids = list(self._open)
-        for sandbox_id in ids:
-            self._close(sandbox_id, invalid_id(sandbox_id))
-        self.backend.close()
+            under_way, self._closing = self._closing, self._closing or threading.Event()
+            closing = self._closing
+            if under_way is None:
+                self._gone.update({i: invalid_id(i) for i in self._open})
+                self._open.clear()
+        if under_way is not None:
+            under_way.wait()
+            return
+        try:
+            self.backend.close()  # all of them together: faster than one by one
+        finally:
+            with self._lock:
+                self._closing = None
+            closing.set()
 
     @contextmanager
     def _use(self, sandbox_id: str) -> Iterator[str]:
@@ -297,27 +338,56 @@ class Sandboxes:
             lease = self._open.get(sandbox_id)
             if lease is None and sandbox_id in self._gone:
                 raise SandboxError(self._gone[sandbox_id])
+            if lease is not None:
+                lease.busy += 1  # under the lock: the idle timer cannot take it from here on
         if lease is None:
             lease = self._attach(sandbox_id)
-        lease.last_used = time.monotonic()
         try:
             yield sandbox_id
         finally:
-            lease.last_used = time.monotonic()
+            with self._lock:
+                lease.busy -= 1
+                lease.last_used = time.monotonic()
 
     def _attach(self, sandbox_id: str) -> Lease:
         """An id this server did not create: E2B sandboxes outlive the server that made them."""
         self.backend.attach(sandbox_id, self.config.idle_timeout_s)
         with self._lock:
-            return self._open.setdefault(sandbox_id, Lease(self.config.idle_timeout_s, time.monotonic()))
+            lease = self._open.setdefault(sandbox_id, Lease(self.config.idle_timeout_s, time.monotonic()))
+            lease.busy += 1
+            return lease
 
-    def _close_idle(self) -> None:
-        now = time.monotonic()
+    def _close_idle(self) -> float:
+        """Closes the sandboxes unused past their timeout; returns the seconds until the next one is due."""
+        now, due = time.monotonic(), REAP_EVERY_S
         with self._lock:
-            idle = [(i, lease) for i, lease in self._open.items() if now - lease.last_used > lease.idle_timeout_s]
-        for sandbox_id, lease in idle:
-            self._close(sandbox_id, f"Sandbox '{sandbox_id}' was shut down after {lease.idle_timeout_s:.0f} s "
-                                    "without use. Please create a new sandbox using the create_sandbox tool.")
+            idle = [(i, lease) for i, lease in self._open.items()
+                    if not lease.busy and now - lease.last_used > lease.idle_timeout_s]
+            for sandbox_id, lease in idle:
+                del self._open[sandbox_id]
+                self._gone[sandbox_id] = (f"Sandbox '{sandbox_id}' was shut down after {lease.idle_timeout_s:.0f} "
+                                          "s without use. Please create a new sandbox using the create_sandbox tool.")
+            for lease in self._open.values():
+                if not lease.busy:
+                    due = min(due, lease.last_used + lease.idle_timeout_s - now)
+        for sandbox_id, _ in idle:
+            self.backend.destroy(sandbox_id)
+        return due
+
+    def _reap(self) -> None:
+        """The idle timer: closes each sandbox when its timeout passes, not at the next call, so that an
+        abandoned one gives back its processes and disk on time. Ends when no sandbox is open."""
+        while True:
+            try:
+                due = self._close_idle()
+            except Exception:  # noqa: BLE001 - a sandbox that cannot be removed must not stop the timer
+                log.exception("closing an idle sandbox failed")
+                due = REAP_EVERY_S
+            with self._lock:
+                if not self._open:
+                    self._reaper = None
+                    return
+            time.sleep(min(REAP_EVERY_S, max(0.01, due + 0.01)))
 
     def _close(self, sandbox_id: str, reason: str) -> None:
         with self._lock:
@@ -339,74 +409,3 @@ class Sandboxes:
 
 def inside(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
-
-
-def allowed_local_file(path: str, allowed: list[Path]) -> Path:
-    real = Path(os.path.realpath(os.path.expanduser(path)))
-    roots = [Path(os.path.realpath(d)) for d in allowed]
-    if not any(inside(real, r) for r in roots):
-        raise SandboxError(f"{path} cannot be uploaded: only files under {', '.join(map(str, roots))} can.")
-    if not real.is_file():
-        raise SandboxError(f"{path} does not exist or is not a file.")
-    return real
-
-
-def write_local_file(folder: Path, name: str, data: bytes) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    base = Path(os.path.realpath(folder))
-    target = Path(os.path.normpath(base / name))
-    if not inside(target, base) or target == base:
-        raise SandboxError(f"{name} is not a file name inside the download folder {base}.")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if not inside(Path(os.path.realpath(target.parent)), base):
-        raise SandboxError(f"{name} leads outside the download folder {base}.")
-    try:
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-    except OSError as exc:
-        raise SandboxError(f"Cannot write {target}: {exc.strerror}.") from None
-    with open(fd, "wb") as f:
-        f.write(data)
-    return target
-
-
-# --- downloads from the internet ---------------------------------------------------------------
-
-
-def fetch_url(url: str, config: SandboxConfig) -> tuple[bytes, str]:
-    """The body of url (redirects followed, at most max_download_mb) and a file name for it.
-
-    Every connection, redirects included, goes through `fetch.GuardedTransport`: the sandbox has no
-    network, and this tool must not become its way into the local network. Runs an event loop of
-    its own, so call it from a thread without one (the server runs tools in worker threads)."""
-    try:
-        check_url(url)
-    except FetchError:
-        raise SandboxError(f"Only http and https URLs can be downloaded, not {url!r}.") from None
-    try:
-        return anyio.run(_download, url, config)
-    except BlockedAddress as exc:
-        raise SandboxError(f"{url} leads to a local or private address ({str(exc).removeprefix('refused: ')}); "
-                           "only public addresses are allowed.") from None
-    except FetchError as exc:
-        raise SandboxError(f"Download failed: {exc}.") from None
-    except httpx.TooManyRedirects:
-        raise SandboxError(f"Download failed: too many redirects from {url}.") from None
-    except httpx.HTTPError as exc:
-        raise SandboxError(f"Download failed: {type(exc).__name__}: {exc}.") from None
-
-
-async def _download(url: str, config: SandboxConfig) -> tuple[bytes, str]:
-    policy = FetchPolicy(allow_private=config.allow_local_urls)
-    limit = config.max_download_mb * MB
-    async with httpx.AsyncClient(transport=GuardedTransport(policy), follow_redirects=True, max_redirects=10,
-                                 timeout=httpx.Timeout(policy.read_timeout_s, connect=policy.connect_timeout_s),
-                                 headers={"User-Agent": "nanbeige-sandbox/0.1"}) as client:
-        async with client.stream("GET", url) as response:
-            if response.status_code >= 400:
-                raise SandboxError(f"Download failed: HTTP {response.status_code} for {response.url}.")
-            data = bytearray()
-            async for chunk in response.aiter_bytes():
-                data += chunk
-                if len(data) > limit:
-                    raise SandboxError(f"Download stopped: {url} is larger than {config.max_download_mb} MB.")
-    return bytes(data), unquote(PurePosixPath(urlsplit(str(response.url)).path).name) or "downloaded_file"

@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import time
 from contextlib import suppress
@@ -36,6 +37,8 @@ JAIL_PROCESSES = 8
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 STALE_AFTER_S = 10.0
 PLACE_NAME = re.compile(r"[0-9a-f]{20}")  # a sandbox id
+EXT4_IOC_SHUTDOWN = 0x8004587D  # _IOR('X', 125, __u32)
+EXT4_GOING_FLAGS_NOLOGFLUSH = 2  # stop at once, writing nothing back
 JOIN = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
 
 
@@ -70,12 +73,13 @@ class Cgroup:
         fields = dict(line.split() for line in text.splitlines() if len(line.split()) == 2)
         return int(fields.get("oom_kill", 0))
 
-    def kill(self) -> None:
-        """SIGKILLs every process in it; a fork bomb cannot outrun this, since pids.max holds."""
+    def kill(self, wait: bool = True) -> None:
+        """SIGKILLs every process in it; a fork bomb cannot outrun this, since pids.max holds. Without
+        `wait`, signals once and returns, for a caller that waits for many sandboxes' processes at once."""
         if self.version == 2 and (self.folders[0] / "cgroup.kill").exists():
             with suppress(OSError):
                 (self.folders[0] / "cgroup.kill").write_text("1")
-        for _ in range(200):
+        for _ in range(200 if wait else 1):
             members = self.members()
             if not members:
                 return
@@ -175,12 +179,34 @@ def make_disk(image: Path, mount_point: Path, size_mb: int) -> None:
     subprocess.run(["mount", "-o", "loop,nodev,nosuid", str(image), str(mount_point)], **quiet)  # type: ignore[call-overload]
 
 
-def unmount(mount_point: Path) -> None:
-    """Detaches a sandbox's file system (its loop device goes with it); a no-op where none is mounted."""
+def unmount(mount_point: Path, image: Path | None = None) -> None:
+    """Detaches a sandbox's file system (its loop device goes with it); a no-op where none is mounted.
+    `image`, its image file, is about to be deleted: the file system is then shut down first, so that
+    the unmount does not write back what the sandbox's files hold (seconds, for a few busy sandboxes)."""
     if is_mounted(mount_point):
+        if image is not None:
+            shut_down(mount_point, image)
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.umount2(str(mount_point).encode(), 2) != 0:  # MNT_DETACH: even if something still uses it
             log.warning("local sandbox: cannot unmount %s: %s", mount_point, os.strerror(ctypes.get_errno()))
+
+
+def shut_down(mount_point: Path, image: Path) -> None:
+    """Stops the ext4 file system at mount_point from writing anything more, without flushing it, where
+    it is the one on `image` (the check matters: the same ioctl on the host's file system would stop it)."""
+    try:
+        fd = os.open(mount_point, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return
+    try:
+        device = os.fstat(fd).st_dev
+        backing = Path(f"/sys/dev/block/{os.major(device)}:{os.minor(device)}/loop/backing_file")
+        if backing.read_text().strip() == os.path.realpath(image):
+            fcntl.ioctl(fd, EXT4_IOC_SHUTDOWN, struct.pack("I", EXT4_GOING_FLAGS_NOLOGFLUSH))
+    except OSError:
+        pass  # not ours, or not shut down: the unmount writes back as usual
+    finally:
+        os.close(fd)
 
 
 def is_mounted(path: Path) -> bool:
@@ -294,5 +320,5 @@ def _sweep_place(place: Path) -> None:
     if isinstance(uid, int) and UID_BASE <= uid < UID_BASE + UID_SPAN:
         kill_processes(lambda p: p.uid == uid, keep=set(), waited=set())
         remove_files_of(uid)
-    unmount(place / "files")
+    unmount(place / "files", image=place / "disk.img")
     remove_tree(place)

@@ -12,9 +12,11 @@ time (a Python cell's also watched from outside, by `sandbox_channel.py`, which 
 worker's requests and replies), address space, file size and open files, a wall-clock timeout
 after which everything it started is killed, and a minimal environment (no API keys).
 
-Without a jail (no bwrap, no user namespaces) the server says so and falls back to what the OS
-allows (`sandbox_probe.probe_isolation`): no network (`unshare --net`) and, as root, the uid of its
-own, which leaves the host's world-readable files readable to the code.
+Without a jail (no bwrap, or a bwrap that cannot make namespaces here) the server says so and falls
+back to what the OS allows (`sandbox_probe.probe_isolation`): no network (`unshare --net`) and, as
+root, the uid of its own, which leaves the host's world-readable files readable to the code. Where
+bwrap works, nothing runs unjailed: a jail that cannot be set up, or a probe that cannot decide
+(every try ran out of time), is an error to the model, and the next call probes again.
 
 Nothing is left behind: a sandbox's processes, cgroup, file system, folders and uid lock go when
 it is deleted, times out or its server exits; a server killed outright leaves them to the next
@@ -37,7 +39,9 @@ from pathlib import Path
 from nanbeige.tools.sandbox import (
     MB, SandboxConfig, SandboxError, command_failed, format_command, format_execution, invalid_id, truncate,
 )
-from nanbeige.tools.sandbox_box import WORKER, LocalSandbox, command_line, make_sandbox, remove_sandbox, sandbox_env
+from nanbeige.tools.sandbox_box import (
+    WORKER, LocalSandbox, command_line, kill_all, make_sandbox, remove_sandbox, sandbox_env,
+)
 from nanbeige.tools.sandbox_budget import can_make_disks, cgroup_parents, folder_bytes, rss_bytes, sweep, sweep_cgroups
 from nanbeige.tools.sandbox_channel import Channel, ChannelError, check_cell_reply, cpu_time, exchange, read_line
 from nanbeige.tools.sandbox_files import host_path, read_file, write_file
@@ -49,6 +53,7 @@ from nanbeige.tools.sandbox_probe import Isolation, probe_isolation
 log = logging.getLogger(__name__)
 
 IDLE_CHECK_S = 1.0  # how often idle workers' CPU time is read
+CLOSE_THREADS = 16  # sandboxes taken apart at once when the server closes
 BUDGET_CHECK_S = 0.25  # how often memory and disk are summed, where no cgroup or file system holds them
 STATE_LOST = ("The Python process was restarted, so variables, imports and definitions from earlier calls are "
               "lost; files in /home/user are kept.")
@@ -76,6 +81,8 @@ class LocalBackend:
 
     @property
     def isolation(self) -> Isolation:
+        """Found by the first call, while later ones wait; where it cannot be found now, ProbeError
+        (a SandboxError), and the next call tries again."""
         with self._lock:
             if self._isolation is None:
                 self.config.root.mkdir(parents=True, exist_ok=True)
@@ -85,19 +92,26 @@ class LocalBackend:
                 if swept:
                     log.info("local sandbox: removed %d sandboxes left by servers that are gone", swept)
                 c = self.config
-                self._isolation = probe_isolation(python=c.python, worker=WORKER, root=c.root, network=c.network,
-                                                  drop_privileges=c.drop_privileges, jail=c.jail)
+                isolation = probe_isolation(python=c.python, worker=WORKER, root=c.root, network=c.network,
+                                            drop_privileges=c.drop_privileges, jail=c.jail)
                 self._cgroups = cgroup_parents()
                 if self._cgroups and (swept := sweep_cgroups(self._cgroups)):
                     log.info("local sandbox: removed %d cgroups left by servers that are gone", swept)
                 self._disks = can_make_disks()
+                self._isolation = isolation
                 for weaker in filter(None, (self.notice, *self._watched())):
                     log.warning("local sandbox: %s", weaker)
             return self._isolation
 
     def start(self) -> None:
         """Finds the isolation in the background, so that the server says at start what it lacks."""
-        threading.Thread(target=lambda: self.isolation, name="sandbox-probe", daemon=True).start()
+        threading.Thread(target=self._probe_at_start, name="sandbox-probe", daemon=True).start()
+
+    def _probe_at_start(self) -> None:
+        try:
+            self.isolation
+        except SandboxError as exc:
+            log.warning("local sandbox: %s", exc)
 
     @property
     def notice(self) -> str:
@@ -222,11 +236,29 @@ class LocalBackend:
         remove_sandbox(box)
 
     def close(self) -> None:
+        """Removes every sandbox: all their processes killed at once, then each taken apart in a thread
+        of its own (unmounts, deletes and rmdirs wait on the kernel, not on this process)."""
         self._closed.set()
         with self._lock:
-            ids = list(self._boxes)
-        for sandbox_id in ids:
-            self.destroy(sandbox_id)
+            boxes = list(self._boxes.values())
+            self._boxes.clear()
+        if not boxes:
+            return
+        workers = [box.worker for box in boxes]
+        for box in boxes:
+            box.worker = None  # the calls in flight, failing now, leave the stopping to this thread
+        kill_all(boxes)
+        with ThreadPoolExecutor(min(CLOSE_THREADS, len(boxes)), thread_name_prefix="sandbox-close") as pool:
+            list(pool.map(self._take_apart, boxes, workers))
+
+    def _take_apart(self, box: LocalSandbox, worker: subprocess.Popen | None) -> None:
+        if worker is not None:
+            with suppress(subprocess.TimeoutExpired):
+                worker.wait(timeout=5.0)  # killed already: only the reaping is left
+            for fd in (box.channel.requests, box.channel.replies):
+                with suppress(OSError):
+                    os.close(fd)
+        remove_sandbox(box, killed=True)
 
     def _watch(self, closed: threading.Event) -> None:
         """Between calls, stops workers that used more than a call's CPU time since their last call

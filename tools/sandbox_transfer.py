@@ -1,0 +1,84 @@
+"""Files that cross between a sandbox and the world: uploads from the local folders allowed, downloads
+into the local download folder, and downloads from the internet, whose every connection goes through
+the guarded transport of `nanbeige.tools.fetch`, so that the tool is no way into the local network
+for code that has none."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path, PurePosixPath
+from urllib.parse import unquote, urlsplit
+
+import anyio
+import httpx
+
+from nanbeige.tools.fetch import BlockedAddress, FetchError, FetchPolicy, GuardedTransport, check_url
+from nanbeige.tools.sandbox import MB, SandboxConfig, SandboxError, inside
+
+
+def allowed_local_file(path: str, allowed: list[Path]) -> Path:
+    real = Path(os.path.realpath(os.path.expanduser(path)))
+    roots = [Path(os.path.realpath(d)) for d in allowed]
+    if not any(inside(real, r) for r in roots):
+        raise SandboxError(f"{path} cannot be uploaded: only files under {', '.join(map(str, roots))} can.")
+    if not real.is_file():
+        raise SandboxError(f"{path} does not exist or is not a file.")
+    return real
+
+
+def write_local_file(folder: Path, name: str, data: bytes) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    base = Path(os.path.realpath(folder))
+    target = Path(os.path.normpath(base / name))
+    if not inside(target, base) or target == base:
+        raise SandboxError(f"{name} is not a file name inside the download folder {base}.")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if not inside(Path(os.path.realpath(target.parent)), base):
+        raise SandboxError(f"{name} leads outside the download folder {base}.")
+    try:
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        raise SandboxError(f"Cannot write {target}: {exc.strerror}.") from None
+    with open(fd, "wb") as f:
+        f.write(data)
+    return target
+
+
+def fetch_url(url: str, config: SandboxConfig) -> tuple[bytes, str]:
+    """The body of url (redirects followed, at most max_download_mb) and a file name for it.
+
+    Every connection, redirects included, goes through `fetch.GuardedTransport`: the sandbox has no
+    network, and this tool must not become its way into the local network. Runs an event loop of
+    its own, so call it from a thread without one (the server runs tools in worker threads)."""
+    try:
+        check_url(url)
+    except FetchError:
+        raise SandboxError(f"Only http and https URLs can be downloaded, not {url!r}.") from None
+    try:
+        return anyio.run(_download, url, config)
+    except BlockedAddress as exc:
+        raise SandboxError(f"{url} leads to a local or private address ({str(exc).removeprefix('refused: ')}); "
+                           "only public addresses are allowed.") from None
+    except FetchError as exc:
+        raise SandboxError(f"Download failed: {exc}.") from None
+    except httpx.TooManyRedirects:
+        raise SandboxError(f"Download failed: too many redirects from {url}.") from None
+    except httpx.HTTPError as exc:
+        raise SandboxError(f"Download failed: {type(exc).__name__}: {exc}.") from None
+
+
+async def _download(url: str, config: SandboxConfig) -> tuple[bytes, str]:
+    policy = FetchPolicy(allow_private=config.allow_local_urls)
+    limit = config.max_download_mb * MB
+    async with httpx.AsyncClient(transport=GuardedTransport(policy), follow_redirects=True, max_redirects=10,
+                                 timeout=httpx.Timeout(policy.read_timeout_s, connect=policy.connect_timeout_s),
+                                 headers={"User-Agent": "nanbeige-sandbox/0.1"}) as client:
+        async with client.stream("GET", url) as response:
+            if response.status_code >= 400:
+                raise SandboxError(f"Download failed: HTTP {response.status_code} for {response.url}.")
+            data = bytearray()
+            async for chunk in response.aiter_bytes():
+                data += chunk
+                if len(data) > limit:
+                    raise SandboxError(f"Download stopped: {url} is larger than {config.max_download_mb} MB.")
+    return bytes(data), unquote(PurePosixPath(urlsplit(str(response.url)).path).name) or "downloaded_file"
