@@ -219,8 +219,8 @@ def test_a_call_longer_than_the_idle_timeout_is_not_cut_short(tmp_path: Path) ->
         boxes.close()
 
 
-@pytest.mark.parametrize("timeout", [0, -5, 601, 1e12, 0.5, True, "30", "soon", None, float("nan"), float("inf"),
-                                     [30]])
+@pytest.mark.parametrize("timeout", [0, -5, 601, 1e12, 0.5, True, "30.5", "-3", "soon", None, float("nan"),
+                                     float("inf"), [30]])
 def test_a_timeout_outside_whole_seconds_from_1_to_the_limit_is_refused_naming_both(timeout: object) -> None:
     boxes = Sandboxes(SandboxConfig(), backend=object())  # refused before the backend is asked for anything
     with pytest.raises(SandboxError) as refused:
@@ -229,7 +229,7 @@ def test_a_timeout_outside_whole_seconds_from_1_to_the_limit_is_refused_naming_b
 
 
 def test_timeouts_within_the_limit_are_whole_seconds_and_the_default_fits_any_limit() -> None:
-    assert [idle_seconds(t, 600) for t in (1, 30, 30.0, 30.9, 600)] == [1, 30, 30, 30, 600]
+    assert [idle_seconds(t, 600) for t in (1, 30, 30.0, 30.9, 600, "45", " 60 ")] == [1, 30, 30, 30, 600, 45, 60]
     assert idle_seconds(600, 60) == 60  # the tool's default on a server that allows less
     assert idle_seconds(3600, 7200) == 3600
     with pytest.raises(SandboxError, match="from 1 to 60, not 61"):

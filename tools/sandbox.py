@@ -208,6 +208,8 @@ def idle_seconds(timeout: Any, limit: int) -> int:
     SandboxError naming the range and the value. The default, 600, means `limit` where that is less: the
     model may leave it out on a server whose operator allows less."""
     allowed = f"timeout must be a whole number of seconds from 1 to {limit}, not {timeout!r}."
+    if isinstance(timeout, str) and timeout.strip().isdecimal():  # the schema is untyped: a model may quote it
+        timeout = int(timeout)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout != timeout \
             or timeout in (float("inf"), float("-inf")):
         raise SandboxError(allowed)
