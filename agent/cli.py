@@ -211,6 +211,7 @@ def resume(
     chat_template: o.ChatTemplate = None,
     cache: o.Cache = None,
     replay: o.Replay = False,
+    reference: o.ReferenceCheckout = None,
 ) -> None:
     """Continue a run cut short (killed, Ctrl-C, crashed, model server error) from its last complete turn,
     with its own settings; print the answer. Tool servers and backend flags must be the run's."""
@@ -226,8 +227,11 @@ def resume(
         check_not_in_use(path)
     except SetupError as exc:
         fail(str(exc), 2 if exc.usage else 1)
-    settings = settings_for(trajectory, path, base_url, backend, api_key, mcp, no_default_servers, gguf_file,
-                            token_mode, chat_template)
+    try:
+        settings = settings_for(trajectory, path, base_url, backend, api_key, mcp, no_default_servers, gguf_file,
+                                token_mode, chat_template, reference)
+    except SetupError as exc:
+        fail(str(exc), 2 if exc.usage else 1)
     # where tool results come from is given anew, like the tool servers: the start record does not keep it
     settings.tools.cache, settings.tools.replay = cache, replay
     hide(secrets_of(settings))

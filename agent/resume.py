@@ -113,13 +113,20 @@ def finished(trajectory: Trajectory) -> str:
 
 def settings_for(trajectory: Trajectory, path: Path, base_url: str | None, backend: str, api_key: str | None,
                  mcp: list[str] | None, no_default_servers: bool, gguf_file: str | None, token_mode: bool,
-                 chat_template: Path | None) -> RunSettings:
+                 chat_template: Path | None, reference_checkout: Path | None = None) -> RunSettings:
     """The settings the run was made with, served and tooled as the flags say: by default by the server
-    the run used (recorded without credentials; a key comes from --api-key or NANBEIGE_API_KEY again)."""
+    the run used (recorded without credentials; a key comes from --api-key or NANBEIGE_API_KEY again).
+    A run that read a reference checkout is resumed only with `--reference` given again: reading the
+    checkout runs its prompt functions, and a path in a file someone handed us must not choose the code."""
     limits, sampling = trajectory.limits, trajectory.sampling
+    checkout_record = limits.get("reference") if isinstance(limits.get("reference"), dict) else {}
+    recorded_checkout = checkout_record.get("path") or (trajectory.reference and "(no path recorded)")
+    if recorded_checkout and reference_checkout is None:
+        raise SetupError(f"{path}: trajectory {trajectory.id} read its prompts from the reference checkout "
+                         f"{str(recorded_checkout)[:300]!r}: resume it with --reference PATH (a checkout's code runs "
+                         "when it is read, so the path is never taken from the file)", usage=True)
     agent = AgentConfig(**{f.name: limits[f.name] for f in dataclasses.fields(AgentConfig)
                            if f.name in limits and f.name != "reference"})
-    reference = limits.get("reference") if isinstance(limits.get("reference"), dict) else None
     recorded = limits.get("server") if isinstance(limits.get("server"), str) else None
     base_url = base_url or (recorded if backend in ("auto", "openai") else None)  # the run's server, unless told
     llm = LLMConfig(base_url=base_url or LLMConfig.base_url, model=trajectory.model, api_key=api_key,
@@ -128,7 +135,7 @@ def settings_for(trajectory: Trajectory, path: Path, base_url: str | None, backe
                         tool_timeout_s=limits.get("tool_timeout_s", ToolsConfig.tool_timeout_s),
                         max_result_chars=limits.get("max_result_chars", ToolsConfig.max_result_chars))
     return RunSettings(llm=llm, agent=agent, tools=tools, trajectory=path,
-                       reference=Path(reference["path"]) if reference and reference.get("path") else None,
+                       reference=reference_checkout,
                        backend=BackendConfig(backend=backend, base_url_given=base_url is not None, gguf_file=gguf_file,
                                              token_mode=token_mode, chat_template=chat_template))
 

@@ -187,6 +187,8 @@ ROLLOUTS_SKIPPED = {  # a line the reader skips, saying so; the good rollout is 
     "nested past the recursion limit": (jsonl(*rollout("a"), NESTED, *rollout("c")), 4),
     "nested past what can be written back": (jsonl(*rollout("a"), *rollout("bad")[:1], DEEP, rollout("bad")[2]), 5),
     "a truncated last line": (jsonl(*rollout("a")) + b'{"type": "start", "id": "b", "quest', 4),
+    "a bad turn before a good one": (jsonl(*rollout("a"), rollout("bad")[0], {**rollout("bad")[1], "assistant": 7},
+                                           {**rollout("bad")[1], "index": 1}, rollout("bad")[2]), 5),
 }
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from fake_openai import FakeOpenAI, mcp_answer
+from reference_tree import make_reference
 from test_untrusted_inputs import assert_no_crash, assert_refused, files_in, jsonl, nanbeige, rollout
 
 from nanbeige.agent.trajectory import load_trajectories
@@ -175,3 +176,22 @@ def test_a_run_killed_mid_line_is_resumed_saying_its_last_line_was_skipped(tmp_p
     assert path.read_bytes().startswith(kept)
     [trajectory] = load_trajectories(path, warn=lambda text: None)
     assert trajectory.answer == "4" and len(trajectory.turns) == 2  # the cut turn made again
+
+
+def test_a_reference_checkout_named_in_a_trajectory_file_is_never_run(tmp_path: Path) -> None:
+    """Reading a checkout runs its prompt functions: a trajectory file naming one (a crafted folder beside
+    it) must not choose code to run. The resume asks for --reference instead, and runs nothing."""
+    checkout = make_reference(tmp_path / "checkout")
+    prompts = checkout / "apps/miroflow-agent/src/utils/prompt_utils.py"
+    ran = tmp_path / "ran"
+    prompts.write_text(f"import pathlib\npathlib.Path({str(ran)!r}).write_text('ran')\n" + prompts.read_text())
+    with FakeOpenAI([], default=mcp_answer("4")) as server:
+        path = asked(tmp_path, server)
+        records = [json.loads(line) for line in path.read_bytes().splitlines()]
+        records[0]["limits"]["reference"] = {"path": str(checkout), "commit": None, "sha256": "0" * 64, "python": "3.12"}
+        records[0]["reference"] = {"commit": None, "sha256": "0" * 64, "python": "3.12"}
+        path.write_bytes(jsonl(*records))
+        result = nanbeige("resume", path, "--base-url", server.base_url, "--no-default-servers")
+    assert_no_crash(result)
+    assert result.exit_code == 2 and "resume it with --reference PATH" in result.output and str(checkout) in result.output
+    assert not ran.exists() and path.read_bytes() == jsonl(*records)

@@ -46,6 +46,8 @@ REFUSED = {
     "fewer logprobs than completion ids": (data_with({"logprobs": [-0.5]}), 5, "logprobs"),
     "a logprob that is text": (data_with({"logprobs": ["x", -0.5]}), 5, "logprob"),
     "a logprob that is not finite": (data_with({"logprobs": [-0.5, -1e400]}), 5, "not a JSON"),
+    "a reward whose square overflows": (data_with(end={"reward": 1e300}), 6, "not a number within"),
+    "a turn reward whose square overflows": (data_with({"reward": -1e30}), 5, "not a number within"),
     "a 0-byte file": (b"", None, "holds no trajectory"),
     "binary garbage": (BINARY + b"\n" + BINARY, 1, "not a JSON line"),
 }
@@ -89,15 +91,27 @@ def test_a_judged_record_the_reader_skips_is_named_and_nothing_trains(tiny: Path
 
 
 def test_a_checkpoint_a_kill_cut_short_is_not_resumed_from(tmp_path: Path) -> None:
-    """A checkpoint is whole once its trainer state is in place under its final name: written under
-    another name and renamed, so a kill mid-write leaves no state file that would be taken for one."""
-    for step, state in ((1, "trainer-state-rank0.pt"), (2, "trainer-state-rank0.pt.tmp"), (3, None)):
+    """A checkpoint is whole once every rank's trainer state is in place under its final name (each written
+    under another name and renamed) and the marker written after them says how many ranks saved: a kill
+    mid-write, or between two ranks' files, leaves a folder that is not taken for a whole one."""
+    cases = [(1, ["trainer-state-rank0.pt"], {"world_size": 1}),
+             (2, ["trainer-state-rank0.pt.tmp"], None),  # killed mid-write
+             (3, [], None),  # killed before any state
+             (4, ["trainer-state-rank0.pt"], None),  # killed before the marker
+             (5, ["trainer-state-rank0.pt"], {"world_size": 2}),  # a marker naming a rank whose file is missing
+             (6, ["trainer-state-rank0.pt"], {"world_size": "1"}),  # a marker of another type
+             (7, ["trainer-state-rank0.pt"], [1])]
+    for step, states, marker in cases:
         folder = tmp_path / f"checkpoint-{step}"
         folder.mkdir()
         (folder / "model.safetensors").write_bytes(b"weights")
-        if state:
+        for state in states:
             (folder / state).write_bytes(b"state")
+        if marker is not None:
+            (folder / "checkpoint-complete.json").write_text(json.dumps(marker))
     assert latest_checkpoint(tmp_path) == (tmp_path / "checkpoint-1", 1)
+    (tmp_path / "checkpoint-5" / "trainer-state-rank1.pt").write_bytes(b"state")  # the second rank's file in place
+    assert latest_checkpoint(tmp_path) == (tmp_path / "checkpoint-5", 5)
 
 
 def test_a_checkpoint_s_state_is_written_under_its_name_only_when_whole(tiny: Path, tmp_path: Path,
@@ -133,6 +147,7 @@ def test_a_checkpoint_state_that_cannot_be_read_is_one_line(tiny: Path, tmp_path
     state = out / "checkpoint-1" / "trainer-state-rank0.pt"
     state.parent.mkdir(parents=True)
     state.write_bytes(b"PK\x03\x04 not a whole archive")
+    (state.parent / "checkpoint-complete.json").write_text('{"step": 1, "world_size": 1}')  # marked whole all the same
     result = nanbeige("train", "--data", data, "--model", tiny, "--out", out, "--steps", "1", "--resume")
     assert_refused(result, state, None, "cannot read")
 

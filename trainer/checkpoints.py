@@ -18,6 +18,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from nanbeige.trainer.train import TrainConfig, World
 
+COMPLETE = "checkpoint-complete.json"
+"""Written last, once every rank's trainer state is in place: a folder without it was cut short."""
+
 
 def save_checkpoint(model: Any, tokenizer: Any, optimizer: Any, step: int, config: TrainConfig,
                     world: World) -> Path:
@@ -37,12 +40,17 @@ def save_checkpoint(model: Any, tokenizer: Any, optimizer: Any, step: int, confi
         if search_template.is_file():  # so that serve and token mode find the deep-search template here too
             (folder / search_template.name).write_bytes(search_template.read_bytes())
     barrier(world)
-    # The state file is what marks the checkpoint whole (`latest_checkpoint`): written under another name
-    # and renamed, so that a kill mid-write leaves no state file a resume would take for a whole one.
+    # Each state file is written under another name and renamed, so that a kill mid-write leaves none a
+    # resume would take for a whole one; the marker, written once every rank's file is in place, is what
+    # says the checkpoint is whole (`latest_checkpoint`): a kill between two ranks' files leaves none.
     state_file = folder / f"trainer-state-rank{world.rank}.pt"
     torch.save({"optimizer": optimizer.state_dict(), "step": step, "world_size": world.size,
                 "config": json.loads(json.dumps(asdict(config), default=str))}, f"{state_file}.tmp")
     os.replace(f"{state_file}.tmp", state_file)
+    barrier(world)
+    if world.main:
+        (folder / f"{COMPLETE}.tmp").write_text(json.dumps({"step": step, "world_size": world.size}))
+        os.replace(folder / f"{COMPLETE}.tmp", folder / COMPLETE)
     barrier(world)
     return folder
 
@@ -83,16 +91,29 @@ def barrier(world: World) -> None:
 
 
 def latest_checkpoint(out: Path) -> tuple[Path, int] | None:
-    """The newest complete checkpoint in `out` (one whose trainer state was written), and its step."""
+    """The newest complete checkpoint in `out` (its marker and every rank's trainer state written), and its step."""
     found = []
     for folder in out.glob("checkpoint-*"):
         step = folder.name.removeprefix("checkpoint-")
-        if step.isdigit() and (folder / "trainer-state-rank0.pt").exists():
+        if step.isdigit() and complete(folder):
             found.append((int(step), folder))
     if not found:
         return None
     step, folder = max(found)
     return folder, step
+
+
+def complete(folder: Path) -> bool:
+    """Whether a checkpoint folder was written whole: its marker names how many ranks saved, and each
+    rank's state file is there (a folder someone handed us is read, never trusted)."""
+    try:
+        marker = json.loads((folder / COMPLETE).read_text())
+    except (OSError, ValueError, RecursionError):
+        return False
+    size = marker.get("world_size") if isinstance(marker, dict) else None
+    if type(size) is not int or not 1 <= size <= 65536:
+        return False
+    return all((folder / f"trainer-state-rank{rank}.pt").is_file() for rank in range(size))
 
 
 def drop_metrics_after(path: Path, step: int) -> None:

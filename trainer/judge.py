@@ -194,6 +194,19 @@ def writable(trajectory: Trajectory, src: Path) -> bool:
     return True
 
 
+def gapless(trajectory: Trajectory, src: Path) -> bool:
+    """Whether every turn of the trajectory was read. One whose turn the reader skipped (a malformed line,
+    named in its warning) is skipped whole: written back without that turn, its token chain would be
+    broken and its turn rewards shifted."""
+    indices = [turn.index for turn in trajectory.turns]
+    if indices == list(range(len(indices))):
+        return True
+    missing = sorted(set(range(max(indices, default=-1) + 1)) - set(indices))
+    warn_on_stderr(f"{src}: skipped trajectory {trajectory.id}: its turn {missing[0] if missing else '?'} could "
+                   "not be read (see the warning above)")
+    return False
+
+
 def write_whole(writer: TrajectoryWriter, trajectory: Trajectory) -> None:
     # No await between these writes: trajectories judged concurrently never interleave their lines.
     writer.start(trajectory)
@@ -297,7 +310,7 @@ async def judge_file(src: Path, out: Path, config: JudgeRunConfig, notice: Calla
     if not trajectories:
         raise JudgeError(f"{src} holds no trajectory (`nanbeige collect --out FILE` writes them)")
     done = completed_ids(out)
-    todo = [t for t in trajectories if judgeable(t) and t.id not in done and writable(t, src)]
+    todo = [t for t in trajectories if judgeable(t) and t.id not in done and gapless(t, src) and writable(t, src)]
     progress.skipped = sum(not judgeable(t) for t in trajectories)
     progress.already_judged = sum(judgeable(t) and t.id in done for t in trajectories)
     progress.total = len(todo)

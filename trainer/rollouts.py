@@ -92,12 +92,26 @@ def check_token_records(trajectories: list[Any], path: Path, vocabulary: int | N
     """Refuse a file whose token records the model cannot read: ids that are not integers, negative or
     past the vocabulary (an embedding lookup would fail deep in training), logprobs that do not line up."""
     for trajectory in trajectories:
+        if reward_problem(trajectory.reward) is not None:
+            raise TrainError(f"{path}:{record_line(path, trajectory.id, 'end')}: trajectory {trajectory.id}: its reward "
+                             f"{reward_problem(trajectory.reward)}; it cannot be trained on")
         for turn in trajectory.turns:
-            problem = token_problem(turn, vocabulary)
+            problem = token_problem(turn, vocabulary) or reward_problem(turn.reward)
             if problem is not None:
                 line = record_line(path, trajectory.id, "turn", turn.index)
                 raise TrainError(f"{path}:{line}: trajectory {trajectory.id} turn {turn.index}: {problem}; it cannot "
                                  "be trained on")
+
+
+MAX_REWARD = 1e9
+"""Past this size a reward's square overflows float32 in the group statistics, and every advantage of the
+group (then the loss and the weights) would be NaN."""
+
+
+def reward_problem(reward: Any) -> str | None:
+    if reward is None or (isinstance(reward, (int, float)) and math.isfinite(reward) and abs(reward) <= MAX_REWARD):
+        return None
+    return f"is {reward!r}, not a number within ±{MAX_REWARD:g}"
 
 
 def token_problem(turn: Any, vocabulary: int | None) -> str | None:
