@@ -150,8 +150,9 @@ def test_token_mode_finds_the_tokenizer_at_the_root_the_server_lists_or_takes_on
     with served(None) as server:
         named = subprocess.run([*command, "--base-url", server.base_url, "--tokenizer", str(folder), "--trajectory",
                                 str(tmp_path / "b.jsonl")], capture_output=True, text=True, timeout=120, env=env)
+        # offline, as tests are: without it the hub client waits out its connection retries first (50 s here)
         missing = subprocess.run([*command, "--base-url", server.base_url, "--trajectory", str(tmp_path / "c.jsonl")],
-                                 capture_output=True, text=True, timeout=120, env=env)
+                                 capture_output=True, text=True, timeout=120, env=env | {"HF_HUB_OFFLINE": "1"})
     assert named.returncode == 0 and named.stdout == "5\n", named.stderr
     assert missing.returncode != 0 and "Traceback" not in missing.stderr and "--tokenizer" in missing.stderr
 
