@@ -176,7 +176,8 @@ def build_server(boxes: Sandboxes | None = None) -> MCPServer:
         finally:
             await anyio.to_thread.run_sync(boxes.close)
 
-    return MCPServer(name="tool-python", version=server_version(), lifespan=lifespan, tools=[fastmcp_tool(tool) for tool in TOOLS])
+    return MCPServer(name="tool-python", version=server_version(), lifespan=lifespan,
+                     tools=[fastmcp_tool(tool) for tool in TOOLS])
 
 
 STOP_WAIT_S = 10.0  # the longest a signal waits for the sandboxes to close before the server exits anyway

@@ -46,7 +46,8 @@ def build_server(config: SearchConfig | None = None) -> MCPServer:
         async with Searcher(config) as searcher:
             yield {"searcher": searcher}
 
-    server = MCPServer(name=NAME, version=server_version(), instructions="Web search in Google's result format.", lifespan=lifespan)
+    server = MCPServer(name=NAME, version=server_version(), instructions="Web search in Google's result format.",
+                       lifespan=lifespan)
 
     async def google_search(q: str, gl: str = "us", hl: str = "en", location: str | None = None,
                             num: int | None = None, tbs: str | None = None, page: int | None = None,

@@ -188,10 +188,11 @@ def test_a_reference_checkout_named_in_a_trajectory_file_is_never_run(tmp_path: 
     with FakeOpenAI([], default=mcp_answer("4")) as server:
         path = asked(tmp_path, server)
         records = [json.loads(line) for line in path.read_bytes().splitlines()]
-        records[0]["limits"]["reference"] = {"path": str(checkout), "commit": None, "sha256": "0" * 64, "python": "3.12"}
-        records[0]["reference"] = {"commit": None, "sha256": "0" * 64, "python": "3.12"}
+        identity = {"commit": None, "sha256": "0" * 64, "python": "3.12"}
+        records[0]["limits"]["reference"], records[0]["reference"] = {"path": str(checkout), **identity}, identity
         path.write_bytes(jsonl(*records))
         result = nanbeige("resume", path, "--base-url", server.base_url, "--no-default-servers")
     assert_no_crash(result)
-    assert result.exit_code == 2 and "resume it with --reference PATH" in result.output and str(checkout) in result.output
+    assert result.exit_code == 2 and "resume it with --reference PATH" in result.output
+    assert str(checkout) in result.output
     assert not ran.exists() and path.read_bytes() == jsonl(*records)

@@ -93,8 +93,9 @@ def check_token_records(trajectories: list[Any], path: Path, vocabulary: int | N
     past the vocabulary (an embedding lookup would fail deep in training), logprobs that do not line up."""
     for trajectory in trajectories:
         if reward_problem(trajectory.reward) is not None:
-            raise TrainError(f"{path}:{record_line(path, trajectory.id, 'end')}: trajectory {trajectory.id}: its reward "
-                             f"{reward_problem(trajectory.reward)}; it cannot be trained on")
+            line = record_line(path, trajectory.id, "end")
+            raise TrainError(f"{path}:{line}: trajectory {trajectory.id}: its reward {reward_problem(trajectory.reward)}; "
+                             "it cannot be trained on")
         for turn in trajectory.turns:
             problem = token_problem(turn, vocabulary) or reward_problem(turn.reward)
             if problem is not None:
