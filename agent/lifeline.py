@@ -6,7 +6,7 @@ server's own command line, which keeps the request. So a runtime that is killed 
 (`kill -9`, the OOM killer) takes its servers with it at once, instead of leaving them running
 until their calls in flight end by themselves. SIGTERM rather than SIGKILL lets a server clean up
 (the python server removes its sandboxes); the sandbox's own processes watch the server in turn
-(`tools/sandbox_worker.py`), so they end even if the server is killed outright.
+(`tools/sandbox/worker.py`), so they end even if the server is killed outright.
 
 The kernel sends the signal when the *thread* that started the child ends: the toolbox starts its
 servers from the event loop's thread, which lives as long as the toolbox.

@@ -2,7 +2,7 @@
 
 The tools, their names and parameters are those the model was trained with (E2B's code
 interpreter behind MiroThinker's server); the work is done by `nanbeige.tools.sandbox`, on E2B when
-E2B_API_KEY is set (`sandbox_e2b`), else on this machine (`sandbox_local`, which describes the
+E2B_API_KEY is set (`sandbox.e2b`), else on this machine (`sandbox.local`, which describes the
 limits; `sandbox.SandboxConfig` lists their variables).
 
     python -m nanbeige.servers.python [--transport stdio|http] [--host 127.0.0.1] [--port 8001]

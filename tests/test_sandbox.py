@@ -18,12 +18,12 @@ import pytest
 from e2b import CommandExitException, CommandResult, SandboxNotFoundException, TimeoutException
 from e2b_code_interpreter import Execution, ExecutionError, Logs, Result
 
-from nanbeige.tools.sandbox import (
-    PLACEHOLDER_IDS, TRUNCATED, SandboxConfig, SandboxError, Sandboxes, config_from_env, format_command,
-    format_execution, idle_seconds, invalid_id,
-)
-from nanbeige.tools.sandbox_e2b import E2BBackend
-from nanbeige.tools.sandbox_os import processes
+from nanbeige.tools.sandbox import SandboxConfig, SandboxError, Sandboxes, config_from_env
+from nanbeige.tools.sandbox.answers import TRUNCATED, format_command, format_execution, invalid_id
+from nanbeige.tools.sandbox.config import PLACEHOLDER_IDS
+from nanbeige.tools.sandbox.e2b import E2BBackend
+from nanbeige.tools.sandbox.manager import idle_seconds
+from nanbeige.tools.sandbox.system import processes
 
 
 def make_config(root: Path, **overrides: object) -> SandboxConfig:
@@ -97,7 +97,7 @@ def test_an_exception_is_a_normal_result_with_the_error(sandboxes: Sandboxes) ->
     text = sandboxes.run_python("print('before')\n{}['missing']", sid)
     assert text.startswith("Execution(Results: [], Logs: Logs(stdout: ['before\\n'], stderr: []), "
                            "Error: ExecutionError(name='KeyError', value=\"'missing'\"")
-    assert "File \"<cell 1>\", line 2" in text and "sandbox_worker" not in text
+    assert "File \"<cell 1>\", line 2" in text and "sandbox/worker.py" not in text
     assert "name='SyntaxError'" in sandboxes.run_python("def (", sid)
     assert "name='SystemExit'" in sandboxes.run_python("raise SystemExit(3)", sid)
     assert "Result(3)" in sandboxes.run_python("1 + 2", sid)  # the worker survived all of it

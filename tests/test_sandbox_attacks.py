@@ -16,7 +16,7 @@ import pytest
 from processes import command_line, parents
 
 from nanbeige.tools.sandbox import SandboxConfig, SandboxError, Sandboxes
-from nanbeige.tools.sandbox_channel import CPU_GRACE_S, cpu_time
+from nanbeige.tools.sandbox.channel import CPU_GRACE_S, cpu_time
 
 STATE_LOST = "variables, imports and definitions from earlier calls are lost"
 
@@ -172,7 +172,7 @@ def test_a_forged_reply_restarts_the_worker_and_says_the_state_is_lost(boxes: Sa
 def test_a_late_reply_to_an_earlier_request_is_dropped(boxes: Sandboxes, caplog: pytest.LogCaptureFixture) -> None:
     sid = new_id(boxes)
     boxes.run_python(f"import sys\nx = 7\n{REQUEST_ID}earlier = number", sid)
-    with caplog.at_level(logging.WARNING, logger="nanbeige.tools.sandbox_channel"):
+    with caplog.at_level(logging.WARNING, logger="nanbeige.tools.sandbox.channel"):
         text = boxes.run_python(f"{REPLY_FD}"
                                 "os.write(reply, b'{\"id\": \"%s\", \"results\": [\"stale\"]}\\n' % earlier.encode())\n"
                                 "'mine'", sid)

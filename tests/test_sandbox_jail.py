@@ -26,9 +26,9 @@ import pytest
 from processes import alive, command_line, tree, wait_for
 
 from nanbeige.tools.sandbox import SandboxConfig, SandboxError, Sandboxes
-from nanbeige.tools.sandbox_budget import sweep
-from nanbeige.tools.sandbox_local import LocalBackend
-from nanbeige.tools.sandbox_os import UID_LOCKS, processes
+from nanbeige.tools.sandbox.budget import sweep
+from nanbeige.tools.sandbox.local import LocalBackend
+from nanbeige.tools.sandbox.system import UID_LOCKS, processes
 
 MB = 1024 * 1024
 JAILED = pytest.mark.skipif(
@@ -134,7 +134,7 @@ def test_the_hosts_secrets_home_and_project_are_out_of_sight(boxes: Sandboxes) -
     assert set(seen) - leading <= {"/home/user", "/run/sandbox", "/run/sandbox/worker.py"}, seen
     project = Path(__file__).resolve().parents[1]
     ours = [str(p) for p in (Path(__file__).resolve(), project / "README.md", project / "pyproject.toml",
-                             project / "tools" / "sandbox_local.py", Path.home() / ".bashrc") if p.exists()]
+                             project / "tools" / "sandbox" / "local.py", Path.home() / ".bashrc") if p.exists()]
     assert ours and value(boxes, sid, f"import os\n[p for p in {ours!r} if os.path.exists(p)]") == []
     uid = boxes.backend._box(sid).uid
     visible = value(boxes, sid, "import os\n[(int(p), open(f'/proc/{p}/comm').read().strip(), "

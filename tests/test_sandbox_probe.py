@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from nanbeige.tools.sandbox import SandboxConfig, SandboxError, Sandboxes
-from nanbeige.tools.sandbox_jail import JAIL_WORKER
+from nanbeige.tools.sandbox.jail import JAIL_WORKER
 
 JAILED = pytest.mark.skipif(
     not (sys.platform == "linux" and os.geteuid() == 0 and shutil.which("bwrap")), reason="needs root and bwrap")

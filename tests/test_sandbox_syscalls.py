@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from nanbeige.tools.sandbox import SandboxConfig, Sandboxes
-from nanbeige.tools.sandbox_seccomp import (
+from nanbeige.tools.sandbox.seccomp import (
     ALLOW, BLOCKED_SYSCALLS, ENOSYS, EPERM, ERRNO, KILL_PROCESS, NATIVE, NEW_NAMESPACES, X32_BIT, FILTER, assemble,
 )
 

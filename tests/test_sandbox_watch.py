@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from nanbeige.tools import sandbox_local
 from nanbeige.tools.sandbox import SandboxConfig, SandboxError, Sandboxes
+from nanbeige.tools.sandbox import local as local_backend
 
 
 @pytest.fixture
 def watched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Sandboxes]:
-    monkeypatch.setattr(sandbox_local, "cgroup_parents", lambda: None)
-    monkeypatch.setattr(sandbox_local, "can_make_disks", lambda: False)
+    monkeypatch.setattr(local_backend, "cgroup_parents", lambda: None)
+    monkeypatch.setattr(local_backend, "can_make_disks", lambda: False)
     # a timeout far past what a call takes on a busy machine, so that only the watch stops what it should
     boxes = Sandboxes(SandboxConfig(root=tmp_path / "sandboxes", upload_dirs=[tmp_path], timeout_s=120.0,
                                     memory_mb=512, disk_mb=64))

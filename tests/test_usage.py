@@ -20,7 +20,7 @@ from nanbeige.agent.usage import over_budget, parse_budgets, run_usage, usage_te
 from nanbeige.evals.report import build_report, markdown
 from nanbeige.tools import usage
 from nanbeige.tools.sandbox import Sandboxes
-from nanbeige.tools.sandbox_e2b import E2BBackend
+from nanbeige.tools.sandbox.e2b import E2BBackend
 
 NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
 

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for sand
 
 from sandbox_leftovers import close_under_load, leftovers  # noqa: E402
 
-from nanbeige.tools.sandbox_budget import sweep  # noqa: E402
+from nanbeige.tools.sandbox.budget import sweep  # noqa: E402
 
 
 def main() -> None:

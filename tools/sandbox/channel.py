@@ -1,4 +1,4 @@
-"""The server's side of the pipe pair to a local sandbox's Python worker (`sandbox_worker.serve`):
+"""The server's side of the pipe pair to a local sandbox's Python worker (`worker.serve`):
 one JSON line per request and per reply, each request with an id its reply echoes, and the
 watch over the worker's CPU time while a cell runs.
 
@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from nanbeige.tools.sandbox import MB
+from nanbeige.tools.sandbox.config import MB
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from nanbeige.tools import usage
-from nanbeige.tools.sandbox import MB, SandboxConfig, SandboxError, command_failed, format_command, invalid_id
+from nanbeige.tools.sandbox.answers import command_failed, format_command, invalid_id
+from nanbeige.tools.sandbox.config import MB, SandboxConfig, SandboxError
 
 log = logging.getLogger(__name__)
 

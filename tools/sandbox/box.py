@@ -20,18 +20,18 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nanbeige.tools.sandbox import MB, SANDBOX_HOME, SandboxConfig, SandboxError
-from nanbeige.tools.sandbox_budget import Cgroup, make_cgroup, make_disk, place_lock, unmount
-from nanbeige.tools.sandbox_channel import Channel
-from nanbeige.tools.sandbox_jail import JAIL_WORKER, account_files, jail_args
-from nanbeige.tools.sandbox_os import (
+from nanbeige.tools.sandbox.budget import Cgroup, make_cgroup, make_disk, place_lock, unmount
+from nanbeige.tools.sandbox.channel import Channel
+from nanbeige.tools.sandbox.config import MB, SANDBOX_HOME, SandboxConfig, SandboxError
+from nanbeige.tools.sandbox.jail import JAIL_WORKER, account_files, jail_args
+from nanbeige.tools.sandbox.probe import Isolation
+from nanbeige.tools.sandbox.seccomp import filter_fd
+from nanbeige.tools.sandbox.system import (
     Proc, allocate_uid, children, kill_processes, minimal_env, pid_namespace, processes, release_uid,
     remove_files_of, remove_tree, setpriv_args,
 )
-from nanbeige.tools.sandbox_probe import Isolation
-from nanbeige.tools.sandbox_seccomp import filter_fd
 
-WORKER = str(Path(__file__).with_name("sandbox_worker.py"))
+WORKER = str(Path(__file__).with_name("worker.py"))
 HOME_IN_TEXT = re.compile(r"/home/user(?![\w.-])")
 
 

@@ -15,12 +15,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from nanbeige.tools.sandbox import SandboxError
-from nanbeige.tools.sandbox_jail import (
+from nanbeige.tools.sandbox.config import SandboxError
+from nanbeige.tools.sandbox.jail import (
     JAIL_WORKER, Jail, account_files, find_bwrap, interpreter_paths, jail_args, namespace_args,
 )
-from nanbeige.tools.sandbox_os import allocate_uid, minimal_env, release_uid, remove_tree, setpriv_args
-from nanbeige.tools.sandbox_seccomp import filter_fd, supported
+from nanbeige.tools.sandbox.seccomp import filter_fd, supported
+from nanbeige.tools.sandbox.system import allocate_uid, minimal_env, release_uid, remove_tree, setpriv_args
 
 log = logging.getLogger(__name__)
 

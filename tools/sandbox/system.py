@@ -1,4 +1,4 @@
-"""The operating-system layer of the local sandbox (`sandbox_local.py`): allocating a uid per
+"""The operating-system layer of the local sandbox (`local.py`): allocating a uid per
 sandbox, building `setpriv` command prefixes, listing and killing processes by owner, collecting
 a process's output under a deadline, reaping orphans as a subreaper, and removing folders.
 

@@ -1,19 +1,19 @@
 """The local sandbox backend: a folder per sandbox under `SandboxConfig.root`, shown to the model as
-`/home/user`, and a persistent Python process per sandbox (`sandbox_worker.py`) so variables
+`/home/user`, and a persistent Python process per sandbox (`worker.py`) so variables
 survive between calls.
 
-Where Bubblewrap works (`sandbox_jail.py`), every process of a sandbox runs in a jail that shows it
+Where Bubblewrap works (`jail.py`), every process of a sandbox runs in a jail that shows it
 only read-only system folders and the interpreter, its own home and /tmp, and a /dev and /proc of
 its own, with no network and no host sockets; as root, under an unprivileged uid of its own with
 no capabilities. Its processes together are held to a memory and process budget (a cgroup, or
 else a watch that sums their memory), and its files to a disk budget (a file system of its own,
-or else a watch that sums them): `sandbox_budget.py`. Each process also runs with rlimits on CPU
-time (a Python cell's also watched from outside, by `sandbox_channel.py`, which carries the
+or else a watch that sums them): `budget.py`. Each process also runs with rlimits on CPU
+time (a Python cell's also watched from outside, by `channel.py`, which carries the
 worker's requests and replies), address space, file size and open files, a wall-clock timeout
 after which everything it started is killed, and a minimal environment (no API keys).
 
 Without a jail (no bwrap, or a bwrap that cannot make namespaces here) the server says so and falls
-back to what the OS allows (`sandbox_probe.probe_isolation`): no network (`unshare --net`) and, as
+back to what the OS allows (`probe.probe_isolation`): no network (`unshare --net`) and, as
 root, the uid of its own, which leaves the host's world-readable files readable to the code. Where
 bwrap works, nothing runs unjailed: a jail that cannot be set up, or a probe that cannot decide
 (every try ran out of time), is an error to the model, and the next call probes again.
@@ -36,19 +36,18 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from pathlib import Path
 
-from nanbeige.tools.sandbox import (
-    MB, SandboxConfig, SandboxError, command_failed, format_command, format_execution, invalid_id, truncate,
-)
-from nanbeige.tools.sandbox_box import (
+from nanbeige.tools.sandbox.answers import command_failed, format_command, format_execution, invalid_id, truncate
+from nanbeige.tools.sandbox.box import (
     WORKER, LocalSandbox, command_line, kill_all, make_sandbox, remove_sandbox, sandbox_env,
 )
-from nanbeige.tools.sandbox_budget import can_make_disks, cgroup_parents, folder_bytes, rss_bytes, sweep, sweep_cgroups
-from nanbeige.tools.sandbox_channel import Channel, ChannelError, check_cell_reply, cpu_time, exchange, read_line
-from nanbeige.tools.sandbox_files import host_path, read_file, write_file
-from nanbeige.tools.sandbox_os import (
+from nanbeige.tools.sandbox.budget import can_make_disks, cgroup_parents, folder_bytes, rss_bytes, sweep, sweep_cgroups
+from nanbeige.tools.sandbox.channel import Channel, ChannelError, check_cell_reply, cpu_time, exchange, read_line
+from nanbeige.tools.sandbox.config import MB, SandboxConfig, SandboxError
+from nanbeige.tools.sandbox.files import host_path, read_file, write_file
+from nanbeige.tools.sandbox.probe import Isolation, probe_isolation
+from nanbeige.tools.sandbox.system import (
     become_subreaper, collect, descendant_chain, exit_text, kill_processes, processes, reap_orphans, signal_name,
 )
-from nanbeige.tools.sandbox_probe import Isolation, probe_isolation
 
 log = logging.getLogger(__name__)
 

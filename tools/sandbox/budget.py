@@ -1,7 +1,7 @@
 """Budgets of a whole local sandbox, not of one process: memory and process count for all of its
 processes together (a cgroup, v1 or v2, where the host lets this server make one), and disk (its
 folders on a file system of their own, an ext4 image on a loop device, where the server runs as
-root). Where neither can be had, `sandbox_local.py` watches the sums itself (`rss_bytes`,
+root). Where neither can be had, `local.py` watches the sums itself (`rss_bytes`,
 `folder_bytes`) and stops a sandbox past its budget. And the sweep of what a killed server left.
 
 A sandbox's place is a folder named by its id under the sandbox root, which its server keeps
@@ -26,7 +26,9 @@ from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from nanbeige.tools.sandbox_os import UID_BASE, UID_SPAN, kill_processes, remove_files_of, remove_tree, sweep_uid_locks
+from nanbeige.tools.sandbox.system import (
+    UID_BASE, UID_SPAN, kill_processes, remove_files_of, remove_tree, sweep_uid_locks,
+)
 
 log = logging.getLogger(__name__)
 

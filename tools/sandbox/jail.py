@@ -4,9 +4,9 @@ as /home/user, and a /tmp, /dev and /proc of its own, in namespaces with no netw
 sockets. As root, the code then becomes the sandbox's unprivileged uid with no capabilities
 (`setpriv` inside the jail); as another user, bwrap maps that user into a user namespace.
 
-It knows nothing of sandboxes: callers pass folders and uids. `sandbox_probe.probe_jail` says
+It knows nothing of sandboxes: callers pass folders and uids. `probe.probe_jail` says
 once per server whether a jail can be made here; `jail_args` builds the prefix of each command, and
-`sandbox_seccomp` the system calls it refuses.
+`seccomp` the system calls it refuses.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def jail_args(jail: Jail, *, home: str, tmp: str, passwd: str, group: str, worke
     """The command prefix that runs a program in the jail: home and tmp are host folders shown as
     /home/user and /tmp, passwd and group files to show as /etc/passwd and /etc/group (so that the
     uid has a name, `user`), worker the worker script, shown at JAIL_WORKER, seccomp a descriptor
-    of `sandbox_seccomp.syscall_filter()`."""
+    of `seccomp.syscall_filter()`."""
     args = [jail.bwrap, *namespace_args(as_root=jail.as_root, network=network)]
     for folder in SYSTEM_DIRS:
         if os.path.islink(folder):

@@ -9,7 +9,11 @@ import stat
 from contextlib import suppress
 from pathlib import Path, PurePosixPath
 
-from nanbeige.tools.sandbox import MB, SANDBOX_HOME, SandboxError, inside
+from nanbeige.tools.sandbox.config import MB, SANDBOX_HOME, SandboxError
+
+
+def inside(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
 
 
 def host_path(folder: Path, path: str) -> Path:

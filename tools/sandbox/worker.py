@@ -1,8 +1,8 @@
-"""The process inside a local sandbox (see `sandbox_local.py`); standard library only, because it runs
+"""The process inside a local sandbox (see `local.py`); standard library only, because it runs
 in an isolated interpreter that must start fast.
 
-    python -I -B sandbox_worker.py LIMITS python REQUEST_FD REPLY_FD CPU_SECONDS MAX_BYTES [OWN_UID]
-    python -I -S -B sandbox_worker.py LIMITS exec STATUS_FD PROGRAM [ARG ...]
+    python -I -B worker.py LIMITS python REQUEST_FD REPLY_FD CPU_SECONDS MAX_BYTES [OWN_UID]
+    python -I -S -B worker.py LIMITS exec STATUS_FD PROGRAM [ARG ...]
 
 LIMITS is `AS=bytes,FSIZE=bytes,...` (RLIMIT_ names without the prefix). The worker first applies
 them to itself (soft = hard, so sandboxed code cannot raise them), then either serves Python cells
@@ -34,7 +34,7 @@ PROCESS_EVENTS = frozenset({"os.fork", "os.forkpty", "os.system", "os.posix_spaw
 PROCESS_STARTED = False
 CELL_CPU_END: float | None = None  # the CPU time at which the running cell has used its budget; None between cells
 CPU_TICK_SLACK_S = 0.1  # how far the kernel's tick-based count may run ahead of getrusage's
-# In a jail (sandbox_jail.py shows this file there) the process is in a pid namespace of its own,
+# In a jail (jail.py shows this file there) the process is in a pid namespace of its own,
 # where kill(-1) reaches only the sandbox's processes.
 JAILED = __file__ == "/run/sandbox/worker.py"
 

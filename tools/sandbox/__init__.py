@@ -1,0 +1,13 @@
+"""Sandboxes where the model runs Python and shell commands: E2B's cloud, or a local one.
+
+The names the rest of the project uses; the work is in the modules, whose imports flow one way:
+`config` (settings, `SandboxError`, shared constants) and `answers` (E2B's text shapes) at the bottom,
+then the local backend's pieces (`system`, `seccomp`, `jail`, `budget`, `channel`, `files`, `probe`,
+`box`), the backends (`local`, `e2b`) and `transfer`, and `manager` (`Sandboxes`) on top. `worker` is
+apart: a script run inside each local sandbox, importing nothing of the package.
+"""
+
+from nanbeige.tools.sandbox.config import ERROR_DETAIL_CHARS, SandboxConfig, SandboxError, config_from_env
+from nanbeige.tools.sandbox.manager import Sandboxes
+
+__all__ = ["ERROR_DETAIL_CHARS", "SandboxConfig", "SandboxError", "Sandboxes", "config_from_env"]
