@@ -28,11 +28,10 @@ from rich.markup import escape
 
 from nanbeige.agent import commands, research, rl_commands, settings_file, train_commands
 from nanbeige.agent import options as o
-from nanbeige.agent.config import BackendConfig, RunSettings, ToolsConfig
+from nanbeige.agent.config import AgentConfig, BackendConfig, RunSettings, ToolsConfig
 from nanbeige.agent.console import SafeConsole, err, fail, hide, out, out_json, shown
 from nanbeige.agent.entry import exit_on_sigterm
 from nanbeige.agent.llm import LLMConfig
-from nanbeige.agent.loop import AgentConfig
 
 if TYPE_CHECKING:  # imported lazily at run time so `--help` stays fast
     from nanbeige.agent.trajectory import Trajectory

@@ -12,11 +12,10 @@ from rich.console import Console
 from rich.markup import escape
 
 from nanbeige.agent import options as o
-from nanbeige.agent.config import BackendConfig, ToolsConfig
+from nanbeige.agent.config import AgentConfig, BackendConfig, ToolsConfig
 from nanbeige.agent.console import err, fail, hide
 from nanbeige.agent.console import out as print_line
 from nanbeige.agent.llm import LLMConfig
-from nanbeige.agent.loop import AgentConfig
 from nanbeige.agent.serve import ServeConfig
 
 
@@ -286,7 +285,7 @@ def eval_config(bench: Any, data: Path | None, k: int, concurrency: int, limit: 
     if out_dir is None:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         out_dir = Path(os.environ.get("NANBEIGE_RUNS_DIR", "runs")) / f"eval-{bench.name}-{stamp}"
-    judge = o.judge_config(judge_base_url, judge_model, judge_api_key, judge_template)
+    judge = o.judge_endpoint(judge_base_url, judge_model, judge_api_key, judge_template)
     return EvalConfig(bench=bench, data=data, out=out_dir, k=k, concurrency=concurrency, limit=limit, grader=grader,
                       judge=judge)
 

@@ -85,7 +85,7 @@ def check_scrape(env: Mapping[str, str]) -> Finding:
     except ScrapeError as exc:
         return Finding("scrape", False, "cannot start", str(exc))
     fetch = "Jina Reader (JINA_API_KEY set)" if config.backend == "jina" else "direct fetch here"
-    return Finding("scrape", True, f"{fetch}; extraction by {config.summary_model} at {config.summary_base_url}",
+    return Finding("scrape", True, f"{fetch}; extraction by {config.summary.model} at {config.summary.base_url}",
                    None if config.backend == "jina" else "JINA_API_KEY reads pages that need a browser")
 
 

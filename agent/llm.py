@@ -30,6 +30,7 @@ from tenacity import (
 )
 
 from nanbeige.agent.stream import STREAM_FIELDS, StreamError, read_stream
+from nanbeige.tools.endpoint import LOCAL_BASE_URL, LOCAL_MODEL
 
 RETRY_STATUSES = {408, 425, 429, 500, 502, 503, 504}
 # Sampling per tool dialect, for settings the user leaves unset: the model card's deep-search
@@ -57,9 +58,9 @@ class ContextOverflow(ModelError):
 class LLMConfig:
     """How to reach the model and how to sample from it."""
 
-    base_url: str = "http://127.0.0.1:8000/v1"
+    base_url: str = LOCAL_BASE_URL
     """OpenAI-compatible endpoint, up to and including `/v1`."""
-    model: str = "Nanbeige/Nanbeige4.1-3B"
+    model: str = LOCAL_MODEL
     """Model name sent with every request."""
     api_key: str | None = None
     """Bearer token, if the server wants one. Never logged."""

@@ -4,15 +4,16 @@ typed Typer options, and the one function that maps their values onto `RunSettin
 from __future__ import annotations
 
 import inspect
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from nanbeige.agent.config import BackendConfig, RunSettings, ToolsConfig
+from nanbeige.agent.config import AgentConfig, BackendConfig, RunSettings, ToolsConfig
 from nanbeige.agent.console import fail
 from nanbeige.agent.llm import LLMConfig
-from nanbeige.agent.loop import AgentConfig
+from nanbeige.tools.endpoint import OPENAI_BASE_URL, ChatEndpoint
 
 ADVANCED = "Advanced"
 
@@ -88,7 +89,7 @@ Verbose = Annotated[bool, typer.Option("--verbose", help=(
 
 # The LLM judge, for `eval` and `judge`.
 JudgeBaseUrl = Annotated[str | None, typer.Option(envvar="NANBEIGE_JUDGE_BASE_URL", show_default=False, help=(
-    "OpenAI-compatible endpoint of the LLM judge \\[default: https://api.openai.com/v1]."))]
+    f"OpenAI-compatible endpoint of the LLM judge \\[default: {OPENAI_BASE_URL}]."))]
 JudgeModel = Annotated[str | None, typer.Option(envvar="NANBEIGE_JUDGE_MODEL", show_default=False, help=(
     "The judge model \\[default: the grader's own: its source's judge model]."))]
 JudgeApiKey = Annotated[str | None, typer.Option(envvar="NANBEIGE_JUDGE_API_KEY", show_default=False,
@@ -98,11 +99,22 @@ JudgeTemplate = Annotated[Path | None, typer.Option(show_default=False, help=(
     "{question}, {response} and {correct_answer} are filled in."))]
 
 
-def judge_config(base_url: str | None, model: str | None, api_key: str | None, template: Path | None) -> Any:
-    """The judge's settings from its flags (unset ones keep `JudgeConfig`'s defaults)."""
-    from nanbeige.evals.judges import JudgeConfig
+def judge_endpoint(base_url: str | None, model: str | None, api_key: str | None, template: Path | None
+                   ) -> ChatEndpoint:
+    """The LLM judge's endpoint from its flags (unset ones keep `JUDGE_ENDPOINT`'s defaults)."""
+    from nanbeige.evals.judges import JUDGE_ENDPOINT
 
-    return JudgeConfig(base_url=base_url or JudgeConfig.base_url, model=model, api_key=api_key, template=template)
+    return replace(JUDGE_ENDPOINT, base_url=base_url or JUDGE_ENDPOINT.base_url, model=model or JUDGE_ENDPOINT.model,
+                   api_key=api_key, template=template)
+
+
+def critic_endpoint(base_url: str | None, model: str | None, api_key: str | None, template: Path | None = None
+                    ) -> ChatEndpoint:
+    """The turn critic's endpoint from its flags (unset ones keep `CRITIC_ENDPOINT`'s defaults)."""
+    from nanbeige.trainer.critic import CRITIC_ENDPOINT
+
+    return replace(CRITIC_ENDPOINT, base_url=base_url or CRITIC_ENDPOINT.base_url,
+                   model=model or CRITIC_ENDPOINT.model, api_key=api_key, template=template)
 
 
 def shared(values: dict[str, Any]) -> dict[str, Any]:

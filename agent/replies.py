@@ -11,7 +11,7 @@ from nanbeige.agent.context import degenerate, repeats_query
 from nanbeige.agent.trajectory import Turn
 
 if TYPE_CHECKING:
-    from nanbeige.agent.loop import AgentConfig
+    from nanbeige.agent.config import AgentConfig
     from nanbeige.agent.reference import Reference
 
 # The reference (from 2025-12-28) lets a repeated query run once this many replies in a row were dropped.

@@ -14,9 +14,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from nanbeige.agent.config import BackendConfig, RunSettings, ToolsConfig
+from nanbeige.agent.config import AgentConfig, BackendConfig, RunSettings, ToolsConfig
 from nanbeige.agent.llm import LLMConfig
-from nanbeige.agent.loop import AgentConfig
 from nanbeige.agent.records import NotATrajectoryFile, check_trajectory_file, fields_problem, record_line
 from nanbeige.agent.restore import complete_turns
 from nanbeige.agent.setup import SetupError

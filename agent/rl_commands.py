@@ -12,10 +12,10 @@ import typer
 from rich.markup import escape
 
 from nanbeige.agent import options as o
-from nanbeige.agent.config import BackendConfig, ToolsConfig
+from nanbeige.agent.config import AgentConfig, BackendConfig, ToolsConfig
 from nanbeige.agent.console import err, fail, hide
 from nanbeige.agent.llm import LLMConfig
-from nanbeige.agent.loop import AgentConfig
+from nanbeige.tools.endpoint import OPENAI_BASE_URL
 
 
 def collect(
@@ -129,7 +129,7 @@ def judge(
                                                                 "needed.")] = False,
     critic_base_url: Annotated[str | None, typer.Option(envvar="NANBEIGE_CRITIC_BASE_URL", show_default=False,
                                                         help="OpenAI-compatible endpoint of the turn critic "
-                                                             "\\[default: https://api.openai.com/v1].")] = None,
+                                                             f"\\[default: {OPENAI_BASE_URL}].")] = None,
     critic_model: Annotated[str | None, typer.Option(envvar="NANBEIGE_CRITIC_MODEL", show_default=False,
                                                      help="The critic model \\[default: gpt-4.1-2025-04-14].")] = None,
     critic_api_key: Annotated[str | None, typer.Option(envvar="NANBEIGE_CRITIC_API_KEY", show_default=False,
@@ -156,7 +156,7 @@ def judge(
         "critic]."))] = None,
 ) -> None:
     """Add outcome rewards and turn-level critic scores, rewards and masks to trajectories; tokens untouched."""
-    from nanbeige.trainer.critic import CriticConfig, TurnRule
+    from nanbeige.trainer.critic import TurnRule
     from nanbeige.trainer.judge import JudgeRunConfig
 
     if failed not in ("mask", "penalise"):
@@ -164,13 +164,12 @@ def judge(
     # Each endpoint keeps its own defaults for what is not given.
     calls = {name: value for name, value in (("timeout_s", request_timeout), ("retries", retries))
              if value is not None}
-    critic = None if no_critic else CriticConfig(
-        base_url=critic_base_url or CriticConfig.base_url, model=critic_model or CriticConfig.model,
-        api_key=critic_api_key, template=critic_template, **calls)
+    critic = None if no_critic else replace(
+        o.critic_endpoint(critic_base_url, critic_model, critic_api_key, critic_template), **calls)
     rule = TurnRule(min_logical_soundness=min_logical_soundness, min_tool_call_accuracy=min_tool_call_accuracy,
                     min_information_gain=min_information_gain, failed=failed, penalty=penalty)  # type: ignore[arg-type]
-    judge_endpoint = replace(o.judge_config(judge_base_url, judge_model, judge_api_key, judge_template), **calls)
-    config = JudgeRunConfig(grader=grader, judge=judge_endpoint, critic=critic, rule=rule, concurrency=concurrency,
+    judge = replace(o.judge_endpoint(judge_base_url, judge_model, judge_api_key, judge_template), **calls)
+    config = JudgeRunConfig(grader=grader, judge=judge, critic=critic, rule=rule, concurrency=concurrency,
                             no_critic=no_critic)
     from nanbeige.trainer.judge import judging_secrets
 
@@ -234,9 +233,9 @@ def synth(
     """Write multi-hop questions from your documents: random walks over the links between them, a question
     per walk that needs every hop, rejected when one document answers it or the documents do not support it."""
     from nanbeige.agent.cli import run_command
-    from nanbeige.trainer.synth import SynthConfig, SynthError, rejected_path, synthesize
+    from nanbeige.trainer.synth import SYNTH_ENDPOINT, SynthError, rejected_path, synthesize
 
-    config = SynthConfig(base_url=base_url or SynthConfig.base_url, model=model, api_key=api_key)
+    config = replace(SYNTH_ENDPOINT, base_url=base_url or SYNTH_ENDPOINT.base_url, model=model, api_key=api_key)
     hide([api_key] if api_key else [])
 
     def progress(in_file: int, wanted: int, rejected: int) -> None:

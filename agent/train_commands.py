@@ -11,11 +11,10 @@ import typer
 from rich.markup import escape
 
 from nanbeige.agent import options as o
-from nanbeige.agent.config import BackendConfig, ToolsConfig
+from nanbeige.agent.config import AgentConfig, BackendConfig, ToolsConfig
 from nanbeige.agent.console import err, fail, hide
 from nanbeige.agent.llm import LLMConfig
-from nanbeige.agent.loop import AgentConfig
-from nanbeige.trainer.rollouts import GroupRule
+from nanbeige.trainer.config import GroupRule
 from nanbeige.trainer.train import TrainConfig
 
 
@@ -123,7 +122,6 @@ def train(
     """Train the model on judged trajectories: GRPO with turn-level advantages, or SFT. Under torchrun
     (`torchrun --nproc-per-node N --no-python nanbeige train ...`) the model is sharded with FSDP2. With
     --loop N it alternates collect, judge, train and sync N times in --out, resumable at any stage."""
-    from nanbeige.trainer.critic import CriticConfig
     from nanbeige.trainer.judge import JudgeRunConfig
     from nanbeige.trainer.train import TrainError
     from nanbeige.trainer.train import train as run_training
@@ -163,8 +161,7 @@ def train(
         settings = o.run_settings(**{**o.shared(locals()), **LOOP_DEFAULTS, "model": model, "base_url": base_url,
                                      "backend": backend, "token_mode": token_mode,
                                      "no_default_servers": no_default_servers})
-        critic = None if no_critic else CriticConfig(base_url=critic_base_url or CriticConfig.base_url,
-                                                     model=critic_model or CriticConfig.model, api_key=critic_api_key)
+        critic = None if no_critic else o.critic_endpoint(critic_base_url, critic_model, critic_api_key)
         sampling = {"questions_per_iteration": questions_per_iteration,
                     "min_informative_groups": min_informative_groups, "max_draws": max_draws}
         return run_train_loop(loop, questions, group_size, sync, settings,

@@ -7,34 +7,15 @@ grader (`evals/judges.py`). BFCL is graded by its package's own handler and eval
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nanbeige.agent.config import RunSettings
 from nanbeige.evals.bfcl import GRADER
+from nanbeige.evals.config import Benchmark, EvalConfig
 from nanbeige.evals.tasks import LoadError, Task
 
-if TYPE_CHECKING:
-    from nanbeige.evals.runner import EvalConfig
-
-
-@dataclass(frozen=True)
-class Benchmark:
-    name: str
-    """The name on the command line."""
-    load: Callable[[Path | None], list[Task]]
-    """Reads the official file (or folder) into tasks."""
-    grader: str
-    """The default grader: `gaia-exact`, a judge profile, or `bfcl-eval` (its own runner)."""
-    about: str
-    """One line for `--help`: the file it reads."""
-    needs_data: bool = True
-    """Whether `--data` is required (BFCL's data ships in its package)."""
-    pipeline: Callable[..., Awaitable[dict[str, Any]]] | None = None
-    """The benchmark's own pipeline, run instead of the agent loop (BFCL: its handler and runner); it
-    takes what `runner.evaluate` takes and returns the report."""
 
 
 def _lazy(module: str, function: str = "load") -> Callable[[Path | None], list[Task]]:

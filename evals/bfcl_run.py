@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from nanbeige.agent.config import RunSettings
 from nanbeige.agent.trajectory import Trajectory, Turn
 from nanbeige.evals import bfcl
-from nanbeige.evals.runner import MANIFEST, REPORT, TRAJECTORIES, EvalConfig, EvalError, Progress, prepare_out, \
-    run_all
+from nanbeige.evals.config import EvalConfig, EvalError
+from nanbeige.evals.runner import MANIFEST, REPORT, TRAJECTORIES, Progress, prepare_out, run_all
 
 if TYPE_CHECKING:
     from nanbeige.agent.setup import Ready

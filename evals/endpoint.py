@@ -1,11 +1,13 @@
-"""One chat completion from an OpenAI-compatible endpoint: what the LLM judges, the turn critic and the
-question writer each ask of their model. Retrying and what a failure means stay with each caller."""
+"""One chat completion from an OpenAI-compatible endpoint (a `ChatEndpoint`): what the LLM judges, the turn
+critic and the question writer each ask of their model. Retrying and what a failure means stay with each caller."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import httpx
+
+from nanbeige.tools.endpoint import ChatEndpoint
 
 RETRY_STATUSES = {408, 429, 500, 502, 503, 504}
 """HTTP statuses worth asking again after: time-outs, rate limits and server errors."""
@@ -22,20 +24,22 @@ class CallFailed(Exception):
         self.status: int | None = None
 
 
-async def chat_text(client: httpx.AsyncClient, base_url: str, model: str, api_key: str | None,
-                    messages: list[dict[str, str]], temperature: float, max_tokens: int, timeout_s: float) -> str:
-    """`chat` with a model, its messages, a temperature and max_tokens (the critic's and the question
-    writer's requests)."""
-    body = {"model": model, "messages": messages, "temperature": temperature, "max_tokens": max_tokens}
-    return await chat(client, base_url, api_key, body, timeout_s)
+async def chat_text(client: httpx.AsyncClient, endpoint: ChatEndpoint, messages: list[dict[str, str]],
+                    temperature: float | None = None) -> str:
+    """`chat` with the endpoint's model, the messages, a temperature (None: the endpoint's) and its
+    max_tokens (the critic's and the question writer's requests)."""
+    temperature = endpoint.temperature if temperature is None else temperature
+    body = {"model": endpoint.model, "messages": messages, "temperature": temperature,
+            "max_tokens": endpoint.max_tokens}
+    return await chat(client, endpoint, body)
 
 
-async def chat(client: httpx.AsyncClient, base_url: str, api_key: str | None, body: dict[str, Any],
-               timeout_s: float) -> str:
+async def chat(client: httpx.AsyncClient, endpoint: ChatEndpoint, body: dict[str, Any]) -> str:
     """The reply's text to the request `body`, sent as it is, after any `</think>` (a thinking model may
     leave its deliberation in the content; only what follows it is the reply). Raises `CallFailed`; the
     key never appears in it."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    base_url, timeout_s = endpoint.base_url, endpoint.timeout_s
+    headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
     try:
         response = await client.post(base_url.rstrip("/") + "/chat/completions", json=body, headers=headers,
                                      timeout=timeout_s)

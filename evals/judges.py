@@ -28,6 +28,7 @@ from nanbeige.evals import verdicts
 from nanbeige.evals.endpoint import CallFailed, chat
 from nanbeige.evals.tasks import Verdict
 from nanbeige.evals.verdicts import Reading
+from nanbeige.tools.endpoint import OPENAI_BASE_URL, ChatEndpoint
 
 FAMILIES = ("reference", "official", "official-fixed")
 
@@ -148,24 +149,9 @@ def grader_name(bench: str, family: str) -> str:
     return name
 
 
-@dataclass
-class JudgeConfig:
-    """How to reach the judge model."""
-
-    base_url: str = "https://api.openai.com/v1"
-    """OpenAI-compatible endpoint, up to and including `/v1`."""
-    model: str | None = None
-    """The judge model; None: each profile's own (its source's). Recorded in every verdict."""
-    api_key: str | None = field(default=None, repr=False)
-    """Bearer token, if the server wants one. Never printed or logged."""
-    timeout_s: float = 300.0
-    """Timeout for one judge call (an o-series judge reasons before it answers)."""
-    retries: int = 3
-    """How many times to ask again after a transport error or a 408/429/5xx answer."""
-    retry_wait_s: float = 1.0
-    """Wait before the first such retry; doubled for each later one."""
-    template: Path | None = None
-    """A file whose text replaces the profile's prompt verbatim (`--judge-template`)."""
+JUDGE_ENDPOINT = ChatEndpoint(base_url=OPENAI_BASE_URL, model=None, timeout_s=300.0, retries=3, retry_wait_s=1.0)
+"""The LLM judge's defaults (`--judge-*`, NANBEIGE_JUDGE_*): OpenAI's API; each profile's own model (recorded in
+every verdict); 300 s a call, since an o-series judge reasons before it answers; asked again 3 times."""
 
 
 def load_template(path: Path) -> str:
@@ -212,7 +198,7 @@ def request_body(profile: Profile, model: str, question: str, shown: str, gold: 
     return body
 
 
-async def judge(profile: Profile, question: str, shown: str, gold: str, config: JudgeConfig,
+async def judge(profile: Profile, question: str, shown: str, gold: str, config: ChatEndpoint,
                 client: httpx.AsyncClient) -> Verdict:
     """The judge's verdict on `shown` (the response, or the answer: `profile.shows`) against `gold`.
 
@@ -237,14 +223,14 @@ async def judge(profile: Profile, question: str, shown: str, gold: str, config: 
     return Verdict(correct=None, grader=profile.name, judge_model=model, error=error)
 
 
-async def _ask(body: dict[str, Any], config: JudgeConfig, client: httpx.AsyncClient) -> str:
+async def _ask(body: dict[str, Any], config: ChatEndpoint, client: httpx.AsyncClient) -> str:
     """One reply's text, transport failures retried; JudgeUnavailable when the endpoint keeps failing."""
     error = ""
     for attempt in range(config.retries + 1):
         if attempt:
             await asyncio.sleep(config.retry_wait_s * 2 ** (attempt - 1))
         try:
-            return await chat(client, config.base_url, config.api_key, body, config.timeout_s)
+            return await chat(client, config, body)
         except CallFailed as exc:
             error = f"judge answered {exc}" if exc.status else f"judge {exc}"
             if not exc.unavailable:  # an answer that is not a completion: no verdict in it

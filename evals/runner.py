@@ -28,42 +28,15 @@ import httpx
 from nanbeige.agent import dialects
 from nanbeige.agent.config import RunSettings
 from nanbeige.agent.trajectory import NOT_ENDED_ON_ITS_OWN, Trajectory
+from nanbeige.evals.config import EvalConfig, EvalError
 from nanbeige.evals.files import append_jsonl, file_sha256
-from nanbeige.evals.judges import JudgeConfig, JudgeUnavailable
+from nanbeige.evals.judges import JUDGE_ENDPOINT, JudgeUnavailable
 from nanbeige.evals.tasks import Task, Verdict
 
 if TYPE_CHECKING:
     from nanbeige.agent.setup import Ready
-    from nanbeige.evals.benchmarks import Benchmark
 
 RESULTS, TRAJECTORIES, MANIFEST, REPORT = "results.jsonl", "trajectories.jsonl", "eval.json", "report.json"
-
-
-class EvalError(Exception):
-    """Something the user must fix before the eval can run; one line naming the fix."""
-
-
-@dataclass
-class EvalConfig:
-    """What to evaluate and how; the model and tools come from `RunSettings`."""
-
-    bench: "Benchmark"
-    """The benchmark: how to load it and its default grader."""
-    data: Path | None
-    """The benchmark's official file (or folder); None for BFCL, whose data ships in its package."""
-    out: Path
-    """The out folder (created; an existing one of the same eval is resumed)."""
-    k: int = 3
-    """Runs per task (avg@k, pass@k); the reference harness scores avg@3."""
-    concurrency: int = 4
-    """Runs at once."""
-    limit: int | None = None
-    """Only the first N tasks of the file."""
-    grader: str | None = None
-    """A grader family (`reference`, `official`, `official-fixed`), `gaia-exact` or a judge profile's full
-    name; None: the benchmark's default (the reference harness's)."""
-    judge: JudgeConfig = field(default_factory=JudgeConfig)
-    """The LLM judge's endpoint, for judge graders."""
 
 
 @dataclass
@@ -374,12 +347,12 @@ def check_grader(config: EvalConfig) -> None:
     if name not in judges.PROFILES:
         raise EvalError(f"--grader must be one of {', '.join(judges.FAMILIES)}, gaia-exact or a grader's full name "
                         f"({', '.join(judges.PROFILES)}), not {name!r}")
-    if config.judge.base_url == JudgeConfig.base_url and not config.judge.api_key:
+    if config.judge.base_url == JUDGE_ENDPOINT.base_url and not config.judge.api_key:
         hint = "; or --grader official, GAIA's own scorer, which needs no judge" \
             if config.bench.name.startswith("gaia") else ""
         model = config.judge.model or judges.PROFILES[name].model
         raise EvalError(f"{config.bench.name} is graded by the {name!r} LLM judge, by default {model} at "
-                        f"{JudgeConfig.base_url}: set NANBEIGE_JUDGE_API_KEY, or pass --judge-base-url (and "
+                        f"{JUDGE_ENDPOINT.base_url}: set NANBEIGE_JUDGE_API_KEY, or pass --judge-base-url (and "
                         f"--judge-model) for another OpenAI-compatible endpoint{hint}")
     if config.judge.template is not None and not config.judge.template.is_file():
         raise EvalError(f"--judge-template {config.judge.template}: no such file")

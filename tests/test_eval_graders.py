@@ -18,8 +18,9 @@ from nanbeige.evals.gaia_scorer import grade_exact, question_scorer
 from dataclasses import replace
 
 from nanbeige.evals import verdicts
-from nanbeige.evals.judges import PROFILES, JudgeConfig, JudgeUnavailable, grader_name, judge, profile_for
+from nanbeige.evals.judges import JUDGE_ENDPOINT, PROFILES, JudgeUnavailable, grader_name, judge, profile_for
 from nanbeige.evals.tasks import Verdict
+from nanbeige.tools.endpoint import ChatEndpoint
 
 QUESTION = "Which city hosted the 1900 Summer Olympics?"
 RESPONSE = "I searched the archives. The games were held in Paris.\n\n\\boxed{Paris}"
@@ -63,9 +64,9 @@ def test_grade_exact_records_the_grader_and_the_compared_answer() -> None:
     assert wrong.correct is False and wrong.reason
 
 
-def config(server: FakeOpenAI, **changes: object) -> JudgeConfig:
+def config(server: FakeOpenAI, **changes: object) -> ChatEndpoint:
     values: dict = dict(base_url=server.base_url, api_key="sk-secret", retries=2, retry_wait_s=0.0)
-    return JudgeConfig(**(values | changes))
+    return replace(JUDGE_ENDPOINT, **(values | changes))
 
 
 @pytest.fixture(scope="module")
@@ -283,12 +284,13 @@ async def test_a_refused_request_is_not_retried_and_the_key_is_not_reported(serv
     with pytest.raises(JudgeUnavailable, match="HTTP 401") as failed:
         await ask(server, "hle/official", [Reply(status=401, body={"error": "bad key"}), "Correct"])
     assert len(server.requests) == 1
-    assert "sk-secret" not in str(failed.value) and "sk-secret" not in repr(JudgeConfig(api_key="sk-secret"))
+    assert "sk-secret" not in str(failed.value)
+    assert "sk-secret" not in repr(replace(JUDGE_ENDPOINT, api_key="sk-secret"))
 
 
 @pytest.mark.anyio
 async def test_an_unreachable_judge_is_unavailable_not_a_verdict() -> None:
-    cfg = JudgeConfig(base_url=f"http://127.0.0.1:{free_port()}/v1", retries=1, retry_wait_s=0.0)
+    cfg = replace(JUDGE_ENDPOINT, base_url=f"http://127.0.0.1:{free_port()}/v1", retries=1, retry_wait_s=0.0)
     async with httpx.AsyncClient() as client:
         with pytest.raises(JudgeUnavailable, match="unreachable"):
             await judge(PROFILES["browsecomp/official"], QUESTION, RESPONSE, GOLD, cfg, client)

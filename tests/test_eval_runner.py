@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from nanbeige.agent.config import RunSettings, ToolsConfig
 from nanbeige.agent.llm import LLMConfig
 from nanbeige.agent.loop import AgentConfig
 from nanbeige.evals.benchmarks import BENCHMARKS
-from nanbeige.evals.judges import JudgeConfig
+from nanbeige.evals.judges import JUDGE_ENDPOINT
 from nanbeige.evals.runner import EvalConfig, evaluate, read_results
 
 NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
@@ -106,7 +107,8 @@ async def test_a_judge_profile_grades_through_the_judge_endpoint(tmp_path: Path)
 
     with FakeOpenAI(scripted_model()) as model, FakeOpenAI(judge) as judge_server:
         config = EvalConfig(bench=BENCHMARKS["gaia"], data=data, out=tmp_path / "out", k=1, limit=1,
-                            grader="equivalent/reference", judge=JudgeConfig(base_url=judge_server.base_url, model="judge"))
+                            grader="equivalent/reference",
+                            judge=replace(JUDGE_ENDPOINT, base_url=judge_server.base_url, model="judge"))
         report = await evaluate(config, settings_for(model), notice=lambda text: None)
     [row] = read_results(tmp_path / "out")
     assert (row["correct"], row["grader"], row["judge_model"]) == (True, "equivalent/reference", "judge")
@@ -129,8 +131,9 @@ async def test_keys_the_model_or_judge_quote_never_reach_the_results_file(tmp_pa
         settings = settings_for(model)
         settings.llm.api_key = model_key
         config = EvalConfig(bench=BENCHMARKS["gaia"], data=data, out=tmp_path / "out", k=1, limit=1,
-                            grader="browsecomp-zh/official", judge=JudgeConfig(base_url=judge_server.base_url,
-                                                                               model="judge", api_key=judge_key))
+                            grader="browsecomp-zh/official",
+                            judge=replace(JUDGE_ENDPOINT, base_url=judge_server.base_url, model="judge",
+                                          api_key=judge_key))
         await evaluate(config, settings, notice=lambda text: None)
     written = (tmp_path / "out" / "results.jsonl").read_text()
     assert model_key not in written and judge_key not in written
@@ -227,7 +230,8 @@ async def test_a_judge_that_refuses_stops_the_eval_and_scores_nothing(tmp_path: 
     data = write_gaia(tmp_path / "gaia")
     with FakeOpenAI(scripted_model()) as model, FakeOpenAI([], default=Reply(status=401)) as judge_server:
         config = EvalConfig(bench=BENCHMARKS["gaia"], data=data, out=tmp_path / "out", k=1, concurrency=1,
-                            grader="equivalent/reference", judge=JudgeConfig(base_url=judge_server.base_url, model="judge"))
+                            grader="equivalent/reference",
+                            judge=replace(JUDGE_ENDPOINT, base_url=judge_server.base_url, model="judge"))
         with pytest.raises(EvalError, match="the judge cannot be used: judge answered HTTP 401"):
             await evaluate(config, settings_for(model), notice=lambda text: None)
     assert read_results(tmp_path / "out") == []  # nothing scored wrong for the judge's sake: a resume grades them

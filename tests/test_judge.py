@@ -10,6 +10,7 @@ import re
 import socket
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,8 @@ from test_cli import nanbeige
 
 from nanbeige.agent.trajectory import ToolCall, ToolResult, Trajectory, TrajectoryWriter, Turn, load_trajectories
 from nanbeige.agent.trajectory import read_records
-from nanbeige.evals.judges import JudgeConfig
-from nanbeige.trainer.critic import CriticConfig, MalformedCritique, TurnRule, parse_scores, turn_outcome
+from nanbeige.evals.judges import JUDGE_ENDPOINT
+from nanbeige.trainer.critic import CRITIC_ENDPOINT, MalformedCritique, TurnRule, parse_scores, turn_outcome
 from nanbeige.trainer.judge import JudgeError, JudgeProgress, JudgeRunConfig, judge_file
 
 QUESTION = "What is the capital of France?"
@@ -106,8 +107,8 @@ def critic_replies(request: dict[str, Any]) -> str:
 
 
 def config(server: FakeOpenAI | None, rule: TurnRule | None = None, **critic: Any) -> JudgeRunConfig:
-    settings = CriticConfig(base_url=server.base_url, model="critic-model", retries=2, retry_wait_s=0.0, **critic) \
-        if server else None
+    settings = replace(CRITIC_ENDPOINT, base_url=server.base_url, model="critic-model", retries=2, retry_wait_s=0.0,
+                       **critic) if server else None
     return JudgeRunConfig(critic=settings, rule=rule or TurnRule(), concurrency=4, no_critic=server is None)
 
 
@@ -182,7 +183,7 @@ async def test_a_judge_profile_grades_and_an_undecided_judge_gives_no_reward(tmp
     with FakeOpenAI(judge) as server:
         run = config(None)
         run.grader = "equivalent/reference"
-        run.judge = JudgeConfig(base_url=server.base_url, model="judge-model", retries=1, retry_wait_s=0.0)
+        run.judge = replace(JUDGE_ENDPOINT, base_url=server.base_url, model="judge-model", retries=1, retry_wait_s=0.0)
         await judge_file(src, tmp_path / "out.jsonl", run)
     judged = {t.id: t for t in load_trajectories(tmp_path / "out.jsonl")}
     assert judged["yes"].reward == 1.0 and judged["yes"].judge["judge_model"] == "judge-model"
@@ -394,14 +395,14 @@ async def test_what_the_user_must_fix_is_one_error(tmp_path: Path) -> None:
         await judge_file(src, src, JudgeRunConfig(no_critic=True))
     with pytest.raises(JudgeError, match="NANBEIGE_JUDGE_API_KEY"):
         await judge_file(src, out, JudgeRunConfig(grader="browsecomp/reference", no_critic=True))
-    unreachable = CriticConfig(base_url=f"http://127.0.0.1:{free_port()}/v1", api_key="sk-critic-secret-key",
-                               retries=1, retry_wait_s=0.0)
+    unreachable = replace(CRITIC_ENDPOINT, base_url=f"http://127.0.0.1:{free_port()}/v1",
+                          api_key="sk-critic-secret-key", retries=1, retry_wait_s=0.0)
     with pytest.raises(JudgeError, match="critic unreachable") as raised:
         await judge_file(src, out, JudgeRunConfig(critic=unreachable))
     assert "sk-critic" not in str(raised.value) and "sk-critic" not in repr(unreachable)
     assert not out.exists() or not out.read_bytes()  # nothing half-judged was written
     with FakeOpenAI([Reply(status=401)] * 3) as server:
-        refused = CriticConfig(base_url=server.base_url, api_key="sk-critic-secret-key", retry_wait_s=0.0)
+        refused = replace(CRITIC_ENDPOINT, base_url=server.base_url, api_key="sk-critic-secret-key", retry_wait_s=0.0)
         with pytest.raises(JudgeError, match="HTTP 401"):
             await judge_file(src, out, JudgeRunConfig(critic=refused))
     assert len(server.requests) == 1  # a refused key is not retried

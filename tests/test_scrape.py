@@ -14,7 +14,8 @@ from fake_site import Site
 
 from nanbeige.servers.scrape import build_server
 from nanbeige.tools.fetch import BlockedAddress, FetchError, FetchPolicy, fetch_direct, resolve_host
-from nanbeige.tools.scrape import ScrapeConfig, ScrapeError, scrape_and_extract_info, scrape_config_from_env
+from nanbeige.tools.scrape import (EXTRACTION_ENDPOINT, ScrapeConfig, ScrapeError, scrape_and_extract_info,
+                                   scrape_config_from_env)
 
 pytestmark = pytest.mark.anyio
 
@@ -30,8 +31,8 @@ def extractor(request: dict) -> Reply:
 
 
 def config(summary_url: str, **overrides: object) -> ScrapeConfig:
-    return ScrapeConfig(summary_base_url=summary_url, summary_model="extractor", retry_wait_s=0.01,
-                        policy=FetchPolicy(allow_private=True), **overrides)
+    summary = replace(EXTRACTION_ENDPOINT, base_url=summary_url, model="extractor", retry_wait_s=0.01)
+    return ScrapeConfig(summary=summary, retry_wait_s=0.01, policy=FetchPolicy(allow_private=True), **overrides)
 
 
 async def test_an_html_page_is_cleaned_and_the_asked_information_extracted() -> None:
@@ -53,8 +54,9 @@ async def test_an_html_page_is_cleaned_and_the_asked_information_extracted() -> 
 ])
 async def test_the_extraction_request_samples_as_the_reference_did(model_name: str, settings: dict) -> None:
     with Site() as site, FakeOpenAI(extractor) as model:
+        cfg = config(model.base_url)
         await scrape_and_extract_info(site.url("/article"), "How long is a year on Mars?", None,
-                                      replace(config(model.base_url), summary_model=model_name))
+                                      replace(cfg, summary=replace(cfg.summary, model=model_name)))
     request = model.requests[0]
     assert set(request) - {"_headers", "_received"} == {"model", "messages", *settings}  # less what the fake adds
     assert request["model"] == model_name and {k: request[k] for k in settings} == settings
@@ -148,10 +150,10 @@ async def test_an_unreachable_extraction_model_names_the_setting() -> None:
 def test_settings_from_the_environment() -> None:
     cfg = scrape_config_from_env({"JINA_API_KEY": "k", "NANBEIGE_BASE_URL": "http://h:1/v1", "NANBEIGE_MODEL": "m",
                                   "NANBEIGE_ALLOWED_HOSTS": "Docs.Test, wiki.local"})
-    assert (cfg.backend, cfg.summary_base_url, cfg.summary_model) == ("jina", "http://h:1/v1", "m")
+    assert (cfg.backend, cfg.summary.base_url, cfg.summary.model) == ("jina", "http://h:1/v1", "m")
     assert cfg.policy.allowed_hosts == {"docs.test", "wiki.local"} and not cfg.policy.allow_private
     assert scrape_config_from_env({"NANBEIGE_SUMMARY_BASE_URL": "http://s/v1", "NANBEIGE_BASE_URL": "http://h/v1",
-                                   "NANBEIGE_ALLOW_PRIVATE_URLS": "1"}).summary_base_url == "http://s/v1"
+                                   "NANBEIGE_ALLOW_PRIVATE_URLS": "1"}).summary.base_url == "http://s/v1"
     assert scrape_config_from_env({}).backend == "direct"
     with pytest.raises(ScrapeError, match="needs JINA_API_KEY"):
         scrape_config_from_env({"NANBEIGE_SCRAPE_BACKEND": "jina"})

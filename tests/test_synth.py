@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,8 @@ from nanbeige.trainer.graph import Graph, build_graph, load_documents, random_wa
 from nanbeige.trainer.synth import (
     ANSWER_PROMPT,
     SUPPORT_PROMPT,
+    SYNTH_ENDPOINT,
     WRITE_PROMPT,
-    SynthConfig,
     SynthError,
     parse_question,
     rejected_path,
@@ -137,7 +138,7 @@ async def test_synthesize_accepts_rejects_and_resumes(index_dir: Path, graph: Gr
     out = tmp_path / "questions.jsonl"
     calls: list[tuple[int, int, int]] = []
     with FakeOpenAI(model, api_key="sk-secret") as server:
-        config = SynthConfig(base_url=server.base_url, model="writer", api_key="sk-secret")
+        config = replace(SYNTH_ENDPOINT, base_url=server.base_url, model="writer", api_key="sk-secret")
         summary = await synthesize(index_dir, out, config, count=2, seed=3, concurrency=1,
                                    progress=lambda *args: calls.append(args))
         assert summary["walks"] == 5 and summary["accepted"] == 2 and summary["in_file"] == 2
@@ -195,7 +196,7 @@ def small_corpus(root: Path, linked: bool) -> Path:
 
 @pytest.mark.anyio
 async def test_synthesize_errors(tmp_path: Path) -> None:
-    config = SynthConfig(base_url=f"http://127.0.0.1:{free_port()}/v1", retries=1, retry_wait_s=0.0)
+    config = replace(SYNTH_ENDPOINT, base_url=f"http://127.0.0.1:{free_port()}/v1", retries=1, retry_wait_s=0.0)
     missing = tmp_path / "no-such-index"
     with pytest.raises(SynthError, match=rf"no index folder at {re.escape(str(missing))}.*nanbeige index build"):
         await synthesize(missing, tmp_path / "q.jsonl", config, count=1)
@@ -210,7 +211,7 @@ async def test_synthesize_errors(tmp_path: Path) -> None:
     with pytest.raises(SynthError, match=r"failed after 2 tries \(unreachable"):
         await synthesize(linked, tmp_path / "q.jsonl", config, count=1, hops=1)
     with FakeOpenAI([], default=Reply(status=503)) as server:
-        config = SynthConfig(base_url=server.base_url, api_key="sk-secret", retries=2, retry_wait_s=0.0)
+        config = replace(SYNTH_ENDPOINT, base_url=server.base_url, api_key="sk-secret", retries=2, retry_wait_s=0.0)
         with pytest.raises(SynthError, match=r"failed after 3 tries \(HTTP 503") as error:
             await synthesize(linked, tmp_path / "q.jsonl", config, count=1, hops=1)
         assert len(server.requests) == 3 and "sk-secret" not in str(error.value)

@@ -20,11 +20,11 @@ from nanbeige.agent.config import BackendConfig, RunSettings, ToolsConfig
 from nanbeige.agent.llm import LLMConfig
 from nanbeige.agent.loop import AgentConfig
 from nanbeige.agent.trajectory import load_trajectories
-from nanbeige.trainer.critic import CriticConfig
+from nanbeige.trainer.critic import CRITIC_ENDPOINT
 from nanbeige.trainer.judge import JudgeRunConfig
 from nanbeige.trainer.loop import LoopConfig, LoopError, run_loop
 from nanbeige.trainer.sync import SyncError, load_adapter
-from nanbeige.trainer.rollouts import GroupRule
+from nanbeige.trainer.config import GroupRule
 from nanbeige.trainer.train import TrainConfig
 
 QUESTIONS = ('{"id": "a", "question": "What is 2+2?", "answer": "4"}\n'
@@ -65,8 +65,9 @@ def in_process_loop(tiny: Path, out: Path, critic: FakeOpenAI, iterations: int, 
     settings = RunSettings(llm=LLMConfig(model=str(tiny), max_tokens=8, temperature=1.0),
                            agent=AgentConfig(max_turns=1), backend=BackendConfig(backend="transformers"),
                            tools=ToolsConfig(default_servers=False))
-    judge = JudgeRunConfig(critic=CriticConfig(base_url=critic.base_url, model="critic", retries=0, retry_wait_s=0.0),
-                           concurrency=1)
+    critic_endpoint = dataclasses.replace(CRITIC_ENDPOINT, base_url=critic.base_url, model="critic", retries=0,
+                                          retry_wait_s=0.0)
+    judge = JudgeRunConfig(critic=critic_endpoint, concurrency=1)
     options = {"steps": 1, "step_tokens": 4000, "micro_tokens": 4000, "lr": 1e-3,
                "groups": GroupRule(min_pass_rate=0.0, max_pass_rate=1.0)} | train
     return LoopConfig(iterations=iterations, out=out, questions=questions, settings=settings, judge=judge,

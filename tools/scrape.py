@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -17,10 +17,19 @@ import httpx
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from nanbeige.tools import usage
+from nanbeige.tools.endpoint import LOCAL_BASE_URL, LOCAL_MODEL, ChatEndpoint
 from nanbeige.tools.fetch import FetchError, FetchPolicy, Page, check_url, fetch_direct, ssl_context, to_text
 
 BLOCKED_LINKS = ("huggingface.co/datasets", "huggingface.co/spaces")
 RETRY_STATUSES = {408, 409, 425, 429, 500, 502, 503, 504}
+
+
+EXTRACTION_ENDPOINT = ChatEndpoint(base_url=LOCAL_BASE_URL, model=LOCAL_MODEL, temperature=1.0, max_tokens=8192,
+                                   timeout_s=300.0, retries=2, retry_wait_s=1.0)
+"""The extraction model's defaults, before NANBEIGE_SUMMARY_* (else the agent's NANBEIGE_*) variables: the agent's
+own model at the local server, asked as the reference's scrape server asked (temperature 1.0, 8192 tokens), three
+attempts a call. The model card of Nanbeige4.1-3B names Qwen3-14B as the summary model of its deep-search setup
+(the reference harness's SUMMARY_LLM_MODEL_NAME); here, by default, it is whatever model those variables name."""
 
 
 class ScrapeError(Exception):
@@ -37,29 +46,19 @@ class ScrapeConfig:
     """Jina Reader key (JINA_API_KEY)."""
     jina_base_url: str = "https://r.jina.ai"
     """Jina Reader endpoint (JINA_BASE_URL)."""
-    summary_base_url: str = "http://127.0.0.1:8000/v1"
-    """OpenAI-compatible endpoint of the extraction model (NANBEIGE_SUMMARY_BASE_URL, else NANBEIGE_BASE_URL)."""
-    summary_model: str = "Nanbeige/Nanbeige4.1-3B"
-    """Extraction model name (NANBEIGE_SUMMARY_MODEL, else NANBEIGE_MODEL, the agent's own model).
-    The model card of Nanbeige4.1-3B names Qwen3-14B as the summary model of its deep-search setup
-    (the reference harness's SUMMARY_LLM_MODEL_NAME); here, by default, it is whatever model is
-    configured in those variables, and this name when neither is set."""
+    summary: ChatEndpoint = EXTRACTION_ENDPOINT
+    """The extraction model's endpoint: its base URL (NANBEIGE_SUMMARY_BASE_URL, else NANBEIGE_BASE_URL), model
+    (NANBEIGE_SUMMARY_MODEL, else NANBEIGE_MODEL) and key (NANBEIGE_SUMMARY_API_KEY, else NANBEIGE_API_KEY)."""
     extraction_prompt: str | None = None
     """The extraction prompt as a `str.format` template whose two fields are the information to
     extract and the page content, in that order (NANBEIGE_EXTRACTION_PROMPT; `--reference` sets it
     to the reference harness's own). None: ours."""
-    summary_api_key: str | None = None
-    """Key for the extraction endpoint (NANBEIGE_SUMMARY_API_KEY, else NANBEIGE_API_KEY)."""
-    summary_max_tokens: int = 8192
-    """Most tokens of an extraction reply (8192, as the reference's scrape server asked)."""
-    summary_timeout_s: float = 300.0
-    """Timeout of one extraction call."""
     max_page_chars: int = 409_600
     """Longer pages are cut to this many characters before extraction."""
     trim_step_chars: int = 40_960
     """When the page does not fit the extraction model, cut this many more characters each retry."""
     retry_wait_s: float = 1.0
-    """First wait between retries of Jina and the extraction model (doubles each time)."""
+    """First wait between retries of Jina Reader (doubles each time; the extraction model's is `summary`'s)."""
     policy: FetchPolicy = field(default_factory=FetchPolicy)
     """Which addresses direct fetches may reach."""
 
@@ -74,26 +73,27 @@ def scrape_config_from_env(env: Mapping[str, str] = os.environ) -> ScrapeConfig:
         raise ScrapeError("NANBEIGE_SCRAPE_BACKEND=jina needs JINA_API_KEY")
     allowed = frozenset(h.strip().lower() for h in env.get("NANBEIGE_ALLOWED_HOSTS", "").split(",") if h.strip())
     defaults = ScrapeConfig()
+    summary = replace(
+        defaults.summary,
+        base_url=env.get("NANBEIGE_SUMMARY_BASE_URL") or env.get("NANBEIGE_BASE_URL") or defaults.summary.base_url,
+        model=env.get("NANBEIGE_SUMMARY_MODEL") or env.get("NANBEIGE_MODEL") or defaults.summary.model,
+        api_key=env.get("NANBEIGE_SUMMARY_API_KEY") or env.get("NANBEIGE_API_KEY") or None)
     return ScrapeConfig(
         backend=backend, jina_api_key=jina_key,
-        jina_base_url=env.get("JINA_BASE_URL") or defaults.jina_base_url,
-        summary_base_url=env.get("NANBEIGE_SUMMARY_BASE_URL") or env.get("NANBEIGE_BASE_URL")
-        or defaults.summary_base_url,
-        summary_model=env.get("NANBEIGE_SUMMARY_MODEL") or env.get("NANBEIGE_MODEL") or defaults.summary_model,
-        summary_api_key=env.get("NANBEIGE_SUMMARY_API_KEY") or env.get("NANBEIGE_API_KEY") or None,
+        jina_base_url=env.get("JINA_BASE_URL") or defaults.jina_base_url, summary=summary,
         extraction_prompt=env.get("NANBEIGE_EXTRACTION_PROMPT") or None,
         policy=FetchPolicy(allow_private=env.get("NANBEIGE_ALLOW_PRIVATE_URLS") == "1", allowed_hosts=allowed),
     )
 
 
-def _retrying(config: ScrapeConfig, attempts: int) -> AsyncRetrying:
+def _retrying(wait_s: float, attempts: int) -> AsyncRetrying:
     def retryable(exc: BaseException) -> bool:
         if isinstance(exc, httpx.HTTPStatusError):
             return exc.response.status_code in RETRY_STATUSES
         return isinstance(exc, (httpx.TransportError))
 
     return AsyncRetrying(retry=retry_if_exception(retryable), stop=stop_after_attempt(attempts), reraise=True,
-                         wait=wait_exponential(multiplier=config.retry_wait_s, max=8))
+                         wait=wait_exponential(multiplier=wait_s, max=8))
 
 
 def strip_reader_prefix(url: str) -> str:
@@ -115,7 +115,7 @@ async def fetch_jina(url: str, config: ScrapeConfig, headers: dict[str, str] | N
     timeout = httpx.Timeout(60.0, connect=20.0)
     try:
         async with httpx.AsyncClient(timeout=timeout, verify=ssl_context()) as client:
-            async for attempt in _retrying(config, 5):
+            async for attempt in _retrying(config.retry_wait_s, 5):
                 with attempt:
                     response = await client.get(f"{config.jina_base_url.rstrip('/')}/{url}", headers=request_headers)
                     response.raise_for_status()
@@ -173,22 +173,21 @@ def _is_context_error(response: httpx.Response) -> bool:
     return response.status_code == 400 and "context" in text and ("length" in text or "too long" in text)
 
 
-def summary_request(prompt: str, config: ScrapeConfig) -> dict[str, Any]:
+def summary_request(prompt: str, endpoint: ChatEndpoint) -> dict[str, Any]:
     """The extraction request as the reference's scrape server sent it, so that pages are read as
     during training: for a model whose name contains `gpt` (case as written; OpenAI's API wants
-    `max_completion_tokens`), no sampling settings; for any other, temperature 1.0 and nothing else
-    (no top_p or top_k)."""
+    `max_completion_tokens`), no sampling settings; for any other, the endpoint's temperature (1.0 by
+    default) and nothing else (no top_p or top_k)."""
     messages = [{"role": "user", "content": prompt}]
-    if "gpt" in config.summary_model:
-        return {"model": config.summary_model, "max_completion_tokens": config.summary_max_tokens,
-                "messages": messages}
-    return {"model": config.summary_model, "max_tokens": config.summary_max_tokens, "messages": messages,
-            "temperature": 1.0}
+    if "gpt" in (endpoint.model or ""):
+        return {"model": endpoint.model, "max_completion_tokens": endpoint.max_tokens, "messages": messages}
+    return {"model": endpoint.model, "max_tokens": endpoint.max_tokens, "messages": messages,
+            "temperature": endpoint.temperature}
 
 
 async def _summary_call(client: httpx.AsyncClient, prompt: str, config: ScrapeConfig) -> httpx.Response:
-    body = summary_request(prompt, config)
-    async for attempt in _retrying(config, 3):
+    body = summary_request(prompt, config.summary)
+    async for attempt in _retrying(config.summary.retry_wait_s, config.summary.retries + 1):
         with attempt:
             response = await client.post("/chat/completions", json=body)
             if response.status_code in RETRY_STATUSES:
@@ -199,10 +198,11 @@ async def _summary_call(client: httpx.AsyncClient, prompt: str, config: ScrapeCo
 async def extract_info(content: str, info_to_extract: str, config: ScrapeConfig) -> tuple[str, int, int]:
     """(extracted text, tokens used, characters of the page the model read). The page is cut from the
     end, `trim_step_chars` more each time, until it fits the extraction model's context."""
-    headers = {"Authorization": f"Bearer {config.summary_api_key}"} if config.summary_api_key else {}
-    timeout = httpx.Timeout(config.summary_timeout_s, connect=10.0)
+    endpoint = config.summary
+    headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
+    timeout = httpx.Timeout(endpoint.timeout_s, connect=10.0)
     used = min(len(content), config.max_page_chars)
-    async with httpx.AsyncClient(base_url=config.summary_base_url.rstrip("/"), headers=headers,
+    async with httpx.AsyncClient(base_url=endpoint.base_url.rstrip("/"), headers=headers,
                                  timeout=timeout, verify=ssl_context()) as client:
         for attempt in range(1, 6):
             try:
@@ -211,7 +211,7 @@ async def extract_info(content: str, info_to_extract: str, config: ScrapeConfig)
             except httpx.HTTPStatusError as exc:
                 raise ScrapeError(f"the extraction model failed: HTTP {exc.response.status_code}") from None
             except httpx.HTTPError as exc:
-                raise ScrapeError(f"the extraction model at {config.summary_base_url} cannot be reached "
+                raise ScrapeError(f"the extraction model at {endpoint.base_url} cannot be reached "
                                   f"({type(exc).__name__}); set NANBEIGE_SUMMARY_BASE_URL to a running "
                                   "OpenAI-compatible server") from None
             if _is_context_error(response) and used > 0:
@@ -245,5 +245,5 @@ async def scrape_and_extract_info(url: str, info_to_extract: str, custom_headers
         raise FetchError(f"the page at {url} has no readable text")
     extracted, tokens, used = await extract_info(page.text, info_to_extract, config)
     return {"success": True, "url": page.url, "extracted_info": extracted, "error": "",
-            "scrape_stats": scrape_stats(page.text, used), "model_used": config.summary_model,
+            "scrape_stats": scrape_stats(page.text, used), "model_used": config.summary.model,
             "tokens_used": tokens}

@@ -21,7 +21,7 @@ from torch import Tensor
 from nanbeige.agent.tokens import TrainingRow, training_rows
 from nanbeige.agent.trajectory import NOT_ENDED_ON_ITS_OWN, Trajectory, Turn
 from nanbeige.trainer.advantages import group_advantages, keep_group
-from nanbeige.trainer.rollouts import TRUNCATED, GroupRule
+from nanbeige.trainer.config import TRUNCATED, GroupRule
 
 OBJECTIVES = ("grpo", "sft")
 

@@ -25,8 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import httpx
@@ -35,6 +34,7 @@ import json_repair
 from nanbeige.agent.trajectory import Trajectory, Turn
 from nanbeige.agent.view import short
 from nanbeige.evals.endpoint import CallFailed, chat_text
+from nanbeige.tools.endpoint import OPENAI_BASE_URL, ChatEndpoint
 
 DIMENSIONS = ("logical_soundness", "tool_call_accuracy", "information_gain")
 TOOL_DIMENSIONS = ("tool_call_accuracy", "information_gain")
@@ -84,28 +84,11 @@ Answer with one JSON object and nothing else, shaped like this (each score an in
 _PLACEHOLDER = re.compile(r"\{(question|earlier_turns|reasoning|tool_calls|tool_results)\}")
 
 
-@dataclass
-class CriticConfig:
-    """How to reach the critic model and how to ask it."""
-
-    base_url: str = "https://api.openai.com/v1"
-    """OpenAI-compatible endpoint, up to and including `/v1`."""
-    model: str = "gpt-4.1-2025-04-14"
-    """Critic model name; recorded in every turn it scores."""
-    api_key: str | None = field(default=None, repr=False)
-    """Bearer token, if the server wants one. Never printed or logged."""
-    temperature: float = 0.0
-    """Sampling temperature; 0 for repeatable scores."""
-    max_tokens: int = 1024
-    """Most tokens one critic reply may have (a thinking critic needs more)."""
-    timeout_s: float = 120.0
-    """Timeout for one critic call."""
-    retries: int = 2
-    """How many times to ask again after a transport error, a 408/429/5xx answer or a malformed reply."""
-    retry_wait_s: float = 1.0
-    """Wait before the first retry; doubled for each later one."""
-    template: Path | None = None
-    """A file whose text replaces the built-in prompt verbatim (`--critic-template`)."""
+CRITIC_ENDPOINT = ChatEndpoint(base_url=OPENAI_BASE_URL, model="gpt-4.1-2025-04-14", temperature=0.0,
+                               max_tokens=1024, timeout_s=120.0, retries=2, retry_wait_s=1.0)
+"""The critic's defaults (`--critic-*`, NANBEIGE_CRITIC_*): GPT-4.1 on OpenAI's API, recorded in every turn it
+scores; temperature 0 for repeatable scores; 1024 tokens a reply (a thinking critic needs more); a malformed
+reply is asked again too."""
 
 
 @dataclass
@@ -236,7 +219,7 @@ def critic_prompt(trajectory: Trajectory, turn: Turn, template: str = CRITIC_TEM
     return _PLACEHOLDER.sub(lambda m: values[m.group(1)], template)
 
 
-def load_template(config: CriticConfig) -> str:
+def load_template(config: ChatEndpoint) -> str:
     """The prompt template: the user's file verbatim (UTF-8), or the built-in one."""
     return CRITIC_TEMPLATE if config.template is None else config.template.read_text(encoding="utf-8")
 
@@ -282,7 +265,7 @@ def _unreachable(exc: CallFailed) -> bool:
     return (exc.unavailable and not exc.timed_out and exc.status is None) or exc.status in (401, 403, 404)
 
 
-async def critique(trajectory: Trajectory, turn: Turn, config: CriticConfig, template: str,
+async def critique(trajectory: Trajectory, turn: Turn, config: ChatEndpoint, template: str,
                    client: httpx.AsyncClient) -> dict[str, Any]:
     """The critic's record for one turn: `model` and each dimension's `{score, reason}` (None where not
     scored); or `{"error", "model"}` when no usable reply came after the retries. Raises
@@ -293,9 +276,7 @@ async def critique(trajectory: Trajectory, turn: Turn, config: CriticConfig, tem
         if attempt:
             await asyncio.sleep(config.retry_wait_s * 2 ** (attempt - 1))
         try:
-            reply = await chat_text(client, config.base_url, config.model, config.api_key,
-                                    [{"role": "user", "content": prompt}], config.temperature, config.max_tokens,
-                                    config.timeout_s)
+            reply = await chat_text(client, config, [{"role": "user", "content": prompt}])
             scores = parse_scores(reply, tool_turn=bool(turn.tool_calls))
         except CallFailed as exc:
             error = f"critic answered {exc}" if exc.status else f"critic {exc}"
@@ -311,7 +292,7 @@ async def critique(trajectory: Trajectory, turn: Turn, config: CriticConfig, tem
     return {"error": error, "model": config.model}
 
 
-async def judge_turn(trajectory: Trajectory, turn: Turn, config: CriticConfig, rule: TurnRule, template: str,
+async def judge_turn(trajectory: Trajectory, turn: Turn, config: ChatEndpoint, rule: TurnRule, template: str,
                      client: httpx.AsyncClient) -> None:
     """Set the turn's `critic`, `reward` and `mask`. A rolled-back turn is not sent to the critic: it
     gets what a failed turn gets. An unjudged turn gets reward None and keeps its mask."""

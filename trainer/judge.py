@@ -26,10 +26,11 @@ from nanbeige.agent.records import encoded, record_line
 from nanbeige.agent.trajectory import (Trajectory, TrajectoryWriter, Turn, end_record, load_trajectories, read_records,
                                        start_record, turn_record, warn_on_stderr)
 from nanbeige.evals import gaia_scorer, judges
-from nanbeige.evals.judges import JudgeConfig
+from nanbeige.evals.judges import JUDGE_ENDPOINT
 from nanbeige.evals.runner import final_response
 from nanbeige.evals.tasks import Verdict
-from nanbeige.trainer.critic import CriticConfig, CriticUnreachable, TurnRule, judge_turn, load_template
+from nanbeige.tools.endpoint import ChatEndpoint
+from nanbeige.trainer.critic import CRITIC_ENDPOINT, CriticUnreachable, TurnRule, judge_turn, load_template
 
 CUT_SHORT = ("interrupted", "crashed", "model_error")
 EXACT = "gaia-exact"
@@ -52,9 +53,9 @@ class JudgeRunConfig:
     grader: str | None = None
     """`gaia-exact` or a judge profile's full name (`browsecomp/reference`, `hle/official`, ...) for every
     trajectory; None: each trajectory's own `grader`."""
-    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    judge: ChatEndpoint = JUDGE_ENDPOINT
     """The LLM judge's endpoint, for judge-profile graders."""
-    critic: CriticConfig | None = None
+    critic: ChatEndpoint | None = None
     """The turn critic's endpoint; needed unless `no_critic`."""
     rule: TurnRule = field(default_factory=TurnRule)
     """What the critic's scores mean for each turn's reward and mask."""
@@ -238,18 +239,18 @@ def check(src: Path, out: Path, config: JudgeRunConfig) -> None:
     if config.critic is None:
         raise JudgeError("the turn critic needs an endpoint: pass --critic-base-url and --critic-model, "
                          "or --no-critic for the outcome reward alone")
-    if config.critic.base_url == CriticConfig.base_url and not config.critic.api_key:
-        raise JudgeError(f"the critic is {config.critic.model} at {CriticConfig.base_url}: set its API key, or "
+    if config.critic.base_url == CRITIC_ENDPOINT.base_url and not config.critic.api_key:
+        raise JudgeError(f"the critic is {config.critic.model} at {CRITIC_ENDPOINT.base_url}: set its API key, or "
                          "pass --critic-base-url for another OpenAI-compatible endpoint")
 
 
 def check_judge_endpoint(trajectories: list[Trajectory], config: JudgeRunConfig) -> None:
     """Refuse to start when some trajectory needs the LLM judge and it cannot be reached as configured."""
     needs = {chosen_grader(t, config) for t in trajectories if t.reference_answer is not None} & set(judges.PROFILES)
-    if needs and config.judge.base_url == JudgeConfig.base_url and not config.judge.api_key:
+    if needs and config.judge.base_url == JUDGE_ENDPOINT.base_url and not config.judge.api_key:
         models = sorted({config.judge.model or judges.PROFILES[name].model for name in needs})
         raise JudgeError(f"grading with {', '.join(sorted(needs))} asks {', '.join(models)} at "
-                         f"{JudgeConfig.base_url}: set NANBEIGE_JUDGE_API_KEY, or pass --judge-base-url "
+                         f"{JUDGE_ENDPOINT.base_url}: set NANBEIGE_JUDGE_API_KEY, or pass --judge-base-url "
                          f"(and --judge-model) for another OpenAI-compatible endpoint, or --grader {EXACT}")
 
 
@@ -257,7 +258,7 @@ def check_judge_endpoint(trajectories: list[Trajectory], config: JudgeRunConfig)
 class CriticWatch:
     """Counts the critic's time-outs in a row, over all the trajectories judged at once."""
 
-    critic: CriticConfig
+    critic: ChatEndpoint
     in_a_row: int = 0
 
     def saw(self, turn: Turn) -> None:

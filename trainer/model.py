@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from nanbeige.trainer.train import TrainConfig
+    from nanbeige.trainer.config import TrainConfig
 
 
 class TrainError(Exception):

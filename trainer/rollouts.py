@@ -8,7 +8,6 @@ import json
 import math
 import random
 from array import array
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,31 +16,7 @@ from nanbeige.agent.trajectory import load_trajectories
 from nanbeige.trainer.model import TrainError
 
 if TYPE_CHECKING:
-    from nanbeige.trainer.train import TrainConfig
-
-
-# Runs cut before they could answer: with `truncated="mask"` they get no loss (DAPO's overlong filtering),
-# since their 0 reward says the run was too long, not that what it did was wrong.
-TRUNCATED = ("max_turns", "context_limit", "timeout", "budget")
-
-
-@dataclass
-class GroupRule:
-    """How GRPO turns a group's rewards into advantages, and which groups and trajectories train."""
-
-    lam: float = 1.0
-    """Weight of the turn-level advantage: A = A_outcome + lam * A_turn (0: plain GRPO)."""
-    min_pass_rate: float = 0.1
-    """Groups passing less often are dropped (every rollout failed: nothing to compare)."""
-    max_pass_rate: float = 0.9
-    """Groups passing more often are dropped."""
-    std: str = "sample"
-    """The std advantages are divided by: `sample` (GRPO, verl, TRL), `population`, or `none` (Dr.GRPO)."""
-    single: str = "zero"
-    """A one-rollout group's advantage: `zero` (TRL) or `reward` (verl: R itself)."""
-    truncated: str = "train"
-    """Trajectories cut at max_turns, the context limit, the timeout or the budget: `train` them with their
-    outcome reward, or `mask` them (in the group's statistics, no loss: DAPO's overlong filtering)."""
+    from nanbeige.trainer.config import TrainConfig
 
 
 def read_samples(config: TrainConfig) -> tuple[list[Any], dict[str, Any], float]:

@@ -29,7 +29,6 @@ import re
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +38,10 @@ import json_repair
 from nanbeige.evals.endpoint import CallFailed, chat_text
 from nanbeige.evals.files import append_jsonl, drop_torn_line
 from nanbeige.evals.gaia_scorer import question_scorer
+from nanbeige.tools.endpoint import LOCAL_BASE_URL, LOCAL_MODEL, ChatEndpoint
 from nanbeige.trainer.graph import Graph, SynthError, build_graph, first_sentence, load_documents, walks
 
-__all__ = ["SynthConfig", "SynthError", "synthesize", "walk_id", "parse_question", "rejected_path"]
+__all__ = ["SYNTH_ENDPOINT", "SynthError", "synthesize", "walk_id", "parse_question", "rejected_path"]
 
 TRIES_PER_QUESTION = 50  # walk attempts allowed per question wanted, so a hopeless corpus ends
 MAX_DOCUMENT_CHARS = 6000  # of one document shown to the model
@@ -51,26 +51,10 @@ Progress = Callable[[int, int, int], None]
 wanted, walks rejected in this run."""
 
 
-@dataclass
-class SynthConfig:
-    """How to reach the model that writes and checks the questions."""
-
-    base_url: str = "http://127.0.0.1:8000/v1"
-    """OpenAI-compatible endpoint, up to and including `/v1`."""
-    model: str = "Nanbeige/Nanbeige4.1-3B"
-    """Model name sent with every request."""
-    api_key: str | None = field(default=None, repr=False)
-    """Bearer token, if the server wants one. Never printed or logged."""
-    temperature: float = 0.7
-    """Sampling temperature for writing questions; the checks always ask at 0."""
-    max_tokens: int = 2048
-    """Most tokens one reply may have."""
-    timeout_s: float = 120.0
-    """Timeout for one call."""
-    retries: int = 3
-    """How many times to ask again after a transport error or a 408/429/5xx answer."""
-    retry_wait_s: float = 1.0
-    """Wait before the first retry; doubled for each later one."""
+SYNTH_ENDPOINT = ChatEndpoint(base_url=LOCAL_BASE_URL, model=LOCAL_MODEL, temperature=0.7, max_tokens=2048,
+                              timeout_s=120.0, retries=3, retry_wait_s=1.0)
+"""The question writer's defaults (`nanbeige synth`, NANBEIGE_SYNTH_*): the agent's own model at the local
+server; temperature 0.7 for writing questions (the checks always ask at 0)."""
 
 
 WRITE_PROMPT = """\
@@ -111,16 +95,14 @@ Reply with the single word yes or no."""
 # ---------------------------------------------------------------- the model
 
 
-async def _chat(client: httpx.AsyncClient, config: SynthConfig, prompt: str, temperature: float) -> str:
+async def _chat(client: httpx.AsyncClient, config: ChatEndpoint, prompt: str, temperature: float) -> str:
     """The model's reply text to one user message; raises `SynthError` once the retries are spent."""
     error, tries = "", 0
     for tries in range(1, config.retries + 2):
         if tries > 1:
             await asyncio.sleep(config.retry_wait_s * 2 ** (tries - 2))
         try:
-            return (await chat_text(client, config.base_url, config.model, config.api_key,
-                                    [{"role": "user", "content": prompt}], temperature, config.max_tokens,
-                                    config.timeout_s)).strip()
+            return (await chat_text(client, config, [{"role": "user", "content": prompt}], temperature)).strip()
         except CallFailed as exc:
             error = str(exc)
             if not exc.retry:
@@ -190,7 +172,7 @@ def _chain(graph: Graph, walk: list[int]) -> str:
     return "\n\n".join(parts)
 
 
-async def _check(client: httpx.AsyncClient, config: SynthConfig, graph: Graph, walk: list[int],
+async def _check(client: httpx.AsyncClient, config: ChatEndpoint, graph: Graph, walk: list[int],
                  question: str, answer: str) -> tuple[str, str] | None:
     """`(reason, detail)` when the question fails a check, else None. Cheap checks go first."""
     if _contains(question, answer):
@@ -221,7 +203,7 @@ def _row(graph: Graph, walk: list[int], question: str, answer: str) -> dict[str,
     return {"id": walk_id(graph, walk), "question": question, "answer": answer, "supporting": supporting}
 
 
-async def _attempt(client: httpx.AsyncClient, config: SynthConfig, graph: Graph,
+async def _attempt(client: httpx.AsyncClient, config: ChatEndpoint, graph: Graph,
                    walk: list[int]) -> tuple[dict[str, Any], str | None]:
     """One walk written up and checked: `(row, None)` when accepted, `(rejection record, reason)` when not."""
     last = graph.documents[walk[-1]]
@@ -274,7 +256,7 @@ def _fresh(graph: Graph, hops: int, seed: int, count: int, done: set[str],
         yield walk
 
 
-async def synthesize(index_dir: Path, out: Path, config: SynthConfig, count: int, hops: int = 2, seed: int = 0,
+async def synthesize(index_dir: Path, out: Path, config: ChatEndpoint, count: int, hops: int = 2, seed: int = 0,
                      concurrency: int = 4, progress: Progress | None = None) -> dict[str, Any]:
     """Write up to `count` accepted questions of `hops` links into `out` (JSONL, appended, resumable).
 

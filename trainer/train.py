@@ -26,90 +26,11 @@ from typing import Any
 
 from nanbeige.trainer.checkpoints import drop_metrics_after, latest_checkpoint, save_checkpoint
 from nanbeige.trainer.metrics import MetricsLog
-from nanbeige.trainer.rollouts import GroupRule, plan_steps, read_samples
+from nanbeige.trainer.config import TrainConfig
+from nanbeige.trainer.rollouts import plan_steps, read_samples
 from nanbeige.trainer.start_policy import start_policy
 from nanbeige.trainer.model import (TrainError, World, all_max, all_sum, compute_precision, join_world, load_model,
                                     mfu, parameter_count)
-
-
-@dataclass
-class TrainConfig:
-    """What to train on, and how."""
-
-    data: list[Path]
-    """Judged trajectory files (`nanbeige judge --out`)."""
-    model: str
-    """The model to start from: a Hugging Face id or folder (a checkpoint of an earlier run too)."""
-    out: Path
-    """Folder for checkpoints (`checkpoint-N/`, each a Hugging Face model) and `metrics.jsonl`."""
-    objective: str = "grpo"
-    """`grpo` (clipped policy loss with turn-level advantages) or `sft` (masked NLL on passing rollouts)."""
-    steps: int | None = None
-    """Optimizer steps; None: `epochs` passes over the data. More steps than one pass repeat it, reshuffled."""
-    epochs: int = 1
-    """Passes over the batch of rollouts (with `steps` None): optimizer steps = mini-batches × epochs."""
-    step_tokens: int = 65_536
-    """Tokens (rows' ids) per optimizer step: the mini-batch."""
-    micro_tokens: int = 16_384
-    """Padded tokens per micro-batch (batch size x longest row); a longer row goes alone."""
-    lr: float | None = None
-    """AdamW learning rate; None: 1e-6 for full fine-tuning, 3e-5 with LoRA."""
-    warmup_steps: int = 0
-    """The learning rate rises linearly from lr / warmup_steps to lr over the first warmup_steps steps."""
-    lr_schedule: str = "constant"
-    """After the warmup: `constant`, or `cosine` down to min_lr_ratio × lr at the last step."""
-    min_lr_ratio: float = 0.0
-    """Where the cosine schedule ends, as a fraction of lr."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    max_grad_norm: float = 1.0
-    """Gradients are clipped to this global norm."""
-    groups: GroupRule = field(default_factory=GroupRule)
-    """GRPO's groups: which train (the pass-rate band), how their rewards become advantages (λ, the std,
-    a one-rollout group) and whether truncated rollouts train."""
-    clip_low: float = 0.2
-    """Lower clip of the ratio: 1 - clip_low."""
-    clip_high: float = 0.28
-    """Upper clip of the ratio (clip-higher): 1 + clip_high."""
-    clip_dual: float = 3.0
-    """Dual clip: a token with a negative advantage loses at most clip_dual × |A| (above 1)."""
-    tis_cap: float = 2.0
-    """Cap of the truncated importance weight π_old / π_rollout."""
-    off_policy: bool = False
-    """Train on rollouts sampled with top-p, top-k or penalties the trainer does not apply, the truncated
-    importance weights correcting what they can; lifts `max_rollout_drift`."""
-    max_rollout_drift: float = 0.25
-    """Refuse rollouts whose sampler is further than this from the starting policy, as the mean
-    |log π_old − log π_rollout| over trained tokens: data from an older policy, or sampled with settings
-    the trainer does not apply. On-policy data measures about 1e-5 in float32, a few 1e-2 from vLLM in bf16."""
-    lora_rank: int = 0
-    """LoRA rank; 0 trains every parameter."""
-    lora_alpha: int = 32
-    """LoRA scaling numerator."""
-    gradient_checkpointing: bool = True
-    """Recompute activations in backward (less memory, about a third more compute)."""
-    dtype: str = "auto"
-    """Weights in `float32` (`auto`: with bfloat16 compute on a GPU, so small updates are not rounded
-    away) or `bfloat16` (half the memory of weights, gradients and AdamW state; updates below bfloat16's
-    resolution are lost)."""
-    packing: str = "auto"
-    """`on`: rows end to end in micro-batches of one packed row, without padding (the model keeps them apart
-    by their positions); `off`: right-padded batches of rows of similar length; `auto`: packed where the
-    model's attention runs each packed row at its own cost (flash attention's variable-length kernels),
-    padded with sdpa or eager attention, which would attend over the whole packed length."""
-    chunk_tokens: int = 4096
-    """Positions whose logits are computed at once (the vocabulary is large)."""
-    save_every: int = 0
-    """Save a checkpoint every N steps; 0: at the end only."""
-    seed: int = 0
-    """Seed of the row order."""
-    tensorboard: bool = True
-    """Write TensorBoard event files to `out/tensorboard/` besides `metrics.jsonl`."""
-    wandb_project: str | None = None
-    """Also log to this Weights & Biases project (needs `wandb` installed)."""
-    init_from: Path | None = None
-    """A checkpoint of an earlier run to start from, with its optimizer state: with LoRA, its adapter
-    on the base `model` (the loop's next iteration goes on training the adapter the server has)."""
 
 
 @dataclass

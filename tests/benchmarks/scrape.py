@@ -14,6 +14,7 @@ import asyncio
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for the fakes
@@ -22,7 +23,7 @@ from fake_openai import FakeOpenAI  # noqa: E402
 from fake_site import Site  # noqa: E402
 
 from nanbeige.tools.fetch import FetchPolicy  # noqa: E402
-from nanbeige.tools.scrape import ScrapeConfig, scrape_and_extract_info  # noqa: E402
+from nanbeige.tools.scrape import EXTRACTION_ENDPOINT, ScrapeConfig, scrape_and_extract_info  # noqa: E402
 
 
 async def public(host: str) -> list[str]:
@@ -43,8 +44,9 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=100)
     args = parser.parse_args()
     with Site() as site, FakeOpenAI([], default="A Martian year lasts 687 Earth days.") as model:
-        direct = ScrapeConfig(summary_base_url=model.base_url, policy=FetchPolicy(allow_private=True))
-        jina = ScrapeConfig(summary_base_url=model.base_url, backend="jina", jina_api_key="k",
+        summary = replace(EXTRACTION_ENDPOINT, base_url=model.base_url)
+        direct = ScrapeConfig(summary=summary, policy=FetchPolicy(allow_private=True))
+        jina = ScrapeConfig(summary=summary, backend="jina", jina_api_key="k",
                             jina_base_url=site.url("/jina"), policy=FetchPolicy(resolve=public))
         cases = {"direct, HTML article": (site.url("/article"), direct),
                  "direct, PDF": (site.url("/paper.pdf"), direct),
