@@ -163,11 +163,11 @@ def command_settings() -> RunSettings:
     `nanbeige.toml`, else their defaults, read by the command line's own parser."""
     import typer
 
-    from nanbeige.agent import cli, options, settings_file
+    from nanbeige.agent.cli import options, program, settings_file
 
     try:
-        defaults = (settings_file.default_map(cli.app) or {}).get("ask")
-        command = typer.main.get_command(cli.app).commands["ask"]  # type: ignore[attr-defined]
+        defaults = (settings_file.default_map(program.app) or {}).get("ask")
+        command = typer.main.get_command(program.app).commands["ask"]  # type: ignore[attr-defined]
         params = command.make_context("ask", [], default_map=defaults).params
         # a repeatable flag's values come as a tuple; the command itself is handed a list
         params = {name: list(value) if isinstance(value, tuple) else value for name, value in params.items()}

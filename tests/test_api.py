@@ -166,7 +166,7 @@ def test_a_server_that_does_not_answer_is_a_setup_error_naming_the_fix(tmp_path:
 
 
 def test_the_api_is_importable_from_the_package_without_slowing_the_command_line() -> None:
-    check = ("import sys, nanbeige.agent.cli\n"
+    check = ("import sys, nanbeige.agent.cli.program\n"
              "assert 'nanbeige.agent.api' not in sys.modules, 'the command line imported the API'\n"
              "from nanbeige.agent import ask, ask_many_async, RunSettings\n"
              "import nanbeige.agent.api as api\n"

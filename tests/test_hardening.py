@@ -19,7 +19,7 @@ import pytest
 from conftest import TEST_SERVER
 from fake_openai import FakeOpenAI, mcp_answer, mcp_call
 
-from nanbeige.agent.console import hide, out, out_json, shown
+from nanbeige.agent.cli.console import hide, out, out_json, shown
 from nanbeige.agent.loop import AgentConfig, run
 from nanbeige.agent.scripted import ScriptedLLM
 from nanbeige.agent.toolbox import passed_env, secrets_in_env, url_credentials

@@ -16,7 +16,7 @@ from reference_tree import make_reference
 
 from nanbeige.agent import reference as ref
 from nanbeige.agent.loop import AgentConfig, run
-from nanbeige.agent.resume import check_unchanged
+from nanbeige.agent.cli.resume import check_unchanged
 from nanbeige.agent.scripted import ScriptedLLM
 from nanbeige.agent.setup import SetupError
 from nanbeige.agent.toolbox import ServerSpec, Toolbox

@@ -21,7 +21,7 @@ from fake_openai import FakeOpenAI, Reply, mcp_answer, mcp_call
 
 from nanbeige.agent.llm import LLMConfig
 from nanbeige.agent.loop import AgentConfig, run
-from nanbeige.agent.resume import check_unchanged, pick, settings_for
+from nanbeige.agent.cli.resume import check_unchanged, pick, settings_for
 from nanbeige.agent.scripted import ScriptedLLM
 from nanbeige.agent.setup import SetupError
 from nanbeige.agent.token_mode import TokenModeChat
@@ -391,7 +391,7 @@ def test_a_file_another_process_still_writes_is_not_resumed(uninterrupted: Any, 
     assert result.returncode == 1 and "another process is still writing" in result.stderr
     assert path.read_bytes() == written
     live.close()  # once it has ended (or was killed: the lock goes with the process) the file is free
-    from nanbeige.agent.resume import check_not_in_use
+    from nanbeige.agent.cli.resume import check_not_in_use
 
     check_not_in_use(path)
 

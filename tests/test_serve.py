@@ -1,4 +1,4 @@
-"""`nanbeige.agent.serve`: the vLLM command line, the availability check, and the server's lifecycle,
+"""`nanbeige.agent.cli.serve`: the vLLM command line, the availability check, and the server's lifecycle,
 run against a fake `vllm serve` (a small Python script) on loopback."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import httpx
 import pytest
 from conftest import free_port
 
-from nanbeige.agent import serve as serve_module
-from nanbeige.agent.serve import (
+from nanbeige.agent.cli import serve as serve_module
+from nanbeige.agent.cli.serve import (
     NO_GPU,
     ServeConfig,
     chat_template_file,
@@ -83,7 +83,7 @@ except KeyboardInterrupt:
 # `serve` in its own process, so that SIGINT is delivered as a terminal's Ctrl-C would be. The
 # handler is set explicitly: a process started from a non-interactive shell may inherit SIGINT ignored.
 SERVE_IN_CHILD = ("import json, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-                  "from nanbeige.agent.serve import ServeConfig, serve; "
+                  "from nanbeige.agent.cli.serve import ServeConfig, serve; "
                   "sys.exit(serve(ServeConfig(**json.loads(sys.argv[1]))))")
 DEFAULT_ARGS = ["vllm", "serve", "Nanbeige/Nanbeige4.1-3B", "--host", "127.0.0.1", "--port", "8000",
                 "--served-model-name", "Nanbeige/Nanbeige4.1-3B", "--dtype", "bfloat16", "--generation-config", "vllm",
@@ -237,7 +237,7 @@ def test_the_cpu_launcher_reads_the_version_of_the_cpu_build_and_names_the_platf
 
 def test_gpu_detection_runs_without_torch() -> None:
     assert isinstance(serve_module.gpu_visible(), bool)
-    probe = "import sys; from nanbeige.agent.serve import gpu_visible; gpu_visible(); print('torch' in sys.modules)"
+    probe = "import sys; from nanbeige.agent.cli.serve import gpu_visible; gpu_visible(); print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout == "False\n"
 
 

@@ -15,7 +15,7 @@ import pytest
 from click.testing import Result
 from typer.testing import CliRunner
 
-from nanbeige.agent.cli import app
+from nanbeige.agent.cli.program import app
 from nanbeige.agent.trajectory import load_trajectories
 
 NESTED = b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"  # past every JSON parser's recursion limit

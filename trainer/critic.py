@@ -32,7 +32,6 @@ import httpx
 import json_repair
 
 from nanbeige.agent.trajectory import Trajectory, Turn
-from nanbeige.agent.view import short
 from nanbeige.evals.endpoint import CallFailed, chat_text
 from nanbeige.tools.endpoint import OPENAI_BASE_URL, ChatEndpoint
 
@@ -117,6 +116,13 @@ class MalformedCritique(ValueError):
     """The critic's reply holds no usable scores."""
 
 
+def excerpt(value: Any, limit: int) -> str:
+    """A value on one line, cut to `limit` characters: what the critic reads of an earlier turn."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def turn_outcome(scores: dict[str, int | None], rule: TurnRule) -> tuple[float | None, int, bool]:
     """A judged turn's (reward, mask, passed) from its scores (dimension -> 1..5, or None when not
     scored, as the tool dimensions of a turn without a tool call: those count as passing).
@@ -178,8 +184,8 @@ def earlier_line(turn: Turn) -> str:
     parts = []
     for call, result in zip(turn.tool_calls, turn.tool_results):
         mark = " (error)" if result.is_error else ""
-        parts.append(f"{call.server}/{call.name} {short(call.arguments, EXCERPT_CHARS)} -> "
-                     f"{short(result.text, EXCERPT_CHARS)}{mark}")
+        parts.append(f"{call.server}/{call.name} {excerpt(call.arguments, EXCERPT_CHARS)} -> "
+                     f"{excerpt(result.text, EXCERPT_CHARS)}{mark}")
     return f"step {turn.index + 1}: " + "; ".join(parts)
 
 

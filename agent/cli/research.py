@@ -43,9 +43,9 @@ import typer
 from rich.markup import escape
 
 from nanbeige.agent import dialects
-from nanbeige.agent import options as o
+from nanbeige.agent.cli import options as o
 from nanbeige.agent.config import BackendConfig, RunSettings, ToolsConfig
-from nanbeige.agent.console import err, fail, hide, out, visible
+from nanbeige.agent.cli.console import err, fail, hide, out, visible
 from nanbeige.agent.context import estimate_tokens
 from nanbeige.agent.llm import LLM, LLMConfig, ModelError
 from nanbeige.agent.loop import DEFAULT_MAX_CONTEXT, AgentConfig, Event, run
@@ -278,7 +278,7 @@ def research_command(
 ) -> None:
     """Research a question at length (600 turns an attempt; an attempt that ends without an answer
     is summarised and the next starts from its notes); print the answer, optionally write a cited report."""
-    from nanbeige.agent.cli import question_text, run_command
+    from nanbeige.agent.cli.running import question_text, run_command
     from nanbeige.agent.setup import secrets_of
 
     settings = o.run_settings(**o.shared(locals()))
@@ -307,9 +307,9 @@ def research_command(
 
 
 async def _research(question: str, settings: RunSettings, attempts: int) -> tuple[Research, Path]:
-    from nanbeige.agent.cli import notice
+    from nanbeige.agent.cli.running import notice
     from nanbeige.agent.setup import ready
-    from nanbeige.agent.view import LiveView
+    from nanbeige.agent.cli.view import LiveView
 
     async with ready(settings, notice) as runtime:
         err.print(f"[dim]trajectory: {escape(str(runtime.path))}[/]", highlight=False)
@@ -351,7 +351,7 @@ def check_report_path(path: Path, trajectory: Path | None) -> None:
 
 def write_report(path: Path, result: Research, trajectory_file: Path, open_it: bool) -> None:
     """Write the report (HTML for a .html path, else markdown), and open it in a browser when asked."""
-    from nanbeige.agent import report
+    from nanbeige.agent.cli import report
 
     # the attempts as written: the run let go of tool results the model no longer saw, the file has them all
     ids = {t.id for t in result.attempts}

@@ -1,5 +1,5 @@
 """`nanbeige train`: GRPO or SFT on judged trajectories, once or as a loop (`--loop N`: collect, judge,
-train, sync), and `nanbeige train report RUN_DIR`, a run's curves. Registered on the app in cli.py; the
+train, sync), and `nanbeige train report RUN_DIR`, a run's curves. Registered on the app in program.py; the
 work is in `trainer/`."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from nanbeige.agent import options as o
+from nanbeige.agent.cli import options as o
 from nanbeige.agent.config import AgentConfig, BackendConfig, ToolsConfig
-from nanbeige.agent.console import err, fail, hide
+from nanbeige.agent.cli.console import err, fail, hide
 from nanbeige.agent.llm import LLMConfig
 from nanbeige.trainer.config import GroupRule
 from nanbeige.trainer.train import TrainConfig
@@ -217,7 +217,7 @@ LOOP_DEFAULTS: dict[str, Any] = {
 
 def run_train_loop(iterations: int, questions: Path, group_size: int, sync: str, settings: Any, judge_config: Any,
                    train_config: Any, sampling: dict[str, Any]) -> None:
-    from nanbeige.agent.cli import notice, run_command
+    from nanbeige.agent.cli.running import notice, run_command
     from nanbeige.agent.setup import secrets_of
     from nanbeige.trainer.loop import LoopConfig, LoopError, run_loop
 

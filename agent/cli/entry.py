@@ -6,21 +6,9 @@ command's event loop runs, the loop's own handler takes over and closes the open
 from __future__ import annotations
 
 import os
-import signal
 import sys
-from typing import Any
 
-
-def _terminated(signum: int, frame: Any) -> None:
-    # No trajectory is open where this handler is in place (the event loop's handler closes them), so
-    # nothing is left to finish: end at once. An exception raised here instead (SystemExit) could land in
-    # the middle of the import machinery, which swallows it, and the signal would be lost.
-    os._exit(128 + signal.SIGTERM)
-
-
-def exit_on_sigterm() -> None:
-    """SIGTERM ends the program with 143 (where no event loop handles it)."""
-    signal.signal(signal.SIGTERM, _terminated)
+from nanbeige.agent.cli.sigterm import exit_on_sigterm
 
 
 def main() -> None:
@@ -30,6 +18,6 @@ def main() -> None:
         # Its bars (de-quantizing a GGUF, loading weights) would redraw over our stderr: noise in a log
         # file, and a broken live view in a terminal.
         os.environ.setdefault("TQDM_DISABLE", "1")
-    from nanbeige.agent.cli import main as run
+    from nanbeige.agent.cli.program import main as run
 
     run()

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nanbeige.agent import dialects
-from nanbeige.agent.console import visible
+from nanbeige.agent.cli.console import visible
 from nanbeige.agent.trajectory import Trajectory, Turn, counted_turns
 
 SCRAPE_TOOL, SEARCH_TOOL = "scrape_and_extract_info", "google_search"

@@ -1,5 +1,5 @@
 """The `nanbeige` commands around the agent: `serve` (vLLM), `server` (a built-in MCP tool server),
-`index` (the local search index) and `eval` (benchmarks). Registered on the app in cli.py."""
+`index` (the local search index) and `eval` (benchmarks). Registered on the app in program.py."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from nanbeige.agent import options as o
+from nanbeige.agent.cli import options as o
 from nanbeige.agent.config import AgentConfig, BackendConfig, ToolsConfig
-from nanbeige.agent.console import err, fail, hide
-from nanbeige.agent.console import out as print_line
+from nanbeige.agent.cli.console import err, fail, hide
+from nanbeige.agent.cli.console import out as print_line
 from nanbeige.agent.llm import LLMConfig
-from nanbeige.agent.serve import ServeConfig
+from nanbeige.agent.cli.serve import ServeConfig
 
 
 def serve(
@@ -51,8 +51,8 @@ def serve(
 ) -> None:
     """Start vLLM's OpenAI-compatible server for the model and wait until it answers. Arguments after `--`
     go to vLLM unchanged."""
-    from nanbeige.agent.serve import ON_CPU, check_vllm_available, cpu_build, gpu_visible
-    from nanbeige.agent.serve import serve as serve_vllm
+    from nanbeige.agent.cli.serve import ON_CPU, check_vllm_available, cpu_build, gpu_visible
+    from nanbeige.agent.cli.serve import serve as serve_vllm
 
     on_cpu = not gpu_visible() and cpu_build()
     config = ServeConfig(model=model, on_cpu=on_cpu, served_model_name=served_model_name, host=host, port=port,
@@ -292,8 +292,8 @@ def eval_config(bench: Any, data: Path | None, k: int, concurrency: int, limit: 
 
 def run_eval(config: Any, settings: Any) -> None:
     """Run the eval with a progress display on stderr; print the report on stdout."""
-    from nanbeige.agent.cli import notice, run_command
-    from nanbeige.agent.view import RunsView
+    from nanbeige.agent.cli.running import notice, run_command
+    from nanbeige.agent.cli.view import RunsView
     from nanbeige.evals.report import markdown
     from nanbeige.evals.runner import EvalError, evaluate
 
@@ -324,7 +324,7 @@ def eval_report(folder: Path | None) -> None:
     """Re-render the report of an eval from its out folder."""
     import json
 
-    from nanbeige.agent.cli import notice
+    from nanbeige.agent.cli.running import notice
     from nanbeige.evals.report import build_report, markdown
     from nanbeige.evals.runner import MANIFEST, REPORT, EvalError, read_manifest, read_results
 

@@ -1,5 +1,5 @@
 """The `nanbeige` commands that make RL data: `collect` (rollouts), `judge` (rewards, turn critic) and
-`synth` (questions from a corpus). Registered on the app in cli.py; the work is in `trainer/`."""
+`synth` (questions from a corpus). Registered on the app in program.py; the work is in `trainer/`."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from nanbeige.agent import options as o
+from nanbeige.agent.cli import options as o
 from nanbeige.agent.config import AgentConfig, BackendConfig, ToolsConfig
-from nanbeige.agent.console import err, fail, hide
+from nanbeige.agent.cli.console import err, fail, hide
 from nanbeige.agent.llm import LLMConfig
 from nanbeige.tools.endpoint import OPENAI_BASE_URL
 
@@ -89,8 +89,8 @@ def collect(
 
 
 def run_collect(config: Any, settings: Any) -> None:
-    from nanbeige.agent.cli import notice, run_command
-    from nanbeige.agent.view import RunsView
+    from nanbeige.agent.cli.running import notice, run_command
+    from nanbeige.agent.cli.view import RunsView
     from nanbeige.trainer.collect import CollectError, collect
 
     def start(progress: Any) -> Any:
@@ -178,8 +178,8 @@ def judge(
 
 
 def run_judge(src: Path, out: Path, config: Any) -> None:
-    from nanbeige.agent.cli import notice, run_command
-    from nanbeige.agent.view import LiveLine
+    from nanbeige.agent.cli.running import notice, run_command
+    from nanbeige.agent.cli.view import LiveLine
     from nanbeige.trainer.judge import JudgeError, JudgeProgress, check, judge_file
 
     progress = JudgeProgress()
@@ -232,7 +232,7 @@ def synth(
 ) -> None:
     """Write multi-hop questions from your documents: random walks over the links between them, a question
     per walk that needs every hop, rejected when one document answers it or the documents do not support it."""
-    from nanbeige.agent.cli import run_command
+    from nanbeige.agent.cli.running import run_command
     from nanbeige.trainer.synth import SYNTH_ENDPOINT, SynthError, rejected_path, synthesize
 
     config = replace(SYNTH_ENDPOINT, base_url=base_url or SYNTH_ENDPOINT.base_url, model=model, api_key=api_key)

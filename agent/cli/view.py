@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from nanbeige.agent import dialects
-from nanbeige.agent.console import shown
+from nanbeige.agent.cli.console import shown
 from nanbeige.agent.trajectory import ToolCall, Trajectory, Turn
 from nanbeige.agent.usage import add_turn, run_usage, total, usage_text
 

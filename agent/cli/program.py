@@ -16,21 +16,18 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
-import os
-import signal
 import sys
-from collections.abc import Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 
-from nanbeige.agent import commands, research, rl_commands, settings_file, train_commands
-from nanbeige.agent import options as o
+from nanbeige.agent.cli import commands, research, rl_commands, settings_file, train_commands
+from nanbeige.agent.cli import options as o
 from nanbeige.agent.config import AgentConfig, BackendConfig, RunSettings, ToolsConfig
-from nanbeige.agent.console import SafeConsole, err, fail, hide, out, out_json, shown
-from nanbeige.agent.entry import exit_on_sigterm
+from nanbeige.agent.cli.console import SafeConsole, err, fail, hide, out, out_json, shown
+from nanbeige.agent.cli.running import notice, question_text, run_command
 from nanbeige.agent.llm import LLMConfig
 
 if TYPE_CHECKING:  # imported lazily at run time so `--help` stays fast
@@ -38,7 +35,6 @@ if TYPE_CHECKING:  # imported lazily at run time so `--help` stays fast
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Agent runtime for deep search and tool use with Nanbeige4.1-3B.")
-T = TypeVar("T")
 
 
 @app.command()
@@ -86,27 +82,17 @@ def ask(
     report(run_command(_ask(question_text(question, question_file), settings)), json_output)
 
 
-def question_text(question: str | None, question_file: Path | None) -> str:
-    """The question from the argument, stdin (`-`) or --question-file; a usage error when there is none."""
-    from nanbeige.agent.question import QuestionError, read_question
 
-    try:
-        text, problem = read_question(question, question_file)
-    except QuestionError as exc:
-        fail(str(exc), 2)
-    if problem:
-        notice(problem)
-    return text
 
 
 async def _ask(question: str, settings: RunSettings, resume_from: Trajectory | None = None) -> Trajectory:
     from nanbeige.agent.loop import run
     from nanbeige.agent.setup import ready
-    from nanbeige.agent.view import LiveView
+    from nanbeige.agent.cli.view import LiveView
 
     async with ready(settings, notice) as runtime:
         if resume_from is not None:
-            from nanbeige.agent.resume import check_unchanged
+            from nanbeige.agent.cli.resume import check_unchanged
 
             check_unchanged(resume_from, runtime.llm, runtime.toolbox.tools if runtime.toolbox else [],
                             runtime.agent.reference)
@@ -125,42 +111,6 @@ async def _ask(question: str, settings: RunSettings, resume_from: Trajectory | N
         except Exception:
             err.print(f"[dim]the trajectory, closed as crashed, is in {escape(str(runtime.path))}[/]", highlight=False)
             raise
-
-
-def notice(text: str) -> None:
-    head, sep, rest = shown(text).partition(": ")
-    line = f"[yellow]{escape(head)}:[/] {escape(rest)}" if sep else escape(head)
-    err.print(line, highlight=False, soft_wrap=True)
-
-
-def run_command(main: Coroutine[Any, Any, T]) -> T:
-    """Run a command's coroutine. A SetupError is one line and exit 1 (2 for a bad value); Ctrl-C
-    and SIGTERM cancel it, so every open trajectory is closed first, then exit 130 or 143. A bug is
-    one line too (exit 1), its traceback shown only with NANBEIGE_DEBUG=1."""
-    from nanbeige.agent.setup import SetupError
-
-    terminated = []
-
-    async def guarded() -> T:
-        task = asyncio.current_task()
-        assert task is not None
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, lambda: terminated.append(task.cancel()))
-        return await main
-
-    try:
-        return asyncio.run(guarded())
-    except SetupError as exc:
-        fail(str(exc), 2 if exc.usage else 1)
-    except (KeyboardInterrupt, asyncio.CancelledError):  # the servers' shutdown may re-cancel the task
-        raise typer.Exit(143 if terminated else 130) from None
-    except typer.Exit:  # a command's own `fail`: its line is already printed
-        raise
-    except Exception as exc:
-        if os.environ.get("NANBEIGE_DEBUG"):
-            raise
-        fail(f"nanbeige crashed: {type(exc).__name__}: {exc} (NANBEIGE_DEBUG=1 shows where; please report it)")
-    finally:
-        exit_on_sigterm()  # closing the event loop put back the default action, which kills without an exit status
 
 
 def report(trajectory: Trajectory, json_output: bool) -> None:
@@ -215,7 +165,7 @@ def resume(
     """Continue a run cut short (killed, Ctrl-C, crashed, model server error) from its last complete turn,
     with its own settings; print the answer. Tool servers and backend flags must be the run's."""
     from nanbeige.agent.restore import complete_turns
-    from nanbeige.agent.resume import check_not_in_use, pick, settings_for
+    from nanbeige.agent.cli.resume import check_not_in_use, pick, settings_for
     from nanbeige.agent.setup import SetupError, secrets_of
     from nanbeige.agent.trajectory import counted_turns
 
@@ -247,7 +197,7 @@ def show_command(
 ) -> None:
     """Print a saved trajectory readably."""
     from nanbeige.agent.trajectory import load_trajectories
-    from nanbeige.agent.view import show, show_total
+    from nanbeige.agent.cli.view import show, show_total
 
     try:
         trajectories = load_trajectories(path, warn=lambda text: notice(f"warning: {text}"))
@@ -272,7 +222,7 @@ def doctor(
 ) -> None:
     """Say what a run would use here (model, search, scrape, sandbox, keys), each with its fix when missing.
     Exit 1 when no model can be had."""
-    from nanbeige.agent.doctor import findings
+    from nanbeige.agent.cli.doctor import findings
 
     hide([api_key] if api_key else [])
     found = findings(base_url or LLMConfig.base_url, model, api_key)
