@@ -12,10 +12,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from nanbeige.agent.cli import options as o
-from nanbeige.agent.config import AgentConfig, BackendConfig, ToolsConfig
+from nanbeige.agent.config import RunSettings
 from nanbeige.agent.cli.console import err, fail, hide
 from nanbeige.agent.cli.console import out as print_line
-from nanbeige.agent.llm import LLMConfig
 from nanbeige.agent.cli.serve import ServeConfig
 
 
@@ -189,6 +188,7 @@ def index_search(
 # ---------------------------------------------------------------- nanbeige eval
 
 
+@o.with_run_options(leave_out=("tokenizer",))
 def evaluate(
     bench: Annotated[str, typer.Argument(help="The benchmark (see the list below), or `report` to re-render the "
                                               "report of the eval in FOLDER.")],
@@ -211,34 +211,8 @@ def evaluate(
     judge_model: o.JudgeModel = None,
     judge_api_key: o.JudgeApiKey = None,
     judge_template: o.JudgeTemplate = None,
-    base_url: o.BaseUrl = None,
-    backend: o.Backend = BackendConfig.backend,
-    model: o.Model = LLMConfig.model,
-    api_key: o.ApiKey = None,
-    dialect: o.Dialect = AgentConfig.dialect,
-    max_turns: o.MaxTurns = None,
-    keep_tool_results: o.KeepToolResults = AgentConfig.keep_tool_results,
-    max_context: o.MaxContext = None,
-    temperature: o.Temperature = None,
-    top_p: o.TopP = None,
-    repetition_penalty: o.RepetitionPenalty = None,
-    max_tokens: o.MaxTokens = LLMConfig.max_tokens,
-    mcp: o.Mcp = None,
-    no_default_servers: o.NoDefaultServers = False,
-    tool_timeout: o.ToolTimeout = ToolsConfig.tool_timeout_s,
-    max_result_chars: o.MaxResultChars = ToolsConfig.max_result_chars,
-    timeout: o.Timeout = None,
-    gguf_file: o.GgufFile = None,
-    token_mode: o.TokenMode = False,
-    chat_template: o.ChatTemplate = None,
-    summary_turn: o.SummaryTurn = None,
-    rollback: o.Rollback = None,
-    system_prompt_file: o.SystemPromptFile = None,
-    reference: o.ReferenceCheckout = None,
-    budget: o.Budget = None,
-    cache: o.Cache = None,
-    replay: o.Replay = False,
-    verbose: o.Verbose = False,
+    *,
+    settings: RunSettings,
 ) -> None:
     """Score the agent on a benchmark from its official files: every task k times, graded, resumable."""
     from nanbeige.evals.benchmarks import BENCHMARKS
@@ -249,7 +223,6 @@ def evaluate(
         fail(f"unknown benchmark {bench!r}; known: {', '.join(BENCHMARKS)}", 2)
     if folder is not None:
         fail(f"unexpected argument {str(folder)!r}: the benchmark's file goes in --data", 2)
-    settings = o.run_settings(**o.shared(locals()))
     config = eval_config(BENCHMARKS[bench], data, k, concurrency, limit, out_dir, grader, judge_base_url,
                          judge_model, judge_api_key, judge_template)
     from nanbeige.agent.setup import secrets_of

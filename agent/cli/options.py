@@ -3,7 +3,9 @@ typed Typer options, and the one function that maps their values onto `RunSettin
 
 from __future__ import annotations
 
+import functools
 import inspect
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
@@ -115,6 +117,47 @@ def critic_endpoint(base_url: str | None, model: str | None, api_key: str | None
 
     return replace(CRITIC_ENDPOINT, base_url=base_url or CRITIC_ENDPOINT.base_url,
                    model=model or CRITIC_ENDPOINT.model, api_key=api_key, template=template)
+
+
+# The run-settings flags every command that runs the agent takes (ask, research, eval, collect), defined once:
+# name -> (the flag, its default). A command gets them through `with_run_options`.
+RUN_OPTIONS: dict[str, tuple[Any, Any]] = {
+    "base_url": (BaseUrl, None), "backend": (Backend, BackendConfig.backend), "model": (Model, LLMConfig.model),
+    "api_key": (ApiKey, None), "dialect": (Dialect, AgentConfig.dialect), "max_turns": (MaxTurns, None),
+    "keep_tool_results": (KeepToolResults, AgentConfig.keep_tool_results), "max_context": (MaxContext, None),
+    "temperature": (Temperature, None), "top_p": (TopP, None), "repetition_penalty": (RepetitionPenalty, None),
+    "max_tokens": (MaxTokens, LLMConfig.max_tokens), "mcp": (Mcp, None),
+    "no_default_servers": (NoDefaultServers, False), "tool_timeout": (ToolTimeout, ToolsConfig.tool_timeout_s),
+    "max_result_chars": (MaxResultChars, ToolsConfig.max_result_chars), "timeout": (Timeout, None),
+    "gguf_file": (GgufFile, None), "token_mode": (TokenMode, False), "chat_template": (ChatTemplate, None),
+    "tokenizer": (Tokenizer, None), "summary_turn": (SummaryTurn, None), "rollback": (Rollback, None),
+    "system_prompt_file": (SystemPromptFile, None), "reference": (ReferenceCheckout, None), "budget": (Budget, None),
+    "cache": (Cache, None), "replay": (Replay, False), "verbose": (Verbose, False),
+}
+
+
+def with_run_options(leave_out: tuple[str, ...] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A command that takes every flag of `RUN_OPTIONS` (but `leave_out`, and those it declares itself, such as
+    research's own `--max-turns`) after its own, and is called with its own values and `settings`, the
+    RunSettings all of them make (its own values of run settings, such as `--trajectory`, included).
+    Typer reads the command's parameters from the signature made here."""
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        own = inspect.signature(command, eval_str=True)
+        mine = [p for p in own.parameters.values() if p.name != "settings"]
+        added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=flag)
+                 for name, (flag, default) in RUN_OPTIONS.items()
+                 if name not in leave_out and name not in own.parameters]
+
+        @functools.wraps(command)
+        def with_settings(**values: Any) -> Any:
+            settings = run_settings(**shared(values))
+            return command(**{p.name: values[p.name] for p in mine}, settings=settings)
+
+        parameters = mine + added
+        with_settings.__signature__ = own.replace(parameters=parameters)  # type: ignore[attr-defined]
+        with_settings.__annotations__ = {p.name: p.annotation for p in parameters} | {"return": own.return_annotation}
+        return with_settings
+    return decorate
 
 
 def shared(values: dict[str, Any]) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from rich.markup import escape
 
 from nanbeige.agent.cli import commands, research, rl_commands, settings_file, train_commands
 from nanbeige.agent.cli import options as o
-from nanbeige.agent.config import AgentConfig, BackendConfig, RunSettings, ToolsConfig
+from nanbeige.agent.config import BackendConfig, RunSettings
 from nanbeige.agent.cli.console import SafeConsole, err, fail, hide, out, out_json, shown
 from nanbeige.agent.cli.running import notice, question_text, run_command
 from nanbeige.agent.llm import LLMConfig
@@ -38,44 +38,17 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 
 
 @app.command()
+@o.with_run_options()
 def ask(
     question: o.Question = None,
     question_file: o.QuestionFile = None,
-    base_url: o.BaseUrl = None,
-    backend: o.Backend = BackendConfig.backend,
-    model: o.Model = LLMConfig.model,
-    api_key: o.ApiKey = None,
-    dialect: o.Dialect = AgentConfig.dialect,
-    max_turns: o.MaxTurns = None,
-    keep_tool_results: o.KeepToolResults = AgentConfig.keep_tool_results,
-    max_context: o.MaxContext = None,
-    temperature: o.Temperature = None,
-    top_p: o.TopP = None,
-    repetition_penalty: o.RepetitionPenalty = None,
-    max_tokens: o.MaxTokens = LLMConfig.max_tokens,
     trajectory: Annotated[Path | None, typer.Option(help="Trajectory file (JSONL, appended). Default: a new "
                                                          "file under runs/.", show_default=False)] = None,
-    mcp: o.Mcp = None,
-    no_default_servers: o.NoDefaultServers = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print the end record as JSON on stdout.")] = False,
-    tool_timeout: o.ToolTimeout = ToolsConfig.tool_timeout_s,
-    max_result_chars: o.MaxResultChars = ToolsConfig.max_result_chars,
-    timeout: o.Timeout = None,
-    gguf_file: o.GgufFile = None,
-    token_mode: o.TokenMode = False,
-    chat_template: o.ChatTemplate = None,
-    tokenizer: o.Tokenizer = None,
-    summary_turn: o.SummaryTurn = None,
-    rollback: o.Rollback = None,
-    system_prompt_file: o.SystemPromptFile = None,
-    reference: o.ReferenceCheckout = None,
-    budget: o.Budget = None,
-    cache: o.Cache = None,
-    replay: o.Replay = False,
-    verbose: o.Verbose = False,
+    *,
+    settings: RunSettings,
 ) -> None:
     """Research a question with tools; print the answer."""
-    settings = o.run_settings(**o.shared(locals()))
     from nanbeige.agent.setup import secrets_of
 
     hide(secrets_of(settings))

@@ -44,10 +44,10 @@ from rich.markup import escape
 
 from nanbeige.agent import dialects
 from nanbeige.agent.cli import options as o
-from nanbeige.agent.config import BackendConfig, RunSettings, ToolsConfig
+from nanbeige.agent.config import RunSettings
 from nanbeige.agent.cli.console import err, fail, hide, out, visible
 from nanbeige.agent.context import estimate_tokens
-from nanbeige.agent.llm import LLM, LLMConfig, ModelError
+from nanbeige.agent.llm import LLM, ModelError
 from nanbeige.agent.loop import DEFAULT_MAX_CONTEXT, AgentConfig, Event, run
 from nanbeige.agent.trajectory import Trajectory, TrajectoryWriter, Turn, end_record, load_trajectories
 from nanbeige.agent.usage import total
@@ -236,52 +236,28 @@ ResearchTimeout = Annotated[float | None, typer.Option(help="Wall-clock limit fo
                                                        show_default=False)]
 
 
+@o.with_run_options(leave_out=("tokenizer",))
 def research_command(
     question: o.Question = None,
     question_file: o.QuestionFile = None,
     attempts: Attempts = ATTEMPTS,
     report: ReportPath = None,
     open_report: OpenReport = False,
-    base_url: o.BaseUrl = None,
-    backend: o.Backend = BackendConfig.backend,
-    model: o.Model = LLMConfig.model,
-    api_key: o.ApiKey = None,
-    dialect: o.Dialect = AgentConfig.dialect,
     max_turns: ResearchMaxTurns = MAX_TURNS,
-    keep_tool_results: o.KeepToolResults = AgentConfig.keep_tool_results,
-    max_context: o.MaxContext = None,
-    temperature: o.Temperature = None,
-    top_p: o.TopP = None,
-    repetition_penalty: o.RepetitionPenalty = None,
-    max_tokens: o.MaxTokens = LLMConfig.max_tokens,
     trajectory: Annotated[Path | None, typer.Option(help="Trajectory file (JSONL, appended; every attempt goes "
                                                          "in it). Default: a new file under runs/.",
                                                     show_default=False)] = None,
-    mcp: o.Mcp = None,
-    no_default_servers: o.NoDefaultServers = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print the answer and every attempt's end record "
                                                              "as JSON on stdout.")] = False,
-    tool_timeout: o.ToolTimeout = ToolsConfig.tool_timeout_s,
-    max_result_chars: o.MaxResultChars = ToolsConfig.max_result_chars,
     timeout: ResearchTimeout = None,
-    gguf_file: o.GgufFile = None,
-    token_mode: o.TokenMode = False,
-    chat_template: o.ChatTemplate = None,
-    summary_turn: o.SummaryTurn = None,
-    rollback: o.Rollback = None,
-    system_prompt_file: o.SystemPromptFile = None,
-    reference: o.ReferenceCheckout = None,
-    budget: o.Budget = None,
-    cache: o.Cache = None,
-    replay: o.Replay = False,
-    verbose: o.Verbose = False,
+    *,
+    settings: RunSettings,
 ) -> None:
     """Research a question at length (600 turns an attempt; an attempt that ends without an answer
     is summarised and the next starts from its notes); print the answer, optionally write a cited report."""
     from nanbeige.agent.cli.running import question_text, run_command
     from nanbeige.agent.setup import secrets_of
 
-    settings = o.run_settings(**o.shared(locals()))
     hide(secrets_of(settings))
     if open_report and report is None:
         fail("--open opens the report: pass --report PATH too", 2)

@@ -12,12 +12,13 @@ import typer
 from rich.markup import escape
 
 from nanbeige.agent.cli import options as o
-from nanbeige.agent.config import AgentConfig, BackendConfig, ToolsConfig
+from nanbeige.agent.config import RunSettings
 from nanbeige.agent.cli.console import err, fail, hide
 from nanbeige.agent.llm import LLMConfig
 from nanbeige.tools.endpoint import OPENAI_BASE_URL
 
 
+@o.with_run_options(leave_out=("verbose",))
 def collect(
     questions: Annotated[Path | None, typer.Option(help="Questions: JSONL or CSV with `question`, optional `answer` "
                                                         "and `id`.", show_default=False)] = None,
@@ -34,41 +35,14 @@ def collect(
                                                        show_default=False)] = None,
     allow_inexact: Annotated[bool, typer.Option(help="Collect through a chat endpoint, whose token ids are not "
                                                      "exact.")] = False,
-    base_url: o.BaseUrl = None,
-    backend: o.Backend = BackendConfig.backend,
-    model: o.Model = LLMConfig.model,
-    api_key: o.ApiKey = None,
-    dialect: o.Dialect = AgentConfig.dialect,
-    max_turns: o.MaxTurns = None,
-    keep_tool_results: o.KeepToolResults = AgentConfig.keep_tool_results,
-    max_context: o.MaxContext = None,
-    temperature: o.Temperature = None,
-    top_p: o.TopP = None,
-    repetition_penalty: o.RepetitionPenalty = None,
-    max_tokens: o.MaxTokens = LLMConfig.max_tokens,
-    mcp: o.Mcp = None,
-    no_default_servers: o.NoDefaultServers = False,
-    tool_timeout: o.ToolTimeout = ToolsConfig.tool_timeout_s,
-    max_result_chars: o.MaxResultChars = ToolsConfig.max_result_chars,
-    timeout: o.Timeout = None,
-    gguf_file: o.GgufFile = None,
-    token_mode: o.TokenMode = False,
-    chat_template: o.ChatTemplate = None,
-    tokenizer: o.Tokenizer = None,
-    summary_turn: o.SummaryTurn = None,
-    rollback: o.Rollback = None,
-    system_prompt_file: o.SystemPromptFile = None,
-    reference: o.ReferenceCheckout = None,
-    budget: o.Budget = None,
-    cache: o.Cache = None,
-    replay: o.Replay = False,
+    *,
+    settings: RunSettings,
 ) -> None:
     """Sample G token-exact rollouts per question for RL, concurrently; resumable."""
     from nanbeige.agent.setup import secrets_of
     from nanbeige.evals.benchmarks import BENCHMARKS
     from nanbeige.trainer.collect import CollectConfig
 
-    settings = o.run_settings(**o.shared(locals()))
     if (questions is None) == (bench is None):
         fail("give the questions with --questions FILE, or --bench NAME --data PATH (one of them)", 2)
     if bench is not None and bench not in BENCHMARKS:
