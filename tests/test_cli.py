@@ -243,3 +243,25 @@ def test_help_shows_the_defaults_that_depend_on_the_dialect() -> None:
     for shown in ("[default: 1.0 for mcp-xml, 0.6 for tool-call]", "[default: 600 for mcp-xml, 200 for tool-call]",
                   "[default: the server's max_model_len, else 262144]"):
         assert shown in text, shown
+
+
+def test_the_commands_that_run_the_agent_take_the_run_flags_from_one_definition() -> None:
+    """ask, research, eval and collect each get every flag of options.RUN_OPTIONS (but the few each leaves out
+    or defines its own way), with the one definition's help and default: a flag changed there changes in all."""
+    import typer
+
+    from nanbeige.agent.cli import options
+    from nanbeige.agent.cli.program import app
+
+    commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
+    own_way = {"ask": set(), "research": {"max_turns", "timeout", "tokenizer"}, "eval": {"tokenizer"},
+               "collect": {"verbose"}}
+    for name, exceptions in own_way.items():
+        params = {param.name: param for param in commands[name].params}
+        for flag, (annotation, default) in options.RUN_OPTIONS.items():
+            if flag in exceptions:
+                continue
+            shared = annotation.__metadata__[0]
+            assert flag in params, (name, flag)
+            assert (params[flag].help, params[flag].default) == (shared.help, default), (name, flag)
+    assert "tokenizer" not in {param.name for param in commands["eval"].params}
