@@ -93,7 +93,7 @@ async def main(calls: int) -> None:
     def raw(n: int) -> tuple[float, float]:  # in the cache's thread: its connection is used there only
         started = time.perf_counter()
         for i in range(n):
-            cache.put("search", "google_search", canonical_arguments(args(2 * 10**6 + i)), TEXT, False)
+            cache.put("search", "google_search", canonical_arguments(args(2 * 10**6 + i)), TEXT, False, "")
         middle = time.perf_counter()
         for i in range(n):
             cache.get("search", "google_search", canonical_arguments(args(i)))

@@ -110,7 +110,9 @@ async def measure(mode: str, runs: int, turns: int, keep: int, base_url: str, se
 
     writers = [TrajectoryWriter(folder / f"{mode}-{runs}-{k}.jsonl") for k in range(runs)]
     # no summary turn: every turn measured is a tool-calling one, comparable across runs
-    agent_config = AgentConfig(max_turns=turns + 1, max_context=10**9, keep_tool_results=keep, summary_turn=False)
+    # results kept in memory: the check below reads every run's results back from its trajectory object
+    agent_config = AgentConfig(max_turns=turns + 1, max_context=10**9, keep_tool_results=keep, summary_turn=False,
+                               release_results=False)
     lags_ms: list[float] = []
     async with Toolbox([ServerSpec(name="testkit", command=[sys.executable, SERVER])]) as toolbox:
         tool_pid = int((await toolbox.call(ToolCall("testkit", "pid", {}))).text)

@@ -72,7 +72,8 @@ async def measure(base_url: str, concurrency: int, turns: int, folder: Path) -> 
     settings = RunSettings(llm=LLMConfig(base_url=base_url, model="fake"),
                            agent=AgentConfig(max_turns=turns + 1, max_context=10**9),
                            tools=ToolsConfig(mcp=[f"testkit={sys.executable} {SERVER}"], default_servers=False))
-    config = EvalConfig(bench=BENCHMARKS["gaia"], data=data, out=out, k=1, concurrency=concurrency)
+    config = EvalConfig(bench=BENCHMARKS["gaia"], data=data, out=out, k=1, concurrency=concurrency,
+                        grader="gaia-exact")  # GAIA's own scorer: no judge to call
     started = time.perf_counter()
     report = await evaluate(config, settings, notice=lambda text: None)
     wall = time.perf_counter() - started
