@@ -159,10 +159,10 @@ def test_a_bug_is_one_line_and_the_trajectory_is_closed_as_crashed(tmp_path: Pat
 
     path = tmp_path / "t.jsonl"
     # the command line as installed, with a bug planted in reply parsing
-    program = ("import sys; from nanbeige.agent import dialects, cli\n"
+    program = ("import sys; from nanbeige.agent import dialects; from nanbeige.agent.cli import program\n"
                "def broken(*args): return 1 / 0\n"
                "dialects.parse_reply = broken\n"
-               "sys.argv[0] = 'nanbeige'; cli.main()")
+               "sys.argv[0] = 'nanbeige'; program.main()")
     with FakeOpenAI([], default=mcp_answer("x")) as server:
         args = ["ask", "q", "--base-url", server.base_url, "--no-default-servers", "--trajectory", str(path)]
         result = subprocess.run([sys.executable, "-c", program, *args], capture_output=True, text=True, timeout=60)
