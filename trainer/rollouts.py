@@ -65,12 +65,13 @@ def vocabulary_size(model: str) -> int | None:
 
 def check_token_records(trajectories: list[Any], path: Path, vocabulary: int | None) -> None:
     """Refuse a file whose token records the model cannot read: ids that are not integers, negative or
-    past the vocabulary (an embedding lookup would fail deep in training), logprobs that do not line up."""
+    past the vocabulary (an embedding lookup would fail deep in training), logprobs that do not line up,
+    rewards that are not numbers the group statistics can hold."""
     for trajectory in trajectories:
-        if reward_problem(trajectory.reward) is not None:
+        why = reward_problem(trajectory.reward)
+        if why is not None:
             line = record_line(path, trajectory.id, "end")
-            raise TrainError(f"{path}:{line}: trajectory {trajectory.id}: its reward {reward_problem(trajectory.reward)}; "
-                             "it cannot be trained on")
+            raise TrainError(f"{path}:{line}: trajectory {trajectory.id}: its reward {why}; it cannot be trained on")
         for turn in trajectory.turns:
             problem = token_problem(turn, vocabulary) or reward_problem(turn.reward)
             if problem is not None:
