@@ -270,9 +270,11 @@ class Toolbox:
         unknown = self._unknown(call)
         if unknown:
             return ToolResult(text=unknown, is_error=True)
-        # the cache's key holds no secret either: a model may quote a key in its arguments
-        arguments, where = redact_values(call.arguments, self.secrets), self._origins.get((call.server, call.name), "")
-        cached = await self.cache.lookup(call.server, call.name, arguments, where) if self.cache is not None else None
+        cached = None
+        if self.cache is not None:  # its key holds no secret either: a model may quote a key in its arguments
+            arguments = redact_values(call.arguments, self.secrets)
+            where = self._origins.get((call.server, call.name), "")
+            cached = await self.cache.lookup(call.server, call.name, arguments, where)
         if cached is not None:  # a cache hit costs nothing
             text, is_error, cost = *cached, None
         else:
