@@ -214,7 +214,7 @@ async def judge(profile: Profile, question: str, shown: str, gold: str, config: 
     for attempt in range(profile.attempts):
         if attempt:
             await asyncio.sleep(profile.wait_s)
-        reply = await _ask(body, config, client)
+        reply = await ask_judge(body, config, client)
         reading = profile.parse(reply)
         if reading is not None:
             return Verdict(correct=reading.correct, grader=profile.name, judge_model=model,
@@ -223,7 +223,7 @@ async def judge(profile: Profile, question: str, shown: str, gold: str, config: 
     return Verdict(correct=None, grader=profile.name, judge_model=model, error=error)
 
 
-async def _ask(body: dict[str, Any], config: ChatEndpoint, client: httpx.AsyncClient) -> str:
+async def ask_judge(body: dict[str, Any], config: ChatEndpoint, client: httpx.AsyncClient) -> str:
     """One reply's text, transport failures retried; JudgeUnavailable when the endpoint keeps failing."""
     error = ""
     for attempt in range(config.retries + 1):

@@ -28,6 +28,7 @@ import httpx
 from nanbeige.agent import dialects
 from nanbeige.agent.config import RunSettings
 from nanbeige.agent.trajectory import NOT_ENDED_ON_ITS_OWN, Trajectory
+from nanbeige.evals.code_problems import CODE_TESTS
 from nanbeige.evals.config import EvalConfig, EvalError
 from nanbeige.evals.files import append_jsonl, file_sha256
 from nanbeige.evals.judges import JUDGE_ENDPOINT, JudgeUnavailable
@@ -277,12 +278,12 @@ async def run_all(pending: list[tuple[Task, int]], attempt: Attempt, concurrency
 Grade = Callable[[Task, "str | None", str, httpx.AsyncClient], Awaitable[Verdict]]
 
 
-def agent_attempt(runtime: Ready, config: EvalConfig, client: httpx.AsyncClient) -> Attempt:
+def agent_attempt(runtime: Ready, config: EvalConfig, client: httpx.AsyncClient, code_runner: Any = None) -> Attempt:
     """A run of the agent loop on the task's question, graded on its answer."""
     from nanbeige.agent.loop import run
 
     reference = runtime.agent.reference
-    grade = grader_for(config, reference.judge_prompts if reference else None)
+    grade = grader_for(config, reference.judge_prompts if reference else None, code_runner)
 
     async def attempt(task: Task, run_index: int) -> dict[str, Any] | str:
         try:
@@ -316,12 +317,16 @@ def grader_name(config: EvalConfig) -> str:
     return name
 
 
-def grader_for(config: EvalConfig, reference_prompts: dict[str, str] | None = None) -> Grade:
-    """The grading function for answers: the GAIA scorer, or the named judge profile (a reference grader
-    with the reference checkout's own prompt, where `--reference` gives one)."""
+def grader_for(config: EvalConfig, reference_prompts: dict[str, str] | None = None,
+               code_runner: Any = None) -> Grade:
+    """The grading function for answers: the GAIA scorer, the program run against its tests in a sandbox
+    (`code_runner`, a `code_tests.CodeRunner`), or the named judge profile (a reference grader with the
+    reference checkout's own prompt, where `--reference` gives one)."""
     from nanbeige.evals import gaia_scorer, judges
 
     name = grader_name(config)
+    if name == CODE_TESTS:
+        return code_grader(code_runner)
     if name == "gaia-exact":
         async def exact(task: Task, prediction: str | None, response: str, client: httpx.AsyncClient) -> Verdict:
             return gaia_scorer.grade_exact(prediction, task.answer)
@@ -338,11 +343,30 @@ def grader_for(config: EvalConfig, reference_prompts: dict[str, str] | None = No
     return judged
 
 
+def code_grader(runner: Any) -> Grade:
+    """Code problems: correct when the program passes every test (the report's accuracy is pass@1, avg@k);
+    the pass rate and each test's result go in the verdict's reason."""
+    from nanbeige.evals.code_tests import CodeRewards, grade_program
+
+    async def graded(task: Task, prediction: str | None, response: str, client: httpx.AsyncClient) -> Verdict:
+        problem = task.metadata.get("code_problem")
+        if problem is None:
+            return Verdict(correct=None, grader=CODE_TESTS, error="the task is not a code problem")
+        grade = await asyncio.to_thread(grade_program, runner, problem, prediction, response)
+        record = grade.record(CodeRewards())
+        counts = ", ".join(f"{n} {kind}" for kind, n in record["counts"].items() if n)
+        return Verdict(correct=grade.solved, grader=CODE_TESTS, extracted=None,
+                       reason=grade.format_error or f"pass rate {grade.pass_rate:.3f} ({counts})")
+    return graded
+
+
 def check_grader(config: EvalConfig) -> None:
     from nanbeige.evals import judges
 
     name = grader_name(config)
-    if name == "gaia-exact":
+    if name in ("gaia-exact", CODE_TESTS):
+        if name == CODE_TESTS and config.bench.grader != CODE_TESTS:
+            raise EvalError(f"{CODE_TESTS} grades code problems (--bench code or humaneval), not {config.bench.name}")
         return
     if name not in judges.PROFILES:
         raise EvalError(f"--grader must be one of {', '.join(judges.FAMILIES)}, gaia-exact or a grader's full name "
@@ -414,8 +438,13 @@ async def evaluate(config: EvalConfig, settings: RunSettings, notice: Callable[[
     if pending:
         if progress.done:
             notice(f"resuming: {progress.done} of {progress.total} runs already done in {config.out}")
+        code_runner = None
+        if grader_name(config) == CODE_TESTS:
+            from nanbeige.evals.code_tests import CodeRunner
+
+            code_runner = CodeRunner()
         async with ready(with_out(settings, config, tasks), notice) as runtime, httpx.AsyncClient() as client:
-            attempt = agent_attempt(runtime, config, client)
+            attempt = agent_attempt(runtime, config, client, code_runner)
             view = progress_view(progress) if progress_view else None
             try:
                 # the model's answer or the judge's reason may quote a key: the results file never does
@@ -425,6 +454,8 @@ async def evaluate(config: EvalConfig, settings: RunSettings, notice: Callable[[
             finally:
                 if view is not None:
                     view.stop()
+                if code_runner is not None:
+                    code_runner.close()
     report = build_report(found, read_results(config.out))
     report["failed_runs"] = progress.failed
     (config.out / REPORT).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")

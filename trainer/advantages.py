@@ -93,5 +93,17 @@ def keep_group(pass_rate: float, min_pass_rate: float = 0.1, max_pass_rate: floa
     A group all right or all wrong has outcome advantage 0 everywhere, and one nearly so teaches little.
     With G = 8 and the default 10%-90% band: 0 of 8 (0%) is dropped as too hard, 1 of 8 (12.5%) and 7 of
     8 (87.5%) are kept, 8 of 8 (100%) is dropped as too easy; so the band keeps 1 to 7 passes of 8. With
-    G = 10 the bounds themselves (1 and 9 of 10) are kept."""
+    G = 10 the bounds themselves (1 and 9 of 10) are kept. The pass rate may count solved rollouts or
+    complexity-satisfying ones instead of passes (`GroupRule.counts`); `keep_k_of_n` replaces the band."""
     return min_pass_rate <= pass_rate <= max_pass_rate
+
+
+def keep_k_of_n(k: int, m: int, low: int, high: int, n: int) -> bool:
+    """Whether a group of m rollouts, k of them counted (passing, solved or complexity-satisfying), is kept
+    by the band "low to high of n", both inclusive: low <= k <= high when m == n, else low/n <= k/m <= high/n.
+
+    Nanbeige4.1's code RL samples n = 8 and keeps 1 to 5 of 8 solved (stage 1), then 1 to 5 of 8 solved at
+    optimal complexity (stage 2): 0 is too hard, 6 to 8 too easy, a skew toward problems the model mostly
+    fails. A group with rollouts left out (m = 7) keeps the same fractions: 1 to 4 of 7 (5/7 > 5/8).
+    Compared as k·n against low·m and high·m, integers, so a bound is never lost to float rounding."""
+    return low * m <= k * n <= high * m

@@ -20,8 +20,8 @@ from torch import Tensor
 
 from nanbeige.agent.tokens import TrainingRow, training_rows
 from nanbeige.agent.trajectory import NOT_ENDED_ON_ITS_OWN, Trajectory, Turn
-from nanbeige.trainer.advantages import group_advantages, keep_group
-from nanbeige.trainer.config import TRUNCATED, GroupRule
+from nanbeige.trainer.advantages import group_advantages, keep_group, keep_k_of_n
+from nanbeige.trainer.config import COUNTS, TRUNCATED, GroupRule, rule_problem
 
 OBJECTIVES = ("grpo", "sft")
 
@@ -60,9 +60,10 @@ class GroupStats:
     groups_kept: int = 0
     """Groups that gave at least one sample."""
     groups_too_easy: int = 0
-    """GRPO: pass rate above max_pass_rate."""
+    """GRPO: above the group filter's band (`group_verdict`): a fraction counted above max_pass_rate, or
+    more than high of n."""
     groups_too_hard: int = 0
-    """GRPO: pass rate below min_pass_rate."""
+    """GRPO: below it: a fraction counted below min_pass_rate, or fewer than low of n."""
     groups_no_reward: int = 0
     """No trajectory of the group is left with an outcome reward (the others unfinished or without
     token records)."""
@@ -171,17 +172,58 @@ def samples_of(trajectory: Trajectory, turn_advantage: list[float]) -> list[Samp
     return samples
 
 
+def counted(trajectory: Trajectory, counts: str) -> bool:
+    """Whether a rollout counts toward its group's k for the filter (`GroupRule.counts`): an outcome
+    reward > 0 (`pass`), or the code grader's record saying so (`solved`, `complexity`). A record without
+    the key, or no record, is not solved: only a grader that checked says a rollout is."""
+    if counts == "pass":
+        return trajectory.reward is not None and trajectory.reward > 0
+    judge = trajectory.judge if isinstance(trajectory.judge, dict) else {}
+    return judge.get("solved" if counts == "solved" else "complexity_ok") is True
+
+
+def group_verdict(group: list[Trajectory], rule: GroupRule) -> str:
+    """Whether GRPO trains on a group (its usable rollouts, at least one): `kept`, `too easy` or `too hard`.
+    k counted rollouts (`counted`) of the group's m are held against `rule.k_of_n` when set (`keep_k_of_n`),
+    else the fraction k / m against the pass-rate band (`keep_group`). The one decision: `samples_from` and
+    the loop's dynamic sampling both ask it."""
+    if rule.counts not in COUNTS:
+        raise ValueError(rule_problem(rule))
+    k, m = sum(counted(t, rule.counts) for t in group), len(group)
+    if rule.k_of_n is not None:
+        low, high, n = rule.k_of_n
+        if keep_k_of_n(k, m, low, high, n):
+            return "kept"
+        return "too easy" if k * n > high * m else "too hard"
+    if keep_group(k / m, rule.min_pass_rate, rule.max_pass_rate):
+        return "kept"
+    return "too easy" if k / m > rule.max_pass_rate else "too hard"
+
+
+# What a counted rollout is, in words, for messages: "1 to 5 of 8 solved".
+COUNTED_AS = {"pass": "passing", "solved": "solved", "complexity": "solved at optimal complexity"}
+
+
+def describe_band(rule: GroupRule) -> str:
+    """The group filter in force, in words: `1 to 5 of 8 solved`, `a pass rate between 0.1 and 0.9`."""
+    if rule.k_of_n is not None:
+        low, high, n = rule.k_of_n
+        return f"{low} to {high} of {n} {COUNTED_AS.get(rule.counts, rule.counts)}"
+    rate = "pass rate" if rule.counts == "pass" else f"rate of rollouts {COUNTED_AS.get(rule.counts, rule.counts)}"
+    return f"a {rate} between {rule.min_pass_rate} and {rule.max_pass_rate}"
+
+
 def group_samples(group: list[Trajectory], objective: str, rule: GroupRule, stats: GroupStats) -> list[Sample]:
     """One group's samples (its usable trajectories), counting what is left out."""
     if objective == "sft":
-        passing = [t for t in group if t.reward > 0]
+        passing = [t for t in group if counted(t, rule.counts)]  # code RL: --filter-counts solved
         stats.trajectories_failed += len(group) - len(passing)
         group, advantages = passing, [[1.0] * len(t.turns) for t in passing]
     else:
-        pass_rate = sum(t.reward > 0 for t in group) / len(group)
-        if not keep_group(pass_rate, rule.min_pass_rate, rule.max_pass_rate):
-            stats.groups_too_easy += pass_rate > rule.max_pass_rate
-            stats.groups_too_hard += pass_rate < rule.min_pass_rate
+        verdict = group_verdict(group, rule)
+        if verdict != "kept":
+            stats.groups_too_easy += verdict == "too easy"
+            stats.groups_too_hard += verdict == "too hard"
             return []
         advantages = turn_advantages_of(group, rule)
     samples = []
@@ -204,16 +246,22 @@ def samples_from(trajectories: list[Trajectory], objective: str = "grpo",
     Trajectories are grouped by `group_id` (one without is a group of its own). A trajectory is left
     out when it did not finish on its own, lacks token records, or has no outcome reward; a group with
     none left is dropped. A pass is an outcome reward > 0.
-    - `grpo`: a group trains only when its pass rate is within [min_pass_rate, max_pass_rate]
-      (`keep_group`); each turn's advantage is A = Â^O + λ·Â^T (`group_advantages`) over the group's
-      usable trajectories, turn rewards None counting as unjudged.
-    - `sft`: no group filter; only passing trajectories (reward > 0) are kept, with advantage 1.0 on
+    - `grpo`: a group trains only when `group_verdict` keeps it: its pass rate within [min_pass_rate,
+      max_pass_rate] (`keep_group`), or with `k_of_n` low to high of n rollouts counted (`keep_k_of_n`),
+      counting passes, solved or complexity-satisfying rollouts (`counts`); each turn's advantage is
+      A = Â^O + λ·Â^T (`group_advantages`) over the group's usable trajectories, turn rewards None counting
+      as unjudged.
+    - `sft`: no group filter; only passing trajectories (reward > 0; with `counts` solved or complexity,
+      those the code grader says so of) are kept, with advantage 1.0 on
       every trained token, so the loss is masked NLL. Failed and undecided (None) outcomes are never
       imitated. Turns the critic masked stay masked: SFT trains on the judged trajectories with failed
       turns masked.
     Either way masked (mask 0) and rolled-back turns get loss mask 0 and advantage 0."""
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, not {objective!r}")
+    problem = rule_problem(rule or GroupRule())
+    if problem is not None:
+        raise ValueError(problem)
     groups: dict[str, list[Trajectory]] = defaultdict(list)
     for trajectory in trajectories:
         groups[trajectory.group_id or trajectory.id].append(trajectory)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from nanbeige.agent.config import RunSettings
 from nanbeige.agent.trajectory import NOT_ENDED_ON_ITS_OWN, load_trajectories
+from nanbeige.evals.code_problems import CODE_TESTS
 from nanbeige.evals.files import read_csv, read_jsonl
 from nanbeige.evals.gaia_scorer import question_scorer
 from nanbeige.evals.runner import EvalError, Progress, run_all
@@ -129,7 +130,9 @@ def rollout_attempt(runtime: Ready, config: CollectConfig, policy_version: str |
 
     async def attempt(task: Task, rollout_index: int) -> dict[str, Any] | str:
         header = {"rollout_index": rollout_index, "policy_version": policy_version,
-                  "reference_answer": task.answer or None, "grader": grader if task.answer else None}
+                  "reference_answer": task.answer or None,
+                  # code problems are graded by their tests, which the judge reads from the problems file
+                  "grader": grader if task.answer or grader == CODE_TESTS else None}
         try:
             trajectory = await run(task.question, runtime.llm, runtime.toolbox, runtime.agent, runtime.writer,
                                    group_id=task.id, header=header)

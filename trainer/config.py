@@ -3,12 +3,17 @@ for groups. Kept apart from the code that uses them, so that every trainer modul
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 # Runs cut before they could answer: with `truncated="mask"` they get no loss (DAPO's overlong filtering),
 # since their 0 reward says the run was too long, not that what it did was wrong.
 TRUNCATED = ("max_turns", "context_limit", "timeout", "budget")
+
+# What a group's filter counts in each rollout: an outcome reward > 0, or the code grader's record
+# (`trajectory.judge`) saying every test passed, or that and a time complexity the judge found optimal.
+COUNTS = ("pass", "solved", "complexity")
 
 
 @dataclass
@@ -18,9 +23,19 @@ class GroupRule:
     lam: float = 1.0
     """Weight of the turn-level advantage: A = A_outcome + lam * A_turn (0: plain GRPO)."""
     min_pass_rate: float = 0.1
-    """Groups passing less often are dropped (every rollout failed: nothing to compare)."""
+    """Groups whose fraction of counted rollouts (`counts`) is below this are dropped (every rollout failed:
+    nothing to compare). Both bounds are inclusive; unused when `k_of_n` is set."""
     max_pass_rate: float = 0.9
-    """Groups passing more often are dropped."""
+    """Groups whose fraction of counted rollouts is above this are dropped."""
+    counts: str = "pass"
+    """What the group filter counts in a rollout: `pass` (outcome reward > 0), `solved` (the code grader's
+    record says every test passed: `judge["solved"] is True`) or `complexity` (`judge["complexity_ok"] is
+    True`: solved, and a judge found its time complexity optimal). A rollout whose judge record lacks the
+    key counts as not solved, not satisfying. Only which groups train: the advantages stay the rewards'."""
+    k_of_n: tuple[int, int, int] | None = None
+    """(low, high, n): keep a group with low..high of n rollouts counted, both inclusive, replacing the
+    pass-rate band (Nanbeige4.1's code RL keeps 1 to 5 of 8 solved: (1, 5, 8)). A group of another size m
+    (rollouts left out, or G != n) is kept when low/n <= k/m <= high/n, in exact integers. None: the band."""
     std: str = "sample"
     """The std advantages are divided by: `sample` (GRPO, verl, TRL), `population`, or `none` (Dr.GRPO)."""
     single: str = "zero"
@@ -63,8 +78,9 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     """Gradients are clipped to this global norm."""
     groups: GroupRule = field(default_factory=GroupRule)
-    """GRPO's groups: which train (the pass-rate band), how their rewards become advantages (λ, the std,
-    a one-rollout group) and whether truncated rollouts train."""
+    """GRPO's groups: which train (the pass-rate band or k of n, counting passes, solved or complexity-satisfying
+    rollouts), how their rewards become advantages (λ, the std, a one-rollout group) and whether truncated
+    rollouts train."""
     clip_low: float = 0.2
     """Lower clip of the ratio: 1 - clip_low."""
     clip_high: float = 0.28
@@ -108,3 +124,38 @@ class TrainConfig:
     init_from: Path | None = None
     """A checkpoint of an earlier run to start from, with its optimizer state: with LoRA, its adapter
     on the base `model` (the loop's next iteration goes on training the adapter the server has)."""
+
+
+def band_problem(k_of_n: tuple[int, int, int]) -> str | None:
+    """Why a k-of-n band cannot select anything sensible, or None."""
+    low, high, n = k_of_n
+    if n < 1:
+        return f"n is {n}: it must be at least 1 (the rollouts per group)"
+    if not 0 <= low <= high:
+        return f"{low} to {high} is not a range: 0 <= low <= high"
+    if high > n:
+        return f"{high} is more than the {n} rollouts of a group"
+    return None
+
+
+def parse_keep(text: str) -> tuple[int, int, int]:
+    """`K-M/N` (`1-5/8`: keep groups with 1 to 5 of 8 rollouts counted) as (K, M, N); ValueError saying
+    what is wrong."""
+    match = re.fullmatch(r"(\d+)-(\d+)/(\d+)", text.strip())
+    if match is None:
+        raise ValueError(f"{text!r} is not K-M/N (e.g. 1-5/8: keep groups with 1 to 5 of 8 rollouts counted)")
+    k_of_n = (int(match[1]), int(match[2]), int(match[3]))
+    problem = band_problem(k_of_n)
+    if problem is not None:
+        raise ValueError(f"{text!r}: {problem}")
+    return k_of_n
+
+
+def rule_problem(rule: GroupRule) -> str | None:
+    """Why the group rule's filter cannot run, or None (the CLI checks its flags; this, a rule built in code)."""
+    if rule.counts not in COUNTS:
+        return f"the group filter counts {', '.join(COUNTS[:-1])} or {COUNTS[-1]}, not {rule.counts!r}"
+    if rule.k_of_n is not None:
+        problem = band_problem(rule.k_of_n)
+        return None if problem is None else f"the group filter's k of n {rule.k_of_n}: {problem}"
+    return None

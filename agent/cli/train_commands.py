@@ -14,7 +14,7 @@ from nanbeige.agent.cli import options as o
 from nanbeige.agent.config import AgentConfig, BackendConfig, ToolsConfig
 from nanbeige.agent.cli.console import err, fail, hide
 from nanbeige.agent.llm import LLMConfig
-from nanbeige.trainer.config import GroupRule
+from nanbeige.trainer.config import COUNTS, GroupRule, parse_keep
 from nanbeige.trainer.train import TrainConfig
 
 
@@ -51,8 +51,17 @@ def train(
     wandb_project: Annotated[str | None, typer.Option(help="Also log to this Weights & Biases project (needs wandb).",
                                                       show_default=False)] = None,
     lam: Annotated[float, typer.Option("--lambda", help="Weight of the turn-level advantage (0: plain GRPO).")] = 1.0,
-    min_pass_rate: Annotated[float, typer.Option(min=0.0, max=1.0, help="Drop groups passing less often.")] = 0.1,
+    min_pass_rate: Annotated[float, typer.Option(min=0.0, max=1.0, help="Drop groups passing less often (the "
+                                                                       "fraction --filter-counts counts).")] = 0.1,
     max_pass_rate: Annotated[float, typer.Option(min=0.0, max=1.0, help="Drop groups passing more often.")] = 0.9,
+    filter_counts: Annotated[str, typer.Option(help="What the group filter counts: pass (outcome reward > 0), "
+                                                    "solved (the code grader's judge.solved) or complexity "
+                                                    "(judge.complexity_ok: solved at optimal complexity).")
+                             ] = "pass",
+    keep: Annotated[str | None, typer.Option(metavar="K-M/N", show_default=False,
+                                             help="Keep groups with K to M of N rollouts counted, instead of the "
+                                                  "pass-rate band (1-5/8: Nanbeige4.1's code RL); another group "
+                                                  "size keeps the same fractions.")] = None,
     advantage_std: Annotated[str, typer.Option(help="GRPO's std: sample (GRPO, verl, TRL), population, or none "
                                                     "(Dr.GRPO).", rich_help_panel="Objective")] = "sample",
     single_rollout: Annotated[str, typer.Option(help="A one-rollout group's advantage: zero (TRL) or reward (verl).",
@@ -98,7 +107,8 @@ def train(
         help="With --loop: questions an iteration draws from the file, in order \\[default: all].")] = None,
     min_informative_groups: Annotated[int, typer.Option(
         min=0, rich_help_panel="Loop", help="With --loop: dynamic sampling, drawing more questions while fewer "
-                                            "groups than this pass inside the pass-rate band.")] = 0,
+                                            "groups than this are kept by the group filter (the pass-rate "
+                                            "band or --keep).")] = 0,
     max_draws: Annotated[int, typer.Option(min=1, rich_help_panel="Loop",
                                            help="With --loop: the most draws an iteration makes.")] = 4,
     sync: Annotated[str, typer.Option(help="With --loop: lora (hot-load each adapter into the serving vLLM), "
@@ -145,11 +155,13 @@ def train(
             fail(f"{name} must be {', '.join(allowed[:-1])} or {allowed[-1]}, not {value!r}", 2)
     if min_pass_rate > max_pass_rate:
         fail(f"--min-pass-rate {min_pass_rate} is above --max-pass-rate {max_pass_rate}", 2)
+    k_of_n = group_filter(filter_counts, keep, min_pass_rate, max_pass_rate)
     config = TrainConfig(data=data or [], model=model, out=out, objective=objective, steps=steps, epochs=epochs,
                          clip_low=clip_low, clip_high=clip_high, clip_dual=clip_dual, tis_cap=tis_cap,
                          max_rollout_drift=max_rollout_drift, off_policy=off_policy, step_tokens=step_tokens,
                          groups=GroupRule(lam=lam, min_pass_rate=min_pass_rate, max_pass_rate=max_pass_rate,
-                                          std=advantage_std, single=single_rollout, truncated=truncated),
+                                          counts=filter_counts, k_of_n=k_of_n, std=advantage_std,
+                                          single=single_rollout, truncated=truncated),
                          warmup_steps=warmup_steps, lr_schedule=lr_schedule, min_lr_ratio=min_lr_ratio,
                          tensorboard=not no_tensorboard, wandb_project=wandb_project, packing=packing,
                          micro_tokens=micro_tokens, lr=lr, lora_rank=lora_rank,
@@ -179,6 +191,22 @@ def train(
         raise typer.Exit(130) from None
     if summary["checkpoint"]:
         err.print(f"checkpoint: {escape(summary['checkpoint'])}", highlight=False)
+
+
+def group_filter(counts: str, keep: str | None, min_pass_rate: float, max_pass_rate: float
+                 ) -> tuple[int, int, int] | None:
+    """The group filter's flags checked: the k-of-n band of --keep, or None for the pass-rate band."""
+    if counts not in COUNTS:
+        fail(f"--filter-counts must be {', '.join(COUNTS[:-1])} or {COUNTS[-1]}, not {counts!r}", 2)
+    if keep is None:
+        return None
+    # --keep replaces the band: a band given too would be silently ignored
+    if (min_pass_rate, max_pass_rate) != (GroupRule.min_pass_rate, GroupRule.max_pass_rate):
+        fail("--keep replaces the pass-rate band: pass either --keep or --min-pass-rate/--max-pass-rate, not both", 2)
+    try:
+        return parse_keep(keep)
+    except ValueError as exc:
+        fail(f"--keep {exc}", 2)
 
 
 @train_app.command("report")

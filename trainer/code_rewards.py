@@ -1,0 +1,69 @@
+"""Code RL's outcome rewards in `nanbeige judge --grader code-tests`: each trajectory's program run against its
+problem's tests (`evals/code_tests.py`), and with `--time-reward` the complexity judge on solved programs
+(`evals/complexity.py`). The reward and every term go on the trajectory: `reward`, `judge` (see
+`CodeGrade.record`)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from nanbeige.agent.trajectory import Trajectory
+from nanbeige.evals.code_problems import CODE_TESTS, CodeProblem, read_problems
+from nanbeige.evals.code_tests import CodeRewards, CodeRunner, grade_program
+from nanbeige.evals.complexity import judge_complexity
+from nanbeige.evals.judges import JudgeUnavailable
+from nanbeige.evals.runner import final_response
+from nanbeige.evals.tasks import LoadError
+from nanbeige.tools.endpoint import ChatEndpoint
+
+
+class CodeJudgeError(Exception):
+    """Code judging cannot go on (a problems file that cannot be used, a complexity judge that is down)."""
+
+
+@dataclass
+class CodeJudging:
+    """What code judging holds for a judge run: the problems by id, the sandbox runner, the complexity judge."""
+
+    problems: dict[str, CodeProblem]
+    source: Path
+    rewards: CodeRewards = field(default_factory=CodeRewards)
+    complexity: ChatEndpoint | None = None
+    """The time reward's judge; None: no time reward (stage 1)."""
+    runner: CodeRunner = field(default_factory=CodeRunner)
+
+    def close(self) -> None:
+        self.runner.close()
+
+
+def open_code_judging(problems: Path, rewards: CodeRewards, complexity: ChatEndpoint | None) -> CodeJudging:
+    try:
+        by_id = {problem.id: problem for problem in read_problems(problems)}
+    except LoadError as exc:
+        raise CodeJudgeError(str(exc)) from None
+    return CodeJudging(problems=by_id, source=problems, rewards=rewards, complexity=complexity)
+
+
+async def judge_code(trajectory: Trajectory, code: CodeJudging, client: httpx.AsyncClient) -> None:
+    """Set the trajectory's reward and `judge` record from its program's run against its problem's tests
+    (the problem is the one whose id is the trajectory's question id, its `group_id`)."""
+    problem = code.problems.get(trajectory.group_id or "")
+    if problem is None:
+        trajectory.reward = None
+        trajectory.judge = {"grader": CODE_TESTS, "correct": None,
+                            "error": f"no problem {trajectory.group_id!r} in {code.source}"}
+        return
+    grade = await asyncio.to_thread(grade_program, code.runner, problem, trajectory.answer,
+                                    final_response(trajectory))
+    if code.complexity is not None and grade.solved and grade.program is not None:
+        try:
+            grade.time = await judge_complexity(problem, grade.program, code.complexity, client)
+        except JudgeUnavailable as exc:
+            raise CodeJudgeError(f"the complexity judge cannot be used: {exc} ({code.complexity.base_url}); fix "
+                                 "the judge endpoint (--judge-base-url) and run again to resume") from None
+    trajectory.reward = grade.reward(code.rewards)
+    trajectory.judge = grade.record(code.rewards)
