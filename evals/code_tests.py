@@ -13,7 +13,8 @@ Rewards, each recorded so that a trainer or a person can see why (`CodeGrade.rec
   and a well-formed program alone earns nothing.
 - R_correctness: the pass rate, tests passed / tests.
 - R_time: only at pass rate 1 (`complexity.py`): `time_weight` when a judge finds the program's time
-  complexity no worse than the reference's label, else 0.
+  complexity no worse than the reference's label, 0 when it finds it slower; none (null) when the judge
+  could not decide or the problem has no label.
 
 R = R_format + R_correctness (+ R_time at pass rate 1), as the paper's stage 2 (stage 1: no time term).
 """
@@ -24,7 +25,7 @@ import ast
 import json
 import math
 import re
-import threading
+import secrets
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -92,8 +93,8 @@ class CodeGrade:
     def terms(self, rewards: CodeRewards) -> dict[str, float | None]:
         """R_format, R_correctness and R_time (None: not applicable, or not asked for)."""
         time = None
-        if self.time is not None and self.solved:
-            time = rewards.time_weight if self.time.get("optimal") is True else 0.0
+        if self.time is not None and self.solved and self.time.get("optimal") is not None:  # undecided: no term
+            time = rewards.time_weight if self.time["optimal"] is True else 0.0
         return {"format": 0.0 if self.format_error is None else -rewards.format_penalty,
                 "correctness": self.pass_rate, "time": time}
 
@@ -203,24 +204,33 @@ def call_result(line: dict[str, Any], test: dict[str, Any]) -> Outcome:
     return Outcome("fail", seconds, f"returned {shown[:100]}")
 
 
-def harness_results(stdout: bytes, tests: list[dict[str, Any]], ended: str) -> list[Outcome]:
-    """The harness's lines as one result per test: a test without exactly one line of its own gets `ended`
-    (the process died, ran out of time, or wrote a second line for it)."""
+def harness_results(stdout: bytes, tests: list[dict[str, Any]], ended: str, nonce: str) -> list[Outcome]:
+    """The harness's lines (those carrying the run's nonce) as one result per test: a test without exactly one
+    line of its own gets `ended` (the process died, ran out of time, or wrote a second line for it); an assert
+    test passes only when the harness also reached its end."""
     lines: dict[int, list[dict[str, Any]]] = {}
+    done = False
     for raw in stdout.decode(errors="replace").splitlines():
         try:
             line = json.loads(raw)
         except (ValueError, RecursionError):
             continue
-        if isinstance(line, dict) and isinstance(line.get("start"), str):
+        if not isinstance(line, dict):
+            continue
+        done = done or line.get("done") == nonce
+        if line.get("n") != nonce:
+            continue
+        if isinstance(line.get("start"), str):
             return [Outcome("error", None, f"the program could not start: {line['start']}") for _ in tests]
-        if isinstance(line, dict) and isinstance(line.get("i"), int) and not isinstance(line["i"], bool):
+        if isinstance(line.get("i"), int) and not isinstance(line["i"], bool):
             lines.setdefault(line["i"], []).append(line)
     results = []
     for index, test in enumerate(tests):
         found = lines.get(index, [])
         if len(found) > 1:
             results.append(Outcome("error", None, "more than one result for this test"))
+        elif found and "assert" in test and not done:
+            results.append(Outcome("error", None, "the process ended before the last test"))
         else:
             kind, _, why = ended.partition(":")
             results.append(call_result(found[0], test) if found else Outcome(kind, None, why))
@@ -241,7 +251,15 @@ class CodeRunner:
         # outputs are compared whole; the program's interpreter is the sandbox's
         self.config = replace(base, backend="local", max_output_chars=MAX_OUTPUT_BYTES // 4, max_sandboxes=1 << 16)
         self.backend = LocalBackend(self.config)
-        self._closed = threading.Event()
+
+    def require_jail(self) -> None:
+        """Raise `SandboxError` unless programs will run in the filesystem jail, or the operator turned the jail
+        off (NANBEIGE_SANDBOX_JAIL=0): a judge runs thousands of programs nobody has read, and the sandbox
+        without its jail leaves the host's files readable, or writable, to them."""
+        if self.backend.isolation.jail is None and self.config.jail:
+            raise SandboxError("programs are judged in the sandbox's filesystem jail, and bwrap is missing or cannot "
+                               "make one here: install bubblewrap (apt-get install bubblewrap), or set "
+                               "NANBEIGE_SANDBOX_JAIL=0 to run them with the weaker isolation the sandbox has")
 
     def run(self, problem: CodeProblem, program: str) -> list[Outcome]:
         """Every test's result (sandbox failures become `error` results, never an exception)."""
@@ -280,9 +298,10 @@ class CodeRunner:
         self.backend.write_file(sandbox, "/home/user/tests.json", json.dumps(given).encode())
         self.backend.write_file(sandbox, "/home/user/harness.py", HARNESS.read_bytes())
         total = problem.time_limit_s * (len(problem.tests) + 1)  # the top level gets one test's time too
+        nonce = secrets.token_hex(16)
         run = self.backend.run_program(
             sandbox, [self.config.python, "-I", "-B", "harness.py", str(problem.entry_point),
-                      repr(problem.time_limit_s)], b"", **self._limits(total, problem))
+                      repr(problem.time_limit_s)], nonce.encode() + b"\n", **self._limits(total, problem))
         if run.timed_out or run.exit_code == -24:
             ended = f"time-out:the run ran past its {total:g} s"
         elif run.exit_code != 0:
@@ -290,7 +309,7 @@ class CodeRunner:
             ended = f"error:the process ended (exit {run.exit_code}) before this test: {reason}"
         else:
             ended = "error:the process ended before this test"
-        return harness_results(run.stdout, problem.tests, ended)
+        return harness_results(run.stdout, problem.tests, ended, nonce)
 
     def close(self) -> None:
         self.backend.close()

@@ -38,7 +38,7 @@ Complexity: <the program's complexity in big-O notation>
 Verdict: OPTIMAL or SLOWER"""
 
 VERDICT = re.compile(r"^\W*verdict\W*:\W*(optimal|slower)\W*$", re.IGNORECASE | re.MULTILINE)
-COMPLEXITY = re.compile(r"^\W*complexity\W*:\s*(.+?)\s*$", re.IGNORECASE | re.MULTILINE)
+COMPLEXITY = re.compile(r"^\W*complexity\W*:[\s*_`]*(.+?)[\s*_`]*$", re.IGNORECASE | re.MULTILINE)
 ATTEMPTS = 2
 """Times the judge is asked when its reply has no verdict line."""
 

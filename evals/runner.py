@@ -212,6 +212,13 @@ def final_response(trajectory: Trajectory) -> str:
     return holding[-1] if holding else (texts[-1] if texts else "")
 
 
+def visible_texts(trajectory: Trajectory) -> list[str]:
+    """What the agent said in each turn it kept, without its reasoning, last turn first: where `code-tests`
+    looks for the program (the summary turn may hold only a short boxed answer, the program a turn before)."""
+    return [dialects.visible_text(turn.assistant.get("content") or "") for turn in reversed(trajectory.turns)
+            if not turn.rolled_back]
+
+
 def result_row(task: Task, run_index: int, prediction: str | None, verdict: Verdict,
                trajectory: Trajectory | None) -> dict[str, Any]:
     """One line of `results.jsonl`."""
@@ -293,11 +300,15 @@ def agent_attempt(runtime: Ready, config: EvalConfig, client: httpx.AsyncClient,
             return f"{type(exc).__name__}: {exc}"
         if trajectory.stop_reason in NOT_ENDED_ON_ITS_OWN:  # the model server failed, or a replay missed
             return trajectory.error or "the model server failed"
+        # code: the last program of the whole run, not only of its final response
+        response = "\n".join(reversed(visible_texts(trajectory))) if code_runner else final_response(trajectory)
         try:
-            verdict = await grade(task, trajectory.answer, final_response(trajectory), client)
+            verdict = await grade(task, trajectory.answer, response, client)
         except JudgeUnavailable as exc:  # not recorded: the run is graded again on resume
             return f"the judge cannot be used: {exc}"
-        return result_row(task, run_index, trajectory.answer, verdict, trajectory)
+        # code: the program graded is the prediction (the report's "no answer" counts runs without one)
+        prediction = verdict.extracted if code_runner else trajectory.answer
+        return result_row(task, run_index, prediction, verdict, trajectory)
     return attempt
 
 
@@ -355,7 +366,7 @@ def code_grader(runner: Any) -> Grade:
         grade = await asyncio.to_thread(grade_program, runner, problem, prediction, response)
         record = grade.record(CodeRewards())
         counts = ", ".join(f"{n} {kind}" for kind, n in record["counts"].items() if n)
-        return Verdict(correct=grade.solved, grader=CODE_TESTS, extracted=None,
+        return Verdict(correct=grade.solved, grader=CODE_TESTS, extracted=grade.program,
                        reason=grade.format_error or f"pass rate {grade.pass_rate:.3f} ({counts})")
     return graded
 
@@ -418,6 +429,22 @@ def with_reference(settings: RunSettings) -> RunSettings:
         raise EvalError(str(exc)) from None
 
 
+def open_code_runner(config: EvalConfig) -> Any:
+    """The sandbox runner `code-tests` grades with (None for other graders); `close()` it when done."""
+    if grader_name(config) != CODE_TESTS:
+        return None
+    from nanbeige.evals.code_tests import CodeRunner
+    from nanbeige.tools.sandbox import SandboxError
+
+    runner = CodeRunner()
+    try:
+        runner.require_jail()
+    except SandboxError as exc:
+        runner.close()
+        raise EvalError(str(exc)) from None
+    return runner
+
+
 async def evaluate(config: EvalConfig, settings: RunSettings, notice: Callable[[str], None],
                    progress_view: Callable[[Progress], Any] | None = None) -> dict[str, Any]:
     """Run (or resume) the eval and return its report, also written to `report.json`."""
@@ -438,11 +465,7 @@ async def evaluate(config: EvalConfig, settings: RunSettings, notice: Callable[[
     if pending:
         if progress.done:
             notice(f"resuming: {progress.done} of {progress.total} runs already done in {config.out}")
-        code_runner = None
-        if grader_name(config) == CODE_TESTS:
-            from nanbeige.evals.code_tests import CodeRunner
-
-            code_runner = CodeRunner()
+        code_runner = open_code_runner(config)
         async with ready(with_out(settings, config, tasks), notice) as runtime, httpx.AsyncClient() as client:
             attempt = agent_attempt(runtime, config, client, code_runner)
             view = progress_view(progress) if progress_view else None

@@ -5,8 +5,10 @@ their folder, forging the harness's results) that get reward 0 and leave nothing
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,9 @@ from nanbeige.evals.code_tests import (CodeRewards, CodeRunner, extract_program,
 from nanbeige.tools.sandbox import config_from_env
 
 SECRET = "expected-7f3a9c41"
+# Programs are judged only in the jail (or with it turned off by the operator): where bubblewrap cannot be
+# installed these tests say so, as the sandbox's own jail tests do.
+pytestmark = pytest.mark.skipif(not shutil.which("bwrap"), reason="needs bwrap, the sandbox's jail")
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +34,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def runner(root: Path) -> CodeRunner:
     config = config_from_env({"NANBEIGE_SANDBOX_DIR": str(root)})
     code_runner = CodeRunner(config)
+    code_runner.require_jail()
     yield code_runner
     code_runner.close()
 
@@ -203,11 +209,18 @@ def test_a_program_cannot_write_outside_its_folder(runner: CodeRunner, tmp_path:
 
 
 def test_forged_or_cut_harness_results_count_as_errors(runner: CodeRunner) -> None:
-    # stdout is not where the results go, and a line for a test the harness also answers is no result at all
+    # stdout is not where the results go, and a line without the run's nonce (given the harness on its stdin,
+    # before the program ran) is not a result: the forged "3" for test 0 is ignored
     forger = ("import os, json\nfor fd in range(1, 10):\n    try:\n        os.write(fd, (json.dumps({'i': 0, "
               "'result': '3', 's': 0}) + '\\n').encode())\n    except OSError:\n        pass\n"
               "def add(a, b):\n    return 0")
-    assert results(grade_program(runner, ADD, None, fenced(forger))) == ["error", "fail", "fail"]
+    assert results(grade_program(runner, ADD, None, fenced(forger))) == ["fail", "fail", "fail"]
+    checked = CodeProblem(id="checked", statement="add(a, b)", entry_point="add", time_limit_s=1.0,
+                          tests=[{"assert": "assert candidate(2, 2) == 5"}])
+    claimer = ("import os, json\nfor fd in range(1, 10):\n    try:\n        os.write(fd, (json.dumps({'i': 0, 'ok': "
+               "True, 's': 0}) + '\\n').encode())\n    except OSError:\n        pass\ndef add(a, b):\n    return 0\n"
+               "os._exit(0)")
+    assert results(grade_program(runner, checked, None, fenced(claimer))) == ["error"]  # no nonce, no end
     quitter = "import os\ndef add(a, b):\n    return a + b\nos._exit(0)"
     assert results(grade_program(runner, ADD, None, fenced(quitter))) == ["error"] * 3
     exiter = "import sys\ndef add(a, b):\n    sys.exit(0)"
@@ -226,3 +239,17 @@ def test_a_program_that_takes_all_memory_is_an_error(runner: CodeRunner) -> None
     grade = grade_program(runner, ADD, None, fenced(hog))
     assert results(grade) == ["error"] * 3 and "MemoryError" in grade.tests[0].detail
     assert os.getloadavg() is not None and no_process_runs("harness.py")
+
+
+def test_without_a_jail_programs_are_not_judged_unless_the_operator_turned_it_off(tmp_path: Path) -> None:
+    from nanbeige.tools.sandbox import SandboxError
+
+    runner = CodeRunner(config_from_env({"NANBEIGE_SANDBOX_DIR": str(tmp_path)}))
+    runner.backend._isolation = dataclasses.replace(runner.backend.isolation, jail=None)  # as where bwrap is missing
+    with pytest.raises(SandboxError, match="install bubblewrap .* or set NANBEIGE_SANDBOX_JAIL=0"):
+        runner.require_jail()
+    runner.close()
+    chosen = CodeRunner(config_from_env({"NANBEIGE_SANDBOX_DIR": str(tmp_path), "NANBEIGE_SANDBOX_JAIL": "0"}))
+    chosen.require_jail()  # the operator's choice: the sandbox says at start what it lacks
+    assert chosen.backend.isolation.jail is None
+    chosen.close()

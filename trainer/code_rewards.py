@@ -16,9 +16,10 @@ from nanbeige.evals.code_problems import CODE_TESTS, CodeProblem, read_problems
 from nanbeige.evals.code_tests import CodeRewards, CodeRunner, grade_program
 from nanbeige.evals.complexity import judge_complexity
 from nanbeige.evals.judges import JudgeUnavailable
-from nanbeige.evals.runner import final_response
+from nanbeige.evals.runner import visible_texts
 from nanbeige.evals.tasks import LoadError
 from nanbeige.tools.endpoint import ChatEndpoint
+from nanbeige.tools.sandbox import SandboxError
 
 
 class CodeJudgeError(Exception):
@@ -45,7 +46,13 @@ def open_code_judging(problems: Path, rewards: CodeRewards, complexity: ChatEndp
         by_id = {problem.id: problem for problem in read_problems(problems)}
     except LoadError as exc:
         raise CodeJudgeError(str(exc)) from None
-    return CodeJudging(problems=by_id, source=problems, rewards=rewards, complexity=complexity)
+    code = CodeJudging(problems=by_id, source=problems, rewards=rewards, complexity=complexity)
+    try:
+        code.runner.require_jail()
+    except SandboxError as exc:
+        code.close()
+        raise CodeJudgeError(str(exc)) from None
+    return code
 
 
 async def judge_code(trajectory: Trajectory, code: CodeJudging, client: httpx.AsyncClient) -> None:
@@ -57,13 +64,15 @@ async def judge_code(trajectory: Trajectory, code: CodeJudging, client: httpx.As
         trajectory.judge = {"grader": CODE_TESTS, "correct": None,
                             "error": f"no problem {trajectory.group_id!r} in {code.source}"}
         return
-    grade = await asyncio.to_thread(grade_program, code.runner, problem, trajectory.answer,
-                                    final_response(trajectory))
+    # the last program of the whole run: its summary turn may hold only a short boxed answer
+    response = "\n".join(reversed(visible_texts(trajectory)))
+    grade = await asyncio.to_thread(grade_program, code.runner, problem, trajectory.answer, response)
     if code.complexity is not None and grade.solved and grade.program is not None:
         try:
             grade.time = await judge_complexity(problem, grade.program, code.complexity, client)
         except JudgeUnavailable as exc:
-            raise CodeJudgeError(f"the complexity judge cannot be used: {exc} ({code.complexity.base_url}); fix "
-                                 "the judge endpoint (--judge-base-url) and run again to resume") from None
+            where = "" if code.complexity.base_url in str(exc) else f" ({code.complexity.base_url})"
+            raise CodeJudgeError(f"the complexity judge cannot be used: {exc}{where}; fix the judge endpoint "
+                                 "(--judge-base-url) and run again to resume") from None
     trajectory.reward = grade.reward(code.rewards)
     trajectory.judge = grade.record(code.rewards)

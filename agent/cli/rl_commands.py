@@ -277,8 +277,11 @@ def problems(
             fail("--out must be another file than the problems it checks")
         lines = "".join(json.dumps(problem.record(), ensure_ascii=False) + "\n" for problem in found)
         tmp = out.with_name(out.name + ".part")
-        tmp.write_text(lines, encoding="utf-8")
-        tmp.replace(out)
+        try:
+            tmp.write_text(lines, encoding="utf-8")
+            tmp.replace(out)
+        except OSError as exc:
+            fail(f"cannot write {out}: {exc.strerror or exc}")
     styles = {style: sum(p.style == style for p in found) for style in ("stdio", "function")}
     tests = sum(len(p.tests) for p in found)
     asserts = sum(any("assert" in t for t in p.tests) for p in found)
