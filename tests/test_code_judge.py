@@ -448,6 +448,8 @@ def test_eval_code_scores_the_fraction_of_problems_solved(tmp_path: Path) -> Non
     assert rows["double"]["reason"] == "the answer has no program in a ```python block"
     report = json.loads((out / "report.json").read_text())
     assert (report["grader"], report["tasks"], report["avg_at_k"]) == ("code-tests", 3, round(100 / 3, 2))
+    assert report["no_answer"] == 1  # the run without a program; the prediction of the others is their program
+    assert rows["sum-two"]["prediction"] == SUM_TWO_RIGHT
     assert f"{100 / 3:.2f}%" in result.stdout
     question = server.requests[0]["messages"][1]["content"]
     assert "Give your final program in one ```python code block." in question
