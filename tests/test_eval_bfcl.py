@@ -74,7 +74,7 @@ def test_categories_that_cannot_run_here_and_unknown_ones_are_clear_errors() -> 
         bfcl.load("simple_rust")
     with pytest.raises(LoadError, match="leave out --data"):
         BENCHMARKS["bfcl-simple-python"].load(Path("."))
-    from nanbeige.evals.runner import grader_name
+    from nanbeige.evals.grading import grader_name
 
     with pytest.raises(EvalError, match="leave out --grader"):
         grader_name(EvalConfig(bench=BENCHMARKS["bfcl"], data=None, out=Path("."), grader="official"))
