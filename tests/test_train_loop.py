@@ -301,3 +301,48 @@ def test_dynamic_sampling_draws_questions_until_a_group_is_informative(tiny: Pat
             asyncio.run(run_loop(capped, notices.append))
     drawn = [json.loads(line)["id"] for line in (tmp_path / "capped" / "iter-1" / "questions.jsonl").open()]
     assert drawn == ["easy", "hard"]
+
+
+def test_the_loop_runs_code_rl_with_the_papers_difficulty_filter(tiny: Path, tmp_path: Path) -> None:
+    """`train --loop` on code problems: the questions are the problems, each program runs against its tests in
+    the sandbox, and the paper's stage-1 filter (1 to 3 of 4 solved here) keeps only the problem a scripted
+    policy solves sometimes: `echo` always (too easy), `negate` never (too hard), `double` 2 times of 4."""
+    from nanbeige.agent.token_mode import load_tokenizer
+
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text("".join(json.dumps(row) + "\n" for row in [
+        {"id": "echo", "statement": "Print the line you read.", "tests": [{"input": "hi\n", "output": "hi\n"}]},
+        {"id": "negate", "statement": "Print minus the integer.", "tests": [{"input": "3\n", "output": "-3\n"}]},
+        {"id": "double", "statement": "Print twice the integer.", "tests": [{"input": "4\n", "output": "8\n"},
+                                                                            {"input": "0\n", "output": "0\n"}]}]))
+    tokenizer = load_tokenizer(str(tiny))[0]
+    answered: dict[str, int] = {}
+    lock = threading.Lock()
+    programs = {"echo": "print(input())", "negate": "print(input())", "double": "print(2 * int(input()))"}
+
+    def policy(request: dict[str, Any]) -> str:
+        prompt = tokenizer.decode(request["prompt"])
+        problem = "echo" if "line you read" in prompt else "negate" if "minus" in prompt else "double"
+        with lock:
+            n = answered[problem] = answered.get(problem, 0) + 1
+        program = programs[problem] if problem != "double" or n <= 2 else "print(8)"
+        return f"<think>\nWrite it.\n</think>\n\n```python\n{program}\n```\n\\boxed{{done}}"
+
+    with FakeOpenAI(policy, vllm=True, tokenize=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
+                    stop_id=tokenizer.convert_tokens_to_ids("<|im_end|>")) as server:
+        config = scripted_loop(tiny, tmp_path, server, tmp_path / "loop", iterations=1)
+        judge = dataclasses.replace(config.judge, grader="code-tests", problems=problems)
+        train = dataclasses.replace(config.train, groups=GroupRule(counts="solved", k_of_n=(1, 3, 4)))
+        asyncio.run(run_loop(dataclasses.replace(config, questions=problems, judge=judge, train=train), lambda _: None))
+    iteration = tmp_path / "loop" / "iter-1"
+    drawn = [json.loads(line) for line in (iteration / "questions.jsonl").open()]
+    assert [row["id"] for row in drawn] == ["echo", "negate", "double"]
+    assert "one ```python code block" in drawn[0]["question"]  # asked as `collect --bench code` asks
+    judged = load_trajectories(iteration / "judged.jsonl")
+    solved = {problem: sorted(t.judge["solved"] for t in judged if t.group_id == problem) for problem in programs}
+    assert solved == {"echo": [True] * 4, "negate": [False] * 4, "double": [False, False, True, True]}
+    rewards = sorted(t.reward for t in judged if t.group_id == "double")
+    assert rewards == [0.5, 0.5, 1.0, 1.0]  # "print(8)" passes one test of two
+    [step] = [json.loads(line) for line in (iteration / "train" / "metrics.jsonl").open()]
+    assert step["groups"] == {"groups_read": 3, "groups_kept": 1, "groups_too_easy": 1, "groups_too_hard": 1,
+                              "groups_no_reward": 0}

@@ -69,7 +69,8 @@ class LoopConfig:
     out: Path
     """Folder for every iteration's files and the state file `loop.json`."""
     questions: Path
-    """The questions file collect samples rollouts for (JSONL or CSV: `question`, `answer`, `id`)."""
+    """The questions file collect samples rollouts for (JSONL or CSV: `question`, `answer`, `id`); with the
+    judge's grader `code-tests`, the code problems file (`evals/code_problems.py`)."""
     settings: RunSettings
     """How collect runs the agent: the model server or the in-process model, the tools, the limits.
     Its `llm.model` is the first iteration's policy."""
@@ -203,11 +204,15 @@ def drawn(folder: Path) -> int:
 def draw_questions(config: LoopConfig, iteration: int, folder: Path) -> bool:
     """Append the iteration's next questions to its questions file (written whole, atomically); False when
     none is left to draw (every question of the file is in this iteration already)."""
+    from nanbeige.evals.code_problems import CODE_TESTS, read_problems, task_of
     from nanbeige.evals.tasks import LoadError
     from nanbeige.trainer.collect import read_questions
 
     try:
-        pool = read_questions(config.questions)
+        if config.judge.grader == CODE_TESTS:  # code problems: each as `collect --bench code` asks it
+            pool = [task_of(problem) for problem in read_problems(config.questions)]
+        else:
+            pool = read_questions(config.questions)
     except LoadError as exc:
         raise LoopError(str(exc)) from None
     have = drawn(folder)

@@ -110,6 +110,14 @@ def judge_endpoint(base_url: str | None, model: str | None, api_key: str | None,
                    api_key=api_key, template=template)
 
 
+def complexity_endpoint(base_url: str | None, model: str | None, api_key: str | None) -> ChatEndpoint:
+    """The time reward's complexity judge from the LLM judge's flags (unset ones keep `COMPLEXITY_ENDPOINT`'s)."""
+    from nanbeige.evals.complexity import COMPLEXITY_ENDPOINT
+
+    return replace(COMPLEXITY_ENDPOINT, base_url=base_url or COMPLEXITY_ENDPOINT.base_url,
+                   model=model or COMPLEXITY_ENDPOINT.model, api_key=api_key)
+
+
 def critic_endpoint(base_url: str | None, model: str | None, api_key: str | None, template: Path | None = None
                     ) -> ChatEndpoint:
     """The turn critic's endpoint from its flags (unset ones keep `CRITIC_ENDPOINT`'s defaults)."""

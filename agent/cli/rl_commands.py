@@ -144,7 +144,6 @@ def judge(
 ) -> None:
     """Add outcome rewards and turn-level critic scores, rewards and masks to trajectories; tokens untouched."""
     from nanbeige.evals.code_tests import CodeRewards
-    from nanbeige.evals.complexity import COMPLEXITY_ENDPOINT
     from nanbeige.trainer.critic import TurnRule
     from nanbeige.trainer.judge import JudgeRunConfig
 
@@ -158,8 +157,7 @@ def judge(
     rule = TurnRule(min_logical_soundness=min_logical_soundness, min_tool_call_accuracy=min_tool_call_accuracy,
                     min_information_gain=min_information_gain, failed=failed, penalty=penalty)  # type: ignore[arg-type]
     judge = replace(o.judge_endpoint(judge_base_url, judge_model, judge_api_key, judge_template), **calls)
-    complexity = replace(COMPLEXITY_ENDPOINT, base_url=judge.base_url, api_key=judge.api_key,
-                         model=judge_model or COMPLEXITY_ENDPOINT.model, **calls)
+    complexity = replace(o.complexity_endpoint(judge_base_url, judge_model, judge_api_key), **calls)
     config = JudgeRunConfig(grader=grader, judge=judge, critic=critic, rule=rule, concurrency=concurrency,
                             no_critic=no_critic, problems=problems, time_reward=time_reward,
                             rewards=CodeRewards(format_penalty=format_penalty, time_weight=time_weight),

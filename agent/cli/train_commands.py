@@ -4,6 +4,8 @@ work is in `trainer/`."""
 
 from __future__ import annotations
 
+import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -120,6 +122,14 @@ def train(
     no_default_servers: o.NoDefaultServers = False,
     no_critic: Annotated[bool, typer.Option("--no-critic", help="With --loop: outcome rewards only.",
                                             rich_help_panel="Loop")] = False,
+    problems: Annotated[Path | None, typer.Option(help="With --loop: code problems (JSONL) to sample instead of "
+                                                       "--questions, judged by running each program against its "
+                                                       "tests (code-tests).", rich_help_panel="Loop",
+                                                  show_default=False)] = None,
+    time_reward: Annotated[bool, typer.Option("--time-reward", help="With --loop --problems: code RL's stage 2 "
+                                                                   "time reward, from the judge at "
+                                                                   "NANBEIGE_JUDGE_BASE_URL / _MODEL / _API_KEY.",
+                                              rich_help_panel="Loop")] = False,
     critic_base_url: Annotated[str | None, typer.Option(envvar="NANBEIGE_CRITIC_BASE_URL", show_default=False,
                                                         rich_help_panel="Loop",
                                                         help="With --loop: the turn critic's endpoint.")] = None,
@@ -168,16 +178,25 @@ def train(
                          save_every=save_every, gradient_checkpointing=not no_gradient_checkpointing, dtype=dtype,
                          seed=seed, chunk_tokens=chunk_tokens)
     if loop:
-        if questions is None:
-            fail("--loop needs --questions: the questions collect samples rollouts for", 2)
+        if (questions is None) == (problems is None):
+            fail("--loop needs --questions (the questions collect samples rollouts for) or --problems (code "
+                 "problems), one of them", 2)
+        if time_reward and problems is None:
+            fail("--time-reward rewards code problems' solutions: it needs --problems", 2)
         settings = o.run_settings(**{**o.shared(locals()), **LOOP_DEFAULTS, "model": model, "base_url": base_url,
                                      "backend": backend, "token_mode": token_mode,
                                      "no_default_servers": no_default_servers})
         critic = None if no_critic else o.critic_endpoint(critic_base_url, critic_model, critic_api_key)
         sampling = {"questions_per_iteration": questions_per_iteration,
                     "min_informative_groups": min_informative_groups, "max_draws": max_draws}
-        return run_train_loop(loop, questions, group_size, sync, settings,
-                              JudgeRunConfig(critic=critic, no_critic=no_critic), config, sampling)
+        judging = JudgeRunConfig(critic=critic, no_critic=no_critic)
+        if problems is not None:  # code RL: the problems are the questions, their tests the grader
+            judge = os.environ
+            judging = replace(judging, grader="code-tests", problems=problems, time_reward=time_reward,
+                              complexity=o.complexity_endpoint(judge.get("NANBEIGE_JUDGE_BASE_URL"),
+                                                               judge.get("NANBEIGE_JUDGE_MODEL"),
+                                                               judge.get("NANBEIGE_JUDGE_API_KEY")))
+        return run_train_loop(loop, questions or problems, group_size, sync, settings, judging, config, sampling)
     if not data:
         fail("--data is required: judged trajectory files (`nanbeige judge ... --out FILE`)", 2)
     try:
@@ -247,9 +266,10 @@ def run_train_loop(iterations: int, questions: Path, group_size: int, sync: str,
                    train_config: Any, sampling: dict[str, Any]) -> None:
     from nanbeige.agent.cli.running import notice, run_command
     from nanbeige.agent.setup import secrets_of
+    from nanbeige.trainer.judge import judging_secrets
     from nanbeige.trainer.loop import LoopConfig, LoopError, run_loop
 
-    hide(secrets_of(settings) + [k for k in (judge_config.critic.api_key if judge_config.critic else None,) if k])
+    hide(secrets_of(settings) + judging_secrets(judge_config))
     config = LoopConfig(iterations=iterations, out=train_config.out, questions=questions, settings=settings,
                         judge=judge_config, train=train_config, group_size=group_size, sync=sync, **sampling)
 
