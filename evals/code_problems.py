@@ -14,7 +14,10 @@ One problem a line:
      "complexity": "O(1)",                    optional: its time complexity, the bound the time reward
                                               compares with
      "time_limit_s": 2.0,                     optional (2.0): wall-clock seconds one test may run
-     "memory_mb": 512}                        optional (512): address space of the program's process
+     "memory_mb": 512,                        optional (512): address space of the program's process
+     "timing_tests": [{"input": "..."}]}      optional: larger inputs alone (`{"args": ...}` for function
+                                              style) on which the time reward times the program against the
+                                              reference solution (needs `reference_solution`)
 
 Tests, by style:
 - stdin/stdout: `{"input": "1 2\\n", "output": "3\\n"}`; the program reads `input` on stdin and passes when
@@ -63,6 +66,8 @@ class CodeProblem:
     complexity: str | None = None
     time_limit_s: float = DEFAULT_TIME_LIMIT_S
     memory_mb: int = DEFAULT_MEMORY_MB
+    timing_tests: list[dict[str, Any]] | None = None
+    """Larger inputs the program and the reference solution are both timed on, for the time reward."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Fields of the line this format does not define, kept as they were."""
 
@@ -74,7 +79,7 @@ class CodeProblem:
         """The problem as one line of the format."""
         line = {"id": self.id, "statement": self.statement, "entry_point": self.entry_point, "tests": self.tests,
                 "reference_solution": self.reference_solution, "complexity": self.complexity,
-                "time_limit_s": self.time_limit_s, "memory_mb": self.memory_mb}
+                "time_limit_s": self.time_limit_s, "memory_mb": self.memory_mb, "timing_tests": self.timing_tests}
         return {**self.extra, **{key: value for key, value in line.items() if value is not None}}
 
 
@@ -130,6 +135,33 @@ def check_test(test: Any, style: str, where: str) -> dict[str, Any]:
     return test
 
 
+def check_timing_test(test: Any, style: str, where: str) -> dict[str, Any]:
+    """One timing test of the file: a test's input alone (`{"input": ...}`, or `{"args": ...}` with optional
+    `kwargs`), for the time reward's measurement."""
+    if style == "stdio":
+        if not isinstance(test, dict) or set(test) != {"input"} or not isinstance(test["input"], str):
+            raise LoadError(f"{where}: a stdin/stdout timing test is {{\"input\": text}}")
+        return test
+    if not isinstance(test, dict) or not {"args"} <= set(test) <= {"args", "kwargs"}:
+        raise LoadError(f"{where}: a function timing test is {{\"args\": literal}} (optional \"kwargs\")")
+    if not isinstance(_literal(test["args"], where, "args"), list | tuple):
+        raise LoadError(f"{where}: `args` must be a list literal, the positional arguments")
+    if "kwargs" in test and not isinstance(_literal(test["kwargs"], where, "kwargs"), dict):
+        raise LoadError(f"{where}: `kwargs` must be a dict literal")
+    return test
+
+
+def timing_tests_of(row: dict[str, Any], style: str, where: str) -> list[dict[str, Any]] | None:
+    timing = row.get("timing_tests")
+    if timing is None:
+        return None
+    if not isinstance(timing, list) or not timing or len(timing) > MAX_TESTS:
+        raise LoadError(f"{where}: `timing_tests` must be a list of 1 to {MAX_TESTS} inputs")
+    if not row.get("reference_solution"):
+        raise LoadError(f"{where}: `timing_tests` need a `reference_solution` to time against")
+    return [check_timing_test(test, style, f"{where} timing test {n}") for n, test in enumerate(timing, 1)]
+
+
 def problem_from(row: Any, where: str) -> CodeProblem:
     """A problem from one parsed line, or a `LoadError` naming what is wrong."""
     if not isinstance(row, dict):
@@ -156,10 +188,10 @@ def problem_from(row: Any, where: str) -> CodeProblem:
     style = "stdio" if entry is None else "function"
     checked = [check_test(test, style, f"{where} test {n}") for n, test in enumerate(tests, 1)]
     known = {"id", "statement", "entry_point", "tests", "reference_solution", "complexity", "time_limit_s",
-             "memory_mb"}
+             "memory_mb", "timing_tests"}
     return CodeProblem(id=row["id"], statement=row["statement"], tests=checked, entry_point=entry,
                        reference_solution=row.get("reference_solution"), complexity=row.get("complexity"),
-                       time_limit_s=float(limit), memory_mb=memory,
+                       time_limit_s=float(limit), memory_mb=memory, timing_tests=timing_tests_of(row, style, where),
                        extra={k: v for k, v in row.items() if k not in known})
 
 

@@ -4,6 +4,10 @@ second stage. The prompt is in our words; the verdict is read from a fixed last 
 
 What `CodeGrade.time` holds: `optimal` (True, False, or None when undecided), `complexity` (the judge's
 big-O of the program), `bound` (the label it was compared with), `model`, and `error` when undecided.
+
+Where the problem has timing tests (larger inputs), the program and the reference solution are also timed
+on them in the sandbox (`measured`): a program more than TIME_SLACK times slower is not optimal, and the
+judge is not asked; a problem without a complexity label is then decided by the measurement alone.
 """
 
 from __future__ import annotations
@@ -41,6 +45,10 @@ VERDICT = re.compile(r"^\W*verdict\W*:\W*(optimal|slower)\W*$", re.IGNORECASE | 
 COMPLEXITY = re.compile(r"^\W*complexity\W*:[\s*_`]*(.+?)[\s*_`]*$", re.IGNORECASE | re.MULTILINE)
 ATTEMPTS = 2
 """Times the judge is asked when its reply has no verdict line."""
+TIME_SLACK = 2.0
+TIME_MARGIN_S = 0.05
+"""On a problem's timing tests a program is as fast as the reference when it takes at most TIME_SLACK times the
+reference's time plus TIME_MARGIN_S: a constant factor is no worse complexity, and the times are noisy."""
 
 
 def parse_verdict(reply: str) -> tuple[bool | None, str | None]:
@@ -84,3 +92,14 @@ COMPLEXITY_ENDPOINT = ChatEndpoint(base_url=JUDGE_ENDPOINT.base_url, model="gpt-
                                    timeout_s=JUDGE_ENDPOINT.timeout_s, retries=JUDGE_ENDPOINT.retries)
 """The complexity judge's defaults: the LLM judge's endpoint (`--judge-base-url`, `--judge-model`,
 `--judge-api-key` set it), with an instruct model, since the verdict needs no long reasoning; greedy."""
+
+
+def measured(program_s: float | None, reference_s: float | None) -> dict[str, Any]:
+    """The timing tests' verdict: `fast_enough` (None when the reference itself did not finish them) and both
+    times."""
+    if reference_s is None:
+        return {"fast_enough": None, "program_s": program_s, "reference_s": None,
+                "error": "the reference solution did not finish the timing tests"}
+    fast = program_s is not None and program_s <= TIME_SLACK * reference_s + TIME_MARGIN_S
+    return {"fast_enough": fast, "program_s": None if program_s is None else round(program_s, 4),
+            "reference_s": round(reference_s, 4)}

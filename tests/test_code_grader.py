@@ -253,3 +253,59 @@ def test_without_a_jail_programs_are_not_judged_unless_the_operator_turned_it_of
     chosen.require_jail()  # the operator's choice: the sandbox says at start what it lacks
     assert chosen.backend.isolation.jail is None
     chosen.close()
+
+
+# ---------------------------------------------------------------- the time reward's measurement
+
+
+TOTAL = CodeProblem(id="total", statement="total(n): the sum of 0..n-1", entry_point="total", time_limit_s=5.0,
+                    tests=[{"args": "[4]", "expected": "6"}], complexity="O(1)",
+                    reference_solution="def total(n):\n    return n * (n - 1) // 2",
+                    timing_tests=[{"args": "[3000000]"}, {"args": "[4000000]"}])
+
+
+def code_judging(runner: CodeRunner, problem: CodeProblem):
+    from nanbeige.tools.endpoint import ChatEndpoint
+    from nanbeige.trainer.code_rewards import CodeJudging
+
+    # a judge on a closed port: asking it would fail the test
+    closed = ChatEndpoint(base_url="http://127.0.0.1:9/v1", model="judge", retries=0, timeout_s=2.0)
+    return CodeJudging(problems={problem.id: problem}, source=Path("problems.jsonl"), complexity=closed,
+                       runner=runner)
+
+
+def test_a_program_slower_than_the_reference_on_the_timing_tests_is_not_optimal_and_the_judge_is_not_asked(
+        runner: CodeRunner) -> None:
+    import asyncio
+
+    code = code_judging(runner, TOTAL)
+    linear = asyncio.run(time_verdict_of(code, TOTAL, "def total(n):\n    return sum(range(n))"))
+    assert linear["optimal"] is False and linear["measured"]["fast_enough"] is False
+    assert linear["measured"]["program_s"] > 2 * linear["measured"]["reference_s"]
+    unlabelled = CodeProblem(**{**TOTAL.__dict__, "complexity": None})
+    code.problems = {"total": unlabelled}
+    constant = asyncio.run(time_verdict_of(code, unlabelled, "def total(n):\n    return n * (n - 1) // 2 + 0"))
+    assert constant["optimal"] is True and constant["measured"]["fast_enough"] is True  # the measurement decides
+    assert code.reference_seconds["total"] is not None  # measured once, for every rollout of the problem
+
+
+async def time_verdict_of(code, problem: CodeProblem, program: str) -> dict:
+    import httpx
+
+    from nanbeige.trainer.code_rewards import time_verdict
+
+    async with httpx.AsyncClient() as client:
+        return await time_verdict(problem, program, code, client)
+
+
+def test_timing_tests_need_a_reference_solution(tmp_path: Path) -> None:
+    from nanbeige.evals.tasks import LoadError
+
+    row = {"id": "t", "statement": "s", "tests": [{"input": "1", "output": "1"}], "timing_tests": [{"input": "9"}]}
+    (tmp_path / "p.jsonl").write_text(json.dumps(row) + "\n")
+    with pytest.raises(LoadError, match="p.jsonl:1: `timing_tests` need a `reference_solution`"):
+        read_problems(tmp_path / "p.jsonl")
+    row |= {"reference_solution": "print(input())", "timing_tests": [{"input": "9", "output": "9"}]}
+    (tmp_path / "p.jsonl").write_text(json.dumps(row) + "\n")
+    with pytest.raises(LoadError, match=r"timing test 1: a stdin/stdout timing test is \{\"input\": text\}"):
+        read_problems(tmp_path / "p.jsonl")

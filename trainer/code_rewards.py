@@ -8,13 +8,14 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from nanbeige.agent.trajectory import Trajectory
 from nanbeige.evals.code_problems import CODE_TESTS, CodeProblem, read_problems
 from nanbeige.evals.code_tests import CodeRewards, CodeRunner, grade_program
-from nanbeige.evals.complexity import judge_complexity
+from nanbeige.evals.complexity import judge_complexity, measured
 from nanbeige.evals.judges import JudgeUnavailable
 from nanbeige.evals.runner import visible_texts
 from nanbeige.evals.tasks import LoadError
@@ -36,6 +37,8 @@ class CodeJudging:
     complexity: ChatEndpoint | None = None
     """The time reward's judge; None: no time reward (stage 1)."""
     runner: CodeRunner = field(default_factory=CodeRunner)
+    reference_seconds: dict[str, float | None] = field(default_factory=dict)
+    """Each problem's reference solution's time over its timing tests, measured once."""
 
     def close(self) -> None:
         self.runner.close()
@@ -55,6 +58,26 @@ def open_code_judging(problems: Path, rewards: CodeRewards, complexity: ChatEndp
     return code
 
 
+async def time_verdict(problem: CodeProblem, program: str, code: CodeJudging,
+                       client: httpx.AsyncClient) -> dict[str, Any]:
+    """Whether a solved program's time complexity is optimal: timed against the reference on the problem's
+    timing tests, if it has any (too slow: not optimal, and the judge is not asked), then the judge's
+    verdict against the complexity label (none: the measurement decides)."""
+    timing = None
+    if problem.timing_tests:
+        if problem.id not in code.reference_seconds:  # measured once per judge run
+            code.reference_seconds[problem.id] = await asyncio.to_thread(
+                code.runner.seconds, problem, problem.reference_solution or "")
+        program_s = await asyncio.to_thread(code.runner.seconds, problem, program)
+        timing = measured(program_s, code.reference_seconds[problem.id])
+        if timing["fast_enough"] is False or (timing["fast_enough"] is not None and not problem.complexity):
+            return {"optimal": timing["fast_enough"], "bound": problem.complexity, "model": None,
+                    "measured": timing}
+    assert code.complexity is not None
+    verdict = await judge_complexity(problem, program, code.complexity, client)
+    return verdict if timing is None else {**verdict, "measured": timing}
+
+
 async def judge_code(trajectory: Trajectory, code: CodeJudging, client: httpx.AsyncClient) -> None:
     """Set the trajectory's reward and `judge` record from its program's run against its problem's tests
     (the problem is the one whose id is the trajectory's question id, its `group_id`)."""
@@ -69,7 +92,7 @@ async def judge_code(trajectory: Trajectory, code: CodeJudging, client: httpx.As
     grade = await asyncio.to_thread(grade_program, code.runner, problem, trajectory.answer, response)
     if code.complexity is not None and grade.solved and grade.program is not None:
         try:
-            grade.time = await judge_complexity(problem, grade.program, code.complexity, client)
+            grade.time = await time_verdict(problem, grade.program, code, client)
         except JudgeUnavailable as exc:
             where = "" if code.complexity.base_url in str(exc) else f" ({code.complexity.base_url})"
             raise CodeJudgeError(f"the complexity judge cannot be used: {exc}{where}; fix the judge endpoint "
