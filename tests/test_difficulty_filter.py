@@ -13,11 +13,12 @@ from typing import Any
 
 import pytest
 from click.testing import Result
+from test_judge import write
 from typer.testing import CliRunner
 
 from nanbeige.agent.cli.program import app
 from nanbeige.agent.tokens import TokenTracker
-from nanbeige.agent.trajectory import Trajectory, TrajectoryWriter, Turn
+from nanbeige.agent.trajectory import Trajectory, Turn
 from nanbeige.trainer.advantages import keep_k_of_n
 from nanbeige.trainer.batches import GroupRule, counted, describe_band, group_verdict, samples_from
 from nanbeige.trainer.config import TrainConfig
@@ -138,17 +139,6 @@ def test_nothing_in_the_band_is_an_error_naming_the_rule(tmp_path: Path) -> None
 
 
 # ---------------------------------------------------------------- the loop uses the same rule
-
-
-def write(path: Path, trajectories: list[Trajectory]) -> Path:
-    writer = TrajectoryWriter(path)
-    for trajectory in trajectories:
-        writer.start(trajectory)
-        for turn in trajectory.turns:
-            writer.turn(trajectory, turn)
-        writer.end(trajectory)
-    writer.close()
-    return path
 
 
 def test_the_loops_dynamic_sampling_counts_groups_with_the_trainers_rule(tmp_path: Path) -> None:
