@@ -34,7 +34,9 @@ from nanbeige.evals.code_problems import CODE_TESTS, CodeProblem
 from nanbeige.tools.sandbox import SandboxConfig, SandboxError, config_from_env
 
 HARNESS = Path(__file__).with_name("code_harness.py")
-FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
+FENCE = re.compile(r"```[ \t]*([\w+.-]*)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
+"""A fenced block and its language tag; the last block may be left open (a reply that ends inside it)."""
+PYTHON_TAGS = ("python", "python3", "py")
 STARTUP_S = 1.0
 """Wall-clock time a run gets beyond its tests' limits: its jail and interpreter start (about 0.1 s here),
 more under load."""
@@ -117,13 +119,28 @@ class CodeGrade:
 # ---------------------------------------------------------------- the program in an answer
 
 
-def extract_program(*texts: str | None) -> str | None:
-    """The last fenced Python block (```python, ```py or a bare ```) of the first text that has one."""
+def extract_program(*texts: str | None, entry_point: str | None = None) -> str | None:
+    """The program in the first text that has a Python block: its blocks tagged python (or py), else its
+    untagged ones; of those, the last that defines `entry_point` (function style: a usage example after the
+    solution is not the solution), else the last."""
     for text in texts:
-        blocks = FENCE.findall(text or "")
-        if blocks:
-            return blocks[-1]
+        blocks = [(tag.lower(), code) for tag, code in FENCE.findall(text or "") if tag.lower() in ("", *PYTHON_TAGS)]
+        tagged = [code for tag, code in blocks if tag] or [code for _, code in blocks]
+        if not tagged:
+            continue
+        if entry_point is not None:
+            defining = [code for code in tagged if defines(code, entry_point)]
+            if defining:
+                return defining[-1]
+        return tagged[-1]
     return None
+
+
+def defines(program: str, name: str) -> bool:
+    try:
+        return name in defined_names(ast.parse(program))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
 
 
 def form_error(program: str | None, problem: CodeProblem) -> str | None:
@@ -326,9 +343,9 @@ class CodeRunner:
 
 
 def grade_program(runner: CodeRunner, problem: CodeProblem, answer: str | None, response: str | None) -> CodeGrade:
-    """The program of an answer (the final response's last ```python block, else the answer's), checked for
-    form and, when well-formed, run against every test of the problem."""
-    program = extract_program(response, answer)
+    """The program of an answer (`extract_program`: from the response, else the answer), checked for form
+    and, when well-formed, run against every test of the problem."""
+    program = extract_program(response, answer, entry_point=problem.entry_point)
     error = form_error(program, problem)
     if error is not None:
         return CodeGrade(program=program, format_error=error)

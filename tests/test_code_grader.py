@@ -107,6 +107,13 @@ def test_the_last_python_block_of_the_final_response_is_the_program() -> None:
     assert extract_program(response, "```python\nprint(3)\n```") == "print(2)\n"
     assert extract_program("no code", "```\nprint(3)\n```") == "print(3)\n"  # then the answer's
     assert extract_program("```bash\nls\n```") is None
+    solution_then_example = ("```python\ndef add(a, b):\n    return a + b\n```\nFor example:\n"
+                             "```python\nprint(add(1, 2))\n```")
+    assert extract_program(solution_then_example, entry_point="add") == "def add(a, b):\n    return a + b\n"
+    assert extract_program(solution_then_example) == "print(add(1, 2))\n"  # stdin/stdout: the last program
+    code_then_output = "```python\nprint('Hello')\n```\nIt prints:\n```\nHello\n```"
+    assert extract_program(code_then_output) == "print('Hello')\n"  # a tagged block over an untagged one
+    assert extract_program("Here:\n```python\ndef add(a, b):\n    return a + b") == "def add(a, b):\n    return a + b"
     assert form_error("import math as m\nadd = lambda a, b: a + b", ADD) is None
 
 
