@@ -26,6 +26,7 @@ import json
 import math
 import re
 import secrets
+import signal
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,8 @@ more under load."""
 MAX_OUTPUT_BYTES = 1 << 22
 """Stdout kept from one run; an output that long that is still cut fails its test."""
 DETAIL_CHARS = 300
+MAX_PROGRAM_BYTES = 1 << 20
+"""A longer program is a format error (nothing a solution needs; far below the sandbox's file size limit)."""
 
 
 @dataclass
@@ -147,6 +150,8 @@ def form_error(program: str | None, problem: CodeProblem) -> str | None:
     """Why the program is not well-formed for the problem, None when it is. Parsed, never run."""
     if program is None or not program.strip():
         return "the answer has no program in a ```python block"
+    if len(program.encode()) > MAX_PROGRAM_BYTES:
+        return f"the program is longer than {MAX_PROGRAM_BYTES // 1024} KB"
     try:
         tree = ast.parse(program, "solution.py")
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
@@ -281,18 +286,14 @@ class CodeRunner:
                                "NANBEIGE_SANDBOX_JAIL=0 to run them with the weaker isolation the sandbox has")
 
     def run(self, problem: CodeProblem, program: str) -> list[Outcome]:
-        """Every test's result (sandbox failures become `error` results, never an exception)."""
-        try:
-            sandbox = self.backend.create(int(self.config.idle_timeout_s))
-        except SandboxError as exc:
-            return [Outcome("error", None, f"no sandbox: {exc}") for _ in problem.tests]
+        """Every test's result. A sandbox that cannot be made or used raises `SandboxError`: that is this
+        machine's failure, not the program's, and must not become a reward."""
+        sandbox = self.backend.create(int(self.config.idle_timeout_s))
         try:
             self.backend.write_file(sandbox, "/home/user/solution.py", program.encode())
             if problem.entry_point is None:
                 return [self._stdio_test(sandbox, problem, test) for test in problem.tests]
             return self._function_tests(sandbox, problem)
-        except SandboxError as exc:
-            return [Outcome("error", None, str(exc)) for _ in problem.tests]
         finally:
             self.backend.destroy(sandbox)
 
@@ -303,7 +304,7 @@ class CodeRunner:
     def _stdio_test(self, sandbox: str, problem: CodeProblem, test: dict[str, Any]) -> Outcome:
         run = self.backend.run_program(sandbox, [self.config.python, "-I", "-B", "solution.py"],
                                        test["input"].encode(), **self._limits(problem.time_limit_s, problem))
-        if run.timed_out or run.exit_code == -24:  # SIGXCPU: its CPU time ran out
+        if run.timed_out or run.exit_code == -signal.SIGXCPU:  # its CPU time ran out
             return Outcome("time-out", run.seconds, f"ran past {problem.time_limit_s:g} s")
         if run.exit_code != 0:
             reason = run.budget_spent or run.stderr.decode(errors="replace").strip()[-DETAIL_CHARS:]
@@ -321,7 +322,7 @@ class CodeRunner:
         run = self.backend.run_program(
             sandbox, [self.config.python, "-I", "-B", "harness.py", str(problem.entry_point),
                       repr(problem.time_limit_s)], nonce.encode() + b"\n", **self._limits(total, problem))
-        if run.timed_out or run.exit_code == -24:
+        if run.timed_out or run.exit_code == -signal.SIGXCPU:
             ended = f"time-out:the run ran past its {total:g} s"
         elif run.exit_code != 0:
             reason = run.budget_spent or run.stderr.decode(errors="replace").strip()[-200:]

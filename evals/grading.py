@@ -12,7 +12,7 @@ import httpx
 
 from nanbeige.evals.code_problems import CODE_TESTS
 from nanbeige.evals.config import EvalConfig, EvalError
-from nanbeige.evals.judges import JUDGE_ENDPOINT
+from nanbeige.evals.judges import JUDGE_ENDPOINT, JudgeUnavailable
 from nanbeige.evals.tasks import Task, Verdict
 
 Grade = Callable[[Task, "str | None", str, httpx.AsyncClient], Awaitable[Verdict]]
@@ -64,12 +64,16 @@ def code_grader(runner: Any) -> Grade:
     """Code problems: correct when the program passes every test (the report's accuracy is pass@1, avg@k);
     the pass rate and each test's result go in the verdict's reason."""
     from nanbeige.evals.code_tests import CodeRewards, grade_program
+    from nanbeige.tools.sandbox import SandboxError
 
     async def graded(task: Task, prediction: str | None, response: str, client: httpx.AsyncClient) -> Verdict:
         problem = task.metadata.get("code_problem")
         if problem is None:
             return Verdict(correct=None, grader=CODE_TESTS, error="the task is not a code problem")
-        grade = await asyncio.to_thread(grade_program, runner, problem, prediction, response)
+        try:
+            grade = await asyncio.to_thread(grade_program, runner, problem, prediction, response)
+        except SandboxError as exc:  # this machine's failure: the run is graded again on resume
+            raise JudgeUnavailable(f"the sandbox failed: {exc}") from None
         record = grade.record(CodeRewards())
         counts = ", ".join(f"{n} {kind}" for kind, n in record["counts"].items() if n)
         return Verdict(correct=grade.solved, grader=CODE_TESTS, extracted=grade.program,

@@ -316,3 +316,27 @@ def test_timing_tests_need_a_reference_solution(tmp_path: Path) -> None:
     (tmp_path / "p.jsonl").write_text(json.dumps(row) + "\n")
     with pytest.raises(LoadError, match=r"timing test 1: a stdin/stdout timing test is \{\"input\": text\}"):
         read_problems(tmp_path / "p.jsonl")
+
+
+def test_a_sandbox_that_fails_stops_the_judge_rather_than_becoming_a_reward(runner: CodeRunner,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    from nanbeige.agent.trajectory import Trajectory, Turn
+    from nanbeige.tools.sandbox import SandboxError
+    from nanbeige.trainer.code_rewards import CodeJudgeError, judge_code
+
+    def no_space(timeout: int) -> str:
+        raise SandboxError("No space left on device")
+
+    monkeypatch.setattr(runner.backend, "create", no_space)
+    answer = fenced("a, b = map(int, input().split())\nprint(a + b)")
+    trajectory = Trajectory(question="sum", id="t1", group_id="sum", answer=answer, stop_reason="answered",
+                            turns=[Turn(index=0, assistant={"role": "assistant", "content": answer})])
+    with pytest.raises(CodeJudgeError, match="the sandbox failed while judging trajectory t1: No space left"):
+        asyncio.run(judge_code(trajectory, code_judging(runner, SUM), client=None))
+    assert trajectory.reward is None and trajectory.judge is None  # nothing recorded: judged again on resume
+
+
+def test_a_program_over_a_megabyte_is_a_format_error() -> None:
+    assert form_error("x = 1\n" * 200_000, SUM) == "the program is longer than 1024 KB"

@@ -89,10 +89,17 @@ async def judge_code(trajectory: Trajectory, code: CodeJudging, client: httpx.As
         return
     # the last program of the whole run: its summary turn may hold only a short boxed answer
     response = "\n".join(reversed(visible_texts(trajectory)))
-    grade = await asyncio.to_thread(grade_program, code.runner, problem, trajectory.answer, response)
+    try:
+        grade = await asyncio.to_thread(grade_program, code.runner, problem, trajectory.answer, response)
+    except SandboxError as exc:  # this machine's failure, not the program's: no reward, stop to resume later
+        raise CodeJudgeError(f"the sandbox failed while judging trajectory {trajectory.id}: {exc}; fix it and run "
+                             "again to resume") from None
     if code.complexity is not None and grade.solved and grade.program is not None:
         try:
             grade.time = await time_verdict(problem, grade.program, code, client)
+        except SandboxError as exc:
+            raise CodeJudgeError(f"the sandbox failed while timing trajectory {trajectory.id}: {exc}; fix it and "
+                                 "run again to resume") from None
         except JudgeUnavailable as exc:
             where = "" if code.complexity.base_url in str(exc) else f" ({code.complexity.base_url})"
             raise CodeJudgeError(f"the complexity judge cannot be used: {exc}{where}; fix the judge endpoint "
