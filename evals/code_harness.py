@@ -2,97 +2,215 @@
 `harness.py`, beside `solution.py` and `tests.json`). Standard library only: it runs in the sandbox's
 interpreter, not in nanbeige's.
 
-    python -I -B harness.py ENTRY_POINT TIME_LIMIT_S
+    python -I -B harness.py ENTRY_POINT TIME_LIMIT_S          the judge's side: reads a nonce on stdin
+    python -I -B harness.py --program ENTRY_POINT             the program's side, started by the first
 
-It reads a nonce from stdin, runs the program (its `__name__` is `solution`, so a `__main__` block does not
-start), then each test with TIME_LIMIT_S of wall-clock time, and writes one JSON line per test on stdout,
-which carries nothing else (the program's own prints go to stderr), then `{"done": nonce}` after the last:
-`{"i": 0, "s": seconds, "n": nonce, ...}` with `"result": repr(value)`
-(a call test: the judge compares it with the expected value, which is never here), `"ok": true` (an
-assert test ran to its end), `"error": "Type: message"`, `"failed": "..."` (an assertion failed) or
-`"time-out": true`. A program that cannot start gives one line, `{"start": "...", "n": nonce}`. The nonce
-keeps a program from passing an assert test by writing `"ok"` lines itself and ending the process: it would
-have to find the nonce in this process's memory first (an assert test runs in the program's interpreter).
+The program never runs in the judge's process. The judge's side (this process, made non-dumpable so that
+the program's process, of the same uid, cannot read its memory or descriptors) starts the program's side,
+which runs `solution.py` (its `__name__` is `solution`, so a `__main__` block does not start) and then
+answers calls: a line `{"name": function, "args": "[...]", "kwargs": "{...}"}` in, a line `{"result":
+repr(value)}` or `{"error": "Type: message"}` out. The judge's side times each call with its own clock and stops the program
+after TIME_LIMIT_S (then starts it again for the next test). Results cross as Python literals: an object
+whose `__eq__` says yes to everything arrives as its repr, which is no literal.
+
+For each test it writes one JSON line on stdout, with the nonce: `{"i": 0, "s": seconds, "n": nonce, ...}` and
+`"result": repr(value)` (a call test: the judge compares it with the expected value, which is never here),
+`"ok": true` (an assert test, run here with `candidate` calling the program, ran to its end), `"failed":
+"..."` (an assertion failed), `"error": "..."` or `"time-out": true`; then `{"done": nonce}`. A program that
+cannot start gives `{"start": "...", "n": nonce}`.
 """
 
 import ast
+import ctypes
 import json
+import numbers
 import os
-import signal
+import select
+import subprocess
 import sys
 import time
 
-
-class TimeLimit(BaseException):
-    """Raised by the alarm: a BaseException, so that a test's `except Exception` does not swallow it."""
+PR_SET_DUMPABLE = 4
 
 
-def alarm(signum, frame):
-    raise TimeLimit()
+class TimeLimit(Exception):
+    """The program did not answer a call in time."""
+
+
+class ProgramError(Exception):
+    """The program raised, or could not answer."""
 
 
 def short(exc):
     return f"{type(exc).__name__}: {exc}"[:300]
 
 
-def run_test(test, candidate, namespace):
-    """One test's line, without its index and time."""
-    if "assert" in test:
-        try:
-            exec(compile(test["assert"], "test", "exec"), {**namespace, "candidate": candidate})
-        except AssertionError as exc:
-            return {"failed": short(exc)}
-        return {"ok": True}
-    args = ast.literal_eval(test["args"])
-    kwargs = ast.literal_eval(test.get("kwargs", "{}"))
-    return {"result": repr(candidate(*args, **kwargs))}
+def plain(value):
+    """numpy's and other numbers as Python's own (their repr is no literal), inside containers too."""
+    if isinstance(value, bool) or value is None or isinstance(value, (str, bytes, int, float, complex)):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return type(value)(plain(item) for item in value)
+    if isinstance(value, dict):
+        return {plain(key): plain(item) for key, item in value.items()}
+    return value
 
 
-def main(entry, limit):
-    # The nonce arrives on stdin, read before the program runs, which then gets an empty stdin: a result line
-    # without it is not ours (the program could write to the report's descriptor).
-    nonce = sys.stdin.readline().strip()
-    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-    sys.stdin = open(os.devnull, encoding="utf-8")
-    with open("tests.json", encoding="utf-8") as given:
-        tests = json.load(given)
-    report = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    signal.signal(signal.SIGALRM, alarm)
+# ---------------------------------------------------------------- the program's side
+
+
+def serve_program(entry):
+    calls = os.fdopen(os.dup(0), "r", encoding="utf-8")
+    answers = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+    empty = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(empty, 0)
+    os.dup2(2, 1)  # the program's prints go to stderr
+    sys.stdin, sys.stdout = open(os.devnull, encoding="utf-8"), sys.stderr
     namespace = {"__name__": "solution", "__builtins__": __builtins__}
     try:
         with open("solution.py", encoding="utf-8") as source:
-            code = compile(source.read(), "solution.py", "exec")
-        signal.setitimer(signal.ITIMER_REAL, limit)  # its top level gets one test's time
-        exec(code, namespace)
-        signal.setitimer(signal.ITIMER_REAL, 0)
-    except TimeLimit:
-        report.write(json.dumps({"start": f"the program's top level ran past {limit:g} s", "n": nonce}) + "\n")
-        return
+            exec(compile(source.read(), "solution.py", "exec"), namespace)
+        namespace[entry]
     except BaseException as exc:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        report.write(json.dumps({"start": short(exc), "n": nonce}) + "\n")
+        answers.write(json.dumps({"start": short(exc)}) + "\n")
         return
-    candidate = namespace.get(entry)
+    answers.write(json.dumps({"ready": True}) + "\n")
+    for line in calls:
+        try:
+            call = json.loads(line)
+            function = namespace[call["name"]]
+            value = function(*ast.literal_eval(call["args"]), **ast.literal_eval(call.get("kwargs", "{}")))
+            answer = {"result": repr(plain(value))}
+        except BaseException as exc:
+            answer = {"error": short(exc)}
+        answers.write(json.dumps(answer) + "\n")
+
+
+# ---------------------------------------------------------------- the judge's side
+
+
+class Program:
+    """The program's process, started again after it ran out of time or died."""
+
+    def __init__(self, entry, limit):
+        self.entry, self.limit, self.process, self.buffer = entry, limit, None, b""
+
+    def start(self):
+        self.stop()
+        self.process = subprocess.Popen([sys.executable, "-I", "-B", __file__, "--program", self.entry],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
+        self.buffer = b""
+        first = self.read(time.monotonic() + self.limit, "the program's top level ran past the time limit")
+        if first != {"ready": True}:
+            raise ProgramError(str(first.get("start", "the program's process sent something else than ready")))
+
+    def read(self, deadline, late):
+        while b"\n" not in self.buffer:
+            ready, _, _ = select.select([self.process.stdout], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                self.stop()
+                raise TimeLimit(late)
+            chunk = os.read(self.process.stdout.fileno(), 1 << 16)
+            if not chunk:
+                self.stop()
+                raise ProgramError("the program's process ended")
+            self.buffer += chunk
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            self.stop()
+            raise ProgramError("the program's process sent something else than an answer")
+        return answer
+
+    def call(self, args, kwargs, name=None):
+        """The repr of the result of calling the entry point (or another function of the program, by name);
+        TimeLimit or ProgramError otherwise."""
+        if self.process is None:
+            self.start()
+        request = json.dumps({"name": name or self.entry, "args": args, "kwargs": kwargs}) + "\n"
+        try:
+            self.process.stdin.write(request.encode())
+            self.process.stdin.flush()
+        except OSError:
+            self.stop()
+            raise ProgramError("the program's process ended") from None
+        answer = self.read(time.monotonic() + self.limit, "ran past the time limit")
+        if "error" in answer or not isinstance(answer.get("result"), str):
+            raise ProgramError(str(answer.get("error", "no result")))
+        return answer["result"]
+
+    def stop(self):
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            for pipe in (self.process.stdin, self.process.stdout):
+                pipe.close()
+            self.process = None
+
+
+def functions_of(program_file):
+    """The names of the functions the program defines at its top level, read from its syntax tree (not run)."""
+    with open(program_file, encoding="utf-8") as source:
+        tree = ast.parse(source.read())
+    return [node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+def run_test(test, program):
+    """One test's line, without its index, time and nonce. An assert test runs here, each of the program's
+    functions (`candidate` the entry point) a stand-in that calls it in the program's process."""
+    if "assert" not in test:
+        return {"result": program.call(test["args"], test.get("kwargs", "{}"))}
+
+    def stand_in(name):
+        def call(*args, **kwargs):
+            return ast.literal_eval(program.call(repr(list(args)), repr(kwargs), name))
+        return call
+
+    namespace = {name: stand_in(name) for name in functions_of("solution.py")}
+    namespace.update(candidate=stand_in(program.entry), __name__="test")
+    try:
+        exec(compile(test["assert"], "test", "exec"), namespace)
+    except AssertionError as exc:
+        return {"failed": short(exc)}
+    return {"ok": True}
+
+
+def main(entry, limit):
+    nonce = sys.stdin.readline().strip()
+    ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    with open("tests.json", encoding="utf-8") as given:
+        tests = json.load(given)
+    program = Program(entry, limit)
+    try:
+        program.start()
+    except (TimeLimit, ProgramError) as exc:
+        print(json.dumps({"start": str(exc), "n": nonce}), flush=True)
+        return
     for index, test in enumerate(tests):
         started = time.perf_counter()
         try:
-            signal.setitimer(signal.ITIMER_REAL, limit)
-            line = run_test(test, candidate, namespace)
-            signal.setitimer(signal.ITIMER_REAL, 0)
+            line = run_test(test, program)
         except TimeLimit:
             line = {"time-out": True}
-        except BaseException as exc:
-            signal.setitimer(signal.ITIMER_REAL, 0)
+        except ProgramError as exc:
+            line = {"error": str(exc)[:300]}
+        except Exception as exc:  # the test's own code (an assert test's) failed
             line = {"error": short(exc)}
         line.update(i=index, s=time.perf_counter() - started, n=nonce)
-        try:
-            report.write(json.dumps(line) + "\n")
-        except (ValueError, TypeError):  # a result whose repr is not text (a broken __repr__)
-            report.write(json.dumps({"i": index, "error": "the result's repr is not text", "n": nonce}) + "\n")
-    report.write(json.dumps({"done": nonce}) + "\n")
+        print(json.dumps(line), flush=True)
+    program.stop()
+    print(json.dumps({"done": nonce}), flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], float(sys.argv[2]))
+    if sys.argv[1] == "--program":
+        serve_program(sys.argv[2])
+    else:
+        main(sys.argv[1], float(sys.argv[2]))

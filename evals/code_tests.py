@@ -317,7 +317,8 @@ class CodeRunner:
         given = [{k: v for k, v in test.items() if k != "expected"} for test in problem.tests]  # inputs only
         self.backend.write_file(sandbox, "/home/user/tests.json", json.dumps(given).encode())
         self.backend.write_file(sandbox, "/home/user/harness.py", HARNESS.read_bytes())
-        total = problem.time_limit_s * (len(problem.tests) + 1)  # the top level gets one test's time too
+        # each test: its call, and a restart of the program (its top level) after one that ran out of time
+        total = problem.time_limit_s * (2 * len(problem.tests) + 1)
         nonce = secrets.token_hex(16)
         run = self.backend.run_program(
             sandbox, [self.config.python, "-I", "-B", "harness.py", str(problem.entry_point),

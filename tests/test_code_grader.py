@@ -216,12 +216,13 @@ def test_a_program_cannot_write_outside_its_folder(runner: CodeRunner, tmp_path:
 
 
 def test_forged_or_cut_harness_results_count_as_errors(runner: CodeRunner) -> None:
-    # stdout is not where the results go, and a line without the run's nonce (given the harness on its stdin,
-    # before the program ran) is not a result: the forged "3" for test 0 is ignored
+    # the program runs in a process of its own: a line it writes to any descriptor it has is no result (and
+    # here breaks the exchange with the judge's side before the first call: the program does not start)
     forger = ("import os, json\nfor fd in range(1, 10):\n    try:\n        os.write(fd, (json.dumps({'i': 0, "
               "'result': '3', 's': 0}) + '\\n').encode())\n    except OSError:\n        pass\n"
               "def add(a, b):\n    return 0")
-    assert results(grade_program(runner, ADD, None, fenced(forger))) == ["fail", "fail", "fail"]
+    forged = grade_program(runner, ADD, None, fenced(forger))
+    assert results(forged) == ["error"] * 3 and "could not start" in forged.tests[0].detail
     checked = CodeProblem(id="checked", statement="add(a, b)", entry_point="add", time_limit_s=1.0,
                           tests=[{"assert": "assert candidate(2, 2) == 5"}])
     claimer = ("import os, json\nfor fd in range(1, 10):\n    try:\n        os.write(fd, (json.dumps({'i': 0, 'ok': "
@@ -232,6 +233,33 @@ def test_forged_or_cut_harness_results_count_as_errors(runner: CodeRunner) -> No
     assert results(grade_program(runner, ADD, None, fenced(quitter))) == ["error"] * 3
     exiter = "import sys\ndef add(a, b):\n    sys.exit(0)"
     assert results(grade_program(runner, ADD, None, fenced(exiter))) == ["error"] * 3
+
+
+CHECKED = CodeProblem(id="checked", statement="f(x)", entry_point="f", time_limit_s=1.0,
+                      tests=[{"assert": "assert candidate(1) == 2"}, {"assert": "assert candidate(2) == 5"}])
+
+
+def test_assert_tests_run_outside_the_program_so_it_cannot_fake_equality_or_the_results(runner: CodeRunner) -> None:
+    always_equal = "class Yes:\n    def __eq__(self, other):\n        return True\ndef f(x):\n    return Yes()"
+    assert results(grade_program(runner, CHECKED, None, fenced(always_equal))) == ["error", "error"]  # no literal
+    # what reached full marks when the program shared the judge's interpreter: the nonce from the caller's frame
+    frame_walker = ("import sys, os, json\nframe = sys._getframe(1)\nnonce = frame.f_locals.get('nonce')\n"
+                    "report = frame.f_locals.get('report')\nif nonce and report:\n"
+                    "    for i in range(2):\n"
+                    "        report.write(json.dumps({'i': i, 'ok': True, 'n': nonce}) + '\\n')\n"
+                    "    report.write(json.dumps({'done': nonce}) + '\\n')\n    report.flush()\n    os._exit(0)\n"
+                    "def f(x):\n    return 0")
+    assert results(grade_program(runner, CHECKED, None, fenced(frame_walker))) == ["fail", "fail"]
+    numpy_result = "import numpy\ndef f(x):\n    return numpy.int64(2 * x + (x == 2))"  # its repr is no literal
+    assert results(grade_program(runner, CHECKED, None, fenced(numpy_result))) == ["pass", "pass"]
+
+
+def test_the_judges_side_keeps_the_time_so_a_program_cannot_stop_its_clock_or_alarm(runner: CodeRunner) -> None:
+    frozen_clock = "import time\ntime.perf_counter = lambda: 0.0\ndef f(x):\n    time.sleep(0.3)\n    return x + 1"
+    grade = grade_program(runner, CHECKED, None, fenced(frozen_clock))
+    assert results(grade) == ["pass", "fail"] and grade.tests[0].seconds >= 0.3
+    no_alarm = "import signal, time\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\ndef f(x):\n    time.sleep(5)"
+    assert results(grade_program(runner, CHECKED, None, fenced(no_alarm))) == ["time-out", "time-out"]
 
 
 def test_a_program_that_swallows_the_time_limit_times_out_as_a_whole(runner: CodeRunner) -> None:
