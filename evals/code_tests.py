@@ -123,20 +123,20 @@ class CodeGrade:
 
 
 def extract_program(*texts: str | None, entry_point: str | None = None) -> str | None:
-    """The program in the first text that has a Python block: its blocks tagged python (or py), else its
-    untagged ones; of those, the last that defines `entry_point` (function style: a usage example after the
-    solution is not the solution), else the last."""
-    for text in texts:
-        blocks = [(tag.lower(), code) for tag, code in FENCE.findall(text or "") if tag.lower() in ("", *PYTHON_TAGS)]
-        tagged = [code for tag, code in blocks if tag] or [code for _, code in blocks]
-        if not tagged:
-            continue
-        if entry_point is not None:
-            defining = [code for code in tagged if defines(code, entry_point)]
+    """The program among the Python blocks of `texts` (a run's turns, in the order written; each read apart, so
+    that a block one turn leaves open ends with that turn): the blocks tagged python (or py) first, else the
+    untagged ones; for function style the last that defines `entry_point` (a usage example after the
+    solution is not the solution), tagged or else untagged, else the last block."""
+    blocks = [(tag.lower(), code) for text in texts for tag, code in FENCE.findall(text or "")
+              if tag.lower() in ("", *PYTHON_TAGS)]
+    tagged, untagged = [code for tag, code in blocks if tag], [code for tag, code in blocks if not tag]
+    if entry_point is not None:
+        for group in (tagged, untagged):
+            defining = [code for code in group if defines(code, entry_point)]
             if defining:
                 return defining[-1]
-        return tagged[-1]
-    return None
+    chosen = tagged or untagged
+    return chosen[-1] if chosen else None
 
 
 def defines(program: str, name: str) -> bool:
@@ -344,10 +344,13 @@ class CodeRunner:
         self.backend.close()
 
 
-def grade_program(runner: CodeRunner, problem: CodeProblem, answer: str | None, response: str | None) -> CodeGrade:
-    """The program of an answer (`extract_program`: from the response, else the answer), checked for form
-    and, when well-formed, run against every test of the problem."""
-    program = extract_program(response, answer, entry_point=problem.entry_point)
+def grade_program(runner: CodeRunner, problem: CodeProblem, answer: str | None,
+                  response: str | list[str] | None) -> CodeGrade:
+    """The program of a run (`extract_program` over its response, or its turns' texts in order; else over its
+    answer), checked for form and, when well-formed, run against every test of the problem."""
+    texts = response if isinstance(response, list) else [response]
+    program = extract_program(*texts, entry_point=problem.entry_point) \
+        or extract_program(answer, entry_point=problem.entry_point)
     error = form_error(program, problem)
     if error is not None:
         return CodeGrade(program=program, format_error=error)

@@ -213,9 +213,9 @@ def final_response(trajectory: Trajectory) -> str:
 
 
 def visible_texts(trajectory: Trajectory) -> list[str]:
-    """What the agent said in each turn it kept, without its reasoning, last turn first: where `code-tests`
-    looks for the program (the summary turn may hold only a short boxed answer, the program a turn before)."""
-    return [dialects.visible_text(turn.assistant.get("content") or "") for turn in reversed(trajectory.turns)
+    """What the agent said in each turn it kept, without its reasoning, in order: where `code-tests` looks for
+    the program (the summary turn may hold only a short boxed answer, the program a turn before)."""
+    return [dialects.visible_text(turn.assistant.get("content") or "") for turn in trajectory.turns
             if not turn.rolled_back]
 
 
@@ -298,7 +298,7 @@ def agent_attempt(runtime: Ready, config: EvalConfig, client: httpx.AsyncClient,
         if trajectory.stop_reason in NOT_ENDED_ON_ITS_OWN:  # the model server failed, or a replay missed
             return trajectory.error or "the model server failed"
         # code: the last program of the whole run, not only of its final response
-        response = "\n".join(reversed(visible_texts(trajectory))) if code_runner else final_response(trajectory)
+        response: Any = visible_texts(trajectory) if code_runner else final_response(trajectory)
         try:
             verdict = await grade(task, trajectory.answer, response, client)
         except JudgeUnavailable as exc:  # not recorded: the run is graded again on resume

@@ -104,8 +104,14 @@ def test_an_answer_without_a_well_formed_program_runs_nothing_and_loses_the_form
 
 def test_the_last_python_block_of_the_final_response_is_the_program() -> None:
     response = "First try:\n```python\nprint(1)\n```\nBetter:\n```py\nprint(2)\n```"
-    assert extract_program(response, "```python\nprint(3)\n```") == "print(2)\n"
-    assert extract_program("no code", "```\nprint(3)\n```") == "print(3)\n"  # then the answer's
+    assert extract_program(response) == "print(2)\n"
+    assert extract_program("no code", "```\nprint(3)\n```") == "print(3)\n"
+    # turns are read apart: a block the first leaves open ends with it, the next turn's block is whole
+    turns = ["draft:\n```python\ndef add(a, b):\n    return a - b", "Final:\n```python\ndef add(a, b):\n"
+             "    return a + b\n```"]
+    assert extract_program(*turns, entry_point="add") == "def add(a, b):\n    return a + b\n"
+    untagged_solution = "```\ndef add(a, b):\n    return a + b\n```\n```python\nprint(add(1, 2))\n```"
+    assert extract_program(untagged_solution, entry_point="add") == "def add(a, b):\n    return a + b\n"
     assert extract_program("```bash\nls\n```") is None
     solution_then_example = ("```python\ndef add(a, b):\n    return a + b\n```\nFor example:\n"
                              "```python\nprint(add(1, 2))\n```")

@@ -163,9 +163,10 @@ def judged_with_time(rollouts: Path, problems: Path,
 
 
 def program_of(trajectory: Trajectory) -> str | None:
-    """The program the grader runs: of the run's last Python blocks, the last defining the entry point."""
-    response = "\n".join(reversed(visible_texts(trajectory)))
-    return extract_program(response, trajectory.answer, entry_point=ENTRY_POINTS[trajectory.group_id or ""])
+    """The program the grader runs: of the run's Python blocks, the last defining the entry point."""
+    entry_point = ENTRY_POINTS[trajectory.group_id or ""]
+    return extract_program(*visible_texts(trajectory), entry_point=entry_point) \
+        or extract_program(trajectory.answer, entry_point=entry_point)
 
 
 # ---------------------------------------------------------------- the rollouts

@@ -205,3 +205,14 @@ def test_bad_filter_flags_are_one_line_and_exit_2(tmp_path: Path, trained: list[
     assert line.startswith("error:")
     for word in words:
         assert word in line, line
+
+
+def test_for_code_a_pass_is_a_solved_problem_not_a_reward_above_zero() -> None:
+    half_right = []
+    for index in range(8):
+        trajectory = Trajectory(question="q", id=f"t{index}", group_id="p")
+        trajectory.reward, trajectory.judge = 0.5, {"grader": "code-tests", "solved": index == 0}
+        half_right.append(trajectory)
+    # eight programs passing half their tests, one solving the problem: 1 of 8 passes, not 8 of 8
+    assert sum(counted(t, "pass") for t in half_right) == 1
+    assert group_verdict(half_right, GroupRule()) == "kept"

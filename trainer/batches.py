@@ -20,6 +20,7 @@ from torch import Tensor
 
 from nanbeige.agent.tokens import TrainingRow, training_rows
 from nanbeige.agent.trajectory import NOT_ENDED_ON_ITS_OWN, Trajectory, Turn
+from nanbeige.evals.code_problems import CODE_TESTS
 from nanbeige.trainer.advantages import group_advantages, keep_group, keep_k_of_n
 from nanbeige.trainer.config import COUNTS, TRUNCATED, GroupRule, rule_problem
 
@@ -174,11 +175,14 @@ def samples_of(trajectory: Trajectory, turn_advantage: list[float]) -> list[Samp
 
 def counted(trajectory: Trajectory, counts: str) -> bool:
     """Whether a rollout counts toward its group's k for the filter (`GroupRule.counts`): an outcome
-    reward > 0 (`pass`), or the code grader's record saying so (`solved`, `complexity`). A record without
+    reward > 0 (`pass`; for a rollout the code grader judged, every test passed), or the code grader's record
+    saying so (`solved`, `complexity`). A record without
     the key, or no record, is not solved: only a grader that checked says a rollout is."""
+    judge = trajectory.judge if isinstance(trajectory.judge, dict) else {}
+    if counts == "pass" and judge.get("grader") == CODE_TESTS:
+        return judge.get("solved") is True  # code: a half-right program earns its pass rate, yet fails
     if counts == "pass":
         return trajectory.reward is not None and trajectory.reward > 0
-    judge = trajectory.judge if isinstance(trajectory.judge, dict) else {}
     return judge.get("solved" if counts == "solved" else "complexity_ok") is True
 
 

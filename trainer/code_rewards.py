@@ -88,9 +88,9 @@ async def judge_code(trajectory: Trajectory, code: CodeJudging, client: httpx.As
                             "error": f"no problem {trajectory.group_id!r} in {code.source}"}
         return
     # the last program of the whole run: its summary turn may hold only a short boxed answer
-    response = "\n".join(reversed(visible_texts(trajectory)))
     try:
-        grade = await asyncio.to_thread(grade_program, code.runner, problem, trajectory.answer, response)
+        grade = await asyncio.to_thread(grade_program, code.runner, problem, trajectory.answer,
+                                        visible_texts(trajectory))
     except SandboxError as exc:  # this machine's failure, not the program's: no reward, stop to resume later
         raise CodeJudgeError(f"the sandbox failed while judging trajectory {trajectory.id}: {exc}; fix it and run "
                              "again to resume") from None
