@@ -215,6 +215,7 @@ def test_a_program_cannot_write_outside_its_folder(runner: CodeRunner, tmp_path:
     before = problems_file.read_bytes()
     targets = [str(problems_file), str(tmp_path / "planted.txt"), "/etc/planted", str(Path.cwd() / "planted.txt")]
     vandal = "\n".join(f"try:\n    open({t!r}, 'w').write('{SECRET}')\nexcept OSError:\n    pass" for t in targets)
+    vandal += "\nimport os\ntry:\n    os.write(0, b'x' * 4096)\nexcept OSError:\n    pass"  # its input is read-only
     grade = grade_program(runner, problem, None, fenced(vandal))
     assert results(grade) == ["fail"] and grade.reward(CodeRewards()) == 0.0
     assert problems_file.read_bytes() == before
@@ -374,3 +375,14 @@ def test_a_sandbox_that_fails_stops_the_judge_rather_than_becoming_a_reward(runn
 
 def test_a_program_over_a_megabyte_is_a_format_error() -> None:
     assert form_error("x = 1\n" * 200_000, SUM) == "the program is longer than 1024 KB"
+
+
+def test_a_jail_that_does_not_start_the_program_is_the_sandboxs_failure(runner: CodeRunner,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from nanbeige.tools.sandbox import SandboxError
+    from nanbeige.tools.sandbox import local
+
+    failing_jail = ["/bin/sh", "-c", "echo bwrap: no >&2; exit 1"]
+    monkeypatch.setattr(local, "command_line", lambda *args, **kwargs: (failing_jail, []))
+    with pytest.raises(SandboxError, match="the sandbox's jail did not run the program .*bwrap: no"):
+        grade_program(runner, SUM, None, fenced("print(3)"))

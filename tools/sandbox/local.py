@@ -75,6 +75,8 @@ class ProgramRun:
     """It ran past its wall-clock limit and was killed with everything it started."""
     budget_spent: str = ""
     """Why the sandbox's processes were stopped, when a budget of the whole sandbox (memory, disk) did it."""
+    reported: bool = True
+    """The sandbox's worker reported how the program ended (it did not, when it was killed itself)."""
 
 
 # --- the backend -------------------------------------------------------------------------------
@@ -221,16 +223,24 @@ class LocalBackend:
         c = self.config
         limits = replace(c, timeout_s=timeout_s or c.timeout_s, cpu_seconds=cpu_seconds or c.cpu_seconds,
                          memory_mb=memory_mb or c.memory_mb)
-        return self._execute(self._box(sandbox_id), args, stdin, limits)
+        box = self._box(sandbox_id)
+        run = self._execute(box, args, stdin, limits)
+        if box.jailed and not run.reported and not run.timed_out and not run.budget_spent:
+            # the worker is the jail's init: nothing the program does ends it without a word, the jail failed
+            raise SandboxError(f"the sandbox's jail did not run the program ({exit_text(run.exit_code)}): "
+                               f"{run.stderr.decode(errors='replace').strip()[-300:]}")
+        return run
 
     def _execute(self, box: LocalSandbox, args: list[str], stdin: bytes | None, limits: SandboxConfig) -> ProgramRun:
         """Runs args in the sandbox (its processes under `limits`' rlimits and wall-clock timeout) and
         collects its output and exit: the exit status the worker reports, or how the jail ended."""
         status_read, status_write = os.pipe()
         # the input from an unnamed file outside the sandbox: nothing of it is left where code could look
-        with box.lock, open(status_read, "rb") as status, tempfile.TemporaryFile() as given:
-            given.write(stdin or b"")
-            given.seek(0)
+        with box.lock, open(status_read, "rb") as status, tempfile.TemporaryFile() as written:
+            written.write(stdin or b"")
+            written.flush()
+            # the program reads it on a descriptor of its own, read-only: it cannot grow the file
+            given = open(f"/proc/self/fd/{written.fileno()}", "rb")
             argv, fds = command_line(box, limits, self.isolation, ["exec", str(status_write), *args], python=False)
             box.oom_kills = box.cgroup.oom_kills() if box.cgroup else 0  # what this call's kills add to
             try:
@@ -241,6 +251,7 @@ class LocalBackend:
                                         env=sandbox_env(box, self.config), start_new_session=True,
                                         pass_fds=(status_write, *fds))
             finally:
+                given.close()
                 for fd in (status_write, *fds):
                     os.close(fd)
             box.sessions.add(proc.pid)
@@ -256,7 +267,7 @@ class LocalBackend:
         code = int(number) if how == "exit" else -int(number) if how == "signal" else box.status(proc.returncode)
         # also when a process other than the first one was killed
         return ProgramRun(exit_code=code, stdout=out, stderr=err, seconds=seconds, timed_out=not finished,
-                          budget_spent=self._budget_spent(box))
+                          budget_spent=self._budget_spent(box), reported=bool(how))
 
     def is_dir(self, sandbox_id: str, path: str) -> bool:
         full = host_path(self._box(sandbox_id).folder, path)
