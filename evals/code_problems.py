@@ -38,7 +38,9 @@ from __future__ import annotations
 import ast
 import gzip
 import json
+import keyword
 import math
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,6 +113,13 @@ def _literal(text: Any, where: str, what: str) -> Any:
         raise LoadError(f"{where}: `{what}` is not a Python literal: {text[:80]!r}") from None
 
 
+def check_kwargs(test: dict[str, Any], where: str) -> None:
+    if "kwargs" in test:
+        kwargs = _literal(test["kwargs"], where, "kwargs")
+        if not isinstance(kwargs, dict) or not all(isinstance(key, str) and key.isidentifier() for key in kwargs):
+            raise LoadError(f"{where}: `kwargs` must be a dict literal of argument names")
+
+
 def check_test(test: Any, style: str, where: str) -> dict[str, Any]:
     """One test of the file, checked for the problem's style."""
     if not isinstance(test, dict):
@@ -129,8 +138,7 @@ def check_test(test: Any, style: str, where: str) -> dict[str, Any]:
                         "\"kwargs\") or {\"assert\": code}")
     if not isinstance(_literal(test["args"], where, "args"), list | tuple):
         raise LoadError(f"{where}: `args` must be a list literal, the positional arguments")
-    if "kwargs" in test and not isinstance(_literal(test["kwargs"], where, "kwargs"), dict):
-        raise LoadError(f"{where}: `kwargs` must be a dict literal")
+    check_kwargs(test, where)
     _literal(test["expected"], where, "expected")
     return test
 
@@ -146,8 +154,7 @@ def check_timing_test(test: Any, style: str, where: str) -> dict[str, Any]:
         raise LoadError(f"{where}: a function timing test is {{\"args\": literal}} (optional \"kwargs\")")
     if not isinstance(_literal(test["args"], where, "args"), list | tuple):
         raise LoadError(f"{where}: `args` must be a list literal, the positional arguments")
-    if "kwargs" in test and not isinstance(_literal(test["kwargs"], where, "kwargs"), dict):
-        raise LoadError(f"{where}: `kwargs` must be a dict literal")
+    check_kwargs(test, where)
     return test
 
 
@@ -173,7 +180,7 @@ def problem_from(row: Any, where: str) -> CodeProblem:
         if row.get(name) is not None and not isinstance(row[name], str):
             raise LoadError(f"{where}: `{name}` must be text or null")
     entry = row.get("entry_point")
-    if entry is not None and not entry.isidentifier():
+    if entry is not None and (not entry.isidentifier() or keyword.iskeyword(entry)):
         raise LoadError(f"{where}: `entry_point` {entry[:60]!r} is not a Python name")
     limit = row.get("time_limit_s", DEFAULT_TIME_LIMIT_S)
     if isinstance(limit, bool) or not isinstance(limit, int | float) or not 0 < limit <= MAX_TIME_LIMIT_S \
@@ -202,7 +209,7 @@ def read_problems(path: Path) -> list[CodeProblem]:
     except (OSError, UnicodeDecodeError) as exc:
         raise LoadError(f"{path}: cannot read the problems: {exc}") from None
     problems, seen = [], set()
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, line in enumerate(text.split("\n"), 1):  # not splitlines: U+2028 may stand in a JSON string
         if not line.strip():
             continue
         try:
@@ -254,14 +261,20 @@ def call_test(statement: ast.stmt) -> dict[str, str] | None:
     return {"args": repr(args), "expected": repr(expected)}
 
 
+def no_op(statement: ast.stmt) -> bool:
+    """A docstring, or `assert True, "..."` (HumanEval's checks hold many): nothing to run."""
+    if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant):
+        return True
+    return isinstance(statement, ast.Assert) and isinstance(statement.test, ast.Constant) and bool(statement.test.value)
+
+
 def humaneval_tests(test_code: str) -> list[dict[str, str]]:
     """HumanEval's check function as call tests when every statement of it is one, else as one assert test."""
     tree = ast.parse(test_code)
     checks = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "check"]
     setup = [node for node in tree.body if node not in checks and not (
         isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["METADATA"])]
-    body = [s for s in checks[0].body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))] \
-        if len(checks) == 1 else []
+    body = [s for s in checks[0].body if not no_op(s)] if len(checks) == 1 else []
     calls = [call_test(statement) for statement in body]
     if body and not setup and all(calls):
         return calls  # type: ignore[return-value]
@@ -276,18 +289,19 @@ def humaneval_problems(path: Path | None = None) -> list[CodeProblem]:
         opened = gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open(encoding="utf-8")
         with opened as lines:
             rows = [json.loads(line) for line in lines if line.strip()]
-    except (OSError, ValueError, EOFError) as exc:
+    except (OSError, ValueError, EOFError, zlib.error, RecursionError) as exc:
         raise LoadError(f"{path}: cannot read HumanEval: {exc}") from None
     problems = []
     for number, row in enumerate(rows, 1):
         try:
-            statement = (f"Complete this Python function so that it does what its docstring says:\n\n"
-                         f"```python\n{row['prompt'].strip()}\n```")
-            problems.append(CodeProblem(id=row["task_id"], statement=statement, tests=humaneval_tests(row["test"]),
-                                        entry_point=row["entry_point"],
-                                        reference_solution=row["prompt"] + row["canonical_solution"]))
-        except (KeyError, TypeError, SyntaxError) as exc:
+            statement = (f"Complete this Python function so that it does what its docstring says (the code shown "
+                         f"included: give every function it defines):\n\n```python\n{row['prompt'].strip()}\n```")
+            problem = CodeProblem(id=row["task_id"], statement=statement, tests=humaneval_tests(row["test"]),
+                                  entry_point=row["entry_point"],
+                                  reference_solution=row["prompt"] + row["canonical_solution"])
+        except (KeyError, TypeError, AttributeError, SyntaxError, ValueError, RecursionError) as exc:
             raise LoadError(f"{path}:{number}: not a HumanEval problem ({type(exc).__name__}: {exc})") from None
+        problems.append(problem_from(problem.record(), f"{path}:{number}"))  # held to the format's own checks
     return problems
 
 

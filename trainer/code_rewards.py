@@ -39,6 +39,8 @@ class CodeJudging:
     runner: CodeRunner = field(default_factory=CodeRunner)
     reference_seconds: dict[str, float | None] = field(default_factory=dict)
     """Each problem's reference solution's time over its timing tests, measured once."""
+    timing_locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    """One per problem: its rollouts, judged at once, wait for one measurement of the reference."""
 
     def close(self) -> None:
         self.runner.close()
@@ -65,9 +67,10 @@ async def time_verdict(problem: CodeProblem, program: str, code: CodeJudging,
     verdict against the complexity label (none: the measurement decides)."""
     timing = None
     if problem.timing_tests:
-        if problem.id not in code.reference_seconds:  # measured once per judge run
-            code.reference_seconds[problem.id] = await asyncio.to_thread(
-                code.runner.seconds, problem, problem.reference_solution or "")
+        async with code.timing_locks.setdefault(problem.id, asyncio.Lock()):  # measured once per judge run
+            if problem.id not in code.reference_seconds:
+                code.reference_seconds[problem.id] = await asyncio.to_thread(
+                    code.runner.seconds, problem, problem.reference_solution or "")
         program_s = await asyncio.to_thread(code.runner.seconds, problem, program)
         timing = measured(program_s, code.reference_seconds[problem.id])
         if timing["fast_enough"] is False or (timing["fast_enough"] is not None and not problem.complexity):
