@@ -191,7 +191,7 @@ def same_output(got: str, expected: str) -> bool:
 def same_value(got: Any, expected: Any) -> bool:
     """Python's ==, but floats within 1e-9 relative, inside lists, tuples and dicts too."""
     if isinstance(got, float) or isinstance(expected, float):
-        numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (got, expected))
+        numbers = all(isinstance(v, int | float) for v in (got, expected))  # True == 1.0, as in Python
         return numbers and math.isclose(got, expected, rel_tol=1e-9, abs_tol=1e-12)
     if isinstance(got, list | tuple) and isinstance(expected, list | tuple):
         return type(got) is type(expected) and len(got) == len(expected) and all(map(same_value, got, expected))

@@ -127,7 +127,7 @@ def test_outputs_and_values_compare_as_a_judge_should() -> None:
     assert same_output("3  \n\n\n", "3") and same_output("a\r\nb\n", "a\nb")
     assert not same_output("3 4", "3\n4") and not same_output("", "0")
     assert same_value(1e16 + 1.0, 1e16) and same_value({"a": [0.3]}, {"a": [0.1 + 0.2]})
-    assert not same_value(0.3, 0.31) and not same_value("3", 3) and same_value(True, 1)
+    assert not same_value(0.3, 0.31) and not same_value("3", 3) and same_value(True, 1) and same_value(True, 1.0)
 
 
 def test_the_time_term_counts_only_when_every_test_passes(runner: CodeRunner) -> None:
