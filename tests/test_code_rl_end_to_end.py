@@ -33,6 +33,7 @@ from nanbeige.agent.trajectory import Trajectory, load_trajectories
 from nanbeige.evals.benchmarks import BENCHMARKS
 from nanbeige.evals.code_problems import CODE_TESTS, question_of, read_problems
 from nanbeige.evals.code_tests import extract_program
+from nanbeige.evals.complexity import without_comments
 from nanbeige.evals.runner import visible_texts
 from nanbeige.tools.endpoint import ChatEndpoint
 from nanbeige.trainer.collect import CollectConfig, collect
@@ -243,11 +244,13 @@ def test_the_time_reward_asks_the_judge_once_per_solved_program_and_never_for_ot
     solved = [t for t in trajectories if t.judge["solved"]]
     assert solved, f"seed {SEED} gave no solved rollout: nothing to ask the complexity judge about"
     asked = [ASKED_ABOUT.search(request["messages"][-1]["content"]) for request in requests]
-    # once per solved program, never for the others: the programs the judge read are the solved ones
-    assert Counter(found.group(1) for found in asked if found) == Counter(program_of(t).strip() for t in solved)
+    # once per solved program, never for the others: the programs the judge read are the solved ones (shown
+    # without their comments)
+    assert Counter(found.group(1) for found in asked if found) == Counter(
+        without_comments(program_of(t)).strip() for t in solved)
     assert len(asked) == len(solved)
     for trajectory in solved:
-        complexity, verdict = verdict_on(program_of(trajectory).strip())
+        complexity, verdict = verdict_on(without_comments(program_of(trajectory)).strip())
         time = 1.0 if verdict == "OPTIMAL" else 0.0
         record = trajectory.judge
         assert record["terms"] == {"format": 0.0, "correctness": 1.0, "time": time}
