@@ -204,11 +204,14 @@ def test_a_process_started_between_calls_by_a_lingering_thread_is_stopped(boxes:
     spins: it does not get to run until the next call."""
     sid = new_id(boxes)
     boxes.run_python("import subprocess, threading\nthreading.Timer(0.5, lambda: subprocess.Popen(['python3', '-c', "
-                     "'import resource; resource.setrlimit(resource.RLIMIT_CPU, (-1, -1))\\nwhile True: pass'], "
-                     "start_new_session=True)).start()", sid)
-    # waits only against a hang: the process starts half a second after the call, and the watch, which reads
-    # every second, stops it at once; left alone it would spin forever
-    assert wait_for(lambda: boxes.backend.leftover_processes(sid) != [], 60)
+                     "'import resource; resource.setrlimit(resource.RLIMIT_CPU, (-1, -1))\\n"
+                     "open(\\'started\\', \\'w\\').close()\\nwhile True: pass'], start_new_session=True)).start()", sid)
+    # The process leaves a file when it starts (half a second after the call), then spins forever unless it is
+    # stopped: the watch, which reads every second, stops it. The file, not a sighting of the process, shows it
+    # ran, since under load the watch may stop it before a look at the process list would see it. The waits
+    # are only against a hang.
+    started = boxes.backend._box(sid).folder / "started"
+    assert wait_for(started.exists, 60)
     assert wait_for(lambda: boxes.backend.leftover_processes(sid) == [], 60)
 
 
