@@ -196,6 +196,7 @@ def test_the_flags_map_onto_the_group_rule(tmp_path: Path, trained: list[TrainCo
     (["--filter-counts", "tests"], ["--filter-counts must be pass, solved or complexity, not 'tests'"]),
     (["--keep", "1-5/8", "--min-pass-rate", "0.2"], ["--keep", "--min-pass-rate", "not both"]),
     (["--keep", "1-5/8", "--max-pass-rate", "0.5"], ["--keep", "--max-pass-rate", "not both"]),
+    (["--keep", "1-5/8", "--objective", "sft"], ["--keep filters GRPO's groups", "no group filter"]),
 ])
 def test_bad_filter_flags_are_one_line_and_exit_2(tmp_path: Path, trained: list[TrainConfig], flags: list[str],
                                                    words: list[str]) -> None:

@@ -166,6 +166,9 @@ def train(
     if min_pass_rate > max_pass_rate:
         fail(f"--min-pass-rate {min_pass_rate} is above --max-pass-rate {max_pass_rate}", 2)
     k_of_n = group_filter(filter_counts, keep, min_pass_rate, max_pass_rate)
+    if k_of_n is not None and objective == "sft":
+        fail("--keep filters GRPO's groups; --objective sft has no group filter (--filter-counts says which "
+             "rollouts it imitates)", 2)
     config = TrainConfig(data=data or [], model=model, out=out, objective=objective, steps=steps, epochs=epochs,
                          clip_low=clip_low, clip_high=clip_high, clip_dual=clip_dual, tis_cap=tis_cap,
                          max_rollout_drift=max_rollout_drift, off_policy=off_policy, step_tokens=step_tokens,
