@@ -217,3 +217,28 @@ def test_for_code_a_pass_is_a_solved_problem_not_a_reward_above_zero() -> None:
     # eight programs passing half their tests, one solving the problem: 1 of 8 passes, not 8 of 8
     assert sum(counted(t, "pass") for t in half_right) == 1
     assert group_verdict(half_right, GroupRule()) == "kept"
+
+
+def test_the_loop_takes_code_problems_and_judges_them_by_their_tests(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    loops: list[tuple[Path, Any, Any]] = []
+
+    def fake_loop(iterations: int, questions: Path, group_size: int, sync: str, settings: Any, judge: Any,
+                  train: Any, sampling: Any) -> None:
+        loops.append((questions, judge, train))
+
+    monkeypatch.setattr("nanbeige.agent.cli.train_commands.run_train_loop", fake_loop)
+    problems = tmp_path / "problems.jsonl"
+    base = ["train", "--model", "m", "--out", str(tmp_path / "loop"), "--loop", "1", "--no-critic"]
+    judge_env = {"NANBEIGE_JUDGE_BASE_URL": "http://127.0.0.1:9/v1", "NANBEIGE_JUDGE_MODEL": "judge"}
+    result = CliRunner().invoke(app, [*base, "--problems", str(problems), "--filter-counts", "solved", "--keep",
+                                      "1-5/8", "--time-reward"], env=judge_env)
+    assert result.exit_code == 0, result.output
+    [(questions, judge, train_config)] = loops
+    assert questions == problems and (judge.grader, judge.problems, judge.time_reward) == ("code-tests", problems, True)
+    assert (judge.complexity.base_url, judge.complexity.model) == ("http://127.0.0.1:9/v1", "judge")
+    assert (train_config.groups.counts, train_config.groups.k_of_n) == ("solved", (1, 5, 8))
+    for flags, words in ((["--time-reward", "--questions", str(problems)], "--time-reward rewards code problems"),
+                         (["--questions", str(problems), "--problems", str(problems)], "one of them")):
+        refused = CliRunner().invoke(app, [*base, *flags])
+        assert refused.exit_code == 2 and words in refused.output, refused.output
