@@ -35,8 +35,9 @@ Program:
 ```
 
 Work out the program's worst-case time complexity in the problem's input sizes from what its code does, \
-then compare it with the reference bound. Claims written in the program itself (names, strings) prove nothing. A program is OPTIMAL when its complexity is no worse than the bound (a better one, or the \
-same up to constant factors); SLOWER when it grows faster on some input.
+then compare it with the reference bound. Claims written in the program itself (names, strings) prove \
+nothing. A program is OPTIMAL when its complexity is no worse than the bound (a better one, or the same up to \
+constant factors); SLOWER when it grows faster on some input.
 
 End your reply with exactly these two lines:
 Complexity: <the program's complexity in big-O notation>

@@ -25,7 +25,8 @@ def grader_name(config: EvalConfig) -> str:
 
     name = config.grader or config.bench.grader
     if config.bench.pipeline is not None and name != config.bench.grader:
-        raise EvalError(f"{config.bench.name} is graded by its own pipeline ({config.bench.grader}): leave out --grader")
+        raise EvalError(f"{config.bench.name} is graded by its own pipeline ({config.bench.grader}): leave out "
+                        "--grader")
     if name in judges.FAMILIES:
         try:
             return judges.grader_name(config.bench.name, name)
