@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -265,24 +264,15 @@ def eval_config(bench: Any, data: Path | None, k: int, concurrency: int, limit: 
 
 def run_eval(config: Any, settings: Any) -> None:
     """Run the eval with a progress display on stderr; print the report on stdout."""
-    from nanbeige.agent.cli.running import notice, run_command
+    from nanbeige.agent.cli.running import notice, resumable, run_command
     from nanbeige.agent.cli.view import RunsView
     from nanbeige.evals.report import markdown
     from nanbeige.evals.runner import EvalError, evaluate
 
     err.print(f"[dim]eval {config.bench.name}: results in {escape(str(config.out))}[/]", highlight=False)
 
-    async def main() -> dict[str, Any]:
-        try:
-            return await evaluate(config, settings, notice, lambda progress: RunsView(err, progress, config.bench.name))
-        except EvalError as exc:
-            fail(str(exc))
-        except asyncio.CancelledError:
-            err.print(f"[yellow]interrupted[/]; finished runs are kept in {escape(str(config.out))}: run the same "
-                      "command to go on", highlight=False)
-            raise
-
-    report = run_command(main())
+    work = evaluate(config, settings, notice, lambda progress: RunsView(err, progress, config.bench.name))
+    report = run_command(resumable(work, EvalError, f"finished runs are kept in {escape(str(config.out))}"))
     print_line(markdown(report))
     if report.get("failed_runs"):
         err.print(f"[yellow]{report['failed_runs']} runs failed[/] (model server errors or crashes) and are not "

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -64,7 +63,7 @@ def collect(
 
 
 def run_collect(config: Any, settings: Any) -> None:
-    from nanbeige.agent.cli.running import notice, run_command
+    from nanbeige.agent.cli.running import notice, resumable, run_command
     from nanbeige.agent.cli.view import RunsView
     from nanbeige.trainer.collect import CollectError, collect
 
@@ -73,17 +72,8 @@ def run_collect(config: Any, settings: Any) -> None:
         err.print(f"[dim]collect: rollouts go to {escape(str(config.out))}[/]", highlight=False)
         return RunsView(err, progress, "collect", config.group_size)
 
-    async def main() -> dict[str, Any]:
-        try:
-            return await collect(config, settings, notice, start)
-        except CollectError as exc:
-            fail(str(exc))
-        except asyncio.CancelledError:
-            err.print(f"[yellow]interrupted[/]; finished rollouts are kept in {escape(str(config.out))}: run the "
-                      "same command to go on", highlight=False)
-            raise
-
-    summary = run_command(main())
+    kept = f"finished rollouts are kept in {escape(str(config.out))}"
+    summary = run_command(resumable(collect(config, settings, notice, start), CollectError, kept))
     rate = "-" if summary["pass_rate"] is None else f"{100 * summary['pass_rate']:.1f}%"
     err.print(f"{summary['rollouts']} of {summary['rollouts_expected']} rollouts in {escape(str(config.out))}; "
               f"{summary['questions_done']} of {summary['questions']} questions complete; pass rate (exact match) "
@@ -169,7 +159,7 @@ def judge(
 
 
 def run_judge(src: Path, out: Path, config: Any) -> None:
-    from nanbeige.agent.cli.running import notice, run_command
+    from nanbeige.agent.cli.running import notice, resumable, run_command
     from nanbeige.agent.cli.view import LiveLine
     from nanbeige.trainer.judge import JudgeError, JudgeProgress, check, judge_file
 
@@ -189,14 +179,8 @@ def run_judge(src: Path, out: Path, config: Any) -> None:
     async def main() -> dict[str, Any]:
         view = LiveLine(err, line)
         try:
-            return await judge_file(src, out, config, notice, progress)
-        except JudgeError as exc:
-            view.stop()
-            fail(str(exc))
-        except asyncio.CancelledError:
-            err.print(f"[yellow]interrupted[/]; judged trajectories are kept in {escape(str(out))}: run the same "
-                      "command to go on", highlight=False)
-            raise
+            return await resumable(judge_file(src, out, config, notice, progress), JudgeError,
+                                   f"judged trajectories are kept in {escape(str(out))}", before_error=view.stop)
         finally:
             view.stop()
 

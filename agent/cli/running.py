@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -23,6 +23,21 @@ def notice(text: str) -> None:
     head, sep, rest = shown(text).partition(": ")
     line = f"[yellow]{escape(head)}:[/] {escape(rest)}" if sep else escape(head)
     err.print(line, highlight=False, soft_wrap=True)
+
+
+async def resumable(work: Awaitable[T], errors: type[Exception], kept: str,
+                    before_error: Callable[[], None] = lambda: None) -> T:
+    """Await a command's resumable work (eval, collect, judge): an error the user must fix (`errors`) is one
+    line and exit 1, after `before_error` (a live view's stop); Ctrl-C first says what is kept (`kept`: "finished
+    runs are kept in OUT") and that the same command goes on."""
+    try:
+        return await work
+    except errors as exc:
+        before_error()
+        fail(str(exc))
+    except asyncio.CancelledError:
+        err.print(f"[yellow]interrupted[/]; {kept}: run the same command to go on", highlight=False)
+        raise
 
 
 def run_command(main: Coroutine[Any, Any, T]) -> T:
