@@ -95,6 +95,11 @@ class CodeGrade:
     def solved(self) -> bool:
         return bool(self.tests) and all(t.result == "pass" for t in self.tests)
 
+    @property
+    def counts(self) -> dict[str, int]:
+        """How many tests ended each way."""
+        return {kind: sum(t.result == kind for t in self.tests) for kind in ("pass", "fail", "time-out", "error")}
+
     def terms(self, rewards: CodeRewards) -> dict[str, float | None]:
         """R_format, R_correctness and R_time (None: not applicable, or not asked for)."""
         time = None
@@ -109,7 +114,7 @@ class CodeGrade:
     def record(self, rewards: CodeRewards) -> dict[str, Any]:
         """What `trajectory.judge` holds: the terms, the reward, the per-test results and the verdicts the
         group filter reads (`solved`; `complexity_ok` for solved programs the judge found optimal)."""
-        counts = {kind: sum(t.result == kind for t in self.tests) for kind in ("pass", "fail", "time-out", "error")}
+        counts = self.counts
         complexity_ok = None if self.time is None or not self.solved else self.time.get("optimal")
         return {"grader": CODE_TESTS, "judge_model": (self.time or {}).get("model"), "correct": self.solved,
                 "extracted": None, "reason": self.format_error or f"{counts['pass']} of {len(self.tests)} tests "
@@ -273,7 +278,7 @@ class CodeRunner:
 
         base = config or config_from_env()
         # outputs are compared whole; the program's interpreter is the sandbox's
-        self.config = replace(base, backend="local", max_output_chars=MAX_OUTPUT_BYTES // 4, max_sandboxes=1 << 16)
+        self.config = replace(base, backend="local", max_output_chars=MAX_OUTPUT_BYTES // 4)
         self.backend = LocalBackend(self.config)
 
     def require_jail(self) -> None:

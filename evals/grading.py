@@ -64,7 +64,7 @@ def grader_for(config: EvalConfig, reference_prompts: dict[str, str] | None = No
 def code_grader(runner: Any) -> Grade:
     """Code problems: correct when the program passes every test (the report's accuracy is pass@1, avg@k);
     the pass rate and each test's result go in the verdict's reason."""
-    from nanbeige.evals.code_tests import CodeRewards, grade_program
+    from nanbeige.evals.code_tests import grade_program
     from nanbeige.tools.sandbox import SandboxError
 
     async def graded(task: Task, prediction: str | None, response: str, client: httpx.AsyncClient) -> Verdict:
@@ -75,8 +75,7 @@ def code_grader(runner: Any) -> Grade:
             grade = await asyncio.to_thread(grade_program, runner, problem, prediction, response)
         except SandboxError as exc:  # this machine's failure: the run is graded again on resume
             raise JudgeUnavailable(f"the sandbox failed: {exc}") from None
-        record = grade.record(CodeRewards())
-        counts = ", ".join(f"{n} {kind}" for kind, n in record["counts"].items() if n)
+        counts = ", ".join(f"{n} {kind}" for kind, n in grade.counts.items() if n)
         return Verdict(correct=grade.solved, grader=CODE_TESTS, extracted=grade.program,
                        reason=grade.format_error or f"pass rate {grade.pass_rate:.3f} ({counts})")
     return graded
