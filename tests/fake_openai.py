@@ -16,6 +16,12 @@ loaded, or unloading one that is not, gets vLLM's HTTP 400 / 404.
 With `strict=True` it answers like a FastAPI server whose request model forbids unknown fields:
 a chat request with any field outside OpenAI's own gets HTTP 422 naming them.
 
+Not every server streams as vLLM does: with `streams=False` it ignores `"stream": true` and answers
+with the whole completion as JSON, as many OpenAI-compatible servers and proxies do; `refuses` maps
+request fields to the words of an HTTP 400 answered to any request carrying them (a server that knows
+no `stream_options`, or does not stream at all); a `Reply` with `stall_after` goes silent for
+`stall_s` seconds after that many pieces of its stream.
+
 `outage(seconds)` takes it down as a crash would (connections refused, open ones cut, the request
 in flight unanswered) and brings it back on the same port, as a restarted model server comes back.
 """
@@ -69,6 +75,9 @@ class Reply:
     """The whole assistant message, sent as it is (for shapes the fields above cannot express)."""
     piece_delay_s: float = 0.0
     """When the request streams: the wait before each piece of the reply, as a model generating it."""
+    stall_after: int | None = None
+    """When the request streams: the pieces sent before the server goes silent for `stall_s`."""
+    stall_s: float = 0.0
 
 
 class _Server(ThreadingHTTPServer):
@@ -89,7 +98,9 @@ class FakeOpenAI:
                  default: Reply | str | None = None, tokenize: Callable[[str], list[int]] | None = None,
                  stop_id: int | None = None, strict: bool = False, max_model_len: int = 32768,
                  models: list[dict[str, Any]] | None = None, api_key: str | None = None,
-                 template_takes_tools: bool = False):
+                 template_takes_tools: bool = False, streams: bool = True, refuses: dict[str, str] | None = None):
+        self.streams = streams  # False: `"stream": true` is ignored, the answer is the whole JSON body
+        self.refuses = refuses or {}  # request field -> the message of the HTTP 400 a request carrying it gets
         self.template_takes_tools = template_takes_tools  # the chat template shows the request's tools
         self.replies = replies if callable(replies) else list(replies)
         self.default = default
@@ -323,14 +334,15 @@ class FakeOpenAI:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def _send_stream(self, chunks: list[dict[str, Any]], delay_s: float) -> None:
+            def _send_stream(self, chunks: list[dict[str, Any]], reply: Reply) -> None:
                 """Server-sent events, each chunk a `data:` line, `data: [DONE]` last, in HTTP/1.1 chunks."""
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
-                for event in [f"data: {json.dumps(chunk)}\n\n" for chunk in chunks] + ["data: [DONE]\n\n"]:
-                    time.sleep(delay_s)
+                events = [f"data: {json.dumps(chunk)}\n\n" for chunk in chunks] + ["data: [DONE]\n\n"]
+                for sent, event in enumerate(events):
+                    time.sleep(reply.stall_s if sent == reply.stall_after else reply.piece_delay_s)
                     data = event.encode()
                     self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
                     self.wfile.flush()
@@ -389,6 +401,13 @@ class FakeOpenAI:
                     names = ", ".join(repr(name) for name in sorted(unexpected))
                     self._send(422, {"detail": f"Unexpected fields in the request: {{{names}}}"})
                     return
+                refused = [name for name in fake.refuses if name in request]
+                if refused:
+                    with fake.lock:
+                        fake.requests.append(request)
+                    self._send(400, {"error": {"message": fake.refuses[refused[0]], "type": "invalid_request_error",
+                                               "param": None, "code": None}})
+                    return
                 if fake.reject_extras and any(k in request for k in VLLM_ONLY):
                     self._send(400, {"error": {"message": "Unrecognized request argument supplied: return_token_ids",
                                                "type": "invalid_request_error"}})
@@ -401,8 +420,8 @@ class FakeOpenAI:
                 else:
                     chat = self.path.endswith("/chat/completions")
                     body = fake.completion(request, reply) if chat else fake.text_completion(request, reply)
-                    if request.get("stream"):
-                        self._send_stream(fake.stream_chunks(body, completions_api=not chat), reply.piece_delay_s)
+                    if request.get("stream") and fake.streams:
+                        self._send_stream(fake.stream_chunks(body, completions_api=not chat), reply)
                     else:
                         self._send(200, body)
 
