@@ -282,13 +282,10 @@ class CodeRunner:
         self.backend = LocalBackend(self.config)
 
     def require_jail(self) -> None:
-        """Raise `SandboxError` unless programs will run in the filesystem jail, or the operator turned the jail
-        off (NANBEIGE_SANDBOX_JAIL=0): a judge runs thousands of programs nobody has read, and the sandbox
-        without its jail leaves the host's files readable, or writable, to them."""
-        if self.backend.isolation.jail is None and self.config.jail:
-            raise SandboxError("programs are judged in the sandbox's filesystem jail, and bwrap is missing or cannot "
-                               "make one here: install bubblewrap (apt-get install bubblewrap), or set "
-                               "NANBEIGE_SANDBOX_JAIL=0 to run them with the weaker isolation the sandbox has")
+        """Raise `SandboxError` (with its fix) unless programs will run in the filesystem jail, or the operator
+        turned the jail off (NANBEIGE_SANDBOX_JAIL=0): asked before the first program, so that a judge that
+        cannot run any says so at once. The sandbox itself runs nothing unjailed otherwise."""
+        self.backend.isolation  # noqa: B018 - probes, and raises where the jail cannot be made
 
     def run(self, problem: CodeProblem, program: str) -> list[Outcome]:
         """Every test's result. A sandbox that cannot be made or used raises `SandboxError`: that is this

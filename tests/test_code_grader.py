@@ -5,7 +5,6 @@ their folder, forging the harness's results) that get reward 0 and leave nothing
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -283,13 +282,17 @@ def test_a_program_that_takes_all_memory_is_an_error(runner: CodeRunner) -> None
     assert os.getloadavg() is not None and no_process_runs("harness.py")
 
 
-def test_without_a_jail_programs_are_not_judged_unless_the_operator_turned_it_off(tmp_path: Path) -> None:
+def test_without_a_jail_programs_are_not_judged_unless_the_operator_turned_it_off(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from nanbeige.tools.sandbox import SandboxError
 
+    monkeypatch.setenv("PATH", str(tmp_path / "no-bwrap"))  # a machine where bwrap is not installed
     runner = CodeRunner(config_from_env({"NANBEIGE_SANDBOX_DIR": str(tmp_path)}))
-    runner.backend._isolation = dataclasses.replace(runner.backend.isolation, jail=None)  # as where bwrap is missing
-    with pytest.raises(SandboxError, match="install bubblewrap .* or set NANBEIGE_SANDBOX_JAIL=0"):
+    with pytest.raises(SandboxError, match=r"bwrap .* is not installed.*apt-get install bubblewrap.*"
+                                           r"NANBEIGE_SANDBOX_JAIL=0"):
         runner.require_jail()
+    with pytest.raises(SandboxError, match="is not installed"):  # nor is any program run by another road
+        grade_program(runner, SUM, None, fenced("print(3)"))
     runner.close()
     chosen = CodeRunner(config_from_env({"NANBEIGE_SANDBOX_DIR": str(tmp_path), "NANBEIGE_SANDBOX_JAIL": "0"}))
     chosen.require_jail()  # the operator's choice: the sandbox says at start what it lacks

@@ -12,11 +12,12 @@ time (a Python cell's also watched from outside, by `channel.py`, which carries 
 worker's requests and replies), address space, file size and open files, a wall-clock timeout
 after which everything it started is killed, and a minimal environment (no API keys).
 
-Without a jail (no bwrap, or a bwrap that cannot make namespaces here) the server says so and falls
-back to what the OS allows (`probe.probe_isolation`): no network (`unshare --net`) and, as
-root, the uid of its own, which leaves the host's world-readable files readable to the code. Where
-bwrap works, nothing runs unjailed: a jail that cannot be set up, or a probe that cannot decide
-(every try ran out of time), is an error to the model, and the next call probes again.
+Nothing runs unjailed unless the operator turned the jail off (NANBEIGE_SANDBOX_JAIL=0): where the
+jail cannot be made (no bwrap, a bwrap that fails for a moment or for good, a probe that cannot
+decide), the call is an error to the model, with the fix, and a warning on the server's stderr,
+and the next call probes again. With the jail off the server says so and uses what the OS allows
+(`probe.probe_isolation`): no network (`unshare --net`) and, as root, the uid of its own, which
+leaves the host's world-readable files readable to the code.
 
 Nothing is left behind: a sandbox's processes, cgroup, file system, folders and uid lock go when
 it is deleted, times out or its server exits; a server killed outright leaves them to the next
@@ -101,46 +102,53 @@ class LocalBackend:
 
     @property
     def isolation(self) -> Isolation:
-        """Found by the first call, while later ones wait; where it cannot be found now, ProbeError
-        (a SandboxError), and the next call tries again."""
+        """Found by the first call, while later ones wait, and kept; where it cannot be found now (the
+        jail cannot be made), ProbeError (a SandboxError), logged for the operator, and the next call
+        tries again."""
         with self._lock:
             if self._isolation is None:
-                self.config.root.mkdir(parents=True, exist_ok=True)
-                os.chmod(self.config.root, 0o711)  # sandbox uids pass through, but cannot list
-                become_subreaper()
-                swept = sweep(self.config.root)
-                if swept:
-                    log.info("local sandbox: removed %d sandboxes left by servers that are gone", swept)
-                c = self.config
-                isolation = probe_isolation(python=c.python, worker=WORKER, root=c.root, network=c.network,
-                                            drop_privileges=c.drop_privileges, jail=c.jail)
-                self._cgroups = cgroup_parents()
-                if self._cgroups and (swept := sweep_cgroups(self._cgroups)):
-                    log.info("local sandbox: removed %d cgroups left by servers that are gone", swept)
-                self._disks = can_make_disks()
-                self._isolation = isolation
-                for weaker in filter(None, (self.notice, *self._watched())):
-                    log.warning("local sandbox: %s", weaker)
+                try:
+                    self._isolation = self._probe()
+                except SandboxError as exc:
+                    log.warning("local sandbox: %s", exc)
+                    raise
             return self._isolation
+
+    def _probe(self) -> Isolation:
+        """Sweeps what servers that are gone left, then finds what this machine can enforce."""
+        self.config.root.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.config.root, 0o711)  # sandbox uids pass through, but cannot list
+        become_subreaper()
+        swept = sweep(self.config.root)
+        if swept:
+            log.info("local sandbox: removed %d sandboxes left by servers that are gone", swept)
+        c = self.config
+        isolation = probe_isolation(python=c.python, worker=WORKER, root=c.root, network=c.network,
+                                    drop_privileges=c.drop_privileges, jail=c.jail)
+        self._cgroups = cgroup_parents()
+        if self._cgroups and (swept := sweep_cgroups(self._cgroups)):
+            log.info("local sandbox: removed %d cgroups left by servers that are gone", swept)
+        self._disks = can_make_disks()
+        for weaker in filter(None, (self._notice(isolation), *self._watched())):
+            log.warning("local sandbox: %s", weaker)
+        return isolation
 
     def start(self) -> None:
         """Finds the isolation in the background, so that the server says at start what it lacks."""
         threading.Thread(target=self._probe_at_start, name="sandbox-probe", daemon=True).start()
 
     def _probe_at_start(self) -> None:
-        try:
+        with suppress(SandboxError):  # logged; the calls say it too
             self.isolation
-        except SandboxError as exc:
-            log.warning("local sandbox: %s", exc)
 
     @property
     def notice(self) -> str:
         """What the model is told when its sandbox is not jailed (empty when it is): what code in it can do."""
-        isolation = self._isolation
+        return self._notice(self._isolation)
+
+    def _notice(self, isolation: Isolation | None) -> str:
         if isolation is None or isolation.jail:
             return ""
-        why = ("the jail is turned off here (NANBEIGE_SANDBOX_JAIL=0)" if not self.config.jail
-               else "bwrap is missing or cannot run on this machine")
         if isolation.own_uid and isolation.read_all:
             reach = ("code in it can read every file on this machine (the interpreter is readable only to the "
                      "server's user, so the sandbox keeps CAP_DAC_READ_SEARCH), and write its own folder and /tmp")
@@ -149,7 +157,7 @@ class LocalBackend:
         else:
             reach = ("code in it runs as the server's user: it can read and change that user's files, "
                      "other sandboxes' included")
-        return f"This sandbox has no filesystem jail ({why}): {reach}."
+        return f"This sandbox has no filesystem jail (the jail is turned off here, NANBEIGE_SANDBOX_JAIL=0): {reach}."
 
     def _watched(self) -> list[str]:
         return [*(["no cgroup can be made here: memory is held by a watch over the sandbox's processes, which "

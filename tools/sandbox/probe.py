@@ -1,6 +1,10 @@
-"""Which of the OS's isolation tools work here, found by trying them once per server
-(`probe_isolation`): a jail (bwrap), a uid of its own per sandbox (setpriv, as root), network and
-pid namespaces (unshare); what the local sandbox then enforces is `Isolation`.
+"""Which of the OS's isolation tools work here, found by trying them (`probe_isolation`): a jail (bwrap),
+a uid of its own per sandbox (setpriv, as root), network and pid namespaces (unshare); what the local
+sandbox then enforces is `Isolation`.
+
+The jail fails closed: where it is wanted (unless the operator set NANBEIGE_SANDBOX_JAIL=0) and cannot be
+made now, for a moment or for good, the probe raises `ProbeError` and no code runs; only a jail that
+works is kept, so a failed probe is tried again by the next call.
 """
 
 from __future__ import annotations
@@ -8,6 +12,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -27,14 +32,18 @@ log = logging.getLogger(__name__)
 # a try that runs out of its time is tried again with the next: on a loaded machine a start may take long
 PROBE_TIMEOUTS_S = (20.0, 120.0)
 BWRAP_TRIES = 3
+JAIL_OFF = "the server's operator can set NANBEIGE_SANDBOX_JAIL=0 to run code without the jail"
+INSTALL = f"install it (apt-get install bubblewrap, or dnf install bubblewrap), or {JAIL_OFF}"
+RETRY = f"the next call tries again; if it keeps failing, {JAIL_OFF}"
 
 
 class ProbeError(SandboxError):
-    """Whether the sandbox can be isolated here could not be decided, or a jail that works here
-    could not be set up: no code may run, since it would run with less isolation than it should."""
+    """Whether the sandbox can be isolated here could not be decided, or the jail could not be made:
+    no code may run, since it would run with less isolation than it should. One line: `why`, then
+    `fix`, what the model or the operator can do."""
 
-    def __init__(self, why: str) -> None:
-        super().__init__(f"The sandbox could not be made: {why}. No code was run; try again later.")
+    def __init__(self, why: str, fix: str = "try again later") -> None:
+        super().__init__(f"The sandbox could not be made: {why}. No code was run; {fix}.")
 
 
 @dataclass(frozen=True)
@@ -65,14 +74,15 @@ class Isolation:
 
 def probe_isolation(*, python: str, worker: str, root: Path, network: bool, drop_privileges: bool,
                     jail: bool) -> Isolation:
-    """Tries, once per server, which of the OS's isolation tools work here (each try is ~10 ms).
-    `worker` is the sandbox worker script, run under setpriv to check what a sandbox uid can reach.
-    ProbeError where that cannot be decided now, or where the jail works here but cannot be set up."""
+    """Tries which of the OS's isolation tools work here (each try is ~10 ms). `worker` is the sandbox
+    worker script, run under setpriv to check what a sandbox uid can reach. With `jail`, the jail or
+    ProbeError; without (the operator's choice), what the OS allows, or ProbeError where that cannot be
+    decided now."""
     root_user = os.geteuid() == 0
     can_drop = root_user and drop_privileges and shutil.which("setpriv")
-    jailed = probe_jail(python, worker, root, as_root=bool(can_drop)) if jail else None
-    if jailed:
-        isolation = Isolation(not network, True, bool(can_drop), False, bool(can_drop) or not root_user, (), jailed)
+    if jail:
+        isolation = Isolation(not network, True, bool(can_drop), False, bool(can_drop) or not root_user, (),
+                              probe_jail(python, worker, root, as_root=bool(can_drop)))
         log.info("local sandbox isolation: %s", isolation)
         return isolation
     own_uid, read_all = _probe_uid(python, worker, root) if can_drop else (False, False)
@@ -99,14 +109,19 @@ def probe_isolation(*, python: str, worker: str, root: Path, network: bool, drop
     return isolation
 
 
-def probe_jail(python: str, worker: str, root: Path, as_root: bool) -> Jail | None:
-    """A jail, if bwrap can run the worker and the interpreter in one here (as the sandbox's uid,
-    as root); None where no jail can be made (no bwrap, bwrap cannot make namespaces, a machine the
-    seccomp filter has no numbers for). Where bwrap works but the jail around the interpreter does
-    not, or a try never finishes, ProbeError: no code may run then, rather than run unjailed."""
+def probe_jail(python: str, worker: str, root: Path, as_root: bool) -> Jail:
+    """The jail, once bwrap has run the worker and the interpreter in one here (as the sandbox's uid, as
+    root). ProbeError where none can be made now: no bwrap, a bwrap that fails (for a moment or for good:
+    which, no one probe can tell), a machine the seccomp filter has no numbers for, a jail that does not
+    run the interpreter, a try that never finishes. No code may run then, rather than run unjailed."""
     bwrap = find_bwrap()
-    if not bwrap or not supported() or not _bwrap_works(bwrap, as_root):
-        return None
+    if not bwrap:
+        raise ProbeError("bwrap (Bubblewrap), the jail sandboxed code runs in, is not installed here", INSTALL)
+    if not supported():
+        raise ProbeError(f"the jail's system call filter has no numbers for this machine ({platform.machine()})",
+                         JAIL_OFF)
+    if failed := _bwrap_fails(bwrap, as_root):
+        raise ProbeError(f"bwrap could not make the jail's namespaces, {BWRAP_TRIES} tries ({failed})", RETRY)
     jail = Jail(bwrap, _interpreter_paths(python), as_root)
     uid, lock = allocate_uid() if as_root else (os.getuid(), None)
     folder = Path(tempfile.mkdtemp(prefix=".jail-probe-", dir=root))
@@ -129,26 +144,29 @@ def probe_jail(python: str, worker: str, root: Path, as_root: bool) -> Jail | No
         if lock is not None:
             release_uid(uid, lock)
     if done.returncode != 0:
-        said = " ".join(done.stderr.decode(errors="replace").split())[-300:]
-        raise ProbeError(f"bwrap works on this machine, but the jail could not run the interpreter (exit status "
-                         f"{done.returncode}{': ' + said if said else ''}). The server's operator can turn the jail "
-                         "off with NANBEIGE_SANDBOX_JAIL=0")
+        raise ProbeError(f"bwrap works on this machine, but the jail could not run the interpreter ({_said(done)})",
+                         RETRY)
     return jail
 
 
-def _bwrap_works(bwrap: str, as_root: bool) -> bool:
-    """Whether bwrap makes a jail's namespaces here at all. One failure may be passing (memory or
-    processes short for a moment), so only a failure every time says it cannot."""
+def _bwrap_fails(bwrap: str, as_root: bool) -> str:
+    """How bwrap failed to make a jail's namespaces here, each of its tries; empty once one worked. A
+    failure may be passing (memory or processes short for a moment), so it is tried more than once."""
     args = [bwrap, *namespace_args(as_root=as_root, network=False), "--ro-bind", "/", "/", "--proc", "/proc",
             "--dev", "/dev", "true"]
     for attempt in range(BWRAP_TRIES):
         done = _run(args)
         if done.returncode == 0:
-            return True
-        log.info("local sandbox: bwrap failed (try %d of %d): %s", attempt + 1, BWRAP_TRIES,
-                 done.stderr.decode(errors="replace").strip())
+            return ""
+        log.info("local sandbox: bwrap failed (try %d of %d): %s", attempt + 1, BWRAP_TRIES, _said(done))
         time.sleep(0.1)
-    return False
+    return _said(done)
+
+
+def _said(done: subprocess.CompletedProcess[bytes]) -> str:
+    """A failed run as one line: its exit status and the end of what it wrote on stderr."""
+    said = " ".join(done.stderr.decode(errors="replace").split())[-300:]
+    return f"exit status {done.returncode}{': ' + said if said else ''}"
 
 
 def _interpreter_paths(python: str) -> tuple[str, ...]:
