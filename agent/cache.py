@@ -8,10 +8,15 @@ succeeded, when it was recorded, and its origin: the name and version the server
 a digest of the tool's description and schema. Secrets are taken out of every column (the arguments
 too: a model may quote a key), so the file holds no key the runtime knows.
 
-A cache file is untrusted input like any other: a row whose columns have the wrong types is never
-served (a live run calls the tool instead and records a good row; a replay stops, naming the row), and
-a row recorded from another server, or another version of the server or of its tool, is not served
-either: a live run calls the tool again, a replay stops and says which origin the row came from.
+A cache file is untrusted input like any other. Its schema must be exactly the one table nanbeige
+makes (a trigger, view, index or other table in it could run or rewrite something on each write, so
+such a file is refused). A row whose columns have the wrong types is never served (a live run calls the
+tool instead and records a good row; a replay stops, naming the row); nor is a row recorded from another
+server, or another version of the server or of its tool (a replay says which origin the row came from).
+The origin is public, so a row could be forged to match it: each row carries an HMAC made with this
+user's own key (`cache.key` in their config folder, made 0600 on first use, never in the cache file),
+and a row that does not verify is not served. A cache made on another machine is served once the user
+accepts it (`nanbeige cache accept PATH`, which signs its rows with their key).
 
 What is recorded: every answer a tool gave, its own error results included (a 404 page, bad
 arguments). What is not: calls that got no answer (a timeout, a server that stopped: the runtime
@@ -32,15 +37,21 @@ readers go on while one writes, and a writer waits its turn (up to `BUSY_TIMEOUT
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
+import os
 import random
+import re
+import secrets
 import sqlite3
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 2  # 2: the origin column
+SCHEMA_VERSION = 3  # 2: the origin column; 3: the mac column
 BUSY_TIMEOUT_S = 60.0
 UNCACHED_SERVERS = ("tool-python",)
 """Servers whose calls are never recorded or served: their results depend on state and effects."""
@@ -54,8 +65,14 @@ SCHEMA = """CREATE TABLE IF NOT EXISTS tool_results (
     succeeded INTEGER NOT NULL,
     recorded_at REAL NOT NULL,
     origin TEXT NOT NULL DEFAULT '',
+    mac TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (server, tool, arguments)
 ) WITHOUT ROWID"""
+ADDED_COLUMNS = {2: "origin TEXT NOT NULL DEFAULT ''", 3: "mac TEXT NOT NULL DEFAULT ''"}
+"""The columns each format added to the one before (SQLite writes an added column into the table's SQL
+after the last one, so a file brought up to date holds the same SQL as one made new)."""
+KEY_FILE = "cache.key"
+NOT_SIGNED = "it was not recorded by this user on this machine (its signature does not match the key in"
 
 
 class CacheError(Exception):
@@ -85,24 +102,167 @@ def succeeded(text: str, is_error: bool) -> bool:
 
 def malformed(row: tuple) -> str:
     """What is wrong with a row's columns, or "" (SQLite keeps whatever type a writer gave a column)."""
-    text, is_error, ok, origin = row
+    text, is_error, ok, origin, mac = row
     if type(text) is not str:
         return f"its text is {type(text).__name__}, not text"
     for name, flag in (("is_error", is_error), ("succeeded", ok)):
         if type(flag) is not int or flag not in (0, 1):
             return f"its {name} is {flag!r}, not 0 or 1"
-    if type(origin) is not str:
-        return f"its origin is {type(origin).__name__}, not text"
+    for name, value in (("origin", origin), ("mac", mac)):
+        if type(value) is not str:
+            return f"its {name} is {type(value).__name__}, not text"
     return ""
+
+
+# ---------------------------------------------------------------- signing rows
+
+
+def key_path() -> Path:
+    """Where this user's cache key lives: their own config folder (`$XDG_CONFIG_HOME`, else `~/.config`)."""
+    base = os.environ.get("XDG_CONFIG_HOME") or ""
+    return (Path(base) if Path(base).is_absolute() else Path.home() / ".config") / "nanbeige" / KEY_FILE
+
+
+def user_key(path: Path | None = None) -> bytes:
+    """The key this user signs the rows they record with, made on first use. A key others can read
+    could sign forged rows, so one that is not the user's alone is refused."""
+    path = path or key_path()
+    try:
+        if not path.exists():
+            _make_key(path)
+        text, mode = path.read_text(encoding="ascii"), path.stat().st_mode
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CacheError(f"cannot read or make the cache key {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    if os.name == "posix" and mode & 0o077:
+        raise CacheError(f"the cache key {path} can be read by other users: chmod 600 {path}")
+    if not re.fullmatch(r"[0-9a-f]{64}\n?", text):
+        raise CacheError(f"the cache key {path} is damaged: delete it (a new one is made; the rows signed with the "
+                         "old one are then asked again)")
+    return bytes.fromhex(text.strip())
+
+
+def _make_key(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(descriptor, "w", encoding="ascii") as file:
+            file.write(secrets.token_hex(32) + "\n")
+        os.link(temporary, path)  # in place whole or not at all; where another process made one first, it is kept
+    except FileExistsError:
+        pass
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def signature(key: bytes, server: str, tool: str, arguments: str, text: str, is_error: int, ok: int,
+              origin: str) -> str:
+    """The row's HMAC-SHA256 under the user's key, over every column that decides what is served."""
+    message = json.dumps([server, tool, arguments, text, is_error, ok, origin]).encode()  # ASCII: any text encodes
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+# ---------------------------------------------------------------- the file
+
+
+def squeezed(sql: str) -> str:
+    return re.sub(r"\s+", "", sql).lower()
+
+
+def table_sql(version: int) -> str:
+    """The table's SQL as a file of that format holds it, white space and case aside."""
+    sql = SCHEMA.replace("IF NOT EXISTS ", "")
+    for newer in range(version + 1, SCHEMA_VERSION + 1):
+        sql = sql.replace(f"    {ADDED_COLUMNS[newer]},\n", "")
+    return squeezed(sql)
+
+
+def check_schema(db: sqlite3.Connection, replay: bool) -> None:
+    """Make a new file's table, or check that the file holds that table and nothing else, bringing an
+    older format up to date. Anything else in a file (a trigger, a view, an index, another table, a
+    table with checks or defaults of its own) could run each time a result is recorded: refused."""
+    objects = db.execute("SELECT type, name, sql FROM sqlite_master").fetchall()
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    if not objects and not replay:
+        db.execute(SCHEMA)
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        return
+    tables = [sql for kind, name, sql in objects if (kind, name) == ("table", "tool_results")]
+    if not tables:
+        raise sqlite3.DatabaseError("it is another SQLite file, not a tool-result cache")
+    if version > SCHEMA_VERSION:
+        raise sqlite3.DatabaseError(f"it was written by a newer nanbeige (format {version})")
+    extra = [f"{kind} {name!r}" for kind, name, _ in objects if (kind, name) != ("table", "tool_results")]
+    if extra:
+        raise sqlite3.DatabaseError(f"it holds a {extra[0]}, which nanbeige never makes (a cache file is untrusted: "
+                                    "nothing in it may run when a result is recorded); record a new cache")
+    if version < 1 or squeezed(tables[0]) != table_sql(version):
+        raise sqlite3.DatabaseError(f"its table is not the one nanbeige makes (format {version}): record a new cache")
+    for newer in range(version + 1, SCHEMA_VERSION + 1):  # older rows read as recorded from no server, unsigned
+        db.execute(f"ALTER TABLE tool_results ADD COLUMN {ADDED_COLUMNS[newer]}")
+    if version != SCHEMA_VERSION:
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+
+def connect(path: Path, replay: bool) -> sqlite3.Connection:
+    """The file opened in WAL mode with its schema checked (`CacheError` for a file that cannot be used)."""
+    if replay and not path.is_file():
+        raise CacheError(f"--replay: there is no cache file {path}; record one first with --cache")
+    if path.is_dir():
+        raise CacheError(f"--cache {path} is a folder; give a file path")
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        db = None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")  # in WAL mode: no fsync per write, never corrupt
+            db.execute("BEGIN IMMEDIATE")  # the write lock first: a reader cannot upgrade while others write
+            check_schema(db, replay)
+            db.execute("COMMIT")
+            return db
+        except (sqlite3.Error, OSError) as exc:
+            if db is not None:
+                db.close()
+            # Switching a new file to WAL while other processes open it can be refused at once, busy
+            # timeout or not: another try a moment later succeeds
+            if "locked" in str(exc) and time.monotonic() < deadline:
+                time.sleep(random.uniform(0.02, 0.2))
+                continue
+            raise CacheError(f"cannot use {path} as a tool-result cache: {exc}") from None
+
+
+def accept(path: Path) -> tuple[int, int]:
+    """Sign every well-formed row of a cache made elsewhere with this user's key, so that its rows are
+    served here (their origins are still checked); returns the rows signed and the malformed ones left."""
+    if not path.is_file():
+        raise CacheError(f"{path}: no such cache file")
+    key, db = user_key(), connect(path, replay=True)
+    try:
+        db.execute("BEGIN IMMEDIATE")
+        rows = db.execute("SELECT server, tool, arguments, text, is_error, succeeded, origin, mac "
+                          "FROM tool_results").fetchall()
+        good = [row for row in rows if all(type(v) is str for v in row[:3]) and not malformed(row[3:])]
+        db.executemany("UPDATE tool_results SET mac = ? WHERE server = ? AND tool = ? AND arguments = ?",
+                       [(signature(key, *row[:7]), *row[:3]) for row in good])
+        db.execute("COMMIT")
+    except sqlite3.Error as exc:
+        raise CacheError(f"cannot sign the rows of {path}: {exc}") from None
+    finally:
+        db.close()
+    return len(good), len(rows) - len(good)
 
 
 class ToolCache:
     """One cache file, shared by every run of a command. Open with `await ToolCache.open(...)`."""
 
-    def __init__(self, path: Path, replay: bool = False):
+    def __init__(self, path: Path, replay: bool = False, notice: Callable[[str], None] | None = None):
         self.path = path
         self.replay = replay
         """Serve only from the file; never write to it."""
+        self.notice = notice
+        """Says once that the file holds rows this user did not sign (a live run asks their tools again)."""
         self.hits = 0
         self.misses = 0
         """Calls the cache could serve but did not (the tool was called instead)."""
@@ -111,11 +271,14 @@ class ToolCache:
         self.last_error = ""
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tool-cache")
         self._db: sqlite3.Connection | None = None
+        self._key = b""
+        self._said_unsigned = False
 
     @classmethod
-    async def open(cls, path: Path, replay: bool = False) -> ToolCache:
-        cache = cls(path, replay)
+    async def open(cls, path: Path, replay: bool = False, notice: Callable[[str], None] | None = None) -> ToolCache:
+        cache = cls(path, replay, notice)
         try:
+            cache._key = user_key()
             await cache._run(cache._connect)
         except BaseException:
             cache._thread.shutdown()
@@ -136,7 +299,8 @@ class ToolCache:
             if self.replay:
                 raise ReplayMiss(f"--replay: cannot read the cache {self.path}: {exc}") from None
             row = self._failed(exc)
-        unusable = row is not None and (malformed(row) or self._foreign(row, origin))
+        unusable = "" if row is None else (malformed(row) or self._foreign(row, origin)
+                                           or self._unsigned(server, tool, key, row))
         if unusable and self.replay:
             raise ReplayMiss(f"--replay: the cache {self.path} holds an answer for {tool} on server {server} with "
                              f"arguments {shown} that cannot be served: {unusable}")
@@ -146,6 +310,11 @@ class ToolCache:
         if self.replay:
             raise ReplayMiss(f"--replay: the cache {self.path} holds no answer for {tool} on server {server} "
                              f"with arguments {shown}")
+        if unusable.startswith(NOT_SIGNED) and self.notice and not self._said_unsigned:
+            self._said_unsigned = True
+            self.notice(f"the cache {self.path} holds rows not recorded here (the first: {tool} on server "
+                        f"{server}): they are not served, and the tools are asked again. To use a cache made "
+                        f"elsewhere, accept it: nanbeige cache accept {self.path}")
         self.misses += 1
         return None
 
@@ -154,6 +323,12 @@ class ToolCache:
             return ""
         recorded = f"recorded from {row[3]!r}" if row[3] else "recorded with no origin (an older nanbeige)"
         return f"it was {recorded}, and the server now is {origin!r}"
+
+    def _unsigned(self, server: str, tool: str, key: str, row: tuple) -> str:
+        if hmac.compare_digest(row[4], signature(self._key, server, tool, key, *row[:4])):
+            return ""
+        return (f"{NOT_SIGNED} {key_path()}); if you trust whoever made the file, accept it with "
+                f"`nanbeige cache accept {self.path}`")
 
     async def record(self, server: str, tool: str, arguments: dict[str, Any], text: str, is_error: bool,
                      origin: str = "") -> None:
@@ -184,55 +359,20 @@ class ToolCache:
         return await asyncio.wrap_future(self._thread.submit(work, *args))
 
     def _connect(self) -> None:
-        if self.replay and not self.path.is_file():
-            raise CacheError(f"--replay: there is no cache file {self.path}; record one first with --cache")
-        if self.path.is_dir():
-            raise CacheError(f"--cache {self.path} is a folder; give a file path")
-        deadline = time.monotonic() + BUSY_TIMEOUT_S
-        while True:
-            try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
-                self._db.execute("PRAGMA journal_mode=WAL")
-                self._db.execute("PRAGMA synchronous=NORMAL")  # in WAL mode: no fsync per write, never corrupt
-                self._db.execute("BEGIN IMMEDIATE")  # the write lock first: a reader cannot upgrade while others write
-                self._check_schema()
-                self._db.execute("COMMIT")
-                return
-            except (sqlite3.Error, OSError) as exc:
-                self._close()
-                # Switching a new file to WAL while other processes open it can be refused at once, busy
-                # timeout or not: another try a moment later succeeds
-                if "locked" in str(exc) and time.monotonic() < deadline:
-                    time.sleep(random.uniform(0.02, 0.2))
-                    continue
-                raise CacheError(f"cannot use {self.path} as a tool-result cache: {exc}") from None
-
-    def _check_schema(self) -> None:
-        assert self._db is not None
-        tables = {name for (name,) in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        if (tables and "tool_results" not in tables) or (self.replay and not tables):
-            raise sqlite3.DatabaseError("it is another SQLite file, not a tool-result cache")
-        version = self._db.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
-            raise sqlite3.DatabaseError(f"it was written by a newer nanbeige (format {version})")
-        if not tables:
-            self._db.execute(SCHEMA)
-        elif version < SCHEMA_VERSION:  # format 1 had no origin: its rows read as recorded from no server
-            self._db.execute("ALTER TABLE tool_results ADD COLUMN origin TEXT NOT NULL DEFAULT ''")
-        if version != SCHEMA_VERSION:
-            self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        self._db = connect(self.path, self.replay)
 
     def get(self, server: str, tool: str, key: str) -> tuple | None:
-        """The row's (text, is_error, succeeded, origin), as the file holds them (see `malformed`)."""
+        """The row's (text, is_error, succeeded, origin, mac), as the file holds them (see `malformed`)."""
         assert self._db is not None
-        return self._db.execute("SELECT text, is_error, succeeded, origin FROM tool_results "
+        return self._db.execute("SELECT text, is_error, succeeded, origin, mac FROM tool_results "
                                 "WHERE server = ? AND tool = ? AND arguments = ?", (server, tool, key)).fetchone()
 
     def put(self, server: str, tool: str, key: str, text: str, is_error: bool, origin: str) -> None:
         assert self._db is not None
-        self._db.execute("INSERT OR REPLACE INTO tool_results VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                         (server, tool, key, text, int(is_error), int(succeeded(text, is_error)), time.time(), origin))
+        flags = int(is_error), int(succeeded(text, is_error))
+        self._db.execute("INSERT OR REPLACE INTO tool_results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                         (server, tool, key, text, *flags, time.time(), origin,
+                          signature(self._key, server, tool, key, text, *flags, origin)))
 
     def _close(self) -> None:
         if self._db is not None:

@@ -355,7 +355,7 @@ async def ready(settings: RunSettings, notice: Notice) -> AsyncIterator[Ready]:
                          "with a path in a writable folder.") from None
     began, keep_log = False, False
     try:
-        async with _toolbox(specs, settings.tools, errlog and errlog.stream, secrets) as toolbox:
+        async with _toolbox(specs, settings.tools, errlog and errlog.stream, secrets, notice) as toolbox:
             llm = await _backend(settings, server, notice)
             try:
                 writer = open_writer(path, secrets, settings.whole_trajectories)
@@ -386,12 +386,12 @@ async def _backend(settings: RunSettings, server: ServerInfo | None, notice: Not
 
 
 @asynccontextmanager
-async def _toolbox(specs: list[ServerSpec], tools: ToolsConfig, errlog: IO[str] | None, secrets: list[str]
-                   ) -> AsyncIterator[Toolbox | None]:
+async def _toolbox(specs: list[ServerSpec], tools: ToolsConfig, errlog: IO[str] | None, secrets: list[str],
+                   notice: Notice) -> AsyncIterator[Toolbox | None]:
     if not specs:
         yield None
         return
-    cache = await open_cache(tools)
+    cache = await open_cache(tools, notice)
     try:
         async with Toolbox(specs, call_timeout_s=tools.tool_timeout_s, max_result_chars=tools.max_result_chars,
                            errlog=errlog, start_timeout_s=tools.start_timeout_s, secrets=secrets,
@@ -402,12 +402,12 @@ async def _toolbox(specs: list[ServerSpec], tools: ToolsConfig, errlog: IO[str] 
             await cache.aclose()
 
 
-async def open_cache(tools: ToolsConfig) -> ToolCache | None:
+async def open_cache(tools: ToolsConfig, notice: Notice) -> ToolCache | None:
     """The tool-result cache the settings name, opened (None when they name none)."""
     if tools.cache is None:
         return None
     try:
-        return await ToolCache.open(tools.cache, tools.replay)
+        return await ToolCache.open(tools.cache, tools.replay, notice)
     except CacheError as exc:
         raise SetupError(str(exc)) from None
 

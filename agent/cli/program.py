@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.markup import escape
 
-from nanbeige.agent.cli import commands, research, rl_commands, settings_file, train_commands
+from nanbeige.agent.cli import cache_commands, commands, research, rl_commands, settings_file, train_commands
 from nanbeige.agent.cli import options as o
 from nanbeige.agent.config import BackendConfig, RunSettings
 from nanbeige.agent.cli.console import SafeConsole, err, fail, hide, out, out_json, shown
@@ -230,6 +230,7 @@ app.command("serve", context_settings={"allow_extra_args": True, "ignore_unknown
 app.command("server")(commands.server)
 app.add_typer(commands.index_app, name="index")
 app.add_typer(commands.reference_app, name="reference")
+app.add_typer(cache_commands.cache_app, name="cache")
 app.command("eval", epilog=commands.benchmark_list())(commands.evaluate)
 app.command("collect")(rl_commands.collect)
 app.command("judge")(rl_commands.judge)
