@@ -11,7 +11,7 @@ from array import array
 from pathlib import Path
 
 import pytest
-from test_untrusted_inputs import BINARY, NESTED, assert_refused, assert_warned, jsonl, nanbeige
+from test_untrusted_inputs import BINARY, NESTED, assert_refused, assert_warned, files_in, jsonl, nanbeige
 from tiny_model import make_tiny_model
 
 from nanbeige.agent.tokens import _hash
@@ -158,3 +158,42 @@ def test_metrics_with_a_torn_last_line_are_cut_back_on_resume(tmp_path: Path) ->
     metrics.write_text("".join(steps) + '{"step": 4, "lo')
     drop_metrics_after(metrics, 2)
     assert metrics.read_text() == "".join(steps[:2])
+
+
+# ---------------------------------------------------------------- train --loop: its state file
+
+POLICY = {"model": "m", "checkpoint": None, "version": "iter-0"}
+DONE = {"iteration": 1, "policy": POLICY, "collected": {"rollouts": 2, "pass_rate": 0.5, "model": "m"},
+        "trained": {"checkpoint": "ckpt", "steps": 1, "rows": 2}}
+LOOP_STATES = {  # each a loop.json that resumes into a TypeError today; the field the error names
+    "a list for the whole state": ([], "it must be an object"),
+    "an object for the iterations": ({"policy": POLICY, "iterations": {"1": DONE}}, "`iterations` must be a list"),
+    "text for the policy": ({"policy": "m", "iterations": []}, "`policy` must be an object"),
+    "a list for the policy's model": ({"policy": {**POLICY, "model": ["m"]}, "iterations": []},
+                                      "`policy.model` must be text"),
+    "a number for a checkpoint": ({"policy": POLICY, "iterations": [{**DONE, "policy": {**POLICY, "checkpoint": 5}}]},
+                                  "`iterations[0].policy.checkpoint` must be text or null"),
+    "a list for an iteration": ({"policy": POLICY, "iterations": [[1]]}, "`iterations[0]` must be an object"),
+    "text for the iteration's number": ({"policy": POLICY, "iterations": [{**DONE, "iteration": "1"}]},
+                                        "`iterations[0].iteration` must be 1"),
+    "a list for the trained checkpoint": ({"policy": POLICY, "iterations": [
+        {**DONE, "trained": {"checkpoint": ["ckpt"], "steps": 1, "rows": 2}}]},
+        "`iterations[0].trained.checkpoint` must be text"),
+    "true/false for a count": ({"policy": POLICY, "iterations": [{**DONE, "collected": {"rollouts": True}}]},
+                               "`iterations[0].collected.rollouts` must be a whole number"),
+    "text for the sync": ({"policy": POLICY, "sync": 1, "iterations": []}, "`sync` must be text"),
+}
+
+
+@pytest.mark.parametrize("case", LOOP_STATES)
+def test_a_loop_state_with_a_field_of_the_wrong_type_is_one_line_naming_the_field(tmp_path: Path, case: str) -> None:
+    state, why = LOOP_STATES[case]
+    questions, out = tmp_path / "questions.jsonl", tmp_path / "loop"
+    questions.write_bytes(jsonl({"id": "a", "question": "What is 2+2?", "answer": "4"}))
+    out.mkdir()
+    (out / "loop.json").write_text(json.dumps(state))
+    before = files_in(out)
+    result = nanbeige("train", "--loop", "1", "--questions", questions, "--model", tmp_path / "no-model", "--out",
+                      out, "--backend", "transformers", "--no-default-servers", "--no-critic", "--sync", "none")
+    assert_refused(result, out / "loop.json", None, why)
+    assert files_in(out) == before

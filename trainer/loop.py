@@ -48,6 +48,7 @@ from typing import Any
 from nanbeige.agent.config import RunSettings
 from nanbeige.trainer.config import rule_problem
 from nanbeige.trainer.judge import JudgeRunConfig
+from nanbeige.trainer.loop_state import state_problem
 from nanbeige.trainer.sync import SyncError, load_adapter, load_weights
 from nanbeige.trainer.train import TrainConfig
 
@@ -111,9 +112,13 @@ def read_state(out: Path) -> dict[str, Any] | None:
     if not path.exists():
         return None
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError) as exc:
         raise LoopError(f"cannot read the loop state {path} ({exc}); fix it or pass another out folder") from None
+    problem = state_problem(state)
+    if problem:
+        raise LoopError(f"{path}: {problem}; fix it or pass another out folder")
+    return state
 
 
 def write_state(out: Path, state: dict[str, Any]) -> None:
