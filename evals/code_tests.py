@@ -29,10 +29,13 @@ import secrets
 import signal
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nanbeige.evals.code_problems import CODE_TESTS, CodeProblem
-from nanbeige.tools.sandbox import SandboxConfig, SandboxError, config_from_env
+from nanbeige.tools.sandbox import SandboxConfig, config_from_env
+
+if TYPE_CHECKING:
+    from nanbeige.tools.sandbox.local import ProgramRun
 
 HARNESS = Path(__file__).with_name("code_harness.py")
 FENCE = re.compile(r"```[ \t]*([\w+.-]*)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
@@ -46,6 +49,7 @@ MAX_OUTPUT_BYTES = 1 << 22
 DETAIL_CHARS = 300
 MAX_PROGRAM_BYTES = 1 << 20
 """A longer program is a format error (nothing a solution needs; far below the sandbox's file size limit)."""
+KILLED_SANDBOX = "the program killed its sandbox (its jail, its worker, its process group or all it could signal)"
 
 
 @dataclass
@@ -269,6 +273,19 @@ def harness_results(stdout: bytes, tests: list[dict[str, Any]], ended: str, nonc
 # ---------------------------------------------------------------- running in the sandbox
 
 
+def end_reason(run: ProgramRun, chars: int) -> str:
+    """Why a run ended abnormally: a budget of its sandbox, the program killing its own sandbox (its failure,
+    as a known-good program run after it showed), the end of what it wrote on stderr, or the signal."""
+    from nanbeige.tools.sandbox.system import signal_name
+
+    if run.budget_spent:
+        return run.budget_spent
+    if run.killed_sandbox:
+        return KILLED_SANDBOX
+    said = run.stderr.decode(errors="replace").strip()[-chars:]
+    return said or (f"killed by {signal_name(-run.exit_code)}" if run.exit_code < 0 else "")
+
+
 class CodeRunner:
     """Runs programs against tests in local sandboxes, one fresh sandbox per program; thread-safe. Holds
     the sandbox backend for a judge or eval run: `close()` when done."""
@@ -309,8 +326,7 @@ class CodeRunner:
         if run.timed_out or run.exit_code == -signal.SIGXCPU:  # its CPU time ran out
             return Outcome("time-out", run.seconds, f"ran past {problem.time_limit_s:g} s")
         if run.exit_code != 0:
-            reason = run.budget_spent or run.stderr.decode(errors="replace").strip()[-DETAIL_CHARS:]
-            return Outcome("error", run.seconds, f"exit {run.exit_code}: {reason}")
+            return Outcome("error", run.seconds, f"exit {run.exit_code}: {end_reason(run, DETAIL_CHARS)}")
         if "output" not in test or same_output(run.stdout.decode(errors="replace"), test["output"]):  # timing
             return Outcome("pass", run.seconds)
         return Outcome("fail", run.seconds, f"printed {run.stdout[:100].decode(errors='replace')!r}")
@@ -328,8 +344,7 @@ class CodeRunner:
         if run.timed_out or run.exit_code == -signal.SIGXCPU:
             ended = f"time-out:the run ran past its {total:g} s"
         elif run.exit_code != 0:
-            reason = run.budget_spent or run.stderr.decode(errors="replace").strip()[-200:]
-            ended = f"error:the process ended (exit {run.exit_code}) before this test: {reason}"
+            ended = f"error:the process ended (exit {run.exit_code}) before this test: {end_reason(run, 200)}"
         else:
             ended = "error:the process ended before this test"
         return harness_results(run.stdout, problem.tests, ended, nonce)

@@ -182,6 +182,33 @@ def test_a_fork_bomb_gets_nothing_and_leaves_no_process_or_sandbox(runner: CodeR
     assert after.solved  # the machine and the runner still work
 
 
+# Ways a program ends its own sandbox's run: its jail's init (the worker, in a pid namespace of its own) and
+# everything else it can signal, its process group, or its parent (the worker, for a stdin/stdout program).
+SANDBOX_KILLERS = {"kill(-1)": "os.kill(-1, signal.SIGKILL)", "killpg(0)": "os.killpg(0, signal.SIGKILL)",
+                   "its parent": "os.kill(os.getppid(), signal.SIGKILL)"}
+
+
+@pytest.mark.parametrize("kill", SANDBOX_KILLERS.values(), ids=SANDBOX_KILLERS.keys())
+def test_a_program_that_kills_its_sandbox_fails_itself_and_the_machine_is_not_blamed(
+        runner: CodeRunner, root: Path, kill: str) -> None:
+    """Killing its jail at import used to read as "the machine failed" (a SandboxError), which stops judge at
+    that trajectory on every rerun. A known-good program in a fresh jail shows the machine works: the failure
+    is the program's: reward 0, each test an error, and the next program is judged as usual."""
+    for problem, program in ((SUM, f"import os, signal\n{kill}\n"),
+                             (ADD, f"import os, signal\n{kill}\ndef add(a, b):\n    return a + b\n")):
+        grade = grade_program(runner, problem, None, fenced(program))
+        assert grade.reward(CodeRewards()) == 0.0 and results(grade) == ["error"] * len(problem.tests), grade
+    assert grade_program(runner, SUM, None, fenced("print(sum(map(int, input().split())))")).solved
+    assert no_process_runs("solution.py") and not leftovers(root)
+
+
+def test_a_program_that_kills_its_jail_says_so_in_its_record(runner: CodeRunner) -> None:
+    grade = grade_program(runner, SUM, None, fenced("import os, signal\nos.kill(-1, signal.SIGKILL)\n"))
+    record = grade.record(CodeRewards())
+    assert (record["reward"], record["solved"], record["counts"]["error"]) == (0.0, False, 3)
+    assert all("the program killed its sandbox" in test["detail"] for test in record["tests"]), record["tests"]
+
+
 def test_a_program_cannot_read_the_expected_outputs(runner: CodeRunner, tmp_path: Path) -> None:
     problem, problems_file = echo_secret(tmp_path)
     thief = f"""
@@ -387,7 +414,9 @@ def test_a_jail_that_does_not_start_the_program_is_the_sandboxs_failure(runner: 
 
     failing_jail = ["/bin/sh", "-c", "echo bwrap: no >&2; exit 1"]
     monkeypatch.setattr(local, "command_line", lambda *args, **kwargs: (failing_jail, []))
-    with pytest.raises(SandboxError, match="the sandbox's jail did not run the program .*bwrap: no"):
+    # the known-good program that follows fails the same way: the machine is at fault, not the program
+    with pytest.raises(SandboxError, match="the sandbox's jail did not run the program .*bwrap: no.*nor a "
+                                           "known-good program"):
         grade_program(runner, SUM, None, fenced("print(3)"))
 
 

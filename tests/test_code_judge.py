@@ -151,6 +151,42 @@ def test_a_second_judge_run_judges_nothing_new(tmp_path: Path) -> None:
     assert out.read_bytes() == written and whole_trajectories(out) == ["a", "b"]
 
 
+def test_a_program_that_kills_its_sandbox_is_its_own_failure_and_judge_goes_on(tmp_path: Path) -> None:
+    """A program that kills everything it can signal at import (its jail included) used to stop judge at its
+    trajectory, on every rerun: read as a broken machine. A known-good program in a fresh jail says the
+    machine works: the trajectory gets reward 0 with the reason, the others are judged, a rerun has nothing
+    left to do."""
+    killer = "import os, signal\nos.kill(-1, signal.SIGKILL)\n"
+    src = write(tmp_path / "in.jsonl", [
+        rollout("stdio-killer", "sum-two", fenced(killer)), rollout("function-killer", "add", fenced(killer + ADD_RIGHT)),
+        rollout("after", "sum-two", fenced(SUM_TWO_RIGHT))])
+    out = tmp_path / "out.jsonl"
+    problems = problems_file(tmp_path)
+    result = judge(src, out, "--grader", "code-tests", "--problems", str(problems))
+    assert result.returncode == 0, result.stderr
+    found = judged(out)
+    assert {id: t.reward for id, t in found.items()} == {"stdio-killer": 0.0, "function-killer": 0.0, "after": 1.0}
+    for id in ("stdio-killer", "function-killer"):
+        record = found[id].judge
+        assert record["error"] is None and record["solved"] is False and record["counts"]["error"] == 2, record
+        assert all("the program killed its sandbox" in test["detail"] for test in record["tests"]), record
+    again = judge(src, out, "--grader", "code-tests", "--problems", str(problems))
+    assert again.returncode == 0 and "0 trajectories judged" in again.stderr, again.stderr
+
+
+def test_eval_counts_a_program_that_kills_its_sandbox_as_wrong_not_as_a_failed_run(tmp_path: Path) -> None:
+    problems = problems_file(tmp_path, SUM_TWO)
+    out = tmp_path / "out"
+    model = code_model({SUM_TWO["statement"]: fenced("import os, signal\nos.kill(-1, signal.SIGKILL)\n")})
+    with FakeOpenAI(model) as server:
+        result = nanbeige(*eval_command("code", out, server, "--data", str(problems)), timeout=120)
+    assert result.returncode == 0, result.stderr
+    [row] = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert (row["correct"], row["reason"]) == (False, "pass rate 0.000 (2 error)"), row
+    report = json.loads((out / "report.json").read_text())
+    assert (report["tasks"], report["avg_at_k"]) == (1, 0.0), report
+
+
 def test_code_trajectories_without_a_problems_file_are_one_error_line(tmp_path: Path) -> None:
     src = write(tmp_path / "in.jsonl", [rollout("a", "add", fenced(ADD_RIGHT))])
     out = tmp_path / "out.jsonl"

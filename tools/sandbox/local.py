@@ -78,6 +78,9 @@ class ProgramRun:
     """Why the sandbox's processes were stopped, when a budget of the whole sandbox (memory, disk) did it."""
     reported: bool = True
     """The sandbox's worker reported how the program ended (it did not, when it was killed itself)."""
+    killed_sandbox: bool = False
+    """The worker was killed without a word, and then a known-good program ran in a fresh sandbox: the
+    program killed its own sandbox (its jail, its worker, its process group, or all it could signal)."""
 
 
 # --- the backend -------------------------------------------------------------------------------
@@ -233,11 +236,34 @@ class LocalBackend:
                          memory_mb=memory_mb or c.memory_mb)
         box = self._box(sandbox_id)
         run = self._execute(box, args, stdin, limits)
-        if box.jailed and not run.reported and not run.timed_out and not run.budget_spent:
-            # the worker is the jail's init: nothing the program does ends it without a word, the jail failed
+        if run.reported or run.timed_out or run.budget_spent:
+            return run
+        # Only a kill ends the worker (in a jail, the jail's init) without a word: one the program sent
+        # (kill(-1), its process group, its parent), or a sandbox that failed. A known-good program in a
+        # fresh sandbox tells them apart: a program must not pass its failure off as a broken machine.
+        if broken := self._known_good_fails():
             raise SandboxError(f"the sandbox's jail did not run the program ({exit_text(run.exit_code)}): "
-                               f"{run.stderr.decode(errors='replace').strip()[-300:]}")
-        return run
+                               f"{run.stderr.decode(errors='replace').strip()[-300:]}; nor a known-good program in "
+                               f"a fresh sandbox ({broken})")
+        return replace(run, killed_sandbox=True)
+
+    def _known_good_fails(self) -> str:
+        """How a known-good program failed in a fresh sandbox, under the sandbox's own limits; empty when it
+        ran as it should."""
+        try:
+            sandbox = self.create(int(self.config.idle_timeout_s))
+        except (SandboxError, OSError) as exc:
+            return f"it could not be made: {exc}"
+        try:
+            run = self._execute(self._box(sandbox), [self.config.python, "-I", "-S", "-c", "print(6 * 7)"], None,
+                                self.config)
+        except (SandboxError, OSError) as exc:
+            return f"it could not start: {exc}"
+        finally:
+            self.destroy(sandbox)
+        if run.reported and run.exit_code == 0 and run.stdout == b"42\n":
+            return ""
+        return f"{exit_text(run.exit_code)}: {run.stderr.decode(errors='replace').strip()[-300:]}"
 
     def _execute(self, box: LocalSandbox, args: list[str], stdin: bytes | None, limits: SandboxConfig) -> ProgramRun:
         """Runs args in the sandbox (its processes under `limits`' rlimits and wall-clock timeout) and
