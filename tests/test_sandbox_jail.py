@@ -18,7 +18,7 @@ import stat
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -619,3 +619,27 @@ def test_the_jails_init_cannot_be_signalled_or_looked_into(boxes: Sandboxes) -> 
                        "type(e).__name__")
     assert refused == dict.fromkeys(["kill", "environ", "root", "exe"], "PermissionError")
     assert value(boxes, sid, "1 + 1") == 2
+
+
+@JAILED
+@pytest.mark.parametrize("kill", ["os.kill(-1, signal.SIGKILL)", "os.killpg(0, signal.SIGKILL)",
+                                  "os.kill(os.getppid(), signal.SIGKILL)"], ids=["all", "group", "worker"])
+def test_a_program_that_kills_its_jail_is_told_apart_from_a_jail_that_fails(tmp_path: Path, kill: str) -> None:
+    """A program run for a judge can end its jail's worker with everything it can signal, its process group
+    or its parent: the worker reports nothing. A known-good program, run in a fresh jail, then shows the
+    machine works, so the run is the program's failure; where that one fails too (bwrap broken), it is the
+    machine's, an error."""
+    backend = LocalBackend(make_boxes(tmp_path).config)
+    try:
+        sid = backend.create(60)
+        run = backend.run_program(sid, [sys.executable, "-I", "-c", f"import os, signal\n{kill}"])
+        assert (run.killed_sandbox, run.reported, run.exit_code) == (True, False, -signal.SIGKILL), run
+        assert backend.run_program(sid, [sys.executable, "-I", "-c", "print(1)"]).stdout == b"1\n"
+        isolation = backend.isolation
+        backend._isolation = replace(isolation, jail=replace(isolation.jail, bwrap="/bin/false"))
+        with pytest.raises(SandboxError, match=r"the sandbox's jail did not run the program .*nor a known-good "
+                                               r"program in a fresh sandbox \(exit code 1"):
+            backend.run_program(sid, [sys.executable, "-I", "-c", "print(1)"])
+    finally:
+        backend.close()
+    assert os.listdir(tmp_path / "sandboxes") == []
