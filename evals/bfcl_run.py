@@ -28,9 +28,10 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from nanbeige.agent.config import RunSettings
 from nanbeige.agent.trajectory import Trajectory, Turn
-from nanbeige.evals import bfcl
+from nanbeige.evals import bfcl, bfcl_jail
 from nanbeige.evals.config import EvalConfig, EvalError
 from nanbeige.evals.runner import MANIFEST, REPORT, TRAJECTORIES, Progress, prepare_out, run_all
+from nanbeige.tools.sandbox import SandboxError
 
 if TYPE_CHECKING:
     from nanbeige.agent.setup import Ready
@@ -71,8 +72,9 @@ async def evaluate(config: EvalConfig, settings: RunSettings, notice: Callable[[
         if progress.done:
             notice(f"resuming: {progress.done} of {progress.total} items already done in {config.out}")
         settings = dataclasses.replace(settings_for_bfcl(settings), trajectory=config.out / TRAJECTORIES)
-        async with ready(settings, without_tools_notice(notice)) as runtime, web_search(pending):
-            attempt = item_attempt(runtime, config.out, settings.llm.temperature, notice)
+        async with ready(settings, without_tools_notice(notice)) as runtime, web_search(pending), \
+                sandboxes(any(bfcl_jail.runs_model_text(t.level) for t in pending)) as jail:
+            attempt = item_attempt(runtime, config.out, settings.llm.temperature, notice, jail)
             view = progress_view(progress) if progress_view else None
             # the handler prints what it does (and what the model got wrong) on stdout, where our report goes
             with (config.out / "bfcl" / "generator.log").open("a") as log, contextlib.redirect_stdout(log):
@@ -85,6 +87,28 @@ async def evaluate(config: EvalConfig, settings: RunSettings, notice: Callable[[
     report["failed_runs"] = progress.failed
     (config.out / REPORT).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     return report
+
+
+@contextlib.asynccontextmanager
+async def sandboxes(needed: bool) -> Any:
+    """The sandboxes model text runs in, where some item needs them; EvalError (one line) where they cannot
+    be jailed here and the operator did not turn the jail off."""
+    if not needed:
+        yield None
+        return
+    jail = bfcl_jail.Jail()
+    try:
+        await asyncio.to_thread(require_jail, jail)
+        yield jail
+    finally:
+        await asyncio.to_thread(jail.close)
+
+
+def require_jail(jail: bfcl_jail.Jail) -> None:
+    try:
+        jail.require_jail()
+    except bfcl_jail.JailError as exc:
+        raise EvalError(str(exc)) from None
 
 
 def to_generate(out: Path, tasks: list[Task]) -> list[Task]:
@@ -169,9 +193,12 @@ def without_tools_notice(notice: Callable[[str], None]) -> Callable[[str], None]
 # ---------------------------------------------------------------- one item
 
 
-def item_attempt(runtime: Ready, out: Path, temperature: float | None, notice: Callable[[str], None]) -> Any:
+def item_attempt(runtime: Ready, out: Path, temperature: float | None, notice: Callable[[str], None],
+                 jail: bfcl_jail.Jail | None = None) -> Any:
     """Runs one item through the official handler in a worker thread, its model calls answered by our
-    backend on this event loop; writes the item's result line and trajectory."""
+    backend on this event loop; writes the item's result line and trajectory. An item whose calls the
+    handler executes (multi-turn, agentic) runs in `jail`'s sandbox instead, the handler's questions asked
+    from there."""
     loop = asyncio.get_running_loop()
     llm = runtime.llm
     tokenizer, context_length = prompt_sizes(runtime, notice)
@@ -188,7 +215,17 @@ def item_attempt(runtime: Ready, out: Path, temperature: float | None, notice: C
     async def attempt(task: Task, run_index: int) -> dict[str, Any] | str:
         completions = bfcl.Completions(complete)
         started = time.monotonic()
-        result = await asyncio.to_thread(bfcl.infer, handler, task.metadata["entry"], completions)
+        if bfcl_jail.runs_model_text(task.level):
+            if jail is None:
+                raise EvalError("BFCL's multi-turn and agentic items run only in a sandbox")  # never in this process
+            run = {"temperature": handler.temperature, "model": llm.config.model, "max_context_length": context_length}
+            try:
+                result = await asyncio.to_thread(jail.infer, task.metadata["entry"], bfcl.result_dir(out),
+                                                 bfcl_jail.host_answers(completions, tokenizer), run)
+            except SandboxError as exc:  # this machine's failure, not the model's: run again on resume
+                return f"the sandbox for BFCL's item failed: {exc}"
+        else:
+            result = await asyncio.to_thread(bfcl.infer, handler, task.metadata["entry"], completions)
         if completions.failure:  # the backend failed, not the model: not recorded, run again on resume
             return completions.failure
         bfcl.write(handler, result, out)
@@ -298,14 +335,29 @@ def grade(out: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     for stale in [*scores.glob("*.csv"), *scores.rglob("*_score.json")] if scores.exists() else []:
         stale.unlink()
     failure = None
-    with log.open("w") as stream, contextlib.redirect_stdout(stream), contextlib.redirect_stderr(stream):
-        try:
-            if present:
-                package.runner.runner([bfcl.model_dir()], present, bfcl.result_dir(out), scores,
-                                      allow_missing=partial)
-        except Exception as exc:  # the runner's own failure (its summary table needs 2 items or more)
-            failure = f"{type(exc).__name__}: {exc}"
+    if any(bfcl_jail.graded_by_execution(c) for c in present):  # it runs the model's calls: in the sandbox
+        failure = grade_in_sandbox(out, present, partial, log)
+    else:
+        with log.open("w") as stream, contextlib.redirect_stdout(stream), contextlib.redirect_stderr(stream):
+            try:
+                if present:
+                    package.runner.runner([bfcl.model_dir()], present, bfcl.result_dir(out), scores,
+                                          allow_missing=partial)
+            except Exception as exc:  # the runner's own failure (its summary table needs 2 items or more)
+                failure = f"{type(exc).__name__}: {exc}"
     return report(out, manifest, present, partial, done) | {"runner_error": failure}
+
+
+def grade_in_sandbox(out: Path, categories: list[str], partial: bool, log: Path) -> str | None:
+    """The official runner in a sandbox (`bfcl_jail`); EvalError when it cannot be made, or did not finish."""
+    jail = bfcl_jail.Jail()
+    try:
+        require_jail(jail)
+        return jail.grade(bfcl.result_dir(out), bfcl.score_dir(out), categories, partial, log)
+    except SandboxError as exc:
+        raise EvalError(f"BFCL's grading failed in the sandbox: {exc}") from None
+    finally:
+        jail.close()
 
 
 def ids_of(manifest: dict[str, Any], category: str) -> list[str]:

@@ -1,0 +1,234 @@
+"""Where BFCL's pipeline runs model text as Python: in a sandbox of the local backend, in its jail, never in
+nanbeige's process.
+
+BFCL's multi-turn backends build each call the model makes into a string, `ls(a=1, b=2)`, and `eval()` it
+(the package's `execute_multi_turn_func_call`); a model whose argument name is `a=__import__('os')...,b` runs
+what it likes there. That happens while a multi-turn or agentic (memory, web search) item is generated, and
+again while a multi-turn category is graded, also by `nanbeige eval report` on a folder someone handed over.
+So those items, and that grading, run the package's own code in a sandbox (`bfcl_inside.py` there): the
+package read-only, no network, its own uid, seccomp. The verdicts are the official code's on the same outputs;
+what the sandbox sends back (an item's result line, memory snapshots, score files) is read as data.
+
+Cost: one sandbox per item (its Python process started once, then one cell per model call, prompt count or
+search), and one per grading. Where no jail can be made the sandbox refuses (`require_jail`), unless the
+operator turned the jail off (NANBEIGE_SANDBOX_JAIL=0): then these run in the sandbox's weaker isolation.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import replace
+from pathlib import Path, PurePosixPath
+from typing import Any, Callable
+
+from nanbeige.evals import bfcl
+from nanbeige.tools.sandbox import SandboxConfig, SandboxError, config_from_env
+
+INSIDE = Path(__file__).with_name("bfcl_inside.py")
+HOME = PurePosixPath("/home/user")
+MAX_EXCHANGE_BYTES = 64 << 20
+"""The largest question or result line the sandbox may send back (a result line holds every prompt)."""
+MAX_SCORE_BYTES = 256 << 20
+GRADE_TIMEOUT_S = 6 * 3600.0
+"""The official runner over every multi-turn item takes minutes; a sandbox that runs for hours is stuck."""
+
+
+class JailError(Exception):
+    """Model text cannot be run here as it must be: in the jail (or, by the operator's choice, the sandbox)."""
+
+
+def package_settings() -> dict[str, Any]:
+    """What the sandbox needs to set the package up as `bfcl.official()` did here: the registry entry's fields
+    and where its handler class lives."""
+    entry = bfcl.official().entry
+    handler = entry["model_handler"]
+    return {"name": bfcl.HANDLER_ENTRY, "handler_module": handler.__module__, "handler_class": handler.__name__,
+            "entry": {k: v for k, v in entry.items() if k != "model_handler"}}
+
+
+def runs_model_text(category: str) -> bool:
+    """Whether the official generator executes the model's calls for this category (multi-turn and agentic)."""
+    return bool(bfcl.official().utils.contain_multi_turn_interaction(category))
+
+
+def graded_by_execution(category: str) -> bool:
+    """Whether the official runner executes the model's calls to grade this category (multi-turn)."""
+    return bool(bfcl.official().utils.is_multi_turn(category))
+
+
+class Jail:
+    """The sandboxes of one eval (or one re-grading); thread-safe; `close()` when done."""
+
+    def __init__(self, config: SandboxConfig | None = None) -> None:
+        from nanbeige.tools.sandbox.local import LocalBackend
+
+        self.config = replace(config or config_from_env(), backend="local")
+        self.backend = LocalBackend(self.config)
+        self.lock = threading.Lock()
+
+    def require_jail(self) -> None:
+        """JailError (one line) unless sandboxes here are jailed, or the operator turned the jail off."""
+        try:
+            jailed = self.backend.isolation.jail is not None
+        except SandboxError as exc:
+            raise JailError(f"BFCL runs the model's calls as Python only in the sandbox: {exc}") from None
+        if not jailed and self.config.jail:
+            raise JailError("BFCL's multi-turn and agentic items run the model's calls as Python, only in the sandbox's "
+                            "jail, and bwrap is missing or cannot make one here: install bubblewrap (apt-get install "
+                            "bubblewrap), or set NANBEIGE_SANDBOX_JAIL=0 to run them with the sandbox's weaker isolation")
+
+    def close(self) -> None:
+        self.backend.close()
+
+    # ------------------------------------------------------------ one item
+
+    def infer(self, entry: dict[str, Any], result_dir: Path, ask: Callable[[dict[str, Any]], dict[str, Any]],
+              run: dict[str, Any]) -> dict[str, Any]:
+        """One item through the official per-item function in a sandbox of its own: its result line. `ask`
+        answers the item's questions (a completion, a token count, a search); `run` holds the handler's
+        temperature, model and context length. A sandbox that cannot be made raises SandboxError (this
+        machine's failure); an item whose sandbox breaks afterwards (the model's code may do that) gets an
+        error line, as the official generator records an item that raised."""
+        sandbox = self.backend.create(int(self.config.idle_timeout_s))
+        try:
+            model_dir = result_dir / bfcl.model_dir()
+            files = snapshots(model_dir, result_dir)
+            start = {"settings": package_settings(), "entry": entry, "files": files, **run}
+            self.backend.write_file(sandbox, str(HOME / "bfcl_inside.py"), INSIDE.read_bytes())
+            self.backend.write_file(sandbox, str(HOME / "exchange" / "start.json"),
+                                    json.dumps(start, default=lambda p: relative_path(p, result_dir)).encode())
+            self.cell(sandbox, "import sys\nsys.path.insert(0, '')\nimport bfcl_inside\nbfcl_inside.start()")
+            try:
+                return self.converse(sandbox, entry["id"], ask, result_dir, files)
+            except SandboxError as exc:  # the item's own sandbox broke: the model's code did that, or its time ran out
+                return {"id": entry["id"], "result": f"Error during inference: the item's sandbox stopped: {exc}"}
+        finally:
+            self.backend.destroy(sandbox)
+
+    def converse(self, sandbox: str, item_id: str, ask: Callable[[dict[str, Any]], dict[str, Any]],
+                 result_dir: Path, files: dict[str, str]) -> dict[str, Any]:
+        """Answers the item's questions until it is done; its result line, its new memory snapshots written."""
+        while True:
+            question = self.read_json(sandbox, HOME / "exchange" / "question.json")
+            if "done" in question:
+                result = question["done"]
+                if not isinstance(result, dict) or result.get("id") != item_id:
+                    raise SandboxError("the sandbox sent a result line of another item")
+                write_snapshots(question.get("files"), files, result_dir)
+                return result
+            answer = ask(question)
+            self.backend.write_file(sandbox, str(HOME / "exchange" / "answer.json"), json.dumps(answer).encode())
+            self.cell(sandbox, "bfcl_inside.step()")
+
+    def cell(self, sandbox: str, code: str) -> None:
+        """Runs a cell of ours; SandboxError when it raised (the item's code may have broken the process)."""
+        shown = self.backend.run_python(sandbox, code)
+        if not shown.endswith("Error: None)"):
+            raise SandboxError(f"the sandbox's Python process failed: {shown[-300:]}")
+
+    def read_json(self, sandbox: str, path: PurePosixPath) -> dict[str, Any]:
+        try:
+            value = json.loads(self.backend.read_file(sandbox, str(path), MAX_EXCHANGE_BYTES))
+        except (ValueError, RecursionError):
+            value = None
+        if not isinstance(value, dict):
+            raise SandboxError(f"the sandbox sent something other than a JSON object in {path.name}")
+        return value
+
+    # ------------------------------------------------------------ grading
+
+    def grade(self, result_dir: Path, score_dir: Path, categories: list[str], partial: bool, log: Path) -> str | None:
+        """The official runner over the result files of `categories` in a sandbox; writes its score files and its
+        output (`log`); returns the runner's own failure, None when it had none."""
+        sandbox = self.backend.create(int(self.config.idle_timeout_s))
+        try:
+            self.backend.write_file(sandbox, str(HOME / "bfcl_inside.py"), INSIDE.read_bytes())
+            request = {"settings": package_settings(), "models": [bfcl.model_dir()], "categories": categories,
+                       "partial": partial}
+            self.backend.write_file(sandbox, str(HOME / "grade.json"), json.dumps(request).encode())
+            for path in result_dir.rglob("*_result.json"):
+                self.backend.write_file(sandbox, str(HOME / "result" / path.relative_to(result_dir).as_posix()),
+                                        path.read_bytes())
+            run = self.backend.run_program(sandbox, [self.config.python, "-I", "-B", "bfcl_inside.py", "grade"],
+                                           timeout_s=GRADE_TIMEOUT_S, cpu_seconds=int(GRADE_TIMEOUT_S))
+            log.write_bytes(self.backend.read_file(sandbox, str(HOME / "runner.log"), MAX_SCORE_BYTES)
+                            if run.exit_code == 0 else run.stderr)
+            if run.exit_code != 0:
+                raise SandboxError(f"BFCL's runner stopped in the sandbox (exit {run.exit_code}): "
+                                   f"{run.stderr.decode(errors='replace').strip()[-300:]}")
+            graded = self.read_json(sandbox, HOME / "graded.json")
+            for name in graded.get("files") or []:
+                target = score_dir / safe_name(name, (".json", ".csv"))
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(self.backend.read_file(sandbox, str(HOME / "score" / name), MAX_SCORE_BYTES))
+            return graded.get("error") if isinstance(graded.get("error"), str) else None
+        finally:
+            self.backend.destroy(sandbox)
+
+
+def relative_path(path: Any, result_dir: Path) -> dict[str, str]:
+    """A path in an entry (a memory item's result folder) as the sandbox's own: relative to the result folder."""
+    if isinstance(path, Path) and path.is_relative_to(result_dir):
+        return {"__path__": path.relative_to(result_dir).as_posix()}
+    raise TypeError(f"an item's entry holds {path!r}, which cannot be sent to the sandbox")
+
+
+def snapshots(model_dir: Path, result_dir: Path) -> dict[str, str]:
+    """The memory snapshots already written, by their path under the result folder."""
+    found = model_dir.rglob("*") if model_dir.exists() else []
+    return {p.relative_to(result_dir).as_posix(): p.read_text() for p in found
+            if p.is_file() and "memory_snapshot" in p.relative_to(model_dir).parts}
+
+
+def write_snapshots(sent: Any, before: dict[str, str], result_dir: Path) -> None:
+    """The memory snapshots the item wrote or changed, written back; only JSON files under a memory snapshot
+    folder of our model's results, since what the sandbox sends is the model's to shape."""
+    if not isinstance(sent, dict):
+        return
+    for name, text in sent.items():
+        if not isinstance(text, str) or before.get(name) == text:
+            continue
+        relative = safe_name(name, (".json",))
+        if relative.parts[0] != bfcl.model_dir() or "memory_snapshot" not in relative.parts:
+            raise SandboxError(f"the sandbox sent a file outside the memory snapshots: {name[:200]!r}")
+        target = result_dir / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+
+
+def safe_name(name: Any, suffixes: tuple[str, ...]) -> PurePosixPath:
+    """A relative path the sandbox named, refused unless it stays below its folder and has one of `suffixes`."""
+    path = PurePosixPath(name) if isinstance(name, str) else PurePosixPath("/")
+    if path.is_absolute() or not path.parts or any(part in ("..", ".", "") for part in path.parts) \
+            or path.suffix not in suffixes or "\x00" in str(path):
+        raise SandboxError(f"the sandbox named a file it may not write: {str(name)[:200]!r}")
+    return path
+
+
+def host_answers(completions: Any, tokenizer: Any) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """What answers an item's questions from its sandbox: a completion by `completions` (our backend, as the
+    handler would call it here), a token count by `tokenizer`, a search by the engine `bfcl.official()` put
+    in place. A question of another shape is the sandbox's failure to keep to the exchange."""
+    import importlib
+
+    def answer(question: dict[str, Any]) -> dict[str, Any]:
+        if isinstance(call := question.get("complete"), dict) and isinstance(call.get("prompt"), str) \
+                and isinstance(call.get("max_tokens"), int) and isinstance(call.get("temperature"), (int, float)):
+            try:
+                reply = completions.create(prompt=call["prompt"], max_tokens=call["max_tokens"],
+                                           temperature=call["temperature"])
+            except Exception as exc:  # noqa: BLE001 - raised again in the sandbox, where the handler records it
+                return {"error": str(exc)}
+            return {"text": reply.choices[0].text, "prompt_tokens": reply.usage.prompt_tokens,
+                    "completion_tokens": reply.usage.completion_tokens}
+        if isinstance(text := question.get("tokenize"), str):
+            return {"count": len(tokenizer.tokenize(text))}
+        if isinstance(params := question.get("search"), dict) and isinstance(params.get("q"), str):
+            try:
+                return {"result": importlib.import_module("serpapi").GoogleSearch(params).get_dict()}
+            except RuntimeError as exc:  # our search backend is unavailable (`bfcl_run.web_search`)
+                return {"error": str(exc)}
+        raise SandboxError(f"the sandbox asked something other than a completion, a count or a search: "
+                           f"{json.dumps(question)[:200]}")
+    return answer

@@ -1,0 +1,107 @@
+"""BFCL's multi-turn backends `eval()` the calls a model makes, built from its text; a model whose argument name
+is `a=__import__('os').system(...),b` runs a command there. nanbeige runs that part of the official pipeline
+in the sandbox's jail: such a model gets the official verdict, and the command reaches nothing outside.
+Held against the official pipeline itself (`bfcl_oracle.py`), which runs the same command in its own process."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from bfcl_oracle import Replies, official_verdicts, run_official, script_for
+from fake_openai import FakeOpenAI
+
+from nanbeige.evals import bfcl
+
+pytestmark = pytest.mark.skipif(not shutil.which("bwrap"), reason="needs bwrap, the sandbox's jail")
+NANBEIGE = str(Path(sys.executable).with_name("nanbeige"))
+
+
+def escaping(script: Replies, item_id: str, marker: Path) -> object:
+    """The scripted model, but the first reply of `item_id` is a call whose argument name runs a command that
+    writes `marker` where the official pipeline evaluates it."""
+    attack = {"name": "ls", "arguments": {f"a=__import__('os').system('id > {marker}'),b": 1}}
+    question = script.first_user(script.items[item_id][0])
+
+    def model(request: dict) -> str:
+        if question in request["prompt"] and "<tool_response>" not in request["prompt"]:
+            return "<tool_call>\n" + json.dumps(attack) + "\n</tool_call>"
+        return script(request)
+    return model
+
+
+def eval_command(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([NANBEIGE, "eval", *args], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})
+
+
+def test_a_call_that_tries_to_escape_gets_the_official_verdict_and_writes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    script = script_for({"multi_turn_base": 2})
+    marker = tmp_path / "escaped"
+    with FakeOpenAI(escaping(script, "multi_turn_base_0", marker), vllm=True) as server:
+        ours = eval_command("bfcl-multi-turn-base", "--limit", "2", "--base-url", server.base_url,
+                            "--out", str(tmp_path / "out"))
+        assert ours.returncode == 0, ours.stderr
+        assert not marker.exists()  # generated and graded: the command never ran outside the sandbox
+        official = run_official(server.base_url, {"multi_turn_base": 2}, tmp_path / "official", monkeypatch)
+    assert marker.exists()  # the official pipeline ran it in its own process: the attack is real
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    expected = official_verdicts(official, ["multi_turn_base_0", "multi_turn_base_1"])
+    assert {i: i not in report["wrong_ids"] for i in expected} == expected
+    line = next(json.loads(x) for x in next((tmp_path / "out" / "bfcl" / "result").rglob("*.json")).open()
+                if json.loads(x)["id"] == "multi_turn_base_0")
+    executed = [m["content"] for turn in line["inference_log"][1:2] for step in turn.values() for m in step
+                if m.get("role") == "tool"]
+    assert executed and executed[0].startswith("Error during execution: ")  # `ls` refused the arguments, as upstream
+
+
+def test_eval_report_on_a_handed_over_folder_grades_it_in_the_jail(tmp_path: Path) -> None:
+    """A folder whose result file someone wrote: its multi-turn calls are run again to grade them."""
+    script = script_for({"multi_turn_base": 2})
+    with FakeOpenAI(script, vllm=True) as server:
+        made = eval_command("bfcl-multi-turn-base", "--limit", "2", "--base-url", server.base_url,
+                            "--out", str(tmp_path / "out"))
+    assert made.returncode == 0, made.stderr
+    marker = tmp_path / "escaped"
+    result = next((tmp_path / "out" / "bfcl" / "result").rglob("*_result.json"))
+    lines = [json.loads(x) for x in result.read_text().splitlines()]
+    attack = {"name": "ls", "arguments": {f"a=__import__('os').system('id > {marker}'),b": 1}}
+    lines[0]["result"][0][0] = "<tool_call>\n" + json.dumps(attack) + "\n</tool_call>"
+    result.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    official = tmp_path / "official"
+    shutil.copytree(tmp_path / "out" / "bfcl" / "result", official / "result")
+    (tmp_path / "out" / "report.json").unlink()
+
+    again = subprocess.run([NANBEIGE, "eval", "report", str(tmp_path / "out")], capture_output=True, text=True,
+                           timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert not marker.exists()
+    bfcl.fresh_state()
+    bfcl.official().runner.main([bfcl.HANDLER_ENTRY], ["multi_turn_base"], str(official / "result"),
+                                str(official / "score"), partial_eval=True)
+    assert marker.exists()  # the official runner, in this process, ran the command
+    expected = official_verdicts(official / "score", ["multi_turn_base_0", "multi_turn_base_1"])
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert {i: i not in report["wrong_ids"] for i in expected} == expected
+    assert expected["multi_turn_base_0"] is False
+
+
+def test_without_a_jail_multi_turn_is_refused_in_one_line_before_anything_runs(tmp_path: Path) -> None:
+    failing = tmp_path / "bin"
+    failing.mkdir()
+    (failing / "bwrap").write_text("#!/bin/sh\necho 'bwrap: cannot make namespaces' >&2\nexit 1\n")
+    (failing / "bwrap").chmod(0o755)
+    script = script_for({"multi_turn_base": 1})
+    with FakeOpenAI(script, vllm=True) as server:
+        refused = eval_command("bfcl-multi-turn-base", "--limit", "1", "--base-url", server.base_url,
+                               "--out", str(tmp_path / "out"), env={"PATH": f"{failing}:{os.environ['PATH']}"})
+        asked = len(server.requests)
+    assert refused.returncode != 0 and asked == 0  # no item ran: not one completion was asked for
+    (line,) = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert "bwrap" in line and "NANBEIGE_SANDBOX_JAIL=0" in line and "Traceback" not in refused.stderr
