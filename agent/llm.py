@@ -5,41 +5,34 @@ first call it asks the server what it is (`GET /v1/models`, see `probe_server`);
 send vLLM's own request fields, asking for the prompt and completion token ids and the sampling
 logprobs so turns are token-exact. Other servers may refuse unknown fields (FastAPI servers answer
 422), so they never get them; a server that claims vLLM and still refuses them is asked again
-without them.
+without them. A streamed request is read by what the server sends back (events, or the whole body);
+a server that refuses `stream_options` or `stream` is asked again without them (`refusals.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime
-import email.utils
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, NoReturn, Protocol
 
 import httpx
 import orjson
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception,
-    stop_after_attempt,
-    stop_before_delay,
-    wait_exponential_jitter,
-)
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_before_delay
 
-from nanbeige.agent.stream import STREAM_FIELDS, StreamError, read_stream
+from nanbeige.agent.refusals import RETRY_STATUSES, VLLM_EXTRAS, RequestShape, RetryableStatus, backoff, error_text
+from nanbeige.agent.stream import StreamError, read_stream
 from nanbeige.tools.endpoint import LOCAL_BASE_URL, LOCAL_MODEL
 
-RETRY_STATUSES = {408, 425, 429, 500, 502, 503, 504}
 # Sampling per tool dialect, for settings the user leaves unset: the model card's deep-search
 # temperature with the reference harness's top-p and repetition penalty for mcp-xml, the card's
 # general chat and tool-use settings for tool-call. A backend given an unset config samples as mcp-xml.
 DIALECT_SAMPLING = {"mcp-xml": {"temperature": 1.0, "top_p": 0.95, "repetition_penalty": 1.05},
                     "tool-call": {"temperature": 0.6, "top_p": 0.95, "repetition_penalty": 1.0}}
-VLLM_EXTRAS = {"return_token_ids": True, "logprobs": True, "top_logprobs": 0}
 PROBE_TIMEOUT_S = 10.0
+Reader = Callable[[httpx.Response], Awaitable[dict[str, Any]]]
+"""What a streamed request's answer is read with (`streamed`)."""
 
 
 class ModelError(Exception):
@@ -225,69 +218,8 @@ def _server_root(base_url: str) -> str:
     return base_url.rstrip("/").removesuffix("/v1")
 
 
-class _RetryableStatus(Exception):
-    def __init__(self, response: httpx.Response):
-        super().__init__(f"HTTP {response.status_code}")
-        self.response = response
-
-
-def retry_after(response: httpx.Response) -> float | None:
-    """The seconds a `Retry-After` header asks for: a number of seconds or an HTTP date; None
-    when there is none or it cannot be read."""
-    value = response.headers.get("retry-after", "").strip()
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:  # HTTP dates are GMT
-        when = when.replace(tzinfo=datetime.timezone.utc)
-    return max(0.0, when.timestamp() - time.time())
-
-
-def _backoff(config: LLMConfig) -> Callable[[RetryCallState], float]:
-    """The wait before the next attempt: what the server asked for (capped), else a doubling
-    backoff with jitter."""
-    doubling = wait_exponential_jitter(multiplier=config.retry_wait_s, max=config.max_retry_wait_s,
-                                       jitter=config.retry_wait_s)
-
-    def wait(state: RetryCallState) -> float:
-        failure = state.outcome.exception() if state.outcome else None
-        asked = retry_after(failure.response) if isinstance(failure, _RetryableStatus) else None
-        return min(asked, config.max_retry_after_s) if asked is not None else doubling(state)
-    return wait
-
-
 def _retryable(exc: BaseException) -> bool:
-    return isinstance(exc, (_RetryableStatus, httpx.TransportError))
-
-
-def _error_text(response: httpx.Response) -> str:
-    """The server's own words: OpenAI's `error.message`, or FastAPI's `detail`, which is a string or
-    pydantic's list of errors, each with where in the request it is (`loc`)."""
-    try:
-        body = response.json()
-    except ValueError:
-        return response.text[:500]
-    message = body.get("error", body.get("detail", body)) if isinstance(body, dict) else body
-    if isinstance(message, dict):
-        message = message.get("message", message)
-    if isinstance(message, list):
-        message = "; ".join(_located(error) for error in message)
-    return str(message)[:500]
-
-
-def _located(error: Any) -> str:
-    """One pydantic validation error as `body.field: message`: the field may be named only in `loc`."""
-    if not isinstance(error, dict):
-        return str(error)
-    where = ".".join(str(part) for part in error.get("loc") or [])
-    return f"{where}: {error.get('msg')}" if where else str(error.get("msg", error))
+    return isinstance(exc, (RetryableStatus, httpx.TransportError))
 
 
 def parse_completion(body: dict[str, Any], latency_s: float, completions_api: bool = False) -> Completion:
@@ -379,8 +311,8 @@ class OpenAIChat:
         self.http = httpx.AsyncClient(base_url=config.base_url.rstrip("/"), headers=headers, timeout=timeout,
                                       transport=transport)
         self.server = server
-        # vLLM's fields go only to vLLM; turned off for good if even vLLM refuses them
-        self.send_extras = server.vllm if server else False
+        # vLLM's fields go only to vLLM; each optional part is turned off for good once refused
+        self.shape = RequestShape(extras=server.vllm if server else False)
         self._asking = asyncio.Lock()  # concurrent first calls wait for one answer
         self.tokenizer_identity: dict[str, str] | None = None  # the server tokenizes
         self.template_identity: dict[str, str] | None = None
@@ -402,8 +334,8 @@ class OpenAIChat:
         if tools:
             body["tools"] = tools
         if stream:
-            body.update(STREAM_FIELDS)
-        if self.send_extras:
+            body.update(self.shape.streaming())
+        if self.shape.extras:
             body.update(VLLM_EXTRAS)
             if c.repetition_penalty != 1.0:
                 body["repetition_penalty"] = c.repetition_penalty
@@ -419,11 +351,11 @@ class OpenAIChat:
         if stream and response.status_code != 200:
             await response.aread()  # an error's body is read whole, as without streaming
         if response.status_code in RETRY_STATUSES:
-            raise _RetryableStatus(response)
+            raise RetryableStatus(response)
         return response
 
     async def _post_with_retries(self, body: dict[str, Any], path: str = "/chat/completions",
-                                 read: Callable[[httpx.Response], Awaitable[Any]] | None = None
+                                 read: Reader | None = None
                                  ) -> tuple[Any, float]:
         """The response and the seconds spent waiting for it (encoding the request is not counted).
         With `read`, the request streams, and a 200 answer is what `read` makes of its stream: a
@@ -434,7 +366,7 @@ class OpenAIChat:
             stop = stop | stop_after_attempt(c.max_attempts)
         retrying = AsyncRetrying(
             retry=retry_if_exception(lambda e: _retryable(e) or isinstance(e, ModelUnreachable)),
-            stop=stop, wait=_backoff(c), reraise=True,
+            stop=stop, wait=backoff(c.retry_wait_s, c.max_retry_wait_s, c.max_retry_after_s), reraise=True,
         )
         content = orjson.dumps(body)
         started = time.perf_counter()
@@ -445,9 +377,9 @@ class OpenAIChat:
                     if read is not None and response.status_code == 200:
                         return await read(response), time.perf_counter() - started
                     return response, time.perf_counter() - started
-        except _RetryableStatus as exc:
+        except RetryableStatus as exc:
             raise ModelError(f"model server answered HTTP {exc.response.status_code}: "
-                             f"{_error_text(exc.response)}") from None
+                             f"{error_text(exc.response)}") from None
         except httpx.TimeoutException as exc:
             raise ModelError(f"model call timed out after {c.timeout_s:g} s ({type(exc).__name__})") from None
         except httpx.TransportError as exc:
@@ -459,23 +391,27 @@ class OpenAIChat:
                        on_text: Callable[[str], None] | None = None) -> Completion:
         if self.server is None:
             await self._learn_server()
-        read = streamed(on_text) if on_text is not None else None
-
-        def ask() -> Awaitable[tuple[Any, float]]:  # the body is built anew: it changes once extras are refused
-            body = self.request_body(messages, tools, max_tokens, stream=read is not None)
-            return self._post_with_retries(body, read=read)
-
-        answer, latency_s = await ask()
-        if isinstance(answer, httpx.Response) and 400 <= answer.status_code < 500 and self.send_extras \
-                and _mentions_extras(answer):
-            self.send_extras = False
-            answer, latency_s = await ask()
-        if isinstance(answer, httpx.Response) and answer.status_code != 200:
-            self.raise_for_answer(answer)
+        read = streamed(on_text, timeout_s=self.config.timeout_s) if on_text is not None else None
+        answer, latency_s = await self._ask_shaped(
+            lambda: self.request_body(messages, tools, max_tokens, stream=read is not None), "/chat/completions",
+            read, ("extras", "stream_options", "stream") if read else ("extras",))
         try:
             return parse_completion(answer if read else orjson.loads(answer.content), latency_s)
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
             raise ModelError(f"model server sent a reply that is not a chat completion: {exc!r}") from None
+
+    async def _ask_shaped(self, build: Callable[[], dict[str, Any]], path: str, read: Reader | None,
+                          parts: tuple[str, ...]) -> tuple[Any, float]:
+        """The answer to the request `build` makes (what `read` makes of it, or the response), and the
+        seconds it took. A refusal naming one of the optional `parts` the request carries is asked again
+        with a request built anew without it (each part is refused at most once, so this ends); any
+        other refusal raises ModelError."""
+        while True:
+            answer, latency_s = await self._post_with_retries(build(), path, read=read)
+            if not isinstance(answer, httpx.Response) or answer.status_code == 200:
+                return answer, latency_s
+            if not self.shape.drop_refused(answer, parts):
+                self.raise_for_answer(answer)
 
     async def complete_text(self, prompt: str, max_tokens: int, temperature: float) -> Completion:
         """A plain text completion (`/completions`) with only the fields BFCL's generator sends: the
@@ -493,7 +429,7 @@ class OpenAIChat:
         async with self._asking:
             if self.server is None:  # another call may have asked while this one waited
                 self.server = await self._ask_server()
-                self.send_extras = self.server.vllm if self.server else False
+                self.shape.extras = self.server.vllm if self.server else False
 
     async def _ask_server(self) -> ServerInfo | None:
         """What `probe_server` learns, over this client's connection; None when the server cannot
@@ -512,8 +448,8 @@ class OpenAIChat:
             return ServerInfo(vllm=False)  # something answers without a model list, which vLLM always has
         return info
 
-    def raise_for_answer(self, response: httpx.Response) -> None:
-        text = _error_text(response)
+    def raise_for_answer(self, response: httpx.Response) -> NoReturn:
+        text = error_text(response)
         if response.status_code == 400 and "context" in text.lower() and "length" in text.lower():
             raise ContextOverflow(text)
         hint = ""
@@ -526,25 +462,24 @@ class OpenAIChat:
         await self.http.aclose()
 
 
-def streamed(on_text: Callable[[str], None], completions_api: bool = False
-             ) -> Callable[[httpx.Response], Awaitable[dict[str, Any]]]:
-    """How a streamed answer is read: into the body it would have been whole, its text handed to `on_text`.
-    A stream that breaks off is asked again; the view is told, since the text it showed starts over."""
-    attempts = 0
+def streamed(on_text: Callable[[str], None], completions_api: bool = False, timeout_s: float | None = None) -> Reader:
+    """How the answer to a streamed request is read: into the body it would have been whole, its text
+    handed to `on_text`. A stream that breaks off, or goes silent for `timeout_s` (httpx's read timeout),
+    is asked again; the view is told why, since the text it showed starts over."""
+    broke_off: list[str] = []  # why the last stream read ended early, told when the next one starts
 
     async def read(response: httpx.Response) -> dict[str, Any]:
-        nonlocal attempts
-        attempts += 1
-        if attempts > 1:
-            on_text("\n[the connection was cut: asking again]\n")
+        if broke_off:
+            on_text(f"\n[{broke_off.pop()}: asking again]\n")
         try:
             return await read_stream(response, on_text, completions_api)
+        except httpx.TimeoutException:
+            broke_off.append("no word from the server" + (f" for {timeout_s:g} s" if timeout_s else ""))
+            raise
+        except httpx.TransportError:
+            broke_off.append("the connection was cut")
+            raise
         except StreamError as exc:
-            raise ModelError(f"model server sent an unusable stream: {exc}") from None
+            raise ModelError(f"model server sent an unusable reply: {exc}") from None
 
     return read
-
-
-def _mentions_extras(response: httpx.Response) -> bool:
-    text = _error_text(response)
-    return any(name in text for name in (*VLLM_EXTRAS, "repetition_penalty"))

@@ -8,10 +8,16 @@ What a chunk carries is what the whole body carries, a piece at a time: `choices
 content, reasoning, tool calls as pieces by `index`) or `choices[0].text` (completions), the
 `finish_reason` on the last piece, logprobs per piece, and, from vLLM asked for them, the token ids
 per piece and the prompt's ids once; `usage` comes in a last chunk of its own
-(`stream_options.include_usage`)."""
+(`stream_options.include_usage`).
+
+Not every server streams when asked: many OpenAI-compatible servers and proxies ignore `"stream"` and
+answer with the whole completion as JSON. The body is read by its Content-Type (`text/event-stream`
+as events, JSON whole; another type or none by how the body begins), and a whole body's text is handed
+to `on_text` at once."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -66,18 +72,18 @@ class Pieces:
         if choice.get("finish_reason"):
             self.finish_reason = choice["finish_reason"]
         if self.completions_api:
-            self._say(choice.get("text"))
+            self.say(choice.get("text"))
             return
         delta = choice.get("delta") or {}
         for key in REASONING:
             if delta.get(key):
                 self.reasoning.setdefault(key, []).append(delta[key])
-                self._say(delta[key], thinking=True)
-        self._say(delta.get("content"))
+                self.say(delta[key], thinking=True)
+        self.say(delta.get("content"))
         for call in delta.get("tool_calls") or []:
             self._add_call(call)
 
-    def _say(self, piece: Any, thinking: bool = False) -> None:
+    def say(self, piece: Any, thinking: bool = False) -> None:
         if not isinstance(piece, str) or not piece:
             return
         if not thinking:
@@ -142,22 +148,84 @@ def _take(line: bytes, pieces: Pieces) -> bool:
 
 async def read_stream(response: httpx.Response, on_text: Callable[[str], None],
                       completions_api: bool = False) -> dict[str, Any]:
-    """The response body a streamed reply makes, its text handed to `on_text` as it comes. A
-    connection cut or a read that times out raises httpx's error (the caller asks again); an error
-    chunk, a chunk that is no JSON object or a stream that ends without a finish reason raises
-    StreamError."""
-    pieces = Pieces(completions_api, on_text)
-    rest = b""
+    """The response body a streamed reply makes, its text handed to `on_text` as it comes; a whole
+    JSON body as it is, its text handed over at once. A connection cut or a read that times out raises
+    httpx's error (the caller asks again); an error (a chunk, or a whole body), a chunk that is no JSON
+    object or a stream that ends without a finish reason raises StreamError."""
     try:
-        # bytes split at newlines here, not httpx's line decoder: a stream brings a chunk per token
-        async for data in response.aiter_bytes():
-            *lines, rest = (rest + data).split(b"\n")
-            if not all(_take(line, pieces) for line in lines):
-                break
+        chunks = response.aiter_bytes()
+        kind = response.headers.get("content-type", "").partition(";")[0].strip().lower()
+        start = b""
+        if kind != "text/event-stream" and not _is_json(kind):  # a type that says neither: the body does
+            start = await _beginning(chunks)
+            kind = "application/json" if start.lstrip().startswith(b"{") else "text/event-stream"
+        if _is_json(kind):
+            return _whole(start + b"".join([data async for data in chunks]), on_text, completions_api)
+        return await _events(_after(start, chunks), Pieces(completions_api, on_text))
     finally:
         await response.aclose()
+
+
+def _is_json(media_type: str) -> bool:
+    return media_type == "application/json" or media_type.endswith("+json")
+
+
+async def _beginning(chunks: AsyncIterator[bytes]) -> bytes:
+    """The body's first bytes, up to the first that is not white space (or all of it)."""
+    start = b""
+    async for data in chunks:
+        start += data
+        if start.strip():
+            break
+    return start
+
+
+async def _after(start: bytes, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """The body again: the bytes already read, then the rest."""
+    yield start
+    async for data in chunks:
+        yield data
+
+
+async def _events(chunks: AsyncIterator[bytes], pieces: Pieces) -> dict[str, Any]:
+    """The body server-sent events make."""
+    rest = b""
+    # bytes split at newlines here, not httpx's line decoder: a stream brings a chunk per token
+    async for data in chunks:
+        *lines, rest = (rest + data).split(b"\n")
+        if not all(_take(line, pieces) for line in lines):
+            break
+    else:
+        _take(rest, pieces)  # a last event without its line end
     if pieces.finish_reason is None:
         raise StreamError("the stream ended before the reply did (no finish reason)")
     if pieces.thinking:
-        on_text("\n</think>\n\n")
+        pieces.on_text("\n</think>\n\n")
     return pieces.body()
+
+
+def _whole(data: bytes, on_text: Callable[[str], None], completions_api: bool) -> dict[str, Any]:
+    """A whole JSON body, as it is (the caller reads it as an unstreamed reply), its text handed to
+    `on_text` at once as a stream would have handed it: split-off reasoning first, between `<think>`
+    and `</think>`."""
+    try:
+        body = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise StreamError(f"a body that is not JSON: {data[:200]!r}") from None
+    if not isinstance(body, dict):
+        raise StreamError(f"a body that is not an object: {data[:200]!r}")
+    if body.get("error"):
+        error = body["error"]
+        raise StreamError(error.get("message", str(error)) if isinstance(error, dict) else str(error))
+    choices = body.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+    pieces = Pieces(completions_api, on_text)
+    if completions_api:
+        pieces.say(choice.get("text"))
+    elif isinstance(message := choice.get("message"), dict):
+        for key in REASONING:
+            pieces.say(message.get(key), thinking=True)
+        pieces.say(message.get("content"))
+    if pieces.thinking:
+        on_text("\n</think>\n\n")
+    return body

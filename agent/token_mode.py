@@ -9,13 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-import httpx
 import orjson
 
 from nanbeige.agent.llm import Completion, LLMConfig, ModelError, OpenAIChat, parse_completion, streamed
 from nanbeige.agent.local import stop_ids
 from nanbeige.agent.prompts import Conversation, Prompter, identity, read_chat_template
-from nanbeige.agent.stream import STREAM_FIELDS
 
 
 class TokenModeChat(OpenAIChat):
@@ -54,11 +52,10 @@ class TokenModeChat(OpenAIChat):
                        on_text: Callable[[str], None] | None = None) -> Completion:
         conversation = conversation or Conversation()
         prompt = self.prompter.prompt_ids(messages, tools, conversation)
-        read = streamed(on_text, completions_api=True) if on_text is not None else None
-        body = self.completions_body(prompt, max_tokens) | (STREAM_FIELDS if read else {})
-        answer, latency_s = await self._post_with_retries(body, "/completions", read=read)
-        if isinstance(answer, httpx.Response) and answer.status_code != 200:
-            self.raise_for_answer(answer)
+        read = streamed(on_text, completions_api=True, timeout_s=self.config.timeout_s) if on_text else None
+        answer, latency_s = await self._ask_shaped(
+            lambda: self.completions_body(prompt, max_tokens) | (self.shape.streaming() if read else {}),
+            "/completions", read, ("stream_options", "stream") if read else ())
         try:
             completion = parse_completion(answer if read else orjson.loads(_drop_prompt_echo(answer.content)),
                                           latency_s, completions_api=True)

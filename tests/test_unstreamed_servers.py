@@ -16,18 +16,23 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from conftest import TEST_SERVER
 from fake_openai import FakeOpenAI, Reply, mcp_answer
 
 from nanbeige.agent.llm import LLMConfig, ModelError, OpenAIChat
+from nanbeige.agent.refusals import RequestShape
+from nanbeige.agent.stream import read_stream
 
 pytestmark = pytest.mark.anyio
 MESSAGES = [{"role": "system", "content": "s"}, {"role": "user", "content": "What is 2+3?"}]
 CALL = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
 # a reply with all a whole body can carry: split-off reasoning, text, a tool call and its finish reason
-FULL = Reply(message={"role": "assistant", "content": "Let me add.", "reasoning_content": "2 and 3 make 5.",
-                      "tool_calls": [CALL]}, finish_reason="tool_calls")
+# (`content` is what the fake counts usage and token ids from)
+FULL = Reply(content="Let me add.", message={"role": "assistant", "content": "Let me add.",
+                                             "reasoning_content": "2 and 3 make 5.", "tool_calls": [CALL]},
+             finish_reason="tool_calls")
 NO_STREAM_OPTIONS = "Unrecognized request argument supplied: stream_options"
 NO_STREAMING = "Streaming is not supported by this endpoint"
 NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
@@ -57,7 +62,7 @@ async def test_a_whole_json_answer_to_a_streamed_request_is_the_completion_it_wo
     assert server.requests[1]["stream"] is True  # asked to stream, and answered whole
     assert same(streamed, plain)
     assert streamed.message["tool_calls"] == [CALL] and streamed.finish_reason == "tool_calls"
-    assert streamed.usage["completion_tokens"] > 0
+    assert streamed.usage["completion_tokens"] == len("Let me add.")
     if vllm:
         assert streamed.completion_ids and len(streamed.logprobs) == len(streamed.completion_ids)
         assert streamed.prompt_ids
@@ -75,7 +80,42 @@ async def test_a_whole_body_that_is_an_error_says_the_servers_words() -> None:
         await llm.aclose()
 
 
+WHOLE = b'{"choices": [{"index": 0, "message": {"role": "assistant", "content": "5"}, "finish_reason": "stop"}]}'
+EVENTS = (b'data: {"choices": [{"index": 0, "delta": {"content": "5"}, "finish_reason": null}]}\n\n'
+          b'data: {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}\n\ndata: [DONE]\n\n')
+
+
+@pytest.mark.parametrize(("content_type", "body"), [
+    ("application/json; charset=utf-8", WHOLE), ("text/event-stream; charset=utf-8", EVENTS),
+    ("", b"\n " + WHOLE), ("text/plain", WHOLE), ("", EVENTS), ("text/plain", EVENTS)],
+    ids=["json", "events", "no-type-json", "plain-json", "no-type-events", "plain-events"])
+async def test_the_content_type_says_how_to_read_and_where_it_says_neither_the_body_does(
+        content_type: str, body: bytes) -> None:
+    headers = {"content-type": content_type} if content_type else {}
+    pieces: list[str] = []
+    read = await read_stream(httpx.Response(200, content=body, headers=headers), pieces.append)
+    assert read["choices"][0]["message"]["content"] == "5" and read["choices"][0]["finish_reason"] == "stop"
+    assert pieces == ["5"]
+
+
 # ---------------------------------------------------------------- refused fields
+
+
+@pytest.mark.parametrize(("status", "message", "left_out"), [
+    (400, NO_STREAM_OPTIONS, {"stream_options"}),
+    (422, "body.stream_options: Extra inputs are not permitted", {"stream_options"}),
+    (400, NO_STREAMING, {"stream", "stream_options"}),  # the options mean nothing without the stream
+    (400, "'stream' is not a valid parameter", {"stream", "stream_options"}),
+    (400, "Unrecognized request argument supplied: return_token_ids", {"extras"}),
+    (400, "the upstream model is unavailable", set()),  # "upstream" names no field
+    (500, NO_STREAMING, set()),  # not a refusal of the request: a server error
+])
+def test_a_refusal_leaves_out_exactly_the_parts_it_names(status: int, message: str, left_out: set[str]) -> None:
+    shape = RequestShape(extras=True)
+    dropped = shape.drop_refused(httpx.Response(status, json={"error": {"message": message}}),
+                                 ("extras", "stream_options", "stream"))
+    assert dropped is bool(left_out)
+    assert {part for part in ("extras", "stream_options", "stream") if not getattr(shape, part)} == left_out
 
 
 async def test_a_server_that_refuses_stream_options_streams_without_them_from_then_on() -> None:
