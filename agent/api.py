@@ -25,6 +25,7 @@ import dataclasses
 import difflib
 import logging
 import os
+import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -166,7 +167,10 @@ def command_settings() -> RunSettings:
     from nanbeige.agent.cli import options, program, settings_file
 
     try:
-        defaults = (settings_file.default_map(program.app) or {}).get("ask")
+        found = settings_file.find()
+        for _, why in found.ignored:  # said as the command line says it: a folder's file is not obeyed unasked
+            print(why, file=sys.stderr)
+        defaults = (settings_file.default_map(program.app, found) or {}).get("ask")
         command = typer.main.get_command(program.app).commands["ask"]  # type: ignore[attr-defined]
         params = command.make_context("ask", [], default_map=defaults).params
         # a repeatable flag's values come as a tuple; the command itself is handed a list

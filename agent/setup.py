@@ -34,7 +34,7 @@ from nanbeige.agent.prompts import search_template
 from nanbeige.agent.records import NotATrajectoryFile, check_trajectory_file
 from nanbeige.agent.server_log import ServerLog
 from nanbeige.agent.toolbox import (ServerSpec, Toolbox, ToolboxError, parse_server_spec, passed_env, secrets_in_env,
-                                    url_credentials)
+                                    url_credentials, without_credentials)
 from nanbeige.agent.trajectory import TrajectoryWriteError, TrajectoryWriter
 
 if TYPE_CHECKING:
@@ -395,11 +395,19 @@ async def _toolbox(specs: list[ServerSpec], tools: ToolsConfig, errlog: IO[str] 
     try:
         async with Toolbox(specs, call_timeout_s=tools.tool_timeout_s, max_result_chars=tools.max_result_chars,
                            errlog=errlog, start_timeout_s=tools.start_timeout_s, secrets=secrets,
-                           cache=cache, max_restarts=tools.max_restarts) as toolbox:
+                           cache=cache, max_restarts=tools.max_restarts,
+                           flags={"mcp": [_without_credentials(spec) for spec in tools.mcp],
+                                  "default_servers": tools.default_servers}) as toolbox:
             yield toolbox
     finally:
         if cache is not None:
             await cache.aclose()
+
+
+def _without_credentials(spec: str) -> str:
+    """An `--mcp NAME=URL` (or NAME=COMMAND) with a URL's credentials left out."""
+    name, equals, target = spec.partition("=")
+    return f"{name}{equals}{without_credentials(target)}"
 
 
 async def open_cache(tools: ToolsConfig, notice: Notice) -> ToolCache | None:

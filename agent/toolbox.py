@@ -147,8 +147,12 @@ class Toolbox:
 
     def __init__(self, specs: list[ServerSpec], call_timeout_s: float = 300.0, max_result_chars: int = 100_000,
                  errlog: IO[str] | None = None, max_restarts: int = 1, start_timeout_s: float = 60.0,
-                 secrets: list[str] | None = None, cache: ToolCache | None = None):
+                 secrets: list[str] | None = None, cache: ToolCache | None = None,
+                 flags: dict[str, Any] | None = None):
         self.specs = {spec.name: spec for spec in specs}
+        self.flags = flags or {}
+        """How the servers were asked for (`mcp`, `default_servers`), recorded so that a refused resume can
+        show them to the user; URLs without their credentials."""
         self.call_timeout_s = call_timeout_s
         self.max_result_chars = max_result_chars
         self.errlog = errlog or sys.stderr
@@ -170,7 +174,8 @@ class Toolbox:
 
     def settings(self) -> dict[str, Any]:
         """The settings that shape what the model reads, for the trajectory."""
-        return {"max_result_chars": self.max_result_chars, "tool_timeout_s": self.call_timeout_s}
+        return {"max_result_chars": self.max_result_chars, "tool_timeout_s": self.call_timeout_s} | \
+            ({"tool_servers": self.flags} if self.flags else {})
 
     async def __aenter__(self) -> Toolbox:
         try:  # all servers start at once; the tools keep the order the servers were given in

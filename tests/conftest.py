@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import signal
 import socket
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,10 @@ import pytest
 # ignored signal stays ignored in every process started from it: the tests that press Ctrl-C on a
 # command would get no Ctrl-C. Handled here, SIGINT is back to its default in each process a test starts.
 signal.signal(signal.SIGINT, signal.default_int_handler)
+
+# The user's own config folder (their settings file, the settings files they trusted) is the suite's own: a
+# developer's nanbeige.toml must not change what the tests see, nor a test trust a file on their behalf.
+os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="nanbeige-config-")
 
 TESTS = Path(__file__).parent
 TEST_SERVER = [sys.executable, str(TESTS / "mcp_test_server.py")]

@@ -340,8 +340,9 @@ def test_a_stopped_run_is_resumed_by_the_command_into_the_same_file(how: str, un
     assert "turn 8" in shown.stdout and "answer: 42" in shown.stdout
 
 
-def test_resume_asks_the_runs_own_server_recorded_without_its_credentials(uninterrupted: Any, tmp_path: Path) -> None:
-    """Without --base-url a resume used to fall back to loading the model in this process."""
+def test_resume_names_the_runs_own_server_recorded_without_its_credentials(uninterrupted: Any, tmp_path: Path) -> None:
+    """Without --base-url a resume used to fall back to loading the model in this process; then it went to the
+    server the file recorded, with the user's key. Now it names that server for the user to give again."""
     path = tmp_path / "run.jsonl"
     with FakeOpenAI(model(block_at=4)) as server:
         with_credentials = server.base_url.replace("http://", "http://someone:hunter2secret@")
@@ -355,7 +356,12 @@ def test_resume_asks_the_runs_own_server_recorded_without_its_credentials(uninte
         process.communicate(timeout=30)
         [stopped] = load_trajectories(path)
         assert stopped.limits["server"] == server.base_url and "hunter2secret" not in path.read_text()
-        resumed = nanbeige("resume", str(path), "--mcp", TESTKIT, "--no-default-servers")
+        asked = len(server.requests)
+        refused = nanbeige("resume", str(path), "--mcp", TESTKIT, "--no-default-servers")
+        assert refused.returncode == 2 and f"was served by '{server.base_url}'" in refused.stderr
+        assert "--base-url" in refused.stderr and len(server.requests) == asked
+        resumed = nanbeige("resume", str(path), "--mcp", TESTKIT, "--no-default-servers", "--base-url",
+                           server.base_url)
         assert resumed.returncode == 0 and resumed.stdout == "42\n", resumed.stderr
     gone = nanbeige("resume", str(path), "--mcp", TESTKIT, "--no-default-servers")  # finished now: refused
     assert gone.returncode != 0 and "finished on its own" in gone.stderr

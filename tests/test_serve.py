@@ -44,7 +44,8 @@ parser.add_argument("--fake-record")
 args, _ = parser.parse_known_args()
 template = open(args.chat_template).read() if args.chat_template else None
 with open(args.fake_record, "w") as f:
-    json.dump({"pid": os.getpid(), "argv": sys.argv[1:], "template": template}, f)
+    json.dump({"pid": os.getpid(), "argv": sys.argv[1:], "template": template,
+               "api_key": os.environ.get("VLLM_API_KEY")}, f)
 print("fake vllm: loading", args.model, flush=True)
 if args.fake_mode == "exit":
     print("ValueError: fake vllm cannot load the weights", file=sys.stderr, flush=True)

@@ -79,6 +79,7 @@ def test_a_model_that_cannot_be_downloaded_fails_at_once_with_the_fixes(tmp_path
 def test_the_settings_file_sits_between_the_environment_and_the_defaults(tmp_path: Path) -> None:
     (tmp_path / "nanbeige.toml").write_text(
         'model = "file-model"\nmax_turns = 3\n\n[ask]\nkeep_tool_results = 2\ntemperature = 0.25\n')
+    assert nanbeige("trust", str(tmp_path / "nanbeige.toml")).returncode == 0  # a folder's file counts once trusted
     with FakeOpenAI([], default=mcp_answer("ok")) as server:
         result = subprocess.run([NANBEIGE, "ask", "q", "--base-url", server.base_url, "--no-default-servers",
                                  "--max-turns", "9", "--trajectory", "t.jsonl"], capture_output=True, text=True,

@@ -20,8 +20,12 @@ from nanbeige.agent.cli.serve import ServeConfig
 def serve(
     ctx: typer.Context,
     model: Annotated[str, typer.Option(help="Model id or folder.")] = ServeConfig.model,
-    host: Annotated[str, typer.Option(help="Address to listen on.")] = ServeConfig.host,
+    host: Annotated[str, typer.Option(help="Address to listen on; off loopback it needs --api-key or --no-api-key.")
+                    ] = ServeConfig.host,
     port: Annotated[int, typer.Option(min=1, max=65535)] = ServeConfig.port,
+    api_key: Annotated[str | None, typer.Option(envvar="NANBEIGE_API_KEY", show_default=False,
+                                                help="The key clients must send.")] = None,
+    no_api_key: Annotated[bool, typer.Option("--no-api-key", help="Serve off loopback without a key.")] = False,
     dialect: Annotated[str, typer.Option(help="mcp-xml (no tool parser) or tool-call (vLLM parses tool calls).")
                        ] = ServeConfig.dialect,
     served_model_name: Annotated[str | None, typer.Option(help="Name clients send as --model (default: --model).",
@@ -49,11 +53,18 @@ def serve(
 ) -> None:
     """Start vLLM's OpenAI-compatible server for the model and wait until it answers. Arguments after `--`
     go to vLLM unchanged."""
+    from nanbeige.agent.cli.exposure import exposure_problem
     from nanbeige.agent.cli.serve import ON_CPU, check_vllm_available, cpu_build, gpu_visible
     from nanbeige.agent.cli.serve import serve as serve_vllm
 
+    problem = exposure_problem(host, weight_sync=weight_sync, api_key=api_key, no_api_key=no_api_key,
+                               extra_args=list(ctx.args))
+    if problem:
+        fail(problem, 2)
     on_cpu = not gpu_visible() and cpu_build()
+    hide([api_key] if api_key else [])
     config = ServeConfig(model=model, on_cpu=on_cpu, served_model_name=served_model_name, host=host, port=port,
+                         api_key=api_key, no_api_key=no_api_key,
                          dialect=dialect, max_model_len=max_model_len,
                          gpu_memory_utilization=gpu_memory_utilization, data_parallel_size=data_parallel_size,
                          chat_template=chat_template, rl_logprobs=rl_logprobs, tool_call_parser=tool_call_parser,
@@ -310,3 +321,35 @@ def eval_report(folder: Path | None) -> None:
         report = build_report(found, rows)
         (folder / REPORT).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     print_line(markdown(report))
+
+
+def trust_command(
+    path: Annotated[Path | None, typer.Argument(help="The settings file (default: the nanbeige.toml found in this "
+                                                     "folder or above).", show_default=False)] = None,
+    forget: Annotated[bool, typer.Option("--forget", help="Stop trusting the file.")] = False,
+    show_list: Annotated[bool, typer.Option("--list", help="List the trusted files.")] = False,
+) -> None:
+    """Let a folder's nanbeige.toml take effect: its settings can run commands (mcp), read code (reference)
+    and choose the server your API key goes to (base_url), so a folder's file is ignored until you trust it.
+    Trust is for the file as it is now: a changed file needs trusting again."""
+    from nanbeige.agent.cli import settings_file, trust
+
+    try:
+        if show_list:
+            for name, sha in sorted(trust.trusted().items()):
+                mark = "" if Path(name).is_file() and trust.digest(Path(name)) == sha else "  (changed or gone)"
+                print_line(f"{name}{mark}")
+            return
+        path = path or settings_file.folder_settings_path()
+        if path is None:
+            fail("no nanbeige.toml in this folder or above: name the file", 2)
+        if forget:
+            print_line(f"{'no longer trusted' if trust.forget(path) else 'was not trusted'}: {path.resolve()}")
+            return
+        if not path.is_file():
+            fail(f"{path} is not a file", 2)
+        keys = sorted(settings_file.read(path))  # it must be TOML before it is trusted
+        sha = trust.trust(path)
+    except (trust.TrustError, settings_file.SettingsError, OSError) as exc:
+        fail(str(exc))
+    print_line(f"trusted {path.resolve()} (sha256 {sha[:12]}): it sets {', '.join(keys) or 'nothing'}")

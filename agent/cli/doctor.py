@@ -1,6 +1,6 @@
 """`nanbeige doctor`: what this machine and these settings give a run, each part with its fix when it
-is missing: the model (a server, or in this process), search, scrape + extract, the Python sandbox,
-and which keys are set (by name; a key's value is never shown)."""
+is missing: the settings files in effect, the model (a server, or in this process), search, scrape +
+extract, the Python sandbox, and which keys are set (by name; a key's value is never shown)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import os
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 KEYS = ("NANBEIGE_API_KEY", "SERPER_API_KEY", "JINA_API_KEY", "E2B_API_KEY", "NANBEIGE_SUMMARY_API_KEY",
         "NANBEIGE_JUDGE_API_KEY")
@@ -26,6 +27,14 @@ class Finding:
     """What is there, in a few words."""
     fix: str | None = None
     """How to get it where it is missing or weak."""
+
+
+def check_settings_files(found: Any) -> Finding:
+    """Every settings file in effect, and those found but left out (a folder's file not trusted)."""
+    used = "; ".join(f"{path} ({where})" for path, where in found.used) or "none"
+    ignored = [str(path) for path, _ in found.ignored]
+    return Finding("settings", True, f"{used}" + (f"; ignored: {', '.join(ignored)}" if ignored else ""),
+                   f"`nanbeige trust {ignored[0]}` uses it, once you have read it" if ignored else None)
 
 
 def check_model(base_url: str, model: str, api_key: str | None) -> Finding:

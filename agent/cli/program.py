@@ -189,16 +189,18 @@ def show_command(
 
 @app.command()
 def doctor(
+    ctx: typer.Context,
     base_url: o.BaseUrl = None,
     model: o.Model = LLMConfig.model,
     api_key: o.ApiKey = None,
 ) -> None:
-    """Say what a run would use here (model, search, scrape, sandbox, keys), each with its fix when missing.
-    Exit 1 when no model can be had."""
-    from nanbeige.agent.cli.doctor import findings
+    """Say what a run would use here (settings files, model, search, scrape, sandbox, keys), each with its fix
+    when missing. Exit 1 when no model can be had."""
+    from nanbeige.agent.cli.doctor import check_settings_files, findings
 
     hide([api_key] if api_key else [])
-    found = findings(base_url or LLMConfig.base_url, model, api_key)
+    files = ctx.obj if isinstance(ctx.obj, settings_file.Found) else settings_file.find()
+    found = [check_settings_files(files), *findings(base_url or LLMConfig.base_url, model, api_key)]
     screen = SafeConsole(soft_wrap=True)
     for finding in found:
         mark = "[green]✓[/]" if finding.ok else "[red]✗[/]"
@@ -206,7 +208,7 @@ def doctor(
         if finding.fix:
             screen.print(f"    [dim]{'fix' if not finding.ok else 'tip'}: {escape(shown(finding.fix))}[/]",
                          highlight=False)
-    if not found[0].ok:
+    if not found[1].ok:
         raise typer.Exit(1)
 
 
@@ -220,7 +222,10 @@ def version(value: bool) -> None:
 
 @app.callback()
 def options(show_version: Annotated[bool, typer.Option("--version", callback=version, is_eager=True,
-                                                       help="Print the version and exit.")] = False) -> None:
+                                                       help="Print the version and exit.")] = False,
+            config: Annotated[Path | None, typer.Option(
+                "--config", help="A settings file to use (before the command), besides your own.",
+                show_default=False)] = None) -> None:
     """Agent runtime for deep search and tool use with Nanbeige4.1-3B."""
 
 
@@ -236,6 +241,7 @@ app.command("collect")(rl_commands.collect)
 app.command("judge")(rl_commands.judge)
 app.command("synth")(rl_commands.synth)
 app.command("problems")(rl_commands.problems)
+app.command("trust")(commands.trust_command)
 # `train` trains; `train report RUN_DIR` draws a run's curves
 app.add_typer(train_commands.train_app, name="train")
 # The command list shows each command's first paragraph as one line: left to itself it keeps the docstring's
@@ -246,12 +252,30 @@ for _command in app.registered_commands:
 
 
 def main() -> None:
+    named, args = named_config(sys.argv[1:])
     try:
-        defaults = settings_file.default_map(app)
+        found = settings_file.find(named)
+        defaults = settings_file.default_map(app, found)
     except settings_file.SettingsError as exc:  # outside the app, where typer.Exit means nothing
         err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         sys.exit(2)
-    app(default_map=defaults)
+    if args[:1] != ["trust"]:
+        for _, why in found.ignored:
+            err.print(f"[yellow]{escape(shown(why))}[/]", highlight=False, soft_wrap=True)
+    app(args, default_map=defaults, obj=found)
+
+
+def named_config(args: list[str]) -> tuple[Path | None, list[str]]:
+    """`--config PATH` given before the command (read here: the settings must be known before the command's
+    flags are), and the arguments without it."""
+    for index, arg in enumerate(args):
+        if not arg.startswith("-"):  # the command's name: what follows is the command's own
+            break
+        if arg == "--config" and index + 1 < len(args):
+            return Path(args[index + 1]), args[:index] + args[index + 2:]
+        if arg.startswith("--config="):
+            return Path(arg.removeprefix("--config=")), args[:index] + args[index + 1:]
+    return None, args
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ built here, must be the very ones the run had, or the resume is refused before a
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -126,8 +127,7 @@ def settings_for(trajectory: Trajectory, path: Path, base_url: str | None, backe
                          "when it is read, so the path is never taken from the file)", usage=True)
     agent = AgentConfig(**{f.name: limits[f.name] for f in dataclasses.fields(AgentConfig)
                            if f.name in limits and f.name != "reference"})
-    recorded = limits.get("server") if isinstance(limits.get("server"), str) else None
-    base_url = base_url or (recorded if backend in ("auto", "openai") else None)  # the run's server, unless told
+    base_url = base_url or recorded_server(trajectory, path, backend)
     llm = LLMConfig(base_url=base_url or LLMConfig.base_url, model=trajectory.model, api_key=api_key,
                     **{name: sampling[name] for name in SAMPLING if name in sampling})
     tools = ToolsConfig(mcp=mcp or [], default_servers=not no_default_servers,
@@ -137,6 +137,38 @@ def settings_for(trajectory: Trajectory, path: Path, base_url: str | None, backe
                        reference=reference_checkout,
                        backend=BackendConfig(backend=backend, base_url_given=base_url is not None, gguf_file=gguf_file,
                                              token_mode=token_mode, chat_template=chat_template))
+
+
+def recorded_server(trajectory: Trajectory, path: Path, backend: str) -> str | None:
+    """The server the run used, when no --base-url is given: only where it is the one the user's own settings
+    name anyway (the default). A file someone handed over must not choose where the user's API key goes."""
+    limits = trajectory.limits
+    recorded = limits.get("server") if isinstance(limits.get("server"), str) else None
+    if recorded is None or backend not in ("auto", "openai"):
+        return None
+    if recorded.rstrip("/") != LLMConfig.base_url.rstrip("/"):
+        raise SetupError(f"{path}: trajectory {trajectory.id} was served by {recorded[:300]!r}: resume it with "
+                         "--base-url URL, naming that server if you trust it (the server your API key goes to is "
+                         "never taken from the file)", usage=True)
+    return recorded
+
+
+def recorded_flags(trajectory: Trajectory) -> str:
+    """The run's tool server flags as recorded, quoted for the user to copy (never run: the file is not the
+    user's word); empty when the file has none of the right types."""
+    recorded = trajectory.limits.get("tool_servers")
+    if not isinstance(recorded, dict):
+        return ""
+    specs, default = recorded.get("mcp"), recorded.get("default_servers")
+    if not isinstance(specs, list) or not all(isinstance(spec, str) for spec in specs) or not isinstance(default, bool):
+        return ""
+    words = [f"--mcp {shlex.quote(printable_only(spec))}" for spec in specs] + ["--no-default-servers"] * (not default)
+    return " ".join(words) or "no tool server flags"
+
+
+def printable_only(text: str) -> str:
+    """The text without control characters, which a terminal would obey (a file's text is not ours)."""
+    return "".join(c if c.isprintable() else "?" for c in text)[:500]
 
 
 def check_unchanged(trajectory: Trajectory, llm: Any, tools: list[dict[str, Any]], reference: Any = None) -> None:
@@ -152,8 +184,10 @@ def check_unchanged(trajectory: Trajectory, llm: Any, tools: list[dict[str, Any]
         gone, new = [n for n in had if n not in now], [n for n in now if n not in had]
         detail = "; ".join(part for part in (gone and "missing " + ", ".join(gone), new and "new " + ", ".join(new))
                            if part) or "their descriptions or schemas changed"
+        flags = recorded_flags(trajectory)
         raise SetupError(f"the tools offered now are not the run's ({detail}): resume with the tool servers the run "
-                         "had (the same --mcp and --no-default-servers)")
+                         "had (the same --mcp and --no-default-servers" + (f"; it recorded: {flags}" if flags else "")
+                         + ")")
     for what, had, now in (("tokenizer", trajectory.tokenizer, llm.tokenizer_identity),
                            ("chat template", trajectory.chat_template, llm.template_identity)):
         if (had or {}).get("sha256") != (now or {}).get("sha256"):

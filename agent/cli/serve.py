@@ -38,6 +38,8 @@ from typing import IO, Callable
 
 import httpx
 
+from nanbeige.agent.cli.exposure import exposure, exposure_problem
+
 from nanbeige.agent.dialects import DIALECTS
 from nanbeige.agent.prompts import read_chat_template, search_template
 
@@ -61,7 +63,13 @@ class ServeConfig:
     model: str = DEFAULT_MODEL
     """Hugging Face id or local folder of the weights."""
     host: str = "127.0.0.1"
-    """Address to listen on; 0.0.0.0 exposes the server to the network (no authentication by default)."""
+    """Address to listen on; any but a loopback one (0.0.0.0: every interface) opens the server to the network,
+    and needs `api_key` or `no_api_key` said."""
+    api_key: str | None = None
+    """The key clients must send (vLLM's `--api-key`), handed to vLLM in its environment (VLLM_API_KEY) so that
+    it is not in the process list."""
+    no_api_key: bool = False
+    """Serve off loopback with no key: anyone who can reach the address may use the model."""
     port: int = 8000
     """Port to listen on."""
     dialect: str = "mcp-xml"
@@ -224,6 +232,11 @@ def serve(config: ServeConfig, out: Callable[[str], None] | None = None) -> int:
     output goes to our stderr as it comes, our messages (plain text) to `out`, and once the server
     answers, its base URL and the matching NANBEIGE_* settings to stdout."""
     out = out or _to_stderr
+    problem = exposure_problem(config.host, weight_sync=config.weight_sync, api_key=config.api_key,
+                               no_api_key=config.no_api_key, extra_args=config.extra_args)
+    if problem:
+        out(f"error: {problem}")
+        return 2
     if _port_taken(config):
         out(f"error: something already listens on {config.host}:{config.port}; choose another port")
         return 1
@@ -272,7 +285,8 @@ def _run(argv: list[str], config: ServeConfig, out: Callable[[str], None]) -> in
     # Its own process group, so that stopping it reaches vLLM's engine and worker processes too, and a
     # Ctrl-C in the terminal reaches only us: we then stop the server in order, with a deadline.
     try:
-        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"} if config.weight_sync else None
+        env = {**os.environ, **({"VLLM_SERVER_DEV_MODE": "1"} if config.weight_sync else {}),
+               **({"VLLM_API_KEY": config.api_key} if config.api_key else {})}
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, start_new_session=True, env=env)
     except OSError as exc:
@@ -314,7 +328,7 @@ def _supervise(process: subprocess.Popen[bytes], output: _ServerOutput, config: 
         return code or 1
     print(url, f"NANBEIGE_BASE_URL={url}", f"NANBEIGE_MODEL={config.served_model_name or config.model}",
           sep="\n", flush=True)
-    out(f"ready at {url} (dialect {config.dialect}); Ctrl-C stops it")
+    out(f"ready at {url} (dialect {config.dialect}{exposure(config.host, config.no_api_key and not config.api_key)}); Ctrl-C stops it")
     return _exit_code(process.wait())
 
 

@@ -1,60 +1,133 @@
 """`nanbeige.toml`: settings that sit between the environment and the defaults.
 
-The file is `$NANBEIGE_CONFIG` if set, else `./nanbeige.toml`, else `~/.config/nanbeige/nanbeige.toml`.
+Which files are read, key by key the later winning:
+1. the user's own file, `$XDG_CONFIG_HOME/nanbeige/nanbeige.toml` (else `~/.config/nanbeige/nanbeige.toml`);
+2. the file the user named (`nanbeige --config PATH ...` or `$NANBEIGE_CONFIG`), else the first `nanbeige.toml`
+   in the working folder or a folder above it, but that one only once the user has trusted it (`trust.py`):
+   a folder someone else made could otherwise run commands (`mcp`), read code (`reference`) or send the
+   user's API key to a server of theirs (`base_url`).
 Keys are flag names with underscores (`max_turns = 300`, `mcp = ["docs=http://127.0.0.1:9000/mcp"]`).
 A key at the top applies to every command that has that flag; a table named after a command
 (`[ask]`, `[serve]`, `[index.build]`) applies to that command alone and wins. Flags and environment
-variables still come first: the file becomes click's `default_map`, which click reads after both.
+variables still come first: the settings become click's `default_map`, which click reads after both.
 """
 
 from __future__ import annotations
 
 import os
 import tomllib
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import typer
+
+from nanbeige.agent.cli import trust
+
+FILE_NAME = "nanbeige.toml"
 
 
 class SettingsError(Exception):
     """The settings file cannot be read or names a setting no command has."""
 
 
-# (typer carries its own copy of click, so its commands are told apart by what they have)
+@dataclass
+class Found:
+    """The settings files this command reads, and those it leaves out with the reason."""
+
+    used: list[tuple[Path, str]] = field(default_factory=list)
+    """Each file read, first to last, with where it comes from ("your own", "named", "trusted")."""
+    ignored: list[tuple[Path, str]] = field(default_factory=list)
+    """Each file found and left out, with the line that says why and how to use it."""
 
 
-def settings_path() -> Path | None:
-    named = os.environ.get("NANBEIGE_CONFIG")
-    if named:
-        return Path(named)
-    for candidate in (Path("nanbeige.toml"), Path.home() / ".config" / "nanbeige" / "nanbeige.toml"):
-        if candidate.is_file():
+def user_settings_path() -> Path:
+    """The user's own settings file (it may not exist)."""
+    return trust.config_dir() / FILE_NAME
+
+
+def folder_settings_path(start: Path | None = None) -> Path | None:
+    """The first `nanbeige.toml` in the working folder or one above it, other than the user's own."""
+    folder = (start or Path.cwd()).absolute()
+    own = user_settings_path().absolute()
+    for candidate in (folder / FILE_NAME, *(parent / FILE_NAME for parent in folder.parents)):
+        if candidate.is_file() and candidate.absolute() != own:
             return candidate
     return None
 
 
-def default_map(app: typer.Typer) -> dict[str, Any] | None:
-    """The file's settings as click's `default_map` for the app's commands; None without a file."""
-    path = settings_path()
-    if path is None:
+def find(named: Path | None = None) -> Found:
+    """Which settings files are in effect. `named` (`--config`), else `$NANBEIGE_CONFIG`, is the user's
+    own choice; a file found in a folder is read only when trusted, unchanged since."""
+    found = Found()
+    own = user_settings_path()
+    if own.is_file():
+        found.used.append((own, "your own"))
+    named = named or (Path(os.environ["NANBEIGE_CONFIG"]) if os.environ.get("NANBEIGE_CONFIG") else None)
+    if named is not None:
+        found.used.append((named, "named"))
+        return found
+    folder = folder_settings_path()
+    if folder is None:
+        return found
+    verdict = trust.verdict(folder)
+    if verdict == trust.TRUSTED:
+        found.used.append((folder, "trusted"))
+    else:
+        shown = _shown(folder)
+        why = "it has changed since you trusted it" if verdict == trust.CHANGED else "it is not trusted"
+        found.ignored.append((folder, f"ignoring the settings file {shown}: {why} (a folder's settings can run "
+                                      f"commands and choose servers); `nanbeige trust {shown}` uses it"))
+    return found
+
+
+def default_map(app: typer.Typer, found: Found | None = None) -> dict[str, Any] | None:
+    """The settings in effect as click's `default_map` for the app's commands; None without a file."""
+    found = find() if found is None else found
+    if not found.used:
         return None
+    data: dict[str, Any] = {}
+    for path, _ in found.used:
+        data = _merged(data, read(path))
+    where = " and ".join(str(path) for path, _ in found.used)
+    group = typer.main.get_command(app)
+    shared = {_key(k): v for k, v in data.items() if not isinstance(v, dict)}
+    mapped, used = _for_group(group, shared, data, where, "")
+    unused = sorted(set(shared) - used)
+    if unused:
+        raise SettingsError(f"settings file {where}: no command has the setting {unused[0]!r}")
+    return mapped
+
+
+def read(path: Path) -> dict[str, Any]:
+    """One settings file's TOML."""
     try:
-        data = tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text())
     except OSError as exc:
         raise SettingsError(f"cannot read the settings file {path}: {exc.strerror or exc}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise SettingsError(f"settings file {path} is not valid TOML: {exc}") from None
-    group = typer.main.get_command(app)
-    shared = {_key(k): v for k, v in data.items() if not isinstance(v, dict)}
-    mapped, used = _for_group(group, shared, data, path, "")
-    unused = sorted(set(shared) - used)
-    if unused:
-        raise SettingsError(f"settings file {path}: no command has the setting {unused[0]!r}")
-    return mapped
 
 
-def _for_group(group: Any, shared: dict[str, Any], tables: dict[str, Any], path: Path, prefix: str
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` laid on `base`: tables merged key by key, any other value replaced."""
+    merged = dict(base)
+    for key, value in over.items():
+        both_tables = isinstance(value, dict) and isinstance(merged.get(key), dict)
+        merged[key] = _merged(merged[key], value) if both_tables else value
+    return merged
+
+
+def _shown(path: Path) -> str:
+    """The path as the user would type it from here."""
+    try:
+        return str(path.absolute().relative_to(Path.cwd().absolute())) if path.parent != Path.cwd() else \
+            f"./{path.name}"
+    except ValueError:
+        return str(path)
+
+
+def _for_group(group: Any, shared: dict[str, Any], tables: dict[str, Any], path: str, prefix: str
                ) -> tuple[dict[str, Any], set[str]]:
     """The default map of each command in `group`, and which top-level keys some command took."""
     mapped: dict[str, Any] = {}
