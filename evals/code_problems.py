@@ -23,8 +23,9 @@ Tests, by style:
 - stdin/stdout: `{"input": "1 2\\n", "output": "3\\n"}`; the program reads `input` on stdin and passes when
   its stdout equals `output`, compared line by line with trailing spaces and trailing blank lines ignored.
 - function, call: `{"args": "[1, 2]", "expected": "3"}` (and optional `"kwargs": "{'k': 1}"`): Python
-  literals as text; the entry point is called with them and passes when its result equals `expected`
-  (floats within 1e-9 relative). The expected value never enters the sandbox: the result comes back
+  literals as text (each at most 100,000 characters, its brackets nested at most 100 deep: a larger
+  input belongs in a stdin/stdout test); the entry point is called with them and passes when its
+  result equals `expected` (floats within 1e-9 relative). The expected value never enters the sandbox: the result comes back
   as text and is compared here.
 - function, assert: `{"assert": "assert candidate(1) == 2"}`: code run after the program in its own
   interpreter with `candidate` bound to the entry point; passes when it runs to its end. A program can
@@ -37,9 +38,11 @@ from __future__ import annotations
 
 import ast
 import gzip
+import io
 import json
 import keyword
 import math
+import tokenize
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +56,10 @@ DEFAULT_TIME_LIMIT_S = 2.0
 DEFAULT_MEMORY_MB = 512
 MAX_TIME_LIMIT_S = 60.0
 MAX_TESTS = 10_000
+MAX_LITERAL_CHARS = 100_000
+"""The longest literal a test's `args`, `kwargs` or `expected` may be (HumanEval's longest is 180)."""
+MAX_LITERAL_DEPTH = 100
+"""The deepest its brackets may nest."""
 
 
 @dataclass
@@ -104,9 +111,33 @@ def task_of(problem: CodeProblem) -> Task:
 # ---------------------------------------------------------------- reading the format
 
 
+def nesting(text: str) -> int:
+    """How deep the literal's brackets nest (those inside its strings do not count)."""
+    opening = sum(map(text.count, "([{"))
+    if opening <= MAX_LITERAL_DEPTH:  # no deeper than the brackets it has: the common case, without tokenizing
+        return opening
+    depth = deepest = 0
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            if token.type == tokenize.OP and token.string in ("(", "[", "{"):
+                depth += 1
+                deepest = max(deepest, depth)
+            elif token.type == tokenize.OP and token.string in (")", "]", "}"):
+                depth -= 1
+    except (tokenize.TokenError, SyntaxError):
+        pass  # not a literal: parsing it says so
+    return deepest
+
+
 def _literal(text: Any, where: str, what: str) -> Any:
     if not isinstance(text, str):
         raise LoadError(f"{where}: `{what}` must be a Python literal as text, not {type(text).__name__}")
+    # Parsing costs about 500 bytes of memory per character of a literal: an 8 MB one took 4 GB. Checked first.
+    if len(text) > MAX_LITERAL_CHARS:
+        raise LoadError(f"{where}: `{what}` is a literal of {len(text)} characters, more than the {MAX_LITERAL_CHARS} "
+                        "a test's literal may have (give a larger input as a stdin/stdout test)")
+    if nesting(text) > MAX_LITERAL_DEPTH:
+        raise LoadError(f"{where}: `{what}` nests its brackets more than {MAX_LITERAL_DEPTH} deep")
     try:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):

