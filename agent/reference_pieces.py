@@ -95,6 +95,14 @@ class Reader:
 # ---------------------------------------------------------------- the pieces
 
 
+# Standard modules the reference's prompt functions never need: a checkout whose prompt module imports one of
+# them is not the reference's, and is not run. (This is no sandbox: `os` alone can do as much; naming a
+# checkout is trusting it.)
+REACHING_OUT = frozenset({"subprocess", "socket", "ssl", "ctypes", "multiprocessing", "concurrent", "asyncio", "pty",
+                          "http", "urllib", "ftplib", "smtplib", "imaplib", "poplib", "telnetlib", "xmlrpc",
+                          "importlib", "runpy", "pickle", "marshal", "shutil", "webbrowser", "signal"})
+
+
 def _prompt_module(reader: Reader) -> dict[str, Any]:
     """`prompt_utils.py` run (once) in a namespace of its own, after its imports are checked to be the
     standard library's only: the checkout's dependencies need not be installed here."""
@@ -109,6 +117,10 @@ def _prompt_module(reader: Reader) -> dict[str, Any]:
         if outside or (isinstance(node, ast.ImportFrom) and node.level):
             raise ReferenceError(f"{relative} imports {(outside or ['a relative module'])[0]}, beyond the standard "
                                  "library, so its functions are not run")
+        reaching = [n for n in names if n.split(".")[0] in REACHING_OUT]
+        if reaching:
+            raise ReferenceError(f"{relative} imports {reaching[0]}, which prompt texts have no use for (it starts "
+                                 "programs, opens connections or loads code), so its functions are not run")
     namespace: dict[str, Any] = {"__name__": "miroflow_reference_prompts"}
     try:
         exec(compile(tree, relative, "exec"), namespace)  # noqa: S102 (the user's own checkout)

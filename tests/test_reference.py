@@ -146,6 +146,18 @@ def test_prompt_functions_that_import_beyond_the_standard_library_are_never_run(
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("module", ["subprocess", "socket", "urllib.request", "importlib"])
+def test_prompt_functions_that_import_what_starts_programs_or_connects_are_never_run(tmp_path: Path,
+                                                                                     module: str) -> None:
+    root = make_reference(tmp_path)
+    marker = tmp_path / "ran"
+    prompts = root / ref.FILES["prompts"]
+    prompts.write_text(f"import {module}\nopen({str(marker)!r}, 'w').close()\n" + prompts.read_text())
+    with pytest.raises(ref.ReferenceError, match=f"imports {module}"):
+        ref.load(root)
+    assert not marker.exists()
+
+
 def test_reference_check_says_what_was_understood(tmp_path: Path) -> None:
     root = make_reference(tmp_path)
     done = subprocess.run([NANBEIGE, "reference", "check", str(root)],

@@ -109,7 +109,9 @@ def reference_check(
         "descriptions are made of."))] = "3.12",
 ) -> None:
     """Say, for each text and rule the model reads, whether this checkout was understood: what
-    `--reference PATH` would use. Exit 1 when something is missing."""
+    `--reference PATH` would use. Exit 1 when something is missing. Reading a checkout runs its
+    prompt_utils.py (and input_handler's process_input) with your rights, as `--reference` does: check
+    only a checkout you trust."""
     from nanbeige.agent.reference import inspect
 
     report, reference = inspect(path, python)

@@ -77,7 +77,8 @@ SystemPromptFile = Annotated[Path | None, typer.Option(help="The mcp-xml system 
 ReferenceCheckout = Annotated[Path | None, typer.Option(
     "--reference", envvar="NANBEIGE_REFERENCE", show_default=False, rich_help_panel=ADVANCED, help=(
         "A checkout of MiroThinker, the harness the model was trained in: in mcp-xml the model reads that harness's "
-        "own prompts, tool descriptions and rules, read from it (see `nanbeige reference check`)."))]
+        "own prompts, tool descriptions and rules, read from it (see `nanbeige reference check`). Its prompt "
+        "functions run with your rights: name only a checkout you trust."))]
 Cache = Annotated[Path | None, typer.Option(show_default=False, help=(
     "SQLite file of tool results (made if missing): recorded calls are answered from it, new answers recorded. "
     "Safe for many runs and processes at once. The Python sandbox is never cached."))]
