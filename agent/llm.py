@@ -1,7 +1,7 @@
 """Model backends: one small protocol and an OpenAI-compatible HTTP client (scripted.py: a test model).
 
 The HTTP client speaks `/v1/chat/completions` to vLLM or any OpenAI-compatible server. Before its
-first call it asks the server what it is (`GET /v1/models`, see `probe_server`); only to vLLM does it
+first call it asks the server what it is (`GET /v1/models`, see `model_server.py`); only to vLLM does it
 send vLLM's own request fields, asking for the prompt and completion token ids and the sampling
 logprobs so turns are token-exact. Other servers may refuse unknown fields (FastAPI servers answer
 422), so they never get them; a server that claims vLLM and still refuses them is asked again
@@ -21,6 +21,9 @@ import httpx
 import orjson
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_before_delay
 
+from nanbeige.agent.model_server import (PROBE_TIMEOUT_S, ContextOverflow, ModelError, ModelUnreachable, ServerInfo,
+                                         read_model_list, server_root, version_is_vllm)
+from nanbeige.agent.model_server import probe_server  # noqa: F401  (imported from here with the client it informs)
 from nanbeige.agent.refusals import RETRY_STATUSES, VLLM_EXTRAS, RequestShape, RetryableStatus, backoff, error_text
 from nanbeige.agent.stream import StreamError, read_stream
 from nanbeige.tools.endpoint import LOCAL_BASE_URL, LOCAL_MODEL
@@ -30,21 +33,8 @@ from nanbeige.tools.endpoint import LOCAL_BASE_URL, LOCAL_MODEL
 # general chat and tool-use settings for tool-call. A backend given an unset config samples as mcp-xml.
 DIALECT_SAMPLING = {"mcp-xml": {"temperature": 1.0, "top_p": 0.95, "repetition_penalty": 1.05},
                     "tool-call": {"temperature": 0.6, "top_p": 0.95, "repetition_penalty": 1.0}}
-PROBE_TIMEOUT_S = 10.0
 Reader = Callable[[httpx.Response], Awaitable[dict[str, Any]]]
 """What a streamed request's answer is read with (`streamed`)."""
-
-
-class ModelError(Exception):
-    """The model call failed for good (after retries, or on a non-retryable answer)."""
-
-
-class ModelUnreachable(ModelError):
-    """No model server answers at the configured address."""
-
-
-class ContextOverflow(ModelError):
-    """The server refused the request because the prompt is longer than the model's context."""
 
 
 @dataclass
@@ -141,70 +131,6 @@ class LLM(Protocol):
     async def aclose(self) -> None: ...
 
 
-@dataclass
-class ServerInfo:
-    """What an OpenAI-compatible server says about itself (see `probe_server`)."""
-
-    vllm: bool
-    """The server is vLLM (its model list names vLLM as owner, or its `/version` answers as vLLM's
-    does), so it takes vLLM's own request fields and returns token ids."""
-    max_model_len: int | None = None
-    """The model's context length in tokens, where the server lists one (vLLM does)."""
-    models: list[str] = field(default_factory=list)
-    """The ids of the models the server lists."""
-    weights: str | None = None
-    """What the server says the served weights are, where it says: the model entry's `root` (vLLM
-    lists the weights' path there, and a LoRA adapter's own path for an adapter), a version of the
-    policy for rollouts."""
-
-
-def probe_server(base_url: str, api_key: str | None, timeout: float = PROBE_TIMEOUT_S,
-                 model: str | None = None) -> ServerInfo:
-    """Ask the server at `base_url` (ending in `/v1`) what it is: `GET /models`, then `GET /version`
-    at its root only when the model list names no owner. `max_model_len` is the one listed for
-    `model`, or for the first model when `model` is not listed. A 401 means the server is up but
-    wants a key: nothing more can be learnt. Raises ModelUnreachable with a short reason when
-    nothing OpenAI-compatible answers."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    try:
-        with httpx.Client(headers=headers, timeout=timeout) as http:
-            info, settled = _read_model_list(http.get(base_url.rstrip("/") + "/models"), model)
-            if not settled:
-                info.vllm = _version_is_vllm(http.get(_server_root(base_url) + "/version"))
-    except httpx.HTTPError as exc:
-        raise ModelUnreachable(type(exc).__name__) from None
-    return info
-
-
-def _read_model_list(response: httpx.Response, model: str | None) -> tuple[ServerInfo, bool]:
-    """What a `/models` answer says, and whether that settles `vllm` (a list naming no owner does
-    not). ModelUnreachable when the answer is not an OpenAI model list."""
-    if response.status_code == 401:
-        return ServerInfo(vllm=False), True
-    try:
-        entries = response.json().get("data") if response.status_code == 200 else None
-    except (ValueError, AttributeError):  # not JSON, or JSON but not an object
-        entries = None
-    if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
-        raise ModelUnreachable(f"HTTP {response.status_code} from {response.url}: not an OpenAI-compatible server")
-    owners = [entry["owned_by"] for entry in entries if entry.get("owned_by") is not None]
-    chosen = next((entry for entry in entries if entry.get("id") == model), entries[0] if entries else {})
-    length, root = chosen.get("max_model_len"), chosen.get("root")
-    info = ServerInfo(vllm="vllm" in owners, max_model_len=length if isinstance(length, int) else None,
-                      models=[str(entry["id"]) for entry in entries if "id" in entry],
-                      weights=root if isinstance(root, str) and root else None)
-    return info, bool(owners)
-
-
-def _version_is_vllm(response: httpx.Response) -> bool:
-    """vLLM answers `GET /version` with `{"version": "..."}`."""
-    try:
-        body = response.json()
-    except ValueError:
-        return False
-    return response.status_code == 200 and isinstance(body, dict) and isinstance(body.get("version"), str)
-
-
 def served_by(llm: Any) -> str | None:
     """The address of the server a backend talks to, without credentials (a user and password in the URL,
     its query), for the trajectory: `resume` finds the server again; None for a model in this process."""
@@ -212,10 +138,6 @@ def served_by(llm: Any) -> str | None:
         return None
     url = httpx.URL(llm.config.base_url)
     return str(url.copy_with(username=None, password=None, query=None, fragment=None))
-
-
-def _server_root(base_url: str) -> str:
-    return base_url.rstrip("/").removesuffix("/v1")
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -438,10 +360,10 @@ class OpenAIChat:
             response = await self.http.get("/models", timeout=PROBE_TIMEOUT_S)
             if response.status_code in RETRY_STATUSES:
                 return None
-            info, settled = _read_model_list(response, self.config.model)
+            info, settled = read_model_list(response, self.config.model)
             if not settled:
-                version = await self.http.get(_server_root(self.config.base_url) + "/version", timeout=PROBE_TIMEOUT_S)
-                info.vllm = _version_is_vllm(version)
+                version = await self.http.get(server_root(self.config.base_url) + "/version", timeout=PROBE_TIMEOUT_S)
+                info.vllm = version_is_vllm(version)
         except httpx.HTTPError:
             return None
         except ModelUnreachable:

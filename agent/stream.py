@@ -158,7 +158,7 @@ async def read_stream(response: httpx.Response, on_text: Callable[[str], None],
         start = b""
         if kind != "text/event-stream" and not _is_json(kind):  # a type that says neither: the body does
             start = await _beginning(chunks)
-            kind = "application/json" if start.lstrip().startswith(b"{") else "text/event-stream"
+            kind = _kind_of(start, kind)
         if _is_json(kind):
             return _whole(start + b"".join([data async for data in chunks]), on_text, completions_api)
         return await _events(_after(start, chunks), Pieces(completions_api, on_text))
@@ -168,6 +168,17 @@ async def read_stream(response: httpx.Response, on_text: Callable[[str], None],
 
 def _is_json(media_type: str) -> bool:
     return media_type == "application/json" or media_type.endswith("+json")
+
+
+def _kind_of(start: bytes, said: str) -> str:
+    """What a body whose Content-Type (`said`) names neither events nor JSON is, by how it begins: a
+    JSON object, or server-sent events (a field line or a comment). Else (a proxy's HTML page) StreamError."""
+    begins = start.lstrip()
+    if begins.startswith(b"{"):
+        return "application/json"
+    if not begins or begins.startswith((b"data:", b":", b"event:", b"id:", b"retry:")):
+        return "text/event-stream"
+    raise StreamError(f"an answer that is neither events nor JSON ({said or 'no Content-Type'}): {begins[:200]!r}")
 
 
 async def _beginning(chunks: AsyncIterator[bytes]) -> bytes:

@@ -23,7 +23,7 @@ from fake_openai import FakeOpenAI, Reply, mcp_answer
 
 from nanbeige.agent.llm import LLMConfig, ModelError, OpenAIChat
 from nanbeige.agent.refusals import RequestShape
-from nanbeige.agent.stream import read_stream
+from nanbeige.agent.stream import StreamError, read_stream
 
 pytestmark = pytest.mark.anyio
 MESSAGES = [{"role": "system", "content": "s"}, {"role": "user", "content": "What is 2+3?"}]
@@ -96,6 +96,13 @@ async def test_the_content_type_says_how_to_read_and_where_it_says_neither_the_b
     read = await read_stream(httpx.Response(200, content=body, headers=headers), pieces.append)
     assert read["choices"][0]["message"]["content"] == "5" and read["choices"][0]["finish_reason"] == "stop"
     assert pieces == ["5"]
+
+
+async def test_an_answer_that_is_neither_events_nor_json_is_an_unusable_reply_in_one_line() -> None:
+    page = b"<html><body>502 Bad Gateway</body></html>"
+    with pytest.raises(StreamError, match=r"neither events nor JSON \(text/html\): b'<html><body>502"):
+        await read_stream(httpx.Response(200, content=page, headers={"content-type": "text/html"}),
+                          lambda text: None)
 
 
 # ---------------------------------------------------------------- refused fields
