@@ -152,19 +152,51 @@ def check_url(flag: str, url: str) -> None:
         raise SetupError(f"{flag} must be an http(s) URL, not {url!r}", usage=True)
 
 
-def check_writable(path: Path) -> None:
-    """That the trajectory file can be created or appended to, without creating anything yet."""
-    fix = "Pass --trajectory with a writable path."
+def unwritable(path: Path) -> str:
+    """Why a file cannot be written at `path` (its missing folders made), or "" when it can; nothing is
+    left behind. For every file a command writes where a flag says, checked before any model is asked."""
     if path.is_dir():
-        raise SetupError(f"cannot write the trajectory to {path}: it is a folder. {fix}")
+        return "it is a folder"
     folder = path.parent
     while not folder.exists():
         folder = folder.parent
     if not folder.is_dir():
-        raise SetupError(f"cannot write the trajectory to {path}: {folder} is not a folder. {fix}")
-    target = path if path.exists() else folder
-    if not os.access(target, os.W_OK):
-        raise SetupError(f"cannot write the trajectory to {path}: permission denied. {fix}")
+        return f"{folder} is not a folder"
+    if path.exists():
+        return "" if os.access(path, os.W_OK) else "permission denied"
+    return _probe(path)
+
+
+def _probe(path: Path) -> str:
+    """Make the file and its missing folders, then remove them: permission bits say nothing to root, nor
+    about a filesystem such as /proc that takes no new entry, so only doing it tells."""
+    made: list[Path] = []
+    try:
+        for folder in reversed(path.parents):  # the outermost first
+            if not folder.exists():
+                folder.mkdir()
+                made.append(folder)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        path.unlink()
+    except FileExistsError:  # made meanwhile, by another process
+        pass
+    except OSError as exc:
+        return f"cannot make {exc.filename or path}: {exc.strerror or exc}"
+    finally:
+        for folder in reversed(made):
+            try:
+                folder.rmdir()
+            except OSError:
+                pass
+    return ""
+
+
+def check_writable(path: Path) -> None:
+    """That the trajectory file can be created or appended to, leaving nothing behind yet."""
+    fix = "Pass --trajectory with a writable path."
+    problem = unwritable(path)
+    if problem:
+        raise SetupError(f"cannot write the trajectory to {path}: {problem}. {fix}")
     try:
         check_trajectory_file(path)
     except NotATrajectoryFile as exc:
@@ -335,6 +367,10 @@ async def ready(settings: RunSettings, notice: Notice) -> AsyncIterator[Ready]:
                                                                            system_prompt_template=template))
     path = settings.trajectory or default_trajectory_path()
     check_writable(path)
+    cache = settings.tools.cache
+    problem = unwritable(cache) if cache is not None and not settings.tools.replay else ""
+    if problem:
+        raise SetupError(f"cannot write the cache {cache}: {problem}. Pass --cache with a writable path.")
     server = await in_thread(find_model_server, settings, notice)
     if server is None:
         settings = await in_thread(in_process, settings, notice)

@@ -129,7 +129,7 @@ def run_item(handler, entry):
 
     try:
         result = multi_threaded_inference(handler, entry, True, False)
-    except BaseException as exc:  # noqa: BLE001 - the model's code may raise SystemExit, which the official lets through
+    except BaseException as exc:  # noqa: BLE001 - the model's code may raise SystemExit, which upstream lets through
         result = {"id": entry["id"], "result": f"Error during inference: {exc}"}
     Host.questions.put({"done": make_json_serializable(result), "files": snapshot_files()})
 

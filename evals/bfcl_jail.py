@@ -16,13 +16,15 @@ operator turned the jail off (NANBEIGE_SANDBOX_JAIL=0): then these run in the sa
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
-import threading
 from dataclasses import replace
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable
 
 from nanbeige.evals import bfcl
+from nanbeige.evals.config import EvalError
 from nanbeige.tools.sandbox import SandboxConfig, SandboxError, config_from_env
 
 INSIDE = Path(__file__).with_name("bfcl_inside.py")
@@ -65,7 +67,6 @@ class Jail:
 
         self.config = replace(config or config_from_env(), backend="local")
         self.backend = LocalBackend(self.config)
-        self.lock = threading.Lock()
 
     def require_jail(self) -> None:
         """JailError (one line) unless sandboxes here are jailed, or the operator turned the jail off."""
@@ -74,9 +75,10 @@ class Jail:
         except SandboxError as exc:
             raise JailError(f"BFCL runs the model's calls as Python only in the sandbox: {exc}") from None
         if not jailed and self.config.jail:
-            raise JailError("BFCL's multi-turn and agentic items run the model's calls as Python, only in the sandbox's "
-                            "jail, and bwrap is missing or cannot make one here: install bubblewrap (apt-get install "
-                            "bubblewrap), or set NANBEIGE_SANDBOX_JAIL=0 to run them with the sandbox's weaker isolation")
+            raise JailError("BFCL's multi-turn and agentic items run the model's calls as Python, only in the "
+                            "sandbox's jail, and bwrap is missing or cannot make one here: install bubblewrap (apt-get "
+                            "install bubblewrap), or set NANBEIGE_SANDBOX_JAIL=0 to run them with the sandbox's weaker "
+                            "isolation")
 
     def close(self) -> None:
         self.backend.close()
@@ -165,6 +167,41 @@ class Jail:
             return graded.get("error") if isinstance(graded.get("error"), str) else None
         finally:
             self.backend.destroy(sandbox)
+
+
+@contextlib.asynccontextmanager
+async def sandboxes(needed: bool) -> Any:
+    """The sandboxes of an eval's items, where some item needs them; EvalError (one line) where they cannot be
+    jailed here and the operator did not turn the jail off: then no item runs."""
+    if not needed:
+        yield None
+        return
+    jail = Jail()
+    try:
+        await asyncio.to_thread(require_jail, jail)
+        yield jail
+    finally:
+        await asyncio.to_thread(jail.close)
+
+
+def require_jail(jail: Jail) -> None:
+    try:
+        jail.require_jail()
+    except JailError as exc:
+        raise EvalError(str(exc)) from None
+
+
+def grade_in_sandbox(out: Path, categories: list[str], partial: bool, log: Path) -> str | None:
+    """The official runner in a sandbox: the runner's own failure, or None; EvalError when the sandbox cannot be
+    made or the runner did not finish there."""
+    jail = Jail()
+    try:
+        require_jail(jail)
+        return jail.grade(bfcl.result_dir(out), bfcl.score_dir(out), categories, partial, log)
+    except SandboxError as exc:
+        raise EvalError(f"BFCL's grading failed in the sandbox: {exc}") from None
+    finally:
+        jail.close()
 
 
 def relative_path(path: Any, result_dir: Path) -> dict[str, str]:

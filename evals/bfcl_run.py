@@ -73,7 +73,7 @@ async def evaluate(config: EvalConfig, settings: RunSettings, notice: Callable[[
             notice(f"resuming: {progress.done} of {progress.total} items already done in {config.out}")
         settings = dataclasses.replace(settings_for_bfcl(settings), trajectory=config.out / TRAJECTORIES)
         async with ready(settings, without_tools_notice(notice)) as runtime, web_search(pending), \
-                sandboxes(any(bfcl_jail.runs_model_text(t.level) for t in pending)) as jail:
+                bfcl_jail.sandboxes(any(bfcl_jail.runs_model_text(t.level) for t in pending)) as jail:
             attempt = item_attempt(runtime, config.out, settings.llm.temperature, notice, jail)
             view = progress_view(progress) if progress_view else None
             # the handler prints what it does (and what the model got wrong) on stdout, where our report goes
@@ -87,28 +87,6 @@ async def evaluate(config: EvalConfig, settings: RunSettings, notice: Callable[[
     report["failed_runs"] = progress.failed
     (config.out / REPORT).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     return report
-
-
-@contextlib.asynccontextmanager
-async def sandboxes(needed: bool) -> Any:
-    """The sandboxes model text runs in, where some item needs them; EvalError (one line) where they cannot
-    be jailed here and the operator did not turn the jail off."""
-    if not needed:
-        yield None
-        return
-    jail = bfcl_jail.Jail()
-    try:
-        await asyncio.to_thread(require_jail, jail)
-        yield jail
-    finally:
-        await asyncio.to_thread(jail.close)
-
-
-def require_jail(jail: bfcl_jail.Jail) -> None:
-    try:
-        jail.require_jail()
-    except bfcl_jail.JailError as exc:
-        raise EvalError(str(exc)) from None
 
 
 def to_generate(out: Path, tasks: list[Task]) -> list[Task]:
@@ -336,7 +314,7 @@ def grade(out: Path, manifest: dict[str, Any]) -> dict[str, Any]:
         stale.unlink()
     failure = None
     if any(bfcl_jail.graded_by_execution(c) for c in present):  # it runs the model's calls: in the sandbox
-        failure = grade_in_sandbox(out, present, partial, log)
+        failure = bfcl_jail.grade_in_sandbox(out, present, partial, log)
     else:
         with log.open("w") as stream, contextlib.redirect_stdout(stream), contextlib.redirect_stderr(stream):
             try:
@@ -346,18 +324,6 @@ def grade(out: Path, manifest: dict[str, Any]) -> dict[str, Any]:
             except Exception as exc:  # the runner's own failure (its summary table needs 2 items or more)
                 failure = f"{type(exc).__name__}: {exc}"
     return report(out, manifest, present, partial, done) | {"runner_error": failure}
-
-
-def grade_in_sandbox(out: Path, categories: list[str], partial: bool, log: Path) -> str | None:
-    """The official runner in a sandbox (`bfcl_jail`); EvalError when it cannot be made, or did not finish."""
-    jail = bfcl_jail.Jail()
-    try:
-        require_jail(jail)
-        return jail.grade(bfcl.result_dir(out), bfcl.score_dir(out), categories, partial, log)
-    except SandboxError as exc:
-        raise EvalError(f"BFCL's grading failed in the sandbox: {exc}") from None
-    finally:
-        jail.close()
 
 
 def ids_of(manifest: dict[str, Any], category: str) -> list[str]:
