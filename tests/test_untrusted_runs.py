@@ -2,14 +2,17 @@
 killed writer cut mid-line, a trajectory to resume, a training run's checkpoints and metrics. A line
 torn by a kill (the last one, as our writers append) is skipped, saying so, and its work done again
 while every whole line is kept; anything else that does not fit is one line naming the file and its
-line, a non-zero exit, and nothing written. Commands run in this process, against loopback models."""
+line, a non-zero exit, and nothing written. A file a flag names in a folder that cannot be made is one
+line too, before the model is asked. Commands run in this process, against loopback models."""
 
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
+from conftest import TEST_SERVER
 from fake_openai import FakeOpenAI, mcp_answer
 from reference_tree import make_reference
 from test_untrusted_inputs import assert_no_crash, assert_refused, files_in, jsonl, nanbeige, rollout
@@ -196,3 +199,47 @@ def test_a_reference_checkout_named_in_a_trajectory_file_is_never_run(tmp_path: 
     assert result.exit_code == 2 and "resume it with --reference PATH" in result.output
     assert str(checkout) in result.output
     assert not ran.exists() and path.read_bytes() == jsonl(*records)
+
+
+# ---------------------------------------------------------------- files named by flags, in folders that cannot be made
+
+NOWHERE = Path("/proc/nowhere")  # /proc takes no new entry, even from root, whom permission bits let through
+QUESTIONS = [{"id": "q1", "question": "What is 2+2?", "answer": "4"}]
+WRITES = {  # the command, and the file it was told to write
+    "ask --trajectory": (["ask", "q", "--trajectory", NOWHERE / "t.jsonl"], NOWHERE / "t.jsonl"),
+    "ask --cache": (["ask", "q", "--trajectory", "{tmp}/t.jsonl", "--mcp", "{testkit}", "--cache",
+                     NOWHERE / "c.sqlite"], NOWHERE / "c.sqlite"),
+    "research --trajectory": (["research", "q", "--trajectory", NOWHERE / "t.jsonl"], NOWHERE / "t.jsonl"),
+    "research --report": (["research", "q", "--trajectory", "{tmp}/t.jsonl", "--report", NOWHERE / "r.md"],
+                          NOWHERE / "r.md"),
+    "eval --out": (["eval", "gaia", "--data", "{tmp}/metadata.jsonl", "--out", NOWHERE / "out", "--grader",
+                    "official", "-k", "1"], NOWHERE / "out"),
+    "collect --out": (["collect", "--questions", "{tmp}/questions.jsonl", "-G", "1", "--allow-inexact", "--out",
+                       NOWHERE / "r.jsonl"], NOWHERE / "r.jsonl"),
+}
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+@pytest.mark.parametrize("case", WRITES)
+def test_a_file_whose_folder_cannot_be_made_is_one_line_before_the_model_is_asked(tmp_path: Path, case: str) -> None:
+    command, path = WRITES[case]
+    (tmp_path / "metadata.jsonl").write_bytes(jsonl(*TASKS))
+    (tmp_path / "questions.jsonl").write_bytes(jsonl(*QUESTIONS))
+    testkit = "testkit=" + shlex.join(TEST_SERVER)
+    args = [str(arg).format(tmp=tmp_path, testkit=testkit) for arg in command]
+    with FakeOpenAI([], default=mcp_answer("4")) as server:
+        result = nanbeige(*args, "--base-url", server.base_url, "--no-default-servers")
+        assert server.requests == []  # the model was never asked
+    assert_no_crash(result)
+    assert result.exit_code != 0, result.output
+    [error] = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert str(path) in error and "cannot" in error, error
+    assert files_in(tmp_path).keys() == {"metadata.jsonl", "questions.jsonl"}  # nothing left behind
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_judge_out_in_a_folder_that_cannot_be_made_is_one_line(tmp_path: Path) -> None:
+    rollouts = tmp_path / "rollouts.jsonl"
+    rollouts.write_bytes(jsonl(*rollout("a")))
+    result = nanbeige("judge", rollouts, "--out", NOWHERE / "judged.jsonl", "--no-critic")
+    assert_refused(result, NOWHERE / "judged.jsonl", None, "cannot make /proc/nowhere")

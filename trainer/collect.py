@@ -162,8 +162,11 @@ def on_policy(settings: RunSettings, notice: Callable[[str], None]) -> RunSettin
 async def collect(config: CollectConfig, settings: RunSettings, notice: Callable[[str], None],
                   progress_view: Callable[[Progress], Any] | None = None) -> dict[str, Any]:
     """Run (or resume) the collection; returns a summary of what this call did."""
-    from nanbeige.agent.setup import ready
+    from nanbeige.agent.setup import ready, unwritable
 
+    problem = unwritable(config.out)
+    if problem:
+        raise CollectError(f"cannot write --out {config.out}: {problem}")
     tasks = load_questions(config)
     done = done_rollouts(config.out)
     pending = [(task, r) for task in tasks for r in range(config.group_size) if (task.id, r) not in done]

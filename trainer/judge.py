@@ -243,6 +243,11 @@ def check(src: Path, out: Path, config: JudgeRunConfig) -> None:
         raise JudgeError(f"{src}: no such trajectory file")
     if out.resolve() == src.resolve():
         raise JudgeError("--out must be another file than the input: judging appends whole trajectories to it")
+    from nanbeige.agent.setup import unwritable
+
+    problem = unwritable(out)
+    if problem:
+        raise JudgeError(f"cannot write --out {out}: {problem}")
     if config.grader is not None and config.grader not in (EXACT, CODE_TESTS, *judges.PROFILES, *judges.FAMILIES):
         raise JudgeError(f"--grader must be a family ({', '.join(judges.FAMILIES)}: each trajectory's benchmark's "
                          f"grader of that family), {EXACT}, {CODE_TESTS} or one of {', '.join(judges.PROFILES)}, not "

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
 import time
 import uuid
 import webbrowser
@@ -318,11 +317,11 @@ def check_report_path(path: Path, trajectory: Path | None) -> None:
         fail(f"--report {path} is not a regular file (a FIFO, socket or device); pass a file path", 2)
     if trajectory is not None and path.resolve() == trajectory.resolve():
         fail(f"--report {path} is the trajectory file; pass another path", 2)
-    folder = path.parent
-    while not folder.exists():
-        folder = folder.parent
-    if not folder.is_dir() or not os.access(path if path.exists() else folder, os.W_OK):
-        fail(f"cannot write the report to {path}: permission denied or not in a folder", 2)
+    from nanbeige.agent.setup import unwritable
+
+    problem = unwritable(path)
+    if problem:
+        fail(f"cannot write the report to {path}: {problem}", 2)
 
 
 def write_report(path: Path, result: Research, trajectory_file: Path, open_it: bool) -> None:
