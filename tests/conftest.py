@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import shutil
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -21,6 +23,22 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 # The user's own config folder (their settings file, the settings files they trusted) is the suite's own: a
 # developer's nanbeige.toml must not change what the tests see, nor a test trust a file on their behalf.
 os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="nanbeige-config-")
+
+
+def jail_works() -> bool:
+    """Whether bwrap is installed here and may make a jail's namespaces (a container may forbid them)."""
+    bwrap = shutil.which("bwrap")
+    return bool(bwrap) and subprocess.run([bwrap, "--unshare-all", "--ro-bind", "/", "/", "true"],
+                                          capture_output=True, check=False).returncode == 0
+
+
+JAIL = jail_works()
+"""The local sandbox runs no code without its jail unless its operator says NANBEIGE_SANDBOX_JAIL=0. Where
+the jail cannot run, the tests of the jail itself are skipped (they say so), and the others, which use the
+sandbox for something else, say it as an operator would: in the environment (for the commands and servers
+they start) and with `jail=JAIL` where they build a `SandboxConfig` themselves."""
+if not JAIL:
+    os.environ["NANBEIGE_SANDBOX_JAIL"] = "0"
 
 TESTS = Path(__file__).parent
 TEST_SERVER = [sys.executable, str(TESTS / "mcp_test_server.py")]

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from conftest import JAIL
 from mcp import Client, StdioServerParameters, stdio_client
 
 
@@ -48,7 +49,8 @@ def leftovers(root: Path) -> Leftovers:
 
 def server_params(root: Path, sandboxes: int) -> StdioServerParameters:
     env = {"PATH": os.environ["PATH"], "NANBEIGE_SANDBOX_BACKEND": "local", "NANBEIGE_SANDBOX_DIR": str(root),
-           "NANBEIGE_SANDBOX_TIMEOUT": "120", "NANBEIGE_SANDBOX_MAX_SANDBOXES": str(sandboxes)}
+           "NANBEIGE_SANDBOX_TIMEOUT": "120", "NANBEIGE_SANDBOX_MAX_SANDBOXES": str(sandboxes),
+           "NANBEIGE_SANDBOX_JAIL": str(int(JAIL))}
     if "PYTHONPATH" in os.environ:  # the server imports what its caller does
         env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     return StdioServerParameters(command=sys.executable, args=["-m", "nanbeige.servers.python"], env=env)

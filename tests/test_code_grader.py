@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 import pytest
+from conftest import JAIL
 from sandbox_leftovers import leftovers
 
 from nanbeige.evals.code_problems import CodeProblem, humaneval_problems, read_problems
@@ -21,7 +21,7 @@ from nanbeige.tools.sandbox import config_from_env
 SECRET = "expected-7f3a9c41"
 # Programs are judged only in the jail (or with it turned off by the operator): where bubblewrap cannot be
 # installed these tests say so, as the sandbox's own jail tests do.
-pytestmark = pytest.mark.skipif(not shutil.which("bwrap"), reason="needs bwrap, the sandbox's jail")
+pytestmark = pytest.mark.skipif(not JAIL, reason="needs bwrap, the sandbox's jail, working here")
 
 
 @pytest.fixture(scope="module")

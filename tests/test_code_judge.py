@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import free_port
+from conftest import JAIL, free_port
 from fake_openai import FakeOpenAI, Reply
 from test_cli import nanbeige
 from test_judge import assert_one_error_line, write
@@ -151,6 +151,7 @@ def test_a_second_judge_run_judges_nothing_new(tmp_path: Path) -> None:
     assert out.read_bytes() == written and whole_trajectories(out) == ["a", "b"]
 
 
+@pytest.mark.skipif(not JAIL, reason="needs bwrap, the sandbox's jail, working here")
 def test_a_program_that_kills_its_sandbox_is_its_own_failure_and_judge_goes_on(tmp_path: Path) -> None:
     """A program that kills everything it can signal at import (its jail included) used to stop judge at its
     trajectory, on every rerun: read as a broken machine. A known-good program in a fresh jail says the
@@ -158,7 +159,8 @@ def test_a_program_that_kills_its_sandbox_is_its_own_failure_and_judge_goes_on(t
     left to do."""
     killer = "import os, signal\nos.kill(-1, signal.SIGKILL)\n"
     src = write(tmp_path / "in.jsonl", [
-        rollout("stdio-killer", "sum-two", fenced(killer)), rollout("function-killer", "add", fenced(killer + ADD_RIGHT)),
+        rollout("stdio-killer", "sum-two", fenced(killer)),
+        rollout("function-killer", "add", fenced(killer + ADD_RIGHT)),
         rollout("after", "sum-two", fenced(SUM_TWO_RIGHT))])
     out = tmp_path / "out.jsonl"
     problems = problems_file(tmp_path)
@@ -174,6 +176,7 @@ def test_a_program_that_kills_its_sandbox_is_its_own_failure_and_judge_goes_on(t
     assert again.returncode == 0 and "0 trajectories judged" in again.stderr, again.stderr
 
 
+@pytest.mark.skipif(not JAIL, reason="needs bwrap, the sandbox's jail, working here")
 def test_eval_counts_a_program_that_kills_its_sandbox_as_wrong_not_as_a_failed_run(tmp_path: Path) -> None:
     problems = problems_file(tmp_path, SUM_TWO)
     out = tmp_path / "out"

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import JAIL
 from fake_openai import FakeOpenAI, created_sandbox, mcp_answer, mcp_call
 from processes import alive, command_line, tree, wait_for
 from sandbox_leftovers import leftovers
@@ -108,7 +109,7 @@ async def test_a_python_server_killed_outright_takes_its_sandboxes_processes_wit
     assert result.is_error and "was restarted" in result.text
     # it could not remove its sandbox (folder, and as root its file system and cgroup): the next
     # server on the same folder (the toolbox's restart of it, or this one) sweeps them at start
-    Sandboxes(SandboxConfig(root=tmp_path / "sandboxes")).backend.isolation  # noqa: B018 - finds it, and sweeps
+    Sandboxes(SandboxConfig(root=tmp_path / "sandboxes", jail=JAIL)).backend.isolation  # noqa: B018 - finds, sweeps
     assert not place.exists() and str(tmp_path) not in Path("/proc/self/mountinfo").read_text()
     # its loop device too (detached by the kernel once its unmounted file system is let go), and its image
     assert await asyncio.to_thread(wait_for, lambda: not leftovers(tmp_path / "sandboxes"), 5), \

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import mcp
 import pytest
+from conftest import JAIL
 from mcp.client.stdio import PROCESS_TERMINATION_TIMEOUT
 from sandbox_leftovers import Leftovers, close_under_load, leftovers
 
@@ -32,7 +33,7 @@ TOOLS = {
 
 def local_config(tmp_path: Path, **overrides: object) -> SandboxConfig:
     return SandboxConfig(root=tmp_path / "sandboxes", upload_dirs=[tmp_path], download_dir=tmp_path / "downloads",
-                         timeout_s=2.0, **overrides)  # type: ignore[arg-type]
+                         jail=JAIL, timeout_s=2.0, **overrides)  # type: ignore[arg-type]
 
 
 def text(result: mcp.types.CallToolResult) -> str:
@@ -112,7 +113,8 @@ async def test_a_session_with_state_errors_and_files(tmp_path: Path) -> None:
 
 def server_env(tmp_path: Path) -> dict[str, str]:
     return {"NANBEIGE_SANDBOX_BACKEND": "local", "NANBEIGE_SANDBOX_DIR": str(tmp_path / "sandboxes"),
-            "SERPER_API_KEY": "secret-serper", "PATH": os.environ["PATH"]}
+            "SERPER_API_KEY": "secret-serper", "PATH": os.environ["PATH"],
+            "NANBEIGE_SANDBOX_JAIL": str(int(JAIL))}
 
 
 async def test_runs_as_a_stdio_subprocess(tmp_path: Path) -> None:

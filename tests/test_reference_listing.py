@@ -10,6 +10,7 @@ from pathlib import Path
 
 import mcp
 import pytest
+from conftest import JAIL
 
 from nanbeige.agent.mcp_prompt import tool_catalogue
 from nanbeige.servers import python, scrape, search
@@ -57,7 +58,7 @@ REFERENCE_SCHEMAS = {
 
 
 async def listed_tools(tmp_path: Path) -> list[dict]:
-    servers = {"tool-python": python.build_server(Sandboxes(SandboxConfig(root=tmp_path / "boxes"))),
+    servers = {"tool-python": python.build_server(Sandboxes(SandboxConfig(root=tmp_path / "boxes", jail=JAIL))),
                "search_and_scrape_webpage": search.build_server(SearchConfig(index_dir=tmp_path / "index")),
                "jina_scrape_llm_summary": scrape.build_server(ScrapeConfig())}
     tools = []

@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from conftest import JAIL
 from e2b import CommandExitException, CommandResult, SandboxNotFoundException, TimeoutException
 from e2b_code_interpreter import Execution, ExecutionError, Logs, Result
 
@@ -27,7 +28,7 @@ from nanbeige.tools.sandbox.system import processes
 
 
 def make_config(root: Path, **overrides: object) -> SandboxConfig:
-    return replace(SandboxConfig(root=root / "sandboxes", upload_dirs=[root / "uploads"],
+    return replace(SandboxConfig(root=root / "sandboxes", upload_dirs=[root / "uploads"], jail=JAIL,
                                  download_dir=root / "downloads", timeout_s=10.0), **overrides)
 
 

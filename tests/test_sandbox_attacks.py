@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from conftest import JAIL
 from processes import command_line, parents
 
 from nanbeige.tools.sandbox import SandboxConfig, SandboxError, Sandboxes
@@ -23,7 +24,7 @@ STATE_LOST = "variables, imports and definitions from earlier calls are lost"
 
 def make_boxes(root: Path, **settings: object) -> Sandboxes:
     return Sandboxes(SandboxConfig(**{"root": root / "sandboxes", "upload_dirs": [root], "timeout_s": 10.0,
-                                      **settings}))  # type: ignore[arg-type]
+                                      "jail": JAIL, **settings}))  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["own-uid", "shared-uid"])

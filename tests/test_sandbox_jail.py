@@ -23,6 +23,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
+from conftest import JAIL
 from processes import alive, command_line, tree, wait_for
 
 from nanbeige.tools.sandbox import SandboxConfig, SandboxError, Sandboxes
@@ -32,7 +33,7 @@ from nanbeige.tools.sandbox.system import UID_LOCKS, processes
 
 MB = 1024 * 1024
 JAILED = pytest.mark.skipif(
-    not (sys.platform == "linux" and os.geteuid() == 0 and shutil.which("bwrap")), reason="needs root and bwrap")
+    not (sys.platform == "linux" and os.geteuid() == 0 and JAIL), reason="needs root and a bwrap that works here")
 NO_JAIL = "no filesystem jail"
 
 

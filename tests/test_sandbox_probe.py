@@ -1,8 +1,8 @@
 """How a server decides whether it can jail sandboxed code, when that decision is hard to make: a probe
 that runs out of time on a loaded machine, a jail that works here but cannot be set up, a bwrap that
-fails for a moment or is not installed, a bwrap that fails at call time. A server that can jail never runs code without one: it answers an
-error instead, and tries again at the next call. Only the operator's NANBEIGE_SANDBOX_JAIL=0 gives an
-unjailed sandbox, and then the create answer says so."""
+fails for a moment or is not installed, a bwrap that fails at call time. No code runs without a jail:
+the server answers an error instead, and tries again at the next call. Only the operator's
+NANBEIGE_SANDBOX_JAIL=0 gives an unjailed sandbox, and then the create answer says so."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from conftest import JAIL
 from processes import wait_for
 
 from nanbeige.tools.sandbox import SandboxConfig, SandboxError, Sandboxes
@@ -25,7 +26,7 @@ from nanbeige.tools.sandbox.jail import JAIL_WORKER
 from nanbeige.tools.sandbox.probe import BWRAP_TRIES
 
 JAILED = pytest.mark.skipif(
-    not (sys.platform == "linux" and os.geteuid() == 0 and shutil.which("bwrap")), reason="needs root and bwrap")
+    not (sys.platform == "linux" and os.geteuid() == 0 and JAIL), reason="needs root and a bwrap that works here")
 NO_JAIL = "no filesystem jail"
 
 

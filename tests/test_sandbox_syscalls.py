@@ -8,13 +8,13 @@ from __future__ import annotations
 import ast
 import os
 import re
-import shutil
 import struct
 import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from conftest import JAIL
 
 from nanbeige.tools.sandbox import SandboxConfig, Sandboxes
 from nanbeige.tools.sandbox.seccomp import (
@@ -22,7 +22,7 @@ from nanbeige.tools.sandbox.seccomp import (
 )
 
 JAILED = pytest.mark.skipif(
-    not (sys.platform == "linux" and os.geteuid() == 0 and shutil.which("bwrap")), reason="needs root and bwrap")
+    not (sys.platform == "linux" and os.geteuid() == 0 and JAIL), reason="needs root and a bwrap that works here")
 I386 = 0x40000003
 CLONE_THREAD_FLAGS = 0x3D0F00  # what pthread_create asks of clone: shared memory, files, signals, thread group
 

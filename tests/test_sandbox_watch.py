@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import JAIL
 
 from nanbeige.tools.sandbox import SandboxConfig, SandboxError, Sandboxes
 from nanbeige.tools.sandbox import local as local_backend
@@ -21,7 +22,7 @@ def watched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Sandbox
     monkeypatch.setattr(local_backend, "cgroup_parents", lambda: None)
     monkeypatch.setattr(local_backend, "can_make_disks", lambda: False)
     # a timeout far past what a call takes on a busy machine, so that only the watch stops what it should
-    boxes = Sandboxes(SandboxConfig(root=tmp_path / "sandboxes", upload_dirs=[tmp_path], timeout_s=120.0,
+    boxes = Sandboxes(SandboxConfig(root=tmp_path / "sandboxes", upload_dirs=[tmp_path], timeout_s=120.0, jail=JAIL,
                                     memory_mb=512, disk_mb=64))
     assert boxes.backend.isolation and boxes.backend._cgroups is None and not boxes.backend._disks
     yield boxes

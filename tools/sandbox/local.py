@@ -142,7 +142,7 @@ class LocalBackend:
 
     def _probe_at_start(self) -> None:
         with suppress(SandboxError):  # logged; the calls say it too
-            self.isolation
+            self.isolation  # noqa: B018 - probes
 
     @property
     def notice(self) -> str:
