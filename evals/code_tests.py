@@ -306,7 +306,8 @@ class CodeRunner:
 
     def run(self, problem: CodeProblem, program: str) -> list[Outcome]:
         """Every test's result. A sandbox that cannot be made or used raises `SandboxError`: that is this
-        machine's failure, not the program's, and must not become a reward."""
+        machine's failure, not the program's, and must not become a reward. A program that kills its own
+        sandbox does not pass for one: a known-good program run after it shows the machine works."""
         sandbox = self.backend.create(int(self.config.idle_timeout_s))
         try:
             self.backend.write_file(sandbox, "/home/user/solution.py", program.encode())

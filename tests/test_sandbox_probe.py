@@ -306,3 +306,13 @@ def test_without_bwrap_no_code_runs_unless_the_operator_turns_the_jail_off(tmp_p
         assert not is_error and NO_JAIL in created and "NANBEIGE_SANDBOX_JAIL=0" in created, created
     finally:
         server.close()
+
+
+def test_doctor_says_a_sandbox_without_bwrap_runs_no_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nanbeige.agent.cli.doctor import check_sandbox
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on it
+    refused = check_sandbox({})
+    assert not refused.ok and "runs no code" in refused.found and "NANBEIGE_SANDBOX_JAIL=0" in (refused.fix or "")
+    chosen = check_sandbox({"NANBEIGE_SANDBOX_JAIL": "0"})
+    assert chosen.ok and "without a jail" in chosen.found

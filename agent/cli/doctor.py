@@ -109,9 +109,13 @@ def check_sandbox(env: Mapping[str, str]) -> Finding:
         return Finding("sandbox", True, "E2B (E2B_API_KEY set)")
     missing = [tool for tool, package in (("bwrap", "bubblewrap"), ("mkfs.ext4", "e2fsprogs"))
                if shutil.which(tool) is None]
-    if "bwrap" in missing:
-        return Finding("sandbox", True, "local, without a jail: code can read what this user can",
-                       "apt-get install bubblewrap e2fsprogs (or dnf), or set E2B_API_KEY")
+    if not config.jail:
+        return Finding("sandbox", True, "local, without a jail (NANBEIGE_SANDBOX_JAIL=0): code can read what this "
+                       "user can", "apt-get install bubblewrap, and unset NANBEIGE_SANDBOX_JAIL")
+    if "bwrap" in missing:  # the sandbox runs no code without its jail unless told to
+        return Finding("sandbox", False, "local, but runs no code: bubblewrap, its jail, is not installed",
+                       "apt-get install bubblewrap e2fsprogs (or dnf), set E2B_API_KEY, or NANBEIGE_SANDBOX_JAIL=0 "
+                       "to run code without the jail")
     if missing:
         return Finding("sandbox", True, "local, in a jail (bubblewrap), without a disk budget",
                        "apt-get install e2fsprogs gives each sandbox a file system of its own")

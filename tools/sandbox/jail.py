@@ -4,9 +4,9 @@ as /home/user, and a /tmp, /dev and /proc of its own, in namespaces with no netw
 sockets. As root, the code then becomes the sandbox's unprivileged uid with no capabilities
 (`setpriv` inside the jail); as another user, bwrap maps that user into a user namespace.
 
-It knows nothing of sandboxes: callers pass folders and uids. `probe.probe_jail` says
-once per server whether a jail can be made here; `jail_args` builds the prefix of each command, and
-`seccomp` the system calls it refuses.
+It knows nothing of sandboxes: callers pass folders and uids. `probe.probe_jail` makes sure a
+jail can be made here (a server keeps one that works, and tries again after a failure); `jail_args`
+builds the prefix of each command, and `seccomp` the system calls it refuses.
 """
 
 from __future__ import annotations
