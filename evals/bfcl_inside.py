@@ -7,9 +7,11 @@ The package's multi-turn backends `eval()` each call the model makes, built from
 in the package's own code, unchanged:
 
 - one item of a multi-turn or agentic category (`start`, then `step` per question): the official per-item
-  function runs in a thread of the sandbox's Python process. What it needs from outside (a completion, a
-  prompt's token count, a web search) it asks the host: the question is written to `exchange/question.json`
-  and the cell returns; the host's answer comes in `exchange/answer.json` with the next cell. An item's
+  function runs in a thread of the sandbox's Python process (which runs the items of its batch one after
+  another, each from a fresh state, as the official generator runs them all in one process). What it needs
+  from outside (a completion, a prompt's token count, a web search) it asks the host: the question is
+  written to `exchange/question.json` and the cell returns; the host's answer comes in
+  `exchange/answer.json` with the next cell. An item's
   memory snapshots come in and go out as files of the `start` request and of the last question.
 - `python bfcl_inside.py grade`: the official runner over `result/`, writing `score/` and `runner.log`, and
   `graded.json` naming the score files it wrote.
@@ -23,6 +25,7 @@ import importlib
 import json
 import os
 import queue
+import shutil
 import sys
 import threading
 import types
@@ -109,6 +112,7 @@ def snapshot_files():
 def start():
     """Starts the item of `exchange/start.json` and returns once it asks its first question (or is done)."""
     request = json.loads((EXCHANGE / "start.json").read_text(), object_hook=with_paths)
+    forget_items()
     for name, text in request["files"].items():
         (RESULT / name).parent.mkdir(parents=True, exist_ok=True)
         (RESULT / name).write_text(text)
@@ -121,6 +125,18 @@ def start():
     handler.model_path_or_id = request["model"]
     threading.Thread(target=run_item, args=(handler, request["entry"]), daemon=True).start()
     next_question()
+
+
+def forget_items():
+    """What the items run before in this process left: the multi-turn backends' instances (the package keeps
+    them as module globals named after the item, as `bfcl.fresh_state` says) and the memory snapshots, which the
+    host sends afresh with each item."""
+    from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
+
+    for name in [n for n in vars(multi_turn_utils) if n.endswith("_instance")]:
+        del vars(multi_turn_utils)[name]
+    shutil.rmtree(RESULT, ignore_errors=True)
+    Host.questions, Host.answers = queue.Queue(), queue.Queue()
 
 
 def run_item(handler, entry):

@@ -9,9 +9,13 @@ So those items, and that grading, run the package's own code in a sandbox (`bfcl
 package read-only, no network, its own uid, seccomp. The verdicts are the official code's on the same outputs;
 what the sandbox sends back (an item's result line, memory snapshots, score files) is read as data.
 
-Cost: one sandbox per item (its Python process started once, then one cell per model call, prompt count or
-search), and one per grading. Where no jail can be made the sandbox refuses (`require_jail`), unless the
-operator turned the jail off (NANBEIGE_SANDBOX_JAIL=0): then these run in the sandbox's weaker isolation.
+Cost: one sandbox per concurrent item, each running items one after another in one Python process (the
+package imported once: about 2 s of CPU), one cell per model call, prompt count or search; one per grading.
+Items that share a sandbox share a process, as all items share the official generator's: a model's code
+can reach the items of its own sandbox, nothing outside.
+
+Where no jail can be made the sandbox refuses (`require_jail`), unless the operator turned the jail off
+(NANBEIGE_SANDBOX_JAIL=0): then these run in the sandbox's weaker isolation.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import threading
 from dataclasses import replace
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable
@@ -67,6 +72,9 @@ class Jail:
 
         self.config = replace(config or config_from_env(), backend="local")
         self.backend = LocalBackend(self.config)
+        self.lock = threading.Lock()
+        self.idle: list[str] = []
+        """Sandboxes whose item ended, for the next."""
 
     def require_jail(self) -> None:
         """JailError (one line) unless sandboxes here are jailed, or the operator turned the jail off."""
@@ -87,26 +95,41 @@ class Jail:
 
     def infer(self, entry: dict[str, Any], result_dir: Path, ask: Callable[[dict[str, Any]], dict[str, Any]],
               run: dict[str, Any]) -> dict[str, Any]:
-        """One item through the official per-item function in a sandbox of its own: its result line. `ask`
-        answers the item's questions (a completion, a token count, a search); `run` holds the handler's
-        temperature, model and context length. A sandbox that cannot be made raises SandboxError (this
-        machine's failure); an item whose sandbox breaks afterwards (the model's code may do that) gets an
-        error line, as the official generator records an item that raised."""
-        sandbox = self.backend.create(int(self.config.idle_timeout_s))
+        """One item through the official per-item function in a sandbox: its result line. `ask` answers the
+        item's questions (a completion, a token count, a search); `run` holds the handler's temperature, model
+        and context length. A sandbox that cannot be made or started raises SandboxError (this machine's
+        failure); an item whose sandbox breaks afterwards (the model's code may do that) gets an error line, as
+        the official generator records an item that raised, and its sandbox goes. A sandbox whose item ended
+        runs the next item (the package imported once per sandbox, not once per item)."""
+        sandbox, warm = self.take()
+        kept = False
         try:
-            model_dir = result_dir / bfcl.model_dir()
-            files = snapshots(model_dir, result_dir)
+            files = snapshots(result_dir / bfcl.model_dir(), result_dir)
             start = {"settings": package_settings(), "entry": entry, "files": files, **run}
-            self.backend.write_file(sandbox, str(HOME / "bfcl_inside.py"), INSIDE.read_bytes())
+            if not warm:
+                self.backend.write_file(sandbox, str(HOME / "bfcl_inside.py"), INSIDE.read_bytes())
             self.backend.write_file(sandbox, str(HOME / "exchange" / "start.json"),
                                     json.dumps(start, default=lambda p: relative_path(p, result_dir)).encode())
             self.cell(sandbox, "import sys\nsys.path.insert(0, '')\nimport bfcl_inside\nbfcl_inside.start()")
             try:
-                return self.converse(sandbox, entry["id"], ask, result_dir, files)
+                result = self.converse(sandbox, entry["id"], ask, result_dir, files)
             except SandboxError as exc:  # the item's own sandbox broke: the model's code did that, or its time ran out
                 return {"id": entry["id"], "result": f"Error during inference: the item's sandbox stopped: {exc}"}
+            kept = True
+            return result
         finally:
-            self.backend.destroy(sandbox)
+            if kept:
+                with self.lock:
+                    self.idle.append(sandbox)
+            else:
+                self.backend.destroy(sandbox)
+
+    def take(self) -> tuple[str, bool]:
+        """A sandbox for an item: one whose item ended (True), else a new one."""
+        with self.lock:
+            if self.idle:
+                return self.idle.pop(), True
+        return self.backend.create(int(self.config.idle_timeout_s)), False
 
     def converse(self, sandbox: str, item_id: str, ask: Callable[[dict[str, Any]], dict[str, Any]],
                  result_dir: Path, files: dict[str, str]) -> dict[str, Any]:
