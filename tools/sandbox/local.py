@@ -47,7 +47,7 @@ from nanbeige.tools.sandbox.budget import can_make_disks, cgroup_parents, folder
 from nanbeige.tools.sandbox.channel import Channel, ChannelError, check_cell_reply, cpu_time, exchange, read_line
 from nanbeige.tools.sandbox.config import MB, SandboxConfig, SandboxError
 from nanbeige.tools.sandbox.files import host_path, read_file, write_file
-from nanbeige.tools.sandbox.probe import Isolation, probe_isolation
+from nanbeige.tools.sandbox.probe import Isolation, probe_isolation, unjailed_notice
 from nanbeige.tools.sandbox.system import (
     become_subreaper, collect, descendant_chain, exit_text, kill_processes, processes, reap_orphans, signal_name,
 )
@@ -132,7 +132,7 @@ class LocalBackend:
         if self._cgroups and (swept := sweep_cgroups(self._cgroups)):
             log.info("local sandbox: removed %d cgroups left by servers that are gone", swept)
         self._disks = can_make_disks()
-        for weaker in filter(None, (self._notice(isolation), *self._watched())):
+        for weaker in filter(None, (unjailed_notice(isolation), *self._watched())):
             log.warning("local sandbox: %s", weaker)
         return isolation
 
@@ -147,20 +147,7 @@ class LocalBackend:
     @property
     def notice(self) -> str:
         """What the model is told when its sandbox is not jailed (empty when it is): what code in it can do."""
-        return self._notice(self._isolation)
-
-    def _notice(self, isolation: Isolation | None) -> str:
-        if isolation is None or isolation.jail:
-            return ""
-        if isolation.own_uid and isolation.read_all:
-            reach = ("code in it can read every file on this machine (the interpreter is readable only to the "
-                     "server's user, so the sandbox keeps CAP_DAC_READ_SEARCH), and write its own folder and /tmp")
-        elif isolation.own_uid:
-            reach = "code in it can read the host's world-readable files, and write its own folder and /tmp"
-        else:
-            reach = ("code in it runs as the server's user: it can read and change that user's files, "
-                     "other sandboxes' included")
-        return f"This sandbox has no filesystem jail (the jail is turned off here, NANBEIGE_SANDBOX_JAIL=0): {reach}."
+        return unjailed_notice(self._isolation)
 
     def _watched(self) -> list[str]:
         return [*(["no cgroup can be made here: memory is held by a watch over the sandbox's processes, which "

@@ -109,6 +109,22 @@ def probe_isolation(*, python: str, worker: str, root: Path, network: bool, drop
     return isolation
 
 
+def unjailed_notice(isolation: Isolation | None) -> str:
+    """What the model is told when its sandbox is not jailed (empty when it is, or not known yet): what code
+    in it can do."""
+    if isolation is None or isolation.jail:
+        return ""
+    if isolation.own_uid and isolation.read_all:
+        reach = ("code in it can read every file on this machine (the interpreter is readable only to the "
+                 "server's user, so the sandbox keeps CAP_DAC_READ_SEARCH), and write its own folder and /tmp")
+    elif isolation.own_uid:
+        reach = "code in it can read the host's world-readable files, and write its own folder and /tmp"
+    else:
+        reach = ("code in it runs as the server's user: it can read and change that user's files, "
+                 "other sandboxes' included")
+    return f"This sandbox has no filesystem jail (the jail is turned off here, NANBEIGE_SANDBOX_JAIL=0): {reach}."
+
+
 def probe_jail(python: str, worker: str, root: Path, as_root: bool) -> Jail:
     """The jail, once bwrap has run the worker and the interpreter in one here (as the sandbox's uid, as
     root). ProbeError where none can be made now: no bwrap, a bwrap that fails (for a moment or for good:
