@@ -325,7 +325,8 @@ class ToolCache:
         return f"it was {recorded}, and the server now is {origin!r}"
 
     def _unsigned(self, server: str, tool: str, key: str, row: tuple) -> str:
-        if hmac.compare_digest(row[4], signature(self._key, server, tool, key, *row[:4])):
+        expected = signature(self._key, server, tool, key, *row[:4])
+        if hmac.compare_digest(row[4].encode("utf-8", "surrogatepass"), expected.encode()):
             return ""
         return (f"{NOT_SIGNED} {key_path()}); if you trust whoever made the file, accept it with "
                 f"`nanbeige cache accept {self.path}`")

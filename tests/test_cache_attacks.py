@@ -86,6 +86,7 @@ async def test_a_key_the_model_quotes_in_its_arguments_is_not_written_to_the_cac
     ("succeeded", "7", "its succeeded is 7, not 0 or 1"),
     ("text", "x'1b5b324a'", "its text is bytes, not text"),
     ("origin", "x'00'", "its origin is bytes, not text"),
+    ("mac", "x'00'", "its mac is bytes, not text"),
 ])
 async def test_a_row_with_the_wrong_types_is_never_served(tmp_path: Path, column: str, value: str,
                                                           problem: str) -> None:
@@ -208,6 +209,15 @@ def test_a_forged_row_copying_the_live_origin_is_not_served_and_a_replay_stops(t
     assert f"nanbeige cache accept {cache}" in said
     assert (echoed(tmp_path / "live.jsonl").text, echoed(tmp_path / "live.jsonl").cached) == ("hello", False)
     assert ATTACKER.encode() not in file_bytes(cache)  # the tool's real answer, signed, in its place
+
+
+@pytest.mark.anyio
+async def test_a_signature_that_is_not_even_ascii_is_refused_not_a_crash(tmp_path: Path) -> None:
+    path = tmp_path / "cache.sqlite"
+    await call(path, kit_server())
+    tamper(path, "UPDATE tool_results SET mac = 'é'")
+    with pytest.raises(ReplayMiss, match="not recorded by this user on this machine"):
+        await call(path, kit_server(), replay=True)
 
 
 def test_a_cache_made_on_another_machine_is_replayed_once_accepted(tmp_path: Path,
