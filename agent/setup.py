@@ -36,6 +36,7 @@ from nanbeige.agent.server_log import ServerLog
 from nanbeige.agent.toolbox import (ServerSpec, Toolbox, ToolboxError, parse_server_spec, passed_env, secrets_in_env,
                                     url_credentials, without_credentials)
 from nanbeige.agent.trajectory import TrajectoryWriteError, TrajectoryWriter
+from nanbeige.agent.writable import unwritable
 
 if TYPE_CHECKING:
     from nanbeige.agent.reference import Reference
@@ -150,45 +151,6 @@ def check_url(flag: str, url: str) -> None:
         raise SetupError(f"{flag} {url!r} is not a valid URL: {exc}", usage=True) from None
     if scheme not in ("http", "https"):
         raise SetupError(f"{flag} must be an http(s) URL, not {url!r}", usage=True)
-
-
-def unwritable(path: Path) -> str:
-    """Why a file cannot be written at `path` (its missing folders made), or "" when it can; nothing is
-    left behind. For every file a command writes where a flag says, checked before any model is asked."""
-    if path.is_dir():
-        return "it is a folder"
-    folder = path.parent
-    while not folder.exists():
-        folder = folder.parent
-    if not folder.is_dir():
-        return f"{folder} is not a folder"
-    if path.exists():
-        return "" if os.access(path, os.W_OK) else "permission denied"
-    return _probe(path)
-
-
-def _probe(path: Path) -> str:
-    """Make the file and its missing folders, then remove them: permission bits say nothing to root, nor
-    about a filesystem such as /proc that takes no new entry, so only doing it tells."""
-    made: list[Path] = []
-    try:
-        for folder in reversed(path.parents):  # the outermost first
-            if not folder.exists():
-                folder.mkdir()
-                made.append(folder)
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-        path.unlink()
-    except FileExistsError:  # made meanwhile, by another process
-        pass
-    except OSError as exc:
-        return f"cannot make {exc.filename or path}: {exc.strerror or exc}"
-    finally:
-        for folder in reversed(made):
-            try:
-                folder.rmdir()
-            except OSError:
-                pass
-    return ""
 
 
 def check_writable(path: Path) -> None:

@@ -162,7 +162,8 @@ def on_policy(settings: RunSettings, notice: Callable[[str], None]) -> RunSettin
 async def collect(config: CollectConfig, settings: RunSettings, notice: Callable[[str], None],
                   progress_view: Callable[[Progress], Any] | None = None) -> dict[str, Any]:
     """Run (or resume) the collection; returns a summary of what this call did."""
-    from nanbeige.agent.setup import ready, unwritable
+    from nanbeige.agent.setup import ready
+    from nanbeige.agent.writable import unwritable
 
     problem = unwritable(config.out)
     if problem:

@@ -243,7 +243,7 @@ def check(src: Path, out: Path, config: JudgeRunConfig) -> None:
         raise JudgeError(f"{src}: no such trajectory file")
     if out.resolve() == src.resolve():
         raise JudgeError("--out must be another file than the input: judging appends whole trajectories to it")
-    from nanbeige.agent.setup import unwritable
+    from nanbeige.agent.writable import unwritable
 
     problem = unwritable(out)
     if problem:

@@ -317,7 +317,7 @@ def check_report_path(path: Path, trajectory: Path | None) -> None:
         fail(f"--report {path} is not a regular file (a FIFO, socket or device); pass a file path", 2)
     if trajectory is not None and path.resolve() == trajectory.resolve():
         fail(f"--report {path} is the trajectory file; pass another path", 2)
-    from nanbeige.agent.setup import unwritable
+    from nanbeige.agent.writable import unwritable
 
     problem = unwritable(path)
     if problem:
