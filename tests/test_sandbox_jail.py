@@ -17,6 +17,7 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
@@ -628,19 +629,33 @@ def test_the_jails_init_cannot_be_signalled_or_looked_into(boxes: Sandboxes) -> 
 def test_a_program_that_kills_its_jail_is_told_apart_from_a_jail_that_fails(tmp_path: Path, kill: str) -> None:
     """A program run for a judge can end its jail's worker with everything it can signal, its process group
     or its parent: the worker reports nothing. A known-good program, run in a fresh jail, then shows the
-    machine works, so the run is the program's failure; where that one fails too (bwrap broken), it is the
-    machine's, an error."""
+    machine works, so the run is the program's failure; where the machine breaks meanwhile (bwrap fails for
+    the known-good program), it is the machine's, an error."""
     backend = LocalBackend(make_boxes(tmp_path).config)
     try:
         sid = backend.create(60)
         run = backend.run_program(sid, [sys.executable, "-I", "-c", f"import os, signal\n{kill}"])
-        assert (run.killed_sandbox, run.reported, run.exit_code) == (True, False, -signal.SIGKILL), run
+        assert (run.killed_sandbox, run.started, run.reported, run.exit_code) == (
+            True, True, False, -signal.SIGKILL), run
         assert backend.run_program(sid, [sys.executable, "-I", "-c", "print(1)"]).stdout == b"1\n"
-        isolation = backend.isolation
-        backend._isolation = replace(isolation, jail=replace(isolation.jail, bwrap="/bin/false"))
-        with pytest.raises(SandboxError, match=r"the sandbox's jail did not run the program .*nor a known-good "
-                                               r"program in a fresh sandbox \(exit code 1"):
-            backend.run_program(sid, [sys.executable, "-I", "-c", "print(1)"])
+        folder = backend._box(sid).folder
+        waiting = f"import os, signal, time\nopen('ready', 'w').close()\nwhile not os.path.exists('go'):\n" \
+                  f"    time.sleep(0.01)\n{kill}"
+
+        def break_bwrap_while_it_runs() -> None:
+            wait_for(lambda: (folder / "ready").exists(), 30)
+            isolation = backend.isolation
+            backend._isolation = replace(isolation, jail=replace(isolation.jail, bwrap="/bin/false"))
+            backend.write_file(sid, "/home/user/go", b"")
+
+        breaker = threading.Thread(target=break_bwrap_while_it_runs)
+        breaker.start()
+        with pytest.raises(SandboxError, match=r"the sandbox ended while the program ran \(killed by SIGKILL.*a "
+                                               r"known-good program failed in a fresh sandbox too \(exit code 1"):
+            backend.run_program(sid, [sys.executable, "-I", "-c", waiting])
+        breaker.join()
+        with pytest.raises(SandboxError, match=r"the sandbox's jail did not run the program \(exit code 1"):
+            backend.run_program(sid, [sys.executable, "-I", "-c", "print(1)"])  # never started: never a reward
     finally:
         backend.close()
     assert os.listdir(tmp_path / "sandboxes") == []

@@ -78,6 +78,8 @@ class ProgramRun:
     """Why the sandbox's processes were stopped, when a budget of the whole sandbox (memory, disk) did it."""
     reported: bool = True
     """The sandbox's worker reported how the program ended (it did not, when it was killed itself)."""
+    started: bool = True
+    """The worker, in its jail, got as far as starting the program (a jail that fails never does)."""
     killed_sandbox: bool = False
     """The worker was killed without a word, and then a known-good program ran in a fresh sandbox: the
     program killed its own sandbox (its jail, its worker, its process group, or all it could signal)."""
@@ -225,13 +227,16 @@ class LocalBackend:
         run = self._execute(box, args, stdin, limits)
         if run.reported or run.timed_out or run.budget_spent:
             return run
-        # Only a kill ends the worker (in a jail, the jail's init) without a word: one the program sent
-        # (kill(-1), its process group, its parent), or a sandbox that failed. A known-good program in a
-        # fresh sandbox tells them apart: a program must not pass its failure off as a broken machine.
+        said = f"{exit_text(run.exit_code)}: {run.stderr.decode(errors='replace').strip()[-300:]}"
+        if not run.started:  # the program never ran: the jail failed, and a failure is never a reward
+            raise SandboxError(f"the sandbox's jail did not run the program ({said})")
+        # Only a kill ends the worker (in a jail, the jail's init) without a word once the program runs:
+        # one the program sent (kill(-1), its process group, its parent), or a machine that failed. A
+        # known-good program in a fresh sandbox tells them apart: a program must not pass its failure off
+        # as a broken machine, which stops a judge.
         if broken := self._known_good_fails():
-            raise SandboxError(f"the sandbox's jail did not run the program ({exit_text(run.exit_code)}): "
-                               f"{run.stderr.decode(errors='replace').strip()[-300:]}; nor a known-good program in "
-                               f"a fresh sandbox ({broken})")
+            raise SandboxError(f"the sandbox ended while the program ran ({said}), and a known-good program "
+                               f"failed in a fresh sandbox too ({broken})")
         return replace(run, killed_sandbox=True)
 
     def _known_good_fails(self) -> str:
@@ -284,11 +289,12 @@ class LocalBackend:
             seconds = time.monotonic() - started
             if box.jailed:
                 self._reap()
-            how, _, number = status.read().decode().partition(" ")  # empty when the worker itself was killed
+            said = status.read().decode()
+            how, _, number = said.removeprefix("run\n").partition(" ")  # empty when the worker itself was killed
         code = int(number) if how == "exit" else -int(number) if how == "signal" else box.status(proc.returncode)
         # also when a process other than the first one was killed
         return ProgramRun(exit_code=code, stdout=out, stderr=err, seconds=seconds, timed_out=not finished,
-                          budget_spent=self._budget_spent(box), reported=bool(how))
+                          budget_spent=self._budget_spent(box), reported=bool(how), started=said.startswith("run\n"))
 
     def is_dir(self, sandbox_id: str, path: str) -> bool:
         full = host_path(self._box(sandbox_id).folder, path)

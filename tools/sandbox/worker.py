@@ -8,7 +8,8 @@ LIMITS is `AS=bytes,FSIZE=bytes,...` (RLIMIT_ names without the prefix). The wor
 them to itself (soft = hard, so sandboxed code cannot raise them), then either serves Python cells
 like a notebook kernel, one JSON line per request and per reply (the reply echoes the request's
 `id`; only this process ever replies, never one a cell forked), keeping one namespace across
-cells, or runs PROGRAM (a shell command) and writes how it ended to STATUS_FD (-1: nowhere).
+cells, or runs PROGRAM (a shell command) and writes to STATUS_FD (-1: nowhere) `run` as it starts
+it, then how it ended.
 OWN_UID is 1 when the sandbox runs as a uid of its own (nothing else runs as it).
 
 Either way it ends, with everything it started, as soon as the server is gone (`watch_server`).
@@ -309,6 +310,8 @@ def run_program(status_fd: int, args: list[str]) -> int:
         # outside a jail, the command's processes share this process group (other processes of the
         # uid may be the worker's)
         watch_server(status_fd, kill_all=JAILED)
+        # the jail and this process work: said before the program exists, so that it cannot unsay it
+        os.write(status_fd, b"run\n")
     try:
         child = os.fork()
     except OSError as exc:
