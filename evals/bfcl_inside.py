@@ -9,7 +9,7 @@ in the package's own code, unchanged:
 - one item of a multi-turn or agentic category (`start`, then `step` per question): the official per-item
   function runs in a thread of the sandbox's Python process (which runs the items of its batch one after
   another, each from a fresh state, as the official generator runs them all in one process). What it needs
-  from outside (a completion, a prompt's token count, a web search) it asks the host: the question is
+  from outside (a completion, a prompt's token count, a web search, a page) it asks the host: the question is
   written to `exchange/question.json` and the cell returns; the host's answer comes in
   `exchange/answer.json` with the next cell. An item's
   memory snapshots come in and go out as files of the `start` request and of the last question.
@@ -17,7 +17,8 @@ in the package's own code, unchanged:
   `graded.json` naming the score files it wrote.
 
 Setting up is what `bfcl.official()` does on the host: a registry holding the one entry (its fields sent by
-the host, read from the package's registry source), and a search engine client that asks the host.
+the host, read from the package's registry source), a search engine client that asks the host, and the
+web search backend's page fetch (`fetch_url_content`) asking the host too.
 """
 
 import contextlib
@@ -80,6 +81,17 @@ class GoogleSearch:
         return answer["result"]
 
 
+def fetch_url_content(self, url, mode="raw"):
+    """The package's `WebSearchAPI.fetch_url_content` (same signature): the sandbox has no network, so the
+    host fetches the page with the package's own method and sends its result; what that method raised
+    before fetching is raised here with the same text."""
+    question = json.dumps({"fetch": {"url": url, "mode": mode}})  # a value that is not JSON: raised here
+    answer = Host.ask(json.loads(question))
+    if "raise" in answer:
+        raise ValueError(answer["raise"])
+    return answer["result"]
+
+
 def setup(settings):
     """The package imported as `bfcl.official()` imports it on the host; returns the handler's class."""
     os.environ["BFCL_PROJECT_ROOT"] = str(HOME / "project")
@@ -91,6 +103,9 @@ def setup(settings):
     engine = types.ModuleType("serpapi")
     engine.GoogleSearch = GoogleSearch
     sys.modules["serpapi"] = engine
+    from bfcl_eval.eval_checker.multi_turn_eval.func_source_code import web_search
+
+    web_search.WebSearchAPI.fetch_url_content = fetch_url_content
     return handler_class
 
 

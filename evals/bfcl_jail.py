@@ -10,8 +10,8 @@ package read-only, no network, its own uid, seccomp. The verdicts are the offici
 what the sandbox sends back (an item's result line, memory snapshots, score files) is read as data.
 
 Cost: one sandbox per concurrent item, each running items one after another in one Python process (the
-package imported once: about 2 s of CPU), one cell per model call, prompt count or search; one per grading.
-Items that share a sandbox share a process, as all items share the official generator's: a model's code
+package imported once: about 2 s of CPU), one cell per model call, prompt count, search or page; one per
+grading. Items that share a sandbox share a process, as all items share the official generator's: a model's code
 can reach the items of its own sandbox, nothing outside.
 
 Where no jail can be made the sandbox refuses (`require_jail`), unless the operator turned the jail off
@@ -269,7 +269,8 @@ def safe_name(name: Any, suffixes: tuple[str, ...]) -> PurePosixPath:
 def host_answers(completions: Any, tokenizer: Any) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """What answers an item's questions from its sandbox: a completion by `completions` (our backend, as the
     handler would call it here), a token count by `tokenizer`, a search by the engine `bfcl.official()` put
-    in place. A question of another shape is the sandbox's failure to keep to the exchange."""
+    in place, a page by the package's own fetch (`bfcl.fetch_page`: http and https only, the URL being the
+    model's). A question of another shape is the sandbox's failure to keep to the exchange."""
     import importlib
 
     def answer(question: dict[str, Any]) -> dict[str, Any]:
@@ -289,6 +290,11 @@ def host_answers(completions: Any, tokenizer: Any) -> Callable[[dict[str, Any]],
                 return {"result": importlib.import_module("serpapi").GoogleSearch(params).get_dict()}
             except RuntimeError as exc:  # our search backend is unavailable (`bfcl_run.web_search`)
                 return {"error": str(exc)}
-        raise SandboxError(f"the sandbox asked something other than a completion, a count or a search: "
+        if isinstance(page := question.get("fetch"), dict) and set(page) == {"url", "mode"}:
+            try:
+                return {"result": bfcl.fetch_page(page["url"], page["mode"])}
+            except Exception as exc:  # noqa: BLE001 - raised in the sandbox as the package raised it here
+                return {"raise": str(exc)}
+        raise SandboxError(f"the sandbox asked something other than a completion, a count, a search or a page: "
                            f"{json.dumps(question)[:200]}")
     return answer

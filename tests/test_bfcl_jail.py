@@ -5,6 +5,7 @@ Held against the official pipeline itself (`bfcl_oracle.py`), which runs the sam
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -13,10 +14,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from bfcl_oracle import Replies, official_verdicts, run_official, script_for
+from bfcl_oracle import Replies, block, official_verdicts, run_official, script_for
 from fake_openai import FakeOpenAI
+from fake_search_apis import FakeSerper
+from fake_site import Site
 
 from nanbeige.evals import bfcl
+from nanbeige.evals.bfcl_jail import INSIDE
 
 pytestmark = pytest.mark.skipif(not shutil.which("bwrap"), reason="needs bwrap, the sandbox's jail")
 NANBEIGE = str(Path(sys.executable).with_name("nanbeige"))
@@ -105,3 +109,70 @@ def test_without_a_jail_multi_turn_is_refused_in_one_line_before_anything_runs(t
     assert refused.returncode != 0 and asked == 0  # no item ran: not one completion was asked for
     (line,) = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
     assert "bwrap" in line and "NANBEIGE_SANDBOX_JAIL=0" in line and "Traceback" not in refused.stderr
+
+
+def browsing(page: str) -> object:
+    """A model that searches, then reads the page it was told of twice (as Markdown and as text), then answers."""
+    def model(request: dict) -> str:
+        seen = request["prompt"].count("<tool_response>")
+        if seen == 0:
+            return block({"name": "search_engine_query", "arguments": {"keywords": "mars orbit"}})
+        if seen == 1:
+            return "\n".join(block({"name": "fetch_url_content", "arguments": {"url": page, "mode": mode}})
+                             for mode in ("markdown", "truncate"))
+        return "{'answer': '687 days', 'context': 'from the page'}"
+    return model
+
+
+def test_a_web_search_item_reads_the_page_the_host_fetched_as_the_package_fetches_it(tmp_path: Path) -> None:
+    """The jail has no network: the page the model asks for is fetched outside it, by the package's own
+    `fetch_url_content` (its headers, its timeout, its Markdown and text conversions), so the model reads
+    what it would read in the official pipeline."""
+    with Site() as site:
+        page = site.url("/article")
+        found = {"mars orbit": [{"title": "The Orbit of Mars", "link": page, "snippet": "Mars orbits the Sun."}]}
+        with FakeSerper(results=found) as serper, FakeOpenAI(browsing(page), vllm=True) as server:
+            ours = eval_command("bfcl-web-search-base", "--limit", "1", "--base-url", server.base_url,
+                                "--out", str(tmp_path / "out"),
+                                env={"NANBEIGE_SEARCH_BACKEND": "serper", "SERPER_API_KEY": "test-key",
+                                     "SERPER_BASE_URL": serper.url})
+            last = server.requests[-1]["prompt"]
+        fetched = [headers for path, headers in site.requests if path == "/article"]
+        bfcl.official()  # the package's modules import its engine's client, which this puts in place
+        from bfcl_eval.eval_checker.multi_turn_eval.func_source_code.web_search import WebSearchAPI
+
+        official = {mode: WebSearchAPI().fetch_url_content(page, mode) for mode in ("markdown", "truncate")}
+    assert ours.returncode == 0, ours.stderr
+    assert len(fetched) == 2 and fetched[0]["User-Agent"].startswith("Mozilla/5.0")  # the package's own headers
+    assert all("content" in result and "Mars" in result["content"] for result in official.values())
+    for result in official.values():  # the tool responses the model read are the official fetch's, byte for byte
+        assert json.dumps(result) in last
+
+
+def test_a_page_the_model_names_is_fetched_only_over_http_and_https(tmp_path: Path) -> None:
+    """The URL is the model's text: a file, another scheme or a redirect to a file gets an error, never the
+    file; the refusal is the package's own (`Invalid URL: ...`), raised in the item as the package raises it."""
+    from nanbeige.evals import bfcl_jail
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the user's private notes")
+    answer = bfcl_jail.host_answers(None, None)
+    with Site() as site:
+        for url in (f"file://{secret}", f"FILE://{secret}", f"ftp://127.0.0.1:{site.port}/x", "/etc/passwd"):
+            assert answer({"fetch": {"url": url, "mode": "raw"}}) == {"raise": f"Invalid URL: {url}"}
+        redirected = answer({"fetch": {"url": site.url(f"/redirect?to=file://{secret}"), "mode": "raw"}})
+        assert site.requests  # the page was asked for: only the redirect's target was refused
+    assert "error" in redirected["result"] and "private notes" not in json.dumps(redirected)
+
+
+def test_the_page_fetch_in_the_sandbox_takes_the_packages_own_arguments() -> None:
+    import inspect
+
+    bfcl.official()
+    from bfcl_eval.eval_checker.multi_turn_eval.func_source_code.web_search import WebSearchAPI
+
+    inside = importlib.util.module_from_spec(importlib.util.spec_from_file_location("inside", INSIDE))
+    inside.__spec__.loader.exec_module(inside)  # type: ignore[union-attr]
+    def arguments(function: object) -> list:  # names, kinds and defaults: what a call the model makes binds to
+        return [(p.name, p.kind, p.default) for p in inspect.signature(function).parameters.values()]
+    assert arguments(inside.fetch_url_content) == arguments(WebSearchAPI.fetch_url_content)
