@@ -338,9 +338,10 @@ def livecodebench_problem(row: dict[str, Any], where: str, number: int) -> CodeP
     kinds = {case.get("testtype") for case in cases if isinstance(case, dict)}
     if not cases:
         raise LoadError(f"{where}: no tests (public or private)")
+    if kinds == {"stdin", "functional"}:
+        raise LoadError(f"{where}: the tests must be all stdin or all functional, not both stdin and functional")
     if len(kinds) > 1 or not kinds <= {"stdin", "functional"}:
-        raise LoadError(f"{where}: the tests must be all stdin or all functional, not both stdin and functional"
-                        if kinds == {"stdin", "functional"} else f"{where}: unknown test types {sorted(map(str, kinds))}")
+        raise LoadError(f"{where}: unknown test types {sorted(map(str, kinds))}")
     metadata = json_field(row.get("metadata") or "{}", "metadata", where)
     entry = None
     if kinds == {"functional"}:

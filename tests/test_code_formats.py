@@ -7,9 +7,13 @@ known-correct programs earn full reward on the converted problems through the re
 from __future__ import annotations
 
 import base64
+import importlib.util
 import json
 import pickle
 import re
+import subprocess
+import sys
+import tempfile
 import zlib
 from pathlib import Path
 from typing import Any
@@ -115,7 +119,8 @@ def test_hostile_apps_rows_are_skipped_one_line_each_and_the_rest_converts(tmp_p
     assert len(lines) == 12 and "12 rows skipped" in result.stderr
     assert all(f"{source}:" in line for line in lines)
     for line_number, words in ((2, "not JSON"), (3, "no tests"), (4, "same length"), (5, "text or a list of lines"),
-                               (6, "more than the 100000"), (7, "an integer of more than 4300 digits"), (8, "not a Python name"),
+                               (6, "more than the 100000"), (7, "an integer of more than 4300 digits"),
+                               (8, "not a Python name"),
                                (9, "a list of arguments"), (10, "`question`"), (11, "must be an object"),
                                (12, "not JSON"), (13, "more than one problem")):
         [line] = [line for line in lines if re.match(rf"skipped {re.escape(str(source))}:{line_number}\b", line)]
@@ -318,3 +323,73 @@ def test_known_correct_programs_earn_full_reward_on_converted_problems(tmp_path:
     rewards = {t.id: t.reward for t in load_trajectories(out)}
     assert rewards == {"apps-sum": 1.0, "apps-lines": 1.0, "apps-add": 1.0, "apps-method": 1.0, "lcb-stdin": 1.0,
                        "lcb-call": 1.0, "cc-sum": 1.0, "lcb-call-wrong": 0.5, "cc-wrong": 0.25}
+
+
+# ---------------------------------------------------------------- against LiveCodeBench's own harness
+
+
+def livecodebench_verdict(cases: list[dict[str, str]], func_name: str | None, program: str) -> bool:
+    """Whether LiveCodeBench's own `run_test` (as NVIDIA packages it) passes PROGRAM on every case, in a process
+    of its own: its reliability guard disables much of `os` for the rest of the process."""
+    sample = {"input_output": json.dumps({"inputs": [c["input"] for c in cases],
+                                          "outputs": [c["output"] for c in cases], "fn_name": func_name})}
+    script = ("import importlib.util, json, sys\n"
+              "spec = importlib.util.find_spec('livecodebench')\n"
+              "path = spec.submodule_search_locations[0] + '/evaluation/testing_util.py'\n"
+              "module_spec = importlib.util.spec_from_file_location('lcb_testing_util', path)\n"
+              "util = importlib.util.module_from_spec(module_spec)\n"
+              "module_spec.loader.exec_module(util)\n"
+              "sample, program = json.loads(sys.stdin.read())\n"
+              "results, _ = util.run_test(sample, test=program, timeout=6)\n"
+              "sys.__stdout__.write('\\nVERDICT ' + json.dumps(all(r is True for r in results)) + '\\n')\n")
+    done = subprocess.run([sys.executable, "-c", script], input=json.dumps([sample, program]), capture_output=True,
+                          text=True, timeout=60, cwd=tempfile.gettempdir())
+    verdicts = [line for line in done.stdout.splitlines() if line.startswith("VERDICT ")]
+    assert verdicts, done.stderr
+    return json.loads(verdicts[-1].split(" ", 1)[1])
+
+
+LCB_PROGRAMS = {  # (problem, program): the same program text goes to both harnesses
+    "stdin-right": ("abc001_a", SUM_PROGRAM),
+    "stdin-wrong": ("abc001_a", "print(3)\n"),
+    "stdin-crash": ("abc001_a", "raise ValueError('no')\n"),
+    "stdin-leading-space": ("abc001_a", "a, b = map(int, input().split())\nprint(' ', a + b)\n"),
+    "stdin-float": ("abc001_a", "a, b = map(int, input().split())\nprint(float(a + b))\n"),
+    "call-right": ("2847", MAX_SCORE),
+    "call-wrong": ("2847", MAX_SCORE_WRONG),
+    "call-method": ("2847", "class Solution:\n    def maxScore(self, nums, k):\n"
+                            "        return sum(sorted(nums)[-k:])\n"),
+}
+LCB_DIFFERENCES = {
+    # LiveCodeBench strips each line and compares numbers as decimals; the grader compares line by line with
+    # trailing spaces ignored (README: Code RL)
+    "stdin-leading-space": "leading spaces", "stdin-float": "3.0 is not 3",
+    # the converted statement asks for a top-level function; LiveCodeBench calls Solution().maxScore
+    "call-method": "class Solution",
+}
+
+
+@pytestmark_jail
+@pytest.mark.skipif(importlib.util.find_spec("livecodebench") is None,
+                    reason="LiveCodeBench's harness (nvidia-livecodebench, tests/oracles.txt) is not installed")
+def test_the_grader_agrees_with_livecodebench_own_harness_on_converted_problems(tmp_path: Path) -> None:
+    rows = {"abc001_a": (STDIN_CASES + PRIVATE_CASES, None),
+            "2847": (FUNCTIONAL + PRIVATE_FUNCTIONAL, "maxScore")}
+    source = jsonl(tmp_path / "lcb.jsonl", [lcb_row("abc001_a", STDIN_CASES, compressed(PRIVATE_CASES)),
+                                            lcb_row("2847", FUNCTIONAL, compressed(PRIVATE_FUNCTIONAL), "maxScore",
+                                                    LEETCODE_STARTER)])
+    result, _ = convert(source, "livecodebench", tmp_path / "problems.jsonl")
+    assert result.returncode == 0, result.stderr
+    src = write(tmp_path / "in.jsonl", [rollout(name, problem, fenced(program))
+                                        for name, (problem, program) in LCB_PROGRAMS.items()])
+    out = tmp_path / "judged.jsonl"
+    judged = nanbeige("judge", str(src), "--out", str(out), "--no-critic", "--grader", "code-tests", "--problems",
+                      str(tmp_path / "problems.jsonl"), timeout=180)
+    assert judged.returncode == 0, judged.stderr
+    ours = {t.id: bool(t.judge["solved"]) for t in load_trajectories(out)}
+    theirs = {name: livecodebench_verdict(*rows[problem], program) for name, (problem, program) in LCB_PROGRAMS.items()}
+    assert theirs == {name: True for name in ("stdin-right", "stdin-leading-space", "stdin-float", "call-right",
+                                              "call-method")} | {"stdin-wrong": False, "stdin-crash": False,
+                                                                 "call-wrong": False}
+    disagree = {name for name in LCB_PROGRAMS if ours[name] != theirs[name]}
+    assert disagree == set(LCB_DIFFERENCES)  # every other program: the same verdict from both
