@@ -12,7 +12,7 @@ Where each format comes from, and what is read of it:
   ("1.5 seconds") and `Expected Time Complexity` (becomes `complexity`). It has no id: `taco-<row>`.
 - CodeContests (`deepmind/code_contests`, parquet; JSON rows of the same shape): `name`, `description`,
   `public_tests`, `private_tests` and `generated_tests` (each `{"input": [...], "output": [...]}`, or a list
-  of `{"input", "output}` pairs), `time_limit` (`{seconds, nanos}`), `memory_limit_bytes`. A problem that
+  of `{"input", "output"}` pairs), `time_limit` (`{seconds, nanos}`), `memory_limit_bytes`. A problem that
   reads or writes a named file (`input_file`, `output_file`) is skipped: tests here use stdin and stdout.
 - LiveCodeBench (`livecodebench/code_generation_lite`, test*.jsonl): `question_id`, `question_content`,
   `starter_code`, `metadata` (`func_name` for LeetCode problems), `public_test_cases` and
