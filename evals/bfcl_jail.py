@@ -28,7 +28,7 @@ from dataclasses import replace
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable
 
-from nanbeige.evals import bfcl
+from nanbeige.evals import bfcl, files
 from nanbeige.evals.config import EvalError
 from nanbeige.tools.sandbox import SandboxConfig, SandboxError, config_from_env
 
@@ -184,9 +184,8 @@ class Jail:
                                    f"{run.stderr.decode(errors='replace').strip()[-300:]}")
             graded = self.read_json(sandbox, HOME / "graded.json")
             for name in graded.get("files") or []:
-                target = score_dir / safe_name(name, (".json", ".csv"))
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(self.backend.read_file(sandbox, str(HOME / "score" / name), MAX_SCORE_BYTES))
+                write_inside(score_dir, safe_name(name, (".json", ".csv")),
+                             self.backend.read_file(sandbox, str(HOME / "score" / name), MAX_SCORE_BYTES))
             return graded.get("error") if isinstance(graded.get("error"), str) else None
         finally:
             self.backend.destroy(sandbox)
@@ -252,9 +251,16 @@ def write_snapshots(sent: Any, before: dict[str, str], result_dir: Path) -> None
         relative = safe_name(name, (".json",))
         if relative.parts[0] != bfcl.model_dir() or "memory_snapshot" not in relative.parts:
             raise SandboxError(f"the sandbox sent a file outside the memory snapshots: {name[:200]!r}")
-        target = result_dir / relative
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text)
+        write_inside(result_dir, relative, text.encode())
+
+
+def write_inside(folder: Path, relative: PurePosixPath, data: bytes) -> None:
+    """A file the sandbox sent, written below `folder` and nowhere else (a link there is refused up front,
+    `runner.refuse_links`; this holds against one made while the eval runs)."""
+    try:
+        files.write_inside(folder, relative, data)
+    except OSError as exc:
+        raise SandboxError(f"cannot write {folder / relative}: {exc.strerror or exc}") from None
 
 
 def safe_name(name: Any, suffixes: tuple[str, ...]) -> PurePosixPath:

@@ -17,7 +17,7 @@ import posixpath
 import zipfile
 import zlib
 from collections.abc import Callable, Iterable
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 from xml.etree import ElementTree
 
@@ -120,6 +120,29 @@ def append_jsonl(path: Path, row: dict[str, object], secrets: list[str] | None =
         file.write(line + b"\n")
         file.flush()
         os.fsync(file.fileno())
+
+
+def first_link(folder: Path) -> Path | None:
+    """The first symbolic link found below `folder` (not the folder itself, which its user named), or None.
+    `os.walk` lists a linked folder without entering it."""
+    for root, folders, names in os.walk(folder):
+        for name in sorted(folders + names):
+            if os.path.islink(os.path.join(root, name)):
+                return Path(root, name)
+    return None
+
+
+def write_inside(folder: Path, relative: PurePath, data: bytes) -> None:
+    """Write `folder / relative` (a relative path without `..`), refusing (OSError) one with a symbolic link
+    below `folder` on the way, which could lead it anywhere: the folders on the way are resolved before any
+    is made, and the file itself is opened without following a link."""
+    target = folder / relative
+    if target.parent.resolve() != folder.resolve().joinpath(*relative.parts[:-1]):
+        raise OSError(f"a symbolic link on the way to {target}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(descriptor, "wb") as file:
+        file.write(data)
 
 
 def _existing_file(path: Path) -> Path:

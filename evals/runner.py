@@ -29,7 +29,7 @@ from nanbeige.agent import dialects
 from nanbeige.agent.config import RunSettings
 from nanbeige.agent.trajectory import NOT_ENDED_ON_ITS_OWN, Trajectory
 from nanbeige.evals.config import EvalConfig, EvalError
-from nanbeige.evals.files import append_jsonl, file_sha256
+from nanbeige.evals.files import append_jsonl, file_sha256, first_link
 from nanbeige.evals.grading import check_grader, grader_for, grader_name, open_code_runner
 from nanbeige.evals.judges import JudgeUnavailable
 from nanbeige.evals.tasks import Task, Verdict
@@ -114,6 +114,7 @@ def prepare_out(config: EvalConfig, tasks: list[Task], reference: dict[str, Any]
     returns the manifest."""
     wanted = manifest(config, tasks, reference, judge_prompt)
     path = config.out / MANIFEST
+    refuse_links(config.out)
     if path.exists():
         found = read_manifest(path)
         for key in ("bench", "data_sha256", "grader", "judge_model", "k", "limit", "reference"):
@@ -176,8 +177,19 @@ def result_problem(row: Any) -> str | None:
     return None
 
 
+def refuse_links(out: Path) -> None:
+    """An out folder may be someone else's (`eval report`, a resume): a symbolic link in it would lead the
+    results, the report, score files or memory snapshots written there onto a file outside it. A folder
+    holding one is refused before anything is read or written."""
+    link = first_link(out) if out.is_dir() else None
+    if link is not None:
+        raise EvalError(f"{link} is a symbolic link: an eval's files are written only inside its folder {out}; "
+                        "remove the link, or pass another --out")
+
+
 def read_manifest(path: Path) -> dict[str, Any]:
-    """`eval.json` of an out folder, checked to be one."""
+    """`eval.json` of an out folder, checked to be one, in a folder without links (`refuse_links`)."""
+    refuse_links(path.parent)
     try:
         found = json.loads(path.read_text())
     except OSError as exc:

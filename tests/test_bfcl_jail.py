@@ -176,3 +176,19 @@ def test_the_page_fetch_in_the_sandbox_takes_the_packages_own_arguments() -> Non
     def arguments(function: object) -> list:  # names, kinds and defaults: what a call the model makes binds to
         return [(p.name, p.kind, p.default) for p in inspect.signature(function).parameters.values()]
     assert arguments(inside.fetch_url_content) == arguments(WebSearchAPI.fetch_url_content)
+
+
+def test_a_memory_snapshot_is_never_written_through_a_link_made_while_the_eval_runs(tmp_path: Path) -> None:
+    """A link in the folder is refused before an eval starts; one made during it (by whoever shares the
+    folder) still cannot lead a snapshot the sandbox sent out of the result folder."""
+    from nanbeige.evals import bfcl_jail
+    from nanbeige.tools.sandbox import SandboxError
+
+    result, outside = tmp_path / "result", tmp_path / "outside"
+    outside.mkdir()
+    (result / bfcl.model_dir()).mkdir(parents=True)
+    (result / bfcl.model_dir() / "memory_snapshot").symlink_to(outside)
+    name = f"{bfcl.model_dir()}/memory_snapshot/kv/item.json"
+    with pytest.raises(SandboxError, match="symbolic link"):
+        bfcl_jail.write_snapshots({name: "{}"}, {}, result)
+    assert list(outside.iterdir()) == []

@@ -90,6 +90,88 @@ def test_an_eval_folder_whose_manifest_is_not_an_object_is_refused(tmp_path: Pat
     assert files_in(tmp_path) == before
 
 
+# ---------------------------------------------------------------- eval: links in its out folder
+
+VICTIM = b"the user's own file, which no eval may touch\n"
+
+
+def link_out(link: Path, victim: Path, content: bytes = VICTIM) -> None:
+    """Make `link` (a file or folder of a finished eval) a symbolic link to `victim`, outside the folder."""
+    if victim.suffix:
+        victim.write_bytes(content)
+    else:
+        victim.mkdir()
+        (victim / "data_overall.csv").write_bytes(content)
+    if link.is_dir():
+        for path in sorted(link.rglob("*"), reverse=True):
+            path.rmdir() if path.is_dir() else path.unlink()
+        link.rmdir()
+    else:
+        link.unlink()
+    link.symlink_to(victim)
+
+
+def victim_files(victim: Path) -> dict[str, bytes]:
+    return {".": victim.read_bytes()} if victim.is_file() else files_in(victim)
+
+
+# A file of an eval with one run of three done made a link, and how much of the file the linked one holds.
+GENERIC_LINKS = {
+    "report.json (rewritten)": ("report.json", 0),
+    "trajectories.jsonl (appended to)": ("trajectories.jsonl", 0),
+    "results.jsonl (its first row: the other runs would be appended)": ("results.jsonl", 1),
+    "eval.json (the whole manifest: the eval would be resumed)": ("eval.json", None),
+}
+
+
+@pytest.mark.parametrize("case", GENERIC_LINKS)
+@pytest.mark.parametrize("command", ["eval --out", "eval report"])
+def test_a_link_in_an_eval_folder_is_refused_and_the_file_it_points_to_is_left_alone(
+        tmp_path: Path, case: str, command: str) -> None:
+    name, lines = GENERIC_LINKS[case]
+    out, victim = tmp_path / "out", tmp_path / "elsewhere.json"
+    with FakeOpenAI([], default=mcp_answer("4")) as server:
+        assert run_eval(tmp_path, server).exit_code == 0
+        kept = b"".join((out / name).read_bytes().splitlines(keepends=True)[:lines])
+        (out / "results.jsonl").write_bytes((out / "results.jsonl").read_bytes().splitlines(keepends=True)[0])
+        link_out(out / name, victim, kept if lines != 0 else VICTIM)
+        before = victim_files(victim)
+        result = run_eval(tmp_path, server) if command == "eval --out" else nanbeige("eval", "report", out)
+    assert victim_files(victim) == before
+    assert_refused(result, out / name, None, "is a symbolic link")
+
+
+def bfcl_folder(tmp_path: Path, server: FakeOpenAI) -> object:
+    return nanbeige("eval", "bfcl-simple-python", "--limit", "2", "--base-url", server.base_url,
+                    "--out", tmp_path / "out")
+
+
+BFCL_LINKS = {  # a part of a finished BFCL eval made a link: a folder, or a file
+    "its score folder (stale tables deleted, score files written)": ("bfcl/score", "elsewhere"),
+    "a result file (rewritten, torn lines dropped)": ("bfcl/result/*/*/*_result.json", "elsewhere.json"),
+    "its report (rewritten)": ("report.json", "elsewhere.json"),
+}
+
+
+@pytest.mark.parametrize("case", BFCL_LINKS)
+@pytest.mark.parametrize("command", ["eval --out", "eval report"])
+def test_a_link_in_a_bfcl_folder_is_refused_and_what_it_points_to_is_left_alone(
+        tmp_path: Path, case: str, command: str) -> None:
+    from bfcl_oracle import script_for
+
+    pattern, outside = BFCL_LINKS[case]
+    out, victim = tmp_path / "out", tmp_path / outside
+    with FakeOpenAI(script_for({"simple_python": 2}), vllm=True) as server:
+        made = bfcl_folder(tmp_path, server)
+        assert made.exit_code == 0, made.output
+        [link] = out.glob(pattern)
+        link_out(link, victim)
+        before = victim_files(victim)
+        result = bfcl_folder(tmp_path, server) if command == "eval --out" else nanbeige("eval", "report", out)
+    assert victim_files(victim) == before
+    assert_refused(result, link, None, "is a symbolic link")
+
+
 # ---------------------------------------------------------------- collect and judge: their out files
 
 
