@@ -1,26 +1,30 @@
 """The script that runs a function-style program's tests inside its sandbox (`code_tests.py` writes it there as
-`harness.py`, beside `solution.py` and `tests.json`). Standard library only: it runs in the sandbox's
-interpreter, not in nanbeige's.
+`harness.py`, beside `solution.py`). Standard library only: it runs in the sandbox's interpreter, not in
+nanbeige's.
 
-    python -I -B harness.py ENTRY_POINT TIME_LIMIT_S          the judge's side: reads a nonce on stdin
+    python -I -B harness.py ENTRY_POINT TIME_LIMIT_S          the judge's side: reads a nonce and the tests
     python -I -B harness.py --program ENTRY_POINT             the program's side, started by the first
 
 The program never runs in the judge's process. The judge's side (this process, made non-dumpable so that
-the program's process, of the same uid, cannot read its memory or descriptors) starts the program's side,
-which runs `solution.py` (its `__name__` is `solution`, so a `__main__` block does not start) and then
-answers calls: a line `{"name": function, "args": "[...]", "kwargs": "{...}"}` in, a line `{"result":
-repr(value)}` or `{"error": "Type: message"}` out. The judge's side times each call with its own clock and
-stops the program after TIME_LIMIT_S (then starts it again for the next test). Results cross as Python
-literals: an object whose `__eq__` says yes to everything arrives as its repr, which is no literal.
+the program's process, of the same uid, cannot read its memory or descriptors) reads the nonce and the
+tests (a JSON list) as two lines on its stdin, an unnamed file outside the sandbox's folders: no file the
+program can open has them. Then it starts the program's side, which runs `solution.py` (its `__name__` is `solution`, so a
+`__main__` block does not start) and answers calls: a line `{"args": "[...]", "kwargs": "{...}"}` (a call of the
+entry point) in, a line `{"result": repr(value)}` or `{"error": "Type: message"}` out. The judge's side times
+each call with its own clock and stops the program after TIME_LIMIT_S (then starts it again for the next
+test). Results cross as Python literals, each value as its exact built-in type (`plain`): an object whose
+`__eq__` says yes to everything arrives as its repr, which is no literal.
 
 For each test it writes one JSON line on stdout, with the nonce: `{"i": 0, "s": seconds, "n": nonce, ...}` and
 `"result": repr(value)` (a call test: the judge compares it with the expected value, which is never here),
-`"ok": true` (an assert test, run here with `candidate` calling the program, ran to its end), `"failed":
-"..."` (an assertion failed), `"error": "..."` or `"time-out": true`; then `{"done": nonce}`. A program that
-cannot start gives `{"start": "...", "n": nonce}`.
+`"ok": true` (an assert test ran to its end here, on the judge's side: `candidate` and the entry point's
+name call the program; the test's own code defines whatever else it uses; the built-ins are Python's),
+`"failed": "..."` (an assertion failed), `"error": "..."` or `"time-out": true`; then `{"done": nonce}`. A
+program that cannot start gives `{"start": "...", "n": nonce}`.
 """
 
 import ast
+import builtins
 import ctypes
 import json
 import numbers
@@ -45,19 +49,47 @@ def short(exc):
     return f"{type(exc).__name__}: {exc}"[:300]
 
 
+def numpy_scalar(value):
+    """Whether the value is one of numpy's scalars (`numpy.generic`), told without importing numpy."""
+    return any(kind.__name__ == "generic" and kind.__module__ == "numpy" for kind in type(value).__mro__)
+
+
 def plain(value):
-    """numpy's and other numbers as Python's own (their repr is no literal), inside containers too."""
-    if isinstance(value, bool) or value is None or isinstance(value, (str, bytes, int, float, complex)):
+    """The value as its exact built-in type, inside containers too, so that its repr is a literal that reads back
+    equal, as the value itself compares in a check: numpy's scalars through `.item()` (np.bool_ as bool,
+    np.float64 as float), subclasses of int, float, complex, str, bytes, tuple (namedtuples), list, set and
+    dict (an IntEnum, Counter, OrderedDict) as their base type, a frozenset as a set (it has no literal).
+    Anything else is left as it is: its repr is no literal, and its test fails."""
+    if type(value) in EXACT:
         return value
+    if numpy_scalar(value):
+        value = value.item()  # a Python value, but for longdouble's (itself: made a float below)
+        if type(value) in EXACT:
+            return value
+    for base in (int, float, complex, str, bytes):  # bool has no subclasses
+        if isinstance(value, base):
+            return EXACT[base](value)
     if isinstance(value, numbers.Integral):
         return int(value)
     if isinstance(value, numbers.Real):
         return float(value)
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return type(value)(plain(item) for item in value)
+    if isinstance(value, numbers.Complex):
+        return complex(value)
+    if isinstance(value, tuple):
+        return tuple(plain(item) for item in value)
+    if isinstance(value, list):
+        return [plain(item) for item in value]
+    if isinstance(value, (set, frozenset)):
+        return {plain(item) for item in value}
     if isinstance(value, dict):
-        return {plain(key): plain(item) for key, item in value.items()}
+        return {plain(key): plain(item) for key, item in dict.items(value)}
     return value
+
+
+EXACT = {bool: bool, int: int.__int__, float: float.__float__, complex: complex, str: str.__str__,
+         bytes: bytes, type(None): None}
+"""The built-in scalar types, each with how a subclass's value is taken as it: the base's own conversion,
+where it has one, so that a subclass's override is not asked."""
 
 
 # ---------------------------------------------------------------- the program's side
@@ -82,7 +114,7 @@ def serve_program(entry):
     for line in calls:
         try:
             call = json.loads(line)
-            function = namespace[call["name"]]
+            function = namespace[entry]
             value = function(*ast.literal_eval(call["args"]), **ast.literal_eval(call.get("kwargs", "{}")))
             answer = {"result": repr(plain(value))}
         except BaseException as exc:
@@ -129,12 +161,11 @@ class Program:
             raise ProgramError("the program's process sent something else than an answer")
         return answer
 
-    def call(self, args, kwargs, name=None):
-        """The repr of the result of calling the entry point (or another function of the program, by name);
-        TimeLimit or ProgramError otherwise."""
+    def call(self, args, kwargs):
+        """The repr of the result of calling the entry point; TimeLimit or ProgramError otherwise."""
         if self.process is None:
             self.start()
-        request = json.dumps({"name": name or self.entry, "args": args, "kwargs": kwargs}) + "\n"
+        request = json.dumps({"args": args, "kwargs": kwargs}) + "\n"
         try:
             self.process.stdin.write(request.encode())
             self.process.stdin.flush()
@@ -155,26 +186,16 @@ class Program:
             self.process = None
 
 
-def functions_of(program_file):
-    """The names of the functions the program defines at its top level, read from its syntax tree (not run)."""
-    with open(program_file, encoding="utf-8") as source:
-        tree = ast.parse(source.read())
-    return [node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
-
-
 def run_test(test, program):
-    """One test's line, without its index, time and nonce. An assert test runs here, each of the program's
-    functions (`candidate` the entry point) a stand-in that calls it in the program's process."""
+    """One test's line, without its index, time and nonce. An assert test runs here, on trusted names only:
+    the program's other functions, and any name of Python's it redefines (`abs`, `tuple`), never reach it."""
     if "assert" not in test:
         return {"result": program.call(test["args"], test.get("kwargs", "{}"))}
 
-    def stand_in(name):
-        def call(*args, **kwargs):
-            return ast.literal_eval(program.call(repr(list(args)), repr(kwargs), name))
-        return call
+    def candidate(*args, **kwargs):
+        return ast.literal_eval(program.call(repr(list(args)), repr(kwargs)))
 
-    namespace = {name: stand_in(name) for name in functions_of("solution.py")}
-    namespace.update(candidate=stand_in(program.entry), __name__="test")
+    namespace = {"__builtins__": builtins, "__name__": "test", "candidate": candidate, program.entry: candidate}
     try:
         exec(compile(test["assert"], "test", "exec"), namespace)
     except AssertionError as exc:
@@ -183,10 +204,10 @@ def run_test(test, program):
 
 
 def main(entry, limit):
-    nonce = sys.stdin.readline().strip()
     ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-    with open("tests.json", encoding="utf-8") as given:
-        tests = json.load(given)
+    nonce = sys.stdin.readline().strip()
+    tests = json.loads(sys.stdin.readline())
+    sys.stdin.close()
     program = Program(entry, limit)
     try:
         program.start()

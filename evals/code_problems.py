@@ -27,11 +27,14 @@ Tests, by style:
   input belongs in a stdin/stdout test); the entry point is called with them and passes when its
   result equals `expected` (floats within 1e-9 relative). The expected value never enters the sandbox: the result comes back
   as text and is compared here.
-- function, assert: `{"assert": "assert candidate(1) == 2"}`: code run after the program in its own
-  interpreter with `candidate` bound to the entry point; passes when it runs to its end. A program can
-  subvert a check that runs in its own process, so the HumanEval loader writes every problem whose
-  checks are all plain `candidate(literals) == literal` asserts as call tests, and only the others as
-  one assert test (HumanEval's own check function, all or nothing, as its harness runs it).
+- function, assert: `{"assert": "assert candidate(1) == 2"}`: code run outside the program's process, on
+  trusted names only: `candidate` and the entry point's name call the program (its results cross as
+  literals), the built-ins are Python's own, and anything else the check uses it defines itself (a
+  name the program defines, `abs` included, never reaches it); passes when it runs to its end. The
+  HumanEval loader writes every problem whose checks are all plain `candidate(literals) == literal`
+  asserts as call tests, and only the others as one assert test: HumanEval's own check function, all or
+  nothing as its harness runs it, after what the problem's prompt defines besides the entry point (its
+  imports, and helpers such as `poly` or `encode_cyclic` that the check calls).
 """
 
 from __future__ import annotations
@@ -299,8 +302,18 @@ def no_op(statement: ast.stmt) -> bool:
     return isinstance(statement, ast.Assert) and isinstance(statement.test, ast.Constant) and bool(statement.test.value)
 
 
-def humaneval_tests(test_code: str) -> list[dict[str, str]]:
-    """HumanEval's check function as call tests when every statement of it is one, else as one assert test."""
+def prompt_helpers(solution: str, entry_point: str) -> str:
+    """What HumanEval's prompt defines besides the entry point (its imports, and helpers such as `poly` or
+    `encode_cyclic` that a check calls), as code: the check's trusted copy, never the program's. Read from the
+    prompt with its canonical solution, which parses (a prompt alone may end in a function's header)."""
+    kept = [node for node in ast.parse(solution).body
+            if not (isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == entry_point)]
+    return "".join(f"{ast.unparse(node)}\n\n" for node in kept)
+
+
+def humaneval_tests(test_code: str, helpers: str = "") -> list[dict[str, str]]:
+    """HumanEval's check function as call tests when every statement of it is one, else as one assert test,
+    the prompt's `helpers` defined before it (the check sees nothing else of the program but the entry point)."""
     tree = ast.parse(test_code)
     checks = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "check"]
     setup = [node for node in tree.body if node not in checks and not (
@@ -309,7 +322,7 @@ def humaneval_tests(test_code: str) -> list[dict[str, str]]:
     calls = [call_test(statement) for statement in body]
     if body and not setup and all(calls):
         return calls  # type: ignore[return-value]
-    return [{"assert": f"{test_code.rstrip()}\n\ncheck(candidate)\n"}]
+    return [{"assert": f"{helpers}{test_code.rstrip()}\n\ncheck(candidate)\n"}]
 
 
 def humaneval_problems(path: Path | None = None) -> list[CodeProblem]:
@@ -327,9 +340,10 @@ def humaneval_problems(path: Path | None = None) -> list[CodeProblem]:
         try:
             statement = (f"Complete this Python function so that it does what its docstring says (the code shown "
                          f"included: give every function it defines):\n\n```python\n{row['prompt'].strip()}\n```")
-            problem = CodeProblem(id=row["task_id"], statement=statement, tests=humaneval_tests(row["test"]),
-                                  entry_point=row["entry_point"],
-                                  reference_solution=row["prompt"] + row["canonical_solution"])
+            solution = row["prompt"] + row["canonical_solution"]
+            problem = CodeProblem(id=row["task_id"], statement=statement, entry_point=row["entry_point"],
+                                  tests=humaneval_tests(row["test"], prompt_helpers(solution, row["entry_point"])),
+                                  reference_solution=solution)
         except (KeyError, TypeError, AttributeError, SyntaxError, ValueError, RecursionError) as exc:
             raise LoadError(f"{path}:{number}: not a HumanEval problem ({type(exc).__name__}: {exc})") from None
         problems.append(problem_from(problem.record(), f"{path}:{number}"))  # held to the format's own checks

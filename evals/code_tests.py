@@ -333,15 +333,17 @@ class CodeRunner:
         return Outcome("fail", run.seconds, f"printed {run.stdout[:100].decode(errors='replace')!r}")
 
     def _function_tests(self, sandbox: str, problem: CodeProblem) -> list[Outcome]:
-        given = [{k: v for k, v in test.items() if k != "expected"} for test in problem.tests]  # inputs only
-        self.backend.write_file(sandbox, "/home/user/tests.json", json.dumps(given).encode())
+        # inputs only, on the harness's stdin after the nonce: an assert test's check holds its expected values,
+        # and no file in the sandbox may (the program would read it)
+        given = [{k: v for k, v in test.items() if k != "expected"} for test in problem.tests]
         self.backend.write_file(sandbox, "/home/user/harness.py", HARNESS.read_bytes())
         # each test: its call, and a restart of the program (its top level) after one that ran out of time
         total = problem.time_limit_s * (2 * len(problem.tests) + 1)
         nonce = secrets.token_hex(16)
         run = self.backend.run_program(
             sandbox, [self.config.python, "-I", "-B", "harness.py", str(problem.entry_point),
-                      repr(problem.time_limit_s)], nonce.encode() + b"\n", **self._limits(total, problem))
+                      repr(problem.time_limit_s)], f"{nonce}\n{json.dumps(given)}\n".encode(),
+            **self._limits(total, problem))
         if run.timed_out or run.exit_code == -signal.SIGXCPU:
             ended = f"time-out:the run ran past its {total:g} s"
         elif run.exit_code != 0:
