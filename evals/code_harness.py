@@ -8,12 +8,12 @@ nanbeige's.
 The program never runs in the judge's process. The judge's side (this process, made non-dumpable so that
 the program's process, of the same uid, cannot read its memory or descriptors) reads the nonce and the
 tests (a JSON list) as two lines on its stdin, an unnamed file outside the sandbox's folders: no file the
-program can open has them. Then it starts the program's side, which runs `solution.py` (its `__name__` is `solution`, so a
-`__main__` block does not start) and answers calls: a line `{"args": "[...]", "kwargs": "{...}"}` (a call of the
-entry point) in, a line `{"result": repr(value)}` or `{"error": "Type: message"}` out. The judge's side times
-each call with its own clock and stops the program after TIME_LIMIT_S (then starts it again for the next
-test). Results cross as Python literals, each value as its exact built-in type (`plain`): an object whose
-`__eq__` says yes to everything arrives as its repr, which is no literal.
+program can open has them. Then it starts the program's side, which runs `solution.py` (its `__name__` is
+`solution`, so a `__main__` block does not start) and answers calls of the entry point: a line `{"args":
+"[...]", "kwargs": "{...}"}` in, a line `{"result": repr(value)}` or `{"error": "Type: message"}` out. The
+judge's side times each call with its own clock and stops the program after TIME_LIMIT_S (then starts it
+again for the next test). Results cross as Python literals, each value as its exact built-in type
+(`plain`): an object whose `__eq__` says yes to everything arrives as its repr, which is no literal.
 
 For each test it writes one JSON line on stdout, with the nonce: `{"i": 0, "s": seconds, "n": nonce, ...}` and
 `"result": repr(value)` (a call test: the judge compares it with the expected value, which is never here),

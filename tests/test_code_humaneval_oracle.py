@@ -107,6 +107,19 @@ def test_the_check_still_sees_the_entry_point_by_name_and_the_problems_own_helpe
     assert our_reward(runner, problems[task], canonical) == 1.0
 
 
+@needs_jail
+def test_an_assert_test_sees_candidate_and_the_entry_point_and_no_other_name_of_the_program(
+        runner: CodeRunner) -> None:
+    problem = CodeProblem(id="twice", statement="twice(x)", entry_point="twice", time_limit_s=1.0,
+                          tests=[{"assert": "assert candidate(2) == twice(2) == 4"},
+                                 {"assert": "assert len([candidate(1)]) == 1"},
+                                 {"assert": "assert helper(2) == 4"}])
+    program = "def len(x):\n    return 0\n\ndef helper(x):\n    return 2 * x\n\ndef twice(x):\n    return helper(x)\n"
+    grade = grade_program(runner, problem, None, f"```python\n{program}\n```")
+    assert [o.result for o in grade.tests] == ["pass", "pass", "error"]
+    assert "NameError: name 'helper' is not defined" in grade.tests[2].detail
+
+
 # Reads everything it can see for HumanEval/2's check (`candidate(3.5) == 0.5`, `candidate(1.33) - 0.33`)
 # and answers from it: a pass means the check's expected values reached the program.
 TESTS_READER = '''
