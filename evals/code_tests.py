@@ -1,4 +1,5 @@
-"""`--grader code-tests`: the program in an answer, run against its problem's tests in a local sandbox.
+"""`--grader code-tests`: the program in an answer, run against its problem's tests in a sandbox (the local jail,
+or E2B's where the sandbox settings choose it: `CodeRunner`).
 
 Model code never runs outside a sandbox (`tools/sandbox`: a jail with no network, its own home and /tmp,
 seccomp, memory, process, disk and CPU budgets; a fresh sandbox per program, deleted after it). Here only
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nanbeige.evals.code_problems import CODE_TESTS, CodeProblem
-from nanbeige.tools.sandbox import SandboxConfig, config_from_env
+from nanbeige.tools.sandbox import SandboxConfig, SandboxError, config_from_env
 
 if TYPE_CHECKING:
     from nanbeige.tools.sandbox.local import ProgramRun
@@ -287,21 +288,34 @@ def end_reason(run: ProgramRun, chars: int) -> str:
 
 
 class CodeRunner:
-    """Runs programs against tests in local sandboxes, one fresh sandbox per program; thread-safe. Holds
+    """Runs programs against tests in sandboxes (local or E2B), one fresh sandbox per program; thread-safe. Holds
     the sandbox backend for a judge or eval run: `close()` when done."""
 
     def __init__(self, config: SandboxConfig | None = None) -> None:
-        from nanbeige.tools.sandbox.local import LocalBackend
-
         base = config or config_from_env()
-        # outputs are compared whole; the program's interpreter is the sandbox's
-        self.config = replace(base, backend="local", max_output_chars=MAX_OUTPUT_BYTES // 4)
-        self.backend = LocalBackend(self.config)
+        # outputs are compared whole; the sandbox is chosen as the python tool's is (E2B when a key is set)
+        self.config = replace(base, max_output_chars=MAX_OUTPUT_BYTES // 4)
+        self.backend: Any
+        if self.config.backend == "e2b":
+            from nanbeige.tools.sandbox.e2b import PYTHON, E2BBackend
+
+            self.backend, self.python = E2BBackend(self.config), PYTHON
+            self.where = f"E2B sandboxes (template {self.config.e2b_template or 'code-interpreter'})"
+        else:
+            from nanbeige.tools.sandbox.local import LocalBackend
+
+            self.backend, self.python = LocalBackend(self.config), self.config.python  # the sandbox's interpreter
+            self.where = "the local jail"
 
     def require_jail(self) -> None:
-        """Raise `SandboxError` (with its fix) unless programs will run in the filesystem jail, or the operator
-        turned the jail off (NANBEIGE_SANDBOX_JAIL=0): asked before the first program, so that a judge that
-        cannot run any says so at once. The sandbox itself runs nothing unjailed otherwise."""
+        """Raise `SandboxError` (with its fix) unless programs can be graded: locally, unless they will run in
+        the filesystem jail (or the operator turned it off, NANBEIGE_SANDBOX_JAIL=0); on E2B, unless a
+        known-good program runs in a fresh sandbox. Asked before the first program, so that a judge that cannot
+        run any says so at once; the local sandbox runs nothing unjailed otherwise."""
+        if self.config.backend == "e2b":
+            if broken := self.backend.known_good_fails():
+                raise SandboxError(f"code-tests cannot run programs on E2B: a known-good program failed ({broken})")
+            return
         self.backend.isolation  # noqa: B018 - probes, and raises where the jail cannot be made
 
     def run(self, problem: CodeProblem, program: str) -> list[Outcome]:
@@ -322,7 +336,7 @@ class CodeRunner:
                 "memory_mb": problem.memory_mb}
 
     def _stdio_test(self, sandbox: str, problem: CodeProblem, test: dict[str, Any]) -> Outcome:
-        run = self.backend.run_program(sandbox, [self.config.python, "-I", "-B", "solution.py"],
+        run = self.backend.run_program(sandbox, [self.python, "-I", "-B", "solution.py"],
                                        test["input"].encode(), **self._limits(problem.time_limit_s, problem))
         if run.timed_out or run.exit_code == -signal.SIGXCPU:  # its CPU time ran out
             return Outcome("time-out", run.seconds, f"ran past {problem.time_limit_s:g} s")
@@ -341,7 +355,7 @@ class CodeRunner:
         total = problem.time_limit_s * (2 * len(problem.tests) + 1)
         nonce = secrets.token_hex(16)
         run = self.backend.run_program(
-            sandbox, [self.config.python, "-I", "-B", "harness.py", str(problem.entry_point),
+            sandbox, [self.python, "-I", "-B", "harness.py", str(problem.entry_point),
                       repr(problem.time_limit_s)], f"{nonce}\n{json.dumps(given)}\n".encode(),
             **self._limits(total, problem))
         if run.timed_out or run.exit_code == -signal.SIGXCPU:

@@ -373,12 +373,12 @@ async def judge_file(src: Path, out: Path, config: JudgeRunConfig, notice: Calla
     except (OSError, UnicodeDecodeError) as exc:
         raise JudgeError(f"cannot read --critic-template: {exc}") from None
     if todo:
-        await _judge_all(todo, out, config, template, progress)
+        await _judge_all(todo, out, config, template, progress, notice)
     return summary(progress, out)
 
 
 async def _judge_all(todo: list[Trajectory], out: Path, config: JudgeRunConfig, template: str,
-                     progress: JudgeProgress) -> None:
+                     progress: JudgeProgress, notice: Callable[[str], None]) -> None:
     slots = asyncio.Semaphore(config.concurrency)
     code = None
     if config.problems is not None and any(chosen_grader(t, config) == CODE_TESTS for t in todo):
@@ -387,6 +387,7 @@ async def _judge_all(todo: list[Trajectory], out: Path, config: JudgeRunConfig, 
                                      else None)
         except CodeJudgeError as exc:
             raise JudgeError(str(exc)) from None
+        notice(f"code-tests runs programs in {code.runner.where}")  # the user's choice, visible
     writer = TrajectoryWriter(out, secrets=judging_secrets(config))
     watch = CriticWatch(config.critic) if config.critic is not None else None
 
