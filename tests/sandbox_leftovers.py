@@ -47,6 +47,20 @@ def leftovers(root: Path) -> Leftovers:
     return Leftovers(loops, mounts, images, places)
 
 
+def processes_running(*markers: str) -> list[str]:
+    """The command lines of processes (of any user this process can see) holding one of the markers: what a
+    judged program's run (`harness.py`, `solution.py`) may leave behind."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            line = (entry / "cmdline").read_bytes() if entry.name.isdigit() else b""
+        except OSError:
+            continue  # ended meanwhile
+        if any(marker.encode() in line for marker in markers):
+            found.append(line.replace(b"\0", b" ").decode(errors="replace"))
+    return found
+
+
 def server_params(root: Path, sandboxes: int) -> StdioServerParameters:
     env = {"PATH": os.environ["PATH"], "NANBEIGE_SANDBOX_BACKEND": "local", "NANBEIGE_SANDBOX_DIR": str(root),
            "NANBEIGE_SANDBOX_TIMEOUT": "120", "NANBEIGE_SANDBOX_MAX_SANDBOXES": str(sandboxes),
