@@ -229,3 +229,149 @@ def test_a_program_that_reads_every_process_and_file_it_can_finds_no_expected_va
     assert held(runner, root, PROC_READER) == nothing()
     planted = f"open('/tmp/planted', 'w').write({SECRET!r})\n" + PROC_READER
     assert held(runner, root, planted, ("call", "stdio")) == {"call": 1.0, "stdio": 1.0}
+
+
+# ---------------------------------------------------------------- signal games
+
+SIGNAL_GAMES = {
+    "SIGSTOP itself at import": "import os, signal\nos.kill(os.getpid(), signal.SIGSTOP)\n",
+    "SIGSTOP itself in the call": "import os, signal\ndef solve():\n    os.kill(os.getpid(), signal.SIGSTOP)\n"
+                                  "print(solve())\n",
+    "ignore SIGTERM, SIGALRM, SIGINT and loop": (
+        "import signal\nfor s in (signal.SIGTERM, signal.SIGALRM, signal.SIGINT, signal.SIGHUP):\n"
+        "    signal.signal(s, signal.SIG_IGN)\nsignal.setitimer(signal.ITIMER_REAL, 0)\n"
+        "def solve():\n    while True:\n        pass\nprint(solve())\n"),
+    "SIGSTOP its parent (the judge's side, or the worker)": "import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)\n",
+    "SIGSTOP everything it can signal": "import os, signal\nos.kill(-1, signal.SIGSTOP)\n",
+    "SIGTERM everything it can signal, itself spared": (
+        "import os, signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nos.kill(-1, signal.SIGTERM)\n"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("game", SIGNAL_GAMES.values(), ids=SIGNAL_GAMES.keys())
+def test_signal_games_earn_nothing_and_blame_no_machine(runner: CodeRunner, root: Path, game: str) -> None:
+    """Signal games: stopping itself, ignoring the signals a timer or a polite stop would send, stopping the
+    judge's side or everything it can signal. The judge's side keeps time on its own clock and kills; a run
+    that stops its sandbox is that program's failure (no SandboxError: judge would stop on it)."""
+    assert held(runner, root, game) == nothing()
+
+
+# ---------------------------------------------------------------- exit at import
+
+EXITS = {"sys.exit(0)": "import sys\nsys.exit(0)\n", "os._exit(0)": "import os\nos._exit(0)\n",
+         "raise SystemExit": "raise SystemExit\n", "KeyboardInterrupt": "raise KeyboardInterrupt\n",
+         "close stdout and exit": "import os\nos.close(1)\nos._exit(0)\n",
+         "exit in the call": "import os\ndef solve():\n    os._exit(0)\nsolve()\n"}
+
+
+@pytest.mark.parametrize("ending", EXITS.values(), ids=EXITS.keys())
+def test_a_program_that_exits_before_any_test_runs_earns_nothing(runner: CodeRunner, root: Path,
+                                                                  ending: str) -> None:
+    """Exit at import: a clean exit status before a test ran must not read as every test passed (an assert
+    test passes only when the judge's side reached its end; a call test needs a result)."""
+    assert held(runner, root, ending) == nothing()
+
+
+# ---------------------------------------------------------------- exhausting the judge's parser
+
+EXHAUSTERS = {
+    "a result that is a giant string": "def solve():\n    return 'expected-' * (1 << 19)\nprint(solve())\n",
+    "deeply nested lists": "def solve():\n    value = []\n    for _ in range(100_000):\n        value = [value]\n"
+                           "    return value\nprint(solve())\n",
+    "nested just under what repr takes": "import sys\nsys.setrecursionlimit(10_000)\ndef solve():\n"
+                                         "    value = 0\n    for _ in range(3000):\n        value = [value]\n"
+                                         "    return value\nprint(solve())\n",
+    "a huge number": "import sys\nsys.set_int_max_str_digits(0)\ndef solve():\n    return 10 ** 20_000\n"
+                     "print(solve())\n",
+    "huge output": "import sys\nline = 'expected-5be1d0c7 ' * 1000 + '\\n'\nfor _ in range(3000):\n"
+                   "    sys.stdout.write(line)\n",
+}
+
+
+@pytest.mark.parametrize("flood", EXHAUSTERS.values(), ids=EXHAUSTERS.keys())
+def test_exhausting_the_judges_parser_earns_nothing(runner: CodeRunner, root: Path, flood: str) -> None:
+    """Exhausting the judge's parser: a result too big for the output kept (cut, so no line for its test),
+    nested deeper than Python parses, a number too long to print, tens of megabytes on stdout."""
+    assert held(runner, root, flood) == nothing()
+
+
+# ---------------------------------------------------------------- tampering with the harness
+
+TAMPERERS = {
+    "rewrite the harness and restart it": (
+        "import os, time\nFORGED = 'import json, sys\\nprint(json.dumps({\"ready\": True}), flush=True)\\n'"
+        " + 'for line in sys.stdin:\\n    print(json.dumps({\"result\": repr(\"guess\"), \"ok\": True}), flush=True)\\n'\n"
+        "for name in ('harness.py', '/home/user/harness.py'):\n    try:\n        open(name, 'w').write(FORGED)\n"
+        "    except OSError:\n        pass\ndef solve():\n    time.sleep(5)  # past the limit: the judge's side starts the "
+        "(rewritten) harness again\n"),
+    "modules on the harness's path": (
+        "import os, sys\nSTUB = 'raise SystemExit(0)\\n'\nfor folder in ['.', '/tmp', *sys.path]:\n"
+        "    for name in ('json.py', 'ast.py', 'sitecustomize.py', 'usercustomize.py', 'x.pth'):\n        try:\n"
+        "            open(os.path.join(folder or '.', name), 'w').write(STUB)\n        except OSError:\n            pass\n"),
+    "monkeypatch builtins and the modules the harness uses": (
+        "import ast, builtins, json\nbuiltins.repr = lambda value: repr.__self__.repr('guess')\n"
+        "builtins.isinstance = lambda value, kind: True\nast.literal_eval = lambda text: 'guess'\n"
+        "real_dumps = json.dumps\njson.dumps = lambda obj, **kw: real_dumps({**obj, 'ok': True, 'result': \"'guess'\"}"
+        " if isinstance(obj, dict) else obj, **kw)\nprint('guess')\n"),
+}
+
+
+@pytest.mark.parametrize("tamper", TAMPERERS.values(), ids=TAMPERERS.keys())
+def test_tampering_with_the_harness_earns_nothing(runner: CodeRunner, root: Path, tamper: str) -> None:
+    """Tampering with harness files: rewriting harness.py (which the judge's side runs again for the program
+    after a time-out), planting modules and path hooks where an interpreter of the run might look, and
+    monkeypatching builtins and the modules the program's side uses to answer."""
+    assert held(runner, root, tamper) == nothing()
+    assert not list(Path(runner.config.python).parent.parent.glob("lib/python*/site-packages/x.pth"))
+
+
+# ---------------------------------------------------------------- threads and processes that outlive the call
+
+OUTLIVERS = {
+    "a thread that forges a pass later": (
+        "import json, os, sys, threading, time\ndef later():\n    time.sleep(0.3)\n    for fd in range(64):\n"
+        "        try:\n            os.write(fd, b'{\"i\": 0, \"ok\": true, \"result\": \"\\'guess\\'\"}\\n')\n"
+        "        except OSError:\n            pass\nthreading.Thread(target=later).start()\n"
+        "def solve():\n    time.sleep(0.5)\n    return 'guess'\n"),
+    "a daemon that answers the next calls ahead of time": (
+        "import gc, io, threading, time\ndef answers():\n    return [f for f in gc.get_objects() if isinstance(f, "
+        "io.TextIOWrapper) and f.writable() and f.name not in (1, 2, '<stdout>', '<stderr>')]\n"
+        "def flood():\n    while True:\n        for f in answers():\n            try:\n"
+        "                f.write('{\"result\": \"\\'guess\\'\"}\\n')\n                f.flush()\n"
+        "            except Exception:\n                pass\n        time.sleep(0.01)\n"
+        "threading.Thread(target=flood, daemon=True).start()\ndef solve():\n    time.sleep(0.1)\n    return 0\n"),
+    "a process that leaves its group and outlives the run": (
+        "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        for _ in range(100):\n"
+        "            print('expected-guess', flush=True)\n            time.sleep(0.1)\n    os._exit(0)\n"
+        "def solve():\n    return 'guess'\n"),
+}
+
+
+@pytest.mark.parametrize("outliver", OUTLIVERS.values(), ids=OUTLIVERS.keys())
+def test_threads_and_processes_that_outlive_the_call_earn_nothing_and_are_gone(
+        runner: CodeRunner, root: Path, outliver: str) -> None:
+    """Threads that outlive the call: a thread that forges a pass after its call returned, a daemon that
+    writes answers into the program's answer channel before the judge's side asks, and a double-forked
+    process in a session of its own that keeps printing after the program ended (killed with its jail)."""
+    assert held(runner, root, outliver) == nothing()
+
+
+# ---------------------------------------------------------------- stdin/stdout: every candidate at once
+
+YES_NO = CodeProblem(id="parity", statement="Print EVEN or ODD for the integer on the input.", time_limit_s=1.0,
+                     tests=[{"input": "2\n", "output": "EVEN\n"}, {"input": "3\n", "output": "ODD\n"}])
+CANDIDATES = {"each on its own line": "print('EVEN')\nprint('ODD')\n",
+              "both on one line": "print('EVEN ODD')\n",
+              "one overwriting the other": "print('ODD\\rEVEN')\n",
+              "the right one, then more": "print('EVEN\\nODD' if int(input()) % 2 == 0 else 'ODD\\nEVEN')\n",
+              "on stdout and stderr": "import sys\nprint('EVEN')\nprint('ODD', file=sys.stderr)\n"}
+
+
+@pytest.mark.parametrize("program", CANDIDATES.values(), ids=CANDIDATES.keys())
+def test_printing_every_candidate_output_earns_nothing(runner: CodeRunner, root: Path, program: str) -> None:
+    """Printing every candidate output: lines are compared whole, in order, with nothing extra but trailing
+    spaces and blank lines (and what goes to stderr is not output)."""
+    assert reward(runner, YES_NO, program) < 1.0
+    assert not processes_running(str(root)) and not leftovers(root)
+    assert reward(runner, YES_NO, "print('EVEN' if int(input()) % 2 == 0 else 'ODD')\n") == 1.0
