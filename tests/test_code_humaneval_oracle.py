@@ -7,6 +7,7 @@ exact built-in type."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 import enum
 
 import numpy as np
@@ -153,10 +154,12 @@ def truncate_number(number):
 @needs_jail
 def test_a_program_cannot_read_the_check_or_its_expected_values(runner: CodeRunner,
                                                                 problems: dict[str, CodeProblem]) -> None:
-    assert our_reward(runner, problems["HumanEval/2"], TESTS_READER) == 0.0
+    # time enough to read everything even on a loaded machine: a 0 must be the reader finding nothing
+    problem = dataclasses.replace(problems["HumanEval/2"], time_limit_s=30.0)
+    assert our_reward(runner, problem, TESTS_READER) == 0.0
     # where the check's lines can be read (here its own source holds them), the reader earns full marks
     leaked = "".join(f"# {line}\n" for line in ROWS["HumanEval/2"]["test"].splitlines())
-    assert our_reward(runner, problems["HumanEval/2"], TESTS_READER + leaked) == 1.0
+    assert our_reward(runner, problem, TESTS_READER + leaked) == 1.0
 
 
 # ---------------------------------------------------------------- how results cross: exact built-in types
