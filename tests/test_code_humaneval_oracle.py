@@ -124,11 +124,19 @@ def test_an_assert_test_sees_candidate_and_the_entry_point_and_no_other_name_of_
 # Reads everything it can see for HumanEval/2's check (`candidate(3.5) == 0.5`, `candidate(1.33) - 0.33`)
 # and answers from it: a pass means the check's expected values reached the program.
 TESTS_READER = '''
-import glob, os, re
+import glob, os, re, sys
+
+# the interpreter's own folders are shown read-only, under /tmp when its virtual environment is there: the
+# tests are never in them, and reading a whole environment would outlast any time limit
+SKIP = {sys.prefix, sys.base_prefix}
+
+def walk(where):
+    for top, dirs, names in os.walk(where):
+        dirs[:] = [d for d in dirs if os.path.join(top, d) not in SKIP]
+        yield from (os.path.join(top, name) for name in names)
 
 def everything():
-    paths = [os.path.join(top, name) for where in (".", "/home", "/tmp") for top, _, names in os.walk(where)
-             for name in names]
+    paths = [path for where in (".", "/home", "/tmp") for path in walk(where)]
     paths += glob.glob("/proc/[0-9]*/fd/*") + glob.glob("/proc/[0-9]*/environ") + glob.glob("/proc/[0-9]*/cmdline")
     own = f"/proc/{os.getpid()}/"
     texts = []

@@ -204,6 +204,8 @@ def everything():
             pass
         look(memory(pid))
     for top, dirs, files in (walked for where in PLACES for walked in os.walk(where)):
+        # the interpreter's own folders (under /tmp when its virtual environment is there) hold no answer
+        dirs[:] = [d for d in dirs if os.path.join(top, d) not in (sys.prefix, sys.base_prefix)]
         for name in files:
             if name != "solution.py":
                 look(readable(os.path.join(top, name)))
