@@ -338,9 +338,8 @@ def trust_command(
 
     try:
         if show_list:
-            for name, sha in sorted(trust.trusted().items()):
-                mark = "" if Path(name).is_file() and trust.digest(Path(name)) == sha else "  (changed or gone)"
-                print_line(f"{name}{mark}")
+            for name in sorted(trust.trusted()):
+                print_line(name + ("" if trust.verdict(Path(name)) == trust.TRUSTED else "  (changed or gone)"))
             return
         path = path or settings_file.folder_settings_path()
         if path is None:

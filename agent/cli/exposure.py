@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+
 EVERY_INTERFACE = ("0.0.0.0", "::", "")
 
 

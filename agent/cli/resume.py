@@ -155,20 +155,16 @@ def recorded_server(trajectory: Trajectory, path: Path, backend: str) -> str | N
 
 def recorded_flags(trajectory: Trajectory) -> str:
     """The run's tool server flags as recorded, quoted for the user to copy (never run: the file is not the
-    user's word); empty when the file has none of the right types."""
+    user's word; its control characters are escaped where errors are printed); empty when the file has none of
+    the right types."""
     recorded = trajectory.limits.get("tool_servers")
     if not isinstance(recorded, dict):
         return ""
     specs, default = recorded.get("mcp"), recorded.get("default_servers")
     if not isinstance(specs, list) or not all(isinstance(spec, str) for spec in specs) or not isinstance(default, bool):
         return ""
-    words = [f"--mcp {shlex.quote(printable_only(spec))}" for spec in specs] + ["--no-default-servers"] * (not default)
+    words = [f"--mcp {shlex.quote(spec)}" for spec in specs] + ["--no-default-servers"] * (not default)
     return " ".join(words) or "no tool server flags"
-
-
-def printable_only(text: str) -> str:
-    """The text without control characters, which a terminal would obey (a file's text is not ours)."""
-    return "".join(c if c.isprintable() else "?" for c in text)[:500]
 
 
 def check_unchanged(trajectory: Trajectory, llm: Any, tools: list[dict[str, Any]], reference: Any = None) -> None:

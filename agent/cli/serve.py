@@ -39,7 +39,6 @@ from typing import IO, Callable
 import httpx
 
 from nanbeige.agent.cli.exposure import exposure, exposure_problem
-
 from nanbeige.agent.dialects import DIALECTS
 from nanbeige.agent.prompts import read_chat_template, search_template
 
@@ -328,7 +327,8 @@ def _supervise(process: subprocess.Popen[bytes], output: _ServerOutput, config: 
         return code or 1
     print(url, f"NANBEIGE_BASE_URL={url}", f"NANBEIGE_MODEL={config.served_model_name or config.model}",
           sep="\n", flush=True)
-    out(f"ready at {url} (dialect {config.dialect}{exposure(config.host, config.no_api_key and not config.api_key)}); Ctrl-C stops it")
+    keyless = config.no_api_key and not config.api_key
+    out(f"ready at {url} (dialect {config.dialect}{exposure(config.host, keyless)}); Ctrl-C stops it")
     return _exit_code(process.wait())
 
 

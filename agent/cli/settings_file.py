@@ -120,11 +120,7 @@ def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 def _shown(path: Path) -> str:
     """The path as the user would type it from here."""
-    try:
-        return str(path.absolute().relative_to(Path.cwd().absolute())) if path.parent != Path.cwd() else \
-            f"./{path.name}"
-    except ValueError:
-        return str(path)
+    return f"./{path.name}" if path.parent == Path.cwd().absolute() else str(path)
 
 
 def _for_group(group: Any, shared: dict[str, Any], tables: dict[str, Any], path: str, prefix: str
