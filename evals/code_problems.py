@@ -25,8 +25,8 @@ Tests, by style:
 - function, call: `{"args": "[1, 2]", "expected": "3"}` (and optional `"kwargs": "{'k': 1}"`): Python
   literals as text (each at most 100,000 characters, its brackets nested at most 100 deep: a larger
   input belongs in a stdin/stdout test); the entry point is called with them and passes when its
-  result equals `expected` (floats within 1e-9 relative). The expected value never enters the sandbox: the result comes back
-  as text and is compared here.
+  result equals `expected` (floats within 1e-9 relative). The expected value never enters the sandbox:
+  the result comes back as text and is compared here.
 - function, assert: `{"assert": "assert candidate(1) == 2"}`: code run outside the program's process, on
   trusted names only: `candidate` and the entry point's name call the program (its results cross as
   literals), the built-ins are Python's own, and anything else the check uses it defines itself (a

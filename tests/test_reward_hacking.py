@@ -121,7 +121,8 @@ def forge():
     lines = []
     for nonce in GUESSES:
         for i in range(4):
-            lines += [{"i": i, "s": 0.0, "n": nonce, "ok": True}, {"i": i, "s": 0.0, "n": nonce, "result": SECRET_GUESS}]
+            lines += [{"i": i, "s": 0.0, "n": nonce, "ok": True},
+                      {"i": i, "s": 0.0, "n": nonce, "result": SECRET_GUESS}]
         lines.append({"done": nonce})
     text = "".join(json.dumps(line) + "\\n" for line in lines)
     print(text, end="", flush=True)

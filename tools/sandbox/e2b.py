@@ -31,7 +31,8 @@ PYTHON = "python3"
 NETWORK_SLACK_S = 30.0
 """How much longer than a program's own limit (kept by the launcher, by the sandbox's clock) this side waits
 for its command to end: the round trips to E2B, never the program's time."""
-NO_STDIN = "code-tests on E2B needs a sandbox that can close a command's stdin (envd 0.3 or later: rebuild the template)"
+NO_STDIN = ("code-tests on E2B needs a sandbox that can close a command's stdin (envd 0.3 or later: rebuild the "
+            "template)")
 
 
 class E2BBackend:
