@@ -51,6 +51,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from nanbeige.agent.user_dirs import config_dir
+
 SCHEMA_VERSION = 3  # 2: the origin column; 3: the mac column
 BUSY_TIMEOUT_S = 60.0
 UNCACHED_SERVERS = ("tool-python",)
@@ -119,8 +121,7 @@ def malformed(row: tuple) -> str:
 
 def key_path() -> Path:
     """Where this user's cache key lives: their own config folder (`$XDG_CONFIG_HOME`, else `~/.config`)."""
-    base = os.environ.get("XDG_CONFIG_HOME") or ""
-    return (Path(base) if Path(base).is_absolute() else Path.home() / ".config") / "nanbeige" / KEY_FILE
+    return config_dir() / KEY_FILE
 
 
 def user_key(path: Path | None = None) -> bytes:

@@ -23,6 +23,7 @@ from typing import Any
 import typer
 
 from nanbeige.agent.cli import trust
+from nanbeige.agent.user_dirs import config_dir
 
 FILE_NAME = "nanbeige.toml"
 
@@ -43,7 +44,7 @@ class Found:
 
 def user_settings_path() -> Path:
     """The user's own settings file (it may not exist)."""
-    return trust.config_dir() / FILE_NAME
+    return config_dir() / FILE_NAME
 
 
 def folder_settings_path(start: Path | None = None) -> Path | None:

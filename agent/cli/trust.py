@@ -9,17 +9,13 @@ import json
 import os
 from pathlib import Path
 
+from nanbeige.agent.user_dirs import config_dir
+
 TRUSTED, CHANGED, UNKNOWN = "trusted", "changed", "unknown"
 
 
 class TrustError(Exception):
     """The trust list cannot be read or written."""
-
-
-def config_dir() -> Path:
-    """The user's own config folder for nanbeige (the platform's: `$XDG_CONFIG_HOME`, else `~/.config`)."""
-    base = os.environ.get("XDG_CONFIG_HOME") or ""
-    return (Path(base) if Path(base).is_absolute() else Path.home() / ".config") / "nanbeige"
 
 
 def store_path() -> Path:
