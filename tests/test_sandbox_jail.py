@@ -205,15 +205,17 @@ def test_a_process_started_between_calls_by_a_lingering_thread_is_stopped(boxes:
     """A thread left by a cell starts a process after the call ended, which lifts its own CPU limit and
     spins: it does not get to run until the next call."""
     sid = new_id(boxes)
-    boxes.run_python("import subprocess, threading\nthreading.Timer(0.5, lambda: subprocess.Popen(['python3', '-c', "
-                     "'import resource; resource.setrlimit(resource.RLIMIT_CPU, (-1, -1))\\n"
-                     "open(\\'started\\', \\'w\\').close()\\nwhile True: pass'], start_new_session=True)).start()", sid)
-    # The process leaves a file when it starts (half a second after the call), then spins forever unless it is
-    # stopped: the watch, which reads every second, stops it. The file, not a sighting of the process, shows it
-    # ran, since under load the watch may stop it before a look at the process list would see it. The waits
-    # are only against a hang.
-    started = boxes.backend._box(sid).folder / "started"
-    assert wait_for(started.exists, 60)
+    boxes.run_python("import subprocess, threading\ndef spawn():\n"
+                     "    subprocess.Popen(['python3', '-c', 'import resource; "
+                     "resource.setrlimit(resource.RLIMIT_CPU, (-1, -1))\\nwhile True: pass'], start_new_session=True)\n"
+                     "    open('spawned', 'w').close()\n"
+                     "threading.Timer(0.5, spawn).start()", sid)
+    # The thread leaves a file once the process exists (half a second after the call); the process spins
+    # forever unless it is stopped: the watch, which reads every second, stops it. The file, not a sighting of
+    # the process, shows it was started, since under load the watch may stop it before a look at the process
+    # list (or the process itself) gets to run. The waits are only against a hang.
+    spawned = boxes.backend._box(sid).folder / "spawned"
+    assert wait_for(spawned.exists, 60)
     assert wait_for(lambda: boxes.backend.leftover_processes(sid) == [], 60)
 
 
