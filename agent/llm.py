@@ -43,6 +43,9 @@ class LLMConfig:
 
     base_url: str = LOCAL_BASE_URL
     """OpenAI-compatible endpoint, up to and including `/v1`."""
+    more_base_urls: tuple[str, ...] = ()
+    """Further endpoints serving the same model beside `base_url`: with any, the runs are spread over
+    all of them as one pool (`pool.py`)."""
     model: str = LOCAL_MODEL
     """Model name sent with every request."""
     api_key: str | None = None
@@ -75,6 +78,10 @@ class LLMConfig:
     """Longest wait of the doubling backoff."""
     max_retry_after_s: float = 60.0
     """Longest wait a server's Retry-After (seconds, or an HTTP date) is followed for."""
+
+    def urls(self) -> list[str]:
+        """Every endpoint the model is served at, `base_url` first."""
+        return [self.base_url, *self.more_base_urls]
 
     def for_dialect(self, dialect: str) -> LLMConfig:
         """This config with each sampling setting left unset taken from the dialect's defaults."""
