@@ -10,9 +10,11 @@ Resuming counts the (question, rollout) pairs already in the file and runs only 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,6 +59,9 @@ class CollectConfig:
     `root`), or the model's name in process."""
     allow_inexact: bool = False
     """Collect through a chat endpoint, whose prompts the server renders, so token ids are not exact."""
+    ray: str | None = None
+    """Run the rollouts in shards on a Ray cluster (`auto`, or the head's HOST:PORT): a shard per node, each
+    with its own tool servers and model clients and `concurrency` rollouts at once; None: in this process."""
 
 
 def question_id(text: str) -> str:
@@ -162,7 +167,6 @@ def on_policy(settings: RunSettings, notice: Callable[[str], None]) -> RunSettin
 async def collect(config: CollectConfig, settings: RunSettings, notice: Callable[[str], None],
                   progress_view: Callable[[Progress], Any] | None = None) -> dict[str, Any]:
     """Run (or resume) the collection; returns a summary of what this call did."""
-    from nanbeige.agent.setup import ready
     from nanbeige.agent.writable import unwritable
 
     problem = unwritable(config.out)
@@ -181,25 +185,76 @@ async def collect(config: CollectConfig, settings: RunSettings, notice: Callable
         folders = sorted({f.parent for task in tasks for f in task.files})
         tools = dataclasses.replace(settings.tools, upload_dirs=[*settings.tools.upload_dirs, *folders])
         settings = dataclasses.replace(settings, trajectory=config.out, whole_trajectories=True, tools=tools)
-        async with ready(settings, notice) as runtime:
-            check_exact(runtime, config)
-            policy_version = config.policy_version or (runtime.server.weights if runtime.server else None) \
-                or (settings.llm.model if runtime.server is None else None)
 
-            def record(row: dict[str, Any]) -> None:
-                left[row["task_id"]] -= 1
-                progress.groups_done += left[row["task_id"]] == 0
+        def record(row: dict[str, Any]) -> None:
+            left[row["task_id"]] -= 1
+            progress.groups_done += left[row["task_id"]] == 0
 
+        async def begin(attempt: Callable[..., Any], concurrency: int) -> None:
+            # called once every check has passed: a refused start shows no progress
             view = progress_view(progress) if progress_view else None
             try:
-                await run_all(pending, rollout_attempt(runtime, config, policy_version), config.concurrency,
-                              progress, record)
+                await run_all(pending, attempt, concurrency, progress, record)
             except EvalError as exc:
                 raise CollectError(str(exc)) from None
             finally:
                 if view is not None:
                     view.stop()
+        await (collect_on_ray if config.ray else collect_here)(config, settings, notice, begin)
     return {"questions": len(tasks), "group_size": config.group_size, "rollouts": progress.done,
             "rollouts_expected": progress.total, "questions_done": progress.groups_done,
             "failed": progress.failed, "last_error": progress.last_error,
             "pass_rate": progress.accuracy, "turns": progress.turns}
+
+
+Begin = Callable[[Callable[..., Any], int], Awaitable[None]]
+"""Runs every pending rollout through an attempt, so many at once, with the progress shown."""
+
+
+def policy_of(runtime: Ready, config: CollectConfig, settings: RunSettings) -> str | None:
+    return config.policy_version or (runtime.server.weights if runtime.server else None) \
+        or (settings.llm.model if runtime.server is None else None)
+
+
+async def collect_here(config: CollectConfig, settings: RunSettings, notice: Callable[[str], None],
+                       begin: Begin) -> None:
+    from nanbeige.agent.setup import ready
+
+    async with ready(settings, notice) as runtime:
+        check_exact(runtime, config)
+        await begin(rollout_attempt(runtime, config, policy_of(runtime, config, settings)), config.concurrency)
+
+
+async def collect_on_ray(config: CollectConfig, settings: RunSettings, notice: Callable[[str], None],
+                         begin: Begin) -> None:
+    """The rollouts in shards on Ray actors, written here as they come back, exactly as `collect_here` would."""
+    from nanbeige.agent import cluster
+    from nanbeige.agent.setup import open_writer, secrets_of
+
+    assert config.ray is not None
+    opener = functools.partial(open_shard, config, settings)
+    try:
+        async with cluster.shards(config.ray, opener, config.concurrency, notice) as shards:
+            writer = open_writer(config.out, secrets_of(settings), whole=True)
+            try:
+                async def attempt(task: Task, rollout_index: int) -> dict[str, Any] | str:
+                    row, calls = await shards.run((task, rollout_index))
+                    cluster.replay(calls, writer)
+                    return row
+                await begin(attempt, config.concurrency * len(shards.placed))
+            finally:
+                writer.close()
+    except cluster.ClusterError as exc:
+        raise CollectError(str(exc)) from None
+
+
+@asynccontextmanager
+async def open_shard(config: CollectConfig, settings: RunSettings,
+                     notice: Callable[[str], None]) -> AsyncIterator[Callable[..., Any]]:
+    """On a Ray actor: what the node's rollouts need, and the work of one rollout."""
+    from nanbeige.agent import cluster
+
+    async with cluster.shard_runtime(settings, notice) as runtime:
+        check_exact(runtime, config)
+        version = policy_of(runtime, config, settings)
+        yield cluster.recorded(runtime, lambda each: rollout_attempt(each, config, version))

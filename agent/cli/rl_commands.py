@@ -19,6 +19,13 @@ from nanbeige.agent.llm import LLMConfig
 from nanbeige.tools.endpoint import OPENAI_BASE_URL
 
 
+RayAddress = Annotated[str | None, typer.Option(
+    "--ray", metavar="auto|HOST:PORT", show_default=False, rich_help_panel="Cluster",
+    help="Run in shards on a Ray cluster, one per node, each with its own tool servers and model clients and "
+         "--concurrency runs at once: auto (the cluster `ray start` made this machine part of) or the head's "
+         "address. This process alone writes the output files, as without it.")]
+
+
 @o.with_run_options(leave_out=("verbose",))
 def collect(
     questions: Annotated[Path | None, typer.Option(help="Questions: JSONL or CSV with `question`, optional `answer` "
@@ -36,6 +43,7 @@ def collect(
                                                        show_default=False)] = None,
     allow_inexact: Annotated[bool, typer.Option(help="Collect through a chat endpoint, whose token ids are not "
                                                      "exact.")] = False,
+    ray: RayAddress = None,
     *,
     settings: RunSettings,
 ) -> None:
@@ -58,7 +66,7 @@ def collect(
             fail(f"{path}: no such file or folder", 2)
     config = CollectConfig(out=out, questions=questions, bench=BENCHMARKS[bench] if bench else None, data=data,
                            group_size=group_size, concurrency=concurrency, limit=limit,
-                           policy_version=policy_version, allow_inexact=allow_inexact)
+                           policy_version=policy_version, allow_inexact=allow_inexact, ray=ray)
     hide(secrets_of(settings))
     run_collect(config, settings)
 
