@@ -14,6 +14,7 @@ goes to another actor. An actor that cannot open what its items need stops the c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import os
 import socket
@@ -116,7 +117,7 @@ class Shard:
         self.life = asyncio.create_task(self._hold(opened))
         try:
             await opened
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - said to the driver, which stops the command
             own = type(exc).__module__.startswith("nanbeige")  # our errors are one line that names the fix
             return False, (str(exc) if own and str(exc) else f"{type(exc).__name__}: {exc}")
         return True, self.notices
@@ -139,7 +140,7 @@ class Shard:
         self.running.add(task)
         try:
             return "done", await self.work(item)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - raised again on the driver
             return "raised", exc
         finally:
             self.running.discard(task)
@@ -303,10 +304,8 @@ async def close_all(placed: list[Placed]) -> None:
     except (TimeoutError, asyncio.CancelledError):
         pass
     for p in placed:
-        try:
+        with contextlib.suppress(Exception):  # gone already
             ray.kill(p.actor, no_restart=True)
-        except Exception:  # noqa: BLE001 - gone already
-            pass
 
 
 # ---------------------------------------------------------------- what a shard of runs opens on its node
