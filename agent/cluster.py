@@ -279,7 +279,7 @@ async def start_all(placed: list[Placed], notice: Notice) -> None:
     started = await asyncio.wait_for(asyncio.gather(*(p.actor.start.remote() for p in placed),
                                                     return_exceptions=True), START_TIMEOUT_S)
     said: set[str] = set()
-    for where, result in zip(placed, started):
+    for where, result in zip(placed, started, strict=True):
         if isinstance(result, (RayActorError, ActorUnschedulableError)):
             raise ClusterError(f"the shard on {where.node} did not start ({first_line(result)}); is nanbeige "
                                "installed in the same Python environment on every node?")

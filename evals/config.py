@@ -55,3 +55,7 @@ class EvalConfig:
     name; None: the benchmark's default (the reference harness's)."""
     judge: ChatEndpoint = JUDGE_ENDPOINT
     """The LLM judge's endpoint, for judge graders."""
+    ray: str | None = None
+    """Run the eval in shards on a Ray cluster (`auto`, or the head's HOST:PORT): a shard per node, each with
+    its own tool servers and model clients and `concurrency` runs at once (`evals.sharded.run_on_ray`, which
+    `nanbeige eval --ray` passes to `runner.evaluate`); None: in this process."""

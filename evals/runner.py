@@ -357,10 +357,15 @@ def with_reference(settings: RunSettings) -> RunSettings:
         raise EvalError(str(exc)) from None
 
 
+Runs = Callable[[EvalConfig, RunSettings, list[tuple[Task, int]], Progress, Callable[[str], None],
+                 Callable[[Progress], Any] | None], Awaitable[None]]
+"""Runs the pending runs, writing into the out folder: `run_here`, or `evals.sharded.run_on_ray` (`--ray`)."""
+
+
 async def evaluate(config: EvalConfig, settings: RunSettings, notice: Callable[[str], None],
-                   progress_view: Callable[[Progress], Any] | None = None) -> dict[str, Any]:
-    """Run (or resume) the eval and return its report, also written to `report.json`."""
-    from nanbeige.agent.setup import ready
+                   progress_view: Callable[[Progress], Any] | None = None, runs: Runs | None = None) -> dict[str, Any]:
+    """Run (or resume) the eval and return its report, also written to `report.json`; `runs` runs what is
+    pending (default: `run_here`, in this process)."""
     from nanbeige.evals.report import build_report
 
     if config.bench.pipeline is not None:
@@ -377,21 +382,29 @@ async def evaluate(config: EvalConfig, settings: RunSettings, notice: Callable[[
     if pending:
         if progress.done:
             notice(f"resuming: {progress.done} of {progress.total} runs already done in {config.out}")
-        code_runner = open_code_runner(config)
-        async with ready(with_out(settings, config, tasks), notice) as runtime, httpx.AsyncClient() as client:
-            attempt = agent_attempt(runtime, config, client, code_runner)
-            view = progress_view(progress) if progress_view else None
-            try:
-                # the model's answer or the judge's reason may quote a key: the results file never does
-                secrets = [*runtime.writer.secrets, *([config.judge.api_key] if config.judge.api_key else [])]
-                await run_all(pending, attempt, config.concurrency, progress,
-                              lambda row: append_result(config.out, row, secrets))
-            finally:
-                if view is not None:
-                    view.stop()
-                if code_runner is not None:
-                    code_runner.close()
+        await (runs or run_here)(config, with_out(settings, config, tasks), pending, progress, notice, progress_view)
     report = build_report(found, read_results(config.out))
     report["failed_runs"] = progress.failed
     (config.out / REPORT).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     return report
+
+
+async def run_here(config: EvalConfig, settings: RunSettings, pending: list[tuple[Task, int]], progress: Progress,
+                   notice: Callable[[str], None], progress_view: Callable[[Progress], Any] | None) -> None:
+    """Every pending run in this process; `settings` write into the out folder."""
+    from nanbeige.agent.setup import ready
+
+    code_runner = open_code_runner(config)
+    async with ready(settings, notice) as runtime, httpx.AsyncClient() as client:
+        attempt = agent_attempt(runtime, config, client, code_runner)
+        view = progress_view(progress) if progress_view else None
+        try:
+            # the model's answer or the judge's reason may quote a key: the results file never does
+            secrets = [*runtime.writer.secrets, *([config.judge.api_key] if config.judge.api_key else [])]
+            await run_all(pending, attempt, config.concurrency, progress,
+                          lambda row: append_result(config.out, row, secrets))
+        finally:
+            if view is not None:
+                view.stop()
+            if code_runner is not None:
+                code_runner.close()

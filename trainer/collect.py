@@ -238,7 +238,10 @@ async def collect_on_ray(config: CollectConfig, settings: RunSettings, notice: C
             writer = open_writer(config.out, secrets_of(settings), whole=True)
             try:
                 async def attempt(task: Task, rollout_index: int) -> dict[str, Any] | str:
-                    row, calls = await shards.run((task, rollout_index))
+                    try:
+                        row, calls = await shards.run((task, rollout_index))
+                    except cluster.ClusterError as exc:  # every node lost: run_all stops on an EvalError
+                        raise EvalError(str(exc)) from None
                     cluster.replay(calls, writer)
                     return row
                 await begin(attempt, config.concurrency * len(shards.placed))

@@ -76,6 +76,10 @@ class JudgeRunConfig:
     """Trajectories judged at a time (a trajectory's turns go to the critic one after another)."""
     no_critic: bool = False
     """Compute the outcome reward alone; turns are left as they are."""
+    ray: str | None = None
+    """Judge in shards on a Ray cluster (`auto`, or the head's HOST:PORT): a shard per node, each with its own
+    clients (and sandbox) and `concurrency` trajectories at once (`judge_sharded.judge_on_ray`, which
+    `nanbeige judge --ray` passes to `judge_file`); None: in this process."""
 
 
 @dataclass
@@ -347,9 +351,11 @@ def judging_secrets(config: JudgeRunConfig) -> list[str]:
 
 
 async def judge_file(src: Path, out: Path, config: JudgeRunConfig, notice: Callable[[str], None] = lambda _: None,
-                     progress: JudgeProgress | None = None) -> dict[str, Any]:
+                     progress: JudgeProgress | None = None, judge_all: Callable[..., Any] | None = None
+                     ) -> dict[str, Any]:
     """Judge the finished trajectories of `src` not yet complete in `out`, appending each to `out` whole
-    as it is done; returns a summary. `progress` (if given) is kept up to date for a live view."""
+    as it is done; returns a summary. `progress` (if given) is kept up to date for a live view; `judge_all`
+    judges and writes what is to do (default: `_judge_all`, in this process)."""
     check(src, out, config)
     progress = progress if progress is not None else JudgeProgress()
     try:
@@ -373,7 +379,7 @@ async def judge_file(src: Path, out: Path, config: JudgeRunConfig, notice: Calla
     except (OSError, UnicodeDecodeError) as exc:
         raise JudgeError(f"cannot read --critic-template: {exc}") from None
     if todo:
-        await _judge_all(todo, out, config, template, progress, notice)
+        await (judge_all or _judge_all)(todo, out, config, template, progress, notice)
     return summary(progress, out)
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,6 +15,7 @@ from nanbeige.agent.cli import options as o
 from nanbeige.agent.config import RunSettings
 from nanbeige.agent.cli.console import err, fail, hide
 from nanbeige.agent.cli.console import out as print_line
+from nanbeige.agent.cli.rl_commands import RayAddress
 from nanbeige.agent.cli.serve import ServeConfig
 
 
@@ -223,6 +225,7 @@ def evaluate(
     judge_model: o.JudgeModel = None,
     judge_api_key: o.JudgeApiKey = None,
     judge_template: o.JudgeTemplate = None,
+    ray: RayAddress = None,
     *,
     settings: RunSettings,
 ) -> None:
@@ -235,8 +238,10 @@ def evaluate(
         fail(f"unknown benchmark {bench!r}; known: {', '.join(BENCHMARKS)}", 2)
     if folder is not None:
         fail(f"unexpected argument {str(folder)!r}: the benchmark's file goes in --data", 2)
-    config = eval_config(BENCHMARKS[bench], data, k, concurrency, limit, out_dir, grader, judge_base_url,
-                         judge_model, judge_api_key, judge_template)
+    if ray is not None and BENCHMARKS[bench].pipeline is not None:
+        fail(f"{bench} runs through its own pipeline, not the agent loop: --ray is for the other benchmarks", 2)
+    config = replace(eval_config(BENCHMARKS[bench], data, k, concurrency, limit, out_dir, grader, judge_base_url,
+                                 judge_model, judge_api_key, judge_template), ray=ray)
     from nanbeige.agent.setup import secrets_of
 
     hide(secrets_of(settings) + ([judge_api_key] if judge_api_key else []))
@@ -284,7 +289,10 @@ def run_eval(config: Any, settings: Any) -> None:
 
     err.print(f"[dim]eval {config.bench.name}: results in {escape(str(config.out))}[/]", highlight=False)
 
-    work = evaluate(config, settings, notice, lambda progress: RunsView(err, progress, config.bench.name))
+    runs = None
+    if config.ray is not None:  # Ray is loaded only then
+        from nanbeige.evals.sharded import run_on_ray as runs
+    work = evaluate(config, settings, notice, lambda progress: RunsView(err, progress, config.bench.name), runs)
     report = run_command(resumable(work, EvalError, f"finished runs are kept in {escape(str(config.out))}"))
     print_line(markdown(report))
     if report.get("failed_runs"):

@@ -21,9 +21,9 @@ from nanbeige.tools.endpoint import OPENAI_BASE_URL
 
 RayAddress = Annotated[str | None, typer.Option(
     "--ray", metavar="auto|HOST:PORT", show_default=False, rich_help_panel="Cluster",
-    help="Run in shards on a Ray cluster, one per node, each with its own tool servers and model clients and "
-         "--concurrency runs at once: auto (the cluster `ray start` made this machine part of) or the head's "
-         "address. This process alone writes the output files, as without it.")]
+    help="Run in shards on a Ray cluster, one per node, each with its own tool servers, sandbox and model "
+         "clients and --concurrency at once: auto (the cluster `ray start` made this machine part of) or the "
+         "head's address. This process alone writes the output files, as without it.")]
 
 
 @o.with_run_options(leave_out=("verbose",))
@@ -140,6 +140,7 @@ def judge(
     retries: Annotated[int | None, typer.Option(min=0, show_default=False, help=(
         "How many times a failed judge or critic call is asked again \\[default: 3 for the judge, 2 for the "
         "critic]."))] = None,
+    ray: RayAddress = None,
 ) -> None:
     """Add outcome rewards and turn-level critic scores, rewards and masks to trajectories; tokens untouched."""
     from nanbeige.evals.code_tests import CodeRewards
@@ -160,7 +161,7 @@ def judge(
     config = JudgeRunConfig(grader=grader, judge=judge, critic=critic, rule=rule, concurrency=concurrency,
                             no_critic=no_critic, problems=problems, time_reward=time_reward,
                             rewards=CodeRewards(format_penalty=format_penalty, time_weight=time_weight),
-                            complexity=complexity)
+                            complexity=complexity, ray=ray)
     from nanbeige.trainer.judge import judging_secrets
 
     hide(judging_secrets(config))
@@ -185,10 +186,14 @@ def run_judge(src: Path, out: Path, config: Any) -> None:
     except JudgeError as exc:
         fail(str(exc))
 
+    judge_all = None
+    if config.ray is not None:  # Ray is loaded only then
+        from nanbeige.trainer.judge_sharded import judge_on_ray as judge_all
+
     async def main() -> dict[str, Any]:
         view = LiveLine(err, line)
         try:
-            return await resumable(judge_file(src, out, config, notice, progress), JudgeError,
+            return await resumable(judge_file(src, out, config, notice, progress, judge_all), JudgeError,
                                    f"judged trajectories are kept in {escape(str(out))}", before_error=view.stop)
         finally:
             view.stop()
