@@ -16,6 +16,10 @@ the new checkpoint the policy the next iteration samples from:
 - `sync="weights"`: full fine-tuning; the new checkpoint's weights are loaded into the running vLLM
   in place, through vLLM's own RL path (`reload_weights`, see `sync.load_weights`), and the next collect
   asks for the same served model. The server must be started with `nanbeige serve --weight-sync`.
+- Every engine is synced (`settings.llm.urls()`, or `admin_urls` behind a router), but one that says it serves
+  the policy already; the iteration is synced once every engine says so (`loop.json` records who serves what).
+  Collect asks them again first: while they differ it does not start, and the previous iteration is no longer
+  synced, so the next call syncs the engines that lack its policy (a restarted one) and goes on.
 - `sync="none"`: nothing is sent anywhere. In process (`--backend transformers`) the next collect
   loads the new checkpoint folder itself; against a server it samples from whatever the server
   serves, so restart the server on the new checkpoint between iterations (run one iteration at a
@@ -30,8 +34,7 @@ them too, at most `max_draws` times. The groups outside the band are then droppe
 The state file is rewritten (atomically) after each stage, so a run stopped anywhere goes on where
 it stopped when called again with the same out folder: done stages are skipped; an interrupted
 collect or judge resumes its own out file, and an interrupted training resumes from its newest
-checkpoint. A vLLM server restarted in between has lost its adapters: reload the last one by hand
-(or restart it with `--lora-modules NAME=PATH`, the names being in the state file).
+checkpoint.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ from nanbeige.agent.config import RunSettings
 from nanbeige.trainer.config import rule_problem
 from nanbeige.trainer.judge import JudgeRunConfig
 from nanbeige.trainer.loop_state import state_problem
-from nanbeige.trainer.sync import SyncError, load_adapter, load_weights
+from nanbeige.trainer.sync import SyncError, disagreeing, engine_root, on_every_engine, sync_engine
 from nanbeige.trainer.train import TrainConfig
 
 STATE = "loop.json"
@@ -96,6 +99,9 @@ class LoopConfig:
     """`lora`: hot-load each new adapter into the serving vLLM; `weights`: load each new checkpoint's weights
     into it in place; `none`: send nothing (in process the next collect loads the new checkpoint; against a
     server, restart it on the checkpoint)."""
+    admin_urls: tuple[str, ...] = ()
+    """The engines to sync, each its own vLLM, when they are not the endpoints collect asks: engines behind a
+    router (vllm-router), whose address is the only base URL. Empty: every endpoint of `settings.llm`."""
 
 
 # ---------------------------------------------------------------- the state file
@@ -258,16 +264,26 @@ async def train_stage(config: LoopConfig, policy: dict[str, Any], folder: Path, 
     return {"checkpoint": checkpoint, "steps": summary["steps"], "rows": summary["rows"]}
 
 
-async def sync_stage(config: LoopConfig, checkpoint: str, iteration: int, notice: Callable[[str], None]
-                     ) -> dict[str, Any]:
-    """Make the new checkpoint the policy the next iteration samples from; returns that policy."""
-    if config.sync == "lora":
-        await load_adapter(config.settings.llm.base_url, checkpoint, Path(checkpoint) / "adapter",
-                           config.settings.llm.api_key)
-        model = checkpoint
-    elif config.sync == "weights":
-        await load_weights(config.settings.llm.base_url, Path(checkpoint), config.settings.llm.api_key)
-        model = config.settings.llm.model  # the same served model, now with the new weights
+def engines(config: LoopConfig) -> list[str]:
+    """The vLLM engines the loop syncs, each once, by its address without `/v1`."""
+    return list(dict.fromkeys(engine_root(url) for url in config.admin_urls or config.settings.llm.urls()))
+
+
+async def sync_stage(config: LoopConfig, state: dict[str, Any], checkpoint: str, iteration: int,
+                     notice: Callable[[str], None]) -> dict[str, Any]:
+    """Make the new checkpoint the policy the next iteration samples from, on every engine; returns that policy.
+    The engines that took it are recorded even when another did not, and are not synced again."""
+    if config.sync in ("lora", "weights"):
+        urls, key = engines(config), config.settings.llm.api_key
+        failed = await on_every_engine(urls, lambda url: sync_engine(url, config.sync, Path(checkpoint), key))
+        record = state.setdefault("engines", {})
+        record.update({url: f"iter-{iteration}" for url in urls if url not in failed})
+        if failed:
+            raise SyncError(f"{len(failed)} of {len(urls)} engines did not take the new policy: "
+                            + "; ".join(failed.values()))
+        notice(f"loop: every engine serves iteration {iteration}'s policy: {', '.join(urls)}")
+        # with LoRA the adapter's name; with weights the same served model, now with the new weights
+        model = checkpoint if config.sync == "lora" else config.settings.llm.model
     elif config.settings.backend.backend == "transformers":
         model = checkpoint  # the in-process backend loads the checkpoint folder itself
     else:
@@ -292,6 +308,9 @@ def check(config: LoopConfig) -> None:
     if config.sync == "weights" and config.train.lora_rank:
         raise LoopError("sync weights loads full checkpoints into vLLM: train every parameter (LoRA rank 0), or "
                         "use sync lora")
+    if config.admin_urls and config.sync == "none":
+        raise LoopError("admin URLs name the engines the loop syncs, and sync none syncs none: leave them out, or "
+                        "use sync lora or weights")
     if config.sync != "none" and config.settings.backend.backend == "transformers":
         raise LoopError(f"sync {config.sync} updates a vLLM server, and the in-process backend has none: use sync "
                         "none, where each iteration's collect loads the new checkpoint")
@@ -322,20 +341,46 @@ async def run_iteration(config: LoopConfig, state: dict[str, Any], iteration: in
         ("collected", lambda: collect_stage(config, entry, folder, notice)),
         ("judged", lambda: judge_stage(config, state, iteration, folder, notice)),
         ("trained", lambda: train_stage(config, entry["policy"], folder, notice)),
-        ("synced", lambda: sync_stage(config, entry["trained"]["checkpoint"], iteration, notice)),
+        ("synced", lambda: sync_stage(config, state, entry["trained"]["checkpoint"], iteration, notice)),
     ]
+    if "collected" not in entry:
+        await engines_agree(config, state, iteration)
     for stage, run in stages:
         if stage in entry:
             continue
         try:
             entry[stage] = await run()
         except (CollectError, JudgeError, TrainError, SetupError, SyncError, LoopError) as exc:
+            write_state(config.out, state)  # what was done before the failure (engines a sync reached)
             raise LoopError(f"iteration {iteration}, {STAGES[stage]}: {exc} "
                             f"(the state is in {config.out / STATE}: run the same loop again to resume)") from None
         if stage == "synced":
             state["policy"] = entry["synced"]
         write_state(config.out, state)
         notice(f"loop: iteration {iteration} {stage}: {json.dumps(entry[stage])}")
+
+
+async def engines_agree(config: LoopConfig, state: dict[str, Any], iteration: int) -> None:
+    """Refuse to collect while the engines do not all say they serve the iteration's policy (with weights
+    before any sync: the same weight version). The previous iteration is then no longer synced, so that the
+    next call syncs the engines that lack its policy."""
+    policy = state["iterations"][iteration - 1]["policy"]
+    if config.sync == "none" or config.sync == "lora" and policy["checkpoint"] is None:
+        return  # nothing synced (a LoRA engine serves its base model whatever adapters it holds)
+    urls = engines(config)
+    lacking = await disagreeing(urls, config.sync, policy["checkpoint"], config.settings.llm.api_key)
+    record = state.setdefault("engines", {})
+    record.update({url: None if url in lacking else policy["version"] for url in urls})
+    if not lacking:
+        return
+    previous = state["iterations"][iteration - 2] if iteration > 1 else {}
+    fix = "start every engine on the same model"
+    if previous.pop("synced", None) is not None:
+        fix = f"iteration {iteration - 1} is no longer synced: run the same loop again to sync them"
+    write_state(config.out, state)
+    raise LoopError(f"iteration {iteration}, collect: the engines do not all serve the policy "
+                    f"{policy['checkpoint'] or policy['model']}, so collection does not start "
+                    f"({'; '.join(lacking.values())}); {fix}")
 
 
 async def run_loop(config: LoopConfig, notice: Callable[[str], None], resume: bool = True) -> dict[str, Any]:

@@ -2,7 +2,10 @@
 
 The file is rewritten by the loop after each stage, but anyone can edit it between two calls (or hand
 over an out folder), and the loop goes on from what it says: a field of another type must be one line
-naming the field, not an exception deep inside a stage."""
+naming the field, not an exception deep inside a stage.
+
+`engines` maps each vLLM engine the loop syncs (its address) to the version of the policy it was last
+found serving (`iter-I`), or null when it was found serving another."""
 
 from __future__ import annotations
 
@@ -59,6 +62,12 @@ def state_problem(state: Any) -> str:
         fields_problem(state.get("policy"), POLICY, "policy", REQUIRED["policy"])
     if top:
         return top.replace("`state.", "`")
+    engines = state.get("engines", {})
+    if not isinstance(engines, dict):
+        return f"`engines` must be an object, not {type_name(engines)}"
+    for url, version in engines.items():
+        if not is_kind(version, OPTIONAL_TEXT):
+            return f"`engines[{url!r}]` must be {OPTIONAL_TEXT}, not {type_name(version)}"
     entries = state.get("iterations")
     if not isinstance(entries, list):
         return f"`iterations` must be a list, not {type_name(entries)}"

@@ -20,6 +20,12 @@ from nanbeige.trainer.config import COUNTS, GroupRule, parse_keep
 from nanbeige.trainer.train import TrainConfig
 
 
+AdminUrl = Annotated[list[str] | None, typer.Option(
+    "--admin-url", metavar="URL", show_default=False, rich_help_panel="Loop",
+    help="With --loop: a vLLM engine to sync (repeatable), when the engines sit behind a router whose address is "
+         "the only --base-url \\[default: every --base-url].")]
+
+
 train_app = typer.Typer(invoke_without_command=True, help=(
     "Train the model on judged trajectories: GRPO with turn-level advantages, or SFT; --loop N alternates "
     "collect, judge, train and sync. `nanbeige train report RUN_DIR` draws a run's curves."))
@@ -117,6 +123,7 @@ def train(
                                            "weights (load each full checkpoint into it in place; serve with "
                                            "--weight-sync) or none.", rich_help_panel="Loop")] = "lora",
     base_url: o.BaseUrl = None,
+    admin_url: AdminUrl = None,
     backend: o.Backend = BackendConfig.backend,
     token_mode: o.TokenMode = False,
     no_default_servers: o.NoDefaultServers = False,
@@ -184,13 +191,16 @@ def train(
         if (questions is None) == (problems is None):
             fail("--loop needs --questions (the questions collect samples rollouts for) or --problems (code "
                  "problems), one of them", 2)
+        problem = admin_problem(admin_url or [], sync)
+        if problem:
+            fail(problem, 2)
         if time_reward and problems is None:
             fail("--time-reward rewards code problems' solutions: it needs --problems", 2)
         settings = o.run_settings(**{**o.shared(locals()), **LOOP_DEFAULTS, "model": model, "base_url": base_url,
                                      "backend": backend, "token_mode": token_mode,
                                      "no_default_servers": no_default_servers})
         critic = None if no_critic else o.critic_endpoint(critic_base_url, critic_model, critic_api_key)
-        sampling = {"questions_per_iteration": questions_per_iteration,
+        loop_options = {"admin_urls": tuple(admin_url or ()), "questions_per_iteration": questions_per_iteration,
                     "min_informative_groups": min_informative_groups, "max_draws": max_draws}
         judging = JudgeRunConfig(critic=critic, no_critic=no_critic)
         if problems is not None:  # code RL: the problems are the questions, their tests the grader
@@ -199,7 +209,9 @@ def train(
                               complexity=o.complexity_endpoint(judge.get("NANBEIGE_JUDGE_BASE_URL"),
                                                                judge.get("NANBEIGE_JUDGE_MODEL"),
                                                                judge.get("NANBEIGE_JUDGE_API_KEY")))
-        return run_train_loop(loop, questions or problems, group_size, sync, settings, judging, config, sampling)
+        return run_train_loop(loop, questions or problems, group_size, sync, settings, judging, config, loop_options)
+    if admin_url:
+        fail("--admin-url names the engines --loop syncs: it needs --loop", 2)
     if not data:
         fail("--data is required: judged trajectory files (`nanbeige judge ... --out FILE`)", 2)
     try:
@@ -213,6 +225,17 @@ def train(
         raise typer.Exit(130) from None
     if summary["checkpoint"]:
         err.print(f"checkpoint: {escape(summary['checkpoint'])}", highlight=False)
+
+
+def admin_problem(urls: list[str], sync: str) -> str:
+    """What is wrong with the --admin-url flags, or ""."""
+    for url in urls:
+        if not url.startswith(("http://", "https://")) or len(url.split("://", 1)[1].strip("/")) == 0:
+            return f"--admin-url {url!r} is not an http:// or https:// address of a vLLM engine"
+    if urls and sync == "none":
+        return ("--admin-url names the engines --loop syncs, and --sync none syncs none: leave it out, or use "
+                "--sync lora or weights")
+    return ""
 
 
 def group_filter(counts: str, keep: str | None, min_pass_rate: float, max_pass_rate: float
@@ -266,7 +289,7 @@ LOOP_DEFAULTS: dict[str, Any] = {
 
 
 def run_train_loop(iterations: int, questions: Path, group_size: int, sync: str, settings: Any, judge_config: Any,
-                   train_config: Any, sampling: dict[str, Any]) -> None:
+                   train_config: Any, loop_options: dict[str, Any]) -> None:
     from nanbeige.agent.cli.running import notice, run_command
     from nanbeige.agent.setup import secrets_of
     from nanbeige.trainer.judge import judging_secrets
@@ -274,7 +297,7 @@ def run_train_loop(iterations: int, questions: Path, group_size: int, sync: str,
 
     hide(secrets_of(settings) + judging_secrets(judge_config))
     config = LoopConfig(iterations=iterations, out=train_config.out, questions=questions, settings=settings,
-                        judge=judge_config, train=train_config, group_size=group_size, sync=sync, **sampling)
+                        judge=judge_config, train=train_config, group_size=group_size, sync=sync, **loop_options)
 
     async def main() -> dict[str, Any]:
         try:
