@@ -298,6 +298,9 @@ async def sync_stage(config: LoopConfig, state: dict[str, Any], checkpoint: str,
 
 def check(config: LoopConfig) -> None:
     """Refuse a configuration that cannot work, before anything runs."""
+    if os.environ.get("WORLD_SIZE", "1") != "1":  # under torchrun every process would run the whole loop
+        raise LoopError("the loop trains in its own process: run it without torchrun (across machines, run "
+                        "collect, judge and `torchrun ... nanbeige train` one after another)")
     if config.sync not in SYNCS:
         raise LoopError(f"sync must be one of {', '.join(SYNCS)}, not {config.sync!r}")
     if config.iterations < 1:
