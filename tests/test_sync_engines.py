@@ -214,3 +214,18 @@ def test_admin_urls_are_flags_of_the_loop(tmp_path: Path, monkeypatch: pytest.Mo
     alone = CliRunner().invoke(app, ["train", "--model", "m", "--out", str(tmp_path / "t"), "--data", "x.jsonl",
                                      "--admin-url", "http://127.0.0.1:10"])
     assert alone.exit_code == 2 and "it needs --loop" in alone.output
+
+
+def test_the_command_refuses_to_collect_in_one_line_while_the_engines_differ(tmp_path: Path) -> None:
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text(QUESTIONS)
+    with FakeEngine() as one, FakeEngine() as two:
+        two.weight_version = "/elsewhere/checkpoint-3"
+        result = CliRunner().invoke(app, ["train", "--loop", "1", "--sync", "weights", "--questions", str(questions),
+                                          "--model", "m", "--out", str(tmp_path / "loop"), "--no-critic",
+                                          "--no-default-servers", "--base-url", one.base_url, "--admin-url",
+                                          one.base_url, "--admin-url", two.base_url])
+        assert not one.requests and not two.requests
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    [line] = [text for text in result.output.splitlines() if text.strip()]
+    assert f"{root(two)} serves weights '/elsewhere/checkpoint-3'" in line and "collection does not start" in line
