@@ -173,7 +173,7 @@ def connect(address: str) -> None:
     except (ConnectionError, RuntimeError, ValueError) as exc:
         fix = ("start one with `ray start --head`, or pass its address (HOST:PORT)" if address == "auto"
                else "check the address (`ray status` on the head node prints it)")
-        raise ClusterError(f"cannot join the Ray cluster at {address}: {first_line(exc)}; {fix}") from None
+        raise ClusterError(f"cannot join the Ray cluster at {address}: {first_line(exc).rstrip('.')}; {fix}") from None
 
 
 def check_answers(address: str) -> None:
