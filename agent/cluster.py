@@ -39,6 +39,8 @@ Opener = Callable[[Notice], AbstractAsyncContextManager[Work]]
 
 START_TIMEOUT_S = 300.0
 """How long an actor may take to open its shard (tool servers, a model server's answer, a model loaded)."""
+MAX_CALLS = 10_000
+"""Calls an actor takes at once: every item sent to it (they wait for its slots inside) and `close`."""
 CLOSE_TIMEOUT_S = 30.0
 """How long closing the shards may take (tool servers stopped) before their actors are killed."""
 
@@ -100,7 +102,7 @@ class Shard:
     """One node's shard (a Ray actor): what the opener opened, held open in a task of its own (tool servers
     are closed by the task that opened them), and the items the driver sends through it."""
 
-    def __init__(self, opener: Opener, env: dict[str, str], cwd: str):
+    def __init__(self, opener: Opener, concurrency: int, env: dict[str, str], cwd: str):
         os.environ.update(env)  # the driver's keys and settings, for the tool servers started here
         if os.path.isdir(cwd):  # relative paths mean what they meant to the driver (a shared file system)
             os.chdir(cwd)
@@ -110,6 +112,9 @@ class Shard:
         self.stop = asyncio.Event()
         self.life: asyncio.Task[None] | None = None
         self.running: set[asyncio.Task[Any]] = set()
+        # Items beyond it wait here, not in Ray's queue, so that `close` always gets in (after a node is lost
+        # the others get more than their share). One event loop: Ray's concurrency groups would each get one.
+        self.slots = asyncio.Semaphore(concurrency)
 
     async def start(self) -> tuple[bool, Any]:
         """(True, the notices) once the shard is open, or (False, why it could not open)."""
@@ -139,23 +144,19 @@ class Shard:
         assert task is not None and self.work is not None
         self.running.add(task)
         try:
-            return "done", await self.work(item)
+            async with self.slots:
+                return "done", await self.work(item)
         except Exception as exc:  # noqa: BLE001 - raised again on the driver
             return "raised", exc
         finally:
             self.running.discard(task)
 
-    @ray.method(concurrency_group="control")
     async def close(self) -> None:
         for task in list(self.running):
             task.cancel()
         self.stop.set()
         if self.life is not None:
             await asyncio.gather(self.life, return_exceptions=True)
-
-    @ray.method(concurrency_group="control")
-    def node(self) -> str:
-        return ray.get_runtime_context().get_node_id()
 
 
 # ---------------------------------------------------------------- the driver
@@ -262,10 +263,10 @@ async def shards(address: str, opener: Opener, concurrency: int, notice: Notice)
         nodes = worker_nodes()
         if not nodes:
             raise ClusterError(f"the Ray cluster at {address} has no node with a CPU to run shards on")
-        actor_class = ray.remote(num_cpus=1, concurrency_groups={"control": 2})(Shard)
-        placed = [Placed(actor_class.options(max_concurrency=concurrency, scheduling_strategy=(
-            NodeAffinitySchedulingStrategy(node["NodeID"], soft=False))).remote(
-                opener, passed_env(with_secrets=True), os.getcwd()), node_name(node)) for node in nodes]
+        actor_class = ray.remote(num_cpus=1, max_concurrency=MAX_CALLS)(Shard)
+        placed = [Placed(actor_class.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+            node["NodeID"], soft=False)).remote(opener, concurrency, passed_env(with_secrets=True), os.getcwd()),
+            node_name(node)) for node in nodes]
         try:
             await start_all(placed, notice)
             yield Shards(placed, notice)
