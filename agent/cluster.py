@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.exceptions import ActorUnschedulableError, RayActorError
+from ray.exceptions import ActorUnschedulableError, ObjectLostError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from nanbeige.agent.toolbox import passed_env
@@ -227,7 +227,7 @@ class Shards:
             placed.in_flight += 1
             try:
                 status, value = await placed.actor.run.remote(item)
-            except RayActorError as exc:
+            except (RayActorError, ObjectLostError) as exc:  # its node is gone, with the result if it had one
                 self.lose(placed, exc)
                 continue
             finally:
@@ -277,10 +277,17 @@ async def shards(address: str, opener: Opener, concurrency: int, notice: Notice)
 
 
 async def start_all(placed: list[Placed], notice: Notice) -> None:
-    started = await asyncio.wait_for(asyncio.gather(*(p.actor.start.remote() for p in placed),
-                                                    return_exceptions=True), START_TIMEOUT_S)
+    calls = {asyncio.ensure_future(p.actor.start.remote()): p for p in placed}
+    _, late = await asyncio.wait(calls, timeout=START_TIMEOUT_S)
+    for call in late:
+        call.cancel()
+    # every answer read before any is acted on: none is left unretrieved
+    results = [(where, call.exception() or call.result()) for call, where in calls.items() if call not in late]
+    if late:
+        raise ClusterError(f"the shard on {calls[next(iter(late))].node} did not start within {START_TIMEOUT_S:g} s "
+                           "(its tool servers or its model server?)")
     said: set[str] = set()
-    for where, result in zip(placed, started, strict=True):
+    for where, result in results:
         if isinstance(result, (RayActorError, ActorUnschedulableError)):
             raise ClusterError(f"the shard on {where.node} did not start ({first_line(result)}); is nanbeige "
                                "installed in the same Python environment on every node?")

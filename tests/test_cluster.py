@@ -17,11 +17,15 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import mcp_test_server
 import pytest
-from fake_openai import FakeOpenAI, Reply, mcp_answer
+from fake_openai import FakeOpenAI, Reply, mcp_answer, mcp_call
 from ray_cluster import NANBEIGE, TESTS, command_env, local_cluster, run_in_own_network
 
-from nanbeige.agent.trajectory import load_trajectories
+from nanbeige.agent.loop import AgentConfig, run
+from nanbeige.agent.scripted import ScriptedLLM
+from nanbeige.agent.toolbox import ServerSpec, Toolbox
+from nanbeige.agent.trajectory import TrajectoryWriter, load_trajectories
 from nanbeige.evals.runner import read_results
 
 TESTKIT = "testkit=" + shlex.join([sys.executable, str(TESTS / "mcp_test_server.py")])
@@ -194,6 +198,41 @@ def test_a_driver_killed_half_way_and_run_again_writes_every_row_once_and_report
 
 
 # ---------------------------------------------------------------- without a cluster
+
+
+class BothWriters:
+    """A run's writer that writes its file and records for the driver at once."""
+
+    def __init__(self, *writers: Any):
+        self.writers, self.secrets, self.error = writers, [], None
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args: [getattr(writer, name)(*args) for writer in self.writers]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("whole", [False, True])
+async def test_the_records_a_shard_sends_back_are_written_byte_for_byte_as_the_run_would(tmp_path: Path,
+                                                                                        whole: bool) -> None:
+    from nanbeige.agent.cluster import Recorder, replay
+
+    secret = "sk-never-written-0123"
+    own, driven = tmp_path / "own.jsonl", tmp_path / "driven.jsonl"
+    writer, recorder = TrajectoryWriter(own, secrets=[secret], whole=whole), Recorder([secret])
+    llm = ScriptedLLM([mcp_call("testkit", "echo", {"text": secret}), mcp_answer("done"), mcp_answer("done")])
+    async with Toolbox([ServerSpec(name="testkit", server=mcp_test_server.server)]) as tools:
+        await run("Echo the key.", llm, tools, AgentConfig(), BothWriters(writer, recorder))
+        # a model with nothing to say: the run ends as model_error, not on its own
+        await run("Then fail.", ScriptedLLM([]), tools, AgentConfig(), BothWriters(writer, recorder))
+    writer.close()
+    driver = TrajectoryWriter(driven, secrets=[secret], whole=whole)
+    replay(recorder.calls, driver)
+    driver.close()
+    assert driven.read_bytes() == own.read_bytes() and secret not in driven.read_text()
+    # whole (collect): the failed run is left out, as its own writer left it out
+    assert [t.stop_reason for t in load_trajectories(driven)] == ["answered", *([] if whole else ["model_error"])]
+
+
 
 
 def closed_port() -> int:
