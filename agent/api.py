@@ -43,7 +43,9 @@ DEFAULT_CONCURRENCY = 4  # as `nanbeige eval --concurrency`
 log = logging.getLogger("nanbeige")
 
 OVERRIDES: dict[str, tuple[str | None, str, type]] = {
-    "base_url": ("llm", "base_url", str),  # also marks the server as named: one that does not answer is an error
+    "base_url": ("llm", "base_url", str),  # also marks the server as named: one that does not answer is an error;
+    # a list of several is a pool of endpoints serving the model (`route` says how runs keep to them)
+    "route": ("backend", "route", str),
     "model": ("llm", "model", str),
     "api_key": ("llm", "api_key", str),
     "temperature": ("llm", "temperature", float),
@@ -192,6 +194,9 @@ def with_overrides(settings: RunSettings, overrides: dict[str, Any]) -> RunSetti
     own: dict[str, Any] = {}
     for name, value in overrides.items():
         part, field, kind = OVERRIDES[name]
+        if name == "base_url" and isinstance(value, (list, tuple)) and value:  # a pool: the first, and the rest
+            value, parts.setdefault("llm", {})["more_base_urls"] = value[0], tuple(_checked(name, str, url, False)
+                                                                                   for url in value[1:])
         value = _checked(name, kind, value, _nullable(part, field))
         if name == "no_default_servers":
             value = not value

@@ -104,6 +104,9 @@ class BackendConfig:
     tokenizer: str | None = None
     """The tokenizer for token mode, a folder or Hugging Face id; None: the folder the server lists as the
     model's `root` when it is one here, else the model name."""
+    route: str = "run"
+    """With a pool of endpoints (several base URLs): `run` keeps every turn of a run on the endpoint of its
+    first turn, `group` keeps the runs of one group (a question's rollouts) on one endpoint too."""
     verbose: bool = False
     """Let third-party libraries draw their own progress bars and logs on stderr (loading a model in
     this process); off, they are kept out, and our own progress lines say what happens."""

@@ -21,8 +21,8 @@ import httpx
 import orjson
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_before_delay
 
-from nanbeige.agent.model_server import (PROBE_TIMEOUT_S, ContextOverflow, ModelError, ModelUnreachable, ServerInfo,
-                                         read_model_list, server_root, version_is_vllm)
+from nanbeige.agent.model_server import (PROBE_TIMEOUT_S, ContextOverflow, EndpointDown, ModelError, ModelUnreachable,
+                                         ServerInfo, read_model_list, server_root, version_is_vllm)
 from nanbeige.agent.model_server import probe_server  # noqa: F401  (imported from here with the client it informs)
 from nanbeige.agent.refusals import RETRY_STATUSES, VLLM_EXTRAS, RequestShape, RetryableStatus, backoff, error_text
 from nanbeige.agent.stream import StreamError, read_stream
@@ -106,6 +106,8 @@ class Completion:
     completion_ids: list[int] | None = None
     logprobs: list[float] | None = None
     latency_s: float = 0.0
+    endpoint: str | None = None
+    """The endpoint of a pool that served it (`pool.py`); None without a pool."""
 
 
 class LLM(Protocol):
@@ -119,9 +121,10 @@ class LLM(Protocol):
     template_identity: dict[str, str] | None
     """The chat template's name and SHA-256, when the backend renders prompts itself."""
 
-    def new_conversation(self) -> Any:
+    def new_conversation(self, group: str | None = None) -> Any:
         """Per-run state (the last prompt and what was sampled, for the next prompt to extend), or
-        None for a backend that keeps none."""
+        None for a backend that keeps none. `group`: the group the run belongs to (a question's
+        rollouts), which a pool of endpoints may keep on one endpoint."""
 
     def count_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                      conversation: Any) -> int | None:
@@ -246,7 +249,7 @@ class OpenAIChat:
         self.tokenizer_identity: dict[str, str] | None = None  # the server tokenizes
         self.template_identity: dict[str, str] | None = None
 
-    def new_conversation(self) -> Any:
+    def new_conversation(self, group: str | None = None) -> Any:
         return None  # the server renders every prompt from the messages
 
     def count_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
@@ -307,12 +310,12 @@ class OpenAIChat:
                         return await read(response), time.perf_counter() - started
                     return response, time.perf_counter() - started
         except RetryableStatus as exc:
-            raise ModelError(f"model server answered HTTP {exc.response.status_code}: "
-                             f"{error_text(exc.response)}") from None
+            raise EndpointDown(f"model server answered HTTP {exc.response.status_code}: "
+                               f"{error_text(exc.response)}") from None
         except httpx.TimeoutException as exc:
-            raise ModelError(f"model call timed out after {c.timeout_s:g} s ({type(exc).__name__})") from None
+            raise EndpointDown(f"model call timed out after {c.timeout_s:g} s ({type(exc).__name__})") from None
         except httpx.TransportError as exc:
-            raise ModelError(f"model call failed: {type(exc).__name__}: {exc}") from None
+            raise EndpointDown(f"model call failed: {type(exc).__name__}: {exc}") from None
         raise AssertionError("unreachable")
 
     async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,

@@ -179,7 +179,7 @@ class TransformersLLM:
     def _stop_ids(self) -> list[int]:
         return stop_ids(self.tokenizer)
 
-    def new_conversation(self) -> Conversation:
+    def new_conversation(self, group: str | None = None) -> Conversation:
         return Conversation()
 
     def count_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,

@@ -106,7 +106,7 @@ async def run(question: str, llm: LLM, toolbox: Toolbox | None, config: AgentCon
     used = reopen(trajectory) if resume_from else 0.0  # the time limit counts the time already used
     state = _resumed(trajectory, llm, config) if resume_from else \
         Run(trajectory, History(trajectory.system_prompt, trajectory.user_message, config.keep_tool_results),
-            llm.new_conversation())
+            llm.new_conversation(trajectory.group_id))
     started = time.monotonic()
     try:
         if writer and resume_from:
@@ -341,7 +341,8 @@ def _margin(state: Run, config: AgentConfig) -> int:
 
 def _new_turn(trajectory: Trajectory, completion: Completion, tracker: TokenTracker) -> Turn:
     turn = Turn(index=len(trajectory.turns), assistant=completion.message, finish_reason=completion.finish_reason,
-                usage=completion.usage, latency_s=completion.latency_s, logprobs=completion.logprobs)
+                usage=completion.usage, latency_s=completion.latency_s, logprobs=completion.logprobs,
+                endpoint=completion.endpoint)
     if completion.prompt_ids is not None and completion.completion_ids is not None:
         tracker.record(turn, completion.prompt_ids, completion.completion_ids)
     return turn

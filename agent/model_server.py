@@ -14,7 +14,12 @@ class ModelError(Exception):
     """The model call failed for good (after retries, or on a non-retryable answer)."""
 
 
-class ModelUnreachable(ModelError):
+class EndpointDown(ModelError):
+    """The endpoint failed past its retries: it refused or reset the connection, timed out, or kept
+    answering 408/425/429/5xx. A pool of endpoints (`pool.py`) takes it out and asks another."""
+
+
+class ModelUnreachable(EndpointDown):
     """No model server answers at the configured address."""
 
 

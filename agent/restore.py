@@ -65,12 +65,13 @@ def rebuild(trajectory: Trajectory, llm: Any, keep_tool_results: int) -> tuple[H
                              dialects.observation_messages(trajectory.dialect, turn),
                              tool_results=bool(turn.tool_calls))
     tracker, last = TokenTracker(), last_prompt(trajectory.turns)
-    conversation = llm.new_conversation()
+    conversation = llm.new_conversation(trajectory.group_id)
     if last is not None:
         turn, prompt = last
         tracker.segment, tracker.ids = turn.segment if turn.segment is not None else 0, prompt + turn.completion_ids
         prompter = getattr(llm, "prompter", None)  # token mode and in-process: prompts are built here
         if prompter is not None and turn is trajectory.turns[-1]:
             tools = dialects.request_tools(trajectory.dialect, trajectory.tools)
-            prompter.restore(conversation, asked, tools, prompt, turn.completion_ids)
+            # a pool keeps its members' per-run state inside its own
+            prompter.restore(getattr(conversation, "inner", conversation), asked, tools, prompt, turn.completion_ids)
     return history, conversation, tracker

@@ -25,7 +25,7 @@ class ScriptedLLM:
         self.calls: list[list[dict[str, Any]]] = []  # the messages of every call, for assertions
         self.max_tokens: list[int | None] = []  # the max_tokens of every call
 
-    def new_conversation(self) -> Any:
+    def new_conversation(self, group: str | None = None) -> Any:
         return None
 
     def count_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,

@@ -82,7 +82,9 @@ def check_settings(settings: RunSettings) -> list[ServerSpec]:
                          usage=True)
     if b.backend not in BACKENDS:
         raise SetupError(f"--backend must be one of {', '.join(BACKENDS)}, not {b.backend!r}", usage=True)
-    check_url("--base-url", c.base_url)
+    for url in c.urls():
+        check_url("--base-url", url)
+    check_pool(settings)
     if c.api_key and not c.api_key.isascii():
         raise SetupError("--api-key / NANBEIGE_API_KEY has characters that are not ASCII: an HTTP header cannot carry "
                          "them; check the key", usage=True)
@@ -108,6 +110,22 @@ def check_settings(settings: RunSettings) -> list[ServerSpec]:
         raise SetupError(f"two MCP servers share a name: {', '.join(sorted({n for n in names if names.count(n) > 1}))}",
                          usage=True)
     return extra
+
+
+def check_pool(settings: RunSettings) -> None:
+    """A pool's URLs are distinct, and name servers (never the in-process model)."""
+    from nanbeige.agent.pool import ROUTES, same_url
+
+    b, urls = settings.backend, settings.llm.urls()
+    if b.route not in ROUTES:
+        raise SetupError(f"--route must be one of {', '.join(ROUTES)}, not {b.route!r}", usage=True)
+    twice = [url for i, url in enumerate(urls) if any(same_url(url, other) for other in urls[:i])]
+    if twice:
+        raise SetupError(f"--base-url {without_credentials(twice[0])} is given twice: each endpoint of a pool is "
+                         "named once", usage=True)
+    if len(urls) > 1 and b.backend == "transformers":
+        raise SetupError("several --base-url name a pool of servers; --backend transformers runs the model in this "
+                         "process", usage=True)
 
 
 def read_template(path: Path) -> str:
@@ -202,6 +220,8 @@ def find_model_server(settings: RunSettings, notice: Notice) -> ServerInfo | Non
     from nanbeige.agent.local import LocalModelError, check_model_available, resolve_small_model
 
     b, c = settings.backend, settings.llm
+    if c.more_base_urls:
+        return pool_servers(settings)[0]
     wanted = b.token_mode or b.backend == "openai" or (b.backend == "auto" and b.base_url_given)
     if b.backend != "transformers":
         try:
@@ -223,6 +243,41 @@ def find_model_server(settings: RunSettings, notice: Notice) -> ServerInfo | Non
     except LocalModelError as exc:
         raise SetupError(str(exc)) from None
     return None
+
+
+def pool_servers(settings: RunSettings) -> list[ServerInfo]:
+    """What every endpoint of a pool says about itself, asked at once. Refused, each named: endpoints that do
+    not answer, that serve different models, and in token mode different weights (another tokenizer, or
+    another policy version)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    c, urls = settings.llm, settings.llm.urls()
+
+    def probe(url: str) -> ServerInfo | str:
+        try:
+            return probe_server(url, c.api_key, timeout=10.0, model=c.model)
+        except ModelUnreachable as exc:
+            return str(exc)
+
+    with ThreadPoolExecutor(len(urls)) as threads:
+        found = list(threads.map(probe, urls))
+    shown = [without_credentials(url) for url in urls]
+    down = [f"{url} ({info})" for url, info in zip(shown, found) if isinstance(info, str)]
+    if down:
+        raise SetupError(f"the model endpoint{'s' if len(down) > 1 else ''} {', '.join(down)} did not answer: every "
+                         "--base-url of a pool must serve the model when the command starts")
+    servers = [info for info in found if isinstance(info, ServerInfo)]
+    for what, key in (("models", lambda i: sorted(i.models)), ("weights", lambda i: i.weights)):
+        if what == "weights" and not settings.backend.token_mode:
+            break  # the same model may sit in different folders on different machines
+        if any(key(info) != key(servers[0]) for info in servers):
+            listing = "; ".join(f"{url}: {key(info)}" for url, info in zip(shown, servers))
+            raise SetupError(f"the endpoints of the pool serve different {what} ({listing}); a pool's endpoints "
+                             "must serve the same one")
+    if settings.backend.token_mode and not all(info.vllm for info in servers):
+        raise SetupError("--token-mode needs vLLM at every --base-url; "
+                         + ", ".join(url for url, info in zip(shown, servers) if not info.vllm) + " is not vLLM")
+    return servers
 
 
 def in_process(settings: RunSettings, notice: Notice) -> RunSettings:
@@ -253,6 +308,8 @@ def in_process(settings: RunSettings, notice: Notice) -> RunSettings:
 def make_llm(settings: RunSettings, server: ServerInfo | None) -> LLM:
     """The model backend: a client of the server found, or the model loaded in this process (slow)."""
     b, c = settings.backend, settings.llm
+    if server is not None and c.more_base_urls:
+        return make_pool(settings, server)
     if server is not None and b.token_mode:
         return token_mode_client(settings, server)
     if server is not None:
@@ -263,6 +320,21 @@ def make_llm(settings: RunSettings, server: ServerInfo | None) -> LLM:
         return TransformersLLM(c, gguf_file=b.gguf_file, verbose=b.verbose)
     except LocalModelError as exc:
         raise SetupError(str(exc)) from None
+
+
+def make_pool(settings: RunSettings, server: ServerInfo) -> LLM:
+    """One client per endpoint (in token mode sharing one tokenizer), used as one pool."""
+    from nanbeige.agent.pool import EndpointPool, member_config
+    from nanbeige.agent.token_mode import TokenModeChat
+
+    configs = [member_config(settings.llm, url) for url in settings.llm.urls()]
+    if settings.backend.token_mode:
+        first = token_mode_client(dataclasses.replace(settings, llm=configs[0]), server)
+        assert isinstance(first, TokenModeChat)
+        members: list[OpenAIChat] = [first, *(first.at(config) for config in configs[1:])]
+    else:
+        members = [OpenAIChat(config, server=server) for config in configs]
+    return EndpointPool(members, route=settings.backend.route)
 
 
 def token_mode_client(settings: RunSettings, server: ServerInfo) -> LLM:
@@ -312,7 +384,8 @@ def fit_to_server(settings: RunSettings, server: ServerInfo | None, notice: Noti
 
 def secrets_of(settings: RunSettings) -> list[str]:
     """Every key the runs know, and the credentials in URLs, to be kept out of every output."""
-    return [s for s in (settings.llm.api_key, *url_credentials(settings.llm.base_url), *secrets_in_env()) if s]
+    credentials = [secret for url in settings.llm.urls() for secret in url_credentials(url)]
+    return [s for s in (settings.llm.api_key, *credentials, *secrets_in_env()) if s]
 
 
 @asynccontextmanager
@@ -363,6 +436,8 @@ async def ready(settings: RunSettings, notice: Notice) -> AsyncIterator[Ready]:
                 finally:
                     writer.close()
             finally:
+                if (summary := getattr(llm, "summary", None)) is not None:  # a pool: how each endpoint did
+                    notice(summary())
                 await llm.aclose()
     except ToolboxError as exc:
         if errlog:

@@ -29,7 +29,15 @@ class TokenModeChat(OpenAIChat):
         self.tokenizer_identity, self.template_identity = identity(tokenizer, self.prompter.chat_template,
                                                                    template_name)
 
-    def new_conversation(self) -> Conversation:
+    def at(self, config: LLMConfig) -> TokenModeChat:
+        """A client of another endpoint serving the same model, sharing this one's tokenizer and template."""
+        other = TokenModeChat.__new__(TokenModeChat)
+        OpenAIChat.__init__(other, config, server=self.server)
+        other.prompter, other.stop_ids = self.prompter, self.stop_ids
+        other.tokenizer_identity, other.template_identity = self.tokenizer_identity, self.template_identity
+        return other
+
+    def new_conversation(self, group: str | None = None) -> Conversation:
         return Conversation()
 
     def count_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,

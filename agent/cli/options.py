@@ -19,9 +19,13 @@ from nanbeige.tools.endpoint import OPENAI_BASE_URL, ChatEndpoint
 
 ADVANCED = "Advanced"
 
-BaseUrl = Annotated[str | None, typer.Option(envvar="NANBEIGE_BASE_URL", show_default=False, help=(
+BaseUrl = Annotated[list[str] | None, typer.Option(envvar="NANBEIGE_BASE_URL", show_default=False, help=(
     f"OpenAI-compatible endpoint \\[default: {LLMConfig.base_url}, or the in-process model when nothing answers "
-    "there]."))]
+    "there]. Repeat it (or list several in NANBEIGE_BASE_URL, space-separated) for servers of the same model "
+    "used as one pool."))]
+Route = Annotated[str, typer.Option(rich_help_panel=ADVANCED, help=(
+    "With several --base-url: `run` keeps each run on the endpoint of its first turn (its prefix cache), "
+    "`group` keeps a question's rollouts together too."))]
 Backend = Annotated[str, typer.Option(help="auto, openai (a server) or transformers (in this process).")]
 Model = Annotated[str, typer.Option(envvar="NANBEIGE_MODEL", help="Model name.")]
 ApiKey = Annotated[str | None, typer.Option(envvar="NANBEIGE_API_KEY", help="API key for the endpoint.",
@@ -141,7 +145,7 @@ RUN_OPTIONS: dict[str, tuple[Any, Any]] = {
     "gguf_file": (GgufFile, None), "token_mode": (TokenMode, False), "chat_template": (ChatTemplate, None),
     "tokenizer": (Tokenizer, None), "summary_turn": (SummaryTurn, None), "rollback": (Rollback, None),
     "system_prompt_file": (SystemPromptFile, None), "reference": (ReferenceCheckout, None), "budget": (Budget, None),
-    "cache": (Cache, None), "replay": (Replay, False), "verbose": (Verbose, False),
+    "cache": (Cache, None), "replay": (Replay, False), "verbose": (Verbose, False), "route": (Route, "run"),
 }
 
 
@@ -174,7 +178,7 @@ def shared(values: dict[str, Any]) -> dict[str, Any]:
     return {name: values[name] for name in inspect.signature(run_settings).parameters if name in values}
 
 
-def run_settings(*, base_url: str | None, backend: str, model: str, api_key: str | None, dialect: str,
+def run_settings(*, base_url: list[str] | str | None, backend: str, model: str, api_key: str | None, dialect: str,
                  max_turns: int | None, keep_tool_results: int, max_context: int | None, temperature: float | None,
                  top_p: float | None, repetition_penalty: float | None, max_tokens: int, mcp: list[str] | None,
                  no_default_servers: bool, tool_timeout: float, max_result_chars: int, timeout: float | None,
@@ -182,7 +186,8 @@ def run_settings(*, base_url: str | None, backend: str, model: str, api_key: str
                  rollback: bool | None, system_prompt_file: Path | None, reference: Path | None = None,
                  trajectory: Path | None = None,
                  upload_dirs: list[Path] | None = None, budget: list[str] | None = None, cache: Path | None = None,
-                 replay: bool = False, verbose: bool = False, tokenizer: str | None = None) -> RunSettings:
+                 replay: bool = False, verbose: bool = False, tokenizer: str | None = None, route: str = "run"
+                 ) -> RunSettings:
     """The settings the shared flags describe (unset ones stay None: the dialect fills them in)."""
     from nanbeige.agent.usage import parse_budgets
 
@@ -192,16 +197,18 @@ def run_settings(*, base_url: str | None, backend: str, model: str, api_key: str
         fail(str(exc), 2)  # a bad value, as setup's own checks report one
     if replay and cache is None:  # before a command makes anything (an eval's out folder)
         fail("--replay needs --cache PATH: the cache file to answer tool calls from", 2)
+    urls = [base_url] if isinstance(base_url, str) else list(base_url or [])
     return RunSettings(
-        llm=LLMConfig(base_url=base_url or LLMConfig.base_url, model=model, api_key=api_key,
+        llm=LLMConfig(base_url=urls[0] if urls else LLMConfig.base_url, more_base_urls=tuple(urls[1:]),
+                      model=model, api_key=api_key,
                       temperature=temperature, top_p=top_p, repetition_penalty=repetition_penalty,
                       max_tokens=max_tokens),
         agent=AgentConfig(dialect=dialect, max_turns=max_turns, keep_tool_results=keep_tool_results,
                           max_context=max_context, timeout_s=timeout, summary_turn=summary_turn, rollback=rollback,
                           budgets=budgets),
-        backend=BackendConfig(backend=backend, base_url_given=base_url is not None, gguf_file=gguf_file,
+        backend=BackendConfig(backend=backend, base_url_given=bool(urls), gguf_file=gguf_file,
                               token_mode=token_mode, chat_template=chat_template, tokenizer=tokenizer,
-                              verbose=verbose),
+                              verbose=verbose, route=route),
         tools=ToolsConfig(mcp=mcp or [], default_servers=not no_default_servers, tool_timeout_s=tool_timeout,
                           max_result_chars=max_result_chars, upload_dirs=upload_dirs or [], cache=cache,
                           replay=replay),

@@ -111,7 +111,7 @@ def finished(trajectory: Trajectory) -> str:
             f"short (no end record, or {reasons}) can be resumed")
 
 
-def settings_for(trajectory: Trajectory, path: Path, base_url: str | None, backend: str, api_key: str | None,
+def settings_for(trajectory: Trajectory, path: Path, base_url: list[str] | None, backend: str, api_key: str | None,
                  mcp: list[str] | None, no_default_servers: bool, gguf_file: str | None, token_mode: bool,
                  chat_template: Path | None, reference_checkout: Path | None = None) -> RunSettings:
     """The settings the run was made with, served and tooled as the flags say: by default by the server
@@ -127,15 +127,16 @@ def settings_for(trajectory: Trajectory, path: Path, base_url: str | None, backe
                          "when it is read, so the path is never taken from the file)", usage=True)
     agent = AgentConfig(**{f.name: limits[f.name] for f in dataclasses.fields(AgentConfig)
                            if f.name in limits and f.name != "reference"})
-    base_url = base_url or recorded_server(trajectory, path, backend)
-    llm = LLMConfig(base_url=base_url or LLMConfig.base_url, model=trajectory.model, api_key=api_key,
+    urls = list(base_url or []) or [server for server in [recorded_server(trajectory, path, backend)] if server]
+    llm = LLMConfig(base_url=urls[0] if urls else LLMConfig.base_url, more_base_urls=tuple(urls[1:]),
+                    model=trajectory.model, api_key=api_key,
                     **{name: sampling[name] for name in SAMPLING if name in sampling})
     tools = ToolsConfig(mcp=mcp or [], default_servers=not no_default_servers,
                         tool_timeout_s=limits.get("tool_timeout_s", ToolsConfig.tool_timeout_s),
                         max_result_chars=limits.get("max_result_chars", ToolsConfig.max_result_chars))
     return RunSettings(llm=llm, agent=agent, tools=tools, trajectory=path,
                        reference=reference_checkout,
-                       backend=BackendConfig(backend=backend, base_url_given=base_url is not None, gguf_file=gguf_file,
+                       backend=BackendConfig(backend=backend, base_url_given=bool(urls), gguf_file=gguf_file,
                                              token_mode=token_mode, chat_template=chat_template))
 
 

@@ -146,7 +146,10 @@ def _for_group(group: Any, shared: dict[str, Any], tables: dict[str, Any], path:
             raise SettingsError(f"settings file {path}: [{prefix}{name}] has no setting {unknown[0]!r}")
         taken = {k for k in shared if k in params}
         used |= taken
-        mapped[name] = {params[k]: shared[k] for k in taken} | {params[_key(k)]: v for k, v in table.items()}
+        several = {param.name for param in command.params if getattr(param, "multiple", False)}
+        values = {params[k]: shared[k] for k in taken} | {params[_key(k)]: v for k, v in table.items()}
+        # a flag given several times (`--base-url`) may be set to one value: click wants a list
+        mapped[name] = {k: [v] if k in several and isinstance(v, str) else v for k, v in values.items()}
     for name in tables:
         if isinstance(tables[name], dict) and name not in group.commands:
             raise SettingsError(f"settings file {path}: there is no command [{prefix}{name}]")
