@@ -174,7 +174,8 @@ def connect(address: str) -> None:
     except (ConnectionError, RuntimeError, ValueError) as exc:
         fix = ("start one with `ray start --head`, or pass its address (HOST:PORT)" if address == "auto"
                else "check the address (`ray status` on the head node prints it)")
-        raise ClusterError(f"cannot join the Ray cluster at {address}: {first_line(exc).rstrip('.')}; {fix}") from None
+        said = first_line(exc).rstrip(".")
+        raise ClusterError(f"cannot join the Ray cluster at {address}: {said}; {fix}") from None
 
 
 def check_answers(address: str) -> None:
@@ -240,7 +241,8 @@ class Shards:
         if placed.lost:
             return
         placed.lost = True
-        ray.kill(placed.actor, no_restart=True)  # one only unreachable for now must not go on with items
+        with contextlib.suppress(Exception):  # one only unreachable for now must not go on with its items
+            ray.kill(placed.actor, no_restart=True)
         self.notice(f"lost the shard on {placed.node} ({first_line(exc)}): its runs in flight go to the other "
                     f"nodes ({len(self.alive)} left)")
 
