@@ -6,7 +6,8 @@ the scripted backend, but over real HTTP. With `vllm=True` it also returns vLLM'
 (`prompt_token_ids`, `choices[].token_ids`, logprobs): its "tokenizer" is UTF-8 bytes and its
 "chat template" joins `<|role|>content` blocks, so prompts extend each other exactly as with a
 real template. Usage figures count those bytes. It then also says it is vLLM as vLLM does: its
-model list is `owned_by: "vllm"` with `max_model_len`, and `GET /version` answers.
+model list is `owned_by: "vllm"` with `max_model_len`, and `GET /version` answers. `GET /health` answers
+200 with no body, as vLLM's does (a router in front of several servers waits for it).
 
 It also takes vLLM's runtime LoRA calls, `POST /v1/load_lora_adapter` and `POST /v1/unload_lora_adapter`
 (`{"lora_name", "lora_path"}`): each body is recorded in `lora_requests`, and a loaded adapter is listed in
@@ -21,6 +22,9 @@ with the whole completion as JSON, as many OpenAI-compatible servers and proxies
 request fields to the words of an HTTP 400 answered to any request carrying them (a server that knows
 no `stream_options`, or does not stream at all); a `Reply` with `stall_after` goes silent for
 `stall_s` seconds after that many pieces of its stream.
+
+With `max_in_flight=N` at most N replies take their `delay_s` at once and the others wait for a slot,
+as a server whose GPU is busy makes them wait: a benchmark sees one endpoint's throughput end.
 
 `outage(seconds)` takes it down as a crash would (connections refused, open ones cut, the request
 in flight unanswered) and brings it back on the same port, as a restarted model server comes back.
@@ -98,7 +102,10 @@ class FakeOpenAI:
                  default: Reply | str | None = None, tokenize: Callable[[str], list[int]] | None = None,
                  stop_id: int | None = None, strict: bool = False, max_model_len: int = 32768,
                  models: list[dict[str, Any]] | None = None, api_key: str | None = None,
-                 template_takes_tools: bool = False, streams: bool = True, refuses: dict[str, str] | None = None):
+                 template_takes_tools: bool = False, streams: bool = True, refuses: dict[str, str] | None = None,
+                 max_in_flight: int | None = None):
+        # at most this many replies' delays run at once, the rest wait, as on a server whose GPU is busy
+        self.slots = threading.Semaphore(max_in_flight) if max_in_flight else contextlib.nullcontext()
         self.streams = streams  # False: `"stream": true` is ignored, the answer is the whole JSON body
         self.refuses = refuses or {}  # request field -> the message of the HTTP 400 a request carrying it gets
         self.template_takes_tools = template_takes_tools  # the chat template shows the request's tools
@@ -371,6 +378,10 @@ class FakeOpenAI:
                     return
                 if self.path.endswith("/models"):
                     self._send(200, fake.model_list())
+                elif self.path == "/health":  # as vLLM answers while its engine lives: 200, no body
+                    self.send_response(200)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
                 elif self.path == "/version" and fake.vllm:
                     self._send(200, {"version": "0.33.0"})
                 else:
@@ -391,6 +402,10 @@ class FakeOpenAI:
                     ids = fake.tokenize(request.get("prompt") or "")
                     self._send(200, {"count": len(ids), "max_model_len": fake.max_model_len, "tokens": ids,
                                      "token_strs": None})
+                    return
+                if not self.path.endswith(("/chat/completions", "/completions")):
+                    # as a server without that route; vllm-router asks `/v1/chat/completions/render` first
+                    self._send(404, {"detail": "Not Found"})
                     return
                 unexpected = fake.unexpected_fields(self.path, request)
                 request["_headers"] = dict(self.headers)
@@ -413,7 +428,8 @@ class FakeOpenAI:
                                                "type": "invalid_request_error"}})
                     return
                 reply = fake.next_reply(request)
-                time.sleep(reply.delay_s)
+                with fake.slots:
+                    time.sleep(reply.delay_s)
                 if reply.status != 200:
                     self._send(reply.status, reply.body or {"error": {"message": f"status {reply.status}"}},
                                reply.headers)
