@@ -6,8 +6,8 @@ replies depend only on the request, so both ways give the same text."""
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from conftest import free_port
 from fake_openai import FakeOpenAI, Reply, mcp_answer, mcp_call
 from test_pool import NANBEIGE, collect
 
@@ -32,36 +33,35 @@ def question_script(request: dict[str, Any]) -> Reply:
     return Reply(mcp_call("testkit", "shout", {"text": f"question {number}"}), delay_s=0.02)
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @contextmanager
 def vllm_router(servers: list[FakeOpenAI], *args: str) -> Iterator[str]:
     """vllm-router in front of the servers; yields its base URL once it says every server is healthy (it asks
     each one's `GET /health`, as it would a vLLM)."""
     port = free_port()
     workers = [server.base_url.removesuffix("/v1") for server in servers]
-    router = subprocess.Popen([ROUTER, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers,
-                               "--worker-startup-check-interval", "1", "--worker-startup-timeout-secs", "30", *args],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    with tempfile.TemporaryFile("w+") as log:  # a file: a pipe nobody reads would fill and stall it
+        router = subprocess.Popen([ROUTER, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers,
+                                   "--worker-startup-check-interval", "1", "--worker-startup-timeout-secs", "30",
+                                   *args], stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 30
+            while not healthy(port):
+                if router.poll() is not None:
+                    log.seek(0)
+                    raise AssertionError(f"vllm-router exited: {log.read()[-2000:]}")
+                assert time.monotonic() < deadline, "vllm-router did not become ready in 30 s"
+                time.sleep(0.2)
+            yield f"http://127.0.0.1:{port}/v1"
+        finally:
+            router.terminate()
+            router.wait(10)
+
+
+def healthy(port: int) -> bool:
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert router.poll() is None, router.stderr.read()[-2000:]
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "vllm-router did not become ready in 30 s"
-            time.sleep(0.2)
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        router.terminate()
-        router.wait(10)
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def rows(path: Path) -> list[tuple]:
