@@ -3,9 +3,11 @@ critic and the question writer each ask of their model. Retrying and what a fail
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import httpx
+import orjson
 
 from nanbeige.tools.endpoint import ChatEndpoint
 
@@ -36,9 +38,23 @@ async def chat_text(client: httpx.AsyncClient, endpoint: ChatEndpoint, messages:
 
 async def chat(client: httpx.AsyncClient, endpoint: ChatEndpoint, body: dict[str, Any]) -> str:
     """The reply's text to the request `body`, sent as it is, after any `</think>` (a thinking model may
-    leave its deliberation in the content; only what follows it is the reply). Raises `CallFailed`; the
-    key never appears in it."""
-    base_url, timeout_s = endpoint.base_url, endpoint.timeout_s
+    leave its deliberation in the content; only what follows it is the reply). With several endpoints, the
+    request's hash picks where it goes first (so calls spread evenly, and the same request goes to the same
+    endpoint), and an endpoint that fails (unreachable, an error status, no answer in time) passes it to the
+    next. Raises `CallFailed`; the key never appears in it."""
+    urls = [endpoint.base_url, *endpoint.more_base_urls]
+    first = int.from_bytes(hashlib.sha256(orjson.dumps(body)).digest()[:4], "big") % len(urls)
+    for tried, base_url in enumerate(urls[first:] + urls[:first], 1):
+        try:
+            return await _chat_at(client, base_url, endpoint, body)
+        except CallFailed as exc:
+            if not exc.unavailable or tried == len(urls):
+                raise
+    raise AssertionError("unreachable")
+
+
+async def _chat_at(client: httpx.AsyncClient, base_url: str, endpoint: ChatEndpoint, body: dict[str, Any]) -> str:
+    timeout_s = endpoint.timeout_s
     headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
     try:
         response = await client.post(base_url.rstrip("/") + "/chat/completions", json=body, headers=headers,

@@ -60,6 +60,13 @@ def collect(folder: Path, urls: list[str], n: int, *extra: str, group_size: int 
     return done
 
 
+def closed_server() -> FakeOpenAI:
+    """A server whose port nothing listens on any more: connections to it are refused."""
+    server = FakeOpenAI([])
+    server.httpd.server_close()
+    return server
+
+
 def served(trajectory: Any) -> set[str | None]:
     return {turn.endpoint for turn in trajectory.turns}
 
@@ -142,7 +149,7 @@ def test_a_pool_is_refused_at_start_when_an_endpoint_is_missing_named_twice_or_s
         tmp_path: Path) -> None:
     other = [{"id": "another-model", "object": "model", "owned_by": "someone"}]
     with FakeOpenAI([]) as one, FakeOpenAI([]) as two, FakeOpenAI([], models=other) as odd:
-        dead = FakeOpenAI([])  # its port, never served
+        dead = closed_server()
         twice = collect(tmp_path, [one.base_url, two.base_url, one.base_url + "/"], 1)
         missing = collect(tmp_path, [one.base_url, dead.base_url], 1)
         different = collect(tmp_path, [one.base_url, two.base_url, odd.base_url], 1)
@@ -223,3 +230,30 @@ async def test_an_endpoint_that_keeps_answering_503_is_left_for_a_cooldown_then_
             assert flaky.gets[-1] == "/v1/models"
         finally:
             await pool.aclose()
+
+
+@pytest.mark.anyio
+async def test_judge_calls_spread_over_several_judge_endpoints_and_pass_over_one_that_is_down() -> None:
+    """`--judge-base-url` (and the critic's) given several times: each request goes first where its hash
+    says, the same request always to the same endpoint, and past one that does not answer."""
+    import httpx
+
+    from nanbeige.agent.cli.options import critic_endpoint, judge_endpoint
+    from nanbeige.evals.endpoint import chat_text
+
+    with FakeOpenAI([], default="yes") as one, FakeOpenAI([], default="yes") as two:
+        dead = closed_server()
+        urls = [one.base_url, two.base_url, dead.base_url]
+        judge = judge_endpoint(urls, "judge-model", None, None)
+        assert (judge.base_url, judge.more_base_urls) == (one.base_url, (two.base_url, dead.base_url))
+        assert critic_endpoint(urls[:1], None, None).more_base_urls == ()
+        async with httpx.AsyncClient() as client:
+            answers = [await chat_text(client, judge, [{"role": "user", "content": f"question {i}"}])
+                       for i in range(30)]
+            again = len(one.requests)
+            await chat_text(client, judge, [{"role": "user", "content": "question 0"}])
+            asked_first = len(one.requests) > again
+            await chat_text(client, judge, [{"role": "user", "content": "question 0"}])
+            assert (len(one.requests) > again + 1) == asked_first  # the same request, the same endpoint
+    assert answers == ["yes"] * 30
+    assert len(one.requests) >= 10 and len(two.requests) >= 10  # a third each, and the dead one's share between them

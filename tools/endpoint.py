@@ -48,6 +48,9 @@ class ChatEndpoint:
     malformed reply)."""
     retry_wait_s: float = 1.0
     """Wait before the first retry; doubled for each later one."""
+    more_base_urls: tuple[str, ...] = ()
+    """Further endpoints serving the same model: the calls are spread over all of them, and one that fails
+    is passed over for the next (`evals/endpoint.py`)."""
     template: Path | None = None
     """A file whose text replaces the use's built-in prompt verbatim (`--judge-template`,
     `--critic-template`); None: the built-in one. Unused by the question writer and the extractor."""

@@ -95,8 +95,18 @@ Verbose = Annotated[bool, typer.Option("--verbose", help=(
     rich_help_panel=ADVANCED)]
 
 # The LLM judge, for `eval` and `judge`.
-JudgeBaseUrl = Annotated[str | None, typer.Option(envvar="NANBEIGE_JUDGE_BASE_URL", show_default=False, help=(
-    f"OpenAI-compatible endpoint of the LLM judge \\[default: {OPENAI_BASE_URL}]."))]
+JudgeBaseUrl = Annotated[list[str] | None, typer.Option(envvar="NANBEIGE_JUDGE_BASE_URL", show_default=False, help=(
+    f"OpenAI-compatible endpoint of the LLM judge \\[default: {OPENAI_BASE_URL}]; repeat it for several serving "
+    "the same model."))]
+CriticBaseUrl = Annotated[list[str] | None, typer.Option(envvar="NANBEIGE_CRITIC_BASE_URL", show_default=False, help=(
+    f"OpenAI-compatible endpoint of the turn critic \\[default: {OPENAI_BASE_URL}]; repeat it for several serving "
+    "the same model."))]
+
+
+def endpoints(base_url: list[str] | str | None, default: str) -> dict[str, Any]:
+    """The `base_url` and `more_base_urls` of a ChatEndpoint whose flag may be given several times."""
+    urls = [base_url] if isinstance(base_url, str) else list(base_url or [])
+    return {"base_url": urls[0] if urls else default, "more_base_urls": tuple(urls[1:])}
 JudgeModel = Annotated[str | None, typer.Option(envvar="NANBEIGE_JUDGE_MODEL", show_default=False, help=(
     "The judge model \\[default: the grader's own: its source's judge model]."))]
 JudgeApiKey = Annotated[str | None, typer.Option(envvar="NANBEIGE_JUDGE_API_KEY", show_default=False,
@@ -106,29 +116,29 @@ JudgeTemplate = Annotated[Path | None, typer.Option(show_default=False, help=(
     "{question}, {response} and {correct_answer} are filled in."))]
 
 
-def judge_endpoint(base_url: str | None, model: str | None, api_key: str | None, template: Path | None
+def judge_endpoint(base_url: list[str] | str | None, model: str | None, api_key: str | None, template: Path | None
                    ) -> ChatEndpoint:
     """The LLM judge's endpoint from its flags (unset ones keep `JUDGE_ENDPOINT`'s defaults)."""
     from nanbeige.evals.judges import JUDGE_ENDPOINT
 
-    return replace(JUDGE_ENDPOINT, base_url=base_url or JUDGE_ENDPOINT.base_url, model=model or JUDGE_ENDPOINT.model,
+    return replace(JUDGE_ENDPOINT, **endpoints(base_url, JUDGE_ENDPOINT.base_url), model=model or JUDGE_ENDPOINT.model,
                    api_key=api_key, template=template)
 
 
-def complexity_endpoint(base_url: str | None, model: str | None, api_key: str | None) -> ChatEndpoint:
+def complexity_endpoint(base_url: list[str] | str | None, model: str | None, api_key: str | None) -> ChatEndpoint:
     """The time reward's complexity judge from the LLM judge's flags (unset ones keep `COMPLEXITY_ENDPOINT`'s)."""
     from nanbeige.evals.complexity import COMPLEXITY_ENDPOINT
 
-    return replace(COMPLEXITY_ENDPOINT, base_url=base_url or COMPLEXITY_ENDPOINT.base_url,
+    return replace(COMPLEXITY_ENDPOINT, **endpoints(base_url, COMPLEXITY_ENDPOINT.base_url),
                    model=model or COMPLEXITY_ENDPOINT.model, api_key=api_key)
 
 
-def critic_endpoint(base_url: str | None, model: str | None, api_key: str | None, template: Path | None = None
+def critic_endpoint(base_url: list[str] | str | None, model: str | None, api_key: str | None, template: Path | None = None
                     ) -> ChatEndpoint:
     """The turn critic's endpoint from its flags (unset ones keep `CRITIC_ENDPOINT`'s defaults)."""
     from nanbeige.trainer.critic import CRITIC_ENDPOINT
 
-    return replace(CRITIC_ENDPOINT, base_url=base_url or CRITIC_ENDPOINT.base_url,
+    return replace(CRITIC_ENDPOINT, **endpoints(base_url, CRITIC_ENDPOINT.base_url),
                    model=model or CRITIC_ENDPOINT.model, api_key=api_key, template=template)
 
 

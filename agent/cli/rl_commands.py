@@ -16,7 +16,6 @@ from nanbeige.agent.cli import options as o
 from nanbeige.agent.config import RunSettings
 from nanbeige.agent.cli.console import err, fail, hide
 from nanbeige.agent.llm import LLMConfig
-from nanbeige.tools.endpoint import OPENAI_BASE_URL
 
 
 RayAddress = Annotated[str | None, typer.Option(
@@ -113,9 +112,7 @@ def judge(
                                                rich_help_panel="Code RL")] = 1.0,
     no_critic: Annotated[bool, typer.Option("--no-critic", help="The outcome reward alone; no critic endpoint "
                                                                 "needed.")] = False,
-    critic_base_url: Annotated[str | None, typer.Option(envvar="NANBEIGE_CRITIC_BASE_URL", show_default=False,
-                                                        help="OpenAI-compatible endpoint of the turn critic "
-                                                             f"\\[default: {OPENAI_BASE_URL}].")] = None,
+    critic_base_url: o.CriticBaseUrl = None,
     critic_model: Annotated[str | None, typer.Option(envvar="NANBEIGE_CRITIC_MODEL", show_default=False,
                                                      help="The critic model \\[default: gpt-4.1-2025-04-14].")] = None,
     critic_api_key: Annotated[str | None, typer.Option(envvar="NANBEIGE_CRITIC_API_KEY", show_default=False,

@@ -26,6 +26,13 @@ AdminUrl = Annotated[list[str] | None, typer.Option(
          "the only --base-url \\[default: every --base-url].")]
 
 
+LoopRay = Annotated[str | None, typer.Option(
+    "--ray", metavar="auto|HOST:PORT", show_default=False, rich_help_panel="Loop",
+    help="With --loop: each iteration's collect and judge run in shards on a Ray cluster, as `collect --ray` and "
+         "`judge --ray` run them: auto (the cluster `ray start` made this machine part of) or the head's address. "
+         "Training stays in this process.")]
+
+
 train_app = typer.Typer(invoke_without_command=True, help=(
     "Train the model on judged trajectories: GRPO with turn-level advantages, or SFT; --loop N alternates "
     "collect, judge, train and sync. `nanbeige train report RUN_DIR` draws a run's curves."))
@@ -124,6 +131,7 @@ def train(
                                            "--weight-sync) or none.", rich_help_panel="Loop")] = "lora",
     base_url: o.BaseUrl = None,
     admin_url: AdminUrl = None,
+    ray: LoopRay = None,
     backend: o.Backend = BackendConfig.backend,
     token_mode: o.TokenMode = False,
     no_default_servers: o.NoDefaultServers = False,
@@ -137,9 +145,10 @@ def train(
                                                                    "time reward, from the judge at "
                                                                    "NANBEIGE_JUDGE_BASE_URL / _MODEL / _API_KEY.",
                                               rich_help_panel="Loop")] = False,
-    critic_base_url: Annotated[str | None, typer.Option(envvar="NANBEIGE_CRITIC_BASE_URL", show_default=False,
-                                                        rich_help_panel="Loop",
-                                                        help="With --loop: the turn critic's endpoint.")] = None,
+    critic_base_url: Annotated[list[str] | None, typer.Option(envvar="NANBEIGE_CRITIC_BASE_URL", show_default=False,
+                                                              rich_help_panel="Loop", help=(
+                                                                  "With --loop: the turn critic's endpoint (repeat "
+                                                                  "it for several)."))] = None,
     critic_model: Annotated[str | None, typer.Option(envvar="NANBEIGE_CRITIC_MODEL", show_default=False,
                                                      rich_help_panel="Loop", help="With --loop: the critic model.")
                             ] = None,
@@ -172,6 +181,9 @@ def train(
             fail(f"{name} must be {', '.join(allowed[:-1])} or {allowed[-1]}, not {value!r}", 2)
     if min_pass_rate > max_pass_rate:
         fail(f"--min-pass-rate {min_pass_rate} is above --max-pass-rate {max_pass_rate}", 2)
+    problem = ray_problem(ray, loop)
+    if problem:
+        fail(problem, 2)
     k_of_n = group_filter(filter_counts, keep, min_pass_rate, max_pass_rate)
     if k_of_n is not None and objective == "sft":
         fail("--keep filters GRPO's groups; --objective sft has no group filter (--filter-counts says which "
@@ -201,12 +213,12 @@ def train(
                                      "no_default_servers": no_default_servers})
         critic = None if no_critic else o.critic_endpoint(critic_base_url, critic_model, critic_api_key)
         loop_options = {"admin_urls": tuple(admin_url or ()), "questions_per_iteration": questions_per_iteration,
-                    "min_informative_groups": min_informative_groups, "max_draws": max_draws}
+                        "min_informative_groups": min_informative_groups, "max_draws": max_draws, "ray": ray}
         judging = JudgeRunConfig(critic=critic, no_critic=no_critic)
         if problems is not None:  # code RL: the problems are the questions, their tests the grader
             judge = os.environ
             judging = replace(judging, grader="code-tests", problems=problems, time_reward=time_reward,
-                              complexity=o.complexity_endpoint(judge.get("NANBEIGE_JUDGE_BASE_URL"),
+                              complexity=o.complexity_endpoint((judge.get("NANBEIGE_JUDGE_BASE_URL") or "").split(),
                                                                judge.get("NANBEIGE_JUDGE_MODEL"),
                                                                judge.get("NANBEIGE_JUDGE_API_KEY")))
         return run_train_loop(loop, questions or problems, group_size, sync, settings, judging, config, loop_options)
@@ -235,6 +247,23 @@ def admin_problem(urls: list[str], sync: str) -> str:
     if urls and sync == "none":
         return ("--admin-url names the engines --loop syncs, and --sync none syncs none: leave it out, or use "
                 "--sync lora or weights")
+    return ""
+
+
+def ray_problem(address: str | None, loop: int) -> str:
+    """What is wrong with --ray on `train`, or "". Checked here, before anything runs: the loop would only
+    reach the cluster at its first collect, after its state file is written."""
+    if address is None:
+        return ""
+    if os.environ.get("WORLD_SIZE", "1") != "1":  # every process torchrun starts would shard the same runs
+        return ("--ray runs the loop's collect and judge on a Ray cluster from one process, and torchrun starts "
+                "several: run `nanbeige train --loop N --ray ...` without torchrun")
+    if not loop:
+        return ("--ray runs the loop's collect and judge on a Ray cluster: it needs --loop (training on --data "
+                "alone scales with torchrun)")
+    host, colon, port = address.rpartition(":")
+    if address != "auto" and (not colon or not host or not port.isdigit()):
+        return f"--ray takes auto or HOST:PORT (the head node's address), not {address!r}"
     return ""
 
 
