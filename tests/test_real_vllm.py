@@ -160,11 +160,13 @@ def test_a_question_longer_than_the_context_ends_the_run_in_one_line(server: Ser
 
 def test_a_rolled_back_reply_in_chat_mode_does_not_end_the_run_at_a_false_context_limit(server: Server,
                                                                                        tmp_path: Path) -> None:
-    """A 1.3k-token prompt in a 4k context (2k of it kept for the answer): a reply cut off at 8 tokens is
+    """A 1.3k-token prompt in a 4k context (2k of it kept for the answer): a reply cut off at 4 tokens is
     rolled back, the same prompt goes again, and the run goes on. Counting the dropped reply and the first
     prompt's estimate again made it 4.6k: the run ended at once as context_limit."""
-    records = ask(server.url, tmp_path, "--dialect", "mcp-xml", "--max-turns", "2", "--max-tokens", "8",
-                  "--max-context", "4096")
+    # greedy and 4 tokens: the model's greedy reply here is "2 + 3 = 5" (8 tokens, then it stops), so each
+    # try is cut off the same way (sampled at 8 tokens, a try that said just that ended before the limit)
+    records = ask(server.url, tmp_path, "--dialect", "mcp-xml", "--max-turns", "2", "--max-tokens", "4",
+                  "--max-context", "4096", "--temperature", "0")
     turns = [r for r in records if r["type"] == "turn"]
     assert turns[0]["rolled_back"] and turns[0]["format_error"].endswith("cut off at the token limit")
     assert len(turns) > 2 and records[-1]["stop_reason"] != "context_limit", [t["usage"] for t in turns]
