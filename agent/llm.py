@@ -144,6 +144,7 @@ class LLM(Protocol):
 def served_by(llm: Any) -> str | None:
     """The address of the server a backend talks to, without credentials (a user and password in the URL,
     its query), for the trajectory: `resume` finds the server again; None for a model in this process."""
+    llm = getattr(llm, "members", [llm])[0]  # a pool: its first endpoint, which resume asks to be named again
     if not isinstance(llm, OpenAIChat):
         return None
     url = httpx.URL(llm.config.base_url)

@@ -220,8 +220,10 @@ def find_model_server(settings: RunSettings, notice: Notice) -> ServerInfo | Non
     from nanbeige.agent.local import LocalModelError, check_model_available, resolve_small_model
 
     b, c = settings.backend, settings.llm
-    if c.more_base_urls:
-        return pool_servers(settings)[0]
+    if c.more_base_urls:  # the runs must fit the smallest context of the pool
+        servers = pool_servers(settings)
+        lengths = [info.max_model_len for info in servers if info.max_model_len]
+        return dataclasses.replace(servers[0], max_model_len=min(lengths) if lengths else None)
     wanted = b.token_mode or b.backend == "openai" or (b.backend == "auto" and b.base_url_given)
     if b.backend != "transformers":
         try:

@@ -257,3 +257,14 @@ async def test_judge_calls_spread_over_several_judge_endpoints_and_pass_over_one
             assert (len(one.requests) > again + 1) == asked_first  # the same request, the same endpoint
     assert answers == ["yes"] * 30
     assert len(one.requests) >= 10 and len(two.requests) >= 10  # a third each, and the dead one's share between them
+
+
+def test_a_pools_runs_fit_its_smallest_context_and_record_its_first_endpoint_for_resume(tmp_path: Path) -> None:
+    with FakeOpenAI([], default=mcp_answer("4"), vllm=True, max_model_len=32768) as big, \
+            FakeOpenAI([], default=mcp_answer("4"), vllm=True, max_model_len=20000) as small:
+        done = subprocess.run([NANBEIGE, "ask", "--no-default-servers", "--trajectory", str(tmp_path / "run.jsonl"),
+                               "--base-url", big.base_url, "--base-url", small.base_url, "What is 4?"],
+                              capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    [trajectory] = load_trajectories(tmp_path / "run.jsonl")
+    assert trajectory.limits["max_context"] == 20000 and trajectory.limits["server"] == big.base_url
