@@ -5,6 +5,9 @@ Ray binds the machine's own address, which no test may use: the tests run their 
 namespace of its own (`unshare -n`, or `unshare -rn` where not root), holding only its loopback interface,
 where Ray binds 127.0.0.1. `run_in_own_network` runs a function of a test module there, in a process of
 its own; the function and the test share the test's folder (the file system is the same).
+
+Also what the tests of `--ray` share: a model whose verdicts do not depend on the node, and ways to watch a
+command's progress so that a node can be removed half-way.
 """
 
 from __future__ import annotations
@@ -15,10 +18,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from fake_openai import FakeOpenAI, Reply, mcp_answer
 
 TESTS = Path(__file__).parent
 NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
@@ -63,3 +69,55 @@ def local_cluster(nodes: int = 2) -> Iterator[tuple[Any, list[Any]]]:
     finally:
         cluster.shutdown()
         shutil.rmtree(temp, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- shared by the tests of --ray
+
+
+QUESTIONS = [(f"q{i}", f"What is {i} plus {i}?", str(2 * i)) for i in range(8)]
+
+
+def answers_even_questions_right(delay_s: float) -> Any:
+    """A model that takes `delay_s` a reply and answers the questions of even numbers right, the odd ones
+    wrong: every run of a question has the same verdict, whichever node runs it and whenever."""
+    def reply(request: dict[str, Any]) -> Reply:
+        asked = request["messages"][1]["content"]
+        number = next(int(q.split()[2]) for _, q, _ in QUESTIONS if asked.startswith(q))
+        return Reply(content=mcp_answer(str(2 * number + number % 2)), delay_s=delay_s)
+    return reply
+
+
+def first_calls(server: FakeOpenAI) -> int:
+    """Runs started: each run's first model call carries the system prompt and the question alone."""
+    return sum(len(request["messages"]) == 2 for request in server.requests)
+
+
+def wait_for(count: Any, wanted: int, process: subprocess.Popen) -> None:
+    """Wait until `count()` reaches `wanted` (or the process ends, or two minutes pass)."""
+    deadline = time.monotonic() + 120
+    while count() < wanted and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def quiet(server: FakeOpenAI, for_s: float = 2.0) -> None:
+    """Wait until the server has had no request for `for_s` seconds."""
+    seen, since = -1, time.monotonic()
+    while time.monotonic() - since < for_s:
+        if len(server.requests) != seen:
+            seen, since = len(server.requests), time.monotonic()
+        time.sleep(0.1)
+
+
+def ended(path: Path) -> int:
+    """Trajectories ended in a trajectory file: what a command wrote so far."""
+    return path.read_text().count('"type":"end"') if path.exists() else 0
+
+
+SAYS_IF_RAY_LOADED = """
+import atexit, sys
+atexit.register(lambda: print("ray loaded" if "ray" in sys.modules else "ray not loaded"))
+sys.argv = ["nanbeige", *sys.argv[1:]]
+from nanbeige.agent.cli.entry import main
+main()
+"""
+"""`python -c SAYS_IF_RAY_LOADED ARGS...` runs `nanbeige ARGS...` and prints at its exit whether Ray was loaded."""

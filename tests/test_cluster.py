@@ -19,8 +19,9 @@ from typing import Any
 
 import mcp_test_server
 import pytest
-from fake_openai import FakeOpenAI, Reply, mcp_answer, mcp_call
-from ray_cluster import NANBEIGE, TESTS, command_env, local_cluster, run_in_own_network
+from fake_openai import FakeOpenAI, mcp_answer, mcp_call
+from ray_cluster import (NANBEIGE, QUESTIONS, SAYS_IF_RAY_LOADED, TESTS, answers_even_questions_right, command_env,
+                         ended, first_calls, local_cluster, quiet, run_in_own_network, wait_for)
 
 from nanbeige.agent.loop import AgentConfig, run
 from nanbeige.agent.scripted import ScriptedLLM
@@ -29,43 +30,6 @@ from nanbeige.agent.trajectory import TrajectoryWriter, load_trajectories
 from nanbeige.evals.runner import read_results
 
 TESTKIT = "testkit=" + shlex.join([sys.executable, str(TESTS / "mcp_test_server.py")])
-QUESTIONS = [(f"q{i}", f"What is {i} plus {i}?", str(2 * i)) for i in range(8)]
-
-
-def answers_even_questions_right(delay_s: float) -> Any:
-    """A model that takes `delay_s` a reply and answers the questions of even numbers right, the odd ones
-    wrong: every run of a question has the same verdict, whichever node runs it and whenever."""
-    def reply(request: dict[str, Any]) -> Reply:
-        asked = request["messages"][1]["content"]
-        number = next(int(q.split()[2]) for _, q, _ in QUESTIONS if asked.startswith(q))
-        return Reply(content=mcp_answer(str(2 * number + number % 2)), delay_s=delay_s)
-    return reply
-
-
-def first_calls(server: FakeOpenAI) -> int:
-    """Runs started: each run's first model call carries the system prompt and the question alone."""
-    return sum(len(request["messages"]) == 2 for request in server.requests)
-
-
-def wait_for(count: Any, wanted: int, process: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 120
-    while count() < wanted and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-
-
-def quiet(server: FakeOpenAI, for_s: float = 2.0) -> None:
-    """Wait until the server has had no request for `for_s` seconds."""
-    seen, since = -1, time.monotonic()
-    while time.monotonic() - since < for_s:
-        if len(server.requests) != seen:
-            seen, since = len(server.requests), time.monotonic()
-        time.sleep(0.1)
-
-
-def ended(path: Path) -> int:
-    return path.read_text().count('"type":"end"') if path.exists() else 0
-
-
 # ---------------------------------------------------------------- run in the cluster's own network namespace
 
 
@@ -256,15 +220,6 @@ def test_a_ray_address_that_does_not_answer_is_one_line(tmp_path: Path) -> None:
     assert not (tmp_path / "o.jsonl").exists()
 
 
-PLAIN = """
-import atexit, sys
-atexit.register(lambda: print("ray loaded" if "ray" in sys.modules else "ray not loaded"))
-sys.argv = ["nanbeige", *sys.argv[1:]]
-from nanbeige.agent.cli.entry import main
-main()
-"""
-
-
 def test_without_ray_the_commands_never_load_it(tmp_path: Path) -> None:
     questions = tmp_path / "questions.jsonl"
     questions.write_text('{"question": "What is 2+2?", "answer": "4"}\n')
@@ -279,8 +234,8 @@ def test_without_ray_the_commands_never_load_it(tmp_path: Path) -> None:
                      str(tmp_path / "eval"), *model],
                     ["judge", str(tmp_path / "r.jsonl"), "--out", str(tmp_path / "j.jsonl"), "--no-critic"]]
         for command in commands:
-            done = subprocess.run([sys.executable, "-c", PLAIN, *command], capture_output=True, text=True,
-                                  timeout=120, env=command_env())
+            done = subprocess.run([sys.executable, "-c", SAYS_IF_RAY_LOADED, *command], capture_output=True,
+                                  text=True, timeout=120, env=command_env())
             assert done.returncode == 0, done.stderr
             assert done.stdout.strip().endswith("ray not loaded"), done.stdout
     assert len(load_trajectories(tmp_path / "j.jsonl")) == 1  # each command ran to its end

@@ -102,6 +102,9 @@ class LoopConfig:
     admin_urls: tuple[str, ...] = ()
     """The engines to sync, each its own vLLM, when they are not the endpoints collect asks: engines behind a
     router (vllm-router), whose address is the only base URL. Empty: every endpoint of `settings.llm`."""
+    ray: str | None = None
+    """Run each iteration's collect and judge in shards on the Ray cluster at this address (`auto`, or the
+    head's HOST:PORT; `loop_ray.py`); None: in this process. Training is never sharded by it."""
 
 
 # ---------------------------------------------------------------- the state file
@@ -159,7 +162,8 @@ async def collect_stage(config: LoopConfig, entry: dict[str, Any], folder: Path,
     settings = dataclasses.replace(settings, backend=backend,
                                    llm=dataclasses.replace(settings.llm, model=entry["policy"]["model"]))
     collect_config = CollectConfig(out=folder / "rollouts.jsonl", questions=folder / "questions.jsonl",
-                                   group_size=config.group_size, concurrency=config.collect_concurrency)
+                                   group_size=config.group_size, concurrency=config.collect_concurrency,
+                                   ray=config.ray)
     summary = await collect(collect_config, settings, notice)
     if summary["failed"]:  # not written: the next call retries them, so the stage is not done
         raise LoopError(f"{summary['failed']} rollouts failed on the model server (last: {summary['last_error']})")
@@ -171,10 +175,10 @@ async def judge_stage(config: LoopConfig, state: dict[str, Any], iteration: int,
     """Judge the rollouts; with dynamic sampling, draw, collect and judge more until enough groups are
     informative or the draws run out."""
     from nanbeige.trainer.batches import describe_band
-    from nanbeige.trainer.judge import judge_file
+    from nanbeige.trainer.loop_ray import judge_rollouts
 
     while True:
-        summary = await judge_file(folder / "rollouts.jsonl", folder / "judged.jsonl", config.judge, notice)
+        summary = await judge_rollouts(config.judge, config.ray, folder, notice)
         informative, groups = informative_groups(folder / "judged.jsonl", config.train)
         have = drawn(folder)
         draws = -(-have // (config.questions_per_iteration or max(1, have)))
