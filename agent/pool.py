@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
 from nanbeige.agent.llm import Completion, LLMConfig, OpenAIChat, served_by
-from nanbeige.agent.model_server import PROBE_TIMEOUT_S, ContextOverflow, EndpointDown
+from nanbeige.agent.model_server import (PROBE_TIMEOUT_S, ContextOverflow, EndpointDown, ModelUnreachable, ServerInfo,
+                                         probe_server)
+from nanbeige.agent.toolbox import without_credentials
 
 MEMBER_ATTEMPTS, MEMBER_RETRY_S = 2, 10.0
 """How often, and how long, one endpoint is asked before the pool tries another: briefly, since another is
@@ -34,6 +37,55 @@ COOLDOWN_S = 30.0
 probe, up to `MAX_COOLDOWN_S`."""
 MAX_COOLDOWN_S = 300.0
 ROUTES = ("run", "group")
+
+
+class PoolError(Exception):
+    """Endpoints that cannot be used as one pool; the message names them."""
+
+
+def check_urls(urls: list[str], route: str, backend: str) -> None:
+    """Before anything is asked: the route is known, no endpoint is named twice, and several name servers."""
+    if route not in ROUTES:
+        raise PoolError(f"--route must be one of {', '.join(ROUTES)}, not {route!r}")
+    twice = [url for i, url in enumerate(urls) if any(same_url(url, other) for other in urls[:i])]
+    if twice:
+        raise PoolError(f"--base-url {without_credentials(twice[0])} is given twice: each endpoint of a pool is "
+                        "named once")
+    if len(urls) > 1 and backend == "transformers":
+        raise PoolError("several --base-url name a pool of servers; --backend transformers runs the model in this "
+                        "process")
+
+
+def ask_endpoints(urls: list[str], api_key: str | None, model: str, token_mode: bool) -> list[ServerInfo]:
+    """What every endpoint says about itself, asked at once. Refused, each named: endpoints that do not answer,
+    that serve different models, and in token mode different weights (another tokenizer, or another policy
+    version) or a server that is not vLLM."""
+    def probe(url: str) -> ServerInfo | str:
+        try:
+            return probe_server(url, api_key, timeout=10.0, model=model)
+        except ModelUnreachable as exc:
+            return str(exc)
+
+    with ThreadPoolExecutor(len(urls)) as threads:
+        found = list(threads.map(probe, urls))
+    shown = [without_credentials(url) for url in urls]
+    down = [f"{url} ({info})" for url, info in zip(shown, found) if isinstance(info, str)]
+    if down:
+        raise PoolError(f"the model endpoint{'s' if len(down) > 1 else ''} {', '.join(down)} did not answer: every "
+                        "--base-url of a pool must serve the model when the command starts")
+    servers = [info for info in found if isinstance(info, ServerInfo)]
+    checks: list[tuple[str, Callable[[ServerInfo], Any]]] = [("models", lambda info: sorted(info.models))]
+    if token_mode:  # in chat mode the same model may sit in different folders on different machines
+        checks.append(("weights", lambda info: info.weights))
+    for what, key in checks:
+        if any(key(info) != key(servers[0]) for info in servers):
+            listing = "; ".join(f"{url}: {key(info)}" for url, info in zip(shown, servers))
+            raise PoolError(f"the endpoints of the pool serve different {what} ({listing}); a pool's endpoints "
+                            "must serve the same one")
+    if token_mode and not all(info.vllm for info in servers):
+        raise PoolError("--token-mode needs vLLM at every --base-url; "
+                        + ", ".join(url for url, info in zip(shown, servers) if not info.vllm) + " is not vLLM")
+    return servers
 
 
 def member_config(config: LLMConfig, url: str) -> LLMConfig:

@@ -114,18 +114,12 @@ def check_settings(settings: RunSettings) -> list[ServerSpec]:
 
 def check_pool(settings: RunSettings) -> None:
     """A pool's URLs are distinct, and name servers (never the in-process model)."""
-    from nanbeige.agent.pool import ROUTES, same_url
+    from nanbeige.agent.pool import PoolError, check_urls
 
-    b, urls = settings.backend, settings.llm.urls()
-    if b.route not in ROUTES:
-        raise SetupError(f"--route must be one of {', '.join(ROUTES)}, not {b.route!r}", usage=True)
-    twice = [url for i, url in enumerate(urls) if any(same_url(url, other) for other in urls[:i])]
-    if twice:
-        raise SetupError(f"--base-url {without_credentials(twice[0])} is given twice: each endpoint of a pool is "
-                         "named once", usage=True)
-    if len(urls) > 1 and b.backend == "transformers":
-        raise SetupError("several --base-url name a pool of servers; --backend transformers runs the model in this "
-                         "process", usage=True)
+    try:
+        check_urls(settings.llm.urls(), settings.backend.route, settings.backend.backend)
+    except PoolError as exc:
+        raise SetupError(str(exc), usage=True) from None
 
 
 def read_template(path: Path) -> str:
@@ -248,38 +242,14 @@ def find_model_server(settings: RunSettings, notice: Notice) -> ServerInfo | Non
 
 
 def pool_servers(settings: RunSettings) -> list[ServerInfo]:
-    """What every endpoint of a pool says about itself, asked at once. Refused, each named: endpoints that do
-    not answer, that serve different models, and in token mode different weights (another tokenizer, or
-    another policy version)."""
-    from concurrent.futures import ThreadPoolExecutor
+    """What every endpoint of a pool says about itself; one line naming those that differ or do not answer."""
+    from nanbeige.agent.pool import PoolError, ask_endpoints
 
-    c, urls = settings.llm, settings.llm.urls()
-
-    def probe(url: str) -> ServerInfo | str:
-        try:
-            return probe_server(url, c.api_key, timeout=10.0, model=c.model)
-        except ModelUnreachable as exc:
-            return str(exc)
-
-    with ThreadPoolExecutor(len(urls)) as threads:
-        found = list(threads.map(probe, urls))
-    shown = [without_credentials(url) for url in urls]
-    down = [f"{url} ({info})" for url, info in zip(shown, found) if isinstance(info, str)]
-    if down:
-        raise SetupError(f"the model endpoint{'s' if len(down) > 1 else ''} {', '.join(down)} did not answer: every "
-                         "--base-url of a pool must serve the model when the command starts")
-    servers = [info for info in found if isinstance(info, ServerInfo)]
-    for what, key in (("models", lambda i: sorted(i.models)), ("weights", lambda i: i.weights)):
-        if what == "weights" and not settings.backend.token_mode:
-            break  # the same model may sit in different folders on different machines
-        if any(key(info) != key(servers[0]) for info in servers):
-            listing = "; ".join(f"{url}: {key(info)}" for url, info in zip(shown, servers))
-            raise SetupError(f"the endpoints of the pool serve different {what} ({listing}); a pool's endpoints "
-                             "must serve the same one")
-    if settings.backend.token_mode and not all(info.vllm for info in servers):
-        raise SetupError("--token-mode needs vLLM at every --base-url; "
-                         + ", ".join(url for url, info in zip(shown, servers) if not info.vllm) + " is not vLLM")
-    return servers
+    c = settings.llm
+    try:
+        return ask_endpoints(c.urls(), c.api_key, c.model, settings.backend.token_mode)
+    except PoolError as exc:
+        raise SetupError(str(exc)) from None
 
 
 def in_process(settings: RunSettings, notice: Notice) -> RunSettings:
