@@ -29,26 +29,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for fake_openai and ray_cluster
 
-from fake_openai import FakeOpenAI, Reply, mcp_answer, mcp_call
+from pool_throughput import serve  # the same fake model, with no limit on replies at once
 from ray_cluster import NANBEIGE, TESTS, command_env, in_own_network, local_cluster
 
 from nanbeige.agent.trajectory import load_trajectories
 
 TESTKIT = "testkit=" + shlex.join([sys.executable, str(TESTS / "mcp_test_server.py")])
-
-
-def serve(delay_s: float, turns: int, conn) -> None:
-    """Child process: the fake model. The turn is read off the request: system, user, then an assistant and a
-    user message per turn."""
-    def reply(request):
-        server.requests.clear()
-        turn = 1 + (len(request["messages"]) - 2) // 2
-        text = mcp_answer("done") if turn >= turns else mcp_call("testkit", "echo", {"text": f"probe {turn}"})
-        return Reply(content=text, delay_s=delay_s)
-
-    with FakeOpenAI(reply) as server:
-        conn.send(server.base_url)
-        conn.recv()
 
 
 def collect(base_url: str, questions: Path, out: Path, concurrency: int, group_size: int,
@@ -69,7 +55,7 @@ def collect(base_url: str, questions: Path, out: Path, concurrency: int, group_s
 
 def main(args: argparse.Namespace) -> None:
     parent, child = multiprocessing.Pipe()
-    server = multiprocessing.Process(target=serve, args=(args.delay, args.turns, child), daemon=True)
+    server = multiprocessing.Process(target=serve, args=(args.delay, None, args.turns, child), daemon=True)
     server.start()
     base_url = parent.recv()
     folder = Path(tempfile.mkdtemp(prefix="ray-bench-"))
