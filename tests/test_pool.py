@@ -268,3 +268,15 @@ def test_a_pools_runs_fit_its_smallest_context_and_record_its_first_endpoint_for
     assert done.returncode == 0, done.stderr
     [trajectory] = load_trajectories(tmp_path / "run.jsonl")
     assert trajectory.limits["max_context"] == 20000 and trajectory.limits["server"] == big.base_url
+
+
+def test_doctor_checks_every_endpoint_of_a_pool(tmp_path: Path) -> None:
+    with FakeOpenAI([]) as one:
+        dead = closed_server()
+        done = subprocess.run([NANBEIGE, "doctor", "--model", "fake-model", "--base-url", one.base_url, "--base-url",
+                               dead.base_url],
+                              capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "300"})
+    assert done.returncode == 1, done.stdout
+    assert f"fake-model at {one.base_url}: an OpenAI-compatible server" in done.stdout
+    assert f"no server at {dead.base_url} (" in done.stdout and "every endpoint of a pool must answer" in done.stdout
+    assert "runs in this process" not in done.stdout

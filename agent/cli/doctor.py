@@ -9,7 +9,10 @@ import os
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nanbeige.agent.model_server import ServerInfo
 
 KEYS = ("NANBEIGE_API_KEY", "SERPER_API_KEY", "JINA_API_KEY", "E2B_API_KEY", "NANBEIGE_SUMMARY_API_KEY",
         "NANBEIGE_JUDGE_API_KEY")
@@ -37,6 +40,27 @@ def check_settings_files(found: Any) -> Finding:
                    f"`nanbeige trust {ignored[0]}` uses it, once you have read it" if ignored else None)
 
 
+def check_pool_member(base_url: str, model: str, api_key: str | None) -> Finding:
+    """One endpoint of a pool (several --base-url): a server must answer there, as the pool's start asks."""
+    from nanbeige.agent.llm import ModelUnreachable, probe_server
+
+    try:
+        server = probe_server(base_url, api_key, timeout=2.0, model=model)
+    except ModelUnreachable as exc:
+        return Finding("model", False, f"no server at {base_url} ({exc}): every endpoint of a pool must answer",
+                       "start it, or leave its --base-url out")
+    return served_model(base_url, model, server)
+
+
+def served_model(base_url: str, model: str, server: ServerInfo) -> Finding:
+    kind = "vLLM" if server.vllm else "an OpenAI-compatible server"
+    context = f", context {server.max_model_len} tokens" if server.max_model_len else ""
+    listed = "" if not server.models or model in server.models else \
+        f"; it lists {', '.join(server.models[:3])}, not {model}"
+    return Finding("model", not listed, f"{model} at {base_url}: {kind}{context}{listed}",
+                   "pass --model with a name the server lists" if listed else None)
+
+
 def check_model(base_url: str, model: str, api_key: str | None) -> Finding:
     """A server that answers at `base_url`, else the model in this process: installed, and at hand."""
     from nanbeige.agent.llm import ModelUnreachable, probe_server
@@ -47,12 +71,7 @@ def check_model(base_url: str, model: str, api_key: str | None) -> Finding:
     except ModelUnreachable as exc:
         unreachable = str(exc)
     else:
-        kind = "vLLM" if server.vllm else "an OpenAI-compatible server"
-        context = f", context {server.max_model_len} tokens" if server.max_model_len else ""
-        listed = "" if not server.models or model in server.models else \
-            f"; it lists {', '.join(server.models[:3])}, not {model}"
-        return Finding("model", not listed, f"{model} at {base_url}: {kind}{context}{listed}",
-                       "pass --model with a name the server lists" if listed else None)
+        return served_model(base_url, model, server)
     small = f"; or try the small model this install has: --model {SMALL_MODEL} --dialect tool-call" \
         if small_model_folder() is not None else ""
     serve = "start a server with `nanbeige serve` (GPU) or pass --base-url"

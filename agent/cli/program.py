@@ -196,13 +196,16 @@ def doctor(
 ) -> None:
     """Say what a run would use here (settings files, model, search, scrape, sandbox, keys), each with its fix
     when missing. Exit 1 when no model can be had."""
-    from nanbeige.agent.cli.doctor import check_model, check_settings_files, findings
+    from nanbeige.agent.cli.doctor import check_pool_member, check_settings_files, findings
 
     hide([api_key] if api_key else [])
     files = ctx.obj if isinstance(ctx.obj, settings_file.Found) else settings_file.find()
     urls = base_url or [LLMConfig.base_url]
     model_found, *others = findings(urls[0], model, api_key)
-    found = [check_settings_files(files), model_found, *(check_model(url, model, api_key) for url in urls[1:]), *others]
+    if len(urls) > 1:  # a pool: no model in this process stands in for an endpoint that does not answer
+        model_found = check_pool_member(urls[0], model, api_key)
+    found = [check_settings_files(files), model_found, *(check_pool_member(url, model, api_key) for url in urls[1:]),
+             *others]
     screen = SafeConsole(soft_wrap=True)
     for finding in found:
         mark = "[green]✓[/]" if finding.ok else "[red]✗[/]"
@@ -210,7 +213,7 @@ def doctor(
         if finding.fix:
             screen.print(f"    [dim]{'fix' if not finding.ok else 'tip'}: {escape(shown(finding.fix))}[/]",
                          highlight=False)
-    if not found[1].ok:
+    if not all(finding.ok for finding in found[1:len(urls) + 1]):  # the model, at each endpoint of a pool
         raise typer.Exit(1)
 
 
