@@ -239,3 +239,13 @@ def test_without_ray_the_commands_never_load_it(tmp_path: Path) -> None:
             assert done.returncode == 0, done.stderr
             assert done.stdout.strip().endswith("ray not loaded"), done.stdout
     assert len(load_trajectories(tmp_path / "j.jsonl")) == 1  # each command ran to its end
+
+
+@pytest.mark.parametrize("command", [["collect", "--questions", "q.jsonl", "--out", "r.jsonl"],
+                                     ["eval", "gaia", "--out", "runs"], ["judge", "r.jsonl", "--out", "j.jsonl"]])
+def test_a_ray_address_of_the_wrong_form_is_one_line_before_anything_runs(tmp_path: Path, command: list[str]) -> None:
+    done = subprocess.run([NANBEIGE, *command, "--ray", "head-node"], capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path, env=command_env())
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        "error: --ray takes auto or HOST:PORT (the head node's address), not 'head-node'"], done.stderr
+    assert list(tmp_path.iterdir()) == []

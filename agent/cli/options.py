@@ -103,6 +103,14 @@ CriticBaseUrl = Annotated[list[str] | None, typer.Option(envvar="NANBEIGE_CRITIC
     "the same model."))]
 
 
+def ray_address(value: str | None) -> str | None:
+    """`--ray`'s value, checked before anything starts: auto, or the head node's HOST:PORT."""
+    host, colon, port = (value or "").rpartition(":")
+    if value not in (None, "auto") and (not colon or not host or not port.isdigit()):
+        fail(f"--ray takes auto or HOST:PORT (the head node's address), not {value!r}", 2)
+    return value
+
+
 def endpoints(base_url: list[str] | str | None, default: str) -> dict[str, Any]:
     """The `base_url` and `more_base_urls` of a ChatEndpoint whose flag may be given several times."""
     urls = [base_url] if isinstance(base_url, str) else list(base_url or [])

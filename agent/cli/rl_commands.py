@@ -19,7 +19,7 @@ from nanbeige.agent.llm import LLMConfig
 
 
 RayAddress = Annotated[str | None, typer.Option(
-    "--ray", metavar="auto|HOST:PORT", show_default=False, rich_help_panel="Cluster",
+    "--ray", metavar="auto|HOST:PORT", show_default=False, rich_help_panel="Cluster", callback=o.ray_address,
     help="Run in shards on a Ray cluster, one per node, each with its own tool servers, sandbox and model "
          "clients and --concurrency at once: auto (the cluster `ray start` made this machine part of) or the "
          "head's address. This process alone writes the output files, as without it.")]

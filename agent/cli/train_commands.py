@@ -27,7 +27,7 @@ AdminUrl = Annotated[list[str] | None, typer.Option(
 
 
 LoopRay = Annotated[str | None, typer.Option(
-    "--ray", metavar="auto|HOST:PORT", show_default=False, rich_help_panel="Loop",
+    "--ray", metavar="auto|HOST:PORT", show_default=False, rich_help_panel="Loop", callback=o.ray_address,
     help="With --loop: each iteration's collect and judge run in shards on a Ray cluster, as `collect --ray` and "
          "`judge --ray` run them: auto (the cluster `ray start` made this machine part of) or the head's address. "
          "Training stays in this process.")]
@@ -261,9 +261,6 @@ def ray_problem(address: str | None, loop: int) -> str:
     if not loop:
         return ("--ray runs the loop's collect and judge on a Ray cluster: it needs --loop (training on --data "
                 "alone scales with torchrun)")
-    host, colon, port = address.rpartition(":")
-    if address != "auto" and (not colon or not host or not port.isdigit()):
-        return f"--ray takes auto or HOST:PORT (the head node's address), not {address!r}"
     return ""
 
 
