@@ -158,6 +158,41 @@ def test_a_question_longer_than_the_context_ends_the_run_in_one_line(server: Ser
         assert records[-1]["stop_reason"] == "context_limit", records[-1]
 
 
+def test_collect_over_a_pool_of_two_endpoints_keeps_each_run_on_one_and_token_exact(server: Server,
+                                                                                   tmp_path: Path) -> None:
+    """Two addresses in front of the one real vLLM (proxies that record what crosses them) as a pool: each
+    rollout's turns all went through one of them, both served rollouts, and what each recorded is exactly what
+    the trajectory holds (the prompt ids vLLM echoed, the ids and logprobs it sampled)."""
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text("".join(json.dumps({"question": q, "answer": a}) + "\n"
+                                 for q, a in (("What is 2 + 3?", "5"), ("What is 4 + 4?", "8"))))
+    proxies = [RecordingProxy(server.url), RecordingProxy(server.url)]
+    out = tmp_path / "rollouts.jsonl"
+    try:
+        result = nanbeige("collect", "--questions", str(questions), "-G", "2", "--concurrency", "4", "--out",
+                          str(out), "--base-url", proxies[0].url, "--base-url", proxies[1].url, "--model",
+                          SERVED_NAME, "--token-mode", "--max-turns", "2", *SHORT, *ECHO_SERVER, cwd=tmp_path,
+                          timeout=600)
+    finally:
+        for proxy in proxies:
+            proxy.close()
+    assert result.returncode == 0, result.stderr
+    runs = load_trajectories(out)
+    assert len(runs) == 4
+    by_url = {proxy.url: [x for x in proxy.exchanges if x.path == "/v1/completions"] for proxy in proxies}
+    assert all(by_url.values())  # both endpoints served
+    for run in runs:
+        [endpoint] = {turn.endpoint for turn in run.turns}
+        for turn in run.turns:  # the same prompt and ids twice is one rollout's twin: either will do
+            prompt = full_prompt(run.turns, turn.index)
+            exchange = next(x for x in by_url[endpoint] if x.token_ids == turn.completion_ids
+                            and x.request["prompt"] == prompt == x.prompt_token_ids)
+            assert turn.logprobs == pytest.approx(exchange.logprobs, abs=0)
+        training_rows(run.turns)
+    assert sum(len(exchanges) for exchanges in by_url.values()) == sum(len(run.turns) for run in runs)
+    assert f"endpoints: {proxies[0].url} " in result.stderr
+
+
 def test_a_rolled_back_reply_in_chat_mode_does_not_end_the_run_at_a_false_context_limit(server: Server,
                                                                                        tmp_path: Path) -> None:
     """A 1.3k-token prompt in a 4k context (2k of it kept for the answer): a reply cut off at 4 tokens is
