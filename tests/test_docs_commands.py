@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 import typer
-
 from nanbeige.agent.cli.program import app
 
 ROOT = Path(__file__).parent.parent
@@ -261,3 +260,55 @@ def test_the_checker_takes_what_the_cli_takes() -> None:
     assert problem(["--version"]) is None  # parsed only: its callback, which would print and exit, never runs
     assert problem(["--config", "PATH", "COMMAND", "..."]) is None
     assert problem(["resume"], whole=False) is None  # prose: `nanbeige resume` continues a run
+
+
+# The commands the program itself suggests: its messages, hints and help name commands in backticks too.
+SOURCES = ("agent", "evals", "trainer", "tools", "servers")
+
+
+def source_texts(path: Path) -> list[tuple[int, str]]:
+    """Each string literal of a module with its line; an f-string's fields read as X (`nanbeige trust X`)."""
+    texts, nodes = [], list(ast.walk(ast.parse(path.read_text())))
+    pieces = {id(part) for node in nodes if isinstance(node, ast.JoinedStr) for part in node.values}
+    for node in nodes:
+        if id(node) in pieces:
+            continue  # a piece of an f-string: read with the whole
+        if isinstance(node, ast.JoinedStr):
+            texts.append((node.lineno, "".join(part.value if isinstance(part, ast.Constant) else "X"
+                                               for part in node.values)))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            texts.append((node.lineno, node.value))
+    return texts
+
+
+def suggested_commands() -> list[Shown]:
+    suggested = []
+    for path in sorted(path for folder in SOURCES for path in (ROOT / folder).rglob("*.py")):
+        for line, text in source_texts(path):
+            suggested += [Shown(f"{path.relative_to(ROOT).as_posix()}:{line}", span, tuple(args), False)
+                          for span in re.findall(r"`([^`]+)`", text) for args in invocations(span)]
+    return list({(shown.where, shown.args): shown for shown in suggested}.values())
+
+
+SUGGESTED = suggested_commands()
+
+
+@pytest.mark.parametrize("shown", SUGGESTED, ids=[f"{s.where} nanbeige {' '.join(s.args)}"[:90] for s in SUGGESTED])
+def test_a_command_the_program_suggests_is_one_the_cli_takes(shown: Shown) -> None:
+    wrong = problem(shown.args, shown.whole)
+    assert wrong is None, f"{shown.where}: `{shown.text}`: {wrong}"
+
+
+def test_the_program_suggests_commands_in_its_messages() -> None:
+    assert len(SUGGESTED) >= 50
+    assert any(shown.where.startswith("agent/cli/doctor.py") and shown.args[:1] == ("ask",) for shown in SUGGESTED)
+
+
+def test_a_flag_doctor_suggests_on_its_own_is_one_doctor_takes() -> None:
+    """A fix that names a bare flag (`pass --base-url`) reads as: run doctor again with it. A flag of
+    another command belongs in a whole command in backticks (`nanbeige ask "..." --dialect tool-call`)."""
+    doctor = typer.main.get_command(app).commands["doctor"]
+    texts = [text for _, text in source_texts(ROOT / "agent/cli/doctor.py")]
+    bare = {flag for text in texts for flag in re.findall(r"(?<![\w-])--[a-z][a-z-]*", re.sub(r"`[^`]*`", "", text))}
+    assert "--base-url" in bare
+    assert {flag for flag in bare if option_named(doctor, flag) is None} == set()

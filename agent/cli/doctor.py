@@ -72,8 +72,9 @@ def check_model(base_url: str, model: str, api_key: str | None) -> Finding:
         unreachable = str(exc)
     else:
         return served_model(base_url, model, server)
-    small = f"; or try the small model this install has: --model {SMALL_MODEL} --dialect tool-call" \
-        if small_model_folder() is not None else ""
+    # a whole command: doctor itself takes --model but not --dialect, so a bare flag reads as doctor's
+    small = ("; or try the small model this install has: "
+             f'`nanbeige ask "..." --model {SMALL_MODEL} --dialect tool-call`') if small_model_folder() else ""
     serve = "start a server with `nanbeige serve` (GPU) or pass --base-url"
     if not all(importlib.util.find_spec(name) for name in ("torch", "transformers")):
         return Finding("model", False, f"no server at {base_url} ({unreachable}); the in-process backend is not "
