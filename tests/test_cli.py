@@ -265,3 +265,20 @@ def test_the_commands_that_run_the_agent_take_the_run_flags_from_one_definition(
             assert flag in params, (name, flag)
             assert (params[flag].help, params[flag].default) == (shared.help, default), (name, flag)
     assert "tokenizer" not in {param.name for param in commands["eval"].params}
+
+
+def test_an_option_of_another_command_is_one_line_saying_where_it_is() -> None:
+    # eval's benchmark is its argument; collect is the command that takes --bench
+    result = nanbeige("eval", "--bench", "humaneval")
+    assert result.returncode == 2
+    assert_one_line_error(result, "No such option: --bench", "`nanbeige eval BENCH`", "collect has --bench")
+    assert "--backend" not in result.stderr  # not the guess at a near spelling
+    assert len([line for line in result.stderr.splitlines() if line.startswith("│")]) == 1
+    result = nanbeige("doctor", "--dialect", "tool-call")
+    assert_one_line_error(result, "No such option: --dialect", "ask, collect, eval, research, serve have --dialect")
+
+
+def test_an_option_no_command_has_keeps_the_guess_at_a_near_spelling() -> None:
+    result = nanbeige("ask", "--verbos", "q")
+    assert result.returncode == 2
+    assert_one_line_error(result, "No such option: --verbos", "--verbose")

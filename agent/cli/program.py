@@ -28,12 +28,13 @@ from nanbeige.agent.cli import options as o
 from nanbeige.agent.config import BackendConfig, RunSettings
 from nanbeige.agent.cli.console import SafeConsole, err, fail, hide, out, out_json, shown
 from nanbeige.agent.cli.running import notice, question_text, run_command
+from nanbeige.agent.cli.usage import Commands
 from nanbeige.agent.llm import LLMConfig
 
 if TYPE_CHECKING:  # imported lazily at run time so `--help` stays fast
     from nanbeige.agent.trajectory import Trajectory
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, cls=Commands,
                   help="Agent runtime for deep search and tool use with Nanbeige4.1-3B.")
 
 
