@@ -180,8 +180,6 @@ def problem(args: list[str] | tuple[str, ...], whole: bool = True) -> str | None
             positionals += rest
             break
         if token.startswith("-") and token != "-":
-            if elided and option_named(command, token.partition("=")[0]) is None and token != "--help":
-                return f"{path} has no option {token.partition('=')[0]}"
             option = option_named(command, token.partition("=")[0])
             if token == "--help" or (option is not None and option.is_eager):
                 whole = False  # it answers before anything else is needed: --version, --help
