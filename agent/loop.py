@@ -174,7 +174,8 @@ async def _turns(state: Run, llm: LLM, toolbox: Toolbox | None, config: AgentCon
             trajectory.stop_reason, trajectory.error = "model_error", str(exc)
             return
         turn = _new_turn(trajectory, completion, state.tracker)
-        if not trajectory.turns and (unseen := replies.tools_unseen(turn, request_tools)):
+        served = served_by(llm) is not None
+        if not trajectory.turns and (unseen := replies.tools_unseen(turn, request_tools, llm.config.model, served)):
             on_event("warning", unseen)
         parsed = dialects.parse_reply(config.dialect, turn.assistant, trajectory.tools, config.reference)
         turn.tool_calls = parsed.tool_calls

@@ -137,14 +137,23 @@ def format_errors_in_a_row(turns: list[Turn]) -> int:
     return count
 
 
-def tools_unseen(turn: Turn, request_tools: list[dict[str, Any]] | None) -> str | None:
-    """What to tell the user when the server's chat template left out the tools sent with the request
-    (a template without a tools slot renders the messages alone, and the server says nothing): the
-    prompt it reports is shorter than the tools' schemas alone could be. A JSON schema takes a token
-    per 3-5 characters; one per 8 is a margin no template that shows them gets under."""
+def tools_unseen(turn: Turn, request_tools: list[dict[str, Any]] | None, model: str, served: bool) -> str | None:
+    """What to tell the user when the chat template left out the tools sent with the request (a template
+    without a tools slot renders the messages alone, and a server says nothing): the prompt is shorter
+    than the tools' schemas alone could be. A JSON schema takes a token per 3-5 characters; one per 8 is a
+    margin no template that shows them gets under. The small model run here is expected to see none: it
+    is there to show that everything runs, and it is far too small to use tools in either dialect."""
+    from nanbeige.agent.local import SMALL_MODEL
+
     prompt_tokens = turn.usage.get("prompt_tokens")
     if not request_tools or not isinstance(prompt_tokens, int) or prompt_tokens * 8 >= len(json.dumps(request_tools)):
         return None
-    return (f"warning: the server's chat template left out the {len(request_tools)} tools sent with the request (the "
-            f"prompt was {prompt_tokens} tokens), so the model cannot see them; use --dialect mcp-xml, which describes "
-            "them in the system prompt, or serve the model with a chat template that takes tools")
+    if model == SMALL_MODEL and not served:
+        return (f"note: {SMALL_MODEL} (SmolLM2-135M-Instruct) is too small to use tools: its chat template leaves out "
+                f"the {len(request_tools)} tools, so it answers from what it knows. That is expected: it shows that "
+                "everything runs; deep search needs Nanbeige4.1-3B")
+    whose = "the server's chat template" if served else f"the chat template of {model}"
+    fix = "serve the model with a chat template that takes tools" if served else "use a model whose template does"
+    return (f"warning: {whose} left out the {len(request_tools)} tools sent with the request (the prompt was "
+            f"{prompt_tokens} tokens), so the model cannot see them; use --dialect mcp-xml, which describes them in "
+            f"the system prompt, or {fix}")

@@ -253,18 +253,16 @@ def pool_servers(settings: RunSettings) -> list[ServerInfo]:
 
 
 def in_process(settings: RunSettings, notice: Notice) -> RunSettings:
-    """The settings for a model run in this process: `--model smollm2` as the folder and file it stands
-    for and, on a CPU, a reply length and a number of turns a CPU gets through where the user left the
-    defaults (said on stderr)."""
-    from nanbeige.agent.local import CPU_MAX_TOKENS, CPU_MAX_TURNS, LocalModelError, on_cpu, resolve_small_model
+    """The settings for a model run in this process: on a CPU, a reply length and a number of turns a CPU
+    gets through where the user left the defaults (said on stderr). The model keeps the name the user typed
+    (`smollm2` is resolved to its package's folder where it is loaded)."""
+    from nanbeige.agent.local import CPU_MAX_TOKENS, CPU_MAX_TURNS, LocalModelError, on_cpu
 
     b, llm, agent = settings.backend, settings.llm, settings.agent
     try:
-        model, gguf_file = resolve_small_model(llm.model, b.gguf_file)
         cpu = on_cpu()
     except LocalModelError as exc:
         raise SetupError(str(exc)) from None
-    llm, b = dataclasses.replace(llm, model=model), dataclasses.replace(b, gguf_file=gguf_file)
     cut = []
     if cpu and llm.max_tokens == LLMConfig.max_tokens:  # the default, not the user's choice
         llm = dataclasses.replace(llm, max_tokens=CPU_MAX_TOKENS)

@@ -169,7 +169,7 @@ class Trajectory:
     tools: list[dict[str, Any]] = field(default_factory=list)
     """Tool schemas offered: `server`, `name`, `description`, `input_schema`."""
     model: str = ""
-    """Model name sent to the backend."""
+    """Model name as given (`--model`), sent to the backend (in this process `smollm2` is resolved where loaded)."""
     dialect: str = "mcp-xml"
     """Tool dialect: `mcp-xml` or `tool-call`."""
     sampling: dict[str, Any] = field(default_factory=dict)

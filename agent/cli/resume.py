@@ -17,6 +17,7 @@ from typing import Any
 
 from nanbeige.agent.config import AgentConfig, BackendConfig, RunSettings, ToolsConfig
 from nanbeige.agent.llm import LLMConfig
+from nanbeige.agent.local import as_typed
 from nanbeige.agent.records import NotATrajectoryFile, check_trajectory_file, fields_problem, record_line
 from nanbeige.agent.restore import complete_turns
 from nanbeige.agent.setup import SetupError
@@ -117,7 +118,8 @@ def settings_for(trajectory: Trajectory, path: Path, base_url: list[str] | None,
     """The settings the run was made with, served and tooled as the flags say: by default by the server
     the run used (recorded without credentials; a key comes from --api-key or NANBEIGE_API_KEY again).
     A run that read a reference checkout is resumed only with `--reference` given again: reading the
-    checkout runs its prompt functions, and a path in a file someone handed us must not choose the code."""
+    checkout runs its prompt functions, and a path in a file someone handed us must not choose the code.
+    The small model is found again through its installed package, also where an older run recorded its folder."""
     limits, sampling = trajectory.limits, trajectory.sampling
     checkout_record = limits.get("reference") if isinstance(limits.get("reference"), dict) else {}
     recorded_checkout = checkout_record.get("path") or (trajectory.reference and "(no path recorded)")
@@ -129,7 +131,7 @@ def settings_for(trajectory: Trajectory, path: Path, base_url: list[str] | None,
                            if f.name in limits and f.name != "reference"})
     urls = list(base_url or []) or [server for server in [recorded_server(trajectory, path, backend)] if server]
     llm = LLMConfig(base_url=urls[0] if urls else LLMConfig.base_url, more_base_urls=tuple(urls[1:]),
-                    model=trajectory.model, api_key=api_key,
+                    model=as_typed(trajectory.model), api_key=api_key,
                     **{name: sampling[name] for name in SAMPLING if name in sampling})
     tools = ToolsConfig(mcp=mcp or [], default_servers=not no_default_servers,
                         tool_timeout_s=limits.get("tool_timeout_s", ToolsConfig.tool_timeout_s),
