@@ -18,7 +18,8 @@ from test_smollm2 import GGUF, smollm2_folder
 from nanbeige.agent.cli.resume import settings_for
 from nanbeige.agent.llm import LLMConfig
 from nanbeige.agent.local import LocalModelError, TransformersLLM
-from nanbeige.agent.trajectory import Trajectory, load_trajectories
+from nanbeige.agent.replies import tools_unseen
+from nanbeige.agent.trajectory import Trajectory, Turn, load_trajectories
 
 NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
 # The README's first command, made short: a few tokens a reply, greedy, three turns.
@@ -93,3 +94,12 @@ def test_a_gguf_folder_loaded_without_its_file_name_says_the_whole_reason_and_th
     assert "\n" not in message and not message.rstrip().endswith("from one of:")
     assert "(1) a `tokenizers` library serialization file" in message  # what followed the first line
     assert message.endswith(f"the folder holds GGUF weights: pass --gguf-file {GGUF}")
+
+
+def test_another_model_run_here_whose_template_drops_the_tools_is_warned_without_naming_a_server() -> None:
+    tools = [{"type": "function", "function": {"name": "search", "description": "Search the web. " * 20}}]
+    turn = Turn(index=0, assistant={"role": "assistant", "content": "Hi."}, usage={"prompt_tokens": 20})
+    warning = tools_unseen(turn, tools, "/models/my-model", served=False)
+    assert warning is not None and warning.startswith("warning: the chat template of /models/my-model left out the 1")
+    assert "server" not in warning and "--dialect mcp-xml" in warning
+    assert (tools_unseen(turn, tools, "smollm2", served=True) or "").startswith("warning: the server's chat template")
