@@ -18,15 +18,21 @@ from __future__ import annotations
 
 import asyncio
 import time
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
 from nanbeige.agent.llm import Completion, LLMConfig, OpenAIChat, served_by
-from nanbeige.agent.model_server import (PROBE_TIMEOUT_S, ContextOverflow, EndpointDown, ModelUnreachable, ServerInfo,
-                                         probe_server)
+from nanbeige.agent.model_server import (
+    PROBE_TIMEOUT_S,
+    ContextOverflow,
+    EndpointDown,
+    ModelUnreachable,
+    ServerInfo,
+    probe_server,
+)
 from nanbeige.agent.toolbox import without_credentials
 
 MEMBER_ATTEMPTS, MEMBER_RETRY_S = 2, 10.0
@@ -36,6 +42,8 @@ COOLDOWN_S = 30.0
 """How long a failed endpoint is left alone before it is probed again; doubled after each failed
 probe, up to `MAX_COOLDOWN_S`."""
 MAX_COOLDOWN_S = 300.0
+ALL_OUT_WAIT_S = 2.0
+"""While every endpoint is out, how often each is probed again (a pool whose servers all restart at once)."""
 ROUTES = ("run", "group")
 
 
@@ -130,6 +138,9 @@ class EndpointPool:
     """The model client of a pool (the `LLM` protocol of `llm.py`) over one client per endpoint."""
 
     members: list[OpenAIChat]
+    config: LLMConfig
+    """The run's settings: its sampling, and the retry budget a call has while every endpoint is out (each
+    member keeps a short one of its own, `member_config`)."""
     route: str = "run"
     """`run`: a run keeps its endpoint; `group`: so does every run of its group."""
     clock: Callable[[], float] = time.monotonic
@@ -139,7 +150,6 @@ class EndpointPool:
     def __post_init__(self) -> None:
         self.endpoints = [Endpoint(member, served_by(member) or member.config.base_url) for member in self.members]
         first = self.members[0]
-        self.config = replace(first.config, more_base_urls=tuple(m.config.base_url for m in self.members[1:]))
         self.server = first.server
         self.tokenizer_identity = first.tokenizer_identity
         self.template_identity = first.template_identity
@@ -170,9 +180,12 @@ class EndpointPool:
         while True:
             endpoint = await self._endpoint_for(conversation)
             if endpoint is None:
-                if self.clock() - started >= self.config.max_retry_s:
+                left = self.config.max_retry_s - (self.clock() - started)
+                if left <= 0:
                     raise EndpointDown(self._all_down())
-                await asyncio.sleep(max(0.05, min(self._next_back() - self.clock(), 1.0)))
+                await asyncio.sleep(min(ALL_OUT_WAIT_S, left))
+                for each in self.endpoints:  # every one out: each is probed again, not left for its cooldown
+                    each.down_until = min(each.down_until, self.clock())
                 continue
             endpoint.in_flight += 1
             try:
@@ -232,9 +245,6 @@ class EndpointPool:
         endpoint.failures += 1
         if endpoint.problem is None:  # a second run failing on it does not extend its cooldown
             endpoint.problem, endpoint.down_until = problem, self.clock() + endpoint.cooldown_s
-
-    def _next_back(self) -> float:
-        return min(e.down_until for e in self.endpoints)
 
     def _all_down(self) -> str:
         reasons = "; ".join(f"{e.url}: {e.problem}" for e in self.endpoints)

@@ -304,7 +304,7 @@ def make_pool(settings: RunSettings, server: ServerInfo) -> LLM:
         members: list[OpenAIChat] = [first, *(first.at(config) for config in configs[1:])]
     else:
         members = [OpenAIChat(config, server=server) for config in configs]
-    return EndpointPool(members, route=settings.backend.route)
+    return EndpointPool(members, settings.llm, route=settings.backend.route)
 
 
 def token_mode_client(settings: RunSettings, server: ServerInfo) -> LLM:

@@ -184,22 +184,21 @@ def test_the_pool_is_named_by_repeated_flags_the_environment_or_the_settings_fil
 
 def pool_of(*servers: FakeOpenAI, **config: Any) -> EndpointPool:
     base = LLMConfig(base_url=servers[0].base_url, model="fake-model", retry_wait_s=0.05, **config)
-    return EndpointPool([OpenAIChat(member_config(base, s.base_url)) for s in servers])
+    return EndpointPool([OpenAIChat(member_config(base, s.base_url)) for s in servers], base)
 
 
 @pytest.mark.anyio
 async def test_with_every_endpoint_down_a_call_fails_naming_each_and_works_again_once_one_is_back() -> None:
+    """The call's retry budget (`max_retry_s`, here 1 s; 300 s by default) is the pool's, not its members'."""
     with FakeOpenAI([], default="ok") as one, FakeOpenAI([], default="ok") as two:
         pool = pool_of(one, two, max_retry_s=1.0)
         try:
             assert (await pool.complete([{"role": "user", "content": "hi"}])).message["content"] == "ok"
-            one.outage(2.0)
+            one.outage(3.0)
             two.outage(3600)
             with pytest.raises(EndpointDown, match=r"all 2 model endpoints failed \(http://127.0\.0\.1:\d+/v1: "):
                 await pool.complete([{"role": "user", "content": "hi"}])
-            await asyncio.sleep(2.5)  # one is back; the pool finds it once its cooldown ends
-            for endpoint in pool.endpoints:
-                endpoint.down_until = 0.0
+            await asyncio.sleep(3.5)  # one is back: with every endpoint out, each is probed again within 2 s
             completion = await pool.complete([{"role": "user", "content": "hi"}])
             assert completion.message["content"] == "ok" and completion.endpoint == one.base_url
         finally:
@@ -280,3 +279,17 @@ def test_doctor_checks_every_endpoint_of_a_pool(tmp_path: Path) -> None:
     assert f"fake-model at {one.base_url}: an OpenAI-compatible server" in done.stdout
     assert f"no server at {dead.base_url} (" in done.stdout and "every endpoint of a pool must answer" in done.stdout
     assert "runs in this process" not in done.stdout
+
+
+@pytest.mark.anyio
+async def test_servers_that_all_restart_at_once_cost_the_run_only_time() -> None:
+    with FakeOpenAI([], default="ok") as one, FakeOpenAI([], default="ok") as two:
+        pool = pool_of(one, two, max_retry_s=60.0)
+        try:
+            assert (await pool.complete([{"role": "user", "content": "hi"}])).message["content"] == "ok"
+            one.outage(12.0)  # longer than a member's own retries (10 s), within the call's budget
+            two.outage(12.0)
+            completion = await pool.complete([{"role": "user", "content": "hi"}])
+            assert completion.message["content"] == "ok"
+        finally:
+            await pool.aclose()
