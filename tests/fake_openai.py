@@ -162,7 +162,9 @@ class FakeOpenAI:
                 self.httpd = _Server(("127.0.0.1", port), self._handler())
                 threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
-        threading.Timer(seconds, come_back).start()
+        back = threading.Timer(seconds, come_back)
+        back.daemon = True  # a long outage must not keep the test process alive after the tests ended
+        back.start()
 
     def next_reply(self, request: dict[str, Any]) -> Reply:
         with self.lock:
