@@ -148,7 +148,7 @@ class EndpointPool:
     groups: dict[str, Endpoint] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.endpoints = [Endpoint(member, served_by(member) or member.config.base_url) for member in self.members]
+        self.endpoints = [Endpoint(member, str(served_by(member))) for member in self.members]
         first = self.members[0]
         self.server = first.server
         self.tokenizer_identity = first.tokenizer_identity

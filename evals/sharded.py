@@ -16,7 +16,8 @@ from nanbeige.agent import cluster
 from nanbeige.agent.config import RunSettings
 from nanbeige.evals.config import EvalConfig, EvalError
 from nanbeige.evals.grading import open_code_runner
-from nanbeige.evals.runner import Progress, agent_attempt, append_result, run_all
+from nanbeige.agent.trajectory import TrajectoryWriter
+from nanbeige.evals.runner import Attempt, Progress, agent_attempt, append_result, run_all
 from nanbeige.evals.tasks import Task
 
 
@@ -33,16 +34,9 @@ async def run_on_ray(config: EvalConfig, settings: RunSettings, pending: list[tu
             # the model's answer or the judge's reason may quote a key: the results file never does
             secrets = [*writer.secrets, *([config.judge.api_key] if config.judge.api_key else [])]
 
-            async def attempt(task: Task, run_index: int) -> dict[str, Any] | str:
-                try:
-                    row, calls = await shards.run((task, run_index))
-                except cluster.ClusterError as exc:  # every node lost: run_all stops on an EvalError
-                    raise EvalError(str(exc)) from None
-                cluster.replay(calls, writer)
-                return row
             view = progress_view(progress) if progress_view else None
             try:
-                await run_all(pending, attempt, config.concurrency * len(shards.placed), progress,
+                await run_all(pending, written(shards, writer), config.concurrency * len(shards.placed), progress,
                               lambda row: append_result(config.out, row, secrets))
             finally:
                 if view is not None:
@@ -50,6 +44,19 @@ async def run_on_ray(config: EvalConfig, settings: RunSettings, pending: list[tu
                 writer.close()
     except cluster.ClusterError as exc:
         raise EvalError(str(exc)) from None
+
+
+def written(shards: cluster.Shards, writer: TrajectoryWriter) -> Attempt:
+    """The work of one run on the cluster as `run_all` takes it: the run's records written here through `writer`
+    (as its own writer would have), its row returned; every node lost is an EvalError, which stops `run_all`."""
+    async def attempt(task: Task, index: int) -> dict[str, Any] | str:
+        try:
+            row, calls = await shards.run((task, index))
+        except cluster.ClusterError as exc:
+            raise EvalError(str(exc)) from None
+        cluster.replay(calls, writer)
+        return row
+    return attempt
 
 
 @asynccontextmanager

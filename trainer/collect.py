@@ -230,6 +230,7 @@ async def collect_on_ray(config: CollectConfig, settings: RunSettings, notice: C
     """The rollouts in shards on Ray actors, written here as they come back, exactly as `collect_here` would."""
     from nanbeige.agent import cluster
     from nanbeige.agent.setup import open_writer, secrets_of
+    from nanbeige.evals.sharded import written
 
     assert config.ray is not None
     opener = functools.partial(open_shard, config, settings)
@@ -237,14 +238,7 @@ async def collect_on_ray(config: CollectConfig, settings: RunSettings, notice: C
         async with cluster.shards(config.ray, opener, config.concurrency, notice) as shards:
             writer = open_writer(config.out, secrets_of(settings), whole=True)
             try:
-                async def attempt(task: Task, rollout_index: int) -> dict[str, Any] | str:
-                    try:
-                        row, calls = await shards.run((task, rollout_index))
-                    except cluster.ClusterError as exc:  # every node lost: run_all stops on an EvalError
-                        raise EvalError(str(exc)) from None
-                    cluster.replay(calls, writer)
-                    return row
-                await begin(attempt, config.concurrency * len(shards.placed))
+                await begin(written(shards, writer), config.concurrency * len(shards.placed))
             finally:
                 writer.close()
     except cluster.ClusterError as exc:

@@ -147,6 +147,10 @@ def check_keys(env: Mapping[str, str]) -> Finding:
     return Finding("keys", True, "set: " + (", ".join(present) if present else "none"))
 
 
-def findings(base_url: str, model: str, api_key: str | None, env: Mapping[str, str] = os.environ) -> list[Finding]:
-    return [check_model(base_url, model, api_key), check_search(env), check_scrape(env), check_sandbox(env),
-            check_keys(env)]
+def findings(base_urls: list[str], model: str, api_key: str | None, env: Mapping[str, str] = os.environ
+             ) -> list[Finding]:
+    """The model at each endpoint (first, one a line), then search, scrape, sandbox and keys. Of a pool, every
+    endpoint must answer: no model in this process stands in for one that does not."""
+    models = [check_model(base_urls[0], model, api_key)] if len(base_urls) == 1 else \
+        [check_pool_member(url, model, api_key) for url in base_urls]
+    return [*models, check_search(env), check_scrape(env), check_sandbox(env), check_keys(env)]

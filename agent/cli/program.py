@@ -197,16 +197,12 @@ def doctor(
 ) -> None:
     """Say what a run would use here (settings files, model, search, scrape, sandbox, keys), each with its fix
     when missing. Exit 1 when no model can be had."""
-    from nanbeige.agent.cli.doctor import check_pool_member, check_settings_files, findings
+    from nanbeige.agent.cli.doctor import check_settings_files, findings
 
     hide([api_key] if api_key else [])
     files = ctx.obj if isinstance(ctx.obj, settings_file.Found) else settings_file.find()
     urls = base_url or [LLMConfig.base_url]
-    model_found, *others = findings(urls[0], model, api_key)
-    if len(urls) > 1:  # a pool: no model in this process stands in for an endpoint that does not answer
-        model_found = check_pool_member(urls[0], model, api_key)
-    found = [check_settings_files(files), model_found, *(check_pool_member(url, model, api_key) for url in urls[1:]),
-             *others]
+    found = [check_settings_files(files), *findings(urls, model, api_key)]
     screen = SafeConsole(soft_wrap=True)
     for finding in found:
         mark = "[green]✓[/]" if finding.ok else "[red]✗[/]"
