@@ -137,6 +137,9 @@ def test_doctor_names_the_server_the_backends_and_the_keys_set_never_their_value
     assert "✓ search: Serper (SERPER_API_KEY set)" in lines
     assert any(line.startswith("✓ keys: set: SERPER_API_KEY") for line in lines)
     assert key not in result.stdout + result.stderr
+    # scrape extracts with the run's own model, at the server given; that server is asked once for both
+    assert f"✓ scrape: direct fetch here; extraction by fake-model at {server.base_url}" in lines
+    assert server.gets.count("/v1/models") == 1, server.gets
 
 
 def test_doctor_without_a_model_fails_and_says_how_to_get_one(tmp_path: Path) -> None:
@@ -152,3 +155,7 @@ def test_doctor_without_a_model_fails_and_says_how_to_get_one(tmp_path: Path) ->
     model = lines.index(next(line for line in lines if line.startswith("✗ model: no server at")))
     assert lines[model + 1].strip().startswith("fix: ") and "--model smollm2" in lines[model + 1]
     assert any(line.startswith("✗ search: off") for line in lines)
+    # scrape's extraction needs a server: a model run in this process is no use to the scrape server
+    scrape = lines.index(next(line for line in lines if line.startswith("✗ scrape: ")))
+    assert f"no extraction model answers at {url}" in lines[scrape]
+    assert "NANBEIGE_SUMMARY_BASE_URL" in lines[scrape + 1] and lines[scrape + 1].strip().startswith("fix: ")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -40,12 +40,12 @@ def check_settings_files(found: Any) -> Finding:
                    f"`nanbeige trust {ignored[0]}` uses it, once you have read it" if ignored else None)
 
 
-def check_pool_member(base_url: str, model: str, api_key: str | None) -> Finding:
+def check_pool_member(base_url: str, model: str, api_key: str | None, probe: Callable[..., ServerInfo]) -> Finding:
     """One endpoint of a pool (several --base-url): a server must answer there, as the pool's start asks."""
-    from nanbeige.agent.llm import ModelUnreachable, probe_server
+    from nanbeige.agent.llm import ModelUnreachable
 
     try:
-        server = probe_server(base_url, api_key, timeout=2.0, model=model)
+        server = probe(base_url, api_key)
     except ModelUnreachable as exc:
         return Finding("model", False, f"no server at {base_url} ({exc}): every endpoint of a pool must answer",
                        "start it, or leave its --base-url out")
@@ -61,13 +61,13 @@ def served_model(base_url: str, model: str, server: ServerInfo) -> Finding:
                    "pass --model with a name the server lists" if listed else None)
 
 
-def check_model(base_url: str, model: str, api_key: str | None) -> Finding:
+def check_model(base_url: str, model: str, api_key: str | None, probe: Callable[..., ServerInfo]) -> Finding:
     """A server that answers at `base_url`, else the model in this process: installed, and at hand."""
-    from nanbeige.agent.llm import ModelUnreachable, probe_server
+    from nanbeige.agent.llm import ModelUnreachable
     from nanbeige.agent.local import SMALL_MODEL, LocalModelError, at_hand, resolve_small_model, small_model_folder
 
     try:
-        server = probe_server(base_url, api_key, timeout=2.0, model=model)
+        server = probe(base_url, api_key)
     except ModelUnreachable as exc:
         unreachable = str(exc)
     else:
@@ -106,7 +106,10 @@ def check_search(env: Mapping[str, str]) -> Finding:
     return Finding("search", True, found)
 
 
-def check_scrape(env: Mapping[str, str]) -> Finding:
+def check_scrape(env: Mapping[str, str], answers: Callable[[str, str | None], str | None] | None = None) -> Finding:
+    """Fetching, and the extraction model a run's scrape server would use: the run's own server unless
+    NANBEIGE_SUMMARY_* say otherwise. A model run in this process serves no other process, so without a
+    server there, every extraction fails; `answers(url, key)` is None when a server answers at url, else why not."""
     from nanbeige.tools.scrape import ScrapeError, scrape_config_from_env
 
     try:
@@ -114,7 +117,15 @@ def check_scrape(env: Mapping[str, str]) -> Finding:
     except ScrapeError as exc:
         return Finding("scrape", False, "cannot start", str(exc))
     fetch = "Jina Reader (JINA_API_KEY set)" if config.backend == "jina" else "direct fetch here"
-    return Finding("scrape", True, f"{fetch}; extraction by {config.summary.model} at {config.summary.base_url}",
+    summary = config.summary
+    down = answers(summary.base_url, summary.api_key) if answers is not None else None
+    if down is not None:
+        return Finding("scrape", False, f"{fetch}, but no extraction model answers at {summary.base_url} ({down}): "
+                                        "every scrape answers an error" + ("" if env.get("NANBEIGE_SUMMARY_BASE_URL") else
+                                                                          " (a model run in this process serves only its run)"),
+                       "run the model on a server (`nanbeige serve`, or pass --base-url), or set "
+                       "NANBEIGE_SUMMARY_BASE_URL and NANBEIGE_SUMMARY_MODEL to one that runs")
+    return Finding("scrape", True, f"{fetch}; extraction by {summary.model} at {summary.base_url}",
                    None if config.backend == "jina" else "JINA_API_KEY reads pages that need a browser")
 
 
@@ -150,7 +161,31 @@ def check_keys(env: Mapping[str, str]) -> Finding:
 def findings(base_urls: list[str], model: str, api_key: str | None, env: Mapping[str, str] = os.environ
              ) -> list[Finding]:
     """The model at each endpoint (first, one a line), then search, scrape, sandbox and keys. Of a pool, every
-    endpoint must answer: no model in this process stands in for one that does not."""
-    models = [check_model(base_urls[0], model, api_key)] if len(base_urls) == 1 else \
-        [check_pool_member(url, model, api_key) for url in base_urls]
-    return [*models, check_search(env), check_scrape(env), check_sandbox(env), check_keys(env)]
+    endpoint must answer: no model in this process stands in for one that does not. Each URL is asked once."""
+    from nanbeige.agent.llm import ModelUnreachable, probe_server
+
+    asked: dict[tuple[str, str | None], Any] = {}
+
+    def probe(url: str, key: str | None) -> Any:
+        if (url, key) not in asked:
+            try:
+                asked[url, key] = probe_server(url, key, timeout=2.0, model=model)
+            except ModelUnreachable as exc:
+                asked[url, key] = exc
+        if isinstance(asked[url, key], ModelUnreachable):
+            raise asked[url, key]
+        return asked[url, key]
+
+    def answers(url: str, key: str | None) -> str | None:
+        try:
+            probe(url, key)
+        except ModelUnreachable as exc:
+            return str(exc)
+        return None
+
+    models = [check_model(base_urls[0], model, api_key, probe)] if len(base_urls) == 1 else \
+        [check_pool_member(url, model, api_key, probe) for url in base_urls]
+    # the scrape server's environment as a run would give it: the run's own model where nothing says otherwise
+    run_env = {**env, "NANBEIGE_BASE_URL": base_urls[0], "NANBEIGE_MODEL": model,
+               **({"NANBEIGE_API_KEY": api_key} if api_key else {})}
+    return [*models, check_search(env), check_scrape(run_env, answers), check_sandbox(env), check_keys(env)]
