@@ -1,0 +1,78 @@
+"""The documentation site builds with `mkdocs build --strict`, and its configuration page is made from the
+command line itself: every option of every command is on it, under its own command, hidden ones included."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+from nanbeige.agent.cli.program import app
+
+ROOT = Path(__file__).parent.parent
+
+pytest.importorskip("mkdocs", reason="the docs site needs mkdocs (the dev extra)")
+pytest.importorskip("material", reason="the docs site needs mkdocs-material (the dev extra)")
+
+
+def every_command(command: Any, path: str = "nanbeige") -> list[tuple[str, Any]]:
+    found = [(path, command)]
+    for name, sub in getattr(command, "commands", {}).items():
+        found += every_command(sub, f"{path} {name}")
+    return found
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("site")
+    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    return out
+
+
+def sections(page: str) -> dict[str, str]:
+    """Each command's part of the configuration page, by its heading's id (`nanbeige-train-report`)."""
+    return {match.group(1): match.group(2)
+            for match in re.finditer(r'<h3 id="(nanbeige[\w-]*)"(.*?)(?=<h[23] |</article>)', page, re.S)}
+
+
+def test_the_configuration_page_lists_every_option_of_every_command_under_that_command(site: Path) -> None:
+    parts = sections((site / "configuration" / "index.html").read_text())
+    commands = every_command(typer.main.get_command(app))
+    assert len(commands) >= 20
+    for path, command in commands:
+        part = parts[path.replace(" ", "-")]
+        items = re.findall(r"<li>(.*?)</li>", part, re.S)
+        named = {name: item for item in items for head in re.findall(r"^<code>(.*?)</code>", item)
+                 for name in re.findall(r"--?[\w-]+", head)}  # each item opens with the option's names
+        for option in (param for param in command.params if param.param_type_name == "option"):
+            name = next((name for name in option.opts if name.startswith("--")), option.opts[0])
+            item = named.get(name)
+            assert item is not None, f"{path}: {name} is not on the configuration page"
+            assert ("hidden from" in item) == bool(option.hidden), f"{path} {name}: hidden is {option.hidden}"
+    # options that only one command has sit under that command alone
+    assert "--lora-rank" in parts["nanbeige-train"] and "--lora-rank" not in parts["nanbeige-collect"]
+    assert "--top-p" in parts["nanbeige-collect"] and "--top-p" not in parts["nanbeige-train"]
+    assert "Setting: <code>lora_rank</code>" not in parts["nanbeige-train"]  # a group's own options are flags only
+    assert "Setting: <code>top_p</code>" in parts["nanbeige-collect"]
+
+
+def test_every_page_is_built(site: Path) -> None:
+    pages = sorted(path.stem for path in (ROOT / "docs").glob("*.md"))
+    assert len(pages) >= 15
+    for stem in pages:
+        assert (site / ("index.html" if stem == "index" else f"{stem}/index.html")).is_file(), stem
+
+
+def test_the_readme_links_to_pages_that_exist() -> None:
+    links = re.findall(r"\]\((docs/[^)#\s]+)", (ROOT / "README.md").read_text())
+    assert len(links) >= 10
+    missing = [link for link in links if not (ROOT / link).is_file()]
+    assert not missing, missing
