@@ -4,6 +4,8 @@ At build time the real command tree (`typer.main.get_command(app)`, a click grou
 command's every option is written out: its names, type, default, environment variable and help text, the
 options `--help` hides included, with the `nanbeige.toml` key that sets it. Nothing generated is committed,
 so the page cannot drift from the program.
+
+On every page, a table cell's code span may write a pipe as GitHub wants it (see `table_pipes`).
 """
 
 from __future__ import annotations
@@ -18,11 +20,20 @@ MARKER = "<!-- the option reference is generated here from the command line -->"
 
 
 def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
+    markdown = table_pipes(markdown)
     if page.file.src_uri != "configuration.md":
         return markdown
     if MARKER not in markdown:
         raise ValueError(f"docs/configuration.md has lost its marker: {MARKER}")
     return markdown.replace(MARKER, reference())
+
+
+def table_pipes(markdown: str) -> str:
+    """A table cell's code span writes a pipe as `\\|` so that GitHub keeps the cell whole; Python-Markdown
+    already ignores pipes inside code spans and would show the backslash."""
+    def unescaped(row: re.Match[str]) -> str:
+        return re.sub(r"`[^`]+`", lambda span: span.group(0).replace("\\|", "|"), row.group(0))
+    return re.sub(r"^\|.*$", unescaped, markdown, flags=re.M)
 
 
 def reference() -> str:
