@@ -92,6 +92,22 @@ def test_the_settings_file_sits_between_the_environment_and_the_defaults(tmp_pat
     assert start["limits"]["max_context"] == 262144  # the default, where nothing else says
 
 
+def test_a_command_group_with_options_of_its_own_takes_them_from_its_table(tmp_path: Path) -> None:
+    """`train` runs itself and has subcommands (`train report`): its own options sit in [train] beside
+    [train.report], and top-level settings reach it as any command."""
+    from nanbeige.agent.cli import settings_file
+    from nanbeige.agent.cli.program import app
+
+    path = tmp_path / "settings.toml"
+    path.write_text('lr = 2e-6\n[train]\nlora_rank = 16\nsteps = 3\n')
+    found = settings_file.Found(used=[(path, "NANBEIGE_CONFIG")], ignored=[])
+    train = settings_file.default_map(app, found)["train"]
+    assert train["lr"] == 2e-6 and train["lora_rank"] == 16 and train["steps"] == 3
+    path.write_text("[train]\nlora_rnak = 16\n")
+    with pytest.raises(settings_file.SettingsError, match=r"\[train\] has no setting 'lora_rnak'"):
+        settings_file.default_map(app, found)
+
+
 def test_a_setting_no_command_has_is_a_clear_error(tmp_path: Path) -> None:
     path = tmp_path / "settings.toml"
     path.write_text("[ask]\nmax_turn = 3\n")

@@ -131,29 +131,37 @@ def _for_group(group: Any, shared: dict[str, Any], tables: dict[str, Any], path:
     used: set[str] = set()
     for name, command in group.commands.items():
         table = tables.get(name, {}) if isinstance(tables.get(name, {}), dict) else {}
-        if hasattr(command, "commands"):  # a group of commands: its table holds only its commands' tables
-            loose = sorted(k for k, v in table.items() if not isinstance(v, dict))
+        if hasattr(command, "commands"):  # a group: its table holds its own options and its commands' tables
+            own = {k: v for k, v in table.items() if not isinstance(v, dict)}
+            loose = sorted(set(map(_key, own)) - set(_option_names(command)))
             if loose:
                 raise SettingsError(f"settings file {path}: [{prefix}{name}] has no setting {loose[0]!r} (settings "
-                                    f"go in the table of one of its commands, such as [{prefix}{name}."
+                                    f"of its commands go in their tables, such as [{prefix}{name}."
                                     f"{next(iter(command.commands))}])")
             mapped[name], taken = _for_group(command, shared, table, path, f"{prefix}{name}.")
+            mapped[name] |= _for_command(command, shared, own, path, f"{prefix}{name}", taken)
             used |= taken
             continue
-        params = _option_names(command)
-        unknown = sorted(set(map(_key, table)) - set(params))
-        if unknown:
-            raise SettingsError(f"settings file {path}: [{prefix}{name}] has no setting {unknown[0]!r}")
-        taken = {k for k in shared if k in params}
-        used |= taken
-        several = {param.name for param in command.params if getattr(param, "multiple", False)}
-        values = {params[k]: shared[k] for k in taken} | {params[_key(k)]: v for k, v in table.items()}
-        # a flag given several times (`--base-url`) may be set to one value: click wants a list
-        mapped[name] = {k: [v] if k in several and isinstance(v, str) else v for k, v in values.items()}
+        mapped[name] = _for_command(command, shared, table, path, f"{prefix}{name}", used)
     for name in tables:
         if isinstance(tables[name], dict) and name not in group.commands:
             raise SettingsError(f"settings file {path}: there is no command [{prefix}{name}]")
     return mapped, used
+
+
+def _for_command(command: Any, shared: dict[str, Any], table: dict[str, Any], path: str, name: str,
+                 used: set[str]) -> dict[str, Any]:
+    """One command's default map from its table and the top-level settings it has; adds those to `used`."""
+    params = _option_names(command)
+    unknown = sorted(set(map(_key, table)) - set(params))
+    if unknown:
+        raise SettingsError(f"settings file {path}: [{name}] has no setting {unknown[0]!r}")
+    taken = {k for k in shared if k in params}
+    used |= taken
+    several = {param.name for param in command.params if getattr(param, "multiple", False)}
+    values = {params[k]: shared[k] for k in taken} | {params[_key(k)]: v for k, v in table.items()}
+    # a flag given several times (`--base-url`) may be set to one value: click wants a list
+    return {k: [v] if k in several and isinstance(v, str) else v for k, v in values.items()}
 
 
 def _option_names(command: Any) -> dict[str, str]:
