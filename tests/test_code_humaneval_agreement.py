@@ -4,7 +4,7 @@ the check function kept as one assert test): the canonical solution, a wrong pro
 (off by one, wrong on an edge case), a correct one written differently (numpy results among them) and a slow
 one. Solved here means reward 1; passed there means `passed`.
 
-Differences are allowed only where the README states the rule, each a test of its own below: call tests
+Differences are allowed only where docs/code-rl.md states the rule, each a test of its own below: call tests
 compare floats within 1e-9 relative (HumanEval's `==` is exact); the time limit is per call here and for the
 whole check there; an array (a 0-d one too) is no literal here, where numpy's `==` may pass it."""
 
@@ -123,7 +123,7 @@ def test_a_program_slower_than_both_limits_fails_in_both(runner: CodeRunner, pro
     assert (humaneval_passes(task, slow), we_solve(runner, problems[task], slow)) == (False, False)
 
 
-# ---------------------------------------------------------------- differences by a rule the README states
+# ---------------------------------------------------------------- differences by a rule docs/code-rl.md states
 
 
 def test_rule_float_tolerance_a_result_within_1e_9_relative_passes_a_call_test_here_only(

@@ -1,6 +1,6 @@
 """The real-vLLM tier: `nanbeige serve` starts vLLM's CPU build with a small real model (SmolLM2-135M-
 Instruct) and every client path runs against it. These tests run where vLLM is installed in this Python
-(CI installs the CPU build in an environment of its own: .ci/run; the README says how); one server serves
+(CI installs the CPU build in an environment of its own: .ci/run; docs/serving.md says how); one server serves
 the whole module. The model's choices are its own, so the tests assert what must hold whatever it says."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from nanbeige.agent.trajectory import load_trajectories, read_records
 if not vllm_installed() and os.environ.get("NANBEIGE_REQUIRE_VLLM"):  # CI: a tier that skips has not run
     pytest.fail("NANBEIGE_REQUIRE_VLLM is set and vLLM is not installed in this Python", pytrace=False)
 if not vllm_installed():
-    pytest.skip("the real-vLLM tier needs vLLM in this Python (README: the real-vLLM tier)", allow_module_level=True)
+    pytest.skip("the real-vLLM tier needs vLLM in this Python (docs/serving.md: the real-vLLM tier)", allow_module_level=True)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 ECHO_SERVER = ["--no-default-servers", "--mcp", "calc=" + " ".join(TEST_SERVER)]

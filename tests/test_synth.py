@@ -240,7 +240,7 @@ def synth_command(*args: str) -> Any:
 
 
 def test_rejected_walks_go_to_the_out_file_name_with_rejected_jsonl_added() -> None:
-    # as the README says: `<out>.rejected.jsonl`, next to the questions
+    # as docs/rollouts.md says: `<out>.rejected.jsonl`, next to the questions
     assert rejected_path(Path("data/questions.jsonl")) == Path("data/questions.jsonl.rejected.jsonl")
     assert rejected_path(Path("questions")) == Path("questions.rejected.jsonl")
 
