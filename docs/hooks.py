@@ -71,8 +71,8 @@ def section(path: str, command: Any, parent: Any) -> list[str]:
     elif getattr(command, "commands", None):
         tables = ", ".join(f"`[{table}.{name}]`" for name in command.commands)
         if options:
-            lines += [f"Its own options are read from no settings file (a `[{table}]` table may hold only the "
-                      f"tables of its commands: {tables}).", ""]
+            lines += [f"Settings: a top-level key, or the same key in the `[{table}]` table (which wins); its "
+                      f"commands' settings go in their own tables: {tables}.", ""]
     elif options:
         lines += [f"Settings: a top-level key, or the same key in the `[{table}]` table (which wins).", ""]
     for argument in arguments:
