@@ -199,8 +199,22 @@ def run_test(test, program):
     try:
         exec(compile(test["assert"], "test", "exec"), namespace)
     except AssertionError as exc:
-        return {"failed": short(exc)}
+        return {"failed": failed_assertion(exc, test["assert"])}
     return {"ok": True}
+
+
+def failed_assertion(exc, source):
+    """`AssertionError: message` and the test's line that failed (the innermost of the test's own code), so that
+    a bare `assert` still says which check it was."""
+    number, frame = None, exc.__traceback__
+    while frame is not None:
+        if frame.tb_frame.f_code.co_filename == "test":
+            number = frame.tb_lineno
+        frame = frame.tb_next
+    lines = source.splitlines()
+    where = f" at `{lines[number - 1].strip()}`" if number and 0 < number <= len(lines) else ""
+    head = f"AssertionError: {exc}" if str(exc) else "AssertionError"
+    return f"{head}{where}"[:300]
 
 
 def main(entry, limit):

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nanbeige.evals.code_problems import CODE_TESTS, CodeProblem
+from nanbeige.evals.tasks import one_line
 from nanbeige.tools.sandbox import SandboxConfig, SandboxError, config_from_env
 
 if TYPE_CHECKING:
@@ -50,6 +51,8 @@ MAX_OUTPUT_BYTES = 1 << 22
 DETAIL_CHARS = 300
 MAX_PROGRAM_BYTES = 1 << 20
 """A longer program is a format error (nothing a solution needs; far below the sandbox's file size limit)."""
+FAILED = {"fail": "wrong result", "time-out": "timed out", "error": "error"}
+"""A failure reason for an outcome without a detail of its own."""
 KILLED_SANDBOX = "the program killed its sandbox (its jail, its worker, its process group or all it could signal)"
 
 
@@ -101,6 +104,18 @@ class CodeGrade:
         return bool(self.tests) and all(t.result == "pass" for t in self.tests)
 
     @property
+    def failure(self) -> str | None:
+        """Why the program is not solved, in one line for a person: the form error, or the first test that did
+        not pass with its first error line (`test 2 of 7: NameError: name 'x' is not defined`). Read from the
+        outcomes only, never used for a reward."""
+        if self.format_error is not None:
+            return one_line(self.format_error)
+        for number, test in enumerate(self.tests, 1):
+            if test.result != "pass":
+                return one_line(f"test {number} of {len(self.tests)}: {test.detail or FAILED[test.result]}")
+        return None
+
+    @property
     def counts(self) -> dict[str, int]:
         """How many tests ended each way."""
         return {kind: sum(t.result == kind for t in self.tests) for kind in ("pass", "fail", "time-out", "error")}
@@ -124,7 +139,8 @@ class CodeGrade:
         return {"grader": CODE_TESTS, "judge_model": (self.time or {}).get("model"), "correct": self.solved,
                 "extracted": None, "reason": self.format_error or f"{counts['pass']} of {len(self.tests)} tests "
                 f"passed", "error": (self.time or {}).get("error"), "terms": self.terms(rewards),
-                "reward": self.reward(rewards), "pass_rate": self.pass_rate, "solved": self.solved,
+                "failure": self.failure, "reward": self.reward(rewards), "pass_rate": self.pass_rate,
+                "solved": self.solved,
                 "complexity_ok": complexity_ok, "time_judge": self.time, "counts": counts,
                 "tests": [t.record() for t in self.tests]}
 
@@ -339,7 +355,7 @@ class CodeRunner:
         run = self.backend.run_program(sandbox, [self.python, "-I", "-B", "solution.py"],
                                        test["input"].encode(), **self._limits(problem.time_limit_s, problem))
         if run.timed_out or run.exit_code == -signal.SIGXCPU:  # its CPU time ran out
-            return Outcome("time-out", run.seconds, f"ran past {problem.time_limit_s:g} s")
+            return Outcome("time-out", run.seconds, f"timed out after {problem.time_limit_s:g} s")
         if run.exit_code != 0:
             return Outcome("error", run.seconds, f"exit {run.exit_code}: {end_reason(run, DETAIL_CHARS)}")
         if "output" not in test or same_output(run.stdout.decode(errors="replace"), test["output"]):  # timing
@@ -359,12 +375,16 @@ class CodeRunner:
                       repr(problem.time_limit_s)], f"{nonce}\n{json.dumps(given)}\n".encode(),
             **self._limits(total, problem))
         if run.timed_out or run.exit_code == -signal.SIGXCPU:
-            ended = f"time-out:the run ran past its {total:g} s"
+            ended = f"time-out:timed out: the whole run ran past its {total:g} s"
         elif run.exit_code != 0:
             ended = f"error:the process ended (exit {run.exit_code}) before this test: {end_reason(run, 200)}"
         else:
             ended = "error:the process ended before this test"
-        return harness_results(run.stdout, problem.tests, ended, nonce)
+        outcomes = harness_results(run.stdout, problem.tests, ended, nonce)
+        for outcome in outcomes:  # the harness says only that a call ran out of time
+            outcome.detail = outcome.detail or (f"timed out after {problem.time_limit_s:g} s"
+                                                if outcome.result == "time-out" else "")
+        return outcomes
 
     def seconds(self, problem: CodeProblem, program: str) -> float | None:
         """The program's time over the problem's timing tests (each within `time_limit_s`; the sum of its calls'

@@ -63,7 +63,8 @@ def grader_for(config: EvalConfig, reference_prompts: dict[str, str] | None = No
 
 def code_grader(runner: Any) -> Grade:
     """Code problems: correct when the program passes every test (the report's accuracy is pass@1, avg@k);
-    the pass rate and each test's result go in the verdict's reason."""
+    the pass rate and the counts of each test's result go in the verdict's reason, the first failing test's
+    error line in its failure."""
     from nanbeige.evals.code_tests import grade_program
     from nanbeige.tools.sandbox import SandboxError
 
@@ -77,7 +78,8 @@ def code_grader(runner: Any) -> Grade:
             raise JudgeUnavailable(f"the sandbox failed: {exc}") from None
         counts = ", ".join(f"{n} {kind}" for kind, n in grade.counts.items() if n)
         return Verdict(correct=grade.solved, grader=CODE_TESTS, extracted=grade.program,
-                       reason=grade.format_error or f"pass rate {grade.pass_rate:.3f} ({counts})")
+                       reason=grade.format_error or f"pass rate {grade.pass_rate:.3f} ({counts})",
+                       failure=grade.failure)
     return graded
 
 

@@ -1,6 +1,6 @@
 """Scores from `results.jsonl`: avg@k, pass@k, per-run accuracy, a per-level breakdown, and what the
-runs did (turns, tool calls, stop reasons, judge failures, tokens and paid tool units used); as JSON and as a
-markdown table.
+runs did (turns, tool calls, stop reasons, judge failures, tokens and paid tool units used), and why the runs
+that were not right failed where something says so (`failures`); as JSON and as a markdown table.
 
 With n tasks and k runs, C[q][r] = 1 when run r of task q was graded correct (a run not done yet,
 or one the judge could not decide, counts 0):
@@ -17,6 +17,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from nanbeige.agent.usage import total, usage_text
+from nanbeige.evals.tasks import one_line
 
 
 def scores(cells: dict[tuple[str, int], bool], task_ids: list[str], k: int, grader: str = "") -> dict[str, Any]:
@@ -85,7 +86,17 @@ def build_report(manifest: dict[str, Any], rows: list[dict[str, Any]]) -> dict[s
         report["majority_vote"] = majority_vote(rows, task_ids)
     report["no_answer"] = sum(row.get("prediction") is None for row in rows)
     report["usage"] = total(row.get("usage") for row in rows)
+    report["failures"] = failures(rows, task_ids)
     return report
+
+
+def failures(rows: list[dict[str, Any]], task_ids: list[str]) -> list[dict[str, Any]]:
+    """The runs not graded right whose row says why (a program's failing test, the run's own error, the judge's
+    failure), in task order: `task_id`, `run` and `why`."""
+    order = {task_id: index for index, task_id in enumerate(task_ids)}
+    found = [{"task_id": row["task_id"], "run": row["run"], "why": why} for row in rows if row["correct"] is not True
+             and isinstance(why := row.get("failure") or row.get("error") or row.get("judge_error"), str)]
+    return sorted(found, key=lambda failure: (order.get(failure["task_id"], len(order)), failure["run"]))
 
 
 def calibration_error(rows: list[dict[str, Any]], grader: str) -> tuple[float | None, str | None]:
@@ -198,7 +209,25 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["", f"| level | tasks | avg@{k} | pass@{k} |", "|---|---|---|---|"]
         lines += [f"| {level} | {s['tasks']} | {_pct(s['avg_at_k'])} | {_pct(s['pass_at_k'])} |"
                   for level, s in report["levels"].items()]
+    lines += failure_lines("Why runs failed", report.get("failures") or [], "why",
+                           "`failure` and `error` in results.jsonl")
+    lines += failure_lines("Runs that failed and are not counted (run the same command again to retry them)",
+                           report.get("failed_run_errors") or [], "error", "report.json")
     return "\n".join(lines)
+
+
+SHOWN_FAILURES = 20
+
+
+def failure_lines(title: str, failures: list[dict[str, Any]], key: str, where: str) -> list[str]:
+    """A list of runs with why each failed, the first `SHOWN_FAILURES` of them."""
+    if not failures:
+        return []
+    lines = ["", f"{title}:", ""]
+    lines += [f"- {f['task_id']} run {f['run']}: {one_line(str(f[key]))}" for f in failures[:SHOWN_FAILURES]]
+    if len(failures) > SHOWN_FAILURES:
+        lines.append(f"- and {len(failures) - SHOWN_FAILURES} more (all in {where})")
+    return lines
 
 
 def _pct(value: float | None) -> str:

@@ -19,7 +19,6 @@ import hashlib
 import json
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,36 +31,13 @@ from nanbeige.evals.config import EvalConfig, EvalError
 from nanbeige.evals.files import append_jsonl, file_sha256, first_link
 from nanbeige.evals.grading import check_grader, grader_for, grader_name, open_code_runner
 from nanbeige.evals.judges import JudgeUnavailable
-from nanbeige.evals.tasks import Task, Verdict
+from nanbeige.evals.progress import Progress
+from nanbeige.evals.tasks import Task, Verdict, one_line
 
 if TYPE_CHECKING:
     from nanbeige.agent.setup import Ready
 
 RESULTS, TRAJECTORIES, MANIFEST, REPORT = "results.jsonl", "trajectories.jsonl", "eval.json", "report.json"
-
-
-@dataclass
-class Progress:
-    """Counts a progress display reads while the eval runs."""
-
-    total: int
-    done: int = 0
-    running: int = 0
-    correct: int = 0
-    turns: int = 0
-    """Model turns of the runs done in this session."""
-    graded: int = 0
-    """Runs done whose answer could be graded (a reference answer, a judge that decided)."""
-    groups_done: int = 0
-    """Tasks all of whose runs are done (`collect`: questions with their G rollouts)."""
-    failed: int = 0
-    """Runs that failed (model server errors, crashes): not recorded, run again on resume."""
-    last_error: str | None = None
-    started: float = field(default_factory=time.monotonic)
-
-    @property
-    def accuracy(self) -> float | None:
-        return self.correct / self.graded if self.graded else None
 
 
 # ---------------------------------------------------------------- the out folder
@@ -233,14 +209,20 @@ def visible_texts(trajectory: Trajectory) -> list[str]:
 
 def result_row(task: Task, run_index: int, prediction: str | None, verdict: Verdict,
                trajectory: Trajectory | None) -> dict[str, Any]:
-    """One line of `results.jsonl`."""
+    """One line of `results.jsonl`. Why a run is not right, where something says so: `reason` (the grader's
+    words: a judge's reasoning, a program's pass rate), `failure` (a graded program's first failing test and
+    its first error line, or its form error; None otherwise), `judge_error` (why the grader could not decide)
+    and `error` (what went wrong in the run itself, such as the model server failing on the final answer or
+    the run's budget or context running out; None when nothing did). `failure` and `error` are one line of at
+    most 200 characters, without control characters: for people, never for scoring."""
     turns = trajectory.turns if trajectory else []
     return {
         "task_id": task.id, "run": run_index, "level": task.level, "prediction": prediction, "gold": task.answer,
         "correct": verdict.correct, "grader": verdict.grader, "judge_model": verdict.judge_model,
         "extracted": verdict.extracted, "reason": verdict.reason, "judge_error": verdict.error,
-        "confidence": verdict.confidence,
+        "confidence": verdict.confidence, "failure": verdict.failure,
         "stop_reason": trajectory.stop_reason if trajectory else None,
+        "error": one_line(trajectory.error) if trajectory and trajectory.error else None,
         "turns": sum(not t.rolled_back for t in turns),
         "tool_calls": sum(len(t.tool_calls) for t in turns),
         "trajectory_id": trajectory.id if trajectory else None,
@@ -269,18 +251,21 @@ async def run_all(pending: list[tuple[Task, int]], attempt: Attempt, concurrency
         while not queue.empty():
             task, run_index = queue.get_nowait()
             progress.running += 1
+            began = time.monotonic()
             try:
                 row = await attempt(task, run_index)
             finally:
                 progress.running -= 1
             if isinstance(row, str):
                 progress.failed, progress.last_error = progress.failed + 1, row
+                progress.failures.append({"task_id": task.id, "run": run_index, "error": one_line(row)})
                 in_a_row[0] += 1
                 if in_a_row[0] >= max(3, concurrency):
                     raise EvalError(f"{in_a_row[0]} runs in a row failed, the last with: {row}")
                 continue
             in_a_row[0] = 0
             record(row)
+            progress.finished_one(time.monotonic() - began)
             progress.done += 1
             progress.correct += row.get("correct") is True
             progress.graded += row.get("correct") is not None
@@ -384,9 +369,19 @@ async def evaluate(config: EvalConfig, settings: RunSettings, notice: Callable[[
             notice(f"resuming: {progress.done} of {progress.total} runs already done in {config.out}")
         await (runs or run_here)(config, with_out(settings, config, tasks), pending, progress, notice, progress_view)
     report = build_report(found, read_results(config.out))
-    report["failed_runs"] = progress.failed
+    report["failed_runs"], report["failed_run_errors"] = progress.failed, failed_run_errors(config, settings, progress)
     (config.out / REPORT).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     return report
+
+
+def failed_run_errors(config: EvalConfig, settings: RunSettings, progress: Progress) -> list[dict[str, Any]]:
+    """This session's failed runs with their errors, for the report; a model server's error may quote the key
+    it was sent, which the report never does (as the results file never does)."""
+    from nanbeige.agent.setup import secrets_of
+    from nanbeige.agent.trajectory import redact, usable_secrets
+
+    secrets = usable_secrets([*secrets_of(settings), *([config.judge.api_key] if config.judge.api_key else [])])
+    return [{**failure, "error": redact(failure["error"], secrets)} for failure in progress.failures]
 
 
 async def run_here(config: EvalConfig, settings: RunSettings, pending: list[tuple[Task, int]], progress: Progress,

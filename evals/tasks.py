@@ -7,9 +7,13 @@ agent's reply to one task and gives a `Verdict`, recording which grader (and jud
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+FAILURE_CHARS = 200
+"""The longest failure reason kept: one line of a report, not the program's whole output."""
 
 
 class LoadError(Exception):
@@ -49,3 +53,16 @@ class Verdict:
     """Why the grader could not decide, when `correct` is None."""
     confidence: int | None = None
     """The judge's stated confidence in %, where its profile asks for one (for calibration)."""
+    failure: str | None = None
+    """Why a graded program failed, in one line (`code-tests`: its first test that did not pass, with that
+    test's first error line). For people only: it never decides `correct`."""
+
+
+def one_line(text: str, limit: int = FAILURE_CHARS) -> str:
+    """The text as one line a terminal can show as it is: whitespace runs as one space, control and format
+    characters (escapes, bidirectional overrides) left out, cut to `limit` characters. Failure reasons quote
+    what a program raised or printed, so they get no say over the terminal they are shown in."""
+    kept = "".join(" " if char.isspace() else char for char in text
+                   if char.isspace() or unicodedata.category(char) not in ("Cc", "Cf", "Cs", "Co", "Cn"))
+    line = " ".join(kept.split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"

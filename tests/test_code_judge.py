@@ -112,13 +112,17 @@ def test_programs_are_run_against_their_problems_tests_and_rewarded_by_pass_rate
     assert half["terms"] == {"format": 0.0, "correctness": 0.5, "time": None}
     assert half["tests"][0] == {"result": "pass", "seconds": half["tests"][0]["seconds"]}
     assert half["tests"][1]["result"] == "fail" and half["tests"][1]["detail"] == "printed '3\\n'"
-    assert found["function-half"].judge["tests"][1] == {
-        "result": "fail", "seconds": found["function-half"].judge["tests"][1]["seconds"], "detail": "returned 3"}
+    function_half = found["function-half"].judge
+    assert function_half["tests"][1] == {"result": "fail", "seconds": function_half["tests"][1]["seconds"],
+                                         "detail": "returned 3"}
+    # the first failing test, for people reading the judged file (the reward is the pass rate alone)
+    assert half["failure"] == "test 2 of 2: printed '3\\n'" and right["failure"] is None
+    assert function_half["failure"] == "test 2 of 2: returned 3"
 
     for id, why in (("no-code", "no program in a ```python block"), ("wrong-name", "does not define `add`"),
                     ("no-parse", "does not parse: SyntaxError")):
         record = found[id].judge
-        assert why in record["reason"], record
+        assert why in record["reason"] and record["failure"] == record["reason"], record
         assert record["terms"] == {"format": -1.0, "correctness": 0.0, "time": None}
         assert record["tests"] == [] and record["solved"] is False  # nothing was run
 

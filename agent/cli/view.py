@@ -239,13 +239,13 @@ def show_total(console: Console, trajectories: list[Trajectory]) -> None:
 
 class RunsView:
     """A live line on stderr while many runs go (an eval, a collection): a bar, runs done, running,
-    accuracy or pass rate so far, and ETA; with `group_size`, questions done and turns/s too."""
+    accuracy or pass rate so far, ETA (`estimating` until a run ends) and the time since the start; with
+    `group_size`, questions done and turns/s too."""
 
     def __init__(self, console: Console, progress: Any, name: str, group_size: int | None = None):
         from rich.live import Live
 
         self.progress, self.name, self.group_size = progress, name, group_size
-        self.resumed = progress.done  # runs done before this session: not part of its pace
         self.console = console
         self.live = self.ticker = None
         if console.is_terminal:
@@ -265,9 +265,7 @@ class RunsView:
         return grid
 
     def _plain_line(self) -> str:
-        import time
-
-        return f"{escape(self.name)}: {self._line()} · {elapsed(time.monotonic() - self.progress.started)} elapsed"
+        return f"{escape(self.name)}: {self._line()}"
 
     def _line(self) -> str:
         p = self.progress
@@ -277,6 +275,7 @@ class RunsView:
                     f"{p.running} running · pass rate {rate} · {self._turns_per_s()} turns/s · ETA {self._eta()}")
         else:
             line = f"{p.done}/{p.total} runs · {p.running} running · accuracy {rate} · ETA {self._eta()}"
+        line += f" · {elapsed(p.elapsed_s)} elapsed"
         if p.failed:
             line += f" · [yellow]{p.failed} failed[/]"
         return line
@@ -288,13 +287,8 @@ class RunsView:
         return f"{self.progress.turns / elapsed:.1f}" if elapsed > 0 else "-"
 
     def _eta(self) -> str:
-        import time
-
-        p = self.progress
-        finished = p.done - self.resumed
-        if finished <= 0:
-            return "-"
-        return elapsed((time.monotonic() - p.started) / finished * (p.total - p.done))
+        eta = self.progress.eta_s()  # the pace of this session's runs (`evals.progress`)
+        return "estimating" if eta is None else elapsed(eta)
 
     def stop(self) -> None:
         if self.live:
