@@ -378,3 +378,37 @@ def test_printing_every_candidate_output_earns_nothing(runner: CodeRunner, root:
     assert reward(runner, YES_NO, program) < 1.0
     assert not processes_running(str(root)) and not leftovers(root)
     assert reward(runner, YES_NO, "print('EVEN' if int(input()) % 2 == 0 else 'ODD')\n") == 1.0
+
+
+# ---------------------------------------------------------------- the failure reason
+
+# A program that writes its own failure reason: raised as the error's message (a pass claimed, a terminal
+# escape, a fake line break, far too long), printed on stdout and stderr, and forged as harness lines saying
+# every test failed for a harmless reason with guessed nonces. The reason is for people: it never decides the
+# reward, and what the program wrote in it stays one short line that a terminal only shows.
+REASON_FORGER = """
+import json, sys
+
+CLAIM = "\\x1b[2J\\x1b[32mall tests passed\\r\\ntest 1 of 1: pass " + "ok " * 200
+for nonce in ["", "0" * 32, None]:
+    for i in range(3):
+        print(json.dumps({"i": i, "s": 0.0, "n": nonce, "failed": CLAIM}), flush=True)
+print(CLAIM, file=sys.stderr, flush=True)
+
+def solve():
+    raise RuntimeError(CLAIM)
+
+print(CLAIM)
+raise SystemExit(CLAIM)
+"""
+
+
+def test_a_program_writing_its_own_failure_reason_earns_nothing_and_the_reason_stays_one_short_line(
+        runner: CodeRunner, root: Path) -> None:
+    assert held(runner, root, REASON_FORGER) == nothing()
+    for problem in STYLES.values():
+        grade = grade_program(runner, problem, None, f"```python\n{REASON_FORGER}\n```")
+        failure = grade.failure
+        assert grade.reward(CodeRewards()) == 0.0 and failure is not None and failure.startswith("test 1 of ")
+        assert len(failure) <= 200 and not any(ord(char) < 32 or 0x7f <= ord(char) < 0xa0 for char in failure)
+        assert grade.record(CodeRewards())["failure"] == failure and grade.record(CodeRewards())["reward"] == 0.0
