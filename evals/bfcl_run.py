@@ -30,7 +30,8 @@ from nanbeige.agent.config import RunSettings
 from nanbeige.agent.trajectory import Trajectory, Turn
 from nanbeige.evals import bfcl, bfcl_jail
 from nanbeige.evals.config import EvalConfig, EvalError
-from nanbeige.evals.runner import MANIFEST, REPORT, TRAJECTORIES, Progress, prepare_out, run_all
+from nanbeige.evals.runner import (MANIFEST, REPORT, TRAJECTORIES, Progress, failed_run_errors, prepare_out,
+                                  run_all)
 from nanbeige.tools.sandbox import SandboxError
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ async def evaluate(config: EvalConfig, settings: RunSettings, notice: Callable[[
                     if view is not None:
                         view.stop()
     report = grade(config.out, found)
-    report["failed_runs"] = progress.failed
+    report["failed_runs"], report["failed_run_errors"] = progress.failed, failed_run_errors(config, settings, progress)
     (config.out / REPORT).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     return report
 

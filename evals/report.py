@@ -265,4 +265,6 @@ def bfcl_markdown(report: dict[str, Any]) -> str:
     if report.get("missing_weight"):
         parts = ", ".join(f"{part} {weight}%" for part, weight in report["missing_weight"].items())
         lines += ["", f"Not run, counted as 0 in the overall as the official runner counts them: {parts}."]
+    lines += failure_lines("Items that failed and are not scored (run the same command again to retry them)",
+                           report.get("failed_run_errors") or [], "error", "report.json")
     return "\n".join(lines)

@@ -16,6 +16,7 @@ from nanbeige.agent.config import AgentConfig, BackendConfig, RunSettings, Tools
 from nanbeige.agent.llm import LLMConfig
 from nanbeige.evals import bfcl, bfcl_run
 from nanbeige.evals.benchmarks import BENCHMARKS
+from nanbeige.evals.report import markdown
 from nanbeige.evals.runner import EvalConfig, EvalError, evaluate
 from nanbeige.evals.tasks import LoadError
 
@@ -152,6 +153,9 @@ async def test_a_failing_model_server_leaves_the_item_undone_and_a_rerun_finishe
     with FakeOpenAI(flaky, vllm=True) as server:
         report = await run_ours(server, "simple_python", 4, tmp_path / "out")
         assert report["items_done"] == 3 and report["failed_runs"] == 1
+        [failed] = report["failed_run_errors"]  # with the server's words, in the report too
+        assert failed["task_id"] == "simple_python_2" and "this model is not loaded" in failed["error"], failed
+        assert f"- simple_python_2 run 0: {failed['error']}" in markdown(report)
         assert "simple_python_2" not in bfcl.done_ids(tmp_path / "out")
         # a torn last line (a kill mid-write) is dropped, not fatal
         result = next((tmp_path / "out" / "bfcl" / "result").rglob("*_result.json"))
