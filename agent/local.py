@@ -11,9 +11,13 @@ only when a model is loaded, so the rest of the CLI stays fast and works without
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import functools
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
@@ -89,6 +93,25 @@ def resolve_small_model(model: str, gguf_file: str | None) -> tuple[str, str | N
     return str(folder), gguf_file or SMALL_MODEL_GGUF
 
 
+def model_name(model: str) -> str:
+    """The model as a person knows it: `SmolLM2-135M-Instruct` for `smollm2`, any other as it is given."""
+    return "SmolLM2-135M-Instruct" if model == SMALL_MODEL else model
+
+
+@contextmanager
+def loading(notice: Callable[[str], None], model: str) -> Iterator[None]:
+    """Around the load of `model` in this process: where the notice can show a wait as it goes (its
+    `waiting`: the command line's line with the seconds so far) it does, else it is told once."""
+    what = f"loading {model_name(model)} in this process"
+    waiting = getattr(notice, "waiting", None)
+    if waiting is None:
+        notice(f"{what} …")
+        yield
+        return
+    with waiting(what):
+        yield
+
+
 def as_typed(model: str) -> str:
     """The name a user types for a model recorded by its folder: `smollm2` for the installed package's own
     folder (what older runs recorded), any other model as it is."""
@@ -151,15 +174,35 @@ def check_model_available(model: str, gguf_file: str | None = None, timeout_s: f
                               f"({type(exc).__name__}): {fixes}") from None
 
 
-def quiet_third_party(transformers: Any) -> None:
+@contextmanager
+def quiet_load(transformers: Any) -> Iterator[None]:
     """Keep transformers' and the hub's progress bars (de-quantizing a GGUF, loading weights, downloads)
-    and their warnings off our stderr: in a log file each redraw is a line of noise, and in a terminal
-    they break the live view. `--verbose` leaves them on."""
-    from huggingface_hub.utils import disable_progress_bars
+    off stderr while a model loads, and put them back as they were after: in a log file each redraw is a
+    line of noise, in a terminal they break the live view, and a script's own bars are its own business.
+    Transformers' warnings stay at errors only (they would come again at each reply). `--verbose` leaves
+    all of them on."""
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
-    disable_progress_bars()  # tqdm's other bars are kept out from the start (entry.py)
-    transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
+    hub_bars, own_bars = not are_progress_bars_disabled(), transformers.utils.logging.is_progress_bar_enabled()
+    disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        import transformers.modeling_gguf_pytorch_utils as gguf  # its bar is tqdm's own, no switch turns it off
+    except ImportError:
+        gguf = None
+    gguf_bar = getattr(gguf, "tqdm", None)
+    if gguf_bar is not None:
+        gguf.tqdm = functools.partial(gguf_bar, disable=True)
+    try:
+        yield
+    finally:
+        if gguf_bar is not None:
+            gguf.tqdm = gguf_bar
+        if hub_bars:
+            enable_progress_bars()
+        if own_bars:
+            transformers.utils.logging.enable_progress_bar()
 
 
 def stop_ids(tokenizer: Any) -> list[int]:
@@ -175,8 +218,12 @@ class TransformersLLM:
     def __init__(self, config: LLMConfig, gguf_file: str | None = None, device: str | None = None,
                  verbose: bool = False):
         torch, transformers = _imports()
-        if not verbose:
-            quiet_third_party(transformers)
+        with contextlib.nullcontext() if verbose else quiet_load(transformers):
+            self._load(torch, transformers, config, gguf_file, device)
+        self.lock = asyncio.Lock()  # one generation at a time: the model is not shared between threads
+
+    def _load(self, torch: Any, transformers: Any, config: LLMConfig, gguf_file: str | None,
+              device: str | None) -> None:
         self.config = config.for_dialect("mcp-xml")  # a no-op for a config set up for its dialect
         self.torch = torch
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -194,7 +241,6 @@ class TransformersLLM:
         self.stop_ids = self._stop_ids()
         self.prompter = Prompter(self.tokenizer)
         self.tokenizer_identity, self.template_identity = identity(self.tokenizer, self.prompter.chat_template)
-        self.lock = asyncio.Lock()  # one generation at a time: the model is not shared between threads
 
     def _stop_ids(self) -> list[int]:
         return stop_ids(self.tokenizer)
@@ -245,12 +291,21 @@ class TransformersLLM:
 
     def _streamer(self, on_text: Callable[[str], None]) -> Any:
         """A transformers streamer that hands the reply's text to `on_text` on the event loop's thread,
-        a word at a time as transformers decodes it (special tokens shown: `<think>` marks reasoning)."""
+        a word at a time as transformers decodes it (special tokens shown: `<think>` marks reasoning),
+        without the token that ends the reply: it is no text of the reply (`<|im_end|>` on the screen)."""
         from transformers import TextStreamer
 
-        loop = asyncio.get_running_loop()
+        loop, stops, torch = asyncio.get_running_loop(), set(self.stop_ids), self.torch
 
         class ToLoop(TextStreamer):
+            def put(self, value: Any) -> None:
+                if not self.next_tokens_are_prompt:
+                    kept = [token for token in value.reshape(-1).tolist() if token not in stops]
+                    if not kept:
+                        return
+                    value = torch.tensor(kept)
+                super().put(value)
+
             def on_finalized_text(self, text: str, stream_end: bool = False) -> None:
                 if text:
                     loop.call_soon_threadsafe(on_text, text)

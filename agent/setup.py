@@ -28,7 +28,7 @@ from nanbeige.agent.cache import CacheError, ToolCache
 from nanbeige.agent.config import BACKENDS, RunSettings, ToolsConfig
 from nanbeige.agent.llm import (DIALECT_SAMPLING, LLM, LLMConfig, ModelError, ModelUnreachable, OpenAIChat, ServerInfo,
                                 probe_server)
-from nanbeige.agent.local import in_thread
+from nanbeige.agent.local import in_thread, loading
 from nanbeige.agent.loop import DEFAULT_MAX_CONTEXT, AgentConfig
 from nanbeige.agent.prompts import search_template
 from nanbeige.agent.records import NotATrajectoryFile, check_trajectory_file
@@ -253,9 +253,8 @@ def pool_servers(settings: RunSettings) -> list[ServerInfo]:
 
 
 def in_process(settings: RunSettings, notice: Notice) -> RunSettings:
-    """The settings for a model run in this process: on a CPU, a reply length and a number of turns a CPU
-    gets through where the user left the defaults (said on stderr). The model keeps the name the user typed
-    (`smollm2` is resolved to its package's folder where it is loaded)."""
+    """The settings for a model run in this process: on a CPU, a reply length and a number of turns a CPU gets
+    through where the user left the defaults (said on stderr). The model keeps the name typed (`smollm2`)."""
     from nanbeige.agent.local import CPU_MAX_TOKENS, CPU_MAX_TURNS, LocalModelError, on_cpu
 
     b, llm, agent = settings.backend, settings.llm, settings.agent
@@ -423,9 +422,10 @@ async def ready(settings: RunSettings, notice: Notice) -> AsyncIterator[Ready]:
 
 
 async def _backend(settings: RunSettings, server: ServerInfo | None, notice: Notice) -> LLM:
-    if server is None:
-        notice(f"loading {settings.llm.model} …")
-    return await in_thread(make_llm, settings, server)
+    if server is not None:
+        return await in_thread(make_llm, settings, server)
+    with loading(notice, settings.llm.model):  # tens of seconds: shown as they go where the notice can
+        return await in_thread(make_llm, settings, server)
 
 
 @asynccontextmanager

@@ -101,7 +101,8 @@ def load_tokenizer(name_or_path: str, chat_template_file: Path | None = None) ->
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
     except (OSError, ValueError) as exc:
-        raise ModelError(f"cannot load the tokenizer of {name_or_path!r}: {exc}".splitlines()[0]) from None
+        raise ModelError(f"cannot load the tokenizer of {name_or_path!r}: {exc}") from None  # all of it: the
+        # reasons come after the first line ("Couldn't instantiate the backend tokenizer from one of:")
     try:
         template = read_chat_template(chat_template_file) if chat_template_file else None
     except (OSError, ValueError) as exc:

@@ -102,6 +102,11 @@ def out_json(value: Any) -> None:
     sys.stdout.write(CONTROL.sub(lambda m: f"\\u{ord(m.group()):04x}", text) + "\n")
 
 
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """`1 turn`, `3 turns`: a count and its noun in agreement."""
+    return f"{count:,} {noun if count == 1 else plural or noun + 's'}"
+
+
 def fail(message: str, code: int = 1) -> NoReturn:
     err.print(f"[red]error:[/] {escape(shown(message))}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)

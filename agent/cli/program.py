@@ -27,7 +27,7 @@ from nanbeige.agent.cli import cache_commands, commands, research, rl_commands, 
 from nanbeige.agent.cli import options as o
 from nanbeige.agent.config import BackendConfig, RunSettings
 from nanbeige.agent.cli.console import SafeConsole, err, fail, hide, out, out_json, shown
-from nanbeige.agent.cli.running import notice, question_text, run_command
+from nanbeige.agent.cli.running import interrupted, notice, question_text, run_command
 from nanbeige.agent.cli.usage import Commands
 from nanbeige.agent.llm import LLMConfig
 
@@ -79,8 +79,8 @@ async def _ask(question: str, settings: RunSettings, resume_from: Trajectory | N
                 err.print(f"[dim]{runtime.toolbox.cache.summary()}[/]", highlight=False)
             return trajectory
         except asyncio.CancelledError:
-            err.print(f"[yellow]interrupted[/]; the trajectory so far is in {escape(str(runtime.path))} "
-                      f"(`nanbeige resume {escape(str(runtime.path))}` goes on with it)", highlight=False)
+            interrupted(f"the trajectory so far is in {escape(str(runtime.path))} "
+                        f"(`nanbeige resume {escape(str(runtime.path))}` goes on with it)")
             raise
         except Exception:
             err.print(f"[dim]the trajectory, closed as crashed, is in {escape(str(runtime.path))}[/]", highlight=False)

@@ -44,7 +44,7 @@ from rich.markup import escape
 from nanbeige.agent import dialects
 from nanbeige.agent.cli import options as o
 from nanbeige.agent.config import RunSettings
-from nanbeige.agent.cli.console import err, fail, hide, out, visible
+from nanbeige.agent.cli.console import counted, err, fail, hide, out, visible
 from nanbeige.agent.context import estimate_tokens
 from nanbeige.agent.llm import LLM, ModelError
 from nanbeige.agent.loop import DEFAULT_MAX_CONTEXT, AgentConfig, Event, run
@@ -272,8 +272,8 @@ def research_command(
         out(answer)
     turns = sum(len(t.turns) for t in result.attempts)
     wall = sum(t.timings.get("wall_s", 0.0) for t in result.attempts)
-    err.print(f"[dim]{result.attempts[-1].stop_reason} after {len(result.attempts)} attempt"
-              f"{'s' * (len(result.attempts) != 1)}, {turns} turns in {wall:.1f}s[/]", highlight=False)
+    err.print(f"[dim]{result.attempts[-1].stop_reason} after {counted(len(result.attempts), 'attempt')}, "
+              f"{counted(turns, 'turn')} in {wall:.1f}s[/]", highlight=False)
     if report is not None:
         write_report(report, result, path, open_report)
     if answer is None:
@@ -282,7 +282,7 @@ def research_command(
 
 
 async def _research(question: str, settings: RunSettings, attempts: int) -> tuple[Research, Path]:
-    from nanbeige.agent.cli.running import notice
+    from nanbeige.agent.cli.running import interrupted, notice
     from nanbeige.agent.setup import ready
     from nanbeige.agent.cli.view import LiveView
 
@@ -299,8 +299,7 @@ async def _research(question: str, settings: RunSettings, attempts: int) -> tupl
             result = await research(question, runtime.llm, runtime.toolbox, streamed, runtime.writer,
                                     attempts, view, notice)
         except asyncio.CancelledError:
-            err.print(f"[yellow]interrupted[/]; the trajectories so far are in {escape(str(runtime.path))}",
-                      highlight=False)
+            interrupted(f"the trajectories so far are in {escape(str(runtime.path))}")
             raise
         except Exception:
             err.print(f"[dim]the trajectory, closed as crashed, is in {escape(str(runtime.path))}[/]", highlight=False)

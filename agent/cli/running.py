@@ -1,12 +1,13 @@
 """What every command shares in running: its notices on stderr, its coroutine run with Ctrl-C, SIGTERM,
-setup errors and bugs each turned into one line and an exit status, and the question it was given."""
+setup errors and bugs each turned into a message and an exit status, and the question it was given."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -19,10 +20,62 @@ from nanbeige.agent.cli.sigterm import exit_on_sigterm
 T = TypeVar("T")
 
 
-def notice(text: str) -> None:
-    head, sep, rest = shown(text).partition(": ")
-    line = f"[yellow]{escape(head)}:[/] {escape(rest)}" if sep else escape(head)
-    err.print(line, highlight=False, soft_wrap=True)
+class Moment:
+    """What Ctrl-C would cut short now, for the line that says so where the command itself does not."""
+
+    doing = "starting"
+    """What the command is busy with before its runs begin (nothing is written until then)."""
+    told = False
+    """Whether the command has said itself what the interruption kept (`interrupted`)."""
+
+
+def interrupted(kept: str) -> None:
+    """Say that Ctrl-C stopped the command, and what is kept (`kept`: "the trajectory so far is in …")."""
+    err.print(f"[yellow]interrupted[/]; {kept}", highlight=False, soft_wrap=True)
+    Moment.told = True
+
+
+class Notices:
+    """The setup's notices on stderr (`notice(text)`); its long wait, the model loading in this process,
+    shown as it goes (`waiting`); the notice that search is not set up said once for good, short."""
+
+    def __call__(self, text: str) -> None:
+        if text.startswith(SEARCH_NOT_SET_UP) and not first_time("search-off"):
+            return
+        if text.startswith(SEARCH_NOT_SET_UP):  # `nanbeige doctor` keeps saying it in full
+            text = "search is off: set SERPER_API_KEY or SEARXNG_URL, or see `nanbeige doctor` (said once)"
+        head, sep, rest = shown(text).partition(": ")
+        line = f"[yellow]{escape(head)}:[/] {escape(rest)}" if sep else escape(head)
+        err.print(line, highlight=False, soft_wrap=True)
+
+    @contextmanager
+    def waiting(self, what: str) -> Iterator[None]:
+        from nanbeige.agent.cli.waiting import shown_wait
+
+        Moment.doing = "loading the model"
+        with shown_wait(err, what):
+            yield
+        Moment.doing = "starting"
+
+
+notice = Notices()
+SEARCH_NOT_SET_UP = "search is off: no search backend is configured"
+
+
+def first_time(what: str) -> bool:
+    """True once per user for `what` (a mark left in the user's config folder); True again where the mark
+    cannot be left, so nothing is kept quiet that was never said."""
+    from nanbeige.agent.user_dirs import config_dir
+
+    mark = config_dir() / "said" / what
+    if mark.exists():
+        return False
+    try:
+        mark.parent.mkdir(parents=True, exist_ok=True)
+        mark.touch()
+    except OSError:
+        pass
+    return True
 
 
 async def resumable(work: Awaitable[T], errors: type[Exception], kept: str,
@@ -36,14 +89,15 @@ async def resumable(work: Awaitable[T], errors: type[Exception], kept: str,
         before_error()
         fail(str(exc))
     except asyncio.CancelledError:
-        err.print(f"[yellow]interrupted[/]; {kept}: run the same command to go on", highlight=False)
+        interrupted(f"{kept}: run the same command to go on")
         raise
 
 
 def run_command(main: Coroutine[Any, Any, T]) -> T:
-    """Run a command's coroutine. A SetupError is one line and exit 1 (2 for a bad value); Ctrl-C
-    and SIGTERM cancel it, so every open trajectory is closed first, then exit 130 or 143. A bug is
-    one line too (exit 1), its traceback shown only with NANBEIGE_DEBUG=1."""
+    """Run a command's coroutine. A SetupError is its message and exit 1 (2 for a bad value); Ctrl-C
+    and SIGTERM cancel it, so every open trajectory is closed first, then exit 130 or 143, after a line
+    that says what was cut short where the command did not say it. A bug is its message too (exit 1).
+    NANBEIGE_DEBUG=1 adds the traceback of either."""
     from nanbeige.agent.setup import SetupError
 
     terminated = []
@@ -57,17 +111,31 @@ def run_command(main: Coroutine[Any, Any, T]) -> T:
     try:
         return asyncio.run(guarded())
     except SetupError as exc:
+        debug_traceback(exc)
         fail(str(exc), 2 if exc.usage else 1)
     except (KeyboardInterrupt, asyncio.CancelledError):  # the servers' shutdown may re-cancel the task
+        if not Moment.told:
+            stopped = "stopped (SIGTERM)" if terminated else "interrupted"
+            err.print(f"[yellow]{stopped}[/] while {Moment.doing}; nothing was written", highlight=False)
         raise typer.Exit(143 if terminated else 130) from None
     except typer.Exit:  # a command's own `fail`: its line is already printed
         raise
     except Exception as exc:
-        if os.environ.get("NANBEIGE_DEBUG"):
-            raise
+        debug_traceback(exc)
         fail(f"nanbeige crashed: {type(exc).__name__}: {exc} (NANBEIGE_DEBUG=1 shows where; please report it)")
     finally:
         exit_on_sigterm()  # closing the event loop put back the default action, which kills without an exit status
+
+
+def debug_traceback(exc: BaseException) -> None:
+    """With NANBEIGE_DEBUG=1, the exception's traceback on stderr, and that of the one it was raised from
+    even where `from None` hid it from the user (keys taken out, as everywhere)."""
+    import traceback
+
+    if not os.environ.get("NANBEIGE_DEBUG"):
+        return
+    exc.__suppress_context__ = False
+    err.file.write("".join(traceback.format_exception(exc)))
 
 
 def question_text(question: str | None, question_file: Path | None) -> str:
@@ -78,6 +146,9 @@ def question_text(question: str | None, question_file: Path | None) -> str:
         text, problem = read_question(question, question_file)
     except QuestionError as exc:
         fail(str(exc), 2)
+    except KeyboardInterrupt:  # waiting for stdin to end
+        err.print("[yellow]interrupted[/] while reading the question; nothing was written", highlight=False)
+        raise typer.Exit(130) from None
     if problem:
         notice(problem)
     return text
