@@ -106,6 +106,19 @@ def test_the_notice_that_search_is_off_is_one_line_said_once_and_doctor_says_it_
     assert "SEARXNG_URL" in doctor.stdout + doctor.stderr and "nanbeige index build" in doctor.stdout + doctor.stderr
 
 
+@pytest.mark.slow
+def test_the_live_line_shows_the_time_and_says_when_the_reply_is_being_written(tmp_path: Path) -> None:
+    reply = Reply(content=mcp_answer("Ulaanbaatar") + "<|im_end|>", delay_s=2.0, piece_delay_s=0.3)
+    with FakeOpenAI([reply]) as server, \
+            Terminal([NANBEIGE, "ask", "What is the capital of Mongolia?", "--base-url", server.base_url,
+                      "--no-default-servers", "--trajectory", str(tmp_path / "run.jsonl")]) as term:
+        assert term.shows("elapsed · waiting for the model (", 30), term.screen_text()
+        assert term.shows("elapsed · writing the reply (", 30), term.screen_text()
+        assert term.wait(60) == 0, term.screen_text()
+    assert "<|im_end|>" not in bytes(term.raw).decode("utf-8", "replace")
+    assert "answered after 1 turn in" in term.screen_text()
+
+
 def test_counts_agree_with_their_nouns_in_research_and_everywhere_a_count_is_printed(tmp_path: Path) -> None:
     from nanbeige.agent.cli.console import counted
 

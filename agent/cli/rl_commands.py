@@ -14,7 +14,7 @@ from rich.markup import escape
 
 from nanbeige.agent.cli import options as o
 from nanbeige.agent.config import RunSettings
-from nanbeige.agent.cli.console import err, fail, hide
+from nanbeige.agent.cli.console import counted, err, fail, hide
 from nanbeige.agent.llm import LLMConfig
 
 
@@ -175,8 +175,8 @@ def run_judge(src: Path, out: Path, config: Any) -> None:
     def line() -> str:
         mean = "-" if progress.mean_reward is None else f"{progress.mean_reward:.3f}"
         return (f"judge {progress.done}/{progress.total} trajectories · {progress.running} running · mean reward "
-                f"{mean} · {progress.turns_judged} turns judged, {progress.masked_turns} masked · "
-                f"{progress.critic_failures} critic failures")
+                f"{mean} · {counted(progress.turns_judged, 'turn')} judged, {progress.masked_turns} masked · "
+                f"{counted(progress.critic_failures, 'critic failure')}")
 
     try:
         check(src, out, config)  # before the live line starts: a bad input is one line, alone
@@ -198,7 +198,8 @@ def run_judge(src: Path, out: Path, config: Any) -> None:
     summary = run_command(main())
     err.print(f"{summary['judged']} trajectories judged into {escape(str(out))} ({summary['already_judged']} were "
               f"already there, {summary['skipped']} unfinished skipped); {summary['outcome_errors']} without an "
-              f"outcome reward, {summary['critic_failures']} turns the critic could not judge", highlight=False)
+              f"outcome reward, {counted(summary['critic_failures'], 'turn')} the critic could not judge",
+              highlight=False)
 
 
 def synth(

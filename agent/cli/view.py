@@ -11,6 +11,7 @@ from rich.markup import escape
 
 from nanbeige.agent import dialects
 from nanbeige.agent.cli.console import shown
+from nanbeige.agent.local import END_OF_TURN
 from nanbeige.agent.trajectory import ToolCall, Trajectory, Turn
 from nanbeige.agent.usage import add_turn, run_usage, total, usage_text
 
@@ -105,18 +106,17 @@ class LiveView:
         self.started = time.monotonic()
         self.waiting: tuple[str, float] | None = None  # what the run waits for, and since when
         self.reply: list[str] = []  # the pieces of the reply streamed so far (the refresh thread joins them)
-        self.line = ""  # what the run waits for, as the spinner line shows it
         # A new spinner for each wait: one restarted would first erase as many lines above it as the
         # last reply it showed had, which are the turn lines printed since.
         self.status: Any = None
-        self.ticker = None if console.is_terminal else Ticker(console, self._plain_line, every_s or progress_every(10))
+        self.ticker = None if console.is_terminal else Ticker(console, self._status, every_s or progress_every(10))
 
     def __call__(self, kind: str, data: Any) -> None:
         if kind == "text":
             self.reply.append(data)
         elif kind == "model":
             self.index = data
-            self._wait("waiting for the model")
+            self._wait(WAITING_FOR_THE_MODEL)
         elif kind == "tool":
             self._wait(escape(call_summary(data, 40)))
         elif kind == "turn":
@@ -141,14 +141,18 @@ class LiveView:
         used = usage_text(self.usage)
         return f"turn {self.index + 1}/{self.max_turns}" + (f" · [dim]{used}[/]" if used else "")
 
-    def _plain_line(self) -> str | None:
+    def _status(self) -> str | None:
+        """`turn 2/10 · 41s elapsed · writing the reply (12s, 312 characters so far)`: the run so far and what
+        it waits for now (None while it waits for nothing); the same line in a terminal and in a log."""
         import time
 
         if self.waiting is None:
             return None
         what, since = self.waiting
         now = time.monotonic()
-        streamed = sum(map(len, self.reply))
+        streamed = len(self._reply())
+        if streamed and what == WAITING_FOR_THE_MODEL:  # the model is no longer silent: it writes
+            what = "writing the reply"
         so_far = f", {streamed:,} characters so far" if streamed else ""
         return f"{self._head()} · {elapsed(now - self.started)} elapsed · {what} ({elapsed(now - since)}{so_far})"
 
@@ -156,7 +160,6 @@ class LiveView:
         import time
 
         self.waiting, self.reply = (what, time.monotonic()), []
-        self.line = f"{self._head()} · {what}"
         if self.console.is_terminal and self.status is None:
             self.status = self.console.status(self)  # drawn through __rich__ at each refresh, as it is then
             self.status.start()
@@ -165,11 +168,22 @@ class LiveView:
         from rich.console import Group
         from rich.text import Text
 
-        line = Text.from_markup(self.line)
-        if not self.reply:
+        line, reply = Text.from_markup(self._status() or ""), self._reply()
+        if not reply:
             return line
         # the spinner takes the first columns; the head line and a margin take rows
-        return Group(line, reply_tail("".join(self.reply), self.console.width - 3, self.console.height - 4))
+        return Group(line, reply_tail(reply, self.console.width - 3, self.console.height - 4))
+
+    def _reply(self) -> str:
+        """The reply streamed so far, without the token that ends a turn (`<|im_end|>`): a server or the
+        in-process model may send it, and it is no text of the reply."""
+        reply = "".join(self.reply)
+        for token in END_OF_TURN:
+            reply = reply.replace(token, "")
+        return reply
+
+
+WAITING_FOR_THE_MODEL = "waiting for the model"
 
 
 def reply_tail(reply: str, width: int, height: int) -> Any:
