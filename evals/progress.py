@@ -31,6 +31,8 @@ class Progress:
     """Runs done in this session, whose time is in `run_s` (runs done before a resume are not)."""
     run_s: float = 0.0
     """The wall-clock seconds of those runs together, each from its start to its end."""
+    in_flight: list[float] = field(default_factory=list)
+    """When each run now running began (`time.monotonic`)."""
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -41,18 +43,30 @@ class Progress:
     def elapsed_s(self) -> float:
         return time.monotonic() - self.started
 
-    def finished_one(self, seconds: float) -> None:
-        """A run of this session is done, after `seconds`."""
-        self.timed += 1
-        self.run_s += seconds
+    def began_one(self) -> float:
+        """A run starts now; returns when, for `ended_one`."""
+        began = time.monotonic()
+        self.running += 1
+        self.in_flight.append(began)
+        return began
+
+    def ended_one(self, began: float, done: bool) -> None:
+        """The run begun at `began` ended; `done`: it is recorded (a failed one is not, and is not timed)."""
+        self.running -= 1
+        self.in_flight.remove(began)
+        if done:
+            self.timed += 1
+            self.run_s += time.monotonic() - began
 
     def eta_s(self) -> float | None:
         """Seconds until every run is done: the runs left, each taking as long as the runs of this session took
-        on average, as many at once as are running now. None until a run of this session has ended (nothing to
-        go by yet); 0 when none is left."""
+        on average, less what the runs in flight have done of theirs, as many at once as are running now. None
+        until a run of this session has ended (nothing to go by yet); 0 when none is left."""
         left = self.total - self.done
         if left <= 0:
             return 0.0
         if not self.timed:
             return None
-        return self.run_s / self.timed * left / max(self.running, 1)
+        per_run, now = self.run_s / self.timed, time.monotonic()
+        under_way = sum(min(now - began, per_run) for began in tuple(self.in_flight))  # read from another thread
+        return max(left * per_run - under_way, 0.0) / max(self.running, 1)

@@ -17,7 +17,6 @@ import asyncio
 import dataclasses
 import hashlib
 import json
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -250,12 +249,11 @@ async def run_all(pending: list[tuple[Task, int]], attempt: Attempt, concurrency
     async def worker() -> None:
         while not queue.empty():
             task, run_index = queue.get_nowait()
-            progress.running += 1
-            began = time.monotonic()
+            began, row = progress.began_one(), None  # row: the graded row, why the run failed, or None (raised)
             try:
                 row = await attempt(task, run_index)
             finally:
-                progress.running -= 1
+                progress.ended_one(began, isinstance(row, dict))
             if isinstance(row, str):
                 progress.failed, progress.last_error = progress.failed + 1, row
                 progress.failures.append({"task_id": task.id, "run": run_index, "error": one_line(row)})
@@ -265,7 +263,6 @@ async def run_all(pending: list[tuple[Task, int]], attempt: Attempt, concurrency
                 continue
             in_a_row[0] = 0
             record(row)
-            progress.finished_one(time.monotonic() - began)
             progress.done += 1
             progress.correct += row.get("correct") is True
             progress.graded += row.get("correct") is not None
