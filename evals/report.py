@@ -224,7 +224,8 @@ def failure_lines(title: str, failures: list[dict[str, Any]], key: str, where: s
     if not failures:
         return []
     lines = ["", f"{title}:", ""]
-    lines += [f"- {f['task_id']} run {f['run']}: {one_line(str(f[key]))}" for f in failures[:SHOWN_FAILURES]]
+    lines += [f"- {one_line(str(f['task_id']), 100)} run {f['run']}: {one_line(str(f[key]))}"
+              for f in failures[:SHOWN_FAILURES]]
     if len(failures) > SHOWN_FAILURES:
         lines.append(f"- and {len(failures) - SHOWN_FAILURES} more (all in {where})")
     return lines

@@ -63,3 +63,17 @@ def test_the_spread_is_reported_as_each_source_computes_it() -> None:
     # HLE: the Wald half-width on each run's accuracy: 1.96 * sqrt(33.33 * 66.67 / 3) = 53.34
     hle = build_report(MANIFEST, rows)
     assert hle["ci95_half_width"] == [53.34, 53.34]
+
+
+def test_the_report_lists_why_runs_failed_the_first_twenty_each_on_one_line() -> None:
+    manifest = {"bench": "code", "grader": "code-tests", "k": 1, "tasks": [{"id": f"p{i}"} for i in range(25)]}
+    rows = [row(f"p{i}", 0, False, failure=f"test 1 of 2: NameError: name 'x{i}' is not defined") for i in range(24)]
+    rows.append(row("p24", 0, True, failure=None))  # a right run has nothing to say
+    rows[3]["task_id"], manifest["tasks"][3]["id"] = "p3\n- p99 run 0: forged", "p3\n- p99 run 0: forged"
+    report = build_report(manifest, list(reversed(rows)))
+    assert [f["task_id"] for f in report["failures"]][:5] == ["p0", "p1", "p2", "p3\n- p99 run 0: forged", "p4"]
+    assert len(report["failures"]) == 24  # all of them in report.json, in task order
+    text = markdown(report)
+    assert "- p0 run 0: test 1 of 2: NameError: name 'x0' is not defined" in text
+    assert "- p3 - p99 run 0: forged run 0: " in text and "\n- p99" not in text  # an id cannot add a line
+    assert "- p19 run 0:" in text and "- p20 run 0:" not in text and "- and 4 more" in text
