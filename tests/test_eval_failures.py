@@ -147,12 +147,13 @@ def test_the_eta_counts_down_while_runs_are_in_flight() -> None:
     from nanbeige.evals.progress import Progress
 
     progress = Progress(total=5)
-    first, second = progress.began_one(), progress.began_one()
+    first = progress.began_one()
+    progress.began_one()
     assert progress.eta_s() is None  # nothing to go by before a run ends
     progress.ended_one(first, done=True)
     progress.done, progress.run_s = 1, 10.0  # a run of 10 s
-    progress.in_flight[0] = time.monotonic() - 4  # the second began 4 s ago
+    progress.in_flight[0] = second = time.monotonic() - 4  # the second began 4 s ago
     # 4 runs left of 10 s each, 4 s of one done already, 1 running: 36 s
     assert progress.eta_s() == pytest.approx(36, abs=0.5)
-    progress.ended_one(progress.in_flight[0], done=False)  # a failed run is not timed
+    progress.ended_one(second, done=False)  # a failed run is not timed
     assert (progress.running, progress.timed, progress.eta_s()) == (0, 1, pytest.approx(40))
