@@ -238,7 +238,7 @@ def test_something_that_is_not_a_model_server_is_not_taken_for_one(tmp_path: Pat
 
 
 def test_help_shows_the_defaults_that_depend_on_the_dialect() -> None:
-    result = nanbeige("ask", "--help", env={"COLUMNS": "250"})
+    result = nanbeige("ask", "--help-all", env={"COLUMNS": "250"})
     text = " ".join(result.stdout.split())
     for shown in ("[default: 1.0 for mcp-xml, 0.6 for tool-call]", "[default: 600 for mcp-xml, 200 for tool-call]",
                   "[default: the server's max_model_len, else 262144]"):
@@ -254,8 +254,8 @@ def test_the_commands_that_run_the_agent_take_the_run_flags_from_one_definition(
     from nanbeige.agent.cli.program import app
 
     commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
-    own_way = {"ask": set(), "research": {"max_turns", "timeout", "tokenizer"}, "eval": {"tokenizer"},
-               "collect": {"verbose"}}
+    own_way = {"ask": set(), "research": {"max_turns", "timeout", "tokenizer"}, "eval": {"tokenizer", "temperature"},
+               "collect": {"verbose", "top_p", "repetition_penalty"}}
     for name, exceptions in own_way.items():
         params = {param.name: param for param in commands[name].params}
         for flag, (annotation, default) in options.RUN_OPTIONS.items():

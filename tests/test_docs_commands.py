@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import typer
+from nanbeige.agent.cli.help_screen import MAIN_OPTIONS
 from nanbeige.agent.cli.program import app
 
 ROOT = Path(__file__).parent.parent
@@ -133,6 +134,12 @@ def shown_commands() -> list[Shown]:
     return shown
 
 
+def is_help(command: Any, name: str) -> bool:
+    """--help, which every command has, or --help-all, which the main ones have: neither is among a command's
+    params (so that no settings key names them)."""
+    return name == "--help" or (name == "--help-all" and command.name in MAIN_OPTIONS)
+
+
 def option_named(command: Any, name: str) -> Any:
     """The command's option that `name` (--flag, --no-flag, -k) is a spelling of, or None."""
     return next((param for param in command.params if param.param_type_name == "option"
@@ -150,7 +157,7 @@ def read_option(command: Any, token: str, rest: list[str]) -> str | None:
     if option is None and not token.startswith("--") and len(token) > 2:  # -G8: a short option and its value
         option, equals = option_named(command, token[:2]), "="
     if option is None:
-        return None if name == "--help" else f"{command.name} has no option {name}"
+        return None if is_help(command, name) else f"{command.name} has no option {name}"
     if not takes_value(option):
         return f"{name} takes no value" if equals else None
     if not equals:
@@ -181,7 +188,7 @@ def problem(args: list[str] | tuple[str, ...], whole: bool = True) -> str | None
             break
         if token.startswith("-") and token != "-":
             option = option_named(command, token.partition("=")[0])
-            if token == "--help" or (option is not None and option.is_eager):
+            if is_help(command, token) or (option is not None and option.is_eager):
                 whole = False  # it answers before anything else is needed: --version, --help
             wrong = read_option(command, token, rest)
             if wrong and wrong.endswith("needs a value") and not whole:

@@ -15,6 +15,7 @@ from nanbeige.agent.cli import options as o
 from nanbeige.agent.config import RunSettings
 from nanbeige.agent.cli.console import err, fail, hide
 from nanbeige.agent.cli.console import out as print_line
+from nanbeige.agent.cli.help_screen import ShortHelpCommand
 from nanbeige.agent.cli.rl_commands import RayAddress
 from nanbeige.agent.cli.serve import ServeConfig
 
@@ -202,6 +203,12 @@ def index_search(
 # ---------------------------------------------------------------- nanbeige eval
 
 
+# eval's own default temperature: BFCL runs at its official generator's unless one is given (`settings_for_bfcl`)
+EvalTemperature = Annotated[float | None, typer.Option(min=0.0, show_default=False, help=(
+    "Sampling temperature \\[default: 1.0 for mcp-xml, 0.6 for tool-call; 0.001 for bfcl and its parts, as BFCL's "
+    "own generator]."))]
+
+
 @o.with_run_options(leave_out=("tokenizer",))
 def evaluate(
     bench: Annotated[str, typer.Argument(help="The benchmark (see the list below), or `report` to re-render the "
@@ -226,6 +233,7 @@ def evaluate(
     judge_api_key: o.JudgeApiKey = None,
     judge_template: o.JudgeTemplate = None,
     ray: RayAddress = None,
+    temperature: EvalTemperature = None,  # read through `settings`
     *,
     settings: RunSettings,
 ) -> None:
@@ -246,6 +254,23 @@ def evaluate(
 
     hide(secrets_of(settings) + ([judge_api_key] if judge_api_key else []))
     run_eval(config, settings)
+
+
+class EvalCommand(ShortHelpCommand):
+    """eval's help ends with the benchmarks: by name on --help, each with its file and grader on --help-all."""
+
+    def page_epilog(self, shown_all: bool) -> str:
+        return benchmark_list() if shown_all else benchmark_names()
+
+
+def benchmark_names() -> str:
+    from nanbeige.evals.benchmarks import describe
+
+    benches = describe()
+    names = ", ".join(b["name"] for b in benches if b["grader"] != "bfcl-eval")
+    bfcl = [b["name"] for b in benches if b["grader"] == "bfcl-eval"]
+    return (f"Benchmarks: {names}; BFCL-V4: {bfcl[0]} and its {len(bfcl) - 1} parts (--help-all lists them, and "
+            "each benchmark's file and grader).")
 
 
 def benchmark_list() -> str:

@@ -21,8 +21,7 @@ ADVANCED = "Advanced"
 
 BaseUrl = Annotated[list[str] | None, typer.Option(envvar="NANBEIGE_BASE_URL", show_default=False, help=(
     f"OpenAI-compatible endpoint \\[default: {LLMConfig.base_url}, or the in-process model when nothing answers "
-    "there]. Repeat it (or list several in NANBEIGE_BASE_URL, space-separated) for servers of the same model "
-    "used as one pool."))]
+    "there]; repeat it (in NANBEIGE_BASE_URL: space-separated) for a pool of servers of one model."))]
 Route = Annotated[str, typer.Option(rich_help_panel=ADVANCED, help=(
     "With several --base-url: `run` keeps each run on the endpoint of its first turn (its prefix cache), "
     "`group` keeps a question's rollouts together too."))]

@@ -28,6 +28,7 @@ from nanbeige.agent.cli import options as o
 from nanbeige.agent.config import BackendConfig, RunSettings
 from nanbeige.agent.cli.console import SafeConsole, err, fail, hide, out, out_json, shown
 from nanbeige.agent.cli.running import interrupted, notice, question_text, run_command
+from nanbeige.agent.cli.help_screen import ShortHelpCommand
 from nanbeige.agent.cli.usage import Commands
 from nanbeige.agent.llm import LLMConfig
 
@@ -38,7 +39,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Agent runtime for deep search and tool use with Nanbeige4.1-3B.")
 
 
-@app.command()
+@app.command(cls=ShortHelpCommand)
 @o.with_run_options()
 def ask(
     question: o.Question = None,
@@ -117,7 +118,7 @@ def ending(trajectory: Trajectory) -> str:
             + f" in {trajectory.timings.get('wall_s', 0):.1f}s")
 
 
-@app.command()
+@app.command(cls=ShortHelpCommand)
 def resume(
     path: Annotated[Path, typer.Argument(help="The trajectory file of the run; the run goes on in it.")],
     trajectory_id: Annotated[str | None, typer.Option("--id", help="Which trajectory of the file (needed when "
@@ -231,16 +232,16 @@ def options(show_version: Annotated[bool, typer.Option("--version", callback=ver
     """Agent runtime for deep search and tool use with Nanbeige4.1-3B."""
 
 
-app.command("research")(research.research_command)
-app.command("serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
-    commands.serve)
+app.command("research", cls=ShortHelpCommand)(research.research_command)
+app.command("serve", cls=ShortHelpCommand, context_settings={"allow_extra_args": True,
+                                                             "ignore_unknown_options": True})(commands.serve)
 app.command("server")(commands.server)
 app.add_typer(commands.index_app, name="index")
 app.add_typer(commands.reference_app, name="reference")
 app.add_typer(cache_commands.cache_app, name="cache")
-app.command("eval", epilog=commands.benchmark_list())(commands.evaluate)
-app.command("collect")(rl_commands.collect)
-app.command("judge")(rl_commands.judge)
+app.command("eval", cls=commands.EvalCommand)(commands.evaluate)
+app.command("collect", cls=ShortHelpCommand)(rl_commands.collect)
+app.command("judge", cls=ShortHelpCommand)(rl_commands.judge)
 app.command("synth")(rl_commands.synth)
 app.command("problems")(rl_commands.problems)
 app.command("trust")(commands.trust_command)

@@ -25,6 +25,16 @@ RayAddress = Annotated[str | None, typer.Option(
          "head's address. This process alone writes the output files, as without it.")]
 
 
+# collect's own defaults of two run flags: rollouts for training sample without a top-p cut or a penalty
+# (`trainer.collect.on_policy`), since the trainer computes the policy's probabilities without them.
+OnPolicyTopP = Annotated[float | None, typer.Option(min=0.0, max=1.0, show_default=False, help=(
+    "Nucleus sampling threshold \\[default: 1.0 (off): the rollouts stay on-policy; another value makes them "
+    "off-policy]."))]
+OnPolicyRepetitionPenalty = Annotated[float | None, typer.Option(min=0.0, show_default=False, help=(
+    "Penalty on repeated tokens, vLLM servers only \\[default: 1.0 (off): the rollouts stay on-policy; another "
+    "value makes them off-policy]."))]
+
+
 @o.with_run_options(leave_out=("verbose",))
 def collect(
     questions: Annotated[Path | None, typer.Option(help="Questions: JSONL or CSV with `question`, optional `answer` "
@@ -43,6 +53,8 @@ def collect(
     allow_inexact: Annotated[bool, typer.Option(help="Collect through a chat endpoint, whose token ids are not "
                                                      "exact.")] = False,
     ray: RayAddress = None,
+    top_p: OnPolicyTopP = None,  # both read through `settings`
+    repetition_penalty: OnPolicyRepetitionPenalty = None,
     *,
     settings: RunSettings,
 ) -> None:
@@ -133,7 +145,8 @@ def judge(
     judge_template: o.JudgeTemplate = None,
     concurrency: Annotated[int, typer.Option(min=1, help="Trajectories judged at once.")] = 8,
     request_timeout: Annotated[float | None, typer.Option(min=0.1, show_default=False, help=(
-        "Seconds one judge or critic call may take before it is asked again \\[default: 120]."))] = None,
+        "Seconds one judge or critic call may take before it is asked again \\[default: 300 for the judge, 120 for "
+        "the critic]."))] = None,
     retries: Annotated[int | None, typer.Option(min=0, show_default=False, help=(
         "How many times a failed judge or critic call is asked again \\[default: 3 for the judge, 2 for the "
         "critic]."))] = None,

@@ -15,6 +15,7 @@ from rich.markup import escape
 from nanbeige.agent.cli import options as o
 from nanbeige.agent.config import AgentConfig, BackendConfig, ToolsConfig
 from nanbeige.agent.cli.console import err, fail, hide
+from nanbeige.agent.cli.help_screen import ShortHelpGroup
 from nanbeige.agent.llm import LLMConfig
 from nanbeige.trainer.config import COUNTS, GroupRule, parse_keep
 from nanbeige.trainer.train import TrainConfig
@@ -33,7 +34,7 @@ LoopRay = Annotated[str | None, typer.Option(
          "Training stays in this process.")]
 
 
-train_app = typer.Typer(invoke_without_command=True, help=(
+train_app = typer.Typer(invoke_without_command=True, cls=ShortHelpGroup, help=(
     "Train the model on judged trajectories: GRPO with turn-level advantages, or SFT; --loop N alternates "
     "collect, judge, train and sync. `nanbeige train report RUN_DIR` draws a run's curves."))
 

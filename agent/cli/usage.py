@@ -8,10 +8,17 @@ from typing import Any
 
 from typer.core import TyperGroup
 
+from nanbeige.agent.cli.help_screen import no_value_shown_for_flags
+
 
 class Commands(TyperGroup):
     """The program's command group: a command's own parsing runs inside the group's `invoke`, so a
-    subcommand's unknown option passes here on its way to being printed."""
+    subcommand's unknown option passes here on its way to being printed. Made once every command is, so it
+    is where every command's flags get their look in the help."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        no_value_shown_for_flags(self)
 
     def invoke(self, ctx: Any) -> Any:
         try:
