@@ -42,6 +42,18 @@ def rows(text: str) -> set[str]:
     return set(found)
 
 
+def row(page: str, name: str) -> str:
+    """The words of the option's row: its line, and the lines its help text wraps onto."""
+    found: list[str] = []
+    for line in page.splitlines():
+        starts = re.match(r"^│[ *]{1,6}(-[\w-]+)", line)
+        if found and (starts or not line.startswith("│")):
+            break
+        if found or (starts and starts.group(1) == name):
+            found.append(line)
+    return words("\n".join(found))
+
+
 def command(*path: str) -> Any:
     found = typer.main.get_command(app)
     for name in path:
@@ -106,9 +118,8 @@ def test_collect_shows_its_own_sampling_defaults_the_ones_it_runs_with() -> None
     from nanbeige.agent.cli.options import run_settings
     from nanbeige.trainer.collect import on_policy
 
-    text = words(nanbeige("collect", "--help-all", columns=200).stdout)
-    top_p = text.split("--top-p", 1)[1].split("--", 1)[0]
-    penalty = text.split("--repetition-penalty", 1)[1].split("--", 1)[0]
+    page = nanbeige("collect", "--help-all", columns=200).stdout
+    top_p, penalty = row(page, "--top-p"), row(page, "--repetition-penalty")
     assert "default: 1.0 (off)" in top_p and "0.95" not in top_p
     assert "default: 1.0 (off)" in penalty and "1.05" not in penalty
     settings = run_settings(**{name: None for name in ("base_url", "api_key", "max_turns", "max_context",
@@ -120,22 +131,25 @@ def test_collect_shows_its_own_sampling_defaults_the_ones_it_runs_with() -> None
     sampled = on_policy(settings, lambda _: None).llm
     assert (sampled.top_p, sampled.repetition_penalty) == (1.0, 1.0)
     # ask answers questions with the dialect's settings, and says so
-    ask = words(nanbeige("ask", "--help-all", columns=200).stdout)
-    assert "default: 0.95" in ask and "1.05 for mcp-xml" in ask
+    page = nanbeige("ask", "--help-all", columns=200).stdout
+    assert "default: 0.95" in row(page, "--top-p") and "1.05 for mcp-xml" in row(page, "--repetition-penalty")
 
 
-def test_eval_and_judge_show_the_defaults_they_run_with() -> None:
+def test_eval_judge_and_train_show_the_defaults_they_run_with() -> None:
     from nanbeige.evals import bfcl
     from nanbeige.evals.judges import JUDGE_ENDPOINT
     from nanbeige.trainer.critic import CRITIC_ENDPOINT
 
-    text = words(nanbeige("eval", "--help-all", columns=200).stdout)
-    assert f"{bfcl.TEMPERATURE} for bfcl" in text.split("--temperature", 1)[1].split("--", 1)[0]
-    text = words(nanbeige("judge", "--help-all", columns=200).stdout)
-    timeout = text.split("--request-timeout", 1)[1].split("--", 1)[0]
-    assert f"{JUDGE_ENDPOINT.timeout_s:g} for the judge, {CRITIC_ENDPOINT.timeout_s:g} for the critic" in timeout
-    retries = text.split("--retries", 1)[1].split("--", 1)[0]
-    assert f"{JUDGE_ENDPOINT.retries} for the judge, {CRITIC_ENDPOINT.retries} for the critic" in retries
+    page = nanbeige("eval", "--help-all", columns=200).stdout
+    assert f"{bfcl.TEMPERATURE} for bfcl" in row(page, "--temperature")
+    page = nanbeige("judge", "--help-all", columns=200).stdout
+    assert (f"{JUDGE_ENDPOINT.timeout_s:g} for the judge, {CRITIC_ENDPOINT.timeout_s:g} for the critic"
+            in row(page, "--request-timeout"))
+    assert f"{JUDGE_ENDPOINT.retries} for the judge, {CRITIC_ENDPOINT.retries} for the critic" in row(page, "--retries")
+    for name in ("judge", "train"):  # train's loop judges with the same critic
+        page = nanbeige(name, "--help-all", columns=200).stdout
+        assert f"default: {CRITIC_ENDPOINT.model}" in row(page, "--critic-model"), name
+        assert f"default: {CRITIC_ENDPOINT.base_url}" in row(page, "--critic-base-url"), name
 
 
 def test_an_option_left_out_of_the_short_page_works_from_the_command_line() -> None:

@@ -17,6 +17,7 @@ from nanbeige.agent.config import AgentConfig, BackendConfig, ToolsConfig
 from nanbeige.agent.cli.console import err, fail, hide
 from nanbeige.agent.cli.help_screen import ShortHelpGroup
 from nanbeige.agent.llm import LLMConfig
+from nanbeige.tools.endpoint import OPENAI_BASE_URL
 from nanbeige.trainer.config import COUNTS, GroupRule, parse_keep
 from nanbeige.trainer.train import TrainConfig
 
@@ -149,12 +150,15 @@ def train(
     critic_base_url: Annotated[list[str] | None, typer.Option(envvar="NANBEIGE_CRITIC_BASE_URL", show_default=False,
                                                               rich_help_panel="Loop", help=(
                                                                   "With --loop: the turn critic's endpoint (repeat "
-                                                                  "it for several)."))] = None,
+                                                                  "it for several) \\[default: "
+                                                                  f"{OPENAI_BASE_URL}]."))] = None,
     critic_model: Annotated[str | None, typer.Option(envvar="NANBEIGE_CRITIC_MODEL", show_default=False,
-                                                     rich_help_panel="Loop", help="With --loop: the critic model.")
+                                                     rich_help_panel="Loop", help="With --loop: the critic model "
+                                                                                  "\\[default: gpt-4.1-2025-04-14].")
                             ] = None,
     critic_api_key: Annotated[str | None, typer.Option(envvar="NANBEIGE_CRITIC_API_KEY", show_default=False,
-                                                       rich_help_panel="Loop")] = None,
+                                                       rich_help_panel="Loop",
+                                                       help="With --loop: API key for the critic endpoint.")] = None,
 ) -> None:
     """Train the model on judged trajectories: GRPO with turn-level advantages, or SFT. Under torchrun
     (`torchrun --nproc-per-node N --no-python nanbeige train ...`) the model is sharded with FSDP2. With
