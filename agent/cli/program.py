@@ -35,8 +35,10 @@ from nanbeige.agent.llm import LLMConfig
 if TYPE_CHECKING:  # imported lazily at run time so `--help` stays fast
     from nanbeige.agent.trajectory import Trajectory
 
+# rich markup named, not left to typer's default: typer 0.16 passes its default on unresolved, and then prints
+# the help texts' escaped brackets (`\\[default: ...]`) with their backslashes
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, cls=Commands,
-                  help="Agent runtime for deep search and tool use with Nanbeige4.1-3B.")
+                  rich_markup_mode="rich", help="Agent runtime for deep search and tool use with Nanbeige4.1-3B.")
 
 
 @app.command(cls=ShortHelpCommand)
