@@ -43,6 +43,18 @@ def test_ctrl_c_while_the_small_model_loads_says_so_and_exits_130(tmp_path: Path
 
 
 @pytest.mark.slow
+def test_ctrl_c_before_the_load_says_so_too(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+    with Terminal(small_ask(path), cwd=str(tmp_path)) as term:
+        assert term.shows("no model server at", 60), term.screen_text()  # it looks for torch and a GPU next
+        term.ctrl_c()
+        assert term.wait(30) == 130, term.screen_text()
+    screen = term.screen_text()
+    assert re.search(r"interrupted while (starting|loading the model); nothing was written", screen), screen
+    assert "Traceback" not in screen and not path.exists()
+
+
+@pytest.mark.slow
 def test_the_small_model_in_a_terminal_shows_its_load_and_its_reply_being_written(tmp_path: Path) -> None:
     path = tmp_path / "run.jsonl"
     seen = []

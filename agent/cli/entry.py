@@ -18,6 +18,9 @@ def main() -> None:
         # Its bars (de-quantizing a GGUF, loading weights) would redraw over our stderr: noise in a log
         # file, and a broken live view in a terminal.
         os.environ.setdefault("TQDM_DISABLE", "1")
-    from nanbeige.agent.cli.program import main as run
-
+    try:
+        from nanbeige.agent.cli.program import main as run
+    except KeyboardInterrupt:  # Ctrl-C while the program is still being read in: no traceback for that
+        sys.stderr.write("interrupted while starting; nothing was written\n")
+        sys.exit(130)
     run()

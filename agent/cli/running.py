@@ -23,8 +23,9 @@ T = TypeVar("T")
 class Moment:
     """What Ctrl-C would cut short now, for the line that says so where the command itself does not."""
 
-    doing = "starting"
-    """What the command is busy with before its runs begin (nothing is written until then)."""
+    doing: str | None = None
+    """What the command is busy with before its runs begin, while nothing is written ("loading the model");
+    None where that is not known (the line then claims nothing)."""
     told = False
     """Whether the command has said itself what the interruption kept (`interrupted`)."""
 
@@ -52,10 +53,10 @@ class Notices:
     def waiting(self, what: str) -> Iterator[None]:
         from nanbeige.agent.cli.waiting import shown_wait
 
-        Moment.doing = "loading the model"
+        before, Moment.doing = Moment.doing, "loading the model"
         with shown_wait(err, what):
             yield
-        Moment.doing = "starting"
+        Moment.doing = before
 
 
 notice = Notices()
@@ -116,7 +117,8 @@ def run_command(main: Coroutine[Any, Any, T]) -> T:
     except (KeyboardInterrupt, asyncio.CancelledError):  # the servers' shutdown may re-cancel the task
         if not Moment.told:
             stopped = "stopped (SIGTERM)" if terminated else "interrupted"
-            err.print(f"[yellow]{stopped}[/] while {Moment.doing}; nothing was written", highlight=False)
+            where = f" while {Moment.doing}; nothing was written" if Moment.doing else ""
+            err.print(f"[yellow]{stopped}[/]{where}", highlight=False)
         raise typer.Exit(143 if terminated else 130) from None
     except typer.Exit:  # a command's own `fail`: its line is already printed
         raise
@@ -151,4 +153,5 @@ def question_text(question: str | None, question_file: Path | None) -> str:
         raise typer.Exit(130) from None
     if problem:
         notice(problem)
+    Moment.doing = "starting"  # a question's command (ask, research) writes nothing until its run begins
     return text
