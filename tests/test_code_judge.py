@@ -360,7 +360,7 @@ def test_a_complexity_judge_that_is_down_stops_the_run_and_a_later_run_resumes(t
         again = judge(src, out, "--grader", "code-tests", "--problems", str(problems), "--time-reward",
                       "--judge-base-url", server.base_url)
     assert again.returncode == 0, again.stderr
-    assert "1 trajectories judged" in again.stderr and "(1 were already there" in again.stderr
+    assert "1 trajectory judged" in again.stderr and "(1 was already there" in again.stderr
     assert whole_trajectories(out) == ["solved", "unsolved"] and len(server.requests) == 1
     assert judged(out)["solved"].reward == 2.0
 

@@ -201,7 +201,7 @@ def test_a_judge_killed_mid_line_resumes_keeping_every_whole_trajectory(tmp_path
     assert_no_crash(resumed)
     assert resumed.exit_code == 0, resumed.output
     assert f"{judged}:9: the last line is cut short" in resumed.output
-    assert "1 trajectories judged" in resumed.output and "2 were already there" in resumed.output
+    assert "1 trajectory judged" in resumed.output and "2 were already there" in resumed.output
     assert judged.read_bytes().startswith(kept)
     rewards = {t.id: t.reward for t in load_trajectories(judged, warn=lambda text: None)}
     assert rewards == {"a": 1.0, "b": 0.0, "c": 1.0}

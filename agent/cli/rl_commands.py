@@ -209,8 +209,10 @@ def run_judge(src: Path, out: Path, config: Any) -> None:
             view.stop()
 
     summary = run_command(main())
-    err.print(f"{summary['judged']} trajectories judged into {escape(str(out))} ({summary['already_judged']} were "
-              f"already there, {summary['skipped']} unfinished skipped); {summary['outcome_errors']} without an "
+    already = summary["already_judged"]
+    err.print(f"{counted(summary['judged'], 'trajectory', 'trajectories')} judged into {escape(str(out))} ({already} "
+              f"{'was' if already == 1 else 'were'} already there, {summary['skipped']} unfinished skipped); "
+              f"{summary['outcome_errors']} without an "
               f"outcome reward, {counted(summary['critic_failures'], 'turn')} the critic could not judge",
               highlight=False)
 
