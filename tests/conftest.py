@@ -20,6 +20,15 @@ import pytest
 # command would get no Ctrl-C. Handled here, SIGINT is back to its default in each process a test starts.
 signal.signal(signal.SIGINT, signal.default_int_handler)
 
+USERS_TOOL_SETTINGS = ("SERPER_API_KEY", "SEARXNG_URL", "JINA_API_KEY", "E2B_API_KEY", "E2B_DOMAIN")
+
+# The user's shell may hold nanbeige's settings and the tools' keys (a NANBEIGE_BASE_URL for their own server, a
+# SERPER_API_KEY): the tests say what they need themselves, so none of those reach the commands they start.
+# Kept: NANBEIGE_REQUIRE_VLLM, which the real-vLLM tier's runner sets to say vLLM must be there.
+for name in [name for name in os.environ if name.startswith("NANBEIGE_") or name in USERS_TOOL_SETTINGS]:
+    if name != "NANBEIGE_REQUIRE_VLLM":
+        del os.environ[name]
+
 # The user's own config folder (their settings file, the settings files they trusted) is the suite's own: a
 # developer's nanbeige.toml must not change what the tests see, nor a test trust a file on their behalf.
 os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="nanbeige-config-")
