@@ -21,9 +21,18 @@ import httpx
 import orjson
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_before_delay
 
-from nanbeige.agent.model_server import (PROBE_TIMEOUT_S, ContextOverflow, EndpointDown, ModelError, ModelUnreachable,
-                                         ServerInfo, read_model_list, server_root, version_is_vllm)
-from nanbeige.agent.model_server import probe_server  # noqa: F401  (imported from here with the client it informs)
+from nanbeige.agent.model_server import (
+    PROBE_TIMEOUT_S,
+    ContextOverflow,
+    EndpointDown,
+    ModelError,
+    ModelUnreachable,
+    ServerInfo,
+    probe_server,  # noqa: F401  (imported from here with the client it informs)
+    read_model_list,
+    server_root,
+    version_is_vllm,
+)
 from nanbeige.agent.refusals import RETRY_STATUSES, VLLM_EXTRAS, RequestShape, RetryableStatus, backoff, error_text
 from nanbeige.agent.stream import StreamError, read_stream
 from nanbeige.tools.endpoint import LOCAL_BASE_URL, LOCAL_MODEL

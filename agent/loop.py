@@ -23,15 +23,31 @@ from typing import TYPE_CHECKING, Any, Callable
 from nanbeige.agent import dialects, replies
 from nanbeige.agent.cache import ReplayMiss
 from nanbeige.agent.config import AgentConfig
-from nanbeige.agent.context import (History, duplicate_note, estimate_tokens, query_tools, reference_margin,
-                                    release_unseen_results, repeated_call, step_back, used_query)
+from nanbeige.agent.context import (
+    History,
+    duplicate_note,
+    estimate_tokens,
+    query_tools,
+    reference_margin,
+    release_unseen_results,
+    repeated_call,
+    step_back,
+    used_query,
+)
 from nanbeige.agent.llm import LLM, Completion, ContextOverflow, ModelError, served_by
 from nanbeige.agent.replies import EXTRA_ATTEMPTS, RESAMPLES
 from nanbeige.agent.restarts import Restarts
 from nanbeige.agent.restore import rebuild, reopen
 from nanbeige.agent.tokens import TokenTracker
-from nanbeige.agent.trajectory import (ToolResult, Trajectory, TrajectoryWriteError, TrajectoryWriter, Turn,
-                                        counted_turns, resume_record)
+from nanbeige.agent.trajectory import (
+    ToolResult,
+    Trajectory,
+    TrajectoryWriteError,
+    TrajectoryWriter,
+    Turn,
+    counted_turns,
+    resume_record,
+)
 from nanbeige.agent.usage import add_turn, over_budget
 
 if TYPE_CHECKING:  # the MCP SDK takes most of a second to import; `nanbeige --help` needs none of it

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
+
 from nanbeige.agent.llm import Completion, LLMConfig, OpenAIChat, served_by
 from nanbeige.agent.model_server import (
     PROBE_TIMEOUT_S,

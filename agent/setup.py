@@ -10,8 +10,8 @@ so a failed start leaves no empty trajectory or log behind.
 from __future__ import annotations
 
 import dataclasses
-import json
 import datetime
+import json
 import os
 import sys
 import uuid
@@ -26,15 +26,31 @@ import httpx
 from nanbeige.agent import dialects
 from nanbeige.agent.cache import CacheError, ToolCache
 from nanbeige.agent.config import BACKENDS, RunSettings, ToolsConfig
-from nanbeige.agent.llm import (DIALECT_SAMPLING, LLM, LLMConfig, ModelError, ModelUnreachable, OpenAIChat, ServerInfo,
-                                probe_server)
+from nanbeige.agent.llm import (
+    DIALECT_SAMPLING,
+    LLM,
+    LLMConfig,
+    ModelError,
+    ModelUnreachable,
+    OpenAIChat,
+    ServerInfo,
+    probe_server,
+)
 from nanbeige.agent.local import in_thread, loading
 from nanbeige.agent.loop import DEFAULT_MAX_CONTEXT, AgentConfig
 from nanbeige.agent.prompts import search_template
 from nanbeige.agent.records import NotATrajectoryFile, check_trajectory_file
 from nanbeige.agent.server_log import ServerLog
-from nanbeige.agent.toolbox import (ServerSpec, Toolbox, ToolboxError, parse_server_spec, passed_env, secrets_in_env,
-                                    url_credentials, without_credentials)
+from nanbeige.agent.toolbox import (
+    ServerSpec,
+    Toolbox,
+    ToolboxError,
+    parse_server_spec,
+    passed_env,
+    secrets_in_env,
+    url_credentials,
+    without_credentials,
+)
 from nanbeige.agent.trajectory import TrajectoryWriteError, TrajectoryWriter
 from nanbeige.agent.writable import unwritable
 

@@ -28,8 +28,8 @@ from typing import IO, Any
 from mcp import Client, MCPError, StdioServerParameters, stdio_client
 from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT, TextContent
 
-from nanbeige.agent.lifeline import tied_to_this_process
 from nanbeige.agent.cache import ToolCache
+from nanbeige.agent.lifeline import tied_to_this_process
 from nanbeige.agent.restarts import RESTART_CREDIT_CALLS, Restarts
 from nanbeige.agent.trajectory import ToolCall, ToolResult, redact, usable_secrets
 

@@ -38,6 +38,7 @@ def table_pipes(markdown: str) -> str:
 
 def reference() -> str:
     import typer
+
     from nanbeige.agent.cli.program import app
 
     root = typer.main.get_command(app)

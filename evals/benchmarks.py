@@ -12,12 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from nanbeige.agent.config import RunSettings
-from nanbeige.evals.bfcl import GRADER
 from nanbeige.evals import code_problems
+from nanbeige.evals.bfcl import GRADER
 from nanbeige.evals.code_problems import CODE_TESTS
 from nanbeige.evals.config import Benchmark, EvalConfig
 from nanbeige.evals.tasks import LoadError, Task
-
 
 
 def _lazy(module: str, function: str = "load") -> Callable[[Path | None], list[Task]]:
@@ -41,7 +40,8 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in [
               "BrowseComp-ZH: browsecomp-zh-encrypted.xlsx"),
     Benchmark("xbench-2505", _lazy("xbench"), "xbench/reference", "xBench-DeepSearch 2505: DeepSearch-2505.csv"),
     Benchmark("xbench-2510", _lazy("xbench"), "xbench/reference", "xBench-DeepSearch 2510: DeepSearch-2510.csv"),
-    Benchmark("hle", _lazy("hle"), "hle/reference", "HLE text-only: the test parquet (rows with an image are left out)"),
+    Benchmark("hle", _lazy("hle"), "hle/reference",
+              "HLE text-only: the test parquet (rows with an image are left out)"),
     Benchmark("hle-500", _lazy("hle"), "hle/reference", "HLE 500-question subset: test.json"),
     Benchmark("seal-0", _lazy("seal"), "equivalent/reference", "SEAL-0: seal-0.parquet"),
     Benchmark("code", _lazy("code_problems"), CODE_TESTS, "code problems in nanbeige's JSONL format (docs/code-rl.md), "
@@ -71,7 +71,8 @@ async def _bfcl_pipeline(config: EvalConfig, settings: RunSettings, notice: Call
 
 
 # BFCL's own category names, and our names for groups of them (`evals/bfcl.py` checks both against the package)
-for _name in ("all", "non_live", "live", "single_turn", "multi_turn", "memory", "web_search", "simple_python", "simple_java",
+for _name in ("all", "non_live", "live", "single_turn", "multi_turn", "memory", "web_search", "simple_python",
+              "simple_java",
               "simple_javascript", "multiple", "parallel", "parallel_multiple", "irrelevance", "live_simple",
               "live_multiple", "live_parallel", "live_parallel_multiple", "live_irrelevance", "live_relevance",
               "multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context",

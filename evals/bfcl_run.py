@@ -30,8 +30,7 @@ from nanbeige.agent.config import RunSettings
 from nanbeige.agent.trajectory import Trajectory, Turn
 from nanbeige.evals import bfcl, bfcl_jail
 from nanbeige.evals.config import EvalConfig, EvalError
-from nanbeige.evals.runner import (MANIFEST, REPORT, TRAJECTORIES, Progress, failed_run_errors, prepare_out,
-                                  run_all)
+from nanbeige.evals.runner import MANIFEST, REPORT, TRAJECTORIES, Progress, failed_run_errors, prepare_out, run_all
 from nanbeige.tools.sandbox import SandboxError
 
 if TYPE_CHECKING:
@@ -125,8 +124,7 @@ async def web_search(pending: list[Task]) -> Any:
     if bfcl.official_search() or not any(t.level in bfcl.WEB_SEARCH for t in pending):
         yield
         return
-    from nanbeige.tools.search import Searcher, SearchError, SearchUnavailable, config_from_env, \
-        search_setup_problem
+    from nanbeige.tools.search import Searcher, SearchError, SearchUnavailable, config_from_env, search_setup_problem
 
     problem = search_setup_problem(config_from_env())
     if problem:

@@ -45,10 +45,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from nanbeige.evals.code_problems import (DEFAULT_MEMORY_MB, DEFAULT_TIME_LIMIT_S, MAX_TIME_LIMIT_S, CodeProblem,
-                                          problem_from)
+from nanbeige.evals.code_problems import (
+    DEFAULT_MEMORY_MB,
+    DEFAULT_TIME_LIMIT_S,
+    MAX_TIME_LIMIT_S,
+    CodeProblem,
+    problem_from,
+)
 from nanbeige.evals.tasks import LoadError
-
 
 MAX_DECOMPRESSED = 256 << 20
 """The most LiveCodeBench's private tests of one problem may decompress to (the largest released are far less)."""

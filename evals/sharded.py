@@ -14,9 +14,9 @@ import httpx
 
 from nanbeige.agent import cluster
 from nanbeige.agent.config import RunSettings
+from nanbeige.agent.trajectory import TrajectoryWriter
 from nanbeige.evals.config import EvalConfig, EvalError
 from nanbeige.evals.grading import open_code_runner
-from nanbeige.agent.trajectory import TrajectoryWriter
 from nanbeige.evals.runner import Attempt, Progress, agent_attempt, append_result, run_all
 from nanbeige.evals.tasks import Task
 

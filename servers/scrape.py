@@ -16,8 +16,8 @@ from mcp.types import CallToolResult
 
 from nanbeige.servers.listing import sdk_description, server_version
 from nanbeige.servers.metered import metered_result
-from nanbeige.tools.fetch import FetchError
 from nanbeige.tools import scrape, usage
+from nanbeige.tools.fetch import FetchError
 from nanbeige.tools.scrape import ScrapeConfig, ScrapeError, scrape_config_from_env
 
 NAME = "jina_scrape_llm_summary"

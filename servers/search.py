@@ -22,8 +22,8 @@ from nanbeige.servers.metered import metered_result
 from nanbeige.tools import usage
 from nanbeige.tools.search import (
     SearchConfig,
-    SearchError,
     Searcher,
+    SearchError,
     SearchUnavailable,
     config_from_env,
     format_results,

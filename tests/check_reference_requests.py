@@ -21,8 +21,8 @@ import asyncio
 import datetime
 import json
 import sys
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))

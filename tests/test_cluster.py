@@ -20,8 +20,20 @@ from typing import Any
 import mcp_test_server
 import pytest
 from fake_openai import FakeOpenAI, mcp_answer, mcp_call
-from ray_cluster import (NANBEIGE, QUESTIONS, SAYS_IF_RAY_LOADED, TESTS, answers_even_questions_right, command_env,
-                         ended, first_calls, local_cluster, quiet, run_in_own_network, wait_for)
+from ray_cluster import (
+    NANBEIGE,
+    QUESTIONS,
+    SAYS_IF_RAY_LOADED,
+    TESTS,
+    answers_even_questions_right,
+    command_env,
+    ended,
+    first_calls,
+    local_cluster,
+    quiet,
+    run_in_own_network,
+    wait_for,
+)
 
 from nanbeige.agent.loop import AgentConfig, run
 from nanbeige.agent.scripted import ScriptedLLM

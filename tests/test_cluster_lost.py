@@ -13,8 +13,17 @@ from typing import Any
 
 import pytest
 from fake_openai import FakeOpenAI, Reply
-from ray_cluster import (NANBEIGE, QUESTIONS, answers_even_questions_right, command_env, ended, first_calls,
-                         local_cluster, run_in_own_network, wait_for)
+from ray_cluster import (
+    NANBEIGE,
+    QUESTIONS,
+    answers_even_questions_right,
+    command_env,
+    ended,
+    first_calls,
+    local_cluster,
+    run_in_own_network,
+    wait_for,
+)
 
 from nanbeige.agent.trajectory import load_trajectories
 from nanbeige.evals.runner import read_results

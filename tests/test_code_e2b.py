@@ -10,8 +10,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from test_code_judge import (ADD, ADD_HALF, ADD_RIGHT, SUM_TWO, SUM_TWO_HALF, SUM_TWO_RIGHT, fenced, judged,
-                             problems_file, rollout)
+from test_code_judge import (
+    ADD,
+    ADD_HALF,
+    ADD_RIGHT,
+    SUM_TWO,
+    SUM_TWO_HALF,
+    SUM_TWO_RIGHT,
+    fenced,
+    judged,
+    problems_file,
+    rollout,
+)
 from test_judge import assert_one_error_line, write
 
 FAKE_E2B = Path(__file__).with_name("fake_e2b.py")

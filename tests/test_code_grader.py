@@ -14,8 +14,15 @@ from conftest import JAIL
 from sandbox_leftovers import leftovers
 
 from nanbeige.evals.code_problems import CodeProblem, humaneval_problems, read_problems
-from nanbeige.evals.code_tests import (CodeRewards, CodeRunner, extract_program, form_error, grade_program,
-                                       same_output, same_value)
+from nanbeige.evals.code_tests import (
+    CodeRewards,
+    CodeRunner,
+    extract_program,
+    form_error,
+    grade_program,
+    same_output,
+    same_value,
+)
 from nanbeige.tools.sandbox import config_from_env
 
 SECRET = "expected-7f3a9c41"
@@ -409,8 +416,7 @@ def test_a_program_over_a_megabyte_is_a_format_error() -> None:
 
 def test_a_jail_that_does_not_start_the_program_is_the_sandboxs_failure(runner: CodeRunner,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    from nanbeige.tools.sandbox import SandboxError
-    from nanbeige.tools.sandbox import local
+    from nanbeige.tools.sandbox import SandboxError, local
 
     failing_jail = ["/bin/sh", "-c", "echo bwrap: no >&2; exit 1"]
     monkeypatch.setattr(local, "command_line", lambda *args, **kwargs: (failing_jail, []))

@@ -27,8 +27,8 @@ from fake_openai import FakeOpenAI
 
 from nanbeige.agent.config import BackendConfig, RunSettings, ToolsConfig
 from nanbeige.agent.llm import LLMConfig
-from nanbeige.agent.loop import AgentConfig
 from nanbeige.agent.local import SMALL_MODEL_GGUF
+from nanbeige.agent.loop import AgentConfig
 from nanbeige.agent.trajectory import Trajectory, load_trajectories
 from nanbeige.evals.benchmarks import BENCHMARKS
 from nanbeige.evals.code_problems import CODE_TESTS, question_of, read_problems

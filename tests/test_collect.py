@@ -13,8 +13,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from fake_openai import FakeOpenAI, mcp_answer
 from conftest import TEST_SERVER
+from fake_openai import FakeOpenAI, mcp_answer
 from tiny_model import make_tiny_model
 
 from nanbeige.agent.tokens import training_rows

@@ -161,7 +161,8 @@ def test_broken_json_is_repaired_and_nulls_dropped() -> None:
 
 
 def test_calls_inside_the_reasoning_count_as_the_reference_reads_the_whole_reply() -> None:
-    content = "<think>\nMaybe " + call_block("mine", "lookup", '{"k": 1}') + "\nno.\n</think>\n\nThe answer is \\boxed{42}."
+    content = ("<think>\nMaybe " + call_block("mine", "lookup", '{"k": 1}')
+               + "\nno.\n</think>\n\nThe answer is \\boxed{42}.")
     parsed = dialects.parse_reply("mcp-xml", {"content": content}, TOOLS)
     assert [c.arguments for c in parsed.tool_calls] == [{"k": 1}]
     assert dialects.extract_answer("mcp-xml", content) == "42"  # the answer is still read after the reasoning
@@ -174,7 +175,8 @@ def test_a_call_after_an_unclosed_think_is_made() -> None:
 
 def test_each_of_the_six_tags_marks_a_malformed_call_even_inside_the_reasoning() -> None:
     for tag in ("<use_mcp_tool>", "</use_mcp_tool>", "<server_name>", "</server_name>", "<arguments>", "</arguments>"):
-        parsed = dialects.parse_reply("mcp-xml", {"content": f"<think>\nI could write {tag} here.\n</think>\nOK"}, TOOLS)
+        content = f"<think>\nI could write {tag} here.\n</think>\nOK"
+        parsed = dialects.parse_reply("mcp-xml", {"content": content}, TOOLS)
         assert parsed.tool_calls == [] and "could not be parsed" in parsed.format_error, tag
     # <tool_name> is not one of them, as in the reference
     assert dialects.parse_reply("mcp-xml", {"content": "<tool_name>x</tool_name>"}, TOOLS).format_error is None

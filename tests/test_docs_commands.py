@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import typer
+
 from nanbeige.agent.cli.help_screen import MAIN_OPTIONS
 from nanbeige.agent.cli.program import app
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import typer
+
 from nanbeige.agent.cli.program import app
 
 ROOT = Path(__file__).parent.parent

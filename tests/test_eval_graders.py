@@ -6,6 +6,7 @@ are read back from a fake OpenAI-compatible server.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
@@ -14,10 +15,8 @@ import pytest
 from conftest import free_port
 from fake_openai import FakeOpenAI, Reply
 
-from nanbeige.evals.gaia_scorer import grade_exact, question_scorer
-from dataclasses import replace
-
 from nanbeige.evals import verdicts
+from nanbeige.evals.gaia_scorer import grade_exact, question_scorer
 from nanbeige.evals.judges import JUDGE_ENDPOINT, PROFILES, JudgeUnavailable, grader_name, judge, profile_for
 from nanbeige.evals.tasks import Verdict
 from nanbeige.tools.endpoint import ChatEndpoint
@@ -257,7 +256,8 @@ async def test_simple_evals_never_counts_a_yes_unless_the_fixed_rule_is_asked_fo
 @pytest.mark.anyio
 async def test_xbench_official_skips_the_judge_when_the_responses_first_final_answer_is_the_gold(
         server: FakeOpenAI) -> None:
-    verdict, requests = await ask(server, "xbench/official", [], shown="查到了。\n最终答案: 巴黎\n最终答案: 伦敦", gold="巴黎")
+    verdict, requests = await ask(server, "xbench/official", [], shown="查到了。\n最终答案: 巴黎\n最终答案: 伦敦",
+                                  gold="巴黎")
     assert (verdict.correct, verdict.extracted, verdict.judge_model, requests) == (True, "巴黎", None, [])
     verdict, requests = await ask(server, "xbench/official", ["结论: 正确"], shown="最终答案: 12:30", gold="12:30")
     assert len(requests) == 1  # the text after the colon is cut at the next colon: "12" is not "12:30"
@@ -300,7 +300,8 @@ def test_families_name_each_benchmarks_grader() -> None:
     assert grader_name("browsecomp", "reference") == "browsecomp/reference"
     assert grader_name("hle-500", "official") == "hle/official"
     assert grader_name("xbench-2510", "official-fixed") == "xbench/official"  # nothing to fix there
-    assert grader_name("gaia", "official") == "gaia-exact" and grader_name("gaia", "reference") == "equivalent/reference"
+    assert grader_name("gaia", "official") == "gaia-exact"
+    assert grader_name("gaia", "reference") == "equivalent/reference"
     with pytest.raises(ValueError, match="SEAL-0's authors publish no grader"):
         grader_name("seal-0", "official")
 

@@ -72,7 +72,8 @@ def settings_for(server: FakeOpenAI) -> RunSettings:
 @pytest.mark.anyio
 async def test_every_task_runs_k_times_and_is_scored_by_hand_checked_metrics(tmp_path: Path) -> None:
     data = write_gaia(tmp_path / "gaia")
-    config = EvalConfig(bench=BENCHMARKS["gaia"], grader="official", data=data, out=tmp_path / "out", k=3, concurrency=4)
+    config = EvalConfig(bench=BENCHMARKS["gaia"], grader="official", data=data, out=tmp_path / "out", k=3,
+                        concurrency=4)
     with FakeOpenAI(scripted_model()) as server:
         report = await evaluate(config, settings_for(server), notice=lambda text: None)
     rows = read_results(tmp_path / "out")

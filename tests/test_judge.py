@@ -20,8 +20,15 @@ from conftest import free_port
 from fake_openai import FakeOpenAI, Reply
 from test_cli import nanbeige
 
-from nanbeige.agent.trajectory import ToolCall, ToolResult, Trajectory, TrajectoryWriter, Turn, load_trajectories
-from nanbeige.agent.trajectory import read_records
+from nanbeige.agent.trajectory import (
+    ToolCall,
+    ToolResult,
+    Trajectory,
+    TrajectoryWriter,
+    Turn,
+    load_trajectories,
+    read_records,
+)
 from nanbeige.evals.judges import JUDGE_ENDPOINT
 from nanbeige.trainer.critic import CRITIC_ENDPOINT, MalformedCritique, TurnRule, parse_scores, turn_outcome
 from nanbeige.trainer.judge import JudgeError, JudgeProgress, JudgeRunConfig, judge_file
@@ -450,7 +457,8 @@ def assert_one_error_line(result: Any, *words: str) -> str:
 
 def graded_by_a_judge(tmp_path: Path, count: int = 6) -> Path:
     """Trajectories whose answer only the LLM judge can grade (it is not the gold answer word for word)."""
-    return write(tmp_path / "in.jsonl", [make(f"t{n}", answer="Lutetia", grader="equivalent/reference") for n in range(count)])
+    return write(tmp_path / "in.jsonl",
+                 [make(f"t{n}", answer="Lutetia", grader="equivalent/reference") for n in range(count)])
 
 
 @pytest.mark.slow

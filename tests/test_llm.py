@@ -27,7 +27,8 @@ async def test_sends_sampling_settings_and_the_key() -> None:
         await llm.aclose()
     [request] = server.requests
     assert completion.message == {"role": "assistant", "content": "hi"}
-    assert (request["temperature"], request["top_p"], request["max_tokens"], request["stop"]) == (1.0, 0.9, 99, ["</x>"])
+    sampling = (request["temperature"], request["top_p"], request["max_tokens"], request["stop"])
+    assert sampling == (1.0, 0.9, 99, ["</x>"])
     assert request["_headers"]["Authorization"] == "Bearer k-123"
     assert completion.usage["completion_tokens"] == 2
 

@@ -15,8 +15,8 @@ from fake_openai import FakeOpenAI, Reply, mcp_answer, mcp_call, render, tokens
 
 from nanbeige.agent.dialects import OMITTED
 from nanbeige.agent.llm import Completion, ContextOverflow, LLMConfig, ModelError, OpenAIChat
-from nanbeige.agent.scripted import ScriptedLLM
 from nanbeige.agent.loop import AgentConfig, run
+from nanbeige.agent.scripted import ScriptedLLM
 from nanbeige.agent.tokens import full_prompt, rebuild_segments
 from nanbeige.agent.toolbox import ServerSpec, Toolbox
 from nanbeige.agent.trajectory import TrajectoryWriter, load_trajectories
@@ -52,7 +52,8 @@ async def test_calls_tools_then_answers_and_logs_every_turn(tmp_path: Path) -> N
     trajectory, llm = await ask([mcp_call("testkit", "add", {"a": 2, "b": 3}), mcp_answer("5")], path=path)
     assert (trajectory.answer, trajectory.stop_reason) == ("5", "answered")
     assert llm.calls[1][-1] == {"role": "user", "content": "5"}  # the tool result went back as a user message
-    assert "Today is: 2026-11-21" in llm.calls[0][0]["content"] and "## Server name: testkit" in llm.calls[0][0]["content"]
+    system = llm.calls[0][0]["content"]
+    assert "Today is: 2026-11-21" in system and "## Server name: testkit" in system
     [saved] = load_trajectories(path)
     assert saved == trajectory
     assert saved.turns[0].tool_results[0].text == "5" and saved.timings["wall_s"] > 0
@@ -188,17 +189,20 @@ async def test_at_max_turns_one_last_call_without_tools_asks_for_the_answer() ->
 
 async def test_before_the_context_overflows_the_answer_is_requested() -> None:
     def growing(prompt_tokens: int) -> Completion:
-        return Completion(message={"role": "assistant", "content": mcp_call("testkit", "echo", {"text": str(prompt_tokens)})},
+        call = mcp_call("testkit", "echo", {"text": str(prompt_tokens)})
+        return Completion(message={"role": "assistant", "content": call},
                           usage={"prompt_tokens": prompt_tokens, "completion_tokens": 100})
     replies = [growing(1000), growing(5000), growing(12000), mcp_answer("from what I found")]
     config = AgentConfig(max_context=16000, context_reserve=1000)
     trajectory, llm = await ask(replies, config, llm_config=LLMConfig(model="scripted", max_tokens=4000))
     # after the third turn: 12000 + 100 + new results + 4000 reply + 1000 reserve > 16000
-    assert (trajectory.stop_reason, trajectory.answer, len(trajectory.turns)) == ("context_limit", "from what I found", 4)
+    ended = (trajectory.stop_reason, trajectory.answer, len(trajectory.turns))
+    assert ended == ("context_limit", "from what I found", 4)
     # 16000 - ~12100 left less than the 4000 wanted for the answer: the newest result made way, and that is recorded
     assert trajectory.turns[-1].omitted_latest_results is True
     assert not any(turn.omitted_latest_results for turn in trajectory.turns[:-1])
-    assert llm.max_tokens[:3] == [None] * 3 and llm.max_tokens[-1] < 16000 - 12100  # the last reply gets only the room that is left
+    # the last reply gets only the room that is left
+    assert llm.max_tokens[:3] == [None] * 3 and llm.max_tokens[-1] < 16000 - 12100
 
 
 async def test_when_the_server_says_the_prompt_is_too_long_the_answer_is_requested_without_the_newest_result() -> None:

@@ -14,8 +14,15 @@ from conftest import free_port
 from fake_openai import FakeOpenAI, Reply
 from fake_site import Site
 
-from nanbeige.agent.llm import (VLLM_EXTRAS, LLMConfig, ModelError, ModelUnreachable, OpenAIChat, ServerInfo,
-                                probe_server)
+from nanbeige.agent.llm import (
+    VLLM_EXTRAS,
+    LLMConfig,
+    ModelError,
+    ModelUnreachable,
+    OpenAIChat,
+    ServerInfo,
+    probe_server,
+)
 from nanbeige.agent.loop import AgentConfig, run
 
 pytestmark = pytest.mark.anyio

@@ -14,8 +14,16 @@ from typing import Any, Iterator
 import httpx
 import pytest
 from conftest import TEST_SERVER, free_port
-from real_vllm import (NANBEIGE, SERVED_NAME, RecordingProxy, Server, prefix_cache_counts, smollm2_hf_folder,
-                       start_server, vllm_installed)
+from real_vllm import (
+    NANBEIGE,
+    SERVED_NAME,
+    RecordingProxy,
+    Server,
+    prefix_cache_counts,
+    smollm2_hf_folder,
+    start_server,
+    vllm_installed,
+)
 
 from nanbeige.agent.tokens import full_prompt, training_rows
 from nanbeige.agent.trajectory import load_trajectories, read_records
@@ -23,7 +31,8 @@ from nanbeige.agent.trajectory import load_trajectories, read_records
 if not vllm_installed() and os.environ.get("NANBEIGE_REQUIRE_VLLM"):  # CI: a tier that skips has not run
     pytest.fail("NANBEIGE_REQUIRE_VLLM is set and vLLM is not installed in this Python", pytrace=False)
 if not vllm_installed():
-    pytest.skip("the real-vLLM tier needs vLLM in this Python (docs/serving.md: the real-vLLM tier)", allow_module_level=True)
+    pytest.skip("the real-vLLM tier needs vLLM in this Python (docs/serving.md: the real-vLLM tier)",
+                allow_module_level=True)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 ECHO_SERVER = ["--no-default-servers", "--mcp", "calc=" + " ".join(TEST_SERVER)]

@@ -15,8 +15,8 @@ from fake_openai import mcp_answer, mcp_call
 from reference_tree import make_reference
 
 from nanbeige.agent import reference as ref
-from nanbeige.agent.loop import AgentConfig, run
 from nanbeige.agent.cli.resume import check_unchanged
+from nanbeige.agent.loop import AgentConfig, run
 from nanbeige.agent.scripted import ScriptedLLM
 from nanbeige.agent.setup import SetupError
 from nanbeige.agent.toolbox import ServerSpec, Toolbox

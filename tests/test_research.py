@@ -21,9 +21,9 @@ from fake_search_apis import FakeSerper
 from fake_site import Site
 
 from nanbeige.agent.cli import report
+from nanbeige.agent.cli.research import research
 from nanbeige.agent.llm import Completion, ModelError
 from nanbeige.agent.loop import AgentConfig
-from nanbeige.agent.cli.research import research
 from nanbeige.agent.scripted import ScriptedLLM
 from nanbeige.agent.trajectory import (
     ToolCall,
@@ -327,8 +327,8 @@ async def test_when_the_summary_call_fails_the_next_attempt_starts_afresh_and_th
 
 
 def test_the_report_reads_passages_the_run_let_go_of_from_the_trajectory_file(tmp_path: Path) -> None:
-    from nanbeige.agent.loop import RELEASED
     from nanbeige.agent.cli.research import Research, write_report
+    from nanbeige.agent.loop import RELEASED
 
     extract = json.dumps({"success": True, "url": "https://example.com/a", "extracted_info": "Mars: 687 days."})
     trajectory = Trajectory(question=QUESTION, answer="1374", stop_reason="answered")

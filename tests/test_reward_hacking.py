@@ -244,7 +244,8 @@ SIGNAL_GAMES = {
         "import signal\nfor s in (signal.SIGTERM, signal.SIGALRM, signal.SIGINT, signal.SIGHUP):\n"
         "    signal.signal(s, signal.SIG_IGN)\nsignal.setitimer(signal.ITIMER_REAL, 0)\n"
         "def solve():\n    while True:\n        pass\nprint(solve())\n"),
-    "SIGSTOP its parent (the judge's side, or the worker)": "import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)\n",
+    "SIGSTOP its parent (the judge's side, or the worker)": (
+        "import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)\n"),
     "SIGSTOP everything it can signal": "import os, signal\nos.kill(-1, signal.SIGSTOP)\n",
     "SIGTERM everything it can signal, itself spared": (
         "import os, signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nos.kill(-1, signal.SIGTERM)\n"),
@@ -304,14 +305,18 @@ def test_exhausting_the_judges_parser_earns_nothing(runner: CodeRunner, root: Pa
 TAMPERERS = {
     "rewrite the harness and restart it": (
         "import os, time\nFORGED = 'import json, sys\\nprint(json.dumps({\"ready\": True}), flush=True)\\n'"
-        " + 'for line in sys.stdin:\\n    print(json.dumps({\"result\": repr(\"guess\"), \"ok\": True}), flush=True)\\n'\n"
-        "for name in ('harness.py', '/home/user/harness.py'):\n    try:\n        open(name, 'w').write(FORGED)\n"
-        "    except OSError:\n        pass\ndef solve():\n    time.sleep(5)  # past the limit: the judge's side starts the "
-        "(rewritten) harness again\n"),
+        " + 'for line in sys.stdin:\\n"
+        "    print(json.dumps({\"result\": repr(\"guess\"), \"ok\": True}), flush=True)\\n'\n"
+        "for name in ('harness.py', '/home/user/harness.py'):\n    try:\n"
+        "        open(name, 'w').write(FORGED)\n"
+        "    except OSError:\n        pass\ndef solve():\n"
+        "    time.sleep(5)  # past the limit: the judge's side starts the (rewritten) harness again\n"),
     "modules on the harness's path": (
         "import os, sys\nSTUB = 'raise SystemExit(0)\\n'\nfor folder in ['.', '/tmp', *sys.path]:\n"
-        "    for name in ('json.py', 'ast.py', 'sitecustomize.py', 'usercustomize.py', 'x.pth'):\n        try:\n"
-        "            open(os.path.join(folder or '.', name), 'w').write(STUB)\n        except OSError:\n            pass\n"),
+        "    for name in ('json.py', 'ast.py', 'sitecustomize.py', 'usercustomize.py', 'x.pth'):\n"
+        "        try:\n"
+        "            open(os.path.join(folder or '.', name), 'w').write(STUB)\n"
+        "        except OSError:\n            pass\n"),
     "monkeypatch builtins and the modules the harness uses": (
         "import ast, builtins, json\nbuiltins.repr = lambda value: repr.__self__.repr('guess')\n"
         "builtins.isinstance = lambda value, kind: True\nast.literal_eval = lambda text: 'guess'\n"

@@ -18,7 +18,17 @@ from conftest import JAIL
 
 from nanbeige.tools.sandbox import SandboxConfig, Sandboxes
 from nanbeige.tools.sandbox.seccomp import (
-    ALLOW, BLOCKED_SYSCALLS, ENOSYS, EPERM, ERRNO, KILL_PROCESS, NATIVE, NEW_NAMESPACES, X32_BIT, FILTER, assemble,
+    ALLOW,
+    BLOCKED_SYSCALLS,
+    ENOSYS,
+    EPERM,
+    ERRNO,
+    FILTER,
+    KILL_PROCESS,
+    NATIVE,
+    NEW_NAMESPACES,
+    X32_BIT,
+    assemble,
 )
 
 JAILED = pytest.mark.skipif(

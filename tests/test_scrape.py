@@ -14,8 +14,13 @@ from fake_site import Site
 
 from nanbeige.servers.scrape import build_server
 from nanbeige.tools.fetch import BlockedAddress, FetchError, FetchPolicy, fetch_direct, resolve_host
-from nanbeige.tools.scrape import (EXTRACTION_ENDPOINT, ScrapeConfig, ScrapeError, scrape_and_extract_info,
-                                   scrape_config_from_env)
+from nanbeige.tools.scrape import (
+    EXTRACTION_ENDPOINT,
+    ScrapeConfig,
+    ScrapeError,
+    scrape_and_extract_info,
+    scrape_config_from_env,
+)
 
 pytestmark = pytest.mark.anyio
 

@@ -11,20 +11,6 @@ from pathlib import Path
 import mcp
 import pytest
 from conftest import free_port
-
-from nanbeige.servers.search import build_server
-from nanbeige.tools.index import build_index
-from nanbeige.tools.results import decode_percent, decode_strings
-from nanbeige.tools.search import (
-    SearchConfig,
-    SearchError,
-    Searcher,
-    SearchUnavailable,
-    choose_backend,
-    config_from_env,
-    google_search,
-    search_setup_problem,
-)
 from fake_search_apis import (
     NO_CREDITS,
     RATE_LIMITED,
@@ -33,6 +19,20 @@ from fake_search_apis import (
     FakeSearXNG,
     FakeSerper,
     Reply,
+)
+
+from nanbeige.servers.search import build_server
+from nanbeige.tools.index import build_index
+from nanbeige.tools.results import decode_percent, decode_strings
+from nanbeige.tools.search import (
+    SearchConfig,
+    Searcher,
+    SearchError,
+    SearchUnavailable,
+    choose_backend,
+    config_from_env,
+    google_search,
+    search_setup_problem,
 )
 
 pytestmark = pytest.mark.anyio

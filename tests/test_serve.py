@@ -144,7 +144,8 @@ def test_rl_template_and_extra_args_come_after_the_common_flags() -> None:
                          extra_args=["--max-num-seqs", "64"], vllm_command=["my-vllm"])
     assert vllm_args(config) == [
         "my-vllm", "/ckpt/step-100", "--host", "127.0.0.1", "--port", "9000", "--served-model-name", "policy",
-        "--dtype", "bfloat16", "--generation-config", "vllm", "--max-model-len", "262144", "--gpu-memory-utilization", "0.92", "--data-parallel-size", "4",
+        "--dtype", "bfloat16", "--generation-config", "vllm", "--max-model-len", "262144",
+        "--gpu-memory-utilization", "0.92", "--data-parallel-size", "4",
         "--no-enable-prefix-caching", "--chat-template", "search.jinja", "--logprobs-mode", "processed_logprobs",
         "--max-num-seqs", "64"]
 

@@ -25,8 +25,8 @@ def smollm2_folder() -> Path:
 
 @pytest.mark.slow
 async def test_a_small_real_model_answers_in_process() -> None:
-    llm = TransformersLLM(LLMConfig(model=str(smollm2_folder()), temperature=0.0, repetition_penalty=1.0, max_tokens=40),
-                          gguf_file=GGUF)
+    config = LLMConfig(model=str(smollm2_folder()), temperature=0.0, repetition_penalty=1.0, max_tokens=40)
+    llm = TransformersLLM(config, gguf_file=GGUF)
     completion = await llm.complete([{"role": "user", "content": "What is the capital of France? Answer in one word."}])
     assert "Paris" in completion.message["content"]
     assert completion.finish_reason == "stop"

@@ -16,6 +16,9 @@ import httpx
 import pytest
 from fake_openai import FakeOpenAI, mcp_answer
 from fake_vllm_engine import GOLDEN, FakeEngine
+from tiny_model import make_tiny_model
+from typer.testing import CliRunner
+
 from nanbeige.agent.cli.program import app
 from nanbeige.agent.config import BackendConfig, RunSettings, ToolsConfig
 from nanbeige.agent.llm import LLMConfig
@@ -24,8 +27,6 @@ from nanbeige.agent.trajectory import load_trajectories
 from nanbeige.trainer.judge import JudgeRunConfig
 from nanbeige.trainer.loop import LoopConfig, LoopError, read_state, run_loop
 from nanbeige.trainer.train import TrainConfig
-from tiny_model import make_tiny_model
-from typer.testing import CliRunner
 
 QUESTIONS = ('{"id": "a", "question": "What is 2+2?", "answer": "4"}\n'
              '{"id": "b", "question": "Name a colour.", "answer": "red"}\n')

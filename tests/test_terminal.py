@@ -99,8 +99,8 @@ def test_research_in_a_terminal_with_a_slow_model_answers(tmp_path: Path) -> Non
 def test_eval_in_a_terminal_with_a_slow_model_draws_progress_and_the_report(tmp_path: Path) -> None:
     data, out = write_gaia(tmp_path / "gaia"), tmp_path / "out"
     with FakeOpenAI(scripted_model(delay_s=SLOW / 2)) as server, \
-            Terminal([NANBEIGE, "eval", "gaia", "--grader", "official", "--data", str(data), "--out", str(out), "-k", "1",
-                      "--concurrency", "2", "--base-url", server.base_url, "--no-default-servers"],
+            Terminal([NANBEIGE, "eval", "gaia", "--grader", "official", "--data", str(data), "--out", str(out),
+                      "-k", "1", "--concurrency", "2", "--base-url", server.base_url, "--no-default-servers"],
                      env={**os.environ}) as term:
         assert term.shows("running", 30), term.screen_text()
         assert term.wait(90) == 0, term.screen_text()
@@ -128,8 +128,9 @@ def test_ask_without_a_terminal_prints_a_plain_progress_line_while_the_model_thi
 def test_eval_without_a_terminal_prints_plain_progress_lines_and_the_last_count(tmp_path: Path) -> None:
     data, out = write_gaia(tmp_path / "gaia"), tmp_path / "out"
     with FakeOpenAI(scripted_model(delay_s=0.5)) as server:
-        result = subprocess.run([NANBEIGE, "eval", "gaia", "--grader", "official", "--data", str(data), "--out", str(out), "-k", "1",
-                                 "--concurrency", "1", "--base-url", server.base_url, "--no-default-servers"],
+        result = subprocess.run([NANBEIGE, "eval", "gaia", "--grader", "official", "--data", str(data), "--out",
+                                 str(out), "-k", "1", "--concurrency", "1", "--base-url", server.base_url,
+                                 "--no-default-servers"],
                                 capture_output=True, text=True, timeout=120,
                                 env={**os.environ, "NANBEIGE_PROGRESS_EVERY": "0.5"})
     assert result.returncode == 0, result.stderr
@@ -152,8 +153,8 @@ def test_ctrl_c_in_a_terminal_stops_research_and_eval_with_130(tmp_path: Path) -
     assert "interrupted" in term.screen_text()
     data, out = write_gaia(tmp_path / "gaia"), tmp_path / "out"
     with FakeOpenAI([], default=never) as server, \
-            Terminal([NANBEIGE, "eval", "gaia", "--grader", "official", "--data", str(data), "--out", str(out), "-k", "1", "--base-url",
-                      server.base_url, "--no-default-servers"]) as term:
+            Terminal([NANBEIGE, "eval", "gaia", "--grader", "official", "--data", str(data), "--out", str(out),
+                      "-k", "1", "--base-url", server.base_url, "--no-default-servers"]) as term:
         assert term.shows("running", 30), term.screen_text()
         term.ctrl_c()
         assert term.wait(30) == 130, term.screen_text()

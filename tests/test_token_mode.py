@@ -51,7 +51,8 @@ async def test_every_prompt_sent_is_rebuilt_exactly_from_the_trajectory(tokenize
 async def test_within_a_segment_completions_are_extended_verbatim(tokenizer: Any, tmp_path: Path) -> None:
     trajectory, requests = await run_token_mode(tokenizer, 8, -1, tmp_path / "run.jsonl")
     assert {turn.segment for turn in trajectory.turns} == {0}  # nothing rewritten: one segment
-    for (turn, prompt), (_, next_prompt) in zip(iter_prompts(trajectory.turns), list(iter_prompts(trajectory.turns))[1:]):
+    prompts = list(iter_prompts(trajectory.turns))
+    for (turn, prompt), (_, next_prompt) in zip(prompts, prompts[1:]):
         assert next_prompt[:len(prompt) + len(turn.completion_ids)] == prompt + turn.completion_ids
     assert len(requests) == 10
 
@@ -112,7 +113,8 @@ def test_ask_in_token_mode_from_the_command_line(tmp_path: Path) -> None:
     request, summary = server.requests
     assert summary["prompt"][:len(request["prompt"])] == request["prompt"]
     start = json.loads((tmp_path / "t.jsonl").read_text().splitlines()[0])
-    messages = [{"role": "system", "content": start["system_prompt"]}, {"role": "user", "content": start["user_message"]}]
+    messages = [{"role": "system", "content": start["system_prompt"]},
+                {"role": "user", "content": start["user_message"]}]
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert request["prompt"] == tokenizer(text, add_special_tokens=False)["input_ids"]  # token ids, not text
     assert (request["temperature"], request["top_p"], request["repetition_penalty"]) == (1.0, 0.95, 1.05)  # mcp-xml

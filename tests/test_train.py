@@ -20,8 +20,8 @@ from nanbeige.agent.config import BackendConfig, RunSettings, ToolsConfig
 from nanbeige.agent.llm import LLMConfig
 from nanbeige.agent.loop import AgentConfig
 from nanbeige.agent.trajectory import TrajectoryWriter, load_trajectories
-from nanbeige.trainer.collect import CollectConfig, collect
 from nanbeige.trainer.checkpoints import latest_checkpoint
+from nanbeige.trainer.collect import CollectConfig, collect
 from nanbeige.trainer.train import TrainConfig, train
 
 BIN = Path(sys.executable).parent
@@ -243,7 +243,7 @@ def test_rollouts_sampled_with_top_p_or_by_another_policy_are_refused_unless_off
 def test_activation_checkpointing_keeps_fewer_activations(tiny: Path, tmp_path: Path) -> None:
     import torch
 
-    from nanbeige.trainer.model import load_model, join_world
+    from nanbeige.trainer.model import join_world, load_model
 
     def saved_bytes(checkpointing: bool) -> int:
         config = TrainConfig(data=[], model=str(tiny), out=tmp_path, gradient_checkpointing=checkpointing)

@@ -20,11 +20,11 @@ from nanbeige.agent.config import BackendConfig, RunSettings, ToolsConfig
 from nanbeige.agent.llm import LLMConfig
 from nanbeige.agent.loop import AgentConfig
 from nanbeige.agent.trajectory import load_trajectories
+from nanbeige.trainer.config import GroupRule
 from nanbeige.trainer.critic import CRITIC_ENDPOINT
 from nanbeige.trainer.judge import JudgeRunConfig
 from nanbeige.trainer.loop import LoopConfig, LoopError, run_loop
 from nanbeige.trainer.sync import SyncError, load_adapter
-from nanbeige.trainer.config import GroupRule
 from nanbeige.trainer.train import TrainConfig
 
 QUESTIONS = ('{"id": "a", "question": "What is 2+2?", "answer": "4"}\n'

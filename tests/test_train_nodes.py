@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 from conftest import free_port
-from nanbeige.trainer.checkpoints import latest_checkpoint
 from test_train import judged, tiny, weights  # noqa: F401 (the fixtures: the tiny model and its judged rollouts)
+
+from nanbeige.trainer.checkpoints import latest_checkpoint
 
 BIN = Path(sys.executable).parent
 
@@ -47,7 +48,7 @@ def two_nodes(args: list[str]) -> list[str]:
 
 
 @pytest.mark.slow
-def test_two_nodes_train_as_one_process_and_resume_from_the_folder_both_read(tiny: Path, judged: Path,  # noqa: F811
+def test_two_nodes_train_as_one_process_and_resume_from_the_folder_both_read(tiny: Path, judged: Path,
                                                                               tmp_path: Path) -> None:
     alone = subprocess.run([str(BIN / "nanbeige"), *train_args(tiny, judged, tmp_path / "one")], capture_output=True,
                            text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300, check=False)

@@ -33,7 +33,8 @@ def sample_trajectory() -> Trajectory:
         tool_calls=[ToolCall(server="calc", name="add", arguments={"a": 2, "b": 3})],
         tool_results=[ToolResult(text="5", latency_s=0.25, usage={"serper_queries": 1})], finish_reason="stop",
         usage={"prompt_tokens": 10, "completion_tokens": 4}, latency_s=0.5,
-        segment=0, prompt_keep=0, prompt_delta_ids=[1, 2, 3], prefix_hash="h", completion_ids=[7, 8], logprobs=[-0.1, -0.2]))
+        segment=0, prompt_keep=0, prompt_delta_ids=[1, 2, 3], prefix_hash="h", completion_ids=[7, 8],
+        logprobs=[-0.1, -0.2]))
     trajectory.answer, trajectory.stop_reason = "5", "answered"
     trajectory.timings = {"wall_s": 1.0, "model_s": 0.5, "tool_s": 0.25}
     trajectory.usage = run_usage(trajectory.turns)
@@ -60,8 +61,8 @@ def test_golden_file_has_the_documented_fields() -> None:
     start, turn, end = read_records(GOLDEN)
     assert [start["type"], turn["type"], end["type"]] == ["start", "turn", "end"]
     assert turn["trajectory_id"] == end["trajectory_id"] == start["id"]
-    for key in ("index", "assistant", "tool_calls", "tool_results", "usage", "completion_ids", "logprobs", "prompt_keep",
-                "prompt_delta_ids", "segment", "prefix_hash"):
+    for key in ("index", "assistant", "tool_calls", "tool_results", "usage", "completion_ids", "logprobs",
+                "prompt_keep", "prompt_delta_ids", "segment", "prefix_hash"):
         assert key in turn
     assert turn["assistant"]["content"].startswith("<think>")
     assert set(turn["tool_calls"][0]) >= {"server", "name", "arguments"}

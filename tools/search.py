@@ -39,8 +39,8 @@ from tenacity import (
 )
 
 from nanbeige.tools import usage
-from nanbeige.tools.results import decode_strings, organic, serper_organic
 from nanbeige.tools.index import META_FILE, IndexNotFound, LocalIndex, default_index_dir, index_exists
+from nanbeige.tools.results import decode_strings, organic, serper_organic
 
 log = logging.getLogger(__name__)
 

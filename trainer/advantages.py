@@ -22,7 +22,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-
 STDS = ("sample", "population", "none")
 SINGLES = ("zero", "reward")
 

@@ -23,8 +23,17 @@ from typing import Any, Callable
 import httpx
 
 from nanbeige.agent.records import encoded, record_line
-from nanbeige.agent.trajectory import (Trajectory, TrajectoryWriter, Turn, end_record, load_trajectories, read_records,
-                                       start_record, turn_record, warn_on_stderr)
+from nanbeige.agent.trajectory import (
+    Trajectory,
+    TrajectoryWriter,
+    Turn,
+    end_record,
+    load_trajectories,
+    read_records,
+    start_record,
+    turn_record,
+    warn_on_stderr,
+)
 from nanbeige.evals import gaia_scorer, judges
 from nanbeige.evals.code_problems import CODE_TESTS
 from nanbeige.evals.code_tests import CodeRewards

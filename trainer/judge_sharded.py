@@ -17,8 +17,17 @@ import httpx
 from nanbeige.agent import cluster
 from nanbeige.agent.trajectory import Trajectory, TrajectoryWriter
 from nanbeige.trainer.code_rewards import CodeJudgeError, open_code_judging
-from nanbeige.trainer.judge import (CODE_TESTS, CriticWatch, JudgeError, JudgeProgress, JudgeRunConfig, chosen_grader,
-                                    judge_trajectory, judging_secrets, write_whole)
+from nanbeige.trainer.judge import (
+    CODE_TESTS,
+    CriticWatch,
+    JudgeError,
+    JudgeProgress,
+    JudgeRunConfig,
+    chosen_grader,
+    judge_trajectory,
+    judging_secrets,
+    write_whole,
+)
 
 
 async def judge_on_ray(todo: list[Trajectory], out: Path, config: JudgeRunConfig, template: str,

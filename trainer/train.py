@@ -25,12 +25,21 @@ from pathlib import Path
 from typing import Any
 
 from nanbeige.trainer.checkpoints import drop_metrics_after, latest_checkpoint, save_checkpoint
-from nanbeige.trainer.metrics import MetricsLog
 from nanbeige.trainer.config import TrainConfig
+from nanbeige.trainer.metrics import MetricsLog
+from nanbeige.trainer.model import (
+    TrainError,
+    World,
+    all_max,
+    all_sum,
+    compute_precision,
+    join_world,
+    load_model,
+    mfu,
+    parameter_count,
+)
 from nanbeige.trainer.rollouts import plan_steps, read_samples
 from nanbeige.trainer.start_policy import start_policy
-from nanbeige.trainer.model import (TrainError, World, all_max, all_sum, compute_precision, join_world, load_model,
-                                    mfu, parameter_count)
 
 
 @dataclass

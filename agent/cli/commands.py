@@ -12,12 +12,12 @@ from rich.console import Console
 from rich.markup import escape
 
 from nanbeige.agent.cli import options as o
-from nanbeige.agent.config import RunSettings
 from nanbeige.agent.cli.console import err, fail, hide
 from nanbeige.agent.cli.console import out as print_line
 from nanbeige.agent.cli.help_screen import ShortHelpCommand
 from nanbeige.agent.cli.rl_commands import RayAddress
 from nanbeige.agent.cli.serve import ServeConfig
+from nanbeige.agent.config import RunSettings
 
 
 def serve(
@@ -205,8 +205,8 @@ def index_search(
 
 # eval's own default temperature: BFCL runs at its official generator's unless one is given (`settings_for_bfcl`)
 EvalTemperature = Annotated[float | None, typer.Option(min=0.0, show_default=False, help=(
-    "Sampling temperature \\[default: 1.0 for mcp-xml, 0.6 for tool-call; 0.001 for bfcl and its parts, as BFCL's "
-    "own generator]."))]
+    "Sampling temperature \\[default: 1.0 for mcp-xml, 0.6 for tool-call; 0.001 for bfcl and its parts, "
+    "as BFCL's own generator]."))]
 
 
 @o.with_run_options(leave_out=("tokenizer",))

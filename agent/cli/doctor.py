@@ -120,9 +120,10 @@ def check_scrape(env: Mapping[str, str], answers: Callable[[str, str | None], st
     summary = config.summary
     down = answers(summary.base_url, summary.api_key) if answers is not None else None
     if down is not None:
+        in_process = ("" if env.get("NANBEIGE_SUMMARY_BASE_URL")
+                      else " (a model run in this process serves only its run)")
         return Finding("scrape", False, f"{fetch}, but no extraction model answers at {summary.base_url} ({down}): "
-                                        "every scrape answers an error" + ("" if env.get("NANBEIGE_SUMMARY_BASE_URL") else
-                                                                          " (a model run in this process serves only its run)"),
+                                        "every scrape answers an error" + in_process,
                        "run the model on a server (`nanbeige serve`, or pass --base-url), or set "
                        "NANBEIGE_SUMMARY_BASE_URL and NANBEIGE_SUMMARY_MODEL to one that runs")
     return Finding("scrape", True, f"{fetch}; extraction by {summary.model} at {summary.base_url}",

@@ -12,16 +12,16 @@ from typing import Annotated, Any
 
 import typer
 
-from nanbeige.agent.config import AgentConfig, BackendConfig, RunSettings, ToolsConfig
 from nanbeige.agent.cli.console import fail
+from nanbeige.agent.config import AgentConfig, BackendConfig, RunSettings, ToolsConfig
 from nanbeige.agent.llm import LLMConfig
 from nanbeige.tools.endpoint import OPENAI_BASE_URL, ChatEndpoint
 
 ADVANCED = "Advanced"
 
 BaseUrl = Annotated[list[str] | None, typer.Option(envvar="NANBEIGE_BASE_URL", show_default=False, help=(
-    f"OpenAI-compatible endpoint \\[default: {LLMConfig.base_url}, or the in-process model when nothing answers "
-    "there]; repeat it (in NANBEIGE_BASE_URL: space-separated) for a pool of servers of one model."))]
+    f"OpenAI-compatible endpoint \\[default: {LLMConfig.base_url}, or the in-process model when nothing "
+    "answers there]; repeat it (in NANBEIGE_BASE_URL: space-separated) for a pool of servers of one model."))]
 Route = Annotated[str, typer.Option(rich_help_panel=ADVANCED, help=(
     "With several --base-url: `run` keeps each run on the endpoint of its first turn (its prefix cache), "
     "`group` keeps a question's rollouts together too."))]
@@ -61,11 +61,11 @@ Tokenizer = Annotated[str | None, typer.Option(help="Tokenizer for --token-mode:
                                                   "\\[default: the folder the server lists as the model's root, else "
                                                   "--model].", rich_help_panel=ADVANCED, show_default=False)]
 SummaryTurn = Annotated[bool | None, typer.Option("--summary-turn/--no-summary-turn", show_default=False, help=(
-    "End every run with a turn that asks for the boxed answer \\[default: on for mcp-xml, as the reference harness "
-    "does; off for tool-call]."), rich_help_panel=ADVANCED)]
+    "End every run with a turn that asks for the boxed answer \\[default: on for mcp-xml, as the reference "
+    "harness does; off for tool-call]."), rich_help_panel=ADVANCED)]
 Rollback = Annotated[bool | None, typer.Option("--rollback/--no-rollback", show_default=False, help=(
-    "Drop unusable replies (malformed call, refusal, cut off, looping) and sample again, instead of answering them "
-    "with a message \\[default: on for mcp-xml, off for tool-call]."), rich_help_panel=ADVANCED)]
+    "Drop unusable replies (malformed call, refusal, cut off, looping) and sample again, instead of answering "
+    "them with a message \\[default: on for mcp-xml, off for tool-call]."), rich_help_panel=ADVANCED)]
 Question = Annotated[str | None, typer.Argument(help="The question to research; `-` reads it from stdin.",
                                                 show_default=False)]
 QuestionFile = Annotated[Path | None, typer.Option(help="Read the question from this file (any length).",
@@ -79,9 +79,9 @@ SystemPromptFile = Annotated[Path | None, typer.Option(help="The mcp-xml system 
                                                        rich_help_panel=ADVANCED, show_default=False)]
 ReferenceCheckout = Annotated[Path | None, typer.Option(
     "--reference", envvar="NANBEIGE_REFERENCE", show_default=False, rich_help_panel=ADVANCED, help=(
-        "A checkout of MiroThinker, the harness the model was trained in: in mcp-xml the model reads that harness's "
-        "own prompts, tool descriptions and rules, read from it (see `nanbeige reference check`). Its prompt "
-        "functions run with your rights: name only a checkout you trust."))]
+        "A checkout of MiroThinker, the harness the model was trained in: in mcp-xml the model reads that "
+        "harness's own prompts, tool descriptions and rules, read from it (see `nanbeige reference check`). "
+        "Its prompt functions run with your rights: name only a checkout you trust."))]
 Cache = Annotated[Path | None, typer.Option(show_default=False, help=(
     "SQLite file of tool results (made if missing): recorded calls are answered from it, new answers recorded. "
     "Safe for many runs and processes at once. The Python sandbox is never cached."))]
@@ -95,11 +95,11 @@ Verbose = Annotated[bool, typer.Option("--verbose", help=(
 
 # The LLM judge, for `eval` and `judge`.
 JudgeBaseUrl = Annotated[list[str] | None, typer.Option(envvar="NANBEIGE_JUDGE_BASE_URL", show_default=False, help=(
-    f"OpenAI-compatible endpoint of the LLM judge \\[default: {OPENAI_BASE_URL}]; repeat it for several serving "
-    "the same model."))]
+    f"OpenAI-compatible endpoint of the LLM judge \\[default: {OPENAI_BASE_URL}]; repeat it for several "
+    "serving the same model."))]
 CriticBaseUrl = Annotated[list[str] | None, typer.Option(envvar="NANBEIGE_CRITIC_BASE_URL", show_default=False, help=(
-    f"OpenAI-compatible endpoint of the turn critic \\[default: {OPENAI_BASE_URL}]; repeat it for several serving "
-    "the same model."))]
+    f"OpenAI-compatible endpoint of the turn critic \\[default: {OPENAI_BASE_URL}]; repeat it for several "
+    "serving the same model."))]
 
 
 def ray_address(value: str | None) -> str | None:
@@ -140,8 +140,8 @@ def complexity_endpoint(base_url: list[str] | str | None, model: str | None, api
                    model=model or COMPLEXITY_ENDPOINT.model, api_key=api_key)
 
 
-def critic_endpoint(base_url: list[str] | str | None, model: str | None, api_key: str | None, template: Path | None = None
-                    ) -> ChatEndpoint:
+def critic_endpoint(base_url: list[str] | str | None, model: str | None, api_key: str | None,
+                    template: Path | None = None) -> ChatEndpoint:
     """The turn critic's endpoint from its flags (unset ones keep `CRITIC_ENDPOINT`'s defaults)."""
     from nanbeige.trainer.critic import CRITIC_ENDPOINT
 

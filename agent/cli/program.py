@@ -25,11 +25,11 @@ from rich.markup import escape
 
 from nanbeige.agent.cli import cache_commands, commands, research, rl_commands, settings_file, train_commands
 from nanbeige.agent.cli import options as o
-from nanbeige.agent.config import BackendConfig, RunSettings
 from nanbeige.agent.cli.console import SafeConsole, err, fail, hide, out, out_json, shown
-from nanbeige.agent.cli.running import interrupted, notice, question_text, run_command
 from nanbeige.agent.cli.help_screen import ShortHelpCommand
+from nanbeige.agent.cli.running import interrupted, notice, question_text, run_command
 from nanbeige.agent.cli.usage import Commands
+from nanbeige.agent.config import BackendConfig, RunSettings
 from nanbeige.agent.llm import LLMConfig
 
 if TYPE_CHECKING:  # imported lazily at run time so `--help` stays fast
@@ -63,9 +63,9 @@ def ask(
 
 
 async def _ask(question: str, settings: RunSettings, resume_from: Trajectory | None = None) -> Trajectory:
+    from nanbeige.agent.cli.view import LiveView
     from nanbeige.agent.loop import run
     from nanbeige.agent.setup import ready
-    from nanbeige.agent.cli.view import LiveView
 
     async with ready(settings, notice) as runtime:
         if resume_from is not None:
@@ -141,8 +141,8 @@ def resume(
 ) -> None:
     """Continue a run cut short (killed, Ctrl-C, crashed, model server error) from its last complete turn,
     with its own settings; print the answer. Tool servers and backend flags must be the run's."""
-    from nanbeige.agent.restore import complete_turns
     from nanbeige.agent.cli.resume import check_not_in_use, pick, settings_for
+    from nanbeige.agent.restore import complete_turns
     from nanbeige.agent.setup import SetupError, secrets_of
     from nanbeige.agent.trajectory import counted_turns
 
@@ -173,8 +173,8 @@ def show_command(
     full: Annotated[bool, typer.Option(help="Show reasoning and tool results in full.")] = False,
 ) -> None:
     """Print a saved trajectory readably."""
-    from nanbeige.agent.trajectory import load_trajectories
     from nanbeige.agent.cli.view import show, show_total
+    from nanbeige.agent.trajectory import load_trajectories
 
     try:
         trajectories = load_trajectories(path, warn=lambda text: notice(f"warning: {text}"))

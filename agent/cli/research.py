@@ -43,8 +43,8 @@ from rich.markup import escape
 
 from nanbeige.agent import dialects
 from nanbeige.agent.cli import options as o
-from nanbeige.agent.config import RunSettings
 from nanbeige.agent.cli.console import counted, err, fail, hide, out, visible
+from nanbeige.agent.config import RunSettings
 from nanbeige.agent.context import estimate_tokens
 from nanbeige.agent.llm import LLM, ModelError
 from nanbeige.agent.loop import DEFAULT_MAX_CONTEXT, AgentConfig, Event, run
@@ -283,8 +283,8 @@ def research_command(
 
 async def _research(question: str, settings: RunSettings, attempts: int) -> tuple[Research, Path]:
     from nanbeige.agent.cli.running import interrupted, notice
-    from nanbeige.agent.setup import ready
     from nanbeige.agent.cli.view import LiveView
+    from nanbeige.agent.setup import ready
 
     async with ready(settings, notice) as runtime:
         err.print(f"[dim]trajectory: {escape(str(runtime.path))}[/]", highlight=False)

@@ -13,10 +13,9 @@ import typer
 from rich.markup import escape
 
 from nanbeige.agent.cli import options as o
-from nanbeige.agent.config import RunSettings
 from nanbeige.agent.cli.console import counted, err, fail, hide
+from nanbeige.agent.config import RunSettings
 from nanbeige.agent.llm import LLMConfig
-
 
 RayAddress = Annotated[str | None, typer.Option(
     "--ray", metavar="auto|HOST:PORT", show_default=False, rich_help_panel="Cluster", callback=o.ray_address,
@@ -145,8 +144,8 @@ def judge(
     judge_template: o.JudgeTemplate = None,
     concurrency: Annotated[int, typer.Option(min=1, help="Trajectories judged at once.")] = 8,
     request_timeout: Annotated[float | None, typer.Option(min=0.1, show_default=False, help=(
-        "Seconds one judge or critic call may take before it is asked again \\[default: 300 for the judge, 120 for "
-        "the critic]."))] = None,
+        "Seconds one judge or critic call may take before it is asked again \\[default: 300 for the judge, "
+        "120 for the critic]."))] = None,
     retries: Annotated[int | None, typer.Option(min=0, show_default=False, help=(
         "How many times a failed judge or critic call is asked again \\[default: 3 for the judge, 2 for the "
         "critic]."))] = None,

@@ -13,14 +13,13 @@ import typer
 from rich.markup import escape
 
 from nanbeige.agent.cli import options as o
-from nanbeige.agent.config import AgentConfig, BackendConfig, ToolsConfig
 from nanbeige.agent.cli.console import err, fail, hide
 from nanbeige.agent.cli.help_screen import ShortHelpGroup
+from nanbeige.agent.config import AgentConfig, BackendConfig, ToolsConfig
 from nanbeige.agent.llm import LLMConfig
 from nanbeige.tools.endpoint import OPENAI_BASE_URL
 from nanbeige.trainer.config import COUNTS, GroupRule, parse_keep
 from nanbeige.trainer.train import TrainConfig
-
 
 AdminUrl = Annotated[list[str] | None, typer.Option(
     "--admin-url", metavar="URL", show_default=False, rich_help_panel="Loop",

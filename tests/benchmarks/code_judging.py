@@ -17,8 +17,8 @@ Run from the repository root:
 from __future__ import annotations
 
 import argparse
-import json
 import asyncio
+import json
 import tempfile
 import time
 from pathlib import Path

@@ -27,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for fake_openai and tiny_model
 
 from fake_openai import FakeOpenAI, mcp_answer, mcp_call
+
 from nanbeige.agent.config import BackendConfig, RunSettings, ToolsConfig
 from nanbeige.agent.llm import LLMConfig
 from nanbeige.agent.loop import AgentConfig

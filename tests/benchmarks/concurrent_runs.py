@@ -40,11 +40,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for fake_openai
 
 from fake_openai import FakeOpenAI, mcp_answer, mcp_call
+from overhead import pct, tokenizer_of, turn_overheads
+
 from nanbeige.agent.llm import LLMConfig, OpenAIChat
 from nanbeige.agent.loop import AgentConfig, run
 from nanbeige.agent.toolbox import ServerSpec, Toolbox
 from nanbeige.agent.trajectory import ToolCall, TrajectoryWriter
-from overhead import pct, tokenizer_of, turn_overheads
 
 SERVER = str(Path(__file__).resolve().parents[1] / "mcp_test_server.py")
 QUESTION = "What does echo say?"

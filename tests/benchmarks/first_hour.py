@@ -120,7 +120,8 @@ def table(steps: list[Step]) -> str:
     rows = ["| command | wall time | exit |", "|---|---:|---:|"]
     for step in steps:
         shown = shorten(step.command).replace("|", "\\|")
-        rows.append(f"| `{shown}` | {step.seconds:.1f} s | {step.exit_code if step.exit_code is not None else 'stopped'} |")
+        code = step.exit_code if step.exit_code is not None else "stopped"
+        rows.append(f"| `{shown}` | {step.seconds:.1f} s | {code} |")
     return "\n".join(rows)
 
 

@@ -122,7 +122,8 @@ async def measure(base_url: str, turns: int, keep: int, path: Path,
         trajectory = await run("What does echo say?", llm, toolbox, config, writer, on_event)
         wall = time.perf_counter() - started
         memory = {"rss": rss_kib() - rss_before, "steady_rss": rss_kib() - steady["rss"],
-                  "steady_file": path.stat().st_size - steady["file"], "steady_turn": steady["turn"], "hwm": rss_kib("VmHWM") - hwm_before,
+                  "steady_file": path.stat().st_size - steady["file"], "steady_turn": steady["turn"],
+                  "hwm": rss_kib("VmHWM") - hwm_before,
                   "maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - maxrss_before}
     writer.close()
     await llm.aclose()
@@ -154,8 +155,9 @@ def report(overhead: list[float], extra: dict, block: int = 100) -> None:
     print(f"RSS growth: VmRSS {memory['rss']:,} KiB, peak VmHWM {memory['hwm']:,} KiB, ru_maxrss "
           f"{memory['maxrss']:,} KiB   (target: bounded by the trajectory size; peak/file = "
           f"{memory['hwm'] / max(size_kib, 1):.2f})")
+    ratio = memory["steady_rss"] * 1024 / max(memory["steady_file"], 1)
     print(f"after turn {memory['steady_turn']}: RSS grew {memory['steady_rss']:,} KiB while the trajectory grew "
-          f"{memory['steady_file'] / 1024:,.0f} KiB (ratio {memory['steady_rss'] * 1024 / max(memory['steady_file'], 1):.2f})")
+          f"{memory['steady_file'] / 1024:,.0f} KiB (ratio {ratio:.2f})")
     print(f"total wall time of the run: {extra['wall']:.2f} s")
 
 

@@ -9,8 +9,9 @@ when it answers; the run's closing summary turn makes T + 1 requests a rollout.
 
 Reported per pool: rollouts/s over the rollouts themselves (first start to last end, as the trajectories
 record them; start-up is not counted), the ratio to one endpoint, model requests/s against the pool's
-ceiling (endpoints x S / D), the requests each endpoint served (the command's end line), and the CPU the command used (with its MCP server) per second of wall time: near the
-machine's core count, the client is what limits.
+ceiling (endpoints x S / D), the requests each endpoint served (the command's end line), and the CPU the
+command used (with its MCP server) per second of wall time: near the machine's core count, the client is what
+limits.
 
     python tests/benchmarks/pool_throughput.py [--questions 32] [--group-size 4] [--concurrency 16]
                                                [--delay 0.2] [--slots 2] [--turns 3]

@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for fake
 
 from fake_openai import mcp_call  # noqa: E402
 
-from nanbeige.agent.restore import rebuild, reopen  # noqa: E402
 from nanbeige.agent.cli.resume import pick  # noqa: E402
+from nanbeige.agent.restore import rebuild, reopen  # noqa: E402
 from nanbeige.agent.scripted import ScriptedLLM  # noqa: E402
 from nanbeige.agent.tokens import TokenTracker  # noqa: E402
 from nanbeige.agent.trajectory import ToolCall, ToolResult, Trajectory, TrajectoryWriter, Turn  # noqa: E402

@@ -99,7 +99,8 @@ def main() -> None:
         print(f"{'streamed' if stream else 'not streamed':>14} {s['overhead_ms']:>17.3f} {s['cpu_ms']:>12.3f} "
               f"{s['model_ms']:>14.3f} {s['pieces']:>12.0f}")
     ratio = summary[True]["cpu_ms"] / summary[False]["cpu_ms"]
-    print(f"CPU per turn, streamed / not: {ratio:.3f}   (target <= {TARGET:.2f}: {'OK' if ratio <= TARGET else 'MISSED'})")
+    verdict = "OK" if ratio <= TARGET else "MISSED"
+    print(f"CPU per turn, streamed / not: {ratio:.3f}   (target <= {TARGET:.2f}: {verdict})")
 
 
 if __name__ == "__main__":

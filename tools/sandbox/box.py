@@ -27,8 +27,17 @@ from nanbeige.tools.sandbox.jail import JAIL_WORKER, account_files, jail_args
 from nanbeige.tools.sandbox.probe import Isolation
 from nanbeige.tools.sandbox.seccomp import filter_fd
 from nanbeige.tools.sandbox.system import (
-    Proc, allocate_uid, children, kill_processes, minimal_env, pid_namespace, processes, release_uid,
-    remove_files_of, remove_tree, setpriv_args,
+    Proc,
+    allocate_uid,
+    children,
+    kill_processes,
+    minimal_env,
+    pid_namespace,
+    processes,
+    release_uid,
+    remove_files_of,
+    remove_tree,
+    setpriv_args,
 )
 
 WORKER = str(Path(__file__).with_name("worker.py"))

@@ -27,7 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nanbeige.tools.sandbox.system import (
-    UID_BASE, UID_SPAN, kill_processes, remove_files_of, remove_tree, sweep_uid_locks,
+    UID_BASE,
+    UID_SPAN,
+    kill_processes,
+    remove_files_of,
+    remove_tree,
+    sweep_uid_locks,
 )
 
 log = logging.getLogger(__name__)

@@ -41,7 +41,13 @@ from pathlib import Path
 
 from nanbeige.tools.sandbox.answers import command_failed, format_command, format_execution, invalid_id, truncate
 from nanbeige.tools.sandbox.box import (
-    WORKER, LocalSandbox, command_line, kill_all, make_sandbox, remove_sandbox, sandbox_env,
+    WORKER,
+    LocalSandbox,
+    command_line,
+    kill_all,
+    make_sandbox,
+    remove_sandbox,
+    sandbox_env,
 )
 from nanbeige.tools.sandbox.budget import can_make_disks, cgroup_parents, folder_bytes, rss_bytes, sweep, sweep_cgroups
 from nanbeige.tools.sandbox.channel import Channel, ChannelError, check_cell_reply, cpu_time, exchange, read_line
@@ -49,7 +55,14 @@ from nanbeige.tools.sandbox.config import MB, SandboxConfig, SandboxError
 from nanbeige.tools.sandbox.files import host_path, read_file, write_file
 from nanbeige.tools.sandbox.probe import Isolation, probe_isolation, unjailed_notice
 from nanbeige.tools.sandbox.system import (
-    become_subreaper, collect, descendant_chain, exit_text, kill_processes, processes, reap_orphans, signal_name,
+    become_subreaper,
+    collect,
+    descendant_chain,
+    exit_text,
+    kill_processes,
+    processes,
+    reap_orphans,
+    signal_name,
 )
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,13 @@ from pathlib import Path
 
 from nanbeige.tools.sandbox.config import SandboxError
 from nanbeige.tools.sandbox.jail import (
-    JAIL_WORKER, Jail, account_files, find_bwrap, interpreter_paths, jail_args, namespace_args,
+    JAIL_WORKER,
+    Jail,
+    account_files,
+    find_bwrap,
+    interpreter_paths,
+    jail_args,
+    namespace_args,
 )
 from nanbeige.tools.sandbox.seccomp import filter_fd, supported
 from nanbeige.tools.sandbox.system import allocate_uid, minimal_env, release_uid, remove_tree, setpriv_args

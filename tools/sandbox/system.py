@@ -24,7 +24,6 @@ from contextlib import suppress
 from pathlib import Path
 from typing import NamedTuple
 
-
 log = logging.getLogger(__name__)
 
 UID_BASE, UID_SPAN = 1_700_000_000, 10_000_000  # far above any real account; one uid per sandbox
