@@ -295,10 +295,8 @@ class RunsView:
         return line
 
     def _turns_per_s(self) -> str:
-        import time
-
-        elapsed = time.monotonic() - self.progress.started
-        return f"{self.progress.turns / elapsed:.1f}" if elapsed > 0 else "-"
+        seconds = self.progress.elapsed_s
+        return f"{self.progress.turns / seconds:.1f}" if seconds > 0 else "-"
 
     def _eta(self) -> str:
         eta = self.progress.eta_s()  # the pace of this session's runs (`evals.progress`)
