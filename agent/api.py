@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from nanbeige.agent.backends.llm import LLMConfig
 from nanbeige.agent.config import BackendConfig, RunSettings, ToolsConfig
-from nanbeige.agent.llm import LLMConfig
 from nanbeige.agent.loop import AgentConfig, run
 from nanbeige.agent.setup import Ready, SetupError, ready, secrets_of
 from nanbeige.agent.trajectory import Trajectory, redact, usable_secrets

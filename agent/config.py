@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nanbeige.agent import dialects
-from nanbeige.agent.llm import LLMConfig
+from nanbeige.agent.backends.llm import LLMConfig
 
 if TYPE_CHECKING:
-    from nanbeige.agent.reference import Reference
+    from nanbeige.agent.reference.checkout import Reference
 
 BACKENDS = ("auto", "openai", "transformers")
 
@@ -74,7 +74,7 @@ class AgentConfig:
     reference: Reference | None = None
     """The reference harness checkout (`--reference`) whose own texts the model reads in mcp-xml: the
     system prompt, user message, summary prompt, duplicate-query rule, malformed-call tags and
-    refusals (see `agent/reference.py`). None: our own texts, laid out as the reference's."""
+    refusals (see `agent/reference/checkout.py`). None: our own texts, laid out as the reference's."""
 
     def for_dialect(self) -> AgentConfig:
         """This config with what was left unset (max turns, summary turn, rollback) taken from the
@@ -160,7 +160,7 @@ class RunSettings:
     """A file holding the mcp-xml system prompt as a template (`{tools}`, `{date}`); None: the built-in one."""
     reference: Path | None = None
     """A checkout of the reference harness (MiroThinker) whose own texts the model reads in mcp-xml
-    (`agent/reference.py`); None: our own texts, laid out as the reference's."""
+    (`agent/reference/checkout.py`); None: our own texts, laid out as the reference's."""
     whole_trajectories: bool = False
     """Write each trajectory in one piece when it ends, and only one that ended on its own (`collect`:
     the file then holds finished rollouts only), instead of turn by turn."""

@@ -18,7 +18,7 @@ from nanbeige.agent.dialects import OMITTED
 from nanbeige.agent.trajectory import ToolCall, ToolResult, Turn
 
 if TYPE_CHECKING:
-    from nanbeige.agent.reference import Reference
+    from nanbeige.agent.reference.checkout import Reference
 
 MESSAGE_OVERHEAD_TOKENS = 8  # role markers and separators the chat template adds per message
 

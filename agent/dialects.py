@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 import json_repair
 
-from nanbeige.agent import mcp_prompt
+from nanbeige.agent.reference import mcp_prompt
 from nanbeige.agent.trajectory import ToolCall, Turn
 
 if TYPE_CHECKING:
-    from nanbeige.agent.reference import Reference
+    from nanbeige.agent.reference.checkout import Reference
 
 DIALECTS = ("mcp-xml", "tool-call")
 OMITTED = "Tool result is omitted to save tokens."

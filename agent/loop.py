@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from nanbeige.agent import dialects, replies
+from nanbeige.agent.backends.completion import Completion
+from nanbeige.agent.backends.llm import LLM, ContextOverflow, ModelError, served_by
 from nanbeige.agent.cache import ReplayMiss
 from nanbeige.agent.config import AgentConfig
 from nanbeige.agent.context import (
@@ -34,7 +36,6 @@ from nanbeige.agent.context import (
     step_back,
     used_query,
 )
-from nanbeige.agent.llm import LLM, Completion, ContextOverflow, ModelError, served_by
 from nanbeige.agent.replies import EXTRA_ATTEMPTS, RESAMPLES
 from nanbeige.agent.restarts import Restarts
 from nanbeige.agent.restore import rebuild, reopen

@@ -12,7 +12,7 @@ from nanbeige.agent.trajectory import Turn
 
 if TYPE_CHECKING:
     from nanbeige.agent.config import AgentConfig
-    from nanbeige.agent.reference import Reference
+    from nanbeige.agent.reference.checkout import Reference
 
 # The reference (from 2025-12-28) lets a repeated query run once this many replies in a row were dropped.
 DUPLICATE_ROLLBACKS = 4
@@ -143,7 +143,7 @@ def tools_unseen(turn: Turn, request_tools: list[dict[str, Any]] | None, model: 
     than the tools' schemas alone could be. A JSON schema takes a token per 3-5 characters; one per 8 is a
     margin no template that shows them gets under. The small model run here is expected to see none: it
     is there to show that everything runs, and it is far too small to use tools in either dialect."""
-    from nanbeige.agent.local import SMALL_MODEL
+    from nanbeige.agent.backends.in_process import SMALL_MODEL
 
     prompt_tokens = turn.usage.get("prompt_tokens")
     if not request_tools or not isinstance(prompt_tokens, int) or prompt_tokens * 8 >= len(json.dumps(request_tools)):

@@ -24,9 +24,8 @@ from typing import IO, TYPE_CHECKING
 import httpx
 
 from nanbeige.agent import dialects
-from nanbeige.agent.cache import CacheError, ToolCache
-from nanbeige.agent.config import BACKENDS, RunSettings, ToolsConfig
-from nanbeige.agent.llm import (
+from nanbeige.agent.backends.in_process import in_thread, loading
+from nanbeige.agent.backends.llm import (
     DIALECT_SAMPLING,
     LLM,
     LLMConfig,
@@ -36,9 +35,10 @@ from nanbeige.agent.llm import (
     ServerInfo,
     probe_server,
 )
-from nanbeige.agent.local import in_thread, loading
+from nanbeige.agent.backends.prompts import search_template
+from nanbeige.agent.cache import CacheError, ToolCache
+from nanbeige.agent.config import BACKENDS, RunSettings, ToolsConfig
 from nanbeige.agent.loop import DEFAULT_MAX_CONTEXT, AgentConfig
-from nanbeige.agent.prompts import search_template
 from nanbeige.agent.records import NotATrajectoryFile, check_trajectory_file
 from nanbeige.agent.server_log import ServerLog
 from nanbeige.agent.toolbox import (
@@ -48,14 +48,13 @@ from nanbeige.agent.toolbox import (
     parse_server_spec,
     passed_env,
     secrets_in_env,
-    url_credentials,
-    without_credentials,
 )
 from nanbeige.agent.trajectory import TrajectoryWriteError, TrajectoryWriter
 from nanbeige.agent.writable import unwritable
+from nanbeige.tools.endpoint import url_credentials, without_credentials
 
 if TYPE_CHECKING:
-    from nanbeige.agent.reference import Reference
+    from nanbeige.agent.reference.checkout import Reference
 
 Notice = Callable[[str], None]
 
@@ -130,7 +129,7 @@ def check_settings(settings: RunSettings) -> list[ServerSpec]:
 
 def check_pool(settings: RunSettings) -> None:
     """A pool's URLs are distinct, and name servers (never the in-process model)."""
-    from nanbeige.agent.pool import PoolError, check_urls
+    from nanbeige.agent.backends.pool import PoolError, check_urls
 
     try:
         check_urls(settings.llm.urls(), settings.backend.route, settings.backend.backend)
@@ -153,7 +152,7 @@ def read_template(path: Path) -> str:
 def read_reference(path: Path) -> Reference:
     """The reference checkout's texts (tool descriptions as Python NANBEIGE_REFERENCE_PYTHON, default
     3.12, kept them); a checkout that lacks one is refused in one line."""
-    from nanbeige.agent.reference import ReferenceError, load
+    from nanbeige.agent.reference.checkout import ReferenceError, load
 
     try:
         return load(path, os.environ.get("NANBEIGE_REFERENCE_PYTHON") or "3.12")
@@ -227,7 +226,7 @@ def find_model_server(settings: RunSettings, notice: Notice) -> ServerInfo | Non
     """The model server to use and what it says about itself; None when the model runs in this process
     (after checking it can be had: a local folder, downloaded, or a hub that answers).
     `auto` falls back to this process only from the default address, never from one the user named."""
-    from nanbeige.agent.local import LocalModelError, check_model_available, resolve_small_model
+    from nanbeige.agent.backends.in_process import LocalModelError, check_model_available, resolve_small_model
 
     b, c = settings.backend, settings.llm
     if c.more_base_urls:  # the runs must fit the smallest context of the pool
@@ -259,7 +258,7 @@ def find_model_server(settings: RunSettings, notice: Notice) -> ServerInfo | Non
 
 def pool_servers(settings: RunSettings) -> list[ServerInfo]:
     """What every endpoint of a pool says about itself; one line naming those that differ or do not answer."""
-    from nanbeige.agent.pool import PoolError, ask_endpoints
+    from nanbeige.agent.backends.pool import PoolError, ask_endpoints
 
     c = settings.llm
     try:
@@ -271,7 +270,7 @@ def pool_servers(settings: RunSettings) -> list[ServerInfo]:
 def in_process(settings: RunSettings, notice: Notice) -> RunSettings:
     """The settings for a model run in this process: on a CPU, a reply length and a number of turns a CPU gets
     through where the user left the defaults (said on stderr). The model keeps the name typed (`smollm2`)."""
-    from nanbeige.agent.local import CPU_MAX_TOKENS, CPU_MAX_TURNS, LocalModelError, on_cpu
+    from nanbeige.agent.backends.in_process import CPU_MAX_TOKENS, CPU_MAX_TURNS, LocalModelError, on_cpu
 
     b, llm, agent = settings.backend, settings.llm, settings.agent
     try:
@@ -299,7 +298,7 @@ def make_llm(settings: RunSettings, server: ServerInfo | None) -> LLM:
         return token_mode_client(settings, server)
     if server is not None:
         return OpenAIChat(c, server=server)
-    from nanbeige.agent.local import LocalModelError, TransformersLLM
+    from nanbeige.agent.backends.in_process import LocalModelError, TransformersLLM
 
     try:
         return TransformersLLM(c, gguf_file=b.gguf_file, verbose=b.verbose)
@@ -309,8 +308,8 @@ def make_llm(settings: RunSettings, server: ServerInfo | None) -> LLM:
 
 def make_pool(settings: RunSettings, server: ServerInfo) -> LLM:
     """One client per endpoint (in token mode sharing one tokenizer), used as one pool."""
-    from nanbeige.agent.pool import EndpointPool, member_config
-    from nanbeige.agent.token_mode import TokenModeChat
+    from nanbeige.agent.backends.pool import EndpointPool, member_config
+    from nanbeige.agent.backends.token_mode import TokenModeChat
 
     configs = [member_config(settings.llm, url) for url in settings.llm.urls()]
     if settings.backend.token_mode:
@@ -325,7 +324,7 @@ def make_pool(settings: RunSettings, server: ServerInfo) -> LLM:
 def token_mode_client(settings: RunSettings, server: ServerInfo) -> LLM:
     """The token-mode client, its tokenizer from `--tokenizer`, else the first that loads of the folder the
     server lists as the model's root (when it is a folder here) and the model name."""
-    from nanbeige.agent.token_mode import TokenModeChat, load_tokenizer
+    from nanbeige.agent.backends.token_mode import TokenModeChat, load_tokenizer
 
     b, c = settings.backend, settings.llm
     root = server.weights if server.weights and Path(server.weights).is_dir() else None

@@ -21,7 +21,6 @@ import re
 import shlex
 import sys
 import time
-import urllib.parse
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -32,6 +31,7 @@ from nanbeige.agent.cache import ToolCache
 from nanbeige.agent.lifeline import tied_to_this_process
 from nanbeige.agent.restarts import RESTART_CREDIT_CALLS, Restarts
 from nanbeige.agent.trajectory import ToolCall, ToolResult, redact, usable_secrets
+from nanbeige.tools.endpoint import url_credentials, without_credentials
 
 # Environment passed on to stdio servers: backend settings, and API keys only to our own servers.
 ENV_PREFIXES = ("NANBEIGE_", "SERPER_", "JINA_", "E2B_", "SEARXNG_")
@@ -83,25 +83,6 @@ def passed_env(with_secrets: bool = False) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if (k.startswith(ENV_PREFIXES) or k in ENV_NAMES) and (with_secrets or k not in SECRET_NAMES)}
     return env if with_secrets else {k: without_credentials(v) for k, v in env.items()}
-
-
-# scheme://userinfo@host...: the userinfo ends at the last @ before the path
-URL_CREDENTIALS = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)([^/?#]*)@")
-
-
-def url_credentials(value: str) -> list[str]:
-    """The secrets in a URL's `user:password@`: the user:password text and the password alone, as
-    written and percent-decoded (an error message may quote either)."""
-    found = URL_CREDENTIALS.match(value.strip())
-    if not found:
-        return []
-    userinfo = found.group(2)
-    spelled = [userinfo, userinfo.partition(":")[2]]
-    return spelled + [urllib.parse.unquote(s) for s in spelled if urllib.parse.unquote(s) != s]
-
-
-def without_credentials(value: str) -> str:
-    return URL_CREDENTIALS.sub(r"\1", value.strip()) if URL_CREDENTIALS.match(value.strip()) else value
 
 
 def secrets_in_env() -> list[str]:

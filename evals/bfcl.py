@@ -199,7 +199,7 @@ class Completions:
         self.failure: str | None = None
 
     def create(self, *, prompt: str, max_tokens: int, temperature: float, **_: Any) -> Any:
-        from nanbeige.agent.llm import ContextOverflow
+        from nanbeige.agent.backends.llm import ContextOverflow
 
         try:
             text, prompt_tokens, completion_tokens = self.complete(prompt, max_tokens, temperature)

@@ -78,7 +78,7 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """The tiny test model's real (trained here) byte-level BPE tokenizer, with its chat template."""
     from tiny_model import make_tiny_model
 
-    from nanbeige.agent.token_mode import load_tokenizer
+    from nanbeige.agent.backends.token_mode import load_tokenizer
     return load_tokenizer(str(make_tiny_model(tmp_path_factory.mktemp("tiny"))))[0]
 
 

@@ -46,3 +46,16 @@ def test_a_forbidden_import_and_a_circle_are_named_where_they_are(tmp_path: Path
     assert done.returncode == 1
     assert "tools stay plain BROKEN" in done.stdout and "shop.tools -> shop.agent (l.1)" in done.stdout
     assert "no circles BROKEN" in done.stdout and "- .stock -> .orders (1 import)" in done.stdout
+
+
+def test_every_module_of_the_runtime_is_kept_out_of_the_rooms_below_it() -> None:
+    """agent/backends/ and agent/reference/ are rooms that import nothing of the runtime around them; their
+    contracts name each module of agent/ they must not import, so a new module must be named there too."""
+    import tomllib
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    runtime = {f"nanbeige.agent.{p.stem}" for p in (ROOT / "agent").glob("*.py") if p.stem != "__init__"}
+    for room, neighbours in (("nanbeige.agent.backends", runtime),
+                             ("nanbeige.agent.reference", runtime | {"nanbeige.agent.backends"})):
+        [contract] = [c for c in contracts if c.get("source_modules") == [room]]
+        assert neighbours <= set(contract["forbidden_modules"]), sorted(neighbours - set(contract["forbidden_modules"]))

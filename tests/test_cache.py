@@ -20,9 +20,9 @@ from fake_search_apis import FakeSerper
 from mcp.server.mcpserver import MCPServer
 from test_eval_runner import TASKS, write_gaia
 
+from nanbeige.agent.backends.scripted import ScriptedLLM
 from nanbeige.agent.cache import ReplayMiss, ToolCache, canonical_arguments
 from nanbeige.agent.loop import AgentConfig, run
-from nanbeige.agent.scripted import ScriptedLLM
 from nanbeige.agent.toolbox import ServerSpec, Toolbox
 from nanbeige.agent.trajectory import ToolCall
 from nanbeige.evals.runner import read_results

@@ -35,8 +35,8 @@ from ray_cluster import (
     wait_for,
 )
 
+from nanbeige.agent.backends.scripted import ScriptedLLM
 from nanbeige.agent.loop import AgentConfig, run
-from nanbeige.agent.scripted import ScriptedLLM
 from nanbeige.agent.toolbox import ServerSpec, Toolbox
 from nanbeige.agent.trajectory import TrajectoryWriter, load_trajectories
 from nanbeige.evals.runner import read_results

@@ -25,9 +25,9 @@ from typing import Any
 import pytest
 from fake_openai import FakeOpenAI
 
+from nanbeige.agent.backends.in_process import SMALL_MODEL_GGUF
+from nanbeige.agent.backends.llm import LLMConfig
 from nanbeige.agent.config import BackendConfig, RunSettings, ToolsConfig
-from nanbeige.agent.llm import LLMConfig
-from nanbeige.agent.local import SMALL_MODEL_GGUF
 from nanbeige.agent.loop import AgentConfig
 from nanbeige.agent.trajectory import Trajectory, load_trajectories
 from nanbeige.evals.benchmarks import BENCHMARKS

@@ -134,7 +134,7 @@ def test_questions_files_and_their_errors(tmp_path: Path) -> None:
 
 
 def test_the_policy_version_defaults_to_the_weights_the_server_names() -> None:
-    from nanbeige.agent.llm import probe_server
+    from nanbeige.agent.backends.llm import probe_server
 
     entry = {"id": "policy", "object": "model", "owned_by": "vllm", "root": "/ckpt/step-9", "max_model_len": 32768}
     with FakeOpenAI([], models=[entry]) as server:

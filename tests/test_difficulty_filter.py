@@ -143,7 +143,7 @@ def test_nothing_in_the_band_is_an_error_naming_the_rule(tmp_path: Path) -> None
 
 def test_the_loops_dynamic_sampling_counts_groups_with_the_trainers_rule(tmp_path: Path) -> None:
     from nanbeige.agent.trajectory import load_trajectories
-    from nanbeige.trainer.loop import informative_groups
+    from nanbeige.trainer.rl_loop import informative_groups
 
     # 3 of 8 solved (kept either way); 7 of 8 solved (the default band keeps it, stage 1 does not)
     judged = write(tmp_path / "judged.jsonl", problem("a", 3) + problem("b", 7) + problem("c", 0))

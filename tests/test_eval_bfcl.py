@@ -12,8 +12,8 @@ import pytest
 from bfcl_oracle import official_verdicts, run_official, script_for
 from fake_openai import FakeOpenAI, Reply
 
+from nanbeige.agent.backends.llm import LLMConfig
 from nanbeige.agent.config import AgentConfig, BackendConfig, RunSettings, ToolsConfig
-from nanbeige.agent.llm import LLMConfig
 from nanbeige.evals import bfcl, bfcl_run
 from nanbeige.evals.benchmarks import BENCHMARKS
 from nanbeige.evals.report import markdown

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from fake_openai import FakeOpenAI, Reply
 
+from nanbeige.agent.backends.llm import LLMConfig
 from nanbeige.agent.config import RunSettings, ToolsConfig
-from nanbeige.agent.llm import LLMConfig
 from nanbeige.agent.loop import AgentConfig
 from nanbeige.evals.benchmarks import BENCHMARKS
 from nanbeige.evals.judges import JUDGE_ENDPOINT
@@ -244,7 +244,7 @@ async def test_an_eval_with_a_reference_checkout_reports_it_and_resumes_only_wit
 
     from reference_tree import make_reference
 
-    from nanbeige.agent.reference import load
+    from nanbeige.agent.reference.checkout import load
     from nanbeige.evals.runner import EvalError
 
     checkout = make_reference(tmp_path / "miro")

@@ -19,10 +19,9 @@ import pytest
 from conftest import TEST_SERVER
 from fake_openai import FakeOpenAI, mcp_answer, mcp_call
 
+from nanbeige.agent.backends.scripted import ScriptedLLM
 from nanbeige.agent.cli.console import hide, out, out_json, shown
 from nanbeige.agent.loop import AgentConfig, run
-from nanbeige.agent.scripted import ScriptedLLM
-from nanbeige.agent.toolbox import passed_env, secrets_in_env, url_credentials
 from nanbeige.agent.trajectory import ToolCall, ToolResult, Trajectory, TrajectoryWriter, Turn, load_trajectories
 
 NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
@@ -104,14 +103,6 @@ def test_credentials_in_the_base_url_reach_only_the_model_server(tmp_path: Path)
     assert trajectory.turns[0].tool_results[0].text == server.base_url  # what the user's server was given
     for output in (result.stdout, result.stderr, path.read_text()):
         assert PASSWORD not in output
-
-
-def test_credentials_in_any_url_passed_on_are_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("NANBEIGE_SUMMARY_BASE_URL", "https://bob:s%40fe-pass-word@summary.example/v1")
-    assert passed_env()["NANBEIGE_SUMMARY_BASE_URL"] == "https://summary.example/v1"  # a user's server
-    assert passed_env(with_secrets=True)["NANBEIGE_SUMMARY_BASE_URL"].startswith("https://bob:")  # ours
-    assert {"bob:s%40fe-pass-word", "s@fe-pass-word"} <= set(secrets_in_env())
-    assert url_credentials("http://host/v1?user=a@b") == []
 
 
 def test_an_unreachable_server_named_with_credentials_is_reported_without_them(tmp_path: Path) -> None:

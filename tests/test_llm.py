@@ -8,8 +8,8 @@ import time
 import pytest
 from fake_openai import FakeOpenAI, Reply
 
-from nanbeige.agent.llm import ContextOverflow, LLMConfig, ModelError, ModelUnreachable, OpenAIChat, ServerInfo
-from nanbeige.agent.scripted import ScriptedLLM
+from nanbeige.agent.backends.llm import ContextOverflow, LLMConfig, ModelError, ModelUnreachable, OpenAIChat, ServerInfo
+from nanbeige.agent.backends.scripted import ScriptedLLM
 
 pytestmark = pytest.mark.anyio
 MESSAGES = [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]

@@ -10,10 +10,11 @@ import pytest
 from conftest import TEST_SERVER
 from fake_openai import FakeOpenAI, Reply, mcp_answer, mcp_call
 
+from nanbeige.agent.backends.completion import Completion
+from nanbeige.agent.backends.llm import LLMConfig, OpenAIChat
+from nanbeige.agent.backends.scripted import ScriptedLLM
 from nanbeige.agent.context import estimate_tokens
-from nanbeige.agent.llm import Completion, LLMConfig, OpenAIChat
 from nanbeige.agent.loop import RELEASED, AgentConfig, run
-from nanbeige.agent.scripted import ScriptedLLM
 from nanbeige.agent.toolbox import ServerSpec, Toolbox
 from nanbeige.agent.trajectory import TrajectoryWriter, load_trajectories
 

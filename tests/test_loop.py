@@ -13,10 +13,11 @@ import pytest
 from conftest import TEST_SERVER
 from fake_openai import FakeOpenAI, Reply, mcp_answer, mcp_call, render, tokens
 
+from nanbeige.agent.backends.completion import Completion
+from nanbeige.agent.backends.llm import ContextOverflow, LLMConfig, ModelError, OpenAIChat
+from nanbeige.agent.backends.scripted import ScriptedLLM
 from nanbeige.agent.dialects import OMITTED
-from nanbeige.agent.llm import Completion, ContextOverflow, LLMConfig, ModelError, OpenAIChat
 from nanbeige.agent.loop import AgentConfig, run
-from nanbeige.agent.scripted import ScriptedLLM
 from nanbeige.agent.tokens import full_prompt, rebuild_segments
 from nanbeige.agent.toolbox import ServerSpec, Toolbox
 from nanbeige.agent.trajectory import TrajectoryWriter, load_trajectories

@@ -9,7 +9,7 @@ import time
 import pytest
 from fake_openai import FakeOpenAI, Reply, mcp_answer, mcp_call
 
-from nanbeige.agent.llm import LLMConfig, ModelError, OpenAIChat
+from nanbeige.agent.backends.llm import LLMConfig, ModelError, OpenAIChat
 from nanbeige.agent.loop import AgentConfig, run
 
 pytestmark = pytest.mark.anyio

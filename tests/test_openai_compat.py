@@ -14,7 +14,7 @@ from conftest import free_port
 from fake_openai import FakeOpenAI, Reply
 from fake_site import Site
 
-from nanbeige.agent.llm import (
+from nanbeige.agent.backends.llm import (
     VLLM_EXTRAS,
     LLMConfig,
     ModelError,
@@ -161,7 +161,7 @@ async def test_what_the_caller_already_knows_is_not_asked_again() -> None:
 async def test_token_mode_talks_to_completions_without_asking(tmp_path: Path) -> None:
     from tiny_model import make_tiny_model
 
-    from nanbeige.agent.token_mode import TokenModeChat, load_tokenizer
+    from nanbeige.agent.backends.token_mode import TokenModeChat, load_tokenizer
 
     tokenizer = load_tokenizer(str(make_tiny_model(tmp_path)))[0]
     with FakeOpenAI(["done"], tokenize=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]) as server:

@@ -23,9 +23,9 @@ import pytest
 from conftest import TEST_SERVER
 from fake_openai import FakeOpenAI, Reply, mcp_answer, mcp_call
 
-from nanbeige.agent.llm import LLMConfig, OpenAIChat
-from nanbeige.agent.model_server import EndpointDown
-from nanbeige.agent.pool import EndpointPool, member_config
+from nanbeige.agent.backends.llm import LLMConfig, OpenAIChat
+from nanbeige.agent.backends.model_server import EndpointDown
+from nanbeige.agent.backends.pool import EndpointPool, member_config
 from nanbeige.agent.trajectory import load_trajectories
 
 NANBEIGE = str(Path(sys.executable).parent / "nanbeige")

@@ -12,7 +12,7 @@ import pytest
 from test_smollm2 import GGUF, smollm2_folder
 from tiny_model import CHAT_TEMPLATE, CORPUS, make_tiny_model
 
-from nanbeige.agent.prompts import Conversation, Prompter
+from nanbeige.agent.backends.prompts import Conversation, Prompter
 
 # A template with the usual context-dependent parts: a default system prompt, tool results grouped
 # in one user turn, reasoning rendered from `reasoning_content`, tools listed in the system turn.

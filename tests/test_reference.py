@@ -14,10 +14,10 @@ import pytest
 from fake_openai import mcp_answer, mcp_call
 from reference_tree import make_reference
 
-from nanbeige.agent import reference as ref
+from nanbeige.agent.backends.scripted import ScriptedLLM
 from nanbeige.agent.cli.resume import check_unchanged
 from nanbeige.agent.loop import AgentConfig, run
-from nanbeige.agent.scripted import ScriptedLLM
+from nanbeige.agent.reference import checkout as ref
 from nanbeige.agent.setup import SetupError
 from nanbeige.agent.toolbox import ServerSpec, Toolbox
 from nanbeige.agent.trajectory import TrajectoryWriter, load_trajectories
@@ -221,7 +221,7 @@ async def test_a_checkout_whose_note_covers_page_extractions_answers_their_repea
 
 
 def test_the_page_extraction_prompt_reaches_the_scrape_server_and_the_extraction_model(tmp_path: Path) -> None:
-    from nanbeige.agent.llm import LLMConfig
+    from nanbeige.agent.backends.llm import LLMConfig
     from nanbeige.agent.setup import default_servers
     from nanbeige.tools.scrape import extraction_prompt, scrape_config_from_env
 
@@ -317,8 +317,8 @@ async def test_a_later_checkout_asks_for_the_summary_again_when_it_has_no_boxed_
 
 
 def test_the_checkouts_sampling_fills_only_what_the_user_left_unset(tmp_path: Path) -> None:
+    from nanbeige.agent.backends.llm import LLMConfig
     from nanbeige.agent.config import RunSettings
-    from nanbeige.agent.llm import LLMConfig
     from nanbeige.agent.setup import with_reference
 
     reference = ref.load(make_reference(tmp_path))
@@ -330,7 +330,7 @@ def test_the_checkouts_sampling_fills_only_what_the_user_left_unset(tmp_path: Pa
 
 
 def test_placeholder_sandbox_ids_get_the_checkouts_own_answer_from_our_python_server(tmp_path: Path) -> None:
-    from nanbeige.agent.llm import LLMConfig
+    from nanbeige.agent.backends.llm import LLMConfig
     from nanbeige.agent.setup import default_servers
     from nanbeige.tools.sandbox import SandboxError, Sandboxes, config_from_env
 

@@ -12,7 +12,7 @@ import mcp
 import pytest
 from conftest import JAIL
 
-from nanbeige.agent.mcp_prompt import tool_catalogue
+from nanbeige.agent.reference.mcp_prompt import tool_catalogue
 from nanbeige.servers import python, scrape, search
 from nanbeige.tools.sandbox import SandboxConfig, Sandboxes
 from nanbeige.tools.scrape import ScrapeConfig

@@ -20,11 +20,12 @@ from fake_openai import FakeOpenAI, Reply, mcp_call
 from fake_search_apis import FakeSerper
 from fake_site import Site
 
+from nanbeige.agent.backends.completion import Completion
+from nanbeige.agent.backends.llm import ModelError
+from nanbeige.agent.backends.scripted import ScriptedLLM
 from nanbeige.agent.cli import report
 from nanbeige.agent.cli.research import research
-from nanbeige.agent.llm import Completion, ModelError
 from nanbeige.agent.loop import AgentConfig
-from nanbeige.agent.scripted import ScriptedLLM
 from nanbeige.agent.trajectory import (
     ToolCall,
     ToolResult,

@@ -19,13 +19,13 @@ import pytest
 from conftest import TEST_SERVER
 from fake_openai import FakeOpenAI, Reply, mcp_answer, mcp_call
 
+from nanbeige.agent.backends.llm import LLMConfig
+from nanbeige.agent.backends.scripted import ScriptedLLM
+from nanbeige.agent.backends.token_mode import TokenModeChat
 from nanbeige.agent.cli.resume import check_unchanged, pick, settings_for
-from nanbeige.agent.llm import LLMConfig
 from nanbeige.agent.loop import AgentConfig, run
 from nanbeige.agent.restore import used_wall_s
-from nanbeige.agent.scripted import ScriptedLLM
 from nanbeige.agent.setup import SetupError
-from nanbeige.agent.token_mode import TokenModeChat
 from nanbeige.agent.tokens import last_prompt, rebuild_segments
 from nanbeige.agent.toolbox import ServerSpec, Toolbox
 from nanbeige.agent.trajectory import (

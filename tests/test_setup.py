@@ -17,9 +17,9 @@ from fake_openai import FakeOpenAI, Reply, mcp_answer, mcp_call
 from test_cli import NANBEIGE, TESTKIT, assert_one_line_error, nanbeige
 from tiny_model import make_tiny_model
 
-from nanbeige.agent.llm import ModelError
+from nanbeige.agent.backends.llm import ModelError
+from nanbeige.agent.backends.scripted import ScriptedLLM
 from nanbeige.agent.loop import AgentConfig, run
-from nanbeige.agent.scripted import ScriptedLLM
 from nanbeige.agent.trajectory import TrajectoryWriter, load_trajectories
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from nanbeige.agent.llm import LLMConfig
-from nanbeige.agent.local import TransformersLLM
+from nanbeige.agent.backends.in_process import TransformersLLM
+from nanbeige.agent.backends.llm import LLMConfig
 
 pytestmark = pytest.mark.anyio
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

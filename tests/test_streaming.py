@@ -18,9 +18,10 @@ from fake_openai import FakeOpenAI, Reply, mcp_answer, mcp_call
 from terminal import Terminal
 from test_terminal import ask as ask_command
 
-from nanbeige.agent.llm import LLMConfig, ModelError, OpenAIChat, ServerInfo, parse_completion
+from nanbeige.agent.backends.completion import parse_completion
+from nanbeige.agent.backends.llm import LLMConfig, ModelError, OpenAIChat, ServerInfo
+from nanbeige.agent.backends.stream import STREAM_FIELDS, read_stream
 from nanbeige.agent.loop import AgentConfig, run
-from nanbeige.agent.stream import STREAM_FIELDS, read_stream
 from nanbeige.agent.toolbox import ServerSpec, Toolbox
 
 pytestmark = pytest.mark.anyio
@@ -131,7 +132,7 @@ async def test_the_model_in_process_streams_the_same_reply_it_records(tmp_path: 
     sys.path.insert(0, str(Path(__file__).parent))
     from test_smollm2 import GGUF, smollm2_folder
 
-    from nanbeige.agent.local import TransformersLLM
+    from nanbeige.agent.backends.in_process import TransformersLLM
 
     llm = TransformersLLM(LLMConfig(model=str(smollm2_folder()), temperature=0.0, repetition_penalty=1.0,
                                     max_tokens=40), gguf_file=GGUF)
@@ -195,7 +196,7 @@ async def test_real_vllm_completions_streamed_is_read_as_the_same_completion_as_
 
 
 async def test_token_mode_streamed_records_the_same_turns_as_without_streaming(tokenizer: Any) -> None:
-    from nanbeige.agent.token_mode import TokenModeChat
+    from nanbeige.agent.backends.token_mode import TokenModeChat
 
     def tokenize(text: str) -> list[int]:
         return tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -19,13 +19,13 @@ from fake_vllm_engine import GOLDEN, FakeEngine
 from tiny_model import make_tiny_model
 from typer.testing import CliRunner
 
+from nanbeige.agent.backends.llm import LLMConfig
 from nanbeige.agent.cli.program import app
 from nanbeige.agent.config import BackendConfig, RunSettings, ToolsConfig
-from nanbeige.agent.llm import LLMConfig
 from nanbeige.agent.loop import AgentConfig
 from nanbeige.agent.trajectory import load_trajectories
 from nanbeige.trainer.judge import JudgeRunConfig
-from nanbeige.trainer.loop import LoopConfig, LoopError, read_state, run_loop
+from nanbeige.trainer.rl_loop import LoopConfig, LoopError, read_state, run_loop
 from nanbeige.trainer.train import TrainConfig
 
 QUESTIONS = ('{"id": "a", "question": "What is 2+2?", "answer": "4"}\n'
@@ -40,7 +40,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def half_right(tiny: Path) -> dict[str, Any]:
     """A scripted policy answering the first two rollouts of each question (per model asked) right, the
     others wrong (a 50% pass rate: a GRPO signal), and what token mode needs to talk to it."""
-    from nanbeige.agent.token_mode import load_tokenizer
+    from nanbeige.agent.backends.token_mode import load_tokenizer
 
     tokenizer = load_tokenizer(str(tiny))[0]
     answered: dict[tuple[str, str], int] = {}

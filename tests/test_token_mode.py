@@ -11,9 +11,9 @@ import pytest
 from fake_openai import FakeOpenAI, mcp_answer, mcp_call
 from tiny_model import make_tiny_model
 
-from nanbeige.agent.llm import LLMConfig
+from nanbeige.agent.backends.llm import LLMConfig
+from nanbeige.agent.backends.token_mode import TokenModeChat, load_tokenizer
 from nanbeige.agent.loop import AgentConfig, run
-from nanbeige.agent.token_mode import TokenModeChat, load_tokenizer
 from nanbeige.agent.tokens import full_prompt, iter_prompts, rebuild_segments
 from nanbeige.agent.toolbox import ServerSpec, Toolbox
 from nanbeige.agent.trajectory import Trajectory, TrajectoryWriter, load_trajectories
@@ -162,7 +162,7 @@ def test_token_mode_finds_the_tokenizer_at_the_root_the_server_lists_or_takes_on
 def test_the_prompt_echo_is_dropped_before_parsing_and_nothing_else() -> None:
     import orjson
 
-    from nanbeige.agent.token_mode import _drop_prompt_echo
+    from nanbeige.agent.backends.token_mode import _drop_prompt_echo
     text = 'he wrote {"prompt_token_ids": [1, 2]} here'
     body = orjson.dumps({"choices": [{"text": text, "token_ids": [5, 6], "prompt_token_ids": list(range(9000))}]})
     parsed = orjson.loads(_drop_prompt_echo(body))

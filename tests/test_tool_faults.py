@@ -11,9 +11,9 @@ import pytest
 from conftest import TEST_SERVER
 from fake_openai import mcp_answer, mcp_call
 
+from nanbeige.agent.backends.scripted import ScriptedLLM
 from nanbeige.agent.loop import AgentConfig, run
 from nanbeige.agent.restarts import RESTART_CREDIT_CALLS, Restarts
-from nanbeige.agent.scripted import ScriptedLLM
 from nanbeige.agent.toolbox import ServerSpec, Toolbox
 from nanbeige.agent.trajectory import ToolCall
 

@@ -13,8 +13,9 @@ import pytest
 from conftest import TEST_SERVER, free_port, wait_for_http
 
 from nanbeige.agent.restarts import Restarts
-from nanbeige.agent.toolbox import ServerSpec, Toolbox, ToolboxError, parse_server_spec, passed_env
+from nanbeige.agent.toolbox import ServerSpec, Toolbox, ToolboxError, parse_server_spec, passed_env, secrets_in_env
 from nanbeige.agent.trajectory import ToolCall
+from nanbeige.tools.endpoint import url_credentials
 
 pytestmark = pytest.mark.anyio
 
@@ -210,3 +211,11 @@ async def test_a_closed_toolbox_restarts_nothing() -> None:
     await toolbox.aclose()
     result = await toolbox.call(ToolCall("testkit", "echo", {"text": "x"}))
     assert result.is_error and "the toolbox is closed" in result.text
+
+
+def test_credentials_in_any_url_passed_on_are_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NANBEIGE_SUMMARY_BASE_URL", "https://bob:s%40fe-pass-word@summary.example/v1")
+    assert passed_env()["NANBEIGE_SUMMARY_BASE_URL"] == "https://summary.example/v1"  # a user's server
+    assert passed_env(with_secrets=True)["NANBEIGE_SUMMARY_BASE_URL"].startswith("https://bob:")  # ours
+    assert {"bob:s%40fe-pass-word", "s@fe-pass-word"} <= set(secrets_in_env())
+    assert url_credentials("http://host/v1?user=a@b") == []

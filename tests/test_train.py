@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from tiny_model import make_tiny_model
 
+from nanbeige.agent.backends.llm import LLMConfig
 from nanbeige.agent.config import BackendConfig, RunSettings, ToolsConfig
-from nanbeige.agent.llm import LLMConfig
 from nanbeige.agent.loop import AgentConfig
 from nanbeige.agent.trajectory import TrajectoryWriter, load_trajectories
 from nanbeige.trainer.checkpoints import latest_checkpoint
@@ -86,7 +86,7 @@ def test_two_grpo_steps_change_every_parameter_and_the_checkpoint_answers(tiny: 
     unchanged = [name for name in before if (before[name] == after[name]).all()]
     assert unchanged == []  # every trainable parameter moved
 
-    from nanbeige.agent.local import TransformersLLM
+    from nanbeige.agent.backends.in_process import TransformersLLM
 
     llm = TransformersLLM(LLMConfig(model=str(tmp_path / "out" / "checkpoint-2"), max_tokens=5, temperature=0.0))
     completion = asyncio.run(llm.complete([{"role": "user", "content": "What is 2+2?"}],

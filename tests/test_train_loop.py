@@ -1,4 +1,4 @@
-"""`trainer/loop.py` on CPU: collect -> judge -> train -> sync for two iterations with the tiny model in
+"""`trainer/rl_loop.py` on CPU: collect -> judge -> train -> sync for two iterations with the tiny model in
 process (sync none) and against a loopback vLLM (LoRA hot-load), resumed after a stop at any stage."""
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ import pytest
 from fake_openai import FakeOpenAI, Reply, mcp_answer
 from tiny_model import make_tiny_model
 
+from nanbeige.agent.backends.llm import LLMConfig
 from nanbeige.agent.config import BackendConfig, RunSettings, ToolsConfig
-from nanbeige.agent.llm import LLMConfig
 from nanbeige.agent.loop import AgentConfig
 from nanbeige.agent.trajectory import load_trajectories
 from nanbeige.trainer.config import GroupRule
 from nanbeige.trainer.critic import CRITIC_ENDPOINT
 from nanbeige.trainer.judge import JudgeRunConfig
-from nanbeige.trainer.loop import LoopConfig, LoopError, run_loop
+from nanbeige.trainer.rl_loop import LoopConfig, LoopError, run_loop
 from nanbeige.trainer.sync import SyncError, load_adapter
 from nanbeige.trainer.train import TrainConfig
 
@@ -144,7 +144,7 @@ def test_a_failed_stage_stops_the_loop_and_the_next_call_resumes_it(tiny: Path, 
 def test_lora_adapters_are_hot_loaded_and_the_next_iteration_samples_from_them(tiny: Path, tmp_path: Path) -> None:
     """Against a loopback vLLM in token mode, whose scripted policy answers the first two rollouts of each
     question right: a real GRPO signal (pass rate 50%) with the default band."""
-    from nanbeige.agent.token_mode import load_tokenizer
+    from nanbeige.agent.backends.token_mode import load_tokenizer
 
     tokenizer = load_tokenizer(str(tiny))[0]
     answered: dict[tuple[str, str], int] = {}
@@ -267,7 +267,7 @@ def scripted_loop(tiny: Path, tmp_path: Path, server: FakeOpenAI, out: Path, **l
 def test_dynamic_sampling_draws_questions_until_a_group_is_informative(tiny: Path, tmp_path: Path) -> None:
     """A scripted policy that always answers `easy` right, never `hard`, and `fair` right 2 times of 4: with
     one question a draw, the loop draws easy (too easy), hard (too hard), then fair (inside the band)."""
-    from nanbeige.agent.token_mode import load_tokenizer
+    from nanbeige.agent.backends.token_mode import load_tokenizer
 
     tokenizer = load_tokenizer(str(tiny))[0]
     answered: dict[str, int] = {}
@@ -307,7 +307,7 @@ def test_the_loop_runs_code_rl_with_the_papers_difficulty_filter(tiny: Path, tmp
     """`train --loop` on code problems: the questions are the problems, each program runs against its tests in
     the sandbox, and the paper's stage-1 filter (1 to 3 of 4 solved here) keeps only the problem a scripted
     policy solves sometimes: `echo` always (too easy), `negate` never (too hard), `double` 2 times of 4."""
-    from nanbeige.agent.token_mode import load_tokenizer
+    from nanbeige.agent.backends.token_mode import load_tokenizer
 
     problems = tmp_path / "problems.jsonl"
     problems.write_text("".join(json.dumps(row) + "\n" for row in [

@@ -26,7 +26,7 @@ GROUP = 2
 def loop_with_and_without_ray(folder: Path) -> dict[str, Any]:
     """One iteration of the loop with --ray, then the same without, against a loopback vLLM whose scripted
     policy answers `a` right and `b` wrong every time, whichever node asks."""
-    from nanbeige.agent.token_mode import load_tokenizer
+    from nanbeige.agent.backends.token_mode import load_tokenizer
 
     tiny = make_tiny_model(folder / "tiny")
     tokenizer = load_tokenizer(str(tiny))[0]

@@ -86,7 +86,7 @@ def test_the_loop_refuses_to_run_under_torchrun(tmp_path: Path, monkeypatch: pyt
 
     from nanbeige.agent.config import RunSettings
     from nanbeige.trainer.judge import JudgeRunConfig
-    from nanbeige.trainer.loop import LoopConfig, LoopError, run_loop
+    from nanbeige.trainer.rl_loop import LoopConfig, LoopError, run_loop
     from nanbeige.trainer.train import TrainConfig
 
     monkeypatch.setenv("WORLD_SIZE", "2")

@@ -21,9 +21,9 @@ import pytest
 from conftest import TEST_SERVER
 from fake_openai import FakeOpenAI, Reply, mcp_answer
 
-from nanbeige.agent.llm import LLMConfig, ModelError, OpenAIChat
-from nanbeige.agent.refusals import RequestShape
-from nanbeige.agent.stream import StreamError, read_stream
+from nanbeige.agent.backends.llm import LLMConfig, ModelError, OpenAIChat
+from nanbeige.agent.backends.refusals import RequestShape
+from nanbeige.agent.backends.stream import StreamError, read_stream
 
 pytestmark = pytest.mark.anyio
 MESSAGES = [{"role": "system", "content": "s"}, {"role": "user", "content": "What is 2+3?"}]
@@ -200,7 +200,7 @@ async def test_a_server_that_always_goes_silent_is_a_timeout_error_at_the_retry_
 
 
 async def test_token_mode_reads_a_whole_json_answer_to_its_streamed_request(tokenizer: Any) -> None:
-    from nanbeige.agent.token_mode import TokenModeChat
+    from nanbeige.agent.backends.token_mode import TokenModeChat
 
     def tokenize(text: str) -> list[int]:
         return tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -8,12 +8,14 @@ evals, the trainer and the CLI may all import from here. Each use keeps its own 
 and a setting changed by a flag or an environment variable is `dataclasses.replace` of that constant.
 How one call is made stays with each use (`evals/endpoint.py` for the judge, critic and writer).
 
-The agent's own model (`agent/llm.LLMConfig`) is not one of these: it streams, has a retry budget in seconds
+The agent's own model (`agent/backends/llm.LLMConfig`) is not one of these: it streams, has a retry budget in seconds
 that follows Retry-After, and takes its sampling from the dialect; it shares only the defaults below.
 """
 
 from __future__ import annotations
 
+import re
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,3 +56,22 @@ class ChatEndpoint:
     template: Path | None = None
     """A file whose text replaces the use's built-in prompt verbatim (`--judge-template`,
     `--critic-template`); None: the built-in one. Unused by the question writer and the extractor."""
+
+
+# scheme://userinfo@host...: the userinfo ends at the last @ before the path
+URL_CREDENTIALS = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)([^/?#]*)@")
+
+
+def url_credentials(value: str) -> list[str]:
+    """The secrets in a URL's `user:password@`: the user:password text and the password alone, as
+    written and percent-decoded (an error message may quote either)."""
+    found = URL_CREDENTIALS.match(value.strip())
+    if not found:
+        return []
+    userinfo = found.group(2)
+    spelled = [userinfo, userinfo.partition(":")[2]]
+    return spelled + [urllib.parse.unquote(s) for s in spelled if urllib.parse.unquote(s) != s]
+
+
+def without_credentials(value: str) -> str:
+    return URL_CREDENTIALS.sub(r"\1", value.strip()) if URL_CREDENTIALS.match(value.strip()) else value

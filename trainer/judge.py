@@ -351,7 +351,7 @@ async def judge_trajectory(trajectory: Trajectory, config: JudgeRunConfig, templ
 
 
 def judging_secrets(config: JudgeRunConfig) -> list[str]:
-    from nanbeige.agent.toolbox import url_credentials
+    from nanbeige.tools.endpoint import url_credentials
 
     keys = [config.judge.api_key, config.critic.api_key if config.critic else None,
             config.complexity.api_key if config.complexity else None]

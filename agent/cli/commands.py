@@ -115,7 +115,7 @@ def reference_check(
     `--reference PATH` would use. Exit 1 when something is missing. Reading a checkout runs its
     prompt_utils.py (and input_handler's process_input) with your rights, as `--reference` does: check
     only a checkout you trust."""
-    from nanbeige.agent.reference import inspect
+    from nanbeige.agent.reference.checkout import inspect
 
     report, reference = inspect(path, python)
     for name, ok, detail in report:

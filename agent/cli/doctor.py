@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from nanbeige.agent.model_server import ServerInfo
+    from nanbeige.agent.backends.model_server import ServerInfo
 
 KEYS = ("NANBEIGE_API_KEY", "SERPER_API_KEY", "JINA_API_KEY", "E2B_API_KEY", "NANBEIGE_SUMMARY_API_KEY",
         "NANBEIGE_JUDGE_API_KEY")
@@ -42,7 +42,7 @@ def check_settings_files(found: Any) -> Finding:
 
 def check_pool_member(base_url: str, model: str, api_key: str | None, probe: Callable[..., ServerInfo]) -> Finding:
     """One endpoint of a pool (several --base-url): a server must answer there, as the pool's start asks."""
-    from nanbeige.agent.llm import ModelUnreachable
+    from nanbeige.agent.backends.llm import ModelUnreachable
 
     try:
         server = probe(base_url, api_key)
@@ -63,8 +63,14 @@ def served_model(base_url: str, model: str, server: ServerInfo) -> Finding:
 
 def check_model(base_url: str, model: str, api_key: str | None, probe: Callable[..., ServerInfo]) -> Finding:
     """A server that answers at `base_url`, else the model in this process: installed, and at hand."""
-    from nanbeige.agent.llm import ModelUnreachable
-    from nanbeige.agent.local import SMALL_MODEL, LocalModelError, at_hand, resolve_small_model, small_model_folder
+    from nanbeige.agent.backends.in_process import (
+        SMALL_MODEL,
+        LocalModelError,
+        at_hand,
+        resolve_small_model,
+        small_model_folder,
+    )
+    from nanbeige.agent.backends.llm import ModelUnreachable
 
     try:
         server = probe(base_url, api_key)
@@ -163,7 +169,7 @@ def findings(base_urls: list[str], model: str, api_key: str | None, env: Mapping
              ) -> list[Finding]:
     """The model at each endpoint (first, one a line), then search, scrape, sandbox and keys. Of a pool, every
     endpoint must answer: no model in this process stands in for one that does not. Each URL is asked once."""
-    from nanbeige.agent.llm import ModelUnreachable, probe_server
+    from nanbeige.agent.backends.llm import ModelUnreachable, probe_server
 
     asked: dict[tuple[str, str | None], Any] = {}
 

@@ -12,9 +12,9 @@ from typing import Annotated, Any
 
 import typer
 
+from nanbeige.agent.backends.llm import LLMConfig
 from nanbeige.agent.cli.console import fail
 from nanbeige.agent.config import AgentConfig, BackendConfig, RunSettings, ToolsConfig
-from nanbeige.agent.llm import LLMConfig
 from nanbeige.tools.endpoint import OPENAI_BASE_URL, ChatEndpoint
 
 ADVANCED = "Advanced"

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.markup import escape
 
+from nanbeige.agent.backends.llm import LLMConfig
 from nanbeige.agent.cli import cache_commands, commands, research, rl_commands, settings_file, train_commands
 from nanbeige.agent.cli import options as o
 from nanbeige.agent.cli.console import SafeConsole, err, fail, hide, out, out_json, shown
@@ -30,7 +31,6 @@ from nanbeige.agent.cli.help_screen import ShortHelpCommand
 from nanbeige.agent.cli.running import interrupted, notice, question_text, run_command
 from nanbeige.agent.cli.usage import Commands
 from nanbeige.agent.config import BackendConfig, RunSettings
-from nanbeige.agent.llm import LLMConfig
 
 if TYPE_CHECKING:  # imported lazily at run time so `--help` stays fast
     from nanbeige.agent.trajectory import Trajectory

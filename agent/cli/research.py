@@ -42,11 +42,11 @@ import typer
 from rich.markup import escape
 
 from nanbeige.agent import dialects
+from nanbeige.agent.backends.llm import LLM, ModelError
 from nanbeige.agent.cli import options as o
 from nanbeige.agent.cli.console import counted, err, fail, hide, out, visible
 from nanbeige.agent.config import RunSettings
 from nanbeige.agent.context import estimate_tokens
-from nanbeige.agent.llm import LLM, ModelError
 from nanbeige.agent.loop import DEFAULT_MAX_CONTEXT, AgentConfig, Event, run
 from nanbeige.agent.trajectory import Trajectory, TrajectoryWriter, Turn, end_record, load_trajectories
 from nanbeige.agent.usage import total

@@ -15,9 +15,9 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from nanbeige.agent.backends.in_process import as_typed
+from nanbeige.agent.backends.llm import LLMConfig
 from nanbeige.agent.config import AgentConfig, BackendConfig, RunSettings, ToolsConfig
-from nanbeige.agent.llm import LLMConfig
-from nanbeige.agent.local import as_typed
 from nanbeige.agent.records import NotATrajectoryFile, check_trajectory_file, fields_problem, record_line
 from nanbeige.agent.restore import complete_turns
 from nanbeige.agent.setup import SetupError

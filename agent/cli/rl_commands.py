@@ -12,10 +12,10 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
+from nanbeige.agent.backends.llm import LLMConfig
 from nanbeige.agent.cli import options as o
 from nanbeige.agent.cli.console import counted, err, fail, hide
 from nanbeige.agent.config import RunSettings
-from nanbeige.agent.llm import LLMConfig
 
 RayAddress = Annotated[str | None, typer.Option(
     "--ray", metavar="auto|HOST:PORT", show_default=False, rich_help_panel="Cluster", callback=o.ray_address,

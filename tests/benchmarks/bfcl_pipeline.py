@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bfcl_oracle import official_verdicts, run_official, script_for  # noqa: E402
 from fake_openai import FakeOpenAI  # noqa: E402
 
+from nanbeige.agent.backends.llm import LLMConfig  # noqa: E402
 from nanbeige.agent.config import AgentConfig, BackendConfig, RunSettings, ToolsConfig  # noqa: E402
-from nanbeige.agent.llm import LLMConfig  # noqa: E402
 from nanbeige.evals import bfcl  # noqa: E402
 from nanbeige.evals.benchmarks import BENCHMARKS  # noqa: E402
 from nanbeige.evals.runner import EvalConfig, evaluate  # noqa: E402

@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for fake
 from fake_openai import FakeOpenAI, mcp_answer, mcp_call
 from overhead import pct, tokenizer_of, turn_overheads
 
-from nanbeige.agent.llm import LLMConfig, OpenAIChat
+from nanbeige.agent.backends.llm import LLMConfig, OpenAIChat
 from nanbeige.agent.loop import AgentConfig, run
 from nanbeige.agent.toolbox import ServerSpec, Toolbox
 from nanbeige.agent.trajectory import ToolCall, TrajectoryWriter
@@ -97,7 +97,7 @@ async def measure(mode: str, runs: int, turns: int, keep: int, base_url: str, se
                   tokenizer_folder: str | None, folder: Path) -> dict:
     config = LLMConfig(base_url=base_url, model="fake-model")
     if mode == "token":
-        from nanbeige.agent.token_mode import TokenModeChat
+        from nanbeige.agent.backends.token_mode import TokenModeChat
         llm = TokenModeChat(config, tokenizer_of(tokenizer_folder))
     else:
         llm = OpenAIChat(config)

@@ -17,8 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for the 
 
 from test_smollm2 import GGUF, smollm2_folder  # noqa: E402
 
-from nanbeige.agent.llm import LLMConfig  # noqa: E402
-from nanbeige.agent.local import TransformersLLM  # noqa: E402
+from nanbeige.agent.backends.in_process import TransformersLLM  # noqa: E402
+from nanbeige.agent.backends.llm import LLMConfig  # noqa: E402
 
 PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper and a storm."}]
 

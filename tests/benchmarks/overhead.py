@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for fake
 
 from fake_openai import FakeOpenAI, mcp_answer, mcp_call  # noqa: E402
 
-from nanbeige.agent.llm import LLMConfig, OpenAIChat  # noqa: E402
+from nanbeige.agent.backends.llm import LLMConfig, OpenAIChat  # noqa: E402
 from nanbeige.agent.loop import AgentConfig, run  # noqa: E402
 from nanbeige.agent.toolbox import ServerSpec, Toolbox  # noqa: E402
 from nanbeige.agent.trajectory import Trajectory, TrajectoryWriter  # noqa: E402
@@ -58,7 +58,7 @@ def tokenizer_of(folder: str | None):
     """The tiny test model's real tokenizer, for --token-mode (None otherwise)."""
     if folder is None:
         return None
-    from nanbeige.agent.token_mode import load_tokenizer
+    from nanbeige.agent.backends.token_mode import load_tokenizer
     return load_tokenizer(folder)[0]
 
 
@@ -107,7 +107,7 @@ async def measure(base_url: str, turns: int, keep: int, path: Path,
 
     config = LLMConfig(base_url=base_url, model="fake-model")
     if tokenizer_folder:
-        from nanbeige.agent.token_mode import TokenModeChat
+        from nanbeige.agent.backends.token_mode import TokenModeChat
         llm = TokenModeChat(config, tokenizer_of(tokenizer_folder))
     else:
         llm = OpenAIChat(config)

@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for fake
 
 from fake_openai import mcp_call  # noqa: E402
 
+from nanbeige.agent.backends.scripted import ScriptedLLM  # noqa: E402
 from nanbeige.agent.cli.resume import pick  # noqa: E402
 from nanbeige.agent.restore import rebuild, reopen  # noqa: E402
-from nanbeige.agent.scripted import ScriptedLLM  # noqa: E402
 from nanbeige.agent.tokens import TokenTracker  # noqa: E402
 from nanbeige.agent.trajectory import ToolCall, ToolResult, Trajectory, TrajectoryWriter, Turn  # noqa: E402
 
@@ -62,8 +62,8 @@ def llm_for(token: bool) -> object:
         return ScriptedLLM([])
     from tiny_model import make_tiny_model
 
-    from nanbeige.agent.llm import LLMConfig
-    from nanbeige.agent.token_mode import TokenModeChat, load_tokenizer
+    from nanbeige.agent.backends.llm import LLMConfig
+    from nanbeige.agent.backends.token_mode import TokenModeChat, load_tokenizer
     tokenizer = load_tokenizer(str(make_tiny_model(Path(tempfile.mkdtemp()) / "tiny")))[0]
     return TokenModeChat(LLMConfig(model="tiny"), tokenizer)
 

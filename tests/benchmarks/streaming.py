@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from overhead import serve, turn_overheads  # noqa: E402
 
-from nanbeige.agent.llm import LLMConfig, OpenAIChat  # noqa: E402
+from nanbeige.agent.backends.llm import LLMConfig, OpenAIChat  # noqa: E402
 from nanbeige.agent.loop import AgentConfig, run  # noqa: E402
 from nanbeige.agent.toolbox import ServerSpec, Toolbox  # noqa: E402
 from nanbeige.agent.trajectory import TrajectoryWriter  # noqa: E402

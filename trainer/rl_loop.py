@@ -151,7 +151,7 @@ def iteration_entry(state: dict[str, Any], iteration: int) -> dict[str, Any]:
 async def collect_stage(config: LoopConfig, entry: dict[str, Any], folder: Path, notice: Callable[[str], None]
                         ) -> dict[str, Any]:
     """G rollouts per question with the iteration's policy (collect resumes its own file)."""
-    from nanbeige.agent.prompts import search_template
+    from nanbeige.agent.backends.prompts import search_template
     from nanbeige.trainer.collect import CollectConfig, collect
 
     settings, backend = config.settings, config.settings.backend

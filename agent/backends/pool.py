@@ -25,8 +25,9 @@ from typing import Any
 
 import httpx
 
-from nanbeige.agent.llm import Completion, LLMConfig, OpenAIChat, served_by
-from nanbeige.agent.model_server import (
+from nanbeige.agent.backends.completion import Completion
+from nanbeige.agent.backends.llm import LLMConfig, OpenAIChat, served_by
+from nanbeige.agent.backends.model_server import (
     PROBE_TIMEOUT_S,
     ContextOverflow,
     EndpointDown,
@@ -34,7 +35,7 @@ from nanbeige.agent.model_server import (
     ServerInfo,
     probe_server,
 )
-from nanbeige.agent.toolbox import without_credentials
+from nanbeige.tools.endpoint import without_credentials
 
 MEMBER_ATTEMPTS, MEMBER_RETRY_S = 2, 10.0
 """How often, and how long, one endpoint is asked before the pool tries another: briefly, since another is

@@ -11,9 +11,10 @@ from typing import Any, Callable
 
 import orjson
 
-from nanbeige.agent.llm import Completion, LLMConfig, ModelError, OpenAIChat, parse_completion, streamed
-from nanbeige.agent.local import stop_ids
-from nanbeige.agent.prompts import Conversation, Prompter, identity, read_chat_template
+from nanbeige.agent.backends.completion import Completion, parse_completion
+from nanbeige.agent.backends.in_process import stop_ids
+from nanbeige.agent.backends.llm import LLMConfig, ModelError, OpenAIChat, streamed
+from nanbeige.agent.backends.prompts import Conversation, Prompter, identity, read_chat_template
 
 
 class TokenModeChat(OpenAIChat):

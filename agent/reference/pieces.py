@@ -1,4 +1,4 @@
-"""The readers of `agent/reference.py`: each finds one text or rule the model reads in a checkout of
+"""The readers of `agent/reference/checkout.py`: each finds one text or rule the model reads in a checkout of
 MiroThinker and says what it found, or raises ReferenceError naming what is missing."""
 
 from __future__ import annotations

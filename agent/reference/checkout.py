@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nanbeige.agent.reference_pieces import FILES, PIECES, PYTHONS, Reader, ReferenceError, compiled_docstring
+from nanbeige.agent.reference.pieces import FILES, PIECES, PYTHONS, Reader, ReferenceError, compiled_docstring
 
 __all__ = ["FILES", "PYTHONS", "Reference", "ReferenceError", "SUPPORTED", "compiled_docstring", "inspect", "load"]
 
@@ -90,7 +90,7 @@ class Reference:
         """The system prompt for our tools, assembled as the orchestrator does: the MCP prompt plus
         the main agent's objective, stripped; each tool described by the reference's docstring
         where the reference has that tool."""
-        from nanbeige.agent.mcp_prompt import ordered_servers, reference_schema
+        from nanbeige.agent.reference.mcp_prompt import ordered_servers, reference_schema
 
         servers = [{"name": server, "tools": [
             {"name": tool["name"],

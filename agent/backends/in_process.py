@@ -21,8 +21,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from nanbeige.agent.llm import Completion, LLMConfig, ModelError
-from nanbeige.agent.prompts import Conversation, Prompter, identity
+from nanbeige.agent.backends.completion import Completion
+from nanbeige.agent.backends.llm import LLMConfig, ModelError
+from nanbeige.agent.backends.prompts import Conversation, Prompter, identity
 
 T = TypeVar("T")
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from nanbeige.agent.llm import Completion, LLMConfig, ModelError
+from nanbeige.agent.backends.completion import Completion
+from nanbeige.agent.backends.llm import LLMConfig, ModelError
 
 Reply = str | dict[str, Any] | Completion | Exception | Callable[[list[dict[str, Any]]], "Reply"]
 
