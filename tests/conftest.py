@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -105,3 +106,33 @@ def wait_for_http(url: str, seconds: float = 10.0) -> None:
                 raise
             time.sleep(0.1)
 
+
+
+# ---------------------------------------------------------------- the suite on several workers (pytest-xdist)
+
+RAY_CLUSTER_FILES = {"test_cluster.py", "test_cluster_lost.py", "test_train_loop_ray.py"}
+"""The files whose tests start a local Ray cluster (a head and two nodes, each several processes): two at
+once on a small machine would starve each other past their timeouts, so they share one worker."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On a worker, the files with the most slow tests go first (the order within a file kept): the longest
+    files start at once instead of last, so no worker is left running one long file while the others wait.
+    Each worker collects the same order, as xdist requires."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
+        items.sort(key=lambda item: -slow[item.path])
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadfile`, with the files that start a Ray cluster as one unit of work."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class RayFilesTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = nodeid.split("::")[0]
+            return "ray-cluster" if Path(file).name in RAY_CLUSTER_FILES else file
+
+    return RayFilesTogether(config, log)
