@@ -3,6 +3,7 @@ typed Typer options, and the one function that maps their values onto `RunSettin
 
 from __future__ import annotations
 
+import enum
 import functools
 import inspect
 from collections.abc import Callable
@@ -174,20 +175,57 @@ def with_run_options(leave_out: tuple[str, ...] = ()) -> Callable[[Callable[...,
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         own = inspect.signature(command, eval_str=True)
         mine = [p for p in own.parameters.values() if p.name != "settings"]
-        added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=flag)
-                 for name, (flag, default) in RUN_OPTIONS.items()
-                 if name not in leave_out and name not in own.parameters]
+        added = {name: flag for name, flag in RUN_OPTIONS.items()
+                 if name not in leave_out and name not in own.parameters}
 
         @functools.wraps(command)
         def with_settings(**values: Any) -> Any:
             settings = run_settings(**shared(values))
             return command(**{p.name: values[p.name] for p in mine}, settings=settings)
 
-        parameters = mine + added
-        with_settings.__signature__ = own.replace(parameters=parameters)  # type: ignore[attr-defined]
-        with_settings.__annotations__ = {p.name: p.annotation for p in parameters} | {"return": own.return_annotation}
-        return with_settings
+        return declared(with_settings, own, mine, added)
     return decorate
+
+
+def with_options(table: dict[str, tuple[Any, Any]]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A command that takes every flag of `table` (name -> (the flag, its default)) after its own parameters,
+    and is called with its own values and `flags`, the table's values by name: a choice's as its plain text,
+    so that the configs it fills hold the same strings as ever. This keeps a command of fifty flags a short
+    function: its flags are a table, its body reads them from one dict."""
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        own = inspect.signature(command, eval_str=True)
+        mine = [p for p in own.parameters.values() if p.name != "flags"]
+
+        @functools.wraps(command)
+        def with_flags(**values: Any) -> Any:
+            flags = {name: plain(values[name]) for name in table}
+            return command(**{p.name: values[p.name] for p in mine}, flags=flags)
+
+        return declared(with_flags, own, mine, table)
+    return decorate
+
+
+def declared(wrapper: Callable[..., Any], own: inspect.Signature, mine: list[inspect.Parameter],
+             table: dict[str, tuple[Any, Any]]) -> Callable[..., Any]:
+    """`wrapper` given the signature Typer reads its options from: the command's own parameters, then the
+    table's flags."""
+    added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=flag)
+             for name, (flag, default) in table.items()]
+    parameters = mine + added
+    wrapper.__signature__ = own.replace(parameters=parameters)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in parameters} | {"return": own.return_annotation}
+    return wrapper
+
+
+def option(kind: Any, default: Any, *names: str, **settings: Any) -> tuple[Any, Any]:
+    """One row of an option table: the flag typed as `kind`, made by `typer.Option(*names, **settings)`, and
+    its default."""
+    return Annotated[kind, typer.Option(*names, **settings)], default
+
+
+def plain(value: Any) -> Any:
+    """A choice's value as its text (`Sync.lora` -> "lora"); any other value as it is."""
+    return value.value if isinstance(value, enum.Enum) else value
 
 
 def shared(values: dict[str, Any]) -> dict[str, Any]:

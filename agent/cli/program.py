@@ -8,7 +8,8 @@
 
 Settings come from flags, then environment variables (NANBEIGE_*), then `nanbeige.toml`, then the
 defaults of the dataclass configs. The commands only map flags onto those configs; building the
-runs is `setup.py`'s, and its `SetupError` becomes a one-line error and an exit code here.
+runs is `setup.py`'s, and its `SetupError`, like every user-facing error, becomes a one-line error and an
+exit code (`running.Program`).
 """
 
 from __future__ import annotations
@@ -28,8 +29,7 @@ from nanbeige.agent.cli import cache_commands, commands, research, rl_commands, 
 from nanbeige.agent.cli import options as o
 from nanbeige.agent.cli.console import SafeConsole, err, fail, hide, out, out_json, shown
 from nanbeige.agent.cli.help_screen import ShortHelpCommand
-from nanbeige.agent.cli.running import interrupted, notice, question_text, run_command
-from nanbeige.agent.cli.usage import Commands
+from nanbeige.agent.cli.running import Program, interrupted, notice, question_text, run_command, said
 from nanbeige.agent.config import BackendConfig, RunSettings
 
 if TYPE_CHECKING:  # imported lazily at run time so `--help` stays fast
@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # imported lazily at run time so `--help` stays fast
 
 # rich markup named, not left to typer's default: typer 0.16 passes its default on unresolved, and then prints
 # the help texts' escaped brackets (`\\[default: ...]`) with their backslashes
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, cls=Commands,
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, cls=Program,
                   rich_markup_mode="rich", help="Agent runtime for deep search and tool use with Nanbeige4.1-3B.")
 
 
@@ -143,21 +143,15 @@ def resume(
     with its own settings; print the answer. Tool servers and backend flags must be the run's."""
     from nanbeige.agent.cli.resume import check_not_in_use, pick, settings_for
     from nanbeige.agent.restore import complete_turns
-    from nanbeige.agent.setup import SetupError, secrets_of
+    from nanbeige.agent.setup import secrets_of
     from nanbeige.agent.trajectory import counted_turns
 
     if replay and cache is None:
         fail("--replay needs --cache PATH: the cache file to answer tool calls from", 2)
-    try:
-        trajectory = pick(path, trajectory_id)
-        check_not_in_use(path)
-    except SetupError as exc:
-        fail(str(exc), 2 if exc.usage else 1)
-    try:
-        settings = settings_for(trajectory, path, base_url, backend, api_key, mcp, no_default_servers, gguf_file,
-                                token_mode, chat_template, reference)
-    except SetupError as exc:
-        fail(str(exc), 2 if exc.usage else 1)
+    trajectory = pick(path, trajectory_id)
+    check_not_in_use(path)
+    settings = settings_for(trajectory, path, base_url, backend, api_key, mcp, no_default_servers, gguf_file,
+                            token_mode, chat_template, reference)
     # where tool results come from is given anew, like the tool servers: the start record does not keep it
     settings.tools.cache, settings.tools.replay = cache, replay
     hide(secrets_of(settings))
@@ -249,6 +243,7 @@ app.command("problems")(rl_commands.problems)
 app.command("trust")(commands.trust_command)
 # `train` trains; `train report RUN_DIR` draws a run's curves
 app.add_typer(train_commands.train_app, name="train")
+app.command("loop", cls=ShortHelpCommand)(train_commands.loop)
 # The command list shows each command's first paragraph as one line: left to itself it keeps the docstring's
 # line breaks, which cut the list's descriptions mid-sentence.
 for _command in app.registered_commands:
@@ -261,9 +256,9 @@ def main() -> None:
     try:
         found = settings_file.find(named)
         defaults = settings_file.default_map(app, found)
-    except settings_file.SettingsError as exc:  # outside the app, where typer.Exit means nothing
-        err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-        sys.exit(2)
+    except settings_file.SettingsError as exc:  # before the app runs, so before its handler (`Program`)
+        said(exc)
+        sys.exit(exc.exit_code)
     if args[:1] != ["trust"]:
         for _, why in found.ignored:
             err.print(f"[yellow]{escape(shown(why))}[/]", highlight=False, soft_wrap=True)
