@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from nanbeige.agent.user_dirs import config_dir
+from nanbeige.tools.errors import NanbeigeError
 
 SCHEMA_VERSION = 3  # 2: the origin column; 3: the mac column
 BUSY_TIMEOUT_S = 60.0
@@ -77,7 +78,7 @@ KEY_FILE = "cache.key"
 NOT_SIGNED = "it was not recorded by this user on this machine (its signature does not match the key in"
 
 
-class CacheError(Exception):
+class CacheError(NanbeigeError):
     """The cache file cannot be used: something the user must fix."""
 
 

@@ -30,6 +30,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from nanbeige.agent.toolbox import passed_env
 from nanbeige.agent.trajectory import Trajectory, TrajectoryWriter, Turn
+from nanbeige.tools.errors import NanbeigeError
 
 Notice = Callable[[str], None]
 Work = Callable[[Any], Awaitable[Any]]
@@ -45,7 +46,7 @@ CLOSE_TIMEOUT_S = 30.0
 """How long closing the shards may take (tool servers stopped) before their actors are killed."""
 
 
-class ClusterError(Exception):
+class ClusterError(NanbeigeError):
     """The Ray cluster cannot run the command's shards; one line naming the fix (and the node)."""
 
 

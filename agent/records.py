@@ -17,8 +17,10 @@ import typing
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
+from nanbeige.tools.errors import NanbeigeError
 
-class NotATrajectoryFile(ValueError):
+
+class NotATrajectoryFile(NanbeigeError, ValueError):
     """The path names something trajectories must not be appended to."""
 
 

@@ -52,6 +52,7 @@ from nanbeige.agent.toolbox import (
 from nanbeige.agent.trajectory import TrajectoryWriteError, TrajectoryWriter
 from nanbeige.agent.writable import unwritable
 from nanbeige.tools.endpoint import url_credentials, without_credentials
+from nanbeige.tools.errors import NanbeigeError
 
 if TYPE_CHECKING:
     from nanbeige.agent.reference.checkout import Reference
@@ -59,13 +60,14 @@ if TYPE_CHECKING:
 Notice = Callable[[str], None]
 
 
-class SetupError(Exception):
+class SetupError(NanbeigeError):
     """Something the user must fix before a run can start; the message names the fix."""
 
     def __init__(self, message: str, usage: bool = False):
         super().__init__(message)
         self.usage = usage
         """True for a bad flag or value (exit code 2), False for the rest (exit code 1)."""
+        self.exit_code = 2 if usage else 1
 
 
 @dataclass

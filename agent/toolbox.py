@@ -32,6 +32,7 @@ from nanbeige.agent.lifeline import tied_to_this_process
 from nanbeige.agent.restarts import RESTART_CREDIT_CALLS, Restarts
 from nanbeige.agent.trajectory import ToolCall, ToolResult, redact, usable_secrets
 from nanbeige.tools.endpoint import url_credentials, without_credentials
+from nanbeige.tools.errors import NanbeigeError
 
 # Environment passed on to stdio servers: backend settings, and API keys only to our own servers.
 ENV_PREFIXES = ("NANBEIGE_", "SERPER_", "JINA_", "E2B_", "SEARXNG_")
@@ -41,7 +42,7 @@ HUNG_AFTER_TIMEOUTS = 3  # calls in a row that time out make a server count as h
 SECRET_NAMES = ("NANBEIGE_API_KEY", "NANBEIGE_SUMMARY_API_KEY", "SERPER_API_KEY", "JINA_API_KEY", "E2B_API_KEY")
 
 
-class ToolboxError(Exception):
+class ToolboxError(NanbeigeError):
     """A server could not be started or reached: something the user must fix."""
 
     def __init__(self, message: str, logged: bool = False):

@@ -11,6 +11,7 @@ from typing import Any
 from nanbeige.evals.judges import JUDGE_ENDPOINT
 from nanbeige.evals.tasks import Task
 from nanbeige.tools.endpoint import ChatEndpoint
+from nanbeige.tools.errors import NanbeigeError
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class Benchmark:
     takes what `runner.evaluate` takes and returns the report."""
 
 
-class EvalError(Exception):
+class EvalError(NanbeigeError):
     """Something the user must fix before the eval can run; one line naming the fix."""
 
 

@@ -12,11 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nanbeige.tools.errors import NanbeigeError
+
 FAILURE_CHARS = 200
 """The longest failure reason kept: one line of a report, not the program's whole output."""
 
 
-class LoadError(Exception):
+class LoadError(NanbeigeError):
     """A benchmark file that cannot be used; the message names the file (and the row, when one is bad)."""
 
 

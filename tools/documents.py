@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from nanbeige.tools.errors import NanbeigeError
+
 TEXT_SUFFIXES = {".txt", ".md", ".markdown"}
 HTML_SUFFIXES = {".html", ".htm"}
 RECORD_SUFFIXES = {".json", ".jsonl"}
@@ -22,7 +24,7 @@ TEXT_KEYS = ("text", "content", "contents", "body", "extract", "abstract", "summ
 URL_KEYS = ("url", "link", "href", "uri", "source_url")
 
 
-class IndexBuildError(Exception):
+class IndexBuildError(NanbeigeError):
     """The sources cannot be indexed (nothing readable found, or the output folder is not an index)."""
 
 

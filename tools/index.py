@@ -26,6 +26,7 @@ import bm25s
 import numpy as np
 
 from nanbeige.tools.documents import SUFFIXES, IndexBuildError, read_documents, source_files, split_passages
+from nanbeige.tools.errors import NanbeigeError
 
 FORMAT = "nanbeige-index/1"
 META_FILE = "index.json"
@@ -39,7 +40,7 @@ Progress = Callable[[str, int, int], None]
 """Called as `progress(stage, done, total)`; stages are "read" (files), "index" (passages), "save"."""
 
 
-class IndexNotFound(Exception):
+class IndexNotFound(NanbeigeError):
     """There is no index in the given folder."""
 
 

@@ -26,13 +26,14 @@ from nanbeige.evals.files import read_csv, read_jsonl
 from nanbeige.evals.gaia_scorer import question_scorer
 from nanbeige.evals.runner import EvalError, Progress, run_all
 from nanbeige.evals.tasks import LoadError, Task
+from nanbeige.tools.errors import NanbeigeError
 
 if TYPE_CHECKING:
     from nanbeige.agent.setup import Ready
     from nanbeige.evals.benchmarks import Benchmark
 
 
-class CollectError(Exception):
+class CollectError(NanbeigeError):
     """Something the user must fix before rollouts can be collected; one line naming the fix."""
 
 

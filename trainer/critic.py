@@ -34,6 +34,7 @@ import json_repair
 from nanbeige.agent.trajectory import Trajectory, Turn
 from nanbeige.evals.endpoint import CallFailed, chat_text
 from nanbeige.tools.endpoint import OPENAI_BASE_URL, ChatEndpoint
+from nanbeige.tools.errors import NanbeigeError
 
 DIMENSIONS = ("logical_soundness", "tool_call_accuracy", "information_gain")
 TOOL_DIMENSIONS = ("tool_call_accuracy", "information_gain")
@@ -107,7 +108,7 @@ class TurnRule:
     """The size of the negative reward a failed turn gets under `penalise`."""
 
 
-class CriticUnreachable(Exception):
+class CriticUnreachable(NanbeigeError):
     """The critic endpoint cannot be used at all (unreachable, or it refuses the key or the path):
     something the user must fix, not a verdict on a turn."""
 

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from nanbeige.tools.errors import NanbeigeError
 from nanbeige.tools.index import FORMAT, META_FILE, PASSAGES_FILE
 
 MIN_NAME_CHARS = 4
@@ -38,7 +39,7 @@ _QUALIFIER = re.compile(r"\s+\([^()]*\)$")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'“(\[])|\n\s*\n")
 
 
-class SynthError(Exception):
+class SynthError(NanbeigeError):
     """The corpus or the question-writing model cannot be used; the message names the fix."""
 
 

@@ -41,6 +41,7 @@ from nanbeige.evals.judges import JUDGE_ENDPOINT
 from nanbeige.evals.runner import final_response
 from nanbeige.evals.tasks import Verdict
 from nanbeige.tools.endpoint import ChatEndpoint
+from nanbeige.tools.errors import NanbeigeError
 from nanbeige.trainer.code_rewards import CodeJudgeError, CodeJudging, judge_code, open_code_judging
 from nanbeige.trainer.critic import CRITIC_ENDPOINT, CriticUnreachable, TurnRule, judge_turn, load_template
 
@@ -54,7 +55,7 @@ in a row are a critic that hangs, which would otherwise cost timeout x retries o
 trajectory, for hours, and record them all unjudged."""
 
 
-class JudgeError(Exception):
+class JudgeError(NanbeigeError):
     """Something the user must fix before judging can go on; one line naming the fix."""
 
 

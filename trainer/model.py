@@ -10,11 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nanbeige.tools.errors import NanbeigeError
+
 if TYPE_CHECKING:
     from nanbeige.trainer.config import TrainConfig
 
 
-class TrainError(Exception):
+class TrainError(NanbeigeError):
     """Something the user must fix before training can start; one line naming the fix."""
 
 

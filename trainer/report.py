@@ -12,6 +12,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from nanbeige.tools.errors import NanbeigeError
+
 # (file name, title, [(label, the record's key path)]): one PNG per entry
 PANELS = [
     ("reward.png", "Rollouts: reward and pass rate", [("mean reward", "rollouts/reward_mean"),
@@ -29,7 +31,7 @@ PANELS = [
 ]
 
 
-class ReportError(Exception):
+class ReportError(NanbeigeError):
     """The run folder cannot be drawn; one line naming the fix."""
 
 

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from nanbeige.agent.config import RunSettings
+from nanbeige.tools.errors import NanbeigeError
 from nanbeige.trainer.config import rule_problem
 from nanbeige.trainer.judge import JudgeRunConfig
 from nanbeige.trainer.loop_state import state_problem
@@ -60,7 +61,7 @@ SYNCS = ("lora", "weights", "none")
 STAGES = {"collected": "collect", "judged": "judge", "trained": "train", "synced": "sync"}  # done -> the stage
 
 
-class LoopError(Exception):
+class LoopError(NanbeigeError):
     """A stage of the loop failed, or the loop is misconfigured; one line naming the fix."""
 
 

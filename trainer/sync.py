@@ -16,13 +16,15 @@ from pathlib import Path
 
 import httpx
 
+from nanbeige.tools.errors import NanbeigeError
+
 WEIGHTS_FIX = ("vLLM takes new weights without a restart only with its dev endpoints on: start it with "
                "`nanbeige serve --weight-sync` (VLLM_SERVER_DEV_MODE=1)")
 LORA_FIX = ("vLLM hot-loads adapters only when started with --enable-lora (and --max-lora-rank at least the "
             "adapter's rank) and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True in its environment")
 
 
-class SyncError(Exception):
+class SyncError(NanbeigeError):
     """The server did not take the new policy; one line naming the fix."""
 
 

@@ -36,6 +36,7 @@ from nanbeige.agent.backends.model_server import (
     probe_server,
 )
 from nanbeige.tools.endpoint import without_credentials
+from nanbeige.tools.errors import NanbeigeError
 
 MEMBER_ATTEMPTS, MEMBER_RETRY_S = 2, 10.0
 """How often, and how long, one endpoint is asked before the pool tries another: briefly, since another is
@@ -49,7 +50,7 @@ ALL_OUT_WAIT_S = 2.0
 ROUTES = ("run", "group")
 
 
-class PoolError(Exception):
+class PoolError(NanbeigeError):
     """Endpoints that cannot be used as one pool; the message names them."""
 
 

@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from nanbeige.agent.cli.console import err, fail
+from nanbeige.agent.cli.console import err
 
 cache_app = typer.Typer(no_args_is_help=True, help="Accept a tool-result cache (--cache) made elsewhere.")
 
@@ -25,12 +25,9 @@ def cache_accept(
 
     The file is then trusted as a recording of what its maker's tools answered: --cache and --replay serve
     its rows (each still only to the server, and the version of it and of its tool, it was recorded from)."""
-    from nanbeige.agent.cache import CacheError, accept
+    from nanbeige.agent.cache import accept
 
-    try:
-        signed, malformed = accept(path)
-    except CacheError as exc:
-        fail(str(exc))
+    signed, malformed = accept(path)
     left = f"; {malformed} malformed row{'s' * (malformed != 1)} left unsigned (never served)" if malformed else ""
     err.print(f"accepted {escape(str(path))}: {signed} row{'s' * (signed != 1)} signed with your key{left}",
               highlight=False, soft_wrap=True)

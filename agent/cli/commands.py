@@ -137,7 +137,7 @@ def index_build(
     """Build the local index that the search server uses when no web search is configured."""
     from rich.progress import Progress
 
-    from nanbeige.tools.index import IndexBuildError, build_index, default_index_dir
+    from nanbeige.tools.index import build_index, default_index_dir
 
     missing = [str(p) for p in sources if not p.exists()]
     if missing:
@@ -151,8 +151,6 @@ def index_build(
 
         try:
             stats = build_index(sources, out, progress)
-        except IndexBuildError as exc:
-            fail(str(exc))
         except OSError as exc:
             fail(f"cannot write the index to {out}: {exc.strerror or exc}")
     err.print(f"indexed {stats.documents} documents ({stats.passages} passages) from {stats.files} files in "
@@ -185,12 +183,9 @@ def index_search(
     k: Annotated[int, typer.Option("-k", min=1, help="How many results.")] = 10,
 ) -> None:
     """Query a local index and print the hits."""
-    from nanbeige.tools.index import IndexNotFound, search_index
+    from nanbeige.tools.index import search_index
 
-    try:
-        hits = search_index(index_dir, query, k)
-    except IndexNotFound as exc:
-        fail(str(exc))
+    hits = search_index(index_dir, query, k)
     out = Console()
     for hit in hits:
         out.print(f"[bold]{hit['position']}. {escape(hit['title'])}[/]  [dim]{escape(hit['link'])}[/]",
@@ -335,23 +330,16 @@ def eval_report(folder: Path | None) -> None:
 
     from nanbeige.agent.cli.running import notice
     from nanbeige.evals.report import build_report, markdown
-    from nanbeige.evals.runner import MANIFEST, REPORT, EvalError, read_manifest, read_results
+    from nanbeige.evals.runner import MANIFEST, REPORT, read_manifest, read_results
 
     if folder is None:
         fail("`nanbeige eval report` needs the eval's out folder", 2)
-    try:
-        found = read_manifest(folder / MANIFEST)
-        rows = [] if str(found.get("bench", "")).startswith("bfcl") else read_results(folder, notice)
-    except EvalError as exc:
-        fail(str(exc))
+    found = read_manifest(folder / MANIFEST)
+    rows = [] if str(found.get("bench", "")).startswith("bfcl") else read_results(folder, notice)
     if str(found.get("bench", "")).startswith("bfcl"):
         from nanbeige.evals.bfcl_run import rerender
-        from nanbeige.evals.tasks import LoadError
 
-        try:
-            report = rerender(folder)
-        except LoadError as exc:
-            fail(str(exc))
+        report = rerender(folder)
     else:
         report = build_report(found, rows)
         (folder / REPORT).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
@@ -384,6 +372,6 @@ def trust_command(
             fail(f"{path} is not a file", 2)
         keys = sorted(settings_file.read(path))  # it must be TOML before it is trusted
         sha = trust.trust(path)
-    except (trust.TrustError, settings_file.SettingsError, OSError) as exc:
+    except (settings_file.SettingsError, OSError) as exc:  # exit 1: the file is wrong, not a flag
         fail(str(exc))
     print_line(f"trusted {path.resolve()} (sha256 {sha[:12]}): it sets {', '.join(keys) or 'nothing'}")

@@ -107,6 +107,11 @@ def counted(count: int, noun: str, plural: str | None = None) -> str:
     return f"{count:,} {noun if count == 1 else plural or noun + 's'}"
 
 
-def fail(message: str, code: int = 1) -> NoReturn:
+def error_line(message: str) -> None:
+    """`error: ` and the message on stderr: how the program says what the user must fix."""
     err.print(f"[red]error:[/] {escape(shown(message))}", highlight=False, soft_wrap=True)
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    error_line(message)
     raise typer.Exit(code)

@@ -7,11 +7,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from nanbeige.tools.errors import NanbeigeError
+
 INVALID_UTF8 = "the question is not valid UTF-8: the bytes that are not were replaced with \ufffd"
 
 
-class QuestionError(Exception):
+class QuestionError(NanbeigeError):
     """No usable question: the message says what to pass."""
+
+    exit_code = 2  # a usage error: the question was not given, or not in a usable form
 
 
 def read_question(argument: str | None, question_file: Path | None) -> tuple[str, str | None]:

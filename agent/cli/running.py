@@ -1,5 +1,5 @@
 """What every command shares in running: its notices on stderr, its coroutine run with Ctrl-C, SIGTERM,
-setup errors and bugs each turned into a message and an exit status, and the question it was given."""
+user-facing errors and bugs each turned into a message and an exit status, and the question it was given."""
 
 from __future__ import annotations
 
@@ -14,10 +14,31 @@ from typing import Any, TypeVar
 import typer
 from rich.markup import escape
 
-from nanbeige.agent.cli.console import err, fail, shown
+from nanbeige.agent.cli.console import err, error_line, fail, shown
 from nanbeige.agent.cli.sigterm import exit_on_sigterm
+from nanbeige.agent.cli.usage import Commands
+from nanbeige.tools.errors import NanbeigeError
 
 T = TypeVar("T")
+
+
+class Program(Commands):
+    """The program's command group: the one place where a user-facing error (a NanbeigeError) a command lets
+    out is said and ends the command with its exit code. A command catches one only to add to its message,
+    to give it another exit code or to clean up first."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except NanbeigeError as exc:
+            said(exc)
+            raise typer.Exit(exc.exit_code) from None
+
+
+def said(exc: NanbeigeError) -> None:
+    """A user-facing error on stderr, its line as `fail` prints one; with NANBEIGE_DEBUG=1 its traceback first."""
+    debug_traceback(exc)
+    error_line(str(exc))
 
 
 class Moment:
@@ -81,26 +102,24 @@ def first_time(what: str) -> bool:
 
 async def resumable(work: Awaitable[T], errors: type[Exception], kept: str,
                     before_error: Callable[[], None] = lambda: None) -> T:
-    """Await a command's resumable work (eval, collect, judge): an error the user must fix (`errors`) is one
-    line and exit 1, after `before_error` (a live view's stop); Ctrl-C first says what is kept (`kept`: "finished
-    runs are kept in OUT") and that the same command goes on."""
+    """Await a command's resumable work (eval, collect, judge): an error the user must fix (`errors`) stops
+    `before_error` (a live view) before it is said; Ctrl-C first says what is kept (`kept`: "finished runs are
+    kept in OUT") and that the same command goes on."""
     try:
         return await work
-    except errors as exc:
+    except errors:
         before_error()
-        fail(str(exc))
+        raise
     except asyncio.CancelledError:
         interrupted(f"{kept}: run the same command to go on")
         raise
 
 
 def run_command(main: Coroutine[Any, Any, T]) -> T:
-    """Run a command's coroutine. A SetupError is its message and exit 1 (2 for a bad value); Ctrl-C
-    and SIGTERM cancel it, so every open trajectory is closed first, then exit 130 or 143, after a line
-    that says what was cut short where the command did not say it. A bug is its message too (exit 1).
-    NANBEIGE_DEBUG=1 adds the traceback of either."""
-    from nanbeige.agent.setup import SetupError
-
+    """Run a command's coroutine. A user-facing error (a SetupError, ...) goes on to `Program`, which says it;
+    Ctrl-C and SIGTERM cancel it, so every open trajectory is closed first, then exit 130 or 143, after a line
+    that says what was cut short where the command did not say it. A bug is its message (exit 1), with its
+    traceback under NANBEIGE_DEBUG=1."""
     terminated = []
 
     async def guarded() -> T:
@@ -111,9 +130,8 @@ def run_command(main: Coroutine[Any, Any, T]) -> T:
 
     try:
         return asyncio.run(guarded())
-    except SetupError as exc:
-        debug_traceback(exc)
-        fail(str(exc), 2 if exc.usage else 1)
+    except NanbeigeError:  # the user's to fix, not a bug: `Program` says it
+        raise
     except (KeyboardInterrupt, asyncio.CancelledError):  # the servers' shutdown may re-cancel the task
         if not Moment.told:
             stopped = "stopped (SIGTERM)" if terminated else "interrupted"
@@ -142,12 +160,10 @@ def debug_traceback(exc: BaseException) -> None:
 
 def question_text(question: str | None, question_file: Path | None) -> str:
     """The question from the argument, stdin (`-`) or --question-file; a usage error when there is none."""
-    from nanbeige.agent.cli.question import QuestionError, read_question
+    from nanbeige.agent.cli.question import read_question
 
     try:
         text, problem = read_question(question, question_file)
-    except QuestionError as exc:
-        fail(str(exc), 2)
     except KeyboardInterrupt:  # waiting for stdin to end
         err.print("[yellow]interrupted[/] while reading the question; nothing was written", highlight=False)
         raise typer.Exit(130) from None

@@ -24,12 +24,15 @@ import typer
 
 from nanbeige.agent.cli import trust
 from nanbeige.agent.user_dirs import config_dir
+from nanbeige.tools.errors import NanbeigeError
 
 FILE_NAME = "nanbeige.toml"
 
 
-class SettingsError(Exception):
+class SettingsError(NanbeigeError):
     """The settings file cannot be read or names a setting no command has."""
+
+    exit_code = 2  # a usage error, as a bad flag is
 
 
 @dataclass

@@ -10,11 +10,12 @@ import os
 from pathlib import Path
 
 from nanbeige.agent.user_dirs import config_dir
+from nanbeige.tools.errors import NanbeigeError
 
 TRUSTED, CHANGED, UNKNOWN = "trusted", "changed", "unknown"
 
 
-class TrustError(Exception):
+class TrustError(NanbeigeError):
     """The trust list cannot be read or written."""
 
 
