@@ -33,8 +33,6 @@ FILE_CEILINGS = {
 }
 
 FUNCTION_CEILINGS = {
-    "agent/cli/rl_commands.py::judge": 73,
-    "agent/cli/train_commands.py::train": 201,
     "agent/loop.py::run": 68,
     "agent/setup.py::ready": 61,
     "tests/fake_openai.py::FakeOpenAI._handler": 132,

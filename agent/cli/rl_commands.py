@@ -102,79 +102,95 @@ def run_collect(config: Any, settings: Any) -> None:
              "same command again to retry them")
 
 
-def judge(
-    src: Annotated[Path, typer.Argument(help="Trajectory JSONL to judge (from `nanbeige collect`).")],
-    out: Annotated[Path, typer.Option(help="Where the judged trajectories go (appended; an existing file is "
-                                           "resumed). Never the input file.")],
-    grader: Annotated[str | None, typer.Option(help="gaia-exact, code-tests or a judge profile (browsecomp, "
-                                                    "browsecomp-zh, hle, xbench, equivalent) for every trajectory "
-                                                    "\\[default: each trajectory's own].", show_default=False)] = None,
-    problems: Annotated[Path | None, typer.Option(help="Code problems (JSONL) whose tests code-tests runs each "
-                                                       "program against, matched by question id.",
-                                                  show_default=False, rich_help_panel="Code RL")] = None,
-    time_reward: Annotated[bool, typer.Option("--time-reward", help="Code RL stage 2: a judge model compares each "
-                                                                   "solved program's time complexity with the "
-                                                                   "problem's label (the --judge-* endpoint).",
-                                              rich_help_panel="Code RL")] = False,
-    format_penalty: Annotated[float, typer.Option(min=0.0, help="R_format of an answer without a well-formed "
-                                                               "program: minus this.", rich_help_panel="Code RL")
-                              ] = 1.0,
-    time_weight: Annotated[float, typer.Option(min=0.0, help="R_time of a solved program at optimal complexity.",
-                                               rich_help_panel="Code RL")] = 1.0,
-    no_critic: Annotated[bool, typer.Option("--no-critic", help="The outcome reward alone; no critic endpoint "
-                                                                "needed.")] = False,
-    critic_base_url: o.CriticBaseUrl = None,
-    critic_model: Annotated[str | None, typer.Option(envvar="NANBEIGE_CRITIC_MODEL", show_default=False,
-                                                     help="The critic model \\[default: gpt-4.1-2025-04-14].")] = None,
-    critic_api_key: Annotated[str | None, typer.Option(envvar="NANBEIGE_CRITIC_API_KEY", show_default=False,
-                                                       help="API key for the critic endpoint.")] = None,
-    critic_template: Annotated[Path | None, typer.Option(show_default=False, help=(
-        "The critic prompt from a file, verbatim; {question}, {earlier_turns}, {reasoning}, {tool_calls} and "
-        "{tool_results} are filled in."))] = None,
-    min_logical_soundness: Annotated[int, typer.Option(min=1, max=5, help="A turn fails below this score.")] = 3,
-    min_tool_call_accuracy: Annotated[int, typer.Option(min=1, max=5, help="A turn fails below this score.")] = 3,
-    min_information_gain: Annotated[int, typer.Option(min=1, max=5, help="A turn fails below this score.")] = 3,
-    failed: Annotated[str, typer.Option(help="What a failed turn gets: mask (left out of training) or penalise "
-                                             "(trained on with reward -PENALTY).")] = "mask",
-    penalty: Annotated[float, typer.Option(min=0.0, help="The negative reward of a failed turn, with --failed "
-                                                         "penalise.")] = 1.0,
-    judge_base_url: o.JudgeBaseUrl = None,
-    judge_model: o.JudgeModel = None,
-    judge_api_key: o.JudgeApiKey = None,
-    judge_template: o.JudgeTemplate = None,
-    concurrency: Annotated[int, typer.Option(min=1, help="Trajectories judged at once.")] = 8,
-    request_timeout: Annotated[float | None, typer.Option(min=0.1, show_default=False, help=(
-        "Seconds one judge or critic call may take before it is asked again \\[default: 300 for the judge, "
-        "120 for the critic]."))] = None,
-    retries: Annotated[int | None, typer.Option(min=0, show_default=False, help=(
-        "How many times a failed judge or critic call is asked again \\[default: 3 for the judge, 2 for the "
-        "critic]."))] = None,
-    ray: RayAddress = None,
-) -> None:
+class FailedTurn(str, enum.Enum):
+    """What a turn the critic fails gets (`trainer.critic.TurnRule.failed`)."""
+
+    mask = "mask"
+    penalise = "penalise"
+
+
+CODE_RL = "Code RL"
+
+# judge's flags after its argument, in the order its help lists them
+JUDGE_OPTIONS: dict[str, tuple[Any, Any]] = {
+    "out": o.option(Path, ..., help="Where the judged trajectories go (appended; an existing file is resumed). "
+                                    "Never the input file."),
+    "grader": o.option(str | None, None, show_default=False,
+                       help="gaia-exact, code-tests or a judge profile (browsecomp, browsecomp-zh, hle, xbench, "
+                            "equivalent) for every trajectory \\[default: each trajectory's own]."),
+    "problems": o.option(Path | None, None, show_default=False, rich_help_panel=CODE_RL,
+                         help="Code problems (JSONL) whose tests code-tests runs each program against, matched by "
+                              "question id."),
+    "time_reward": o.option(bool, False, "--time-reward", rich_help_panel=CODE_RL,
+                            help="Code RL stage 2: a judge model compares each solved program's time complexity "
+                                 "with the problem's label (the --judge-* endpoint)."),
+    "format_penalty": o.option(float, 1.0, min=0.0, rich_help_panel=CODE_RL,
+                               help="R_format of an answer without a well-formed program: minus this."),
+    "time_weight": o.option(float, 1.0, min=0.0, rich_help_panel=CODE_RL,
+                            help="R_time of a solved program at optimal complexity."),
+    "no_critic": o.option(bool, False, "--no-critic", help="The outcome reward alone; no critic endpoint needed."),
+    "critic_base_url": (o.CriticBaseUrl, None),
+    "critic_model": o.option(str | None, None, envvar="NANBEIGE_CRITIC_MODEL", show_default=False,
+                             help="The critic model \\[default: gpt-4.1-2025-04-14]."),
+    "critic_api_key": o.option(str | None, None, envvar="NANBEIGE_CRITIC_API_KEY", show_default=False,
+                               help="API key for the critic endpoint."),
+    "critic_template": o.option(Path | None, None, show_default=False,
+                                help="The critic prompt from a file, verbatim; {question}, {earlier_turns}, "
+                                     "{reasoning}, {tool_calls} and {tool_results} are filled in."),
+    "min_logical_soundness": o.option(int, 3, min=1, max=5, help="A turn fails below this score."),
+    "min_tool_call_accuracy": o.option(int, 3, min=1, max=5, help="A turn fails below this score."),
+    "min_information_gain": o.option(int, 3, min=1, max=5, help="A turn fails below this score."),
+    "failed": o.option(FailedTurn, FailedTurn.mask, help="What a failed turn gets: mask (left out of training) or "
+                                                         "penalise (trained on with reward -PENALTY)."),
+    "penalty": o.option(float, 1.0, min=0.0, help="The negative reward of a failed turn, with --failed penalise."),
+    "judge_base_url": (o.JudgeBaseUrl, None),
+    "judge_model": (o.JudgeModel, None),
+    "judge_api_key": (o.JudgeApiKey, None),
+    "judge_template": (o.JudgeTemplate, None),
+    "concurrency": o.option(int, 8, min=1, help="Trajectories judged at once."),
+    "request_timeout": o.option(float | None, None, min=0.1, show_default=False,
+                                help="Seconds one judge or critic call may take before it is asked again "
+                                     "\\[default: 300 for the judge, 120 for the critic]."),
+    "retries": o.option(int | None, None, min=0, show_default=False,
+                        help="How many times a failed judge or critic call is asked again \\[default: 3 for the "
+                             "judge, 2 for the critic]."),
+    "ray": (RayAddress, None),
+}
+
+
+@o.with_options(JUDGE_OPTIONS)
+def judge(src: Annotated[Path, typer.Argument(help="Trajectory JSONL to judge (from `nanbeige collect`).")], *,
+          flags: dict[str, Any]) -> None:
     """Add outcome rewards and turn-level critic scores, rewards and masks to trajectories; tokens untouched."""
+    from nanbeige.trainer.judge import judging_secrets
+
+    config = judge_config(flags)
+    hide(judging_secrets(config))
+    run_judge(src, flags["out"], config)
+
+
+def judge_config(flags: dict[str, Any]) -> Any:
+    """The judging the flags describe."""
     from nanbeige.evals.code_tests import CodeRewards
     from nanbeige.trainer.critic import TurnRule
     from nanbeige.trainer.judge import JudgeRunConfig
 
-    if failed not in ("mask", "penalise"):
-        fail(f"--failed must be mask or penalise, not {failed!r}", 2)
     # Each endpoint keeps its own defaults for what is not given.
-    calls = {name: value for name, value in (("timeout_s", request_timeout), ("retries", retries))
-             if value is not None}
-    critic = None if no_critic else replace(
-        o.critic_endpoint(critic_base_url, critic_model, critic_api_key, critic_template), **calls)
-    rule = TurnRule(min_logical_soundness=min_logical_soundness, min_tool_call_accuracy=min_tool_call_accuracy,
-                    min_information_gain=min_information_gain, failed=failed, penalty=penalty)  # type: ignore[arg-type]
-    judge = replace(o.judge_endpoint(judge_base_url, judge_model, judge_api_key, judge_template), **calls)
-    complexity = replace(o.complexity_endpoint(judge_base_url, judge_model, judge_api_key), **calls)
-    config = JudgeRunConfig(grader=grader, judge=judge, critic=critic, rule=rule, concurrency=concurrency,
-                            no_critic=no_critic, problems=problems, time_reward=time_reward,
-                            rewards=CodeRewards(format_penalty=format_penalty, time_weight=time_weight),
-                            complexity=complexity, ray=ray)
-    from nanbeige.trainer.judge import judging_secrets
-
-    hide(judging_secrets(config))
-    run_judge(src, out, config)
+    calls = {name: flags[flag] for name, flag in (("timeout_s", "request_timeout"), ("retries", "retries"))
+             if flags[flag] is not None}
+    critic = None if flags["no_critic"] else replace(
+        o.critic_endpoint(flags["critic_base_url"], flags["critic_model"], flags["critic_api_key"],
+                          flags["critic_template"]), **calls)
+    rule = TurnRule(**{name: flags[name] for name in ("min_logical_soundness", "min_tool_call_accuracy",
+                                                       "min_information_gain", "failed", "penalty")})
+    asked = (flags["judge_base_url"], flags["judge_model"], flags["judge_api_key"])
+    return JudgeRunConfig(grader=flags["grader"], judge=replace(o.judge_endpoint(*asked, flags["judge_template"]),
+                                                                **calls),
+                          critic=critic, rule=rule, concurrency=flags["concurrency"], no_critic=flags["no_critic"],
+                          problems=flags["problems"], time_reward=flags["time_reward"],
+                          rewards=CodeRewards(format_penalty=flags["format_penalty"],
+                                              time_weight=flags["time_weight"]),
+                          complexity=replace(o.complexity_endpoint(*asked), **calls), ray=flags["ray"])
 
 
 def run_judge(src: Path, out: Path, config: Any) -> None:
