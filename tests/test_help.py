@@ -20,7 +20,7 @@ from nanbeige.agent.cli.help_screen import MAIN_OPTIONS
 from nanbeige.agent.cli.program import app
 
 NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
-MAIN_COMMANDS = ("ask", "research", "eval", "collect", "judge", "train", "serve")
+MAIN_COMMANDS = ("ask", "research", "eval", "collect", "judge", "train", "loop", "serve")
 SCREEN_LINES = 60
 BOX = str.maketrans("", "", "│╭╮╰╯─…")
 
@@ -146,7 +146,7 @@ def test_eval_judge_and_train_show_the_defaults_they_run_with() -> None:
     assert (f"{JUDGE_ENDPOINT.timeout_s:g} for the judge, {CRITIC_ENDPOINT.timeout_s:g} for the critic"
             in row(page, "--request-timeout"))
     assert f"{JUDGE_ENDPOINT.retries} for the judge, {CRITIC_ENDPOINT.retries} for the critic" in row(page, "--retries")
-    for name in ("judge", "train"):  # train's loop judges with the same critic
+    for name in ("judge", "train", "loop"):  # the loop judges with the same critic
         page = nanbeige(name, "--help-all", columns=200).stdout
         assert f"default: {CRITIC_ENDPOINT.model}" in row(page, "--critic-model"), name
         assert f"default: {CRITIC_ENDPOINT.base_url}" in row(page, "--critic-base-url"), name

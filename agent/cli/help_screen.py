@@ -24,8 +24,8 @@ MAIN_OPTIONS: dict[str, tuple[str, ...]] = {
               "judge_model", "judge_api_key"),
     "train": ("model", "out", "data", "objective", "steps", "lr", "lora_rank", "loop", "questions", "group_size",
               "base_url", "no_critic"),
-    "loop": ("iterations", "questions", "problems", "group_size", "model", "out", "sync", "lora_rank", "objective",
-             "base_url", "admin_url", "no_critic", "critic_base_url", "critic_model"),
+    "loop": ("iterations", "questions", "problems", "group_size", "model", "out", "sync", "lora_rank", "base_url",
+             "no_critic", "critic_base_url"),
     "serve": ("model", "host", "port", "api_key", "dialect", "max_model_len", "rl_logprobs"),
 }
 

@@ -52,9 +52,8 @@ def train(ctx: typer.Context, *, flags: dict[str, Any]) -> None:
 
 @o.with_options(LOOP_COMMAND)
 def loop(*, flags: dict[str, Any]) -> None:
-    """Alternate collect, judge, train and sync: each iteration samples G rollouts per question from the
-    policy being trained, judges them, trains on them and syncs the new policy into the serving vLLM. All in
-    --out, resumable at any stage: the same command again goes on where the last one stopped."""
+    """Alternate collect, judge, train and sync: each iteration samples the policy being trained, judges and
+    trains on its rollouts and syncs the new policy to the server. Resumable: the same command goes on."""
     config = training(flags, flags["iterations"], "nanbeige loop")
     start_loop(flags["iterations"], flags, config, "nanbeige loop")
 

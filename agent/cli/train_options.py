@@ -186,8 +186,7 @@ SERVER: dict[str, tuple[Any, Any]] = {
 }
 
 ITERATIONS = option(int, 1, "--iterations", "-n", min=1, rich_help_panel=LOOP_PANEL,
-                    help="Iterations of collect, judge, train and sync, counted from the first: a folder that "
-                         "has done some goes on with the next.")
+                    help="Iterations in all; a folder that has done some goes on with the next.")
 OLD_LOOP = option(int, 0, min=0, rich_help_panel=LOOP_PANEL,
                   help="Alternate collect, judge, train and sync this many times (0: train once on --data).")
 
