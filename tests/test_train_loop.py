@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import itertools
 import json
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -224,28 +225,41 @@ def test_a_loop_that_cannot_sync_is_refused_before_anything_runs(tiny: Path, tmp
 
 
 @pytest.mark.slow
-def test_the_train_command_runs_the_loop_from_its_flags(tmp_path: Path) -> None:
+def test_the_loop_command_and_train_loop_run_the_same_loop_from_their_flags(tmp_path: Path) -> None:
     import subprocess
     import sys
 
+    nanbeige = str(Path(sys.executable).parent / "nanbeige")
     tiny = make_tiny_model(tmp_path / "tiny")
     questions = tmp_path / "questions.jsonl"
     questions.write_text('{"id": "a", "question": "What is 2+2?", "answer": "4"}\n')
-    out = tmp_path / "loop"
     # the tiny model's answers are noise: every outcome is 0, so the band is opened to keep the group
-    result = subprocess.run([str(Path(sys.executable).parent / "nanbeige"), "train", "--loop", "1", "--questions",
-                             str(questions), "-G", "2", "--model", str(tiny), "--out", str(out), "--backend",
-                             "transformers", "--no-default-servers", "--no-critic", "--sync", "none",
-                             "--min-pass-rate", "0", "--max-pass-rate", "1", "--step-tokens", "100000"],
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    state = json.loads((out / "loop.json").read_text())
-    [iteration] = state["iterations"]
-    assert {"collected", "judged", "trained", "synced"} <= set(iteration)
-    assert iteration["collected"]["rollouts"] == 2 and Path(iteration["trained"]["checkpoint"]).is_dir()
-    assert "iteration 1: 2 rollouts" in result.stderr
-    missing = subprocess.run([str(Path(sys.executable).parent / "nanbeige"), "train", "--loop", "1", "--model",
-                              str(tiny), "--out", str(out)], capture_output=True, text=True, timeout=60)
+    flags = ["--questions", str(questions), "-G", "2", "--model", str(tiny), "--backend", "transformers",
+             "--no-default-servers", "--no-critic", "--sync", "none", "--min-pass-rate", "0", "--max-pass-rate", "1",
+             "--step-tokens", "100000", "--seed", "1"]
+    runs = {}
+    for name, spelled in (("loop", ["loop", "--iterations", "1"]), ("train", ["train", "--loop", "1"])):
+        out = tmp_path / name
+        result = subprocess.run([nanbeige, *spelled, *flags, "--out", str(out)], capture_output=True, text=True,
+                                timeout=300)
+        assert result.returncode == 0, result.stderr[-2000:]
+        state = json.loads((out / "loop.json").read_text())
+        [iteration] = state["iterations"]
+        assert {"collected", "judged", "trained", "synced"} <= set(iteration)
+        assert iteration["collected"]["rollouts"] == 2 and Path(iteration["trained"]["checkpoint"]).is_dir()
+        assert "iteration 1: 2 rollouts" in result.stderr
+        files = sorted(re.sub(r"tfevents\..*", "tfevents", str(path.relative_to(out)))  # named by time and host
+                       for path in out.rglob("*") if path.is_file())
+        stages = {stage: sorted(record) for stage, record in iteration.items() if isinstance(record, dict)}
+        runs[name] = (files, result.stderr, (state["sync"], state["policy"]["version"], stages))
+    # the same files and the same stages, each spelling in its own folder
+    assert runs["loop"][0] == runs["train"][0]
+    assert runs["loop"][2] == runs["train"][2]
+    # the old spelling says once, at the end, that the loop is its own command now
+    assert "nanbeige loop" not in runs["loop"][1]
+    assert "nanbeige loop --iterations N" in runs["train"][1].strip().splitlines()[-1]
+    missing = subprocess.run([nanbeige, "train", "--loop", "1", "--model", str(tiny), "--out", str(tmp_path / "x")],
+                             capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and "--loop needs --questions" in missing.stderr
 
 
