@@ -38,7 +38,7 @@ from nanbeige.agent.context import (
 )
 from nanbeige.agent.replies import EXTRA_ATTEMPTS, RESAMPLES
 from nanbeige.agent.restarts import Restarts
-from nanbeige.agent.restore import rebuild, reopen
+from nanbeige.agent.restore import reopen, resumed, time_left
 from nanbeige.agent.tokens import TokenTracker
 from nanbeige.agent.trajectory import (
     ToolResult,
@@ -102,41 +102,21 @@ async def run(question: str, llm: LLM, toolbox: Toolbox | None, config: AgentCon
     sets other fields of the trajectory's start record (`rollout_index`, `policy_version`, ...).
     `resume_from` continues a trajectory cut short (see `restore.py`) instead, with the settings it
     was made with (in `llm` and `config`), writing a resume line and then its next turns."""
-    tools = toolbox.tools if toolbox else []
     config = dataclasses.replace(config.for_dialect(), date=config.date or datetime.date.today().isoformat(),
                                  max_context=config.max_context or DEFAULT_MAX_CONTEXT)
-    date = config.date
-    reference = config.reference
-    limits = dataclasses.asdict(dataclasses.replace(config, reference=None)) | (toolbox.settings() if toolbox else {})
-    if reference is not None:  # resume reads the texts again from the same checkout, checked by its hash
-        limits["reference"] = {"path": str(reference.path), **reference.identity()}
-    if (server := served_by(llm)) is not None:  # resume asks the same server again
-        limits["server"] = server
-    trajectory = resume_from or Trajectory(
-        question=question, group_id=group_id, tools=tools, model=llm.config.model, dialect=config.dialect,
-        system_prompt=dialects.system_prompt(config.dialect, tools, date, config.system_prompt_template, reference),
-        user_message=dialects.user_message(config.dialect, question, reference),
-        reference=reference.identity() if reference else None,
-        sampling=llm.config.sampling(), limits=limits,
-        tokenizer=llm.tokenizer_identity, chat_template=llm.template_identity, **(header or {}),
-    )
-    used = reopen(trajectory) if resume_from else 0.0  # the time limit counts the time already used
-    state = _resumed(trajectory, llm, config) if resume_from else \
-        Run(trajectory, History(trajectory.system_prompt, trajectory.user_message, config.keep_tool_results),
-            llm.new_conversation(trajectory.group_id))
-    started = time.monotonic()
+    if resume_from is None:
+        state, used = _new_run(question, llm, toolbox, config, group_id, header), 0.0
+    else:  # the time limit counts the time it already used
+        used = reopen(resume_from)
+        state = Run(resume_from, *resumed(resume_from, llm, config))
+    trajectory, started = state.trajectory, time.monotonic()
     try:
         if writer and resume_from:
             writer.write(resume_record(trajectory, used))
         elif writer:
             writer.start(trajectory)
-        async with asyncio.timeout(None if config.timeout_s is None else config.timeout_s - used):
-            if config.timeout_s is not None and used >= config.timeout_s:
-                raise TimeoutError  # a resumed run with no time left: the model is not asked again
-            if trajectory.stop_reason:  # a resumed run whose last turn had ended the loop
-                await _end(state, llm, config, None, writer, on_event)
-            else:
-                await _turns(state, llm, toolbox, config, writer, on_event)
+        async with asyncio.timeout(time_left(config.timeout_s, used)):
+            await _turns(state, llm, toolbox, config, writer, on_event)
     except TimeoutError:
         trajectory.stop_reason = "timeout"
     except ReplayMiss as exc:  # the replay went where the recorded runs did not: no answer, plainly invalid
@@ -150,38 +130,63 @@ async def run(question: str, llm: LLM, toolbox: Toolbox | None, config: AgentCon
         trajectory.stop_reason, trajectory.error = "crashed", f"{type(exc).__name__}: {exc}"
         raise
     finally:
-        trajectory.timings = {
-            "wall_s": used + time.monotonic() - started,
-            "model_s": sum(t.latency_s for t in trajectory.turns),
-            "tool_s": sum(r.latency_s for t in trajectory.turns for r in t.tool_results),
-        }
-        if writer:
-            try:
-                writer.end(trajectory)
-            except TrajectoryWriteError as exc:  # not logged: the run's own exception, if any, goes on
-                trajectory.stop_reason, trajectory.error = "write_error", str(exc)
-        on_event("end", trajectory)
+        _close(trajectory, used + time.monotonic() - started, writer, on_event)
     return trajectory
+
+
+def _new_run(question: str, llm: LLM, toolbox: Toolbox | None, config: AgentConfig, group_id: str | None,
+             header: dict[str, Any] | None) -> Run:
+    """A fresh run's state: its trajectory, with the settings it is made with, and an empty history."""
+    tools = toolbox.tools if toolbox else []
+    reference = config.reference
+    limits = dataclasses.asdict(dataclasses.replace(config, reference=None)) | (toolbox.settings() if toolbox else {})
+    if reference is not None:  # resume reads the texts again from the same checkout, checked by its hash
+        limits["reference"] = {"path": str(reference.path), **reference.identity()}
+    if (server := served_by(llm)) is not None:  # resume asks the same server again
+        limits["server"] = server
+    trajectory = Trajectory(
+        question=question, group_id=group_id, tools=tools, model=llm.config.model, dialect=config.dialect,
+        system_prompt=dialects.system_prompt(config.dialect, tools, config.date, config.system_prompt_template,
+                                             reference),
+        user_message=dialects.user_message(config.dialect, question, reference),
+        reference=reference.identity() if reference else None,
+        sampling=llm.config.sampling(), limits=limits,
+        tokenizer=llm.tokenizer_identity, chat_template=llm.template_identity, **(header or {}),
+    )
+    history = History(trajectory.system_prompt, trajectory.user_message, config.keep_tool_results)
+    return Run(trajectory, history, llm.new_conversation(trajectory.group_id))
+
+
+def _close(trajectory: Trajectory, wall_s: float, writer: TrajectoryWriter | None, on_event: Event) -> None:
+    """Record the run's end: its timings, its end line, the `end` event."""
+    trajectory.timings = {
+        "wall_s": wall_s,
+        "model_s": sum(t.latency_s for t in trajectory.turns),
+        "tool_s": sum(r.latency_s for t in trajectory.turns for r in t.tool_results),
+    }
+    if writer:
+        try:
+            writer.end(trajectory)
+        except TrajectoryWriteError as exc:  # not logged: the run's own exception, if any, goes on
+            trajectory.stop_reason, trajectory.error = "write_error", str(exc)
+    on_event("end", trajectory)
 
 
 async def _turns(state: Run, llm: LLM, toolbox: Toolbox | None, config: AgentConfig,
                  writer: TrajectoryWriter | None, on_event: Event) -> None:
-    trajectory, history = state.trajectory, state.history
+    """Ask the model and act on its reply, turn after turn, until a limit or a reply stops the loop; then
+    the run's end (all that a resumed run whose last turn had ended the loop has left to make)."""
+    trajectory = state.trajectory
     request_tools = dialects.request_tools(config.dialect, trajectory.tools)
-    while True:
+    while not trajectory.stop_reason:
         prompt_tokens = _next_prompt_tokens(llm, state, request_tools)
-        if _turns_used(state) >= config.max_turns or len(trajectory.turns) >= config.max_turns + EXTRA_ATTEMPTS:
-            trajectory.stop_reason = "max_turns"
-        elif spent := over_budget(trajectory.usage, config.budgets):
-            trajectory.stop_reason, trajectory.error = "budget", spent
-        elif prompt_tokens + llm.config.max_tokens + _margin(state, config) > config.max_context:
-            trajectory.stop_reason = "context_limit"
-        if trajectory.stop_reason:
+        if stop := _limit_reached(state, llm, config, prompt_tokens):
+            trajectory.stop_reason, trajectory.error = stop
             await _end(state, llm, config, prompt_tokens, writer, on_event)
             return
         on_event("model", _turns_used(state))
         try:
-            completion = await llm.complete(history.messages, request_tools, conversation=state.conversation,
+            completion = await llm.complete(state.history.messages, request_tools, conversation=state.conversation,
                                             **_streaming(config, on_event))
         except ContextOverflow as exc:  # our estimate was low: answer from what fits
             trajectory.stop_reason, trajectory.error = "context_limit", str(exc)
@@ -194,33 +199,53 @@ async def _turns(state: Run, llm: LLM, toolbox: Toolbox | None, config: AgentCon
         served = served_by(llm) is not None
         if not trajectory.turns and (unseen := replies.tools_unseen(turn, request_tools, llm.config.model, served)):
             on_event("warning", unseen)
-        parsed = dialects.parse_reply(config.dialect, turn.assistant, trajectory.tools, config.reference)
-        turn.tool_calls = parsed.tool_calls
-        problem = replies.unusable(turn, parsed, config.reference, trajectory.turns) if config.rollback else None
-        if problem is not None:  # dropped: the next prompt is this one again, and the model samples anew
-            turn.format_error, turn.rolled_back = problem, True
-            turn.consumed = replies.used_up(trajectory.turns, turn, RESAMPLES)
-            turn.tool_calls = []  # none of its calls ran (each recorded call has its result)
-            _log_turn(trajectory, turn, writer, on_event)
-        else:
-            turn.format_error = parsed.format_error or (
-                (dialects.EMPTY_REPLY if replies.empty(turn) else None) if config.rollback else
-                replies.reply_problem(turn, parsed, config.dialect))
-            if not turn.tool_calls and turn.format_error is None:
-                trajectory.answer = replies.reply_answer(turn, config)
-                trajectory.stop_reason = "answered"
-            await _run_calls(turn, parsed, state, toolbox, config, on_event)
-            _log_turn(trajectory, turn, writer, on_event)
-            history.add_turn(dialects.history_message(config.dialect, turn.assistant),
-                             dialects.observation_messages(config.dialect, turn), tool_results=bool(turn.tool_calls))
-            if config.release_results and writer is not None:
-                release_unseen_results(trajectory.turns, config.keep_tool_results, RELEASED)
-        if not trajectory.stop_reason and not config.rollback and \
-                replies.format_errors_in_a_row(trajectory.turns) >= config.max_format_errors:
-            trajectory.stop_reason = "format_errors"
-        if trajectory.stop_reason:
-            await _end(state, llm, config, None, writer, on_event)
-            return
+        await _act(turn, state, toolbox, config, writer, on_event)
+    await _end(state, llm, config, None, writer, on_event)
+
+
+def _limit_reached(state: Run, llm: LLM, config: AgentConfig, prompt_tokens: int) -> tuple[str, str | None] | None:
+    """Why the loop must stop before the next model call, and what that says, or None: the turns
+    (rolled-back replies count only towards a bound of their own), a budget, or the context, which must
+    hold the next prompt, the longest reply and the margin. The time limit cuts the run short wherever it
+    is instead (`asyncio.timeout` in `run`)."""
+    if _turns_used(state) >= config.max_turns or len(state.trajectory.turns) >= config.max_turns + EXTRA_ATTEMPTS:
+        return "max_turns", None
+    if spent := over_budget(state.trajectory.usage, config.budgets):
+        return "budget", spent
+    if prompt_tokens + llm.config.max_tokens + _margin(state, config) > config.max_context:
+        return "context_limit", None
+    return None
+
+
+async def _act(turn: Turn, state: Run, toolbox: Toolbox | None, config: AgentConfig,
+               writer: TrajectoryWriter | None, on_event: Event) -> None:
+    """Log the reply as a turn: rolled back when unusable, else with its tool calls run, or as the
+    answer that ends the loop (with rollback off, so do too many format errors in a row)."""
+    trajectory, history = state.trajectory, state.history
+    parsed = dialects.parse_reply(config.dialect, turn.assistant, trajectory.tools, config.reference)
+    turn.tool_calls = parsed.tool_calls
+    problem = replies.unusable(turn, parsed, config.reference, trajectory.turns) if config.rollback else None
+    if problem is not None:  # dropped: the next prompt is this one again, and the model samples anew
+        turn.format_error, turn.rolled_back = problem, True
+        turn.consumed = replies.used_up(trajectory.turns, turn, RESAMPLES)
+        turn.tool_calls = []  # none of its calls ran (each recorded call has its result)
+        _log_turn(trajectory, turn, writer, on_event)
+    else:
+        turn.format_error = parsed.format_error or (
+            (dialects.EMPTY_REPLY if replies.empty(turn) else None) if config.rollback else
+            replies.reply_problem(turn, parsed, config.dialect))
+        if not turn.tool_calls and turn.format_error is None:
+            trajectory.answer = replies.reply_answer(turn, config)
+            trajectory.stop_reason = "answered"
+        await _run_calls(turn, parsed, state, toolbox, config, on_event)
+        _log_turn(trajectory, turn, writer, on_event)
+        history.add_turn(dialects.history_message(config.dialect, turn.assistant),
+                         dialects.observation_messages(config.dialect, turn), tool_results=bool(turn.tool_calls))
+        if config.release_results and writer is not None:
+            release_unseen_results(trajectory.turns, config.keep_tool_results, RELEASED)
+    if not trajectory.stop_reason and not config.rollback and \
+            replies.format_errors_in_a_row(trajectory.turns) >= config.max_format_errors:
+        trajectory.stop_reason = "format_errors"
 
 
 def _turns_used(state: Run) -> int:
@@ -230,18 +255,6 @@ def _turns_used(state: Run) -> int:
     used += counted_turns(turns[seen:])
     state.turns_counted = (len(turns), used)
     return used
-
-
-def _resumed(trajectory: Trajectory, llm: LLM, config: AgentConfig) -> Run:
-    """A resumed run's state after its last complete turn, and how that turn left the loop: when it
-    answered, or was one unusable reply too many, the run only has its end to make."""
-    state = Run(trajectory, *rebuild(trajectory, llm, config.keep_tool_results))
-    last = trajectory.turns[-1] if trajectory.turns else None
-    if last is not None and not last.rolled_back and not last.tool_calls and last.format_error is None:
-        trajectory.answer, trajectory.stop_reason = replies.reply_answer(last, config), "answered"
-    elif not config.rollback and replies.format_errors_in_a_row(trajectory.turns) >= config.max_format_errors:
-        trajectory.stop_reason = "format_errors"
-    return state
 
 
 def _next_prompt_tokens(llm: LLM, state: Run, tools: list[dict[str, Any]] | None) -> int:
@@ -290,36 +303,15 @@ async def _end(state: Run, llm: LLM, config: AgentConfig, prompt_tokens: int | N
 
 async def _final_turn(state: Run, llm: LLM, config: AgentConfig, prompt_tokens: int,
                       writer: TrajectoryWriter | None, on_event: Event, omit_latest: bool = False) -> None:
-    """One call without tools that asks for the answer. As the summary turn, a trailing tool result
-    (or other user message) is dropped first, as the reference harness does. The newest tool
-    results are also left out when the answer would otherwise have too little room (or the server
-    said it did not fit)."""
-    trajectory, history = state.trajectory, state.history
+    """One call without tools that asks for the answer (`_final_request` says with what); as the
+    summary turn, asked again while a reply has no boxed answer, as many times as the reference tries."""
+    trajectory = state.trajectory
     instruction = dialects.final_answer_instruction(config.dialect, trajectory.question, bool(config.summary_turn),
                                                     config.reference)
-    messages = history.messages
-    room = config.max_context - prompt_tokens - estimate_tokens(instruction)
-    dropped = bool(config.summary_turn) and len(messages) > 2 and messages[-1]["role"] == "user"
-    omitted = not dropped and bool(history.observations) and (
-        omit_latest or room < min(llm.config.max_tokens, FINAL_ANSWER_TOKENS))
-    if dropped:
-        if config.dialect == "mcp-xml" and trajectory.stop_reason == "context_limit" and not omit_latest:
-            # the reference steps back the whole last turn when its context check trips; then, as at
-            # its turn limit, drops the tool result that is last after that (a server's refusal of a
-            # prompt too long only drops the trailing result)
-            messages, omitted = step_back(messages), True
-        messages = messages[:-1] if messages[-1]["role"] == "user" else messages
-        room += sum(estimate_tokens(m["content"] or "") for m in history.messages[len(messages):])
-    elif omitted:
-        messages = history.omit_latest()
-        room += history.latest_tool_result_tokens()
-    if config.summary_turn:  # the summary prompt is one of the K results the reference shows
-        messages = history.summary_view(messages)
+    messages, room, omitted = _final_request(state, llm, config, prompt_tokens, instruction, omit_latest)
     if room < MIN_ANSWER_TOKENS:
         trajectory.error = trajectory.error or "no room left in the context for a final answer"
         return
-    omitted = omitted or (dropped and bool(history.observations)
-                          and history.observations[-1][-1] == len(history.messages) - 1)
     request = [*messages, {"role": "user", "content": instruction}]
     # the reference's summary tries (1 in v1.0; 3 in some later commits): a reply without a boxed
     # answer is dropped and the summary asked for again
@@ -344,6 +336,37 @@ async def _final_turn(state: Run, llm: LLM, config: AgentConfig, prompt_tokens: 
     if answer is None and config.summary_turn:
         answer = replies.latest_boxed(trajectory.turns)
     trajectory.answer = answer if answer is not None else trajectory.answer
+
+
+def _final_request(state: Run, llm: LLM, config: AgentConfig, prompt_tokens: int, instruction: str,
+                   omit_latest: bool) -> tuple[list[dict[str, Any]], int, bool]:
+    """The messages the final-answer turn is asked with before its instruction, the room left for its
+    reply, and whether the newest tool results were left out. As the summary turn, a trailing tool
+    result (or other user message) is dropped first, as the reference harness does. The newest tool
+    results are also left out when the answer would otherwise have too little room (or the server said
+    it did not fit)."""
+    history = state.history
+    messages = history.messages
+    room = config.max_context - prompt_tokens - estimate_tokens(instruction)
+    dropped = bool(config.summary_turn) and len(messages) > 2 and messages[-1]["role"] == "user"
+    omitted = not dropped and bool(history.observations) and (
+        omit_latest or room < min(llm.config.max_tokens, FINAL_ANSWER_TOKENS))
+    if dropped:
+        if config.dialect == "mcp-xml" and state.trajectory.stop_reason == "context_limit" and not omit_latest:
+            # the reference steps back the whole last turn when its context check trips; then, as at
+            # its turn limit, drops the tool result that is last after that (a server's refusal of a
+            # prompt too long only drops the trailing result)
+            messages, omitted = step_back(messages), True
+        messages = messages[:-1] if messages[-1]["role"] == "user" else messages
+        room += sum(estimate_tokens(m["content"] or "") for m in history.messages[len(messages):])
+    elif omitted:
+        messages = history.omit_latest()
+        room += history.latest_tool_result_tokens()
+    if config.summary_turn:  # the summary prompt is one of the K results the reference shows
+        messages = history.summary_view(messages)
+    omitted = omitted or (dropped and bool(history.observations)
+                          and history.observations[-1][-1] == len(history.messages) - 1)
+    return messages, room, omitted
 
 
 def _margin(state: Run, config: AgentConfig) -> int:

@@ -10,18 +10,22 @@ What the model is asked next must be what it would have been asked had the run n
 
 A turn is complete when each of its tool calls has its result. The final-answer turn counts only
 together with the end line after it (without one it is asked again): the run was ending, and the
-end is made anew.
+end is made anew. A run whose last turn had ended the loop only has that end to make, and one that
+used up its time limit stops at once.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from nanbeige.agent import dialects
+from nanbeige.agent import dialects, replies
 from nanbeige.agent.context import History
 from nanbeige.agent.tokens import TokenTracker, last_prompt
 from nanbeige.agent.trajectory import Trajectory, Turn
 from nanbeige.agent.usage import run_usage
+
+if TYPE_CHECKING:
+    from nanbeige.agent.config import AgentConfig
 
 
 def complete_turns(turns: list[Turn]) -> int:
@@ -75,3 +79,25 @@ def rebuild(trajectory: Trajectory, llm: Any, keep_tool_results: int) -> tuple[H
             # a pool keeps its members' per-run state inside its own
             prompter.restore(getattr(conversation, "inner", conversation), asked, tools, prompt, turn.completion_ids)
     return history, conversation, tracker
+
+
+def resumed(trajectory: Trajectory, llm: Any, config: AgentConfig) -> tuple[History, Any, TokenTracker]:
+    """A reopened run's state (`rebuild`), and how its last turn left the loop: when it answered, or
+    was one unusable reply too many, the run only has its end to make."""
+    state = rebuild(trajectory, llm, config.keep_tool_results)
+    last = trajectory.turns[-1] if trajectory.turns else None
+    if last is not None and not last.rolled_back and not last.tool_calls and last.format_error is None:
+        trajectory.answer, trajectory.stop_reason = replies.reply_answer(last, config), "answered"
+    elif not config.rollback and replies.format_errors_in_a_row(trajectory.turns) >= config.max_format_errors:
+        trajectory.stop_reason = "format_errors"
+    return state
+
+
+def time_left(timeout_s: float | None, used: float) -> float | None:
+    """What the run's time limit leaves after the time it already used (None: no limit). A resumed run
+    with none left stops as a run whose time runs out does, before the model is asked again."""
+    if timeout_s is None:
+        return None
+    if used >= timeout_s:
+        raise TimeoutError
+    return timeout_s - used
