@@ -1,7 +1,7 @@
-"""`nanbeige train --loop --ray`: the loop's collect and judge run in shards on a Ray cluster (a local one of a
-head and 2 worker nodes, in a network namespace of its own: tests/ray_cluster.py), training in the command's
-own process; the iteration's files are those of the same loop without Ray. Without `--ray` the loop never
-loads Ray, and `--ray` where it makes no sense is one line."""
+"""`nanbeige loop --ray` (`train --loop --ray`, its older spelling, runs the same): the loop's collect and judge
+run in shards on a Ray cluster (a local one of a head and 2 worker nodes, in a network namespace of its own:
+tests/ray_cluster.py), training in the command's own process; the iteration's files are those of the same loop
+without Ray. Without `--ray` the loop never loads Ray, and `--ray` where it makes no sense is one line."""
 
 from __future__ import annotations
 
@@ -41,8 +41,8 @@ def loop_with_and_without_ray(folder: Path) -> dict[str, Any]:
             policy, vllm=True, tokenize=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
             stop_id=tokenizer.convert_tokens_to_ids("<|im_end|>")) as server:
         # every group is all right or all wrong: the band is opened so that training has rows
-        loop = [sys.executable, "-c", SAYS_IF_RAY_LOADED, "train", "--loop", "1", "--questions", str(questions),
-                "-G", str(GROUP), "--model", str(tiny), "--base-url", server.base_url, "--token-mode",
+        loop = [sys.executable, "-c", SAYS_IF_RAY_LOADED, "loop", "--iterations", "1", "--questions",
+                str(questions), "-G", str(GROUP), "--model", str(tiny), "--base-url", server.base_url, "--token-mode",
                 "--no-default-servers", "--no-critic", "--sync", "none", "--min-pass-rate", "0", "--max-pass-rate",
                 "1", "--step-tokens", "100000", "--off-policy"]
         for name, extra in (("on-ray", ["--ray", cluster.address]), ("here", [])):
