@@ -22,7 +22,6 @@ FILE_CEILINGS = {
     "tests/test_code_grader.py": 460,
     "tests/test_code_judge.py": 519,
     "tests/test_judge.py": 494,
-    "tests/test_loop.py": 489,
     "tests/test_resume.py": 419,
     "tests/test_reward_hacking.py": 419,
     "tests/test_sandbox.py": 606,
