@@ -66,8 +66,7 @@ class SetupError(NanbeigeError):
     def __init__(self, message: str, usage: bool = False):
         super().__init__(message)
         self.usage = usage
-        """True for a bad flag or value (exit code 2), False for the rest (exit code 1)."""
-        self.exit_code = 2 if usage else 1
+        self.exit_code = 2 if usage else 1  # a bad flag or value (`usage`) is a usage error
 
 
 @dataclass

@@ -41,8 +41,7 @@ from nanbeige.evals.judges import JUDGE_ENDPOINT
 from nanbeige.evals.runner import final_response
 from nanbeige.evals.tasks import Verdict
 from nanbeige.tools.endpoint import ChatEndpoint
-from nanbeige.tools.errors import NanbeigeError
-from nanbeige.trainer.code_rewards import CodeJudgeError, CodeJudging, judge_code, open_code_judging
+from nanbeige.trainer.code_rewards import CodeJudgeError, CodeJudging, NanbeigeError, judge_code, open_code_judging
 from nanbeige.trainer.critic import CRITIC_ENDPOINT, CriticUnreachable, TurnRule, judge_turn, load_template
 
 CUT_SHORT = ("interrupted", "crashed", "model_error")

@@ -334,11 +334,6 @@ def check(config: LoopConfig) -> None:
 async def run_iteration(config: LoopConfig, state: dict[str, Any], iteration: int,
                         notice: Callable[[str], None]) -> None:
     """The iteration's stages not yet done, the state written after each."""
-    from nanbeige.agent.setup import SetupError
-    from nanbeige.trainer.collect import CollectError
-    from nanbeige.trainer.judge import JudgeError
-    from nanbeige.trainer.train import TrainError
-
     entry = iteration_entry(state, iteration)
     folder = config.out / f"iter-{iteration}"
     folder.mkdir(parents=True, exist_ok=True)
@@ -357,7 +352,7 @@ async def run_iteration(config: LoopConfig, state: dict[str, Any], iteration: in
             continue
         try:
             entry[stage] = await run()
-        except (CollectError, JudgeError, TrainError, SetupError, SyncError, LoopError) as exc:
+        except NanbeigeError as exc:  # a stage's CollectError, JudgeError, TrainError, SetupError, SyncError ...
             write_state(config.out, state)  # what was done before the failure (engines a sync reached)
             raise LoopError(f"iteration {iteration}, {STAGES[stage]}: {exc} "
                             f"(the state is in {config.out / STATE}: run the same loop again to resume)") from None
