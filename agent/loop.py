@@ -2,9 +2,9 @@
 
 `run` is the whole agent; everything it needs is a function in dialects.py, replies.py (what a
 reply is), context.py, restore.py (a resumed run's state) or toolbox. Limits end the run with a stop
-reason, never with an exception, and so does a trajectory file that cannot be written
-(`write_error`: a full disk); Ctrl-C or SIGTERM (task cancellation) closes the trajectory as
-`interrupted`, and a bug as `crashed`, and both re-raise.
+reason (all but time in one check before each model call, `_limit_reached`), never with an exception,
+and so does a trajectory file that cannot be written (`write_error`: a full disk); Ctrl-C or SIGTERM
+(task cancellation) closes the trajectory as `interrupted`, and a bug as `crashed`, and both re-raise.
 
 Many runs may share one model backend and one toolbox: everything that belongs to one run (the
 backend's conversation state, the history, the token tracker, the tool servers' restart budget)
@@ -192,7 +192,7 @@ async def _turns(state: Run, llm: LLM, toolbox: Toolbox | None, config: AgentCon
             trajectory.stop_reason, trajectory.error = "context_limit", str(exc)
             await _end(state, llm, config, prompt_tokens, writer, on_event, omit_latest=True)
             return
-        except ModelError as exc:
+        except ModelError as exc:  # the model cannot be asked for an answer either
             trajectory.stop_reason, trajectory.error = "model_error", str(exc)
             return
         turn = _new_turn(trajectory, completion, state.tracker)
