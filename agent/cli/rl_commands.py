@@ -206,10 +206,7 @@ def run_judge(src: Path, out: Path, config: Any) -> None:
                 f"{mean} · {counted(progress.turns_judged, 'turn')} judged, {progress.masked_turns} masked · "
                 f"{counted(progress.critic_failures, 'critic failure')}")
 
-    try:
-        check(src, out, config)  # before the live line starts: a bad input is one line, alone
-    except JudgeError as exc:
-        fail(str(exc))
+    check(src, out, config)  # before the live line starts: a bad input is one line, alone
 
     judge_all = None
     if config.ray is not None:  # Ray is loaded only then
@@ -250,7 +247,7 @@ def synth(
     """Write multi-hop questions from your documents: random walks over the links between them, a question
     per walk that needs every hop, rejected when one document answers it or the documents do not support it."""
     from nanbeige.agent.cli.running import run_command
-    from nanbeige.trainer.synth import SYNTH_ENDPOINT, SynthError, rejected_path, synthesize
+    from nanbeige.trainer.synth import SYNTH_ENDPOINT, rejected_path, synthesize
 
     config = replace(SYNTH_ENDPOINT, base_url=base_url or SYNTH_ENDPOINT.base_url, model=model, api_key=api_key)
     hide([api_key] if api_key else [])
@@ -259,11 +256,8 @@ def synth(
         err.print(f"[dim]{in_file}/{wanted} questions, {rejected} walks rejected[/]", highlight=False)
 
     async def main() -> dict[str, Any]:
-        try:
-            return await synthesize(corpus, out, config, count, hops=hops, seed=seed, concurrency=concurrency,
-                                    progress=progress)
-        except SynthError as exc:
-            fail(str(exc))
+        return await synthesize(corpus, out, config, count, hops=hops, seed=seed, concurrency=concurrency,
+                                progress=progress)
 
     summary = run_command(main())
     rejected = ", ".join(f"{reason} {n}" for reason, n in summary["rejected"].items()) or "none"
@@ -305,20 +299,16 @@ def problems(
     of each style, and each row a conversion skipped."""
     from nanbeige.evals.code_formats import convert
     from nanbeige.evals.code_problems import humaneval_problems, read_problems
-    from nanbeige.evals.tasks import LoadError
 
     if source == "humaneval" and form is not ProblemFormat.nanbeige:
         fail("humaneval is converted from its package: leave out --format", 2)
     skipped: list[str] = []
-    try:
-        if source == "humaneval":
-            found = humaneval_problems()
-        elif form is ProblemFormat.nanbeige:
-            found = read_problems(Path(source))
-        else:
-            found, skipped = convert(Path(source), form.value)
-    except LoadError as exc:
-        fail(str(exc))
+    if source == "humaneval":
+        found = humaneval_problems()
+    elif form is ProblemFormat.nanbeige:
+        found = read_problems(Path(source))
+    else:
+        found, skipped = convert(Path(source), form.value)
     if out is not None:
         write_problems(found, out, None if source == "humaneval" else Path(source))
     for line in skipped[:SHOWN_SKIPS]:

@@ -85,14 +85,11 @@ def training(flags: dict[str, Any], loop: int, spelled: str) -> TrainConfig:
 
 
 def train_once(config: TrainConfig, resume: bool) -> None:
-    from nanbeige.trainer.train import TrainError
     from nanbeige.trainer.train import train as run_training
 
     try:
         summary = run_training(config, resume=resume,
                                log=lambda text: err.print(escape(text), highlight=False, soft_wrap=True))
-    except TrainError as exc:
-        fail(str(exc))
     except KeyboardInterrupt:
         err.print("[yellow]interrupted[/]; checkpoints so far are kept: --resume goes on from the newest",
                   highlight=False)
@@ -189,14 +186,12 @@ def train_report(
 ) -> None:
     """Draw a run's curves as PNG plots: reward and pass rate, loss, entropy, rollout length, clip fraction,
     drift, tokens/s, learning rate."""
-    from nanbeige.trainer.report import ReportError, draw
+    from nanbeige.trainer.report import draw
 
     if not run.is_dir():
         fail(f"{run}: no such folder", 2)
     try:
         written = draw(run, out)
-    except ReportError as exc:
-        fail(str(exc))
     except OSError as exc:
         fail(f"cannot write the plots: {exc}")
     if not written:
@@ -220,17 +215,14 @@ def run_train_loop(iterations: int, questions: Path, group_size: int, sync: str,
     from nanbeige.agent.cli.running import notice, run_command
     from nanbeige.agent.setup import secrets_of
     from nanbeige.trainer.judge import judging_secrets
-    from nanbeige.trainer.rl_loop import LoopConfig, LoopError, run_loop
+    from nanbeige.trainer.rl_loop import LoopConfig, run_loop
 
     hide(secrets_of(settings) + judging_secrets(judge_config))
     config = LoopConfig(iterations=iterations, out=train_config.out, questions=questions, settings=settings,
                         judge=judge_config, train=train_config, group_size=group_size, sync=sync, **loop_options)
 
     async def main() -> dict[str, Any]:
-        try:
-            return await run_loop(config, notice)
-        except LoopError as exc:
-            fail(str(exc))
+        return await run_loop(config, notice)
 
     summary = run_command(main())
     for item in summary["iterations"]:
