@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from nanbeige.agent.backends.llm import LLMConfig
-from nanbeige.agent.config import BackendConfig, RunSettings, ToolsConfig
 from nanbeige.agent.loop import AgentConfig, run
+from nanbeige.agent.run_config import BackendConfig, RunSettings, ToolsConfig
 from nanbeige.agent.setup import Ready, SetupError, ready, secrets_of
 from nanbeige.agent.trajectory import Trajectory, redact, usable_secrets
 

@@ -24,7 +24,6 @@ from nanbeige.agent import dialects, replies
 from nanbeige.agent.backends.completion import Completion
 from nanbeige.agent.backends.llm import LLM, ContextOverflow, ModelError, served_by
 from nanbeige.agent.cache import ReplayMiss
-from nanbeige.agent.config import AgentConfig
 from nanbeige.agent.context import (
     History,
     duplicate_note,
@@ -39,6 +38,7 @@ from nanbeige.agent.context import (
 from nanbeige.agent.replies import EXTRA_ATTEMPTS, RESAMPLES
 from nanbeige.agent.restarts import Restarts
 from nanbeige.agent.restore import reopen, resumed, time_left
+from nanbeige.agent.run_config import AgentConfig
 from nanbeige.agent.tokens import TokenTracker
 from nanbeige.agent.trajectory import (
     ToolResult,

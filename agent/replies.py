@@ -11,8 +11,8 @@ from nanbeige.agent.context import degenerate, repeats_query
 from nanbeige.agent.trajectory import Turn
 
 if TYPE_CHECKING:
-    from nanbeige.agent.config import AgentConfig
     from nanbeige.agent.reference.checkout import Reference
+    from nanbeige.agent.run_config import AgentConfig
 
 # The reference (from 2025-12-28) lets a repeated query run once this many replies in a row were dropped.
 DUPLICATE_ROLLBACKS = 4

@@ -25,7 +25,7 @@ from nanbeige.agent.trajectory import Trajectory, Turn
 from nanbeige.agent.usage import run_usage
 
 if TYPE_CHECKING:
-    from nanbeige.agent.config import AgentConfig
+    from nanbeige.agent.run_config import AgentConfig
 
 
 def complete_turns(turns: list[Turn]) -> int:

@@ -37,9 +37,9 @@ from nanbeige.agent.backends.llm import (
 )
 from nanbeige.agent.backends.prompts import search_template
 from nanbeige.agent.cache import CacheError, ToolCache
-from nanbeige.agent.config import BACKENDS, RunSettings, ToolsConfig
 from nanbeige.agent.loop import DEFAULT_MAX_CONTEXT, AgentConfig
 from nanbeige.agent.records import NotATrajectoryFile, check_trajectory_file
+from nanbeige.agent.run_config import BACKENDS, RunSettings, ToolsConfig
 from nanbeige.agent.server_log import ServerLog
 from nanbeige.agent.toolbox import (
     ServerSpec,

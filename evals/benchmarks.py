@@ -11,11 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nanbeige.agent.config import RunSettings
+from nanbeige.agent.run_config import RunSettings
 from nanbeige.evals import code_problems
 from nanbeige.evals.bfcl import GRADER
 from nanbeige.evals.code_problems import CODE_TESTS
-from nanbeige.evals.config import Benchmark, EvalConfig
+from nanbeige.evals.eval_config import Benchmark, EvalConfig
 from nanbeige.evals.tasks import LoadError, Task
 
 

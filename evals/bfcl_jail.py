@@ -29,7 +29,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Callable
 
 from nanbeige.evals import bfcl, files
-from nanbeige.evals.config import EvalError
+from nanbeige.evals.eval_config import EvalError
 from nanbeige.tools.sandbox import SandboxConfig, SandboxError, config_from_env
 
 INSIDE = Path(__file__).with_name("bfcl_inside.py")

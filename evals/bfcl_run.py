@@ -26,10 +26,10 @@ import types
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from nanbeige.agent.config import RunSettings
+from nanbeige.agent.run_config import RunSettings
 from nanbeige.agent.trajectory import Trajectory, Turn
 from nanbeige.evals import bfcl, bfcl_jail
-from nanbeige.evals.config import EvalConfig, EvalError
+from nanbeige.evals.eval_config import EvalConfig, EvalError
 from nanbeige.evals.runner import MANIFEST, REPORT, TRAJECTORIES, Progress, failed_run_errors, prepare_out, run_all
 from nanbeige.tools.sandbox import SandboxError
 

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 
 from nanbeige.evals.code_problems import CODE_TESTS
-from nanbeige.evals.config import EvalConfig, EvalError
+from nanbeige.evals.eval_config import EvalConfig, EvalError
 from nanbeige.evals.judges import JUDGE_ENDPOINT, JudgeUnavailable
 from nanbeige.evals.tasks import Task, Verdict
 

@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from nanbeige.agent import dialects
-from nanbeige.agent.config import RunSettings
+from nanbeige.agent.run_config import RunSettings
 from nanbeige.agent.trajectory import NOT_ENDED_ON_ITS_OWN, Trajectory
-from nanbeige.evals.config import EvalConfig, EvalError
+from nanbeige.evals.eval_config import EvalConfig, EvalError
 from nanbeige.evals.files import append_jsonl, file_sha256, first_link
 from nanbeige.evals.grading import check_grader, grader_for, grader_name, open_code_runner
 from nanbeige.evals.judges import JudgeUnavailable
@@ -348,7 +348,7 @@ async def evaluate(config: EvalConfig, settings: RunSettings, notice: Callable[[
                    progress_view: Callable[[Progress], Any] | None = None, runs: Runs | None = None) -> dict[str, Any]:
     """Run (or resume) the eval and return its report, also written to `report.json`; `runs` runs what is
     pending (default: `run_here`, in this process)."""
-    from nanbeige.evals.report import build_report
+    from nanbeige.evals.scores import build_report
 
     if config.bench.pipeline is not None:
         return await config.bench.pipeline(config, settings, notice, progress_view)

@@ -20,7 +20,7 @@ from fake_openai import FakeOpenAI, Reply, mcp_answer, mcp_call
 from nanbeige.agent import api
 from nanbeige.agent.api import RunSettings, SetupError, ask, ask_many, ask_many_async
 from nanbeige.agent.backends.llm import LLMConfig
-from nanbeige.agent.config import ToolsConfig
+from nanbeige.agent.run_config import ToolsConfig
 from nanbeige.agent.trajectory import load_trajectories
 
 TESTKIT = "testkit=" + shlex.join(TEST_SERVER)

@@ -27,8 +27,8 @@ from fake_openai import FakeOpenAI
 
 from nanbeige.agent.backends.in_process import SMALL_MODEL_GGUF
 from nanbeige.agent.backends.llm import LLMConfig
-from nanbeige.agent.config import BackendConfig, RunSettings, ToolsConfig
 from nanbeige.agent.loop import AgentConfig
+from nanbeige.agent.run_config import BackendConfig, RunSettings, ToolsConfig
 from nanbeige.agent.trajectory import Trajectory, load_trajectories
 from nanbeige.evals.benchmarks import BENCHMARKS
 from nanbeige.evals.code_problems import CODE_TESTS, question_of, read_problems
@@ -37,9 +37,9 @@ from nanbeige.evals.complexity import without_comments
 from nanbeige.evals.runner import visible_texts
 from nanbeige.tools.endpoint import ChatEndpoint
 from nanbeige.trainer.collect import CollectConfig, collect
-from nanbeige.trainer.config import GroupRule
-from nanbeige.trainer.judge import JudgeRunConfig, judge_file
+from nanbeige.trainer.rewards import JudgeRunConfig, judge_file
 from nanbeige.trainer.train import TrainConfig, train
+from nanbeige.trainer.train_config import GroupRule
 
 pytestmark = pytest.mark.slow
 

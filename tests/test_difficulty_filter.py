@@ -21,7 +21,7 @@ from nanbeige.agent.tokens import TokenTracker
 from nanbeige.agent.trajectory import Trajectory, Turn
 from nanbeige.trainer.advantages import keep_k_of_n
 from nanbeige.trainer.batches import GroupRule, counted, describe_band, group_verdict, samples_from
-from nanbeige.trainer.config import TrainConfig
+from nanbeige.trainer.train_config import TrainConfig
 
 STAGE_1 = GroupRule(counts="solved", k_of_n=(1, 5, 8))
 STAGE_2 = GroupRule(counts="complexity", k_of_n=(1, 5, 8))

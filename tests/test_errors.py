@@ -24,7 +24,7 @@ from nanbeige.agent.cluster import ClusterError
 from nanbeige.agent.records import NotATrajectoryFile
 from nanbeige.agent.setup import SetupError
 from nanbeige.agent.toolbox import ToolboxError
-from nanbeige.evals.config import EvalError
+from nanbeige.evals.eval_config import EvalError
 from nanbeige.evals.tasks import LoadError
 from nanbeige.tools.documents import IndexBuildError
 from nanbeige.tools.errors import NanbeigeError
@@ -33,11 +33,11 @@ from nanbeige.trainer.code_rewards import CodeJudgeError
 from nanbeige.trainer.collect import CollectError
 from nanbeige.trainer.critic import CriticUnreachable, MalformedCritique
 from nanbeige.trainer.graph import SynthError
-from nanbeige.trainer.judge import JudgeError
 from nanbeige.trainer.model import TrainError
-from nanbeige.trainer.report import ReportError
+from nanbeige.trainer.rewards import JudgeError
 from nanbeige.trainer.rl_loop import LoopError
 from nanbeige.trainer.sync import SyncError
+from nanbeige.trainer.train_report import ReportError
 
 NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
 

@@ -13,11 +13,11 @@ from bfcl_oracle import official_verdicts, run_official, script_for
 from fake_openai import FakeOpenAI, Reply
 
 from nanbeige.agent.backends.llm import LLMConfig
-from nanbeige.agent.config import AgentConfig, BackendConfig, RunSettings, ToolsConfig
+from nanbeige.agent.run_config import AgentConfig, BackendConfig, RunSettings, ToolsConfig
 from nanbeige.evals import bfcl, bfcl_run
 from nanbeige.evals.benchmarks import BENCHMARKS
-from nanbeige.evals.report import markdown
 from nanbeige.evals.runner import EvalConfig, EvalError, evaluate
+from nanbeige.evals.scores import markdown
 from nanbeige.evals.tasks import LoadError
 
 # Items per category in bfcl-eval 2026.3.23 (BFCL V4), as its generator loads them.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nanbeige.evals.report import build_report, calibration_error, markdown
+from nanbeige.evals.scores import build_report, calibration_error, markdown
 
 
 def row(task: str, run: int, correct: bool | None, confidence: int | None = None, **extra: object) -> dict:

@@ -18,8 +18,8 @@ import pytest
 from fake_openai import FakeOpenAI, Reply
 
 from nanbeige.agent.backends.llm import LLMConfig
-from nanbeige.agent.config import RunSettings, ToolsConfig
 from nanbeige.agent.loop import AgentConfig
+from nanbeige.agent.run_config import RunSettings, ToolsConfig
 from nanbeige.evals.benchmarks import BENCHMARKS
 from nanbeige.evals.judges import JUDGE_ENDPOINT
 from nanbeige.evals.runner import EvalConfig, evaluate, read_results

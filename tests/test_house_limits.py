@@ -27,7 +27,7 @@ FILE_CEILINGS = {
     "tests/test_sandbox.py": 606,
     "tests/test_sandbox_jail.py": 663,
     "tools/sandbox/local.py": 505,
-    "trainer/judge.py": 440,
+    "trainer/rewards.py": 440,
     "trainer/rl_loop.py": 415,
 }
 

@@ -31,7 +31,7 @@ from nanbeige.agent.trajectory import (
 )
 from nanbeige.evals.judges import JUDGE_ENDPOINT
 from nanbeige.trainer.critic import CRITIC_ENDPOINT, MalformedCritique, TurnRule, parse_scores, turn_outcome
-from nanbeige.trainer.judge import JudgeError, JudgeProgress, JudgeRunConfig, judge_file
+from nanbeige.trainer.rewards import JudgeError, JudgeProgress, JudgeRunConfig, judge_file
 
 QUESTION = "What is the capital of France?"
 TOKEN_FIELDS = ("segment", "prompt_keep", "prompt_delta_ids", "prefix_hash", "completion_ids", "logprobs")

@@ -318,7 +318,7 @@ async def test_a_later_checkout_asks_for_the_summary_again_when_it_has_no_boxed_
 
 def test_the_checkouts_sampling_fills_only_what_the_user_left_unset(tmp_path: Path) -> None:
     from nanbeige.agent.backends.llm import LLMConfig
-    from nanbeige.agent.config import RunSettings
+    from nanbeige.agent.run_config import RunSettings
     from nanbeige.agent.setup import with_reference
 
     reference = ref.load(make_reference(tmp_path))

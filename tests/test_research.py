@@ -23,7 +23,7 @@ from fake_site import Site
 from nanbeige.agent.backends.completion import Completion
 from nanbeige.agent.backends.llm import ModelError
 from nanbeige.agent.backends.scripted import ScriptedLLM
-from nanbeige.agent.cli import report
+from nanbeige.agent.cli import research_report as report
 from nanbeige.agent.cli.research import research
 from nanbeige.agent.loop import AgentConfig
 from nanbeige.agent.trajectory import (

@@ -21,9 +21,9 @@ from e2b_code_interpreter import Execution, ExecutionError, Logs, Result
 
 from nanbeige.tools.sandbox import SandboxConfig, SandboxError, Sandboxes, config_from_env
 from nanbeige.tools.sandbox.answers import TRUNCATED, format_command, format_execution, invalid_id
-from nanbeige.tools.sandbox.config import PLACEHOLDER_IDS
 from nanbeige.tools.sandbox.e2b import E2BBackend
 from nanbeige.tools.sandbox.manager import idle_seconds
+from nanbeige.tools.sandbox.sandbox_config import PLACEHOLDER_IDS
 from nanbeige.tools.sandbox.system import processes
 
 

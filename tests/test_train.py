@@ -17,8 +17,8 @@ import pytest
 from tiny_model import make_tiny_model
 
 from nanbeige.agent.backends.llm import LLMConfig
-from nanbeige.agent.config import BackendConfig, RunSettings, ToolsConfig
 from nanbeige.agent.loop import AgentConfig
+from nanbeige.agent.run_config import BackendConfig, RunSettings, ToolsConfig
 from nanbeige.agent.trajectory import TrajectoryWriter, load_trajectories
 from nanbeige.trainer.checkpoints import latest_checkpoint
 from nanbeige.trainer.collect import CollectConfig, collect
@@ -304,7 +304,7 @@ def test_train_report_draws_the_curves_of_a_run_and_of_a_loop(scheduled_run: Pat
                     "throughput.png"]
     assert Image.open(scheduled_run / "report" / "reward.png").size == (700, 400)
     # a loop's iterations are drawn one after another
-    from nanbeige.trainer.report import read_records
+    from nanbeige.trainer.train_report import read_records
 
     for i in (1, 2):
         (tmp_path / f"iter-{i}" / "train").mkdir(parents=True)

@@ -18,15 +18,15 @@ from fake_openai import FakeOpenAI, Reply, mcp_answer
 from tiny_model import make_tiny_model
 
 from nanbeige.agent.backends.llm import LLMConfig
-from nanbeige.agent.config import BackendConfig, RunSettings, ToolsConfig
 from nanbeige.agent.loop import AgentConfig
+from nanbeige.agent.run_config import BackendConfig, RunSettings, ToolsConfig
 from nanbeige.agent.trajectory import load_trajectories
-from nanbeige.trainer.config import GroupRule
 from nanbeige.trainer.critic import CRITIC_ENDPOINT
-from nanbeige.trainer.judge import JudgeRunConfig
+from nanbeige.trainer.rewards import JudgeRunConfig
 from nanbeige.trainer.rl_loop import LoopConfig, LoopError, run_loop
 from nanbeige.trainer.sync import SyncError, load_adapter
 from nanbeige.trainer.train import TrainConfig
+from nanbeige.trainer.train_config import GroupRule
 
 QUESTIONS = ('{"id": "a", "question": "What is 2+2?", "answer": "4"}\n'
              '{"id": "b", "question": "Name a colour.", "answer": "red"}\n')

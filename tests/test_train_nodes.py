@@ -84,8 +84,8 @@ def test_the_loop_refuses_to_run_under_torchrun(tmp_path: Path, monkeypatch: pyt
     """Every process torchrun starts would collect, judge and sync the whole loop: one line, before anything."""
     import asyncio
 
-    from nanbeige.agent.config import RunSettings
-    from nanbeige.trainer.judge import JudgeRunConfig
+    from nanbeige.agent.run_config import RunSettings
+    from nanbeige.trainer.rewards import JudgeRunConfig
     from nanbeige.trainer.rl_loop import LoopConfig, LoopError, run_loop
     from nanbeige.trainer.train import TrainConfig
 

@@ -17,7 +17,7 @@ from test_sandbox import FakeE2BSandbox, make_config
 
 from nanbeige.agent.trajectory import ToolCall, ToolResult, Trajectory, Turn, load_trajectories
 from nanbeige.agent.usage import over_budget, parse_budgets, run_usage, usage_text
-from nanbeige.evals.report import build_report, markdown
+from nanbeige.evals.scores import build_report, markdown
 from nanbeige.tools import usage
 from nanbeige.tools.sandbox import Sandboxes
 from nanbeige.tools.sandbox.e2b import E2BBackend

@@ -22,7 +22,7 @@ from nanbeige.agent.tokens import TrainingRow, training_rows
 from nanbeige.agent.trajectory import NOT_ENDED_ON_ITS_OWN, Trajectory, Turn
 from nanbeige.evals.code_problems import CODE_TESTS
 from nanbeige.trainer.advantages import group_advantages, keep_group, keep_k_of_n
-from nanbeige.trainer.config import COUNTS, TRUNCATED, GroupRule, rule_problem
+from nanbeige.trainer.train_config import COUNTS, TRUNCATED, GroupRule, rule_problem
 
 OBJECTIVES = ("grpo", "sft")
 

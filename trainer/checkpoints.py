@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from nanbeige.trainer.config import TrainConfig
     from nanbeige.trainer.model import World
+    from nanbeige.trainer.train_config import TrainConfig
 
 COMPLETE = "checkpoint-complete.json"
 """Written last, once every rank's trainer state is in place: a folder without it was cut short."""

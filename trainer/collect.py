@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nanbeige.agent.config import RunSettings
+from nanbeige.agent.run_config import RunSettings
 from nanbeige.agent.trajectory import NOT_ENDED_ON_ITS_OWN, load_trajectories
 from nanbeige.evals.code_problems import CODE_TESTS
 from nanbeige.evals.files import read_csv, read_jsonl

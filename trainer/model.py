@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from nanbeige.tools.errors import NanbeigeError
 
 if TYPE_CHECKING:
-    from nanbeige.trainer.config import TrainConfig
+    from nanbeige.trainer.train_config import TrainConfig
 
 
 class TrainError(NanbeigeError):

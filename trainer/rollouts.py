@@ -16,13 +16,13 @@ from nanbeige.agent.trajectory import load_trajectories
 from nanbeige.trainer.model import TrainError
 
 if TYPE_CHECKING:
-    from nanbeige.trainer.config import TrainConfig
+    from nanbeige.trainer.train_config import TrainConfig
 
 
 def read_samples(config: TrainConfig) -> tuple[list[Any], dict[str, Any], float]:
     """The training rows of every file, the data summary, and the sampling temperature they share."""
     from nanbeige.trainer.batches import samples_from
-    from nanbeige.trainer.config import rule_problem
+    from nanbeige.trainer.train_config import rule_problem
 
     problem = rule_problem(config.groups)
     if problem is not None:  # before the files: samples_from's ValueError would read as a bad token record

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from nanbeige.trainer.model import TrainError, World, all_max, compute_precision
 
 if TYPE_CHECKING:
-    from nanbeige.trainer.config import TrainConfig
+    from nanbeige.trainer.train_config import TrainConfig
 
 FILE = "start-logprobs.pt"
 

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from nanbeige.trainer.checkpoints import drop_metrics_after, latest_checkpoint, save_checkpoint
-from nanbeige.trainer.config import TrainConfig
 from nanbeige.trainer.metrics import MetricsLog
 from nanbeige.trainer.model import (
     TrainError,
@@ -40,6 +39,7 @@ from nanbeige.trainer.model import (
 )
 from nanbeige.trainer.rollouts import plan_steps, read_samples
 from nanbeige.trainer.start_policy import start_policy
+from nanbeige.trainer.train_config import TrainConfig
 
 
 @dataclass

@@ -17,7 +17,7 @@ from nanbeige.agent.cli.console import out as print_line
 from nanbeige.agent.cli.help_screen import ShortHelpCommand
 from nanbeige.agent.cli.rl_commands import RayAddress
 from nanbeige.agent.cli.serve import ServeConfig
-from nanbeige.agent.config import RunSettings
+from nanbeige.agent.run_config import RunSettings
 
 
 def serve(
@@ -304,8 +304,8 @@ def run_eval(config: Any, settings: Any) -> None:
     """Run the eval with a progress display on stderr; print the report on stdout."""
     from nanbeige.agent.cli.running import notice, resumable, run_command
     from nanbeige.agent.cli.view import RunsView
-    from nanbeige.evals.report import markdown
     from nanbeige.evals.runner import EvalError, evaluate
+    from nanbeige.evals.scores import markdown
 
     err.print(f"[dim]eval {config.bench.name}: results in {escape(str(config.out))}[/]", highlight=False)
 
@@ -329,8 +329,8 @@ def eval_report(folder: Path | None) -> None:
     import json
 
     from nanbeige.agent.cli.running import notice
-    from nanbeige.evals.report import build_report, markdown
     from nanbeige.evals.runner import MANIFEST, REPORT, read_manifest, read_results
+    from nanbeige.evals.scores import build_report, markdown
 
     if folder is None:
         fail("`nanbeige eval report` needs the eval's out folder", 2)

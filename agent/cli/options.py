@@ -15,7 +15,7 @@ import typer
 
 from nanbeige.agent.backends.llm import LLMConfig
 from nanbeige.agent.cli.console import fail
-from nanbeige.agent.config import AgentConfig, BackendConfig, RunSettings, ToolsConfig
+from nanbeige.agent.run_config import AgentConfig, BackendConfig, RunSettings, ToolsConfig
 from nanbeige.tools.endpoint import OPENAI_BASE_URL, ChatEndpoint
 
 ADVANCED = "Advanced"

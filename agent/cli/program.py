@@ -30,7 +30,7 @@ from nanbeige.agent.cli import options as o
 from nanbeige.agent.cli.console import SafeConsole, err, fail, hide, out, out_json, shown
 from nanbeige.agent.cli.help_screen import ShortHelpCommand
 from nanbeige.agent.cli.running import Program, interrupted, notice, question_text, run_command, said
-from nanbeige.agent.config import BackendConfig, RunSettings
+from nanbeige.agent.run_config import BackendConfig, RunSettings
 
 if TYPE_CHECKING:  # imported lazily at run time so `--help` stays fast
     from nanbeige.agent.trajectory import Trajectory

@@ -45,9 +45,9 @@ from nanbeige.agent import dialects
 from nanbeige.agent.backends.llm import LLM, ModelError
 from nanbeige.agent.cli import options as o
 from nanbeige.agent.cli.console import counted, err, fail, hide, out, visible
-from nanbeige.agent.config import RunSettings
 from nanbeige.agent.context import estimate_tokens
 from nanbeige.agent.loop import DEFAULT_MAX_CONTEXT, AgentConfig, Event, run
+from nanbeige.agent.run_config import RunSettings
 from nanbeige.agent.trajectory import Trajectory, TrajectoryWriter, Turn, end_record, load_trajectories
 from nanbeige.agent.usage import total
 
@@ -325,7 +325,7 @@ def check_report_path(path: Path, trajectory: Path | None) -> None:
 
 def write_report(path: Path, result: Research, trajectory_file: Path, open_it: bool) -> None:
     """Write the report (HTML for a .html path, else markdown), and open it in a browser when asked."""
-    from nanbeige.agent.cli import report
+    from nanbeige.agent.cli import research_report as report
 
     # the attempts as written: the run let go of tool results the model no longer saw, the file has them all
     ids = {t.id for t in result.attempts}

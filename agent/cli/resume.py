@@ -17,9 +17,9 @@ from typing import Any
 
 from nanbeige.agent.backends.in_process import as_typed
 from nanbeige.agent.backends.llm import LLMConfig
-from nanbeige.agent.config import AgentConfig, BackendConfig, RunSettings, ToolsConfig
 from nanbeige.agent.records import NotATrajectoryFile, check_trajectory_file, fields_problem, record_line
 from nanbeige.agent.restore import complete_turns
+from nanbeige.agent.run_config import AgentConfig, BackendConfig, RunSettings, ToolsConfig
 from nanbeige.agent.setup import SetupError
 from nanbeige.agent.tokens import last_prompt
 from nanbeige.agent.trajectory import RESUMABLE, Trajectory, load_trajectories

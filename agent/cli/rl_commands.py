@@ -15,7 +15,7 @@ from rich.markup import escape
 from nanbeige.agent.backends.llm import LLMConfig
 from nanbeige.agent.cli import options as o
 from nanbeige.agent.cli.console import counted, err, fail, hide
-from nanbeige.agent.config import RunSettings
+from nanbeige.agent.run_config import RunSettings
 
 RayAddress = Annotated[str | None, typer.Option(
     "--ray", metavar="auto|HOST:PORT", show_default=False, rich_help_panel="Cluster", callback=o.ray_address,
@@ -162,7 +162,7 @@ JUDGE_OPTIONS: dict[str, tuple[Any, Any]] = {
 def judge(src: Annotated[Path, typer.Argument(help="Trajectory JSONL to judge (from `nanbeige collect`).")], *,
           flags: dict[str, Any]) -> None:
     """Add outcome rewards and turn-level critic scores, rewards and masks to trajectories; tokens untouched."""
-    from nanbeige.trainer.judge import judging_secrets
+    from nanbeige.trainer.rewards import judging_secrets
 
     config = judge_config(flags)
     hide(judging_secrets(config))
@@ -173,7 +173,7 @@ def judge_config(flags: dict[str, Any]) -> Any:
     """The judging the flags describe."""
     from nanbeige.evals.code_tests import CodeRewards
     from nanbeige.trainer.critic import TurnRule
-    from nanbeige.trainer.judge import JudgeRunConfig
+    from nanbeige.trainer.rewards import JudgeRunConfig
 
     # Each endpoint keeps its own defaults for what is not given.
     calls = {name: flags[flag] for name, flag in (("timeout_s", "request_timeout"), ("retries", "retries"))
@@ -196,7 +196,7 @@ def judge_config(flags: dict[str, Any]) -> Any:
 def run_judge(src: Path, out: Path, config: Any) -> None:
     from nanbeige.agent.cli.running import notice, resumable, run_command
     from nanbeige.agent.cli.view import LiveLine
-    from nanbeige.trainer.judge import JudgeError, JudgeProgress, check, judge_file
+    from nanbeige.trainer.rewards import JudgeError, JudgeProgress, check, judge_file
 
     progress = JudgeProgress()
 
@@ -210,7 +210,7 @@ def run_judge(src: Path, out: Path, config: Any) -> None:
 
     judge_all = None
     if config.ray is not None:  # Ray is loaded only then
-        from nanbeige.trainer.judge_sharded import judge_on_ray as judge_all
+        from nanbeige.trainer.rewards_sharded import judge_on_ray as judge_all
 
     async def main() -> dict[str, Any]:
         view = LiveLine(err, line)

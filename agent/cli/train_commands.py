@@ -17,9 +17,9 @@ from nanbeige.agent.cli import options as o
 from nanbeige.agent.cli.console import err, fail, hide
 from nanbeige.agent.cli.help_screen import ShortHelpGroup
 from nanbeige.agent.cli.train_options import LOOP_COMMAND, SERVER, TRAIN
-from nanbeige.agent.config import AgentConfig, ToolsConfig
-from nanbeige.trainer.config import COUNTS, GroupRule, parse_keep
+from nanbeige.agent.run_config import AgentConfig, ToolsConfig
 from nanbeige.trainer.train import TrainConfig
+from nanbeige.trainer.train_config import COUNTS, GroupRule, parse_keep
 
 train_app = typer.Typer(invoke_without_command=True, cls=ShortHelpGroup, help=(
     "Train the model on judged trajectories: GRPO with turn-level advantages, or SFT; --loop N alternates "
@@ -120,7 +120,7 @@ def start_loop(iterations: int, flags: dict[str, Any], config: TrainConfig, spel
 
 def judging(flags: dict[str, Any]) -> Any:
     """How the loop judges: by the turn critic (unless --no-critic) and, with --problems, by the tests."""
-    from nanbeige.trainer.judge import JudgeRunConfig
+    from nanbeige.trainer.rewards import JudgeRunConfig
 
     no_critic = flags["no_critic"]
     critic = None if no_critic else o.critic_endpoint(flags["critic_base_url"], flags["critic_model"],
@@ -186,7 +186,7 @@ def train_report(
 ) -> None:
     """Draw a run's curves as PNG plots: reward and pass rate, loss, entropy, rollout length, clip fraction,
     drift, tokens/s, learning rate."""
-    from nanbeige.trainer.report import draw
+    from nanbeige.trainer.train_report import draw
 
     if not run.is_dir():
         fail(f"{run}: no such folder", 2)
@@ -214,7 +214,7 @@ def run_train_loop(iterations: int, questions: Path, group_size: int, sync: str,
                    train_config: Any, loop_options: dict[str, Any]) -> None:
     from nanbeige.agent.cli.running import notice, run_command
     from nanbeige.agent.setup import secrets_of
-    from nanbeige.trainer.judge import judging_secrets
+    from nanbeige.trainer.rewards import judging_secrets
     from nanbeige.trainer.rl_loop import LoopConfig, run_loop
 
     hide(secrets_of(settings) + judging_secrets(judge_config))

@@ -26,7 +26,7 @@ from pathlib import Path
 from nanbeige.agent.trajectory import Trajectory, TrajectoryWriter, Turn, load_trajectories
 from nanbeige.evals.code_problems import CodeProblem, humaneval_problems
 from nanbeige.evals.code_tests import CodeRunner, grade_program
-from nanbeige.trainer.judge import JudgeRunConfig, judge_file
+from nanbeige.trainer.rewards import JudgeRunConfig, judge_file
 
 
 def rollouts_file(folder: Path, count: int) -> tuple[Path, Path]:

@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for fake
 from fake_openai import FakeOpenAI, mcp_answer, mcp_call
 
 from nanbeige.agent.backends.llm import LLMConfig
-from nanbeige.agent.config import BackendConfig, RunSettings, ToolsConfig
 from nanbeige.agent.loop import AgentConfig
+from nanbeige.agent.run_config import BackendConfig, RunSettings, ToolsConfig
 from nanbeige.agent.trajectory import load_trajectories
 from nanbeige.trainer.collect import CollectConfig, collect
 

@@ -7,7 +7,7 @@ then the local backend's pieces (`system`, `seccomp`, `jail`, `budget`, `channel
 apart: a script run inside each local sandbox, importing nothing of the package.
 """
 
-from nanbeige.tools.sandbox.config import ERROR_DETAIL_CHARS, SandboxConfig, SandboxError, config_from_env
 from nanbeige.tools.sandbox.manager import Sandboxes
+from nanbeige.tools.sandbox.sandbox_config import ERROR_DETAIL_CHARS, SandboxConfig, SandboxError, config_from_env
 
 __all__ = ["ERROR_DETAIL_CHARS", "SandboxConfig", "SandboxError", "Sandboxes", "config_from_env"]

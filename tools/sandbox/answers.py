@@ -3,7 +3,7 @@ exceptions): what the model saw during training. Both backends answer in them.""
 
 from __future__ import annotations
 
-from nanbeige.tools.sandbox.config import ERROR_DETAIL_CHARS
+from nanbeige.tools.sandbox.sandbox_config import ERROR_DETAIL_CHARS
 
 TRUNCATED = " [Result truncated due to length limit]"
 

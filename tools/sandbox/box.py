@@ -22,9 +22,9 @@ from pathlib import Path
 
 from nanbeige.tools.sandbox.budget import Cgroup, make_cgroup, make_disk, place_lock, unmount
 from nanbeige.tools.sandbox.channel import Channel
-from nanbeige.tools.sandbox.config import MB, SANDBOX_HOME, SandboxConfig, SandboxError
 from nanbeige.tools.sandbox.jail import JAIL_WORKER, account_files, jail_args
 from nanbeige.tools.sandbox.probe import Isolation
+from nanbeige.tools.sandbox.sandbox_config import MB, SANDBOX_HOME, SandboxConfig, SandboxError
 from nanbeige.tools.sandbox.seccomp import filter_fd
 from nanbeige.tools.sandbox.system import (
     Proc,

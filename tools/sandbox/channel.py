@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from nanbeige.tools.sandbox.config import MB
+from nanbeige.tools.sandbox.sandbox_config import MB
 
 log = logging.getLogger(__name__)
 

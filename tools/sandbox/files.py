@@ -9,7 +9,7 @@ import stat
 from contextlib import suppress
 from pathlib import Path, PurePosixPath
 
-from nanbeige.tools.sandbox.config import MB, SANDBOX_HOME, SandboxError
+from nanbeige.tools.sandbox.sandbox_config import MB, SANDBOX_HOME, SandboxError
 
 
 def inside(path: Path, folder: Path) -> bool:

@@ -51,9 +51,9 @@ from nanbeige.tools.sandbox.box import (
 )
 from nanbeige.tools.sandbox.budget import can_make_disks, cgroup_parents, folder_bytes, rss_bytes, sweep, sweep_cgroups
 from nanbeige.tools.sandbox.channel import Channel, ChannelError, check_cell_reply, cpu_time, exchange, read_line
-from nanbeige.tools.sandbox.config import MB, SandboxConfig, SandboxError
 from nanbeige.tools.sandbox.files import host_path, read_file, write_file
 from nanbeige.tools.sandbox.probe import Isolation, probe_isolation, unjailed_notice
+from nanbeige.tools.sandbox.sandbox_config import MB, SandboxConfig, SandboxError
 from nanbeige.tools.sandbox.system import (
     become_subreaper,
     collect,

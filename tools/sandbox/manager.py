@@ -21,9 +21,9 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from nanbeige.tools.sandbox.answers import invalid_id, placeholder_answer, truncate
-from nanbeige.tools.sandbox.config import MB, SANDBOX_HOME, SandboxConfig, SandboxError
 from nanbeige.tools.sandbox.e2b import E2BBackend
 from nanbeige.tools.sandbox.local import LocalBackend
+from nanbeige.tools.sandbox.sandbox_config import MB, SANDBOX_HOME, SandboxConfig, SandboxError
 from nanbeige.tools.sandbox.transfer import allowed_local_file, fetch_url, write_local_file
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from nanbeige.tools.sandbox.config import SandboxError
 from nanbeige.tools.sandbox.jail import (
     JAIL_WORKER,
     Jail,
@@ -30,6 +29,7 @@ from nanbeige.tools.sandbox.jail import (
     jail_args,
     namespace_args,
 )
+from nanbeige.tools.sandbox.sandbox_config import SandboxError
 from nanbeige.tools.sandbox.seccomp import filter_fd, supported
 from nanbeige.tools.sandbox.system import allocate_uid, minimal_env, release_uid, remove_tree, setpriv_args
 

@@ -13,8 +13,8 @@ import anyio
 import httpx
 
 from nanbeige.tools.fetch import BlockedAddress, FetchError, FetchPolicy, GuardedTransport, check_url
-from nanbeige.tools.sandbox.config import MB, SandboxConfig, SandboxError
 from nanbeige.tools.sandbox.files import inside
+from nanbeige.tools.sandbox.sandbox_config import MB, SandboxConfig, SandboxError
 
 
 def allowed_local_file(path: str, allowed: list[Path]) -> Path:

@@ -87,7 +87,7 @@ class JudgeRunConfig:
     """Compute the outcome reward alone; turns are left as they are."""
     ray: str | None = None
     """Judge in shards on a Ray cluster (`auto`, or the head's HOST:PORT): a shard per node, each with its own
-    clients (and sandbox) and `concurrency` trajectories at once (`judge_sharded.judge_on_ray`, which
+    clients (and sandbox) and `concurrency` trajectories at once (`rewards_sharded.judge_on_ray`, which
     `nanbeige judge --ray` passes to `judge_file`); None: in this process."""
 
 

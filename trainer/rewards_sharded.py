@@ -17,7 +17,7 @@ import httpx
 from nanbeige.agent import cluster
 from nanbeige.agent.trajectory import Trajectory, TrajectoryWriter
 from nanbeige.trainer.code_rewards import CodeJudgeError, open_code_judging
-from nanbeige.trainer.judge import (
+from nanbeige.trainer.rewards import (
     CODE_TESTS,
     CriticWatch,
     JudgeError,
