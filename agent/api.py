@@ -177,7 +177,7 @@ def command_settings() -> RunSettings:
         params = command.make_context("ask", [], default_map=defaults).params
         # a repeatable flag's values come as a tuple; the command itself is handed a list
         params = {name: list(value) if isinstance(value, tuple) else value for name, value in params.items()}
-        return options.run_settings(**options.shared(params))
+        return options.run_settings(params)
     except settings_file.SettingsError as exc:
         raise SetupError(str(exc), usage=True) from None
     except typer.BadParameter as exc:

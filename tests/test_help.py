@@ -122,12 +122,13 @@ def test_collect_shows_its_own_sampling_defaults_the_ones_it_runs_with() -> None
     top_p, penalty = row(page, "--top-p"), row(page, "--repetition-penalty")
     assert "default: 1.0 (off)" in top_p and "0.95" not in top_p
     assert "default: 1.0 (off)" in penalty and "1.05" not in penalty
-    settings = run_settings(**{name: None for name in ("base_url", "api_key", "max_turns", "max_context",
-                                                       "temperature", "top_p", "repetition_penalty", "mcp", "timeout",
-                                                       "gguf_file", "chat_template", "summary_turn", "rollback",
-                                                       "system_prompt_file")},
-                            backend="auto", model="m", dialect="mcp-xml", keep_tool_results=5, max_tokens=100,
-                            no_default_servers=True, tool_timeout=60, max_result_chars=1000, token_mode=False)
+    settings = run_settings({name: None for name in ("base_url", "api_key", "max_turns", "max_context",
+                                                     "temperature", "top_p", "repetition_penalty", "mcp", "timeout",
+                                                     "gguf_file", "chat_template", "summary_turn", "rollback",
+                                                     "system_prompt_file")}
+                            | {"backend": "auto", "model": "m", "dialect": "mcp-xml", "keep_tool_results": 5,
+                               "max_tokens": 100, "no_default_servers": True, "tool_timeout": 60,
+                               "max_result_chars": 1000, "token_mode": False})
     sampled = on_policy(settings, lambda _: None).llm
     assert (sampled.top_p, sampled.repetition_penalty) == (1.0, 1.0)
     # ask answers questions with the dialect's settings, and says so

@@ -101,7 +101,7 @@ async def full_run(replies: list[Any], path: Path, **config: Any) -> tuple[Any, 
 
 async def resume_in_process(path: Path, replies: list[Any]) -> tuple[Any, ScriptedLLM]:
     trajectory = pick(path, None)
-    config = settings_for(trajectory, path, None, "auto", None, None, False, None, False, None).agent
+    config = settings_for(trajectory, path).agent
     llm = ScriptedLLM(replies)
     writer = TrajectoryWriter(path)
     async with toolbox() as tools:
@@ -227,7 +227,7 @@ async def token_mode_run(tokenizer: Any, replies: list[Any], path: Path, resume_
         config = AgentConfig(keep_tool_results=2, max_context=10**6, date="2026-11-21", release_results=False)
         llm_config = LLMConfig()
         if resume_from is not None:
-            settings = settings_for(resume_from, path, server.base_url, "openai", None, None, False, None, True, None)
+            settings = settings_for(resume_from, path, base_url=[server.base_url], backend="openai", token_mode=True)
             config, llm_config = settings.agent, settings.llm
         # a new client, as a new process has: nothing of the first run's prompt state is in it
         llm = TokenModeChat(dataclasses.replace(llm_config, base_url=server.base_url, model="tiny"), tokenizer)

@@ -77,13 +77,13 @@ def test_a_cut_short_small_model_run_is_resumed_with_no_flag_and_named_as_typed(
 def test_a_run_that_recorded_the_small_model_s_folder_is_resumed_as_the_small_model(tmp_path: Path) -> None:
     """Runs made before the name was kept recorded the package's folder (and no GGUF file name)."""
     recorded = Trajectory(question="q", model=str(smollm2_folder()), dialect="tool-call")
-    settings = settings_for(recorded, tmp_path / "run.jsonl", None, "auto", None, None, False, None, False, None)
+    settings = settings_for(recorded, tmp_path / "run.jsonl")
     assert settings.llm.model == "smollm2"
 
 
 def test_a_recorded_folder_that_is_not_the_package_s_is_kept_as_it_is(tmp_path: Path) -> None:
     recorded = Trajectory(question="q", model=str(tmp_path), dialect="tool-call")
-    settings = settings_for(recorded, tmp_path / "run.jsonl", None, "auto", None, None, False, None, False, None)
+    settings = settings_for(recorded, tmp_path / "run.jsonl")
     assert settings.llm.model == str(tmp_path)
 
 

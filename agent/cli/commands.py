@@ -12,68 +12,36 @@ from rich.console import Console
 from rich.markup import escape
 
 from nanbeige.agent.cli import options as o
+from nanbeige.agent.cli.command_options import EVAL, SERVE
 from nanbeige.agent.cli.console import err, fail, hide
 from nanbeige.agent.cli.console import out as print_line
 from nanbeige.agent.cli.help_screen import ShortHelpCommand
-from nanbeige.agent.cli.rl_commands import RayAddress
 from nanbeige.agent.cli.serve import ServeConfig
 from nanbeige.agent.run_config import RunSettings
 
 
-def serve(
-    ctx: typer.Context,
-    model: Annotated[str, typer.Option(help="Model id or folder.")] = ServeConfig.model,
-    host: Annotated[str, typer.Option(help="Address to listen on; off loopback it needs --api-key or --no-api-key.")
-                    ] = ServeConfig.host,
-    port: Annotated[int, typer.Option(min=1, max=65535)] = ServeConfig.port,
-    api_key: Annotated[str | None, typer.Option(envvar="NANBEIGE_API_KEY", show_default=False,
-                                                help="The key clients must send.")] = None,
-    no_api_key: Annotated[bool, typer.Option("--no-api-key", help="Serve off loopback without a key.")] = False,
-    dialect: Annotated[str, typer.Option(help="mcp-xml (no tool parser) or tool-call (vLLM parses tool calls).")
-                       ] = ServeConfig.dialect,
-    served_model_name: Annotated[str | None, typer.Option(help="Name clients send as --model (default: --model).",
-                                                          show_default=False)] = None,
-    max_model_len: Annotated[int, typer.Option(min=1024, help=(
-        "Context length in tokens (KV cache: 64 KiB a token, 16 GiB for one full 262144-token sequence)."))
-    ] = ServeConfig.max_model_len,
-    gpu_memory_utilization: Annotated[float | None, typer.Option(min=0.05, max=1.0, show_default=False, help=(
-        "Share of GPU memory for weights and KV cache (default 0.92); with the CPU build, a share of the "
-        "machine's memory (default 0.4)."))] = None,
-    data_parallel_size: Annotated[int, typer.Option("--data-parallel-size", "-dp", min=1)
-                                  ] = ServeConfig.data_parallel_size,
-    chat_template: Annotated[Path | None, typer.Option(help="Chat template: a .jinja file, or a tokenizer config "
-                                                            "JSON whose chat_template is used.",
-                                                       show_default=False)] = None,
-    tool_call_parser: Annotated[str, typer.Option(help="vLLM's tool parser, for --dialect tool-call.")
-                                ] = ServeConfig.tool_call_parser,
-    reasoning_parser: Annotated[str, typer.Option(help=(
-        "vLLM's reasoning parser for --dialect tool-call, or none (a model without <think> tokens needs none)."))
-    ] = ServeConfig.reasoning_parser or "none",
-    rl_logprobs: Annotated[bool, typer.Option(help="Report processed logprobs, for RL rollouts.")] = False,
-    no_prefix_caching: Annotated[bool, typer.Option(help="Turn prefix caching off.")] = False,
-    weight_sync: Annotated[bool, typer.Option(help="Accept full-weight updates from `train --loop --sync weights` "
-                                                   "(vLLM's dev endpoints, which take no API key).")] = False,
-) -> None:
+@o.with_options(SERVE)
+def serve(ctx: typer.Context, *, flags: dict[str, Any]) -> None:
     """Start vLLM's OpenAI-compatible server for the model and wait until it answers. Arguments after `--`
     go to vLLM unchanged."""
     from nanbeige.agent.cli.exposure import exposure_problem
     from nanbeige.agent.cli.serve import ON_CPU, check_vllm_available, cpu_build, gpu_visible
     from nanbeige.agent.cli.serve import serve as serve_vllm
 
-    problem = exposure_problem(host, weight_sync=weight_sync, api_key=api_key, no_api_key=no_api_key,
+    api_key, no_api_key, weight_sync = flags["api_key"], flags["no_api_key"], flags["weight_sync"]
+    problem = exposure_problem(flags["host"], weight_sync=weight_sync, api_key=api_key, no_api_key=no_api_key,
                                extra_args=list(ctx.args))
     if problem:
         fail(problem, 2)
     on_cpu = not gpu_visible() and cpu_build()
     hide([api_key] if api_key else [])
-    config = ServeConfig(model=model, on_cpu=on_cpu, served_model_name=served_model_name, host=host, port=port,
-                         api_key=api_key, no_api_key=no_api_key,
-                         dialect=dialect, max_model_len=max_model_len,
-                         gpu_memory_utilization=gpu_memory_utilization, data_parallel_size=data_parallel_size,
-                         chat_template=chat_template, rl_logprobs=rl_logprobs, tool_call_parser=tool_call_parser,
+    same = ("model", "served_model_name", "host", "port", "api_key", "no_api_key", "dialect", "max_model_len",
+            "gpu_memory_utilization", "data_parallel_size", "chat_template", "rl_logprobs", "tool_call_parser",
+            "weight_sync")
+    reasoning_parser = flags["reasoning_parser"]
+    config = ServeConfig(on_cpu=on_cpu, **{name: flags[name] for name in same},
                          reasoning_parser=None if reasoning_parser.lower() == "none" else reasoning_parser,
-                         enable_prefix_caching=not no_prefix_caching, weight_sync=weight_sync,
-                         extra_args=list(ctx.args))
+                         enable_prefix_caching=not flags["no_prefix_caching"], extra_args=list(ctx.args))
     problem = check_vllm_available(config)
     if problem:
         fail(problem)
@@ -198,38 +166,14 @@ def index_search(
 # ---------------------------------------------------------------- nanbeige eval
 
 
-# eval's own default temperature: BFCL runs at its official generator's unless one is given (`settings_for_bfcl`)
-EvalTemperature = Annotated[float | None, typer.Option(min=0.0, show_default=False, help=(
-    "Sampling temperature \\[default: 1.0 for mcp-xml, 0.6 for tool-call; 0.001 for bfcl and its parts, "
-    "as BFCL's own generator]."))]
-
-
-@o.with_run_options(leave_out=("tokenizer",))
+@o.with_run_options(EVAL, leave_out=("tokenizer",))
 def evaluate(
     bench: Annotated[str, typer.Argument(help="The benchmark (see the list below), or `report` to re-render the "
                                               "report of the eval in FOLDER.")],
     folder: Annotated[Path | None, typer.Argument(help="With `report`: the eval's out folder.",
                                                   show_default=False)] = None,
-    data: Annotated[Path | None, typer.Option(help="The benchmark's official file (or folder).",
-                                              show_default=False)] = None,
-    k: Annotated[int, typer.Option("-k", min=1, help="Runs per task (avg@k, pass@k).")] = 3,
-    concurrency: Annotated[int, typer.Option(min=1, help="Runs at once.")] = 4,
-    limit: Annotated[int | None, typer.Option(min=1, help="Only the first N tasks.", show_default=False)] = None,
-    out_dir: Annotated[Path | None, typer.Option("--out", help="Out folder; an existing one of the same eval is "
-                                                               "resumed. Default: runs/eval-BENCH-<time>.",
-                                                 show_default=False)] = None,
-    grader: Annotated[str | None, typer.Option(help="reference (the reference harness's evaluator, which produced "
-                                                    "the paper's numbers), official (the benchmark authors' grader), "
-                                                    "official-fixed (the same with a known bug fixed), or a grader's "
-                                                    "full name \\[default: reference].",
-                                               show_default=False)] = None,
-    judge_base_url: o.JudgeBaseUrl = None,
-    judge_model: o.JudgeModel = None,
-    judge_api_key: o.JudgeApiKey = None,
-    judge_template: o.JudgeTemplate = None,
-    ray: RayAddress = None,
-    temperature: EvalTemperature = None,  # read through `settings`
     *,
+    flags: dict[str, Any],
     settings: RunSettings,
 ) -> None:
     """Score the agent on a benchmark from its official files: every task k times, graded, resumable."""
@@ -241,13 +185,12 @@ def evaluate(
         fail(f"unknown benchmark {bench!r}; known: {', '.join(BENCHMARKS)}", 2)
     if folder is not None:
         fail(f"unexpected argument {str(folder)!r}: the benchmark's file goes in --data", 2)
-    if ray is not None and BENCHMARKS[bench].pipeline is not None:
+    if flags["ray"] is not None and BENCHMARKS[bench].pipeline is not None:
         fail(f"{bench} runs through its own pipeline, not the agent loop: --ray is for the other benchmarks", 2)
-    config = replace(eval_config(BENCHMARKS[bench], data, k, concurrency, limit, out_dir, grader, judge_base_url,
-                                 judge_model, judge_api_key, judge_template), ray=ray)
+    config = replace(eval_config(BENCHMARKS[bench], flags), ray=flags["ray"])
     from nanbeige.agent.setup import secrets_of
 
-    hide(secrets_of(settings) + ([judge_api_key] if judge_api_key else []))
+    hide(secrets_of(settings) + ([flags["judge_api_key"]] if flags["judge_api_key"] else []))
     run_eval(config, settings)
 
 
@@ -279,15 +222,14 @@ def benchmark_list() -> str:
             f"its data: {bfcl}.")
 
 
-def eval_config(bench: Any, data: Path | None, k: int, concurrency: int, limit: int | None, out_dir: Path | None,
-                grader: str | None, judge_base_url: str | None, judge_model: str | None, judge_api_key: str | None,
-                judge_template: Path | None) -> Any:
+def eval_config(bench: Any, flags: dict[str, Any]) -> Any:
     """The eval's config from its flags (the out folder defaults to a new one under runs/)."""
     import datetime
     import os
 
     from nanbeige.evals.runner import EvalConfig
 
+    data, out_dir = flags["data"], flags["out_dir"]
     if bench.needs_data and data is None:
         fail(f"--data is required: the path of {bench.about}", 2)
     if data is not None and not data.exists():
@@ -295,9 +237,10 @@ def eval_config(bench: Any, data: Path | None, k: int, concurrency: int, limit: 
     if out_dir is None:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         out_dir = Path(os.environ.get("NANBEIGE_RUNS_DIR", "runs")) / f"eval-{bench.name}-{stamp}"
-    judge = o.judge_endpoint(judge_base_url, judge_model, judge_api_key, judge_template)
-    return EvalConfig(bench=bench, data=data, out=out_dir, k=k, concurrency=concurrency, limit=limit, grader=grader,
-                      judge=judge)
+    judge = o.judge_endpoint(flags["judge_base_url"], flags["judge_model"], flags["judge_api_key"],
+                             flags["judge_template"])
+    return EvalConfig(bench=bench, data=data, out=out_dir, k=flags["k"], concurrency=flags["concurrency"],
+                      limit=flags["limit"], grader=flags["grader"], judge=judge)
 
 
 def run_eval(config: Any, settings: Any) -> None:

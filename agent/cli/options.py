@@ -6,7 +6,7 @@ from __future__ import annotations
 import enum
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
@@ -111,10 +111,19 @@ def ray_address(value: str | None) -> str | None:
     return value
 
 
+RayAddress = Annotated[str | None, typer.Option(
+    "--ray", metavar="auto|HOST:PORT", show_default=False, rich_help_panel="Cluster", callback=ray_address,
+    help="Run in shards on a Ray cluster, one per node, each with its own tool servers, sandbox and model "
+         "clients and --concurrency at once: auto (the cluster `ray start` made this machine part of) or the "
+         "head's address. This process alone writes the output files, as without it.")]
+
+
 def endpoints(base_url: list[str] | str | None, default: str) -> dict[str, Any]:
     """The `base_url` and `more_base_urls` of a ChatEndpoint whose flag may be given several times."""
     urls = [base_url] if isinstance(base_url, str) else list(base_url or [])
     return {"base_url": urls[0] if urls else default, "more_base_urls": tuple(urls[1:])}
+
+
 JudgeModel = Annotated[str | None, typer.Option(envvar="NANBEIGE_JUDGE_MODEL", show_default=False, help=(
     "The judge model \\[default: the grader's own: its source's judge model]."))]
 JudgeApiKey = Annotated[str | None, typer.Option(envvar="NANBEIGE_JUDGE_API_KEY", show_default=False,
@@ -167,21 +176,27 @@ RUN_OPTIONS: dict[str, tuple[Any, Any]] = {
 }
 
 
-def with_run_options(leave_out: tuple[str, ...] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """A command that takes every flag of `RUN_OPTIONS` (but `leave_out`, and those it declares itself, such as
-    research's own `--max-turns`) after its own, and is called with its own values and `settings`, the
-    RunSettings all of them make (its own values of run settings, such as `--trajectory`, included).
-    Typer reads the command's parameters from the signature made here."""
+def with_run_options(table: dict[str, tuple[Any, Any]] | None = None, leave_out: tuple[str, ...] = ()
+                     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A command that takes its own parameters, then the flags of its own `table` (as `with_options`), then
+    every flag of `RUN_OPTIONS` but `leave_out` and those it declares itself (research's own `--max-turns`,
+    eval's own `--temperature`). It is called with its own values, `flags` (the table's values by name) if it
+    takes them, and `settings`, the RunSettings all of them make (its own values of run settings, such as
+    `--trajectory`, included). Typer reads the command's parameters from the signature made here."""
+    table = table or {}
+
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         own = inspect.signature(command, eval_str=True)
-        mine = [p for p in own.parameters.values() if p.name != "settings"]
-        added = {name: flag for name, flag in RUN_OPTIONS.items()
-                 if name not in leave_out and name not in own.parameters}
+        mine = [p for p in own.parameters.values() if p.name not in ("flags", "settings")]
+        added = table | {name: flag for name, flag in RUN_OPTIONS.items()
+                         if name not in leave_out and name not in own.parameters and name not in table}
 
         @functools.wraps(command)
         def with_settings(**values: Any) -> Any:
-            settings = run_settings(**shared(values))
-            return command(**{p.name: values[p.name] for p in mine}, settings=settings)
+            given = {p.name: values[p.name] for p in mine}
+            if "flags" in own.parameters:
+                given["flags"] = {name: plain(values[name]) for name in table}
+            return command(**given, settings=run_settings(values))
 
         return declared(with_settings, own, mine, added)
     return decorate
@@ -228,44 +243,37 @@ def plain(value: Any) -> Any:
     return value.value if isinstance(value, enum.Enum) else value
 
 
-def shared(values: dict[str, Any]) -> dict[str, Any]:
-    """Of a command's parameter values (its `locals()`), those of the shared flags above."""
-    return {name: values[name] for name in inspect.signature(run_settings).parameters if name in values}
+# The run settings that no command need give: what they are when a caller leaves them out (`eval` has no
+# --tokenizer, `collect` no --verbose; only `ask` and `research` have --trajectory, only the API has upload_dirs).
+UNSET: dict[str, Any] = {"reference": None, "trajectory": None, "upload_dirs": None, "budget": None, "cache": None,
+                         "replay": False, "verbose": False, "tokenizer": None, "route": "run"}
 
 
-def run_settings(*, base_url: list[str] | str | None, backend: str, model: str, api_key: str | None, dialect: str,
-                 max_turns: int | None, keep_tool_results: int, max_context: int | None, temperature: float | None,
-                 top_p: float | None, repetition_penalty: float | None, max_tokens: int, mcp: list[str] | None,
-                 no_default_servers: bool, tool_timeout: float, max_result_chars: int, timeout: float | None,
-                 gguf_file: str | None, token_mode: bool, chat_template: Path | None, summary_turn: bool | None,
-                 rollback: bool | None, system_prompt_file: Path | None, reference: Path | None = None,
-                 trajectory: Path | None = None,
-                 upload_dirs: list[Path] | None = None, budget: list[str] | None = None, cache: Path | None = None,
-                 replay: bool = False, verbose: bool = False, tokenizer: str | None = None, route: str = "run"
-                 ) -> RunSettings:
-    """The settings the shared flags describe (unset ones stay None: the dialect fills them in)."""
+def run_settings(flags: Mapping[str, Any]) -> RunSettings:
+    """The settings the shared flags describe (unset ones stay None: the dialect fills them in). `flags` may hold
+    a command's other values too: only the run settings' names are read."""
     from nanbeige.agent.usage import parse_budgets
 
+    f = {**UNSET, **flags}
     try:
-        budgets = parse_budgets(budget or [])
+        budgets = parse_budgets(f["budget"] or [])
     except ValueError as exc:
         fail(str(exc), 2)  # a bad value, as setup's own checks report one
-    if replay and cache is None:  # before a command makes anything (an eval's out folder)
+    if f["replay"] and f["cache"] is None:  # before a command makes anything (an eval's out folder)
         fail("--replay needs --cache PATH: the cache file to answer tool calls from", 2)
-    urls = [base_url] if isinstance(base_url, str) else list(base_url or [])
+    urls = [f["base_url"]] if isinstance(f["base_url"], str) else list(f["base_url"] or [])
     return RunSettings(
-        llm=LLMConfig(base_url=urls[0] if urls else LLMConfig.base_url, more_base_urls=tuple(urls[1:]),
-                      model=model, api_key=api_key,
-                      temperature=temperature, top_p=top_p, repetition_penalty=repetition_penalty,
-                      max_tokens=max_tokens),
-        agent=AgentConfig(dialect=dialect, max_turns=max_turns, keep_tool_results=keep_tool_results,
-                          max_context=max_context, timeout_s=timeout, summary_turn=summary_turn, rollback=rollback,
-                          budgets=budgets),
-        backend=BackendConfig(backend=backend, base_url_given=bool(urls), gguf_file=gguf_file,
-                              token_mode=token_mode, chat_template=chat_template, tokenizer=tokenizer,
-                              verbose=verbose, route=route),
-        tools=ToolsConfig(mcp=mcp or [], default_servers=not no_default_servers, tool_timeout_s=tool_timeout,
-                          max_result_chars=max_result_chars, upload_dirs=upload_dirs or [], cache=cache,
-                          replay=replay),
-        trajectory=trajectory, system_prompt_file=system_prompt_file, reference=reference,
+        llm=LLMConfig(**endpoints(urls, LLMConfig.base_url), model=f["model"], api_key=f["api_key"],
+                      temperature=f["temperature"], top_p=f["top_p"], repetition_penalty=f["repetition_penalty"],
+                      max_tokens=f["max_tokens"]),
+        agent=AgentConfig(dialect=f["dialect"], max_turns=f["max_turns"], keep_tool_results=f["keep_tool_results"],
+                          max_context=f["max_context"], timeout_s=f["timeout"], summary_turn=f["summary_turn"],
+                          rollback=f["rollback"], budgets=budgets),
+        backend=BackendConfig(backend=f["backend"], base_url_given=bool(urls), gguf_file=f["gguf_file"],
+                              token_mode=f["token_mode"], chat_template=f["chat_template"], tokenizer=f["tokenizer"],
+                              verbose=f["verbose"], route=f["route"]),
+        tools=ToolsConfig(mcp=f["mcp"] or [], default_servers=not f["no_default_servers"],
+                          tool_timeout_s=f["tool_timeout"], max_result_chars=f["max_result_chars"],
+                          upload_dirs=f["upload_dirs"] or [], cache=f["cache"], replay=f["replay"]),
+        trajectory=f["trajectory"], system_prompt_file=f["system_prompt_file"], reference=f["reference"],
     )

@@ -19,7 +19,7 @@ import dataclasses
 import inspect
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -27,10 +27,11 @@ from rich.markup import escape
 from nanbeige.agent.backends.llm import LLMConfig
 from nanbeige.agent.cli import cache_commands, commands, research, rl_commands, settings_file, train_commands
 from nanbeige.agent.cli import options as o
+from nanbeige.agent.cli.command_options import RESUME
 from nanbeige.agent.cli.console import SafeConsole, err, fail, hide, out, out_json, shown
 from nanbeige.agent.cli.help_screen import ShortHelpCommand
 from nanbeige.agent.cli.running import Program, interrupted, notice, question_text, run_command, said
-from nanbeige.agent.run_config import BackendConfig, RunSettings
+from nanbeige.agent.run_config import RunSettings
 
 if TYPE_CHECKING:  # imported lazily at run time so `--help` stays fast
     from nanbeige.agent.trajectory import Trajectory
@@ -121,24 +122,9 @@ def ending(trajectory: Trajectory) -> str:
 
 
 @app.command(cls=ShortHelpCommand)
-def resume(
-    path: Annotated[Path, typer.Argument(help="The trajectory file of the run; the run goes on in it.")],
-    trajectory_id: Annotated[str | None, typer.Option("--id", help="Which trajectory of the file (needed when "
-                                                                   "several can be resumed).", show_default=False)
-                             ] = None,
-    base_url: o.BaseUrl = None,
-    backend: o.Backend = BackendConfig.backend,
-    api_key: o.ApiKey = None,
-    mcp: o.Mcp = None,
-    no_default_servers: o.NoDefaultServers = False,
-    json_output: Annotated[bool, typer.Option("--json", help="Print the end record as JSON on stdout.")] = False,
-    gguf_file: o.GgufFile = None,
-    token_mode: o.TokenMode = False,
-    chat_template: o.ChatTemplate = None,
-    cache: o.Cache = None,
-    replay: o.Replay = False,
-    reference: o.ReferenceCheckout = None,
-) -> None:
+@o.with_options(RESUME)
+def resume(path: Annotated[Path, typer.Argument(help="The trajectory file of the run; the run goes on in it.")], *,
+           flags: dict[str, Any]) -> None:
     """Continue a run cut short (killed, Ctrl-C, crashed, model server error) from its last complete turn,
     with its own settings; print the answer. Tool servers and backend flags must be the run's."""
     from nanbeige.agent.cli.resume import check_not_in_use, pick, settings_for
@@ -146,19 +132,18 @@ def resume(
     from nanbeige.agent.setup import secrets_of
     from nanbeige.agent.trajectory import counted_turns
 
-    if replay and cache is None:
+    if flags["replay"] and flags["cache"] is None:
         fail("--replay needs --cache PATH: the cache file to answer tool calls from", 2)
-    trajectory = pick(path, trajectory_id)
+    trajectory = pick(path, flags["trajectory_id"])
     check_not_in_use(path)
-    settings = settings_for(trajectory, path, base_url, backend, api_key, mcp, no_default_servers, gguf_file,
-                            token_mode, chat_template, reference)
+    settings = settings_for(trajectory, path, **flags)
     # where tool results come from is given anew, like the tool servers: the start record does not keep it
-    settings.tools.cache, settings.tools.replay = cache, replay
+    settings.tools.cache, settings.tools.replay = flags["cache"], flags["replay"]
     hide(secrets_of(settings))
     kept = counted_turns(trajectory.turns[:complete_turns(trajectory.turns)])  # counted as max_turns counts
     err.print(f"[dim]resuming trajectory {trajectory.id} after {kept} turn{'s' * (kept != 1)} "
               f"({trajectory.stop_reason or 'no end record'})[/]", highlight=False)
-    report(run_command(_ask(trajectory.question, settings, resume_from=trajectory)), json_output)
+    report(run_command(_ask(trajectory.question, settings, resume_from=trajectory)), flags["json_output"])
 
 
 @app.command("show")

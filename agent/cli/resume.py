@@ -17,6 +17,7 @@ from typing import Any
 
 from nanbeige.agent.backends.in_process import as_typed
 from nanbeige.agent.backends.llm import LLMConfig
+from nanbeige.agent.cli.command_options import RESUME
 from nanbeige.agent.records import NotATrajectoryFile, check_trajectory_file, fields_problem, record_line
 from nanbeige.agent.restore import complete_turns
 from nanbeige.agent.run_config import AgentConfig, BackendConfig, RunSettings, ToolsConfig
@@ -112,15 +113,16 @@ def finished(trajectory: Trajectory) -> str:
             f"short (no end record, or {reasons}) can be resumed")
 
 
-def settings_for(trajectory: Trajectory, path: Path, base_url: list[str] | None, backend: str, api_key: str | None,
-                 mcp: list[str] | None, no_default_servers: bool, gguf_file: str | None, token_mode: bool,
-                 chat_template: Path | None, reference_checkout: Path | None = None) -> RunSettings:
-    """The settings the run was made with, served and tooled as the flags say: by default by the server
-    the run used (recorded without credentials; a key comes from --api-key or NANBEIGE_API_KEY again).
+def settings_for(trajectory: Trajectory, path: Path, **given: Any) -> RunSettings:
+    """The settings the run was made with, served and tooled as `resume`'s flags say (`command_options.RESUME`,
+    by name; one not given is at its default): by default by the server the run used (recorded without
+    credentials; a key comes from --api-key or NANBEIGE_API_KEY again).
     A run that read a reference checkout is resumed only with `--reference` given again: reading the
     checkout runs its prompt functions, and a path in a file someone handed us must not choose the code.
     The small model is found again through its installed package, also where an older run recorded its folder."""
+    flags = {name: default for name, (_, default) in RESUME.items()} | given
     limits, sampling = trajectory.limits, trajectory.sampling
+    base_url, backend, reference_checkout = flags["base_url"], flags["backend"], flags["reference"]
     checkout_record = limits.get("reference") if isinstance(limits.get("reference"), dict) else {}
     recorded_checkout = checkout_record.get("path") or (trajectory.reference and "(no path recorded)")
     if recorded_checkout and reference_checkout is None:
@@ -131,15 +133,15 @@ def settings_for(trajectory: Trajectory, path: Path, base_url: list[str] | None,
                            if f.name in limits and f.name != "reference"})
     urls = list(base_url or []) or [server for server in [recorded_server(trajectory, path, backend)] if server]
     llm = LLMConfig(base_url=urls[0] if urls else LLMConfig.base_url, more_base_urls=tuple(urls[1:]),
-                    model=as_typed(trajectory.model), api_key=api_key,
+                    model=as_typed(trajectory.model), api_key=flags["api_key"],
                     **{name: sampling[name] for name in SAMPLING if name in sampling})
-    tools = ToolsConfig(mcp=mcp or [], default_servers=not no_default_servers,
+    tools = ToolsConfig(mcp=flags["mcp"] or [], default_servers=not flags["no_default_servers"],
                         tool_timeout_s=limits.get("tool_timeout_s", ToolsConfig.tool_timeout_s),
                         max_result_chars=limits.get("max_result_chars", ToolsConfig.max_result_chars))
-    return RunSettings(llm=llm, agent=agent, tools=tools, trajectory=path,
-                       reference=reference_checkout,
-                       backend=BackendConfig(backend=backend, base_url_given=bool(urls), gguf_file=gguf_file,
-                                             token_mode=token_mode, chat_template=chat_template))
+    backend_config = BackendConfig(backend=backend, base_url_given=bool(urls), gguf_file=flags["gguf_file"],
+                                   token_mode=flags["token_mode"], chat_template=flags["chat_template"])
+    return RunSettings(llm=llm, agent=agent, tools=tools, trajectory=path, reference=reference_checkout,
+                       backend=backend_config)
 
 
 def recorded_server(trajectory: Trajectory, path: Path, backend: str) -> str | None:

@@ -14,54 +14,19 @@ from rich.markup import escape
 
 from nanbeige.agent.backends.llm import LLMConfig
 from nanbeige.agent.cli import options as o
+from nanbeige.agent.cli.command_options import COLLECT
 from nanbeige.agent.cli.console import counted, err, fail, hide
 from nanbeige.agent.run_config import RunSettings
 
-RayAddress = Annotated[str | None, typer.Option(
-    "--ray", metavar="auto|HOST:PORT", show_default=False, rich_help_panel="Cluster", callback=o.ray_address,
-    help="Run in shards on a Ray cluster, one per node, each with its own tool servers, sandbox and model "
-         "clients and --concurrency at once: auto (the cluster `ray start` made this machine part of) or the "
-         "head's address. This process alone writes the output files, as without it.")]
 
-
-# collect's own defaults of two run flags: rollouts for training sample without a top-p cut or a penalty
-# (`trainer.collect.on_policy`), since the trainer computes the policy's probabilities without them.
-OnPolicyTopP = Annotated[float | None, typer.Option(min=0.0, max=1.0, show_default=False, help=(
-    "Nucleus sampling threshold \\[default: 1.0 (off): the rollouts stay on-policy; another value makes them "
-    "off-policy]."))]
-OnPolicyRepetitionPenalty = Annotated[float | None, typer.Option(min=0.0, show_default=False, help=(
-    "Penalty on repeated tokens, vLLM servers only \\[default: 1.0 (off): the rollouts stay on-policy; another "
-    "value makes them off-policy]."))]
-
-
-@o.with_run_options(leave_out=("verbose",))
-def collect(
-    questions: Annotated[Path | None, typer.Option(help="Questions: JSONL or CSV with `question`, optional `answer` "
-                                                        "and `id`.", show_default=False)] = None,
-    bench: Annotated[str | None, typer.Option(help="Or a benchmark of `nanbeige eval` (with --data).",
-                                              show_default=False)] = None,
-    data: Annotated[Path | None, typer.Option(help="The benchmark's file, with --bench.", show_default=False)] = None,
-    group_size: Annotated[int, typer.Option("--group-size", "-G", min=1, help="Rollouts per question.")] = 8,
-    out: Annotated[Path, typer.Option(help="Trajectory JSONL the rollouts are appended to; an existing one is "
-                                           "resumed.")] = Path("rollouts.jsonl"),
-    concurrency: Annotated[int, typer.Option(min=1, help="Rollouts at once.")] = 8,
-    limit: Annotated[int | None, typer.Option(min=1, help="Only the first N questions.", show_default=False)] = None,
-    policy_version: Annotated[str | None, typer.Option(help="Recorded on every rollout \\[default: the weights the "
-                                                            "server reports, or the model's name in process].",
-                                                       show_default=False)] = None,
-    allow_inexact: Annotated[bool, typer.Option(help="Collect through a chat endpoint, whose token ids are not "
-                                                     "exact.")] = False,
-    ray: RayAddress = None,
-    top_p: OnPolicyTopP = None,  # both read through `settings`
-    repetition_penalty: OnPolicyRepetitionPenalty = None,
-    *,
-    settings: RunSettings,
-) -> None:
+@o.with_run_options(COLLECT, leave_out=("verbose",))
+def collect(*, flags: dict[str, Any], settings: RunSettings) -> None:
     """Sample G token-exact rollouts per question for RL, concurrently; resumable."""
     from nanbeige.agent.setup import secrets_of
     from nanbeige.evals.benchmarks import BENCHMARKS
     from nanbeige.trainer.collect import CollectConfig
 
+    questions, bench, data = flags["questions"], flags["bench"], flags["data"]
     if (questions is None) == (bench is None):
         fail("give the questions with --questions FILE, or --bench NAME --data PATH (one of them)", 2)
     if bench is not None and bench not in BENCHMARKS:
@@ -74,9 +39,8 @@ def collect(
     for path in (questions, data):
         if path is not None and not path.exists():
             fail(f"{path}: no such file or folder", 2)
-    config = CollectConfig(out=out, questions=questions, bench=BENCHMARKS[bench] if bench else None, data=data,
-                           group_size=group_size, concurrency=concurrency, limit=limit,
-                           policy_version=policy_version, allow_inexact=allow_inexact, ray=ray)
+    same = ("out", "questions", "data", "group_size", "concurrency", "limit", "policy_version", "allow_inexact", "ray")
+    config = CollectConfig(bench=BENCHMARKS[bench] if bench else None, **{name: flags[name] for name in same})
     hide(secrets_of(settings))
     run_collect(config, settings)
 
@@ -154,7 +118,7 @@ JUDGE_OPTIONS: dict[str, tuple[Any, Any]] = {
     "retries": o.option(int | None, None, min=0, show_default=False,
                         help="How many times a failed judge or critic call is asked again \\[default: 3 for the "
                              "judge, 2 for the critic]."),
-    "ray": (RayAddress, None),
+    "ray": (o.RayAddress, None),
 }
 
 

@@ -109,8 +109,7 @@ def start_loop(iterations: int, flags: dict[str, Any], config: TrainConfig, spel
         fail(problem, 2)
     if flags["time_reward"] and problems is None:
         fail("--time-reward rewards code problems' solutions: it needs --problems", 2)
-    settings = o.run_settings(**{**LOOP_DEFAULTS, "model": flags["model"],
-                                 **{name: flags[name] for name in SERVER}})
+    settings = o.run_settings({**LOOP_DEFAULTS, "model": flags["model"], **{name: flags[name] for name in SERVER}})
     loop_options = {"admin_urls": tuple(flags["admin_url"] or ()), "ray": flags["ray"],
                     **{name: flags[name] for name in ("questions_per_iteration", "min_informative_groups",
                                                       "max_draws")}}
