@@ -29,7 +29,8 @@ from ray.exceptions import ActorUnschedulableError, ObjectLostError, RayActorErr
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from nanbeige.agent.toolbox import passed_env
-from nanbeige.agent.trajectory import Trajectory, TrajectoryWriter, Turn
+from nanbeige.agent.trajectory import TrajectoryWriter
+from nanbeige.agent.trajectory_types import Trajectory, Turn
 from nanbeige.tools.errors import NanbeigeError
 
 Notice = Callable[[str], None]

@@ -25,7 +25,7 @@ import httpx
 
 from nanbeige.agent import dialects
 from nanbeige.agent.run_config import RunSettings
-from nanbeige.agent.trajectory import NOT_ENDED_ON_ITS_OWN, Trajectory
+from nanbeige.agent.trajectory_types import NOT_ENDED_ON_ITS_OWN, Trajectory
 from nanbeige.evals.eval_config import EvalConfig, EvalError
 from nanbeige.evals.files import append_jsonl, file_sha256, first_link
 from nanbeige.evals.grading import check_grader, grader_for, grader_name, open_code_runner
@@ -330,8 +330,8 @@ def with_reference(settings: RunSettings) -> RunSettings:
     that cannot be read is refused before the out folder is made); `ready` takes it as it is."""
     if settings.reference is None:
         return settings
-    from nanbeige.agent.setup import SetupError, read_reference
-    from nanbeige.agent.setup import with_reference as taken
+    from nanbeige.agent.setup_checks import SetupError, read_reference
+    from nanbeige.agent.setup_checks import with_reference as taken
 
     try:
         return taken(settings, read_reference(settings.reference))

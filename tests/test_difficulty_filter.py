@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from nanbeige.agent.cli.program import app
 from nanbeige.agent.tokens import TokenTracker
-from nanbeige.agent.trajectory import Trajectory, Turn
+from nanbeige.agent.trajectory_types import Trajectory, Turn
 from nanbeige.trainer.advantages import keep_k_of_n
 from nanbeige.trainer.batches import GroupRule, counted, describe_band, group_verdict, samples_from
 from nanbeige.trainer.train_config import TrainConfig

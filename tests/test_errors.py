@@ -22,7 +22,7 @@ from nanbeige.agent.cli.settings_file import SettingsError
 from nanbeige.agent.cli.trust import TrustError
 from nanbeige.agent.cluster import ClusterError
 from nanbeige.agent.records import NotATrajectoryFile
-from nanbeige.agent.setup import SetupError
+from nanbeige.agent.setup_checks import SetupError
 from nanbeige.agent.toolbox import ToolboxError
 from nanbeige.evals.eval_config import EvalError
 from nanbeige.evals.tasks import LoadError

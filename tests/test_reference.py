@@ -18,7 +18,7 @@ from nanbeige.agent.backends.scripted import ScriptedLLM
 from nanbeige.agent.cli.resume import check_unchanged
 from nanbeige.agent.loop import AgentConfig, run
 from nanbeige.agent.reference import checkout as ref
-from nanbeige.agent.setup import SetupError
+from nanbeige.agent.setup_checks import SetupError
 from nanbeige.agent.toolbox import ServerSpec, Toolbox
 from nanbeige.agent.trajectory import TrajectoryWriter, load_trajectories
 
@@ -181,7 +181,7 @@ def test_ask_refuses_a_checkout_it_cannot_read_in_one_line(tmp_path: Path) -> No
 
 
 def test_resume_refuses_a_checkout_that_changed_since_the_run(tmp_path: Path) -> None:
-    from nanbeige.agent.trajectory import Trajectory
+    from nanbeige.agent.trajectory_types import Trajectory
 
     reference = ref.load(make_reference(tmp_path))
     trajectory = Trajectory(question="q", reference=reference.identity())
@@ -319,7 +319,7 @@ async def test_a_later_checkout_asks_for_the_summary_again_when_it_has_no_boxed_
 def test_the_checkouts_sampling_fills_only_what_the_user_left_unset(tmp_path: Path) -> None:
     from nanbeige.agent.backends.llm import LLMConfig
     from nanbeige.agent.run_config import RunSettings
-    from nanbeige.agent.setup import with_reference
+    from nanbeige.agent.setup_checks import with_reference
 
     reference = ref.load(make_reference(tmp_path))
     settings = with_reference(RunSettings(llm=LLMConfig(top_p=0.5)), reference)

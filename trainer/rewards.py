@@ -24,9 +24,7 @@ import httpx
 
 from nanbeige.agent.records import encoded, record_line
 from nanbeige.agent.trajectory import (
-    Trajectory,
     TrajectoryWriter,
-    Turn,
     end_record,
     load_trajectories,
     read_records,
@@ -34,6 +32,7 @@ from nanbeige.agent.trajectory import (
     turn_record,
     warn_on_stderr,
 )
+from nanbeige.agent.trajectory_types import Trajectory, Turn
 from nanbeige.evals import gaia_scorer, judges
 from nanbeige.evals.code_problems import CODE_TESTS
 from nanbeige.evals.code_tests import CodeRewards
