@@ -16,8 +16,7 @@ from fake_openai import FakeOpenAI, Reply
 from test_cli import nanbeige
 from test_judge import assert_one_error_line, write
 
-from nanbeige.agent.trajectory import load_trajectories, read_records
-from nanbeige.agent.trajectory_types import Trajectory, Turn
+from nanbeige.agent.trajectory import Trajectory, Turn, load_trajectories, read_records
 from nanbeige.evals.complexity import parse_verdict
 
 # ---------------------------------------------------------------- problems and programs
