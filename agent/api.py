@@ -35,8 +35,8 @@ from nanbeige.agent.loop import AgentConfig, run
 from nanbeige.agent.run_config import BackendConfig, RunSettings, ToolsConfig
 from nanbeige.agent.setup import Ready, ready, secrets_of
 from nanbeige.agent.setup_checks import SetupError
-from nanbeige.agent.trajectory import redact, usable_secrets
-from nanbeige.agent.trajectory_types import Trajectory
+from nanbeige.agent.trajectory import Trajectory
+from nanbeige.agent.trajectory_file import redact, usable_secrets
 
 __all__ = ["ask", "ask_async", "ask_many", "ask_many_async", "RunSettings", "LLMConfig", "AgentConfig",
            "BackendConfig", "ToolsConfig", "Trajectory", "SetupError", "OVERRIDES"]

@@ -29,8 +29,8 @@ from ray.exceptions import ActorUnschedulableError, ObjectLostError, RayActorErr
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from nanbeige.agent.toolbox import passed_env
-from nanbeige.agent.trajectory import TrajectoryWriter
-from nanbeige.agent.trajectory_types import Trajectory, Turn
+from nanbeige.agent.trajectory import Trajectory, Turn
+from nanbeige.agent.trajectory_file import TrajectoryWriter
 from nanbeige.tools.errors import NanbeigeError
 
 Notice = Callable[[str], None]

@@ -15,7 +15,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from nanbeige.agent.dialects import OMITTED
-from nanbeige.agent.trajectory_types import ToolCall, ToolResult, Turn
+from nanbeige.agent.trajectory import ToolCall, ToolResult, Turn
 
 if TYPE_CHECKING:
     from nanbeige.agent.reference.checkout import Reference

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from nanbeige.agent import dialects
 from nanbeige.agent.context import degenerate, repeats_query
-from nanbeige.agent.trajectory_types import Turn
+from nanbeige.agent.trajectory import Turn
 
 if TYPE_CHECKING:
     from nanbeige.agent.reference.checkout import Reference

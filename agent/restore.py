@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from nanbeige.agent import dialects, replies
 from nanbeige.agent.context import History
 from nanbeige.agent.tokens import TokenTracker, last_prompt
-from nanbeige.agent.trajectory_types import Trajectory, Turn
+from nanbeige.agent.trajectory import Trajectory, Turn
 from nanbeige.agent.usage import run_usage
 
 if TYPE_CHECKING:

@@ -30,7 +30,7 @@ from nanbeige.agent.run_config import RunSettings, ToolsConfig
 from nanbeige.agent.server_log import ServerLog
 from nanbeige.agent.setup_checks import SetupError, check_outputs, check_settings, with_texts
 from nanbeige.agent.toolbox import ServerSpec, Toolbox, ToolboxError, passed_env, secrets_in_env
-from nanbeige.agent.trajectory import TrajectoryWriteError, TrajectoryWriter
+from nanbeige.agent.trajectory_file import TrajectoryWriteError, TrajectoryWriter
 from nanbeige.tools.endpoint import url_credentials, without_credentials
 
 if TYPE_CHECKING:

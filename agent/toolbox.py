@@ -30,8 +30,8 @@ from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT, TextContent
 from nanbeige.agent.cache import ToolCache
 from nanbeige.agent.lifeline import tied_to_this_process
 from nanbeige.agent.restarts import RESTART_CREDIT_CALLS, Restarts
-from nanbeige.agent.trajectory import redact, usable_secrets
-from nanbeige.agent.trajectory_types import ToolCall, ToolResult
+from nanbeige.agent.trajectory import ToolCall, ToolResult
+from nanbeige.agent.trajectory_file import redact, usable_secrets
 from nanbeige.tools.endpoint import url_credentials, without_credentials
 from nanbeige.tools.errors import NanbeigeError
 

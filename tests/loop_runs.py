@@ -10,7 +10,7 @@ from nanbeige.agent.backends.llm import LLMConfig
 from nanbeige.agent.backends.scripted import ScriptedLLM
 from nanbeige.agent.loop import AgentConfig, run
 from nanbeige.agent.toolbox import ServerSpec, Toolbox
-from nanbeige.agent.trajectory import TrajectoryWriter
+from nanbeige.agent.trajectory_file import TrajectoryWriter
 
 
 def toolbox(**options: object) -> Toolbox:

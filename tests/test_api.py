@@ -21,7 +21,7 @@ from nanbeige.agent import api
 from nanbeige.agent.api import RunSettings, SetupError, ask, ask_many, ask_many_async
 from nanbeige.agent.backends.llm import LLMConfig
 from nanbeige.agent.run_config import ToolsConfig
-from nanbeige.agent.trajectory import load_trajectories
+from nanbeige.agent.trajectory_file import load_trajectories
 
 TESTKIT = "testkit=" + shlex.join(TEST_SERVER)
 DELAY_S = 1.0  # how long the fake model takes over each question's first reply

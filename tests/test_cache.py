@@ -24,7 +24,7 @@ from nanbeige.agent.backends.scripted import ScriptedLLM
 from nanbeige.agent.cache import ReplayMiss, ToolCache, canonical_arguments
 from nanbeige.agent.loop import AgentConfig, run
 from nanbeige.agent.toolbox import ServerSpec, Toolbox
-from nanbeige.agent.trajectory_types import ToolCall
+from nanbeige.agent.trajectory import ToolCall
 from nanbeige.evals.runner import read_results
 
 NANBEIGE = str(Path(sys.executable).parent / "nanbeige")

@@ -22,8 +22,8 @@ from test_untrusted_inputs import assert_refused, nanbeige
 from nanbeige.agent.cache import SCHEMA, SCHEMA_VERSION, ReplayMiss, ToolCache
 from nanbeige.agent.cache import key_path as user_key_path
 from nanbeige.agent.toolbox import ServerSpec, Toolbox
-from nanbeige.agent.trajectory import load_trajectories
-from nanbeige.agent.trajectory_types import ToolCall, ToolResult
+from nanbeige.agent.trajectory import ToolCall, ToolResult
+from nanbeige.agent.trajectory_file import load_trajectories
 
 KEY = "sk-LEAKME-0123456789abcdef"
 ECHO = ToolCall("testkit", "echo", {"text": f"my key is {KEY}"})

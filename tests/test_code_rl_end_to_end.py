@@ -29,8 +29,8 @@ from nanbeige.agent.backends.in_process import SMALL_MODEL_GGUF
 from nanbeige.agent.backends.llm import LLMConfig
 from nanbeige.agent.loop import AgentConfig
 from nanbeige.agent.run_config import BackendConfig, RunSettings, ToolsConfig
-from nanbeige.agent.trajectory import load_trajectories
-from nanbeige.agent.trajectory_types import Trajectory
+from nanbeige.agent.trajectory import Trajectory
+from nanbeige.agent.trajectory_file import load_trajectories
 from nanbeige.evals.benchmarks import BENCHMARKS
 from nanbeige.evals.code_problems import CODE_TESTS, question_of, read_problems
 from nanbeige.evals.code_tests import extract_program

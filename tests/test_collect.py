@@ -18,7 +18,7 @@ from fake_openai import FakeOpenAI, mcp_answer
 from tiny_model import make_tiny_model
 
 from nanbeige.agent.tokens import training_rows
-from nanbeige.agent.trajectory import load_trajectories
+from nanbeige.agent.trajectory_file import load_trajectories
 from nanbeige.evals.tasks import LoadError
 from nanbeige.trainer.collect import question_id, read_questions
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from nanbeige.agent.context import History, degenerate, estimate_tokens, repeated_call
 from nanbeige.agent.dialects import OMITTED
-from nanbeige.agent.trajectory_types import ToolCall, Turn
+from nanbeige.agent.trajectory import ToolCall, Turn
 
 
 def test_only_the_last_k_tool_results_are_shown() -> None:

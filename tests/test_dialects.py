@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from nanbeige.agent import dialects
-from nanbeige.agent.trajectory_types import ToolCall, ToolResult, Turn
+from nanbeige.agent.trajectory import ToolCall, ToolResult, Turn
 
 TOOLS = [
     {"server": "search_and_scrape_webpage", "name": "google_search", "description": "Search the web.",

@@ -22,8 +22,8 @@ from fake_openai import FakeOpenAI, mcp_answer, mcp_call
 from nanbeige.agent.backends.scripted import ScriptedLLM
 from nanbeige.agent.cli.console import hide, out, out_json, shown
 from nanbeige.agent.loop import AgentConfig, run
-from nanbeige.agent.trajectory import TrajectoryWriter, load_trajectories
-from nanbeige.agent.trajectory_types import ToolCall, ToolResult, Trajectory, Turn
+from nanbeige.agent.trajectory import ToolCall, ToolResult, Trajectory, Turn
+from nanbeige.agent.trajectory_file import TrajectoryWriter, load_trajectories
 
 NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
 TESTKIT = "testkit=" + shlex.join(TEST_SERVER)

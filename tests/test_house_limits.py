@@ -18,7 +18,6 @@ FILE_CEILINGS = {
     "evals/runner.py": 402,
     "tests/fake_openai.py": 466,
     "tests/test_code_grader.py": 460,
-    "tests/test_code_judge.py": 519,
     "tests/test_judge.py": 494,
     "tests/test_resume.py": 419,
     "tests/test_reward_hacking.py": 419,

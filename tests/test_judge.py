@@ -20,8 +20,8 @@ from conftest import free_port
 from fake_openai import FakeOpenAI, Reply
 from test_cli import nanbeige
 
-from nanbeige.agent.trajectory import TrajectoryWriter, load_trajectories, read_records
-from nanbeige.agent.trajectory_types import ToolCall, ToolResult, Trajectory, Turn
+from nanbeige.agent.trajectory import ToolCall, ToolResult, Trajectory, Turn
+from nanbeige.agent.trajectory_file import TrajectoryWriter, load_trajectories, read_records
 from nanbeige.evals.judges import JUDGE_ENDPOINT
 from nanbeige.trainer.critic import CRITIC_ENDPOINT, MalformedCritique, TurnRule, parse_scores, turn_outcome
 from nanbeige.trainer.rewards import JudgeError, JudgeProgress, JudgeRunConfig, judge_file

@@ -19,7 +19,7 @@ from sandbox_leftovers import leftovers
 
 from nanbeige.agent.lifeline import tied_to_this_process
 from nanbeige.agent.toolbox import ServerSpec, Toolbox, passed_env
-from nanbeige.agent.trajectory_types import ToolCall
+from nanbeige.agent.trajectory import ToolCall
 from nanbeige.tools.sandbox import SandboxConfig, Sandboxes
 
 NANBEIGE = str(Path(sys.executable).parent / "nanbeige")

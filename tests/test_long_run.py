@@ -16,7 +16,7 @@ from nanbeige.agent.backends.scripted import ScriptedLLM
 from nanbeige.agent.context import estimate_tokens
 from nanbeige.agent.loop import RELEASED, AgentConfig, run
 from nanbeige.agent.toolbox import ServerSpec, Toolbox
-from nanbeige.agent.trajectory import TrajectoryWriter, load_trajectories
+from nanbeige.agent.trajectory_file import TrajectoryWriter, load_trajectories
 
 pytestmark = pytest.mark.anyio
 TURNS, RESULT = 600, 100_000

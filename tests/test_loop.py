@@ -21,7 +21,7 @@ from nanbeige.agent.dialects import OMITTED
 from nanbeige.agent.loop import AgentConfig, run
 from nanbeige.agent.tokens import full_prompt, rebuild_segments
 from nanbeige.agent.toolbox import ServerSpec, Toolbox
-from nanbeige.agent.trajectory import TrajectoryWriter, load_trajectories
+from nanbeige.agent.trajectory_file import TrajectoryWriter, load_trajectories
 
 pytestmark = pytest.mark.anyio
 

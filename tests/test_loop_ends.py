@@ -16,7 +16,7 @@ from nanbeige.agent.backends.llm import ContextOverflow, LLMConfig, ModelError
 from nanbeige.agent.backends.scripted import ScriptedLLM
 from nanbeige.agent.dialects import OMITTED
 from nanbeige.agent.loop import AgentConfig, run
-from nanbeige.agent.trajectory import TrajectoryWriter, end_record, load_trajectories
+from nanbeige.agent.trajectory_file import TrajectoryWriter, end_record, load_trajectories
 
 pytestmark = pytest.mark.anyio
 

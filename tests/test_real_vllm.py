@@ -26,7 +26,7 @@ from real_vllm import (
 )
 
 from nanbeige.agent.tokens import full_prompt, training_rows
-from nanbeige.agent.trajectory import load_trajectories, read_records
+from nanbeige.agent.trajectory_file import load_trajectories, read_records
 
 if not vllm_installed() and os.environ.get("NANBEIGE_REQUIRE_VLLM"):  # CI: a tier that skips has not run
     pytest.fail("NANBEIGE_REQUIRE_VLLM is set and vLLM is not installed in this Python", pytrace=False)

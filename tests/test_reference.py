@@ -20,7 +20,7 @@ from nanbeige.agent.loop import AgentConfig, run
 from nanbeige.agent.reference import checkout as ref
 from nanbeige.agent.setup_checks import SetupError
 from nanbeige.agent.toolbox import ServerSpec, Toolbox
-from nanbeige.agent.trajectory import TrajectoryWriter, load_trajectories
+from nanbeige.agent.trajectory_file import TrajectoryWriter, load_trajectories
 
 NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
 SYSTEM = (  # the tree's system prompt for one tool-python tool, as its own functions assemble it
@@ -181,7 +181,7 @@ def test_ask_refuses_a_checkout_it_cannot_read_in_one_line(tmp_path: Path) -> No
 
 
 def test_resume_refuses_a_checkout_that_changed_since_the_run(tmp_path: Path) -> None:
-    from nanbeige.agent.trajectory_types import Trajectory
+    from nanbeige.agent.trajectory import Trajectory
 
     reference = ref.load(make_reference(tmp_path))
     trajectory = Trajectory(question="q", reference=reference.identity())

@@ -26,8 +26,8 @@ from nanbeige.agent.backends.scripted import ScriptedLLM
 from nanbeige.agent.cli import research_report as report
 from nanbeige.agent.cli.research import research
 from nanbeige.agent.loop import AgentConfig
-from nanbeige.agent.trajectory import TrajectoryWriter, load_trajectories, read_records
-from nanbeige.agent.trajectory_types import ToolCall, ToolResult, Trajectory, Turn
+from nanbeige.agent.trajectory import ToolCall, ToolResult, Trajectory, Turn
+from nanbeige.agent.trajectory_file import TrajectoryWriter, load_trajectories, read_records
 
 NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
 QUESTION = "How many Earth days are two Martian years?"

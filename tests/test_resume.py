@@ -28,8 +28,8 @@ from nanbeige.agent.restore import used_wall_s
 from nanbeige.agent.setup_checks import SetupError
 from nanbeige.agent.tokens import last_prompt, rebuild_segments
 from nanbeige.agent.toolbox import ServerSpec, Toolbox
-from nanbeige.agent.trajectory import TrajectoryWriter, end_record, load_trajectories, read_records, resume_record
-from nanbeige.agent.trajectory_types import NOT_ENDED_ON_ITS_OWN, ToolCall, ToolResult, Trajectory, Turn
+from nanbeige.agent.trajectory import NOT_ENDED_ON_ITS_OWN, ToolCall, ToolResult, Trajectory, Turn
+from nanbeige.agent.trajectory_file import TrajectoryWriter, end_record, load_trajectories, read_records, resume_record
 
 NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
 TESTKIT = "testkit=" + " ".join(TEST_SERVER)

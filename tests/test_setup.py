@@ -20,7 +20,7 @@ from tiny_model import make_tiny_model
 from nanbeige.agent.backends.llm import ModelError
 from nanbeige.agent.backends.scripted import ScriptedLLM
 from nanbeige.agent.loop import AgentConfig, run
-from nanbeige.agent.trajectory import TrajectoryWriter, load_trajectories
+from nanbeige.agent.trajectory_file import TrajectoryWriter, load_trajectories
 
 
 @pytest.fixture(scope="module")

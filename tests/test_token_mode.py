@@ -16,8 +16,8 @@ from nanbeige.agent.backends.token_mode import TokenModeChat, load_tokenizer
 from nanbeige.agent.loop import AgentConfig, run
 from nanbeige.agent.tokens import full_prompt, iter_prompts, rebuild_segments
 from nanbeige.agent.toolbox import ServerSpec, Toolbox
-from nanbeige.agent.trajectory import TrajectoryWriter, load_trajectories
-from nanbeige.agent.trajectory_types import Trajectory
+from nanbeige.agent.trajectory import Trajectory
+from nanbeige.agent.trajectory_file import TrajectoryWriter, load_trajectories
 
 pytestmark = pytest.mark.anyio
 

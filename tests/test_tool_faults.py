@@ -15,7 +15,7 @@ from nanbeige.agent.backends.scripted import ScriptedLLM
 from nanbeige.agent.loop import AgentConfig, run
 from nanbeige.agent.restarts import RESTART_CREDIT_CALLS, Restarts
 from nanbeige.agent.toolbox import ServerSpec, Toolbox
-from nanbeige.agent.trajectory_types import ToolCall
+from nanbeige.agent.trajectory import ToolCall
 
 pytestmark = pytest.mark.anyio
 # The call timeout where a hang must be waited out: ample for the calls that answer (milliseconds; the

@@ -20,7 +20,7 @@ from tiny_model import make_tiny_model
 from nanbeige.agent.backends.llm import LLMConfig
 from nanbeige.agent.loop import AgentConfig
 from nanbeige.agent.run_config import BackendConfig, RunSettings, ToolsConfig
-from nanbeige.agent.trajectory import load_trajectories
+from nanbeige.agent.trajectory_file import load_trajectories
 from nanbeige.trainer.critic import CRITIC_ENDPOINT
 from nanbeige.trainer.rewards import JudgeRunConfig
 from nanbeige.trainer.rl_loop import LoopConfig, LoopError, run_loop

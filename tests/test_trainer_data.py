@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from nanbeige.agent.tokens import TokenTracker, full_prompt
-from nanbeige.agent.trajectory_types import Trajectory, Turn
+from nanbeige.agent.trajectory import Trajectory, Turn
 from nanbeige.trainer.advantages import group_advantages, keep_group, outcome_advantages, turn_advantages
 from nanbeige.trainer.batches import GroupRule, Sample, collate, collate_packed, pack, pack_rows, samples_from
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from nanbeige.agent.tokens import TokenTracker, common_prefix, full_prompt, rebuild_segments
-from nanbeige.agent.trajectory import TrajectoryWriter, load_trajectories, read_records
-from nanbeige.agent.trajectory_types import ToolCall, ToolResult, Trajectory, Turn
+from nanbeige.agent.trajectory import ToolCall, ToolResult, Trajectory, Turn
+from nanbeige.agent.trajectory_file import TrajectoryWriter, load_trajectories, read_records
 from nanbeige.agent.usage import run_usage
 
 GOLDEN = Path(__file__).parent / "golden" / "trajectory.jsonl"

@@ -15,8 +15,8 @@ from fake_openai import FakeOpenAI, Reply, mcp_answer, mcp_call
 from fake_search_apis import FakeSerper
 from test_sandbox import FakeE2BSandbox, make_config
 
-from nanbeige.agent.trajectory import load_trajectories
-from nanbeige.agent.trajectory_types import ToolCall, ToolResult, Trajectory, Turn
+from nanbeige.agent.trajectory import ToolCall, ToolResult, Trajectory, Turn
+from nanbeige.agent.trajectory_file import load_trajectories
 from nanbeige.agent.usage import over_budget, parse_budgets, run_usage, usage_text
 from nanbeige.evals.scores import build_report, markdown
 from nanbeige.tools import usage

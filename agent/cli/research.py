@@ -48,7 +48,8 @@ from nanbeige.agent.cli.console import counted, err, fail, hide, out, visible
 from nanbeige.agent.context import estimate_tokens
 from nanbeige.agent.loop import DEFAULT_MAX_CONTEXT, AgentConfig, Event, run
 from nanbeige.agent.run_config import RunSettings
-from nanbeige.agent.trajectory import Trajectory, TrajectoryWriter, Turn, end_record, load_trajectories
+from nanbeige.agent.trajectory import Trajectory, Turn
+from nanbeige.agent.trajectory_file import TrajectoryWriter, end_record, load_trajectories
 from nanbeige.agent.usage import total
 
 if TYPE_CHECKING:

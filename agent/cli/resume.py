@@ -23,7 +23,8 @@ from nanbeige.agent.restore import complete_turns
 from nanbeige.agent.run_config import AgentConfig, BackendConfig, RunSettings, ToolsConfig
 from nanbeige.agent.setup import SetupError
 from nanbeige.agent.tokens import last_prompt
-from nanbeige.agent.trajectory import RESUMABLE, Trajectory, load_trajectories
+from nanbeige.agent.trajectory import Trajectory
+from nanbeige.agent.trajectory_file import RESUMABLE, load_trajectories
 
 SAMPLING = ("temperature", "top_p", "repetition_penalty", "max_tokens", "stop")
 

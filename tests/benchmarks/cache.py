@@ -24,7 +24,7 @@ from pathlib import Path
 
 from nanbeige.agent.cache import ToolCache, canonical_arguments
 from nanbeige.agent.toolbox import ServerSpec, Toolbox
-from nanbeige.agent.trajectory_types import ToolCall
+from nanbeige.agent.trajectory import ToolCall
 
 SERVER = [sys.executable, "tests/mcp_test_server.py"]
 HIT = ('{"title": "A page", "link": "https://example.com/page", '

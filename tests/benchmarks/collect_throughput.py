@@ -31,7 +31,7 @@ from fake_openai import FakeOpenAI, mcp_answer, mcp_call
 from nanbeige.agent.backends.llm import LLMConfig
 from nanbeige.agent.loop import AgentConfig
 from nanbeige.agent.run_config import BackendConfig, RunSettings, ToolsConfig
-from nanbeige.agent.trajectory import load_trajectories
+from nanbeige.agent.trajectory_file import load_trajectories
 from nanbeige.trainer.collect import CollectConfig, collect
 
 SERVER = str(Path(__file__).resolve().parents[1] / "mcp_test_server.py")

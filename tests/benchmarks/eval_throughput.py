@@ -32,7 +32,7 @@ from fake_openai import FakeOpenAI, mcp_answer, mcp_call
 from nanbeige.agent.backends.llm import LLMConfig
 from nanbeige.agent.loop import AgentConfig
 from nanbeige.agent.run_config import RunSettings, ToolsConfig
-from nanbeige.agent.trajectory import load_trajectories
+from nanbeige.agent.trajectory_file import load_trajectories
 from nanbeige.evals.benchmarks import BENCHMARKS
 from nanbeige.evals.runner import EvalConfig, evaluate
 

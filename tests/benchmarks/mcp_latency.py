@@ -22,7 +22,7 @@ import time
 from mcp import Client, StdioServerParameters, stdio_client
 
 from nanbeige.agent.toolbox import ServerSpec, Toolbox
-from nanbeige.agent.trajectory_types import ToolCall
+from nanbeige.agent.trajectory import ToolCall
 
 SERVER = "tests/mcp_test_server.py"
 TARGET_SPEEDUP = 50.0

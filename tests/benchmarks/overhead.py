@@ -35,8 +35,8 @@ from fake_openai import FakeOpenAI, mcp_answer, mcp_call  # noqa: E402
 from nanbeige.agent.backends.llm import LLMConfig, OpenAIChat  # noqa: E402
 from nanbeige.agent.loop import AgentConfig, run  # noqa: E402
 from nanbeige.agent.toolbox import ServerSpec, Toolbox  # noqa: E402
-from nanbeige.agent.trajectory import TrajectoryWriter  # noqa: E402
-from nanbeige.agent.trajectory_types import Trajectory  # noqa: E402
+from nanbeige.agent.trajectory import Trajectory  # noqa: E402
+from nanbeige.agent.trajectory_file import TrajectoryWriter  # noqa: E402
 
 SERVER = "tests/mcp_test_server.py"
 TARGET_MS = 2.0

@@ -30,8 +30,8 @@ from nanbeige.agent.backends.scripted import ScriptedLLM  # noqa: E402
 from nanbeige.agent.cli.resume import pick  # noqa: E402
 from nanbeige.agent.restore import rebuild, reopen  # noqa: E402
 from nanbeige.agent.tokens import TokenTracker  # noqa: E402
-from nanbeige.agent.trajectory import TrajectoryWriter  # noqa: E402
-from nanbeige.agent.trajectory_types import ToolCall, ToolResult, Trajectory, Turn  # noqa: E402
+from nanbeige.agent.trajectory import ToolCall, ToolResult, Trajectory, Turn  # noqa: E402
+from nanbeige.agent.trajectory_file import TrajectoryWriter  # noqa: E402
 
 TOOL = {"server": "testkit", "name": "echo", "description": "Return the text.",
         "input_schema": {"type": "object", "properties": {"text": {"type": "string"}}}}
