@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from nanbeige.agent.run_config import RunSettings
-from nanbeige.agent.trajectory_types import Trajectory, Turn
+from nanbeige.agent.trajectory import Trajectory, Turn
 from nanbeige.evals import bfcl, bfcl_jail
 from nanbeige.evals.eval_config import EvalConfig, EvalError
 from nanbeige.evals.runner import MANIFEST, REPORT, TRAJECTORIES, Progress, failed_run_errors, prepare_out, run_all

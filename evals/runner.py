@@ -25,7 +25,7 @@ import httpx
 
 from nanbeige.agent import dialects
 from nanbeige.agent.run_config import RunSettings
-from nanbeige.agent.trajectory_types import NOT_ENDED_ON_ITS_OWN, Trajectory
+from nanbeige.agent.trajectory import NOT_ENDED_ON_ITS_OWN, Trajectory
 from nanbeige.evals.eval_config import EvalConfig, EvalError
 from nanbeige.evals.files import append_jsonl, file_sha256, first_link
 from nanbeige.evals.grading import check_grader, grader_for, grader_name, open_code_runner
@@ -375,7 +375,7 @@ def failed_run_errors(config: EvalConfig, settings: RunSettings, progress: Progr
     """This session's failed runs with their errors, for the report; a model server's error may quote the key
     it was sent, which the report never does (as the results file never does)."""
     from nanbeige.agent.setup import secrets_of
-    from nanbeige.agent.trajectory import redact, usable_secrets
+    from nanbeige.agent.trajectory_file import redact, usable_secrets
 
     secrets = usable_secrets([*secrets_of(settings), *([config.judge.api_key] if config.judge.api_key else [])])
     return [{**failure, "error": redact(failure["error"], secrets)} for failure in progress.failures]

@@ -14,7 +14,7 @@ import httpx
 
 from nanbeige.agent import cluster
 from nanbeige.agent.run_config import RunSettings
-from nanbeige.agent.trajectory import TrajectoryWriter
+from nanbeige.agent.trajectory_file import TrajectoryWriter
 from nanbeige.evals.eval_config import EvalConfig, EvalError
 from nanbeige.evals.grading import open_code_runner
 from nanbeige.evals.runner import Attempt, Progress, agent_attempt, append_result, run_all

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from nanbeige.agent.tokens import TrainingRow, training_rows
-from nanbeige.agent.trajectory_types import NOT_ENDED_ON_ITS_OWN, Trajectory, Turn
+from nanbeige.agent.trajectory import NOT_ENDED_ON_ITS_OWN, Trajectory, Turn
 from nanbeige.evals.code_problems import CODE_TESTS
 from nanbeige.trainer.advantages import group_advantages, keep_group, keep_k_of_n
 from nanbeige.trainer.train_config import COUNTS, TRUNCATED, GroupRule, rule_problem

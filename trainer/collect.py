@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nanbeige.agent.run_config import RunSettings
-from nanbeige.agent.trajectory import load_trajectories
-from nanbeige.agent.trajectory_types import NOT_ENDED_ON_ITS_OWN
+from nanbeige.agent.trajectory import NOT_ENDED_ON_ITS_OWN
+from nanbeige.agent.trajectory_file import load_trajectories
 from nanbeige.evals.code_problems import CODE_TESTS
 from nanbeige.evals.files import read_csv, read_jsonl
 from nanbeige.evals.gaia_scorer import question_scorer

@@ -23,7 +23,8 @@ from typing import Any, Callable
 import httpx
 
 from nanbeige.agent.records import encoded, record_line
-from nanbeige.agent.trajectory import (
+from nanbeige.agent.trajectory import Trajectory, Turn
+from nanbeige.agent.trajectory_file import (
     TrajectoryWriter,
     end_record,
     load_trajectories,
@@ -32,7 +33,6 @@ from nanbeige.agent.trajectory import (
     turn_record,
     warn_on_stderr,
 )
-from nanbeige.agent.trajectory_types import Trajectory, Turn
 from nanbeige.evals import gaia_scorer, judges
 from nanbeige.evals.code_problems import CODE_TESTS
 from nanbeige.evals.code_tests import CodeRewards

@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 
 from nanbeige.agent import cluster
-from nanbeige.agent.trajectory import TrajectoryWriter
-from nanbeige.agent.trajectory_types import Trajectory
+from nanbeige.agent.trajectory import Trajectory
+from nanbeige.agent.trajectory_file import TrajectoryWriter
 from nanbeige.trainer.code_rewards import CodeJudgeError, open_code_judging
 from nanbeige.trainer.rewards import (
     CODE_TESTS,

@@ -197,7 +197,7 @@ async def judge_stage(config: LoopConfig, state: dict[str, Any], iteration: int,
 def informative_groups(judged: Path, train: TrainConfig) -> tuple[int, int]:
     """How many of the judged groups the trainer's group filter keeps (`group_verdict`, the trainer's own
     decision, over the rollouts with an outcome reward), and how many groups there are."""
-    from nanbeige.agent.trajectory import load_trajectories
+    from nanbeige.agent.trajectory_file import load_trajectories
     from nanbeige.trainer.batches import group_verdict
 
     groups: dict[str, list[Any]] = {}
