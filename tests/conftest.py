@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import shutil
 import signal
@@ -116,12 +117,14 @@ once on a small machine would starve each other past their timeouts, so they sha
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On a worker, the files with the most slow tests go first (the order within a file kept): the longest
-    files start at once instead of last, so no worker is left running one long file while the others wait.
-    Each worker collects the same order, as xdist requires."""
+    """On a worker, the files that took longest in a measured run go first (`tests/file_durations.json`; a file
+    not measured yet counts 20 s a slow test), the order within a file kept: the longest files start at once
+    instead of last, so no worker is left running one long file while the others wait. Each worker collects
+    the same order, as xdist requires."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
-        items.sort(key=lambda item: -slow[item.path])
+        measured = json.loads((TESTS / "file_durations.json").read_text())
+        slow = Counter(item.path.name for item in items if item.get_closest_marker("slow"))
+        items.sort(key=lambda item: -measured.get(item.path.name, 20.0 * slow[item.path.name]))
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:

@@ -15,7 +15,8 @@ import pytest
 from conftest import JAIL
 from fake_openai import FakeOpenAI, Reply
 from test_cli import nanbeige
-from test_code_judge import code_model, eval_command, fenced
+from test_code_judge import fenced
+from test_code_problems import code_model, eval_command
 from test_eval_runner import NANBEIGE, scripted_model, write_gaia
 
 needs_jail = pytest.mark.skipif(not JAIL, reason="needs bwrap, the sandbox's jail, working here")

@@ -11,7 +11,7 @@ with its virtual environment active, as the person's shell has it.
 
     python tests/benchmarks/first_hour.py [--repo .] [--skip-tests] [--keep DIR] [--json FILE]
 
-`--skip-tests` leaves out the quick start's second command (the test suite: 35 to 50 minutes on two
+`--skip-tests` leaves out the quick start's second command (the test suite: about 25 minutes on two
 cores); `--repo` is what to clone (a path or URL; default: this checkout's committed HEAD).
 """
 
