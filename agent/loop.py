@@ -40,8 +40,8 @@ from nanbeige.agent.restarts import Restarts
 from nanbeige.agent.restore import reopen, resumed, time_left
 from nanbeige.agent.run_config import AgentConfig
 from nanbeige.agent.tokens import TokenTracker
-from nanbeige.agent.trajectory import ToolResult, Trajectory, Turn
-from nanbeige.agent.trajectory_file import TrajectoryWriteError, TrajectoryWriter, counted_turns, resume_record
+from nanbeige.agent.trajectory import ToolResult, Trajectory, Turn, counted_turns
+from nanbeige.agent.trajectory_file import TrajectoryWriteError, TrajectoryWriter, resume_record
 from nanbeige.agent.usage import add_turn, over_budget
 
 if TYPE_CHECKING:  # the MCP SDK takes most of a second to import; `nanbeige --help` needs none of it

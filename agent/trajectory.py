@@ -181,3 +181,13 @@ class Trajectory:
     @property
     def finished(self) -> bool:
         return self.stop_reason is not None
+
+
+def counted_turns(turns: list[Turn]) -> int:
+    """The turns a run made, as every count shows them and as `max_turns` counts them: a rolled-back
+    reply (dropped and sampled again) is no turn of its own."""
+    return sum(not turn.rolled_back or turn.consumed for turn in turns)
+
+
+def rolled_back_replies(turns: list[Turn]) -> int:
+    return sum(turn.rolled_back for turn in turns)

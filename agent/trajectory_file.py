@@ -48,16 +48,6 @@ from nanbeige.agent.trajectory import NOT_ENDED_ON_ITS_OWN, ToolCall, ToolResult
 _END_FIELDS = ("answer", "stop_reason", "error", "reward", "judge", "timings", "usage")
 
 
-def counted_turns(turns: list[Turn]) -> int:
-    """The turns a run made, as every count shows them and as `max_turns` counts them: a rolled-back
-    reply (dropped and sampled again) is no turn of its own."""
-    return sum(not turn.rolled_back or turn.consumed for turn in turns)
-
-
-def rolled_back_replies(turns: list[Turn]) -> int:
-    return sum(turn.rolled_back for turn in turns)
-
-
 def start_record(trajectory: Trajectory) -> dict[str, Any]:
     record = {f.name: getattr(trajectory, f.name) for f in dataclasses.fields(trajectory)}
     for name in ("turns", *_END_FIELDS):

@@ -111,7 +111,7 @@ def report(trajectory: Trajectory, json_output: bool) -> None:
 
 def ending(trajectory: Trajectory) -> str:
     """`answered after 3 turns (1 reply rolled back) in 4.0s`: turns counted as `max_turns` counts them."""
-    from nanbeige.agent.trajectory_file import counted_turns, rolled_back_replies
+    from nanbeige.agent.trajectory import counted_turns, rolled_back_replies
 
     turns, dropped = counted_turns(trajectory.turns), rolled_back_replies(trajectory.turns)
     reason = trajectory.stop_reason if trajectory.answer is not None or trajectory.stop_reason != "answered" \
@@ -130,7 +130,7 @@ def resume(path: Annotated[Path, typer.Argument(help="The trajectory file of the
     from nanbeige.agent.cli.resume import check_not_in_use, pick, settings_for
     from nanbeige.agent.restore import complete_turns
     from nanbeige.agent.setup import secrets_of
-    from nanbeige.agent.trajectory_file import counted_turns
+    from nanbeige.agent.trajectory import counted_turns
 
     if flags["replay"] and flags["cache"] is None:
         fail("--replay needs --cache PATH: the cache file to answer tool calls from", 2)

@@ -19,8 +19,7 @@ from typing import Any
 
 from nanbeige.agent import dialects
 from nanbeige.agent.cli.console import visible
-from nanbeige.agent.trajectory import Trajectory, Turn
-from nanbeige.agent.trajectory_file import counted_turns
+from nanbeige.agent.trajectory import Trajectory, Turn, counted_turns
 
 SCRAPE_TOOL, SEARCH_TOOL = "scrape_and_extract_info", "google_search"
 PASSAGE_CHARS = 800  # a passage is trimmed to this
