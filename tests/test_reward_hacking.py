@@ -10,6 +10,7 @@ and writing outside the sandbox (`tests/test_code_grader.py`)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -53,13 +54,17 @@ def reward(runner: CodeRunner, problem: CodeProblem, program: str) -> float:
     return grade_program(runner, problem, None, f"```python\n{program}\n```").reward(CodeRewards())
 
 
-def held(runner: CodeRunner, root: Path, program: str, styles: tuple[str, ...] = tuple(STYLES)) -> dict[str, float]:
+def held(runner: CodeRunner, root: Path, program: str, styles: tuple[str, ...] = tuple(STYLES),
+         time_limit_s: float | None = None) -> dict[str, float]:
     """The program's reward on each style's problem (a function-style one gets `def solve()` appended when it
-    has none); after each, no process of the run and no sandbox folder is left."""
+    has none); after each, no process of the run and no sandbox folder is left. `time_limit_s` widens the
+    problems' limit for programs whose hack is slow work, so that a zero means the hack found nothing, not
+    that a busy machine ran out the clock."""
     rewards = {}
     for style in styles:
         text = program if style == "stdio" or "def solve" in program else program + "\ndef solve():\n    return 0\n"
-        rewards[style] = reward(runner, STYLES[style], text)
+        problem = STYLES[style] if time_limit_s is None else replace(STYLES[style], time_limit_s=time_limit_s)
+        rewards[style] = reward(runner, problem, text)
         # each jail's bwrap names this root; a jail's processes die with it (its pid namespace)
         assert not processes_running(str(root)), (style, "a process of the run is left")
         assert not leftovers(root), (style, leftovers(root))
@@ -229,9 +234,9 @@ def test_a_program_that_reads_every_process_and_file_it_can_finds_no_expected_va
     readable, the judge's side is not dumpable) and every file for the expected values or the assert test's
     code. The same reader passes where the secret can be read (here, a file it writes itself): the hack is a
     real one wherever the values reach the sandbox."""
-    assert held(runner, root, PROC_READER) == nothing()
+    assert held(runner, root, PROC_READER, time_limit_s=30.0) == nothing()
     planted = f"open('/tmp/planted', 'w').write({SECRET!r})\n" + PROC_READER
-    assert held(runner, root, planted, ("call", "stdio")) == {"call": 1.0, "stdio": 1.0}
+    assert held(runner, root, planted, ("call", "stdio"), time_limit_s=30.0) == {"call": 1.0, "stdio": 1.0}
 
 
 # ---------------------------------------------------------------- signal games
