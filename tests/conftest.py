@@ -35,6 +35,12 @@ for name in [name for name in os.environ if name.startswith("NANBEIGE_") or name
 # developer's nanbeige.toml must not change what the tests see, nor a test trust a file on their behalf.
 os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="nanbeige-config-")
 
+# The user's cache folder is the suite's own as well, kept in the checkout between runs (git ignores it) and
+# shared by the workers: what nanbeige keeps there (SmolLM2's de-quantized weights, about 30 s to make on two
+# cores) is made once, not in each test that loads the small model. A test of the cache itself uses a folder
+# of its own.
+os.environ["XDG_CACHE_HOME"] = str(Path(__file__).parent.parent / ".pytest_cache" / "user-cache")
+
 
 def jail_works() -> bool:
     """Whether bwrap is installed here and may make a jail's namespaces (a container may forbid them)."""

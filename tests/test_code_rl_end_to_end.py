@@ -18,6 +18,7 @@ import asyncio
 import importlib.util
 import json
 import re
+import shutil
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -81,18 +82,17 @@ def smollm2_gguf_folder() -> Path:
 def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """SmolLM2-135M-Instruct as a Hugging Face folder (float32, dequantized from the GGUF), which both the
     in-process backend and the trainer load."""
+    import torch
     import transformers
 
-    gguf, folder = smollm2_gguf_folder(), tmp_path_factory.mktemp("smollm2")
-    tokenizer = transformers.AutoTokenizer.from_pretrained(gguf, gguf_file=SMALL_MODEL_GGUF)
-    loaded = transformers.AutoModelForCausalLM.from_pretrained(gguf, gguf_file=SMALL_MODEL_GGUF)
-    # a model loaded from GGUF counts as quantized and refuses to save: the same weights in a plain model
-    config = loaded.config
-    del config.quantization_config
-    model = transformers.AutoModelForCausalLM.from_config(config)
-    model.load_state_dict(loaded.state_dict())
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    from nanbeige.agent.backends.dequantized import entry_for, load_gguf
+
+    # the in-process backend's own de-quantized copy (made once per suite run, in the suite's cache folder),
+    # copied so that nothing here can touch the cache
+    load_gguf(transformers, str(smollm2_gguf_folder()), SMALL_MODEL_GGUF, torch.float32)
+    entry, _ = entry_for(smollm2_gguf_folder() / SMALL_MODEL_GGUF, transformers.__version__)
+    folder = tmp_path_factory.mktemp("smollm2") / "SmolLM2-135M-Instruct"
+    shutil.copytree(entry, folder)
     return folder
 
 

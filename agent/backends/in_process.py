@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from nanbeige.agent.backends.completion import Completion
+from nanbeige.agent.backends.dequantized import load_gguf
 from nanbeige.agent.backends.llm import LLMConfig, ModelError
 from nanbeige.agent.backends.prompts import Conversation, Prompter, identity
 
@@ -230,10 +231,12 @@ class TransformersLLM:
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         dtype = torch.bfloat16 if self.device.startswith("cuda") else torch.float32
         source, gguf_file = resolve_small_model(config.model, gguf_file)
-        options = {"gguf_file": gguf_file} if gguf_file else {}
         try:
-            self.tokenizer = transformers.AutoTokenizer.from_pretrained(source, **options)
-            self.model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **options)
+            if gguf_file:
+                self.tokenizer, self.model = load_gguf(transformers, source, gguf_file, dtype)
+            else:
+                self.tokenizer = transformers.AutoTokenizer.from_pretrained(source)
+                self.model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
         except (OSError, ValueError) as exc:
             raise LocalModelError(load_problem(source, gguf_file, exc)) from None
         self.model.to(self.device).eval()

@@ -1,0 +1,141 @@
+"""The in-process backend's cache of de-quantized GGUF weights (`agent/backends/dequantized.py`), held against
+transformers' own reading of the GGUF file: a cached load is the same tokenizer and the same weights, and
+writes the same reply token for token. The cache is the user's folder, read as untrusted: links, folders
+others can write, unfinished or damaged entries and pickles are never used, and a cache that cannot be written
+costs only time."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+from test_smollm2 import GGUF, smollm2_folder
+
+from nanbeige.agent.backends.dequantized import MARKER, entry_for, load_entry, load_gguf, remove, usable
+from nanbeige.agent.backends.in_process import TransformersLLM
+from nanbeige.agent.backends.llm import LLMConfig
+
+pytestmark = pytest.mark.anyio
+
+QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+
+
+def weights(model: object) -> dict:
+    return {name: tensor.clone() for name, tensor in model.state_dict().items()}
+
+
+@pytest.mark.slow
+async def test_a_cached_load_is_the_gguf_files_tokenizer_and_weights_and_writes_the_same_reply(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+    import transformers
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    config = LLMConfig(model=str(smollm2_folder()), temperature=0.0, repetition_penalty=1.0, max_tokens=12)
+    first = TransformersLLM(config, gguf_file=GGUF)  # transformers reads the GGUF file; the entry is written
+    [entry] = (tmp_path / "cache" / "nanbeige" / "dequantized").iterdir()
+    assert entry == entry_for(smollm2_folder() / GGUF, transformers.__version__)[0]
+    assert oct(entry.stat().st_mode & 0o777) == "0o700" and (entry / "model.safetensors").is_file()
+    second = TransformersLLM(config, gguf_file=GGUF)  # from the entry
+
+    assert second.tokenizer_identity == first.tokenizer_identity  # its name too: the package's folder
+    assert second.template_identity == first.template_identity and second.stop_ids == first.stop_ids
+    before, after = weights(first.model), weights(second.model)
+    assert before.keys() == after.keys() and all(torch.equal(before[name], after[name]) for name in before)
+    replies = [await llm.complete(QUESTION) for llm in (first, second)]
+    assert replies[0].prompt_ids == replies[1].prompt_ids
+    assert replies[0].completion_ids == replies[1].completion_ids and replies[0].logprobs == replies[1].logprobs
+    assert "Paris" in replies[1].message["content"]
+
+
+@pytest.fixture
+def entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, dict[str, str]]:
+    """Where this GGUF file's entry goes in an empty cache of this test's own, and the marker it must hold."""
+    import transformers
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return entry_for(smollm2_folder() / GGUF, transformers.__version__)
+
+
+def finished(entry: Path, marker: dict[str, str]) -> Path:
+    entry.mkdir(parents=True, mode=0o700)
+    (entry / MARKER).write_text(json.dumps(marker))
+    return entry
+
+
+def test_only_a_finished_private_folder_of_this_users_is_an_entry(entry: tuple[Path, dict[str, str]],
+                                                                  tmp_path: Path) -> None:
+    path, marker = entry
+    assert not usable(path, marker)  # none yet
+    finished(path, marker)
+    assert usable(path, marker)
+    assert not usable(path, marker | {"transformers": "0.0.1"})  # made by another transformers
+    path.chmod(0o720)
+    assert not usable(path, marker)  # others could have written it
+    path.chmod(0o700)
+    (path / MARKER).write_text("{not json")
+    assert not usable(path, marker)  # not finished, or damaged
+    (path / MARKER).unlink()
+    assert not usable(path, marker)
+
+
+def test_a_link_in_the_cache_is_never_followed_and_what_it_points_to_is_left_alone(
+        entry: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    path, marker = entry
+    elsewhere = finished(tmp_path / "elsewhere" / "weights", marker)
+    path.parent.mkdir(parents=True)
+    path.symlink_to(elsewhere, target_is_directory=True)
+    assert not usable(path, marker)
+    remove(path)
+    assert not path.exists() and not path.is_symlink() and (elsewhere / MARKER).is_file()
+
+
+class Planted:
+    """Unpickled, it leaves a file: proof that a pickle in the cache was loaded."""
+
+    def __reduce__(self) -> tuple:
+        return (Path.write_text, (Path(os.environ["PLANTED"]), "the pickle ran"))
+
+
+def test_a_pickle_or_remote_code_in_an_entry_never_runs_and_the_entry_is_not_loaded(
+        entry: tuple[Path, dict[str, str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+    import transformers
+
+    path, marker = finished(*entry), entry[1]
+    planted = tmp_path / "planted"
+    monkeypatch.setenv("PLANTED", str(planted))
+    (path / "config.json").write_text(json.dumps({
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"],
+        "auto_map": {"AutoModelForCausalLM": "evil.Model", "AutoTokenizer": ["evil.Tokenizer", None]}}))
+    (path / "tokenizer_config.json").write_text(json.dumps({"auto_map": {"AutoTokenizer": ["evil.T", None]}}))
+    (path / "evil.py").write_text(f"open({str(planted)!r}, 'w').write('remote code ran')\n")
+    (path / "pytorch_model.bin").write_bytes(pickle.dumps({"weights": Planted()}))
+    assert usable(path, marker)  # finished and private: what is inside is still not trusted
+    assert load_entry(transformers, path, torch.float32) is None
+    assert not planted.exists()
+
+
+def test_a_damaged_entry_does_not_load(entry: tuple[Path, dict[str, str]]) -> None:
+    import torch
+    import transformers
+
+    path = finished(*entry)
+    (path / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+    (path / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\": 1")  # cut short
+    assert load_entry(transformers, path, torch.float32) is None
+
+
+@pytest.mark.slow
+def test_a_cache_that_cannot_be_written_costs_only_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache folder's place is taken by a file: the model loads from the GGUF file all the same."""
+    import torch
+    import transformers
+
+    (tmp_path / "cache").write_text("not a folder")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    tokenizer, model = load_gguf(transformers, str(smollm2_folder()), GGUF, torch.float32)
+    assert tokenizer.name_or_path == str(smollm2_folder()) and model.config.vocab_size == 49152
