@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nanbeige.agent.reference.pieces import FILES, PIECES, PYTHONS, Reader, ReferenceError, compiled_docstring
+from nanbeige.agent.reference.pieces import PIECES, compiled_docstring
+from nanbeige.agent.reference.reader import FILES, PYTHONS, Reader, ReferenceError
 
 __all__ = ["FILES", "PYTHONS", "Reference", "ReferenceError", "SUPPORTED", "compiled_docstring", "inspect", "load"]
 

@@ -1,32 +1,16 @@
 """The readers of `agent/reference/checkout.py`: each finds one text or rule the model reads in a checkout of
-MiroThinker and says what it found, or raises ReferenceError naming what is missing."""
+MiroThinker and says what it found, or raises ReferenceError naming what is missing. Those that run the
+checkout's code are in `prompt_functions.py`; the rest, here, read the source without running it."""
 
 from __future__ import annotations
 
 import ast
-import datetime
-import hashlib
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-# The reference requires Python >= 3.12 and its lock file resolves for 3.12 and 3.13, so which one
-# ran it is not known. They differ in the tool descriptions the model read: 3.13's compiler strips
-# the indentation of docstrings, and MCP SDK 1.x sends `__doc__` as it is (NANBEIGE_REFERENCE_PYTHON).
-PYTHONS = ("3.12", "3.13")
-MAX_FILE_BYTES = 5_000_000  # the largest source file read (the reference's are under 100 kB)
-FILES = {
-    "prompts": "apps/miroflow-agent/src/utils/prompt_utils.py",
-    "input": "apps/miroflow-agent/src/io/input_handler.py",
-    "orchestrator": "apps/miroflow-agent/src/core/orchestrator.py",
-    "tool-python": "libs/miroflow-tools/src/miroflow_tools/mcp_servers/python_mcp_server.py",
-    "search_and_scrape_webpage": "libs/miroflow-tools/src/miroflow_tools/dev_mcp_servers/search_and_scrape_webpage.py",
-    "jina_scrape_llm_summary": "libs/miroflow-tools/src/miroflow_tools/dev_mcp_servers/jina_scrape_llm_summary.py",
-    "llm": "apps/miroflow-agent/conf/llm/default.yaml",
-    "llm_model": "apps/miroflow-agent/conf/llm/qwen-3.yaml",
-    "evaluator": "apps/miroflow-agent/benchmarks/evaluators/eval_utils.py",
-}
+from nanbeige.agent.reference.prompt_functions import _read_summary_prompt, _read_system_prompt, _read_user_message
+from nanbeige.agent.reference.reader import FILES, Reader, ReferenceError
+
 # The evaluator's judge prompts (module-level templates it fills with `.format(question=, correct_answer=,
 # response=)`), by the name our judges share.
 JUDGE_PROMPTS = {"browsecomp": "JUDGE_PROMPT_BC_en", "browsecomp-zh": "JUDGE_PROMPT_BC_zh", "hle": "HLE_JUDGE_PROMPT",
@@ -41,121 +25,7 @@ TOOL_SERVERS = ("tool-python", "search_and_scrape_webpage", "jina_scrape_llm_sum
 _DUPLICATE_FIELDS = {"query_str": "query", "tool_name": "tool"}
 
 
-class ReferenceError(Exception):
-    """The checkout cannot be read, or lacks a text the model needs (the message names it)."""
-
-
-class Reader:
-    """Reads files of the checkout, each once, keeping what was read for the hash."""
-
-    def __init__(self, root: Path, python: str = "3.12"):
-        self.root = root
-        self.python = python
-        self.read_files: dict[str, bytes] = {}
-        self.prompt_namespace: dict[str, Any] | None = None  # prompt_utils.py, run once
-
-    def text(self, relative: str) -> str:
-        if relative not in self.read_files:
-            path = self.root / relative
-            try:
-                if not path.is_file():  # a folder, a pipe or a device is no source file
-                    raise ReferenceError(f"{relative} is missing or not a regular file")
-                if path.stat().st_size > MAX_FILE_BYTES:
-                    raise ReferenceError(f"{relative} is larger than {MAX_FILE_BYTES // 1_000_000} MB")
-                self.read_files[relative] = path.read_bytes()
-            except OSError as exc:
-                raise ReferenceError(f"cannot read {relative}: {exc.strerror or exc}") from None
-        try:
-            return self.read_files[relative].decode("utf-8")
-        except UnicodeDecodeError:
-            raise ReferenceError(f"{relative} is not UTF-8 text") from None
-
-    def tree(self, relative: str) -> ast.Module:
-        try:
-            return ast.parse(self.text(relative), filename=relative)
-        except SyntaxError as exc:
-            raise ReferenceError(f"{relative} is not Python this interpreter can parse: {exc.msg}") from None
-        except (ValueError, RecursionError, MemoryError) as exc:  # a NUL byte, nesting too deep
-            raise ReferenceError(f"{relative} cannot be parsed: {type(exc).__name__}") from None
-
-    def exists(self, relative: str) -> bool:
-        try:
-            return (self.root / relative).is_file()
-        except OSError:
-            return False
-
-    def digest(self) -> str:
-        sha = hashlib.sha256()
-        for relative in sorted(self.read_files):
-            data = self.read_files[relative]
-            sha.update(f"{relative}\0{len(data)}\0".encode() + data)
-        return sha.hexdigest()
-
-
 # ---------------------------------------------------------------- the pieces
-
-
-# Standard modules the reference's prompt functions never need: a checkout whose prompt module imports one of
-# them is not the reference's, and is not run. (This is no sandbox: `os` alone can do as much; naming a
-# checkout is trusting it.)
-REACHING_OUT = frozenset({"subprocess", "socket", "ssl", "ctypes", "multiprocessing", "concurrent", "asyncio", "pty",
-                          "http", "urllib", "ftplib", "smtplib", "imaplib", "poplib", "telnetlib", "xmlrpc",
-                          "importlib", "runpy", "pickle", "marshal", "shutil", "webbrowser", "signal"})
-
-
-def _prompt_module(reader: Reader) -> dict[str, Any]:
-    """`prompt_utils.py` run (once) in a namespace of its own, after its imports are checked to be the
-    standard library's only: the checkout's dependencies need not be installed here."""
-    if reader.prompt_namespace is not None:
-        return reader.prompt_namespace
-    relative = FILES["prompts"]
-    tree = reader.tree(relative)
-    for node in ast.walk(tree):
-        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-            [node.module or "."] if isinstance(node, ast.ImportFrom) else []
-        outside = [n for n in names if n.split(".")[0] not in sys.stdlib_module_names]
-        if outside or (isinstance(node, ast.ImportFrom) and node.level):
-            raise ReferenceError(f"{relative} imports {(outside or ['a relative module'])[0]}, beyond the standard "
-                                 "library, so its functions are not run")
-        reaching = [n for n in names if n.split(".")[0] in REACHING_OUT]
-        if reaching:
-            raise ReferenceError(f"{relative} imports {reaching[0]}, which prompt texts have no use for (it starts "
-                                 "programs, opens connections or loads code), so its functions are not run")
-    namespace: dict[str, Any] = {"__name__": "miroflow_reference_prompts"}
-    try:
-        exec(compile(tree, relative, "exec"), namespace)  # noqa: S102 (the user's own checkout)
-    except (Exception, SystemExit) as exc:  # its module body failed: say so, never a traceback
-        raise ReferenceError(f"{relative} failed to load: {type(exc).__name__}: {exc}") from None
-    reader.prompt_namespace = namespace
-    return namespace
-
-
-def _read_system_prompt(reader: Reader) -> tuple[dict[str, Any], str]:
-    namespace = _prompt_module(reader)
-    build = namespace.get("generate_mcp_system_prompt")
-    objective = namespace.get("generate_agent_specific_system_prompt")
-    if not callable(build) or not callable(objective):
-        raise ReferenceError(f"{FILES['prompts']} has no generate_mcp_system_prompt / "
-                             "generate_agent_specific_system_prompt")
-    try:
-        sample = build(datetime.date(2000, 1, 2), [])
-        main = objective(agent_type="main")
-    except (Exception, SystemExit) as exc:
-        raise ReferenceError(f"the system prompt functions failed: {type(exc).__name__}: {exc}") from None
-    if not isinstance(sample, str) or "2000-01-02" not in sample or not isinstance(main, str):
-        raise ReferenceError("generate_mcp_system_prompt does not give a prompt with the date in it")
-    return {"mcp_system_prompt": build, "agent_objective": main}, f"{len(sample)} characters before the tools"
-
-
-def _read_summary_prompt(reader: Reader) -> tuple[dict[str, Any], str]:
-    summarize = _prompt_module(reader).get("generate_agent_summarize_prompt")
-    try:
-        sample = summarize("QUESTION", agent_type="main") if callable(summarize) else None
-    except (Exception, SystemExit) as exc:
-        raise ReferenceError(f"generate_agent_summarize_prompt failed: {type(exc).__name__}: {exc}") from None
-    if not isinstance(sample, str) or "QUESTION" not in sample:
-        raise ReferenceError(f"{FILES['prompts']} has no generate_agent_summarize_prompt for the main agent")
-    return {"summary_prompt_function": summarize}, f"{len(sample) - len('QUESTION')} characters around the question"
 
 
 def _read_tags(reader: Reader) -> tuple[dict[str, Any], str]:
@@ -164,33 +34,6 @@ def _read_tags(reader: Reader) -> tuple[dict[str, Any], str]:
         raise ReferenceError(f"{FILES['prompts']} has no lists mcp_tags and refusal_keywords")
     return ({"mcp_tags": tuple(values["mcp_tags"]), "refusals": tuple(values["refusal_keywords"])},
             f"{len(values['mcp_tags'])} malformed-call tags, {len(values['refusal_keywords'])} refusal phrases")
-
-
-def _read_user_message(reader: Reader) -> tuple[dict[str, Any], str]:
-    """`process_input` of `input_handler.py`, which turns the task into the first user message. The
-    module imports document converters, so the function alone is run, in a namespace of standard
-    modules: without a task file it uses nothing else."""
-    relative = FILES["input"]
-    found = [node for node in reader.tree(relative).body
-             if isinstance(node, ast.FunctionDef) and node.name == "process_input"]
-    if len(found) != 1:
-        raise ReferenceError(f"{relative} has no function process_input")
-    import json
-    import os
-    import traceback
-    import typing
-
-    namespace: dict[str, Any] = {"__name__": "miroflow_reference_input", "os": os, "json": json,
-                                 "traceback": traceback, **{n: getattr(typing, n) for n in typing.__all__}}
-    try:
-        exec(compile(ast.Module(body=found, type_ignores=[]), relative, "exec"), namespace)  # noqa: S102
-        process_input = namespace["process_input"]
-        sample = process_input("QUESTION", None)
-    except (Exception, SystemExit) as exc:
-        raise ReferenceError(f"{relative}: process_input failed: {type(exc).__name__}: {exc}") from None
-    if not (isinstance(sample, tuple) and isinstance(sample[0], str) and "QUESTION" in sample[0]):
-        raise ReferenceError(f"{relative}: process_input does not give the user message first")
-    return {"process_input": process_input}, f"{len(sample[0]) - len('QUESTION')} characters added to the question"
 
 
 def _read_duplicate_query(reader: Reader) -> tuple[dict[str, Any], str]:
