@@ -21,7 +21,6 @@ FILE_CEILINGS = {
     "tests/test_resume.py": 419,
     "tests/test_reward_hacking.py": 419,
     "tests/test_sandbox.py": 606,
-    "tests/test_sandbox_jail.py": 663,
     "tools/sandbox/local.py": 505,
     "trainer/rewards.py": 440,
     "trainer/rl_loop.py": 415,
