@@ -256,7 +256,7 @@ def write_snapshots(sent: Any, before: dict[str, str], result_dir: Path) -> None
 
 def write_inside(folder: Path, relative: PurePosixPath, data: bytes) -> None:
     """A file the sandbox sent, written below `folder` and nowhere else (a link there is refused up front,
-    `runner.refuse_links`; this holds against one made while the eval runs)."""
+    `out_folder.refuse_links`; this holds against one made while the eval runs)."""
     try:
         files.write_inside(folder, relative, data)
     except OSError as exc:

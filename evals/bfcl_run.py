@@ -30,7 +30,8 @@ from nanbeige.agent.run_config import RunSettings
 from nanbeige.agent.trajectory import Trajectory, Turn
 from nanbeige.evals import bfcl, bfcl_jail
 from nanbeige.evals.eval_config import EvalConfig, EvalError
-from nanbeige.evals.runner import MANIFEST, REPORT, TRAJECTORIES, Progress, failed_run_errors, prepare_out, run_all
+from nanbeige.evals.out_folder import MANIFEST, REPORT, TRAJECTORIES, prepare_out
+from nanbeige.evals.runner import Progress, failed_run_errors, run_all
 from nanbeige.tools.sandbox import SandboxError
 
 if TYPE_CHECKING:

@@ -17,7 +17,8 @@ from nanbeige.agent.run_config import RunSettings
 from nanbeige.agent.trajectory_file import TrajectoryWriter
 from nanbeige.evals.eval_config import EvalConfig, EvalError
 from nanbeige.evals.grading import open_code_runner
-from nanbeige.evals.runner import Attempt, Progress, agent_attempt, append_result, run_all
+from nanbeige.evals.out_folder import append_result
+from nanbeige.evals.runner import Attempt, Progress, agent_attempt, run_all
 from nanbeige.evals.tasks import Task
 
 

@@ -25,7 +25,7 @@ from nanbeige.agent.cache import ReplayMiss, ToolCache, canonical_arguments
 from nanbeige.agent.loop import AgentConfig, run
 from nanbeige.agent.toolbox import ServerSpec, Toolbox
 from nanbeige.agent.trajectory import ToolCall
-from nanbeige.evals.runner import read_results
+from nanbeige.evals.out_folder import read_results
 
 NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
 SEARCH = "search_and_scrape_webpage"

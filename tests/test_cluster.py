@@ -39,7 +39,7 @@ from nanbeige.agent.backends.scripted import ScriptedLLM
 from nanbeige.agent.loop import AgentConfig, run
 from nanbeige.agent.toolbox import ServerSpec, Toolbox
 from nanbeige.agent.trajectory_file import TrajectoryWriter, load_trajectories
-from nanbeige.evals.runner import read_results
+from nanbeige.evals.out_folder import read_results
 
 TESTKIT = "testkit=" + shlex.join([sys.executable, str(TESTS / "mcp_test_server.py")])
 # ---------------------------------------------------------------- run in the cluster's own network namespace

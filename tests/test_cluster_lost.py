@@ -26,7 +26,7 @@ from ray_cluster import (
 )
 
 from nanbeige.agent.trajectory_file import load_trajectories
-from nanbeige.evals.runner import read_results
+from nanbeige.evals.out_folder import read_results
 
 RUNS = 2 * len(QUESTIONS)  # each question twice: -k 2, or -G 2
 

@@ -22,7 +22,8 @@ from nanbeige.agent.loop import AgentConfig
 from nanbeige.agent.run_config import RunSettings, ToolsConfig
 from nanbeige.evals.benchmarks import BENCHMARKS
 from nanbeige.evals.judges import JUDGE_ENDPOINT
-from nanbeige.evals.runner import EvalConfig, evaluate, read_results
+from nanbeige.evals.out_folder import read_results
+from nanbeige.evals.runner import EvalConfig, evaluate
 
 NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
 

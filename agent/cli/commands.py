@@ -272,7 +272,7 @@ def eval_report(folder: Path | None) -> None:
     import json
 
     from nanbeige.agent.cli.running import notice
-    from nanbeige.evals.runner import MANIFEST, REPORT, read_manifest, read_results
+    from nanbeige.evals.out_folder import MANIFEST, REPORT, read_manifest, read_results
     from nanbeige.evals.scores import build_report, markdown
 
     if folder is None:
