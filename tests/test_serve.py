@@ -17,15 +17,8 @@ import pytest
 from conftest import free_port
 
 from nanbeige.agent.cli import serve as serve_module
-from nanbeige.agent.cli.serve import (
-    NO_GPU,
-    ServeConfig,
-    chat_template_file,
-    check_vllm_available,
-    serve,
-    server_url,
-    vllm_args,
-)
+from nanbeige.agent.cli.serve import NO_GPU, check_vllm_available, serve, server_url
+from nanbeige.agent.cli.serve_config import ServeConfig, chat_template_file, vllm_args
 
 # Parses the flags it needs and ignores the rest, like a real `vllm serve` would accept them;
 # `--fake-*` flags (passed as extra_args) choose how it behaves.
@@ -84,7 +77,8 @@ except KeyboardInterrupt:
 # `serve` in its own process, so that SIGINT is delivered as a terminal's Ctrl-C would be. The
 # handler is set explicitly: a process started from a non-interactive shell may inherit SIGINT ignored.
 SERVE_IN_CHILD = ("import json, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-                  "from nanbeige.agent.cli.serve import ServeConfig, serve; "
+                  "from nanbeige.agent.cli.serve import serve; "
+                  "from nanbeige.agent.cli.serve_config import ServeConfig; "
                   "sys.exit(serve(ServeConfig(**json.loads(sys.argv[1]))))")
 DEFAULT_ARGS = ["vllm", "serve", "Nanbeige/Nanbeige4.1-3B", "--host", "127.0.0.1", "--port", "8000",
                 "--served-model-name", "Nanbeige/Nanbeige4.1-3B", "--dtype", "bfloat16", "--generation-config", "vllm",

@@ -10,7 +10,7 @@ from typing import Any
 
 from nanbeige.agent.cli import options as o
 from nanbeige.agent.cli.options import option
-from nanbeige.agent.cli.serve import ServeConfig
+from nanbeige.agent.cli.serve_config import ServeConfig
 from nanbeige.agent.run_config import BackendConfig
 
 SERVE: dict[str, tuple[Any, Any]] = {

