@@ -26,7 +26,7 @@ from test_cli import nanbeige
 from test_code_judge import fenced, rollout
 from test_judge import write
 
-from nanbeige.agent.cli.rl_commands import ProblemFormat
+from nanbeige.agent.cli.problems_command import ProblemFormat
 from nanbeige.agent.trajectory_file import load_trajectories
 from nanbeige.evals.code_formats import CONVERTERS
 from nanbeige.evals.code_problems import read_problems

@@ -25,7 +25,15 @@ import typer
 from rich.markup import escape
 
 from nanbeige.agent.backends.llm import LLMConfig
-from nanbeige.agent.cli import cache_commands, commands, research, rl_commands, settings_file, train_commands
+from nanbeige.agent.cli import (
+    cache_commands,
+    commands,
+    problems_command,
+    research,
+    rl_commands,
+    settings_file,
+    train_commands,
+)
 from nanbeige.agent.cli import options as o
 from nanbeige.agent.cli.command_options import RESUME
 from nanbeige.agent.cli.console import SafeConsole, err, fail, hide, out, out_json, shown
@@ -224,7 +232,7 @@ app.command("eval", cls=commands.EvalCommand)(commands.evaluate)
 app.command("collect", cls=ShortHelpCommand)(rl_commands.collect)
 app.command("judge", cls=ShortHelpCommand)(rl_commands.judge)
 app.command("synth")(rl_commands.synth)
-app.command("problems")(rl_commands.problems)
+app.command("problems")(problems_command.problems)
 app.command("trust")(commands.trust_command)
 # `train` trains; `train report RUN_DIR` draws a run's curves
 app.add_typer(train_commands.train_app, name="train")
