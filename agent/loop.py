@@ -1,14 +1,15 @@
 """The ReAct loop: ask the model, parse its tool calls, run them, log the turn, repeat.
 
 `run` is the whole agent; everything it needs is a function in dialects.py, replies.py (what a
-reply is), context.py, restore.py (a resumed run's state) or toolbox. Limits end the run with a stop
+reply is), context.py, restore.py (a resumed run's state), final_turn.py (how a run ends once its loop
+stopped) or toolbox. Limits end the run with a stop
 reason (all but time in one check before each model call, `_limit_reached`), never with an exception,
 and so does a trajectory file that cannot be written (`write_error`: a full disk); Ctrl-C or SIGTERM
 (task cancellation) closes the trajectory as `interrupted`, and a bug as `crashed`, and both re-raise.
 
 Many runs may share one model backend and one toolbox: everything that belongs to one run (the
 backend's conversation state, the history, the token tracker, the tool servers' restart budget)
-lives in `Run`, made fresh by each call of `run`.
+lives in `Run` (run_state.py), made fresh by each call of `run`.
 """
 
 from __future__ import annotations
@@ -17,11 +18,9 @@ import asyncio
 import dataclasses
 import datetime
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from nanbeige.agent import dialects, replies
-from nanbeige.agent.backends.completion import Completion
 from nanbeige.agent.backends.llm import LLM, ContextOverflow, ModelError, served_by
 from nanbeige.agent.cache import ReplayMiss
 from nanbeige.agent.context import (
@@ -32,59 +31,28 @@ from nanbeige.agent.context import (
     reference_margin,
     release_unseen_results,
     repeated_call,
-    step_back,
     used_query,
 )
+from nanbeige.agent.final_turn import _end
 from nanbeige.agent.replies import EXTRA_ATTEMPTS, RESAMPLES
-from nanbeige.agent.restarts import Restarts
 from nanbeige.agent.restore import reopen, resumed, time_left
 from nanbeige.agent.run_config import AgentConfig
-from nanbeige.agent.tokens import TokenTracker
-from nanbeige.agent.trajectory import ToolResult, Trajectory, Turn, counted_turns
+from nanbeige.agent.run_state import Event, Run, _log_turn, _new_turn, _next_prompt_tokens, _streaming, _turns_used
+from nanbeige.agent.trajectory import ToolResult, Trajectory, Turn
 from nanbeige.agent.trajectory_file import TrajectoryWriteError, TrajectoryWriter, resume_record
-from nanbeige.agent.usage import add_turn, over_budget
+from nanbeige.agent.usage import over_budget
 
 if TYPE_CHECKING:  # the MCP SDK takes most of a second to import; `nanbeige --help` needs none of it
     from nanbeige.agent.toolbox import Toolbox
 
-MIN_ANSWER_TOKENS = 512  # the final answer turn needs at least this much room to be worth making
-FINAL_ANSWER_TOKENS = 4096  # room wanted for the final answer (a thinking model reasons first)
 # The context when neither the user nor the server says: the reference harness runs Nanbeige with
 # 262,144, the length the model was trained to.
 DEFAULT_MAX_CONTEXT = 262144
 RELEASED = "[not kept in memory: this tool result is in the trajectory file]"
 
 
-Event = Callable[[str, Any], None]
-
-
-@dataclass
-class Run:
-    """The state of one run, never shared with another."""
-
-    trajectory: Trajectory
-    history: History
-    conversation: Any
-    """The model backend's state for this conversation (see `LLM.new_conversation`)."""
-    tracker: TokenTracker = dataclasses.field(default_factory=TokenTracker)
-    restarts: Restarts = dataclasses.field(default_factory=Restarts)
-    """This run's budget of tool-server restarts."""
-    turns_counted: tuple[int, int] = (0, 0)
-    """How many of the trajectory's turns were counted against max_turns, and how many of those
-    count (rolled-back replies do not): counting only the new ones keeps a turn's cost flat."""
-    summary_tokens: int | None = None
-    """The estimated size of the run's summary prompt, which the context check counts every turn
-    (made once: with a reference checkout it is the checkout's function's output)."""
-
-
 def _no_event(kind: str, data: Any) -> None:
     pass
-
-
-def _streaming(config: AgentConfig, on_event: Event) -> dict[str, Any]:
-    """The model call's `on_text` when the run streams; nothing otherwise, so a backend that cannot
-    stream works as before."""
-    return {"on_text": lambda text: on_event("text", text)} if config.stream else {}
 
 
 async def run(question: str, llm: LLM, toolbox: Toolbox | None, config: AgentConfig,
@@ -241,25 +209,6 @@ async def _act(turn: Turn, state: Run, toolbox: Toolbox | None, config: AgentCon
         trajectory.stop_reason = "format_errors"
 
 
-def _turns_used(state: Run) -> int:
-    """The turns that count against max_turns so far (rolled-back replies do not)."""
-    turns = state.trajectory.turns
-    seen, used = state.turns_counted
-    used += counted_turns(turns[seen:])
-    state.turns_counted = (len(turns), used)
-    return used
-
-
-def _next_prompt_tokens(llm: LLM, state: Run, tools: list[dict[str, Any]] | None) -> int:
-    """The next prompt's size: exact when the backend has the model's tokenizer, else the server's
-    last count plus an estimate of what was added since."""
-    exact = llm.count_prompt(state.history.messages, tools, state.conversation)
-    if exact is not None:
-        return exact
-    turns = state.trajectory.turns
-    return state.history.next_prompt_tokens(turns[-1] if turns else None)
-
-
 async def _run_calls(turn: Turn, parsed: dialects.ParsedReply, state: Run, toolbox: Toolbox | None,
                      config: AgentConfig, on_event: Event) -> None:
     """Run the turn's tool calls one after another; calls that cannot run get an error result."""
@@ -281,87 +230,6 @@ async def _run_calls(turn: Turn, parsed: dialects.ParsedReply, state: Run, toolb
         turn.tool_results.append(result)
 
 
-async def _end(state: Run, llm: LLM, config: AgentConfig, prompt_tokens: int | None,
-               writer: TrajectoryWriter | None, on_event: Event, omit_latest: bool = False) -> None:
-    """How a run ends once its loop stopped: with the summary turn (whatever the reason, when it is
-    on), with a final-answer turn at a limit, or as it is."""
-    limit = state.trajectory.stop_reason in ("max_turns", "context_limit", "budget")
-    if state.trajectory.stop_reason == "model_error" or not (config.summary_turn or (config.final_answer_turn
-                                                                                      and limit)):
-        return
-    if prompt_tokens is None:
-        prompt_tokens = _next_prompt_tokens(llm, state, None)
-    await _final_turn(state, llm, config, prompt_tokens, writer, on_event, omit_latest)
-
-
-async def _final_turn(state: Run, llm: LLM, config: AgentConfig, prompt_tokens: int,
-                      writer: TrajectoryWriter | None, on_event: Event, omit_latest: bool = False) -> None:
-    """One call without tools that asks for the answer (`_final_request` says with what); as the
-    summary turn, asked again while a reply has no boxed answer, as many times as the reference tries."""
-    trajectory = state.trajectory
-    instruction = dialects.final_answer_instruction(config.dialect, trajectory.question, bool(config.summary_turn),
-                                                    config.reference)
-    messages, room, omitted = _final_request(state, llm, config, prompt_tokens, instruction, omit_latest)
-    if room < MIN_ANSWER_TOKENS:
-        trajectory.error = trajectory.error or "no room left in the context for a final answer"
-        return
-    request = [*messages, {"role": "user", "content": instruction}]
-    # the reference's summary tries (1 in v1.0; 3 in some later commits): a reply without a boxed
-    # answer is dropped and the summary asked for again
-    tries = config.reference.summary_attempts(config.keep_tool_results) if config.reference else 1
-    for attempt in range(tries if config.summary_turn else 1):
-        on_event("model", _turns_used(state))
-        try:
-            completion = await llm.complete(request, None, max_tokens=min(llm.config.max_tokens, room),
-                                            conversation=state.conversation, **_streaming(config, on_event))
-        except ModelError as exc:
-            trajectory.error = str(exc)
-            return
-        turn = _new_turn(trajectory, completion, state.tracker)
-        turn.instruction, turn.omitted_latest_results = instruction, omitted
-        answer = replies.final_answer(turn, config.dialect, bool(config.summary_turn))
-        if answer is None:
-            turn.format_error = "The reply to the final-answer request had no usable answer."
-            turn.rolled_back = attempt < tries - 1
-        _log_turn(trajectory, turn, writer, on_event)
-        if answer is not None:
-            break
-    if answer is None and config.summary_turn:
-        answer = replies.latest_boxed(trajectory.turns)
-    trajectory.answer = answer if answer is not None else trajectory.answer
-
-
-def _final_request(state: Run, llm: LLM, config: AgentConfig, prompt_tokens: int, instruction: str,
-                   omit_latest: bool) -> tuple[list[dict[str, Any]], int, bool]:
-    """The messages the final-answer turn is asked with before its instruction, the room left for its
-    reply, and whether the newest tool results were left out. As the summary turn, a trailing tool
-    result (or other user message) is dropped first, as the reference harness does. The newest tool
-    results are also left out when the answer would otherwise have too little room (or the server said
-    it did not fit)."""
-    history = state.history
-    messages = history.messages
-    room = config.max_context - prompt_tokens - estimate_tokens(instruction)
-    dropped = bool(config.summary_turn) and len(messages) > 2 and messages[-1]["role"] == "user"
-    omitted = not dropped and bool(history.observations) and (
-        omit_latest or room < min(llm.config.max_tokens, FINAL_ANSWER_TOKENS))
-    if dropped:
-        if config.dialect == "mcp-xml" and state.trajectory.stop_reason == "context_limit" and not omit_latest:
-            # the reference steps back the whole last turn when its context check trips; then, as at
-            # its turn limit, drops the tool result that is last after that (a server's refusal of a
-            # prompt too long only drops the trailing result)
-            messages, omitted = step_back(messages), True
-        messages = messages[:-1] if messages[-1]["role"] == "user" else messages
-        room += sum(estimate_tokens(m["content"] or "") for m in history.messages[len(messages):])
-    elif omitted:
-        messages = history.omit_latest()
-        room += history.latest_tool_result_tokens()
-    if config.summary_turn:  # the summary prompt is one of the K results the reference shows
-        messages = history.summary_view(messages)
-    omitted = omitted or (dropped and bool(history.observations)
-                          and history.observations[-1][-1] == len(history.messages) - 1)
-    return messages, room, omitted
-
-
 def _margin(state: Run, config: AgentConfig) -> int:
     """Tokens the context must hold beyond the next prompt and the reply: in the reference's flow
     (mcp-xml with its summary turn) its own check's, else `context_reserve`."""
@@ -373,18 +241,3 @@ def _margin(state: Run, config: AgentConfig) -> int:
     return reference_margin(state.history.messages, state.summary_tokens, bool(state.trajectory.turns))
 
 
-def _new_turn(trajectory: Trajectory, completion: Completion, tracker: TokenTracker) -> Turn:
-    turn = Turn(index=len(trajectory.turns), assistant=completion.message, finish_reason=completion.finish_reason,
-                usage=completion.usage, latency_s=completion.latency_s, logprobs=completion.logprobs,
-                endpoint=completion.endpoint)
-    if completion.prompt_ids is not None and completion.completion_ids is not None:
-        tracker.record(turn, completion.prompt_ids, completion.completion_ids)
-    return turn
-
-
-def _log_turn(trajectory: Trajectory, turn: Turn, writer: TrajectoryWriter | None, on_event: Event) -> None:
-    trajectory.turns.append(turn)
-    add_turn(trajectory.usage, turn)
-    if writer:
-        writer.turn(trajectory, turn)
-    on_event("turn", turn)
