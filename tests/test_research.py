@@ -252,7 +252,8 @@ def test_a_report_path_that_would_lose_something_is_refused_before_the_run(tmp_p
 
 
 def test_the_markdown_report_makes_no_link_or_image_of_the_models_text(tmp_path: Path) -> None:
-    from nanbeige.agent.cli.research import Research, write_report
+    from nanbeige.agent.cli.research import Research
+    from nanbeige.agent.cli.research_command import write_report
 
     reply = "See ![pixel](http://tracker.example/p.png), [click](javascript:alert(1)) and [1]: http://x [2]."
     trajectory = Trajectory(question=QUESTION, answer="42", stop_reason="answered")
@@ -265,7 +266,8 @@ def test_the_markdown_report_makes_no_link_or_image_of_the_models_text(tmp_path:
 
 def test_keys_are_taken_out_of_the_report_before_it_is_escaped(tmp_path: Path) -> None:
     from nanbeige.agent.cli.console import hide
-    from nanbeige.agent.cli.research import Research, write_report
+    from nanbeige.agent.cli.research import Research
+    from nanbeige.agent.cli.research_command import write_report
 
     key = 'key<with>&amp"1'
     trajectory = Trajectory(question=QUESTION, answer=f"the key is {key}", stop_reason="answered")
@@ -321,7 +323,8 @@ async def test_when_the_summary_call_fails_the_next_attempt_starts_afresh_and_th
 
 
 def test_the_report_reads_passages_the_run_let_go_of_from_the_trajectory_file(tmp_path: Path) -> None:
-    from nanbeige.agent.cli.research import Research, write_report
+    from nanbeige.agent.cli.research import Research
+    from nanbeige.agent.cli.research_command import write_report
     from nanbeige.agent.loop import RELEASED
 
     extract = json.dumps({"success": True, "url": "https://example.com/a", "extracted_info": "Mars: 687 days."})

@@ -29,7 +29,7 @@ from nanbeige.agent.cli import (
     cache_commands,
     commands,
     problems_command,
-    research,
+    research_command,
     rl_commands,
     settings_file,
     train_commands,
@@ -221,7 +221,7 @@ def options(show_version: Annotated[bool, typer.Option("--version", callback=ver
     """Agent runtime for deep search and tool use with Nanbeige4.1-3B."""
 
 
-app.command("research", cls=ShortHelpCommand)(research.research_command)
+app.command("research", cls=ShortHelpCommand)(research_command.research_command)
 app.command("serve", cls=ShortHelpCommand, context_settings={"allow_extra_args": True,
                                                              "ignore_unknown_options": True})(commands.serve)
 app.command("server")(commands.server)
