@@ -28,7 +28,7 @@ import ray
 from ray.exceptions import ActorUnschedulableError, ObjectLostError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from nanbeige.agent.toolbox import passed_env
+from nanbeige.agent.server_env import passed_env
 from nanbeige.agent.trajectory import Trajectory, Turn
 from nanbeige.agent.trajectory_file import TrajectoryWriter
 from nanbeige.tools.errors import NanbeigeError

@@ -27,9 +27,10 @@ from nanbeige.agent.loop import AgentConfig
 from nanbeige.agent.model_setup import Notice, find_model, start_backend
 from nanbeige.agent.records import NotATrajectoryFile
 from nanbeige.agent.run_config import RunSettings, ToolsConfig
+from nanbeige.agent.server_env import passed_env, secrets_in_env
 from nanbeige.agent.server_log import ServerLog
 from nanbeige.agent.setup_checks import SetupError, check_outputs, check_settings, with_texts
-from nanbeige.agent.toolbox import ServerSpec, Toolbox, ToolboxError, passed_env, secrets_in_env
+from nanbeige.agent.toolbox import ServerSpec, Toolbox, ToolboxError
 from nanbeige.agent.trajectory_file import TrajectoryWriteError, TrajectoryWriter
 from nanbeige.tools.endpoint import url_credentials, without_credentials
 

@@ -14,10 +14,6 @@ cannot start at all is an error for the user.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
-import os
-import re
 import shlex
 import sys
 import time
@@ -25,22 +21,27 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from mcp import Client, MCPError, StdioServerParameters, stdio_client
-from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT, TextContent
+from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
 from nanbeige.agent.cache import ToolCache
 from nanbeige.agent.lifeline import tied_to_this_process
 from nanbeige.agent.restarts import RESTART_CREDIT_CALLS, Restarts
+from nanbeige.agent.server_env import passed_env
+from nanbeige.agent.tool_results import (
+    defuse_control_tokens,
+    failure_prefix,
+    origin,
+    paid_usage,
+    redact_values,
+    result_text,
+    truncate,
+)
 from nanbeige.agent.trajectory import ToolCall, ToolResult
 from nanbeige.agent.trajectory_file import redact, usable_secrets
-from nanbeige.tools.endpoint import url_credentials, without_credentials
 from nanbeige.tools.errors import NanbeigeError
 
-# Environment passed on to stdio servers: backend settings, and API keys only to our own servers.
-ENV_PREFIXES = ("NANBEIGE_", "SERPER_", "JINA_", "E2B_", "SEARXNG_")
-ENV_NAMES = ("PYTHONPATH", "VIRTUAL_ENV", "HF_HOME", "HF_HUB_OFFLINE", "LANG", "TMPDIR")
 PING_TIMEOUT_S = 5.0  # after a call timed out, how long the server gets to answer before it counts as hung
 HUNG_AFTER_TIMEOUTS = 3  # calls in a row that time out make a server count as hung, even if it still answers
-SECRET_NAMES = ("NANBEIGE_API_KEY", "NANBEIGE_SUMMARY_API_KEY", "SERPER_API_KEY", "JINA_API_KEY", "E2B_API_KEY")
 
 
 class ToolboxError(NanbeigeError):
@@ -78,31 +79,6 @@ class ServerSpec:
         return stdio_client(params, errlog=errlog)
 
 
-def passed_env(with_secrets: bool = False) -> dict[str, str]:
-    """The part of this process's environment that tool servers may need. API keys, and the user
-    name and password in a URL (`http://user:pass@host`), go only to the built-in servers
-    (`with_secrets`), never to a server the user plugged in."""
-    env = {k: v for k, v in os.environ.items()
-           if (k.startswith(ENV_PREFIXES) or k in ENV_NAMES) and (with_secrets or k not in SECRET_NAMES)}
-    return env if with_secrets else {k: without_credentials(v) for k, v in env.items()}
-
-
-def secrets_in_env() -> list[str]:
-    """The API keys set in this process's environment, and the credentials in the URLs passed on."""
-    keys = [os.environ[name] for name in SECRET_NAMES if os.environ.get(name)]
-    return keys + [s for value in passed_env(with_secrets=True).values() for s in url_credentials(value) if s]
-
-
-# Text spelling a chat control token (a scraped page quoting "<|im_end|>") would become the real
-# token once rendered into a prompt and tokenized, and could end the tool turn and start a forged
-# one. A zero-width space keeps it readable and makes it plain text.
-CONTROL_TOKEN = re.compile(r"<\|([A-Za-z0-9_]+)\|>")
-
-
-def defuse_control_tokens(text: str) -> str:
-    return CONTROL_TOKEN.sub("<\u200b|\\1|>", text)
-
-
 def parse_server_spec(text: str) -> ServerSpec:
     """`NAME=SPEC`: SPEC is an http(s) URL or the command line of a stdio server."""
     name, sep, spec = text.partition("=")
@@ -112,16 +88,6 @@ def parse_server_spec(text: str) -> ServerSpec:
     if spec.startswith(("http://", "https://")):
         return ServerSpec(name=name.strip(), url=spec)
     return ServerSpec(name=name.strip(), command=shlex.split(spec), env=passed_env())
-
-
-def result_text(content: list[Any]) -> str:
-    return "\n".join(block.text if isinstance(block, TextContent) else f"[{block.type} omitted]" for block in content)
-
-
-def truncate(text: str, max_chars: int) -> tuple[str, bool]:
-    if len(text) <= max_chars:
-        return text, False
-    return text[:max_chars] + "\n... [Result truncated]", True  # the reference harness's marker
 
 
 class Toolbox:
@@ -354,39 +320,6 @@ class Toolbox:
         for name in self.specs:
             async with self._restarting.setdefault(name, asyncio.Lock()):  # after a restart in flight
                 await self._disconnect(name)
-
-
-def origin(info: Any, tool: dict[str, Any]) -> str:
-    """Where a tool's results come from, for the cache: the name and version the server gave for itself
-    and a digest of the tool's description and schema (a tool that changed may answer differently)."""
-    about = json.dumps([tool["description"], tool["input_schema"]], sort_keys=True, default=str)
-    server = f"{info.name} {info.version}".strip() if info is not None else "an unnamed server"
-    return f"{server}; {tool['name']} {hashlib.sha256(about.encode()).hexdigest()[:12]}"
-
-
-def redact_values(value: Any, secrets: list[str]) -> Any:
-    """A JSON value with the secrets taken out of every string in it (keys of objects too)."""
-    if isinstance(value, str):
-        return redact(value, secrets)
-    if isinstance(value, dict):
-        return {redact(str(k), secrets): redact_values(v, secrets) for k, v in value.items()}
-    if isinstance(value, list):
-        return [redact_values(v, secrets) for v in value]
-    return value
-
-
-def paid_usage(meta: dict[str, Any] | None) -> dict[str, float] | None:
-    """What the call cost, as our own servers report it in the result's `_meta` (numbers only: a server
-    the user plugged in could send anything there)."""
-    reported = (meta or {}).get("nanbeige/usage")
-    if not isinstance(reported, dict):
-        return None
-    return {k: v for k, v in reported.items() if isinstance(k, str) and isinstance(v, (int, float))} or None
-
-
-def failure_prefix(call: ToolCall) -> str:
-    """How a result the runtime wrote for a call that got no answer begins (the reference harness's words)."""
-    return f"Tool call to {call.name} on {call.server} failed. Error: "
 
 
 def _describe(exc: BaseException) -> str:

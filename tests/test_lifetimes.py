@@ -18,7 +18,8 @@ from processes import alive, command_line, tree, wait_for
 from sandbox_leftovers import leftovers
 
 from nanbeige.agent.lifeline import tied_to_this_process
-from nanbeige.agent.toolbox import ServerSpec, Toolbox, passed_env
+from nanbeige.agent.server_env import passed_env
+from nanbeige.agent.toolbox import ServerSpec, Toolbox
 from nanbeige.agent.trajectory import ToolCall
 from nanbeige.tools.sandbox import SandboxConfig, Sandboxes
 

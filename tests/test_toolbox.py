@@ -13,7 +13,8 @@ import pytest
 from conftest import TEST_SERVER, free_port, wait_for_http
 
 from nanbeige.agent.restarts import Restarts
-from nanbeige.agent.toolbox import ServerSpec, Toolbox, ToolboxError, parse_server_spec, passed_env, secrets_in_env
+from nanbeige.agent.server_env import passed_env, secrets_in_env
+from nanbeige.agent.toolbox import ServerSpec, Toolbox, ToolboxError, parse_server_spec
 from nanbeige.agent.trajectory import ToolCall
 from nanbeige.tools.endpoint import url_credentials
 
