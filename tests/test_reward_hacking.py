@@ -6,7 +6,7 @@ the run, no sandbox folder).
 Kept elsewhere, not repeated here: programs that redefine names HumanEval's checks use (`abs`, `tuple`,
 `poly`, `encode_cyclic`; `tests/test_code_humaneval_oracle.py`, held against HumanEval's own harness, which
 passes them), a fork bomb, killing the jail, its process group or the parent, reading the problems file
-and writing outside the sandbox (`tests/test_code_grader.py`); the programs that aim at the judge's side (its
+and writing outside the sandbox (`tests/test_hostile_programs.py`); the programs that aim at the judge's side (its
 parser, the harness, what outlives the call, the output compared, the failure reason) are
 `tests/test_harness_attacks.py`."""
 
