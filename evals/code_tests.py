@@ -37,7 +37,7 @@ from nanbeige.evals.tasks import one_line
 from nanbeige.tools.sandbox import SandboxConfig, SandboxError, config_from_env
 
 if TYPE_CHECKING:
-    from nanbeige.tools.sandbox.local import ProgramRun
+    from nanbeige.tools.sandbox.program_runs import ProgramRun
 
 HARNESS = Path(__file__).with_name("code_harness.py")
 FENCE = re.compile(r"```[ \t]*([\w+.-]*)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)

@@ -237,10 +237,10 @@ def test_a_program_over_a_megabyte_is_a_format_error() -> None:
 
 def test_a_jail_that_does_not_start_the_program_is_the_sandboxs_failure(runner: CodeRunner,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    from nanbeige.tools.sandbox import SandboxError, local
+    from nanbeige.tools.sandbox import SandboxError, program_runs
 
     failing_jail = ["/bin/sh", "-c", "echo bwrap: no >&2; exit 1"]
-    monkeypatch.setattr(local, "command_line", lambda *args, **kwargs: (failing_jail, []))
+    monkeypatch.setattr(program_runs, "command_line", lambda *args, **kwargs: (failing_jail, []))
     # the program never started: whatever a known-good program would do after it, this is no reward
     with pytest.raises(SandboxError, match="the sandbox's jail did not run the program .*bwrap: no"):
         grade_program(runner, SUM, None, fenced("print(3)"))

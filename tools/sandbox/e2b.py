@@ -20,7 +20,7 @@ from typing import Any
 
 from nanbeige.tools import usage
 from nanbeige.tools.sandbox.answers import command_failed, format_command, invalid_id
-from nanbeige.tools.sandbox.local import ProgramRun
+from nanbeige.tools.sandbox.program_runs import ProgramRun
 from nanbeige.tools.sandbox.sandbox_config import MB, SANDBOX_HOME, SandboxConfig, SandboxError
 
 log = logging.getLogger(__name__)

@@ -26,83 +26,40 @@ one, which sweeps what no live server holds (each holds a lock on its sandboxes'
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import signal
 import subprocess
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
-from dataclasses import dataclass, replace
 from pathlib import Path
 
 from nanbeige.tools.sandbox.answers import command_failed, format_command, format_execution, invalid_id, truncate
-from nanbeige.tools.sandbox.box import (
-    WORKER,
-    LocalSandbox,
-    command_line,
-    kill_all,
-    make_sandbox,
-    remove_sandbox,
-    sandbox_env,
-)
+from nanbeige.tools.sandbox.box import WORKER, LocalSandbox, kill_all, make_sandbox, remove_sandbox
 from nanbeige.tools.sandbox.budget import can_make_disks, cgroup_parents, folder_bytes, rss_bytes, sweep, sweep_cgroups
-from nanbeige.tools.sandbox.channel import Channel, ChannelError, check_cell_reply, cpu_time, exchange, read_line
+from nanbeige.tools.sandbox.channel import ChannelError, check_cell_reply, cpu_time, exchange
 from nanbeige.tools.sandbox.files import host_path, read_file, write_file
 from nanbeige.tools.sandbox.probe import Isolation, probe_isolation, unjailed_notice
+from nanbeige.tools.sandbox.program_runs import ProgramRunner
 from nanbeige.tools.sandbox.sandbox_config import MB, SandboxConfig, SandboxError
-from nanbeige.tools.sandbox.system import (
-    become_subreaper,
-    collect,
-    descendant_chain,
-    exit_text,
-    kill_processes,
-    processes,
-    reap_orphans,
-    signal_name,
-)
+from nanbeige.tools.sandbox.system import become_subreaper, kill_processes, processes, reap_orphans, signal_name
+from nanbeige.tools.sandbox.worker_lifecycle import STATE_LOST, WorkerLifecycle
 
 log = logging.getLogger(__name__)
 
 IDLE_CHECK_S = 1.0  # how often idle workers' CPU time is read
 CLOSE_THREADS = 16  # sandboxes taken apart at once when the server closes
 BUDGET_CHECK_S = 0.25  # how often memory and disk are summed, where no cgroup or file system holds them
-STATE_LOST = ("The Python process was restarted, so variables, imports and definitions from earlier calls are "
-              "lost; files in /home/user are kept.")
-
-
-@dataclass
-class ProgramRun:
-    """How one program run in a sandbox ended (`LocalBackend.run_program`)."""
-
-    exit_code: int
-    """Its exit status; minus the signal's number when a signal ended it (a kill at the time-out too)."""
-    stdout: bytes
-    """What it wrote, up to 4 x `max_output_chars` bytes of each stream."""
-    stderr: bytes
-    seconds: float
-    """Wall-clock time from the start of its jail to its end."""
-    timed_out: bool
-    """It ran past its wall-clock limit and was killed with everything it started."""
-    budget_spent: str = ""
-    """Why the sandbox's processes were stopped, when a budget of the whole sandbox (memory, disk) did it."""
-    reported: bool = True
-    """The sandbox's worker reported how the program ended (it did not, when it was killed itself)."""
-    started: bool = True
-    """The worker, in its jail, got as far as starting the program (a jail that fails never does)."""
-    killed_sandbox: bool = False
-    """The worker was killed without a word, and then a known-good program ran in a fresh sandbox: the
-    program killed its own sandbox (its jail, its worker, its process group, or all it could signal)."""
 
 
 # --- the backend -------------------------------------------------------------------------------
 
 
-class LocalBackend:
-    """Sandboxes on this machine: a folder and a persistent Python worker each."""
+class LocalBackend(ProgramRunner, WorkerLifecycle):
+    """Sandboxes on this machine: a folder and a persistent Python worker each. Running programs for judges
+    is `ProgramRunner`'s (program_runs.py), starting and stopping the workers `WorkerLifecycle`'s
+    (worker_lifecycle.py)."""
 
     def __init__(self, config: SandboxConfig) -> None:
         self.config = config
@@ -228,87 +185,6 @@ class LocalBackend:
             raise SandboxError(command_failed(-1 if run.exit_code < 0 else run.exit_code, stderr, signal_text))
         return format_command(stdout, stderr, 0, None)
 
-    def run_program(self, sandbox_id: str, args: list[str], stdin: bytes = b"", timeout_s: float | None = None,
-                    cpu_seconds: int | None = None, memory_mb: int | None = None) -> ProgramRun:
-        """Runs a program (args, in the sandbox's home) with `stdin` as its input, under the sandbox's limits
-        or tighter ones for this run, and returns how it ended: for judges that run code against tests,
-        who read its exit and output themselves rather than the model's text."""
-        c = self.config
-        limits = replace(c, timeout_s=timeout_s or c.timeout_s, cpu_seconds=cpu_seconds or c.cpu_seconds,
-                         memory_mb=memory_mb or c.memory_mb)
-        box = self._box(sandbox_id)
-        run = self._execute(box, args, stdin, limits)
-        if run.reported or run.timed_out or run.budget_spent:
-            return run
-        said = f"{exit_text(run.exit_code)}: {run.stderr.decode(errors='replace').strip()[-300:]}"
-        if not run.started:  # the program never ran: the jail failed, and a failure is never a reward
-            raise SandboxError(f"the sandbox's jail did not run the program ({said})")
-        # Only a kill ends the worker (in a jail, the jail's init) without a word once the program runs:
-        # one the program sent (kill(-1), its process group, its parent), or a machine that failed. A
-        # known-good program in a fresh sandbox tells them apart: a program must not pass its failure off
-        # as a broken machine, which stops a judge.
-        if broken := self._known_good_fails():
-            raise SandboxError(f"the sandbox ended while the program ran ({said}), and a known-good program "
-                               f"failed in a fresh sandbox too ({broken})")
-        return replace(run, killed_sandbox=True)
-
-    def _known_good_fails(self) -> str:
-        """How a known-good program failed in a fresh sandbox, under the sandbox's own limits; empty when it
-        ran as it should."""
-        try:
-            sandbox = self.create(int(self.config.idle_timeout_s))
-        except (SandboxError, OSError) as exc:
-            return f"it could not be made: {exc}"
-        try:
-            run = self._execute(self._box(sandbox), [self.config.python, "-I", "-S", "-c", "print(6 * 7)"], None,
-                                self.config)
-        except (SandboxError, OSError) as exc:
-            return f"it could not start: {exc}"
-        finally:
-            self.destroy(sandbox)
-        if run.reported and run.exit_code == 0 and run.stdout == b"42\n":
-            return ""
-        return f"{exit_text(run.exit_code)}: {run.stderr.decode(errors='replace').strip()[-300:]}"
-
-    def _execute(self, box: LocalSandbox, args: list[str], stdin: bytes | None, limits: SandboxConfig) -> ProgramRun:
-        """Runs args in the sandbox (its processes under `limits`' rlimits and wall-clock timeout) and
-        collects its output and exit: the exit status the worker reports, or how the jail ended."""
-        status_read, status_write = os.pipe()
-        # the input from an unnamed file outside the sandbox: nothing of it is left where code could look
-        with box.lock, open(status_read, "rb") as status, tempfile.TemporaryFile() as written:
-            written.write(stdin or b"")
-            written.flush()
-            # the program reads it on a descriptor of its own, read-only: it cannot grow the file
-            given = open(f"/proc/self/fd/{written.fileno()}", "rb")
-            argv, fds = command_line(box, limits, self.isolation, ["exec", str(status_write), *args], python=False)
-            box.oom_kills = box.cgroup.oom_kills() if box.cgroup else 0  # what this call's kills add to
-            try:
-                box.wait_for_kills()
-                started = time.monotonic()
-                proc = subprocess.Popen(argv, stdin=given if stdin is not None else subprocess.DEVNULL,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=box.folder,
-                                        env=sandbox_env(box, self.config), start_new_session=True,
-                                        pass_fds=(status_write, *fds))
-            finally:
-                given.close()
-                for fd in (status_write, *fds):
-                    os.close(fd)
-            box.sessions.add(proc.pid)
-            try:
-                out, err, finished = collect(proc, started + limits.timeout_s, 4 * self.config.max_output_chars,
-                                             cleanup=lambda: self._kill_strays(box))
-            finally:
-                box.sessions.discard(proc.pid)
-            seconds = time.monotonic() - started
-            if box.jailed:
-                self._reap()
-            said = status.read().decode()
-            how, _, number = said.removeprefix("run\n").partition(" ")  # empty when the worker itself was killed
-        code = int(number) if how == "exit" else -int(number) if how == "signal" else box.status(proc.returncode)
-        # also when a process other than the first one was killed
-        return ProgramRun(exit_code=code, stdout=out, stderr=err, seconds=seconds, timed_out=not finished,
-                          budget_spent=self._budget_spent(box), reported=bool(how), started=said.startswith("run\n"))
-
     def is_dir(self, sandbox_id: str, path: str) -> bool:
         full = host_path(self._box(sandbox_id).folder, path)
         return full.is_dir() and not full.is_symlink()
@@ -417,74 +293,6 @@ class LocalBackend:
         if box is None:
             raise SandboxError(invalid_id(sandbox_id))
         return box
-
-    def _start_worker(self, box: LocalSandbox) -> None:
-        request_read, request_write = os.pipe()
-        reply_read, reply_write = os.pipe()
-        mode = ["python", str(request_read), str(reply_write), str(self.config.cpu_seconds),
-                str(4 * self.config.max_output_chars), str(int(box.uid is not None))]
-        args, fds = command_line(box, self.config, self.isolation, mode, python=True)
-        try:
-            box.wait_for_kills()
-            box.worker = self._spawner.submit(
-                subprocess.Popen, args, pass_fds=(request_read, reply_write, *fds), stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=box.folder,
-                env=sandbox_env(box, self.config), start_new_session=True).result()
-        except OSError:
-            for fd in (request_write, reply_read):
-                os.close(fd)
-            raise
-        finally:
-            for fd in (request_read, reply_write, *fds):
-                os.close(fd)
-        box.channel = Channel(request_write, reply_read)
-        box.sessions.add(box.worker.pid)
-        # the worker's first line is its pid, which differs from Popen's when unshare forks it, and
-        # in a jail is the pid in its own namespace
-        try:
-            pid = int(json.loads(read_line(box.channel, time.monotonic() + max(self.config.timeout_s, 30.0)))["pid"])
-            chain = descendant_chain(box.worker.pid, pid) if box.jailed else [box.worker.pid, pid]
-            if not chain:
-                raise ValueError("the jailed worker was not found")
-        except (ChannelError, ValueError, KeyError, TypeError):
-            status = self._stop_worker(box)
-            raise SandboxError(f"The Python process could not start ({exit_text(status)}).") from None
-        box.channel.pid, box.keep = chain[-1], set(chain)
-
-    def _stop_worker(self, box: LocalSandbox) -> int | None:
-        """Kills the worker and everything the sandbox started; returns the worker's exit status."""
-        worker, box.worker = box.worker, None
-        if worker is None:
-            return None
-        kill_processes(box.owns(), keep=set(), waited=set(box.sessions))
-        with suppress(OSError):
-            os.killpg(worker.pid, signal.SIGKILL)
-        code = box.status(worker.wait())
-        box.sessions.discard(worker.pid)
-        box.keep = set()
-        if box.jailed:
-            self._reap()
-        for fd in (box.channel.requests, box.channel.replies):
-            with suppress(OSError):
-                os.close(fd)
-        return code
-
-    def _broken(self, box: LocalSandbox, exc: ChannelError) -> str:
-        """Stops a worker that timed out, overran its CPU time or broke the protocol; says what happened."""
-        if exc.kind == "eof" and box.worker:  # it ended: let the jail around it end too, with its status
-            with suppress(subprocess.TimeoutExpired):
-                box.worker.wait(timeout=1.0)
-        status = self._stop_worker(box)
-        if exc.kind == "timeout":
-            return f"Execution timed out after {self.config.timeout_s:g} s and was stopped"
-        if exc.kind == "cpu":
-            return (f"Execution used more than {self.config.cpu_seconds} s of CPU time without stopping at its limit, "
-                    "so it was stopped")
-        if exc.kind == "protocol":
-            log.warning("local sandbox %s: the Python process sent %s; restarting it", box.id, exc)
-            return f"The Python process sent {exc} instead of its reply, so it was stopped"
-        reason = self._budget_spent(box) if status == -signal.SIGKILL or box.jailed else ""
-        return f"The Python process died ({exit_text(status)}){': ' + reason if reason else ''}"
 
     def _budget_spent(self, box: LocalSandbox) -> str:
         """Why the sandbox's processes were killed, if a budget of the whole sandbox did it."""
