@@ -59,30 +59,45 @@ def jail_args(jail: Jail, *, home: str, tmp: str, passwd: str, group: str, worke
     /home/user and /tmp, passwd and group files to show as /etc/passwd and /etc/group (so that the
     uid has a name, `user`), worker the worker script, shown at JAIL_WORKER, seccomp a descriptor
     of `seccomp.syscall_filter()`."""
-    args = [jail.bwrap, *namespace_args(as_root=jail.as_root, network=network)]
-    for folder in SYSTEM_DIRS:
-        if os.path.islink(folder):
-            args += ["--symlink", os.readlink(folder), folder]
-        elif os.path.isdir(folder):
-            args += ["--ro-bind", folder, folder]
+    args = [jail.bwrap, *namespace_args(as_root=jail.as_root, network=network), *system_args()]
     args += ["--ro-bind", passwd, "/etc/passwd", "--ro-bind", group, "/etc/group",
              "--perms", "0755", "--dir", "/home", "--bind", home, JAIL_HOME, "--bind", tmp, "/tmp",
              "--dev", "/dev", "--perms", "1777", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm", "--proc", "/proc"]
     # after /tmp and /home/user: an interpreter under /tmp (a virtual environment there) stays visible
-    made: set[str] = set()
-    for folder in jail.read_only:
-        # bwrap would make the missing parents 0700, closed to the sandbox's uid
-        for parent in reversed(PurePosixPath(folder).parents[:-1]):
-            if str(parent) not in made and not str(parent).startswith(SYSTEM_DIRS) and str(parent) != "/tmp":
-                made.add(str(parent))
-                args += ["--perms", "0755", "--dir", str(parent)]
-        args += ["--ro-bind", folder, folder]
+    args += read_only_args(jail.read_only)
     args += ["--perms", "0755", "--dir", "/run/sandbox", "--ro-bind", worker, JAIL_WORKER, "--chdir", JAIL_HOME]
     args += ["--seccomp", str(seccomp)]
     if jail.as_root and uid is not None:
         # what setpriv needs to become the sandbox's uid and drop every capability after it
         args += ["--cap-add", "cap_setuid", "--cap-add", "cap_setgid", "--cap-add", "cap_setpcap"]
     return [*args, "--"]
+
+
+def system_args() -> list[str]:
+    """The host's system folders, read-only at the same paths (a folder that is a symlink, as /bin often
+    is, shown as the same symlink)."""
+    args: list[str] = []
+    for folder in SYSTEM_DIRS:
+        if os.path.islink(folder):
+            args += ["--symlink", os.readlink(folder), folder]
+        elif os.path.isdir(folder):
+            args += ["--ro-bind", folder, folder]
+    return args
+
+
+def read_only_args(read_only: tuple[str, ...]) -> list[str]:
+    """The interpreter's folders (`Jail.read_only`), read-only at the same paths, with their missing
+    parents made first."""
+    args: list[str] = []
+    made: set[str] = set()
+    for folder in read_only:
+        # bwrap would make the missing parents 0700, closed to the sandbox's uid
+        for parent in reversed(PurePosixPath(folder).parents[:-1]):
+            if str(parent) not in made and not str(parent).startswith(SYSTEM_DIRS) and str(parent) != "/tmp":
+                made.add(str(parent))
+                args += ["--perms", "0755", "--dir", str(parent)]
+        args += ["--ro-bind", folder, folder]
+    return args
 
 
 def namespace_args(*, as_root: bool, network: bool) -> list[str]:
