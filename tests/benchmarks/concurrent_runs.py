@@ -94,6 +94,28 @@ async def tick(lags_ms: list[float]) -> None:
         lags_ms.append((time.perf_counter() - due) * 1000)
 
 
+def measured_row(mode: str, runs: int, turns: int, trajectories: list, marks: list[list[tuple[str, float]]],
+                 lags_ms: list[float], wall: float, cpu_before: tuple, cpu_after: tuple) -> dict:
+    """The report's row of one (mode, N): the runs that answered after every probe, the turns per second, the
+    overhead per turn, the ticker's lag and the CPU each process spent per turn; the runs that did not answer
+    are printed."""
+    answered = [k for k, t in enumerate(trajectories) if t.stop_reason == "answered" and len(t.turns) == turns
+                and [r.text for u in t.turns for r in u.tool_results] == [f"probe number {i}" for i in range(1, turns)]]
+    for k, trajectory in enumerate(trajectories):
+        if k not in answered:
+            print(f"  {mode} N={runs} run {k}: {trajectory.stop_reason} after {len(trajectory.turns)} turns "
+                  f"{trajectory.error or ''}")
+    overheads = [ms for k in answered for ms in turn_overheads(trajectories[k], marks[k])]
+    done = sum(len(t.turns) for t in trajectories)
+    cpu_ms = [(after - before) * 1000 / done for before, after in zip(cpu_before, cpu_after)]
+    return {"mode": mode, "runs": runs, "answered": len(answered), "turns": done, "wall": wall,
+            "turns_s": done / wall, "p50": statistics.median(overheads), "p99": pct(overheads, .99),
+            "lag_p99": pct(lags_ms, .99), "cpu_ms": cpu_ms,
+            "model_ms": statistics.median(u.latency_s * 1000 for t in trajectories for u in t.turns),
+            "tool_ms": statistics.median(r.latency_s * 1000 for t in trajectories for u in t.turns
+                                         for r in u.tool_results)}
+
+
 async def measure(mode: str, runs: int, turns: int, keep: int, base_url: str, server_pid: int,
                   tokenizer_folder: str | None, folder: Path) -> dict:
     config = LLMConfig(base_url=base_url, model="fake-model")
@@ -129,21 +151,8 @@ async def measure(mode: str, runs: int, turns: int, keep: int, base_url: str, se
     for writer in writers:
         writer.close()
     await llm.aclose()
-    answered = [k for k, t in enumerate(trajectories) if t.stop_reason == "answered" and len(t.turns) == turns
-                and [r.text for u in t.turns for r in u.tool_results] == [f"probe number {i}" for i in range(1, turns)]]
-    for k, trajectory in enumerate(trajectories):
-        if k not in answered:
-            print(f"  {mode} N={runs} run {k}: {trajectory.stop_reason} after {len(trajectory.turns)} turns "
-                  f"{trajectory.error or ''}")
-    overheads = [ms for k in answered for ms in turn_overheads(trajectories[k], marks[k])]
-    done = sum(len(t.turns) for t in trajectories)
-    cpu_ms = [(after - before) * 1000 / done for before, after in zip(cpu_before, cpu_after)]
-    return {"mode": mode, "runs": runs, "answered": len(answered), "turns": done, "wall": wall,
-            "turns_s": done / wall, "p50": statistics.median(overheads), "p99": pct(overheads, .99),
-            "lag_p99": pct(lags_ms, .99), "cpu_ms": cpu_ms,
-            "model_ms": statistics.median(u.latency_s * 1000 for t in trajectories for u in t.turns),
-            "tool_ms": statistics.median(r.latency_s * 1000 for t in trajectories for u in t.turns
-                                         for r in u.tool_results)}
+    return measured_row(mode, runs, turns, trajectories, marks, lags_ms, wall, cpu_before, cpu_after)
+
 
 
 def measure_mode(mode: str, counts: list[int], turns: int, keep: int, tmp: Path) -> list[dict]:

@@ -68,6 +68,14 @@ def one_run(url: str, folder: Path, slug: str, turns: int, token_mode: bool, kee
     sent = [x for x in proxy.exchanges if x.path.endswith("completions")]
     if result.returncode not in (0, 1) or not sent:
         raise SystemExit(f"the run failed: {result.stderr[-2000:]}")
+    requests = request_numbers(sent)
+    (folder / f"{slug}.requests.json").write_text(json.dumps(requests))
+
+
+def request_numbers(sent: list[Any]) -> list[dict[str, Any]]:
+    """Each request's numbers: its prompt's length, what vLLM looked up in its cache and found, its seconds, how much
+    of the prompt repeats the last prompt and its reply, how much of the last was rewritten, and whether it is a
+    retry."""
     requests, last, last_prompt = [], None, None
     for exchange in sent:
         prompt = _prompt_ids(exchange)
@@ -80,7 +88,7 @@ def one_run(url: str, folder: Path, slug: str, turns: int, token_mode: bool, kee
                          "rewritten": len(last) - same if last is not None else 0,
                          "retry": prompt == last_prompt})  # a rolled-back reply's prompt, sent again
         last, last_prompt = prompt + exchange.token_ids, prompt
-    (folder / f"{slug}.requests.json").write_text(json.dumps(requests))
+    return requests
 
 
 def _prompt_ids(exchange: Any) -> list[int]:
