@@ -19,7 +19,8 @@ from fake_openai import FakeOpenAI, mcp_answer, mcp_call
 from mcp.server.mcpserver import MCPServer
 from test_untrusted_inputs import assert_refused, nanbeige
 
-from nanbeige.agent.cache import SCHEMA, SCHEMA_VERSION, ReplayMiss, ToolCache
+from nanbeige.agent.cache import ReplayMiss, ToolCache
+from nanbeige.agent.cache_schema import SCHEMA, SCHEMA_VERSION
 from nanbeige.agent.cache import key_path as user_key_path
 from nanbeige.agent.toolbox import ServerSpec, Toolbox
 from nanbeige.agent.trajectory import ToolCall, ToolResult
