@@ -20,8 +20,8 @@ from mcp.server.mcpserver import MCPServer
 from test_untrusted_inputs import assert_refused, nanbeige
 
 from nanbeige.agent.cache import ReplayMiss, ToolCache
-from nanbeige.agent.cache_schema import SCHEMA, SCHEMA_VERSION
 from nanbeige.agent.cache import key_path as user_key_path
+from nanbeige.agent.cache_schema import SCHEMA, SCHEMA_VERSION
 from nanbeige.agent.toolbox import ServerSpec, Toolbox
 from nanbeige.agent.trajectory import ToolCall, ToolResult
 from nanbeige.agent.trajectory_file import load_trajectories
