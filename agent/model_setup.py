@@ -42,7 +42,7 @@ def find_model_server(settings: RunSettings, notice: Notice) -> ServerInfo | Non
     """The model server to use and what it says about itself; None when the model runs in this process
     (after checking it can be had: a local folder, downloaded, or a hub that answers).
     `auto` falls back to this process only from the default address, never from one the user named."""
-    from nanbeige.agent.backends.in_process import LocalModelError, check_model_available, resolve_small_model
+    from nanbeige.agent.backends.local_model import LocalModelError, check_model_available, resolve_small_model
 
     b, c = settings.backend, settings.llm
     if c.more_base_urls:  # the runs must fit the smallest context of the pool
@@ -86,7 +86,8 @@ def pool_servers(settings: RunSettings) -> list[ServerInfo]:
 def in_process(settings: RunSettings, notice: Notice) -> RunSettings:
     """The settings for a model run in this process: on a CPU, a reply length and a number of turns a CPU gets
     through where the user left the defaults (said on stderr). The model keeps the name typed (`smollm2`)."""
-    from nanbeige.agent.backends.in_process import CPU_MAX_TOKENS, CPU_MAX_TURNS, LocalModelError, on_cpu
+    from nanbeige.agent.backends.in_process import CPU_MAX_TOKENS, CPU_MAX_TURNS, on_cpu
+    from nanbeige.agent.backends.local_model import LocalModelError
 
     b, llm, agent = settings.backend, settings.llm, settings.agent
     try:
@@ -145,7 +146,8 @@ def make_llm(settings: RunSettings, server: ServerInfo | None) -> LLM:
         return token_mode_client(settings, server)
     if server is not None:
         return OpenAIChat(c, server=server)
-    from nanbeige.agent.backends.in_process import LocalModelError, TransformersLLM
+    from nanbeige.agent.backends.in_process import TransformersLLM
+    from nanbeige.agent.backends.local_model import LocalModelError
 
     try:
         return TransformersLLM(c, gguf_file=b.gguf_file, verbose=b.verbose)

@@ -143,7 +143,7 @@ def tools_unseen(turn: Turn, request_tools: list[dict[str, Any]] | None, model: 
     than the tools' schemas alone could be. A JSON schema takes a token per 3-5 characters; one per 8 is a
     margin no template that shows them gets under. The small model run here is expected to see none: it
     is there to show that everything runs, and it is far too small to use tools in either dialect."""
-    from nanbeige.agent.backends.in_process import SMALL_MODEL
+    from nanbeige.agent.backends.local_model import SMALL_MODEL
 
     prompt_tokens = turn.usage.get("prompt_tokens")
     if not request_tools or not isinstance(prompt_tokens, int) or prompt_tokens * 8 >= len(json.dumps(request_tools)):

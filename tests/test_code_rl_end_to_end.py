@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 from fake_openai import FakeOpenAI
 
-from nanbeige.agent.backends.in_process import SMALL_MODEL_GGUF
 from nanbeige.agent.backends.llm import LLMConfig
+from nanbeige.agent.backends.local_model import SMALL_MODEL_GGUF
 from nanbeige.agent.loop import AgentConfig
 from nanbeige.agent.run_config import BackendConfig, RunSettings, ToolsConfig
 from nanbeige.agent.trajectory import Trajectory

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 from tiny_model import make_tiny_model
 
-from nanbeige.agent.backends.in_process import LocalModelError, TransformersLLM
+from nanbeige.agent.backends.in_process import TransformersLLM
 from nanbeige.agent.backends.llm import LLMConfig
+from nanbeige.agent.backends.local_model import LocalModelError
 from nanbeige.agent.loop import AgentConfig, run
 from nanbeige.agent.tokens import full_prompt
 

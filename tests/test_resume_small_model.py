@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 from test_smollm2 import GGUF, smollm2_folder
 
-from nanbeige.agent.backends.in_process import LocalModelError, TransformersLLM
+from nanbeige.agent.backends.in_process import TransformersLLM
 from nanbeige.agent.backends.llm import LLMConfig
+from nanbeige.agent.backends.local_model import LocalModelError
 from nanbeige.agent.cli.resume import settings_for
 from nanbeige.agent.replies import tools_unseen
 from nanbeige.agent.trajectory import Trajectory, Turn

@@ -63,14 +63,14 @@ def served_model(base_url: str, model: str, server: ServerInfo) -> Finding:
 
 def check_model(base_url: str, model: str, api_key: str | None, probe: Callable[..., ServerInfo]) -> Finding:
     """A server that answers at `base_url`, else the model in this process: installed, and at hand."""
-    from nanbeige.agent.backends.in_process import (
+    from nanbeige.agent.backends.llm import ModelUnreachable
+    from nanbeige.agent.backends.local_model import (
         SMALL_MODEL,
         LocalModelError,
         at_hand,
         resolve_small_model,
         small_model_folder,
     )
-    from nanbeige.agent.backends.llm import ModelUnreachable
 
     try:
         server = probe(base_url, api_key)
@@ -100,7 +100,7 @@ def check_model(base_url: str, model: str, api_key: str | None, probe: Callable[
 
 
 def check_search(env: Mapping[str, str]) -> Finding:
-    from nanbeige.tools.search import choose_backend, config_from_env, search_setup_problem
+    from nanbeige.tools.search_config import choose_backend, config_from_env, search_setup_problem
 
     config = config_from_env(env)
     problem = search_setup_problem(config)

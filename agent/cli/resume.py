@@ -15,8 +15,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from nanbeige.agent.backends.in_process import as_typed
 from nanbeige.agent.backends.llm import LLMConfig
+from nanbeige.agent.backends.local_model import as_typed
 from nanbeige.agent.cli.command_options import RESUME
 from nanbeige.agent.records import NotATrajectoryFile, check_trajectory_file, fields_problem, record_line
 from nanbeige.agent.restore import complete_turns
