@@ -17,7 +17,6 @@ FILE_CEILINGS = {
     "evals/runner.py": 402,
     "tests/test_judge.py": 494,
     "tests/test_resume.py": 419,
-    "tests/test_sandbox.py": 606,
     "trainer/rewards.py": 440,
     "trainer/rl_loop.py": 415,
 }

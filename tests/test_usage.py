@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from fake_openai import FakeOpenAI, Reply, mcp_answer, mcp_call
 from fake_search_apis import FakeSerper
-from test_sandbox import FakeE2BSandbox, make_config
+from test_sandbox import make_config
+from test_sandbox_e2b import FakeE2BSandbox
 
 from nanbeige.agent.trajectory import ToolCall, ToolResult, Trajectory, Turn
 from nanbeige.agent.trajectory_file import load_trajectories
