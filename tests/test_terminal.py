@@ -163,7 +163,7 @@ def test_ctrl_c_in_a_terminal_stops_research_and_eval_with_130(tmp_path: Path) -
 
 def test_collect_and_judge_in_a_terminal_with_slow_models_draw_progress_and_finish(tmp_path: Path) -> None:
     from test_collect import questions_file
-    from test_judge import graded_by_a_judge
+    from test_judge_down import graded_by_a_judge
 
     questions, rollouts = questions_file(tmp_path), tmp_path / "rollouts.jsonl"
     with FakeOpenAI([], default=Reply(content=mcp_answer("4"), delay_s=SLOW / 2)) as server, \
