@@ -64,7 +64,7 @@ def default_servers(llm_config: LLMConfig, notice: Notice, upload_dirs: list[Pat
     """The built-in tool servers: Python sandbox, search (when a backend is set up, or to be replayed
     from the cache; otherwise a notice says how), and scrape + extract (extracting with the run's own
     model unless NANBEIGE_SUMMARY_* say otherwise)."""
-    from nanbeige.tools.search import search_setup_problem
+    from nanbeige.tools.search_config import search_setup_problem
 
     env = passed_env(with_secrets=True) | {"NANBEIGE_BASE_URL": llm_config.base_url,
                                            "NANBEIGE_MODEL": llm_config.model}

@@ -125,7 +125,8 @@ async def web_search(pending: list[Task]) -> Any:
     if bfcl.official_search() or not any(t.level in bfcl.WEB_SEARCH for t in pending):
         yield
         return
-    from nanbeige.tools.search import Searcher, SearchError, SearchUnavailable, config_from_env, search_setup_problem
+    from nanbeige.tools.search import Searcher, SearchError
+    from nanbeige.tools.search_config import SearchUnavailable, config_from_env, search_setup_problem
 
     problem = search_setup_problem(config_from_env())
     if problem:
@@ -154,7 +155,7 @@ def search_engine(categories: list[str]) -> str | None:
         return None
     if bfcl.official_search():
         return "SerpAPI (the official engine)"
-    from nanbeige.tools.search import choose_backend, config_from_env
+    from nanbeige.tools.search_config import choose_backend, config_from_env
 
     try:
         backend = choose_backend(config_from_env())

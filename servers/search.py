@@ -20,15 +20,8 @@ from mcp.types import CallToolResult, ToolAnnotations
 from nanbeige.servers.listing import sdk_description, server_version
 from nanbeige.servers.metered import metered_result
 from nanbeige.tools import usage
-from nanbeige.tools.search import (
-    SearchConfig,
-    Searcher,
-    SearchError,
-    SearchUnavailable,
-    config_from_env,
-    format_results,
-    search_setup_problem,
-)
+from nanbeige.tools.search import Searcher, SearchError, format_results
+from nanbeige.tools.search_config import SearchConfig, SearchUnavailable, config_from_env, search_setup_problem
 
 NAME = "search_and_scrape_webpage"
 log = logging.getLogger(__name__)

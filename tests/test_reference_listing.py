@@ -16,7 +16,7 @@ from nanbeige.agent.reference.mcp_prompt import tool_catalogue
 from nanbeige.servers import python, scrape, search
 from nanbeige.tools.sandbox import SandboxConfig, Sandboxes
 from nanbeige.tools.scrape import ScrapeConfig
-from nanbeige.tools.search import SearchConfig
+from nanbeige.tools.search_config import SearchConfig
 
 pytestmark = pytest.mark.anyio
 

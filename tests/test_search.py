@@ -24,14 +24,12 @@ from fake_search_apis import (
 from nanbeige.servers.search import build_server
 from nanbeige.tools.index import build_index
 from nanbeige.tools.results import decode_percent, decode_strings
-from nanbeige.tools.search import (
+from nanbeige.tools.search import Searcher, SearchError, google_search
+from nanbeige.tools.search_config import (
     SearchConfig,
-    Searcher,
-    SearchError,
     SearchUnavailable,
     choose_backend,
     config_from_env,
-    google_search,
     search_setup_problem,
 )
 

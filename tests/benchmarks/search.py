@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for fake_search_
 from fake_search_apis import FakeSearXNG, FakeSerper  # noqa: E402
 
 from nanbeige.tools.index import LocalIndex, build_index  # noqa: E402
-from nanbeige.tools.search import SearchConfig, Searcher  # noqa: E402
+from nanbeige.tools.search import Searcher  # noqa: E402
+from nanbeige.tools.search_config import SearchConfig  # noqa: E402
 
 
 def pct(values: list[float], q: float) -> float:
