@@ -13,7 +13,8 @@ import torch
 from nanbeige.agent.tokens import TokenTracker, full_prompt
 from nanbeige.agent.trajectory import Trajectory, Turn
 from nanbeige.trainer.advantages import group_advantages, keep_group, outcome_advantages, turn_advantages
-from nanbeige.trainer.batches import GroupRule, Sample, collate, collate_packed, pack, pack_rows, samples_from
+from nanbeige.trainer.batches import GroupRule, Sample, samples_from
+from nanbeige.trainer.packing import collate, collate_packed, pack, pack_rows
 
 NAN = float("nan")
 SQRT3 = math.sqrt(3)

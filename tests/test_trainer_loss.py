@@ -215,7 +215,8 @@ def test_sft_loss() -> None:
 
 
 def test_packed_rows_get_the_logprobs_and_gradients_they_get_alone(tiny_folder: Any) -> None:
-    from nanbeige.trainer.batches import Sample, collate, collate_packed
+    from nanbeige.trainer.batches import Sample
+    from nanbeige.trainer.packing import collate, collate_packed
 
     model = load(tiny_folder)
     generator = torch.Generator().manual_seed(9)

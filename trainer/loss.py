@@ -56,7 +56,7 @@ def token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, 
     `chunks` forces the number of head calls (pieces may then be empty): under FSDP every rank must call the
     sharded head the same number of times, since each call gathers its weights.
     Padding is whatever `attention_mask` says; positions over padding get a value that the loss mask drops.
-    With `position_ids` (packed rows, `batches.collate_packed`) the attention mask is not passed: transformers
+    With `position_ids` (packed rows, `packing.collate_packed`) the attention mask is not passed: transformers
     then reads each row's extent from where its positions restart at 0 and keeps the rows from attending to
     each other. With `entropy`, also the entropy of each position's (temperature-scaled) distribution,
     [B, L-1], detached.
@@ -89,6 +89,22 @@ def token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, 
 
 def _masked_mean(x: Tensor, mask: Tensor) -> float:
     return float((x * mask).sum() / mask.sum().clamp(min=1))
+
+
+def _tis_weight(logprobs: Tensor, old: Tensor, rollout_logprobs: Tensor, mask: Tensor,
+                tis_cap: float) -> tuple[Tensor, dict[str, float]]:
+    """The truncated importance weight w = min(exp(old - rollout), C) of each token, [B, L-1] (TIS: the sampler
+    is not exactly the trainer), and its metrics over the loss tokens."""
+    log_w = torch.clamp(old - rollout_logprobs, -20.0, 20.0)  # (B, L-1): log π_old / π_rollout
+    weight = torch.clamp(torch.exp(log_w), max=tis_cap)  # (B, L-1), constant: old is
+    on = mask.bool()
+    metrics = {"tis_weight_mean": _masked_mean(weight, mask),
+               "tis_weight_max": float(weight[on].max()) if on.any() else 0.0,
+               "tis_weight_min": float(weight[on].min()) if on.any() else 0.0,
+               "tis_capped_frac": _masked_mean((torch.exp(log_w) > tis_cap).float(), mask),
+               "start_drift_from_rollout": _masked_mean(log_w.abs(), mask),
+               "drift_from_rollout": _masked_mean((logprobs.detach() - rollout_logprobs).abs(), mask)}
+    return weight, metrics
 
 
 def policy_loss(logprobs: Tensor, old_logprobs: Tensor, rollout_logprobs: Tensor, advantages: Tensor,
@@ -127,16 +143,9 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, rollout_logprobs: Tensor
                "dual_clip_frac": _masked_mean(dual_binds.float(), mask),
                "drift_from_start": _masked_mean(log_ratio.detach().abs(), mask)}
     if has_rollout_logprobs:
-        log_w = torch.clamp(old - rollout_logprobs, -20.0, 20.0)  # (B, L-1): log π_old / π_rollout
-        weight = torch.clamp(torch.exp(log_w), max=tis_cap)  # (B, L-1), constant: old is
+        weight, tis_metrics = _tis_weight(logprobs, old, rollout_logprobs, mask, tis_cap)
         per_token = per_token * weight
-        on = mask.bool()
-        metrics |= {"tis_weight_mean": _masked_mean(weight, mask),
-                    "tis_weight_max": float(weight[on].max()) if on.any() else 0.0,
-                    "tis_weight_min": float(weight[on].min()) if on.any() else 0.0,
-                    "tis_capped_frac": _masked_mean((torch.exp(log_w) > tis_cap).float(), mask),
-                    "start_drift_from_rollout": _masked_mean(log_w.abs(), mask),
-                    "drift_from_rollout": _masked_mean((logprobs.detach() - rollout_logprobs).abs(), mask)}
+        metrics |= tis_metrics
     adv_mean = _masked_mean(advantages, mask)
     metrics |= {"advantage_mean": adv_mean,
                 "advantage_std": _masked_mean((advantages - adv_mean) ** 2, mask) ** 0.5}

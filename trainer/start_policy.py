@@ -29,8 +29,8 @@ def compute_start_logprobs(model: Any, samples: list[Any], micro_tokens: int, ch
     make the same number of forward passes, as FSDP's collectives need) and then every rank gets all rows."""
     import torch
 
-    from nanbeige.trainer.batches import micro_batches, sample_spans, tensors_of
     from nanbeige.trainer.loss import token_logprobs
+    from nanbeige.trainer.packing import micro_batches, sample_spans, tensors_of
 
     batches = micro_batches(samples, micro_tokens, packing)
     position = {id(sample): i for i, sample in enumerate(samples)}

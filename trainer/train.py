@@ -84,7 +84,7 @@ def micro_batches_of(step: list[Any], config: TrainConfig, world: World) -> tupl
 
     Every rank runs the same number of forward/backward passes, as FSDP's collectives need: a rank
     short of micro-batches repeats one with its loss weighted 0 (marked by an empty list)."""
-    from nanbeige.trainer.batches import micro_batches
+    from nanbeige.trainer.packing import micro_batches
 
     batches = micro_batches(step, config.micro_tokens, config.packing == "on")
     loss_tokens = sum(sum(s.loss_mask) for s in step)
@@ -99,8 +99,8 @@ def train_step(model: Any, optimizer: Any, step: list[Any], config: TrainConfig,
     micro-batch is its share of the step's token mean, so the gradients add up to the step's."""
     import torch
 
-    from nanbeige.trainer.batches import tensors_of
-    from nanbeige.trainer.loss import policy_loss, sft_loss, token_logprobs
+    from nanbeige.trainer.loss import token_logprobs
+    from nanbeige.trainer.packing import tensors_of
 
     mine, loss_tokens = micro_batches_of(step, config, world)
     total, metrics, tokens, padded = 0.0, [], 0, 0
@@ -115,13 +115,7 @@ def train_step(model: Any, optimizer: Any, step: list[Any], config: TrainConfig,
                                                tensors["targets"], chunk_tokens=config.chunk_tokens,
                                                temperature=temperature, chunks=chunks, entropy=True,
                                                position_ids=tensors.get("position_ids"))
-        if config.objective == "sft":
-            loss, info = sft_loss(logprobs, tensors["loss_mask"], loss_tokens)
-        else:
-            loss, info = policy_loss(logprobs, tensors["old_logprobs"], tensors["rollout_logprobs"],
-                                     tensors["advantages"], tensors["loss_mask"], loss_tokens, clip_low=config.clip_low,
-                                     clip_high=config.clip_high, clip_dual=config.clip_dual, tis_cap=config.tis_cap,
-                                     has_rollout_logprobs=bool(tensors.get("has_rollout_logprobs", True)))
+        loss, info = micro_batch_loss(logprobs, tensors, loss_tokens, config)
         # FSDP averages gradients over ranks; the loss is already a share of the global mean, so undo it
         (loss * weight * world.size).backward()
         total += float(loss.detach()) * weight
@@ -138,6 +132,22 @@ def train_step(model: Any, optimizer: Any, step: list[Any], config: TrainConfig,
     return {"loss": all_sum(total, world), "tokens": int(all_sum(tokens, world)), "loss_tokens": loss_tokens,
             "grad_norm": float(grad_norm), "metrics": step_metrics(metrics, world),
             "padding_frac": 1.0 - all_sum(tokens, world) / max(1.0, all_sum(padded, world))}
+
+
+def micro_batch_loss(logprobs: Any, tensors: dict[str, Any], loss_tokens: int, config: TrainConfig
+                     ) -> tuple[Any, dict[str, Any]]:
+    """The micro-batch's loss, as its share of the step's token mean, and its metrics: SFT's masked NLL, or the
+    policy loss with the configured clips and importance-weight cap."""
+    from nanbeige.trainer.loss import policy_loss, sft_loss
+
+    if config.objective == "sft":
+        loss, info = sft_loss(logprobs, tensors["loss_mask"], loss_tokens)
+    else:
+        loss, info = policy_loss(logprobs, tensors["old_logprobs"], tensors["rollout_logprobs"],
+                                 tensors["advantages"], tensors["loss_mask"], loss_tokens, clip_low=config.clip_low,
+                                 clip_high=config.clip_high, clip_dual=config.clip_dual, tis_cap=config.tis_cap,
+                                 has_rollout_logprobs=bool(tensors.get("has_rollout_logprobs", True)))
+    return loss, info
 
 
 def step_metrics(metrics: list[dict[str, float]], world: World) -> dict[str, float]:
@@ -196,27 +206,10 @@ def saved_state(checkpoint: Path, config: TrainConfig, world: World) -> dict[str
     return saved
 
 
-def packing_works(model: Any, world: World, pad_id: int) -> bool:
-    """Whether this model keeps packed rows apart: two short rows must get the same logprobs packed and alone
-    (an attention that ignored the restarting positions would let the second row read the first)."""
-    import torch
-
-    from nanbeige.trainer.batches import Sample, collate, collate_packed
-    from nanbeige.trainer.loss import token_logprobs
-
-    rows = [Sample(ids=[(7 * i + 3 * k) % 100 + 1 for i in range(12)], loss_mask=[1] * 12, advantages=[0.0] * 12,
-                   rollout_logprobs=None, group_id="g", trajectory_id=str(k), turns=[]) for k in (1, 2)]
-    with torch.no_grad(), compute_precision(world):
-        packed, alone = ({k: v.to(world.device) for k, v in tensors.items()}
-                         for tensors in (collate_packed(rows, pad_id), collate(rows[1:], pad_id)))
-        together = token_logprobs(model, packed["input_ids"], None, packed["targets"],
-                                  position_ids=packed["position_ids"])
-        second = token_logprobs(model, alone["input_ids"], alone["attention_mask"], alone["targets"])
-    return bool(torch.allclose(together[0, 12:].float(), second[0].float(), atol=1e-2))
-
-
 def resolve_packing(config: TrainConfig, model: Any, world: World, pad_id: int, log: Any) -> str:
     """`on` or `off` for this run: `auto` packs with flash attention only; packing needs the check to pass."""
+    from nanbeige.trainer.packing import packing_works
+
     attention = str(getattr(getattr(model, "config", None), "_attn_implementation", ""))
     if config.packing == "off" or config.packing == "auto" and "flash" not in attention:
         return "off"

@@ -96,7 +96,7 @@ def plain_step(folder: Path, rows: list, micro_tokens: int) -> object:
     import torch
     import transformers
 
-    from nanbeige.trainer.batches import collate, pack
+    from nanbeige.trainer.packing import collate, pack
 
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
