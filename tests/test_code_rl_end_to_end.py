@@ -39,7 +39,8 @@ from nanbeige.evals.complexity import without_comments
 from nanbeige.evals.runner import visible_texts
 from nanbeige.tools.endpoint import ChatEndpoint
 from nanbeige.trainer.collect import CollectConfig, collect
-from nanbeige.trainer.rewards import JudgeRunConfig, judge_file
+from nanbeige.trainer.judge_config import JudgeRunConfig
+from nanbeige.trainer.rewards import judge_file
 from nanbeige.trainer.train import TrainConfig, train
 from nanbeige.trainer.train_config import GroupRule
 

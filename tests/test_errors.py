@@ -33,8 +33,8 @@ from nanbeige.trainer.code_rewards import CodeJudgeError
 from nanbeige.trainer.collect import CollectError
 from nanbeige.trainer.critic import CriticUnreachable, MalformedCritique
 from nanbeige.trainer.graph import SynthError
+from nanbeige.trainer.judge_config import JudgeError
 from nanbeige.trainer.model import TrainError
-from nanbeige.trainer.rewards import JudgeError
 from nanbeige.trainer.rl_loop import LoopError
 from nanbeige.trainer.sync import SyncError
 from nanbeige.trainer.train_report import ReportError

@@ -19,7 +19,8 @@ from nanbeige.agent.trajectory import ToolCall, ToolResult, Trajectory, Turn
 from nanbeige.agent.trajectory_file import TrajectoryWriter, load_trajectories, read_records
 from nanbeige.evals.judges import JUDGE_ENDPOINT
 from nanbeige.trainer.critic import CRITIC_ENDPOINT, TurnRule
-from nanbeige.trainer.rewards import JudgeError, JudgeRunConfig, judge_file
+from nanbeige.trainer.judge_config import JudgeError, JudgeRunConfig
+from nanbeige.trainer.rewards import judge_file
 
 QUESTION = "What is the capital of France?"
 TOKEN_FIELDS = ("segment", "prompt_keep", "prompt_delta_ids", "prefix_hash", "completion_ids", "logprobs")

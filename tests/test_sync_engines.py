@@ -24,7 +24,7 @@ from nanbeige.agent.cli.program import app
 from nanbeige.agent.loop import AgentConfig
 from nanbeige.agent.run_config import BackendConfig, RunSettings, ToolsConfig
 from nanbeige.agent.trajectory_file import load_trajectories
-from nanbeige.trainer.rewards import JudgeRunConfig
+from nanbeige.trainer.judge_config import JudgeRunConfig
 from nanbeige.trainer.rl_loop import LoopConfig, LoopError, read_state, run_loop
 from nanbeige.trainer.train import TrainConfig
 

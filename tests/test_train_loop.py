@@ -22,7 +22,7 @@ from nanbeige.agent.loop import AgentConfig
 from nanbeige.agent.run_config import BackendConfig, RunSettings, ToolsConfig
 from nanbeige.agent.trajectory_file import load_trajectories
 from nanbeige.trainer.critic import CRITIC_ENDPOINT
-from nanbeige.trainer.rewards import JudgeRunConfig
+from nanbeige.trainer.judge_config import JudgeRunConfig
 from nanbeige.trainer.rl_loop import LoopConfig, LoopError, run_loop
 from nanbeige.trainer.sync import SyncError, load_adapter
 from nanbeige.trainer.train import TrainConfig

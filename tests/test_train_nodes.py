@@ -85,7 +85,7 @@ def test_the_loop_refuses_to_run_under_torchrun(tmp_path: Path, monkeypatch: pyt
     import asyncio
 
     from nanbeige.agent.run_config import RunSettings
-    from nanbeige.trainer.rewards import JudgeRunConfig
+    from nanbeige.trainer.judge_config import JudgeRunConfig
     from nanbeige.trainer.rl_loop import LoopConfig, LoopError, run_loop
     from nanbeige.trainer.train import TrainConfig
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nanbeige.trainer.rewards import JudgeRunConfig
+from nanbeige.trainer.judge_config import JudgeRunConfig
 
 
 async def judge_rollouts(judge: JudgeRunConfig, ray: str | None, folder: Path,

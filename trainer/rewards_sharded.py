@@ -18,13 +18,11 @@ from nanbeige.agent import cluster
 from nanbeige.agent.trajectory import Trajectory
 from nanbeige.agent.trajectory_file import TrajectoryWriter
 from nanbeige.trainer.code_rewards import CodeJudgeError, open_code_judging
+from nanbeige.trainer.judge_config import JudgeError, JudgeRunConfig, chosen_grader
 from nanbeige.trainer.rewards import (
     CODE_TESTS,
     CriticWatch,
-    JudgeError,
     JudgeProgress,
-    JudgeRunConfig,
-    chosen_grader,
     judge_trajectory,
     judging_secrets,
     write_whole,

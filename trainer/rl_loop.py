@@ -50,8 +50,8 @@ from typing import Any
 
 from nanbeige.agent.run_config import RunSettings
 from nanbeige.tools.errors import NanbeigeError
+from nanbeige.trainer.judge_config import JudgeRunConfig
 from nanbeige.trainer.loop_state import state_problem
-from nanbeige.trainer.rewards import JudgeRunConfig
 from nanbeige.trainer.sync import SyncError, disagreeing, engine_root, on_every_engine, sync_engine
 from nanbeige.trainer.train import TrainConfig
 from nanbeige.trainer.train_config import rule_problem

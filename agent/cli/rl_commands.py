@@ -137,7 +137,7 @@ def judge_config(flags: dict[str, Any]) -> Any:
     """The judging the flags describe."""
     from nanbeige.evals.code_tests import CodeRewards
     from nanbeige.trainer.critic import TurnRule
-    from nanbeige.trainer.rewards import JudgeRunConfig
+    from nanbeige.trainer.judge_config import JudgeRunConfig
 
     # Each endpoint keeps its own defaults for what is not given.
     calls = {name: flags[flag] for name, flag in (("timeout_s", "request_timeout"), ("retries", "retries"))
@@ -160,7 +160,8 @@ def judge_config(flags: dict[str, Any]) -> Any:
 def run_judge(src: Path, out: Path, config: Any) -> None:
     from nanbeige.agent.cli.running import notice, resumable, run_command
     from nanbeige.agent.cli.view import LiveLine
-    from nanbeige.trainer.rewards import JudgeError, JudgeProgress, check, judge_file
+    from nanbeige.trainer.judge_config import JudgeError, check
+    from nanbeige.trainer.rewards import JudgeProgress, judge_file
 
     progress = JudgeProgress()
 

@@ -119,7 +119,7 @@ def start_loop(iterations: int, flags: dict[str, Any], config: TrainConfig, spel
 
 def judging(flags: dict[str, Any]) -> Any:
     """How the loop judges: by the turn critic (unless --no-critic) and, with --problems, by the tests."""
-    from nanbeige.trainer.rewards import JudgeRunConfig
+    from nanbeige.trainer.judge_config import JudgeRunConfig
 
     no_critic = flags["no_critic"]
     critic = None if no_critic else o.critic_endpoint(flags["critic_base_url"], flags["critic_model"],

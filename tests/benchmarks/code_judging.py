@@ -27,7 +27,8 @@ from nanbeige.agent.trajectory import Trajectory, Turn
 from nanbeige.agent.trajectory_file import TrajectoryWriter, load_trajectories
 from nanbeige.evals.code_problems import CodeProblem, humaneval_problems
 from nanbeige.evals.code_tests import CodeRunner, grade_program
-from nanbeige.trainer.rewards import JudgeRunConfig, judge_file
+from nanbeige.trainer.judge_config import JudgeRunConfig
+from nanbeige.trainer.rewards import judge_file
 
 
 def rollouts_file(folder: Path, count: int) -> tuple[Path, Path]:
