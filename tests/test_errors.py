@@ -34,8 +34,8 @@ from nanbeige.trainer.collect import CollectError
 from nanbeige.trainer.critic import CriticUnreachable, MalformedCritique
 from nanbeige.trainer.graph import SynthError
 from nanbeige.trainer.judge_config import JudgeError
+from nanbeige.trainer.loop_config import LoopError
 from nanbeige.trainer.model import TrainError
-from nanbeige.trainer.rl_loop import LoopError
 from nanbeige.trainer.sync import SyncError
 from nanbeige.trainer.train_report import ReportError
 

@@ -25,7 +25,8 @@ from nanbeige.agent.loop import AgentConfig
 from nanbeige.agent.run_config import BackendConfig, RunSettings, ToolsConfig
 from nanbeige.agent.trajectory_file import load_trajectories
 from nanbeige.trainer.judge_config import JudgeRunConfig
-from nanbeige.trainer.rl_loop import LoopConfig, LoopError, read_state, run_loop
+from nanbeige.trainer.loop_config import LoopConfig, LoopError
+from nanbeige.trainer.rl_loop import read_state, run_loop
 from nanbeige.trainer.train import TrainConfig
 
 QUESTIONS = ('{"id": "a", "question": "What is 2+2?", "answer": "4"}\n'

@@ -23,7 +23,8 @@ from nanbeige.agent.run_config import BackendConfig, RunSettings, ToolsConfig
 from nanbeige.agent.trajectory_file import load_trajectories
 from nanbeige.trainer.critic import CRITIC_ENDPOINT
 from nanbeige.trainer.judge_config import JudgeRunConfig
-from nanbeige.trainer.rl_loop import LoopConfig, LoopError, run_loop
+from nanbeige.trainer.loop_config import LoopConfig, LoopError
+from nanbeige.trainer.rl_loop import run_loop
 from nanbeige.trainer.sync import SyncError, load_adapter
 from nanbeige.trainer.train import TrainConfig
 from nanbeige.trainer.train_config import GroupRule

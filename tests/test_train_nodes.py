@@ -86,7 +86,8 @@ def test_the_loop_refuses_to_run_under_torchrun(tmp_path: Path, monkeypatch: pyt
 
     from nanbeige.agent.run_config import RunSettings
     from nanbeige.trainer.judge_config import JudgeRunConfig
-    from nanbeige.trainer.rl_loop import LoopConfig, LoopError, run_loop
+    from nanbeige.trainer.loop_config import LoopConfig, LoopError
+    from nanbeige.trainer.rl_loop import run_loop
     from nanbeige.trainer.train import TrainConfig
 
     monkeypatch.setenv("WORLD_SIZE", "2")

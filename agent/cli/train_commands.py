@@ -213,8 +213,9 @@ def run_train_loop(iterations: int, questions: Path, group_size: int, sync: str,
                    train_config: Any, loop_options: dict[str, Any]) -> None:
     from nanbeige.agent.cli.running import notice, run_command
     from nanbeige.agent.setup import secrets_of
+    from nanbeige.trainer.loop_config import LoopConfig
     from nanbeige.trainer.rewards import judging_secrets
-    from nanbeige.trainer.rl_loop import LoopConfig, run_loop
+    from nanbeige.trainer.rl_loop import run_loop
 
     hide(secrets_of(settings) + judging_secrets(judge_config))
     config = LoopConfig(iterations=iterations, out=train_config.out, questions=questions, settings=settings,

@@ -57,7 +57,7 @@ class Packing(str, enum.Enum):
 
 
 class Sync(str, enum.Enum):
-    """How each new policy reaches the serving vLLM (`trainer.rl_loop.SYNCS`)."""
+    """How each new policy reaches the serving vLLM (`trainer.loop_config.SYNCS`)."""
 
     lora = "lora"
     weights = "weights"
