@@ -28,7 +28,7 @@ import json
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -256,6 +256,36 @@ def _fresh(graph: Graph, hops: int, seed: int, count: int, done: set[str],
         yield walk
 
 
+def _new_summary(graph: Graph, in_file: int) -> dict[str, Any]:
+    """The run's summary before its first walk: the graph's size and the questions already in the file."""
+    return {"documents": len(graph.documents), "edges": graph.edges,
+            "graph_seconds": round(graph.seconds, 3), "walks": 0, "skipped": 0, "accepted": 0,
+            "in_file": in_file, "rejected": Counter(), "exhausted": False}
+
+
+def _record(row: dict[str, Any], reason: str | None, out: Path, rejected_file: Path, summary: dict[str, Any]) -> None:
+    """Append an attempt's row to the questions file when accepted, else to the rejected file, and count it."""
+    if reason is None:
+        append_jsonl(out, row)
+        summary["accepted"] += 1
+        summary["in_file"] += 1
+    else:
+        append_jsonl(rejected_file, row)
+        summary["rejected"][reason] += 1
+
+
+async def _run_workers(worker: Callable[[httpx.AsyncClient], Awaitable[None]], concurrency: int) -> None:
+    """`concurrency` workers sharing one HTTP client, until each returns."""
+    async with httpx.AsyncClient() as client:
+        try:
+            async with asyncio.TaskGroup() as group:
+                for _ in range(max(1, concurrency)):
+                    group.create_task(worker(client))
+        except ExceptionGroup as errors:
+            # One line for the user, not a group: the first failure says what to fix.
+            raise errors.exceptions[0] from None
+
+
 async def synthesize(index_dir: Path, out: Path, config: ChatEndpoint, count: int, hops: int = 2, seed: int = 0,
                      concurrency: int = 4, progress: Progress | None = None) -> dict[str, Any]:
     """Write up to `count` accepted questions of `hops` links into `out` (JSONL, appended, resumable).
@@ -273,9 +303,7 @@ async def synthesize(index_dir: Path, out: Path, config: ChatEndpoint, count: in
     drop_torn_line(out)
     drop_torn_line(rejected_file)
     accepted_ids = _read_ids(out)
-    summary: dict[str, Any] = {"documents": len(graph.documents), "edges": graph.edges,
-                               "graph_seconds": round(graph.seconds, 3), "walks": 0, "skipped": 0, "accepted": 0,
-                               "in_file": len(accepted_ids), "rejected": Counter(), "exhausted": False}
+    summary = _new_summary(graph, len(accepted_ids))
     pending = _fresh(graph, hops, seed, count, accepted_ids | _read_ids(rejected_file), summary)
     in_flight = 0
 
@@ -293,24 +321,11 @@ async def synthesize(index_dir: Path, out: Path, config: ChatEndpoint, count: in
                 row, reason = await _attempt(client, config, graph, walk)
             finally:
                 in_flight -= 1
-            if reason is None:
-                append_jsonl(out, row)
-                summary["accepted"] += 1
-                summary["in_file"] += 1
-            else:
-                append_jsonl(rejected_file, row)
-                summary["rejected"][reason] += 1
+            _record(row, reason, out, rejected_file, summary)
             if progress is not None:
                 progress(summary["in_file"], count, sum(summary["rejected"].values()))
 
-    async with httpx.AsyncClient() as client:
-        try:
-            async with asyncio.TaskGroup() as group:
-                for _ in range(max(1, concurrency)):
-                    group.create_task(worker(client))
-        except ExceptionGroup as errors:
-            # One line for the user, not a group: the first failure says what to fix.
-            raise errors.exceptions[0] from None
+    await _run_workers(worker, concurrency)
     summary["rejected"] = dict(summary["rejected"])
     summary["seconds"] = round(time.perf_counter() - started, 3)
     return summary
