@@ -143,19 +143,24 @@ def test_the_policy_version_defaults_to_the_weights_the_server_names() -> None:
         assert probe_server(server.base_url, None).weights is None  # a server that does not say
 
 
-def test_collected_rollouts_are_judged_by_the_judge_command(tmp_path: Path) -> None:
-    questions, rollouts, judged = questions_file(tmp_path), tmp_path / "rollouts.jsonl", tmp_path / "judged.jsonl"
+def collect_with_a_tool_turn(questions: Path, rollouts: Path) -> None:
+    """Two rollouts of the first question into `rollouts`: each an echo call to the test server, then answer 4."""
     call = '<use_mcp_tool>\n<server_name>testkit</server_name>\n<tool_name>echo</tool_name>\n<arguments>\n' \
            '{"text": "four"}\n</arguments>\n</use_mcp_tool>'
     model = [f"<think>\nI will check.\n</think>\n{call}", mcp_answer("4"), mcp_answer("4")] * 2
-    scores = json.dumps({d: {"score": s, "reason": "ok"} for d, s in
-                         [("logical_soundness", 5), ("tool_call_accuracy", 4), ("information_gain", 2)]})
     with FakeOpenAI(model) as server:
         collected = subprocess.run([NANBEIGE, "collect", "--questions", str(questions), "-G", "2", "--limit", "1",
                                     "--out", str(rollouts), "--base-url", server.base_url, "--no-default-servers",
                                     "--mcp", TESTKIT, "--allow-inexact", "--concurrency", "1"],
                                    capture_output=True, text=True, timeout=120)
     assert collected.returncode == 0, collected.stderr
+
+
+def test_collected_rollouts_are_judged_by_the_judge_command(tmp_path: Path) -> None:
+    questions, rollouts, judged = questions_file(tmp_path), tmp_path / "rollouts.jsonl", tmp_path / "judged.jsonl"
+    collect_with_a_tool_turn(questions, rollouts)
+    scores = json.dumps({d: {"score": s, "reason": "ok"} for d, s in
+                         [("logical_soundness", 5), ("tool_call_accuracy", 4), ("information_gain", 2)]})
     with FakeOpenAI([], default=f"```json\n{scores}\n```") as critic:
         result = subprocess.run([NANBEIGE, "judge", str(rollouts), "--out", str(judged), "--critic-base-url",
                                  critic.base_url, "--critic-model", "critic"], capture_output=True, text=True,

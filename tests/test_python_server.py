@@ -58,6 +58,22 @@ async def test_offers_the_six_tools_with_the_trained_signatures(tmp_path: Path) 
     assert tools["create_sandbox"].input_schema["properties"] == {"timeout": {"default": 600, "title": "Timeout"}}
 
 
+async def assert_made_up_ids_are_refused(client: mcp.Client, tmp_path: Path) -> None:
+    """Sandbox ids no sandbox was created with: one of the model's own making, and `default`."""
+    bad = await client.call_tool("run_python_code", {"code_block": "1", "sandbox_id": "my-sandbox"})
+    assert bad.is_error and text(bad) == ("[ERROR]: 'my-sandbox' is not a valid sandbox_id. Please create a "
+                                          "real sandbox first using the create_sandbox tool.")
+    # a made-up id is refused by every tool that takes one, in the reference server's words
+    for name, args in (("run_python_code", {"code_block": "1 + 1"}), ("run_command", {"command": "echo hi"}),
+                       ("upload_file_from_local_to_sandbox", {"local_file_path": str(tmp_path / "notes.txt")}),
+                       ("download_file_from_internet_to_sandbox", {"url": "https://example.com/x.txt"}),
+                       ("download_file_from_sandbox_to_local", {"sandbox_file_path": "/home/user/notes.txt"})):
+        made_up = await client.call_tool(name, {"sandbox_id": "default", **args})
+        assert made_up.is_error and text(made_up) == (
+            "[ERROR]: 'default' is not a valid sandbox_id. Please create a real sandbox first using the "
+            "create_sandbox tool."), name
+
+
 async def test_a_session_with_state_errors_and_files(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("hello")
     async with mcp.Client(build_server(Sandboxes(local_config(tmp_path)))) as client:
@@ -96,18 +112,7 @@ async def test_a_session_with_state_errors_and_files(tmp_path: Path) -> None:
         fetched = await call("download_file_from_internet_to_sandbox", url="http://127.0.0.1:9/x.txt")
         assert fetched.is_error and "local or private address" in text(fetched)
 
-        bad = await client.call_tool("run_python_code", {"code_block": "1", "sandbox_id": "my-sandbox"})
-        assert bad.is_error and text(bad) == ("[ERROR]: 'my-sandbox' is not a valid sandbox_id. Please create a "
-                                              "real sandbox first using the create_sandbox tool.")
-        # a made-up id is refused by every tool that takes one, in the reference server's words
-        for name, args in (("run_python_code", {"code_block": "1 + 1"}), ("run_command", {"command": "echo hi"}),
-                           ("upload_file_from_local_to_sandbox", {"local_file_path": str(tmp_path / "notes.txt")}),
-                           ("download_file_from_internet_to_sandbox", {"url": "https://example.com/x.txt"}),
-                           ("download_file_from_sandbox_to_local", {"sandbox_file_path": "/home/user/notes.txt"})):
-            made_up = await client.call_tool(name, {"sandbox_id": "default", **args})
-            assert made_up.is_error and text(made_up) == (
-                "[ERROR]: 'default' is not a valid sandbox_id. Please create a real sandbox first using the "
-                "create_sandbox tool."), name
+        await assert_made_up_ids_are_refused(client, tmp_path)
     assert os.listdir(tmp_path / "sandboxes") == []  # closed with the session
 
 

@@ -125,6 +125,15 @@ def test_ask_in_token_mode_from_the_command_line(tmp_path: Path) -> None:
     assert start["chat_template"]["sha256"] == hashlib.sha256(tokenizer.chat_template.encode()).hexdigest()
 
 
+def served(tokenizer: Any, root: str | None) -> FakeOpenAI:
+    """A vLLM server of the tiny model under the name `smollm2`, its /v1/models listing `root` as the folder (or
+    no root)."""
+    entry = {"id": "smollm2", "object": "model", "owned_by": "vllm", "max_model_len": 32768} | (
+        {"root": root} if root else {})
+    return FakeOpenAI([], default="5", tokenize=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
+                      stop_id=tokenizer.convert_tokens_to_ids("<|im_end|>"), vllm=True, models=[entry])
+
+
 @pytest.mark.slow
 def test_token_mode_finds_the_tokenizer_at_the_root_the_server_lists_or_takes_one_named(tmp_path: Path) -> None:
     """Seen against real vLLM: a model served as `smollm2` is no tokenizer path, and its folder is no served
@@ -139,18 +148,12 @@ def test_token_mode_finds_the_tokenizer_at_the_root_the_server_lists_or_takes_on
                "smollm2", "--no-default-servers", "--dialect", "tool-call"]
     env = {**os.environ, "COLUMNS": "200"}
 
-    def served(root: str | None) -> FakeOpenAI:
-        entry = {"id": "smollm2", "object": "model", "owned_by": "vllm", "max_model_len": 32768} | (
-            {"root": root} if root else {})
-        return FakeOpenAI([], default="5", tokenize=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
-                          stop_id=tokenizer.convert_tokens_to_ids("<|im_end|>"), vllm=True, models=[entry])
-
-    with served(str(folder)) as server:
+    with served(tokenizer, str(folder)) as server:
         listed = subprocess.run([*command, "--base-url", server.base_url, "--trajectory", str(tmp_path / "a.jsonl")],
                                 capture_output=True, text=True, timeout=120, env=env)
     assert listed.returncode == 0 and listed.stdout == "5\n", listed.stderr
     assert server.requests[0]["model"] == "smollm2" and isinstance(server.requests[0]["prompt"], list)
-    with served(None) as server:
+    with served(tokenizer, None) as server:
         named = subprocess.run([*command, "--base-url", server.base_url, "--tokenizer", str(folder), "--trajectory",
                                 str(tmp_path / "b.jsonl")], capture_output=True, text=True, timeout=120, env=env)
         # offline, as tests are: without it the hub client waits out its connection retries first (50 s here)
