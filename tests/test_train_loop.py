@@ -81,6 +81,12 @@ def stamps(folder: Path) -> dict[str, int]:
     return {str(p.relative_to(folder)): p.stat().st_mtime_ns for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+def token_mode_server(tokenizer: Any, policy: Any) -> FakeOpenAI:
+    """A loopback vLLM in token mode, with the tiny model's tokenizer, whose scripted POLICY answers."""
+    return FakeOpenAI(policy, vllm=True, tokenize=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
+                      stop_id=tokenizer.convert_tokens_to_ids("<|im_end|>"))
+
+
 def test_two_iterations_in_process_and_a_second_call_only_does_the_second(tiny: Path, tmp_path: Path) -> None:
     out = tmp_path / "loop"
     seen: list[tuple[str, list[list[str]]]] = []  # each loop notice, with the stages the state file then held
@@ -149,22 +155,10 @@ def test_lora_adapters_are_hot_loaded_and_the_next_iteration_samples_from_them(t
     from nanbeige.agent.backends.token_mode import load_tokenizer
 
     tokenizer = load_tokenizer(str(tiny))[0]
-    answered: dict[tuple[str, str], int] = {}
-    lock = threading.Lock()
-
-    def policy(request: dict[str, Any]) -> str:
-        prompt = tokenizer.decode(request["prompt"])
-        question = "a" if "2+2" in prompt else "b"
-        with lock:
-            n = answered[request["model"], question] = answered.get((request["model"], question), 0) + 1
-        right = {"a": "4", "b": "red"}[question]
-        return mcp_answer(right if n <= 2 else "nothing")
-
     out = tmp_path / "loop"
     questions = tmp_path / "questions.jsonl"
     questions.write_text(QUESTIONS)
-    with FakeOpenAI(policy, vllm=True, tokenize=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
-                    stop_id=tokenizer.convert_tokens_to_ids("<|im_end|>")) as server:
+    with token_mode_server(tokenizer, first_two_right(tokenizer)) as server:
         settings = RunSettings(llm=LLMConfig(base_url=server.base_url, model=str(tiny), max_tokens=64,
                                              temperature=1.0),
                                agent=AgentConfig(max_turns=1, summary_turn=False),
@@ -183,6 +177,25 @@ def test_lora_adapters_are_hot_loaded_and_the_next_iteration_samples_from_them(t
     assert {r["model"] for r in server.requests} == {str(tiny), str(first.resolve())}
     for trajectory in load_trajectories(out / "iter-2" / "rollouts.jsonl"):  # the adapter's path, as vLLM lists it
         assert trajectory.policy_version == str((first / "adapter").resolve())
+    assert_the_second_adapter_went_on_from_the_first(first, second)
+
+
+def first_two_right(tokenizer: Any) -> Any:
+    """A scripted policy that answers the first two rollouts of each question, for each model, right."""
+    answered: dict[tuple[str, str], int] = {}
+    lock = threading.Lock()
+
+    def policy(request: dict[str, Any]) -> str:
+        prompt = tokenizer.decode(request["prompt"])
+        question = "a" if "2+2" in prompt else "b"
+        with lock:
+            n = answered[request["model"], question] = answered.get((request["model"], question), 0) + 1
+        right = {"a": "4", "b": "red"}[question]
+        return mcp_answer(right if n <= 2 else "nothing")
+    return policy
+
+
+def assert_the_second_adapter_went_on_from_the_first(first: Path, second: Path) -> None:
     # iteration 2 went on training iteration 1's adapter on the base model, from where it was
     import safetensors.torch
 
@@ -238,21 +251,8 @@ def test_the_loop_command_and_train_loop_run_the_same_loop_from_their_flags(tmp_
     flags = ["--questions", str(questions), "-G", "2", "--model", str(tiny), "--backend", "transformers",
              "--no-default-servers", "--no-critic", "--sync", "none", "--min-pass-rate", "0", "--max-pass-rate", "1",
              "--step-tokens", "100000", "--seed", "1"]
-    runs = {}
-    for name, spelled in (("loop", ["loop", "--iterations", "1"]), ("train", ["train", "--loop", "1"])):
-        out = tmp_path / name
-        result = subprocess.run([nanbeige, *spelled, *flags, "--out", str(out)], capture_output=True, text=True,
-                                timeout=300)
-        assert result.returncode == 0, result.stderr[-2000:]
-        state = json.loads((out / "loop.json").read_text())
-        [iteration] = state["iterations"]
-        assert {"collected", "judged", "trained", "synced"} <= set(iteration)
-        assert iteration["collected"]["rollouts"] == 2 and Path(iteration["trained"]["checkpoint"]).is_dir()
-        assert "iteration 1: 2 rollouts" in result.stderr
-        files = sorted(re.sub(r"tfevents\..*", "tfevents", str(path.relative_to(out)))  # named by time and host
-                       for path in out.rglob("*") if path.is_file())
-        stages = {stage: sorted(record) for stage, record in iteration.items() if isinstance(record, dict)}
-        runs[name] = (files, result.stderr, (state["sync"], state["policy"]["version"], stages))
+    runs = {name: one_iteration([nanbeige, *spelled, *flags, "--out", str(tmp_path / name)], tmp_path / name)
+            for name, spelled in (("loop", ["loop", "--iterations", "1"]), ("train", ["train", "--loop", "1"]))}
     # the same files and the same stages, each spelling in its own folder
     assert runs["loop"][0] == runs["train"][0]
     assert runs["loop"][2] == runs["train"][2]
@@ -264,100 +264,19 @@ def test_the_loop_command_and_train_loop_run_the_same_loop_from_their_flags(tmp_
     assert missing.returncode == 2 and "--loop needs --questions" in missing.stderr
 
 
-def scripted_loop(tiny: Path, tmp_path: Path, server: FakeOpenAI, out: Path, **loop: Any) -> LoopConfig:
-    questions = tmp_path / "pool.jsonl"
-    questions.write_text('{"id": "easy", "question": "What is 2+2?", "answer": "4"}\n'
-                         '{"id": "hard", "question": "Name a colour.", "answer": "red"}\n'
-                         '{"id": "fair", "question": "Name a fruit.", "answer": "apple"}\n')
-    settings = RunSettings(llm=LLMConfig(base_url=server.base_url, model=str(tiny), max_tokens=64, temperature=1.0),
-                           agent=AgentConfig(max_turns=1, summary_turn=False),
-                           backend=BackendConfig(backend="openai", base_url_given=True, token_mode=True),
-                           tools=ToolsConfig(default_servers=False))
-    train = TrainConfig(data=[], model=str(tiny), out=out, steps=1, step_tokens=4000, micro_tokens=4000, lr=1e-3,
-                        off_policy=True)  # the scripted policy is not the tiny model
-    return LoopConfig(out=out, questions=questions, settings=settings, judge=JudgeRunConfig(no_critic=True),
-                      train=train, group_size=4, sync="none", **loop)
+def one_iteration(command: list[str], out: Path) -> tuple[list[str], str, tuple[Any, ...]]:
+    """Runs a one-iteration loop command into OUT: the files it wrote, its stderr, and its state's stages."""
+    import subprocess
 
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    state = json.loads((out / "loop.json").read_text())
+    [iteration] = state["iterations"]
+    assert {"collected", "judged", "trained", "synced"} <= set(iteration)
+    assert iteration["collected"]["rollouts"] == 2 and Path(iteration["trained"]["checkpoint"]).is_dir()
+    assert "iteration 1: 2 rollouts" in result.stderr
+    files = sorted(re.sub(r"tfevents\..*", "tfevents", str(path.relative_to(out)))  # named by time and host
+                   for path in out.rglob("*") if path.is_file())
+    stages = {stage: sorted(record) for stage, record in iteration.items() if isinstance(record, dict)}
+    return files, result.stderr, (state["sync"], state["policy"]["version"], stages)
 
-def test_dynamic_sampling_draws_questions_until_a_group_is_informative(tiny: Path, tmp_path: Path) -> None:
-    """A scripted policy that always answers `easy` right, never `hard`, and `fair` right 2 times of 4: with
-    one question a draw, the loop draws easy (too easy), hard (too hard), then fair (inside the band)."""
-    from nanbeige.agent.backends.token_mode import load_tokenizer
-
-    tokenizer = load_tokenizer(str(tiny))[0]
-    answered: dict[str, int] = {}
-    lock = threading.Lock()
-
-    def policy(request: dict[str, Any]) -> str:
-        prompt = tokenizer.decode(request["prompt"])
-        question = "easy" if "2+2" in prompt else "hard" if "colour" in prompt else "fair"
-        with lock:
-            n = answered[question] = answered.get(question, 0) + 1
-        return mcp_answer({"easy": "4", "hard": "blue", "fair": "apple" if n <= 2 else "pear"}[question])
-
-    notices: list[str] = []
-    with FakeOpenAI(policy, vllm=True, tokenize=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
-                    stop_id=tokenizer.convert_tokens_to_ids("<|im_end|>")) as server:
-        config = scripted_loop(tiny, tmp_path, server, tmp_path / "loop", iterations=1, questions_per_iteration=1,
-                               min_informative_groups=1, max_draws=3)
-        asyncio.run(run_loop(config, notices.append))
-        drawn = [json.loads(line)["id"] for line in (tmp_path / "loop" / "iter-1" / "questions.jsonl").open()]
-        assert drawn == ["easy", "hard", "fair"]
-        assert sum("drawing 1 more questions" in text for text in notices) == 2
-        judged = json.loads((tmp_path / "loop" / "loop.json").read_text())["iterations"][0]["judged"]
-        assert (judged["groups"], judged["informative_groups"], judged["questions"]) == (3, 1, 3)
-        [step] = [json.loads(line) for line in (tmp_path / "loop" / "iter-1" / "train" / "metrics.jsonl").open()]
-        assert step["groups"] == {"groups_read": 3, "groups_kept": 1, "groups_too_easy": 1, "groups_too_hard": 1,
-                                  "groups_no_reward": 0}
-        # with two draws at most, no informative group is found: the trainer says there is nothing to train on
-        capped = scripted_loop(tiny, tmp_path, server, tmp_path / "capped", iterations=1,
-                               questions_per_iteration=1, min_informative_groups=1, max_draws=2)
-        with pytest.raises(LoopError, match="iteration 1, train: nothing to train on"):
-            asyncio.run(run_loop(capped, notices.append))
-    drawn = [json.loads(line)["id"] for line in (tmp_path / "capped" / "iter-1" / "questions.jsonl").open()]
-    assert drawn == ["easy", "hard"]
-
-
-def test_the_loop_runs_code_rl_with_the_papers_difficulty_filter(tiny: Path, tmp_path: Path) -> None:
-    """`train --loop` on code problems: the questions are the problems, each program runs against its tests in
-    the sandbox, and the paper's stage-1 filter (1 to 3 of 4 solved here) keeps only the problem a scripted
-    policy solves sometimes: `echo` always (too easy), `negate` never (too hard), `double` 2 times of 4."""
-    from nanbeige.agent.backends.token_mode import load_tokenizer
-
-    problems = tmp_path / "problems.jsonl"
-    problems.write_text("".join(json.dumps(row) + "\n" for row in [
-        {"id": "echo", "statement": "Print the line you read.", "tests": [{"input": "hi\n", "output": "hi\n"}]},
-        {"id": "negate", "statement": "Print minus the integer.", "tests": [{"input": "3\n", "output": "-3\n"}]},
-        {"id": "double", "statement": "Print twice the integer.", "tests": [{"input": "4\n", "output": "8\n"},
-                                                                            {"input": "0\n", "output": "0\n"}]}]))
-    tokenizer = load_tokenizer(str(tiny))[0]
-    answered: dict[str, int] = {}
-    lock = threading.Lock()
-    programs = {"echo": "print(input())", "negate": "print(input())", "double": "print(2 * int(input()))"}
-
-    def policy(request: dict[str, Any]) -> str:
-        prompt = tokenizer.decode(request["prompt"])
-        problem = "echo" if "line you read" in prompt else "negate" if "minus" in prompt else "double"
-        with lock:
-            n = answered[problem] = answered.get(problem, 0) + 1
-        program = programs[problem] if problem != "double" or n <= 2 else "print(8)"
-        return f"<think>\nWrite it.\n</think>\n\n```python\n{program}\n```\n\\boxed{{done}}"
-
-    with FakeOpenAI(policy, vllm=True, tokenize=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
-                    stop_id=tokenizer.convert_tokens_to_ids("<|im_end|>")) as server:
-        config = scripted_loop(tiny, tmp_path, server, tmp_path / "loop", iterations=1)
-        judge = dataclasses.replace(config.judge, grader="code-tests", problems=problems)
-        train = dataclasses.replace(config.train, groups=GroupRule(counts="solved", k_of_n=(1, 3, 4)))
-        asyncio.run(run_loop(dataclasses.replace(config, questions=problems, judge=judge, train=train), lambda _: None))
-    iteration = tmp_path / "loop" / "iter-1"
-    drawn = [json.loads(line) for line in (iteration / "questions.jsonl").open()]
-    assert [row["id"] for row in drawn] == ["echo", "negate", "double"]
-    assert "one ```python code block" in drawn[0]["question"]  # asked as `collect --bench code` asks
-    judged = load_trajectories(iteration / "judged.jsonl")
-    solved = {problem: sorted(t.judge["solved"] for t in judged if t.group_id == problem) for problem in programs}
-    assert solved == {"echo": [True] * 4, "negate": [False] * 4, "double": [False, False, True, True]}
-    rewards = sorted(t.reward for t in judged if t.group_id == "double")
-    assert rewards == [0.5, 0.5, 1.0, 1.0]  # "print(8)" passes one test of two
-    [step] = [json.loads(line) for line in (iteration / "train" / "metrics.jsonl").open()]
-    assert step["groups"] == {"groups_read": 3, "groups_kept": 1, "groups_too_easy": 1, "groups_too_hard": 1,
-                              "groups_no_reward": 0}
