@@ -237,7 +237,7 @@ async def test_judge_calls_spread_over_several_judge_endpoints_and_pass_over_one
     says, the same request always to the same endpoint, and past one that does not answer."""
     import httpx
 
-    from nanbeige.agent.cli.options import critic_endpoint, judge_endpoint
+    from nanbeige.agent.cli.judge_options import critic_endpoint, judge_endpoint
     from nanbeige.evals.endpoint import chat_text
 
     with FakeOpenAI([], default="yes") as one, FakeOpenAI([], default="yes") as two:

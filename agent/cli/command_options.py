@@ -1,5 +1,5 @@
-"""The own flags of `serve`, `eval`, `collect` and `resume`, as option tables (`options.with_options`,
-`options.with_run_options`), in the order their help lists them. The run flags that `eval` and `collect` share
+"""The own flags of `serve`, `eval`, `collect` and `resume`, as option tables (`option_tables.with_options`,
+`option_tables.with_run_options`), in the order their help lists them. The run flags that `eval` and `collect` share
 with `ask` are `options.RUN_OPTIONS`; a row here of the same name (eval's --temperature, collect's --top-p)
 takes that flag's place, with the command's own default said."""
 
@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from nanbeige.agent.cli import options as o
+from nanbeige.agent.cli.judge_options import JudgeApiKey, JudgeBaseUrl, JudgeModel, JudgeTemplate
 from nanbeige.agent.cli.options import option
 from nanbeige.agent.cli.serve_config import ServeConfig
 from nanbeige.agent.run_config import BackendConfig
@@ -53,10 +54,10 @@ EVAL: dict[str, tuple[Any, Any]] = {
         "reference (the reference harness's evaluator, which produced the paper's numbers), official (the "
         "benchmark authors' grader), official-fixed (the same with a known bug fixed), or a grader's full name "
         "\\[default: reference].")),
-    "judge_base_url": (o.JudgeBaseUrl, None),
-    "judge_model": (o.JudgeModel, None),
-    "judge_api_key": (o.JudgeApiKey, None),
-    "judge_template": (o.JudgeTemplate, None),
+    "judge_base_url": (JudgeBaseUrl, None),
+    "judge_model": (JudgeModel, None),
+    "judge_api_key": (JudgeApiKey, None),
+    "judge_template": (JudgeTemplate, None),
     "ray": (o.RayAddress, None),
     # eval's own default temperature: BFCL runs at its official generator's unless one is given
     # (`settings_for_bfcl`)

@@ -11,16 +11,17 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from nanbeige.agent.cli import options as o
 from nanbeige.agent.cli.command_options import EVAL, SERVE
 from nanbeige.agent.cli.console import err, fail, hide
 from nanbeige.agent.cli.console import out as print_line
 from nanbeige.agent.cli.help_screen import ShortHelpCommand
+from nanbeige.agent.cli.judge_options import judge_endpoint
+from nanbeige.agent.cli.option_tables import with_options, with_run_options
 from nanbeige.agent.cli.serve_config import ServeConfig
 from nanbeige.agent.run_config import RunSettings
 
 
-@o.with_options(SERVE)
+@with_options(SERVE)
 def serve(ctx: typer.Context, *, flags: dict[str, Any]) -> None:
     """Start vLLM's OpenAI-compatible server for the model and wait until it answers. Arguments after `--`
     go to vLLM unchanged."""
@@ -166,7 +167,7 @@ def index_search(
 # ---------------------------------------------------------------- nanbeige eval
 
 
-@o.with_run_options(EVAL, leave_out=("tokenizer",))
+@with_run_options(EVAL, leave_out=("tokenizer",))
 def evaluate(
     bench: Annotated[str, typer.Argument(help="The benchmark (see the list below), or `report` to re-render the "
                                               "report of the eval in FOLDER.")],
@@ -237,8 +238,8 @@ def eval_config(bench: Any, flags: dict[str, Any]) -> Any:
     if out_dir is None:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         out_dir = Path(os.environ.get("NANBEIGE_RUNS_DIR", "runs")) / f"eval-{bench.name}-{stamp}"
-    judge = o.judge_endpoint(flags["judge_base_url"], flags["judge_model"], flags["judge_api_key"],
-                             flags["judge_template"])
+    judge = judge_endpoint(flags["judge_base_url"], flags["judge_model"], flags["judge_api_key"],
+                           flags["judge_template"])
     return EvalConfig(bench=bench, data=data, out=out_dir, k=flags["k"], concurrency=flags["concurrency"],
                       limit=flags["limit"], grader=flags["grader"], judge=judge)
 

@@ -3,11 +3,7 @@ typed Typer options, and the one function that maps their values onto `RunSettin
 
 from __future__ import annotations
 
-import enum
-import functools
-import inspect
-from collections.abc import Callable, Mapping
-from dataclasses import replace
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,7 +12,6 @@ import typer
 from nanbeige.agent.backends.llm import LLMConfig
 from nanbeige.agent.cli.console import fail
 from nanbeige.agent.run_config import AgentConfig, BackendConfig, RunSettings, ToolsConfig
-from nanbeige.tools.endpoint import OPENAI_BASE_URL, ChatEndpoint
 
 ADVANCED = "Advanced"
 
@@ -94,14 +89,6 @@ Verbose = Annotated[bool, typer.Option("--verbose", help=(
     "Show third-party libraries' own progress bars and logs (loading a model in this process)."),
     rich_help_panel=ADVANCED)]
 
-# The LLM judge, for `eval` and `judge`.
-JudgeBaseUrl = Annotated[list[str] | None, typer.Option(envvar="NANBEIGE_JUDGE_BASE_URL", show_default=False, help=(
-    f"OpenAI-compatible endpoint of the LLM judge \\[default: {OPENAI_BASE_URL}]; repeat it for several "
-    "serving the same model."))]
-CriticBaseUrl = Annotated[list[str] | None, typer.Option(envvar="NANBEIGE_CRITIC_BASE_URL", show_default=False, help=(
-    f"OpenAI-compatible endpoint of the turn critic \\[default: {OPENAI_BASE_URL}]; repeat it for several "
-    "serving the same model."))]
-
 
 def ray_address(value: str | None) -> str | None:
     """`--ray`'s value, checked before anything starts: auto, or the head node's HOST:PORT."""
@@ -124,41 +111,6 @@ def endpoints(base_url: list[str] | str | None, default: str) -> dict[str, Any]:
     return {"base_url": urls[0] if urls else default, "more_base_urls": tuple(urls[1:])}
 
 
-JudgeModel = Annotated[str | None, typer.Option(envvar="NANBEIGE_JUDGE_MODEL", show_default=False, help=(
-    "The judge model \\[default: the grader's own: its source's judge model]."))]
-JudgeApiKey = Annotated[str | None, typer.Option(envvar="NANBEIGE_JUDGE_API_KEY", show_default=False,
-                                                 help="API key for the judge endpoint.")]
-JudgeTemplate = Annotated[Path | None, typer.Option(show_default=False, help=(
-    "The judge prompt, verbatim from a file (an official template, to reproduce published numbers); "
-    "{question}, {response} and {correct_answer} are filled in."))]
-
-
-def judge_endpoint(base_url: list[str] | str | None, model: str | None, api_key: str | None, template: Path | None
-                   ) -> ChatEndpoint:
-    """The LLM judge's endpoint from its flags (unset ones keep `JUDGE_ENDPOINT`'s defaults)."""
-    from nanbeige.evals.judges import JUDGE_ENDPOINT
-
-    return replace(JUDGE_ENDPOINT, **endpoints(base_url, JUDGE_ENDPOINT.base_url), model=model or JUDGE_ENDPOINT.model,
-                   api_key=api_key, template=template)
-
-
-def complexity_endpoint(base_url: list[str] | str | None, model: str | None, api_key: str | None) -> ChatEndpoint:
-    """The time reward's complexity judge from the LLM judge's flags (unset ones keep `COMPLEXITY_ENDPOINT`'s)."""
-    from nanbeige.evals.complexity import COMPLEXITY_ENDPOINT
-
-    return replace(COMPLEXITY_ENDPOINT, **endpoints(base_url, COMPLEXITY_ENDPOINT.base_url),
-                   model=model or COMPLEXITY_ENDPOINT.model, api_key=api_key)
-
-
-def critic_endpoint(base_url: list[str] | str | None, model: str | None, api_key: str | None,
-                    template: Path | None = None) -> ChatEndpoint:
-    """The turn critic's endpoint from its flags (unset ones keep `CRITIC_ENDPOINT`'s defaults)."""
-    from nanbeige.trainer.critic import CRITIC_ENDPOINT
-
-    return replace(CRITIC_ENDPOINT, **endpoints(base_url, CRITIC_ENDPOINT.base_url),
-                   model=model or CRITIC_ENDPOINT.model, api_key=api_key, template=template)
-
-
 # The run-settings flags every command that runs the agent takes (ask, research, eval, collect), defined once:
 # name -> (the flag, its default). A command gets them through `with_run_options`.
 RUN_OPTIONS: dict[str, tuple[Any, Any]] = {
@@ -176,71 +128,10 @@ RUN_OPTIONS: dict[str, tuple[Any, Any]] = {
 }
 
 
-def with_run_options(table: dict[str, tuple[Any, Any]] | None = None, leave_out: tuple[str, ...] = ()
-                     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """A command that takes its own parameters, then the flags of its own `table` (as `with_options`), then
-    every flag of `RUN_OPTIONS` but `leave_out` and those it declares itself (research's own `--max-turns`,
-    eval's own `--temperature`). It is called with its own values, `flags` (the table's values by name) if it
-    takes them, and `settings`, the RunSettings all of them make (its own values of run settings, such as
-    `--trajectory`, included). Typer reads the command's parameters from the signature made here."""
-    table = table or {}
-
-    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
-        own = inspect.signature(command, eval_str=True)
-        mine = [p for p in own.parameters.values() if p.name not in ("flags", "settings")]
-        added = table | {name: flag for name, flag in RUN_OPTIONS.items()
-                         if name not in leave_out and name not in own.parameters and name not in table}
-
-        @functools.wraps(command)
-        def with_settings(**values: Any) -> Any:
-            given = {p.name: values[p.name] for p in mine}
-            if "flags" in own.parameters:
-                given["flags"] = {name: plain(values[name]) for name in table}
-            return command(**given, settings=run_settings(values))
-
-        return declared(with_settings, own, mine, added)
-    return decorate
-
-
-def with_options(table: dict[str, tuple[Any, Any]]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """A command that takes every flag of `table` (name -> (the flag, its default)) after its own parameters,
-    and is called with its own values and `flags`, the table's values by name: a choice's as its plain text,
-    so that the configs it fills hold the same strings as ever. This keeps a command of fifty flags a short
-    function: its flags are a table, its body reads them from one dict."""
-    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
-        own = inspect.signature(command, eval_str=True)
-        mine = [p for p in own.parameters.values() if p.name != "flags"]
-
-        @functools.wraps(command)
-        def with_flags(**values: Any) -> Any:
-            flags = {name: plain(values[name]) for name in table}
-            return command(**{p.name: values[p.name] for p in mine}, flags=flags)
-
-        return declared(with_flags, own, mine, table)
-    return decorate
-
-
-def declared(wrapper: Callable[..., Any], own: inspect.Signature, mine: list[inspect.Parameter],
-             table: dict[str, tuple[Any, Any]]) -> Callable[..., Any]:
-    """`wrapper` given the signature Typer reads its options from: the command's own parameters, then the
-    table's flags."""
-    added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=flag)
-             for name, (flag, default) in table.items()]
-    parameters = mine + added
-    wrapper.__signature__ = own.replace(parameters=parameters)  # type: ignore[attr-defined]
-    wrapper.__annotations__ = {p.name: p.annotation for p in parameters} | {"return": own.return_annotation}
-    return wrapper
-
-
 def option(kind: Any, default: Any, *names: str, **settings: Any) -> tuple[Any, Any]:
     """One row of an option table: the flag typed as `kind`, made by `typer.Option(*names, **settings)`, and
     its default."""
     return Annotated[kind, typer.Option(*names, **settings)], default
-
-
-def plain(value: Any) -> Any:
-    """A choice's value as its text (`Sync.lora` -> "lora"); any other value as it is."""
-    return value.value if isinstance(value, enum.Enum) else value
 
 
 # The run settings that no command need give: what they are when a caller leaves them out (`eval` has no

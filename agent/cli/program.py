@@ -38,6 +38,7 @@ from nanbeige.agent.cli import options as o
 from nanbeige.agent.cli.command_options import RESUME
 from nanbeige.agent.cli.console import SafeConsole, err, fail, hide, out, out_json, shown
 from nanbeige.agent.cli.help_screen import ShortHelpCommand
+from nanbeige.agent.cli.option_tables import with_options, with_run_options
 from nanbeige.agent.cli.running import Program, interrupted, notice, question_text, run_command, said
 from nanbeige.agent.run_config import RunSettings
 
@@ -51,7 +52,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 
 
 @app.command(cls=ShortHelpCommand)
-@o.with_run_options()
+@with_run_options()
 def ask(
     question: o.Question = None,
     question_file: o.QuestionFile = None,
@@ -130,7 +131,7 @@ def ending(trajectory: Trajectory) -> str:
 
 
 @app.command(cls=ShortHelpCommand)
-@o.with_options(RESUME)
+@with_options(RESUME)
 def resume(path: Annotated[Path, typer.Argument(help="The trajectory file of the run; the run goes on in it.")], *,
            flags: dict[str, Any]) -> None:
     """Continue a run cut short (killed, Ctrl-C, crashed, model server error) from its last complete turn,

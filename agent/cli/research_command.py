@@ -16,6 +16,7 @@ from rich.markup import escape
 
 from nanbeige.agent.cli import options as o
 from nanbeige.agent.cli.console import counted, err, fail, hide, out, visible
+from nanbeige.agent.cli.option_tables import with_run_options
 from nanbeige.agent.cli.research import ATTEMPTS, MAX_TURNS, Research, research
 from nanbeige.agent.loop import Event
 from nanbeige.agent.run_config import RunSettings
@@ -39,7 +40,7 @@ JsonOutput = Annotated[bool, typer.Option("--json", help="Print the answer and e
                                                          "stdout.")]
 
 
-@o.with_run_options(leave_out=("tokenizer",))
+@with_run_options(leave_out=("tokenizer",))
 def research_command(
     question: o.Question = None,
     question_file: o.QuestionFile = None,

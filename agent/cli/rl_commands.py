@@ -16,10 +16,21 @@ from nanbeige.agent.backends.llm import LLMConfig
 from nanbeige.agent.cli import options as o
 from nanbeige.agent.cli.command_options import COLLECT
 from nanbeige.agent.cli.console import counted, err, fail, hide
+from nanbeige.agent.cli.judge_options import (
+    CriticBaseUrl,
+    JudgeApiKey,
+    JudgeBaseUrl,
+    JudgeModel,
+    JudgeTemplate,
+    complexity_endpoint,
+    critic_endpoint,
+    judge_endpoint,
+)
+from nanbeige.agent.cli.option_tables import with_options, with_run_options
 from nanbeige.agent.run_config import RunSettings
 
 
-@o.with_run_options(COLLECT, leave_out=("verbose",))
+@with_run_options(COLLECT, leave_out=("verbose",))
 def collect(*, flags: dict[str, Any], settings: RunSettings) -> None:
     """Sample G token-exact rollouts per question for RL, concurrently; resumable."""
     from nanbeige.agent.setup import secrets_of
@@ -93,7 +104,7 @@ JUDGE_OPTIONS: dict[str, tuple[Any, Any]] = {
     "time_weight": o.option(float, 1.0, min=0.0, rich_help_panel=CODE_RL,
                             help="R_time of a solved program at optimal complexity."),
     "no_critic": o.option(bool, False, "--no-critic", help="The outcome reward alone; no critic endpoint needed."),
-    "critic_base_url": (o.CriticBaseUrl, None),
+    "critic_base_url": (CriticBaseUrl, None),
     "critic_model": o.option(str | None, None, envvar="NANBEIGE_CRITIC_MODEL", show_default=False,
                              help="The critic model \\[default: gpt-4.1-2025-04-14]."),
     "critic_api_key": o.option(str | None, None, envvar="NANBEIGE_CRITIC_API_KEY", show_default=False,
@@ -107,10 +118,10 @@ JUDGE_OPTIONS: dict[str, tuple[Any, Any]] = {
     "failed": o.option(FailedTurn, FailedTurn.mask, help="What a failed turn gets: mask (left out of training) or "
                                                          "penalise (trained on with reward -PENALTY)."),
     "penalty": o.option(float, 1.0, min=0.0, help="The negative reward of a failed turn, with --failed penalise."),
-    "judge_base_url": (o.JudgeBaseUrl, None),
-    "judge_model": (o.JudgeModel, None),
-    "judge_api_key": (o.JudgeApiKey, None),
-    "judge_template": (o.JudgeTemplate, None),
+    "judge_base_url": (JudgeBaseUrl, None),
+    "judge_model": (JudgeModel, None),
+    "judge_api_key": (JudgeApiKey, None),
+    "judge_template": (JudgeTemplate, None),
     "concurrency": o.option(int, 8, min=1, help="Trajectories judged at once."),
     "request_timeout": o.option(float | None, None, min=0.1, show_default=False,
                                 help="Seconds one judge or critic call may take before it is asked again "
@@ -122,7 +133,7 @@ JUDGE_OPTIONS: dict[str, tuple[Any, Any]] = {
 }
 
 
-@o.with_options(JUDGE_OPTIONS)
+@with_options(JUDGE_OPTIONS)
 def judge(src: Annotated[Path, typer.Argument(help="Trajectory JSONL to judge (from `nanbeige collect`).")], *,
           flags: dict[str, Any]) -> None:
     """Add outcome rewards and turn-level critic scores, rewards and masks to trajectories; tokens untouched."""
@@ -143,18 +154,18 @@ def judge_config(flags: dict[str, Any]) -> Any:
     calls = {name: flags[flag] for name, flag in (("timeout_s", "request_timeout"), ("retries", "retries"))
              if flags[flag] is not None}
     critic = None if flags["no_critic"] else replace(
-        o.critic_endpoint(flags["critic_base_url"], flags["critic_model"], flags["critic_api_key"],
-                          flags["critic_template"]), **calls)
+        critic_endpoint(flags["critic_base_url"], flags["critic_model"], flags["critic_api_key"],
+                        flags["critic_template"]), **calls)
     rule = TurnRule(**{name: flags[name] for name in ("min_logical_soundness", "min_tool_call_accuracy",
                                                        "min_information_gain", "failed", "penalty")})
     asked = (flags["judge_base_url"], flags["judge_model"], flags["judge_api_key"])
-    return JudgeRunConfig(grader=flags["grader"], judge=replace(o.judge_endpoint(*asked, flags["judge_template"]),
+    return JudgeRunConfig(grader=flags["grader"], judge=replace(judge_endpoint(*asked, flags["judge_template"]),
                                                                 **calls),
                           critic=critic, rule=rule, concurrency=flags["concurrency"], no_critic=flags["no_critic"],
                           problems=flags["problems"], time_reward=flags["time_reward"],
                           rewards=CodeRewards(format_penalty=flags["format_penalty"],
                                               time_weight=flags["time_weight"]),
-                          complexity=replace(o.complexity_endpoint(*asked), **calls), ray=flags["ray"])
+                          complexity=replace(complexity_endpoint(*asked), **calls), ray=flags["ray"])
 
 
 def run_judge(src: Path, out: Path, config: Any) -> None:

@@ -16,6 +16,8 @@ from nanbeige.agent.backends.llm import LLMConfig
 from nanbeige.agent.cli import options as o
 from nanbeige.agent.cli.console import err, fail, hide
 from nanbeige.agent.cli.help_screen import ShortHelpGroup
+from nanbeige.agent.cli.judge_options import complexity_endpoint, critic_endpoint
+from nanbeige.agent.cli.option_tables import with_options
 from nanbeige.agent.cli.train_options import LOOP_COMMAND, SERVER, TRAIN
 from nanbeige.agent.run_config import AgentConfig, ToolsConfig
 from nanbeige.trainer.train import TrainConfig
@@ -31,7 +33,7 @@ OLD_SPELLING = ("note: the loop is now its own command, `nanbeige loop --iterati
 
 
 @train_app.callback()
-@o.with_options(TRAIN)
+@with_options(TRAIN)
 def train(ctx: typer.Context, *, flags: dict[str, Any]) -> None:
     """Train the model on judged trajectories: GRPO with turn-level advantages, or SFT. Under torchrun
     (`torchrun --nproc-per-node N --no-python nanbeige train ...`) the model is sharded with FSDP2. With
@@ -50,7 +52,7 @@ def train(ctx: typer.Context, *, flags: dict[str, Any]) -> None:
     train_once(config, flags["resume"])
 
 
-@o.with_options(LOOP_COMMAND)
+@with_options(LOOP_COMMAND)
 def loop(*, flags: dict[str, Any]) -> None:
     """Alternate collect, judge, train and sync: each iteration samples the policy being trained, judges and
     trains on its rollouts and syncs the new policy to the server. Resumable: the same command goes on."""
@@ -122,15 +124,15 @@ def judging(flags: dict[str, Any]) -> Any:
     from nanbeige.trainer.judge_config import JudgeRunConfig
 
     no_critic = flags["no_critic"]
-    critic = None if no_critic else o.critic_endpoint(flags["critic_base_url"], flags["critic_model"],
-                                                      flags["critic_api_key"])
+    critic = None if no_critic else critic_endpoint(flags["critic_base_url"], flags["critic_model"],
+                                                    flags["critic_api_key"])
     judge = JudgeRunConfig(critic=critic, no_critic=no_critic)
     if flags["problems"] is None:
         return judge
     # code RL: the problems are the questions, their tests the grader
     env = os.environ
-    complexity = o.complexity_endpoint((env.get("NANBEIGE_JUDGE_BASE_URL") or "").split(),
-                                       env.get("NANBEIGE_JUDGE_MODEL"), env.get("NANBEIGE_JUDGE_API_KEY"))
+    complexity = complexity_endpoint((env.get("NANBEIGE_JUDGE_BASE_URL") or "").split(),
+                                     env.get("NANBEIGE_JUDGE_MODEL"), env.get("NANBEIGE_JUDGE_API_KEY"))
     return replace(judge, grader="code-tests", problems=flags["problems"], time_reward=flags["time_reward"],
                    complexity=complexity)
 

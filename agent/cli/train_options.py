@@ -1,4 +1,4 @@
-"""The flags of `nanbeige train` and `nanbeige loop`, as option tables (`options.with_options`): what training
+"""The flags of `nanbeige train` and `nanbeige loop`, as option tables (`option_tables.with_options`): what training
 takes (`TRAINING`), what the loop takes beyond it (`LOOP`), and the choices among them as enums, so that the
 parser refuses a value no choice has. `train` takes the loop's flags too, each said to be "With --loop", for
 `train --loop N`, the loop's older spelling."""
