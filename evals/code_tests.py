@@ -3,9 +3,9 @@ or E2B's where the sandbox settings choose it: `CodeRunner`).
 
 Model code never runs outside a sandbox (`tools/sandbox`: a jail with no network, its own home and /tmp,
 seccomp, memory, process, disk and CPU budgets; a fresh sandbox per program, deleted after it). Here only
-its text is read: the program is extracted, parsed (never executed) to check its form, and what comes
-back from the sandbox (stdout, one JSON line per test) is compared with the expected outputs, which never
-enter the sandbox for stdin/stdout and call tests (`code_problems.py`).
+its text is read: the program is extracted and parsed, never executed, to check its form
+(`code_extraction.py`), and what comes back from the sandbox (stdout, one JSON line per test) is compared
+with the expected outputs, which never enter the sandbox for stdin/stdout and call tests (`code_problems.py`).
 
 Rewards, each recorded so that a trainer or a person can see why (`CodeGrade.record`):
 - R_format: 0 when the answer holds a well-formed program (a ```python block that parses and, for function
@@ -25,13 +25,13 @@ from __future__ import annotations
 import ast
 import json
 import math
-import re
 import secrets
 import signal
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nanbeige.evals.code_extraction import extract_program, form_error
 from nanbeige.evals.code_problems import CODE_TESTS, CodeProblem
 from nanbeige.evals.tasks import one_line
 from nanbeige.tools.sandbox import SandboxConfig, SandboxError, config_from_env
@@ -40,17 +40,12 @@ if TYPE_CHECKING:
     from nanbeige.tools.sandbox.program_runs import ProgramRun
 
 HARNESS = Path(__file__).with_name("code_harness.py")
-FENCE = re.compile(r"```[ \t]*([\w+.-]*)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
-"""A fenced block and its language tag; the last block may be left open (a reply that ends inside it)."""
-PYTHON_TAGS = ("python", "python3", "py")
 STARTUP_S = 1.0
 """Wall-clock time a run gets beyond its tests' limits: its jail and interpreter start (about 0.1 s here),
 more under load."""
 MAX_OUTPUT_BYTES = 1 << 22
 """Stdout kept from one run; an output that long that is still cut fails its test."""
 DETAIL_CHARS = 300
-MAX_PROGRAM_BYTES = 1 << 20
-"""A longer program is a format error (nothing a solution needs; far below the sandbox's file size limit)."""
 FAILED = {"fail": "wrong result", "time-out": "timed out", "error": "error"}
 """A failure reason for an outcome without a detail of its own."""
 KILLED_SANDBOX = "the program killed its sandbox (its jail, its worker, its process group or all it could signal)"
@@ -143,62 +138,6 @@ class CodeGrade:
                 "solved": self.solved,
                 "complexity_ok": complexity_ok, "time_judge": self.time, "counts": counts,
                 "tests": [t.record() for t in self.tests]}
-
-
-# ---------------------------------------------------------------- the program in an answer
-
-
-def extract_program(*texts: str | None, entry_point: str | None = None) -> str | None:
-    """The program among the Python blocks of `texts` (a run's turns, in the order written; each read apart, so
-    that a block one turn leaves open ends with that turn): the blocks tagged python (or py) first, else the
-    untagged ones; for function style the last that defines `entry_point` (a usage example after the
-    solution is not the solution), tagged or else untagged, else the last block."""
-    blocks = [(tag.lower(), code) for text in texts for tag, code in FENCE.findall(text or "")
-              if tag.lower() in ("", *PYTHON_TAGS)]
-    tagged, untagged = [code for tag, code in blocks if tag], [code for tag, code in blocks if not tag]
-    if entry_point is not None:
-        for group in (tagged, untagged):
-            defining = [code for code in group if defines(code, entry_point)]
-            if defining:
-                return defining[-1]
-    chosen = tagged or untagged
-    return chosen[-1] if chosen else None
-
-
-def defines(program: str, name: str) -> bool:
-    try:
-        return name in defined_names(ast.parse(program))
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return False
-
-
-def form_error(program: str | None, problem: CodeProblem) -> str | None:
-    """Why the program is not well-formed for the problem, None when it is. Parsed, never run."""
-    if program is None or not program.strip():
-        return "the answer has no program in a ```python block"
-    if len(program.encode()) > MAX_PROGRAM_BYTES:
-        return f"the program is longer than {MAX_PROGRAM_BYTES // 1024} KB"
-    try:
-        tree = ast.parse(program, "solution.py")
-    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
-        return f"the program does not parse: {type(exc).__name__}: {str(exc)[:200]}"
-    if problem.entry_point is not None and problem.entry_point not in defined_names(tree):
-        return f"the program does not define `{problem.entry_point}`"
-    return None
-
-
-def defined_names(tree: ast.Module) -> set[str]:
-    """Names the module's top level binds: functions, classes, assignments and imports."""
-    names: set[str] = set()
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            names.add(node.name)
-        elif isinstance(node, ast.Assign | ast.AnnAssign):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names |= {t.id for t in targets if isinstance(t, ast.Name)}
-        elif isinstance(node, ast.Import | ast.ImportFrom):
-            names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
-    return names
 
 
 # ---------------------------------------------------------------- comparing outputs

@@ -33,8 +33,8 @@ from nanbeige.agent.run_config import BackendConfig, RunSettings, ToolsConfig
 from nanbeige.agent.trajectory import Trajectory
 from nanbeige.agent.trajectory_file import load_trajectories
 from nanbeige.evals.benchmarks import BENCHMARKS
+from nanbeige.evals.code_extraction import extract_program
 from nanbeige.evals.code_problems import CODE_TESTS, question_of, read_problems
-from nanbeige.evals.code_tests import extract_program
 from nanbeige.evals.complexity import without_comments
 from nanbeige.evals.runner import visible_texts
 from nanbeige.tools.endpoint import ChatEndpoint
