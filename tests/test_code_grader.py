@@ -11,8 +11,9 @@ import pytest
 from conftest import JAIL
 
 from nanbeige.evals.code_extraction import extract_program, form_error
-from nanbeige.evals.code_problems import CodeProblem, humaneval_problems, read_problems
+from nanbeige.evals.code_problems import CodeProblem, read_problems
 from nanbeige.evals.code_tests import CodeRewards, CodeRunner, grade_program, same_output, same_value
+from nanbeige.evals.humaneval import humaneval_problems
 from nanbeige.tools.sandbox import config_from_env
 
 # Programs are judged only in the jail (or with it turned off by the operator): where bubblewrap cannot be

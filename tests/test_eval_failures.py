@@ -72,7 +72,7 @@ def test_a_failing_program_keeps_its_first_error_line_in_results_and_report(tmp_
 @needs_jail
 def test_humaneval_says_which_name_the_program_lacked(tmp_path: Path) -> None:
     """The run a new user saw as `pass rate 0.000 (7 error)` and nothing else."""
-    from nanbeige.evals.code_problems import humaneval_problems
+    from nanbeige.evals.humaneval import humaneval_problems
 
     [first] = humaneval_problems()[:1]
     program = f"def {first.entry_point}(numbers, threshold):\n    return any_close(numbers, threshold)\n"

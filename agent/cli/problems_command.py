@@ -38,7 +38,8 @@ def problems(
     dataset's file (APPS, TACO, CodeContests, LiveCodeBench), or check a problems file; prints how many problems
     of each style, and each row a conversion skipped."""
     from nanbeige.evals.code_formats import convert
-    from nanbeige.evals.code_problems import humaneval_problems, read_problems
+    from nanbeige.evals.code_problems import read_problems
+    from nanbeige.evals.humaneval import humaneval_problems
 
     if source == "humaneval" and form is not ProblemFormat.nanbeige:
         fail("humaneval is converted from its package: leave out --format", 2)

@@ -25,8 +25,9 @@ from pathlib import Path
 
 from nanbeige.agent.trajectory import Trajectory, Turn
 from nanbeige.agent.trajectory_file import TrajectoryWriter, load_trajectories
-from nanbeige.evals.code_problems import CodeProblem, humaneval_problems
+from nanbeige.evals.code_problems import CodeProblem
 from nanbeige.evals.code_tests import CodeRunner, grade_program
+from nanbeige.evals.humaneval import humaneval_problems
 from nanbeige.trainer.judge_config import JudgeRunConfig
 from nanbeige.trainer.rewards import judge_file
 
