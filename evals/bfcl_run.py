@@ -10,7 +10,8 @@ The out folder holds, besides `eval.json` and `report.json`:
 
 An item is done when its line is in a result file; resuming runs only the others, so a killed eval loses
 at most the items in flight. A model server that fails is not a wrong answer: such an item gets no line
-and is run again on resume. Grading happens once every item is done, by the official runner.
+and is run again on resume. Grading happens once every item is done, by the official runner
+(`bfcl_grading.py`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import csv
 import dataclasses
 import json
 import time
@@ -29,18 +29,15 @@ from typing import TYPE_CHECKING, Any, Callable
 from nanbeige.agent.run_config import RunSettings
 from nanbeige.agent.trajectory import Trajectory, Turn
 from nanbeige.evals import bfcl, bfcl_jail
+from nanbeige.evals.bfcl_grading import grade, tidy_results
 from nanbeige.evals.eval_config import EvalConfig, EvalError
-from nanbeige.evals.out_folder import MANIFEST, REPORT, TRAJECTORIES, prepare_out
+from nanbeige.evals.out_folder import REPORT, TRAJECTORIES, prepare_out
 from nanbeige.evals.runner import Progress, failed_run_errors, run_all
 from nanbeige.tools.sandbox import SandboxError
 
 if TYPE_CHECKING:
     from nanbeige.agent.setup import Ready
     from nanbeige.evals.tasks import Task
-
-WEIGHTS = {"non_live": 10, "live": 10, "irrelevance": 10, "multi_turn": 30, "agentic": 40}
-"""BFCL-V4's overall: the weights its runner gives each part (`generate_leaderboard_csv`)."""
-AGENTIC = ("web_search_base", "web_search_no_snippet", "memory_kv", "memory_vector", "memory_rec_sum")
 
 
 def settings_for_bfcl(settings: RunSettings) -> RunSettings:
@@ -147,21 +144,6 @@ async def web_search(pending: list[Task]) -> Any:
             yield
         finally:
             bfcl.use_search(None)
-
-
-def search_engine(categories: list[str]) -> str | None:
-    """Which engine the web search categories ran on, for the report."""
-    if not any(c in bfcl.WEB_SEARCH for c in categories):
-        return None
-    if bfcl.official_search():
-        return "SerpAPI (the official engine)"
-    from nanbeige.tools.search_config import choose_backend, config_from_env
-
-    try:
-        backend = choose_backend(config_from_env())
-    except Exception:  # noqa: BLE001 - the report is written even when search is no longer set up
-        backend = "unknown"
-    return f"nanbeige's {backend} search backend, not the official engine: not the official number"
 
 
 def without_tools_notice(notice: Callable[[str], None]) -> Callable[[str], None]:
@@ -274,113 +256,3 @@ def write_trajectory(runtime: Ready, task: Task, calls: list[dict[str, Any]], re
     trajectory.answer = answer if isinstance(answer, str) else json.dumps(answer, ensure_ascii=False)
     trajectory.stop_reason, trajectory.timings = "answered", {"wall_s": wall_s}
     runtime.writer.end(trajectory)
-
-
-# ---------------------------------------------------------------- grading by the official runner
-
-
-def tidy_results(out: Path) -> None:
-    """Each result file kept to whole, unique lines (a kill can tear the last one; the official runner
-    cannot read a torn line), sorted as the official generator leaves them."""
-    folder = bfcl.result_dir(out)
-    if not folder.exists():
-        return
-    sort_key = bfcl.official().utils.sort_key
-    for path in folder.rglob("*_result.json"):
-        entries: dict[str, dict[str, Any]] = {}
-        for line in path.read_bytes().splitlines():
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(entry, dict) and isinstance(entry.get("id"), str):
-                entries.setdefault(entry["id"], entry)
-        path.write_text("".join(json.dumps(e) + "\n" for e in sorted(entries.values(), key=sort_key)))
-
-
-def grade(out: Path, manifest: dict[str, Any]) -> dict[str, Any]:
-    """The official runner over the result files; the report from its score files and summary table."""
-    package = bfcl.official()
-    ids = [task["id"] for task in manifest["tasks"]]
-    categories = sorted({task["level"] for task in manifest["tasks"]})
-    tidy_results(out)
-    done = bfcl.done_ids(out)
-    partial = any(task_id not in done for task_id in ids) or bool(manifest.get("limit"))
-    scores = bfcl.score_dir(out)
-    log = out / "bfcl" / "runner.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    present = [c for c in categories if any(i in done for i in ids_of(manifest, c))]
-    bfcl.fresh_state()  # the runner replays the model's and the ground truth's calls from initial states
-    for stale in [*scores.glob("*.csv"), *scores.rglob("*_score.json")] if scores.exists() else []:
-        stale.unlink()
-    failure = None
-    if any(bfcl_jail.graded_by_execution(c) for c in present):  # it runs the model's calls: in the sandbox
-        failure = bfcl_jail.grade_in_sandbox(out, present, partial, log)
-    else:
-        with log.open("w") as stream, contextlib.redirect_stdout(stream), contextlib.redirect_stderr(stream):
-            try:
-                if present:
-                    package.runner.runner([bfcl.model_dir()], present, bfcl.result_dir(out), scores,
-                                          allow_missing=partial)
-            except Exception as exc:  # the runner's own failure (its summary table needs 2 items or more)
-                failure = f"{type(exc).__name__}: {exc}"
-    return report(out, manifest, present, partial, done) | {"runner_error": failure}
-
-
-def ids_of(manifest: dict[str, Any], category: str) -> list[str]:
-    return [task["id"] for task in manifest["tasks"] if task["level"] == category]
-
-
-def report(out: Path, manifest: dict[str, Any], graded: list[str], partial: bool, done: set[str]) -> dict[str, Any]:
-    """The report from the runner's score files; `done`: the items with a result line (read once, by `grade`)."""
-    scores = bfcl.score_dir(out)
-    per_category, wrong = {}, set()
-    for path in (scores / bfcl.model_dir()).rglob("*_score.json") if (scores / bfcl.model_dir()).exists() else []:
-        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        category = path.name.removeprefix(f"{bfcl.official().categories.VERSION_PREFIX}_").removesuffix("_score.json")
-        if category in graded:
-            head = lines[0]
-            per_category[category] = {"accuracy": round(100 * head["accuracy"], 2), "correct": head["correct_count"],
-                                      "total": head["total_count"]}
-            wrong |= {str(line["id"]) for line in lines[1:] if "id" in line}
-    overall = summary_row(scores / "data_overall.csv")
-    scored = [t["id"] for t in manifest["tasks"] if "_prereq_" not in t["id"]]  # memory's prerequisites are not
-    verdicts = {task_id: task_id not in wrong for task_id in scored if task_id in done}
-    missing = [c for c in bfcl.RUNNABLE + AGENTIC if c not in graded]
-    return {"kind": "bfcl", "bench": manifest["bench"], "grader": f"{bfcl.PACKAGE} eval_runner",
-            "search_engine": search_engine(graded),
-            "handler": f"{bfcl.official().entry['model_handler'].__name__} ({bfcl.HANDLER_ENTRY})",
-            "items": len(manifest["tasks"]), "items_done": len(verdicts), "partial": partial,
-            "correct": sum(verdicts.values()), "categories": per_category, "summary": overall,
-            "not_run": missing, "missing_weight": missing_weight(missing),
-            "wrong_ids": sorted(wrong)}
-
-
-def summary_row(path: Path) -> dict[str, str]:
-    """The official summary table's one row (ours is the only model in the score folder)."""
-    if not path.exists():
-        return {}
-    with path.open(newline="") as stream:
-        rows = list(csv.DictReader(stream))
-    return dict(rows[0]) if rows else {}
-
-
-def missing_weight(missing: list[str]) -> dict[str, float]:
-    """How much of each part of the overall the categories not run take away (as the official runner
-    counts a category not run as 0)."""
-    groups = {"non_live": ("simple_python", "simple_java", "simple_javascript", "multiple", "parallel",
-                           "parallel_multiple"),
-              "live": ("live_simple", "live_multiple", "live_parallel", "live_parallel_multiple"),
-              "irrelevance": ("irrelevance", "live_irrelevance"), "multi_turn": bfcl.GROUPS["multi_turn"],
-              "agentic": AGENTIC}
-    return {part: WEIGHTS[part] for part, members in groups.items() if all(m in missing for m in members)} | \
-        {f"{part} (in part)": WEIGHTS[part] for part, members in groups.items()
-         if any(m in missing for m in members) and not all(m in missing for m in members)}
-
-
-def rerender(folder: Path) -> dict[str, Any]:
-    """`nanbeige eval report` for a BFCL out folder: graded again by the official runner."""
-    manifest = json.loads((folder / MANIFEST).read_text())
-    result = grade(folder, manifest)
-    (folder / REPORT).write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
-    return result

@@ -14,7 +14,7 @@ from fake_openai import FakeOpenAI, Reply
 
 from nanbeige.agent.backends.llm import LLMConfig
 from nanbeige.agent.run_config import AgentConfig, BackendConfig, RunSettings, ToolsConfig
-from nanbeige.evals import bfcl, bfcl_run
+from nanbeige.evals import bfcl, bfcl_grading
 from nanbeige.evals.benchmarks import BENCHMARKS
 from nanbeige.evals.runner import EvalConfig, EvalError, evaluate
 from nanbeige.evals.scores import markdown
@@ -223,7 +223,7 @@ def test_eval_report_regrades_a_bfcl_folder_with_the_official_runner(tmp_path: P
 
     first = anyio.run(main)
     (tmp_path / "out" / "report.json").unlink()
-    again = bfcl_run.rerender(tmp_path / "out")
+    again = bfcl_grading.rerender(tmp_path / "out")
     assert again["categories"] == first["categories"] and again["wrong_ids"] == first["wrong_ids"]
 
 

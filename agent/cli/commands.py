@@ -281,7 +281,7 @@ def eval_report(folder: Path | None) -> None:
     found = read_manifest(folder / MANIFEST)
     rows = [] if str(found.get("bench", "")).startswith("bfcl") else read_results(folder, notice)
     if str(found.get("bench", "")).startswith("bfcl"):
-        from nanbeige.evals.bfcl_run import rerender
+        from nanbeige.evals.bfcl_grading import rerender
 
         report = rerender(folder)
     else:
