@@ -2,14 +2,13 @@
 process the only writer of its files. Tested on a local cluster of a head and 2 worker nodes, in a network
 namespace of its own (tests/ray_cluster.py): a node removed half-way loses no row and redoes only its runs
 in flight, a driver killed half-way and run again writes every row once, a shard that cannot start its tool
-servers stops the command naming its node. Without `--ray`, Ray is never loaded."""
+servers stops the command naming its node. Without a cluster: tests/test_without_a_cluster.py."""
 
 from __future__ import annotations
 
 import json
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,13 +16,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import mcp_test_server
 import pytest
-from fake_openai import FakeOpenAI, mcp_answer, mcp_call
+from fake_openai import FakeOpenAI
 from ray_cluster import (
     NANBEIGE,
     QUESTIONS,
-    SAYS_IF_RAY_LOADED,
     TESTS,
     answers_even_questions_right,
     command_env,
@@ -35,14 +32,28 @@ from ray_cluster import (
     wait_for,
 )
 
-from nanbeige.agent.backends.scripted import ScriptedLLM
-from nanbeige.agent.loop import AgentConfig, run
-from nanbeige.agent.toolbox import ServerSpec, Toolbox
-from nanbeige.agent.trajectory_file import TrajectoryWriter, load_trajectories
+from nanbeige.agent.trajectory_file import load_trajectories
 from nanbeige.evals.out_folder import read_results
 
 TESTKIT = "testkit=" + shlex.join([sys.executable, str(TESTS / "mcp_test_server.py")])
 # ---------------------------------------------------------------- run in the cluster's own network namespace
+
+
+def collect_with_a_server_that_cannot_start(collect: list[str], out: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([*collect, "--out", str(out), "--mcp",
+                           "broken=" + shlex.join([sys.executable, "-c", "raise SystemExit(3)"])],
+                          capture_output=True, text=True, timeout=120, env=command_env())
+
+
+def judge_on_ray_and_in_one_process(rollouts: Path, folder: Path, address: str) -> dict[str, Any]:
+    """judge --ray of the rollouts, and judge in one process: each one's exit code and stderr, by its out file."""
+    found: dict[str, Any] = {}
+    for name, extra in (("judged-ray", ["--ray", address]), ("judged-here", [])):
+        done = subprocess.run([NANBEIGE, "judge", str(rollouts), "--out", str(folder / f"{name}.jsonl"),
+                               "--no-critic", *extra], capture_output=True, text=True, timeout=120,
+                              env=command_env())
+        found[name] = {"returncode": done.returncode, "stderr": done.stderr}
+    return found
 
 
 def collect_and_judge_on_two_nodes(folder: Path) -> dict[str, Any]:
@@ -54,9 +65,7 @@ def collect_and_judge_on_two_nodes(folder: Path) -> dict[str, Any]:
     with local_cluster(2) as (cluster, workers), FakeOpenAI(answers_even_questions_right(0.4)) as server:
         collect = [NANBEIGE, "collect", "--questions", str(questions), "-G", "2", "--base-url", server.base_url,
                    "--no-default-servers", "--allow-inexact", "--concurrency", "2", "--ray", cluster.address]
-        broken = subprocess.run([*collect, "--out", str(folder / "none.jsonl"), "--mcp",
-                                 "broken=" + shlex.join([sys.executable, "-c", "raise SystemExit(3)"])],
-                                capture_output=True, text=True, timeout=120, env=command_env())
+        broken = collect_with_a_server_that_cannot_start(collect, folder / "none.jsonl")
         found["broken"] = {"returncode": broken.returncode, "stderr": broken.stderr,
                            "nodes": [worker.node_id for worker in workers]}
         server.requests.clear()
@@ -68,11 +77,7 @@ def collect_and_judge_on_two_nodes(folder: Path) -> dict[str, Any]:
         _, stderr = process.communicate(timeout=120)
         found["collect"] = {"returncode": process.returncode, "stderr": stderr, "removed": workers[0].node_id,
                             "runs_started": first_calls(server)}
-        for name, extra in (("judged-ray", ["--ray", cluster.address]), ("judged-here", [])):
-            done = subprocess.run([NANBEIGE, "judge", str(rollouts), "--out", str(folder / f"{name}.jsonl"),
-                                   "--no-critic", *extra], capture_output=True, text=True, timeout=120,
-                                  env=command_env())
-            found[name] = {"returncode": done.returncode, "stderr": done.stderr}
+        found.update(judge_on_ray_and_in_one_process(rollouts, folder, cluster.address))
     return found
 
 
@@ -171,93 +176,3 @@ def test_a_driver_killed_half_way_and_run_again_writes_every_row_once_and_report
     # every run's trajectory, written by the driver alone
     finished = [t for t in load_trajectories(tmp_path / "on-ray" / "trajectories.jsonl") if t.finished]
     assert {t.id for t in finished} >= {r["trajectory_id"] for r in rows}
-
-
-# ---------------------------------------------------------------- without a cluster
-
-
-class BothWriters:
-    """A run's writer that writes its file and records for the driver at once."""
-
-    def __init__(self, *writers: Any):
-        self.writers, self.secrets, self.error = writers, [], None
-
-    def __getattr__(self, name: str) -> Any:
-        return lambda *args: [getattr(writer, name)(*args) for writer in self.writers]
-
-
-@pytest.mark.anyio
-@pytest.mark.parametrize("whole", [False, True])
-async def test_the_records_a_shard_sends_back_are_written_byte_for_byte_as_the_run_would(tmp_path: Path,
-                                                                                        whole: bool) -> None:
-    from nanbeige.agent.cluster import Recorder, replay
-
-    secret = "sk-never-written-0123"
-    own, driven = tmp_path / "own.jsonl", tmp_path / "driven.jsonl"
-    writer, recorder = TrajectoryWriter(own, secrets=[secret], whole=whole), Recorder([secret])
-    llm = ScriptedLLM([mcp_call("testkit", "echo", {"text": secret}), mcp_answer("done"), mcp_answer("done")])
-    async with Toolbox([ServerSpec(name="testkit", server=mcp_test_server.server)]) as tools:
-        await run("Echo the key.", llm, tools, AgentConfig(), BothWriters(writer, recorder))
-        # a model with nothing to say: the run ends as model_error, not on its own
-        await run("Then fail.", ScriptedLLM([]), tools, AgentConfig(), BothWriters(writer, recorder))
-    writer.close()
-    driver = TrajectoryWriter(driven, secrets=[secret], whole=whole)
-    replay(recorder.calls, driver)
-    driver.close()
-    assert driven.read_bytes() == own.read_bytes() and secret not in driven.read_text()
-    # whole (collect): the failed run is left out, as its own writer left it out
-    assert [t.stop_reason for t in load_trajectories(driven)] == ["answered", *([] if whole else ["model_error"])]
-
-
-
-
-def closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def test_a_ray_address_that_does_not_answer_is_one_line(tmp_path: Path) -> None:
-    questions = tmp_path / "questions.jsonl"
-    questions.write_text('{"question": "What is 2+2?", "answer": "4"}\n')
-    address = f"127.0.0.1:{closed_port()}"
-    with FakeOpenAI([], default=mcp_answer("4")) as server:
-        done = subprocess.run([NANBEIGE, "collect", "--questions", str(questions), "--out", str(tmp_path / "o.jsonl"),
-                               "--base-url", server.base_url, "--no-default-servers", "--allow-inexact", "--ray",
-                               address], capture_output=True, text=True, timeout=60, env=command_env())
-    assert done.returncode == 1 and "Traceback" not in done.stderr
-    said = (f"error: no Ray cluster answers at {address} (Connection refused); start one with `ray start --head` "
-            "there, or pass another --ray")
-    assert done.stderr.strip().splitlines() == [said]
-    assert not (tmp_path / "o.jsonl").exists()
-
-
-def test_without_ray_the_commands_never_load_it(tmp_path: Path) -> None:
-    questions = tmp_path / "questions.jsonl"
-    questions.write_text('{"question": "What is 2+2?", "answer": "4"}\n')
-    data = tmp_path / "metadata.jsonl"
-    data.write_text(json.dumps({"task_id": "t", "Question": "What is 2+2?", "Level": 1, "Final answer": "4",
-                                "file_name": ""}) + "\n")
-    with FakeOpenAI([], default=mcp_answer("4")) as server:
-        model = ["--base-url", server.base_url, "--no-default-servers"]
-        commands = [["collect", "--questions", str(questions), "-G", "1", "--out", str(tmp_path / "r.jsonl"),
-                     "--allow-inexact", *model],
-                    ["eval", "gaia", "--data", str(data), "-k", "1", "--grader", "gaia-exact", "--out",
-                     str(tmp_path / "eval"), *model],
-                    ["judge", str(tmp_path / "r.jsonl"), "--out", str(tmp_path / "j.jsonl"), "--no-critic"]]
-        for command in commands:
-            done = subprocess.run([sys.executable, "-c", SAYS_IF_RAY_LOADED, *command], capture_output=True,
-                                  text=True, timeout=120, env=command_env())
-            assert done.returncode == 0, done.stderr
-            assert done.stdout.strip().endswith("ray not loaded"), done.stdout
-    assert len(load_trajectories(tmp_path / "j.jsonl")) == 1  # each command ran to its end
-
-
-@pytest.mark.parametrize("command", [["collect", "--questions", "q.jsonl", "--out", "r.jsonl"],
-                                     ["eval", "gaia", "--out", "runs"], ["judge", "r.jsonl", "--out", "j.jsonl"]])
-def test_a_ray_address_of_the_wrong_form_is_one_line_before_anything_runs(tmp_path: Path, command: list[str]) -> None:
-    done = subprocess.run([NANBEIGE, *command, "--ray", "head-node"], capture_output=True, text=True, timeout=60,
-                          cwd=tmp_path, env=command_env())
-    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
-        "error: --ray takes auto or HOST:PORT (the head node's address), not 'head-node'"], done.stderr
-    assert list(tmp_path.iterdir()) == []

@@ -53,31 +53,52 @@ def remove_half_way(cluster: Any, worker: Any, count: Any, command: list[str]) -
     return {"returncode": process.returncode, "stderr": stderr, "removed_at": removed_at, "removed": worker.node_id}
 
 
-def eval_and_judge_losing_a_node(folder: Path) -> dict[str, Any]:
-    """eval --ray with a node removed half-way; then, with a node added back, judge --ray of rollouts collected
-    in one process, with a node removed half-way."""
-    data, rollouts = folder / "metadata.jsonl", folder / "rollouts.jsonl"
+def write_questions(folder: Path) -> Path:
+    """The questions as GAIA's metadata.jsonl, for eval (its path is returned), and as questions.jsonl, for collect."""
+    data = folder / "metadata.jsonl"
     data.write_text("".join(json.dumps({"task_id": i, "Question": q, "Level": 1, "Final answer": a, "file_name": ""})
                             + "\n" for i, q, a in QUESTIONS))
     (folder / "questions.jsonl").write_text("".join(json.dumps({"id": i, "question": q, "answer": a}) + "\n"
                                                     for i, q, a in QUESTIONS))
+    return data
+
+
+def collect_in_one_process(questions: Path, rollouts: Path, model_flags: list[str]) -> None:
+    collected = subprocess.run([NANBEIGE, "collect", "--questions", str(questions), "-G", "2",
+                                "--out", str(rollouts), "--allow-inexact", *model_flags, "--concurrency", "8"],
+                               capture_output=True, text=True, timeout=120, env=command_env())
+    assert collected.returncode == 0, collected.stderr
+
+
+def eval_command(data: Path, out: Path, model_flags: list[str], address: str) -> list[str]:
+    """eval --ray of each question twice, one run at a time, so that a node removed half-way has one in flight."""
+    return [NANBEIGE, "eval", "gaia", "--data", str(data), "-k", "2", "--grader", "gaia-exact", *model_flags,
+            "--concurrency", "1", "--out", str(out), "--ray", address]
+
+
+def judge_command(rollouts: Path, out: Path, critic_url: str, address: str) -> list[str]:
+    """judge --ray with the critic, one trajectory at a time, so that a node removed half-way has one in flight."""
+    return [NANBEIGE, "judge", str(rollouts), "--out", str(out), "--concurrency", "1",
+            "--critic-base-url", critic_url, "--critic-model", "critic", "--ray", address]
+
+
+def eval_and_judge_losing_a_node(folder: Path) -> dict[str, Any]:
+    """eval --ray with a node removed half-way; then, with a node added back, judge --ray of rollouts collected
+    in one process, with a node removed half-way."""
+    data, rollouts = write_questions(folder), folder / "rollouts.jsonl"
     found: dict[str, Any] = {}
     with local_cluster(2) as (cluster, workers), FakeOpenAI(answers_even_questions_right(0.4)) as model, \
             FakeOpenAI(critic_that_passes_every_turn(0.4)) as critic:
         model_flags = ["--base-url", model.base_url, "--no-default-servers"]
-        found["eval"] = remove_half_way(cluster, workers[0], lambda: results(folder / "eval"), [
-            NANBEIGE, "eval", "gaia", "--data", str(data), "-k", "2", "--grader", "gaia-exact", *model_flags,
-            "--concurrency", "1", "--out", str(folder / "eval"), "--ray", cluster.address])
+        found["eval"] = remove_half_way(cluster, workers[0], lambda: results(folder / "eval"),
+                                        eval_command(data, folder / "eval", model_flags, cluster.address))
         found["eval"]["runs_started"] = first_calls(model)
-        collected = subprocess.run([NANBEIGE, "collect", "--questions", str(folder / "questions.jsonl"), "-G", "2",
-                                    "--out", str(rollouts), "--allow-inexact", *model_flags, "--concurrency", "8"],
-                                   capture_output=True, text=True, timeout=120, env=command_env())
-        assert collected.returncode == 0, collected.stderr
+        collect_in_one_process(folder / "questions.jsonl", rollouts, model_flags)
         workers = [workers[1], cluster.add_node(num_cpus=1)]
         cluster.wait_for_nodes()
-        found["judge"] = remove_half_way(cluster, workers[0], lambda: ended(folder / "judged.jsonl"), [
-            NANBEIGE, "judge", str(rollouts), "--out", str(folder / "judged.jsonl"), "--concurrency", "1",
-            "--critic-base-url", critic.base_url, "--critic-model", "critic", "--ray", cluster.address])
+        found["judge"] = remove_half_way(cluster, workers[0], lambda: ended(folder / "judged.jsonl"),
+                                         judge_command(rollouts, folder / "judged.jsonl", critic.base_url,
+                                                       cluster.address))
         found["judge"]["critic_calls"] = len(critic.requests)  # one a turn
     return found
 
