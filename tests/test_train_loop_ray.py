@@ -23,6 +23,15 @@ QUESTIONS = [("a", "What is 2+2?", "4"), ("b", "Name a colour.", "red")]
 GROUP = 2
 
 
+def loop_command(questions: Path, tiny: Path, base_url: str) -> list[str]:
+    """One iteration of the loop in token mode, its output folder still to add."""
+    # every group is all right or all wrong: the band is opened so that training has rows
+    return [sys.executable, "-c", SAYS_IF_RAY_LOADED, "loop", "--iterations", "1", "--questions",
+            str(questions), "-G", str(GROUP), "--model", str(tiny), "--base-url", base_url, "--token-mode",
+            "--no-default-servers", "--no-critic", "--sync", "none", "--min-pass-rate", "0", "--max-pass-rate",
+            "1", "--step-tokens", "100000", "--off-policy"]
+
+
 def loop_with_and_without_ray(folder: Path) -> dict[str, Any]:
     """One iteration of the loop with --ray, then the same without, against a loopback vLLM whose scripted
     policy answers `a` right and `b` wrong every time, whichever node asks."""
@@ -40,11 +49,7 @@ def loop_with_and_without_ray(folder: Path) -> dict[str, Any]:
     with local_cluster(2) as (cluster, _), FakeOpenAI(
             policy, vllm=True, tokenize=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
             stop_id=tokenizer.convert_tokens_to_ids("<|im_end|>")) as server:
-        # every group is all right or all wrong: the band is opened so that training has rows
-        loop = [sys.executable, "-c", SAYS_IF_RAY_LOADED, "loop", "--iterations", "1", "--questions",
-                str(questions), "-G", str(GROUP), "--model", str(tiny), "--base-url", server.base_url, "--token-mode",
-                "--no-default-servers", "--no-critic", "--sync", "none", "--min-pass-rate", "0", "--max-pass-rate",
-                "1", "--step-tokens", "100000", "--off-policy"]
+        loop = loop_command(questions, tiny, server.base_url)
         for name, extra in (("on-ray", ["--ray", cluster.address]), ("here", [])):
             done = subprocess.run([*loop, "--out", str(folder / name), *extra], capture_output=True, text=True,
                                   timeout=240, env=command_env())
