@@ -1,6 +1,8 @@
 """Helpers for the real-vLLM tier (tests/test_real_vllm.py and tests/benchmarks/vllm_prefix_cache.py):
 SmolLM2-135M-Instruct as a Hugging Face folder vLLM can load, `nanbeige serve` started and stopped, a
-recording proxy in front of the server, and vLLM's prefix-cache counters."""
+recording proxy in front of the server, and vLLM's prefix-cache counters; and what the tier's tests share:
+`nanbeige` and `nanbeige ask` run against the server, the trainer's drift from the sampler, greedy replies and
+their logprobs (served and recomputed), and the field paths of a JSON answer."""
 
 from __future__ import annotations
 
@@ -19,9 +21,14 @@ from pathlib import Path
 from typing import IO, Any, Callable
 
 import httpx
+from conftest import TEST_SERVER
+
+from nanbeige.agent.trajectory_file import read_records
 
 NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
 SERVED_NAME = "smollm2"  # not the folder's path: token mode must find the tokenizer through /v1/models
+ECHO_SERVER = ["--no-default-servers", "--mcp", "calc=" + " ".join(TEST_SERVER)]
+SHORT = ["--max-tokens", "24", "--temperature", "0.7"]
 
 
 def vllm_installed() -> bool:
@@ -184,3 +191,79 @@ class RecordingProxy:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def nanbeige(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([NANBEIGE, *args], capture_output=True, text=True, cwd=cwd, timeout=timeout)
+    assert "Traceback" not in result.stderr and "crashed" not in result.stderr, result.stderr
+    return result
+
+
+def ask(server_url: str, tmp_path: Path, *args: str, question: str = "What is 2 + 3? Use the add tool.") -> list[
+        dict[str, Any]]:
+    trajectory = tmp_path / "run.jsonl"
+    result = nanbeige("ask", "--base-url", server_url, "--model", SERVED_NAME, "--trajectory", str(trajectory),
+                      *ECHO_SERVER, *SHORT, *args, question, cwd=tmp_path)
+    assert result.returncode in (0, 1), result.stderr  # 1: the small model gave no answer, said in one line
+    return read_records(trajectory)
+
+
+def collect(urls: list[str], questions: Path, out: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`nanbeige collect` in token mode (2 turns, SHORT, the echo server) against the pool of `urls`."""
+    pool = [flag for url in urls for flag in ("--base-url", url)]
+    return nanbeige("collect", "--questions", str(questions), "--out", str(out), *pool, "--model", SERVED_NAME,
+                    "--token-mode", "--max-turns", "2", *SHORT, *args, *ECHO_SERVER, cwd=cwd, timeout=600)
+
+
+def two_questions(folder: Path) -> Path:
+    """Two questions and their answers, in a file `nanbeige collect --questions` reads."""
+    questions = folder / "questions.jsonl"
+    questions.write_text("".join(json.dumps({"question": q, "answer": a}) + "\n"
+                                 for q, a in (("What is 2 + 3?", "5"), ("What is 4 + 4?", "8"))))
+    return questions
+
+
+def trainer_drift(model: Path, runs: list[Any], temperature: float, out: Path) -> float:
+    """Mean |log π_old - log π_rollout| of the rollouts' sampled tokens, π_old by the trainer (float32)."""
+    from nanbeige.trainer.batches import GroupRule, samples_from
+    from nanbeige.trainer.model import join_world, load_model
+    from nanbeige.trainer.start_policy import compute_start_logprobs, rollout_drift
+    from nanbeige.trainer.train import TrainConfig
+
+    for run in runs:
+        run.reward = float(run.rollout_index == 0)  # a group with a spread, so that every rollout trains
+    samples, _ = samples_from(runs, rule=GroupRule(min_pass_rate=0.0, max_pass_rate=1.0))
+    world = join_world()
+    policy, tokenizer = load_model(TrainConfig(data=[], model=str(model), out=out), world)
+    compute_start_logprobs(policy, samples, 16384, 4096, world, temperature, tokenizer.eos_token_id)
+    return rollout_drift(samples) or 0.0
+
+
+def greedy(server: Server, prompt: list[int]) -> tuple[list[int], list[float]]:
+    body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": 8, "temperature": 0.0, "logprobs": 0,
+            "return_token_ids": True}
+    choice = httpx.post(f"{server.url}/completions", json=body, timeout=120).json()["choices"][0]
+    return choice["token_ids"], choice["logprobs"]["token_logprobs"]
+
+
+def model_logprobs(model: Any, prompt: list[int], ids: list[int]) -> list[float]:
+    import torch
+
+    with torch.no_grad():
+        logits = model.float()(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1]
+        return torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids)[:, None]).squeeze(-1).tolist()
+
+
+def distance(a: list[float], b: list[float]) -> float:
+    return max(abs(x - y) for x, y in zip(a, b))
+
+
+def field_paths(value: Any, prefix: str = "") -> set[tuple[str, type]]:
+    """Every field path of a JSON value with its type (a list's first item stands for all)."""
+    if isinstance(value, dict) and prefix.endswith("top_logprobs[]"):  # keyed by the tokens' text
+        return {(prefix, dict)}
+    if isinstance(value, dict):
+        return {(prefix, dict)} | {p for k, v in value.items() for p in field_paths(v, f"{prefix}.{k}")}
+    if isinstance(value, list):
+        return {(prefix, list)} | (field_paths(value[0], prefix + "[]") if value else set())
+    return {(prefix, float if isinstance(value, int) and not isinstance(value, bool) else type(value))}

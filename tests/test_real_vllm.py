@@ -5,28 +5,37 @@ the whole module. The model's choices are its own, so the tests assert what must
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 from pathlib import Path
 from typing import Any, Iterator
 
 import httpx
 import pytest
-from conftest import TEST_SERVER, free_port
+from conftest import free_port
 from real_vllm import (
-    NANBEIGE,
+    ECHO_SERVER,
     SERVED_NAME,
+    SHORT,
+    Exchange,
     RecordingProxy,
     Server,
+    ask,
+    collect,
+    distance,
+    field_paths,
+    greedy,
+    model_logprobs,
+    nanbeige,
     prefix_cache_counts,
     smollm2_hf_folder,
     start_server,
+    trainer_drift,
+    two_questions,
     vllm_installed,
 )
 
 from nanbeige.agent.tokens import full_prompt, training_rows
-from nanbeige.agent.trajectory_file import load_trajectories, read_records
+from nanbeige.agent.trajectory_file import load_trajectories
 
 if not vllm_installed() and os.environ.get("NANBEIGE_REQUIRE_VLLM"):  # CI: a tier that skips has not run
     pytest.fail("NANBEIGE_REQUIRE_VLLM is set and vLLM is not installed in this Python", pytrace=False)
@@ -35,8 +44,6 @@ if not vllm_installed():
                 allow_module_level=True)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
-ECHO_SERVER = ["--no-default-servers", "--mcp", "calc=" + " ".join(TEST_SERVER)]
-SHORT = ["--max-tokens", "24", "--temperature", "0.7"]
 
 
 @pytest.fixture(scope="module")
@@ -49,21 +56,6 @@ def server(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Se
     running = start_server(model, free_port(), tmp_path_factory.mktemp("serve") / "serve.log")
     yield running
     assert running.stop() == 130  # Ctrl-C: the server stopped in order
-
-
-def nanbeige(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run([NANBEIGE, *args], capture_output=True, text=True, cwd=cwd, timeout=timeout)
-    assert "Traceback" not in result.stderr and "crashed" not in result.stderr, result.stderr
-    return result
-
-
-def ask(server_url: str, tmp_path: Path, *args: str, question: str = "What is 2 + 3? Use the add tool.") -> list[
-        dict[str, Any]]:
-    trajectory = tmp_path / "run.jsonl"
-    result = nanbeige("ask", "--base-url", server_url, "--model", SERVED_NAME, "--trajectory", str(trajectory),
-                      *ECHO_SERVER, *SHORT, *args, question, cwd=tmp_path)
-    assert result.returncode in (0, 1), result.stderr  # 1: the small model gave no answer, said in one line
-    return read_records(trajectory)
 
 
 def test_serve_runs_vllms_cpu_build_and_says_so(server: Server, model: Path) -> None:
@@ -108,14 +100,10 @@ def test_token_mode_sends_and_records_exactly_the_ids_vllm_saw_and_sampled(serve
 
 def test_collect_groups_concurrently_token_exact_and_from_the_prefix_cache(server: Server, model: Path,
                                                                            tmp_path: Path) -> None:
-    questions = tmp_path / "questions.jsonl"
-    questions.write_text("".join(json.dumps({"question": q, "answer": a}) + "\n"
-                                 for q, a in (("What is 2 + 3?", "5"), ("What is 4 + 4?", "8"))))
+    questions = two_questions(tmp_path)
     queries, hits = prefix_cache_counts(server.url)
     out = tmp_path / "rollouts.jsonl"
-    result = nanbeige("collect", "--questions", str(questions), "-G", "3", "--concurrency", "6", "--out", str(out),
-                      "--base-url", server.url, "--model", SERVED_NAME, "--token-mode", "--max-turns", "2", *SHORT,
-                      *ECHO_SERVER, cwd=tmp_path, timeout=600)
+    result = collect([server.url], questions, out, "-G", "3", "--concurrency", "6", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     runs = load_trajectories(out)
     assert len(runs) == 6 and sorted(r.rollout_index for r in runs) == [0, 0, 1, 1, 2, 2]
@@ -126,38 +114,32 @@ def test_collect_groups_concurrently_token_exact_and_from_the_prefix_cache(serve
     queries_after, hits_after = prefix_cache_counts(server.url)
     # Six rollouts of two questions share one system prompt and, per group, the whole first prompt.
     assert (hits_after - hits) / (queries_after - queries) > 0.6
-    # On-policy: collect samples with the temperature alone (top-p 1, no penalty), so the trainer's π_old of
-    # the same weights is the sampler's distribution, up to vLLM's bfloat16 arithmetic.
+    drift = assert_collect_samples_on_policy(model, runs, tmp_path)
+    assert_the_dialects_answering_settings_sample_off_policy(server, model, questions, drift, tmp_path)
+
+
+def assert_collect_samples_on_policy(model: Path, runs: list[Any], tmp_path: Path) -> float:
+    """On-policy: collect samples with the temperature alone (top-p 1, no penalty), so the trainer's π_old of
+    the same weights is the sampler's distribution, up to vLLM's bfloat16 arithmetic. Returns the drift."""
     assert {(r.sampling["top_p"], r.sampling["repetition_penalty"]) for r in runs} == {(1.0, 1.0)}
     drift = trainer_drift(model, runs, temperature=0.7, out=tmp_path / "train")
     print(f"mean |log pi_old - log pi_vllm| over {sum(len(t.completion_ids) for r in runs for t in r.turns)} "
           f"sampled tokens: {drift:.2e}")
     assert drift < 0.05
-    # the dialect's answering settings (top-p 0.95, repetition penalty 1.05) sample another distribution
+    return drift
+
+
+def assert_the_dialects_answering_settings_sample_off_policy(server: Server, model: Path, questions: Path,
+                                                             drift: float, tmp_path: Path) -> None:
+    """The dialect's answering settings (top-p 0.95, repetition penalty 1.05) sample another distribution:
+    collect says it is off-policy, and the trainer's π_old is more than twice as far from it."""
     nucleus = tmp_path / "nucleus.jsonl"
-    result = nanbeige("collect", "--questions", str(questions), "--limit", "1", "-G", "2", "--out", str(nucleus),
-                      "--base-url", server.url, "--model", SERVED_NAME, "--token-mode", "--max-turns", "2", *SHORT,
-                      "--top-p", "0.95", "--repetition-penalty", "1.05", *ECHO_SERVER, cwd=tmp_path, timeout=600)
+    result = collect([server.url], questions, nucleus, "--limit", "1", "-G", "2", "--top-p", "0.95",
+                     "--repetition-penalty", "1.05", cwd=tmp_path)
     assert result.returncode == 0 and "off-policy" in result.stderr, result.stderr
     off = trainer_drift(model, load_trajectories(nucleus), temperature=0.7, out=tmp_path / "train-off")
     print(f"the same with top-p 0.95 and repetition penalty 1.05: {off:.2e}")
     assert off > 2 * drift
-
-
-def trainer_drift(model: Path, runs: list[Any], temperature: float, out: Path) -> float:
-    """Mean |log π_old - log π_rollout| of the rollouts' sampled tokens, π_old by the trainer (float32)."""
-    from nanbeige.trainer.batches import GroupRule, samples_from
-    from nanbeige.trainer.model import join_world, load_model
-    from nanbeige.trainer.start_policy import compute_start_logprobs, rollout_drift
-    from nanbeige.trainer.train import TrainConfig
-
-    for run in runs:
-        run.reward = float(run.rollout_index == 0)  # a group with a spread, so that every rollout trains
-    samples, _ = samples_from(runs, rule=GroupRule(min_pass_rate=0.0, max_pass_rate=1.0))
-    world = join_world()
-    policy, tokenizer = load_model(TrainConfig(data=[], model=str(model), out=out), world)
-    compute_start_logprobs(policy, samples, 16384, 4096, world, temperature, tokenizer.eos_token_id)
-    return rollout_drift(samples) or 0.0
 
 
 def test_a_question_longer_than_the_context_ends_the_run_in_one_line(server: Server, tmp_path: Path) -> None:
@@ -172,16 +154,12 @@ def test_collect_over_a_pool_of_two_endpoints_keeps_each_run_on_one_and_token_ex
     """Two addresses in front of the one real vLLM (proxies that record what crosses them) as a pool: each
     rollout's turns all went through one of them, both served rollouts, and what each recorded is exactly what
     the trajectory holds (the prompt ids vLLM echoed, the ids and logprobs it sampled)."""
-    questions = tmp_path / "questions.jsonl"
-    questions.write_text("".join(json.dumps({"question": q, "answer": a}) + "\n"
-                                 for q, a in (("What is 2 + 3?", "5"), ("What is 4 + 4?", "8"))))
+    questions = two_questions(tmp_path)
     proxies = [RecordingProxy(server.url), RecordingProxy(server.url)]
     out = tmp_path / "rollouts.jsonl"
     try:
-        result = nanbeige("collect", "--questions", str(questions), "-G", "2", "--concurrency", "4", "--out",
-                          str(out), "--base-url", proxies[0].url, "--base-url", proxies[1].url, "--model",
-                          SERVED_NAME, "--token-mode", "--max-turns", "2", *SHORT, *ECHO_SERVER, cwd=tmp_path,
-                          timeout=600)
+        result = collect([proxy.url for proxy in proxies], questions, out, "-G", "2", "--concurrency", "4",
+                         cwd=tmp_path)
     finally:
         for proxy in proxies:
             proxy.close()
@@ -190,6 +168,14 @@ def test_collect_over_a_pool_of_two_endpoints_keeps_each_run_on_one_and_token_ex
     assert len(runs) == 4
     by_url = {proxy.url: [x for x in proxy.exchanges if x.path == "/v1/completions"] for proxy in proxies}
     assert all(by_url.values())  # both endpoints served
+    assert_each_run_went_through_one_endpoint_token_exact(runs, by_url)
+    assert f"endpoints: {proxies[0].url} " in result.stderr
+
+
+def assert_each_run_went_through_one_endpoint_token_exact(runs: list[Any],
+                                                          by_url: dict[str, list[Exchange]]) -> None:
+    """Each rollout's turns all went through one endpoint, whose record of each is exactly what the trajectory
+    holds, and the endpoints passed on no request besides the rollouts' turns."""
     for run in runs:
         [endpoint] = {turn.endpoint for turn in run.turns}
         for turn in run.turns:  # the same prompt and ids twice is one rollout's twin: either will do
@@ -199,7 +185,6 @@ def test_collect_over_a_pool_of_two_endpoints_keeps_each_run_on_one_and_token_ex
             assert turn.logprobs == pytest.approx(exchange.logprobs, abs=0)
         training_rows(run.turns)
     assert sum(len(exchanges) for exchanges in by_url.values()) == sum(len(run.turns) for run in runs)
-    assert f"endpoints: {proxies[0].url} " in result.stderr
 
 
 def test_a_rolled_back_reply_in_chat_mode_does_not_end_the_run_at_a_false_context_limit(server: Server,
@@ -255,25 +240,6 @@ def test_the_training_loops_lora_sync_hot_loads_an_adapter_that_token_mode_then_
     assert run.model == str(checkpoint) and run.turns and run.turns[0].completion_ids
 
 
-def greedy(server: Server, prompt: list[int]) -> tuple[list[int], list[float]]:
-    body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": 8, "temperature": 0.0, "logprobs": 0,
-            "return_token_ids": True}
-    choice = httpx.post(f"{server.url}/completions", json=body, timeout=120).json()["choices"][0]
-    return choice["token_ids"], choice["logprobs"]["token_logprobs"]
-
-
-def model_logprobs(model: Any, prompt: list[int], ids: list[int]) -> list[float]:
-    import torch
-
-    with torch.no_grad():
-        logits = model.float()(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1]
-        return torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids)[:, None]).squeeze(-1).tolist()
-
-
-def distance(a: list[float], b: list[float]) -> float:
-    return max(abs(x - y) for x, y in zip(a, b))
-
-
 def test_the_loops_weight_sync_loads_a_full_checkpoint_into_the_running_server(server: Server, model: Path,
                                                                                 tmp_path: Path) -> None:
     """What `train --loop --sync weights` does between iterations: vLLM's reload_weights on the new
@@ -308,17 +274,6 @@ def test_the_loops_weight_sync_loads_a_full_checkpoint_into_the_running_server(s
     assert greedy(server, prompt)[0] == before[0]
 
 
-def _paths(value: Any, prefix: str = "") -> set[tuple[str, type]]:
-    """Every field path of a JSON value with its type (a list's first item stands for all)."""
-    if isinstance(value, dict) and prefix.endswith("top_logprobs[]"):  # keyed by the tokens' text
-        return {(prefix, dict)}
-    if isinstance(value, dict):
-        return {(prefix, dict)} | {p for k, v in value.items() for p in _paths(v, f"{prefix}.{k}")}
-    if isinstance(value, list):
-        return {(prefix, list)} | (_paths(value[0], prefix + "[]") if value else set())
-    return {(prefix, float if isinstance(value, int) and not isinstance(value, bool) else type(value))}
-
-
 @pytest.mark.parametrize(("path", "body"), [
     ("/completions", {"prompt": [1, 9690, 198], "logprobs": 0, "skip_special_tokens": False}),
     ("/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True}),
@@ -333,7 +288,7 @@ def test_the_imitation_server_answers_with_the_fields_vllm_answers_with(server: 
     real = httpx.post(f"{server.url}{path}", json=body, timeout=120).json()
     with FakeOpenAI(["four"], vllm=True) as fake:
         imitation = httpx.post(f"{fake.base_url}{path}", json=body, timeout=30).json()
-    missing = _paths(imitation) - _paths(real)
+    missing = field_paths(imitation) - field_paths(real)
     assert not missing, f"the imitation answers with fields real vLLM does not: {sorted(missing, key=str)}"
     choice = real["choices"][0]
     assert len(choice["token_ids"]) == 4 and real["usage"]["completion_tokens"] == 4
