@@ -6,8 +6,19 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_API = ("ask", "ask_async", "ask_many", "ask_many_async", "RunSettings", "LLMConfig", "AgentConfig", "BackendConfig",
-        "ToolsConfig", "Trajectory", "SetupError")
+_API = (
+    "ask",
+    "ask_async",
+    "ask_many",
+    "ask_many_async",
+    "RunSettings",
+    "LLMConfig",
+    "AgentConfig",
+    "BackendConfig",
+    "ToolsConfig",
+    "Trajectory",
+    "SetupError",
+)
 
 
 def __getattr__(name: str) -> Any:

@@ -38,8 +38,20 @@ from nanbeige.agent.setup_checks import SetupError
 from nanbeige.agent.trajectory import Trajectory
 from nanbeige.agent.trajectory_file import redact, usable_secrets
 
-__all__ = ["ask", "ask_async", "ask_many", "ask_many_async", "RunSettings", "LLMConfig", "AgentConfig",
-           "BackendConfig", "ToolsConfig", "Trajectory", "SetupError", "OVERRIDES"]
+__all__ = [
+    "ask",
+    "ask_async",
+    "ask_many",
+    "ask_many_async",
+    "RunSettings",
+    "LLMConfig",
+    "AgentConfig",
+    "BackendConfig",
+    "ToolsConfig",
+    "Trajectory",
+    "SetupError",
+    "OVERRIDES",
+]
 
 DEFAULT_CONCURRENCY = 4  # as `nanbeige eval --concurrency`
 log = logging.getLogger("nanbeige")
@@ -99,16 +111,24 @@ async def ask_async(question: str, settings: RunSettings | None = None, **overri
         return await run(text, runtime.llm, runtime.toolbox, runtime.agent, runtime.writer)
 
 
-def ask_many(questions: Iterable[str], settings: RunSettings | None = None, concurrency: int = DEFAULT_CONCURRENCY,
-             **overrides: Any) -> list[Trajectory]:
+def ask_many(
+    questions: Iterable[str],
+    settings: RunSettings | None = None,
+    concurrency: int = DEFAULT_CONCURRENCY,
+    **overrides: Any,
+) -> list[Trajectory]:
     """Answer many questions, `concurrency` at a time, over one model client and one toolbox; the
     trajectories in the questions' order. For scripts; inside an event loop, `await ask_many_async(...)`."""
     _no_running_loop("ask_many", "ask_many_async")
     return asyncio.run(ask_many_async(questions, settings, concurrency, **overrides))
 
 
-async def ask_many_async(questions: Iterable[str], settings: RunSettings | None = None,
-                         concurrency: int = DEFAULT_CONCURRENCY, **overrides: Any) -> list[Trajectory]:
+async def ask_many_async(
+    questions: Iterable[str],
+    settings: RunSettings | None = None,
+    concurrency: int = DEFAULT_CONCURRENCY,
+    **overrides: Any,
+) -> list[Trajectory]:
     """`ask_many` for async code. A run that fails does not stop the others: a model error ends it with
     stop reason `model_error`, a crash with `crashed` (and `.error` says what happened); all runs go to
     one trajectory file, each its own trajectory, as in `nanbeige eval`."""
@@ -183,11 +203,13 @@ def command_settings() -> RunSettings:
     except settings_file.SettingsError as exc:
         raise SetupError(str(exc), usage=True) from None
     except typer.BadParameter as exc:
-        raise SetupError(f"the settings of `nanbeige ask` (environment, nanbeige.toml): {exc.format_message()}",
-                         usage=True) from None
+        raise SetupError(
+            f"the settings of `nanbeige ask` (environment, nanbeige.toml): {exc.format_message()}", usage=True
+        ) from None
     except typer.Exit:  # its one line is printed on stderr
-        raise SetupError("the settings of `nanbeige ask` (environment, nanbeige.toml) are not valid: see the error "
-                         "above", usage=True) from None
+        raise SetupError(
+            "the settings of `nanbeige ask` (environment, nanbeige.toml) are not valid: see the error above", usage=True
+        ) from None
 
 
 def with_overrides(settings: RunSettings, overrides: dict[str, Any]) -> RunSettings:
@@ -197,8 +219,10 @@ def with_overrides(settings: RunSettings, overrides: dict[str, Any]) -> RunSetti
     for name, value in overrides.items():
         part, field, kind = OVERRIDES[name]
         if name == "base_url" and isinstance(value, (list, tuple)) and value:  # a pool: the first, and the rest
-            value, parts.setdefault("llm", {})["more_base_urls"] = value[0], tuple(_checked(name, str, url, False)
-                                                                                   for url in value[1:])
+            value, parts.setdefault("llm", {})["more_base_urls"] = (
+                value[0],
+                tuple(_checked(name, str, url, False) for url in value[1:]),
+            )
         value = _checked(name, kind, value, _nullable(part, field))
         if name == "no_default_servers":
             value = not value
@@ -223,12 +247,14 @@ def _checked(name: str, kind: type, value: Any, nullable: bool) -> Any:
         return _budgets(name, value)
     if kind is list and isinstance(value, str):
         value = [value]
-    ok = {bool: lambda v: isinstance(v, bool),
-          int: lambda v: isinstance(v, int) and not isinstance(v, bool),
-          float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-          str: lambda v: isinstance(v, str),
-          Path: lambda v: isinstance(v, (str, os.PathLike)),
-          list: lambda v: isinstance(v, (list, tuple)) and all(isinstance(item, str) for item in v)}[kind]
+    ok = {
+        bool: lambda v: isinstance(v, bool),
+        int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+        float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+        str: lambda v: isinstance(v, str),
+        Path: lambda v: isinstance(v, (str, os.PathLike)),
+        list: lambda v: isinstance(v, (list, tuple)) and all(isinstance(item, str) for item in v),
+    }[kind]
     if not ok(value):
         wanted = {Path: "a path", list: "a string or a list of strings", float: "a number"}.get(kind, kind.__name__)
         raise TypeError(f"{name} must be {wanted}{'' if not nullable else ' or None'}, not {type(value).__name__}")
@@ -252,8 +278,7 @@ def _budgets(name: str, value: Any) -> dict[str, float]:
 def _unknown(name: str) -> str:
     close = difflib.get_close_matches(name, OVERRIDES, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return (f"unknown setting {name!r}{hint}; the settings are {', '.join(OVERRIDES)}; pass a RunSettings for "
-            "the rest")
+    return f"unknown setting {name!r}{hint}; the settings are {', '.join(OVERRIDES)}; pass a RunSettings for the rest"
 
 
 def _question(question: Any, name: str) -> str:
@@ -286,5 +311,7 @@ def _no_running_loop(name: str, async_name: str) -> None:
         asyncio.get_running_loop()
     except RuntimeError:
         return
-    raise RuntimeError(f"{name}() cannot run inside a running event loop (an async function, a Jupyter notebook): "
-                       f"use `await {async_name}(...)` there")
+    raise RuntimeError(
+        f"{name}() cannot run inside a running event loop (an async function, a Jupyter notebook): "
+        f"use `await {async_name}(...)` there"
+    )

@@ -123,8 +123,10 @@ def user_key(path: Path | None = None) -> bytes:
     if os.name == "posix" and mode & 0o077:
         raise CacheError(f"the cache key {path} can be read by other users: chmod 600 {path}")
     if not re.fullmatch(r"[0-9a-f]{64}\n?", text):
-        raise CacheError(f"the cache key {path} is damaged: delete it (a new one is made; the rows signed with the "
-                         "old one are then asked again)")
+        raise CacheError(
+            f"the cache key {path} is damaged: delete it (a new one is made; the rows signed with the "
+            "old one are then asked again)"
+        )
     return bytes.fromhex(text.strip())
 
 
@@ -142,8 +144,9 @@ def _make_key(path: Path) -> None:
         temporary.unlink(missing_ok=True)
 
 
-def signature(key: bytes, server: str, tool: str, arguments: str, text: str, is_error: int, ok: int,
-              origin: str) -> str:
+def signature(
+    key: bytes, server: str, tool: str, arguments: str, text: str, is_error: int, ok: int, origin: str
+) -> str:
     """The row's HMAC-SHA256 under the user's key, over every column that decides what is served."""
     message = json.dumps([server, tool, arguments, text, is_error, ok, origin]).encode()  # ASCII: any text encodes
     return hmac.new(key, message, hashlib.sha256).hexdigest()
@@ -189,11 +192,14 @@ def accept(path: Path) -> tuple[int, int]:
     key, db = user_key(), connect(path, replay=True)
     try:
         db.execute("BEGIN IMMEDIATE")
-        rows = db.execute("SELECT server, tool, arguments, text, is_error, succeeded, origin, mac "
-                          "FROM tool_results").fetchall()
+        rows = db.execute(
+            "SELECT server, tool, arguments, text, is_error, succeeded, origin, mac FROM tool_results"
+        ).fetchall()
         good = [row for row in rows if all(type(v) is str for v in row[:3]) and not malformed(row[3:])]
-        db.executemany("UPDATE tool_results SET mac = ? WHERE server = ? AND tool = ? AND arguments = ?",
-                       [(signature(key, *row[:7]), *row[:3]) for row in good])
+        db.executemany(
+            "UPDATE tool_results SET mac = ? WHERE server = ? AND tool = ? AND arguments = ?",
+            [(signature(key, *row[:7]), *row[:3]) for row in good],
+        )
         db.execute("COMMIT")
     except sqlite3.Error as exc:
         raise CacheError(f"cannot sign the rows of {path}: {exc}") from None
@@ -233,8 +239,9 @@ class ToolCache:
             raise
         return cache
 
-    async def lookup(self, server: str, tool: str, arguments: dict[str, Any],
-                     origin: str = "") -> tuple[str, bool] | None:
+    async def lookup(
+        self, server: str, tool: str, arguments: dict[str, Any], origin: str = ""
+    ) -> tuple[str, bool] | None:
         """The recorded (text, is_error) to serve for this call, or None to call the tool. Replay raises
         `ReplayMiss` where a live run would call the tool. `origin` is the live server's (see `put`)."""
         if server in UNCACHED_SERVERS:
@@ -247,22 +254,30 @@ class ToolCache:
             if self.replay:
                 raise ReplayMiss(f"--replay: cannot read the cache {self.path}: {exc}") from None
             row = self._failed(exc)
-        unusable = "" if row is None else (malformed(row) or self._foreign(row, origin)
-                                           or self._unsigned(server, tool, key, row))
+        unusable = (
+            ""
+            if row is None
+            else (malformed(row) or self._foreign(row, origin) or self._unsigned(server, tool, key, row))
+        )
         if unusable and self.replay:
-            raise ReplayMiss(f"--replay: the cache {self.path} holds an answer for {tool} on server {server} with "
-                             f"arguments {shown} that cannot be served: {unusable}")
+            raise ReplayMiss(
+                f"--replay: the cache {self.path} holds an answer for {tool} on server {server} with "
+                f"arguments {shown} that cannot be served: {unusable}"
+            )
         if row is not None and not unusable and (self.replay or row[2]):
             self.hits += 1
             return row[0], bool(row[1])
         if self.replay:
-            raise ReplayMiss(f"--replay: the cache {self.path} holds no answer for {tool} on server {server} "
-                             f"with arguments {shown}")
+            raise ReplayMiss(
+                f"--replay: the cache {self.path} holds no answer for {tool} on server {server} with arguments {shown}"
+            )
         if unusable.startswith(NOT_SIGNED) and self.notice and not self._said_unsigned:
             self._said_unsigned = True
-            self.notice(f"the cache {self.path} holds rows not recorded here (the first: {tool} on server "
-                        f"{server}): they are not served, and the tools are asked again. To use a cache made "
-                        f"elsewhere, accept it: nanbeige cache accept {self.path}")
+            self.notice(
+                f"the cache {self.path} holds rows not recorded here (the first: {tool} on server "
+                f"{server}): they are not served, and the tools are asked again. To use a cache made "
+                f"elsewhere, accept it: nanbeige cache accept {self.path}"
+            )
         self.misses += 1
         return None
 
@@ -276,11 +291,14 @@ class ToolCache:
         expected = signature(self._key, server, tool, key, *row[:4])
         if hmac.compare_digest(row[4].encode("utf-8", "surrogatepass"), expected.encode()):
             return ""
-        return (f"{NOT_SIGNED} {key_path()}); if you trust whoever made the file, accept it with "
-                f"`nanbeige cache accept {self.path}`")
+        return (
+            f"{NOT_SIGNED} {key_path()}); if you trust whoever made the file, accept it with "
+            f"`nanbeige cache accept {self.path}`"
+        )
 
-    async def record(self, server: str, tool: str, arguments: dict[str, Any], text: str, is_error: bool,
-                     origin: str = "") -> None:
+    async def record(
+        self, server: str, tool: str, arguments: dict[str, Any], text: str, is_error: bool, origin: str = ""
+    ) -> None:
         """Record a tool's answer (the newest answer replaces an older one)."""
         if server in UNCACHED_SERVERS or self.replay:
             return
@@ -313,15 +331,28 @@ class ToolCache:
     def get(self, server: str, tool: str, key: str) -> tuple | None:
         """The row's (text, is_error, succeeded, origin, mac), as the file holds them (see `malformed`)."""
         assert self._db is not None
-        return self._db.execute("SELECT text, is_error, succeeded, origin, mac FROM tool_results "
-                                "WHERE server = ? AND tool = ? AND arguments = ?", (server, tool, key)).fetchone()
+        return self._db.execute(
+            "SELECT text, is_error, succeeded, origin, mac FROM tool_results "
+            "WHERE server = ? AND tool = ? AND arguments = ?",
+            (server, tool, key),
+        ).fetchone()
 
     def put(self, server: str, tool: str, key: str, text: str, is_error: bool, origin: str) -> None:
         assert self._db is not None
         flags = int(is_error), int(succeeded(text, is_error))
-        self._db.execute("INSERT OR REPLACE INTO tool_results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                         (server, tool, key, text, *flags, time.time(), origin,
-                          signature(self._key, server, tool, key, text, *flags, origin)))
+        self._db.execute(
+            "INSERT OR REPLACE INTO tool_results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                server,
+                tool,
+                key,
+                text,
+                *flags,
+                time.time(),
+                origin,
+                signature(self._key, server, tool, key, text, *flags, origin),
+            ),
+        )
 
     def _close(self) -> None:
         if self._db is not None:

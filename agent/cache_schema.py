@@ -55,8 +55,10 @@ def check_schema(db: sqlite3.Connection, replay: bool) -> None:
         raise sqlite3.DatabaseError(f"it was written by a newer nanbeige (format {version})")
     extra = [f"{kind} {name!r}" for kind, name, _ in objects if (kind, name) != ("table", "tool_results")]
     if extra:
-        raise sqlite3.DatabaseError(f"it holds a {extra[0]}, which nanbeige never makes (a cache file is untrusted: "
-                                    "nothing in it may run when a result is recorded); record a new cache")
+        raise sqlite3.DatabaseError(
+            f"it holds a {extra[0]}, which nanbeige never makes (a cache file is untrusted: "
+            "nothing in it may run when a result is recorded); record a new cache"
+        )
     if version < 1 or squeezed(tables[0]) != table_sql(version):
         raise sqlite3.DatabaseError(f"its table is not the one nanbeige makes (format {version}): record a new cache")
     for newer in range(version + 1, SCHEMA_VERSION + 1):  # older rows read as recorded from no server, unsigned

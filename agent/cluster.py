@@ -171,11 +171,19 @@ def connect(address: str) -> None:
     if address != "auto":
         check_answers(address)
     try:
-        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False,
-                 configure_logging=True, namespace="nanbeige")
+        ray.init(
+            address=address,
+            logging_level=logging.WARNING,
+            log_to_driver=False,
+            configure_logging=True,
+            namespace="nanbeige",
+        )
     except (ConnectionError, RuntimeError, ValueError) as exc:
-        fix = ("start one with `ray start --head`, or pass its address (HOST:PORT)" if address == "auto"
-               else "check the address (`ray status` on the head node prints it)")
+        fix = (
+            "start one with `ray start --head`, or pass its address (HOST:PORT)"
+            if address == "auto"
+            else "check the address (`ray status` on the head node prints it)"
+        )
         said = first_line(exc).rstrip(".")
         raise ClusterError(f"cannot join the Ray cluster at {address}: {said}; {fix}") from None
 
@@ -188,8 +196,10 @@ def check_answers(address: str) -> None:
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=5.0).close()
     except OSError as exc:
-        raise ClusterError(f"no Ray cluster answers at {address} ({exc.strerror or exc}); start one with "
-                           "`ray start --head` there, or pass another --ray") from None
+        raise ClusterError(
+            f"no Ray cluster answers at {address} ({exc.strerror or exc}); start one with "
+            "`ray start --head` there, or pass another --ray"
+        ) from None
 
 
 def first_line(exc: BaseException) -> str:
@@ -224,8 +234,9 @@ class Shards:
         while True:
             live = self.alive
             if not live:
-                raise ClusterError("every node running the shards was lost; run the same command again to go on "
-                                   "with what is not done")
+                raise ClusterError(
+                    "every node running the shards was lost; run the same command again to go on with what is not done"
+                )
             placed = min(live, key=lambda p: p.in_flight)
             placed.in_flight += 1
             try:
@@ -245,8 +256,10 @@ class Shards:
         placed.lost = True
         with contextlib.suppress(Exception):  # one only unreachable for now must not go on with its items
             ray.kill(placed.actor, no_restart=True)
-        self.notice(f"lost the shard on {placed.node} ({first_line(exc)}): its runs in flight go to the other "
-                    f"nodes ({len(self.alive)} left)")
+        self.notice(
+            f"lost the shard on {placed.node} ({first_line(exc)}): its runs in flight go to the other "
+            f"nodes ({len(self.alive)} left)"
+        )
 
 
 def worker_nodes() -> list[dict[str, Any]]:
@@ -268,9 +281,15 @@ async def shards(address: str, opener: Opener, concurrency: int, notice: Notice)
         if not nodes:
             raise ClusterError(f"the Ray cluster at {address} has no node with a CPU to run shards on")
         actor_class = ray.remote(num_cpus=1, max_concurrency=MAX_CALLS)(Shard)
-        placed = [Placed(actor_class.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
-            node["NodeID"], soft=False)).remote(opener, concurrency, passed_env(with_secrets=True), os.getcwd()),
-            node_name(node)) for node in nodes]
+        placed = [
+            Placed(
+                actor_class.options(
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+                ).remote(opener, concurrency, passed_env(with_secrets=True), os.getcwd()),
+                node_name(node),
+            )
+            for node in nodes
+        ]
         try:
             await start_all(placed, notice)
             yield Shards(placed, notice)
@@ -288,13 +307,17 @@ async def start_all(placed: list[Placed], notice: Notice) -> None:
     # every answer read before any is acted on: none is left unretrieved
     results = [(where, call.exception() or call.result()) for call, where in calls.items() if call not in late]
     if late:
-        raise ClusterError(f"the shard on {calls[next(iter(late))].node} did not start within {START_TIMEOUT_S:g} s "
-                           "(its tool servers or its model server?)")
+        raise ClusterError(
+            f"the shard on {calls[next(iter(late))].node} did not start within {START_TIMEOUT_S:g} s "
+            "(its tool servers or its model server?)"
+        )
     said: set[str] = set()
     for where, result in results:
         if isinstance(result, (RayActorError, ActorUnschedulableError)):
-            raise ClusterError(f"the shard on {where.node} did not start ({first_line(result)}); is nanbeige "
-                               "installed in the same Python environment on every node?")
+            raise ClusterError(
+                f"the shard on {where.node} did not start ({first_line(result)}); is nanbeige "
+                "installed in the same Python environment on every node?"
+            )
         if isinstance(result, BaseException):
             raise ClusterError(f"the shard on {where.node} did not start: {first_line(result)}")
         ok, value = result
@@ -311,8 +334,9 @@ async def close_all(placed: list[Placed]) -> None:
     """Close every shard (its runs in flight cancelled, its tool servers stopped), then end the actors."""
     live = [p for p in placed if not p.lost]
     try:
-        await asyncio.wait_for(asyncio.gather(*(p.actor.close.remote() for p in live), return_exceptions=True),
-                               CLOSE_TIMEOUT_S)
+        await asyncio.wait_for(
+            asyncio.gather(*(p.actor.close.remote() for p in live), return_exceptions=True), CLOSE_TIMEOUT_S
+        )
     except (TimeoutError, asyncio.CancelledError):
         pass
     for p in placed:
@@ -354,4 +378,5 @@ def recorded(runtime: Any, attempt_of: Callable[[Any], Callable[..., Awaitable[A
         recorder = Recorder(runtime.writer.secrets)
         result = await attempt_of(dataclasses.replace(runtime, writer=recorder))(*item)
         return result, recorder.calls
+
     return work

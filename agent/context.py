@@ -47,8 +47,9 @@ class History:
         self.estimated_tokens = sum(_message_tokens(m) for m in self.messages)
         self.added_since_call = self.estimated_tokens  # estimate of what the server has not counted yet
 
-    def add_turn(self, assistant: dict[str, Any], observations: list[dict[str, Any]],
-                 tool_results: bool = True) -> None:
+    def add_turn(
+        self, assistant: dict[str, Any], observations: list[dict[str, Any]], tool_results: bool = True
+    ) -> None:
         """Append a turn. Only tool results count towards keep-K; messages about unusable replies
         (`tool_results=False`) are short and always shown."""
         self.messages.append(assistant)
@@ -79,7 +80,7 @@ class History:
         """The messages for the summary turn: the reference counts its summary prompt as one of the K
         results it shows, so only the K-1 newest tool results among `messages` stay."""
         shown = [group for group in self.observations if group[-1] < len(messages)]
-        hidden = shown[:max(0, len(shown) - max(self.keep - 1, 0))] if self.keep >= 0 else []
+        hidden = shown[: max(0, len(shown) - max(self.keep - 1, 0))] if self.keep >= 0 else []
         return _omitted(messages, hidden) if hidden else messages
 
     def latest_tool_result_tokens(self) -> int:
@@ -175,8 +176,9 @@ def duplicate_note(reference: Reference | None) -> str | None:
     is to roll the reply back instead (`replies.unusable`)."""
     if reference is not None:
         return reference.duplicate_query
-    return ("The query '{query}' was already searched in an earlier {tool} call. Search with a different query or "
-            "keywords.")
+    return (
+        "The query '{query}' was already searched in an earlier {tool} call. Search with a different query or keywords."
+    )
 
 
 def query_tools(reference: Reference | None) -> tuple[str, ...]:
@@ -212,7 +214,7 @@ def repeated_call(turns: list[Turn], call: ToolCall, limit: int) -> bool:
     if limit <= 1 or len(turns) < limit - 1:
         return False
     key = (call.server, call.name, json.dumps(call.arguments, sort_keys=True))
-    for turn in turns[-(limit - 1):]:
+    for turn in turns[-(limit - 1) :]:
         if key not in {(c.server, c.name, json.dumps(c.arguments, sort_keys=True)) for c in turn.tool_calls}:
             return False
     return True

@@ -67,8 +67,13 @@ def no_tools_system_prompt(date: str) -> str:
     return f"You are a careful assistant. Answer the user's question as accurately as you can.\n\nToday is: {date}\n"
 
 
-def system_prompt(dialect: str, tools: list[dict[str, Any]], date: str, template: str | None = None,
-                  reference: Reference | None = None) -> str:
+def system_prompt(
+    dialect: str,
+    tools: list[dict[str, Any]],
+    date: str,
+    template: str | None = None,
+    reference: Reference | None = None,
+) -> str:
     """The system prompt; `template` (with `{tools}` and `{date}`) replaces the mcp-xml one, and a
     reference checkout's own prompt replaces ours."""
     if dialect == "mcp-xml" and template is not None:
@@ -76,8 +81,10 @@ def system_prompt(dialect: str, tools: list[dict[str, Any]], date: str, template
     if dialect == "mcp-xml" and tools:
         return reference.system_prompt(tools, date) if reference else mcp_prompt.system_prompt(tools, date)
     if dialect == "tool-call" and tools:
-        return (f"You are a careful assistant that uses the tools provided to answer the user's question.\n\n"
-                f"Today is: {date}\n")
+        return (
+            f"You are a careful assistant that uses the tools provided to answer the user's question.\n\n"
+            f"Today is: {date}\n"
+        )
     return no_tools_system_prompt(date)
 
 
@@ -87,16 +94,20 @@ def user_message(dialect: str, question: str, reference: Reference | None = None
     return reference.user_message(question) if reference else mcp_prompt.user_message(question)
 
 
-def final_answer_instruction(dialect: str, question: str, summary: bool = False,
-                             reference: Reference | None = None) -> str:
+def final_answer_instruction(
+    dialect: str, question: str, summary: bool = False, reference: Reference | None = None
+) -> str:
     """The user message that asks for the answer without more tool calls: at the end of every run
     (the summary turn), or when limits were reached. With a reference checkout (mcp-xml), its own
     summary prompt, which the reference sends in both cases."""
     if reference is not None and dialect == "mcp-xml":
         return reference.summary_prompt(question)
     box = "Put your final answer inside \\boxed{}." if dialect == "mcp-xml" else "State your final answer plainly."
-    opening = ("This is the end of the task: no more tools can be used. " if summary else
-               "You have reached the limit of tool calls or context for this task, so no more tools can be used. ")
+    opening = (
+        "This is the end of the task: no more tools can be used. "
+        if summary
+        else "You have reached the limit of tool calls or context for this task, so no more tools can be used. "
+    )
     # The rules an exact-match grader depends on, as the reference's summary prompt states them.
     return (
         opening + "Summarise the conversation above and give the FINAL ANSWER to the original question.\n\n"
@@ -142,11 +153,14 @@ def request_tools(dialect: str, tools: list[dict[str, Any]]) -> list[dict[str, A
         return None
     by_pair = {pair: name for name, pair in function_names(tools).items()}
     return [
-        {"type": "function", "function": {
-            "name": by_pair[(t["server"], t["name"])],
-            "description": t.get("description") or "",
-            "parameters": t.get("input_schema") or {"type": "object", "properties": {}},
-        }}
+        {
+            "type": "function",
+            "function": {
+                "name": by_pair[(t["server"], t["name"])],
+                "description": t.get("description") or "",
+                "parameters": t.get("input_schema") or {"type": "object", "properties": {}},
+            },
+        }
         for t in tools
     ]
 
@@ -200,13 +214,17 @@ def parse_mcp_xml(content: str, tools: list[dict[str, Any]], tags: tuple[str, ..
         if arguments is None:
             parsed.call_errors[len(parsed.tool_calls)] = (
                 f"The arguments of {name} are not a JSON object; the call was not run. Write it again with "
-                "valid JSON inside <arguments>.")
-        parsed.tool_calls.append(ToolCall(server=_fix_server(server, name, tools), name=name,
-                                          arguments=arguments or {}))
+                "valid JSON inside <arguments>."
+            )
+        parsed.tool_calls.append(
+            ToolCall(server=_fix_server(server, name, tools), name=name, arguments=arguments or {})
+        )
     if not parsed.tool_calls and any(tag in content for tag in tags):
-        parsed.format_error = ("Your message contains a tool call that could not be parsed. Write it as "
-                               "<use_mcp_tool> with <server_name>, <tool_name> and <arguments> tags, at the end "
-                               "of your message, exactly as in the instructions.")
+        parsed.format_error = (
+            "Your message contains a tool call that could not be parsed. Write it as "
+            "<use_mcp_tool> with <server_name>, <tool_name> and <arguments> tags, at the end "
+            "of your message, exactly as in the instructions."
+        )
     return parsed
 
 
@@ -220,8 +238,10 @@ def parse_tool_call(message: dict[str, Any], tools: list[dict[str, Any]]) -> Par
         for block in _TOOL_CALL_BLOCK.findall(visible_text(message.get("content") or "")):
             data = parse_arguments(block)
             if data is None or not isinstance(data.get("name"), str):
-                return ParsedReply(format_error='A <tool_call> block could not be parsed. Write it as '
-                                                '<tool_call>{"name": ..., "arguments": {...}}</tool_call>.')
+                return ParsedReply(
+                    format_error="A <tool_call> block could not be parsed. Write it as "
+                    '<tool_call>{"name": ..., "arguments": {...}}</tool_call>.'
+                )
             raw_calls.append((None, data["name"], data.get("arguments", {})))
     parsed = ParsedReply()
     for call_id, name, raw_arguments in raw_calls:
@@ -229,7 +249,8 @@ def parse_tool_call(message: dict[str, Any], tools: list[dict[str, Any]]) -> Par
         if arguments is None:  # still answered with a result: every call id must get one
             parsed.call_errors[len(parsed.tool_calls)] = (
                 f"The arguments of {name} are not a JSON object; the call was not run. Call it again with "
-                "valid JSON arguments.")
+                "valid JSON arguments."
+            )
         server, tool = names.get(name, ("", name))
         parsed.tool_calls.append(ToolCall(server=server, name=tool, arguments=arguments or {}, id=call_id))
     return parsed
@@ -239,19 +260,24 @@ def mcp_xml_answer_problem(content: str) -> str | None:
     """Why a reply without a tool call is not a usable answer in the mcp-xml dialect, or None."""
     text = visible_text(content)
     if "<tool_call>" in text:
-        return ("Tool calls must use the <use_mcp_tool> format from the instructions, not <tool_call>. "
-                "Write the call again in that format.")
+        return (
+            "Tool calls must use the <use_mcp_tool> format from the instructions, not <tool_call>. "
+            "Write the call again in that format."
+        )
     answer = last_boxed(text)
     if answer is None:
-        return ("Your message has neither a tool call nor a final answer. Continue: call a tool in the "
-                "<use_mcp_tool> format, or give your final answer wrapped in \\boxed{}.")
+        return (
+            "Your message has neither a tool call nor a final answer. Continue: call a tool in the "
+            "<use_mcp_tool> format, or give your final answer wrapped in \\boxed{}."
+        )
     if not answer:
         return "Your final answer in \\boxed{} is empty. Give the answer inside it."
     return None
 
 
-def parse_reply(dialect: str, message: dict[str, Any], tools: list[dict[str, Any]],
-                reference: Reference | None = None) -> ParsedReply:
+def parse_reply(
+    dialect: str, message: dict[str, Any], tools: list[dict[str, Any]], reference: Reference | None = None
+) -> ParsedReply:
     if dialect == "mcp-xml":
         return parse_mcp_xml(message.get("content") or "", tools, reference.mcp_tags if reference else MCP_TAGS)
     return parse_tool_call(message, tools)
@@ -326,8 +352,10 @@ def observation_messages(dialect: str, turn: Turn) -> list[dict[str, Any]]:
     if dialect == "mcp-xml":  # as the tool gave them: the reference marks no error (the trajectory does)
         return [{"role": "user", "content": "\n".join(r.text for r in turn.tool_results)}]
     # Calls parsed from the text have no id (the server never saw them as calls), so neither do results.
-    return [{"role": "tool", "content": _result_text(result)} | ({"tool_call_id": call.id} if call.id else {})
-            for call, result in zip(turn.tool_calls, turn.tool_results)]
+    return [
+        {"role": "tool", "content": _result_text(result)} | ({"tool_call_id": call.id} if call.id else {})
+        for call, result in zip(turn.tool_calls, turn.tool_results)
+    ]
 
 
 def _result_text(result: Any) -> str:

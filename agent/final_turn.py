@@ -17,27 +17,42 @@ MIN_ANSWER_TOKENS = 512  # the final answer turn needs at least this much room t
 FINAL_ANSWER_TOKENS = 4096  # room wanted for the final answer (a thinking model reasons first)
 
 
-async def _end(state: Run, llm: LLM, config: AgentConfig, prompt_tokens: int | None,
-               writer: TrajectoryWriter | None, on_event: Event, omit_latest: bool = False) -> None:
+async def _end(
+    state: Run,
+    llm: LLM,
+    config: AgentConfig,
+    prompt_tokens: int | None,
+    writer: TrajectoryWriter | None,
+    on_event: Event,
+    omit_latest: bool = False,
+) -> None:
     """How a run ends once its loop stopped: with the summary turn (whatever the reason, when it is
     on), with a final-answer turn at a limit, or as it is."""
     limit = state.trajectory.stop_reason in ("max_turns", "context_limit", "budget")
-    if state.trajectory.stop_reason == "model_error" or not (config.summary_turn or (config.final_answer_turn
-                                                                                      and limit)):
+    if state.trajectory.stop_reason == "model_error" or not (
+        config.summary_turn or (config.final_answer_turn and limit)
+    ):
         return
     if prompt_tokens is None:
         prompt_tokens = _next_prompt_tokens(llm, state, None)
     await _final_turn(state, llm, config, prompt_tokens, writer, on_event, omit_latest)
 
 
-
-async def _final_turn(state: Run, llm: LLM, config: AgentConfig, prompt_tokens: int,
-                      writer: TrajectoryWriter | None, on_event: Event, omit_latest: bool = False) -> None:
+async def _final_turn(
+    state: Run,
+    llm: LLM,
+    config: AgentConfig,
+    prompt_tokens: int,
+    writer: TrajectoryWriter | None,
+    on_event: Event,
+    omit_latest: bool = False,
+) -> None:
     """One call without tools that asks for the answer (`_final_request` says with what); as the
     summary turn, asked again while a reply has no boxed answer, as many times as the reference tries."""
     trajectory = state.trajectory
-    instruction = dialects.final_answer_instruction(config.dialect, trajectory.question, bool(config.summary_turn),
-                                                    config.reference)
+    instruction = dialects.final_answer_instruction(
+        config.dialect, trajectory.question, bool(config.summary_turn), config.reference
+    )
     messages, room, omitted = _final_request(state, llm, config, prompt_tokens, instruction, omit_latest)
     if room < MIN_ANSWER_TOKENS:
         trajectory.error = trajectory.error or "no room left in the context for a final answer"
@@ -49,8 +64,13 @@ async def _final_turn(state: Run, llm: LLM, config: AgentConfig, prompt_tokens: 
     for attempt in range(tries if config.summary_turn else 1):
         on_event("model", _turns_used(state))
         try:
-            completion = await llm.complete(request, None, max_tokens=min(llm.config.max_tokens, room),
-                                            conversation=state.conversation, **_streaming(config, on_event))
+            completion = await llm.complete(
+                request,
+                None,
+                max_tokens=min(llm.config.max_tokens, room),
+                conversation=state.conversation,
+                **_streaming(config, on_event),
+            )
         except ModelError as exc:
             trajectory.error = str(exc)
             return
@@ -68,9 +88,9 @@ async def _final_turn(state: Run, llm: LLM, config: AgentConfig, prompt_tokens: 
     trajectory.answer = answer if answer is not None else trajectory.answer
 
 
-
-def _final_request(state: Run, llm: LLM, config: AgentConfig, prompt_tokens: int, instruction: str,
-                   omit_latest: bool) -> tuple[list[dict[str, Any]], int, bool]:
+def _final_request(
+    state: Run, llm: LLM, config: AgentConfig, prompt_tokens: int, instruction: str, omit_latest: bool
+) -> tuple[list[dict[str, Any]], int, bool]:
     """The messages the final-answer turn is asked with before its instruction, the room left for its
     reply, and whether the newest tool results were left out. As the summary turn, a trailing tool
     result (or other user message) is dropped first, as the reference harness does. The newest tool
@@ -80,8 +100,11 @@ def _final_request(state: Run, llm: LLM, config: AgentConfig, prompt_tokens: int
     messages = history.messages
     room = config.max_context - prompt_tokens - estimate_tokens(instruction)
     dropped = bool(config.summary_turn) and len(messages) > 2 and messages[-1]["role"] == "user"
-    omitted = not dropped and bool(history.observations) and (
-        omit_latest or room < min(llm.config.max_tokens, FINAL_ANSWER_TOKENS))
+    omitted = (
+        not dropped
+        and bool(history.observations)
+        and (omit_latest or room < min(llm.config.max_tokens, FINAL_ANSWER_TOKENS))
+    )
     if dropped:
         if config.dialect == "mcp-xml" and state.trajectory.stop_reason == "context_limit" and not omit_latest:
             # the reference steps back the whole last turn when its context check trips; then, as at
@@ -89,13 +112,13 @@ def _final_request(state: Run, llm: LLM, config: AgentConfig, prompt_tokens: int
             # prompt too long only drops the trailing result)
             messages, omitted = step_back(messages), True
         messages = messages[:-1] if messages[-1]["role"] == "user" else messages
-        room += sum(estimate_tokens(m["content"] or "") for m in history.messages[len(messages):])
+        room += sum(estimate_tokens(m["content"] or "") for m in history.messages[len(messages) :])
     elif omitted:
         messages = history.omit_latest()
         room += history.latest_tool_result_tokens()
     if config.summary_turn:  # the summary prompt is one of the K results the reference shows
         messages = history.summary_view(messages)
-    omitted = omitted or (dropped and bool(history.observations)
-                          and history.observations[-1][-1] == len(history.messages) - 1)
+    omitted = omitted or (
+        dropped and bool(history.observations) and history.observations[-1][-1] == len(history.messages) - 1
+    )
     return messages, room, omitted
-

@@ -55,16 +55,26 @@ def _no_event(kind: str, data: Any) -> None:
     pass
 
 
-async def run(question: str, llm: LLM, toolbox: Toolbox | None, config: AgentConfig,
-              writer: TrajectoryWriter | None = None, on_event: Event = _no_event,
-              group_id: str | None = None, header: dict[str, Any] | None = None,
-              resume_from: Trajectory | None = None) -> Trajectory:
+async def run(
+    question: str,
+    llm: LLM,
+    toolbox: Toolbox | None,
+    config: AgentConfig,
+    writer: TrajectoryWriter | None = None,
+    on_event: Event = _no_event,
+    group_id: str | None = None,
+    header: dict[str, Any] | None = None,
+    resume_from: Trajectory | None = None,
+) -> Trajectory:
     """Answer one question; returns the finished trajectory (also written turn by turn). `header`
     sets other fields of the trajectory's start record (`rollout_index`, `policy_version`, ...).
     `resume_from` continues a trajectory cut short (see `restore.py`) instead, with the settings it
     was made with (in `llm` and `config`), writing a resume line and then its next turns."""
-    config = dataclasses.replace(config.for_dialect(), date=config.date or datetime.date.today().isoformat(),
-                                 max_context=config.max_context or DEFAULT_MAX_CONTEXT)
+    config = dataclasses.replace(
+        config.for_dialect(),
+        date=config.date or datetime.date.today().isoformat(),
+        max_context=config.max_context or DEFAULT_MAX_CONTEXT,
+    )
     if resume_from is None:
         state, used = _new_run(question, llm, toolbox, config, group_id, header), 0.0
     else:  # the time limit counts the time it already used
@@ -95,8 +105,14 @@ async def run(question: str, llm: LLM, toolbox: Toolbox | None, config: AgentCon
     return trajectory
 
 
-def _new_run(question: str, llm: LLM, toolbox: Toolbox | None, config: AgentConfig, group_id: str | None,
-             header: dict[str, Any] | None) -> Run:
+def _new_run(
+    question: str,
+    llm: LLM,
+    toolbox: Toolbox | None,
+    config: AgentConfig,
+    group_id: str | None,
+    header: dict[str, Any] | None,
+) -> Run:
     """A fresh run's state: its trajectory, with the settings it is made with, and an empty history."""
     tools = toolbox.tools if toolbox else []
     reference = config.reference
@@ -106,13 +122,21 @@ def _new_run(question: str, llm: LLM, toolbox: Toolbox | None, config: AgentConf
     if (server := served_by(llm)) is not None:  # resume asks the same server again
         limits["server"] = server
     trajectory = Trajectory(
-        question=question, group_id=group_id, tools=tools, model=llm.config.model, dialect=config.dialect,
-        system_prompt=dialects.system_prompt(config.dialect, tools, config.date, config.system_prompt_template,
-                                             reference),
+        question=question,
+        group_id=group_id,
+        tools=tools,
+        model=llm.config.model,
+        dialect=config.dialect,
+        system_prompt=dialects.system_prompt(
+            config.dialect, tools, config.date, config.system_prompt_template, reference
+        ),
         user_message=dialects.user_message(config.dialect, question, reference),
         reference=reference.identity() if reference else None,
-        sampling=llm.config.sampling(), limits=limits,
-        tokenizer=llm.tokenizer_identity, chat_template=llm.template_identity, **(header or {}),
+        sampling=llm.config.sampling(),
+        limits=limits,
+        tokenizer=llm.tokenizer_identity,
+        chat_template=llm.template_identity,
+        **(header or {}),
     )
     history = History(trajectory.system_prompt, trajectory.user_message, config.keep_tool_results)
     return Run(trajectory, history, llm.new_conversation(trajectory.group_id))
@@ -133,8 +157,9 @@ def _close(trajectory: Trajectory, wall_s: float, writer: TrajectoryWriter | Non
     on_event("end", trajectory)
 
 
-async def _turns(state: Run, llm: LLM, toolbox: Toolbox | None, config: AgentConfig,
-                 writer: TrajectoryWriter | None, on_event: Event) -> None:
+async def _turns(
+    state: Run, llm: LLM, toolbox: Toolbox | None, config: AgentConfig, writer: TrajectoryWriter | None, on_event: Event
+) -> None:
     """Ask the model and act on its reply, turn after turn, until a limit or a reply stops the loop; then
     the run's end (all that a resumed run whose last turn had ended the loop has left to make)."""
     trajectory = state.trajectory
@@ -147,8 +172,9 @@ async def _turns(state: Run, llm: LLM, toolbox: Toolbox | None, config: AgentCon
             return
         on_event("model", _turns_used(state))
         try:
-            completion = await llm.complete(state.history.messages, request_tools, conversation=state.conversation,
-                                            **_streaming(config, on_event))
+            completion = await llm.complete(
+                state.history.messages, request_tools, conversation=state.conversation, **_streaming(config, on_event)
+            )
         except ContextOverflow as exc:  # our estimate was low: answer from what fits
             trajectory.stop_reason, trajectory.error = "context_limit", str(exc)
             await _end(state, llm, config, prompt_tokens, writer, on_event, omit_latest=True)
@@ -178,8 +204,14 @@ def _limit_reached(state: Run, llm: LLM, config: AgentConfig, prompt_tokens: int
     return None
 
 
-async def _act(turn: Turn, state: Run, toolbox: Toolbox | None, config: AgentConfig,
-               writer: TrajectoryWriter | None, on_event: Event) -> None:
+async def _act(
+    turn: Turn,
+    state: Run,
+    toolbox: Toolbox | None,
+    config: AgentConfig,
+    writer: TrajectoryWriter | None,
+    on_event: Event,
+) -> None:
     """Log the reply as a turn: rolled back when unusable, else with its tool calls run, or as the
     answer that ends the loop (with rollback off, so do too many format errors in a row)."""
     trajectory, history = state.trajectory, state.history
@@ -193,36 +225,51 @@ async def _act(turn: Turn, state: Run, toolbox: Toolbox | None, config: AgentCon
         _log_turn(trajectory, turn, writer, on_event)
     else:
         turn.format_error = parsed.format_error or (
-            (dialects.EMPTY_REPLY if replies.empty(turn) else None) if config.rollback else
-            replies.reply_problem(turn, parsed, config.dialect))
+            (dialects.EMPTY_REPLY if replies.empty(turn) else None)
+            if config.rollback
+            else replies.reply_problem(turn, parsed, config.dialect)
+        )
         if not turn.tool_calls and turn.format_error is None:
             trajectory.answer = replies.reply_answer(turn, config)
             trajectory.stop_reason = "answered"
         await _run_calls(turn, parsed, state, toolbox, config, on_event)
         _log_turn(trajectory, turn, writer, on_event)
-        history.add_turn(dialects.history_message(config.dialect, turn.assistant),
-                         dialects.observation_messages(config.dialect, turn), tool_results=bool(turn.tool_calls))
+        history.add_turn(
+            dialects.history_message(config.dialect, turn.assistant),
+            dialects.observation_messages(config.dialect, turn),
+            tool_results=bool(turn.tool_calls),
+        )
         if config.release_results and writer is not None:
             release_unseen_results(trajectory.turns, config.keep_tool_results, RELEASED)
-    if not trajectory.stop_reason and not config.rollback and \
-            replies.format_errors_in_a_row(trajectory.turns) >= config.max_format_errors:
+    if (
+        not trajectory.stop_reason
+        and not config.rollback
+        and replies.format_errors_in_a_row(trajectory.turns) >= config.max_format_errors
+    ):
         trajectory.stop_reason = "format_errors"
 
 
-async def _run_calls(turn: Turn, parsed: dialects.ParsedReply, state: Run, toolbox: Toolbox | None,
-                     config: AgentConfig, on_event: Event) -> None:
+async def _run_calls(
+    turn: Turn, parsed: dialects.ParsedReply, state: Run, toolbox: Toolbox | None, config: AgentConfig, on_event: Event
+) -> None:
     """Run the turn's tool calls one after another; calls that cannot run get an error result."""
     earlier = state.trajectory.turns
     for position, call in enumerate(turn.tool_calls):
         on_event("tool", call)
         if position in parsed.call_errors:
             result = ToolResult(text=parsed.call_errors[position], is_error=True)
-        elif config.dialect == "mcp-xml" and (note := duplicate_note(config.reference)) and \
-                (query := used_query(earlier, turn, position, query_tools(config.reference))) is not None:
+        elif (
+            config.dialect == "mcp-xml"
+            and (note := duplicate_note(config.reference))
+            and (query := used_query(earlier, turn, position, query_tools(config.reference))) is not None
+        ):
             result = ToolResult(text=note.format(query=query, tool=call.name))
         elif config.dialect != "mcp-xml" and repeated_call(earlier, call, config.repeat_limit):
-            result = ToolResult(text=f"This exact call was already made {config.repeat_limit - 1} times in a row "
-                                     "and was not run again. Try a different call, or answer.", is_error=True)
+            result = ToolResult(
+                text=f"This exact call was already made {config.repeat_limit - 1} times in a row "
+                "and was not run again. Try a different call, or answer.",
+                is_error=True,
+            )
         elif toolbox is None:
             result = ToolResult(text="No tools are available.", is_error=True)
         else:
@@ -237,7 +284,6 @@ def _margin(state: Run, config: AgentConfig) -> int:
         return config.context_reserve
     if state.summary_tokens is None:
         state.summary_tokens = estimate_tokens(
-            dialects.final_answer_instruction(config.dialect, state.trajectory.question, True, config.reference))
+            dialects.final_answer_instruction(config.dialect, state.trajectory.question, True, config.reference)
+        )
     return reference_margin(state.history.messages, state.summary_tokens, bool(state.trajectory.turns))
-
-

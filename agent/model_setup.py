@@ -54,17 +54,24 @@ def find_model_server(settings: RunSettings, notice: Notice) -> ServerInfo | Non
         try:
             server = probe_server(c.base_url, c.api_key, timeout=10.0 if wanted else 2.0, model=c.model)
             if b.token_mode and not server.vllm:
-                raise SetupError(f"--token-mode needs a vLLM server (it sends token ids to /v1/completions); the "
-                                 f"server at {c.base_url} is not vLLM. Start one with `nanbeige serve --rl-logprobs`.")
+                raise SetupError(
+                    f"--token-mode needs a vLLM server (it sends token ids to /v1/completions); the "
+                    f"server at {c.base_url} is not vLLM. Start one with `nanbeige serve --rl-logprobs`."
+                )
             return server
         except ModelUnreachable as exc:
             if wanted:
-                fix = ("token mode needs a vLLM server: start one with `nanbeige serve --rl-logprobs`" if b.token_mode
-                       else "Start one with `nanbeige serve`, point --base-url / NANBEIGE_BASE_URL at a running "
-                       "OpenAI-compatible server, or use --backend transformers to run the model in this process.")
+                fix = (
+                    "token mode needs a vLLM server: start one with `nanbeige serve --rl-logprobs`"
+                    if b.token_mode
+                    else "Start one with `nanbeige serve`, point --base-url / NANBEIGE_BASE_URL at a running "
+                    "OpenAI-compatible server, or use --backend transformers to run the model in this process."
+                )
                 raise SetupError(f"cannot reach the model server at {c.base_url} ({exc}). {fix}") from None
-        notice(f"no model server at {c.base_url}: running {c.model} in this process (start one with "
-               "`nanbeige serve` for speed)")
+        notice(
+            f"no model server at {c.base_url}: running {c.model} in this process (start one with "
+            "`nanbeige serve` for speed)"
+        )
     try:
         check_model_available(*resolve_small_model(c.model, b.gguf_file))
     except LocalModelError as exc:
@@ -121,11 +128,16 @@ def fit_to_server(settings: RunSettings, server: ServerInfo | None, notice: Noti
     max_context = (server.max_model_len if server else None) or DEFAULT_MAX_CONTEXT
     if llm.max_tokens + agent.context_reserve >= max_context:
         if llm.max_tokens != LLMConfig.max_tokens:  # the user asked for this length
-            raise SetupError(f"--max-tokens {llm.max_tokens} leaves no room for a prompt in the server's context of "
-                             f"{max_context} tokens; pass a smaller --max-tokens", usage=True)
+            raise SetupError(
+                f"--max-tokens {llm.max_tokens} leaves no room for a prompt in the server's context of "
+                f"{max_context} tokens; pass a smaller --max-tokens",
+                usage=True,
+            )
         llm = dataclasses.replace(llm, max_tokens=max_context // 4)
-        notice(f"replies shortened: the server's context is {max_context} tokens, so --max-tokens is "
-               f"{llm.max_tokens} (the default {LLMConfig.max_tokens} would leave no room for a prompt)")
+        notice(
+            f"replies shortened: the server's context is {max_context} tokens, so --max-tokens is "
+            f"{llm.max_tokens} (the default {LLMConfig.max_tokens} would leave no room for a prompt)"
+        )
     return dataclasses.replace(settings, llm=llm, agent=dataclasses.replace(agent, max_context=max_context))
 
 
@@ -188,5 +200,7 @@ def token_mode_client(settings: RunSettings, server: ServerInfo) -> LLM:
             problems.append(str(exc))
     if b.tokenizer:
         raise SetupError(problems[0])
-    raise SetupError(f"token mode needs the model's tokenizer: {'; '.join(problems)}. Pass --tokenizer with the "
-                     "model's folder or Hugging Face id")
+    raise SetupError(
+        f"token mode needs the model's tokenizer: {'; '.join(problems)}. Pass --tokenizer with the "
+        "model's folder or Hugging Face id"
+    )

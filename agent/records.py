@@ -64,7 +64,7 @@ def encodable(value: Any) -> Any:
         return [encodable(v) for v in value]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: encodable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, int) and not isinstance(value, bool) and not -2**63 <= value < 2**64:
+    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64:
         return str(value)
     return value
 
@@ -99,8 +99,9 @@ def record_line(path: str | Path, trajectory_id: str, kind: str, index: int | No
             continue
         if not isinstance(record, dict) or record.get("type") != kind:
             continue
-        if record.get("id" if kind == "start" else "trajectory_id") == trajectory_id and \
-                (index is None or record.get("index") == index):
+        if record.get("id" if kind == "start" else "trajectory_id") == trajectory_id and (
+            index is None or record.get("index") == index
+        ):
             found = number
     return found
 

@@ -28,8 +28,11 @@ def reply_answer(turn: Turn, config: AgentConfig) -> str | None:
     """The answer in a reply that ends the loop: with a summary turn to come, only a boxed answer
     counts until then."""
     content = turn.assistant["content"]
-    return (dialects.last_boxed(content) or None) if config.summary_turn else \
-        dialects.extract_answer(config.dialect, content)
+    return (
+        (dialects.last_boxed(content) or None)
+        if config.summary_turn
+        else dialects.extract_answer(config.dialect, content)
+    )
 
 
 def final_answer(turn: Turn, dialect: str, summary: bool) -> str | None:
@@ -54,8 +57,9 @@ def latest_boxed(turns: list[Turn]) -> str | None:
     return None
 
 
-def unusable(turn: Turn, parsed: dialects.ParsedReply, reference: Reference | None = None,
-             earlier: list[Turn] | None = None) -> str | None:
+def unusable(
+    turn: Turn, parsed: dialects.ParsedReply, reference: Reference | None = None, earlier: list[Turn] | None = None
+) -> str | None:
     """Why a reply is rolled back, or None: the reference harness drops a reply with a malformed call
     or a refusal, and samples again (in its client) one cut off at the token limit or looping. With
     a reference that has no duplicate-query note (from 2025-12-28), a reply repeating an earlier
@@ -70,8 +74,13 @@ def unusable(turn: Turn, parsed: dialects.ParsedReply, reference: Reference | No
         return f"rolled back: {parsed.format_error}"
     if not turn.tool_calls and any(phrase in content for phrase in refusals):
         return "rolled back: the reply refused the task"
-    if reference is not None and reference.duplicate_query is None and earlier is not None \
-            and rolled_back_in_a_row(earlier) < DUPLICATE_ROLLBACKS and repeats_query(earlier, turn.tool_calls):
+    if (
+        reference is not None
+        and reference.duplicate_query is None
+        and earlier is not None
+        and rolled_back_in_a_row(earlier) < DUPLICATE_ROLLBACKS
+        and repeats_query(earlier, turn.tool_calls)
+    ):
         return "rolled back: the reply repeats a query already made"
     return None
 
@@ -79,8 +88,11 @@ def unusable(turn: Turn, parsed: dialects.ParsedReply, reference: Reference | No
 def empty(turn: Turn) -> bool:
     """An empty reply (no text, no call): the reference v1.0 keeps it in the history and goes on to
     the next turn, its client having found no text to read."""
-    return not (turn.assistant.get("content") or "").strip() and not turn.tool_calls and \
-        not turn.assistant.get("reasoning")
+    return (
+        not (turn.assistant.get("content") or "").strip()
+        and not turn.tool_calls
+        and not turn.assistant.get("reasoning")
+    )
 
 
 def rolled_back_in_a_row(turns: list[Turn]) -> int:
@@ -119,8 +131,10 @@ def reply_problem(turn: Turn, parsed: dialects.ParsedReply, dialect: str) -> str
         return None
     content = turn.assistant.get("content") or ""
     if turn.finish_reason == "length":
-        return ("Your reply was cut off at the token limit before it was finished. Think more briefly, then "
-                "make your tool call or give your final answer.")
+        return (
+            "Your reply was cut off at the token limit before it was finished. Think more briefly, then "
+            "make your tool call or give your final answer."
+        )
     if degenerate(content):
         return "Your reply kept repeating the same text. Stop repeating, and continue with a new step."
     if not dialects.visible_text(content).strip():
@@ -149,11 +163,15 @@ def tools_unseen(turn: Turn, request_tools: list[dict[str, Any]] | None, model: 
     if not request_tools or not isinstance(prompt_tokens, int) or prompt_tokens * 8 >= len(json.dumps(request_tools)):
         return None
     if model == SMALL_MODEL and not served:
-        return (f"note: {SMALL_MODEL} (SmolLM2-135M-Instruct) is too small to use tools: its chat template leaves out "
-                f"the {len(request_tools)} tools, so it answers from what it knows. That is expected: it shows that "
-                "everything runs; deep search needs Nanbeige4.1-3B")
+        return (
+            f"note: {SMALL_MODEL} (SmolLM2-135M-Instruct) is too small to use tools: its chat template leaves out "
+            f"the {len(request_tools)} tools, so it answers from what it knows. That is expected: it shows that "
+            "everything runs; deep search needs Nanbeige4.1-3B"
+        )
     whose = "the server's chat template" if served else f"the chat template of {model}"
     fix = "serve the model with a chat template that takes tools" if served else "use a model whose template does"
-    return (f"warning: {whose} left out the {len(request_tools)} tools sent with the request (the prompt was "
-            f"{prompt_tokens} tokens), so the model cannot see them; use --dialect mcp-xml, which describes them in "
-            f"the system prompt, or {fix}")
+    return (
+        f"warning: {whose} left out the {len(request_tools)} tools sent with the request (the prompt was "
+        f"{prompt_tokens} tokens), so the model cannot see them; use --dialect mcp-xml, which describes them in "
+        f"the system prompt, or {fix}"
+    )

@@ -44,13 +44,14 @@ def used_wall_s(trajectory: Trajectory) -> float:
     timed = int(timings.get("timed_turns", len(trajectory.turns))) if "wall_s" in timings else 0
     later = trajectory.turns[timed:]
     return float(timings.get("wall_s", 0.0)) + sum(
-        turn.latency_s + sum(result.latency_s for result in turn.tool_results) for turn in later)
+        turn.latency_s + sum(result.latency_s for result in turn.tool_results) for turn in later
+    )
 
 
 def reopen(trajectory: Trajectory) -> float:
     """Cut the trajectory after its last complete turn and open it again; returns the time it used."""
     used = used_wall_s(trajectory)
-    del trajectory.turns[complete_turns(trajectory.turns):]
+    del trajectory.turns[complete_turns(trajectory.turns) :]
     trajectory.answer = trajectory.stop_reason = trajectory.error = None
     trajectory.timings = {}
     trajectory.usage = run_usage(trajectory.turns)  # budgets count what the kept turns used
@@ -65,9 +66,11 @@ def rebuild(trajectory: Trajectory, llm: Any, keep_tool_results: int) -> tuple[H
         if turn is trajectory.turns[-1]:
             asked = list(history.messages)
         if not turn.rolled_back:
-            history.add_turn(dialects.history_message(trajectory.dialect, turn.assistant),
-                             dialects.observation_messages(trajectory.dialect, turn),
-                             tool_results=bool(turn.tool_calls))
+            history.add_turn(
+                dialects.history_message(trajectory.dialect, turn.assistant),
+                dialects.observation_messages(trajectory.dialect, turn),
+                tool_results=bool(turn.tool_calls),
+            )
     tracker, last = TokenTracker(), last_prompt(trajectory.turns)
     conversation = llm.new_conversation(trajectory.group_id)
     if last is not None:

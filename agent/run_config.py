@@ -81,9 +81,11 @@ class AgentConfig:
         dialect's defaults."""
         deep_search = self.dialect == "mcp-xml"
         return dataclasses.replace(
-            self, max_turns=self.max_turns or dialects.MAX_TURNS[self.dialect],
+            self,
+            max_turns=self.max_turns or dialects.MAX_TURNS[self.dialect],
             summary_turn=deep_search if self.summary_turn is None else self.summary_turn,
-            rollback=deep_search if self.rollback is None else self.rollback)
+            rollback=deep_search if self.rollback is None else self.rollback,
+        )
 
 
 @dataclass

@@ -66,9 +66,15 @@ def _next_prompt_tokens(llm: LLM, state: Run, tools: list[dict[str, Any]] | None
 
 
 def _new_turn(trajectory: Trajectory, completion: Completion, tracker: TokenTracker) -> Turn:
-    turn = Turn(index=len(trajectory.turns), assistant=completion.message, finish_reason=completion.finish_reason,
-                usage=completion.usage, latency_s=completion.latency_s, logprobs=completion.logprobs,
-                endpoint=completion.endpoint)
+    turn = Turn(
+        index=len(trajectory.turns),
+        assistant=completion.message,
+        finish_reason=completion.finish_reason,
+        usage=completion.usage,
+        latency_s=completion.latency_s,
+        logprobs=completion.logprobs,
+        endpoint=completion.endpoint,
+    )
     if completion.prompt_ids is not None and completion.completion_ids is not None:
         tracker.record(turn, completion.prompt_ids, completion.completion_ids)
     return turn
@@ -80,4 +86,3 @@ def _log_turn(trajectory: Trajectory, turn: Turn, writer: TrajectoryWriter | Non
     if writer:
         writer.turn(trajectory, turn)
     on_event("turn", turn)
-

@@ -17,8 +17,11 @@ def passed_env(with_secrets: bool = False) -> dict[str, str]:
     """The part of this process's environment that tool servers may need. API keys, and the user
     name and password in a URL (`http://user:pass@host`), go only to the built-in servers
     (`with_secrets`), never to a server the user plugged in."""
-    env = {k: v for k, v in os.environ.items()
-           if (k.startswith(ENV_PREFIXES) or k in ENV_NAMES) and (with_secrets or k not in SECRET_NAMES)}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if (k.startswith(ENV_PREFIXES) or k in ENV_NAMES) and (with_secrets or k not in SECRET_NAMES)
+    }
     return env if with_secrets else {k: without_credentials(v) for k, v in env.items()}
 
 

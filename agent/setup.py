@@ -59,20 +59,26 @@ def default_trajectory_path() -> Path:
     return runs / f"{stamp}-{uuid.uuid4().hex[:6]}.jsonl"
 
 
-def default_servers(llm_config: LLMConfig, notice: Notice, upload_dirs: list[Path] | None = None,
-                    replay: bool = False, reference: Reference | None = None) -> list[ServerSpec]:
+def default_servers(
+    llm_config: LLMConfig,
+    notice: Notice,
+    upload_dirs: list[Path] | None = None,
+    replay: bool = False,
+    reference: Reference | None = None,
+) -> list[ServerSpec]:
     """The built-in tool servers: Python sandbox, search (when a backend is set up, or to be replayed
     from the cache; otherwise a notice says how), and scrape + extract (extracting with the run's own
     model unless NANBEIGE_SUMMARY_* say otherwise)."""
     from nanbeige.tools.search_config import search_setup_problem
 
-    env = passed_env(with_secrets=True) | {"NANBEIGE_BASE_URL": llm_config.base_url,
-                                           "NANBEIGE_MODEL": llm_config.model}
+    env = passed_env(with_secrets=True) | {"NANBEIGE_BASE_URL": llm_config.base_url, "NANBEIGE_MODEL": llm_config.model}
     if llm_config.api_key:
         env["NANBEIGE_API_KEY"] = llm_config.api_key
     if reference is not None:  # the reference's own answers where our servers give the model text
-        env |= {"NANBEIGE_SANDBOX_PLACEHOLDER_IDS": json.dumps(sorted(reference.placeholder_ids)),
-                "NANBEIGE_SANDBOX_PLACEHOLDER_TEXT": reference.placeholder_text or ""}
+        env |= {
+            "NANBEIGE_SANDBOX_PLACEHOLDER_IDS": json.dumps(sorted(reference.placeholder_ids)),
+            "NANBEIGE_SANDBOX_PLACEHOLDER_TEXT": reference.placeholder_text or "",
+        }
         if reference.extraction_prompt:
             env["NANBEIGE_EXTRACTION_PROMPT"] = reference.extraction_prompt
     if upload_dirs:
@@ -83,15 +89,21 @@ def default_servers(llm_config: LLMConfig, notice: Notice, upload_dirs: list[Pat
     if problem and not replay:  # a replay never reaches the backend: the server only lists its tool
         notice(f"search is off: {problem}")
         del modules["search_and_scrape_webpage"]
-    return [ServerSpec(name=name, command=[sys.executable, "-m", f"nanbeige.servers.{module}"], env=env)
-            for name, module in modules.items()]
+    return [
+        ServerSpec(name=name, command=[sys.executable, "-m", f"nanbeige.servers.{module}"], env=env)
+        for name, module in modules.items()
+    ]
 
 
 def tool_servers(settings: RunSettings, extra: list[ServerSpec], notice: Notice) -> list[ServerSpec]:
     """The tool servers to start: the built-in ones (unless turned off) and the user's; a notice when there are none."""
-    specs = (default_servers(settings.llm, notice, settings.tools.upload_dirs, settings.tools.replay,
-                             settings.agent.reference)
-             if settings.tools.default_servers else []) + extra
+    specs = (
+        default_servers(
+            settings.llm, notice, settings.tools.upload_dirs, settings.tools.replay, settings.agent.reference
+        )
+        if settings.tools.default_servers
+        else []
+    ) + extra
     if not specs:
         notice("no tools available: the model answers from its own knowledge. Add MCP servers with --mcp NAME=COMMAND.")
     return specs
@@ -121,8 +133,10 @@ async def ready(settings: RunSettings, notice: Notice) -> AsyncIterator[Ready]:
     try:
         errlog = ServerLog(log_path, secrets) if specs else None
     except OSError as exc:
-        raise SetupError(f"cannot write the tool servers' log {log_path}: {exc.strerror or exc}. Pass --trajectory "
-                         "with a path in a writable folder.") from None
+        raise SetupError(
+            f"cannot write the tool servers' log {log_path}: {exc.strerror or exc}. Pass --trajectory "
+            "with a path in a writable folder."
+        ) from None
     began, keep_log = False, False
     try:
         async with _toolbox(specs, settings.tools, errlog and errlog.stream, secrets, notice) as toolbox:
@@ -152,18 +166,25 @@ async def ready(settings: RunSettings, notice: Notice) -> AsyncIterator[Ready]:
 
 
 @asynccontextmanager
-async def _toolbox(specs: list[ServerSpec], tools: ToolsConfig, errlog: IO[str] | None, secrets: list[str],
-                   notice: Notice) -> AsyncIterator[Toolbox | None]:
+async def _toolbox(
+    specs: list[ServerSpec], tools: ToolsConfig, errlog: IO[str] | None, secrets: list[str], notice: Notice
+) -> AsyncIterator[Toolbox | None]:
     if not specs:
         yield None
         return
     cache = await open_cache(tools, notice)
     try:
-        async with Toolbox(specs, call_timeout_s=tools.tool_timeout_s, max_result_chars=tools.max_result_chars,
-                           errlog=errlog, start_timeout_s=tools.start_timeout_s, secrets=secrets,
-                           cache=cache, max_restarts=tools.max_restarts,
-                           flags={"mcp": [_without_credentials(spec) for spec in tools.mcp],
-                                  "default_servers": tools.default_servers}) as toolbox:
+        async with Toolbox(
+            specs,
+            call_timeout_s=tools.tool_timeout_s,
+            max_result_chars=tools.max_result_chars,
+            errlog=errlog,
+            start_timeout_s=tools.start_timeout_s,
+            secrets=secrets,
+            cache=cache,
+            max_restarts=tools.max_restarts,
+            flags={"mcp": [_without_credentials(spec) for spec in tools.mcp], "default_servers": tools.default_servers},
+        ) as toolbox:
             yield toolbox
     finally:
         if cache is not None:
@@ -201,8 +222,9 @@ def open_writer(path: Path, secrets: list[str], whole: bool = False) -> Trajecto
     try:
         return TrajectoryWriter(path, secrets=secrets, whole=whole)
     except OSError as exc:
-        raise SetupError(f"cannot write the trajectory to {path}: {exc.strerror or exc}. "
-                         "Pass --trajectory with a writable path.") from None
+        raise SetupError(
+            f"cannot write the trajectory to {path}: {exc.strerror or exc}. Pass --trajectory with a writable path."
+        ) from None
     except (NotATrajectoryFile, TrajectoryWriteError) as exc:
         raise SetupError(f"{exc}. Pass --trajectory with a writable path.") from None
 

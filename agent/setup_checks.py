@@ -39,27 +39,33 @@ def check_settings(settings: RunSettings) -> list[ServerSpec]:
     """Everything that costs nothing to check, before anything is started; returns the user's servers."""
     b, c = settings.backend, settings.llm
     if settings.agent.dialect not in dialects.DIALECTS:
-        raise SetupError(f"--dialect must be one of {', '.join(dialects.DIALECTS)}, not {settings.agent.dialect!r}",
-                         usage=True)
+        raise SetupError(
+            f"--dialect must be one of {', '.join(dialects.DIALECTS)}, not {settings.agent.dialect!r}", usage=True
+        )
     if b.backend not in BACKENDS:
         raise SetupError(f"--backend must be one of {', '.join(BACKENDS)}, not {b.backend!r}", usage=True)
     for url in c.urls():
         check_url("--base-url", url)
     check_pool(settings)
     if c.api_key and not c.api_key.isascii():
-        raise SetupError("--api-key / NANBEIGE_API_KEY has characters that are not ASCII: an HTTP header cannot carry "
-                         "them; check the key", usage=True)
+        raise SetupError(
+            "--api-key / NANBEIGE_API_KEY has characters that are not ASCII: an HTTP header cannot carry "
+            "them; check the key",
+            usage=True,
+        )
     if b.token_mode and b.backend == "transformers":
-        raise SetupError("--token-mode talks to a vLLM server; the in-process backend records exact tokens by "
-                         "itself", usage=True)
+        raise SetupError(
+            "--token-mode talks to a vLLM server; the in-process backend records exact tokens by itself", usage=True
+        )
     if b.gguf_file and b.backend == "openai":
         raise SetupError("--gguf-file is for the in-process backend (--backend transformers)", usage=True)
     if b.chat_template is not None and not b.chat_template.is_file():
         raise SetupError(f"--chat-template {b.chat_template}: no such file", usage=True)
     max_context = settings.agent.max_context
     if max_context is not None and c.max_tokens + settings.agent.context_reserve >= max_context:
-        raise SetupError(f"--max-tokens {c.max_tokens} leaves no room for a prompt in --max-context {max_context}",
-                         usage=True)
+        raise SetupError(
+            f"--max-tokens {c.max_tokens} leaves no room for a prompt in --max-context {max_context}", usage=True
+        )
     if settings.tools.replay and settings.tools.cache is None:
         raise SetupError("--replay needs --cache PATH: the cache file to answer tool calls from", usage=True)
     try:
@@ -68,8 +74,9 @@ def check_settings(settings: RunSettings) -> list[ServerSpec]:
         raise SetupError(str(exc), usage=True) from None
     names = [spec.name for spec in extra]
     if len(set(names)) != len(names):
-        raise SetupError(f"two MCP servers share a name: {', '.join(sorted({n for n in names if names.count(n) > 1}))}",
-                         usage=True)
+        raise SetupError(
+            f"two MCP servers share a name: {', '.join(sorted({n for n in names if names.count(n) > 1}))}", usage=True
+        )
     return extra
 
 
@@ -99,8 +106,9 @@ def with_texts(settings: RunSettings) -> RunSettings:
         settings = with_reference(settings, read_reference(settings.reference))
     if settings.system_prompt_file is not None:
         template = read_template(settings.system_prompt_file)
-        settings = dataclasses.replace(settings, agent=dataclasses.replace(settings.agent,
-                                                                           system_prompt_template=template))
+        settings = dataclasses.replace(
+            settings, agent=dataclasses.replace(settings.agent, system_prompt_template=template)
+        )
     return settings
 
 
@@ -108,11 +116,14 @@ def read_template(path: Path) -> str:
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
-        raise SetupError(f"cannot read --system-prompt-file {path}: {getattr(exc, 'strerror', None) or exc}",
-                         usage=True) from None
+        raise SetupError(
+            f"cannot read --system-prompt-file {path}: {getattr(exc, 'strerror', None) or exc}", usage=True
+        ) from None
     if "{tools}" not in text:
-        raise SetupError(f"--system-prompt-file {path} has no {{tools}} placeholder: the model would not learn "
-                         "which tools it has", usage=True)
+        raise SetupError(
+            f"--system-prompt-file {path} has no {{tools}} placeholder: the model would not learn which tools it has",
+            usage=True,
+        )
     return text
 
 
@@ -133,8 +144,9 @@ def with_reference(settings: RunSettings, reference: Reference) -> RunSettings:
     llm = settings.llm
     if settings.agent.dialect == "mcp-xml":
         given = {name: getattr(llm, name) for name in DIALECT_SAMPLING["mcp-xml"]}
-        llm = dataclasses.replace(llm, **{name: reference.settings.get(name) if value is None else value
-                                          for name, value in given.items()})
+        llm = dataclasses.replace(
+            llm, **{name: reference.settings.get(name) if value is None else value for name, value in given.items()}
+        )
     return dataclasses.replace(settings, llm=llm, agent=dataclasses.replace(settings.agent, reference=reference))
 
 

@@ -34,7 +34,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     if (a if len(a) == n else a[:n]) == (b if len(b) == n else b[:n]):  # slice (copy) only the longer one
         return n
     start = 0
-    while a[start:start + _CHUNK] == b[start:start + _CHUNK]:
+    while a[start : start + _CHUNK] == b[start : start + _CHUNK]:
         start += _CHUNK
     while a[start] == b[start]:
         start += 1
@@ -84,7 +84,7 @@ def iter_prompts(turns: list[Turn]) -> Iterator[tuple[Turn, list[int]]]:
     for turn in turns:
         if turn.prompt_delta_ids is None or turn.completion_ids is None or turn.prompt_keep is None:
             continue
-        kept = previous[:turn.prompt_keep]
+        kept = previous[: turn.prompt_keep]
         if _hash(kept) != turn.prefix_hash:
             raise ValueError(f"turn {turn.index}: prefix hash does not match the rebuilt tokens")
         kept.extend(turn.prompt_delta_ids)
@@ -99,8 +99,11 @@ def last_prompt(turns: list[Turn]) -> tuple[Turn, list[int]] | None:
     Rebuilt backwards, touching only the ids that survive into that prompt: with keep-K rewriting
     the prompt every turn most of each delta was cut again later, and the file can hold far more ids
     than the prompt. Only that turn's prefix hash is checked; ValueError when it does not match."""
-    recorded = [t for t in turns if t.prompt_delta_ids is not None and t.completion_ids is not None
-                and t.prompt_keep is not None]
+    recorded = [
+        t
+        for t in turns
+        if t.prompt_delta_ids is not None and t.completion_ids is not None and t.prompt_keep is not None
+    ]
     if not recorded:
         return None
     last = recorded[-1]
@@ -108,13 +111,15 @@ def last_prompt(turns: list[Turn]) -> tuple[Turn, list[int]] | None:
     for turn in reversed(recorded[:-1]):
         if need > turn.prompt_keep:  # ids from this turn's delta and completion survive, up to `need`
             wanted = need - turn.prompt_keep
-            pieces += [turn.completion_ids[:max(wanted - len(turn.prompt_delta_ids), 0)],
-                       turn.prompt_delta_ids[:wanted]]
+            pieces += [
+                turn.completion_ids[: max(wanted - len(turn.prompt_delta_ids), 0)],
+                turn.prompt_delta_ids[:wanted],
+            ]
             need = turn.prompt_keep
         if need == 0:
             break
     prompt = [i for piece in reversed(pieces) for i in piece]
-    if need or _hash(array("i", prompt[:last.prompt_keep])) != last.prefix_hash:
+    if need or _hash(array("i", prompt[: last.prompt_keep])) != last.prefix_hash:
         raise ValueError(f"turn {last.index}: prefix hash does not match the rebuilt tokens")
     return last, prompt
 

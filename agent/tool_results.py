@@ -24,10 +24,8 @@ def defuse_control_tokens(text: str) -> str:
     return CONTROL_TOKEN.sub("<\u200b|\\1|>", text)
 
 
-
 def result_text(content: list[Any]) -> str:
     return "\n".join(block.text if isinstance(block, TextContent) else f"[{block.type} omitted]" for block in content)
-
 
 
 def truncate(text: str, max_chars: int) -> tuple[str, bool]:
@@ -36,14 +34,12 @@ def truncate(text: str, max_chars: int) -> tuple[str, bool]:
     return text[:max_chars] + "\n... [Result truncated]", True  # the reference harness's marker
 
 
-
 def origin(info: Any, tool: dict[str, Any]) -> str:
     """Where a tool's results come from, for the cache: the name and version the server gave for itself
     and a digest of the tool's description and schema (a tool that changed may answer differently)."""
     about = json.dumps([tool["description"], tool["input_schema"]], sort_keys=True, default=str)
     server = f"{info.name} {info.version}".strip() if info is not None else "an unnamed server"
     return f"{server}; {tool['name']} {hashlib.sha256(about.encode()).hexdigest()[:12]}"
-
 
 
 def redact_values(value: Any, secrets: list[str]) -> Any:
@@ -57,7 +53,6 @@ def redact_values(value: Any, secrets: list[str]) -> Any:
     return value
 
 
-
 def paid_usage(meta: dict[str, Any] | None) -> dict[str, float] | None:
     """What the call cost, as our own servers report it in the result's `_meta` (numbers only: a server
     the user plugged in could send anything there)."""
@@ -67,8 +62,6 @@ def paid_usage(meta: dict[str, Any] | None) -> dict[str, float] | None:
     return {k: v for k, v in reported.items() if isinstance(k, str) and isinstance(v, (int, float))} or None
 
 
-
 def failure_prefix(call: ToolCall) -> str:
     """How a result the runtime wrote for a call that got no answer begins (the reference harness's words)."""
     return f"Tool call to {call.name} on {call.server} failed. Error: "
-

@@ -94,10 +94,18 @@ class Toolbox:
     """Live MCP connections, one per server, shared by one or more runs (also at once). Nothing here
     belongs to one run: each run passes in its own restart budget."""
 
-    def __init__(self, specs: list[ServerSpec], call_timeout_s: float = 300.0, max_result_chars: int = 100_000,
-                 errlog: IO[str] | None = None, max_restarts: int = 1, start_timeout_s: float = 60.0,
-                 secrets: list[str] | None = None, cache: ToolCache | None = None,
-                 flags: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        specs: list[ServerSpec],
+        call_timeout_s: float = 300.0,
+        max_result_chars: int = 100_000,
+        errlog: IO[str] | None = None,
+        max_restarts: int = 1,
+        start_timeout_s: float = 60.0,
+        secrets: list[str] | None = None,
+        cache: ToolCache | None = None,
+        flags: dict[str, Any] | None = None,
+    ):
         self.specs = {spec.name: spec for spec in specs}
         self.flags = flags or {}
         """How the servers were asked for (`mcp`, `default_servers`), recorded so that a refused resume can
@@ -123,8 +131,9 @@ class Toolbox:
 
     def settings(self) -> dict[str, Any]:
         """The settings that shape what the model reads, for the trajectory."""
-        return {"max_result_chars": self.max_result_chars, "tool_timeout_s": self.call_timeout_s} | \
-            ({"tool_servers": self.flags} if self.flags else {})
+        return {"max_result_chars": self.max_result_chars, "tool_timeout_s": self.call_timeout_s} | (
+            {"tool_servers": self.flags} if self.flags else {}
+        )
 
     async def __aenter__(self) -> Toolbox:
         try:  # all servers start at once; the tools keep the order the servers were given in
@@ -154,8 +163,10 @@ class Toolbox:
                 raise
             where = spec.url or (shlex.join(spec.command) if spec.command else "in-process")
             reason = f"no answer within {self.start_timeout_s:g} s" if isinstance(exc, TimeoutError) else _describe(exc)
-            raise ToolboxError(f"MCP server {spec.name!r} ({where}) failed to start: {reason}",
-                               logged=bool(spec.command) and not spec.url and spec.server is None) from None
+            raise ToolboxError(
+                f"MCP server {spec.name!r} ({where}) failed to start: {reason}",
+                logged=bool(spec.command) and not spec.url and spec.server is None,
+            ) from None
 
     async def _hold(self, spec: ServerSpec, ready: asyncio.Future[Client], close: asyncio.Event) -> None:
         """Open a connection and hold it until `close` is set. It lives in a task of its own because
@@ -189,8 +200,10 @@ class Toolbox:
         tools, cursor = [], None
         while True:
             page = await client.list_tools(cursor=cursor)
-            tools += [{"server": server, "name": t.name, "description": t.description or "",
-                       "input_schema": t.input_schema} for t in page.tools]
+            tools += [
+                {"server": server, "name": t.name, "description": t.description or "", "input_schema": t.input_schema}
+                for t in page.tools
+            ]
             cursor = page.next_cursor
             if not cursor:
                 break
@@ -238,8 +251,14 @@ class Toolbox:
         if self.cache is not None and answered:  # recorded before the cut, so that any result size limit can be served
             await self.cache.record(call.server, call.name, arguments, text, is_error, where)
         text, truncated = truncate(text, self.max_result_chars)
-        return ToolResult(text=text, is_error=is_error, latency_s=time.perf_counter() - started, truncated=truncated,
-                          usage=cost, cached=cached is not None)
+        return ToolResult(
+            text=text,
+            is_error=is_error,
+            latency_s=time.perf_counter() - started,
+            truncated=truncated,
+            usage=cost,
+            cached=cached is not None,
+        )
 
     async def _call_with_restart(self, call: ToolCall, restarts: Restarts) -> tuple[str, bool, dict | None]:
         client = self._clients.get(call.server)
@@ -272,8 +291,9 @@ class Toolbox:
                 failure = exc
         return await self._after_failure(call, client, failure, timed_out, restarts)
 
-    async def _after_failure(self, call: ToolCall, client: Client | None, failure: BaseException, timed_out: str,
-                             restarts: Restarts) -> tuple[str, bool, None]:
+    async def _after_failure(
+        self, call: ToolCall, client: Client | None, failure: BaseException, timed_out: str, restarts: Restarts
+    ) -> tuple[str, bool, None]:
         """The server died or hangs: restart it if this run's budget allows, and say what happened."""
         failed = failure_prefix(call) + (timed_out + "; " if timed_out else "")
         hung = client is not None and self._hung.get(call.server) is client
@@ -281,17 +301,31 @@ class Toolbox:
         if spent >= self.max_restarts and self._clients.get(call.server) is client:
             state = "is not responding" if hung else f"is not available ({_describe(failure)})"
             times = "once" if spent == 1 else f"{spent} times"
-            return failed + (f"the server {state}; it was already restarted {times} in this run without answering "
-                             f"{RESTART_CREDIT_CALLS} calls in between."), True, None
+            return (
+                failed
+                + (
+                    f"the server {state}; it was already restarted {times} in this run without answering "
+                    f"{RESTART_CREDIT_CALLS} calls in between."
+                ),
+                True,
+                None,
+            )
         try:  # shielded: a run cancelled mid-restart must not leave the server half-started for the others
             await asyncio.shield(self._restart(call.server, client, restarts))
         except Exception as exc:
             return failed + f"the server stopped and could not be restarted: {_describe(exc)}", True, None
         # Not retried: the call may be what killed the server, and it may have had effects.
-        what = "the server stopped responding" if hung else \
-            f"the server stopped during this call ({_describe(failure)})"
-        return (failed + f"{what} and was restarted; anything it held in memory is gone. "
-                "Make the call again if you still need it."), True, None
+        what = (
+            "the server stopped responding" if hung else f"the server stopped during this call ({_describe(failure)})"
+        )
+        return (
+            (
+                failed + f"{what} and was restarted; anything it held in memory is gone. "
+                "Make the call again if you still need it."
+            ),
+            True,
+            None,
+        )
 
     async def _responds(self, client: Client | None) -> bool:
         """Whether the server still answers a request (listing its tools: every server answers that,

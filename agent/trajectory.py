@@ -15,7 +15,14 @@ from typing import Any, Literal
 FORMAT_VERSION = 1
 
 StopReason = Literal[
-    "answered", "max_turns", "context_limit", "format_errors", "model_error", "interrupted", "timeout", "crashed",
+    "answered",
+    "max_turns",
+    "context_limit",
+    "format_errors",
+    "model_error",
+    "interrupted",
+    "timeout",
+    "crashed",
     "budget",
     "replay_miss",
     "write_error",

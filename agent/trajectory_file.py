@@ -58,8 +58,11 @@ def start_record(trajectory: Trajectory) -> dict[str, Any]:
 def turn_record(trajectory_id: str, turn: Turn) -> dict[str, Any]:
     # Shallow on purpose: orjson writes the nested dataclasses itself, and asdict would copy every
     # token id one by one.
-    return {"type": "turn", "trajectory_id": trajectory_id,
-            **{f.name: getattr(turn, f.name) for f in dataclasses.fields(turn)}}
+    return {
+        "type": "turn",
+        "trajectory_id": trajectory_id,
+        **{f.name: getattr(turn, f.name) for f in dataclasses.fields(turn)},
+    }
 
 
 def end_record(trajectory: Trajectory) -> dict[str, Any]:
@@ -96,8 +99,13 @@ stopped), or cut short from outside. The others are limits the run reached on it
 
 
 def resume_record(trajectory: Trajectory, wall_s: float) -> dict[str, Any]:
-    return {"type": "resume", "trajectory_id": trajectory.id, "num_turns": len(trajectory.turns), "wall_s": wall_s,
-            "resumed_at": time.time()}
+    return {
+        "type": "resume",
+        "trajectory_id": trajectory.id,
+        "num_turns": len(trajectory.turns),
+        "wall_s": wall_s,
+        "resumed_at": time.time(),
+    }
 
 
 class TrajectoryWriteError(Exception):
@@ -138,7 +146,7 @@ class TrajectoryWriter:
         rest = memoryview(data)
         try:
             while rest:
-                rest = rest[self._file.write(rest):]
+                rest = rest[self._file.write(rest) :]
         except OSError as exc:
             self.error = f"cannot write the trajectory to {self.path}: {exc.strerror or exc}"
             try:  # no torn line left behind; what was written before stays
@@ -307,7 +315,7 @@ def load_trajectories(path: str | Path, warn: Warn = warn_on_stderr, say_torn: b
 
 def _reopen(trajectory: Trajectory, record: dict[str, Any]) -> None:
     """Apply a resume line: the first `num_turns` turns stay, and the run is open again."""
-    del trajectory.turns[record.get("num_turns", len(trajectory.turns)):]
+    del trajectory.turns[record.get("num_turns", len(trajectory.turns)) :]
     for name in _END_FIELDS:
         setattr(trajectory, name, None)
     trajectory.usage = {}

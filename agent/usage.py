@@ -18,8 +18,14 @@ from nanbeige.tools.usage import UNITS as PAID_UNITS
 
 BUDGET_UNITS = ("tokens", "tool_calls", *PAID_UNITS)
 
-LABELS = {"tokens": "tokens", "tool_calls": "tool calls", "serper_queries": "Serper queries",
-          "jina_tokens": "Jina tokens", "summary_tokens": "extraction tokens", "e2b_seconds": "E2B seconds"}
+LABELS = {
+    "tokens": "tokens",
+    "tool_calls": "tool calls",
+    "serper_queries": "Serper queries",
+    "jina_tokens": "Jina tokens",
+    "summary_tokens": "extraction tokens",
+    "e2b_seconds": "E2B seconds",
+}
 
 
 def _number(value: Any) -> float:
@@ -30,8 +36,13 @@ def _number(value: Any) -> float:
 def add_turn(usage: dict[str, float], turn: Any) -> None:
     """Add one logged turn (a model call and its tool calls) to a run's usage, in place."""
     prompt, completion = _number(turn.usage.get("prompt_tokens")), _number(turn.usage.get("completion_tokens"))
-    counts = {"model_calls": 1, "prompt_tokens": prompt, "completion_tokens": completion,
-              "tokens": prompt + completion, "tool_calls": len(turn.tool_calls)}
+    counts = {
+        "model_calls": 1,
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "tokens": prompt + completion,
+        "tool_calls": len(turn.tool_calls),
+    }
     for result in turn.tool_results:
         for unit, amount in (result.usage or {}).items():
             counts[unit] = counts.get(unit, 0) + _number(amount)

@@ -31,8 +31,10 @@ def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
 def table_pipes(markdown: str) -> str:
     """A table cell's code span writes a pipe as `\\|` so that GitHub keeps the cell whole; Python-Markdown
     already ignores pipes inside code spans and would show the backslash."""
+
     def unescaped(row: re.Match[str]) -> str:
         return re.sub(r"`[^`]+`", lambda span: span.group(0).replace("\\|", "|"), row.group(0))
+
     return re.sub(r"^\|.*$", unescaped, markdown, flags=re.M)
 
 
@@ -72,8 +74,11 @@ def section(path: str, command: Any, parent: Any) -> list[str]:
     elif getattr(command, "commands", None):
         tables = ", ".join(f"`[{table}.{name}]`" for name in command.commands)
         if options:
-            lines += [f"Settings: a top-level key, or the same key in the `[{table}]` table (which wins); its "
-                      f"commands' settings go in their own tables: {tables}.", ""]
+            lines += [
+                f"Settings: a top-level key, or the same key in the `[{table}]` table (which wins); its "
+                f"commands' settings go in their own tables: {tables}.",
+                "",
+            ]
     elif options:
         lines += [f"Settings: a top-level key, or the same key in the `[{table}]` table (which wins).", ""]
     for argument in arguments:
@@ -117,5 +122,9 @@ def text(raw: str) -> str:
     """Help text as Markdown: one line, code spans kept, everything else shown as written."""
     raw = " ".join(raw.replace("\\[", "[").split())
     pieces = re.split(r"(`[^`]+`)", raw)
-    return "".join(piece if piece.startswith("`") and piece.endswith("`") and len(piece) > 1
-                   else re.sub(r"([\\`*_\[\]])", r"\\\1", html.escape(piece, quote=False)) for piece in pieces)
+    return "".join(
+        piece
+        if piece.startswith("`") and piece.endswith("`") and len(piece) > 1
+        else re.sub(r"([\\`*_\[\]])", r"\\\1", html.escape(piece, quote=False))
+        for piece in pieces
+    )

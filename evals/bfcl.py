@@ -41,17 +41,41 @@ GRADER = "bfcl-eval"
 # package when loaded. memory_vector downloads an embedding model, and format sensitivity is not run for
 # function-calling models. Web search runs on our search backend in place of the official engine (SerpAPI's
 # DuckDuckGo), so its number is not the official one: it is asked for by name, never part of `all`.
-RUNNABLE = ("simple_python", "simple_java", "simple_javascript", "multiple", "parallel", "parallel_multiple",
-            "irrelevance", "live_simple", "live_multiple", "live_parallel", "live_parallel_multiple",
-            "live_irrelevance", "live_relevance", "multi_turn_base", "multi_turn_miss_func",
-            "multi_turn_miss_param", "multi_turn_long_context", "memory_kv", "memory_rec_sum")
+RUNNABLE = (
+    "simple_python",
+    "simple_java",
+    "simple_javascript",
+    "multiple",
+    "parallel",
+    "parallel_multiple",
+    "irrelevance",
+    "live_simple",
+    "live_multiple",
+    "live_parallel",
+    "live_parallel_multiple",
+    "live_irrelevance",
+    "live_relevance",
+    "multi_turn_base",
+    "multi_turn_miss_func",
+    "multi_turn_miss_param",
+    "multi_turn_long_context",
+    "memory_kv",
+    "memory_rec_sum",
+)
 WEB_SEARCH = ("web_search_base", "web_search_no_snippet")
 NOT_RUNNABLE = {
     "memory_vector": "needs a sentence-transformers embedding model downloaded at run time",
     "format_sensitivity": "is not run for function-calling models (the official generator skips it)",
 }
-GROUPS = {"non_live": RUNNABLE[:7], "live": RUNNABLE[7:13], "single_turn": RUNNABLE[:13],
-          "multi_turn": RUNNABLE[13:17], "memory": RUNNABLE[17:], "web_search": WEB_SEARCH, "all": RUNNABLE}
+GROUPS = {
+    "non_live": RUNNABLE[:7],
+    "live": RUNNABLE[7:13],
+    "single_turn": RUNNABLE[:13],
+    "multi_turn": RUNNABLE[13:17],
+    "memory": RUNNABLE[17:],
+    "web_search": WEB_SEARCH,
+    "all": RUNNABLE,
+}
 """Our names for sets of categories (`bfcl-<group>`); `all` is every category that runs here."""
 
 
@@ -69,8 +93,12 @@ def registry_entry(name: str, source: Path) -> dict[str, Any]:
     """The fields of registry entry `name` as the package's registry source writes them; the handler is
     the class of that name, imported from the module the registry imports it from."""
     tree = ast.parse(source.read_text(encoding="utf-8"))
-    modules = {alias.asname or alias.name: node.module for node in ast.walk(tree)
-               if isinstance(node, ast.ImportFrom) for alias in node.names}
+    modules = {
+        alias.asname or alias.name: node.module
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
     for node in ast.walk(tree):
         if not isinstance(node, ast.Dict):
             continue
@@ -140,14 +168,25 @@ def official() -> types.SimpleNamespace:
             engine = types.ModuleType("serpapi")
             engine.GoogleSearch = SearchEngine  # type: ignore[attr-defined]
             sys.modules["serpapi"] = engine
-        modules = {name: importlib.import_module(f"bfcl_eval.{name}") for name in (
-            "utils", "constants.category_mapping", "constants.enums", "eval_checker.eval_runner",
-            "_llm_response_generation")}
+        modules = {
+            name: importlib.import_module(f"bfcl_eval.{name}")
+            for name in (
+                "utils",
+                "constants.category_mapping",
+                "constants.enums",
+                "eval_checker.eval_runner",
+                "_llm_response_generation",
+            )
+        }
     except ImportError as exc:
         raise LoadError(f"BFCL's pipeline cannot be imported ({exc}): {INSTALL}") from None
-    return types.SimpleNamespace(entry=entry, utils=modules["utils"], runner=modules["eval_checker.eval_runner"],
-                                 categories=modules["constants.category_mapping"],
-                                 generation=modules["_llm_response_generation"])
+    return types.SimpleNamespace(
+        entry=entry,
+        utils=modules["utils"],
+        runner=modules["eval_checker.eval_runner"],
+        categories=modules["constants.category_mapping"],
+        generation=modules["_llm_response_generation"],
+    )
 
 
 # ---------------------------------------------------------------- categories and items
@@ -160,8 +199,10 @@ def categories_of(name: str) -> tuple[str, ...]:
     if name in NOT_RUNNABLE:
         raise LoadError(f"BFCL's {name} cannot be run here: it {NOT_RUNNABLE[name]}")
     if name not in RUNNABLE + WEB_SEARCH:
-        raise LoadError(f"unknown BFCL category {name!r}; known: {', '.join(RUNNABLE + WEB_SEARCH)}, and the "
-                        f"groups {', '.join(GROUPS)}")
+        raise LoadError(
+            f"unknown BFCL category {name!r}; known: {', '.join(RUNNABLE + WEB_SEARCH)}, and the "
+            f"groups {', '.join(GROUPS)}"
+        )
     return (name,)
 
 
@@ -178,8 +219,15 @@ def load(name: str) -> list[Task]:
         for entry in package.utils.load_dataset_entry(category):
             first = entry["question"][0] if entry.get("question") else []
             text = "\n\n".join(m.get("content") or "" for m in first if m.get("role") == "user")
-            tasks.append(Task(id=entry["id"], question=text, answer="", level=category,
-                              metadata={"category": category, "entry": entry}))
+            tasks.append(
+                Task(
+                    id=entry["id"],
+                    question=text,
+                    answer="",
+                    level=category,
+                    metadata={"category": category, "entry": entry},
+                )
+            )
     return tasks
 
 
@@ -208,10 +256,18 @@ class Completions:
         except Exception as exc:
             self.failure = self.failure or f"{type(exc).__name__}: {exc}"
             raise
-        self.calls.append({"prompt": prompt, "text": text, "max_tokens": max_tokens,
-                           "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}})
-        return types.SimpleNamespace(choices=[types.SimpleNamespace(text=text)], usage=types.SimpleNamespace(
-            prompt_tokens=prompt_tokens, completion_tokens=completion_tokens))
+        self.calls.append(
+            {
+                "prompt": prompt,
+                "text": text,
+                "max_tokens": max_tokens,
+                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens},
+            }
+        )
+        return types.SimpleNamespace(
+            choices=[types.SimpleNamespace(text=text)],
+            usage=types.SimpleNamespace(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens),
+        )
 
 
 class PerItem(threading.local):
@@ -226,8 +282,12 @@ def handler_for(tokenizer: Any, max_context_length: int, model: str, temperature
     the `Completions` of the item its thread runs (`infer`), with `tokenizer` (anything with
     `.tokenize(text)`) for its prompt-size arithmetic."""
     entry = official().entry
-    handler = entry["model_handler"](model_name=entry["model_name"], temperature=temperature,
-                                     registry_name=HANDLER_ENTRY, is_fc_model=entry["is_fc_model"])
+    handler = entry["model_handler"](
+        model_name=entry["model_name"],
+        temperature=temperature,
+        registry_name=HANDLER_ENTRY,
+        is_fc_model=entry["is_fc_model"],
+    )
     handler.client = PerItem()
     handler.tokenizer, handler.max_context_length, handler.model_path_or_id = tokenizer, max_context_length, model
     return handler

@@ -59,8 +59,9 @@ def grade(out: Path, manifest: dict[str, Any]) -> dict[str, Any]:
         with log.open("w") as stream, contextlib.redirect_stdout(stream), contextlib.redirect_stderr(stream):
             try:
                 if present:
-                    package.runner.runner([bfcl.model_dir()], present, bfcl.result_dir(out), scores,
-                                          allow_missing=partial)
+                    package.runner.runner(
+                        [bfcl.model_dir()], present, bfcl.result_dir(out), scores, allow_missing=partial
+                    )
             except Exception as exc:  # the runner's own failure (its summary table needs 2 items or more)
                 failure = f"{type(exc).__name__}: {exc}"
     return report(out, manifest, present, partial, done) | {"runner_error": failure}
@@ -79,20 +80,32 @@ def report(out: Path, manifest: dict[str, Any], graded: list[str], partial: bool
         category = path.name.removeprefix(f"{bfcl.official().categories.VERSION_PREFIX}_").removesuffix("_score.json")
         if category in graded:
             head = lines[0]
-            per_category[category] = {"accuracy": round(100 * head["accuracy"], 2), "correct": head["correct_count"],
-                                      "total": head["total_count"]}
+            per_category[category] = {
+                "accuracy": round(100 * head["accuracy"], 2),
+                "correct": head["correct_count"],
+                "total": head["total_count"],
+            }
             wrong |= {str(line["id"]) for line in lines[1:] if "id" in line}
     overall = summary_row(scores / "data_overall.csv")
     scored = [t["id"] for t in manifest["tasks"] if "_prereq_" not in t["id"]]  # memory's prerequisites are not
     verdicts = {task_id: task_id not in wrong for task_id in scored if task_id in done}
     missing = [c for c in bfcl.RUNNABLE + AGENTIC if c not in graded]
-    return {"kind": "bfcl", "bench": manifest["bench"], "grader": f"{bfcl.PACKAGE} eval_runner",
-            "search_engine": search_engine(graded),
-            "handler": f"{bfcl.official().entry['model_handler'].__name__} ({bfcl.HANDLER_ENTRY})",
-            "items": len(manifest["tasks"]), "items_done": len(verdicts), "partial": partial,
-            "correct": sum(verdicts.values()), "categories": per_category, "summary": overall,
-            "not_run": missing, "missing_weight": missing_weight(missing),
-            "wrong_ids": sorted(wrong)}
+    return {
+        "kind": "bfcl",
+        "bench": manifest["bench"],
+        "grader": f"{bfcl.PACKAGE} eval_runner",
+        "search_engine": search_engine(graded),
+        "handler": f"{bfcl.official().entry['model_handler'].__name__} ({bfcl.HANDLER_ENTRY})",
+        "items": len(manifest["tasks"]),
+        "items_done": len(verdicts),
+        "partial": partial,
+        "correct": sum(verdicts.values()),
+        "categories": per_category,
+        "summary": overall,
+        "not_run": missing,
+        "missing_weight": missing_weight(missing),
+        "wrong_ids": sorted(wrong),
+    }
 
 
 def summary_row(path: Path) -> dict[str, str]:
@@ -107,14 +120,18 @@ def summary_row(path: Path) -> dict[str, str]:
 def missing_weight(missing: list[str]) -> dict[str, float]:
     """How much of each part of the overall the categories not run take away (as the official runner
     counts a category not run as 0)."""
-    groups = {"non_live": ("simple_python", "simple_java", "simple_javascript", "multiple", "parallel",
-                           "parallel_multiple"),
-              "live": ("live_simple", "live_multiple", "live_parallel", "live_parallel_multiple"),
-              "irrelevance": ("irrelevance", "live_irrelevance"), "multi_turn": bfcl.GROUPS["multi_turn"],
-              "agentic": AGENTIC}
-    return {part: WEIGHTS[part] for part, members in groups.items() if all(m in missing for m in members)} | \
-        {f"{part} (in part)": WEIGHTS[part] for part, members in groups.items()
-         if any(m in missing for m in members) and not all(m in missing for m in members)}
+    groups = {
+        "non_live": ("simple_python", "simple_java", "simple_javascript", "multiple", "parallel", "parallel_multiple"),
+        "live": ("live_simple", "live_multiple", "live_parallel", "live_parallel_multiple"),
+        "irrelevance": ("irrelevance", "live_irrelevance"),
+        "multi_turn": bfcl.GROUPS["multi_turn"],
+        "agentic": AGENTIC,
+    }
+    return {part: WEIGHTS[part] for part, members in groups.items() if all(m in missing for m in members)} | {
+        f"{part} (in part)": WEIGHTS[part]
+        for part, members in groups.items()
+        if any(m in missing for m in members) and not all(m in missing for m in members)
+    }
 
 
 def rerender(folder: Path) -> dict[str, Any]:

@@ -57,8 +57,12 @@ class Completions:
         answer = Host.ask({"complete": {"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature}})
         if "error" in answer:
             raise RuntimeError(answer["error"])
-        return types.SimpleNamespace(choices=[types.SimpleNamespace(text=answer["text"])], usage=types.SimpleNamespace(
-            prompt_tokens=answer["prompt_tokens"], completion_tokens=answer["completion_tokens"]))
+        return types.SimpleNamespace(
+            choices=[types.SimpleNamespace(text=answer["text"])],
+            usage=types.SimpleNamespace(
+                prompt_tokens=answer["prompt_tokens"], completion_tokens=answer["completion_tokens"]
+            ),
+        )
 
 
 class Tokenizer:
@@ -97,8 +101,9 @@ def setup(settings):
     os.environ["BFCL_PROJECT_ROOT"] = str(HOME / "project")
     handler_class = getattr(importlib.import_module(settings["handler_module"]), settings["handler_class"])
     registry = types.ModuleType("bfcl_eval.constants.model_config")
-    registry.MODEL_CONFIG_MAPPING = {settings["name"]: types.SimpleNamespace(**settings["entry"],
-                                                                             model_handler=handler_class)}
+    registry.MODEL_CONFIG_MAPPING = {
+        settings["name"]: types.SimpleNamespace(**settings["entry"], model_handler=handler_class)
+    }
     sys.modules[registry.__name__] = registry
     engine = types.ModuleType("serpapi")
     engine.GoogleSearch = GoogleSearch
@@ -117,8 +122,11 @@ def with_paths(value):
 
 def snapshot_files():
     """The memory snapshots under the result folder: what memory items read and write."""
-    return {str(p.relative_to(RESULT)): p.read_text() for p in RESULT.rglob("*")
-            if p.is_file() and "memory_snapshot" in p.relative_to(RESULT).parts}
+    return {
+        str(p.relative_to(RESULT)): p.read_text()
+        for p in RESULT.rglob("*")
+        if p.is_file() and "memory_snapshot" in p.relative_to(RESULT).parts
+    }
 
 
 # ---------------------------------------------------------------- one item
@@ -132,9 +140,12 @@ def start():
         (RESULT / name).parent.mkdir(parents=True, exist_ok=True)
         (RESULT / name).write_text(text)
     handler_class = setup(request["settings"])
-    handler = handler_class(model_name=request["settings"]["entry"]["model_name"],
-                            temperature=request["temperature"], registry_name=request["settings"]["name"],
-                            is_fc_model=request["settings"]["entry"]["is_fc_model"])
+    handler = handler_class(
+        model_name=request["settings"]["entry"]["model_name"],
+        temperature=request["temperature"],
+        registry_name=request["settings"]["name"],
+        is_fc_model=request["settings"]["entry"]["is_fc_model"],
+    )
     handler.client = types.SimpleNamespace(completions=Completions())
     handler.tokenizer, handler.max_context_length = Tokenizer(), request["max_context_length"]
     handler.model_path_or_id = request["model"]

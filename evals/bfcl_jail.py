@@ -50,8 +50,12 @@ def package_settings() -> dict[str, Any]:
     and where its handler class lives."""
     entry = bfcl.official().entry
     handler = entry["model_handler"]
-    return {"name": bfcl.HANDLER_ENTRY, "handler_module": handler.__module__, "handler_class": handler.__name__,
-            "entry": {k: v for k, v in entry.items() if k != "model_handler"}}
+    return {
+        "name": bfcl.HANDLER_ENTRY,
+        "handler_module": handler.__module__,
+        "handler_class": handler.__name__,
+        "entry": {k: v for k, v in entry.items() if k != "model_handler"},
+    }
 
 
 def runs_model_text(category: str) -> bool:
@@ -83,18 +87,25 @@ class Jail:
         except SandboxError as exc:
             raise JailError(f"BFCL runs the model's calls as Python only in the sandbox: {exc}") from None
         if not jailed and self.config.jail:
-            raise JailError("BFCL's multi-turn and agentic items run the model's calls as Python, only in the "
-                            "sandbox's jail, and bwrap is missing or cannot make one here: install bubblewrap (apt-get "
-                            "install bubblewrap), or set NANBEIGE_SANDBOX_JAIL=0 to run them with the sandbox's weaker "
-                            "isolation")
+            raise JailError(
+                "BFCL's multi-turn and agentic items run the model's calls as Python, only in the "
+                "sandbox's jail, and bwrap is missing or cannot make one here: install bubblewrap (apt-get "
+                "install bubblewrap), or set NANBEIGE_SANDBOX_JAIL=0 to run them with the sandbox's weaker "
+                "isolation"
+            )
 
     def close(self) -> None:
         self.backend.close()
 
     # ------------------------------------------------------------ one item
 
-    def infer(self, entry: dict[str, Any], result_dir: Path, ask: Callable[[dict[str, Any]], dict[str, Any]],
-              run: dict[str, Any]) -> dict[str, Any]:
+    def infer(
+        self,
+        entry: dict[str, Any],
+        result_dir: Path,
+        ask: Callable[[dict[str, Any]], dict[str, Any]],
+        run: dict[str, Any],
+    ) -> dict[str, Any]:
         """One item through the official per-item function in a sandbox: its result line. `ask` answers the
         item's questions (a completion, a token count, a search); `run` holds the handler's temperature, model
         and context length. A sandbox that cannot be made or started raises SandboxError (this machine's
@@ -108,8 +119,11 @@ class Jail:
             start = {"settings": package_settings(), "entry": entry, "files": files, **run}
             if not warm:
                 self.backend.write_file(sandbox, str(HOME / "bfcl_inside.py"), INSIDE.read_bytes())
-            self.backend.write_file(sandbox, str(HOME / "exchange" / "start.json"),
-                                    json.dumps(start, default=lambda p: relative_path(p, result_dir)).encode())
+            self.backend.write_file(
+                sandbox,
+                str(HOME / "exchange" / "start.json"),
+                json.dumps(start, default=lambda p: relative_path(p, result_dir)).encode(),
+            )
             self.cell(sandbox, "import sys\nsys.path.insert(0, '')\nimport bfcl_inside\nbfcl_inside.start()")
             try:
                 result = self.converse(sandbox, entry["id"], ask, result_dir, files)
@@ -131,8 +145,14 @@ class Jail:
                 return self.idle.pop(), True
         return self.backend.create(int(self.config.idle_timeout_s)), False
 
-    def converse(self, sandbox: str, item_id: str, ask: Callable[[dict[str, Any]], dict[str, Any]],
-                 result_dir: Path, files: dict[str, str]) -> dict[str, Any]:
+    def converse(
+        self,
+        sandbox: str,
+        item_id: str,
+        ask: Callable[[dict[str, Any]], dict[str, Any]],
+        result_dir: Path,
+        files: dict[str, str],
+    ) -> dict[str, Any]:
         """Answers the item's questions until it is done; its result line, its new memory snapshots written."""
         while True:
             question = self.read_json(sandbox, HOME / "exchange" / "question.json")
@@ -169,23 +189,40 @@ class Jail:
         sandbox = self.backend.create(int(self.config.idle_timeout_s))
         try:
             self.backend.write_file(sandbox, str(HOME / "bfcl_inside.py"), INSIDE.read_bytes())
-            request = {"settings": package_settings(), "models": [bfcl.model_dir()], "categories": categories,
-                       "partial": partial}
+            request = {
+                "settings": package_settings(),
+                "models": [bfcl.model_dir()],
+                "categories": categories,
+                "partial": partial,
+            }
             self.backend.write_file(sandbox, str(HOME / "grade.json"), json.dumps(request).encode())
             for path in result_dir.rglob("*_result.json"):
-                self.backend.write_file(sandbox, str(HOME / "result" / path.relative_to(result_dir).as_posix()),
-                                        path.read_bytes())
-            run = self.backend.run_program(sandbox, [self.config.python, "-I", "-B", "bfcl_inside.py", "grade"],
-                                           timeout_s=GRADE_TIMEOUT_S, cpu_seconds=int(GRADE_TIMEOUT_S))
-            log.write_bytes(self.backend.read_file(sandbox, str(HOME / "runner.log"), MAX_SCORE_BYTES)
-                            if run.exit_code == 0 else run.stderr)
+                self.backend.write_file(
+                    sandbox, str(HOME / "result" / path.relative_to(result_dir).as_posix()), path.read_bytes()
+                )
+            run = self.backend.run_program(
+                sandbox,
+                [self.config.python, "-I", "-B", "bfcl_inside.py", "grade"],
+                timeout_s=GRADE_TIMEOUT_S,
+                cpu_seconds=int(GRADE_TIMEOUT_S),
+            )
+            log.write_bytes(
+                self.backend.read_file(sandbox, str(HOME / "runner.log"), MAX_SCORE_BYTES)
+                if run.exit_code == 0
+                else run.stderr
+            )
             if run.exit_code != 0:
-                raise SandboxError(f"BFCL's runner stopped in the sandbox (exit {run.exit_code}): "
-                                   f"{run.stderr.decode(errors='replace').strip()[-300:]}")
+                raise SandboxError(
+                    f"BFCL's runner stopped in the sandbox (exit {run.exit_code}): "
+                    f"{run.stderr.decode(errors='replace').strip()[-300:]}"
+                )
             graded = self.read_json(sandbox, HOME / "graded.json")
             for name in graded.get("files") or []:
-                write_inside(score_dir, safe_name(name, (".json", ".csv")),
-                             self.backend.read_file(sandbox, str(HOME / "score" / name), MAX_SCORE_BYTES))
+                write_inside(
+                    score_dir,
+                    safe_name(name, (".json", ".csv")),
+                    self.backend.read_file(sandbox, str(HOME / "score" / name), MAX_SCORE_BYTES),
+                )
             return graded.get("error") if isinstance(graded.get("error"), str) else None
         finally:
             self.backend.destroy(sandbox)
@@ -236,8 +273,11 @@ def relative_path(path: Any, result_dir: Path) -> dict[str, str]:
 def snapshots(model_dir: Path, result_dir: Path) -> dict[str, str]:
     """The memory snapshots already written, by their path under the result folder."""
     found = model_dir.rglob("*") if model_dir.exists() else []
-    return {p.relative_to(result_dir).as_posix(): p.read_text() for p in found
-            if p.is_file() and "memory_snapshot" in p.relative_to(model_dir).parts}
+    return {
+        p.relative_to(result_dir).as_posix(): p.read_text()
+        for p in found
+        if p.is_file() and "memory_snapshot" in p.relative_to(model_dir).parts
+    }
 
 
 def write_snapshots(sent: Any, before: dict[str, str], result_dir: Path) -> None:
@@ -266,8 +306,13 @@ def write_inside(folder: Path, relative: PurePosixPath, data: bytes) -> None:
 def safe_name(name: Any, suffixes: tuple[str, ...]) -> PurePosixPath:
     """A relative path the sandbox named, refused unless it stays below its folder and has one of `suffixes`."""
     path = PurePosixPath(name) if isinstance(name, str) else PurePosixPath("/")
-    if path.is_absolute() or not path.parts or any(part in ("..", ".", "") for part in path.parts) \
-            or path.suffix not in suffixes or "\x00" in str(path):
+    if (
+        path.is_absolute()
+        or not path.parts
+        or any(part in ("..", ".", "") for part in path.parts)
+        or path.suffix not in suffixes
+        or "\x00" in str(path)
+    ):
         raise SandboxError(f"the sandbox named a file it may not write: {str(name)[:200]!r}")
     return path
 
@@ -280,15 +325,23 @@ def host_answers(completions: Any, tokenizer: Any) -> Callable[[dict[str, Any]],
     import importlib
 
     def answer(question: dict[str, Any]) -> dict[str, Any]:
-        if isinstance(call := question.get("complete"), dict) and isinstance(call.get("prompt"), str) \
-                and isinstance(call.get("max_tokens"), int) and isinstance(call.get("temperature"), (int, float)):
+        if (
+            isinstance(call := question.get("complete"), dict)
+            and isinstance(call.get("prompt"), str)
+            and isinstance(call.get("max_tokens"), int)
+            and isinstance(call.get("temperature"), (int, float))
+        ):
             try:
-                reply = completions.create(prompt=call["prompt"], max_tokens=call["max_tokens"],
-                                           temperature=call["temperature"])
+                reply = completions.create(
+                    prompt=call["prompt"], max_tokens=call["max_tokens"], temperature=call["temperature"]
+                )
             except Exception as exc:  # noqa: BLE001 - raised again in the sandbox, where the handler records it
                 return {"error": str(exc)}
-            return {"text": reply.choices[0].text, "prompt_tokens": reply.usage.prompt_tokens,
-                    "completion_tokens": reply.usage.completion_tokens}
+            return {
+                "text": reply.choices[0].text,
+                "prompt_tokens": reply.usage.prompt_tokens,
+                "completion_tokens": reply.usage.completion_tokens,
+            }
         if isinstance(text := question.get("tokenize"), str):
             return {"count": len(tokenizer.tokenize(text))}
         if isinstance(params := question.get("search"), dict) and isinstance(params.get("q"), str):
@@ -301,6 +354,9 @@ def host_answers(completions: Any, tokenizer: Any) -> Callable[[dict[str, Any]],
                 return {"result": bfcl.fetch_page(page["url"], page["mode"])}
             except Exception as exc:  # noqa: BLE001 - raised in the sandbox as the package raised it here
                 return {"raise": str(exc)}
-        raise SandboxError(f"the sandbox asked something other than a completion, a count, a search or a page: "
-                           f"{json.dumps(question)[:200]}")
+        raise SandboxError(
+            f"the sandbox asked something other than a completion, a count, a search or a page: "
+            f"{json.dumps(question)[:200]}"
+        )
+
     return answer

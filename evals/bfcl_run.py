@@ -43,14 +43,21 @@ if TYPE_CHECKING:
 def settings_for_bfcl(settings: RunSettings) -> RunSettings:
     """No tool servers (the handler offers the item's functions in its own prompt), and the official
     generator's temperature unless one was given."""
-    llm = settings.llm if settings.llm.temperature is not None else \
-        dataclasses.replace(settings.llm, temperature=bfcl.TEMPERATURE)
+    llm = (
+        settings.llm
+        if settings.llm.temperature is not None
+        else dataclasses.replace(settings.llm, temperature=bfcl.TEMPERATURE)
+    )
     tools = dataclasses.replace(settings.tools, default_servers=False, mcp=[])
     return dataclasses.replace(settings, llm=llm, tools=tools, trajectory=None)
 
 
-async def evaluate(config: EvalConfig, settings: RunSettings, notice: Callable[[str], None],
-                   progress_view: Callable[[Progress], Any] | None = None) -> dict[str, Any]:
+async def evaluate(
+    config: EvalConfig,
+    settings: RunSettings,
+    notice: Callable[[str], None],
+    progress_view: Callable[[Progress], Any] | None = None,
+) -> dict[str, Any]:
     """Generate every item not yet in the result files, then grade them all with the official runner."""
     from nanbeige.agent.setup import ready
     from nanbeige.evals.tasks import LoadError
@@ -70,8 +77,11 @@ async def evaluate(config: EvalConfig, settings: RunSettings, notice: Callable[[
         if progress.done:
             notice(f"resuming: {progress.done} of {progress.total} items already done in {config.out}")
         settings = dataclasses.replace(settings_for_bfcl(settings), trajectory=config.out / TRAJECTORIES)
-        async with ready(settings, without_tools_notice(notice)) as runtime, web_search(pending), \
-                bfcl_jail.sandboxes(any(bfcl_jail.runs_model_text(t.level) for t in pending)) as jail:
+        async with (
+            ready(settings, without_tools_notice(notice)) as runtime,
+            web_search(pending),
+            bfcl_jail.sandboxes(any(bfcl_jail.runs_model_text(t.level) for t in pending)) as jail,
+        ):
             attempt = item_attempt(runtime, config.out, settings.llm.temperature, notice, jail)
             view = progress_view(progress) if progress_view else None
             # the handler prints what it does (and what the model got wrong) on stdout, where our report goes
@@ -97,8 +107,9 @@ def to_generate(out: Path, tasks: list[Task]) -> list[Task]:
     args = types.SimpleNamespace(result_dir=bfcl.result_dir(out), allow_overwrite=False, run_ids=False)
     by_id = {task.id: task for task in tasks}
     cases = package.generation.collect_test_cases(args, bfcl.HANDLER_ENTRY, categories, entries)
-    return [dataclasses.replace(by_id[case["id"]], metadata=by_id[case["id"]].metadata | {"entry": case})
-            for case in cases]
+    return [
+        dataclasses.replace(by_id[case["id"]], metadata=by_id[case["id"]].metadata | {"entry": case}) for case in cases
+    ]
 
 
 async def run_in_order(pending: list[Task], attempt: Any, concurrency: int, progress: Progress) -> None:
@@ -111,8 +122,7 @@ async def run_in_order(pending: list[Task], attempt: Any, concurrency: int, prog
         if not ready:
             return
         waiting = [t for t in waiting if t not in ready]
-        await run_all([(t, 0) for t in ready], attempt, concurrency, progress,
-                      lambda row: finished.add(row["task_id"]))
+        await run_all([(t, 0) for t in ready], attempt, concurrency, progress, lambda row: finished.add(row["task_id"]))
 
 
 @contextlib.asynccontextmanager
@@ -130,6 +140,7 @@ async def web_search(pending: list[Task]) -> Any:
         raise EvalError(f"BFCL's web search needs a search backend: {problem}")
     loop = asyncio.get_running_loop()
     async with Searcher() as searcher:
+
         def search(keywords: str, count: int) -> list[dict[str, str]]:
             try:
                 found = asyncio.run_coroutine_threadsafe(searcher.google_search(keywords, num=count), loop).result()
@@ -137,8 +148,11 @@ async def web_search(pending: list[Task]) -> Any:
                 return []
             except SearchUnavailable as exc:  # raised into the package's code, which reports it as an error
                 raise RuntimeError(str(exc)) from None
-            return [{"title": r.get("title", ""), "link": r.get("link", ""), "snippet": r.get("snippet", "")}
-                    for r in found.get("organic", [])][:count]
+            return [
+                {"title": r.get("title", ""), "link": r.get("link", ""), "snippet": r.get("snippet", "")}
+                for r in found.get("organic", [])
+            ][:count]
+
         bfcl.use_search(search)
         try:
             yield
@@ -154,8 +168,13 @@ def without_tools_notice(notice: Callable[[str], None]) -> Callable[[str], None]
 # ---------------------------------------------------------------- one item
 
 
-def item_attempt(runtime: Ready, out: Path, temperature: float | None, notice: Callable[[str], None],
-                 jail: bfcl_jail.Jail | None = None) -> Any:
+def item_attempt(
+    runtime: Ready,
+    out: Path,
+    temperature: float | None,
+    notice: Callable[[str], None],
+    jail: bfcl_jail.Jail | None = None,
+) -> Any:
     """Runs one item through the official handler in a worker thread, its model calls answered by our
     backend on this event loop; writes the item's result line and trajectory. An item whose calls the
     handler executes (multi-turn, agentic) runs in `jail`'s sandbox instead, the handler's questions asked
@@ -170,8 +189,9 @@ def item_attempt(runtime: Ready, out: Path, temperature: float | None, notice: C
         usage = completion.usage
         return completion.message["content"], usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
 
-    handler = bfcl.handler_for(tokenizer, context_length, llm.config.model,
-                               temperature if temperature is not None else bfcl.TEMPERATURE)
+    handler = bfcl.handler_for(
+        tokenizer, context_length, llm.config.model, temperature if temperature is not None else bfcl.TEMPERATURE
+    )
 
     async def attempt(task: Task, run_index: int) -> dict[str, Any] | str:
         completions = bfcl.Completions(complete)
@@ -181,8 +201,13 @@ def item_attempt(runtime: Ready, out: Path, temperature: float | None, notice: C
                 raise EvalError("BFCL's multi-turn and agentic items run only in a sandbox")  # never in this process
             run = {"temperature": handler.temperature, "model": llm.config.model, "max_context_length": context_length}
             try:
-                result = await asyncio.to_thread(jail.infer, task.metadata["entry"], bfcl.result_dir(out),
-                                                 bfcl_jail.host_answers(completions, tokenizer), run)
+                result = await asyncio.to_thread(
+                    jail.infer,
+                    task.metadata["entry"],
+                    bfcl.result_dir(out),
+                    bfcl_jail.host_answers(completions, tokenizer),
+                    run,
+                )
             except SandboxError as exc:  # this machine's failure, not the model's: run again on resume
                 return f"the sandbox for BFCL's item failed: {exc}"
         else:
@@ -192,6 +217,7 @@ def item_attempt(runtime: Ready, out: Path, temperature: float | None, notice: C
         bfcl.write(handler, result, out)
         write_trajectory(runtime, task, completions.calls, result, time.monotonic() - started)
         return {"task_id": task.id, "run": run_index, "correct": None, "turns": len(completions.calls)}
+
     return attempt
 
 
@@ -235,18 +261,26 @@ class ServerTokenizer:
             except (httpx.HTTPError, ValueError, AttributeError):
                 pass
             self.estimate = True
-            self.notice("the model server has no /tokenize: BFCL's prompt sizes are estimated (3 characters a "
-                        "token); they only decide max_tokens near the context limit")
+            self.notice(
+                "the model server has no /tokenize: BFCL's prompt sizes are estimated (3 characters a "
+                "token); they only decide max_tokens near the context limit"
+            )
         return [0] * (len(text) // 3)
 
 
-def write_trajectory(runtime: Ready, task: Task, calls: list[dict[str, Any]], result: dict[str, Any],
-                     wall_s: float) -> None:
+def write_trajectory(
+    runtime: Ready, task: Task, calls: list[dict[str, Any]], result: dict[str, Any], wall_s: float
+) -> None:
     """The item's model calls as a trajectory: one turn per call, the handler's prompt text as the first
     turn's user message (every prompt is also in the result line's `inference_log`)."""
-    trajectory = Trajectory(question=task.question, group_id=task.id, grader=bfcl.GRADER,
-                            user_message=calls[0]["prompt"] if calls else "", model=runtime.llm.config.model,
-                            dialect="bfcl-" + bfcl.HANDLER_ENTRY)
+    trajectory = Trajectory(
+        question=task.question,
+        group_id=task.id,
+        grader=bfcl.GRADER,
+        user_message=calls[0]["prompt"] if calls else "",
+        model=runtime.llm.config.model,
+        dialect="bfcl-" + bfcl.HANDLER_ENTRY,
+    )
     runtime.writer.start(trajectory)
     for index, call in enumerate(calls):
         turn = Turn(index=index, assistant={"role": "assistant", "content": call["text"]}, usage=call["usage"])

@@ -24,12 +24,14 @@ def load(path: str | Path) -> list[Task]:
     tasks = []
     for number, row in enumerate(read_csv(path, COLUMNS), 1):
         canary = text_cell(path, number, row, "canary")
-        tasks.append(Task(
-            id=str(number),
-            question=decrypt_cell(path, number, row, "problem", canary, decrypt_browsecomp),
-            answer=decrypt_cell(path, number, row, "answer", canary, decrypt_browsecomp),
-            level=(row.get("problem_topic") or "").strip() or None,
-        ))
+        tasks.append(
+            Task(
+                id=str(number),
+                question=decrypt_cell(path, number, row, "problem", canary, decrypt_browsecomp),
+                answer=decrypt_cell(path, number, row, "answer", canary, decrypt_browsecomp),
+                level=(row.get("problem_topic") or "").strip() or None,
+            )
+        )
     return tasks
 
 
@@ -39,10 +41,12 @@ def load_zh(path: str | Path) -> list[Task]:
     tasks = []
     for number, row in enumerate(read_xlsx(path, ZH_COLUMNS), 1):
         canary = text_cell(path, number, row, "canary")
-        tasks.append(Task(
-            id=str(number),
-            question=decrypt_cell(path, number, row, "Question", canary, decrypt_browsecomp),
-            answer=decrypt_cell(path, number, row, "Answer", canary, decrypt_browsecomp),
-            level=decrypt_cell(path, number, row, "Topic", canary, decrypt_browsecomp).strip() or None,
-        ))
+        tasks.append(
+            Task(
+                id=str(number),
+                question=decrypt_cell(path, number, row, "Question", canary, decrypt_browsecomp),
+                answer=decrypt_cell(path, number, row, "Answer", canary, decrypt_browsecomp),
+                level=decrypt_cell(path, number, row, "Topic", canary, decrypt_browsecomp).strip() or None,
+            )
+        )
     return tasks

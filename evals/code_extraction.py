@@ -21,8 +21,12 @@ def extract_program(*texts: str | None, entry_point: str | None = None) -> str |
     that a block one turn leaves open ends with that turn): the blocks tagged python (or py) first, else the
     untagged ones; for function style the last that defines `entry_point` (a usage example after the
     solution is not the solution), tagged or else untagged, else the last block."""
-    blocks = [(tag.lower(), code) for text in texts for tag, code in FENCE.findall(text or "")
-              if tag.lower() in ("", *PYTHON_TAGS)]
+    blocks = [
+        (tag.lower(), code)
+        for text in texts
+        for tag, code in FENCE.findall(text or "")
+        if tag.lower() in ("", *PYTHON_TAGS)
+    ]
     tagged, untagged = [code for tag, code in blocks if tag], [code for tag, code in blocks if not tag]
     if entry_point is not None:
         for group in (tagged, untagged):

@@ -60,8 +60,10 @@ MAX_DECOMPRESSED = 256 << 20
 MAX_COMPLEXITY_CHARS = 200
 PICKLE_FRAMING = {"PROTO", "FRAME", "MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT", "STOP"}
 PICKLE_TEXT = {"UNICODE", "SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8"}
-METHOD_NOTE = ("The starter code shows `{name}` as a method of `class Solution`: write it as a top-level function "
-               "`{name}` with the same parameters, without `self`.")
+METHOD_NOTE = (
+    "The starter code shows `{name}` as a method of `class Solution`: write it as a top-level function "
+    "`{name}` with the same parameters, without `self`."
+)
 
 
 # ---------------------------------------------------------------- fields
@@ -82,8 +84,9 @@ def json_field(value: Any, name: str, where: str) -> Any:
         return json.loads(value)
     except (ValueError, RecursionError) as exc:
         if "integer string conversion" in str(exc):  # longer than Python reads from text
-            raise LoadError(f"{where}: `{name}` holds an integer of more than {sys.get_int_max_str_digits()} "
-                            "digits") from None
+            raise LoadError(
+                f"{where}: `{name}` holds an integer of more than {sys.get_int_max_str_digits()} digits"
+            ) from None
         raise LoadError(f"{where}: `{name}` is not JSON ({str(exc)[:100]})") from None
 
 
@@ -133,13 +136,15 @@ def apps_tests(io: Any, where: str) -> tuple[str | None, list[dict[str, str]]]:
         raise LoadError(f"{where}: no tests (`inputs` is empty)")
     entry = entry_point(io.get("fn_name"), where)
     if entry is None:
-        return None, [{"input": lines(i, where, "inputs"), "output": lines(o, where, "outputs")}
-                      for i, o in zip(inputs, outputs)]
+        return None, [
+            {"input": lines(i, where, "inputs"), "output": lines(o, where, "outputs")} for i, o in zip(inputs, outputs)
+        ]
     if not all(isinstance(args, list) for args in inputs):
         raise LoadError(f"{where}: each input of a call-style problem must be a list of arguments")
     wrapped = all(isinstance(out, list) and len(out) == 1 for out in outputs)
-    return entry, [{"args": literal(args), "expected": literal(out[0] if wrapped else out)}
-                   for args, out in zip(inputs, outputs)]
+    return entry, [
+        {"args": literal(args), "expected": literal(out[0] if wrapped else out)} for args, out in zip(inputs, outputs)
+    ]
 
 
 def apps_like(row: dict[str, Any], where: str, id: str, dataset: str, **limits: Any) -> CodeProblem:
@@ -147,8 +152,14 @@ def apps_like(row: dict[str, Any], where: str, id: str, dataset: str, **limits: 
     raw = row.get("input_output")
     entry, tests = apps_tests(None if raw in (None, "") else json_field(raw, "input_output", where), where)
     known = {k: row[k] for k in ("difficulty", "url") if isinstance(row.get(k), str) and row[k]}
-    return CodeProblem(id=id, statement=statement(question, row.get("starter_code"), entry), tests=tests,
-                       entry_point=entry, extra={"dataset": dataset, **known}, **limits)
+    return CodeProblem(
+        id=id,
+        statement=statement(question, row.get("starter_code"), entry),
+        tests=tests,
+        entry_point=entry,
+        extra={"dataset": dataset, **known},
+        **limits,
+    )
 
 
 def apps_problem(row: dict[str, Any], where: str, number: int) -> CodeProblem:
@@ -170,8 +181,9 @@ def taco_problem(row: dict[str, Any], where: str, number: int) -> CodeProblem:
     label = complexity.strip() if isinstance(complexity, str) and complexity.strip() else None
     if label is not None and len(label) > MAX_COMPLEXITY_CHARS:
         raise LoadError(f"{where}: `Expected Time Complexity` is longer than {MAX_COMPLEXITY_CHARS} characters")
-    return apps_like(row, where, f"taco-{number}", "taco", time_limit_s=seconds_of(row.get("time_limit")),
-                     complexity=label)
+    return apps_like(
+        row, where, f"taco-{number}", "taco", time_limit_s=seconds_of(row.get("time_limit")), complexity=label
+    )
 
 
 # ---------------------------------------------------------------- CodeContests
@@ -188,7 +200,7 @@ def contest_tests(group: Any, where: str, name: str) -> list[dict[str, str]]:
     elif isinstance(group, list) and all(isinstance(test, dict) for test in group):
         pairs = [(test.get("input"), test.get("output")) for test in group]
     else:
-        raise LoadError(f"{where}: `{name}` must be {{\"input\": [...], \"output\": [...]}} or a list of pairs")
+        raise LoadError(f'{where}: `{name}` must be {{"input": [...], "output": [...]}} or a list of pairs')
     if not all(isinstance(text, str) for pair in pairs for text in pair):
         raise LoadError(f"{where}: every input and output of `{name}` must be text")
     return [{"input": i, "output": o} for i, o in pairs]
@@ -212,14 +224,21 @@ def codecontests_problem(row: dict[str, Any], where: str, number: int) -> CodePr
     name = text_field(row, "name", where)
     for key in ("input_file", "output_file"):
         if isinstance(row.get(key), str) and row[key].strip():
-            raise LoadError(f"{where}: the problem uses the file {row[key].strip()[:60]!r} (`{key}`), not "
-                            "stdin/stdout")
-    tests = [test for group in ("public_tests", "private_tests", "generated_tests")
-             for test in contest_tests(row.get(group), where, group)]
+            raise LoadError(f"{where}: the problem uses the file {row[key].strip()[:60]!r} (`{key}`), not stdin/stdout")
+    tests = [
+        test
+        for group in ("public_tests", "private_tests", "generated_tests")
+        for test in contest_tests(row.get(group), where, group)
+    ]
     if not tests:
         raise LoadError(f"{where}: no tests (public, private or generated)")
-    return CodeProblem(id=name, statement=text_field(row, "description", where), tests=tests,
-                       extra={"dataset": "codecontests"}, **contest_limits(row))
+    return CodeProblem(
+        id=name,
+        statement=text_field(row, "description", where),
+        tests=tests,
+        extra={"dataset": "codecontests"},
+        **contest_limits(row),
+    )
 
 
 # ---------------------------------------------------------------- LiveCodeBench
@@ -244,13 +263,16 @@ def pickled_text(raw: bytes, where: str) -> str:
             if opcode.name in PICKLE_TEXT:
                 texts.append(argument)
             elif opcode.name not in PICKLE_FRAMING:
-                raise LoadError(f"{where}: `private_test_cases` is a pickle that does more than hold one text "
-                                f"(opcode {opcode.name}): refused, never unpickled")
+                raise LoadError(
+                    f"{where}: `private_test_cases` is a pickle that does more than hold one text "
+                    f"(opcode {opcode.name}): refused, never unpickled"
+                )
     except ValueError as exc:  # truncated, unknown opcodes, text that is not UTF-8
         raise LoadError(f"{where}: `private_test_cases` is not a pickled text ({str(exc)[:100]})") from None
     if len(texts) != 1:
-        raise LoadError(f"{where}: `private_test_cases` is a pickle of {len(texts)} texts, not one: refused, "
-                        "never unpickled")
+        raise LoadError(
+            f"{where}: `private_test_cases` is a pickle of {len(texts)} texts, not one: refused, never unpickled"
+        )
     return texts[0]
 
 
@@ -270,7 +292,7 @@ def private_cases(value: Any, where: str) -> Any:
 
 def lcb_test(case: Any, entry: str | None, where: str) -> dict[str, str]:
     if not isinstance(case, dict) or not all(isinstance(case.get(k), str) for k in ("input", "output")):
-        raise LoadError(f"{where}: a test case must be {{\"input\": text, \"output\": text, \"testtype\": ...}}")
+        raise LoadError(f'{where}: a test case must be {{"input": text, "output": text, "testtype": ...}}')
     if entry is None:
         return {"input": case["input"], "output": case["output"]}
     args = [json_field(line, "input", where) for line in case["input"].split("\n")]
@@ -299,17 +321,24 @@ def livecodebench_problem(row: dict[str, Any], where: str, number: int) -> CodeP
             raise LoadError(f"{where}: functional tests need `func_name` in `metadata`")
     content = text_field(row, "question_content", where)
     known = {k: row[k] for k in ("platform", "difficulty", "contest_date") if isinstance(row.get(k), str)}
-    return CodeProblem(id=id, statement=statement(content, row.get("starter_code"), entry), entry_point=entry,
-                       tests=[lcb_test(case, entry, where) for case in cases],
-                       extra={"dataset": "livecodebench", **known})
+    return CodeProblem(
+        id=id,
+        statement=statement(content, row.get("starter_code"), entry),
+        entry_point=entry,
+        tests=[lcb_test(case, entry, where) for case in cases],
+        extra={"dataset": "livecodebench", **known},
+    )
 
 
 # ---------------------------------------------------------------- converting a file
 
 
 CONVERTERS: dict[str, Callable[[dict[str, Any], str, int], CodeProblem]] = {
-    "apps": apps_problem, "taco": taco_problem, "codecontests": codecontests_problem,
-    "livecodebench": livecodebench_problem}
+    "apps": apps_problem,
+    "taco": taco_problem,
+    "codecontests": codecontests_problem,
+    "livecodebench": livecodebench_problem,
+}
 
 
 def convert(path: Path, form: str) -> tuple[list[CodeProblem], list[str]]:
@@ -334,6 +363,8 @@ def convert(path: Path, form: str) -> tuple[list[CodeProblem], list[str]]:
         seen.add(problem.id)
         problems.append(problem)
     if not problems:
-        raise LoadError(f"{path}: no problem could be converted"
-                        + (f" (the first row: {skipped[0].split(': ', 1)[-1]})" if skipped else " (no rows)"))
+        raise LoadError(
+            f"{path}: no problem could be converted"
+            + (f" (the first row: {skipped[0].split(': ', 1)[-1]})" if skipped else " (no rows)")
+        )
     return problems, skipped

@@ -86,8 +86,15 @@ def plain(value):
     return value
 
 
-EXACT = {bool: bool, int: int.__int__, float: float.__float__, complex: complex, str: str.__str__,
-         bytes: bytes, type(None): None}
+EXACT = {
+    bool: bool,
+    int: int.__int__,
+    float: float.__float__,
+    complex: complex,
+    str: str.__str__,
+    bytes: bytes,
+    type(None): None,
+}
 """The built-in scalar types, each with how a subclass's value is taken as it: the base's own conversion,
 where it has one, so that a subclass's override is not asked."""
 
@@ -133,8 +140,12 @@ class Program:
 
     def start(self):
         self.stop()
-        self.process = subprocess.Popen([sys.executable, "-I", "-B", __file__, "--program", self.entry],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-I", "-B", __file__, "--program", self.entry],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            close_fds=True,
+        )
         self.buffer = b""
         first = self.read(time.monotonic() + self.limit, "the program's top level ran past the time limit")
         if first != {"ready": True}:

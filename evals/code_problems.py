@@ -87,20 +87,32 @@ class CodeProblem:
 
     def record(self) -> dict[str, Any]:
         """The problem as one line of the format."""
-        line = {"id": self.id, "statement": self.statement, "entry_point": self.entry_point, "tests": self.tests,
-                "reference_solution": self.reference_solution, "complexity": self.complexity,
-                "time_limit_s": self.time_limit_s, "memory_mb": self.memory_mb, "timing_tests": self.timing_tests}
+        line = {
+            "id": self.id,
+            "statement": self.statement,
+            "entry_point": self.entry_point,
+            "tests": self.tests,
+            "reference_solution": self.reference_solution,
+            "complexity": self.complexity,
+            "time_limit_s": self.time_limit_s,
+            "memory_mb": self.memory_mb,
+            "timing_tests": self.timing_tests,
+        }
         return {**self.extra, **{key: value for key, value in line.items() if value is not None}}
 
 
 def question_of(problem: CodeProblem) -> str:
     """What the model is asked: the statement, then how to answer (our words)."""
     if problem.entry_point is None:
-        how = ("Write a complete Python 3 program that reads the input from standard input and prints the "
-               "answer to standard output.")
+        how = (
+            "Write a complete Python 3 program that reads the input from standard input and prints the "
+            "answer to standard output."
+        )
     else:
-        how = (f"Write the complete Python 3 function `{problem.entry_point}`, with the imports it needs, so "
-               "that it can be called as the statement describes.")
+        how = (
+            f"Write the complete Python 3 function `{problem.entry_point}`, with the imports it needs, so "
+            "that it can be called as the statement describes."
+        )
     return f"{problem.statement.rstrip()}\n\n{how} Give your final program in one ```python code block."
 
 
@@ -135,8 +147,10 @@ def _literal(text: Any, where: str, what: str) -> Any:
         raise LoadError(f"{where}: `{what}` must be a Python literal as text, not {type(text).__name__}")
     # Parsing costs about 500 bytes of memory per character of a literal: an 8 MB one took 4 GB. Checked first.
     if len(text) > MAX_LITERAL_CHARS:
-        raise LoadError(f"{where}: `{what}` is a literal of {len(text)} characters, more than the {MAX_LITERAL_CHARS} "
-                        "a test's literal may have (give a larger input as a stdin/stdout test)")
+        raise LoadError(
+            f"{where}: `{what}` is a literal of {len(text)} characters, more than the {MAX_LITERAL_CHARS} "
+            "a test's literal may have (give a larger input as a stdin/stdout test)"
+        )
     if nesting(text) > MAX_LITERAL_DEPTH:
         raise LoadError(f"{where}: `{what}` nests its brackets more than {MAX_LITERAL_DEPTH} deep")
     try:
@@ -158,16 +172,19 @@ def check_test(test: Any, style: str, where: str) -> dict[str, Any]:
         raise LoadError(f"{where}: a test must be an object, not {type(test).__name__}")
     if style == "stdio":
         if set(test) != {"input", "output"} or not all(isinstance(test[k], str) for k in ("input", "output")):
-            raise LoadError(f"{where}: a stdin/stdout test is {{\"input\": text, \"output\": text}} (the problem "
-                            "has no entry_point)")
+            raise LoadError(
+                f'{where}: a stdin/stdout test is {{"input": text, "output": text}} (the problem has no entry_point)'
+            )
         return test
     if "assert" in test:
         if set(test) != {"assert"} or not isinstance(test["assert"], str):
-            raise LoadError(f"{where}: an assert test is {{\"assert\": code}}")
+            raise LoadError(f'{where}: an assert test is {{"assert": code}}')
         return test
     if not {"args", "expected"} <= set(test) <= {"args", "kwargs", "expected"}:
-        raise LoadError(f"{where}: a function test is {{\"args\": literal, \"expected\": literal}} (optional "
-                        "\"kwargs\") or {\"assert\": code}")
+        raise LoadError(
+            f'{where}: a function test is {{"args": literal, "expected": literal}} (optional '
+            '"kwargs") or {"assert": code}'
+        )
     if not isinstance(_literal(test["args"], where, "args"), list | tuple):
         raise LoadError(f"{where}: `args` must be a list literal, the positional arguments")
     check_kwargs(test, where)
@@ -180,10 +197,10 @@ def check_timing_test(test: Any, style: str, where: str) -> dict[str, Any]:
     `kwargs`), for the time reward's measurement."""
     if style == "stdio":
         if not isinstance(test, dict) or set(test) != {"input"} or not isinstance(test["input"], str):
-            raise LoadError(f"{where}: a stdin/stdout timing test is {{\"input\": text}}")
+            raise LoadError(f'{where}: a stdin/stdout timing test is {{"input": text}}')
         return test
     if not isinstance(test, dict) or not {"args"} <= set(test) <= {"args", "kwargs"}:
-        raise LoadError(f"{where}: a function timing test is {{\"args\": literal}} (optional \"kwargs\")")
+        raise LoadError(f'{where}: a function timing test is {{"args": literal}} (optional "kwargs")')
     if not isinstance(_literal(test["args"], where, "args"), list | tuple):
         raise LoadError(f"{where}: `args` must be a list literal, the positional arguments")
     check_kwargs(test, where)
@@ -215,8 +232,12 @@ def problem_from(row: Any, where: str) -> CodeProblem:
     if entry is not None and (not entry.isidentifier() or keyword.iskeyword(entry)):
         raise LoadError(f"{where}: `entry_point` {entry[:60]!r} is not a Python name")
     limit = row.get("time_limit_s", DEFAULT_TIME_LIMIT_S)
-    if isinstance(limit, bool) or not isinstance(limit, int | float) or not 0 < limit <= MAX_TIME_LIMIT_S \
-            or math.isnan(limit):
+    if (
+        isinstance(limit, bool)
+        or not isinstance(limit, int | float)
+        or not 0 < limit <= MAX_TIME_LIMIT_S
+        or math.isnan(limit)
+    ):
         raise LoadError(f"{where}: `time_limit_s` must be a number of seconds above 0, at most {MAX_TIME_LIMIT_S:g}")
     memory = row.get("memory_mb", DEFAULT_MEMORY_MB)
     if isinstance(memory, bool) or not isinstance(memory, int) or not 32 <= memory <= 65536:
@@ -226,12 +247,29 @@ def problem_from(row: Any, where: str) -> CodeProblem:
         raise LoadError(f"{where}: `tests` must be a list of 1 to {MAX_TESTS} tests")
     style = "stdio" if entry is None else "function"
     checked = [check_test(test, style, f"{where} test {n}") for n, test in enumerate(tests, 1)]
-    known = {"id", "statement", "entry_point", "tests", "reference_solution", "complexity", "time_limit_s",
-             "memory_mb", "timing_tests"}
-    return CodeProblem(id=row["id"], statement=row["statement"], tests=checked, entry_point=entry,
-                       reference_solution=row.get("reference_solution"), complexity=row.get("complexity"),
-                       time_limit_s=float(limit), memory_mb=memory, timing_tests=timing_tests_of(row, style, where),
-                       extra={k: v for k, v in row.items() if k not in known})
+    known = {
+        "id",
+        "statement",
+        "entry_point",
+        "tests",
+        "reference_solution",
+        "complexity",
+        "time_limit_s",
+        "memory_mb",
+        "timing_tests",
+    }
+    return CodeProblem(
+        id=row["id"],
+        statement=row["statement"],
+        tests=checked,
+        entry_point=entry,
+        reference_solution=row.get("reference_solution"),
+        complexity=row.get("complexity"),
+        time_limit_s=float(limit),
+        memory_mb=memory,
+        timing_tests=timing_tests_of(row, style, where),
+        extra={k: v for k, v in row.items() if k not in known},
+    )
 
 
 def read_problems(path: Path) -> list[CodeProblem]:

@@ -120,8 +120,11 @@ class CodeGrade:
         time = None
         if self.time is not None and self.solved and self.time.get("optimal") is not None:  # undecided: no term
             time = rewards.time_weight if self.time["optimal"] is True else 0.0
-        return {"format": 0.0 if self.format_error is None else -rewards.format_penalty,
-                "correctness": self.pass_rate, "time": time}
+        return {
+            "format": 0.0 if self.format_error is None else -rewards.format_penalty,
+            "correctness": self.pass_rate,
+            "time": time,
+        }
 
     def reward(self, rewards: CodeRewards) -> float:
         return sum(value for value in self.terms(rewards).values() if value is not None)
@@ -131,13 +134,23 @@ class CodeGrade:
         group filter reads (`solved`; `complexity_ok` for solved programs the judge found optimal)."""
         counts = self.counts
         complexity_ok = None if self.time is None or not self.solved else self.time.get("optimal")
-        return {"grader": CODE_TESTS, "judge_model": (self.time or {}).get("model"), "correct": self.solved,
-                "extracted": None, "reason": self.format_error or f"{counts['pass']} of {len(self.tests)} tests "
-                f"passed", "error": (self.time or {}).get("error"), "terms": self.terms(rewards),
-                "failure": self.failure, "reward": self.reward(rewards), "pass_rate": self.pass_rate,
-                "solved": self.solved,
-                "complexity_ok": complexity_ok, "time_judge": self.time, "counts": counts,
-                "tests": [t.record() for t in self.tests]}
+        return {
+            "grader": CODE_TESTS,
+            "judge_model": (self.time or {}).get("model"),
+            "correct": self.solved,
+            "extracted": None,
+            "reason": self.format_error or f"{counts['pass']} of {len(self.tests)} tests passed",
+            "error": (self.time or {}).get("error"),
+            "terms": self.terms(rewards),
+            "failure": self.failure,
+            "reward": self.reward(rewards),
+            "pass_rate": self.pass_rate,
+            "solved": self.solved,
+            "complexity_ok": complexity_ok,
+            "time_judge": self.time,
+            "counts": counts,
+            "tests": [t.record() for t in self.tests],
+        }
 
 
 # ---------------------------------------------------------------- comparing outputs
@@ -145,11 +158,13 @@ class CodeGrade:
 
 def same_output(got: str, expected: str) -> bool:
     """Stdout against the expected output, line by line, trailing spaces and trailing blank lines ignored."""
+
     def lines(text: str) -> list[str]:
         kept = [line.rstrip() for line in text.replace("\r\n", "\n").split("\n")]
         while kept and not kept[-1]:
             kept.pop()
         return kept
+
     return lines(got) == lines(expected)
 
 
@@ -287,12 +302,15 @@ class CodeRunner:
             self.backend.destroy(sandbox)
 
     def _limits(self, seconds: float, problem: CodeProblem) -> dict[str, Any]:
-        return {"timeout_s": seconds + STARTUP_S, "cpu_seconds": math.ceil(seconds) + 1,
-                "memory_mb": problem.memory_mb}
+        return {"timeout_s": seconds + STARTUP_S, "cpu_seconds": math.ceil(seconds) + 1, "memory_mb": problem.memory_mb}
 
     def _stdio_test(self, sandbox: str, problem: CodeProblem, test: dict[str, Any]) -> Outcome:
-        run = self.backend.run_program(sandbox, [self.python, "-I", "-B", "solution.py"],
-                                       test["input"].encode(), **self._limits(problem.time_limit_s, problem))
+        run = self.backend.run_program(
+            sandbox,
+            [self.python, "-I", "-B", "solution.py"],
+            test["input"].encode(),
+            **self._limits(problem.time_limit_s, problem),
+        )
         if run.timed_out or run.exit_code == -signal.SIGXCPU:  # its CPU time ran out
             return Outcome("time-out", run.seconds, f"timed out after {problem.time_limit_s:g} s")
         if run.exit_code != 0:
@@ -310,9 +328,11 @@ class CodeRunner:
         total = problem.time_limit_s * (2 * len(problem.tests) + 1)
         nonce = secrets.token_hex(16)
         run = self.backend.run_program(
-            sandbox, [self.python, "-I", "-B", "harness.py", str(problem.entry_point),
-                      repr(problem.time_limit_s)], f"{nonce}\n{json.dumps(given)}\n".encode(),
-            **self._limits(total, problem))
+            sandbox,
+            [self.python, "-I", "-B", "harness.py", str(problem.entry_point), repr(problem.time_limit_s)],
+            f"{nonce}\n{json.dumps(given)}\n".encode(),
+            **self._limits(total, problem),
+        )
         if run.timed_out or run.exit_code == -signal.SIGXCPU:
             ended = f"time-out:timed out: the whole run ran past its {total:g} s"
         elif run.exit_code != 0:
@@ -321,8 +341,9 @@ class CodeRunner:
             ended = "error:the process ended before this test"
         outcomes = harness_results(run.stdout, problem.tests, ended, nonce)
         for outcome in outcomes:  # the harness says only that a call ran out of time
-            outcome.detail = outcome.detail or (f"timed out after {problem.time_limit_s:g} s"
-                                                if outcome.result == "time-out" else "")
+            outcome.detail = outcome.detail or (
+                f"timed out after {problem.time_limit_s:g} s" if outcome.result == "time-out" else ""
+            )
         return outcomes
 
     def seconds(self, problem: CodeProblem, program: str) -> float | None:
@@ -337,13 +358,15 @@ class CodeRunner:
         self.backend.close()
 
 
-def grade_program(runner: CodeRunner, problem: CodeProblem, answer: str | None,
-                  response: str | list[str] | None) -> CodeGrade:
+def grade_program(
+    runner: CodeRunner, problem: CodeProblem, answer: str | None, response: str | list[str] | None
+) -> CodeGrade:
     """The program of a run (`extract_program` over its response, or its turns' texts in order; else over its
     answer), checked for form and, when well-formed, run against every test of the problem."""
     texts = response if isinstance(response, list) else [response]
-    program = extract_program(*texts, entry_point=problem.entry_point) \
-        or extract_program(answer, entry_point=problem.entry_point)
+    program = extract_program(*texts, entry_point=problem.entry_point) or extract_program(
+        answer, entry_point=problem.entry_point
+    )
     error = form_error(program, problem)
     if error is not None:
         return CodeGrade(program=program, format_error=error)

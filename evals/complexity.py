@@ -73,34 +73,58 @@ def without_comments(program: str) -> str:
 
 
 def prompt_for(problem: CodeProblem, program: str) -> str:
-    reference = f"\nA reference solution with that bound:\n```python\n{problem.reference_solution}\n```\n" \
-        if problem.reference_solution else ""
-    return PROMPT.format(statement=problem.statement.strip(), bound=problem.complexity, reference=reference,
-                         program=without_comments(program).strip())
+    reference = (
+        f"\nA reference solution with that bound:\n```python\n{problem.reference_solution}\n```\n"
+        if problem.reference_solution
+        else ""
+    )
+    return PROMPT.format(
+        statement=problem.statement.strip(),
+        bound=problem.complexity,
+        reference=reference,
+        program=without_comments(program).strip(),
+    )
 
 
-async def judge_complexity(problem: CodeProblem, program: str, endpoint: ChatEndpoint,
-                           client: httpx.AsyncClient) -> dict[str, Any]:
+async def judge_complexity(
+    problem: CodeProblem, program: str, endpoint: ChatEndpoint, client: httpx.AsyncClient
+) -> dict[str, Any]:
     """The judge's verdict on the program's time complexity against the problem's label. Raises
     `judges.JudgeUnavailable` when the endpoint keeps failing (the caller stops, to resume later)."""
     if not problem.complexity:
-        return {"optimal": None, "bound": None, "model": None,
-                "error": "the problem has no complexity label to compare with"}
-    body = {"model": endpoint.model, "messages": [{"role": "user", "content": prompt_for(problem, program)}],
-            "temperature": endpoint.temperature, "max_tokens": endpoint.max_tokens}
+        return {
+            "optimal": None,
+            "bound": None,
+            "model": None,
+            "error": "the problem has no complexity label to compare with",
+        }
+    body = {
+        "model": endpoint.model,
+        "messages": [{"role": "user", "content": prompt_for(problem, program)}],
+        "temperature": endpoint.temperature,
+        "max_tokens": endpoint.max_tokens,
+    }
     reply = ""
     for _ in range(ATTEMPTS):
         reply = await ask_judge(body, endpoint, client)
         optimal, complexity = parse_verdict(reply)
         if optimal is not None:
-            return {"optimal": optimal, "complexity": complexity, "bound": problem.complexity,
-                    "model": endpoint.model}
-    return {"optimal": None, "bound": problem.complexity, "model": endpoint.model,
-            "error": f"no verdict line in the judge's reply: {reply[-160:]!r}"}
+            return {"optimal": optimal, "complexity": complexity, "bound": problem.complexity, "model": endpoint.model}
+    return {
+        "optimal": None,
+        "bound": problem.complexity,
+        "model": endpoint.model,
+        "error": f"no verdict line in the judge's reply: {reply[-160:]!r}",
+    }
 
 
-COMPLEXITY_ENDPOINT = ChatEndpoint(base_url=JUDGE_ENDPOINT.base_url, model="gpt-4.1-2025-04-14", max_tokens=2048,
-                                   timeout_s=JUDGE_ENDPOINT.timeout_s, retries=JUDGE_ENDPOINT.retries)
+COMPLEXITY_ENDPOINT = ChatEndpoint(
+    base_url=JUDGE_ENDPOINT.base_url,
+    model="gpt-4.1-2025-04-14",
+    max_tokens=2048,
+    timeout_s=JUDGE_ENDPOINT.timeout_s,
+    retries=JUDGE_ENDPOINT.retries,
+)
 """The complexity judge's defaults: the LLM judge's endpoint (`--judge-base-url`, `--judge-model`,
 `--judge-api-key` set it), with an instruct model, since the verdict needs no long reasoning; greedy."""
 
@@ -109,8 +133,15 @@ def measured(program_s: float | None, reference_s: float | None) -> dict[str, An
     """The timing tests' verdict: `fast_enough` (None when the reference itself did not finish them) and both
     times."""
     if reference_s is None:
-        return {"fast_enough": None, "program_s": program_s, "reference_s": None,
-                "error": "the reference solution did not finish the timing tests"}
+        return {
+            "fast_enough": None,
+            "program_s": program_s,
+            "reference_s": None,
+            "error": "the reference solution did not finish the timing tests",
+        }
     fast = program_s is not None and program_s <= TIME_SLACK * reference_s + TIME_MARGIN_S
-    return {"fast_enough": fast, "program_s": None if program_s is None else round(program_s, 4),
-            "reference_s": round(reference_s, 4)}
+    return {
+        "fast_enough": fast,
+        "program_s": None if program_s is None else round(program_s, 4),
+        "reference_s": round(reference_s, 4),
+    }

@@ -26,13 +26,18 @@ class CallFailed(Exception):
         self.status: int | None = None
 
 
-async def chat_text(client: httpx.AsyncClient, endpoint: ChatEndpoint, messages: list[dict[str, str]],
-                    temperature: float | None = None) -> str:
+async def chat_text(
+    client: httpx.AsyncClient, endpoint: ChatEndpoint, messages: list[dict[str, str]], temperature: float | None = None
+) -> str:
     """`chat` with the endpoint's model, the messages, a temperature (None: the endpoint's) and its
     max_tokens (the critic's and the question writer's requests)."""
     temperature = endpoint.temperature if temperature is None else temperature
-    body = {"model": endpoint.model, "messages": messages, "temperature": temperature,
-            "max_tokens": endpoint.max_tokens}
+    body = {
+        "model": endpoint.model,
+        "messages": messages,
+        "temperature": temperature,
+        "max_tokens": endpoint.max_tokens,
+    }
     return await chat(client, endpoint, body)
 
 
@@ -57,15 +62,19 @@ async def _chat_at(client: httpx.AsyncClient, base_url: str, endpoint: ChatEndpo
     timeout_s = endpoint.timeout_s
     headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
     try:
-        response = await client.post(base_url.rstrip("/") + "/chat/completions", json=body, headers=headers,
-                                     timeout=timeout_s)
+        response = await client.post(
+            base_url.rstrip("/") + "/chat/completions", json=body, headers=headers, timeout=timeout_s
+        )
     except httpx.TimeoutException:
         raise CallFailed(f"did not answer within {timeout_s:g} s", unavailable=True, timed_out=True) from None
     except httpx.TransportError as exc:
         raise CallFailed(f"unreachable at {base_url}: {type(exc).__name__}: {exc}", unavailable=True) from None
     if response.status_code != 200:
-        failed = CallFailed(f"HTTP {response.status_code}: {response.text[:200]}",
-                            retry=response.status_code in RETRY_STATUSES, unavailable=True)
+        failed = CallFailed(
+            f"HTTP {response.status_code}: {response.text[:200]}",
+            retry=response.status_code in RETRY_STATUSES,
+            unavailable=True,
+        )
         failed.status = response.status_code
         raise failed
     try:

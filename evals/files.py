@@ -51,8 +51,9 @@ def _xor(data: bytes, key: bytes) -> bytes:
     return bytes(byte ^ key[i % len(key)] for i, byte in enumerate(data))
 
 
-def decrypt_cell(path: Path, number: int, row: Row, column: str, canary: str,
-                 decrypt: Callable[[str, str], str]) -> str:
+def decrypt_cell(
+    path: Path, number: int, row: Row, column: str, canary: str, decrypt: Callable[[str, str], str]
+) -> str:
     """The row's `column` decrypted with the row's canary."""
     ciphertext = text_cell(path, number, row, column)
     try:
@@ -162,7 +163,7 @@ def _read_text(path: Path, encoding: str = "utf-8") -> str:
     try:
         return _existing_file(path).read_text(encoding=encoding)
     except UnicodeDecodeError as error:
-        line = error.object[:error.start].count(b"\n") + 1
+        line = error.object[: error.start].count(b"\n") + 1
         raise LoadError(f"{path} line {line}: not UTF-8 text (byte {error.start}); is this the right file?") from None
     except OSError as error:
         raise LoadError(f"{path}: cannot read ({error.strerror or error})") from None
@@ -283,8 +284,10 @@ def _shared_strings(archive: zipfile.ZipFile) -> list[str]:
         return []  # a workbook of inline strings and numbers needs none
     table = ElementTree.fromstring(archive.read("xl/sharedStrings.xml"))
     # an entry is one <t>, or rich-text runs <r><t>; phonetic hints (<rPh>) are not part of the text
-    return ["".join(t.text or "" for t in item.findall(f"{XLSX}t") + item.findall(f"{XLSX}r/{XLSX}t"))
-            for item in table.iter(f"{XLSX}si")]
+    return [
+        "".join(t.text or "" for t in item.findall(f"{XLSX}t") + item.findall(f"{XLSX}r/{XLSX}t"))
+        for item in table.iter(f"{XLSX}si")
+    ]
 
 
 def _sheet_row(path: Path, row: ElementTree.Element, shared: list[str]) -> dict[int, str]:

@@ -53,14 +53,16 @@ def _validation(path: Path, rows: list[dict]) -> list[Task]:
             attachment = _attachment(path, number, folder, file_name, task_id)
             files = [attachment]
             question += ATTACHMENT_NOTE.format(path=attachment)
-        tasks.append(Task(
-            id=task_id,
-            question=question,
-            answer=text_cell(path, number, row, "Final answer"),
-            level=text_cell(path, number, row, "Level"),
-            files=files,
-            metadata={"annotator_metadata": row.get("Annotator Metadata")},
-        ))
+        tasks.append(
+            Task(
+                id=task_id,
+                question=question,
+                answer=text_cell(path, number, row, "Final answer"),
+                level=text_cell(path, number, row, "Level"),
+                files=files,
+                metadata={"annotator_metadata": row.get("Annotator Metadata")},
+            )
+        )
     return tasks
 
 
@@ -70,11 +72,14 @@ def _attachment(path: Path, number: int, folder: Path, file_name: str, task_id: 
     attachment = folder / file_name
     inside = not Path(file_name).is_absolute() and ".." not in Path(file_name).parts
     if not inside or not attachment.resolve().is_relative_to(_allowed_root(folder)):
-        raise LoadError(f"{path} row {number}: attachment '{file_name}' of task {task_id} is outside the data "
-                        f"folder {folder}; attachments are read only from there")
+        raise LoadError(
+            f"{path} row {number}: attachment '{file_name}' of task {task_id} is outside the data "
+            f"folder {folder}; attachments are read only from there"
+        )
     if not attachment.is_file():
-        raise LoadError(f"{path} row {number}: attachment '{file_name}' of task {task_id} is missing "
-                        f"(looked for {attachment})")
+        raise LoadError(
+            f"{path} row {number}: attachment '{file_name}' of task {task_id} is missing (looked for {attachment})"
+        )
     return attachment
 
 
@@ -84,7 +89,7 @@ def _allowed_root(folder: Path) -> Path:
     the snapshot's files are links to its blobs."""
     parts = folder.parts
     if "snapshots" in parts:
-        repo = Path(*parts[:len(parts) - 1 - parts[::-1].index("snapshots")])
+        repo = Path(*parts[: len(parts) - 1 - parts[::-1].index("snapshots")])
         if (repo / "blobs").is_dir():
             return repo.resolve()
     return folder.resolve()
@@ -98,8 +103,10 @@ def _text_only(path: Path, rows: list[dict]) -> list[Task]:
             question=text_cell(path, number, row, "Question"),
             answer=text_cell(path, number, row, "answer"),
             level=text_cell(path, number, row, "Level"),
-            metadata={"subset_id": text_cell(path, number, row, "id"),
-                      "annotator_metadata": row.get("Annotator_Metadata")},
+            metadata={
+                "subset_id": text_cell(path, number, row, "id"),
+                "annotator_metadata": row.get("Annotator_Metadata"),
+            },
         )
         for number, row in enumerate(rows, 1)
     ]

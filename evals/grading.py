@@ -25,8 +25,9 @@ def grader_name(config: EvalConfig) -> str:
 
     name = config.grader or config.bench.grader
     if config.bench.pipeline is not None and name != config.bench.grader:
-        raise EvalError(f"{config.bench.name} is graded by its own pipeline ({config.bench.grader}): leave out "
-                        "--grader")
+        raise EvalError(
+            f"{config.bench.name} is graded by its own pipeline ({config.bench.grader}): leave out --grader"
+        )
     if name in judges.FAMILIES:
         try:
             return judges.grader_name(config.bench.name, name)
@@ -35,8 +36,7 @@ def grader_name(config: EvalConfig) -> str:
     return name
 
 
-def grader_for(config: EvalConfig, reference_prompts: dict[str, str] | None = None,
-               code_runner: Any = None) -> Grade:
+def grader_for(config: EvalConfig, reference_prompts: dict[str, str] | None = None, code_runner: Any = None) -> Grade:
     """The grading function for answers: the GAIA scorer, the program run against its tests in a sandbox
     (`code_runner`, a `code_tests.CodeRunner`), or the named judge profile (a reference grader with the
     reference checkout's own prompt, where `--reference` gives one)."""
@@ -46,8 +46,10 @@ def grader_for(config: EvalConfig, reference_prompts: dict[str, str] | None = No
     if name == CODE_TESTS:
         return code_grader(code_runner)
     if name == "gaia-exact":
+
         async def exact(task: Task, prediction: str | None, response: str, client: httpx.AsyncClient) -> Verdict:
             return gaia_scorer.grade_exact(prediction, task.answer)
+
         return exact
     profile = judges.profile_for(name, config.judge.template, reference_prompts)
 
@@ -56,8 +58,10 @@ def grader_for(config: EvalConfig, reference_prompts: dict[str, str] | None = No
             if prediction is None:  # deviation: the reference harness shows its judge a format-error text instead
                 return Verdict(correct=False, grader=profile.name, reason="no answer")
             return await judges.judge(profile, task.question, prediction, task.answer, config.judge, client)
-        return await judges.judge(profile, task.question, response or prediction or "", task.answer, config.judge,
-                                  client)
+        return await judges.judge(
+            profile, task.question, response or prediction or "", task.answer, config.judge, client
+        )
+
     return judged
 
 
@@ -77,9 +81,14 @@ def code_grader(runner: Any) -> Grade:
         except SandboxError as exc:  # this machine's failure: the run is graded again on resume
             raise JudgeUnavailable(f"the sandbox failed: {exc}") from None
         counts = ", ".join(f"{n} {kind}" for kind, n in grade.counts.items() if n)
-        return Verdict(correct=grade.solved, grader=CODE_TESTS, extracted=grade.program,
-                       reason=grade.format_error or f"pass rate {grade.pass_rate:.3f} ({counts})",
-                       failure=grade.failure)
+        return Verdict(
+            correct=grade.solved,
+            grader=CODE_TESTS,
+            extracted=grade.program,
+            reason=grade.format_error or f"pass rate {grade.pass_rate:.3f} ({counts})",
+            failure=grade.failure,
+        )
+
     return graded
 
 
@@ -92,15 +101,22 @@ def check_grader(config: EvalConfig) -> None:
             raise EvalError(f"{CODE_TESTS} grades code problems (--bench code or humaneval), not {config.bench.name}")
         return
     if name not in judges.PROFILES:
-        raise EvalError(f"--grader must be one of {', '.join(judges.FAMILIES)}, gaia-exact or a grader's full name "
-                        f"({', '.join(judges.PROFILES)}), not {name!r}")
+        raise EvalError(
+            f"--grader must be one of {', '.join(judges.FAMILIES)}, gaia-exact or a grader's full name "
+            f"({', '.join(judges.PROFILES)}), not {name!r}"
+        )
     if config.judge.base_url == JUDGE_ENDPOINT.base_url and not config.judge.api_key:
-        hint = "; or --grader official, GAIA's own scorer, which needs no judge" \
-            if config.bench.name.startswith("gaia") else ""
+        hint = (
+            "; or --grader official, GAIA's own scorer, which needs no judge"
+            if config.bench.name.startswith("gaia")
+            else ""
+        )
         model = config.judge.model or judges.PROFILES[name].model
-        raise EvalError(f"{config.bench.name} is graded by the {name!r} LLM judge, by default {model} at "
-                        f"{JUDGE_ENDPOINT.base_url}: set NANBEIGE_JUDGE_API_KEY, or pass --judge-base-url (and "
-                        f"--judge-model) for another OpenAI-compatible endpoint{hint}")
+        raise EvalError(
+            f"{config.bench.name} is graded by the {name!r} LLM judge, by default {model} at "
+            f"{JUDGE_ENDPOINT.base_url}: set NANBEIGE_JUDGE_API_KEY, or pass --judge-base-url (and "
+            f"--judge-model) for another OpenAI-compatible endpoint{hint}"
+        )
     if config.judge.template is not None and not config.judge.template.is_file():
         raise EvalError(f"--judge-template {config.judge.template}: no such file")
 

@@ -39,6 +39,5 @@ def _task(path: Path, number: int, row: dict, question_field: str) -> Task:
         answer=text_cell(path, number, row, "answer"),
         level=text_cell(path, number, row, "category"),
         # graders pick the exact-answer or multiple-choice treatment from answer_type
-        metadata={"answer_type": text_cell(path, number, row, "answer_type"),
-                  "raw_subject": row.get("raw_subject")},
+        metadata={"answer_type": text_cell(path, number, row, "answer_type"), "raw_subject": row.get("raw_subject")},
     )

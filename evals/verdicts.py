@@ -87,8 +87,12 @@ def _structured(reply: str, schema: type[BaseModel]) -> Reading | None:
         answer = schema.model_validate_json(reply)
     except ValidationError:
         return None
-    return Reading(correct="yes" in answer.correct, extracted=answer.extracted_final_answer,  # type: ignore
-                   reasoning=answer.reasoning, confidence=answer.confidence)  # type: ignore[attr-defined]
+    return Reading(
+        correct="yes" in answer.correct,
+        extracted=answer.extracted_final_answer,  # type: ignore
+        reasoning=answer.reasoning,
+        confidence=answer.confidence,
+    )  # type: ignore[attr-defined]
 
 
 def hle(reply: str) -> Reading | None:
@@ -112,12 +116,15 @@ def response_format(schema: type[BaseModel]) -> dict:
 
 # ---------------------------------------------------------------- BrowseComp-ZH
 
-_ZH_FIELDS = re.compile(r"""
+_ZH_FIELDS = re.compile(
+    r"""
     \*{0,2}extracted_final_answer\*{0,2}\s*?:\s*(.*?)\n
     \*{0,2}reasoning\*{0,2}\s*:\s*?(.*?)\n
     \*{0,2}correct\*{0,2}\s*:\s*?(.*?)\n
     \*{0,2}confidence\*{0,2}\s*?:\s*(.*?)$
-    """, re.DOTALL | re.VERBOSE)
+    """,
+    re.DOTALL | re.VERBOSE,
+)
 
 
 def browsecomp_zh(reply: str) -> Reading:
@@ -127,8 +134,9 @@ def browsecomp_zh(reply: str) -> Reading:
     if not match:
         return Reading(correct=False, confidence=0)
     extracted, reasoning, verdict, confidence = (group.strip() for group in match.groups())
-    return Reading(correct=verdict.lower() == "yes", extracted=extracted, reasoning=reasoning,
-                   confidence=zh_confidence(confidence))
+    return Reading(
+        correct=verdict.lower() == "yes", extracted=extracted, reasoning=reasoning, confidence=zh_confidence(confidence)
+    )
 
 
 def zh_confidence(text: str) -> int:
@@ -155,8 +163,11 @@ def _after_colon(match: re.Match[str] | None) -> str | None:
 def xbench(reply: str) -> Reading:
     """xbench-evals': the first `结论`, ASCII colons optional, then exactly one character before 正确/错误."""
     verdict = _after_colon(re.search(r"结论:*.(正确|错误)", reply))
-    return Reading(correct=verdict == "正确", extracted=_after_colon(re.search(r"最终答案:*(.*)", reply)),
-                   reasoning=_after_colon(re.search(r"解释:*(.*)", reply)) or "")
+    return Reading(
+        correct=verdict == "正确",
+        extracted=_after_colon(re.search(r"最终答案:*(.*)", reply)),
+        reasoning=_after_colon(re.search(r"解释:*(.*)", reply)) or "",
+    )
 
 
 def xbench_answer(response: str) -> str | None:

@@ -25,10 +25,12 @@ def load(path: str | Path) -> list[Task]:
         steps = ""
         if optional_text_cell(path, number, row, "reference_steps").strip():
             steps = decrypt_cell(path, number, row, "reference_steps", canary, decrypt_xbench)
-        tasks.append(Task(
-            id=text_cell(path, number, row, "id").strip(),
-            question=decrypt_cell(path, number, row, "prompt", canary, decrypt_xbench),
-            answer=decrypt_cell(path, number, row, "answer", canary, decrypt_xbench),
-            metadata={"reference_steps": steps},
-        ))
+        tasks.append(
+            Task(
+                id=text_cell(path, number, row, "id").strip(),
+                question=decrypt_cell(path, number, row, "prompt", canary, decrypt_xbench),
+                answer=decrypt_cell(path, number, row, "answer", canary, decrypt_xbench),
+                metadata={"reference_steps": steps},
+            )
+        )
     return tasks

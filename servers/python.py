@@ -52,8 +52,10 @@ def answer(work: Callable[[], str]) -> CallToolResult:
             text = f"[ERROR]: {exc}"
         except Exception as exc:
             log.exception("tool-python failed")
-            text = (f"[ERROR]: The sandbox failed unexpectedly; try again. Exception type: {type(exc).__name__}, "
-                    f"Details: {str(exc)[:ERROR_DETAIL_CHARS]}")
+            text = (
+                f"[ERROR]: The sandbox failed unexpectedly; try again. Exception type: {type(exc).__name__}, "
+                f"Details: {str(exc)[:ERROR_DETAIL_CHARS]}"
+            )
     return metered_result(text, cost, is_error=True)
 
 
@@ -113,8 +115,9 @@ def run_python_code(ctx: Context, code_block: str, sandbox_id: str) -> CallToolR
     return answer(lambda: sandboxes(ctx).run_python(code_block, sandbox_id))
 
 
-def upload_file_from_local_to_sandbox(ctx: Context, sandbox_id: str, local_file_path: str,
-                                      sandbox_file_path: str = "/home/user") -> CallToolResult:
+def upload_file_from_local_to_sandbox(
+    ctx: Context, sandbox_id: str, local_file_path: str, sandbox_file_path: str = "/home/user"
+) -> CallToolResult:
     """Copy a local file into the sandbox.
 
     Args:
@@ -128,8 +131,9 @@ def upload_file_from_local_to_sandbox(ctx: Context, sandbox_id: str, local_file_
     return answer(lambda: sandboxes(ctx).upload(sandbox_id, local_file_path, sandbox_file_path))
 
 
-def download_file_from_internet_to_sandbox(ctx: Context, sandbox_id: str, url: str,
-                                           sandbox_file_path: str = "/home/user") -> CallToolResult:
+def download_file_from_internet_to_sandbox(
+    ctx: Context, sandbox_id: str, url: str, sandbox_file_path: str = "/home/user"
+) -> CallToolResult:
     """Download a file from an http(s) URL into the sandbox.
 
     Args:
@@ -143,8 +147,9 @@ def download_file_from_internet_to_sandbox(ctx: Context, sandbox_id: str, url: s
     return answer(lambda: sandboxes(ctx).download_url(sandbox_id, url, sandbox_file_path))
 
 
-def download_file_from_sandbox_to_local(ctx: Context, sandbox_id: str, sandbox_file_path: str,
-                                        local_filename: str | None = None) -> CallToolResult:
+def download_file_from_sandbox_to_local(
+    ctx: Context, sandbox_id: str, sandbox_file_path: str, local_filename: str | None = None
+) -> CallToolResult:
     """Copy a file from the sandbox to the local machine, where other tools can read it.
 
     Args:
@@ -159,8 +164,13 @@ def download_file_from_sandbox_to_local(ctx: Context, sandbox_id: str, sandbox_f
 
 
 TOOLS: list[Callable[..., CallToolResult]] = [
-    create_sandbox, run_command, run_python_code, upload_file_from_local_to_sandbox,
-    download_file_from_internet_to_sandbox, download_file_from_sandbox_to_local]
+    create_sandbox,
+    run_command,
+    run_python_code,
+    upload_file_from_local_to_sandbox,
+    download_file_from_internet_to_sandbox,
+    download_file_from_sandbox_to_local,
+]
 
 
 def build_server(boxes: Sandboxes | None = None) -> MCPServer:
@@ -176,8 +186,9 @@ def build_server(boxes: Sandboxes | None = None) -> MCPServer:
         finally:
             await anyio.to_thread.run_sync(boxes.close)
 
-    return MCPServer(name="tool-python", version=server_version(), lifespan=lifespan,
-                     tools=[fastmcp_tool(tool) for tool in TOOLS])
+    return MCPServer(
+        name="tool-python", version=server_version(), lifespan=lifespan, tools=[fastmcp_tool(tool) for tool in TOOLS]
+    )
 
 
 STOP_WAIT_S = 10.0  # the longest a signal waits for the sandboxes to close before the server exits anyway

@@ -27,8 +27,9 @@ def build_server(config: ScrapeConfig | None = None) -> MCPServer:
     config = config or scrape_config_from_env()
     server = MCPServer(name=NAME, version=server_version())
 
-    async def scrape_and_extract_info(url: str, info_to_extract: str,
-                                      custom_headers: dict[str, str] | None = None) -> CallToolResult:
+    async def scrape_and_extract_info(
+        url: str, info_to_extract: str, custom_headers: dict[str, str] | None = None
+    ) -> CallToolResult:
         """Fetch a web page, PDF, or other online file and extract the requested information from it
         with a language model. Use it to read a page found by search, and for PDFs and documents.
 
@@ -46,13 +47,20 @@ def build_server(config: ScrapeConfig | None = None) -> MCPServer:
                 result = await scrape.scrape_and_extract_info(url, info_to_extract, custom_headers, config)
             except (FetchError, ScrapeError) as exc:
                 # as the reference's scrape server answers: the same JSON object, saying what failed
-                result = {"success": False, "url": url, "extracted_info": "", "error": f"Scraping failed: {exc}",
-                          "scrape_stats": {}, "tokens_used": 0}
+                result = {
+                    "success": False,
+                    "url": url,
+                    "extracted_info": "",
+                    "error": f"Scraping failed: {exc}",
+                    "scrape_stats": {},
+                    "tokens_used": 0,
+                }
         # printed as the reference's server did
         return metered_result(json.dumps(result, ensure_ascii=False, indent=2), cost)
 
-    server.add_tool(scrape_and_extract_info, description=sdk_description(scrape_and_extract_info),
-                    structured_output=False)
+    server.add_tool(
+        scrape_and_extract_info, description=sdk_description(scrape_and_extract_info), structured_output=False
+    )
     return server
 
 

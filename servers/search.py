@@ -39,12 +39,22 @@ def build_server(config: SearchConfig | None = None) -> MCPServer:
         async with Searcher(config) as searcher:
             yield {"searcher": searcher}
 
-    server = MCPServer(name=NAME, version=server_version(), instructions="Web search in Google's result format.",
-                       lifespan=lifespan)
+    server = MCPServer(
+        name=NAME, version=server_version(), instructions="Web search in Google's result format.", lifespan=lifespan
+    )
 
-    async def google_search(q: str, gl: str = "us", hl: str = "en", location: str | None = None,
-                            num: int | None = None, tbs: str | None = None, page: int | None = None,
-                            autocorrect: bool | None = None, *, ctx: Context) -> CallToolResult:
+    async def google_search(
+        q: str,
+        gl: str = "us",
+        hl: str = "en",
+        location: str | None = None,
+        num: int | None = None,
+        tbs: str | None = None,
+        page: int | None = None,
+        autocorrect: bool | None = None,
+        *,
+        ctx: Context,
+    ) -> CallToolResult:
         """Search the web (Google results) and get back JSON with the organic results: title, link,
         snippet and, when known, a date.
 
@@ -69,8 +79,12 @@ def build_server(config: SearchConfig | None = None) -> MCPServer:
                 result = {"success": False, "error": str(exc), "results": []}
         return metered_result(format_results(result), cost)
 
-    server.add_tool(google_search, description=sdk_description(google_search), structured_output=False,
-                    annotations=ToolAnnotations(read_only_hint=True, open_world_hint=True))
+    server.add_tool(
+        google_search,
+        description=sdk_description(google_search),
+        structured_output=False,
+        annotations=ToolAnnotations(read_only_hint=True, open_world_hint=True),
+    )
     return server
 
 

@@ -37,9 +37,10 @@ def right_calls(ground_truth: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The calls a perfect model makes for a single-turn item, as {"name", "arguments"}."""
     calls = []
     for call in ground_truth:
-        (name, params), = call.items()
-        calls.append({"name": name, "arguments": {p: first_choice(o) for p, o in params.items()
-                                                  if first_choice(o) is not None}})
+        ((name, params),) = call.items()
+        calls.append(
+            {"name": name, "arguments": {p: first_choice(o) for p, o in params.items() if first_choice(o) is not None}}
+        )
     return calls
 
 
@@ -61,7 +62,7 @@ def variant(index: int, calls: list[dict[str, Any]]) -> str:
         "<tool_call>\n" + repr(first) + "\n</tool_call>",  # Python's quotes: not JSON
         block({"name": first["name"], "arguments": {**first["arguments"], "unit_of_nothing": None}}),
         block({"name": first["name"].replace(".", "_"), "arguments": first["arguments"]}),
-        right + "\n<tool_call>\n{\"name\": broken\n</tool_call>",  # one call the handler cannot read
+        right + '\n<tool_call>\n{"name": broken\n</tool_call>',  # one call the handler cannot read
         "<think>\nThe user wants a call, so I will make it.\n" + right,  # a <think> never closed
         "<think>\nok\n</think>\n\n" + block({"name": first["name"], "arguments": wrong_args}),
         "I cannot do that with the tools I have.",
@@ -78,8 +79,12 @@ def multi_turn_calls(call_strings: list[str], functions: list[dict[str, Any]]) -
         node = ast.parse(text, mode="eval").body
         params = next((list(f["parameters"]["properties"]) for f in functions if f["name"] == node.func.id), [])
         arguments = {params[i]: ast.literal_eval(arg) for i, arg in enumerate(node.args)}
-        calls.append({"name": node.func.id,
-                      "arguments": arguments | {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords}})
+        calls.append(
+            {
+                "name": node.func.id,
+                "arguments": arguments | {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords},
+            }
+        )
     return calls
 
 
@@ -137,8 +142,10 @@ def script_for(counts: dict[str, int]) -> Replies:
         truths: dict[str, Any] = {}
         if not is_relevance_or_irrelevance(category):  # memory truths are named "memory_..." for every backend
             shared = next((name for name in ("memory", "web_search") if category.startswith(name)), None)
-            truths = {row["id"].replace(shared, category, 1) if shared else row["id"]: row["ground_truth"]
-                      for row in load_ground_truth_entry(category)}
+            truths = {
+                row["id"].replace(shared, category, 1) if shared else row["id"]: row["ground_truth"]
+                for row in load_ground_truth_entry(category)
+            }
         for position, entry in enumerate(entries):
             items[entry["id"]] = (entry, truths.get(entry["id"]), position)
     return Replies(items)
@@ -164,19 +171,35 @@ def run_official(base_url: str, counts: dict[str, int], folder: Path, monkeypatc
     generation = package.generation
     monkeypatch.setenv("REMOTE_OPENAI_BASE_URL", base_url)
     args = types.SimpleNamespace(
-        temperature=bfcl.TEMPERATURE, num_threads=8, result_dir=folder / "result", run_ids=False,
-        allow_overwrite=False, skip_server_setup=True, num_gpus=1, gpu_memory_utilization=0.9, backend="vllm",
-        local_model_path=str(tokenizer_folder(folder / "model")), lora_modules=None, enable_lora=False,
-        max_lora_rank=None, include_input_log=False, exclude_state_log=False)
+        temperature=bfcl.TEMPERATURE,
+        num_threads=8,
+        result_dir=folder / "result",
+        run_ids=False,
+        allow_overwrite=False,
+        skip_server_setup=True,
+        num_gpus=1,
+        gpu_memory_utilization=0.9,
+        backend="vllm",
+        local_model_path=str(tokenizer_folder(folder / "model")),
+        lora_modules=None,
+        enable_lora=False,
+        max_lora_rank=None,
+        include_input_log=False,
+        exclude_state_log=False,
+    )
     categories, entries = generation.get_involved_test_entries(list(counts), False)
     chosen = {e["id"] for c, n in counts.items() for e in package.utils.load_dataset_entry(c)[:n]}
-    cases = [case for case in generation.collect_test_cases(args, bfcl.HANDLER_ENTRY, categories, entries)
-             if case["id"] in chosen]
+    cases = [
+        case
+        for case in generation.collect_test_cases(args, bfcl.HANDLER_ENTRY, categories, entries)
+        if case["id"] in chosen
+    ]
     bfcl.fresh_state()
     generation.generate_results(args, bfcl.HANDLER_ENTRY, cases)
     bfcl.fresh_state()
-    package.runner.main([bfcl.HANDLER_ENTRY], list(counts), str(folder / "result"), str(folder / "score"),
-                        partial_eval=True)
+    package.runner.main(
+        [bfcl.HANDLER_ENTRY], list(counts), str(folder / "result"), str(folder / "score"), partial_eval=True
+    )
     return folder / "score"
 
 

@@ -56,28 +56,45 @@ def search(q: str) -> str:
 
 def scenarios() -> list[Scenario]:
     python = mcp_call("tool-python", "run_python_code", {"code_block": "print(6*7)", "sandbox_id": "sbx-1"})
-    scrape = mcp_call("jina_scrape_llm_summary", "scrape_and_extract_info",
-                      {"url": "http://127.0.0.1/mars", "info_to_extract": "nickname"})
+    scrape = mcp_call(
+        "jina_scrape_llm_summary",
+        "scrape_and_extract_info",
+        {"url": "http://127.0.0.1/mars", "info_to_extract": "nickname"},
+    )
     malformed = "<think>\nCall it.\n</think>\n\n<use_mcp_tool>\n<server_name>tool-python</server_name>"
     inside_think = "<think>\nI will " + search("mars moons") + "\n</think>\n\nDone thinking."
     refusal = "I\u2019m sorry, but I can\u2019t help with that."
     return [
-        Scenario("a long run: every tool, a repeat, a malformed call, a call inside <think>, keep-5",
-                 [search("red planet"), scrape, python, search("red planet"), malformed, inside_think,
-                  search("mars colour"), search("mars size"), search("mars day"), mcp_answer("Mars, 42"),
-                  mcp_answer("Mars, 42")]),
+        Scenario(
+            "a long run: every tool, a repeat, a malformed call, a call inside <think>, keep-5",
+            [
+                search("red planet"),
+                scrape,
+                python,
+                search("red planet"),
+                malformed,
+                inside_think,
+                search("mars colour"),
+                search("mars size"),
+                search("mars day"),
+                mcp_answer("Mars, 42"),
+                mcp_answer("Mars, 42"),
+            ],
+        ),
         Scenario("max_turns reached", [search("a"), search("b"), search("c"), search("d"), mcp_answer("x")], 3),
-        Scenario("an empty reply, a refusal, a repeat within one reply",
-                 ["", search("a"), refusal, search("b") + "\n" + search("b"), search("a"), mcp_answer("x"),
-                  mcp_answer("x")]),
+        Scenario(
+            "an empty reply, a refusal, a repeat within one reply",
+            ["", search("a"), refusal, search("b") + "\n" + search("b"), search("a"), mcp_answer("x"), mcp_answer("x")],
+        ),
     ]
 
 
 def servers() -> list[ServerSpec]:
     from mcp.server.mcpserver import MCPServer
 
-    web, pages, python = (MCPServer(name=n) for n in ("search_and_scrape_webpage", "jina_scrape_llm_summary",
-                                                       "tool-python"))
+    web, pages, python = (
+        MCPServer(name=n) for n in ("search_and_scrape_webpage", "jina_scrape_llm_summary", "tool-python")
+    )
 
     @web.tool()
     def google_search(q: str) -> str:
@@ -94,8 +111,9 @@ def servers() -> list[ServerSpec]:
     return [ServerSpec(name=s.name, server=s) for s in (web, pages, python)]
 
 
-async def nanbeige_requests(reference: ref.Reference, scenario: Scenario
-                            ) -> tuple[list[list[dict[str, Any]]], list[dict[str, Any]]]:
+async def nanbeige_requests(
+    reference: ref.Reference, scenario: Scenario
+) -> tuple[list[list[dict[str, Any]]], list[dict[str, Any]]]:
     llm = ScriptedLLM(list(scenario.replies))
     async with Toolbox(servers()) as toolbox:
         await run(QUESTION, llm, toolbox, AgentConfig(date=DATE, reference=reference, max_turns=scenario.max_turns))
@@ -108,9 +126,11 @@ async def nanbeige_requests(reference: ref.Reference, scenario: Scenario
 def docstrings(root: Path) -> dict[tuple[str, str], str]:
     """The reference servers' tool descriptions as MCP SDK 1.x on Python 3.12 lists them (`__doc__`)."""
     found = {}
-    for server, relative in (("tool-python", "mcp_servers/python_mcp_server.py"),
-                             ("search_and_scrape_webpage", "dev_mcp_servers/search_and_scrape_webpage.py"),
-                             ("jina_scrape_llm_summary", "dev_mcp_servers/jina_scrape_llm_summary.py")):
+    for server, relative in (
+        ("tool-python", "mcp_servers/python_mcp_server.py"),
+        ("search_and_scrape_webpage", "dev_mcp_servers/search_and_scrape_webpage.py"),
+        ("jina_scrape_llm_summary", "dev_mcp_servers/jina_scrape_llm_summary.py"),
+    ):
         tree = ast.parse((root / "libs/miroflow-tools/src/miroflow_tools" / relative).read_text())
         for node in tree.body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.decorator_list:
@@ -118,18 +138,30 @@ def docstrings(root: Path) -> dict[tuple[str, str], str]:
     return found
 
 
-def reference_requests(root: Path, tools: list[dict[str, Any]], scenario: Scenario, log_dir: Path
-                       ) -> list[dict[str, Any]]:
+def reference_requests(
+    root: Path, tools: list[dict[str, Any]], scenario: Scenario, log_dir: Path
+) -> list[dict[str, Any]]:
     """The requests of the scripted run as the checkout's own main agent makes them."""
     import logging
 
     from reference_orchestrator import run as run_reference
 
     described = docstrings(root)
-    definitions = [{"name": server, "tools": [
-        {"name": t["name"], "description": described.get((server, t["name"]), t["description"]),
-         "schema": reference_schema(t["input_schema"])} for t in tools if t["server"] == server]}
-        for server in ordered_servers(tools)]
+    definitions = [
+        {
+            "name": server,
+            "tools": [
+                {
+                    "name": t["name"],
+                    "description": described.get((server, t["name"]), t["description"]),
+                    "schema": reference_schema(t["input_schema"]),
+                }
+                for t in tools
+                if t["server"] == server
+            ],
+        }
+        for server in ordered_servers(tools)
+    ]
 
     def result(server: str, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
         return {"server_name": server, "tool_name": tool, "result": result_of(tool, arguments)}
@@ -168,10 +200,14 @@ def main() -> int:
             theirs = reference_requests(root, tools, scenario, Path(logs))
         difference = compare(ours, theirs)
         failed += difference is not None
-        print(f"{'differs' if difference else 'same'}: {scenario.name} ({len(theirs)} requests)"
-              + (f"\n{difference}" if difference else ""))
-    print(f"reference {reference.commit or root}, sha256 {reference.sha256[:12]}: "
-          f"{len(scenarios()) - failed} of {len(scenarios())} scenarios sent byte for byte the same messages")
+        print(
+            f"{'differs' if difference else 'same'}: {scenario.name} ({len(theirs)} requests)"
+            + (f"\n{difference}" if difference else "")
+        )
+    print(
+        f"reference {reference.commit or root}, sha256 {reference.sha256[:12]}: "
+        f"{len(scenarios()) - failed} of {len(scenarios())} scenarios sent byte for byte the same messages"
+    )
     return 1 if failed else 0
 
 

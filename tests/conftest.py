@@ -45,8 +45,13 @@ os.environ["XDG_CACHE_HOME"] = str(Path(__file__).parent.parent / ".pytest_cache
 def jail_works() -> bool:
     """Whether bwrap is installed here and may make a jail's namespaces (a container may forbid them)."""
     bwrap = shutil.which("bwrap")
-    return bool(bwrap) and subprocess.run([bwrap, "--unshare-all", "--ro-bind", "/", "/", "true"],
-                                          capture_output=True, check=False).returncode == 0
+    return (
+        bool(bwrap)
+        and subprocess.run(
+            [bwrap, "--unshare-all", "--ro-bind", "/", "/", "true"], capture_output=True, check=False
+        ).returncode
+        == 0
+    )
 
 
 JAIL = jail_works()
@@ -87,6 +92,7 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from tiny_model import make_tiny_model
 
     from nanbeige.agent.backends.token_mode import load_tokenizer
+
     return load_tokenizer(str(make_tiny_model(tmp_path_factory.mktemp("tiny"))))[0]
 
 
@@ -112,7 +118,6 @@ def wait_for_http(url: str, seconds: float = 10.0) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
-
 
 
 # ---------------------------------------------------------------- the suite on several workers (pytest-xdist)

@@ -83,22 +83,27 @@ def write_xlsx(path: Path, rows: list[list]) -> Path:
         "[Content_Types].xml": (
             '<Types xmlns="http://schemas.openxmlformats.org/package/2006/content-types">'
             '<Default Extension="rels" ContentType="application/vnd.openxmlformats-package.relationships+xml"/>'
-            '<Default Extension="xml" ContentType="application/xml"/></Types>'),
+            '<Default Extension="xml" ContentType="application/xml"/></Types>'
+        ),
         "_rels/.rels": (
             f'<Relationships xmlns="{RELS}"><Relationship Id="rId1" Target="xl/workbook.xml" '
-            f'Type="{DOC_RELS}/officeDocument"/></Relationships>'),
+            f'Type="{DOC_RELS}/officeDocument"/></Relationships>'
+        ),
         "xl/workbook.xml": (
             f'<workbook xmlns="{MAIN}" xmlns:r="{DOC_RELS}"><sheets>'
-            '<sheet name="Sheet1" sheetId="1" r:id="rId3"/></sheets></workbook>'),
+            '<sheet name="Sheet1" sheetId="1" r:id="rId3"/></sheets></workbook>'
+        ),
         # neither the sheet's relationship id nor its part name is the usual one: the reader must follow the link
         "xl/_rels/workbook.xml.rels": (
             f'<Relationships xmlns="{RELS}">'
             f'<Relationship Id="rId1" Type="{DOC_RELS}/sharedStrings" Target="sharedStrings.xml"/>'
             f'<Relationship Id="rId3" Type="{DOC_RELS}/worksheet" Target="worksheets/questions.xml"/>'
-            '</Relationships>'),
+            "</Relationships>"
+        ),
         "xl/sharedStrings.xml": f'<sst xmlns="{MAIN}" count="{len(shared)}">{strings}</sst>',
         "xl/worksheets/questions.xml": (
-            f'<worksheet xmlns="{MAIN}"><sheetData>{"".join(sheet_rows)}</sheetData></worksheet>'),
+            f'<worksheet xmlns="{MAIN}"><sheetData>{"".join(sheet_rows)}</sheetData></worksheet>'
+        ),
     }
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
         for name, xml in members.items():

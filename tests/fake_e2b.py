@@ -30,8 +30,14 @@ class FakeCommand:
     """`CommandHandle`: a process started in the background with a stdin stream."""
 
     def __init__(self, cmd: str, cwd: Path, timeout: float | None) -> None:
-        self.process = subprocess.Popen(["/bin/bash", "-c", cmd], cwd=cwd, stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        self.process = subprocess.Popen(
+            ["/bin/bash", "-c", cmd],
+            cwd=cwd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
         self.pid, self.timeout, self.output = self.process.pid, timeout, {"stdout": b"", "stderr": b""}
         self.readers = [threading.Thread(target=self._read, args=(name,), daemon=True) for name in self.output]
         for reader in self.readers:
@@ -47,8 +53,10 @@ class FakeCommand:
 
     def close_stdin(self, request_timeout: float | None = None) -> None:
         if os.environ.get("FAKE_E2B_OLD_ENVD"):
-            raise SandboxException("Sandbox envd version 0.2.0 doesn't support closing stdin. Please rebuild "
-                                   "your template to pick up the latest sandbox version.")
+            raise SandboxException(
+                "Sandbox envd version 0.2.0 doesn't support closing stdin. Please rebuild "
+                "your template to pick up the latest sandbox version."
+            )
         assert self.process.stdin is not None
         self.process.stdin.close()
 
@@ -62,8 +70,12 @@ class FakeCommand:
         stdout, stderr = (self.output[name].decode(errors="replace") for name in ("stdout", "stderr"))
         code = self.process.returncode
         if code != 0:  # envd reports a signal as exit -1 and its name
-            raise CommandExitException(stderr=stderr, stdout=stdout, exit_code=code if code > 0 else -1,
-                                       error=f"exit status {code}" if code > 0 else "signal: killed")
+            raise CommandExitException(
+                stderr=stderr,
+                stdout=stdout,
+                exit_code=code if code > 0 else -1,
+                error=f"exit status {code}" if code > 0 else "signal: killed",
+            )
         return CommandResult(stderr=stderr, stdout=stdout, exit_code=0, error=None)
 
     def kill(self) -> bool:
@@ -83,8 +95,9 @@ class FakeSandbox:
         self.started: list[FakeCommand] = []
 
     @classmethod
-    def create(cls, template: str | None = None, timeout: int | None = None, api_key: str | None = None,
-               **options: object) -> FakeSandbox:
+    def create(
+        cls, template: str | None = None, timeout: int | None = None, api_key: str | None = None, **options: object
+    ) -> FakeSandbox:
         if os.environ.get("FAKE_E2B_BROKEN"):
             raise SandboxException(f"403: team of key {api_key} has no sandboxes left")
         root = Path(os.environ["FAKE_E2B_ROOT"])
@@ -99,8 +112,15 @@ class FakeSandbox:
         target = self.folder / Path(path).relative_to(HOME)
         target.write_bytes(data.encode() if isinstance(data, str) else data)
 
-    def run(self, cmd: str, background: bool | None = None, cwd: str | None = None, stdin: bool | None = None,
-            timeout: float | None = 60, **options: object) -> FakeCommand:
+    def run(
+        self,
+        cmd: str,
+        background: bool | None = None,
+        cwd: str | None = None,
+        stdin: bool | None = None,
+        timeout: float | None = 60,
+        **options: object,
+    ) -> FakeCommand:
         assert background and stdin, "the backend runs programs in the background, with a stdin stream"
         command = FakeCommand(cmd, self.folder / Path(cwd or HOME).relative_to(HOME), timeout)
         self.started.append(command)

@@ -90,12 +90,23 @@ Script = Callable[[dict[str, Any]], Reply | str]
 class FakeOpenAI:
     """Run with `with FakeOpenAI(replies) as server:`; `server.base_url` ends in /v1."""
 
-    def __init__(self, replies: list[Reply | str] | Script, vllm: bool = False, reject_extras: bool = False,
-                 default: Reply | str | None = None, tokenize: Callable[[str], list[int]] | None = None,
-                 stop_id: int | None = None, strict: bool = False, max_model_len: int = 32768,
-                 models: list[dict[str, Any]] | None = None, api_key: str | None = None,
-                 template_takes_tools: bool = False, streams: bool = True, refuses: dict[str, str] | None = None,
-                 max_in_flight: int | None = None):
+    def __init__(
+        self,
+        replies: list[Reply | str] | Script,
+        vllm: bool = False,
+        reject_extras: bool = False,
+        default: Reply | str | None = None,
+        tokenize: Callable[[str], list[int]] | None = None,
+        stop_id: int | None = None,
+        strict: bool = False,
+        max_model_len: int = 32768,
+        models: list[dict[str, Any]] | None = None,
+        api_key: str | None = None,
+        template_takes_tools: bool = False,
+        streams: bool = True,
+        refuses: dict[str, str] | None = None,
+        max_in_flight: int | None = None,
+    ):
         # at most this many replies' delays run at once, the rest wait, as on a server whose GPU is busy
         self.slots = threading.Semaphore(max_in_flight) if max_in_flight else contextlib.nullcontext()
         self.streams = streams  # False: `"stream": true` is ignored, the answer is the whole JSON body
@@ -167,8 +178,11 @@ class FakeOpenAI:
                 reply = self.replies.pop(0)
             else:
                 # a client error, not retried: a script that ran out is the test's mistake
-                reply = self.default if self.default is not None else Reply(status=400, body={
-                    "error": "the fake model's script has no more replies"})
+                reply = (
+                    self.default
+                    if self.default is not None
+                    else Reply(status=400, body={"error": "the fake model's script has no more replies"})
+                )
         return Reply(content=reply) if isinstance(reply, str) else reply
 
     def model_list(self) -> dict[str, Any]:
@@ -186,8 +200,9 @@ class FakeOpenAI:
         base = self.models[0]["id"] if self.models else "fake-model"
         with self.lock:
             adapters = list(self.adapters.items())
-        return [{"id": name, "object": "model", "owned_by": "vllm", "root": path, "parent": base}
-                for name, path in adapters]
+        return [
+            {"id": name, "object": "model", "owned_by": "vllm", "root": path, "parent": base} for name, path in adapters
+        ]
 
     def lora_call(self, path: str, request: dict[str, Any]) -> tuple[int, str]:
         """vLLM's answer to a runtime LoRA call: plain text on success, an error status otherwise."""
@@ -220,17 +235,26 @@ class FakeOpenAI:
             message = reply.message
         choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": reply.finish_reason}
         body: dict[str, Any] = {
-            "id": "chatcmpl-test", "object": "chat.completion", "created": int(time.time()),
-            "model": request.get("model"), "choices": [choice],
-            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(completion),
-                      "total_tokens": len(prompt) + len(completion)},
+            "id": "chatcmpl-test",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": request.get("model"),
+            "choices": [choice],
+            "usage": {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": len(completion),
+                "total_tokens": len(prompt) + len(completion),
+            },
         }
         if self.vllm and request.get("return_token_ids"):
             body["prompt_token_ids"] = prompt
             choice["token_ids"] = completion
         if self.vllm and request.get("logprobs"):
-            choice["logprobs"] = {"content": [{"token": f"token_id:{t}", "logprob": -0.5, "bytes": [t],
-                                               "top_logprobs": []} for t in completion]}
+            choice["logprobs"] = {
+                "content": [
+                    {"token": f"token_id:{t}", "logprob": -0.5, "bytes": [t], "top_logprobs": []} for t in completion
+                ]
+            }
         return body
 
     def stream_chunks(self, body: dict[str, Any], completions_api: bool) -> list[dict[str, Any]]:
@@ -248,8 +272,12 @@ class FakeOpenAI:
         entries = iter(logprobs.get("content") or logprobs.get("token_logprobs") or [])
         chunks = []
         if not completions_api:
-            first: dict[str, Any] = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                                          "logprobs": None, "finish_reason": None}]}
+            first: dict[str, Any] = {
+                **head,
+                "choices": [
+                    {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+                ],
+            }
             if "prompt_token_ids" in body:
                 first["prompt_token_ids"] = body["prompt_token_ids"]
             chunks.append(first)
@@ -259,7 +287,7 @@ class FakeOpenAI:
         # token, or several tokens in one when it falls behind): a character a piece where the ids are the
         # fake's bytes, else four characters, about a token of English
         size = 1 if "token_ids" in choice else 4
-        pieces = [text[i:i + size] for i in range(0, len(text), size)]
+        pieces = [text[i : i + size] for i in range(0, len(text), size)]
         for position, char in enumerate(pieces):
             piece: dict[str, Any] = {"index": 0, "finish_reason": None}
             piece |= {"text": char} if completions_api else {"delta": {"content": char}}
@@ -296,13 +324,26 @@ class FakeOpenAI:
         # vLLM 0.32 (tests/golden/vllm_stream/completion.json): the prompt's ids are in the choice
         # and with logprobs=0, each token's text and a one-entry top_logprobs (checked in tests/test_real_vllm.py)
         texts = [f"token_id:{t}" for t in completion]
-        choice = {"index": 0, "text": reply.content, "finish_reason": reply.finish_reason,
-                  "logprobs": {"token_logprobs": [-0.25] * len(completion), "tokens": texts,
-                               "top_logprobs": [{text: -0.25} for text in texts]},
-                  "prompt_token_ids": prompt_ids, "token_ids": completion}
-        return {"id": "cmpl-test", "object": "text_completion", "created": int(time.time()),
-                "model": request.get("model"), "choices": [choice],
-                "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(completion)}}
+        choice = {
+            "index": 0,
+            "text": reply.content,
+            "finish_reason": reply.finish_reason,
+            "logprobs": {
+                "token_logprobs": [-0.25] * len(completion),
+                "tokens": texts,
+                "top_logprobs": [{text: -0.25} for text in texts],
+            },
+            "prompt_token_ids": prompt_ids,
+            "token_ids": completion,
+        }
+        return {
+            "id": "cmpl-test",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": request.get("model"),
+            "choices": [choice],
+            "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(completion)},
+        }
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         """The request handler for this server: `FakeOpenAIHandler` answering for this fake."""
@@ -311,8 +352,10 @@ class FakeOpenAI:
 
 def mcp_call(server: str, tool: str, arguments: dict[str, Any], thought: str = "Let me check.") -> str:
     """An assistant reply in the mcp-xml dialect that calls one tool."""
-    return (f"<think>\n{thought}\n</think>\n\n<use_mcp_tool>\n<server_name>{server}</server_name>\n"
-            f"<tool_name>{tool}</tool_name>\n<arguments>\n{json.dumps(arguments)}\n</arguments>\n</use_mcp_tool>")
+    return (
+        f"<think>\n{thought}\n</think>\n\n<use_mcp_tool>\n<server_name>{server}</server_name>\n"
+        f"<tool_name>{tool}</tool_name>\n<arguments>\n{json.dumps(arguments)}\n</arguments>\n</use_mcp_tool>"
+    )
 
 
 def mcp_answer(answer: str) -> str:

@@ -17,11 +17,37 @@ if TYPE_CHECKING:
 VLLM_ONLY = ("return_token_ids", "top_logprobs")  # refused by a server made with reject_extras=True
 # The request fields of OpenAI's chat completions API: all that a strict server accepts.
 OPENAI_CHAT_FIELDS = {
-    "model", "messages", "temperature", "top_p", "max_tokens", "max_completion_tokens", "stop", "n", "stream",
-    "stream_options", "tools", "tool_choice", "parallel_tool_calls", "functions", "function_call",
-    "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "top_logprobs", "seed", "user",
-    "response_format", "metadata", "store", "service_tier", "modalities", "audio", "prediction",
-    "reasoning_effort", "web_search_options",
+    "model",
+    "messages",
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "max_completion_tokens",
+    "stop",
+    "n",
+    "stream",
+    "stream_options",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "functions",
+    "function_call",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "logprobs",
+    "top_logprobs",
+    "seed",
+    "user",
+    "response_format",
+    "metadata",
+    "store",
+    "service_tier",
+    "modalities",
+    "audio",
+    "prediction",
+    "reasoning_effort",
+    "web_search_options",
 }
 
 
@@ -82,8 +108,16 @@ class FakeOpenAIHandler(BaseHTTPRequestHandler):
         """Answers 401 as OpenAI does when the server wants a key this request lacks."""
         if self.fake.api_key is None or self.headers.get("Authorization") == f"Bearer {self.fake.api_key}":
             return False
-        self._send(401, {"error": {"message": "Incorrect API key provided", "type": "invalid_request_error",
-                                   "code": "invalid_api_key"}})
+        self._send(
+            401,
+            {
+                "error": {
+                    "message": "Incorrect API key provided",
+                    "type": "invalid_request_error",
+                    "code": "invalid_api_key",
+                }
+            },
+        )
         return True
 
     def do_GET(self) -> None:
@@ -116,8 +150,7 @@ class FakeOpenAIHandler(BaseHTTPRequestHandler):
             return
         if self.path == "/tokenize" and fake.vllm:  # vLLM's: {count, max_model_len, tokens, token_strs}
             ids = fake.tokenize(request.get("prompt") or "")
-            self._send(200, {"count": len(ids), "max_model_len": fake.max_model_len, "tokens": ids,
-                             "token_strs": None})
+            self._send(200, {"count": len(ids), "max_model_len": fake.max_model_len, "tokens": ids, "token_strs": None})
             return
         if not self.path.endswith(("/chat/completions", "/completions")):
             # as a server without that route; vllm-router asks `/v1/chat/completions/render` first
@@ -142,12 +175,28 @@ class FakeOpenAIHandler(BaseHTTPRequestHandler):
         if refused:
             with fake.lock:
                 fake.requests.append(request)
-            self._send(400, {"error": {"message": fake.refuses[refused[0]], "type": "invalid_request_error",
-                                       "param": None, "code": None}})
+            self._send(
+                400,
+                {
+                    "error": {
+                        "message": fake.refuses[refused[0]],
+                        "type": "invalid_request_error",
+                        "param": None,
+                        "code": None,
+                    }
+                },
+            )
             return True
         if fake.reject_extras and any(k in request for k in VLLM_ONLY):
-            self._send(400, {"error": {"message": "Unrecognized request argument supplied: return_token_ids",
-                                       "type": "invalid_request_error"}})
+            self._send(
+                400,
+                {
+                    "error": {
+                        "message": "Unrecognized request argument supplied: return_token_ids",
+                        "type": "invalid_request_error",
+                    }
+                },
+            )
             return True
         return False
 

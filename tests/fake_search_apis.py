@@ -54,8 +54,9 @@ class Request:
 class FakeSearchAPI:
     """Base: a threaded HTTP server on 127.0.0.1; use as `with FakeSerper() as api:`, then `api.url`."""
 
-    def __init__(self, script: list[Reply] | None = None, results: dict[str, list[dict[str, Any]]] | None = None,
-                 count: int = 15):
+    def __init__(
+        self, script: list[Reply] | None = None, results: dict[str, list[dict[str, Any]]] | None = None, count: int = 15
+    ):
         self.script = list(script or [])
         self.results = results
         self.count = count
@@ -91,8 +92,14 @@ class FakeSearchAPI:
         if "nothing" in query:
             return []
         slug = "-".join(query.split())
-        return [{"title": f"{query} - page {i}", "link": f"https://example.com/{slug}/{i}",
-                 "snippet": f"Page {i} about {query}."} for i in range(1, self.count + 1)]
+        return [
+            {
+                "title": f"{query} - page {i}",
+                "link": f"https://example.com/{slug}/{i}",
+                "snippet": f"Page {i} about {query}.",
+            }
+            for i in range(1, self.count + 1)
+        ]
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         fake = self
@@ -148,17 +155,26 @@ class FakeSerper(FakeSearchAPI):
         body = request.body or {}
         query, num = body.get("q", ""), int(body.get("num", 10))
         organic = [{**r, "position": n} for n, r in enumerate(self.made_up(query)[:num], start=1)]
-        params = {"q": query, "gl": body.get("gl", "us"), "hl": body.get("hl", "en"), "type": "search",
-                  "num": num, "engine": "google"}
+        params = {
+            "q": query,
+            "gl": body.get("gl", "us"),
+            "hl": body.get("hl", "en"),
+            "type": "search",
+            "num": num,
+            "engine": "google",
+        }
         params.update({k: body[k] for k in ("page", "tbs", "location", "autocorrect") if k in body})
-        return Reply(200, {
-            "searchParameters": params,
-            "knowledgeGraph": {"title": query, "type": "Thing", "description": "A knowledge graph entry."},
-            "organic": organic,
-            "peopleAlsoAsk": [{"question": f"What is {query}?", "snippet": "...", "link": "https://example.com/q"}],
-            "relatedSearches": [{"query": f"{query} meaning"}],
-            "credits": 1,
-        })
+        return Reply(
+            200,
+            {
+                "searchParameters": params,
+                "knowledgeGraph": {"title": query, "type": "Thing", "description": "A knowledge graph entry."},
+                "organic": organic,
+                "peopleAlsoAsk": [{"question": f"What is {query}?", "snippet": "...", "link": "https://example.com/q"}],
+                "relatedSearches": [{"query": f"{query} meaning"}],
+                "credits": 1,
+            },
+        )
 
 
 class FakeSearXNG(FakeSearchAPI):
@@ -170,11 +186,32 @@ class FakeSearXNG(FakeSearchAPI):
         if request.params.get("format") != "json":
             return Reply(403, "Forbidden")
         query = request.params.get("q", "")
-        results = [{"url": r["link"], "title": r["title"], "content": r["snippet"], "engine": "duckduckgo",
-                    "engines": ["duckduckgo", "brave"], "positions": [n], "score": 1.0 / n, "category": "general",
-                    "template": "default.html", "parsed_url": ["https", "example.com", "/", "", "", ""],
-                    "publishedDate": r.get("date")}
-                   for n, r in enumerate(self.made_up(query), start=1)]
-        return Reply(200, {"query": query, "number_of_results": 0, "results": results, "answers": [],
-                           "corrections": [], "infoboxes": [], "suggestions": [f"{query} wiki"],
-                           "unresponsive_engines": [] if results else [["google", "timeout"]]})
+        results = [
+            {
+                "url": r["link"],
+                "title": r["title"],
+                "content": r["snippet"],
+                "engine": "duckduckgo",
+                "engines": ["duckduckgo", "brave"],
+                "positions": [n],
+                "score": 1.0 / n,
+                "category": "general",
+                "template": "default.html",
+                "parsed_url": ["https", "example.com", "/", "", "", ""],
+                "publishedDate": r.get("date"),
+            }
+            for n, r in enumerate(self.made_up(query), start=1)
+        ]
+        return Reply(
+            200,
+            {
+                "query": query,
+                "number_of_results": 0,
+                "results": results,
+                "answers": [],
+                "corrections": [],
+                "infoboxes": [],
+                "suggestions": [f"{query} wiki"],
+                "unresponsive_engines": [] if results else [["google", "timeout"]],
+            },
+        )

@@ -64,10 +64,14 @@ class Site:
                 site.requests.append((self.path, dict(self.headers)))
                 if self.path.startswith("/jina/"):
                     status = site.jina_statuses.pop(0) if site.jina_statuses else 200
-                    target = self.path[len("/jina/"):]
+                    target = self.path[len("/jina/") :]
                     body = f"Title: Mars\n\nURL Source: {target}\n\nMarkdown Content:\nMars has two moons."
-                    self.reply(status, body.encode() if status == 200 else b'{"code": %d}' % status,
-                               "text/plain" if status == 200 else "application/json", {"Retry-After": "0"})
+                    self.reply(
+                        status,
+                        body.encode() if status == 200 else b'{"code": %d}' % status,
+                        "text/plain" if status == 200 else "application/json",
+                        {"Retry-After": "0"},
+                    )
                 elif self.path == "/article":
                     self.reply(200, ARTICLE.encode(), "text/html; charset=utf-8")
                 elif self.path == "/paper.pdf":

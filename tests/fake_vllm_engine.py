@@ -78,8 +78,9 @@ class FakeEngine(FakeOpenAI):
 
             def do_POST(self) -> None:
                 path = self.path
-                if path.startswith(("/pause", "/resume", "/reset_prefix_cache", "/update_weight_version",
-                                    "/collective_rpc")):
+                if path.startswith(
+                    ("/pause", "/resume", "/reset_prefix_cache", "/update_weight_version", "/collective_rpc")
+                ):
                     length = int(self.headers.get("Content-Length") or 0)
                     body = json.loads(self.rfile.read(length) or b"null") or {}
                     self._send(*engine.admin_answer(path, body))

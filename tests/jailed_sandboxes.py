@@ -18,11 +18,23 @@ from nanbeige.tools.sandbox import SandboxConfig, SandboxError, Sandboxes
 
 MB = 1024 * 1024
 JAILED = pytest.mark.skipif(
-    not (sys.platform == "linux" and os.geteuid() == 0 and JAIL), reason="needs root and a bwrap that works here")
+    not (sys.platform == "linux" and os.geteuid() == 0 and JAIL), reason="needs root and a bwrap that works here"
+)
+
 
 def make_boxes(root: Path, **settings: object) -> Sandboxes:
-    return Sandboxes(SandboxConfig(**{"root": root / "sandboxes", "upload_dirs": [root], "timeout_s": 15.0,
-                                      "memory_mb": 512, "disk_mb": 64, **settings}))  # type: ignore[arg-type]
+    return Sandboxes(
+        SandboxConfig(
+            **{
+                "root": root / "sandboxes",
+                "upload_dirs": [root],
+                "timeout_s": 15.0,
+                "memory_mb": 512,
+                "disk_mb": 64,
+                **settings,
+            }
+        )
+    )  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +52,13 @@ def new_id(boxes: Sandboxes) -> str:
 def outcomes(boxes: Sandboxes, sid: str, setup: str, calls: str, describe: str = "e.strerror") -> dict[str, str]:
     """Runs each `(name, lambda)` of `calls` (the source of a tuple) in the sandbox after `setup`: per
     name, 'done', or the error as `describe` (an expression of `e`) tells it."""
-    return value(boxes, sid, f"{setup}\nout = {{}}\nfor name, call in {calls}:\n    try:\n        call()\n"
-                             f"        out[name] = 'done'\n    except (OSError, ValueError) as e:\n"
-                             f"        out[name] = {describe}\nout")
+    return value(
+        boxes,
+        sid,
+        f"{setup}\nout = {{}}\nfor name, call in {calls}:\n    try:\n        call()\n"
+        f"        out[name] = 'done'\n    except (OSError, ValueError) as e:\n"
+        f"        out[name] = {describe}\nout",
+    )
 
 
 def value(boxes: Sandboxes, sid: str, code: str) -> Any:
@@ -54,6 +70,7 @@ def value(boxes: Sandboxes, sid: str, code: str) -> Any:
 
 
 # unshare(CLONE_NEWUSER) as the i386 system call 310: push rbx; mov eax, 310; mov ebx, 0x10000000;
+
 
 def run_hostile(boxes: Sandboxes, sid: str, command: str) -> str:
     """A command expected to fail: the error text."""

@@ -24,8 +24,9 @@ def restate(messages: list[dict]) -> str:
     return answers[-1] if answers else "I could not find the answer."
 
 
-async def ask(replies: list, config: AgentConfig | None = None, path: Path | None = None,
-              llm_config: LLMConfig | None = None):
+async def ask(
+    replies: list, config: AgentConfig | None = None, path: Path | None = None, llm_config: LLMConfig | None = None
+):
     llm = ScriptedLLM(replies, default=restate, config=llm_config)
     writer = TrajectoryWriter(path) if path else None
     # ample for a call (milliseconds; a first one a tenth of a second on a busy machine), short to wait out

@@ -59,11 +59,30 @@ async def hang() -> str:
 @server.tool()
 def page(topic: str) -> str:
     """Return a page of text about the topic."""
-    words = ("river", "census", "district", "founded", "railway", "museum", "council", "harbour", "village",
-             "bridge", "century", "market", "school", "temple", "island", "valley", "mayor", "festival")
+    words = (
+        "river",
+        "census",
+        "district",
+        "founded",
+        "railway",
+        "museum",
+        "council",
+        "harbour",
+        "village",
+        "bridge",
+        "century",
+        "market",
+        "school",
+        "temple",
+        "island",
+        "valley",
+        "mayor",
+        "festival",
+    )
     seed = sum(map(ord, topic))
-    return f"{topic}: " + " ".join(words[(seed + 7 * i + i * i) % len(words)] + (f" {seed + i}" if i % 5 == 0 else "")
-                                   for i in range(80))
+    return f"{topic}: " + " ".join(
+        words[(seed + 7 * i + i * i) % len(words)] + (f" {seed + i}" if i % 5 == 0 else "") for i in range(80)
+    )
 
 
 @server.tool()

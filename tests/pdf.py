@@ -7,14 +7,19 @@ def make_pdf(pages: list[str], title: str | None = None) -> bytes:
     """A minimal valid PDF with one line of Helvetica text per page, offsets computed by hand."""
     first_page = 4
     kids = " ".join(f"{first_page + 2 * i} 0 R" for i in range(len(pages)))
-    objects = {1: "<< /Type /Catalog /Pages 2 0 R >>", 2: f"<< /Type /Pages /Kids [{kids}] /Count {len(pages)} >>",
-               3: "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>"}
+    objects = {
+        1: "<< /Type /Catalog /Pages 2 0 R >>",
+        2: f"<< /Type /Pages /Kids [{kids}] /Count {len(pages)} >>",
+        3: "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+    }
     for i, text in enumerate(pages):
         page, content = first_page + 2 * i, first_page + 2 * i + 1
         escaped = text.replace("\\", "\\\\").replace("(", "\\(").replace(")", "\\)")
         stream = f"BT /F1 11 Tf 40 750 Td ({escaped}) Tj ET"
-        objects[page] = (f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] "
-                         f"/Resources << /Font << /F1 3 0 R >> >> /Contents {content} 0 R >>")
+        objects[page] = (
+            f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] "
+            f"/Resources << /Font << /F1 3 0 R >> >> /Contents {content} 0 R >>"
+        )
         objects[content] = f"<< /Length {len(stream)} >>\nstream\n{stream}\nendstream"
     info = len(objects) + 1
     objects[info] = f"<< /Title ({title}) >>" if title else "<< >>"

@@ -39,11 +39,14 @@ def in_own_network(argv: list[str]) -> list[str]:
 def run_in_own_network(module: str, function: str, folder: Path, timeout: float = 240) -> dict[str, Any]:
     """Call `module.function(folder)` in a process in a network namespace of its own; returns what the
     function returned (JSON), or fails with the process's output."""
-    code = (f"import json, sys; sys.path.insert(0, {str(TESTS)!r}); from pathlib import Path; import {module}; "
-            f"found = {module}.{function}(Path({str(folder)!r})); "
-            f"Path({str(folder / 'found.json')!r}).write_text(json.dumps(found))")
-    done = subprocess.run(in_own_network([sys.executable, "-c", code]), capture_output=True, text=True,
-                          timeout=timeout, env=command_env())
+    code = (
+        f"import json, sys; sys.path.insert(0, {str(TESTS)!r}); from pathlib import Path; import {module}; "
+        f"found = {module}.{function}(Path({str(folder)!r})); "
+        f"Path({str(folder / 'found.json')!r}).write_text(json.dumps(found))"
+    )
+    done = subprocess.run(
+        in_own_network([sys.executable, "-c", code]), capture_output=True, text=True, timeout=timeout, env=command_env()
+    )
     assert done.returncode == 0 and (folder / "found.json").exists(), done.stdout[-3000:] + done.stderr[-6000:]
     return json.loads((folder / "found.json").read_text())
 
@@ -60,8 +63,9 @@ def local_cluster(nodes: int = 2) -> Iterator[tuple[Any, list[Any]]]:
     from ray.cluster_utils import Cluster
 
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False,
-                                                            "temp_dir": temp})
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False, "temp_dir": temp}
+    )
     try:
         workers = [cluster.add_node(num_cpus=1) for _ in range(nodes)]
         cluster.wait_for_nodes()
@@ -80,10 +84,12 @@ QUESTIONS = [(f"q{i}", f"What is {i} plus {i}?", str(2 * i)) for i in range(8)]
 def answers_even_questions_right(delay_s: float) -> Any:
     """A model that takes `delay_s` a reply and answers the questions of even numbers right, the odd ones
     wrong: every run of a question has the same verdict, whichever node runs it and whenever."""
+
     def reply(request: dict[str, Any]) -> Reply:
         asked = request["messages"][1]["content"]
         number = next(int(q.split()[2]) for _, q, _ in QUESTIONS if asked.startswith(q))
         return Reply(content=mcp_answer(str(2 * number + number % 2)), delay_s=delay_s)
+
     return reply
 
 

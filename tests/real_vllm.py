@@ -76,15 +76,37 @@ class Server:
             return self.process.wait()
 
 
-def start_server(model: Path, port: int, log: Path, *args: str, max_model_len: int = 8192,
-                 timeout_s: float = 600) -> Server:
+def start_server(
+    model: Path, port: int, log: Path, *args: str, max_model_len: int = 8192, timeout_s: float = 600
+) -> Server:
     """`nanbeige serve` for `model` in the tool-call dialect (a server for it answers mcp-xml requests as
     well), returned once it has printed its address. `--enforce-eager`: no torch.compile at start."""
-    command = [NANBEIGE, "serve", "--model", str(model), "--served-model-name", SERVED_NAME, "--port", str(port),
-               "--dialect", "tool-call", "--reasoning-parser", "none", "--max-model-len", str(max_model_len),
-               "--gpu-memory-utilization", "0.15", "--rl-logprobs", "--weight-sync", *args, "--", "--enforce-eager",
-               "--enable-lora",
-               "--max-lora-rank", "8"]
+    command = [
+        NANBEIGE,
+        "serve",
+        "--model",
+        str(model),
+        "--served-model-name",
+        SERVED_NAME,
+        "--port",
+        str(port),
+        "--dialect",
+        "tool-call",
+        "--reasoning-parser",
+        "none",
+        "--max-model-len",
+        str(max_model_len),
+        "--gpu-memory-utilization",
+        "0.15",
+        "--rl-logprobs",
+        "--weight-sync",
+        *args,
+        "--",
+        "--enforce-eager",
+        "--enable-lora",
+        "--max-lora-rank",
+        "8",
+    ]
     stderr = open(log, "w+")
     # LoRA adapters loaded while it runs, as `train --loop --sync lora` does
     env = os.environ | {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
@@ -129,12 +151,19 @@ class Exchange:
 
 
 def _read_answer(exchange: Exchange, body: bytes, streamed: bool) -> None:
-    chunks = [json.loads(line[5:]) for line in body.decode().splitlines()
-              if line.startswith("data:") and line[5:].strip() != "[DONE]"] if streamed else [json.loads(body)]
+    chunks = (
+        [
+            json.loads(line[5:])
+            for line in body.decode().splitlines()
+            if line.startswith("data:") and line[5:].strip() != "[DONE]"
+        ]
+        if streamed
+        else [json.loads(body)]
+    )
     for chunk in chunks:
         for choice in chunk.get("choices") or []:
             exchange.token_ids += choice.get("token_ids") or []
-            exchange.logprobs += ((choice.get("logprobs") or {}).get("token_logprobs") or [])
+            exchange.logprobs += (choice.get("logprobs") or {}).get("token_logprobs") or []
             exchange.prompt_token_ids = exchange.prompt_token_ids or choice.get("prompt_token_ids")
         exchange.prompt_token_ids = exchange.prompt_token_ids or chunk.get("prompt_token_ids")
 
@@ -142,8 +171,12 @@ def _read_answer(exchange: Exchange, body: bytes, streamed: bool) -> None:
 class RecordingProxy:
     """A loopback HTTP server that passes every request to vLLM and keeps each POST and its answer."""
 
-    def __init__(self, upstream: str, rewrite: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-                 measure_cache: bool = False):
+    def __init__(
+        self,
+        upstream: str,
+        rewrite: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        measure_cache: bool = False,
+    ):
         self.upstream = upstream.removesuffix("/v1")
         self.exchanges: list[Exchange] = []
         proxy = self
@@ -169,14 +202,16 @@ class RecordingProxy:
                 with httpx.Client(timeout=600, trust_env=False) as http:
                     answer = http.request(self.command, proxy.upstream + self.path, content=body, headers=headers)
                 if request is not None:
-                    exchange = Exchange(self.path, request, status=answer.status_code,
-                                        seconds=time.monotonic() - started)
+                    exchange = Exchange(
+                        self.path, request, status=answer.status_code, seconds=time.monotonic() - started
+                    )
                     if measure_cache:
                         after = prefix_cache_counts(proxy.upstream)
                         exchange.cache = (after[0] - before[0], after[1] - before[1])
                     if answer.status_code == 200:
-                        _read_answer(exchange, answer.content, "text/event-stream" in answer.headers.get(
-                            "content-type", ""))
+                        _read_answer(
+                            exchange, answer.content, "text/event-stream" in answer.headers.get("content-type", "")
+                        )
                     proxy.exchanges.append(exchange)
                 self.send_response(answer.status_code)
                 self.send_header("content-type", answer.headers.get("content-type", "application/json"))
@@ -199,11 +234,24 @@ def nanbeige(*args: str, cwd: Path, timeout: float = 300) -> subprocess.Complete
     return result
 
 
-def ask(server_url: str, tmp_path: Path, *args: str, question: str = "What is 2 + 3? Use the add tool.") -> list[
-        dict[str, Any]]:
+def ask(
+    server_url: str, tmp_path: Path, *args: str, question: str = "What is 2 + 3? Use the add tool."
+) -> list[dict[str, Any]]:
     trajectory = tmp_path / "run.jsonl"
-    result = nanbeige("ask", "--base-url", server_url, "--model", SERVED_NAME, "--trajectory", str(trajectory),
-                      *ECHO_SERVER, *SHORT, *args, question, cwd=tmp_path)
+    result = nanbeige(
+        "ask",
+        "--base-url",
+        server_url,
+        "--model",
+        SERVED_NAME,
+        "--trajectory",
+        str(trajectory),
+        *ECHO_SERVER,
+        *SHORT,
+        *args,
+        question,
+        cwd=tmp_path,
+    )
     assert result.returncode in (0, 1), result.stderr  # 1: the small model gave no answer, said in one line
     return read_records(trajectory)
 
@@ -211,15 +259,35 @@ def ask(server_url: str, tmp_path: Path, *args: str, question: str = "What is 2 
 def collect(urls: list[str], questions: Path, out: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """`nanbeige collect` in token mode (2 turns, SHORT, the echo server) against the pool of `urls`."""
     pool = [flag for url in urls for flag in ("--base-url", url)]
-    return nanbeige("collect", "--questions", str(questions), "--out", str(out), *pool, "--model", SERVED_NAME,
-                    "--token-mode", "--max-turns", "2", *SHORT, *args, *ECHO_SERVER, cwd=cwd, timeout=600)
+    return nanbeige(
+        "collect",
+        "--questions",
+        str(questions),
+        "--out",
+        str(out),
+        *pool,
+        "--model",
+        SERVED_NAME,
+        "--token-mode",
+        "--max-turns",
+        "2",
+        *SHORT,
+        *args,
+        *ECHO_SERVER,
+        cwd=cwd,
+        timeout=600,
+    )
 
 
 def two_questions(folder: Path) -> Path:
     """Two questions and their answers, in a file `nanbeige collect --questions` reads."""
     questions = folder / "questions.jsonl"
-    questions.write_text("".join(json.dumps({"question": q, "answer": a}) + "\n"
-                                 for q, a in (("What is 2 + 3?", "5"), ("What is 4 + 4?", "8"))))
+    questions.write_text(
+        "".join(
+            json.dumps({"question": q, "answer": a}) + "\n"
+            for q, a in (("What is 2 + 3?", "5"), ("What is 4 + 4?", "8"))
+        )
+    )
     return questions
 
 
@@ -240,8 +308,14 @@ def trainer_drift(model: Path, runs: list[Any], temperature: float, out: Path) -
 
 
 def greedy(server: Server, prompt: list[int]) -> tuple[list[int], list[float]]:
-    body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": 8, "temperature": 0.0, "logprobs": 0,
-            "return_token_ids": True}
+    body = {
+        "model": SERVED_NAME,
+        "prompt": prompt,
+        "max_tokens": 8,
+        "temperature": 0.0,
+        "logprobs": 0,
+        "return_token_ids": True,
+    }
     choice = httpx.post(f"{server.url}/completions", json=body, timeout=120).json()["choices"][0]
     return choice["token_ids"], choice["logprobs"]["token_logprobs"]
 
@@ -250,7 +324,7 @@ def model_logprobs(model: Any, prompt: list[int], ids: list[int]) -> list[float]
     import torch
 
     with torch.no_grad():
-        logits = model.float()(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1]
+        logits = model.float()(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1]
         return torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids)[:, None]).squeeze(-1).tolist()
 
 

@@ -21,9 +21,30 @@ import types
 from pathlib import Path
 from typing import Any, Callable
 
-STAND_INS = ("dotenv", "omegaconf", "mammoth", "markdownify", "openpyxl", "pdfminer", "pptx", "pydub",
-             "speech_recognition", "bs4", "markitdown", "youtube_transcript_api", "tiktoken", "openai",
-             "anthropic", "colorama", "miroflow_tools", "hydra", "PIL", "requests", "aiohttp", "httpx_sse")
+STAND_INS = (
+    "dotenv",
+    "omegaconf",
+    "mammoth",
+    "markdownify",
+    "openpyxl",
+    "pdfminer",
+    "pptx",
+    "pydub",
+    "speech_recognition",
+    "bs4",
+    "markitdown",
+    "youtube_transcript_api",
+    "tiktoken",
+    "openai",
+    "anthropic",
+    "colorama",
+    "miroflow_tools",
+    "hydra",
+    "PIL",
+    "requests",
+    "aiohttp",
+    "httpx_sse",
+)
 
 
 class _Anything(type):
@@ -36,8 +57,15 @@ class _Anything(type):
 
 
 def _anything(name: str) -> Any:
-    return _Anything(name, (), {"__init__": lambda self, *a, **k: None, "__call__": lambda self, *a, **k: None,
-                                "__getattr__": lambda self, n: _anything(n)})
+    return _Anything(
+        name,
+        (),
+        {
+            "__init__": lambda self, *a, **k: None,
+            "__call__": lambda self, *a, **k: None,
+            "__getattr__": lambda self, n: _anything(n),
+        },
+    )
 
 
 class _StandIns(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -69,7 +97,9 @@ def _tenacity() -> types.ModuleType:
                     except Exception:
                         if attempt == stop - 1:
                             raise
+
             return wrapped
+
         return decorate
 
     module.retry, module.stop_after_attempt, module.wait_fixed = retry, lambda n: n, lambda s: None
@@ -137,20 +167,46 @@ def load(root: Path) -> types.ModuleType:
     return package
 
 
-def run(root: Path, question: str, replies: list[Any], definitions: list[dict[str, Any]],
-        result: Callable[[str, str, dict[str, Any]], dict[str, Any]], max_turns: int, log_dir: Path,
-        keep: int = 5, max_context: int = 262144, max_tokens: int = 16384) -> list[dict[str, Any]]:
+def run(
+    root: Path,
+    question: str,
+    replies: list[Any],
+    definitions: list[dict[str, Any]],
+    result: Callable[[str, str, dict[str, Any]], dict[str, Any]],
+    max_turns: int,
+    log_dir: Path,
+    keep: int = 5,
+    max_context: int = 262144,
+    max_tokens: int = 16384,
+) -> list[dict[str, Any]]:
     """The requests the reference's main agent sends for the scripted run."""
     load(root)
     orchestrator = importlib.import_module("miroflow_reference.core.orchestrator")
     client_module = importlib.import_module("miroflow_reference.llm.providers.openai_client")
     formatter = importlib.import_module("miroflow_reference.io.output_formatter")
     task_logger = importlib.import_module("miroflow_reference.logging.task_logger")
-    cfg = Config(llm={"provider": "qwen", "model_name": "nanbeige", "temperature": 1.0, "top_p": 0.95,
-                      "min_p": 0.0, "top_k": -1, "max_context_length": max_context, "max_tokens": max_tokens,
-                      "async_client": True, "keep_tool_result": keep, "repetition_penalty": 1.05},
-                 agent={"keep_tool_result": keep, "main_agent": {"max_turns": max_turns}, "sub_agents": None,
-                        "context_compress_limit": 0, "retry_with_summary": False})
+    cfg = Config(
+        llm={
+            "provider": "qwen",
+            "model_name": "nanbeige",
+            "temperature": 1.0,
+            "top_p": 0.95,
+            "min_p": 0.0,
+            "top_k": -1,
+            "max_context_length": max_context,
+            "max_tokens": max_tokens,
+            "async_client": True,
+            "keep_tool_result": keep,
+            "repetition_penalty": 1.05,
+        },
+        agent={
+            "keep_tool_result": keep,
+            "main_agent": {"max_turns": max_turns},
+            "sub_agents": None,
+            "context_compress_limit": 0,
+            "retry_with_summary": False,
+        },
+    )
     log = task_logger.TaskLog(log_dir=str(log_dir), task_id="check")
     llm = client_module.OpenAIClient(task_id="check", cfg=cfg, task_log=log)
     scripted = ScriptedClient(replies)
@@ -165,6 +221,12 @@ def _orchestrator(module: Any, tools: ScriptedTools, llm: Any, formatter: Any, c
     import inspect
 
     parameters = inspect.signature(module.Orchestrator).parameters
-    arguments = {"main_agent_tool_manager": tools, "sub_agent_tool_managers": {}, "llm_client": llm,
-                 "output_formatter": formatter, "cfg": cfg, "task_log": log}
+    arguments = {
+        "main_agent_tool_manager": tools,
+        "sub_agent_tool_managers": {},
+        "llm_client": llm,
+        "output_formatter": formatter,
+        "cfg": cfg,
+        "task_log": log,
+    }
     return module.Orchestrator(**{k: v for k, v in arguments.items() if k in parameters})

@@ -75,7 +75,7 @@ def generate_agent_summarize_prompt(task_description, task_failed=False, agent_t
     ).strip()
 '''
 
-INPUT = '''\
+INPUT = """\
 import os
 from typing import Tuple
 
@@ -91,9 +91,9 @@ def process_input(task_description: str, task_file_name: str) -> Tuple[str, str]
     else:
         updated_task_description += "\\nPLACEHOLDER-SUFFIX in \\\\boxed{}.  "
     return updated_task_description.strip(), updated_task_description
-'''
+"""
 
-ORCHESTRATOR_V1 = '''\
+ORCHESTRATOR_V1 = """\
 class Orchestrator:
     def run(self, tool_name, query_str, count):
         log = f"query {query_str} seen {count} times"
@@ -105,9 +105,9 @@ class Orchestrator:
         elif tool_name == "scrape_website":
             return arguments.get("url")
         return None
-'''
+"""
 
-ORCHESTRATOR_HEAD = '''\
+ORCHESTRATOR_HEAD = """\
 TRIES = 3
 
 
@@ -117,7 +117,7 @@ class Orchestrator:
 
     def run(self, tool_name, query_str, count):
         return f"rolled back {tool_name} {query_str} after {count}"
-'''
+"""
 
 PYTHON_SERVER = '''\
 from mcp.server.fastmcp import FastMCP
@@ -201,22 +201,31 @@ def make_reference(root: Path, head: bool = False, git: bool = False, scrape_rep
     files = {
         "apps/miroflow-agent/src/utils/prompt_utils.py": PROMPTS,
         "apps/miroflow-agent/src/io/input_handler.py": INPUT,
-        "apps/miroflow-agent/src/core/orchestrator.py": ORCHESTRATOR_HEAD if head else ORCHESTRATOR_V1.replace(
-            '"scrape_website"', '"scrape_and_extract_info"' if scrape_repeats else '"scrape_website"'),
+        "apps/miroflow-agent/src/core/orchestrator.py": ORCHESTRATOR_HEAD
+        if head
+        else ORCHESTRATOR_V1.replace(
+            '"scrape_website"', '"scrape_and_extract_info"' if scrape_repeats else '"scrape_website"'
+        ),
         "libs/miroflow-tools/src/miroflow_tools/mcp_servers/python_mcp_server.py": PYTHON_SERVER,
         "libs/miroflow-tools/src/miroflow_tools/dev_mcp_servers/search_and_scrape_webpage.py": SEARCH_SERVER,
         "libs/miroflow-tools/src/miroflow_tools/dev_mcp_servers/jina_scrape_llm_summary.py": EXTRACT_SERVER,
         "apps/miroflow-agent/conf/llm/default.yaml": LLM_DEFAULT,
         "apps/miroflow-agent/conf/llm/qwen-3.yaml": LLM_MODEL,
         "apps/miroflow-agent/benchmarks/evaluators/eval_utils.py": EVALUATOR,
-        ("apps/miroflow-agent/conf/agent/mirothinker_v1.0_keep5.yaml" if head else
-         "apps/miroflow-agent/conf/agent/single_agent_keep5.yaml"): AGENT,
+        (
+            "apps/miroflow-agent/conf/agent/mirothinker_v1.0_keep5.yaml"
+            if head
+            else "apps/miroflow-agent/conf/agent/single_agent_keep5.yaml"
+        ): AGENT,
     }
     for relative, text in files.items():
         (root / relative).parent.mkdir(parents=True, exist_ok=True)
         (root / relative).write_text(text, encoding="utf-8")
     if git:
-        for command in (["init", "-q"], ["add", "-A"],
-                        ["-c", "user.name=t", "-c", "user.email=t@127.0.0.1", "commit", "-qm", "tree"]):
+        for command in (
+            ["init", "-q"],
+            ["add", "-A"],
+            ["-c", "user.name=t", "-c", "user.email=t@127.0.0.1", "commit", "-qm", "tree"],
+        ):
             subprocess.run(["git", *command], cwd=root, check=True)
     return root

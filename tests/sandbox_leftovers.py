@@ -40,8 +40,11 @@ def leftovers(root: Path) -> Leftovers:
             continue  # not attached
         if backing.startswith(base + "/"):
             loops.append(device.name)
-    mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
-              if line.split()[4].startswith(base + "/")]
+    mounts = [
+        line.split()[4]
+        for line in Path("/proc/self/mountinfo").read_text().splitlines()
+        if line.split()[4].startswith(base + "/")
+    ]
     images = [str(p) for p in Path(base).glob("*/disk.img")] if os.path.isdir(base) else []
     places = [p.name for p in Path(base).iterdir() if p.name != "downloads"] if os.path.isdir(base) else []
     return Leftovers(loops, mounts, images, places)
@@ -62,9 +65,14 @@ def processes_running(*markers: str) -> list[str]:
 
 
 def server_params(root: Path, sandboxes: int) -> StdioServerParameters:
-    env = {"PATH": os.environ["PATH"], "NANBEIGE_SANDBOX_BACKEND": "local", "NANBEIGE_SANDBOX_DIR": str(root),
-           "NANBEIGE_SANDBOX_TIMEOUT": "120", "NANBEIGE_SANDBOX_MAX_SANDBOXES": str(sandboxes),
-           "NANBEIGE_SANDBOX_JAIL": str(int(JAIL))}
+    env = {
+        "PATH": os.environ["PATH"],
+        "NANBEIGE_SANDBOX_BACKEND": "local",
+        "NANBEIGE_SANDBOX_DIR": str(root),
+        "NANBEIGE_SANDBOX_TIMEOUT": "120",
+        "NANBEIGE_SANDBOX_MAX_SANDBOXES": str(sandboxes),
+        "NANBEIGE_SANDBOX_JAIL": str(int(JAIL)),
+    }
     if "PYTHONPATH" in os.environ:  # the server imports what its caller does
         env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     return StdioServerParameters(command=sys.executable, args=["-m", "nanbeige.servers.python"], env=env)
@@ -80,8 +88,9 @@ held = open('/home/user/data.bin', 'rb')
 """
 
 
-async def one_server(root: Path, sandboxes: int, mb: int, ready: asyncio.Event, close: asyncio.Event,
-                     loaded: list[int]) -> float:
+async def one_server(
+    root: Path, sandboxes: int, mb: int, ready: asyncio.Event, close: asyncio.Event, loaded: list[int]
+) -> float:
     """Opens a server with `sandboxes` sandboxes that each wrote `mb` MB and hold a worker busy, then
     closes it when `close` is set. Returns the seconds the SDK's close took."""
     with open(os.devnull, "w") as devnull:
@@ -89,11 +98,19 @@ async def one_server(root: Path, sandboxes: int, mb: int, ready: asyncio.Event, 
         async with client:
             made = await asyncio.gather(*(client.call_tool("create_sandbox", {}) for _ in range(sandboxes)))
             ids = [m.content[0].text.splitlines()[0].split(": ")[1] for m in made]  # type: ignore[union-attr]
-            wrote = await asyncio.gather(*(client.call_tool("run_python_code", {
-                "code_block": BUSY_WRITER.format(mb=mb), "sandbox_id": i}) for i in ids))
+            wrote = await asyncio.gather(
+                *(
+                    client.call_tool("run_python_code", {"code_block": BUSY_WRITER.format(mb=mb), "sandbox_id": i})
+                    for i in ids
+                )
+            )
             loaded.append(sum(not w.is_error for w in wrote))
-            spin = [asyncio.ensure_future(client.call_tool("run_python_code", {
-                "code_block": "while True: pass", "sandbox_id": i})) for i in ids]
+            spin = [
+                asyncio.ensure_future(
+                    client.call_tool("run_python_code", {"code_block": "while True: pass", "sandbox_id": i})
+                )
+                for i in ids
+            ]
             await asyncio.sleep(0.2)  # the cells are running when the client closes
             ready.set()
             await close.wait()

@@ -24,15 +24,29 @@ def _take_the_terminal() -> None:
 class Terminal:
     """`with Terminal([...]) as term:`; `term.screen_text()` is what the screen shows now."""
 
-    def __init__(self, args: list[str], env: dict[str, str] | None = None, cols: int = 120, rows: int = 40,
-                 cwd: str | None = None):
+    def __init__(
+        self,
+        args: list[str],
+        env: dict[str, str] | None = None,
+        cols: int = 120,
+        rows: int = 40,
+        cwd: str | None = None,
+    ):
         master, slave = pty.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
         environment = {k: v for k, v in {**os.environ, **(env or {})}.items() if k not in ("COLUMNS", "LINES")}
         environment["TERM"] = "xterm-256color"
         environment.pop("NO_COLOR", None)
-        self.process = subprocess.Popen(args, stdin=slave, stdout=slave, stderr=slave, env=environment, cwd=cwd,
-                                        start_new_session=True, preexec_fn=_take_the_terminal)
+        self.process = subprocess.Popen(
+            args,
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            env=environment,
+            cwd=cwd,
+            start_new_session=True,
+            preexec_fn=_take_the_terminal,
+        )
         os.close(slave)
         self.master = master
         self.screen = pyte.HistoryScreen(cols, rows, history=2000)
@@ -58,8 +72,10 @@ class Terminal:
         """The lines scrolled off the top, then the screen, trailing blanks cut; a line the terminal
         folded at its right edge is joined again with its rest."""
         with self.lock:
-            above = ["".join(self.screen.history.top[i][x].data for x in range(self.screen.columns))
-                     for i in range(len(self.screen.history.top))]
+            above = [
+                "".join(self.screen.history.top[i][x].data for x in range(self.screen.columns))
+                for i in range(len(self.screen.history.top))
+            ]
             lines = above + self.screen.display
         text = ""
         for line in lines:

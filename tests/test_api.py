@@ -50,10 +50,12 @@ def numbers(request: dict[str, Any]) -> Reply:
 
 def test_one_question_is_answered_in_one_line_with_a_tool_call_in_between(tmp_path: Path) -> None:
     path = tmp_path / "run.jsonl"
-    with FakeOpenAI([mcp_call("testkit", "add", {"a": 2, "b": 3}), mcp_answer("5")],
-                    default=mcp_answer("5")) as server:  # the summary turn: the answer again
-        trajectory = ask("What is 2+3?", base_url=server.base_url, mcp=TESTKIT, no_default_servers=True,
-                         trajectory=path)
+    with FakeOpenAI(
+        [mcp_call("testkit", "add", {"a": 2, "b": 3}), mcp_answer("5")], default=mcp_answer("5")
+    ) as server:  # the summary turn: the answer again
+        trajectory = ask(
+            "What is 2+3?", base_url=server.base_url, mcp=TESTKIT, no_default_servers=True, trajectory=path
+        )
     assert (trajectory.answer, trajectory.stop_reason) == ("5", "answered")
     assert len(trajectory.turns) == 3  # the call, the answer, the summary turn mcp-xml ends every run with
     [call], [result] = trajectory.turns[0].tool_calls, trajectory.turns[0].tool_results
@@ -69,10 +71,11 @@ def test_one_question_is_answered_in_one_line_with_a_tool_call_in_between(tmp_pa
     assert (saved.id, saved.answer, len(saved.turns)) == (trajectory.id, "5", 3)
 
 
-def test_settings_left_unset_resolve_as_nanbeige_ask_resolves_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                   caplog: pytest.LogCaptureFixture) -> None:
+def test_settings_left_unset_resolve_as_nanbeige_ask_resolves_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     settings_file = tmp_path / "settings.toml"
-    settings_file.write_text('max_turns = 7\n\n[ask]\ntemperature = 0.3\n')
+    settings_file.write_text("max_turns = 7\n\n[ask]\ntemperature = 0.3\n")
     monkeypatch.setenv("NANBEIGE_CONFIG", str(settings_file))
     monkeypatch.setenv("NANBEIGE_MODEL", "env-model")
     with FakeOpenAI([], default=mcp_answer("ok")) as server, caplog.at_level(logging.WARNING, logger="nanbeige"):
@@ -90,12 +93,16 @@ def test_settings_left_unset_resolve_as_nanbeige_ask_resolves_them(tmp_path: Pat
         ask("q", base_url=server.base_url)
 
 
-def test_a_run_settings_object_is_used_as_given_with_the_overrides_on_top(tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_run_settings_object_is_used_as_given_with_the_overrides_on_top(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("NANBEIGE_MODEL", "env-model")  # only settings=None reads what `nanbeige ask` reads
     with FakeOpenAI([], default=mcp_answer("ok")) as server:
-        settings = RunSettings(llm=LLMConfig(base_url=server.base_url, temperature=0.2),
-                               tools=ToolsConfig(default_servers=False), trajectory=tmp_path / "t.jsonl")
+        settings = RunSettings(
+            llm=LLMConfig(base_url=server.base_url, temperature=0.2),
+            tools=ToolsConfig(default_servers=False),
+            trajectory=tmp_path / "t.jsonl",
+        )
         trajectory = ask("q", settings, max_tokens=300)
     request = server.requests[0]
     assert (request["model"], request["temperature"], request["max_tokens"]) == (LLMConfig.model, 0.2, 300)
@@ -108,8 +115,9 @@ async def test_many_questions_run_at_once_over_one_setup_and_come_back_in_order(
     questions = ["Which number is 3?", "Which number is 1?", "Fail on this one.", "Which number is 2?"]
     path = tmp_path / "many.jsonl"
     with FakeOpenAI(numbers) as server:
-        trajectories = await ask_many_async(questions, base_url=server.base_url, no_default_servers=True,
-                                            trajectory=path, concurrency=4)
+        trajectories = await ask_many_async(
+            questions, base_url=server.base_url, no_default_servers=True, trajectory=path, concurrency=4
+        )
     # in the questions' order, though 3 was answered last; the failed run is there, saying why
     assert [t.answer for t in trajectories] == ["3", "1", None, "2"]
     assert [t.stop_reason for t in trajectories] == ["answered", "answered", "model_error", "answered"]
@@ -124,8 +132,13 @@ async def test_many_questions_run_at_once_over_one_setup_and_come_back_in_order(
 def test_the_sync_forms_work_from_a_plain_function(tmp_path: Path) -> None:
     assert ask_many([]) == []  # nothing to run: nothing is started
     with FakeOpenAI(numbers) as server:
-        trajectories = ask_many(["Which number is 1?", "Which number is 2?"], base_url=server.base_url,
-                                no_default_servers=True, trajectory=tmp_path / "t.jsonl", concurrency=1)
+        trajectories = ask_many(
+            ["Which number is 1?", "Which number is 2?"],
+            base_url=server.base_url,
+            no_default_servers=True,
+            trajectory=tmp_path / "t.jsonl",
+            concurrency=1,
+        )
     assert [t.answer for t in trajectories] == ["1", "2"]
     firsts = [r["_received"] for r in server.requests if len(r["messages"]) == 2]
     assert firsts[1] - firsts[0] >= DELAY_S  # concurrency=1: the second began once the first was done
@@ -166,11 +179,13 @@ def test_a_server_that_does_not_answer_is_a_setup_error_naming_the_fix(tmp_path:
 
 
 def test_the_api_is_importable_from_the_package_without_slowing_the_command_line() -> None:
-    check = ("import sys, nanbeige.agent.cli.program\n"
-             "assert 'nanbeige.agent.api' not in sys.modules, 'the command line imported the API'\n"
-             "from nanbeige.agent import ask, ask_many_async, RunSettings\n"
-             "import nanbeige.agent.api as api\n"
-             "assert (ask, ask_many_async, RunSettings) == (api.ask, api.ask_many_async, api.RunSettings)\n")
+    check = (
+        "import sys, nanbeige.agent.cli.program\n"
+        "assert 'nanbeige.agent.api' not in sys.modules, 'the command line imported the API'\n"
+        "from nanbeige.agent import ask, ask_many_async, RunSettings\n"
+        "import nanbeige.agent.api as api\n"
+        "assert (ask, ask_many_async, RunSettings) == (api.ask, api.ask_many_async, api.RunSettings)\n"
+    )
     result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     import nanbeige.agent

@@ -14,8 +14,9 @@ LINT = str(Path(sys.executable).parent / "lint-imports")
 
 def lint(config: Path, cwd: Path, pythonpath: str | None = None) -> subprocess.CompletedProcess[str]:
     env = None if pythonpath is None else {"PATH": "/usr/bin:/bin", "PYTHONPATH": pythonpath}
-    return subprocess.run([LINT, "--no-logo", "--no-cache", str(config)], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=300)
+    return subprocess.run(
+        [LINT, "--no-logo", "--no-cache", str(config)], capture_output=True, text=True, cwd=cwd, env=env, timeout=300
+    )
 
 
 def test_the_project_keeps_its_import_rules() -> None:
@@ -37,11 +38,13 @@ def test_a_forbidden_import_and_a_circle_are_named_where_they_are(tmp_path: Path
     for name, text in files.items():
         (package / name).write_text(text)
     config = tmp_path / "rules.toml"
-    config.write_text('[tool.importlinter]\nroot_packages = ["shop"]\n\n'
-                      '[[tool.importlinter.contracts]]\nname = "tools stay plain"\ntype = "forbidden"\n'
-                      'source_modules = ["shop.tools"]\nforbidden_modules = ["shop.agent"]\n\n'
-                      '[[tool.importlinter.contracts]]\nname = "no circles"\ntype = "acyclic_siblings"\n'
-                      'ancestors = ["shop"]\n')
+    config.write_text(
+        '[tool.importlinter]\nroot_packages = ["shop"]\n\n'
+        '[[tool.importlinter.contracts]]\nname = "tools stay plain"\ntype = "forbidden"\n'
+        'source_modules = ["shop.tools"]\nforbidden_modules = ["shop.agent"]\n\n'
+        '[[tool.importlinter.contracts]]\nname = "no circles"\ntype = "acyclic_siblings"\n'
+        'ancestors = ["shop"]\n'
+    )
     done = lint(config, tmp_path, pythonpath=str(tmp_path))
     assert done.returncode == 1
     assert "tools stay plain BROKEN" in done.stdout and "shop.tools -> shop.agent (l.1)" in done.stdout
@@ -56,7 +59,9 @@ def test_every_module_of_the_runtime_is_kept_out_of_the_rooms_below_it() -> None
 
     contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
     runtime = {f"nanbeige.agent.{p.stem}" for p in (ROOT / "agent").glob("*.py") if p.stem != "__init__"}
-    for room, neighbours in (("nanbeige.agent.backends", runtime - {"nanbeige.agent.user_dirs"}),
-                             ("nanbeige.agent.reference", runtime | {"nanbeige.agent.backends"})):
+    for room, neighbours in (
+        ("nanbeige.agent.backends", runtime - {"nanbeige.agent.user_dirs"}),
+        ("nanbeige.agent.reference", runtime | {"nanbeige.agent.backends"}),
+    ):
         [contract] = [c for c in contracts if c.get("source_modules") == [room]]
         assert neighbours <= set(contract["forbidden_modules"]), sorted(neighbours - set(contract["forbidden_modules"]))

@@ -30,14 +30,21 @@ def model(site: Site) -> Callable[[dict], Reply]:
         step = sum(m["role"] == "assistant" for m in messages)
         script = [
             lambda: mcp_call("search_and_scrape_webpage", "google_search", {"q": "Beethoven composer"}),
-            lambda: mcp_call("jina_scrape_llm_summary", "scrape_and_extract_info",
-                             {"url": site.url("/article"), "info_to_extract": "length of a Martian year"}),
+            lambda: mcp_call(
+                "jina_scrape_llm_summary",
+                "scrape_and_extract_info",
+                {"url": site.url("/article"), "info_to_extract": "length of a Martian year"},
+            ),
             lambda: mcp_call("tool-python", "create_sandbox", {}),
-            lambda: mcp_call("tool-python", "run_python_code", {"code_block": "years = 2\nyears * 687",
-                                                                "sandbox_id": created_sandbox(messages)}),
+            lambda: mcp_call(
+                "tool-python",
+                "run_python_code",
+                {"code_block": "years = 2\nyears * 687", "sandbox_id": created_sandbox(messages)},
+            ),
             lambda: mcp_answer("1374"),
         ]
         return Reply(content=script[min(step, len(script) - 1)]())  # the summary turn: the answer again
+
     return reply
 
 
@@ -46,13 +53,30 @@ def test_ask_searches_scrapes_and_computes_with_the_built_in_servers(tmp_path: P
     build_index([ovos_summaries()], tmp_path / "index")
     path = tmp_path / "run.jsonl"
     with Site() as site, FakeOpenAI(model(site)) as server:
-        env = {**os.environ, "NANBEIGE_INDEX": str(tmp_path / "index"), "NANBEIGE_ALLOW_PRIVATE_URLS": "1",
-               "NANBEIGE_SANDBOX_DIR": str(tmp_path / "sandboxes"), "NANBEIGE_RUNS_DIR": str(tmp_path)}
+        env = {
+            **os.environ,
+            "NANBEIGE_INDEX": str(tmp_path / "index"),
+            "NANBEIGE_ALLOW_PRIVATE_URLS": "1",
+            "NANBEIGE_SANDBOX_DIR": str(tmp_path / "sandboxes"),
+            "NANBEIGE_RUNS_DIR": str(tmp_path),
+        }
         for name in ("SERPER_API_KEY", "SEARXNG_URL", "JINA_API_KEY", "E2B_API_KEY", "NANBEIGE_SEARCH_BACKEND"):
             env.pop(name, None)
-        result = subprocess.run([NANBEIGE, "ask", "How many days are two Martian years?", "--base-url",
-                                 server.base_url, "--trajectory", str(path)], capture_output=True, text=True,
-                                env=env, timeout=120)
+        result = subprocess.run(
+            [
+                NANBEIGE,
+                "ask",
+                "How many days are two Martian years?",
+                "--base-url",
+                server.base_url,
+                "--trajectory",
+                str(path),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
     assert result.returncode == 0, result.stderr
     assert result.stdout == "1374\n"
     turns = [json.loads(line) for line in path.read_text().splitlines() if '"type":"turn"' in line]
@@ -64,4 +88,7 @@ def test_ask_searches_scrapes_and_computes_with_the_built_in_servers(tmp_path: P
     assert "1374" in python["text"]
     start = json.loads(path.read_text().splitlines()[0])
     assert [s for s in dict.fromkeys(t["server"] for t in start["tools"])] == [
-        "tool-python", "search_and_scrape_webpage", "jina_scrape_llm_summary"]
+        "tool-python",
+        "search_and_scrape_webpage",
+        "jina_scrape_llm_summary",
+    ]

@@ -36,21 +36,25 @@ def escaping(script: Replies, item_id: str, marker: Path) -> object:
         if question in request["prompt"] and "<tool_response>" not in request["prompt"]:
             return "<tool_call>\n" + json.dumps(attack) + "\n</tool_call>"
         return script(request)
+
     return model
 
 
 def eval_command(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([NANBEIGE, "eval", *args], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [NANBEIGE, "eval", *args], capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})}
+    )
 
 
 def test_a_call_that_tries_to_escape_gets_the_official_verdict_and_writes_nothing(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     script = script_for({"multi_turn_base": 2})
     marker = tmp_path / "escaped"
     with FakeOpenAI(escaping(script, "multi_turn_base_0", marker), vllm=True) as server:
-        ours = eval_command("bfcl-multi-turn-base", "--limit", "2", "--base-url", server.base_url,
-                            "--out", str(tmp_path / "out"))
+        ours = eval_command(
+            "bfcl-multi-turn-base", "--limit", "2", "--base-url", server.base_url, "--out", str(tmp_path / "out")
+        )
         assert ours.returncode == 0, ours.stderr
         assert not marker.exists()  # generated and graded: the command never ran outside the sandbox
         official = run_official(server.base_url, {"multi_turn_base": 2}, tmp_path / "official", monkeypatch)
@@ -58,10 +62,18 @@ def test_a_call_that_tries_to_escape_gets_the_official_verdict_and_writes_nothin
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     expected = official_verdicts(official, ["multi_turn_base_0", "multi_turn_base_1"])
     assert {i: i not in report["wrong_ids"] for i in expected} == expected
-    line = next(json.loads(x) for x in next((tmp_path / "out" / "bfcl" / "result").rglob("*.json")).open()
-                if json.loads(x)["id"] == "multi_turn_base_0")
-    executed = [m["content"] for turn in line["inference_log"][1:2] for step in turn.values() for m in step
-                if m.get("role") == "tool"]
+    line = next(
+        json.loads(x)
+        for x in next((tmp_path / "out" / "bfcl" / "result").rglob("*.json")).open()
+        if json.loads(x)["id"] == "multi_turn_base_0"
+    )
+    executed = [
+        m["content"]
+        for turn in line["inference_log"][1:2]
+        for step in turn.values()
+        for m in step
+        if m.get("role") == "tool"
+    ]
     assert executed and executed[0].startswith("Error during execution: ")  # `ls` refused the arguments, as upstream
 
 
@@ -69,8 +81,9 @@ def test_eval_report_on_a_handed_over_folder_grades_it_in_the_jail(tmp_path: Pat
     """A folder whose result file someone wrote: its multi-turn calls are run again to grade them."""
     script = script_for({"multi_turn_base": 2})
     with FakeOpenAI(script, vllm=True) as server:
-        made = eval_command("bfcl-multi-turn-base", "--limit", "2", "--base-url", server.base_url,
-                            "--out", str(tmp_path / "out"))
+        made = eval_command(
+            "bfcl-multi-turn-base", "--limit", "2", "--base-url", server.base_url, "--out", str(tmp_path / "out")
+        )
     assert made.returncode == 0, made.stderr
     marker = tmp_path / "escaped"
     result = next((tmp_path / "out" / "bfcl" / "result").rglob("*_result.json"))
@@ -82,13 +95,15 @@ def test_eval_report_on_a_handed_over_folder_grades_it_in_the_jail(tmp_path: Pat
     shutil.copytree(tmp_path / "out" / "bfcl" / "result", official / "result")
     (tmp_path / "out" / "report.json").unlink()
 
-    again = subprocess.run([NANBEIGE, "eval", "report", str(tmp_path / "out")], capture_output=True, text=True,
-                           timeout=300)
+    again = subprocess.run(
+        [NANBEIGE, "eval", "report", str(tmp_path / "out")], capture_output=True, text=True, timeout=300
+    )
     assert again.returncode == 0, again.stderr
     assert not marker.exists()
     bfcl.fresh_state()
-    bfcl.official().runner.main([bfcl.HANDLER_ENTRY], ["multi_turn_base"], str(official / "result"),
-                                str(official / "score"), partial_eval=True)
+    bfcl.official().runner.main(
+        [bfcl.HANDLER_ENTRY], ["multi_turn_base"], str(official / "result"), str(official / "score"), partial_eval=True
+    )
     assert marker.exists()  # the official runner, in this process, ran the command
     expected = official_verdicts(official / "score", ["multi_turn_base_0", "multi_turn_base_1"])
     report = json.loads((tmp_path / "out" / "report.json").read_text())
@@ -103,8 +118,16 @@ def test_without_a_jail_multi_turn_is_refused_in_one_line_before_anything_runs(t
     (failing / "bwrap").chmod(0o755)
     script = script_for({"multi_turn_base": 1})
     with FakeOpenAI(script, vllm=True) as server:
-        refused = eval_command("bfcl-multi-turn-base", "--limit", "1", "--base-url", server.base_url,
-                               "--out", str(tmp_path / "out"), env={"PATH": f"{failing}:{os.environ['PATH']}"})
+        refused = eval_command(
+            "bfcl-multi-turn-base",
+            "--limit",
+            "1",
+            "--base-url",
+            server.base_url,
+            "--out",
+            str(tmp_path / "out"),
+            env={"PATH": f"{failing}:{os.environ['PATH']}"},
+        )
         asked = len(server.requests)
     assert refused.returncode != 0 and asked == 0  # no item ran: not one completion was asked for
     (line,) = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
@@ -113,14 +136,18 @@ def test_without_a_jail_multi_turn_is_refused_in_one_line_before_anything_runs(t
 
 def browsing(page: str) -> object:
     """A model that searches, then reads the page it was told of twice (as Markdown and as text), then answers."""
+
     def model(request: dict) -> str:
         seen = request["prompt"].count("<tool_response>")
         if seen == 0:
             return block({"name": "search_engine_query", "arguments": {"keywords": "mars orbit"}})
         if seen == 1:
-            return "\n".join(block({"name": "fetch_url_content", "arguments": {"url": page, "mode": mode}})
-                             for mode in ("markdown", "truncate"))
+            return "\n".join(
+                block({"name": "fetch_url_content", "arguments": {"url": page, "mode": mode}})
+                for mode in ("markdown", "truncate")
+            )
         return "{'answer': '687 days', 'context': 'from the page'}"
+
     return model
 
 
@@ -132,10 +159,16 @@ def test_a_web_search_item_reads_the_page_the_host_fetched_as_the_package_fetche
         page = site.url("/article")
         found = {"mars orbit": [{"title": "The Orbit of Mars", "link": page, "snippet": "Mars orbits the Sun."}]}
         with FakeSerper(results=found) as serper, FakeOpenAI(browsing(page), vllm=True) as server:
-            ours = eval_command("bfcl-web-search-base", "--limit", "1", "--base-url", server.base_url,
-                                "--out", str(tmp_path / "out"),
-                                env={"NANBEIGE_SEARCH_BACKEND": "serper", "SERPER_API_KEY": "test-key",
-                                     "SERPER_BASE_URL": serper.url})
+            ours = eval_command(
+                "bfcl-web-search-base",
+                "--limit",
+                "1",
+                "--base-url",
+                server.base_url,
+                "--out",
+                str(tmp_path / "out"),
+                env={"NANBEIGE_SEARCH_BACKEND": "serper", "SERPER_API_KEY": "test-key", "SERPER_BASE_URL": serper.url},
+            )
             last = server.requests[-1]["prompt"]
         fetched = [headers for path, headers in site.requests if path == "/article"]
         bfcl.official()  # the package's modules import its engine's client, which this puts in place
@@ -173,8 +206,10 @@ def test_the_page_fetch_in_the_sandbox_takes_the_packages_own_arguments() -> Non
 
     inside = importlib.util.module_from_spec(importlib.util.spec_from_file_location("inside", INSIDE))
     inside.__spec__.loader.exec_module(inside)  # type: ignore[union-attr]
+
     def arguments(function: object) -> list:  # names, kinds and defaults: what a call the model makes binds to
         return [(p.name, p.kind, p.default) for p in inspect.signature(function).parameters.values()]
+
     assert arguments(inside.fetch_url_content) == arguments(WebSearchAPI.fetch_url_content)
 
 

@@ -35,8 +35,9 @@ def rows(path: Path) -> list[tuple[str, str, str]]:
 
 def test_arguments_in_any_order_or_spacing_make_one_key() -> None:
     assert canonical_arguments({"b": 1, "a": 2}) == canonical_arguments({"a": 2, "b": 1}) == '{"a":2,"b":1}'
-    assert canonical_arguments({"q": "Zürich", "n": {"y": [1, 2], "x": None}}) == \
-        '{"n":{"x":null,"y":[1,2]},"q":"Zürich"}'
+    assert (
+        canonical_arguments({"q": "Zürich", "n": {"y": [1, 2], "x": None}}) == '{"n":{"x":null,"y":[1,2]},"q":"Zürich"}'
+    )
     assert canonical_arguments({"a": 1}) != canonical_arguments({"a": "1"})
 
 
@@ -83,7 +84,9 @@ async def test_timeouts_are_not_recorded_and_tool_errors_are(tmp_path: Path) -> 
     assert slow.is_error and "timed out" in slow.text and failed.is_error
     assert (again.text, again.cached, added.cached) == ("42", True, False)
     assert [(tool, arguments) for _, tool, arguments in rows(tmp_path / "cache.sqlite")] == [
-        ("add", '{"a":2,"b":40}'), ("fail", '{"message":"no such page"}')]
+        ("add", '{"a":2,"b":40}'),
+        ("fail", '{"message":"no such page"}'),
+    ]
 
 
 @pytest.mark.anyio
@@ -104,29 +107,60 @@ async def test_results_are_recorded_whole_and_cut_to_each_runs_limit(tmp_path: P
 def web_model(query_args: dict[str, object]) -> Callable[[dict], Reply]:
     """Searches with `query_args`, makes a sandbox and runs Python in it, then answers 42 (again in the summary
     turn)."""
+
     def reply(request: dict) -> Reply:
         step = sum(m["role"] == "assistant" for m in request["messages"])
-        script = [lambda: mcp_call(SEARCH, "google_search", query_args),
-                  lambda: mcp_call("tool-python", "create_sandbox", {}),
-                  lambda: mcp_call("tool-python", "run_python_code", {
-                      "code_block": "print(6 * 7)", "sandbox_id": created_sandbox(request["messages"])}),
-                  lambda: mcp_answer("42")]
+        script = [
+            lambda: mcp_call(SEARCH, "google_search", query_args),
+            lambda: mcp_call("tool-python", "create_sandbox", {}),
+            lambda: mcp_call(
+                "tool-python",
+                "run_python_code",
+                {"code_block": "print(6 * 7)", "sandbox_id": created_sandbox(request["messages"])},
+            ),
+            lambda: mcp_answer("42"),
+        ]
         return Reply(content=script[min(step, len(script) - 1)]())
+
     return reply
 
 
-def ask(tmp_path: Path, model: FakeOpenAI, trajectory: Path, *flags: str, serper: FakeSerper | None = None
-        ) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "NANBEIGE_SANDBOX_DIR": str(tmp_path / "sandboxes"), "NANBEIGE_RUNS_DIR": str(tmp_path),
-           "NANBEIGE_INDEX": str(tmp_path / "no-index")}
-    for name in ("SERPER_API_KEY", "SERPER_BASE_URL", "SEARXNG_URL", "JINA_API_KEY", "E2B_API_KEY",
-                 "NANBEIGE_SEARCH_BACKEND"):
+def ask(
+    tmp_path: Path, model: FakeOpenAI, trajectory: Path, *flags: str, serper: FakeSerper | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "NANBEIGE_SANDBOX_DIR": str(tmp_path / "sandboxes"),
+        "NANBEIGE_RUNS_DIR": str(tmp_path),
+        "NANBEIGE_INDEX": str(tmp_path / "no-index"),
+    }
+    for name in (
+        "SERPER_API_KEY",
+        "SERPER_BASE_URL",
+        "SEARXNG_URL",
+        "JINA_API_KEY",
+        "E2B_API_KEY",
+        "NANBEIGE_SEARCH_BACKEND",
+    ):
         env.pop(name, None)
     if serper is not None:
         env |= {"SERPER_API_KEY": serper.api_key, "SERPER_BASE_URL": serper.url}
-    return subprocess.run([NANBEIGE, "ask", "What is six times seven?", "--base-url", model.base_url,
-                           "--trajectory", str(trajectory), *flags], capture_output=True, text=True, env=env,
-                          timeout=120)
+    return subprocess.run(
+        [
+            NANBEIGE,
+            "ask",
+            "What is six times seven?",
+            "--base-url",
+            model.base_url,
+            "--trajectory",
+            str(trajectory),
+            *flags,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
 
 
 def tool_results(trajectory: Path) -> list[dict]:
@@ -181,8 +215,10 @@ def test_a_replay_miss_stops_the_run_and_the_command_fails(tmp_path: Path) -> No
     assert missed.returncode == 1 and missed.stdout == ""
     error = missed.stderr.strip().splitlines()[-1]
     assert error.startswith("error: no answer (stop reason replay_miss)")
-    assert 'no answer for google_search on server search_and_scrape_webpage with arguments {"q":"seven times six"}' \
+    assert (
+        'no answer for google_search on server search_and_scrape_webpage with arguments {"q":"seven times six"}'
         in missed.stderr.replace("\n", "")
+    )
     end = end_record(tmp_path / "replay.jsonl")
     assert end["stop_reason"] == "replay_miss" and end["answer"] is None and "seven times six" in end["error"]
 
@@ -195,10 +231,19 @@ def test_a_run_stopped_by_a_replay_miss_is_resumed_live_into_the_same_cache(tmp_
     with FakeOpenAI(web_model({"q": "seven times six"})) as model:
         assert ask(tmp_path, model, tmp_path / "run.jsonl", "--cache", str(cache), "--replay").returncode == 1
         with FakeSerper() as serper:  # resumed live, with the cache: what the replay missed is searched
-            env = {**os.environ, "SERPER_API_KEY": serper.api_key, "SERPER_BASE_URL": serper.url,
-                   "NANBEIGE_SANDBOX_DIR": str(tmp_path / "sandboxes")}
-            resumed = subprocess.run([NANBEIGE, "resume", str(tmp_path / "run.jsonl"), "--base-url", model.base_url,
-                                      "--cache", str(cache)], capture_output=True, text=True, env=env, timeout=120)
+            env = {
+                **os.environ,
+                "SERPER_API_KEY": serper.api_key,
+                "SERPER_BASE_URL": serper.url,
+                "NANBEIGE_SANDBOX_DIR": str(tmp_path / "sandboxes"),
+            }
+            resumed = subprocess.run(
+                [NANBEIGE, "resume", str(tmp_path / "run.jsonl"), "--base-url", model.base_url, "--cache", str(cache)],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=120,
+            )
             searched = len(serper.requests)
     assert resumed.returncode == 0 and resumed.stdout == "42\n", resumed.stderr
     assert searched == 1 and end_record(tmp_path / "run.jsonl")["stop_reason"] == "answered"
@@ -220,8 +265,17 @@ def test_a_file_that_is_not_a_cache_is_refused_in_one_line(tmp_path: Path) -> No
     with sqlite3.connect(other) as db:
         db.execute("CREATE TABLE notes (text TEXT)")
     with FakeOpenAI([mcp_answer("1")]) as model:
-        result = ask(tmp_path, model, tmp_path / "t.jsonl", "--cache", str(other), "--no-default-servers",
-                     "--mcp", f"testkit={' '.join(TEST_SERVER)}")
+        result = ask(
+            tmp_path,
+            model,
+            tmp_path / "t.jsonl",
+            "--cache",
+            str(other),
+            "--no-default-servers",
+            "--mcp",
+            f"testkit={' '.join(TEST_SERVER)}",
+        )
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == (
-        f"error: cannot use {other} as a tool-result cache: it is another SQLite file, not a tool-result cache")
+        f"error: cannot use {other} as a tool-result cache: it is another SQLite file, not a tool-result cache"
+    )

@@ -42,6 +42,7 @@ def impostor() -> ServerSpec:
     def echo(text: str) -> str:
         """Return something else."""
         return "not what you said"
+
     return ServerSpec(name="testkit", server=server)
 
 
@@ -83,15 +84,19 @@ async def test_a_key_the_model_quotes_in_its_arguments_is_not_written_to_the_cac
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("column, value, problem", [
-    ("is_error", "'x'", "its is_error is 'x', not 0 or 1"),
-    ("succeeded", "7", "its succeeded is 7, not 0 or 1"),
-    ("text", "x'1b5b324a'", "its text is bytes, not text"),
-    ("origin", "x'00'", "its origin is bytes, not text"),
-    ("mac", "x'00'", "its mac is bytes, not text"),
-])
-async def test_a_row_with_the_wrong_types_is_never_served(tmp_path: Path, column: str, value: str,
-                                                          problem: str) -> None:
+@pytest.mark.parametrize(
+    "column, value, problem",
+    [
+        ("is_error", "'x'", "its is_error is 'x', not 0 or 1"),
+        ("succeeded", "7", "its succeeded is 7, not 0 or 1"),
+        ("text", "x'1b5b324a'", "its text is bytes, not text"),
+        ("origin", "x'00'", "its origin is bytes, not text"),
+        ("mac", "x'00'", "its mac is bytes, not text"),
+    ],
+)
+async def test_a_row_with_the_wrong_types_is_never_served(
+    tmp_path: Path, column: str, value: str, problem: str
+) -> None:
     path = tmp_path / "cache.sqlite"
     await call(path, kit_server())
     tamper(path, f"UPDATE tool_results SET {column} = {value}")
@@ -106,8 +111,11 @@ async def test_a_row_with_the_wrong_types_is_never_served(tmp_path: Path, column
 async def test_a_row_recorded_from_another_server_is_not_served(tmp_path: Path) -> None:
     path = tmp_path / "cache.sqlite"
     await call(path, kit_server())
-    with pytest.raises(ReplayMiss, match=r"it was recorded from 'testkit; echo [0-9a-f]{12}', "
-                                         r"and the server now is 'impostor 9.9; echo [0-9a-f]{12}'"):
+    with pytest.raises(
+        ReplayMiss,
+        match=r"it was recorded from 'testkit; echo [0-9a-f]{12}', "
+        r"and the server now is 'impostor 9.9; echo [0-9a-f]{12}'",
+    ):
         await call(path, impostor(), replay=True)
     live = await call(path, impostor())  # live: the server that answers now is asked
     assert (live.text, live.cached) == ("not what you said", False)
@@ -126,11 +134,15 @@ async def test_a_tool_that_changed_does_not_serve_what_its_old_version_answered(
 async def test_rows_of_a_cache_written_before_origins_were_recorded_are_asked_again(tmp_path: Path) -> None:
     path = tmp_path / "cache.sqlite"
     with sqlite3.connect(path) as db:  # format 1, as an older nanbeige wrote it
-        db.execute("CREATE TABLE tool_results (server TEXT NOT NULL, tool TEXT NOT NULL, arguments TEXT NOT NULL, "
-                   "text TEXT NOT NULL, is_error INTEGER NOT NULL, succeeded INTEGER NOT NULL, "
-                   "recorded_at REAL NOT NULL, PRIMARY KEY (server, tool, arguments)) WITHOUT ROWID")
-        db.execute("INSERT INTO tool_results VALUES ('testkit', 'echo', '{\"text\":\"my key is [REDACTED]\"}', "
-                   "'old answer', 0, 1, 0.0)")
+        db.execute(
+            "CREATE TABLE tool_results (server TEXT NOT NULL, tool TEXT NOT NULL, arguments TEXT NOT NULL, "
+            "text TEXT NOT NULL, is_error INTEGER NOT NULL, succeeded INTEGER NOT NULL, "
+            "recorded_at REAL NOT NULL, PRIMARY KEY (server, tool, arguments)) WITHOUT ROWID"
+        )
+        db.execute(
+            "INSERT INTO tool_results VALUES ('testkit', 'echo', '{\"text\":\"my key is [REDACTED]\"}', "
+            "'old answer', 0, 1, 0.0)"
+        )
         db.execute("PRAGMA user_version = 1")
     with pytest.raises(ReplayMiss, match=r"recorded with no origin \(an older nanbeige\)"):
         await call(path, kit_server(), replay=True)
@@ -151,8 +163,20 @@ def echo_then_answer(request: dict) -> str:
 
 
 def ask(server: FakeOpenAI, cache: Path, trajectory: Path, *flags: str) -> Result:
-    return nanbeige("ask", "Say hello.", "--base-url", server.base_url, "--no-default-servers", "--mcp", TESTKIT,
-                    "--cache", cache, "--trajectory", trajectory, *flags)
+    return nanbeige(
+        "ask",
+        "Say hello.",
+        "--base-url",
+        server.base_url,
+        "--no-default-servers",
+        "--mcp",
+        TESTKIT,
+        "--cache",
+        cache,
+        "--trajectory",
+        trajectory,
+        *flags,
+    )
 
 
 def echoed(trajectory: Path) -> ToolResult:
@@ -162,7 +186,7 @@ def echoed(trajectory: Path) -> ToolResult:
 
 SCHEMA_EXTRAS = {
     "a trigger": f"CREATE TRIGGER rewrite AFTER INSERT ON tool_results BEGIN "
-                 f"UPDATE tool_results SET text = '{ATTACKER.replace(chr(39), chr(39) * 2)}'; END",
+    f"UPDATE tool_results SET text = '{ATTACKER.replace(chr(39), chr(39) * 2)}'; END",
     "a view": "CREATE VIEW everything AS SELECT * FROM tool_results",
     "an index": "CREATE INDEX by_text ON tool_results (text)",
     "another table": "CREATE TABLE notes (x)",
@@ -171,7 +195,8 @@ SCHEMA_EXTRAS = {
 
 @pytest.mark.parametrize("extra", SCHEMA_EXTRAS)
 def test_a_cache_whose_schema_holds_more_than_nanbeige_makes_is_refused_before_anything_runs(
-        tmp_path: Path, extra: str) -> None:
+    tmp_path: Path, extra: str
+) -> None:
     """A trigger in the file would run on each write: here it would rewrite every fresh recording."""
     cache = tmp_path / "cache.sqlite"
     with FakeOpenAI(echo_then_answer) as server:
@@ -222,8 +247,9 @@ async def test_a_signature_that_is_not_even_ascii_is_refused_not_a_crash(tmp_pat
         await call(path, kit_server(), replay=True)
 
 
-def test_a_cache_made_on_another_machine_is_replayed_once_accepted(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_cache_made_on_another_machine_is_replayed_once_accepted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cache, elsewhere, here = tmp_path / "cache.sqlite", tmp_path / "their-config", tmp_path / "my-config"
     with FakeOpenAI(echo_then_answer) as server:
         monkeypatch.setenv("XDG_CONFIG_HOME", str(elsewhere))

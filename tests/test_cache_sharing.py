@@ -57,6 +57,7 @@ async def test_64_concurrent_runs_share_one_cache(tmp_path: Path) -> None:
     cache = await ToolCache.open(tmp_path / "cache.sqlite")
     llm = ScriptedLLM([], default=look_up_then_answer, record=False)
     async with Toolbox([ServerSpec(name="counter", server=server)], cache=cache) as tools:
+
         async def wave() -> list:
             return await asyncio.gather(*(run(f"question {i}", llm, tools, AgentConfig()) for i in range(64)))
 
@@ -90,8 +91,10 @@ asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
 
 def test_processes_writing_one_file_at_once_lose_nothing(tmp_path: Path) -> None:
     path = tmp_path / "shared.sqlite"  # made by the processes themselves, all starting at once
-    workers = [subprocess.Popen([sys.executable, "-c", HAMMER, str(path), str(who), "300"], stderr=subprocess.PIPE,
-                                text=True) for who in range(6)]
+    workers = [
+        subprocess.Popen([sys.executable, "-c", HAMMER, str(path), str(who), "300"], stderr=subprocess.PIPE, text=True)
+        for who in range(6)
+    ]
     errors = [worker.communicate(timeout=120)[1] for worker in workers]
     assert [worker.returncode for worker in workers] == [0] * 6, errors
     assert not any("locked" in error for error in errors)
@@ -103,12 +106,14 @@ def test_processes_writing_one_file_at_once_lose_nothing(tmp_path: Path) -> None
 
 def echo_then_answer(twist: str = "") -> Callable[[dict], Reply]:
     """Echoes the question (with `twist` added to the last task's), then gives the gold answer."""
+
     def reply(request: dict) -> Reply:
         messages = request["messages"]
         task = next(t for t in TASKS if t[2] in messages[1]["content"])
         if not any(m["role"] == "assistant" for m in messages):
             return Reply(content=mcp_call("testkit", "echo", {"text": task[2] + (twist if task == TASKS[-1] else "")}))
         return Reply(content=mcp_answer(task[3]))
+
     return reply
 
 
@@ -117,11 +122,33 @@ def test_an_eval_replayed_from_the_cache_fails_when_a_run_misses_it(tmp_path: Pa
     data, cache = write_gaia(tmp_path / "gaia"), tmp_path / "tools.sqlite"
 
     def evaluate(model: FakeOpenAI, out: str, *flags: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([NANBEIGE, "eval", "gaia", "--grader", "official", "--data", str(data), "--out",
-                               str(tmp_path / out), "-k", "1", "--base-url", model.base_url, "--no-default-servers",
-                               "--mcp",
-                               f"testkit={' '.join(TEST_SERVER)}", "--cache", str(cache), *flags],
-                              capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"}, timeout=120)
+        return subprocess.run(
+            [
+                NANBEIGE,
+                "eval",
+                "gaia",
+                "--grader",
+                "official",
+                "--data",
+                str(data),
+                "--out",
+                str(tmp_path / out),
+                "-k",
+                "1",
+                "--base-url",
+                model.base_url,
+                "--no-default-servers",
+                "--mcp",
+                f"testkit={' '.join(TEST_SERVER)}",
+                "--cache",
+                str(cache),
+                *flags,
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "COLUMNS": "200"},
+            timeout=120,
+        )
 
     with FakeOpenAI(echo_then_answer()) as model:
         recorded = evaluate(model, "recorded")
@@ -134,16 +161,21 @@ def test_an_eval_replayed_from_the_cache_fails_when_a_run_misses_it(tmp_path: Pa
     assert missed.returncode == 1
     assert missed.stderr.strip().splitlines()[-1] == (
         f"error: 1 run could not be replayed; their trajectories in {tmp_path / 'missed'} say which tool call the "
-        "cache did not hold")
+        "cache did not hold"
+    )
     assert len(read_results(tmp_path / "missed")) == len(TASKS) - 1  # the missed run is not scored
-    ends = [json.loads(line) for line in (tmp_path / "missed" / "trajectories.jsonl").read_text().splitlines()
-            if '"type":"end"' in line]
+    ends = [
+        json.loads(line)
+        for line in (tmp_path / "missed" / "trajectories.jsonl").read_text().splitlines()
+        if '"type":"end"' in line
+    ]
     assert [e["stop_reason"] for e in ends].count("replay_miss") == 1
 
 
 @pytest.mark.anyio
-async def test_a_cache_that_cannot_be_written_does_not_stop_the_run(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_cache_that_cannot_be_written_does_not_stop_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr("nanbeige.agent.cache.BUSY_TIMEOUT_S", 0.2)
     cache = await ToolCache.open(tmp_path / "cache.sqlite")
     other = sqlite3.connect(tmp_path / "cache.sqlite", isolation_level=None)

@@ -21,8 +21,13 @@ TESTKIT = "testkit=" + shlex.join(TEST_SERVER)
 
 
 def nanbeige(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([NANBEIGE, *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "COLUMNS": "200", **(env or {})})
+    return subprocess.run(
+        [NANBEIGE, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "COLUMNS": "200", **(env or {})},
+    )
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, *words: str) -> None:
@@ -39,9 +44,22 @@ def test_ask_prints_only_the_answer_on_stdout_and_saves_the_trajectory(tmp_path:
     path = tmp_path / "run.jsonl"
     replies = [mcp_call("testkit", "add", {"a": 2, "b": 3}), mcp_answer("5")]
     with FakeOpenAI(replies, default=mcp_answer("5")) as server:  # the summary turn: the answer again
-        result = nanbeige("ask", "What is 2+3?", "--base-url", server.base_url, "--mcp", TESTKIT,
-                          "--trajectory", str(path), "--api-key", "sk-secret-value", "--tool-timeout", "30",
-                          "--max-result-chars", "5000")
+        result = nanbeige(
+            "ask",
+            "What is 2+3?",
+            "--base-url",
+            server.base_url,
+            "--mcp",
+            TESTKIT,
+            "--trajectory",
+            str(path),
+            "--api-key",
+            "sk-secret-value",
+            "--tool-timeout",
+            "30",
+            "--max-result-chars",
+            "5000",
+        )
     assert result.returncode == 0, result.stderr
     assert result.stdout == "5\n"
     assert "add(a=2, b=3)" in result.stderr and str(path) in result.stderr and "answered after 3 turns" in result.stderr
@@ -55,8 +73,16 @@ def test_ask_prints_only_the_answer_on_stdout_and_saves_the_trajectory(tmp_path:
 
 def test_json_prints_the_end_record(tmp_path: Path) -> None:
     with FakeOpenAI([mcp_answer("Paris")], default=mcp_answer("Paris")) as server:
-        result = nanbeige("ask", "Capital of France?", "--base-url", server.base_url, "--no-default-servers",
-                          "--trajectory", str(tmp_path / "t.jsonl"), "--json")
+        result = nanbeige(
+            "ask",
+            "Capital of France?",
+            "--base-url",
+            server.base_url,
+            "--no-default-servers",
+            "--trajectory",
+            str(tmp_path / "t.jsonl"),
+            "--json",
+        )
     end = json.loads(result.stdout)
     # two turns: the answer, then the summary turn
     assert (end["type"], end["answer"], end["stop_reason"], end["num_turns"]) == ("end", "Paris", "answered", 2)
@@ -65,8 +91,15 @@ def test_json_prints_the_end_record(tmp_path: Path) -> None:
 
 def test_settings_come_from_the_environment_and_runs_go_to_the_runs_folder(tmp_path: Path) -> None:
     with FakeOpenAI([mcp_answer("ok")], default=mcp_answer("ok")) as server:
-        result = nanbeige("ask", "q", env={"NANBEIGE_BASE_URL": server.base_url, "NANBEIGE_MODEL": "env-model",
-                                           "NANBEIGE_RUNS_DIR": str(tmp_path / "runs")})
+        result = nanbeige(
+            "ask",
+            "q",
+            env={
+                "NANBEIGE_BASE_URL": server.base_url,
+                "NANBEIGE_MODEL": "env-model",
+                "NANBEIGE_RUNS_DIR": str(tmp_path / "runs"),
+            },
+        )
     assert result.returncode == 0, result.stderr
     assert server.requests[0]["model"] == "env-model"
     [saved] = list((tmp_path / "runs").glob("*.jsonl"))
@@ -77,8 +110,9 @@ def test_an_unreachable_model_server_is_one_line_naming_the_fix(tmp_path: Path) 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-        result = nanbeige("ask", "q", "--base-url", f"http://127.0.0.1:{port}/v1", "--trajectory",
-                          str(tmp_path / "t.jsonl"))
+        result = nanbeige(
+            "ask", "q", "--base-url", f"http://127.0.0.1:{port}/v1", "--trajectory", str(tmp_path / "t.jsonl")
+        )
     assert_one_line_error(result, "cannot reach the model server", "--base-url")
     assert result.returncode == 1
 
@@ -88,8 +122,9 @@ def test_bad_flags_and_specs_are_clear_errors(tmp_path: Path) -> None:
     assert_one_line_error(nanbeige("ask", "q", "--max-turns", "zero"), "--max-turns")
     assert_one_line_error(nanbeige("ask", "q", "--dialect", "yaml"), "--dialect must be one of mcp-xml, tool-call")
     assert_one_line_error(nanbeige("ask", "q", "--mcp", "no-equals"), "NAME=COMMAND")
-    assert_one_line_error(nanbeige("ask", "q", "--mcp", "a=x", "--mcp", "a=y", "--no-default-servers"),
-                          "two MCP servers share a name: a")
+    assert_one_line_error(
+        nanbeige("ask", "q", "--mcp", "a=x", "--mcp", "a=y", "--no-default-servers"), "two MCP servers share a name: a"
+    )
     assert_one_line_error(nanbeige("ask", "q", "--base-url", "http://[::1"), "--base-url", "not a valid URL")
     assert_one_line_error(nanbeige("ask", "q", "--base-url", "ftp://host/v1"), "must be an http(s) URL")
     assert_one_line_error(nanbeige("ask", "q", "--timeout", "-5"), "--timeout")  # it used to stop the run at once
@@ -97,8 +132,16 @@ def test_bad_flags_and_specs_are_clear_errors(tmp_path: Path) -> None:
 
 def test_a_tool_server_that_cannot_start_is_a_clear_error(tmp_path: Path) -> None:
     with FakeOpenAI([mcp_answer("x")], default=mcp_answer("x")) as server:
-        result = nanbeige("ask", "q", "--base-url", server.base_url, "--mcp", "broken=/no/such/program",
-                          "--trajectory", str(tmp_path / "t.jsonl"))
+        result = nanbeige(
+            "ask",
+            "q",
+            "--base-url",
+            server.base_url,
+            "--mcp",
+            "broken=/no/such/program",
+            "--trajectory",
+            str(tmp_path / "t.jsonl"),
+        )
     assert_one_line_error(result, "MCP server 'broken'", "failed to start")
 
 
@@ -110,10 +153,13 @@ def test_an_unwritable_trajectory_path_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_no_answer_exits_non_zero_with_the_stop_reason(tmp_path: Path) -> None:
-    with FakeOpenAI([mcp_call("testkit", "echo", {"text": "a"})], default=Reply(status=400, body={
-            "error": {"message": "bad request"}})) as server:
-        result = nanbeige("ask", "q", "--base-url", server.base_url, "--mcp", TESTKIT, "--trajectory",
-                          str(tmp_path / "t.jsonl"))
+    with FakeOpenAI(
+        [mcp_call("testkit", "echo", {"text": "a"})],
+        default=Reply(status=400, body={"error": {"message": "bad request"}}),
+    ) as server:
+        result = nanbeige(
+            "ask", "q", "--base-url", server.base_url, "--mcp", TESTKIT, "--trajectory", str(tmp_path / "t.jsonl")
+        )
     assert result.stdout == ""
     assert_one_line_error(result, "no answer (stop reason model_error)", "bad request")
 
@@ -122,9 +168,13 @@ def test_ctrl_c_closes_the_trajectory_and_exits_130(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     replies = [mcp_call("testkit", "echo", {"text": "a"}), Reply(content="never", delay_s=30)]
     with FakeOpenAI(replies) as server:
-        process = subprocess.Popen([NANBEIGE, "ask", "q", "--base-url", server.base_url, "--mcp", TESTKIT,
-                                    "--trajectory", str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   text=True, start_new_session=True)
+        process = subprocess.Popen(
+            [NANBEIGE, "ask", "q", "--base-url", server.base_url, "--mcp", TESTKIT, "--trajectory", str(path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + 30
         while len(server.requests) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -138,13 +188,20 @@ def test_ctrl_c_closes_the_trajectory_and_exits_130(tmp_path: Path) -> None:
 
 def test_show_renders_a_saved_trajectory(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
-    with FakeOpenAI([mcp_call("testkit", "add", {"a": 20, "b": 22}, thought="Add them.")],
-                    default=mcp_answer("42")) as server:
+    with FakeOpenAI(
+        [mcp_call("testkit", "add", {"a": 20, "b": 22}, thought="Add them.")], default=mcp_answer("42")
+    ) as server:
         nanbeige("ask", "Sum?", "--base-url", server.base_url, "--mcp", TESTKIT, "--trajectory", str(path))
     result = nanbeige("show", str(path))
     assert result.returncode == 0, result.stderr
-    for text in ("question: Sum?", "Add them.", "testkit/add", '{"a": 20, "b": 22}', "stop reason: answered",
-                 "answer: 42"):
+    for text in (
+        "question: Sum?",
+        "Add them.",
+        "testkit/add",
+        '{"a": 20, "b": 22}',
+        "stop reason: answered",
+        "answer: 42",
+    ):
         assert text in result.stdout
 
 
@@ -204,9 +261,11 @@ def test_a_built_in_server_over_streamable_http(tmp_path: Path) -> None:
     import mcp
 
     port = free_port()
-    process = subprocess.Popen([NANBEIGE, "server", "python", "--transport", "http", "--port", str(port)],
-                               stderr=open(tmp_path / "server.err", "w"),
-                               env={**os.environ, "NANBEIGE_SANDBOX_DIR": str(tmp_path / "boxes")})
+    process = subprocess.Popen(
+        [NANBEIGE, "server", "python", "--transport", "http", "--port", str(port)],
+        stderr=open(tmp_path / "server.err", "w"),
+        env={**os.environ, "NANBEIGE_SANDBOX_DIR": str(tmp_path / "boxes")},
+    )
     try:
         wait_for_http(f"http://127.0.0.1:{port}/mcp")
 
@@ -240,8 +299,11 @@ def test_something_that_is_not_a_model_server_is_not_taken_for_one(tmp_path: Pat
 def test_help_shows_the_defaults_that_depend_on_the_dialect() -> None:
     result = nanbeige("ask", "--help-all", env={"COLUMNS": "250"})
     text = " ".join(result.stdout.split())
-    for shown in ("[default: 1.0 for mcp-xml, 0.6 for tool-call]", "[default: 600 for mcp-xml, 200 for tool-call]",
-                  "[default: the server's max_model_len, else 262144]"):
+    for shown in (
+        "[default: 1.0 for mcp-xml, 0.6 for tool-call]",
+        "[default: 600 for mcp-xml, 200 for tool-call]",
+        "[default: the server's max_model_len, else 262144]",
+    ):
         assert shown in text, shown
 
 
@@ -254,8 +316,12 @@ def test_the_commands_that_run_the_agent_take_the_run_flags_from_one_definition(
     from nanbeige.agent.cli.program import app
 
     commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
-    own_way = {"ask": set(), "research": {"max_turns", "timeout", "tokenizer"}, "eval": {"tokenizer", "temperature"},
-               "collect": {"verbose", "top_p", "repetition_penalty"}}
+    own_way = {
+        "ask": set(),
+        "research": {"max_turns", "timeout", "tokenizer"},
+        "eval": {"tokenizer", "temperature"},
+        "collect": {"verbose", "top_p", "repetition_penalty"},
+    }
     for name, exceptions in own_way.items():
         params = {param.name: param for param in commands[name].params}
         for flag, (annotation, default) in options.RUN_OPTIONS.items():

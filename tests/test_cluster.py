@@ -40,18 +40,26 @@ TESTKIT = "testkit=" + shlex.join([sys.executable, str(TESTS / "mcp_test_server.
 
 
 def collect_with_a_server_that_cannot_start(collect: list[str], out: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([*collect, "--out", str(out), "--mcp",
-                           "broken=" + shlex.join([sys.executable, "-c", "raise SystemExit(3)"])],
-                          capture_output=True, text=True, timeout=120, env=command_env())
+    return subprocess.run(
+        [*collect, "--out", str(out), "--mcp", "broken=" + shlex.join([sys.executable, "-c", "raise SystemExit(3)"])],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=command_env(),
+    )
 
 
 def judge_on_ray_and_in_one_process(rollouts: Path, folder: Path, address: str) -> dict[str, Any]:
     """judge --ray of the rollouts, and judge in one process: each one's exit code and stderr, by its out file."""
     found: dict[str, Any] = {}
     for name, extra in (("judged-ray", ["--ray", address]), ("judged-here", [])):
-        done = subprocess.run([NANBEIGE, "judge", str(rollouts), "--out", str(folder / f"{name}.jsonl"),
-                               "--no-critic", *extra], capture_output=True, text=True, timeout=120,
-                              env=command_env())
+        done = subprocess.run(
+            [NANBEIGE, "judge", str(rollouts), "--out", str(folder / f"{name}.jsonl"), "--no-critic", *extra],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=command_env(),
+        )
         found[name] = {"returncode": done.returncode, "stderr": done.stderr}
     return found
 
@@ -63,20 +71,46 @@ def collect_and_judge_on_two_nodes(folder: Path) -> dict[str, Any]:
     questions.write_text("".join(json.dumps({"id": i, "question": q, "answer": a}) + "\n" for i, q, a in QUESTIONS))
     found: dict[str, Any] = {}
     with local_cluster(2) as (cluster, workers), FakeOpenAI(answers_even_questions_right(0.4)) as server:
-        collect = [NANBEIGE, "collect", "--questions", str(questions), "-G", "2", "--base-url", server.base_url,
-                   "--no-default-servers", "--allow-inexact", "--concurrency", "2", "--ray", cluster.address]
+        collect = [
+            NANBEIGE,
+            "collect",
+            "--questions",
+            str(questions),
+            "-G",
+            "2",
+            "--base-url",
+            server.base_url,
+            "--no-default-servers",
+            "--allow-inexact",
+            "--concurrency",
+            "2",
+            "--ray",
+            cluster.address,
+        ]
         broken = collect_with_a_server_that_cannot_start(collect, folder / "none.jsonl")
-        found["broken"] = {"returncode": broken.returncode, "stderr": broken.stderr,
-                           "nodes": [worker.node_id for worker in workers]}
+        found["broken"] = {
+            "returncode": broken.returncode,
+            "stderr": broken.stderr,
+            "nodes": [worker.node_id for worker in workers],
+        }
         server.requests.clear()
-        process = subprocess.Popen([*collect, "--out", str(rollouts), "--mcp", TESTKIT], stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True, env=command_env())
+        process = subprocess.Popen(
+            [*collect, "--out", str(rollouts), "--mcp", TESTKIT],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=command_env(),
+        )
         wait_for(lambda: ended(rollouts), 8, process)
         found["removed_at"] = ended(rollouts)
         cluster.remove_node(workers[0])
         _, stderr = process.communicate(timeout=120)
-        found["collect"] = {"returncode": process.returncode, "stderr": stderr, "removed": workers[0].node_id,
-                            "runs_started": first_calls(server)}
+        found["collect"] = {
+            "returncode": process.returncode,
+            "stderr": stderr,
+            "removed": workers[0].node_id,
+            "runs_started": first_calls(server),
+        }
         found.update(judge_on_ray_and_in_one_process(rollouts, folder, cluster.address))
     return found
 
@@ -84,15 +118,32 @@ def collect_and_judge_on_two_nodes(folder: Path) -> dict[str, Any]:
 def eval_killed_half_way(folder: Path) -> dict[str, Any]:
     """eval --ray killed half-way and run again; the same eval in one process."""
     data = folder / "metadata.jsonl"
-    data.write_text("".join(json.dumps({"task_id": i, "Question": q, "Level": 1, "Final answer": a, "file_name": ""})
-                            + "\n" for i, q, a in QUESTIONS))
+    data.write_text(
+        "".join(
+            json.dumps({"task_id": i, "Question": q, "Level": 1, "Final answer": a, "file_name": ""}) + "\n"
+            for i, q, a in QUESTIONS
+        )
+    )
     found: dict[str, Any] = {}
     with local_cluster(2) as (cluster, _), FakeOpenAI(answers_even_questions_right(0.3)) as server:
-        command = [NANBEIGE, "eval", "gaia", "--data", str(data), "-k", "2", "--concurrency", "2", "--grader",
-                   "gaia-exact", "--base-url", server.base_url, "--no-default-servers"]
+        command = [
+            NANBEIGE,
+            "eval",
+            "gaia",
+            "--data",
+            str(data),
+            "-k",
+            "2",
+            "--concurrency",
+            "2",
+            "--grader",
+            "gaia-exact",
+            "--base-url",
+            server.base_url,
+            "--no-default-servers",
+        ]
         on_ray = [*command, "--out", str(folder / "on-ray"), "--ray", cluster.address]
-        process = subprocess.Popen(on_ray, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                   env=command_env())
+        process = subprocess.Popen(on_ray, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=command_env())
         wait_for(lambda: len(read_results(folder / "on-ray")) if (folder / "on-ray").exists() else 0, 8, process)
         process.send_signal(signal.SIGKILL)
         process.communicate(timeout=60)
@@ -101,11 +152,16 @@ def eval_killed_half_way(folder: Path) -> dict[str, Any]:
         server.requests.clear()
         started = time.monotonic()
         again = subprocess.run(on_ray, capture_output=True, text=True, timeout=120, env=command_env())
-        found["again"] = {"returncode": again.returncode, "stderr": again.stderr, "runs_started": first_calls(server),
-                          "seconds": time.monotonic() - started}
+        found["again"] = {
+            "returncode": again.returncode,
+            "stderr": again.stderr,
+            "runs_started": first_calls(server),
+            "seconds": time.monotonic() - started,
+        }
         started = time.monotonic()
-        here = subprocess.run([*command, "--out", str(folder / "here")], capture_output=True, text=True, timeout=120,
-                              env=command_env())
+        here = subprocess.run(
+            [*command, "--out", str(folder / "here")], capture_output=True, text=True, timeout=120, env=command_env()
+        )
         found["here"] = {"returncode": here.returncode, "stderr": here.stderr, "seconds": time.monotonic() - started}
     return found
 
@@ -121,7 +177,8 @@ def collected(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
 
 @pytest.mark.slow
 def test_a_shard_whose_tool_servers_cannot_start_stops_the_command_naming_its_node(
-        collected: tuple[Path, dict[str, Any]]) -> None:
+    collected: tuple[Path, dict[str, Any]],
+) -> None:
     folder, found = collected
     broken = found["broken"]
     assert broken["returncode"] == 1 and "Traceback" not in broken["stderr"]
@@ -132,15 +189,17 @@ def test_a_shard_whose_tool_servers_cannot_start_stops_the_command_naming_its_no
 
 @pytest.mark.slow
 def test_a_node_removed_half_way_loses_no_rollout_and_redoes_only_its_runs_in_flight(
-        collected: tuple[Path, dict[str, Any]]) -> None:
+    collected: tuple[Path, dict[str, Any]],
+) -> None:
     folder, found = collected
     collect = found["collect"]
     assert collect["returncode"] == 0, collect["stderr"]
     assert 8 <= found["removed_at"] < 16  # removed while rollouts were left to do
     assert f"lost the shard on node 127.0.0.1 ({collect['removed'][:8]})" in collect["stderr"]
     trajectories = load_trajectories(folder / "rollouts.jsonl")
-    assert Counter((t.group_id, t.rollout_index) for t in trajectories) == {(q, r): 1 for q, _, _ in QUESTIONS
-                                                                            for r in range(2)}
+    assert Counter((t.group_id, t.rollout_index) for t in trajectories) == {
+        (q, r): 1 for q, _, _ in QUESTIONS for r in range(2)
+    }
     assert all(t.finished and {"testkit"} <= {tool["server"] for tool in t.tools} for t in trajectories)
     # the lost node ran 2 rollouts at a time: at most those 2 were started again on the other node
     assert 16 <= collect["runs_started"] <= 16 + 2
@@ -148,7 +207,8 @@ def test_a_node_removed_half_way_loses_no_rollout_and_redoes_only_its_runs_in_fl
 
 @pytest.mark.slow
 def test_judging_on_the_cluster_gives_the_rewards_of_judging_in_one_process(
-        collected: tuple[Path, dict[str, Any]]) -> None:
+    collected: tuple[Path, dict[str, Any]],
+) -> None:
     folder, found = collected
     assert found["judged-ray"]["returncode"] == 0, found["judged-ray"]["stderr"]
     assert "16 trajectories judged" in found["judged-ray"]["stderr"]
@@ -159,7 +219,8 @@ def test_judging_on_the_cluster_gives_the_rewards_of_judging_in_one_process(
 
 @pytest.mark.slow
 def test_a_driver_killed_half_way_and_run_again_writes_every_row_once_and_reports_as_one_process(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     found = run_in_own_network("test_cluster", "eval_killed_half_way", tmp_path)
     assert found["again"]["returncode"] == 0, found["again"]["stderr"]
     assert found["here"]["returncode"] == 0, found["here"]["stderr"]
@@ -169,8 +230,16 @@ def test_a_driver_killed_half_way_and_run_again_writes_every_row_once_and_report
     assert found["again"]["runs_started"] == 16 - before  # only the runs without a row
     rows = read_results(tmp_path / "on-ray")
     assert sorted((r["task_id"], r["run"]) for r in rows) == sorted((q, r) for q, _, _ in QUESTIONS for r in range(2))
-    reports = [subprocess.run([NANBEIGE, "eval", "report", str(tmp_path / name)], capture_output=True, text=True,
-                              env=command_env(), timeout=60) for name in ("on-ray", "here")]
+    reports = [
+        subprocess.run(
+            [NANBEIGE, "eval", "report", str(tmp_path / name)],
+            capture_output=True,
+            text=True,
+            env=command_env(),
+            timeout=60,
+        )
+        for name in ("on-ray", "here")
+    ]
     assert reports[0].returncode == 0 and reports[0].stdout == reports[1].stdout
     assert "| pass@2 | 50.00% |" in reports[0].stdout
     # every run's trajectory, written by the driver alone

@@ -33,8 +33,9 @@ RUNS = 2 * len(QUESTIONS)  # each question twice: -k 2, or -G 2
 
 def critic_that_passes_every_turn(delay_s: float) -> Any:
     """A turn critic that takes `delay_s` a turn and scores every dimension 5."""
-    scores = json.dumps({name: {"score": 5, "reason": "ok"} for name in
-                         ("logical_soundness", "tool_call_accuracy", "information_gain")})
+    scores = json.dumps(
+        {name: {"score": 5, "reason": "ok"} for name in ("logical_soundness", "tool_call_accuracy", "information_gain")}
+    )
     return lambda request: Reply(content=scores, delay_s=delay_s)
 
 
@@ -44,8 +45,7 @@ def results(folder: Path) -> int:
 
 def remove_half_way(cluster: Any, worker: Any, count: Any, command: list[str]) -> dict[str, Any]:
     """Run `command`, remove `worker` once `count()` reaches half the runs, and let the command end."""
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env=command_env())
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=command_env())
     wait_for(count, RUNS // 2, process)
     removed_at = count()
     cluster.remove_node(worker)
@@ -56,30 +56,81 @@ def remove_half_way(cluster: Any, worker: Any, count: Any, command: list[str]) -
 def write_questions(folder: Path) -> Path:
     """The questions as GAIA's metadata.jsonl, for eval (its path is returned), and as questions.jsonl, for collect."""
     data = folder / "metadata.jsonl"
-    data.write_text("".join(json.dumps({"task_id": i, "Question": q, "Level": 1, "Final answer": a, "file_name": ""})
-                            + "\n" for i, q, a in QUESTIONS))
-    (folder / "questions.jsonl").write_text("".join(json.dumps({"id": i, "question": q, "answer": a}) + "\n"
-                                                    for i, q, a in QUESTIONS))
+    data.write_text(
+        "".join(
+            json.dumps({"task_id": i, "Question": q, "Level": 1, "Final answer": a, "file_name": ""}) + "\n"
+            for i, q, a in QUESTIONS
+        )
+    )
+    (folder / "questions.jsonl").write_text(
+        "".join(json.dumps({"id": i, "question": q, "answer": a}) + "\n" for i, q, a in QUESTIONS)
+    )
     return data
 
 
 def collect_in_one_process(questions: Path, rollouts: Path, model_flags: list[str]) -> None:
-    collected = subprocess.run([NANBEIGE, "collect", "--questions", str(questions), "-G", "2",
-                                "--out", str(rollouts), "--allow-inexact", *model_flags, "--concurrency", "8"],
-                               capture_output=True, text=True, timeout=120, env=command_env())
+    collected = subprocess.run(
+        [
+            NANBEIGE,
+            "collect",
+            "--questions",
+            str(questions),
+            "-G",
+            "2",
+            "--out",
+            str(rollouts),
+            "--allow-inexact",
+            *model_flags,
+            "--concurrency",
+            "8",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=command_env(),
+    )
     assert collected.returncode == 0, collected.stderr
 
 
 def eval_command(data: Path, out: Path, model_flags: list[str], address: str) -> list[str]:
     """eval --ray of each question twice, one run at a time, so that a node removed half-way has one in flight."""
-    return [NANBEIGE, "eval", "gaia", "--data", str(data), "-k", "2", "--grader", "gaia-exact", *model_flags,
-            "--concurrency", "1", "--out", str(out), "--ray", address]
+    return [
+        NANBEIGE,
+        "eval",
+        "gaia",
+        "--data",
+        str(data),
+        "-k",
+        "2",
+        "--grader",
+        "gaia-exact",
+        *model_flags,
+        "--concurrency",
+        "1",
+        "--out",
+        str(out),
+        "--ray",
+        address,
+    ]
 
 
 def judge_command(rollouts: Path, out: Path, critic_url: str, address: str) -> list[str]:
     """judge --ray with the critic, one trajectory at a time, so that a node removed half-way has one in flight."""
-    return [NANBEIGE, "judge", str(rollouts), "--out", str(out), "--concurrency", "1",
-            "--critic-base-url", critic_url, "--critic-model", "critic", "--ray", address]
+    return [
+        NANBEIGE,
+        "judge",
+        str(rollouts),
+        "--out",
+        str(out),
+        "--concurrency",
+        "1",
+        "--critic-base-url",
+        critic_url,
+        "--critic-model",
+        "critic",
+        "--ray",
+        address,
+    ]
 
 
 def eval_and_judge_losing_a_node(folder: Path) -> dict[str, Any]:
@@ -87,18 +138,28 @@ def eval_and_judge_losing_a_node(folder: Path) -> dict[str, Any]:
     in one process, with a node removed half-way."""
     data, rollouts = write_questions(folder), folder / "rollouts.jsonl"
     found: dict[str, Any] = {}
-    with local_cluster(2) as (cluster, workers), FakeOpenAI(answers_even_questions_right(0.4)) as model, \
-            FakeOpenAI(critic_that_passes_every_turn(0.4)) as critic:
+    with (
+        local_cluster(2) as (cluster, workers),
+        FakeOpenAI(answers_even_questions_right(0.4)) as model,
+        FakeOpenAI(critic_that_passes_every_turn(0.4)) as critic,
+    ):
         model_flags = ["--base-url", model.base_url, "--no-default-servers"]
-        found["eval"] = remove_half_way(cluster, workers[0], lambda: results(folder / "eval"),
-                                        eval_command(data, folder / "eval", model_flags, cluster.address))
+        found["eval"] = remove_half_way(
+            cluster,
+            workers[0],
+            lambda: results(folder / "eval"),
+            eval_command(data, folder / "eval", model_flags, cluster.address),
+        )
         found["eval"]["runs_started"] = first_calls(model)
         collect_in_one_process(folder / "questions.jsonl", rollouts, model_flags)
         workers = [workers[1], cluster.add_node(num_cpus=1)]
         cluster.wait_for_nodes()
-        found["judge"] = remove_half_way(cluster, workers[0], lambda: ended(folder / "judged.jsonl"),
-                                         judge_command(rollouts, folder / "judged.jsonl", critic.base_url,
-                                                       cluster.address))
+        found["judge"] = remove_half_way(
+            cluster,
+            workers[0],
+            lambda: ended(folder / "judged.jsonl"),
+            judge_command(rollouts, folder / "judged.jsonl", critic.base_url, cluster.address),
+        )
         found["judge"]["critic_calls"] = len(critic.requests)  # one a turn
     return found
 
@@ -118,15 +179,17 @@ def said_once(stderr: str, node_id: str) -> None:
 
 @pytest.mark.slow
 def test_an_eval_that_loses_a_node_half_way_writes_every_run_once_and_redoes_only_its_run_in_flight(
-        lost: tuple[Path, dict[str, Any]]) -> None:
+    lost: tuple[Path, dict[str, Any]],
+) -> None:
     folder, found = lost
     run = found["eval"]
     assert run["returncode"] == 0, run["stderr"]
     assert RUNS // 2 <= run["removed_at"] < RUNS  # removed while runs were left to do
     said_once(run["stderr"], run["removed"])
     rows = read_results(folder / "eval")
-    assert Counter((row["task_id"], row["run"]) for row in rows) == {(q, r): 1 for q, _, _ in QUESTIONS
-                                                                    for r in range(2)}
+    assert Counter((row["task_id"], row["run"]) for row in rows) == {
+        (q, r): 1 for q, _, _ in QUESTIONS for r in range(2)
+    }
     assert Counter(row["correct"] for row in rows) == {True: RUNS // 2, False: RUNS // 2}  # even questions right
     # the lost node ran one run at a time: at most that one was started again on the other node
     assert RUNS <= run["runs_started"] <= RUNS + 1
@@ -137,7 +200,8 @@ def test_an_eval_that_loses_a_node_half_way_writes_every_run_once_and_redoes_onl
 
 @pytest.mark.slow
 def test_a_judge_that_loses_a_node_half_way_writes_every_trajectory_once_and_redoes_only_its_one_in_flight(
-        lost: tuple[Path, dict[str, Any]]) -> None:
+    lost: tuple[Path, dict[str, Any]],
+) -> None:
     folder, found = lost
     run = found["judge"]
     assert run["returncode"] == 0, run["stderr"]

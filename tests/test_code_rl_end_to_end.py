@@ -56,14 +56,25 @@ MAX_TOKENS = 80
 # no input, so a program that calls input() errors on the first test's empty stdin and may still pass the
 # second; `add`'s last test passes for any program defining a callable `add`, so a wrong sum scores 1/3.
 PROBLEMS = [
-    {"id": "hello", "statement": "Print exactly: Hello, World!",
-     "tests": [{"input": "", "output": "Hello, World!\n"}, {"input": "hello\n", "output": "Hello, World!\n"}],
-     "reference_solution": "print('Hello, World!')", "complexity": "O(1)"},
-    {"id": "add", "statement": "Write a function add(a, b) that returns the sum of the numbers a and b.",
-     "entry_point": "add",
-     "tests": [{"args": "[1, 2]", "expected": "3"}, {"args": "[-4, 10]", "expected": "6"},
-               {"assert": "assert callable(candidate)"}],
-     "reference_solution": "def add(a, b):\n    return a + b\n", "complexity": "O(1)"},
+    {
+        "id": "hello",
+        "statement": "Print exactly: Hello, World!",
+        "tests": [{"input": "", "output": "Hello, World!\n"}, {"input": "hello\n", "output": "Hello, World!\n"}],
+        "reference_solution": "print('Hello, World!')",
+        "complexity": "O(1)",
+    },
+    {
+        "id": "add",
+        "statement": "Write a function add(a, b) that returns the sum of the numbers a and b.",
+        "entry_point": "add",
+        "tests": [
+            {"args": "[1, 2]", "expected": "3"},
+            {"args": "[-4, 10]", "expected": "6"},
+            {"assert": "assert callable(candidate)"},
+        ],
+        "reference_solution": "def add(a, b):\n    return a + b\n",
+        "complexity": "O(1)",
+    },
 ]
 TESTS = {problem["id"]: problem["tests"] for problem in PROBLEMS}
 ENTRY_POINTS = {problem["id"]: problem.get("entry_point") for problem in PROBLEMS}
@@ -110,12 +121,21 @@ def rollouts(smollm2: Path, problems: Path, tmp_path_factory: pytest.TempPathFac
     dialect with no tools answers in its first reply; a reply cut at MAX_TOKENS ends the run at max_turns)."""
     import torch
 
-    settings = RunSettings(llm=LLMConfig(model=str(smollm2), max_tokens=MAX_TOKENS, temperature=1.0),
-                           agent=AgentConfig(dialect="tool-call", max_turns=1, final_answer_turn=False,
-                                             date="2025-01-01"),  # the same system prompt on every run
-                           backend=BackendConfig(backend="transformers"), tools=ToolsConfig(default_servers=False))
-    config = CollectConfig(out=tmp_path_factory.mktemp("rollouts") / "rollouts.jsonl", bench=BENCHMARKS["code"],
-                           data=problems, group_size=G, concurrency=2)
+    settings = RunSettings(
+        llm=LLMConfig(model=str(smollm2), max_tokens=MAX_TOKENS, temperature=1.0),
+        agent=AgentConfig(
+            dialect="tool-call", max_turns=1, final_answer_turn=False, date="2025-01-01"
+        ),  # the same system prompt on every run
+        backend=BackendConfig(backend="transformers"),
+        tools=ToolsConfig(default_servers=False),
+    )
+    config = CollectConfig(
+        out=tmp_path_factory.mktemp("rollouts") / "rollouts.jsonl",
+        bench=BENCHMARKS["code"],
+        data=problems,
+        group_size=G,
+        concurrency=2,
+    )
     torch.manual_seed(SEED)
     summary = asyncio.run(collect(config, settings, notice=lambda text: None))
     assert summary["rollouts"] == 2 * G and summary["failed"] == 0, summary
@@ -153,8 +173,9 @@ def complexity_judge(request: dict[str, Any]) -> str:
 
 
 @pytest.fixture(scope="module")
-def judged_with_time(rollouts: Path, problems: Path,
-                     tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
+def judged_with_time(
+    rollouts: Path, problems: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, list[dict[str, Any]]]:
     """Stage 2: R = R_format + pass rate (+ R_time at pass rate 1); the judged file and what the complexity
     judge was asked."""
     out = tmp_path_factory.mktemp("judged-time") / "judged.jsonl"
@@ -168,30 +189,38 @@ def judged_with_time(rollouts: Path, problems: Path,
 def program_of(trajectory: Trajectory) -> str | None:
     """The program the grader runs: of the run's Python blocks, the last defining the entry point."""
     entry_point = ENTRY_POINTS[trajectory.group_id or ""]
-    return extract_program(*visible_texts(trajectory), entry_point=entry_point) \
-        or extract_program(trajectory.answer, entry_point=entry_point)
+    return extract_program(*visible_texts(trajectory), entry_point=entry_point) or extract_program(
+        trajectory.answer, entry_point=entry_point
+    )
 
 
 # ---------------------------------------------------------------- the rollouts
 
 
-def test_rollouts_are_token_exact_samples_of_the_folder_the_trainer_loads(rollouts: Path, smollm2: Path,
-                                                                          problems: Path) -> None:
+def test_rollouts_are_token_exact_samples_of_the_folder_the_trainer_loads(
+    rollouts: Path, smollm2: Path, problems: Path
+) -> None:
     import transformers
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(smollm2)
     trajectories = load_trajectories(rollouts)
     questions = {problem.id: question_of(problem) for problem in read_problems(problems)}
-    assert sorted((t.group_id, t.rollout_index) for t in trajectories) == \
-        sorted((id, index) for id in questions for index in range(G))
+    assert sorted((t.group_id, t.rollout_index) for t in trajectories) == sorted(
+        (id, index) for id in questions for index in range(G)
+    )
     for trajectory in trajectories:
         assert trajectory.grader == CODE_TESTS and trajectory.reference_answer is None  # the tests grade it
         assert trajectory.sampling["temperature"] == 1.0 and trajectory.sampling["top_p"] == 1.0  # on-policy
         assert trajectory.stop_reason in ("answered", "max_turns")
         [turn] = trajectory.turns
         shown = tokenizer.apply_chat_template(
-            [{"role": "system", "content": trajectory.system_prompt},
-             {"role": "user", "content": questions[trajectory.group_id]}], add_generation_prompt=True, tokenize=False)
+            [
+                {"role": "system", "content": trajectory.system_prompt},
+                {"role": "user", "content": questions[trajectory.group_id]},
+            ],
+            add_generation_prompt=True,
+            tokenize=False,
+        )
         assert turn.prompt_keep == 0 and tokenizer.decode(turn.prompt_delta_ids) == shown  # what the model read
         assert len(turn.logprobs) == len(turn.completion_ids) <= MAX_TOKENS
         assert all(logprob <= 0.0 for logprob in turn.logprobs)
@@ -240,7 +269,8 @@ def test_every_rollout_is_judged_by_running_its_program_against_every_test(judge
 
 
 def test_the_time_reward_asks_the_judge_once_per_solved_program_and_never_for_others(
-        judged_with_time: tuple[Path, list[dict[str, Any]]]) -> None:
+    judged_with_time: tuple[Path, list[dict[str, Any]]],
+) -> None:
     path, requests = judged_with_time
     trajectories = load_trajectories(path)
     solved = [t for t in trajectories if t.judge["solved"]]
@@ -249,7 +279,8 @@ def test_the_time_reward_asks_the_judge_once_per_solved_program_and_never_for_ot
     # once per solved program, never for the others: the programs the judge read are the solved ones (shown
     # without their comments)
     assert Counter(found.group(1) for found in asked if found) == Counter(
-        without_comments(program_of(t)).strip() for t in solved)
+        without_comments(program_of(t)).strip() for t in solved
+    )
     assert len(asked) == len(solved)
     for trajectory in solved:
         complexity, verdict = verdict_on(without_comments(program_of(trajectory)).strip())
@@ -258,8 +289,12 @@ def test_the_time_reward_asks_the_judge_once_per_solved_program_and_never_for_ot
         assert record["terms"] == {"format": 0.0, "correctness": 1.0, "time": time}
         assert trajectory.reward == record["reward"] == 1.0 + time
         assert record["complexity_ok"] is (verdict == "OPTIMAL") and record["judge_model"] == "complexity-judge"
-        assert record["time_judge"] == {"optimal": verdict == "OPTIMAL", "complexity": complexity, "bound": "O(1)",
-                                        "model": "complexity-judge"}
+        assert record["time_judge"] == {
+            "optimal": verdict == "OPTIMAL",
+            "complexity": complexity,
+            "bound": "O(1)",
+            "model": "complexity-judge",
+        }
     for trajectory in trajectories:
         if not trajectory.judge["solved"]:
             terms = trajectory.judge["terms"]
@@ -278,8 +313,9 @@ def weights(folder: Path) -> dict[str, Any]:
     return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
 
 
-def test_two_grpo_steps_on_the_judged_rollouts_move_the_policy_that_sampled_them(smollm2: Path, judged: Path,
-                                                                                 tmp_path: Path) -> None:
+def test_two_grpo_steps_on_the_judged_rollouts_move_the_policy_that_sampled_them(
+    smollm2: Path, judged: Path, tmp_path: Path
+) -> None:
     # Code RL's group filter, Nanbeige4.1's "1 to 5 of 8 solved" at G=4: a group trains when 1 to 3 of its 4
     # rollouts solved their problem. Those groups have rewards to compare (1 for solved, below 1 for the others);
     # none solved is too hard, all solved too easy.
@@ -288,12 +324,25 @@ def test_two_grpo_steps_on_the_judged_rollouts_move_the_policy_that_sampled_them
     solved = {group: sum(t.judge["solved"] for t in trajectories if t.group_id == group) for group in TESTS}
     kept = [group for group, k in solved.items() if 1 <= k <= 3]
     assert kept, f"seed {SEED} gave no group with 1 to 3 of {G} solved ({solved}): nothing would train"
-    config = TrainConfig(data=[judged], model=str(smollm2), out=tmp_path / "out", steps=2, step_tokens=4096,
-                         micro_tokens=2048, lr=1e-5, groups=rule, gradient_checkpointing=False, tensorboard=False)
+    config = TrainConfig(
+        data=[judged],
+        model=str(smollm2),
+        out=tmp_path / "out",
+        steps=2,
+        step_tokens=4096,
+        micro_tokens=2048,
+        lr=1e-5,
+        groups=rule,
+        gradient_checkpointing=False,
+        tensorboard=False,
+    )
     summary = train(config, log=lambda text: None)
     data = summary["data"]
-    assert (data["groups_kept"], data["groups_too_hard"], data["groups_too_easy"]) == \
-        (len(kept), sum(k == 0 for k in solved.values()), sum(k == G for k in solved.values()))
+    assert (data["groups_kept"], data["groups_too_hard"], data["groups_too_easy"]) == (
+        len(kept),
+        sum(k == 0 for k in solved.values()),
+        sum(k == G for k in solved.values()),
+    )
     assert data["trajectories_kept"] == G * len(kept) and summary["rows"] == G * len(kept)  # one turn each
     lines = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == [1, 2]

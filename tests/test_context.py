@@ -12,8 +12,20 @@ def test_only_the_last_k_tool_results_are_shown() -> None:
     for i in range(5):
         history.add_turn({"role": "assistant", "content": f"call {i}"}, [{"role": "user", "content": f"result {i}"}])
     shown = [m["content"] for m in history.messages]
-    assert shown == ["system", "question", "call 0", OMITTED, "call 1", OMITTED, "call 2", OMITTED,
-                     "call 3", "result 3", "call 4", "result 4"]
+    assert shown == [
+        "system",
+        "question",
+        "call 0",
+        OMITTED,
+        "call 1",
+        OMITTED,
+        "call 2",
+        OMITTED,
+        "call 3",
+        "result 3",
+        "call 4",
+        "result 4",
+    ]
 
 
 def test_keep_minus_one_shows_everything_and_omitting_never_mutates_old_requests() -> None:
@@ -28,8 +40,9 @@ def test_keep_minus_one_shows_everything_and_omitting_never_mutates_old_requests
 
 def test_several_tool_messages_of_one_turn_are_omitted_together() -> None:
     history = History("s", "q", keep_tool_results=1)
-    history.add_turn({"role": "assistant", "content": "a"}, [{"role": "tool", "content": "r1"},
-                                                             {"role": "tool", "content": "r2"}])
+    history.add_turn(
+        {"role": "assistant", "content": "a"}, [{"role": "tool", "content": "r1"}, {"role": "tool", "content": "r2"}]
+    )
     history.add_turn({"role": "assistant", "content": "b"}, [{"role": "tool", "content": "r3"}])
     assert [m["content"] for m in history.messages[2:]] == ["a", OMITTED, OMITTED, "b", "r3"]
 
@@ -46,14 +59,22 @@ def test_after_a_rolled_back_reply_the_next_prompt_is_the_one_it_answered() -> N
     """Seen against real vLLM: a dropped reply's tokens and the first prompt's estimate were counted again
     on top of the server's count (1,872 + 256 + 2,048 in a 4,096 context), ending runs as context_limit."""
     history = History("s" * 4000, "q" * 4000, keep_tool_results=5)
-    dropped = Turn(index=0, assistant={"content": "cut off"}, rolled_back=True,
-                   usage={"prompt_tokens": 1872, "completion_tokens": 256})
+    dropped = Turn(
+        index=0,
+        assistant={"content": "cut off"},
+        rolled_back=True,
+        usage={"prompt_tokens": 1872, "completion_tokens": 256},
+    )
     assert history.next_prompt_tokens(dropped) == 1872  # nothing was added: the same prompt is sent again
     history.add_turn({"role": "assistant", "content": "x"}, [{"role": "user", "content": "y" * 300}])
     kept = Turn(index=1, assistant={"content": "x"}, usage={"prompt_tokens": 1872, "completion_tokens": 10})
     history.add_turn({"role": "assistant", "content": "z"}, [{"role": "user", "content": "w" * 30}])
-    dropped = Turn(index=2, assistant={"content": "again"}, rolled_back=True,
-                   usage={"prompt_tokens": 1990, "completion_tokens": 400})
+    dropped = Turn(
+        index=2,
+        assistant={"content": "again"},
+        rolled_back=True,
+        usage={"prompt_tokens": 1990, "completion_tokens": 400},
+    )
     assert history.next_prompt_tokens(kept) == 1872 + 10 + estimate_tokens("w" * 30)
     assert history.next_prompt_tokens(dropped) == 1990
 

@@ -32,20 +32,35 @@ def test_turn_outcome_by_hand() -> None:
     assert turn_outcome(answer_turn, mask) == (0.75, 1, True)  # the unscored two count as passing
     assert turn_outcome(dict(answer_turn, logical_soundness=1), mask) == (None, 0, False)
     lenient = TurnRule(min_information_gain=1)
-    assert turn_outcome(dict(logical_soundness=5, tool_call_accuracy=5, information_gain=1), lenient) == \
-        (2 / 3, 1, True)
+    assert turn_outcome(dict(logical_soundness=5, tool_call_accuracy=5, information_gain=1), lenient) == (
+        2 / 3,
+        1,
+        True,
+    )
 
 
 def test_critic_replies_are_read_robustly() -> None:
     body = json.dumps(rating((4, 3, 2)))
-    for text in (body, f"Here is my rating:\n```json\n{body}\n```\nHope this helps.",
-                 f"<think>maybe {{\"x\": 1}}</think>{body}", body[:-2]):  # the last one is cut off: repaired
+    for text in (
+        body,
+        f"Here is my rating:\n```json\n{body}\n```\nHope this helps.",
+        f'<think>maybe {{"x": 1}}</think>{body}',
+        body[:-2],
+    ):  # the last one is cut off: repaired
         assert parse_scores(text, tool_turn=True)["information_gain"] == {"score": 2, "reason": "information_gain is 2"}
-    assert parse_scores('{"logical_soundness": 4}', tool_turn=False) == \
-        {"logical_soundness": {"score": 4, "reason": ""}, "tool_call_accuracy": None, "information_gain": None}
-    for bad in ("no json here", json.dumps(rating((7, 3, 3))), json.dumps(rating((4, 0, 3))),
-                '{"logical_soundness": {"score": 4}, "tool_call_accuracy": {"score": 4}}',
-                '{"logical_soundness": {"score": true}}', '{"logical_soundness": {"score": 3.5}}'):
+    assert parse_scores('{"logical_soundness": 4}', tool_turn=False) == {
+        "logical_soundness": {"score": 4, "reason": ""},
+        "tool_call_accuracy": None,
+        "information_gain": None,
+    }
+    for bad in (
+        "no json here",
+        json.dumps(rating((7, 3, 3))),
+        json.dumps(rating((4, 0, 3))),
+        '{"logical_soundness": {"score": 4}, "tool_call_accuracy": {"score": 4}}',
+        '{"logical_soundness": {"score": true}}',
+        '{"logical_soundness": {"score": 3.5}}',
+    ):
         with pytest.raises(MalformedCritique):
             parse_scores(bad, tool_turn=True)
 
@@ -54,12 +69,16 @@ def test_critic_replies_are_read_robustly() -> None:
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("rule, expected", [
-    (TurnRule(), [(0.75, 1), (None, 0), (None, 0), (0.5, 1)]),
-    (TurnRule(failed="penalise", penalty=0.5), [(0.75, 1), (-0.5, 1), (-0.5, 1), (0.5, 1)]),
-])
-async def test_critic_scores_become_turn_rewards_and_masks(tmp_path: Path, rule: TurnRule,
-                                                           expected: list[tuple[float | None, int]]) -> None:
+@pytest.mark.parametrize(
+    "rule, expected",
+    [
+        (TurnRule(), [(0.75, 1), (None, 0), (None, 0), (0.5, 1)]),
+        (TurnRule(failed="penalise", penalty=0.5), [(0.75, 1), (-0.5, 1), (-0.5, 1), (0.5, 1)]),
+    ],
+)
+async def test_critic_scores_become_turn_rewards_and_masks(
+    tmp_path: Path, rule: TurnRule, expected: list[tuple[float | None, int]]
+) -> None:
     src = write(tmp_path / "in.jsonl", [make("t1")])
     progress = JudgeProgress()
     with FakeOpenAI(critic_replies) as server:
@@ -86,11 +105,14 @@ async def test_the_critic_reads_the_question_earlier_turns_reasoning_call_and_re
     prompts = {marker(r): prompt_of(r) for r in server.requests}
     second = prompts["THINK-1"]
     assert QUESTION in second
-    assert ('step 1: search_and_scrape_webpage/google_search {"q": "capital of France"} -> '
-            'Paris is the capital') in second
+    assert (
+        'step 1: search_and_scrape_webpage/google_search {"q": "capital of France"} -> Paris is the capital'
+    ) in second
     assert "THINK-1: the next thing to look up." in second and "THINK-0" not in second
-    assert ('server jina_scrape_llm_summary, tool scrape_and_extract_info, arguments '
-            '{"url": "https://example.org/paris", "info_to_extract": "capital"}') in second
+    assert (
+        "server jina_scrape_llm_summary, tool scrape_and_extract_info, arguments "
+        '{"url": "https://example.org/paris", "info_to_extract": "capital"}'
+    ) in second
     assert "The page confirms: Paris." in second
     answer = prompts["THINK-3"]
     assert "step 2: jina_scrape_llm_summary/scrape_and_extract_info" in answer and "step 3" not in answer
@@ -101,8 +123,11 @@ async def test_the_critic_reads_the_question_earlier_turns_reasoning_call_and_re
 
 @pytest.mark.anyio
 async def test_malformed_critiques_are_retried_then_the_turn_is_left_unjudged(tmp_path: Path) -> None:
-    bad = ["I would rate this turn highly.", json.dumps(rating((7, 3, 3))),
-           json.dumps({k: v for k, v in rating((4, 4, 4)).items() if k != "information_gain"})]
+    bad = [
+        "I would rate this turn highly.",
+        json.dumps(rating((7, 3, 3))),
+        json.dumps({k: v for k, v in rating((4, 4, 4)).items() if k != "information_gain"}),
+    ]
 
     def replies(request: dict[str, Any]) -> str:
         return bad.pop(0) if marker(request) == "THINK-0" else critic_replies(request)
@@ -150,8 +175,11 @@ async def test_a_fenced_reply_with_text_around_it_is_read(tmp_path: Path) -> Non
 @pytest.mark.anyio
 async def test_a_template_file_is_used_verbatim_and_filled_in_one_pass(tmp_path: Path) -> None:
     template = tmp_path / "critic.txt"
-    template.write_text("Q={question}\nE={earlier_turns}\nR={reasoning}\nC={tool_calls}\nT={tool_results}\n"
-                        'Keep {braces}, {{doubled}}, {"score": 3} and {question_x}.\n', encoding="utf-8")
+    template.write_text(
+        "Q={question}\nE={earlier_turns}\nR={reasoning}\nC={tool_calls}\nT={tool_results}\n"
+        'Keep {braces}, {{doubled}}, {"score": 3} and {question_x}.\n',
+        encoding="utf-8",
+    )
     question = "Which {reasoning} city?"  # a placeholder inside a value is not filled again
     src = write(tmp_path / "in.jsonl", [make("t1", question=question)])
     with FakeOpenAI(critic_replies) as server:
@@ -161,7 +189,8 @@ async def test_a_template_file_is_used_verbatim_and_filled_in_one_pass(tmp_path:
         "Q=Which {reasoning} city?\nE=(none: this is the first step)\nR=THINK-0: the next thing to look up.\n"
         'C=1. server search_and_scrape_webpage, tool google_search, arguments {"q": "capital of France"}\n'
         "T=1.\nParis is the capital and largest city of France.\n"
-        'Keep {braces}, {{doubled}}, {"score": 3} and {question_x}.\n')
+        'Keep {braces}, {{doubled}}, {"score": 3} and {question_x}.\n'
+    )
 
 
 @pytest.mark.anyio

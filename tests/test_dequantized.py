@@ -29,7 +29,8 @@ def weights(model: object) -> dict:
 
 @pytest.mark.slow
 async def test_a_cached_load_is_the_gguf_files_tokenizer_and_weights_and_writes_the_same_reply(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import torch
     import transformers
 
@@ -66,8 +67,9 @@ def finished(entry: Path, marker: dict[str, str]) -> Path:
     return entry
 
 
-def test_only_a_finished_private_folder_of_this_users_is_an_entry(entry: tuple[Path, dict[str, str]],
-                                                                  tmp_path: Path) -> None:
+def test_only_a_finished_private_folder_of_this_users_is_an_entry(
+    entry: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
     path, marker = entry
     assert not usable(path, marker)  # none yet
     finished(path, marker)
@@ -83,7 +85,8 @@ def test_only_a_finished_private_folder_of_this_users_is_an_entry(entry: tuple[P
 
 
 def test_a_link_in_the_cache_is_never_followed_and_what_it_points_to_is_left_alone(
-        entry: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    entry: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
     path, marker = entry
     elsewhere = finished(tmp_path / "elsewhere" / "weights", marker)
     path.parent.mkdir(parents=True)
@@ -101,16 +104,23 @@ class Planted:
 
 
 def test_a_pickle_or_remote_code_in_an_entry_never_runs_and_the_entry_is_not_loaded(
-        entry: tuple[Path, dict[str, str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    entry: tuple[Path, dict[str, str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import torch
     import transformers
 
     path, marker = finished(*entry), entry[1]
     planted = tmp_path / "planted"
     monkeypatch.setenv("PLANTED", str(planted))
-    (path / "config.json").write_text(json.dumps({
-        "model_type": "llama", "architectures": ["LlamaForCausalLM"],
-        "auto_map": {"AutoModelForCausalLM": "evil.Model", "AutoTokenizer": ["evil.Tokenizer", None]}}))
+    (path / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "architectures": ["LlamaForCausalLM"],
+                "auto_map": {"AutoModelForCausalLM": "evil.Model", "AutoTokenizer": ["evil.Tokenizer", None]},
+            }
+        )
+    )
     (path / "tokenizer_config.json").write_text(json.dumps({"auto_map": {"AutoTokenizer": ["evil.T", None]}}))
     (path / "evil.py").write_text(f"open({str(planted)!r}, 'w').write('remote code ran')\n")
     (path / "pytorch_model.bin").write_bytes(pickle.dumps({"weights": Planted()}))
@@ -125,7 +135,7 @@ def test_a_damaged_entry_does_not_load(entry: tuple[Path, dict[str, str]]) -> No
 
     path = finished(*entry)
     (path / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
-    (path / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\": 1")  # cut short
+    (path / "model.safetensors").write_bytes(b'\x10\x00\x00\x00\x00\x00\x00\x00{"a": 1')  # cut short
     assert load_entry(transformers, path, torch.float32) is None
 
 

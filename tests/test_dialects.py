@@ -6,32 +6,50 @@ from nanbeige.agent import dialects
 from nanbeige.agent.trajectory import ToolCall, ToolResult, Turn
 
 TOOLS = [
-    {"server": "search_and_scrape_webpage", "name": "google_search", "description": "Search the web.",
-     "input_schema": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}},
+    {
+        "server": "search_and_scrape_webpage",
+        "name": "google_search",
+        "description": "Search the web.",
+        "input_schema": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]},
+    },
     {"server": "mine", "name": "lookup", "description": "Look up.", "input_schema": {"type": "object"}},
-    {"server": "tool-python", "name": "run_python_code", "description": "Run code.",
-     "input_schema": {"type": "object", "properties": {"code_block": {"type": "string"}}, "nullable": None}},
+    {
+        "server": "tool-python",
+        "name": "run_python_code",
+        "description": "Run code.",
+        "input_schema": {"type": "object", "properties": {"code_block": {"type": "string"}}, "nullable": None},
+    },
 ]
 
 
 def call_block(server: str, tool: str, arguments: str) -> str:
-    return (f"<use_mcp_tool>\n<server_name>{server}</server_name>\n<tool_name>{tool}</tool_name>\n"
-            f"<arguments>\n{arguments}\n</arguments>\n</use_mcp_tool>")
+    return (
+        f"<use_mcp_tool>\n<server_name>{server}</server_name>\n<tool_name>{tool}</tool_name>\n"
+        f"<arguments>\n{arguments}\n</arguments>\n</use_mcp_tool>"
+    )
 
 
 def test_mcp_xml_prompt_has_the_trained_structure() -> None:
     prompt = dialects.system_prompt("mcp-xml", TOOLS, "2026-11-21")
-    sections = ["# Tool-Use Formatting Instructions", "## Server name: tool-python",
-                "## Server name: search_and_scrape_webpage", "## Server name: mine", "# General Objective",
-                "# Agent Specific Objective"]
+    sections = [
+        "# Tool-Use Formatting Instructions",
+        "## Server name: tool-python",
+        "## Server name: search_and_scrape_webpage",
+        "## Server name: mine",
+        "# General Objective",
+        "# Agent Specific Objective",
+    ]
     positions = [prompt.index(s) for s in sections]
     assert positions == sorted(positions), "known servers first, in the reference's order, then the others"
     assert "### Tool name: google_search\nDescription: Search the web.\n" in prompt
     # schemas print as Python dicts with sorted keys, as the reference's SDK gave them
-    assert "Input JSON schema: {'nullable': None, 'properties': {'code_block': {'type': 'string'}}, 'type': 'object'}" \
+    assert (
+        "Input JSON schema: {'nullable': None, 'properties': {'code_block': {'type': 'string'}}, 'type': 'object'}"
         in prompt
+    )
     assert dialects.user_message("mcp-xml", "Q?").startswith("Q?\n") and "\\boxed{}" in dialects.user_message(
-        "mcp-xml", "Q?")
+        "mcp-xml", "Q?"
+    )
 
 
 REFERENCE_SKELETON = [  # the reference harness's prompt, line by line: exact where structure, `*` where prose
@@ -105,12 +123,24 @@ REFERENCE_SKELETON = [  # the reference harness's prompt, line by line: exact wh
 
 def test_the_mcp_xml_prompt_matches_the_reference_layout_line_by_line() -> None:
     # an optional parameter as a newer SDK writes it (`anyOf` with null) prints as the reference's SDK wrote it
-    nullable = {"type": "object", "properties": {
-        "place": {"title": "Place", "type": "string"},
-        "country": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None, "title": "Country"}},
-        "required": ["place"], "title": "location_lookupArguments"}
-    tools = [*TOOLS, {"server": "search_and_scrape_webpage", "name": "location_lookup", "description": "Find a place.",
-                      "input_schema": nullable}]
+    nullable = {
+        "type": "object",
+        "properties": {
+            "place": {"title": "Place", "type": "string"},
+            "country": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None, "title": "Country"},
+        },
+        "required": ["place"],
+        "title": "location_lookupArguments",
+    }
+    tools = [
+        *TOOLS,
+        {
+            "server": "search_and_scrape_webpage",
+            "name": "location_lookup",
+            "description": "Find a place.",
+            "input_schema": nullable,
+        },
+    ]
     lines = dialects.system_prompt("mcp-xml", tools, "2026-11-21").split("\n")
     assert len(lines) == len(REFERENCE_SKELETON)
     for number, (line, expected) in enumerate(zip(lines, REFERENCE_SKELETON), start=1):
@@ -129,10 +159,11 @@ def test_the_mcp_xml_prompt_is_pinned_by_a_golden_file() -> None:
 
 
 def test_a_system_prompt_template_of_ones_own() -> None:
-    template = "Tools:\n{tools}\nDate {date}. JSON stays as written: {\"a\": 1}"
+    template = 'Tools:\n{tools}\nDate {date}. JSON stays as written: {"a": 1}'
     prompt = dialects.system_prompt("mcp-xml", TOOLS, "2026-11-21", template)
     assert prompt.startswith("Tools:\n\n## Server name: tool-python\n") and prompt.endswith(
-        'Date 2026-11-21. JSON stays as written: {"a": 1}')
+        'Date 2026-11-21. JSON stays as written: {"a": 1}'
+    )
 
 
 def test_without_tools_the_prompt_does_not_describe_any() -> None:
@@ -142,7 +173,8 @@ def test_without_tools_the_prompt_does_not_describe_any() -> None:
 
 def test_parses_a_call_after_the_reasoning() -> None:
     content = "<think>\nI should search.\n</think>\n\nSearching.\n" + call_block(
-        "search_and_scrape_webpage", "google_search", '{"q": "Nanbeige"}')
+        "search_and_scrape_webpage", "google_search", '{"q": "Nanbeige"}'
+    )
     parsed = dialects.parse_reply("mcp-xml", {"content": content}, TOOLS)
     assert parsed.tool_calls == [ToolCall("search_and_scrape_webpage", "google_search", {"q": "Nanbeige"})]
     assert parsed.format_error is None
@@ -161,8 +193,9 @@ def test_broken_json_is_repaired_and_nulls_dropped() -> None:
 
 
 def test_calls_inside_the_reasoning_count_as_the_reference_reads_the_whole_reply() -> None:
-    content = ("<think>\nMaybe " + call_block("mine", "lookup", '{"k": 1}')
-               + "\nno.\n</think>\n\nThe answer is \\boxed{42}.")
+    content = (
+        "<think>\nMaybe " + call_block("mine", "lookup", '{"k": 1}') + "\nno.\n</think>\n\nThe answer is \\boxed{42}."
+    )
     parsed = dialects.parse_reply("mcp-xml", {"content": content}, TOOLS)
     assert [c.arguments for c in parsed.tool_calls] == [{"k": 1}]
     assert dialects.extract_answer("mcp-xml", content) == "42"  # the answer is still read after the reasoning
@@ -197,13 +230,15 @@ def test_in_mcp_xml_only_a_boxed_answer_ends_the_run() -> None:
     assert dialects.mcp_xml_answer_problem("<think>x</think>\nSo it is \\boxed{42}.") is None
     assert "neither a tool call nor a final answer" in dialects.mcp_xml_answer_problem("Let me search first.")
     assert "<use_mcp_tool> format" in dialects.mcp_xml_answer_problem(
-        '<tool_call>\n{"name": "lookup", "arguments": {}}\n</tool_call>')
+        '<tool_call>\n{"name": "lookup", "arguments": {}}\n</tool_call>'
+    )
     assert "empty" in dialects.mcp_xml_answer_problem("\\boxed{ }")
 
 
 def test_a_wrong_server_name_is_fixed_when_only_one_server_has_the_tool() -> None:
-    [call] = dialects.parse_reply("mcp-xml", {"content": call_block("search", "google_search", '{"q": "x"}')},
-                                  TOOLS).tool_calls
+    [call] = dialects.parse_reply(
+        "mcp-xml", {"content": call_block("search", "google_search", '{"q": "x"}')}, TOOLS
+    ).tool_calls
     assert call.server == "search_and_scrape_webpage"
 
 
@@ -215,42 +250,62 @@ def test_boxed_answer_with_nested_braces() -> None:
 def test_tool_call_dialect_offers_functions_and_reads_server_parsed_calls() -> None:
     tools = TOOLS + [{"server": "other", "name": "lookup", "description": "", "input_schema": {}}]
     offered = dialects.request_tools("tool-call", tools)
-    assert [t["function"]["name"] for t in offered] == ["google_search", "mine__lookup", "run_python_code",
-                                                        "other__lookup"]
+    assert [t["function"]["name"] for t in offered] == [
+        "google_search",
+        "mine__lookup",
+        "run_python_code",
+        "other__lookup",
+    ]
     assert dialects.request_tools("mcp-xml", tools) is None
-    message = {"content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
-        "name": "other__lookup", "arguments": '{"k": 3}'}}]}
+    message = {
+        "content": "",
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "other__lookup", "arguments": '{"k": 3}'}}
+        ],
+    }
     assert dialects.parse_reply("tool-call", message, tools).tool_calls == [ToolCall("other", "lookup", {"k": 3}, "c1")]
 
 
 def test_tool_call_dialect_reads_tool_call_blocks_in_the_text() -> None:
-    content = '<think>\nhm\n</think>\n<tool_call>\n{"name": "google_search", "arguments": {"q": "a"}}\n</tool_call>' \
-              '\n<tool_call>\n{"name": "run_python_code", "arguments": {"code_block": "1"}}\n</tool_call>'
+    content = (
+        '<think>\nhm\n</think>\n<tool_call>\n{"name": "google_search", "arguments": {"q": "a"}}\n</tool_call>'
+        '\n<tool_call>\n{"name": "run_python_code", "arguments": {"code_block": "1"}}\n</tool_call>'
+    )
     calls = dialects.parse_reply("tool-call", {"content": content}, TOOLS).tool_calls
-    assert [(c.server, c.name) for c in calls] == [("search_and_scrape_webpage", "google_search"),
-                                                   ("tool-python", "run_python_code")]
+    assert [(c.server, c.name) for c in calls] == [
+        ("search_and_scrape_webpage", "google_search"),
+        ("tool-python", "run_python_code"),
+    ]
     assert [c.id for c in calls] == [None, None]  # the server never saw them as calls: no ids to answer
     broken = dialects.parse_reply("tool-call", {"content": "<tool_call>\nnot json at all\n</tool_call>"}, TOOLS)
     assert broken.format_error and not broken.tool_calls
 
 
 def test_results_go_back_as_one_user_message_or_as_tool_messages() -> None:
-    turn = Turn(index=0, assistant={}, tool_calls=[ToolCall("a", "x", {}, "c1"), ToolCall("a", "y", {}, "c2")],
-                tool_results=[ToolResult("one"), ToolResult("Unknown tool: y", is_error=True)])
+    turn = Turn(
+        index=0,
+        assistant={},
+        tool_calls=[ToolCall("a", "x", {}, "c1"), ToolCall("a", "y", {}, "c2")],
+        tool_results=[ToolResult("one"), ToolResult("Unknown tool: y", is_error=True)],
+    )
     # mcp-xml: the texts as the tools gave them, as the reference sends them (the error mark stays in the record)
-    assert dialects.observation_messages("mcp-xml", turn) == [
-        {"role": "user", "content": "one\nUnknown tool: y"}]
+    assert dialects.observation_messages("mcp-xml", turn) == [{"role": "user", "content": "one\nUnknown tool: y"}]
     assert dialects.observation_messages("tool-call", turn) == [
         {"role": "tool", "tool_call_id": "c1", "content": "one"},
-        {"role": "tool", "tool_call_id": "c2", "content": "Error: Unknown tool: y"}]
+        {"role": "tool", "tool_call_id": "c2", "content": "Error: Unknown tool: y"},
+    ]
     turn.tool_calls[0].id = None
     assert dialects.observation_messages("tool-call", turn)[0] == {"role": "tool", "content": "one"}
 
 
 def test_a_server_parsed_call_with_broken_arguments_still_gets_a_result() -> None:
-    message = {"content": "", "tool_calls": [
-        {"id": "a", "type": "function", "function": {"name": "google_search", "arguments": '{"q": "x"}'}},
-        {"id": "b", "type": "function", "function": {"name": "google_search", "arguments": "[not an object]"}}]}
+    message = {
+        "content": "",
+        "tool_calls": [
+            {"id": "a", "type": "function", "function": {"name": "google_search", "arguments": '{"q": "x"}'}},
+            {"id": "b", "type": "function", "function": {"name": "google_search", "arguments": "[not an object]"}},
+        ],
+    }
     parsed = dialects.parse_reply("tool-call", message, TOOLS)
     assert [c.id for c in parsed.tool_calls] == ["a", "b"] and list(parsed.call_errors) == [1]
 
@@ -277,12 +332,22 @@ def test_the_boxed_answer_is_read_as_the_reference_reads_it() -> None:
 def test_our_summary_prompt_states_every_rule_an_exact_match_grader_depends_on() -> None:
     prompt = dialects.final_answer_instruction("mcp-xml", "How many moons?", summary=True)
     assert '"How many moons?"' in prompt and "\\boxed{}" in prompt and "Do not call any tool." in prompt
-    for rule in ("a number;", "as few words as possible;", "a list of numbers, strings or both, separated by commas",
-                 "formatting instruction of the original question", "order, units, rounding, number of decimal places",
-                 "in digits, not words", "without thousands separators", "percent signs unless the question asks",
-                 "without articles and without abbreviations", "each element by the rule for numbers or for strings",
-                 "without punctuation such as '.', '!' or '?'", "invisible and non-printable characters",
-                 "do not work it out again", "best-informed guess"):
+    for rule in (
+        "a number;",
+        "as few words as possible;",
+        "a list of numbers, strings or both, separated by commas",
+        "formatting instruction of the original question",
+        "order, units, rounding, number of decimal places",
+        "in digits, not words",
+        "without thousands separators",
+        "percent signs unless the question asks",
+        "without articles and without abbreviations",
+        "each element by the rule for numbers or for strings",
+        "without punctuation such as '.', '!' or '?'",
+        "invisible and non-printable characters",
+        "do not work it out again",
+        "best-informed guess",
+    ):
         assert rule in prompt, rule
     assert "Put your final answer" not in dialects.final_answer_instruction("tool-call", "q", summary=True)
 

@@ -27,8 +27,9 @@ STAGE_1 = GroupRule(counts="solved", k_of_n=(1, 5, 8))
 STAGE_2 = GroupRule(counts="complexity", k_of_n=(1, 5, 8))
 
 
-def rollout(tid: str, group: str, reward: float, judge: dict[str, Any] | None = None, stop: str | None = "answered"
-            ) -> Trajectory:
+def rollout(
+    tid: str, group: str, reward: float, judge: dict[str, Any] | None = None, stop: str | None = "answered"
+) -> Trajectory:
     """A judged one-turn rollout with a token record (so it can train), its grader's record in `judge`."""
     result = Trajectory(question="q", id=tid, group_id=group, reward=reward, judge=judge, stop_reason=stop)
     turn = Turn(index=0, assistant={"content": ""}, logprobs=[-0.1, -0.2])
@@ -40,8 +41,15 @@ def rollout(tid: str, group: str, reward: float, judge: dict[str, Any] | None = 
 def problem(group: str, solved: int, n: int = 8, optimal: int = 0) -> list[Trajectory]:
     """n rollouts of one problem: the first `solved` pass every test (reward 1), `optimal` of those also at
     the optimal time complexity; the rest fail (reward 0)."""
-    return [rollout(f"{group}-{i}", group, 1.0 if i < solved else 0.0,
-                    {"solved": i < solved, **({"complexity_ok": True} if i < optimal else {})}) for i in range(n)]
+    return [
+        rollout(
+            f"{group}-{i}",
+            group,
+            1.0 if i < solved else 0.0,
+            {"solved": i < solved, **({"complexity_ok": True} if i < optimal else {})},
+        )
+        for i in range(n)
+    ]
 
 
 def kept_groups(trajectories: list[Trajectory], rule: GroupRule) -> tuple[int, int, int]:
@@ -53,8 +61,10 @@ def kept_groups(trajectories: list[Trajectory], rule: GroupRule) -> tuple[int, i
 # ---------------------------------------------------------------- what is kept
 
 
-@pytest.mark.parametrize(("solved", "verdict"), [(0, "too hard"), (1, "kept"), (3, "kept"), (5, "kept"),
-                                                  (6, "too easy"), (7, "too easy"), (8, "too easy")])
+@pytest.mark.parametrize(
+    ("solved", "verdict"),
+    [(0, "too hard"), (1, "kept"), (3, "kept"), (5, "kept"), (6, "too easy"), (7, "too easy"), (8, "too easy")],
+)
 def test_stage_one_keeps_problems_solved_by_1_to_5_of_8(solved: int, verdict: str) -> None:
     group = problem("p", solved)
     assert group_verdict(group, STAGE_1) == verdict
@@ -76,15 +86,21 @@ def test_stage_two_counts_rollouts_solved_at_optimal_complexity() -> None:
     assert group_verdict(all_solved, STAGE_2) == "kept"
     assert group_verdict(problem("p", solved=8, optimal=0), STAGE_2) == "too hard"
     assert group_verdict(problem("p", solved=8, optimal=6), STAGE_2) == "too easy"
-    assert kept_groups(problem("a", 8, optimal=3) + problem("b", 8, optimal=0) + problem("c", 8, optimal=7),
-                       STAGE_2) == (1, 1, 1)
+    assert kept_groups(
+        problem("a", 8, optimal=3) + problem("b", 8, optimal=0) + problem("c", 8, optimal=7), STAGE_2
+    ) == (1, 1, 1)
 
 
 def test_a_reward_without_the_graders_solved_does_not_count_as_solved() -> None:
     # partial credit: reward > 0, but the grader's record says not every test passed, or says nothing
     partial = rollout("a", "p", 0.5, {"solved": False})
-    for unsolved in (partial, rollout("b", "p", 1.0, None), rollout("c", "p", 1.0, {}),
-                     rollout("d", "p", 1.0, {"solved": 1}), rollout("e", "p", 1.0, {"solved": "true"})):
+    for unsolved in (
+        partial,
+        rollout("b", "p", 1.0, None),
+        rollout("c", "p", 1.0, {}),
+        rollout("d", "p", 1.0, {"solved": 1}),
+        rollout("e", "p", 1.0, {"solved": "true"}),
+    ):
         assert counted(unsolved, "pass") and not counted(unsolved, "solved")
     assert not counted(rollout("f", "p", 1.0, {"solved": True}), "complexity")  # no complexity_ok: not satisfying
     assert counted(rollout("g", "p", 1.0, {"solved": True, "complexity_ok": True}), "complexity")
@@ -101,8 +117,9 @@ def test_the_pass_rate_band_counts_what_counts_says() -> None:
     assert group_verdict(group, GroupRule(counts="solved")) == "kept"
 
 
-@pytest.mark.parametrize(("solved", "verdict"), [(0, "too hard"), (1, "kept"), (4, "kept"), (5, "too easy"),
-                                                  (7, "too easy")])
+@pytest.mark.parametrize(
+    ("solved", "verdict"), [(0, "too hard"), (1, "kept"), (4, "kept"), (5, "too easy"), (7, "too easy")]
+)
 def test_a_group_of_7_keeps_the_same_fractions_as_1_to_5_of_8(solved: int, verdict: str) -> None:
     # one of the 8 rollouts crashed and is left out: 7 usable, kept for 1/8 <= k/7 <= 5/8, i.e. 1 to 4
     # (5 of 7 = 71% is more than 5 of 8 = 62.5%)
@@ -130,8 +147,11 @@ def test_nothing_in_the_band_is_an_error_naming_the_rule(tmp_path: Path) -> None
 
     data = write(tmp_path / "judged.jsonl", problem("p", solved=8) + problem("q", solved=0))
     config = TrainConfig(data=[data], model=str(tmp_path / "no-model"), out=tmp_path / "out", groups=STAGE_1)
-    with pytest.raises(TrainError, match=r"nothing to train on: .*GRPO keeps groups with 1 to 5 of 8 solved; "
-                                         r"check the grader's records \(judge\[\"solved\"\]\)"):
+    with pytest.raises(
+        TrainError,
+        match=r"nothing to train on: .*GRPO keeps groups with 1 to 5 of 8 solved; "
+        r"check the grader's records \(judge\[\"solved\"\]\)",
+    ):
         read_samples(config)
     config.groups = GroupRule(counts="nonsense")
     with pytest.raises(TrainError, match="counts pass, solved or complexity, not 'nonsense'"):
@@ -170,15 +190,18 @@ def trained(monkeypatch: pytest.MonkeyPatch) -> list[TrainConfig]:
 
 
 def train(tmp_path: Path, *flags: str) -> Result:
-    return CliRunner().invoke(app, ["train", "--model", "m", "--out", str(tmp_path / "out"),
-                                    "--data", str(tmp_path / "judged.jsonl"), *flags])
+    return CliRunner().invoke(
+        app, ["train", "--model", "m", "--out", str(tmp_path / "out"), "--data", str(tmp_path / "judged.jsonl"), *flags]
+    )
 
 
 def test_the_flags_map_onto_the_group_rule(tmp_path: Path, trained: list[TrainConfig]) -> None:
-    for flags, counts, k_of_n in ((["--filter-counts", "solved", "--keep", "1-5/8"], "solved", (1, 5, 8)),
-                                  (["--filter-counts", "complexity", "--keep", "1-5/8"], "complexity", (1, 5, 8)),
-                                  (["--keep", "0-3/4"], "pass", (0, 3, 4)),
-                                  ([], "pass", None)):
+    for flags, counts, k_of_n in (
+        (["--filter-counts", "solved", "--keep", "1-5/8"], "solved", (1, 5, 8)),
+        (["--filter-counts", "complexity", "--keep", "1-5/8"], "complexity", (1, 5, 8)),
+        (["--keep", "0-3/4"], "pass", (0, 3, 4)),
+        ([], "pass", None),
+    ):
         result = train(tmp_path, *flags)
         assert result.exit_code == 0, result.output
         rule = trained[-1].groups
@@ -186,20 +209,24 @@ def test_the_flags_map_onto_the_group_rule(tmp_path: Path, trained: list[TrainCo
     assert (rule.min_pass_rate, rule.max_pass_rate) == (0.1, 0.9)
 
 
-@pytest.mark.parametrize(("flags", "words"), [
-    (["--keep", "5-1/8"], ["--keep", "'5-1/8'", "not a range"]),
-    (["--keep", "0-9/8"], ["--keep", "9 is more than the 8 rollouts"]),
-    (["--keep", "1-5/4"], ["--keep", "5 is more than the 4 rollouts"]),
-    (["--keep", "a-b/c"], ["--keep", "'a-b/c' is not K-M/N"]),
-    (["--keep", "1..5/8"], ["--keep", "is not K-M/N"]),
-    (["--keep", "1-5/0"], ["--keep", "n is 0"]),
-    (["--filter-counts", "tests"], ["--filter-counts must be pass, solved or complexity, not 'tests'"]),
-    (["--keep", "1-5/8", "--min-pass-rate", "0.2"], ["--keep", "--min-pass-rate", "not both"]),
-    (["--keep", "1-5/8", "--max-pass-rate", "0.5"], ["--keep", "--max-pass-rate", "not both"]),
-    (["--keep", "1-5/8", "--objective", "sft"], ["--keep filters GRPO's groups", "no group filter"]),
-])
-def test_bad_filter_flags_are_one_line_and_exit_2(tmp_path: Path, trained: list[TrainConfig], flags: list[str],
-                                                   words: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--keep", "5-1/8"], ["--keep", "'5-1/8'", "not a range"]),
+        (["--keep", "0-9/8"], ["--keep", "9 is more than the 8 rollouts"]),
+        (["--keep", "1-5/4"], ["--keep", "5 is more than the 4 rollouts"]),
+        (["--keep", "a-b/c"], ["--keep", "'a-b/c' is not K-M/N"]),
+        (["--keep", "1..5/8"], ["--keep", "is not K-M/N"]),
+        (["--keep", "1-5/0"], ["--keep", "n is 0"]),
+        (["--filter-counts", "tests"], ["--filter-counts must be pass, solved or complexity, not 'tests'"]),
+        (["--keep", "1-5/8", "--min-pass-rate", "0.2"], ["--keep", "--min-pass-rate", "not both"]),
+        (["--keep", "1-5/8", "--max-pass-rate", "0.5"], ["--keep", "--max-pass-rate", "not both"]),
+        (["--keep", "1-5/8", "--objective", "sft"], ["--keep filters GRPO's groups", "no group filter"]),
+    ],
+)
+def test_bad_filter_flags_are_one_line_and_exit_2(
+    tmp_path: Path, trained: list[TrainConfig], flags: list[str], words: list[str]
+) -> None:
     result = train(tmp_path, *flags)
     assert result.exit_code == 2 and trained == []
     [line] = result.output.strip().splitlines()
@@ -219,26 +246,40 @@ def test_for_code_a_pass_is_a_solved_problem_not_a_reward_above_zero() -> None:
     assert group_verdict(half_right, GroupRule()) == "kept"
 
 
-def test_the_loop_takes_code_problems_and_judges_them_by_their_tests(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_loop_takes_code_problems_and_judges_them_by_their_tests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     loops: list[tuple[Path, Any, Any]] = []
 
-    def fake_loop(iterations: int, questions: Path, group_size: int, sync: str, settings: Any, judge: Any,
-                  train: Any, sampling: Any) -> None:
+    def fake_loop(
+        iterations: int,
+        questions: Path,
+        group_size: int,
+        sync: str,
+        settings: Any,
+        judge: Any,
+        train: Any,
+        sampling: Any,
+    ) -> None:
         loops.append((questions, judge, train))
 
     monkeypatch.setattr("nanbeige.agent.cli.train_commands.run_train_loop", fake_loop)
     problems = tmp_path / "problems.jsonl"
     base = ["train", "--model", "m", "--out", str(tmp_path / "loop"), "--loop", "1", "--no-critic"]
     judge_env = {"NANBEIGE_JUDGE_BASE_URL": "http://127.0.0.1:9/v1", "NANBEIGE_JUDGE_MODEL": "judge"}
-    result = CliRunner().invoke(app, [*base, "--problems", str(problems), "--filter-counts", "solved", "--keep",
-                                      "1-5/8", "--time-reward"], env=judge_env)
+    result = CliRunner().invoke(
+        app,
+        [*base, "--problems", str(problems), "--filter-counts", "solved", "--keep", "1-5/8", "--time-reward"],
+        env=judge_env,
+    )
     assert result.exit_code == 0, result.output
     [(questions, judge, train_config)] = loops
     assert questions == problems and (judge.grader, judge.problems, judge.time_reward) == ("code-tests", problems, True)
     assert (judge.complexity.base_url, judge.complexity.model) == ("http://127.0.0.1:9/v1", "judge")
     assert (train_config.groups.counts, train_config.groups.k_of_n) == ("solved", (1, 5, 8))
-    for flags, words in ((["--time-reward", "--questions", str(problems)], "--time-reward rewards code problems"),
-                         (["--questions", str(problems), "--problems", str(problems)], "one of them")):
+    for flags, words in (
+        (["--time-reward", "--questions", str(problems)], "--time-reward rewards code problems"),
+        (["--questions", str(problems), "--problems", str(problems)], "one of them"),
+    ):
         refused = CliRunner().invoke(app, [*base, *flags])
         assert refused.exit_code == 2 and words in refused.output, refused.output

@@ -78,8 +78,10 @@ def inline_spans(text: str) -> list[tuple[int, str]]:
             line = ""
         prose.append("" if inside else line)
     joined = "\n".join(prose)
-    return [(joined.count("\n", 0, match.start()) + 1, match.group(1).replace("\n", " "))
-            for match in re.finditer(r"`([^`\n]+(?:\n[^`\n]+)?)`", joined)]
+    return [
+        (joined.count("\n", 0, match.start()) + 1, match.group(1).replace("\n", " "))
+        for match in re.finditer(r"`([^`\n]+(?:\n[^`\n]+)?)`", joined)
+    ]
 
 
 def without_comment(line: str) -> str:
@@ -119,8 +121,8 @@ def invocations(line: str) -> list[list[str]]:
     found = []
     for segment in segments:
         starts = [i for i, token in enumerate(segment) if token == "nanbeige" or token.endswith("/nanbeige")]
-        if starts and segment[starts[0] + 1:]:  # a bare `nanbeige` (`--model nanbeige`) names no command
-            found.append(segment[starts[0] + 1:])
+        if starts and segment[starts[0] + 1 :]:  # a bare `nanbeige` (`--model nanbeige`) names no command
+            found.append(segment[starts[0] + 1 :])
     return found
 
 
@@ -130,8 +132,7 @@ def shown_commands() -> list[Shown]:
         text, name = path.read_text(), path.relative_to(ROOT).as_posix()
         for whole, lines in ((True, shell_lines(text)), (False, inline_spans(text))):
             for number, line in lines:
-                shown += [Shown(f"{name}:{number}", line.strip(), tuple(args), whole)
-                          for args in invocations(line)]
+                shown += [Shown(f"{name}:{number}", line.strip(), tuple(args), whole) for args in invocations(line)]
     return shown
 
 
@@ -143,8 +144,14 @@ def is_help(command: Any, name: str) -> bool:
 
 def option_named(command: Any, name: str) -> Any:
     """The command's option that `name` (--flag, --no-flag, -k) is a spelling of, or None."""
-    return next((param for param in command.params if param.param_type_name == "option"
-                 and name in (*param.opts, *param.secondary_opts)), None)
+    return next(
+        (
+            param
+            for param in command.params
+            if param.param_type_name == "option" and name in (*param.opts, *param.secondary_opts)
+        ),
+        None,
+    )
 
 
 def takes_value(option: Any) -> bool:
@@ -164,7 +171,7 @@ def read_option(command: Any, token: str, rest: list[str]) -> str | None:
     if not equals:
         if len(rest) < option.nargs:
             return f"{name} needs a value"
-        del rest[:option.nargs]
+        del rest[: option.nargs]
     return None
 
 
@@ -280,8 +287,9 @@ def source_texts(path: Path) -> list[tuple[int, str]]:
         if id(node) in pieces:
             continue  # a piece of an f-string: read with the whole
         if isinstance(node, ast.JoinedStr):
-            texts.append((node.lineno, "".join(part.value if isinstance(part, ast.Constant) else "X"
-                                               for part in node.values)))
+            texts.append(
+                (node.lineno, "".join(part.value if isinstance(part, ast.Constant) else "X" for part in node.values))
+            )
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             texts.append((node.lineno, node.value))
     return texts
@@ -291,8 +299,11 @@ def suggested_commands() -> list[Shown]:
     suggested = []
     for path in sorted(path for folder in SOURCES for path in (ROOT / folder).rglob("*.py")):
         for line, text in source_texts(path):
-            suggested += [Shown(f"{path.relative_to(ROOT).as_posix()}:{line}", span, tuple(args), False)
-                          for span in re.findall(r"`([^`]+)`", text) for args in invocations(span)]
+            suggested += [
+                Shown(f"{path.relative_to(ROOT).as_posix()}:{line}", span, tuple(args), False)
+                for span in re.findall(r"`([^`]+)`", text)
+                for args in invocations(span)
+            ]
     return list({(shown.where, shown.args): shown for shown in suggested}.values())
 
 

@@ -31,17 +31,24 @@ def every_command(command: Any, path: str = "nanbeige") -> list[tuple[str, Any]]
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("site")
-    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     return out
 
 
 def sections(page: str) -> dict[str, str]:
     """Each command's part of the configuration page, by its heading's id (`nanbeige-train-report`)."""
-    return {match.group(1): match.group(2)
-            for match in re.finditer(r'<h3 id="(nanbeige[\w-]*)"(.*?)(?=<h[23] |</article>)', page, re.S)}
+    return {
+        match.group(1): match.group(2)
+        for match in re.finditer(r'<h3 id="(nanbeige[\w-]*)"(.*?)(?=<h[23] |</article>)', page, re.S)
+    }
 
 
 def test_the_configuration_page_lists_every_option_of_every_command_under_that_command(site: Path) -> None:
@@ -51,8 +58,12 @@ def test_the_configuration_page_lists_every_option_of_every_command_under_that_c
     for path, command in commands:
         part = parts[path.replace(" ", "-")]
         items = re.findall(r"<li>(.*?)</li>", part, re.S)
-        named = {name: item for item in items for head in re.findall(r"^<code>(.*?)</code>", item)
-                 for name in re.findall(r"--?[\w-]+", head)}  # each item opens with the option's names
+        named = {
+            name: item
+            for item in items
+            for head in re.findall(r"^<code>(.*?)</code>", item)
+            for name in re.findall(r"--?[\w-]+", head)
+        }  # each item opens with the option's names
         for option in (param for param in command.params if param.param_type_name == "option"):
             name = next((name for name in option.opts if name.startswith("--")), option.opts[0])
             item = named.get(name)

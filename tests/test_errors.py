@@ -42,10 +42,28 @@ from nanbeige.trainer.train_report import ReportError
 NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
 
 USER_FACING = {  # the class and its exit code
-    SetupError: 1, SettingsError: 2, TrustError: 1, QuestionError: 2, CacheError: 1, PoolError: 1,
-    ClusterError: 1, ToolboxError: 1, NotATrajectoryFile: 1, IndexBuildError: 1, IndexNotFound: 1,
-    EvalError: 1, LoadError: 1, TrainError: 1, ReportError: 1, CollectError: 1, JudgeError: 1, SynthError: 1,
-    LoopError: 1, SyncError: 1, CodeJudgeError: 1, CriticUnreachable: 1,
+    SetupError: 1,
+    SettingsError: 2,
+    TrustError: 1,
+    QuestionError: 2,
+    CacheError: 1,
+    PoolError: 1,
+    ClusterError: 1,
+    ToolboxError: 1,
+    NotATrajectoryFile: 1,
+    IndexBuildError: 1,
+    IndexNotFound: 1,
+    EvalError: 1,
+    LoadError: 1,
+    TrainError: 1,
+    ReportError: 1,
+    CollectError: 1,
+    JudgeError: 1,
+    SynthError: 1,
+    LoopError: 1,
+    SyncError: 1,
+    CodeJudgeError: 1,
+    CriticUnreachable: 1,
 }
 # signals between parts of the code, caught there: never said to the user as they are
 INTERNAL = [RetryableStatus, ReplayMiss, ModelError, ContextOverflow, MalformedCritique]
@@ -89,8 +107,9 @@ def test_the_program_says_a_raised_error_in_one_line_with_its_exit_code() -> Non
 
 
 def nanbeige(*args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([NANBEIGE, *args], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "COLUMNS": "200", **env})
+    return subprocess.run(
+        [NANBEIGE, *args], capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200", **env}
+    )
 
 
 def assert_said(result: subprocess.CompletedProcess, code: int, line: str) -> None:
@@ -100,18 +119,27 @@ def assert_said(result: subprocess.CompletedProcess, code: int, line: str) -> No
 
 def test_a_settings_error_before_the_command_runs(tmp_path: Path) -> None:
     missing = tmp_path / "missing.toml"
-    assert_said(nanbeige("--config", str(missing), "index", "search", str(tmp_path), "q"), 2,
-                f"error: cannot read the settings file {missing}: No such file or directory")
+    assert_said(
+        nanbeige("--config", str(missing), "index", "search", str(tmp_path), "q"),
+        2,
+        f"error: cannot read the settings file {missing}: No such file or directory",
+    )
 
 
 def test_an_error_a_command_raises(tmp_path: Path) -> None:
-    assert_said(nanbeige("index", "search", str(tmp_path), "q"), 1,
-                f"error: no index in {tmp_path}; build one with `nanbeige index build SOURCES... --out {tmp_path}`")
+    assert_said(
+        nanbeige("index", "search", str(tmp_path), "q"),
+        1,
+        f"error: no index in {tmp_path}; build one with `nanbeige index build SOURCES... --out {tmp_path}`",
+    )
 
 
 def test_usage_errors_commands_raise() -> None:
-    assert_said(nanbeige("ask", "q", "--backend", "nope", "--no-default-servers"), 2,
-                "error: --backend must be one of auto, openai, transformers, not 'nope'")  # a SetupError
+    assert_said(
+        nanbeige("ask", "q", "--backend", "nope", "--no-default-servers"),
+        2,
+        "error: --backend must be one of auto, openai, transformers, not 'nope'",
+    )  # a SetupError
     assert_said(nanbeige("ask", ""), 2, "error: the question is empty")  # a QuestionError
 
 

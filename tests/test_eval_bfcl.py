@@ -21,22 +21,58 @@ from nanbeige.evals.scores import markdown
 from nanbeige.evals.tasks import LoadError
 
 # Items per category in bfcl-eval 2026.3.23 (BFCL V4), as its generator loads them.
-COUNTS = {"simple_python": 400, "simple_java": 100, "simple_javascript": 50, "multiple": 200, "parallel": 200,
-          "parallel_multiple": 200, "irrelevance": 240, "live_simple": 258, "live_multiple": 1053,
-          "live_parallel": 16, "live_parallel_multiple": 24, "live_irrelevance": 884, "live_relevance": 16,
-          "multi_turn_base": 200, "multi_turn_miss_func": 200, "multi_turn_miss_param": 200,
-          "multi_turn_long_context": 200, "memory_kv": 37 + 155, "memory_rec_sum": 37 + 155}
+COUNTS = {
+    "simple_python": 400,
+    "simple_java": 100,
+    "simple_javascript": 50,
+    "multiple": 200,
+    "parallel": 200,
+    "parallel_multiple": 200,
+    "irrelevance": 240,
+    "live_simple": 258,
+    "live_multiple": 1053,
+    "live_parallel": 16,
+    "live_parallel_multiple": 24,
+    "live_irrelevance": 884,
+    "live_relevance": 16,
+    "multi_turn_base": 200,
+    "multi_turn_miss_func": 200,
+    "multi_turn_miss_param": 200,
+    "multi_turn_long_context": 200,
+    "memory_kv": 37 + 155,
+    "memory_rec_sum": 37 + 155,
+}
 # The items both pipelines run: the first N of every category that runs here.
-SAMPLE = {"simple_python": 20, "simple_java": 4, "simple_javascript": 4, "multiple": 10, "parallel": 10,
-          "parallel_multiple": 4, "irrelevance": 4, "live_simple": 4, "live_multiple": 4, "live_parallel": 2,
-          "live_parallel_multiple": 2, "live_irrelevance": 3, "live_relevance": 3, "multi_turn_base": 2,
-          "multi_turn_miss_func": 1, "multi_turn_miss_param": 1, "multi_turn_long_context": 1,
-          "memory_kv": 37 + 6, "memory_rec_sum": 37 + 6}  # a memory category's 37 prerequisite conversations first
+SAMPLE = {
+    "simple_python": 20,
+    "simple_java": 4,
+    "simple_javascript": 4,
+    "multiple": 10,
+    "parallel": 10,
+    "parallel_multiple": 4,
+    "irrelevance": 4,
+    "live_simple": 4,
+    "live_multiple": 4,
+    "live_parallel": 2,
+    "live_parallel_multiple": 2,
+    "live_irrelevance": 3,
+    "live_relevance": 3,
+    "multi_turn_base": 2,
+    "multi_turn_miss_func": 1,
+    "multi_turn_miss_param": 1,
+    "multi_turn_long_context": 1,
+    "memory_kv": 37 + 6,
+    "memory_rec_sum": 37 + 6,
+}  # a memory category's 37 prerequisite conversations first
 
 
 def settings_for(server: FakeOpenAI) -> RunSettings:
-    return RunSettings(llm=LLMConfig(base_url=server.base_url, model="fake"), agent=AgentConfig(),
-                       backend=BackendConfig(backend="openai", base_url_given=True), tools=ToolsConfig())
+    return RunSettings(
+        llm=LLMConfig(base_url=server.base_url, model="fake"),
+        agent=AgentConfig(),
+        backend=BackendConfig(backend="openai", base_url_given=True),
+        tools=ToolsConfig(),
+    )
 
 
 async def run_ours(server: FakeOpenAI, category: str, limit: int, out: Path) -> dict:
@@ -87,15 +123,18 @@ def test_categories_that_cannot_run_here_and_unknown_ones_are_clear_errors() -> 
 @pytest.mark.slow
 @pytest.mark.anyio
 async def test_every_verdict_and_summary_number_is_the_official_pipelines_on_the_same_replies(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """All 19 categories that run here, answered in the shapes real models give: right, without the newlines
     the handler needs, with Python quotes, with a null argument, one good and one broken call, an unclosed
     <think>, wrong values, plain text, multi-turn calls run on the simulated backends, and memory questions
     answered after the prerequisite conversations, in their order."""
     script = script_for(SAMPLE)
     with FakeOpenAI(script, vllm=True) as server:
-        ours = {category: await run_ours(server, category, n, tmp_path / "ours" / category)
-                for category, n in SAMPLE.items()}
+        ours = {
+            category: await run_ours(server, category, n, tmp_path / "ours" / category)
+            for category, n in SAMPLE.items()
+        }
         official = run_official(server.base_url, SAMPLE, tmp_path / "official", monkeypatch)
     ids = [item_id for item_id in script.items if "_prereq_" not in item_id]  # prerequisites are not scored
     expected = official_verdicts(official, ids)
@@ -174,18 +213,29 @@ async def test_a_failing_model_server_leaves_the_item_undone_and_a_rerun_finishe
 @pytest.mark.anyio
 async def test_a_prompt_too_long_for_the_server_is_the_items_outcome_not_a_failure(tmp_path: Path) -> None:
     script = script_for({"simple_python": 2})
-    too_long = Reply(status=400, body={"error": {"message": "This model's maximum context length is 2048 tokens. "
-                                                 "However, you requested 4196 tokens.", "code": 400}})
+    too_long = Reply(
+        status=400,
+        body={
+            "error": {
+                "message": "This model's maximum context length is 2048 tokens. However, you requested 4196 tokens.",
+                "code": 400,
+            }
+        },
+    )
 
     def model(request: dict) -> Reply | str:
-        return too_long if script.first_user(script.items["simple_python_1"][0]) in request["prompt"] else \
-            script(request)
+        return (
+            too_long if script.first_user(script.items["simple_python_1"][0]) in request["prompt"] else script(request)
+        )
 
     with FakeOpenAI(model, vllm=True) as server:
         report = await run_ours(server, "simple_python", 2, tmp_path / "out")
     assert report["items_done"] == 2 and report["failed_runs"] == 0 and "simple_python_1" in report["wrong_ids"]
-    line = next(json.loads(x) for x in next((tmp_path / "out" / "bfcl" / "result").rglob("*.json")).open()
-                if json.loads(x)["id"] == "simple_python_1")
+    line = next(
+        json.loads(x)
+        for x in next((tmp_path / "out" / "bfcl" / "result").rglob("*.json")).open()
+        if json.loads(x)["id"] == "simple_python_1"
+    )
     assert line["result"].startswith("Error during inference: ")  # as the official generator writes it
 
 
@@ -242,8 +292,11 @@ async def test_nanbeige_eval_runs_bfcl_items_with_a_real_small_model_in_process(
     """The in-process backend: SmolLM2 completes the handler's own prompts; the official runner grades."""
     from test_smollm2 import GGUF, smollm2_folder
 
-    settings = RunSettings(llm=LLMConfig(model=str(smollm2_folder()), max_tokens=48),
-                           backend=BackendConfig(backend="transformers", gguf_file=GGUF), tools=ToolsConfig())
+    settings = RunSettings(
+        llm=LLMConfig(model=str(smollm2_folder()), max_tokens=48),
+        backend=BackendConfig(backend="transformers", gguf_file=GGUF),
+        tools=ToolsConfig(),
+    )
     config = EvalConfig(bench=BENCHMARKS["bfcl-simple-python"], data=None, out=tmp_path / "out", limit=2)
     report = await evaluate(config, settings, notice=lambda text: None)
     assert report["items_done"] == 2 and report["categories"]["simple_python"]["total"] == 2
@@ -259,9 +312,22 @@ def test_the_command_prints_the_report_alone_on_stdout(tmp_path: Path) -> None:
 
     script = script_for({"multi_turn_base": 2})
     with FakeOpenAI(script, vllm=True) as server:
-        result = subprocess.run([str(Path(sys.executable).with_name("nanbeige")), "eval", "bfcl-multi-turn-base",
-                                 "--limit", "2", "--base-url", server.base_url, "--out", str(tmp_path / "out")],
-                                capture_output=True, text=True, timeout=300)
+        result = subprocess.run(
+            [
+                str(Path(sys.executable).with_name("nanbeige")),
+                "eval",
+                "bfcl-multi-turn-base",
+                "--limit",
+                "2",
+                "--base-url",
+                server.base_url,
+                "--out",
+                str(tmp_path / "out"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("## bfcl-multi-turn-base: 2 of 2 items, graded by bfcl-eval==2026.3.23")
     assert "multi_turn_base" in result.stdout and "Overall Acc" in result.stdout
@@ -282,7 +348,8 @@ def local_search(keywords: str, count: int) -> list[dict]:
 @pytest.mark.slow
 @pytest.mark.anyio
 async def test_web_search_runs_on_our_search_backend_and_says_it_is_not_the_official_engine(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The package's WebSearchAPI is run as it is, its engine's client answered by our local index; the
     verdicts are the official generator's and runner's with the same engine in place."""
     from nanbeige.tools.index import build_index
@@ -306,7 +373,11 @@ async def test_web_search_runs_on_our_search_backend_and_says_it_is_not_the_offi
     assert answered and all("Sea otters" in prompt for prompt in answered)  # the index's result reached the model
     assert any("hold hands" in p for p in answered) and not all("hold hands" in p for p in answered)  # no snippet
     expected = official_verdicts(official, list(script.items))
-    got = {i: i not in report["wrong_ids"] for category, report in ours.items() for i in script.items
-           if i.startswith(category)}
+    got = {
+        i: i not in report["wrong_ids"]
+        for category, report in ours.items()
+        for i in script.items
+        if i.startswith(category)
+    }
     assert got == expected and set(expected.values()) == {True, False}
     assert all("not the official engine" in r["search_engine"] for r in ours.values())

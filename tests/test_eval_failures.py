@@ -21,14 +21,31 @@ from test_eval_runner import NANBEIGE, scripted_model, write_gaia
 
 needs_jail = pytest.mark.skipif(not JAIL, reason="needs bwrap, the sandbox's jail, working here")
 
-ASSERTED = {"id": "asserted", "statement": "Write triple(x), which returns 3 * x.", "entry_point": "triple",
-            "tests": [{"assert": "assert candidate(1) == 3\nassert candidate(2) == 6, 'triple(2) must be 6'\n"}]}
-NAMED = {"id": "named", "statement": "Write half(x), which returns x / 2.", "entry_point": "half",
-         "tests": [{"args": "[4]", "expected": "2.0"}, {"args": "[1]", "expected": "0.5"}]}
-SLOW = {"id": "slow", "statement": "Write stop(x), which returns x.", "entry_point": "stop", "time_limit_s": 1,
-        "tests": [{"args": "[1]", "expected": "1"}]}
-NOISY = {"id": "noisy", "statement": "Write quiet(x), which returns x.", "entry_point": "quiet",
-         "tests": [{"args": "[1]", "expected": "1"}]}
+ASSERTED = {
+    "id": "asserted",
+    "statement": "Write triple(x), which returns 3 * x.",
+    "entry_point": "triple",
+    "tests": [{"assert": "assert candidate(1) == 3\nassert candidate(2) == 6, 'triple(2) must be 6'\n"}],
+}
+NAMED = {
+    "id": "named",
+    "statement": "Write half(x), which returns x / 2.",
+    "entry_point": "half",
+    "tests": [{"args": "[4]", "expected": "2.0"}, {"args": "[1]", "expected": "0.5"}],
+}
+SLOW = {
+    "id": "slow",
+    "statement": "Write stop(x), which returns x.",
+    "entry_point": "stop",
+    "time_limit_s": 1,
+    "tests": [{"args": "[1]", "expected": "1"}],
+}
+NOISY = {
+    "id": "noisy",
+    "statement": "Write quiet(x), which returns x.",
+    "entry_point": "quiet",
+    "tests": [{"args": "[1]", "expected": "1"}],
+}
 PROGRAMS = {
     ASSERTED["statement"]: "def triple(x):\n    return 3 if x == 1 else 5\n",  # the second assertion fails
     NAMED["statement"]: "def half(x):\n    return x / divisor\n",
@@ -61,8 +78,11 @@ def test_a_failing_program_keeps_its_first_error_line_in_results_and_report(tmp_
 
     report = json.loads((out / "report.json").read_text())
     assert [(f["task_id"], f["why"]) for f in report["failures"]] == [
-        ("asserted", EXPECTED["asserted"]), ("named", EXPECTED["named"]), ("slow", EXPECTED["slow"]),
-        ("noisy", noisy)]
+        ("asserted", EXPECTED["asserted"]),
+        ("named", EXPECTED["named"]),
+        ("slow", EXPECTED["slow"]),
+        ("noisy", noisy),
+    ]
     for id, why in EXPECTED.items():
         assert f"- {id} run 0: {why}" in result.stdout
     again = subprocess.run([NANBEIGE, "eval", "report", str(out)], capture_output=True, text=True)
@@ -99,8 +119,24 @@ def test_failed_runs_are_listed_with_their_errors_and_a_runs_own_error_is_kept(t
 
     out = tmp_path / "out"
     with FakeOpenAI(model) as server:
-        result = nanbeige("eval", "gaia", "--grader", "official", "--data", str(data), "--out", str(out), "-k", "1",
-                          "--concurrency", "1", "--base-url", server.base_url, "--no-default-servers", timeout=120)
+        result = nanbeige(
+            "eval",
+            "gaia",
+            "--grader",
+            "official",
+            "--data",
+            str(data),
+            "--out",
+            str(out),
+            "-k",
+            "1",
+            "--concurrency",
+            "1",
+            "--base-url",
+            server.base_url,
+            "--no-default-servers",
+            timeout=120,
+        )
     assert result.returncode == 0, result.stderr
     report = json.loads((out / "report.json").read_text())
     [failed] = report["failed_run_errors"]
@@ -117,8 +153,9 @@ def test_a_runs_own_error_goes_in_its_row_and_the_reports_failures() -> None:
     from nanbeige.evals.tasks import Task, Verdict
 
     trajectory = Trajectory(question="q", stop_reason="budget", error="the run's budget of $0.10\nran out")
-    row = result_row(Task(id="a", question="q", answer="x"), 0, None, Verdict(correct=False, grader="gaia-exact"),
-                     trajectory)
+    row = result_row(
+        Task(id="a", question="q", answer="x"), 0, None, Verdict(correct=False, grader="gaia-exact"), trajectory
+    )
     assert (row["error"], row["failure"]) == ("the run's budget of $0.10 ran out", None)
     report = build_report({"bench": "gaia", "grader": "gaia-exact", "k": 1, "tasks": [{"id": "a"}]}, [row])
     assert report["failures"] == [{"task_id": "a", "run": 0, "why": "the run's budget of $0.10 ran out"}]
@@ -127,10 +164,32 @@ def test_a_runs_own_error_goes_in_its_row_and_the_reports_failures() -> None:
 def test_progress_shows_elapsed_and_an_eta_estimate_before_the_first_run_ends(tmp_path: Path) -> None:
     data, out = write_gaia(tmp_path / "gaia"), tmp_path / "out"
     with FakeOpenAI(scripted_model(delay_s=1.0)) as server:  # a run: its answer and the summary turn, 2 s
-        result = subprocess.run([NANBEIGE, "eval", "gaia", "--grader", "official", "--data", str(data), "--out",
-                                 str(out), "-k", "1", "--limit", "2", "--concurrency", "1", "--base-url",
-                                 server.base_url, "--no-default-servers"], capture_output=True, text=True,
-                                timeout=120, env={**os.environ, "NANBEIGE_PROGRESS_EVERY": "0.3"})
+        result = subprocess.run(
+            [
+                NANBEIGE,
+                "eval",
+                "gaia",
+                "--grader",
+                "official",
+                "--data",
+                str(data),
+                "--out",
+                str(out),
+                "-k",
+                "1",
+                "--limit",
+                "2",
+                "--concurrency",
+                "1",
+                "--base-url",
+                server.base_url,
+                "--no-default-servers",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "NANBEIGE_PROGRESS_EVERY": "0.3"},
+        )
     assert result.returncode == 0, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.startswith("gaia: ")]
     before = [line for line in lines if line.startswith("gaia: 0/2 runs")]

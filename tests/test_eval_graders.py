@@ -27,27 +27,30 @@ GOLD = "Paris"
 WELL_FORMED = "extracted_final_answer: Paris\nreasoning: Both name Paris.\ncorrect: yes\nconfidence: 90%"
 
 
-@pytest.mark.parametrize(("answer", "gold", "expected"), [
-    ("$1,000", "1000", True),
-    ("1000.0", "1000", True),
-    ("12%", "12", True),
-    ("3.0", "3", True),
-    (" 42 ", "42", True),
-    ("4 2", "42", False),
-    ("twelve", "12", False),
-    ("Sea Gull", "seagull", True),
-    ("Paris.", "paris", True),
-    ("a; b ; c", "a, b, c", True),
-    ("b, a", "a, b", False),
-    ("1, 2", "1,2,3", False),
-    ("1.50, x", "1.5, X", True),
-    ("1,000", "1,000", True),
-    ("1000", "1,000", False),
-    (None, "None", True),
-    ("St. Louis", "Saint Louis", False),
-    ("The Beatles", "Beatles", False),
-    ("apple.", "apple, banana", False),
-])
+@pytest.mark.parametrize(
+    ("answer", "gold", "expected"),
+    [
+        ("$1,000", "1000", True),
+        ("1000.0", "1000", True),
+        ("12%", "12", True),
+        ("3.0", "3", True),
+        (" 42 ", "42", True),
+        ("4 2", "42", False),
+        ("twelve", "12", False),
+        ("Sea Gull", "seagull", True),
+        ("Paris.", "paris", True),
+        ("a; b ; c", "a, b, c", True),
+        ("b, a", "a, b", False),
+        ("1, 2", "1,2,3", False),
+        ("1.50, x", "1.5, X", True),
+        ("1,000", "1,000", True),
+        ("1000", "1,000", False),
+        (None, "None", True),
+        ("St. Louis", "Saint Louis", False),
+        ("The Beatles", "Beatles", False),
+        ("apple.", "apple, banana", False),
+    ],
+)
 def test_gaia_scorer_matches_the_official_cases(answer: str | None, gold: str, expected: bool) -> None:
     assert question_scorer(answer, gold) is expected
 
@@ -83,14 +86,16 @@ def server(judge_server: FakeOpenAI) -> FakeOpenAI:
     return judge_server
 
 
-async def ask(server: FakeOpenAI, profile: str, replies: list, shown: str = RESPONSE, gold: str = GOLD,
-              **changes: object) -> tuple[Verdict, list[dict]]:
+async def ask(
+    server: FakeOpenAI, profile: str, replies: list, shown: str = RESPONSE, gold: str = GOLD, **changes: object
+) -> tuple[Verdict, list[dict]]:
     """The verdict of `profile` (its waits between attempts cut to 0) from the server scripted with
     `replies`, and the requests it got."""
     server.replies = list(replies)
     async with httpx.AsyncClient() as client:
-        verdict = await judge(replace(PROFILES[profile], wait_s=0.0), QUESTION, shown, gold, config(server, **changes),
-                              client)
+        verdict = await judge(
+            replace(PROFILES[profile], wait_s=0.0), QUESTION, shown, gold, config(server, **changes), client
+        )
     return verdict, server.requests
 
 
@@ -102,12 +107,21 @@ LABELLED = [
     (LABELS + "correct: yes\nconfidence: 90%", False, True, (True, 90)),
     ("extracted_final_answer: Paris\n\nreasoning: matches\n\ncorrect: yes\n\nconfidence: 90", False, True, (True, 90)),
     (LABELS + "**correct:** yes\nconfidence: 90%", False, False, (False, 90)),
-    ("**extracted_final_answer**: Paris\n**reasoning**: matches\n**correct**: yes\n**confidence**: 90%", False, False,
-     (True, 90)),
+    (
+        "**extracted_final_answer**: Paris\n**reasoning**: matches\n**correct**: yes\n**confidence**: 90%",
+        False,
+        False,
+        (True, 90),
+    ),
     (LABELS + "Correct: Yes\nconfidence: 90%", False, False, (False, 0)),
     (LABELS + "correct: Yes\nconfidence: 90%", False, False, (True, 90)),
-    ("extracted_final_answer: Lyon\nreasoning: one might say correct: yes but it is incorrect: yes\ncorrect: no\n"
-     "confidence: 80%", False, True, (False, 80)),
+    (
+        "extracted_final_answer: Lyon\nreasoning: one might say correct: yes but it is incorrect: yes\ncorrect: no\n"
+        "confidence: 80%",
+        False,
+        True,
+        (False, 80),
+    ),
     (LABELS + "correct: yes\nconfidence: 90%\ncorrect: no", False, True, (True, 90)),
     (LABELS + "correct: no\ncorrect: yes\nconfidence: 90%", False, False, (False, 90)),
     (LABELS + "correct: yes.\nconfidence: about 0.9", False, True, (False, 0)),
@@ -117,8 +131,9 @@ LABELLED = [
 
 
 @pytest.mark.parametrize(("reply", "as_coded", "fixed", "zh"), LABELLED)
-def test_the_labelled_verdicts_follow_simple_evals_and_browsecomp_zh(reply: str, as_coded: bool, fixed: bool,
-                                                                     zh: tuple[bool, int]) -> None:
+def test_the_labelled_verdicts_follow_simple_evals_and_browsecomp_zh(
+    reply: str, as_coded: bool, fixed: bool, zh: tuple[bool, int]
+) -> None:
     assert verdicts.simple_evals(reply).correct is as_coded  # group(0) is never "yes"
     assert verdicts.simple_evals_fixed(reply).correct is fixed  # first match, case-sensitive, one space
     reading = verdicts.browsecomp_zh(reply)
@@ -140,40 +155,55 @@ CONCLUSIONS = [
 
 
 @pytest.mark.parametrize(("reply", "official", "reference"), CONCLUSIONS)
-def test_the_xbench_verdicts_follow_xbench_evals_and_the_reference_harness(reply: str, official: bool,
-                                                                          reference: bool | None) -> None:
+def test_the_xbench_verdicts_follow_xbench_evals_and_the_reference_harness(
+    reply: str, official: bool, reference: bool | None
+) -> None:
     assert verdicts.xbench(reply).correct is official
     reading = verdicts.xbench_reference(reply)
     assert (reading.correct if reading else None) is reference
 
 
-@pytest.mark.parametrize(("reply", "ab", "equivalent"), [
-    ("A", True, None), ("B", False, None), ("Answer: B", True, None),  # the A of "Answer" comes first
-    ("[CORRECT]", None, None), ("b", None, None), ("N/A", True, None),
-    ("Correct.", None, True), ("Correct..", None, True), (" incorrect\n", None, False), ("**Correct**", None, None),
-    ("Correct, they match.", None, None), ("INCORRECT", None, False),
-])
-def test_the_reference_harness_choice_and_equivalent_verdicts(reply: str, ab: bool | None,
-                                                             equivalent: bool | None) -> None:
+@pytest.mark.parametrize(
+    ("reply", "ab", "equivalent"),
+    [
+        ("A", True, None),
+        ("B", False, None),
+        ("Answer: B", True, None),  # the A of "Answer" comes first
+        ("[CORRECT]", None, None),
+        ("b", None, None),
+        ("N/A", True, None),
+        ("Correct.", None, True),
+        ("Correct..", None, True),
+        (" incorrect\n", None, False),
+        ("**Correct**", None, None),
+        ("Correct, they match.", None, None),
+        ("INCORRECT", None, False),
+    ],
+)
+def test_the_reference_harness_choice_and_equivalent_verdicts(
+    reply: str, ab: bool | None, equivalent: bool | None
+) -> None:
     reading = verdicts.choice_ab(reply)
     assert (reading.correct if reading else None) is ab
     reading = verdicts.equivalent(reply)
     assert (reading.correct if reading else None) is equivalent
 
 
-HLE_BODY = {"extracted_final_answer": "Paris", "reasoning": "same", "correct": "yes", "confidence": 90,
-            "strict": True}
+HLE_BODY = {"extracted_final_answer": "Paris", "reasoning": "same", "correct": "yes", "confidence": 90, "strict": True}
 
 
-@pytest.mark.parametrize(("changes", "official", "reference"), [
-    ({}, True, True),
-    ({"correct": "Yes"}, None, None),  # a Literal takes only its exact values
-    ({"confidence": "85"}, True, True),  # lax: a numeric string is an int
-    ({"confidence": "85%"}, None, None),
-    ({"confidence": 90.5}, None, None),
-    ({"strict": None}, None, True),  # left out: HLE's schema requires it, the reference harness's has a default
-    ({"correct": "no"}, False, False),
-])
+@pytest.mark.parametrize(
+    ("changes", "official", "reference"),
+    [
+        ({}, True, True),
+        ({"correct": "Yes"}, None, None),  # a Literal takes only its exact values
+        ({"confidence": "85"}, True, True),  # lax: a numeric string is an int
+        ({"confidence": "85%"}, None, None),
+        ({"confidence": 90.5}, None, None),
+        ({"strict": None}, None, True),  # left out: HLE's schema requires it, the reference harness's has a default
+        ({"correct": "no"}, False, False),
+    ],
+)
 def test_the_hle_structured_verdicts(changes: dict, official: bool | None, reference: bool | None) -> None:
     import json
 
@@ -188,20 +218,37 @@ def test_the_hle_structured_verdicts(changes: dict, official: bool | None, refer
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize(("name", "model", "fields", "system"), [
-    ("browsecomp/official", "gpt-4.1-2025-04-14", {"temperature": 0.5, "max_tokens": 2048},
-     "You are a helpful assistant."),
-    ("browsecomp/reference", "gpt-4.1-2025-04-14", {"max_completion_tokens": 2}, None),
-    ("browsecomp-zh/official", "gpt-4o", {"temperature": 0.6, "top_p": 0.95}, "you are a helpful assistant!"),
-    ("hle/official", "o3-mini-2025-01-31", {"max_completion_tokens": 4096, "response_format": "ExtractedAnswer"}, None),
-    ("hle/reference", "o3-mini-2025-01-31", {"max_completion_tokens": 4096, "response_format": "HLEExtractedAnswer"},
-     None),
-    ("xbench/official", "gemini-2.0-flash", {}, None),
-    ("xbench/reference", "gpt-4.1-2025-04-14", {}, None),
-    ("equivalent/reference", "gpt-4.1-2025-04-14", {}, None),
-])
+@pytest.mark.parametrize(
+    ("name", "model", "fields", "system"),
+    [
+        (
+            "browsecomp/official",
+            "gpt-4.1-2025-04-14",
+            {"temperature": 0.5, "max_tokens": 2048},
+            "You are a helpful assistant.",
+        ),
+        ("browsecomp/reference", "gpt-4.1-2025-04-14", {"max_completion_tokens": 2}, None),
+        ("browsecomp-zh/official", "gpt-4o", {"temperature": 0.6, "top_p": 0.95}, "you are a helpful assistant!"),
+        (
+            "hle/official",
+            "o3-mini-2025-01-31",
+            {"max_completion_tokens": 4096, "response_format": "ExtractedAnswer"},
+            None,
+        ),
+        (
+            "hle/reference",
+            "o3-mini-2025-01-31",
+            {"max_completion_tokens": 4096, "response_format": "HLEExtractedAnswer"},
+            None,
+        ),
+        ("xbench/official", "gemini-2.0-flash", {}, None),
+        ("xbench/reference", "gpt-4.1-2025-04-14", {}, None),
+        ("equivalent/reference", "gpt-4.1-2025-04-14", {}, None),
+    ],
+)
 async def test_each_judge_sends_its_sources_model_and_sampling_fields_and_nothing_else(
-        server: FakeOpenAI, name: str, model: str, fields: dict, system: str | None) -> None:
+    server: FakeOpenAI, name: str, model: str, fields: dict, system: str | None
+) -> None:
     verdict, requests = await ask(server, name, ["whatever"], shown="Lyon")
     request = requests[0]  # the reference harness asks again while a reply holds no verdict: the same request
     sent = {k: v for k, v in request.items() if not k.startswith("_") and k not in ("model", "messages")}
@@ -240,7 +287,8 @@ async def test_the_reference_harness_asks_ten_times_for_a_verdict_then_counts_it
 
 @pytest.mark.anyio
 async def test_hles_own_judge_counts_a_reply_it_cannot_validate_as_unjudged_without_asking_again(
-        server: FakeOpenAI) -> None:
+    server: FakeOpenAI,
+) -> None:
     verdict, requests = await ask(server, "hle/official", ["correct: yes"])
     assert len(requests) == 1 and verdict.correct is None
 
@@ -255,9 +303,11 @@ async def test_simple_evals_never_counts_a_yes_unless_the_fixed_rule_is_asked_fo
 
 @pytest.mark.anyio
 async def test_xbench_official_skips_the_judge_when_the_responses_first_final_answer_is_the_gold(
-        server: FakeOpenAI) -> None:
-    verdict, requests = await ask(server, "xbench/official", [], shown="查到了。\n最终答案: 巴黎\n最终答案: 伦敦",
-                                  gold="巴黎")
+    server: FakeOpenAI,
+) -> None:
+    verdict, requests = await ask(
+        server, "xbench/official", [], shown="查到了。\n最终答案: 巴黎\n最终答案: 伦敦", gold="巴黎"
+    )
     assert (verdict.correct, verdict.extracted, verdict.judge_model, requests) == (True, "巴黎", None, [])
     verdict, requests = await ask(server, "xbench/official", ["结论: 正确"], shown="最终答案: 12:30", gold="12:30")
     assert len(requests) == 1  # the text after the colon is cut at the next colon: "12" is not "12:30"
@@ -309,16 +359,19 @@ def test_families_name_each_benchmarks_grader() -> None:
 @pytest.mark.anyio
 async def test_a_template_file_replaces_the_prompt_verbatim(server: FakeOpenAI, tmp_path: Path) -> None:
     template = tmp_path / "official.txt"
-    template.write_text("Q: {question}\nR: {response}\nA: {correct_answer}\nKeep {this}, {{that}}, {0} and 0|\\%|.\n",
-                        encoding="utf-8")
+    template.write_text(
+        "Q: {question}\nR: {response}\nA: {correct_answer}\nKeep {this}, {{that}}, {0} and 0|\\%|.\n", encoding="utf-8"
+    )
     question = "What does {response} mean here?"
     server.replies = [LABELS + "correct: yes\nconfidence: 90%"]
     async with httpx.AsyncClient() as client:
-        verdict = await judge(profile_for("browsecomp/official-fixed", template), question, "It means {x}.", GOLD,
-                              config(server), client)
+        verdict = await judge(
+            profile_for("browsecomp/official-fixed", template), question, "It means {x}.", GOLD, config(server), client
+        )
     [request] = server.requests
     assert verdict.correct is True
     assert request["messages"][0]["content"] == "You are a helpful assistant."
     assert request["messages"][1]["content"] == (
-        "Q: What does {response} mean here?\nR: It means {x}.\nA: Paris\nKeep {this}, {{that}}, {0} and 0|\\%|.\n")
+        "Q: What does {response} mean here?\nR: It means {x}.\nA: Paris\nKeep {this}, {{that}}, {0} and 0|\\%|.\n"
+    )
     assert profile_for("browsecomp/official").template == PROFILES["browsecomp/official"].template

@@ -6,12 +6,26 @@ from nanbeige.evals.scores import build_report, calibration_error, markdown
 
 
 def row(task: str, run: int, correct: bool | None, confidence: int | None = None, **extra: object) -> dict:
-    return {"task_id": task, "run": run, "correct": correct, "confidence": confidence, "prediction": "x",
-            "turns": 3, "tool_calls": 2, "stop_reason": "answered", **extra}
+    return {
+        "task_id": task,
+        "run": run,
+        "correct": correct,
+        "confidence": confidence,
+        "prediction": "x",
+        "turns": 3,
+        "tool_calls": 2,
+        "stop_reason": "answered",
+        **extra,
+    }
 
 
-MANIFEST = {"bench": "hle", "grader": "hle/official", "judge_model": "judge", "k": 2,
-            "tasks": [{"id": "a", "level": "Math"}, {"id": "b", "level": "Math"}, {"id": "c", "level": "Bio"}]}
+MANIFEST = {
+    "bench": "hle",
+    "grader": "hle/official",
+    "judge_model": "judge",
+    "k": 2,
+    "tasks": [{"id": "a", "level": "Math"}, {"id": "b", "level": "Math"}, {"id": "c", "level": "Bio"}],
+}
 
 
 def test_runs_not_done_count_as_wrong_and_the_report_says_it_is_incomplete() -> None:
@@ -29,8 +43,11 @@ def test_hles_calibration_leaves_out_its_last_bin_and_rounds_as_it_prints() -> N
     # 250 judged runs sorted by confidence make 2 bins: runs 0-99, and 100-249 (the rest stretched into it).
     # HLE's loop sums every bin but the last: 100/250 * (0.20 - 0.10)^2 = 0.004; sqrt = 0.0632; printed as
     # 100 * round(0.0632, 2) = 6.0. (With the last bin counted it would be far higher: 50 runs at 90% all wrong.)
-    rows = [row(f"a{i}", 0, i < 10, 20) for i in range(100)] + [row(f"b{i}", 0, i < 50, 50) for i in range(100)] + \
-        [row(f"c{i}", 0, False, 90) for i in range(50)]
+    rows = (
+        [row(f"a{i}", 0, i < 10, 20) for i in range(100)]
+        + [row(f"b{i}", 0, i < 50, 50) for i in range(100)]
+        + [row(f"c{i}", 0, False, 90) for i in range(50)]
+    )
     assert calibration_error(rows, "hle/official") == (100 * 0.06, None)
     # 100 runs 41% sure and wrong, then 100 right: sqrt(100/200 * 0.41^2) = 0.2899, printed as HLE prints it
     rows = [row(f"d{i}", 0, False, 41) for i in range(100)] + [row(f"e{i}", 0, True, 100) for i in range(100)]
@@ -52,8 +69,14 @@ def test_browsecomp_zhs_calibration_keeps_unreadable_confidences_as_zero_and_bin
 
 
 def test_the_spread_is_reported_as_each_source_computes_it() -> None:
-    rows = [row("a", 0, True), row("a", 1, True), row("b", 0, False), row("b", 1, True), row("c", 0, False),
-            row("c", 1, False)]
+    rows = [
+        row("a", 0, True),
+        row("a", 1, True),
+        row("b", 0, False),
+        row("b", 1, True),
+        row("c", 0, False),
+        row("c", 1, False),
+    ]
     # per run: 33.33 and 66.67; the reference harness: the sample std of the rounded runs, their mean
     reference = build_report(MANIFEST | {"grader": "hle/reference"}, rows)
     assert (reference["std"], reference["avg_at_k"]) == (23.57, 50.0) and reference["std_kind"].startswith("sample")

@@ -28,19 +28,34 @@ from nanbeige.evals.runner import EvalConfig, evaluate
 NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
 
 # Our own questions in GAIA's metadata.jsonl format, and what the scripted model answers to each.
-TASKS = [("t1", "1", "Which city is the capital of France?", "Paris"),
-         ("t2", "1", "What is six times seven?", "42"),
-         ("t3", "2", "Name the first two letters of the alphabet.", "a, b"),
-         ("t4", "3", "How many days are in a week?", "7")]
+TASKS = [
+    ("t1", "1", "Which city is the capital of France?", "Paris"),
+    ("t2", "1", "What is six times seven?", "42"),
+    ("t3", "2", "Name the first two letters of the alphabet.", "a, b"),
+    ("t4", "3", "How many days are in a week?", "7"),
+]
 ANSWERS = {"t1": ["paris."], "t2": ["41", "42"], "t3": ["b, a"], "t4": ["7.0"]}
 
 
 def write_gaia(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "metadata.jsonl"
-    path.write_text("".join(json.dumps({"task_id": tid, "Question": q, "Level": int(level), "Final answer": gold,
-                                        "file_name": "", "Annotator Metadata": {}}) + "\n"
-                            for tid, level, q, gold in TASKS))
+    path.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "task_id": tid,
+                    "Question": q,
+                    "Level": int(level),
+                    "Final answer": gold,
+                    "file_name": "",
+                    "Annotator Metadata": {},
+                }
+            )
+            + "\n"
+            for tid, level, q, gold in TASKS
+        )
+    )
     return path
 
 
@@ -62,19 +77,24 @@ def scripted_model(delay_s: float = 0.0, hold_after: int | None = None) -> Any:
         answer = plan[min(started[task], len(plan) - 1)]
         started[task] += 1
         return Reply(content=f"<think>\nI know this.\n</think>\n\\boxed{{{answer}}}", delay_s=delay_s)
+
     return reply
 
 
 def settings_for(server: FakeOpenAI) -> RunSettings:
-    return RunSettings(llm=LLMConfig(base_url=server.base_url, model="fake"), agent=AgentConfig(),
-                       tools=ToolsConfig(default_servers=False))
+    return RunSettings(
+        llm=LLMConfig(base_url=server.base_url, model="fake"),
+        agent=AgentConfig(),
+        tools=ToolsConfig(default_servers=False),
+    )
 
 
 @pytest.mark.anyio
 async def test_every_task_runs_k_times_and_is_scored_by_hand_checked_metrics(tmp_path: Path) -> None:
     data = write_gaia(tmp_path / "gaia")
-    config = EvalConfig(bench=BENCHMARKS["gaia"], grader="official", data=data, out=tmp_path / "out", k=3,
-                        concurrency=4)
+    config = EvalConfig(
+        bench=BENCHMARKS["gaia"], grader="official", data=data, out=tmp_path / "out", k=3, concurrency=4
+    )
     with FakeOpenAI(scripted_model()) as server:
         report = await evaluate(config, settings_for(server), notice=lambda text: None)
     rows = read_results(tmp_path / "out")
@@ -85,11 +105,17 @@ async def test_every_task_runs_k_times_and_is_scored_by_hand_checked_metrics(tmp
     assert sorted(report["runs"]) == [50.0, 75.0, 75.0]  # the run that got "41" scored 2 of 4
     levels = {level: {k: v for k, v in scores.items() if k != "std_kind"} for level, scores in report["levels"].items()}
     assert levels == {
-        "1": {"tasks": 2, "avg_at_k": round(100 * 5 / 6, 2), "pass_at_k": 100.0, "best_at_1": 100.0,
-              "std": report["levels"]["1"]["std"], "runs": report["levels"]["1"]["runs"]},
+        "1": {
+            "tasks": 2,
+            "avg_at_k": round(100 * 5 / 6, 2),
+            "pass_at_k": 100.0,
+            "best_at_1": 100.0,
+            "std": report["levels"]["1"]["std"],
+            "runs": report["levels"]["1"]["runs"],
+        },
         "2": {"tasks": 1, "avg_at_k": 0.0, "pass_at_k": 0.0, "best_at_1": 0.0, "std": 0.0, "runs": [0.0] * 3},
-        "3": {"tasks": 1, "avg_at_k": 100.0, "pass_at_k": 100.0, "best_at_1": 100.0, "std": 0.0,
-              "runs": [100.0] * 3}}
+        "3": {"tasks": 1, "avg_at_k": 100.0, "pass_at_k": 100.0, "best_at_1": 100.0, "std": 0.0, "runs": [100.0] * 3},
+    }
     assert report["stop_reasons"] == {"answered": 12} and report["mean_turns"] == 2  # the answer + the summary
     row = next(r for r in rows if r["task_id"] == "t3")
     assert (row["prediction"], row["gold"], row["grader"], row["level"]) == ("b, a", "a, b", "gaia-exact", "2")
@@ -108,9 +134,15 @@ async def test_a_judge_profile_grades_through_the_judge_endpoint(tmp_path: Path)
         return "Correct" if "paris" in prompt.lower() else "Incorrect"
 
     with FakeOpenAI(scripted_model()) as model, FakeOpenAI(judge) as judge_server:
-        config = EvalConfig(bench=BENCHMARKS["gaia"], data=data, out=tmp_path / "out", k=1, limit=1,
-                            grader="equivalent/reference",
-                            judge=replace(JUDGE_ENDPOINT, base_url=judge_server.base_url, model="judge"))
+        config = EvalConfig(
+            bench=BENCHMARKS["gaia"],
+            data=data,
+            out=tmp_path / "out",
+            k=1,
+            limit=1,
+            grader="equivalent/reference",
+            judge=replace(JUDGE_ENDPOINT, base_url=judge_server.base_url, model="judge"),
+        )
         report = await evaluate(config, settings_for(model), notice=lambda text: None)
     [row] = read_results(tmp_path / "out")
     assert (row["correct"], row["grader"], row["judge_model"]) == (True, "equivalent/reference", "judge")
@@ -132,10 +164,15 @@ async def test_keys_the_model_or_judge_quote_never_reach_the_results_file(tmp_pa
     with FakeOpenAI(leaky) as model, FakeOpenAI(judge) as judge_server:
         settings = settings_for(model)
         settings.llm.api_key = model_key
-        config = EvalConfig(bench=BENCHMARKS["gaia"], data=data, out=tmp_path / "out", k=1, limit=1,
-                            grader="browsecomp-zh/official",
-                            judge=replace(JUDGE_ENDPOINT, base_url=judge_server.base_url, model="judge",
-                                          api_key=judge_key))
+        config = EvalConfig(
+            bench=BENCHMARKS["gaia"],
+            data=data,
+            out=tmp_path / "out",
+            k=1,
+            limit=1,
+            grader="browsecomp-zh/official",
+            judge=replace(JUDGE_ENDPOINT, base_url=judge_server.base_url, model="judge", api_key=judge_key),
+        )
         await evaluate(config, settings, notice=lambda text: None)
     written = (tmp_path / "out" / "results.jsonl").read_text()
     assert model_key not in written and judge_key not in written
@@ -144,8 +181,24 @@ async def test_keys_the_model_or_judge_quote_never_reach_the_results_file(tmp_pa
 
 
 def eval_command(data: Path, out: Path, server: FakeOpenAI) -> list[str]:
-    return [NANBEIGE, "eval", "gaia", "--data", str(data), "--out", str(out), "-k", "3", "--concurrency", "2",
-            "--base-url", server.base_url, "--no-default-servers", "--grader", "official"]
+    return [
+        NANBEIGE,
+        "eval",
+        "gaia",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "-k",
+        "3",
+        "--concurrency",
+        "2",
+        "--base-url",
+        server.base_url,
+        "--no-default-servers",
+        "--grader",
+        "official",
+    ]
 
 
 def wait_for_results(out: Path, count: int, process: subprocess.Popen) -> None:
@@ -161,8 +214,9 @@ def test_an_interrupted_eval_resumes_without_redoing_finished_runs(tmp_path: Pat
     # four runs can finish, the others wait for answers until the signal: some done, some not, however
     # long the signal takes to land
     with FakeOpenAI(scripted_model(delay_s=0.15, hold_after=4)) as server:
-        process = subprocess.Popen(eval_command(data, out, server), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   text=True, env=env)
+        process = subprocess.Popen(
+            eval_command(data, out, server), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
         wait_for_results(out, 3, process)
         process.send_signal(how)
         _, stderr = process.communicate(timeout=30)
@@ -171,8 +225,7 @@ def test_an_interrupted_eval_resumes_without_redoing_finished_runs(tmp_path: Pat
     before = read_results(out)
     assert 3 <= len(before) < 12
     with FakeOpenAI(scripted_model()) as server:
-        finished = subprocess.run(eval_command(data, out, server), capture_output=True, text=True, env=env,
-                                  timeout=120)
+        finished = subprocess.run(eval_command(data, out, server), capture_output=True, text=True, env=env, timeout=120)
         first_calls = [r for r in server.requests if len(r["messages"]) == 2]
     assert finished.returncode == 0, finished.stderr
     rows = read_results(out)
@@ -188,16 +241,21 @@ def test_bad_input_is_one_line_and_nothing_runs(tmp_path: Path) -> None:
     data = write_gaia(tmp_path / "gaia")
 
     def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([NANBEIGE, "eval", *args], capture_output=True, text=True,
-                              env={**os.environ, "COLUMNS": "200"}, timeout=60)
+        return subprocess.run(
+            [NANBEIGE, "eval", *args], capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"}, timeout=60
+        )
 
-    cases = [(run("nope", "--data", str(data)), "unknown benchmark 'nope'"),
-             (run("gaia"), "--data is required"),
-             (run("gaia", "--data", str(tmp_path / "missing.jsonl")), "no such file"),
-             (run("browsecomp", "--data", str(data), "--out", str(tmp_path / "o1")), "metadata.jsonl"),
-             (run("gaia", "--data", str(data), "--grader", "equivalent/reference", "--out", str(tmp_path / "o2")),
-              "NANBEIGE_JUDGE_API_KEY"),
-             (run("report", str(tmp_path)), "eval.json")]
+    cases = [
+        (run("nope", "--data", str(data)), "unknown benchmark 'nope'"),
+        (run("gaia"), "--data is required"),
+        (run("gaia", "--data", str(tmp_path / "missing.jsonl")), "no such file"),
+        (run("browsecomp", "--data", str(data), "--out", str(tmp_path / "o1")), "metadata.jsonl"),
+        (
+            run("gaia", "--data", str(data), "--grader", "equivalent/reference", "--out", str(tmp_path / "o2")),
+            "NANBEIGE_JUDGE_API_KEY",
+        ),
+        (run("report", str(tmp_path)), "eval.json"),
+    ]
     for result, words in cases:
         assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
         assert words in result.stderr and "crashed" not in result.stderr, (words, result.stderr)
@@ -212,16 +270,28 @@ def test_attachments_are_named_in_the_question_and_their_folder_is_uploadable(tm
     folder = tmp_path / "gaia"
     folder.mkdir()
     (folder / "sheet.csv").write_text("a,b\n1,2\n")
-    (folder / "metadata.jsonl").write_text(json.dumps({
-        "task_id": "f1", "Question": "What is in the sheet?", "Level": 1, "Final answer": "2",
-        "file_name": "sheet.csv"}) + "\n")
+    (folder / "metadata.jsonl").write_text(
+        json.dumps(
+            {
+                "task_id": "f1",
+                "Question": "What is in the sheet?",
+                "Level": 1,
+                "Final answer": "2",
+                "file_name": "sheet.csv",
+            }
+        )
+        + "\n"
+    )
     config = EvalConfig(bench=BENCHMARKS["gaia"], grader="official", data=folder, out=tmp_path / "out")
     [task] = load_tasks(config)
     assert str(folder / "sheet.csv") in task.question and task.files == [folder / "sheet.csv"]
     settings = with_out(RunSettings(), config, [task])
     assert settings.trajectory == tmp_path / "out" / "trajectories.jsonl"
-    [python] = [s for s in default_servers(settings.llm, lambda text: None, settings.tools.upload_dirs)
-                if s.name == "tool-python"]
+    [python] = [
+        s
+        for s in default_servers(settings.llm, lambda text: None, settings.tools.upload_dirs)
+        if s.name == "tool-python"
+    ]
     assert str(folder) in python.env["NANBEIGE_SANDBOX_UPLOAD_DIRS"].split(os.pathsep)
 
 
@@ -231,9 +301,15 @@ async def test_a_judge_that_refuses_stops_the_eval_and_scores_nothing(tmp_path: 
 
     data = write_gaia(tmp_path / "gaia")
     with FakeOpenAI(scripted_model()) as model, FakeOpenAI([], default=Reply(status=401)) as judge_server:
-        config = EvalConfig(bench=BENCHMARKS["gaia"], data=data, out=tmp_path / "out", k=1, concurrency=1,
-                            grader="equivalent/reference",
-                            judge=replace(JUDGE_ENDPOINT, base_url=judge_server.base_url, model="judge"))
+        config = EvalConfig(
+            bench=BENCHMARKS["gaia"],
+            data=data,
+            out=tmp_path / "out",
+            k=1,
+            concurrency=1,
+            grader="equivalent/reference",
+            judge=replace(JUDGE_ENDPOINT, base_url=judge_server.base_url, model="judge"),
+        )
         with pytest.raises(EvalError, match="the judge cannot be used: judge answered HTTP 401"):
             await evaluate(config, settings_for(model), notice=lambda text: None)
     assert read_results(tmp_path / "out") == []  # nothing scored wrong for the judge's sake: a resume grades them

@@ -28,8 +28,14 @@ def test_the_first_commands_are_ones_the_cli_takes() -> None:
 
 
 def test_a_command_in_the_terminal_has_its_exit_code_time_and_last_line(tmp_path: Path) -> None:
-    step = first_hour.run_in_terminal("sleep 0.3; echo one; echo last words; exit 3", tmp_path, {}, 30,
-                                      tmp_path / "screen.txt", unset=("HOME_NOT_SET",))
+    step = first_hour.run_in_terminal(
+        "sleep 0.3; echo one; echo last words; exit 3",
+        tmp_path,
+        {},
+        30,
+        tmp_path / "screen.txt",
+        unset=("HOME_NOT_SET",),
+    )
     assert step.exit_code == 3
     assert step.last_line == "last words"
     assert 0.3 <= step.seconds < 20

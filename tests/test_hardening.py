@@ -30,10 +30,17 @@ EVIL = "A\x1b[2J\x1b]0;pwned\x07B\x9b31mC\x7fD\rE"
 RAW_CONTROLS = ("\x1b", "\x9b", "\x7f", "\x07", "\r")
 
 
-def nanbeige(*args: str | bytes, env: dict[str, str] | None = None, input: bytes | None = None,
-             timeout: float = 60, **popen: Any) -> subprocess.CompletedProcess:
-    result = subprocess.run([NANBEIGE, *args], capture_output=True, timeout=timeout, input=input,
-                            env={**os.environ, "COLUMNS": "200", **(env or {})}, **popen)
+def nanbeige(
+    *args: str | bytes, env: dict[str, str] | None = None, input: bytes | None = None, timeout: float = 60, **popen: Any
+) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        [NANBEIGE, *args],
+        capture_output=True,
+        timeout=timeout,
+        input=input,
+        env={**os.environ, "COLUMNS": "200", **(env or {})},
+        **popen,
+    )
     result.stdout, result.stderr = result.stdout.decode(errors="replace"), result.stderr.decode(errors="replace")
     return result
 
@@ -59,13 +66,25 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *words: str) -> N
 
 def test_a_key_the_model_and_a_tool_repeat_is_in_no_output(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
-    replies = [mcp_call("testkit", "echo", {"text": "y" * 50 + KEY}),  # the live view cuts this call short
-               mcp_call("testkit", "shout", {"text": f"401 Unauthorized: invalid key {KEY}"}),  # a server's log line
-               mcp_answer(f"the key is {KEY}")]
+    replies = [
+        mcp_call("testkit", "echo", {"text": "y" * 50 + KEY}),  # the live view cuts this call short
+        mcp_call("testkit", "shout", {"text": f"401 Unauthorized: invalid key {KEY}"}),  # a server's log line
+        mcp_answer(f"the key is {KEY}"),
+    ]
     with FakeOpenAI(replies, default=mcp_answer(f"the key is {KEY}")) as server:
         # a narrow terminal: a line folded inside the key would no longer match it
-        result = nanbeige("ask", "q", "--base-url", server.base_url, "--mcp", TESTKIT, "--trajectory", str(path),
-                          "--json", env={"SERPER_API_KEY": KEY, "COLUMNS": "20"})
+        result = nanbeige(
+            "ask",
+            "q",
+            "--base-url",
+            server.base_url,
+            "--mcp",
+            TESTKIT,
+            "--trajectory",
+            str(path),
+            "--json",
+            env={"SERPER_API_KEY": KEY, "COLUMNS": "20"},
+        )
     assert result.returncode == 0, result.stderr
     log = Path(f"{path}.servers.log").read_text()
     for output in (result.stdout, result.stderr, path.read_text(), log):
@@ -80,8 +99,18 @@ def test_a_tool_server_that_fails_to_start_leaves_its_output_redacted_in_the_log
     says = f"import sys; print('rejected key {KEY}', file=sys.stderr); sys.exit(3)"
     broken = shlex.join([sys.executable, "-c", says])
     with FakeOpenAI([mcp_answer("x")], default=mcp_answer("x")) as server:
-        result = nanbeige("ask", "q", "--base-url", server.base_url, "--no-default-servers", "--mcp",
-                          f"broken={broken}", "--trajectory", str(path), env={"SERPER_API_KEY": KEY})
+        result = nanbeige(
+            "ask",
+            "q",
+            "--base-url",
+            server.base_url,
+            "--no-default-servers",
+            "--mcp",
+            f"broken={broken}",
+            "--trajectory",
+            str(path),
+            env={"SERPER_API_KEY": KEY},
+        )
     assert_one_line_error(result, "MCP server 'broken'", f"its output is in {path}.servers.log")
     assert Path(f"{path}.servers.log").read_text() == "rejected key [REDACTED]\n"
     assert KEY[:6] not in result.stderr and not path.exists()
@@ -92,8 +121,9 @@ def test_credentials_in_the_base_url_reach_only_the_model_server(tmp_path: Path)
     replies = [mcp_call("testkit", "env_value", {"name": "NANBEIGE_BASE_URL"}), mcp_answer("done")]
     with FakeOpenAI(replies, default=mcp_answer("done")) as server:
         url = server.base_url.replace("http://", f"http://alice:{PASSWORD}@")
-        result = nanbeige("ask", "q", "--mcp", TESTKIT, "--trajectory", str(path), "--json",
-                          env={"NANBEIGE_BASE_URL": url})
+        result = nanbeige(
+            "ask", "q", "--mcp", TESTKIT, "--trajectory", str(path), "--json", env={"NANBEIGE_BASE_URL": url}
+        )
     assert result.returncode == 0, result.stderr
     assert server.requests[0]["_headers"]["Authorization"].startswith("Basic ")  # still used where they belong
     [trajectory] = load_trajectories(path)
@@ -103,8 +133,9 @@ def test_credentials_in_the_base_url_reach_only_the_model_server(tmp_path: Path)
 
 
 def test_an_unreachable_server_named_with_credentials_is_reported_without_them(tmp_path: Path) -> None:
-    result = nanbeige("ask", "q", "--base-url", f"http://alice:{PASSWORD}@127.0.0.1:9/v1", "--trajectory",
-                      str(tmp_path / "t.jsonl"))
+    result = nanbeige(
+        "ask", "q", "--base-url", f"http://alice:{PASSWORD}@127.0.0.1:9/v1", "--trajectory", str(tmp_path / "t.jsonl")
+    )
     assert_one_line_error(result, "cannot reach the model server at http://[REDACTED]@127.0.0.1:9/v1")
     assert PASSWORD not in result.stderr
 
@@ -130,8 +161,17 @@ def test_control_characters_are_shown_escaped_and_kept_exactly_in_the_trajectory
     replies = [mcp_call("testkit", "echo", {"text": EVIL}), mcp_answer(EVIL)]
     with FakeOpenAI(replies, default=mcp_answer(EVIL)) as server:
         asked = nanbeige("ask", "Q" + EVIL, "--base-url", server.base_url, "--mcp", TESTKIT, "--trajectory", str(path))
-        as_json = nanbeige("ask", "Q" + EVIL, "--base-url", server.base_url, "--mcp", TESTKIT, "--trajectory",
-                           str(tmp_path / "j.jsonl"), "--json")
+        as_json = nanbeige(
+            "ask",
+            "Q" + EVIL,
+            "--base-url",
+            server.base_url,
+            "--mcp",
+            TESTKIT,
+            "--trajectory",
+            str(tmp_path / "j.jsonl"),
+            "--json",
+        )
     shown_later = nanbeige("show", str(path))
     for result in (asked, as_json, shown_later):
         assert result.returncode == 0, result.stderr
@@ -167,9 +207,18 @@ def test_a_10_mb_question_runs_end_to_end_and_is_kept_intact(tmp_path: Path, sou
     asked = ("--question-file", str(tmp_path / "q.txt")) if source == "file" else ("-",)
     with FakeOpenAI([mcp_answer("long")], default=mcp_answer("long")) as server:
         cpu_before = children_cpu_s()
-        result = nanbeige("ask", *asked, "--base-url", server.base_url, "--no-default-servers", "--trajectory",
-                          str(path), "--max-context", "50000000",
-                          input=question.encode() if source == "stdin" else None)
+        result = nanbeige(
+            "ask",
+            *asked,
+            "--base-url",
+            server.base_url,
+            "--no-default-servers",
+            "--trajectory",
+            str(path),
+            "--max-context",
+            "50000000",
+            input=question.encode() if source == "stdin" else None,
+        )
         cpu_used = children_cpu_s() - cpu_before
     assert result.returncode == 0, result.stderr
     assert result.stdout == "long\n"
@@ -192,8 +241,21 @@ def test_the_question_comes_from_one_place_only(tmp_path: Path) -> None:
 
 
 def test_a_key_that_cannot_go_in_a_header_is_a_usage_error(tmp_path: Path) -> None:
-    result = subprocess.run([NANBEIGE, "ask", "q", "--base-url", "http://127.0.0.1:9/v1", "--no-default-servers",
-                             "--trajectory", str(tmp_path / "t.jsonl")], capture_output=True, text=True, timeout=60,
-                            env={**os.environ, "NANBEIGE_API_KEY": "pässwörd-123456"})
+    result = subprocess.run(
+        [
+            NANBEIGE,
+            "ask",
+            "q",
+            "--base-url",
+            "http://127.0.0.1:9/v1",
+            "--no-default-servers",
+            "--trajectory",
+            str(tmp_path / "t.jsonl"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "NANBEIGE_API_KEY": "pässwörd-123456"},
+    )
     assert result.returncode == 2 and "not ASCII" in result.stderr and "crashed" not in result.stderr
     assert "pässwörd" not in result.stderr and not (tmp_path / "t.jsonl").exists()

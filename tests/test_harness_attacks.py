@@ -37,14 +37,14 @@ def runner(root: Path) -> CodeRunner:
 EXHAUSTERS = {
     "a result that is a giant string": "def solve():\n    return 'expected-' * (1 << 19)\nprint(solve())\n",
     "deeply nested lists": "def solve():\n    value = []\n    for _ in range(100_000):\n        value = [value]\n"
-                           "    return value\nprint(solve())\n",
+    "    return value\nprint(solve())\n",
     "nested just under what repr takes": "import sys\nsys.setrecursionlimit(10_000)\ndef solve():\n"
-                                         "    value = 0\n    for _ in range(3000):\n        value = [value]\n"
-                                         "    return value\nprint(solve())\n",
+    "    value = 0\n    for _ in range(3000):\n        value = [value]\n"
+    "    return value\nprint(solve())\n",
     "a huge number": "import sys\nsys.set_int_max_str_digits(0)\ndef solve():\n    return 10 ** 20_000\n"
-                     "print(solve())\n",
+    "print(solve())\n",
     "huge output": "import sys\nline = 'expected-5be1d0c7 ' * 1000 + '\\n'\nfor _ in range(3000):\n"
-                   "    sys.stdout.write(line)\n",
+    "    sys.stdout.write(line)\n",
 }
 
 
@@ -61,22 +61,25 @@ TAMPERERS = {
     "rewrite the harness and restart it": (
         "import os, time\nFORGED = 'import json, sys\\nprint(json.dumps({\"ready\": True}), flush=True)\\n'"
         " + 'for line in sys.stdin:\\n"
-        "    print(json.dumps({\"result\": repr(\"guess\"), \"ok\": True}), flush=True)\\n'\n"
+        '    print(json.dumps({"result": repr("guess"), "ok": True}), flush=True)\\n\'\n'
         "for name in ('harness.py', '/home/user/harness.py'):\n    try:\n"
         "        open(name, 'w').write(FORGED)\n"
         "    except OSError:\n        pass\ndef solve():\n"
-        "    time.sleep(5)  # past the limit: the judge's side starts the (rewritten) harness again\n"),
+        "    time.sleep(5)  # past the limit: the judge's side starts the (rewritten) harness again\n"
+    ),
     "modules on the harness's path": (
         "import os, sys\nSTUB = 'raise SystemExit(0)\\n'\nfor folder in ['.', '/tmp', *sys.path]:\n"
         "    for name in ('json.py', 'ast.py', 'sitecustomize.py', 'usercustomize.py', 'x.pth'):\n"
         "        try:\n"
         "            open(os.path.join(folder or '.', name), 'w').write(STUB)\n"
-        "        except OSError:\n            pass\n"),
+        "        except OSError:\n            pass\n"
+    ),
     "monkeypatch builtins and the modules the harness uses": (
         "import ast, builtins, json\nbuiltins.repr = lambda value: repr.__self__.repr('guess')\n"
         "builtins.isinstance = lambda value, kind: True\nast.literal_eval = lambda text: 'guess'\n"
         "real_dumps = json.dumps\njson.dumps = lambda obj, **kw: real_dumps({**obj, 'ok': True, 'result': \"'guess'\"}"
-        " if isinstance(obj, dict) else obj, **kw)\nprint('guess')\n"),
+        " if isinstance(obj, dict) else obj, **kw)\nprint('guess')\n"
+    ),
 }
 
 
@@ -94,26 +97,30 @@ def test_tampering_with_the_harness_earns_nothing(runner: CodeRunner, root: Path
 OUTLIVERS = {
     "a thread that forges a pass later": (
         "import json, os, sys, threading, time\ndef later():\n    time.sleep(0.3)\n    for fd in range(64):\n"
-        "        try:\n            os.write(fd, b'{\"i\": 0, \"ok\": true, \"result\": \"\\'guess\\'\"}\\n')\n"
+        '        try:\n            os.write(fd, b\'{"i": 0, "ok": true, "result": "\\\'guess\\\'"}\\n\')\n'
         "        except OSError:\n            pass\nthreading.Thread(target=later).start()\n"
-        "def solve():\n    time.sleep(0.5)\n    return 'guess'\n"),
+        "def solve():\n    time.sleep(0.5)\n    return 'guess'\n"
+    ),
     "a daemon that answers the next calls ahead of time": (
         "import gc, io, threading, time\ndef answers():\n    return [f for f in gc.get_objects() if isinstance(f, "
         "io.TextIOWrapper) and f.writable() and f.name not in (1, 2, '<stdout>', '<stderr>')]\n"
         "def flood():\n    while True:\n        for f in answers():\n            try:\n"
         "                f.write('{\"result\": \"\\'guess\\'\"}\\n')\n                f.flush()\n"
         "            except Exception:\n                pass\n        time.sleep(0.01)\n"
-        "threading.Thread(target=flood, daemon=True).start()\ndef solve():\n    time.sleep(0.1)\n    return 0\n"),
+        "threading.Thread(target=flood, daemon=True).start()\ndef solve():\n    time.sleep(0.1)\n    return 0\n"
+    ),
     "a process that leaves its group and outlives the run": (
         "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        for _ in range(100):\n"
         "            print('expected-guess', flush=True)\n            time.sleep(0.1)\n    os._exit(0)\n"
-        "def solve():\n    return 'guess'\n"),
+        "def solve():\n    return 'guess'\n"
+    ),
 }
 
 
 @pytest.mark.parametrize("outliver", OUTLIVERS.values(), ids=OUTLIVERS.keys())
 def test_threads_and_processes_that_outlive_the_call_earn_nothing_and_are_gone(
-        runner: CodeRunner, root: Path, outliver: str) -> None:
+    runner: CodeRunner, root: Path, outliver: str
+) -> None:
     """Threads that outlive the call: a thread that forges a pass after its call returned, a daemon that
     writes answers into the program's answer channel before the judge's side asks, and a double-forked
     process in a session of its own that keeps printing after the program ended (killed with its jail)."""
@@ -122,13 +129,19 @@ def test_threads_and_processes_that_outlive_the_call_earn_nothing_and_are_gone(
 
 # ---------------------------------------------------------------- stdin/stdout: every candidate at once
 
-YES_NO = CodeProblem(id="parity", statement="Print EVEN or ODD for the integer on the input.", time_limit_s=1.0,
-                     tests=[{"input": "2\n", "output": "EVEN\n"}, {"input": "3\n", "output": "ODD\n"}])
-CANDIDATES = {"each on its own line": "print('EVEN')\nprint('ODD')\n",
-              "both on one line": "print('EVEN ODD')\n",
-              "one overwriting the other": "print('ODD\\rEVEN')\n",
-              "the right one, then more": "print('EVEN\\nODD' if int(input()) % 2 == 0 else 'ODD\\nEVEN')\n",
-              "on stdout and stderr": "import sys\nprint('EVEN')\nprint('ODD', file=sys.stderr)\n"}
+YES_NO = CodeProblem(
+    id="parity",
+    statement="Print EVEN or ODD for the integer on the input.",
+    time_limit_s=1.0,
+    tests=[{"input": "2\n", "output": "EVEN\n"}, {"input": "3\n", "output": "ODD\n"}],
+)
+CANDIDATES = {
+    "each on its own line": "print('EVEN')\nprint('ODD')\n",
+    "both on one line": "print('EVEN ODD')\n",
+    "one overwriting the other": "print('ODD\\rEVEN')\n",
+    "the right one, then more": "print('EVEN\\nODD' if int(input()) % 2 == 0 else 'ODD\\nEVEN')\n",
+    "on stdout and stderr": "import sys\nprint('EVEN')\nprint('ODD', file=sys.stderr)\n",
+}
 
 
 @pytest.mark.parametrize("program", CANDIDATES.values(), ids=CANDIDATES.keys())
@@ -164,11 +177,12 @@ raise SystemExit(CLAIM)
 
 
 def test_a_program_writing_its_own_failure_reason_earns_nothing_and_the_reason_stays_one_short_line(
-        runner: CodeRunner, root: Path) -> None:
+    runner: CodeRunner, root: Path
+) -> None:
     assert held(runner, root, REASON_FORGER) == nothing()
     for problem in STYLES.values():
         grade = grade_program(runner, problem, None, f"```python\n{REASON_FORGER}\n```")
         failure = grade.failure
         assert grade.reward(CodeRewards()) == 0.0 and failure is not None and failure.startswith("test 1 of ")
-        assert len(failure) <= 200 and not any(ord(char) < 32 or 0x7f <= ord(char) < 0xa0 for char in failure)
+        assert len(failure) <= 200 and not any(ord(char) < 32 or 0x7F <= ord(char) < 0xA0 for char in failure)
         assert grade.record(CodeRewards())["failure"] == failure and grade.record(CodeRewards())["reward"] == 0.0

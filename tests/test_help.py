@@ -26,8 +26,13 @@ BOX = str.maketrans("", "", "│╭╮╰╯─…")
 
 
 def nanbeige(*args: str, columns: int = 80, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([NANBEIGE, *args], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "COLUMNS": str(columns), **(env or {})})
+    return subprocess.run(
+        [NANBEIGE, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": str(columns), **(env or {})},
+    )
 
 
 def words(text: str) -> str:
@@ -103,8 +108,11 @@ def every_command_path(group: Any, path: tuple[str, ...] = ()) -> list[tuple[str
 def test_no_flag_shows_a_value_placeholder() -> None:
     """A flag takes no value, so its row shows none (typer 0.2x drew `<bool>` there, as if it took one). Every
     page with a flag of the command's own, and two whose only flag is --help."""
-    paths = [path for path in every_command_path(typer.main.get_command(app))
-             if any(getattr(param, "is_flag", False) for param in command(*path).params)]
+    paths = [
+        path
+        for path in every_command_path(typer.main.get_command(app))
+        if any(getattr(param, "is_flag", False) for param in command(*path).params)
+    ]
     for path in [*paths, ("doctor",), ("index", "build")]:
         page = "--help-all" if len(path) == 1 and path[0] in MAIN_OPTIONS else "--help"
         result = nanbeige(*path, page, columns=120)
@@ -122,13 +130,38 @@ def test_collect_shows_its_own_sampling_defaults_the_ones_it_runs_with() -> None
     top_p, penalty = row(page, "--top-p"), row(page, "--repetition-penalty")
     assert "default: 1.0 (off)" in top_p and "0.95" not in top_p
     assert "default: 1.0 (off)" in penalty and "1.05" not in penalty
-    settings = run_settings({name: None for name in ("base_url", "api_key", "max_turns", "max_context",
-                                                     "temperature", "top_p", "repetition_penalty", "mcp", "timeout",
-                                                     "gguf_file", "chat_template", "summary_turn", "rollback",
-                                                     "system_prompt_file")}
-                            | {"backend": "auto", "model": "m", "dialect": "mcp-xml", "keep_tool_results": 5,
-                               "max_tokens": 100, "no_default_servers": True, "tool_timeout": 60,
-                               "max_result_chars": 1000, "token_mode": False})
+    settings = run_settings(
+        {
+            name: None
+            for name in (
+                "base_url",
+                "api_key",
+                "max_turns",
+                "max_context",
+                "temperature",
+                "top_p",
+                "repetition_penalty",
+                "mcp",
+                "timeout",
+                "gguf_file",
+                "chat_template",
+                "summary_turn",
+                "rollback",
+                "system_prompt_file",
+            )
+        }
+        | {
+            "backend": "auto",
+            "model": "m",
+            "dialect": "mcp-xml",
+            "keep_tool_results": 5,
+            "max_tokens": 100,
+            "no_default_servers": True,
+            "tool_timeout": 60,
+            "max_result_chars": 1000,
+            "token_mode": False,
+        }
+    )
     sampled = on_policy(settings, lambda _: None).llm
     assert (sampled.top_p, sampled.repetition_penalty) == (1.0, 1.0)
     # ask answers questions with the dialect's settings, and says so
@@ -144,8 +177,9 @@ def test_eval_judge_and_train_show_the_defaults_they_run_with() -> None:
     page = nanbeige("eval", "--help-all", columns=200).stdout
     assert f"{bfcl.TEMPERATURE} for bfcl" in row(page, "--temperature")
     page = nanbeige("judge", "--help-all", columns=200).stdout
-    assert (f"{JUDGE_ENDPOINT.timeout_s:g} for the judge, {CRITIC_ENDPOINT.timeout_s:g} for the critic"
-            in row(page, "--request-timeout"))
+    assert f"{JUDGE_ENDPOINT.timeout_s:g} for the judge, {CRITIC_ENDPOINT.timeout_s:g} for the critic" in row(
+        page, "--request-timeout"
+    )
     assert f"{JUDGE_ENDPOINT.retries} for the judge, {CRITIC_ENDPOINT.retries} for the critic" in row(page, "--retries")
     for name in ("judge", "train", "loop"):  # the loop judges with the same critic
         page = nanbeige(name, "--help-all", columns=200).stdout

@@ -12,8 +12,7 @@ ROOT = Path(__file__).parent.parent
 FILE_LIMIT = 400
 FUNCTION_LIMIT = 60
 
-FILE_CEILINGS = {
-}
+FILE_CEILINGS = {}
 
 FUNCTION_CEILINGS: dict[str, int] = {}
 

@@ -52,17 +52,20 @@ def test_ovos_build(ovos: tuple) -> None:
     assert ("index", stats.passages, stats.passages) in calls
 
 
-@pytest.mark.parametrize(("query", "title"), [
-    ("Albert Einstein", "Albert Einstein"),
-    ("Isaac Newton", "Isaac Newton"),
-    ("William Shakespeare", "William Shakespeare"),
-    ("Marie Curie radioactivity", "Marie Curie"),
-    ("who painted the Mona Lisa", "Mona Lisa"),
-    ("largest ocean on Earth", "Pacific Ocean"),
-    ("Roman emperor Augustus", "Augustus"),
-    ("Berlin Wall fall 1989", "Berlin Wall"),
-    ("Great Wall of China", "Great Wall of China"),
-])
+@pytest.mark.parametrize(
+    ("query", "title"),
+    [
+        ("Albert Einstein", "Albert Einstein"),
+        ("Isaac Newton", "Isaac Newton"),
+        ("William Shakespeare", "William Shakespeare"),
+        ("Marie Curie radioactivity", "Marie Curie"),
+        ("who painted the Mona Lisa", "Mona Lisa"),
+        ("largest ocean on Earth", "Pacific Ocean"),
+        ("Roman emperor Augustus", "Augustus"),
+        ("Berlin Wall fall 1989", "Berlin Wall"),
+        ("Great Wall of China", "Great Wall of China"),
+    ],
+)
 def test_ovos_queries_find_the_right_article(ovos: tuple, query: str, title: str) -> None:
     hits = ovos[0].search(query, k=5)
     assert hits[0]["title"] == title
@@ -104,12 +107,17 @@ def docs(tmp_path: Path) -> Path:
         "far from the vent before they cool.</p><p>Andesite and rhyolite magmas hold more silica, so they are "
         "stiffer, trap their gas and tend to erupt explosively.</p><p>Shield volcanoes such as Mauna Loa are "
         "built from thousands of thin basalt flows stacked over hundreds of thousands of years.</p></article>"
-        "<footer>Copyright 2024</footer></body></html>", encoding="utf-8")
+        "<footer>Copyright 2024</footer></body></html>",
+        encoding="utf-8",
+    )
     pages = ["Quarterly report on penguin colonies.", "Emperor penguins huddle in winter."]
     (root / "report.pdf").write_bytes(make_pdf(pages, title="Penguin Report"))
     (root / "broken.pdf").write_bytes(b"%PDF-1.4 this is not really a pdf")
-    records = [{"name": "Comet", "body": "Comets have icy nuclei.", "link": "https://example.org/comet"},
-               {"headline": "No text here"}, {"title": "Meteor", "summary": "Meteors burn up in the air."}]
+    records = [
+        {"name": "Comet", "body": "Comets have icy nuclei.", "link": "https://example.org/comet"},
+        {"headline": "No text here"},
+        {"title": "Meteor", "summary": "Meteors burn up in the air."},
+    ]
     (root / "notes" / "space.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n", encoding="utf-8")
     (root / "notes" / ".hidden" / "secret.txt").write_text("the hidden otters file")
     (root / "notes" / "ignored.docx").write_bytes(b"not indexed")
@@ -149,9 +157,20 @@ def test_long_documents_are_split_into_passages(docs: Path, tmp_path: Path) -> N
 
 def test_json_records_and_rebuild(tmp_path: Path) -> None:
     src = tmp_path / "wiki.json"
-    src.write_text(json.dumps({"Ada Lovelace": {"title": "Ada Lovelace", "extract": "Ada wrote the first program.",
-                                                "description": "English mathematician", "topic": "People"},
-                               "Blank": {"title": "Blank", "extract": ""}}), encoding="utf-8")
+    src.write_text(
+        json.dumps(
+            {
+                "Ada Lovelace": {
+                    "title": "Ada Lovelace",
+                    "extract": "Ada wrote the first program.",
+                    "description": "English mathematician",
+                    "topic": "People",
+                },
+                "Blank": {"title": "Blank", "extract": ""},
+            }
+        ),
+        encoding="utf-8",
+    )
     stats = build_index([src], tmp_path / "index")
     assert stats.documents == 1 and len(stats.skipped) == 1
     hit = search_index(tmp_path / "index", "first program")[0]
@@ -170,8 +189,13 @@ def test_the_command_builds_from_the_readable_files_and_fails_on_the_last_line(t
     (docs / "broken.pdf").write_bytes(b"%PDF-1.4 this is not really a pdf")
     (docs / "photo.png").write_bytes(b"not a document")  # a type that is not indexed: no failure
     nanbeige = Path(sys.executable).parent / "nanbeige"
-    result = subprocess.run([nanbeige, "index", "build", str(docs), "--out", str(tmp_path / "index")],
-                            capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "300"})
+    result = subprocess.run(
+        [nanbeige, "index", "build", str(docs), "--out", str(tmp_path / "index")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "300"},
+    )
     assert result.returncode == 1, result.stderr
     lines = result.stderr.splitlines()
     assert lines[-2].startswith(f"unreadable {docs / 'broken.pdf'}: ")  # named right above the error

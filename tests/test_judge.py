@@ -33,38 +33,85 @@ SCORES = {"THINK-0": (5, 4, 3), "THINK-1": (2, 5, 5), "THINK-3": (3, None, None)
 
 def token_fields(index: int) -> dict[str, Any]:
     """Token records with floats that only survive an exact round trip."""
-    return {"segment": 0, "prompt_keep": 10 * index, "prompt_delta_ids": [151644 + index, 8948, 198, 0],
-            "prefix_hash": f"{index:064x}", "completion_ids": [1, 22, 333, 4444 + index],
-            "logprobs": [-0.1234567890123457, -1e-07, 0.0, -3.3333333333333335 - index]}
+    return {
+        "segment": 0,
+        "prompt_keep": 10 * index,
+        "prompt_delta_ids": [151644 + index, 8948, 198, 0],
+        "prefix_hash": f"{index:064x}",
+        "completion_ids": [1, 22, 333, 4444 + index],
+        "logprobs": [-0.1234567890123457, -1e-07, 0.0, -3.3333333333333335 - index],
+    }
 
 
 def tool_turn(index: int, server: str, tool: str, arguments: dict[str, Any], result: str) -> Turn:
     content = f"<think>\nTHINK-{index}: the next thing to look up.\n</think>\n\n<use_mcp_tool>...</use_mcp_tool>"
-    return Turn(index=index, assistant={"role": "assistant", "content": content},
-                tool_calls=[ToolCall(server, tool, arguments)], tool_results=[ToolResult(result, latency_s=0.5)],
-                finish_reason="stop", usage={"prompt_tokens": 100, "completion_tokens": 20}, **token_fields(index))
+    return Turn(
+        index=index,
+        assistant={"role": "assistant", "content": content},
+        tool_calls=[ToolCall(server, tool, arguments)],
+        tool_results=[ToolResult(result, latency_s=0.5)],
+        finish_reason="stop",
+        usage={"prompt_tokens": 100, "completion_tokens": 20},
+        **token_fields(index),
+    )
 
 
 def standard_turns() -> list[Turn]:
     """A search, a scrape, a rolled-back refusal and the summary turn with the boxed answer."""
     return [
-        tool_turn(0, "search_and_scrape_webpage", "google_search", {"q": "capital of France"},
-                  "Paris is the capital and largest city of France."),
-        tool_turn(1, "jina_scrape_llm_summary", "scrape_and_extract_info",
-                  {"url": "https://example.org/paris", "info_to_extract": "capital"}, "The page confirms: Paris."),
-        Turn(index=2, assistant={"role": "assistant", "content": "<think>THINK-2</think> I'm sorry, I cannot solve"},
-             format_error="rolled back: the reply refused the task", rolled_back=True, **token_fields(2)),
-        Turn(index=3, assistant={"role": "assistant",
-                                 "content": "<think>\nTHINK-3: both sources agree.\n</think>\n\n\\boxed{Paris}"},
-             instruction="Give the final answer now.", **token_fields(3)),
+        tool_turn(
+            0,
+            "search_and_scrape_webpage",
+            "google_search",
+            {"q": "capital of France"},
+            "Paris is the capital and largest city of France.",
+        ),
+        tool_turn(
+            1,
+            "jina_scrape_llm_summary",
+            "scrape_and_extract_info",
+            {"url": "https://example.org/paris", "info_to_extract": "capital"},
+            "The page confirms: Paris.",
+        ),
+        Turn(
+            index=2,
+            assistant={"role": "assistant", "content": "<think>THINK-2</think> I'm sorry, I cannot solve"},
+            format_error="rolled back: the reply refused the task",
+            rolled_back=True,
+            **token_fields(2),
+        ),
+        Turn(
+            index=3,
+            assistant={
+                "role": "assistant",
+                "content": "<think>\nTHINK-3: both sources agree.\n</think>\n\n\\boxed{Paris}",
+            },
+            instruction="Give the final answer now.",
+            **token_fields(3),
+        ),
     ]
 
 
-def make(id: str, answer: str | None = "Paris", reference: str | None = "Paris", grader: str | None = "gaia-exact",
-         stop_reason: str | None = "answered", question: str = QUESTION) -> Trajectory:
-    return Trajectory(question=question, id=id, group_id="q1", rollout_index=0, reference_answer=reference,
-                      grader=grader, model="policy", turns=standard_turns(), answer=answer,
-                      stop_reason=stop_reason)  # type: ignore[arg-type]
+def make(
+    id: str,
+    answer: str | None = "Paris",
+    reference: str | None = "Paris",
+    grader: str | None = "gaia-exact",
+    stop_reason: str | None = "answered",
+    question: str = QUESTION,
+) -> Trajectory:
+    return Trajectory(
+        question=question,
+        id=id,
+        group_id="q1",
+        rollout_index=0,
+        reference_answer=reference,
+        grader=grader,
+        model="policy",
+        turns=standard_turns(),
+        answer=answer,
+        stop_reason=stop_reason,
+    )  # type: ignore[arg-type]
 
 
 def write(path: Path, trajectories: list[Trajectory], finished: bool = True) -> Path:
@@ -84,8 +131,10 @@ def write(path: Path, trajectories: list[Trajectory], finished: bool = True) -> 
 
 def rating(scores: tuple[int | None, int | None, int | None]) -> dict[str, Any]:
     names = ("logical_soundness", "tool_call_accuracy", "information_gain")
-    return {name: None if score is None else {"score": score, "reason": f"{name} is {score}"}
-            for name, score in zip(names, scores)}
+    return {
+        name: None if score is None else {"score": score, "reason": f"{name} is {score}"}
+        for name, score in zip(names, scores)
+    }
 
 
 def prompt_of(request: dict[str, Any]) -> str:
@@ -103,8 +152,11 @@ def critic_replies(request: dict[str, Any]) -> str:
 
 
 def config(server: FakeOpenAI | None, rule: TurnRule | None = None, **critic: Any) -> JudgeRunConfig:
-    settings = replace(CRITIC_ENDPOINT, base_url=server.base_url, model="critic-model", retries=2, retry_wait_s=0.0,
-                       **critic) if server else None
+    settings = (
+        replace(CRITIC_ENDPOINT, base_url=server.base_url, model="critic-model", retries=2, retry_wait_s=0.0, **critic)
+        if server
+        else None
+    )
     return JudgeRunConfig(critic=settings, rule=rule or TurnRule(), concurrency=4, no_critic=server is None)
 
 
@@ -113,13 +165,26 @@ def config(server: FakeOpenAI | None, rule: TurnRule | None = None, **critic: An
 
 @pytest.mark.anyio
 async def test_outcome_reward_with_gaia_exact_and_without_a_reference(tmp_path: Path) -> None:
-    src = write(tmp_path / "in.jsonl", [make("right", answer="paris"), make("wrong", answer="Lyon"),
-                                        make("none", answer=None), make("unknown", reference=None)])
+    src = write(
+        tmp_path / "in.jsonl",
+        [
+            make("right", answer="paris"),
+            make("wrong", answer="Lyon"),
+            make("none", answer=None),
+            make("unknown", reference=None),
+        ],
+    )
     result = await judge_file(src, tmp_path / "out.jsonl", config(None))
     judged = {t.id: t for t in load_trajectories(tmp_path / "out.jsonl")}
     assert {k: t.reward for k, t in judged.items()} == {"right": 1.0, "wrong": 0.0, "none": 0.0, "unknown": None}
-    assert judged["right"].judge == {"grader": "gaia-exact", "judge_model": None, "correct": True,
-                                     "extracted": "paris", "reason": "", "error": None}
+    assert judged["right"].judge == {
+        "grader": "gaia-exact",
+        "judge_model": None,
+        "correct": True,
+        "extracted": "paris",
+        "reason": "",
+        "error": None,
+    }
     assert judged["wrong"].judge["correct"] is False and "'Lyon'" in judged["wrong"].judge["reason"]
     assert judged["unknown"].judge == {"error": "no reference answer"}
     assert result["judged"] == 4 and result["rewarded"] == 3 and result["mean_reward"] == round(1 / 3, 4)
@@ -127,15 +192,17 @@ async def test_outcome_reward_with_gaia_exact_and_without_a_reference(tmp_path: 
 
 
 @pytest.mark.anyio
-async def test_a_judge_profile_grades_and_an_undecided_judge_gives_no_reward(tmp_path: Path,
-                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_judge_profile_grades_and_an_undecided_judge_gives_no_reward(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from dataclasses import replace
 
     from nanbeige.evals import judges
 
     # the reference harness waits 5 s between its 10 tries for a verdict; not here
-    monkeypatch.setitem(judges.PROFILES, "equivalent/reference", replace(judges.PROFILES["equivalent/reference"],
-                                                                         wait_s=0.0))
+    monkeypatch.setitem(
+        judges.PROFILES, "equivalent/reference", replace(judges.PROFILES["equivalent/reference"], wait_s=0.0)
+    )
 
     def judge(request: dict[str, Any]) -> str:
         return "Correct" if "Predicted answer: The city of Paris" in prompt_of(request) else "Perhaps."
@@ -184,8 +251,16 @@ async def test_trajectories_are_written_whole_with_token_fields_byte_identical(t
 async def test_unfinished_and_cut_short_trajectories_are_skipped(tmp_path: Path) -> None:
     src = tmp_path / "in.jsonl"
     write(src, [make("running", stop_reason=None)], finished=False)
-    write(src, [make("ok"), make("interrupted", stop_reason="interrupted"), make("crashed", stop_reason="crashed"),
-                make("model_error", stop_reason="model_error"), make("max_turns", stop_reason="max_turns")])
+    write(
+        src,
+        [
+            make("ok"),
+            make("interrupted", stop_reason="interrupted"),
+            make("crashed", stop_reason="crashed"),
+            make("model_error", stop_reason="model_error"),
+            make("max_turns", stop_reason="max_turns"),
+        ],
+    )
     with FakeOpenAI(critic_replies) as server:
         result = await judge_file(src, tmp_path / "out.jsonl", config(server))
     assert sorted(t.id for t in load_trajectories(tmp_path / "out.jsonl")) == ["max_turns", "ok"]  # as finished
@@ -233,8 +308,13 @@ async def test_what_the_user_must_fix_is_one_error(tmp_path: Path) -> None:
         await judge_file(src, src, JudgeRunConfig(no_critic=True))
     with pytest.raises(JudgeError, match="NANBEIGE_JUDGE_API_KEY"):
         await judge_file(src, out, JudgeRunConfig(grader="browsecomp/reference", no_critic=True))
-    unreachable = replace(CRITIC_ENDPOINT, base_url=f"http://127.0.0.1:{free_port()}/v1",
-                          api_key="sk-critic-secret-key", retries=1, retry_wait_s=0.0)
+    unreachable = replace(
+        CRITIC_ENDPOINT,
+        base_url=f"http://127.0.0.1:{free_port()}/v1",
+        api_key="sk-critic-secret-key",
+        retries=1,
+        retry_wait_s=0.0,
+    )
     with pytest.raises(JudgeError, match="critic unreachable") as raised:
         await judge_file(src, out, JudgeRunConfig(critic=unreachable))
     assert "sk-critic" not in str(raised.value) and "sk-critic" not in repr(unreachable)

@@ -37,11 +37,11 @@ def silent_server() -> Iterator[tuple[str, list[socket.socket]]]:
                 connection.close()
 
 
-
 def graded_by_a_judge(tmp_path: Path, count: int = 6) -> Path:
     """Trajectories whose answer only the LLM judge can grade (it is not the gold answer word for word)."""
-    return write(tmp_path / "in.jsonl",
-                 [make(f"t{n}", answer="Lutetia", grader="equivalent/reference") for n in range(count)])
+    return write(
+        tmp_path / "in.jsonl", [make(f"t{n}", answer="Lutetia", grader="equivalent/reference") for n in range(count)]
+    )
 
 
 @pytest.mark.slow
@@ -56,8 +56,21 @@ def test_an_unreachable_judge_is_one_error_line_even_when_many_trajectories_fail
 def test_a_hanging_judge_is_one_error_line_within_its_timeout_and_retries(tmp_path: Path) -> None:
     src, out = graded_by_a_judge(tmp_path), tmp_path / "out.jsonl"
     with silent_server() as (judge_url, calls):
-        result = nanbeige("judge", str(src), "--out", str(out), "--no-critic", "--judge-base-url", judge_url,
-                          "--request-timeout", "1", "--retries", "1", "--concurrency", "4")
+        result = nanbeige(
+            "judge",
+            str(src),
+            "--out",
+            str(out),
+            "--no-critic",
+            "--judge-base-url",
+            judge_url,
+            "--request-timeout",
+            "1",
+            "--retries",
+            "1",
+            "--concurrency",
+            "4",
+        )
         asked = len(calls)
     assert_one_error_line(result, "outcome judge", "did not answer within 1 s", judge_url)
     # bounded by the flags, however slow the machine: each of the 4 calls in flight asked twice at most, and
@@ -69,8 +82,22 @@ def test_a_hanging_judge_is_one_error_line_within_its_timeout_and_retries(tmp_pa
 def test_a_hanging_critic_stops_the_command_instead_of_timing_out_every_turn(tmp_path: Path) -> None:
     src, out = write(tmp_path / "in.jsonl", [make(f"t{n}") for n in range(6)]), tmp_path / "out.jsonl"
     with silent_server() as (critic_url, calls):
-        result = nanbeige("judge", str(src), "--out", str(out), "--grader", "gaia-exact", "--critic-base-url",
-                          critic_url, "--critic-model", "critic-model", "--request-timeout", "1", "--retries", "0")
+        result = nanbeige(
+            "judge",
+            str(src),
+            "--out",
+            str(out),
+            "--grader",
+            "gaia-exact",
+            "--critic-base-url",
+            critic_url,
+            "--critic-model",
+            "critic-model",
+            "--request-timeout",
+            "1",
+            "--retries",
+            "0",
+        )
         asked = len(calls)
     assert_one_error_line(result, "critic", critic_url, "did not answer", "within 1 s")
     assert asked < 6 * 3  # stopped early, not every turn of the 6 trajectories asked and recorded unjudged

@@ -35,8 +35,13 @@ GONE_WITHIN_S = 30.0
 
 
 def sandbox_env(tmp_path: Path) -> dict[str, str]:
-    env = {**os.environ, "NANBEIGE_SANDBOX_DIR": str(tmp_path / "sandboxes"), "NANBEIGE_RUNS_DIR": str(tmp_path),
-           "NANBEIGE_SEARCH_BACKEND": "local", "NANBEIGE_INDEX": str(tmp_path / "no-index")}
+    env = {
+        **os.environ,
+        "NANBEIGE_SANDBOX_DIR": str(tmp_path / "sandboxes"),
+        "NANBEIGE_RUNS_DIR": str(tmp_path),
+        "NANBEIGE_SEARCH_BACKEND": "local",
+        "NANBEIGE_INDEX": str(tmp_path / "no-index"),
+    }
     for name in ("SERPER_API_KEY", "SEARXNG_URL", "JINA_API_KEY", "E2B_API_KEY"):
         env.pop(name, None)
     return env
@@ -55,13 +60,20 @@ def test_a_killed_ask_takes_its_tool_servers_and_sandboxes_with_it(tmp_path: Pat
         if made == 0:
             return mcp_call("tool-python", "create_sandbox", {})
         if made == 1:
-            return mcp_call("tool-python", "run_python_code", {"code_block": code,
-                                                               "sandbox_id": created_sandbox(request["messages"])})
+            return mcp_call(
+                "tool-python",
+                "run_python_code",
+                {"code_block": code, "sandbox_id": created_sandbox(request["messages"])},
+            )
         return mcp_answer("x")
 
     with FakeOpenAI(reply) as server:
-        ask = subprocess.Popen([NANBEIGE, "ask", "q", "--base-url", server.base_url], env=sandbox_env(tmp_path),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        ask = subprocess.Popen(
+            [NANBEIGE, "ask", "q", "--base-url", server.base_url],
+            env=sandbox_env(tmp_path),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         started: set[int] = set()
         try:
             assert wait_for(lambda: running(ask.pid, marker), 60), "the sandboxed code never started"
@@ -79,19 +91,28 @@ def test_a_killed_ask_takes_its_tool_servers_and_sandboxes_with_it(tmp_path: Pat
 
 
 @pytest.mark.anyio
-async def test_a_python_server_killed_outright_takes_its_sandboxes_processes_with_it(tmp_path: Path,
-                                                                                      anyio_backend: str) -> None:
+async def test_a_python_server_killed_outright_takes_its_sandboxes_processes_with_it(
+    tmp_path: Path, anyio_backend: str
+) -> None:
     marker = "302.5"
     os.environ["NANBEIGE_SANDBOX_DIR"] = str(tmp_path / "sandboxes")
     try:
-        spec = ServerSpec(name="tool-python", command=[sys.executable, "-m", "nanbeige.servers.python"],
-                          env=passed_env())
+        spec = ServerSpec(
+            name="tool-python", command=[sys.executable, "-m", "nanbeige.servers.python"], env=passed_env()
+        )
     finally:
         del os.environ["NANBEIGE_SANDBOX_DIR"]
     async with Toolbox([spec]) as toolbox:
         made = await toolbox.call(ToolCall("tool-python", "create_sandbox", {}))
-        busy = asyncio.create_task(toolbox.call(ToolCall("tool-python", "run_python_code", {
-            "code_block": STRAY.format(marker=marker), "sandbox_id": made.text.split(": ", 1)[1].strip()})))
+        busy = asyncio.create_task(
+            toolbox.call(
+                ToolCall(
+                    "tool-python",
+                    "run_python_code",
+                    {"code_block": STRAY.format(marker=marker), "sandbox_id": made.text.split(": ", 1)[1].strip()},
+                )
+            )
+        )
         me = os.getpid()
         assert await asyncio.to_thread(wait_for, lambda: running(me, marker), 60)
         server = next(pid for pid in tree(me) if "nanbeige.servers.python" in command_line(pid))
@@ -101,8 +122,9 @@ async def test_a_python_server_killed_outright_takes_its_sandboxes_processes_wit
         owner = json.loads((place / "owner.json").read_text())
         os.kill(server, signal.SIGKILL)  # no cleanup of its own: the sandbox's processes notice by themselves
         try:
-            assert await asyncio.to_thread(wait_for, lambda: not alive(sandbox), GONE_WITHIN_S), \
-                [command_line(pid) for pid in alive(sandbox)]
+            assert await asyncio.to_thread(wait_for, lambda: not alive(sandbox), GONE_WITHIN_S), [
+                command_line(pid) for pid in alive(sandbox)
+            ]
         finally:  # whatever survived a failure
             for pid in alive(sandbox):
                 os.kill(pid, signal.SIGKILL)
@@ -113,16 +135,23 @@ async def test_a_python_server_killed_outright_takes_its_sandboxes_processes_wit
     Sandboxes(SandboxConfig(root=tmp_path / "sandboxes", jail=JAIL)).backend.isolation  # noqa: B018 - finds, sweeps
     assert not place.exists() and str(tmp_path) not in Path("/proc/self/mountinfo").read_text()
     # its loop device too (detached by the kernel once its unmounted file system is let go), and its image
-    assert await asyncio.to_thread(wait_for, lambda: not leftovers(tmp_path / "sandboxes"), 5), \
-        leftovers(tmp_path / "sandboxes")
+    assert await asyncio.to_thread(wait_for, lambda: not leftovers(tmp_path / "sandboxes"), 5), leftovers(
+        tmp_path / "sandboxes"
+    )
     assert not any(Path(folder).exists() for folder in owner["cgroup"])
 
 
 def test_any_server_command_ends_with_the_process_that_started_it(tmp_path: Path) -> None:
     """Also a server the user plugged in, which knows nothing of this."""
-    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, time\n"
-                               "from nanbeige.agent.lifeline import tied_to_this_process\n"
-                               "subprocess.Popen(tied_to_this_process(['sleep', '303.5']))\ntime.sleep(60)"])
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, time\n"
+            "from nanbeige.agent.lifeline import tied_to_this_process\n"
+            "subprocess.Popen(tied_to_this_process(['sleep', '303.5']))\ntime.sleep(60)",
+        ]
+    )
     try:
         assert wait_for(lambda: running(parent.pid, "303.5"), 60)
         child = tree(parent.pid) - {parent.pid}

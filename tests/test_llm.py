@@ -151,8 +151,11 @@ async def test_a_chat_response_as_vllm_serializes_it_keeps_its_token_fields() ->
     body = (Path(__file__).parent / "golden" / "vllm_chat_completion.json").read_bytes()
     sent = []
     transport = httpx.MockTransport(lambda request: sent.append(request) or httpx.Response(200, content=body))
-    llm = OpenAIChat(LLMConfig(base_url="http://vllm.invalid/v1", model="m"), transport=transport,
-                     server=ServerInfo(vllm=True, max_model_len=4096, models=["m"]))
+    llm = OpenAIChat(
+        LLMConfig(base_url="http://vllm.invalid/v1", model="m"),
+        transport=transport,
+        server=ServerInfo(vllm=True, max_model_len=4096, models=["m"]),
+    )
     completion = await llm.complete([{"role": "user", "content": "capital of France?"}])
     await llm.aclose()
     assert completion.message == {"role": "assistant", "content": "Paris", "reasoning": "The capital."}

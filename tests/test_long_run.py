@@ -30,10 +30,12 @@ def rss_kib() -> int:
 
 def researcher(prompts: list[int]) -> ScriptedLLM:
     """Reads 100 kB every turn for TURNS turns, then answers; notes each prompt's size."""
+
     def reply(messages: list[dict]) -> str:
         prompts.append(sum(estimate_tokens(m["content"] or "") for m in messages))
         step = sum(m["role"] == "assistant" for m in messages)
         return mcp_call("testkit", "big", {"n": RESULT}, thought=f"Step {step}.") if step < TURNS else mcp_answer("42")
+
     llm = ScriptedLLM([], default=reply, record=False)
     llm.config.max_tokens = 4096
     return llm
@@ -108,8 +110,11 @@ async def test_600_turns_through_a_crashing_tool_server_and_a_restarting_model_s
     config = AgentConfig(max_turns=TURNS + 1, summary_turn=False)
     with FakeOpenAI(reply) as server:
         holder["server"] = server
-        llm = OpenAIChat(LLMConfig(base_url=server.base_url, model="fake-model", retry_wait_s=0.05,
-                                   max_retry_wait_s=0.5, max_retry_s=60.0))
+        llm = OpenAIChat(
+            LLMConfig(
+                base_url=server.base_url, model="fake-model", retry_wait_s=0.05, max_retry_wait_s=0.5, max_retry_s=60.0
+            )
+        )
         writer = TrajectoryWriter(tmp_path / "run.jsonl")
         async with Toolbox([ServerSpec(name="testkit", command=TEST_SERVER)]) as toolbox:
             trajectory = await run("q", llm, toolbox, config, writer)

@@ -39,8 +39,9 @@ async def test_calls_tools_then_answers_and_logs_every_turn(tmp_path: Path) -> N
 
 
 async def test_tool_errors_reach_the_model_as_errors() -> None:
-    trajectory, llm = await ask([mcp_call("testkit", "fail", {"message": "404 page"}),
-                                 mcp_call("testkit", "nope", {}), mcp_answer("x")])
+    trajectory, llm = await ask(
+        [mcp_call("testkit", "fail", {"message": "404 page"}), mcp_call("testkit", "nope", {}), mcp_answer("x")]
+    )
     assert llm.calls[1][-1]["content"] == "Error executing tool fail: 404 page"
     assert llm.calls[2][-1]["content"].startswith("Unknown tool: 'nope'")  # as the tool gave it: no prefix
     assert [r.is_error for t in trajectory.turns[:2] for r in t.tool_results] == [True, True]
@@ -91,8 +92,10 @@ async def test_unusable_replies_are_rolled_back_with_no_cap_in_a_row_as_in_the_r
 
 async def test_a_reply_cut_off_ten_times_uses_up_its_turn_as_the_reference_client_gives_up() -> None:
     cut = Completion(message={"role": "assistant", "content": "<think>\nstill thinking"}, finish_reason="length")
-    trajectory, llm = await ask([cut] * 10 + [mcp_call("testkit", "add", {"a": 2, "b": 3}), mcp_answer("5")],
-                                AgentConfig(max_turns=2, date="2026-11-21"))
+    trajectory, llm = await ask(
+        [cut] * 10 + [mcp_call("testkit", "add", {"a": 2, "b": 3}), mcp_answer("5")],
+        AgentConfig(max_turns=2, date="2026-11-21"),
+    )
     assert [t.consumed for t in trajectory.turns[:10]] == [False] * 9 + [True]
     assert all(call == llm.calls[0] for call in llm.calls[:11])  # the history never held a cut-off reply
     # the used-up turn counts: the call is turn 2 of 2, so the run stops at max_turns, not with the answer
@@ -124,8 +127,13 @@ async def test_cut_off_looping_and_refusing_replies_are_rolled_back_not_taken_as
 
 
 async def test_the_same_call_made_again_and_again_is_refused_in_the_tool_call_dialect() -> None:
-    same = {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "echo", "arguments": '{"text": "again"}'}}]}
+    same = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "echo", "arguments": '{"text": "again"}'}}
+        ],
+    }
     trajectory, _ = await ask([same, same, same, "ok"], AgentConfig(dialect="tool-call", date="2026-11-21"))
     results = [t.tool_results[0] for t in trajectory.turns[:3]]
     assert [r.is_error for r in results] == [False, False, True] and "not run again" in results[2].text
@@ -205,8 +213,14 @@ async def test_a_600_turn_run_keeps_time_and_memory_per_turn_flat(tmp_path: Path
         before = tracemalloc.get_traced_memory()[0]
         # stamped in CPU time of this process (the loop, the model, the log): the runtime's own work per turn,
         # which load elsewhere on the machine does not change as it changes the seconds a turn takes
-        trajectory = await run("q", llm, tools, AgentConfig(max_turns=turns + 1), writer,
-                               on_event=lambda kind, data: kind == "turn" and stamps.append(time.process_time()))
+        trajectory = await run(
+            "q",
+            llm,
+            tools,
+            AgentConfig(max_turns=turns + 1),
+            writer,
+            on_event=lambda kind, data: kind == "turn" and stamps.append(time.process_time()),
+        )
         grown = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
     writer.close()
@@ -234,8 +248,10 @@ async def test_a_search_query_already_used_is_not_run_again_in_mcp_xml() -> None
         trajectory = await run("q", llm, tools, AgentConfig(date="2026-11-21"))
     first, second, third = (turn.tool_results[0].text for turn in trajectory.turns[:3])
     assert (first, second) == ("results for nanbeige", "results for nanbeige 3B")  # both new queries ran
-    assert third == ("The query 'nanbeige' was already searched in an earlier google_search call. Search with a "
-                     "different query or keywords.")  # not run: what the model reads instead
+    assert third == (
+        "The query 'nanbeige' was already searched in an earlier google_search call. Search with a "
+        "different query or keywords."
+    )  # not run: what the model reads instead
     assert llm.calls[3][-1]["content"] == third  # no "Error:" prefix, as the reference sends it
 
 
@@ -255,14 +271,23 @@ async def test_a_deep_search_conversation_is_pinned_by_a_golden_rendering() -> N
         return mcp_call("search_and_scrape_webpage", "google_search", {"q": q}, thought=f"Search {q}.")
 
     broken = "<think>\nCall it.\n</think>\n\n<use_mcp_tool>\n<server_name>search_and_scrape_webpage</server_name>"
-    llm = ScriptedLLM([google("Mongolia capital"), google("Mongolia capital"), broken, mcp_answer("Ulaanbaatar"),
-                       mcp_answer("Ulaanbaatar")])
+    llm = ScriptedLLM(
+        [
+            google("Mongolia capital"),
+            google("Mongolia capital"),
+            broken,
+            mcp_answer("Ulaanbaatar"),
+            mcp_answer("Ulaanbaatar"),
+        ]
+    )
     async with Toolbox([ServerSpec(name="search_and_scrape_webpage", server=web)]) as tools:
         trajectory = await run("What is the capital of Mongolia?", llm, tools, AgentConfig(date="2026-11-21"))
     assert [t.rolled_back for t in trajectory.turns] == [False, False, True, False, False]
     assert (trajectory.answer, trajectory.stop_reason) == ("Ulaanbaatar", "answered")
-    rendered = "".join(f"=== call {number}\n" + "".join(f"--- {m['role']}\n{m['content']}\n" for m in messages)
-                       for number, messages in enumerate(llm.calls))
+    rendered = "".join(
+        f"=== call {number}\n" + "".join(f"--- {m['role']}\n{m['content']}\n" for m in messages)
+        for number, messages in enumerate(llm.calls)
+    )
     golden = Path(__file__).parent / "golden" / "deep_search_conversation.txt"
     assert rendered == golden.read_text()  # a deliberate change of the flow rewrites the file by hand
 
@@ -286,8 +311,17 @@ async def test_a_query_whose_call_failed_may_be_searched_again_but_a_tools_own_e
     def search(q: str) -> str:
         return mcp_call("search_and_scrape_webpage", "google_search", {"q": q})
 
-    llm = ScriptedLLM([search("mars"), search("mars"), search("mars"), search("venus"), search("venus"),
-                       mcp_answer("x"), mcp_answer("x")])
+    llm = ScriptedLLM(
+        [
+            search("mars"),
+            search("mars"),
+            search("mars"),
+            search("venus"),
+            search("venus"),
+            mcp_answer("x"),
+            mcp_answer("x"),
+        ]
+    )
     async with Toolbox([ServerSpec(name="search_and_scrape_webpage", server=web)], call_timeout_s=1.0) as tools:
         trajectory = await run("q", llm, tools, AgentConfig(date="2026-11-21"))
     results = [turn.tool_results[0].text for turn in trajectory.turns[:5]]
@@ -307,6 +341,7 @@ async def test_an_empty_search_is_never_a_repeat() -> None:
 
     empty = mcp_call("search_and_scrape_webpage", "google_search", {"q": ""})
     async with Toolbox([ServerSpec(name="search_and_scrape_webpage", server=web)]) as tools:
-        trajectory = await run("q", ScriptedLLM([empty, empty, mcp_answer("x"), mcp_answer("x")]), tools,
-                               AgentConfig(date="2026-11-21"))
+        trajectory = await run(
+            "q", ScriptedLLM([empty, empty, mcp_answer("x"), mcp_answer("x")]), tools, AgentConfig(date="2026-11-21")
+        )
     assert [t.tool_results[0].text for t in trajectory.turns[:2]] == ["results for ''"] * 2  # both ran

@@ -29,10 +29,38 @@ def loops(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
 def flags(tmp_path: Path) -> list[str]:
     questions = tmp_path / "questions.jsonl"
     questions.write_text(QUESTIONS)
-    return ["--questions", str(questions), "-G", "2", "--model", "m", "--out", str(tmp_path / "loop"),
-            "--backend", "transformers", "--no-default-servers", "--no-critic", "--sync", "none", "--lora-rank", "0",
-            "--min-pass-rate", "0", "--max-pass-rate", "1", "--step-tokens", "100000", "--objective", "grpo",
-            "--packing", "off", "--questions-per-iteration", "1", "--min-informative-groups", "1"]
+    return [
+        "--questions",
+        str(questions),
+        "-G",
+        "2",
+        "--model",
+        "m",
+        "--out",
+        str(tmp_path / "loop"),
+        "--backend",
+        "transformers",
+        "--no-default-servers",
+        "--no-critic",
+        "--sync",
+        "none",
+        "--lora-rank",
+        "0",
+        "--min-pass-rate",
+        "0",
+        "--max-pass-rate",
+        "1",
+        "--step-tokens",
+        "100000",
+        "--objective",
+        "grpo",
+        "--packing",
+        "off",
+        "--questions-per-iteration",
+        "1",
+        "--min-informative-groups",
+        "1",
+    ]
 
 
 def words(text: str) -> str:
@@ -43,9 +71,23 @@ def test_loop_help_lists_the_loops_options() -> None:
     result = CliRunner().invoke(app, ["loop", "--help-all"], terminal_width=200)
     assert result.exit_code == 0, result.output
     page = words(result.output)
-    for option in ("--iterations", "--questions", "--problems", "--group-size", "--sync", "--admin-url", "--ray",
-                   "--no-critic", "--critic-base-url", "--model", "--out", "--lora-rank", "--objective",
-                   "--base-url", "--token-mode"):
+    for option in (
+        "--iterations",
+        "--questions",
+        "--problems",
+        "--group-size",
+        "--sync",
+        "--admin-url",
+        "--ray",
+        "--no-critic",
+        "--critic-base-url",
+        "--model",
+        "--out",
+        "--lora-rank",
+        "--objective",
+        "--base-url",
+        "--token-mode",
+    ):
         assert option in page, option
     assert "lora|weights|none" in page and "grpo|sft" in page  # the choices, as the parser takes them
     assert "With --loop" not in page and "--data" not in page  # the loop's own wording; nothing it would ignore
@@ -72,52 +114,62 @@ def test_loop_and_train_loop_give_the_loop_the_same_run(tmp_path: Path, loops: l
     assert words(old.output).count("note:") == 1
 
 
-def test_iterations_default_to_one_and_train_alone_never_starts_the_loop(tmp_path: Path,
-                                                                        loops: list[tuple[Any, ...]]) -> None:
+def test_iterations_default_to_one_and_train_alone_never_starts_the_loop(
+    tmp_path: Path, loops: list[tuple[Any, ...]]
+) -> None:
     assert CliRunner().invoke(app, ["loop", *flags(tmp_path)]).exit_code == 0
     assert loops[0][0] == 1
     refused = CliRunner().invoke(app, ["loop", "--iterations", "0", *flags(tmp_path)])
     assert refused.exit_code == 2 and len(loops) == 1
 
 
-@pytest.mark.parametrize(("args", "said"), [
-    (["--model", "m", "--out", "o"], "nanbeige loop needs --questions"),
-    (["--out", "o", "--questions", "q.jsonl"], "--model is required (see nanbeige loop --help)"),
-    (["--model", "m", "--out", "o", "--problems", "p.jsonl", "--admin-url", "http://e:1", "--sync", "none"],
-     "--sync none syncs none"),
-    (["--model", "m", "--out", "o", "--questions", "q.jsonl", "--time-reward"], "it needs --problems"),
-])
-def test_a_loop_that_cannot_work_is_refused_in_one_line(args: list[str], said: str,
-                                                        loops: list[tuple[Any, ...]]) -> None:
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--model", "m", "--out", "o"], "nanbeige loop needs --questions"),
+        (["--out", "o", "--questions", "q.jsonl"], "--model is required (see nanbeige loop --help)"),
+        (
+            ["--model", "m", "--out", "o", "--problems", "p.jsonl", "--admin-url", "http://e:1", "--sync", "none"],
+            "--sync none syncs none",
+        ),
+        (["--model", "m", "--out", "o", "--questions", "q.jsonl", "--time-reward"], "it needs --problems"),
+    ],
+)
+def test_a_loop_that_cannot_work_is_refused_in_one_line(
+    args: list[str], said: str, loops: list[tuple[Any, ...]]
+) -> None:
     result = CliRunner().invoke(app, ["loop", *args])
     assert result.exit_code == 2 and loops == []
     [line] = result.output.strip().splitlines()
     assert line.startswith("error:") and said in line, line
 
 
-def test_the_loop_under_torchrun_is_refused_naming_its_own_command(monkeypatch: pytest.MonkeyPatch,
-                                                                  loops: list[tuple[Any, ...]]) -> None:
+def test_the_loop_under_torchrun_is_refused_naming_its_own_command(
+    monkeypatch: pytest.MonkeyPatch, loops: list[tuple[Any, ...]]
+) -> None:
     monkeypatch.setenv("WORLD_SIZE", "2")
-    result = CliRunner().invoke(app, ["loop", "--model", "m", "--out", "o", "--questions", "q.jsonl", "--ray",
-                                      "auto"])
+    result = CliRunner().invoke(app, ["loop", "--model", "m", "--out", "o", "--questions", "q.jsonl", "--ray", "auto"])
     assert result.exit_code == 2 and "run `nanbeige loop --ray ...` without torchrun" in result.output
 
 
-@pytest.mark.parametrize(("args", "flag", "allowed"), [
-    (["loop", "--sync", "full"], "--sync", ("lora", "weights", "none")),
-    (["train", "--loop", "1", "--sync", "full"], "--sync", ("lora", "weights", "none")),
-    (["train", "--objective", "ppo"], "--objective", ("grpo", "sft")),
-    (["loop", "--packing", "maybe"], "--packing", ("auto", "on", "off")),
-    (["train", "--dtype", "float16"], "--dtype", ("auto", "float32", "bfloat16")),
-    (["train", "--lr-schedule", "linear"], "--lr-schedule", ("constant", "cosine")),
-    (["train", "--advantage-std", "mad"], "--advantage-std", ("sample", "population", "none")),
-    (["train", "--single-rollout", "one"], "--single-rollout", ("zero", "reward")),
-    (["train", "--truncated", "drop"], "--truncated", ("train", "mask")),
-    (["judge", "in.jsonl", "--out", "out.jsonl", "--failed", "drop"], "--failed", ("mask", "penalise")),
-])
-def test_a_bad_choice_is_refused_by_the_parser_naming_the_choices(args: list[str], flag: str,
-                                                                 allowed: tuple[str, ...],
-                                                                 loops: list[tuple[Any, ...]]) -> None:
+@pytest.mark.parametrize(
+    ("args", "flag", "allowed"),
+    [
+        (["loop", "--sync", "full"], "--sync", ("lora", "weights", "none")),
+        (["train", "--loop", "1", "--sync", "full"], "--sync", ("lora", "weights", "none")),
+        (["train", "--objective", "ppo"], "--objective", ("grpo", "sft")),
+        (["loop", "--packing", "maybe"], "--packing", ("auto", "on", "off")),
+        (["train", "--dtype", "float16"], "--dtype", ("auto", "float32", "bfloat16")),
+        (["train", "--lr-schedule", "linear"], "--lr-schedule", ("constant", "cosine")),
+        (["train", "--advantage-std", "mad"], "--advantage-std", ("sample", "population", "none")),
+        (["train", "--single-rollout", "one"], "--single-rollout", ("zero", "reward")),
+        (["train", "--truncated", "drop"], "--truncated", ("train", "mask")),
+        (["judge", "in.jsonl", "--out", "out.jsonl", "--failed", "drop"], "--failed", ("mask", "penalise")),
+    ],
+)
+def test_a_bad_choice_is_refused_by_the_parser_naming_the_choices(
+    args: list[str], flag: str, allowed: tuple[str, ...], loops: list[tuple[Any, ...]]
+) -> None:
     result = CliRunner().invoke(app, [*args, "--model", "m", "--out", "o"] if args[0] != "judge" else args)
     assert result.exit_code == 2 and loops == []
     said = words(result.output)

@@ -38,8 +38,9 @@ async def test_at_max_turns_one_last_call_without_tools_asks_for_the_answer() ->
     # as the reference does, the trailing tool result is dropped: the request follows the last call itself
     assert llm.calls[-1][-2] == {"role": "assistant", "content": calls[2]}
     assert final.omitted_latest_results is True
-    trajectory, llm = await ask([*calls, mcp_answer("best guess")],
-                                AgentConfig(max_turns=3, summary_turn=False, date="2026-11-21"))
+    trajectory, llm = await ask(
+        [*calls, mcp_answer("best guess")], AgentConfig(max_turns=3, summary_turn=False, date="2026-11-21")
+    )
     assert trajectory.answer == "best guess" and llm.calls[-1][-2]["content"] == "2"  # without it: all shown
     assert trajectory.turns[-1].omitted_latest_results is False
 
@@ -47,8 +48,11 @@ async def test_at_max_turns_one_last_call_without_tools_asks_for_the_answer() ->
 async def test_before_the_context_overflows_the_answer_is_requested() -> None:
     def growing(prompt_tokens: int) -> Completion:
         call = mcp_call("testkit", "echo", {"text": str(prompt_tokens)})
-        return Completion(message={"role": "assistant", "content": call},
-                          usage={"prompt_tokens": prompt_tokens, "completion_tokens": 100})
+        return Completion(
+            message={"role": "assistant", "content": call},
+            usage={"prompt_tokens": prompt_tokens, "completion_tokens": 100},
+        )
+
     replies = [growing(1000), growing(5000), growing(12000), mcp_answer("from what I found")]
     config = AgentConfig(max_context=16000, context_reserve=1000)
     trajectory, llm = await ask(replies, config, llm_config=LLMConfig(model="scripted", max_tokens=4000))
@@ -63,14 +67,20 @@ async def test_before_the_context_overflows_the_answer_is_requested() -> None:
 
 
 async def test_when_the_server_says_the_prompt_is_too_long_the_answer_is_requested_without_the_newest_result() -> None:
-    replies = [mcp_call("testkit", "echo", {"text": "old"}), mcp_call("testkit", "echo", {"text": "huge"}),
-               ContextOverflow("maximum context length is 8192 tokens"), mcp_answer("from the old result")]
+    replies = [
+        mcp_call("testkit", "echo", {"text": "old"}),
+        mcp_call("testkit", "echo", {"text": "huge"}),
+        ContextOverflow("maximum context length is 8192 tokens"),
+        mcp_answer("from the old result"),
+    ]
     trajectory, llm = await ask(replies, AgentConfig(keep_tool_results=-1))
     assert (trajectory.stop_reason, trajectory.answer) == ("context_limit", "from the old result")
     final_request = [m["content"] for m in llm.calls[-1] if m["role"] == "user"]
     assert final_request[1] == "old" and "FINAL ANSWER" in final_request[2] and len(final_request) == 3
-    trajectory, llm = await ask(replies[:2] + [ContextOverflow("too long"), mcp_answer("x")],
-                                AgentConfig(keep_tool_results=-1, summary_turn=False, date="2026-11-21"))
+    trajectory, llm = await ask(
+        replies[:2] + [ContextOverflow("too long"), mcp_answer("x")],
+        AgentConfig(keep_tool_results=-1, summary_turn=False, date="2026-11-21"),
+    )
     final_request = [m["content"] for m in llm.calls[-1] if m["role"] == "user"]
     assert final_request[1] == "old" and final_request[2] == OMITTED and "FINAL ANSWER" in final_request[3]
     assert trajectory.turns[-1].omitted_latest_results is True  # recorded: the model did not read "huge"
@@ -81,8 +91,9 @@ async def test_at_the_context_limit_the_summary_turn_steps_back_a_whole_turn_as_
     result n-1, so the summary prompt follows reply n-1."""
     replies = [mcp_call("testkit", "echo", {"text": f"result {i} " + "x" * 3000}) for i in range(20)]
     replies.append(mcp_answer("x"))
-    trajectory, llm = await ask(replies, AgentConfig(max_context=24000, date="2026-11-21"),
-                                llm_config=LLMConfig(max_tokens=4096))
+    trajectory, llm = await ask(
+        replies, AgentConfig(max_context=24000, date="2026-11-21"), llm_config=LLMConfig(max_tokens=4096)
+    )
     assert trajectory.stop_reason == "context_limit"
     n = len([t for t in trajectory.turns if t.tool_calls])
     summary = llm.calls[-1]
@@ -139,8 +150,9 @@ async def test_the_summary_turn_shows_one_result_fewer_as_its_prompt_is_one_of_t
 
 
 async def test_a_model_failure_ends_the_run_with_the_reason(tmp_path: Path) -> None:
-    trajectory, _ = await ask([mcp_call("testkit", "echo", {"text": "a"}), ModelError("HTTP 503: overloaded")],
-                              path=tmp_path / "run.jsonl")
+    trajectory, _ = await ask(
+        [mcp_call("testkit", "echo", {"text": "a"}), ModelError("HTTP 503: overloaded")], path=tmp_path / "run.jsonl"
+    )
     assert (trajectory.stop_reason, trajectory.error) == ("model_error", "HTTP 503: overloaded")
     [saved] = load_trajectories(tmp_path / "run.jsonl")
     assert saved.stop_reason == "model_error" and len(saved.turns) == 1
@@ -184,8 +196,9 @@ async def test_cancelling_a_run_closes_its_trajectory_as_interrupted(tmp_path: P
 
     writer = TrajectoryWriter(path)
     async with toolbox() as tools:
-        task = asyncio.create_task(run("q", Hanging([mcp_call("testkit", "echo", {"text": "a"})]), tools,
-                                       AgentConfig(), writer))
+        task = asyncio.create_task(
+            run("q", Hanging([mcp_call("testkit", "echo", {"text": "a"})]), tools, AgentConfig(), writer)
+        )
         # cancelled while the model thinks about turn 2, however long turn 1 took
         await asyncio.wait_for(thinking.wait(), 120)
         task.cancel()

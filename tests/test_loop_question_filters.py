@@ -28,17 +28,30 @@ from nanbeige.trainer.train_config import GroupRule
 
 def scripted_loop(tiny: Path, tmp_path: Path, server: FakeOpenAI, out: Path, **loop: Any) -> LoopConfig:
     questions = tmp_path / "pool.jsonl"
-    questions.write_text('{"id": "easy", "question": "What is 2+2?", "answer": "4"}\n'
-                         '{"id": "hard", "question": "Name a colour.", "answer": "red"}\n'
-                         '{"id": "fair", "question": "Name a fruit.", "answer": "apple"}\n')
-    settings = RunSettings(llm=LLMConfig(base_url=server.base_url, model=str(tiny), max_tokens=64, temperature=1.0),
-                           agent=AgentConfig(max_turns=1, summary_turn=False),
-                           backend=BackendConfig(backend="openai", base_url_given=True, token_mode=True),
-                           tools=ToolsConfig(default_servers=False))
-    train = TrainConfig(data=[], model=str(tiny), out=out, steps=1, step_tokens=4000, micro_tokens=4000, lr=1e-3,
-                        off_policy=True)  # the scripted policy is not the tiny model
-    return LoopConfig(out=out, questions=questions, settings=settings, judge=JudgeRunConfig(no_critic=True),
-                      train=train, group_size=4, sync="none", **loop)
+    questions.write_text(
+        '{"id": "easy", "question": "What is 2+2?", "answer": "4"}\n'
+        '{"id": "hard", "question": "Name a colour.", "answer": "red"}\n'
+        '{"id": "fair", "question": "Name a fruit.", "answer": "apple"}\n'
+    )
+    settings = RunSettings(
+        llm=LLMConfig(base_url=server.base_url, model=str(tiny), max_tokens=64, temperature=1.0),
+        agent=AgentConfig(max_turns=1, summary_turn=False),
+        backend=BackendConfig(backend="openai", base_url_given=True, token_mode=True),
+        tools=ToolsConfig(default_servers=False),
+    )
+    train = TrainConfig(
+        data=[], model=str(tiny), out=out, steps=1, step_tokens=4000, micro_tokens=4000, lr=1e-3, off_policy=True
+    )  # the scripted policy is not the tiny model
+    return LoopConfig(
+        out=out,
+        questions=questions,
+        settings=settings,
+        judge=JudgeRunConfig(no_critic=True),
+        train=train,
+        group_size=4,
+        sync="none",
+        **loop,
+    )
 
 
 def easy_hard_and_fair(tokenizer: Any) -> Any:
@@ -52,6 +65,7 @@ def easy_hard_and_fair(tokenizer: Any) -> Any:
         with lock:
             n = answered[question] = answered.get(question, 0) + 1
         return mcp_answer({"easy": "4", "hard": "blue", "fair": "apple" if n <= 2 else "pear"}[question])
+
     return policy
 
 
@@ -63,8 +77,16 @@ def test_dynamic_sampling_draws_questions_until_a_group_is_informative(tiny: Pat
     tokenizer = load_tokenizer(str(tiny))[0]
     notices: list[str] = []
     with token_mode_server(tokenizer, easy_hard_and_fair(tokenizer)) as server:
-        config = scripted_loop(tiny, tmp_path, server, tmp_path / "loop", iterations=1, questions_per_iteration=1,
-                               min_informative_groups=1, max_draws=3)
+        config = scripted_loop(
+            tiny,
+            tmp_path,
+            server,
+            tmp_path / "loop",
+            iterations=1,
+            questions_per_iteration=1,
+            min_informative_groups=1,
+            max_draws=3,
+        )
         asyncio.run(run_loop(config, notices.append))
         drawn = [json.loads(line)["id"] for line in (tmp_path / "loop" / "iter-1" / "questions.jsonl").open()]
         assert drawn == ["easy", "hard", "fair"]
@@ -72,11 +94,24 @@ def test_dynamic_sampling_draws_questions_until_a_group_is_informative(tiny: Pat
         judged = json.loads((tmp_path / "loop" / "loop.json").read_text())["iterations"][0]["judged"]
         assert (judged["groups"], judged["informative_groups"], judged["questions"]) == (3, 1, 3)
         [step] = [json.loads(line) for line in (tmp_path / "loop" / "iter-1" / "train" / "metrics.jsonl").open()]
-        assert step["groups"] == {"groups_read": 3, "groups_kept": 1, "groups_too_easy": 1, "groups_too_hard": 1,
-                                  "groups_no_reward": 0}
+        assert step["groups"] == {
+            "groups_read": 3,
+            "groups_kept": 1,
+            "groups_too_easy": 1,
+            "groups_too_hard": 1,
+            "groups_no_reward": 0,
+        }
         # with two draws at most, no informative group is found: the trainer says there is nothing to train on
-        capped = scripted_loop(tiny, tmp_path, server, tmp_path / "capped", iterations=1,
-                               questions_per_iteration=1, min_informative_groups=1, max_draws=2)
+        capped = scripted_loop(
+            tiny,
+            tmp_path,
+            server,
+            tmp_path / "capped",
+            iterations=1,
+            questions_per_iteration=1,
+            min_informative_groups=1,
+            max_draws=2,
+        )
         with pytest.raises(LoopError, match="iteration 1, train: nothing to train on"):
             asyncio.run(run_loop(capped, notices.append))
     drawn = [json.loads(line)["id"] for line in (tmp_path / "capped" / "iter-1" / "questions.jsonl").open()]
@@ -86,8 +121,12 @@ def test_dynamic_sampling_draws_questions_until_a_group_is_informative(tiny: Pat
 CODE_PROBLEMS = [
     {"id": "echo", "statement": "Print the line you read.", "tests": [{"input": "hi\n", "output": "hi\n"}]},
     {"id": "negate", "statement": "Print minus the integer.", "tests": [{"input": "3\n", "output": "-3\n"}]},
-    {"id": "double", "statement": "Print twice the integer.", "tests": [{"input": "4\n", "output": "8\n"},
-                                                                        {"input": "0\n", "output": "0\n"}]}]
+    {
+        "id": "double",
+        "statement": "Print twice the integer.",
+        "tests": [{"input": "4\n", "output": "8\n"}, {"input": "0\n", "output": "0\n"}],
+    },
+]
 
 
 def test_the_loop_runs_code_rl_with_the_papers_difficulty_filter(tiny: Path, tmp_path: Path) -> None:
@@ -126,5 +165,10 @@ def test_the_loop_runs_code_rl_with_the_papers_difficulty_filter(tiny: Path, tmp
     rewards = sorted(t.reward for t in judged if t.group_id == "double")
     assert rewards == [0.5, 0.5, 1.0, 1.0]  # "print(8)" passes one test of two
     [step] = [json.loads(line) for line in (iteration / "train" / "metrics.jsonl").open()]
-    assert step["groups"] == {"groups_read": 3, "groups_kept": 1, "groups_too_easy": 1, "groups_too_hard": 1,
-                              "groups_no_reward": 0}
+    assert step["groups"] == {
+        "groups_read": 3,
+        "groups_kept": 1,
+        "groups_too_easy": 1,
+        "groups_too_hard": 1,
+        "groups_no_reward": 0,
+    }

@@ -16,9 +16,13 @@ NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
 
 
 def ask(server: FakeOpenAI, path: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([NANBEIGE, "ask", "q", "--base-url", server.base_url, "--no-default-servers",
-                           "--trajectory", str(path)], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "COLUMNS": "200"})
+    return subprocess.run(
+        [NANBEIGE, "ask", "q", "--base-url", server.base_url, "--no-default-servers", "--trajectory", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "200"},
+    )
 
 
 def test_a_rolled_back_reply_is_named_and_not_counted_as_a_turn(tmp_path: Path) -> None:
@@ -51,9 +55,26 @@ def test_a_run_that_ends_without_a_usable_answer_never_says_it_answered(tmp_path
 def tool_call_ask(server: FakeOpenAI, path: Path) -> subprocess.CompletedProcess[str]:
     from test_cli import TESTKIT
 
-    return subprocess.run([NANBEIGE, "ask", "q", "--base-url", server.base_url, "--dialect", "tool-call", "--mcp",
-                           TESTKIT, "--no-default-servers", "--trajectory", str(path)], capture_output=True, text=True,
-                          timeout=60, env={**os.environ, "COLUMNS": "200"})
+    return subprocess.run(
+        [
+            NANBEIGE,
+            "ask",
+            "q",
+            "--base-url",
+            server.base_url,
+            "--dialect",
+            "tool-call",
+            "--mcp",
+            TESTKIT,
+            "--no-default-servers",
+            "--trajectory",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "200"},
+    )
 
 
 def test_tools_a_server_template_leaves_out_are_told_once(tmp_path: Path) -> None:
@@ -82,9 +103,26 @@ def test_a_failed_http_mcp_server_is_not_sent_to_a_log_that_holds_only_other_ser
         url = f"http://127.0.0.1:{closed.getsockname()[1]}/mcp"  # nothing listens there once closed
     noisy = "noisy=" + shlex.join(["sh", "-c", f"echo starting up >&2; exec {shlex.join(TEST_SERVER)}"])
     with FakeOpenAI([]) as server:
-        result = subprocess.run([NANBEIGE, "ask", "q", "--base-url", server.base_url, "--mcp", noisy, "--mcp",
-                                 f"web={url}", "--no-default-servers", "--trajectory", str(tmp_path / "run.jsonl")],
-                                capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "300"})
+        result = subprocess.run(
+            [
+                NANBEIGE,
+                "ask",
+                "q",
+                "--base-url",
+                server.base_url,
+                "--mcp",
+                noisy,
+                "--mcp",
+                f"web={url}",
+                "--no-default-servers",
+                "--trajectory",
+                str(tmp_path / "run.jsonl"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "COLUMNS": "300"},
+        )
     [error] = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert result.returncode == 1 and "'web'" in error and url in error
     assert "servers.log" not in error  # the log has the noisy server's line, and nothing of web's

@@ -33,6 +33,7 @@ def turns_then_answer(turns: int, fault_at: int, fault) -> callable:
             return fault()
         step = sum(m["role"] == "assistant" for m in request["messages"])
         return mcp_call("testkit", "echo", {"text": f"step {step}"}) if step < turns else mcp_answer("done")
+
     return reply
 
 

@@ -55,8 +55,10 @@ def test_probe_of_another_server_finds_no_vllm_and_no_length() -> None:
 
 
 def test_probe_takes_the_length_of_the_model_asked_for() -> None:
-    models = [{"id": "small", "object": "model", "owned_by": "vllm", "max_model_len": 4096},
-              {"id": "big", "object": "model", "owned_by": "vllm", "max_model_len": 131072}]
+    models = [
+        {"id": "small", "object": "model", "owned_by": "vllm", "max_model_len": 4096},
+        {"id": "big", "object": "model", "owned_by": "vllm", "max_model_len": 131072},
+    ]
     with FakeOpenAI([], models=models) as server:
         asked = probe_server(server.base_url, None, model="big")
         unnamed = probe_server(server.base_url, None)
@@ -112,8 +114,16 @@ async def test_a_server_claiming_vllm_that_refuses_the_fields_with_422_is_asked_
 
 
 async def test_a_pydantic_style_refusal_naming_a_field_in_its_location_also_drops_them() -> None:
-    refusal = {"detail": [{"type": "extra_forbidden", "loc": ["body", "return_token_ids"],
-                           "msg": "Extra inputs are not permitted", "input": True}]}
+    refusal = {
+        "detail": [
+            {
+                "type": "extra_forbidden",
+                "loc": ["body", "return_token_ids"],
+                "msg": "Extra inputs are not permitted",
+                "input": True,
+            }
+        ]
+    }
     with FakeOpenAI([Reply(status=422, body=refusal), "ok"], vllm=True) as server:
         llm = client(server.base_url)
         assert (await llm.complete(MESSAGES)).message["content"] == "ok"
@@ -123,8 +133,14 @@ async def test_a_pydantic_style_refusal_naming_a_field_in_its_location_also_drop
 
 async def test_tool_calls_refused_by_a_server_without_a_tool_parser_say_how_to_start_it() -> None:
     # vLLM 0.32's answer to a request with tools when it was started without --enable-auto-tool-choice
-    refusal = {"error": {"message": '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser '
-                                    "to be set", "type": "BadRequestError", "param": None, "code": 400}}
+    refusal = {
+        "error": {
+            "message": '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
+            "type": "BadRequestError",
+            "param": None,
+            "code": 400,
+        }
+    }
     with FakeOpenAI([Reply(status=400, body=refusal)], vllm=True) as server:
         llm = client(server.base_url)
         with pytest.raises(ModelError, match=r"HTTP 400: .*nanbeige serve --dialect tool-call.*--dialect mcp-xml"):
@@ -176,8 +192,11 @@ async def test_token_mode_talks_to_completions_without_asking(tmp_path: Path) ->
 
 
 async def test_content_as_a_list_of_parts_becomes_its_text() -> None:
-    parts = [{"type": "text", "text": "Paris is "}, {"type": "image_url", "image_url": {"url": "x"}},
-             {"type": "text", "text": "the capital."}]
+    parts = [
+        {"type": "text", "text": "Paris is "},
+        {"type": "image_url", "image_url": {"url": "x"}},
+        {"type": "text", "text": "the capital."},
+    ]
     with FakeOpenAI([Reply(message={"role": "assistant", "content": parts})]) as server:
         llm = client(server.base_url)
         completion = await llm.complete(MESSAGES)
@@ -186,8 +205,10 @@ async def test_content_as_a_list_of_parts_becomes_its_text() -> None:
 
 
 async def test_valid_tool_calls_pass_unchanged() -> None:
-    calls = [{"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}},
-             {"id": "c2", "type": "function", "function": {"name": "echo", "arguments": {"text": "x"}}}]
+    calls = [
+        {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}},
+        {"id": "c2", "type": "function", "function": {"name": "echo", "arguments": {"text": "x"}}},
+    ]
     with FakeOpenAI([Reply(message={"role": "assistant", "content": None, "tool_calls": calls})]) as server:
         llm = client(server.base_url)
         completion = await llm.complete(MESSAGES)
@@ -201,10 +222,14 @@ UNUSABLE = [
     ({"content": "", "tool_calls": {"name": "add"}}, "tool_calls is an object, not a list"),
     ({"content": "", "tool_calls": ["add"]}, r"tool_calls\[0\] is a string, not an object"),
     ({"content": "", "tool_calls": [{"id": "c1", "type": "function"}]}, r"tool_calls\[0\] has no function"),
-    ({"content": "", "tool_calls": [{"function": {"name": 7, "arguments": "{}"}}]},
-     r"tool_calls\[0\]\.function\.name is a number, not a string"),
-    ({"content": "", "tool_calls": [{"function": {"name": "add", "arguments": [1, 2]}}]},
-     r"tool_calls\[0\]\.function\.arguments is a list, not a string or an object"),
+    (
+        {"content": "", "tool_calls": [{"function": {"name": 7, "arguments": "{}"}}]},
+        r"tool_calls\[0\]\.function\.name is a number, not a string",
+    ),
+    (
+        {"content": "", "tool_calls": [{"function": {"name": "add", "arguments": [1, 2]}}]},
+        r"tool_calls\[0\]\.function\.arguments is a list, not a string or an object",
+    ),
 ]
 
 
@@ -219,8 +244,9 @@ async def test_an_unusable_reply_is_a_model_error_naming_what_is_wrong(message: 
 
 @pytest.mark.parametrize("dialect", ["tool-call", "mcp-xml"])
 @pytest.mark.parametrize(("message", "problem"), [UNUSABLE[0], UNUSABLE[3], UNUSABLE[5]])
-async def test_an_unusable_reply_ends_the_run_as_a_model_error(dialect: str, message: dict[str, Any],
-                                                               problem: str) -> None:
+async def test_an_unusable_reply_ends_the_run_as_a_model_error(
+    dialect: str, message: dict[str, Any], problem: str
+) -> None:
     with FakeOpenAI([Reply(message={"role": "assistant"} | message)]) as server:
         llm = client(server.base_url)
         trajectory = await run("What is 2+3?", llm, None, AgentConfig(dialect=dialect))

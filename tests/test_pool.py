@@ -35,27 +35,49 @@ TESTKIT = "testkit=" + shlex.join(TEST_SERVER)
 def agent_script(calls: itertools.count, delay_s: float = 0.02) -> Any:
     """A model that calls `shout` once with a text never used before (so a tool call run twice shows in the
     servers' log), then answers."""
+
     def reply(request: dict[str, Any]) -> Reply:
         if len(request["messages"]) > 2:  # the tool result is back
             return Reply(mcp_answer("4"), delay_s=delay_s)
         return Reply(mcp_call("testkit", "shout", {"text": f"shouted call-{next(calls)}"}), delay_s=delay_s)
+
     return reply
 
 
 def questions(folder: Path, n: int) -> Path:
     path = folder / "questions.jsonl"
-    path.write_text("".join(json.dumps({"id": f"q{i}", "question": f"What is {i} + 4 - {i}?", "answer": "4"}) + "\n"
-                            for i in range(n)))
+    path.write_text(
+        "".join(
+            json.dumps({"id": f"q{i}", "question": f"What is {i} + 4 - {i}?", "answer": "4"}) + "\n" for i in range(n)
+        )
+    )
     return path
 
 
-def collect(folder: Path, urls: list[str], n: int, *extra: str, group_size: int = 2,
-            timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    command = [NANBEIGE, "collect", "--questions", str(questions(folder, n)), "-G", str(group_size),
-               "--out", str(folder / "rollouts.jsonl"), "--allow-inexact", "--no-default-servers", "--mcp", TESTKIT,
-               "--max-turns", "3", *itertools.chain.from_iterable(("--base-url", url) for url in urls), *extra]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "COLUMNS": "400"})
+def collect(
+    folder: Path, urls: list[str], n: int, *extra: str, group_size: int = 2, timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
+    command = [
+        NANBEIGE,
+        "collect",
+        "--questions",
+        str(questions(folder, n)),
+        "-G",
+        str(group_size),
+        "--out",
+        str(folder / "rollouts.jsonl"),
+        "--allow-inexact",
+        "--no-default-servers",
+        "--mcp",
+        TESTKIT,
+        "--max-turns",
+        "3",
+        *itertools.chain.from_iterable(("--base-url", url) for url in urls),
+        *extra,
+    ]
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=timeout, env={**os.environ, "COLUMNS": "400"}
+    )
     assert "Traceback" not in done.stderr, done.stderr
     return done
 
@@ -78,8 +100,9 @@ def test_collect_over_three_endpoints_uses_each_keeps_runs_on_one_and_says_how_e
         done = collect(tmp_path, [s.base_url for s in servers], 6, "--concurrency", "6")
     assert done.returncode == 0, done.stderr
     trajectories = load_trajectories(tmp_path / "rollouts.jsonl")
-    assert sorted((t.group_id, t.rollout_index) for t in trajectories) == sorted((f"q{i}", r) for i in range(6)
-                                                                                  for r in range(2))
+    assert sorted((t.group_id, t.rollout_index) for t in trajectories) == sorted(
+        (f"q{i}", r) for i in range(6) for r in range(2)
+    )
     urls = {s.base_url for s in servers}
     assert all(len(served(t)) == 1 and served(t) <= urls for t in trajectories)  # every turn on one endpoint
     assert all(len(s.requests) >= 4 for s in servers)  # not everything to the last --base-url
@@ -104,8 +127,9 @@ def test_route_group_keeps_a_questions_rollouts_on_one_endpoint(tmp_path: Path) 
     calls = itertools.count()
     with ExitStack() as stack:
         servers = [stack.enter_context(FakeOpenAI(agent_script(calls))) for _ in range(2)]
-        done = collect(tmp_path, [s.base_url for s in servers], 4, "--concurrency", "4", "--route", "group",
-                       group_size=3)
+        done = collect(
+            tmp_path, [s.base_url for s in servers], 4, "--concurrency", "4", "--route", "group", group_size=3
+        )
     assert done.returncode == 0, done.stderr
     trajectories = load_trajectories(tmp_path / "rollouts.jsonl")
     by_question: dict[str, set] = {}
@@ -134,8 +158,9 @@ def test_an_endpoint_killed_a_quarter_in_costs_no_row_and_no_tool_call_twice(tmp
         done = collect(tmp_path, [victim["server"].base_url, *(s.base_url for s in others)], 18, "--concurrency", "6")
     assert done.returncode == 0, done.stderr
     trajectories = load_trajectories(tmp_path / "rollouts.jsonl")
-    assert sorted((t.group_id, t.rollout_index) for t in trajectories) == sorted((f"q{i}", r) for i in range(18)
-                                                                                  for r in range(2))
+    assert sorted((t.group_id, t.rollout_index) for t in trajectories) == sorted(
+        (f"q{i}", r) for i in range(18) for r in range(2)
+    )
     assert all(t.answer == "4" for t in trajectories)
     shouted = re.findall(r"shouted call-\d+", (tmp_path / "rollouts.jsonl.servers.log").read_text())
     assert len(shouted) == len(set(shouted)) >= 36  # each tool call ran once
@@ -146,7 +171,8 @@ def test_an_endpoint_killed_a_quarter_in_costs_no_row_and_no_tool_call_twice(tmp
 
 
 def test_a_pool_is_refused_at_start_when_an_endpoint_is_missing_named_twice_or_serves_another_model(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     other = [{"id": "another-model", "object": "model", "owned_by": "someone"}]
     with FakeOpenAI([]) as one, FakeOpenAI([]) as two, FakeOpenAI([], models=other) as odd:
         dead = closed_server()
@@ -169,12 +195,17 @@ def test_the_pool_is_named_by_repeated_flags_the_environment_or_the_settings_fil
     with FakeOpenAI(agent_script(calls)) as one, FakeOpenAI(agent_script(calls)) as two:
         env = {**os.environ, "NANBEIGE_BASE_URL": f"{one.base_url} {two.base_url}"}
         base = [NANBEIGE, "ask", "--no-default-servers", "--mcp", TESTKIT, "--trajectory"]
-        by_env = subprocess.run([*base, str(tmp_path / "env.jsonl"), "What is 4?"], capture_output=True, text=True,
-                                env=env, timeout=120)
+        by_env = subprocess.run(
+            [*base, str(tmp_path / "env.jsonl"), "What is 4?"], capture_output=True, text=True, env=env, timeout=120
+        )
         settings = tmp_path / "mine.toml"
         settings.write_text(f'base_url = ["{one.base_url}", "{two.base_url}"]\n')
-        by_file = subprocess.run([NANBEIGE, "--config", str(settings), *base[1:], str(tmp_path / "file.jsonl"),
-                                  "What is 4?"], capture_output=True, text=True, timeout=120)
+        by_file = subprocess.run(
+            [NANBEIGE, "--config", str(settings), *base[1:], str(tmp_path / "file.jsonl"), "What is 4?"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     for done in (by_env, by_file):
         assert done.returncode == 0, done.stderr
         assert f"endpoints: {one.base_url} " in done.stderr and f"; {two.base_url} " in done.stderr
@@ -247,8 +278,9 @@ async def test_judge_calls_spread_over_several_judge_endpoints_and_pass_over_one
         assert (judge.base_url, judge.more_base_urls) == (one.base_url, (two.base_url, dead.base_url))
         assert critic_endpoint(urls[:1], None, None).more_base_urls == ()
         async with httpx.AsyncClient() as client:
-            answers = [await chat_text(client, judge, [{"role": "user", "content": f"question {i}"}])
-                       for i in range(30)]
+            answers = [
+                await chat_text(client, judge, [{"role": "user", "content": f"question {i}"}]) for i in range(30)
+            ]
             again = len(one.requests)
             await chat_text(client, judge, [{"role": "user", "content": "question 0"}])
             asked_first = len(one.requests) > again
@@ -259,11 +291,27 @@ async def test_judge_calls_spread_over_several_judge_endpoints_and_pass_over_one
 
 
 def test_a_pools_runs_fit_its_smallest_context_and_record_its_first_endpoint_for_resume(tmp_path: Path) -> None:
-    with FakeOpenAI([], default=mcp_answer("4"), vllm=True, max_model_len=32768) as big, \
-            FakeOpenAI([], default=mcp_answer("4"), vllm=True, max_model_len=20000) as small:
-        done = subprocess.run([NANBEIGE, "ask", "--no-default-servers", "--trajectory", str(tmp_path / "run.jsonl"),
-                               "--base-url", big.base_url, "--base-url", small.base_url, "What is 4?"],
-                              capture_output=True, text=True, timeout=120)
+    with (
+        FakeOpenAI([], default=mcp_answer("4"), vllm=True, max_model_len=32768) as big,
+        FakeOpenAI([], default=mcp_answer("4"), vllm=True, max_model_len=20000) as small,
+    ):
+        done = subprocess.run(
+            [
+                NANBEIGE,
+                "ask",
+                "--no-default-servers",
+                "--trajectory",
+                str(tmp_path / "run.jsonl"),
+                "--base-url",
+                big.base_url,
+                "--base-url",
+                small.base_url,
+                "What is 4?",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert done.returncode == 0, done.stderr
     [trajectory] = load_trajectories(tmp_path / "run.jsonl")
     assert trajectory.limits["max_context"] == 20000 and trajectory.limits["server"] == big.base_url
@@ -272,9 +320,13 @@ def test_a_pools_runs_fit_its_smallest_context_and_record_its_first_endpoint_for
 def test_doctor_checks_every_endpoint_of_a_pool(tmp_path: Path) -> None:
     with FakeOpenAI([]) as one:
         dead = closed_server()
-        done = subprocess.run([NANBEIGE, "doctor", "--model", "fake-model", "--base-url", one.base_url, "--base-url",
-                               dead.base_url],
-                              capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "300"})
+        done = subprocess.run(
+            [NANBEIGE, "doctor", "--model", "fake-model", "--base-url", one.base_url, "--base-url", dead.base_url],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "COLUMNS": "300"},
+        )
     assert done.returncode == 1, done.stdout
     assert f"fake-model at {one.base_url}: an OpenAI-compatible server" in done.stdout
     assert f"no server at {dead.base_url} (" in done.stdout and "every endpoint of a pool must answer" in done.stdout

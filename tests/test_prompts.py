@@ -42,8 +42,9 @@ def metaspace_tokenizer(folder: Path) -> Any:
     trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=["<unk>", "<|im_start|>", "<|im_end|>"])
     tokenizer.train_from_iterator(CORPUS * 20, trainer)
     tokenizer.add_tokens(["<think>", "</think>"])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<|im_start|>", eos_token="<|im_end|>",
-                                   unk_token="<unk>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token="<|im_start|>", eos_token="<|im_end|>", unk_token="<unk>"
+    )
     fast.chat_template = CHAT_TEMPLATE
     return fast
 
@@ -51,6 +52,7 @@ def metaspace_tokenizer(folder: Path) -> Any:
 @pytest.fixture(scope="module", params=["byte-level", "metaspace", "smollm2"])
 def tokenizer(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
     from transformers import AutoTokenizer
+
     folder = tmp_path_factory.mktemp(request.param)
     if request.param == "byte-level":
         return AutoTokenizer.from_pretrained(make_tiny_model(folder))
@@ -62,15 +64,19 @@ def tokenizer(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
 def conversation(turns: int) -> list[dict[str, Any]]:
     messages = [{"role": "user", "content": "What is the capital of France?  Two  spaces, tabs\tand\nnewlines."}]
     for i in range(turns):
-        messages.append({"role": "assistant", "content": f" <think>step {i}</think>  search {i} ",
-                         "reasoning_content": f"thinking {i}" if i % 2 else None})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": f" <think>step {i}</think>  search {i} ",
+                "reasoning_content": f"thinking {i}" if i % 2 else None,
+            }
+        )
         messages += [{"role": "tool", "content": f" result {i}.{k} é ✓ \n"} for k in range(1 + i % 3)]
     return messages
 
 
 def plain_ids(tokenizer: Any, messages: list[dict[str, Any]], template: str) -> list[int]:
-    text = tokenizer.apply_chat_template(messages, chat_template=template, add_generation_prompt=True,
-                                         tokenize=False)
+    text = tokenizer.apply_chat_template(messages, chat_template=template, add_generation_prompt=True, tokenize=False)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
@@ -82,7 +88,8 @@ def test_every_prompt_of_a_growing_conversation_matches_plain_transformers(token
         assert prompter.prompt_ids(messages[:end], None, state) == plain_ids(tokenizer, messages[:end], template)
     assert prompter.compiled is not None and prompter.split_token == "<|im_start|>"  # both shortcuts stayed on
     assert prompter.render(messages, [{"name": "search"}]) == tokenizer.apply_chat_template(
-        messages, tools=[{"name": "search"}], chat_template=template, add_generation_prompt=True, tokenize=False)
+        messages, tools=[{"name": "search"}], chat_template=template, add_generation_prompt=True, tokenize=False
+    )
 
 
 def test_a_rewritten_history_is_tokenized_afresh_and_only_new_chunks_are_tokenized(tokenizer: Any) -> None:
@@ -105,7 +112,7 @@ def test_completions_are_extended_verbatim_within_a_segment(tokenizer: Any) -> N
     text = tokenizer.decode(completion[:-1])
     grown = [*messages, {"role": "assistant", "content": text}, {"role": "user", "content": "Sure?"}]
     nxt = prompter.prompt_ids(grown, None, state)
-    assert nxt[:len(prompt) + len(completion)] == prompt + completion
+    assert nxt[: len(prompt) + len(completion)] == prompt + completion
     assert tokenizer.decode(nxt) == tokenizer.decode(plain_ids(tokenizer, grown, CHAT_TEMPLATE))
     other = [{"role": "user", "content": "Another question"}]
     assert prompter.prompt_ids(other, None, state) == plain_ids(tokenizer, other, CHAT_TEMPLATE)  # no stale extension
@@ -127,16 +134,20 @@ def test_one_prompter_serves_interleaved_conversations_each_extended_verbatim(to
         for which in (0, 1):  # one turn of each conversation in turn, over the same prompter
             prompt = prompter.prompt_ids(histories[which], None, states[which])
             if sent[which]:
-                assert prompt[:len(sent[which][-1])] == sent[which][-1]  # extends its own last prompt + completion
+                assert prompt[: len(sent[which][-1])] == sent[which][-1]  # extends its own last prompt + completion
             completion = letter_by_letter(tokenizer, f"Paris{which}{step}")
             prompter.sampled(states[which], prompt, completion)
             sent[which].append(prompt + completion)
-            histories[which] = [*histories[which], {"role": "assistant", "content": tokenizer.decode(completion[:-1])},
-                                {"role": "user", "content": f"Result {step}"}]
+            histories[which] = [
+                *histories[which],
+                {"role": "assistant", "content": tokenizer.decode(completion[:-1])},
+                {"role": "user", "content": f"Result {step}"},
+            ]
 
 
 def test_a_split_point_that_changes_tokenization_is_caught_and_dropped(tmp_path: Path) -> None:
     from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(make_tiny_model(tmp_path / "tiny"))
     prompter = Prompter(tokenizer)
     prompter.split_token = "e"  # cuts words apart: joined chunk ids differ from the whole text's
@@ -148,10 +159,12 @@ def test_a_split_point_that_changes_tokenization_is_caught_and_dropped(tmp_path:
 def test_a_compiled_render_that_differs_is_caught_and_dropped(tmp_path: Path) -> None:
     from transformers import AutoTokenizer
     from transformers.utils.chat_template_utils import _compile_jinja_template
+
     tokenizer = AutoTokenizer.from_pretrained(make_tiny_model(tmp_path / "tiny"))
     prompter = Prompter(tokenizer)
     prompter.compiled = _compile_jinja_template(GROUPING_TEMPLATE)  # stands for any divergence
     messages = conversation(2)
-    assert prompter.render(messages) == tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                                      tokenize=False)
+    assert prompter.render(messages) == tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False
+    )
     assert prompter.compiled is None

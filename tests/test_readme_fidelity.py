@@ -13,8 +13,11 @@ def test_every_test_the_fidelity_table_names_exists() -> None:
     table = page.split("# Fidelity to the reference harness", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| reference")]
     assert len(rows) >= 20
-    defined = set(re.findall(r"^(?:async )?def (test_\w+)", "\n".join(p.read_text() for p in
-                                                                        (ROOT / "tests").glob("test_*.py")), re.M))
+    defined = set(
+        re.findall(
+            r"^(?:async )?def (test_\w+)", "\n".join(p.read_text() for p in (ROOT / "tests").glob("test_*.py")), re.M
+        )
+    )
     named = [name for row in rows for name in re.findall(r"`(test_\w+)`", row.rsplit("|", 2)[-2])]
     assert len(named) >= 20
     missing = [name for name in named if name not in defined]

@@ -40,8 +40,9 @@ from nanbeige.agent.trajectory_file import load_trajectories
 if not vllm_installed() and os.environ.get("NANBEIGE_REQUIRE_VLLM"):  # CI: a tier that skips has not run
     pytest.fail("NANBEIGE_REQUIRE_VLLM is set and vLLM is not installed in this Python", pytrace=False)
 if not vllm_installed():
-    pytest.skip("the real-vLLM tier needs vLLM in this Python (docs/serving.md: the real-vLLM tier)",
-                allow_module_level=True)
+    pytest.skip(
+        "the real-vLLM tier needs vLLM in this Python (docs/serving.md: the real-vLLM tier)", allow_module_level=True
+    )
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -59,8 +60,11 @@ def server(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Se
 
 
 def test_serve_runs_vllms_cpu_build_and_says_so(server: Server, model: Path) -> None:
-    assert server.stdout[:3] == [f"{server.url}\n", f"NANBEIGE_BASE_URL={server.url}\n",
-                                 f"NANBEIGE_MODEL={SERVED_NAME}\n"]
+    assert server.stdout[:3] == [
+        f"{server.url}\n",
+        f"NANBEIGE_BASE_URL={server.url}\n",
+        f"NANBEIGE_MODEL={SERVED_NAME}\n",
+    ]
     assert "vLLM's CPU build serves the model on this machine's CPU" in server.stderr_text()
     [listed] = httpx.get(f"{server.url}/models").json()["data"]
     assert (listed["id"], listed["root"], listed["max_model_len"]) == (SERVED_NAME, str(model), 8192)
@@ -82,9 +86,24 @@ def test_token_mode_sends_and_records_exactly_the_ids_vllm_saw_and_sampled(serve
     proxy = RecordingProxy(server.url)
     try:
         trajectory = tmp_path / "run.jsonl"
-        result = nanbeige("ask", "--base-url", proxy.url, "--model", SERVED_NAME, "--token-mode", "--trajectory",
-                          str(trajectory), *ECHO_SERVER, *SHORT, "--max-turns", "3", "--dialect", "mcp-xml",
-                          "What is 2 + 3?", cwd=tmp_path)
+        result = nanbeige(
+            "ask",
+            "--base-url",
+            proxy.url,
+            "--model",
+            SERVED_NAME,
+            "--token-mode",
+            "--trajectory",
+            str(trajectory),
+            *ECHO_SERVER,
+            *SHORT,
+            "--max-turns",
+            "3",
+            "--dialect",
+            "mcp-xml",
+            "What is 2 + 3?",
+            cwd=tmp_path,
+        )
         assert result.returncode in (0, 1), result.stderr
     finally:
         proxy.close()
@@ -98,8 +117,9 @@ def test_token_mode_sends_and_records_exactly_the_ids_vllm_saw_and_sampled(serve
     training_rows(run.turns)  # raises unless every prefix hash and logprob checks out
 
 
-def test_collect_groups_concurrently_token_exact_and_from_the_prefix_cache(server: Server, model: Path,
-                                                                           tmp_path: Path) -> None:
+def test_collect_groups_concurrently_token_exact_and_from_the_prefix_cache(
+    server: Server, model: Path, tmp_path: Path
+) -> None:
     questions = two_questions(tmp_path)
     queries, hits = prefix_cache_counts(server.url)
     out = tmp_path / "rollouts.jsonl"
@@ -123,19 +143,34 @@ def assert_collect_samples_on_policy(model: Path, runs: list[Any], tmp_path: Pat
     the same weights is the sampler's distribution, up to vLLM's bfloat16 arithmetic. Returns the drift."""
     assert {(r.sampling["top_p"], r.sampling["repetition_penalty"]) for r in runs} == {(1.0, 1.0)}
     drift = trainer_drift(model, runs, temperature=0.7, out=tmp_path / "train")
-    print(f"mean |log pi_old - log pi_vllm| over {sum(len(t.completion_ids) for r in runs for t in r.turns)} "
-          f"sampled tokens: {drift:.2e}")
+    print(
+        f"mean |log pi_old - log pi_vllm| over {sum(len(t.completion_ids) for r in runs for t in r.turns)} "
+        f"sampled tokens: {drift:.2e}"
+    )
     assert drift < 0.05
     return drift
 
 
-def assert_the_dialects_answering_settings_sample_off_policy(server: Server, model: Path, questions: Path,
-                                                             drift: float, tmp_path: Path) -> None:
+def assert_the_dialects_answering_settings_sample_off_policy(
+    server: Server, model: Path, questions: Path, drift: float, tmp_path: Path
+) -> None:
     """The dialect's answering settings (top-p 0.95, repetition penalty 1.05) sample another distribution:
     collect says it is off-policy, and the trainer's π_old is more than twice as far from it."""
     nucleus = tmp_path / "nucleus.jsonl"
-    result = collect([server.url], questions, nucleus, "--limit", "1", "-G", "2", "--top-p", "0.95",
-                     "--repetition-penalty", "1.05", cwd=tmp_path)
+    result = collect(
+        [server.url],
+        questions,
+        nucleus,
+        "--limit",
+        "1",
+        "-G",
+        "2",
+        "--top-p",
+        "0.95",
+        "--repetition-penalty",
+        "1.05",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0 and "off-policy" in result.stderr, result.stderr
     off = trainer_drift(model, load_trajectories(nucleus), temperature=0.7, out=tmp_path / "train-off")
     print(f"the same with top-p 0.95 and repetition penalty 1.05: {off:.2e}")
@@ -149,8 +184,9 @@ def test_a_question_longer_than_the_context_ends_the_run_in_one_line(server: Ser
         assert records[-1]["stop_reason"] == "context_limit", records[-1]
 
 
-def test_collect_over_a_pool_of_two_endpoints_keeps_each_run_on_one_and_token_exact(server: Server,
-                                                                                   tmp_path: Path) -> None:
+def test_collect_over_a_pool_of_two_endpoints_keeps_each_run_on_one_and_token_exact(
+    server: Server, tmp_path: Path
+) -> None:
     """Two addresses in front of the one real vLLM (proxies that record what crosses them) as a pool: each
     rollout's turns all went through one of them, both served rollouts, and what each recorded is exactly what
     the trajectory holds (the prompt ids vLLM echoed, the ids and logprobs it sampled)."""
@@ -158,8 +194,9 @@ def test_collect_over_a_pool_of_two_endpoints_keeps_each_run_on_one_and_token_ex
     proxies = [RecordingProxy(server.url), RecordingProxy(server.url)]
     out = tmp_path / "rollouts.jsonl"
     try:
-        result = collect([proxy.url for proxy in proxies], questions, out, "-G", "2", "--concurrency", "4",
-                         cwd=tmp_path)
+        result = collect(
+            [proxy.url for proxy in proxies], questions, out, "-G", "2", "--concurrency", "4", cwd=tmp_path
+        )
     finally:
         for proxy in proxies:
             proxy.close()
@@ -172,37 +209,53 @@ def test_collect_over_a_pool_of_two_endpoints_keeps_each_run_on_one_and_token_ex
     assert f"endpoints: {proxies[0].url} " in result.stderr
 
 
-def assert_each_run_went_through_one_endpoint_token_exact(runs: list[Any],
-                                                          by_url: dict[str, list[Exchange]]) -> None:
+def assert_each_run_went_through_one_endpoint_token_exact(runs: list[Any], by_url: dict[str, list[Exchange]]) -> None:
     """Each rollout's turns all went through one endpoint, whose record of each is exactly what the trajectory
     holds, and the endpoints passed on no request besides the rollouts' turns."""
     for run in runs:
         [endpoint] = {turn.endpoint for turn in run.turns}
         for turn in run.turns:  # the same prompt and ids twice is one rollout's twin: either will do
             prompt = full_prompt(run.turns, turn.index)
-            exchange = next(x for x in by_url[endpoint] if x.token_ids == turn.completion_ids
-                            and x.request["prompt"] == prompt == x.prompt_token_ids)
+            exchange = next(
+                x
+                for x in by_url[endpoint]
+                if x.token_ids == turn.completion_ids and x.request["prompt"] == prompt == x.prompt_token_ids
+            )
             assert turn.logprobs == pytest.approx(exchange.logprobs, abs=0)
         training_rows(run.turns)
     assert sum(len(exchanges) for exchanges in by_url.values()) == sum(len(run.turns) for run in runs)
 
 
-def test_a_rolled_back_reply_in_chat_mode_does_not_end_the_run_at_a_false_context_limit(server: Server,
-                                                                                       tmp_path: Path) -> None:
+def test_a_rolled_back_reply_in_chat_mode_does_not_end_the_run_at_a_false_context_limit(
+    server: Server, tmp_path: Path
+) -> None:
     """A 1.3k-token prompt in a 4k context (2k of it kept for the answer): a reply cut off at 4 tokens is
     rolled back, the same prompt goes again, and the run goes on. Counting the dropped reply and the first
     prompt's estimate again made it 4.6k: the run ended at once as context_limit."""
     # greedy and 4 tokens: the model's greedy reply here is "2 + 3 = 5" (8 tokens, then it stops), so each
     # try is cut off the same way (sampled at 8 tokens, a try that said just that ended before the limit)
-    records = ask(server.url, tmp_path, "--dialect", "mcp-xml", "--max-turns", "2", "--max-tokens", "4",
-                  "--max-context", "4096", "--temperature", "0")
+    records = ask(
+        server.url,
+        tmp_path,
+        "--dialect",
+        "mcp-xml",
+        "--max-turns",
+        "2",
+        "--max-tokens",
+        "4",
+        "--max-context",
+        "4096",
+        "--temperature",
+        "0",
+    )
     turns = [r for r in records if r["type"] == "turn"]
     assert turns[0]["rolled_back"] and turns[0]["format_error"].endswith("cut off at the token limit")
     assert len(turns) > 2 and records[-1]["stop_reason"] != "context_limit", [t["usage"] for t in turns]
 
 
 def test_the_training_loops_lora_sync_hot_loads_an_adapter_that_token_mode_then_samples_from(
-        server: Server, model: Path, tmp_path: Path) -> None:
+    server: Server, model: Path, tmp_path: Path
+) -> None:
     """What `train --loop --sync lora` does between iterations: a checkpoint's adapter is loaded into the
     serving vLLM under the checkpoint's path, and the next collect samples from it by that name (the
     checkpoint holds the tokenizer token mode loads)."""
@@ -216,8 +269,10 @@ def test_the_training_loops_lora_sync_hot_loads_an_adapter_that_token_mode_then_
 
     checkpoint = tmp_path / "step-1"
     torch.manual_seed(0)
-    adapter = get_peft_model(AutoModelForCausalLM.from_pretrained(model),
-                             LoraConfig(r=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    adapter = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(model),
+        LoraConfig(r=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
+    )
     with torch.no_grad():  # far from the base model, so that greedy decoding must come out otherwise
         for name, weight in adapter.named_parameters():
             if "lora_" in name:
@@ -233,15 +288,30 @@ def test_the_training_loops_lora_sync_hot_loads_an_adapter_that_token_mode_then_
     plain = httpx.post(f"{server.url}/completions", json=body | {"model": SERVED_NAME}, timeout=120).json()
     assert adapted["choices"][0]["token_ids"] != plain["choices"][0]["token_ids"]  # the adapter changes the model
     trajectory = tmp_path / "run.jsonl"
-    result = nanbeige("ask", "--base-url", server.url, "--model", str(checkpoint), "--token-mode", "--trajectory",
-                      str(trajectory), *ECHO_SERVER, *SHORT, "--max-turns", "1", "What is 2 + 3?", cwd=tmp_path)
+    result = nanbeige(
+        "ask",
+        "--base-url",
+        server.url,
+        "--model",
+        str(checkpoint),
+        "--token-mode",
+        "--trajectory",
+        str(trajectory),
+        *ECHO_SERVER,
+        *SHORT,
+        "--max-turns",
+        "1",
+        "What is 2 + 3?",
+        cwd=tmp_path,
+    )
     assert result.returncode in (0, 1), result.stderr
     [run] = load_trajectories(trajectory)
     assert run.model == str(checkpoint) and run.turns and run.turns[0].completion_ids
 
 
-def test_the_loops_weight_sync_loads_a_full_checkpoint_into_the_running_server(server: Server, model: Path,
-                                                                                tmp_path: Path) -> None:
+def test_the_loops_weight_sync_loads_a_full_checkpoint_into_the_running_server(
+    server: Server, model: Path, tmp_path: Path
+) -> None:
     """What `train --loop --sync weights` does between iterations: vLLM's reload_weights on the new
     checkpoint's folder, in place; the server then answers with the new weights, without a restart."""
     import asyncio
@@ -274,12 +344,16 @@ def test_the_loops_weight_sync_loads_a_full_checkpoint_into_the_running_server(s
     assert greedy(server, prompt)[0] == before[0]
 
 
-@pytest.mark.parametrize(("path", "body"), [
-    ("/completions", {"prompt": [1, 9690, 198], "logprobs": 0, "skip_special_tokens": False}),
-    ("/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True}),
-])
-def test_the_imitation_server_answers_with_the_fields_vllm_answers_with(server: Server, path: str,
-                                                                          body: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/completions", {"prompt": [1, 9690, 198], "logprobs": 0, "skip_special_tokens": False}),
+        ("/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True}),
+    ],
+)
+def test_the_imitation_server_answers_with_the_fields_vllm_answers_with(
+    server: Server, path: str, body: dict[str, Any]
+) -> None:
     """The rest of the suite talks to tests/fake_openai.py: every field it answers with is where real vLLM
     puts it, with the same type (vLLM has more, which the client does not read)."""
     from fake_openai import FakeOpenAI

@@ -31,11 +31,18 @@ SYSTEM = (  # the tree's system prompt for one tool-python tool, as its own func
     "Input JSON schema: {'properties': {'code_block': {'title': 'Code Block', 'type': 'string'}}, "
     "'required': ['code_block'], 'type': 'object'}\n"
     "\n# PLACEHOLDER-GENERAL\n\nPLACEHOLDER-GENERAL-TEXT\n\n"
-    "# PLACEHOLDER-MAIN-OBJECTIVE\n\nPLACEHOLDER-MAIN-TEXT")
-RUN_PYTHON = {"server": "tool-python", "name": "run_python_code", "description": "ours",
-              "input_schema": {"type": "object",
-                               "properties": {"code_block": {"type": "string", "title": "Code Block"}},
-                               "required": ["code_block"]}}
+    "# PLACEHOLDER-MAIN-OBJECTIVE\n\nPLACEHOLDER-MAIN-TEXT"
+)
+RUN_PYTHON = {
+    "server": "tool-python",
+    "name": "run_python_code",
+    "description": "ours",
+    "input_schema": {
+        "type": "object",
+        "properties": {"code_block": {"type": "string", "title": "Code Block"}},
+        "required": ["code_block"],
+    },
+}
 
 
 def test_the_system_prompt_is_the_checkouts_own_with_its_tool_descriptions(tmp_path: Path) -> None:
@@ -64,8 +71,7 @@ async def test_every_text_reaches_the_model_exactly(tmp_path: Path) -> None:
     path = tmp_path / "run.jsonl"
     writer = TrajectoryWriter(path)
     async with Toolbox([ServerSpec(name="search_and_scrape_webpage", server=web)]) as tools:
-        trajectory = await run("Which colour?", llm, tools, AgentConfig(date="2026-11-21", reference=reference),
-                               writer)
+        trajectory = await run("Which colour?", llm, tools, AgentConfig(date="2026-11-21", reference=reference), writer)
     writer.close()
     system, user = llm.calls[0][:2]
     assert system["content"].startswith("PLACEHOLDER-PREAMBLE with a trailing space. \n\nDate line: 2026-11-21\n")
@@ -73,8 +79,10 @@ async def test_every_text_reaches_the_model_exactly(tmp_path: Path) -> None:
     assert user["content"] == "Which colour?\nPLACEHOLDER-SUFFIX in \\boxed{}."
     assert trajectory.turns[1].rolled_back and "refused" in trajectory.turns[1].format_error
     assert llm.calls[3][-1]["content"] == "PLACEHOLDER-DUPLICATE 'mars' via google_search."
-    assert llm.calls[-1][-1]["content"] == \
-        'PLACEHOLDER-SUMMARY-HEAD\n\n"Which colour?"\n\nPLACEHOLDER-SUMMARY-RULES \\boxed{}.'
+    assert (
+        llm.calls[-1][-1]["content"]
+        == 'PLACEHOLDER-SUMMARY-HEAD\n\n"Which colour?"\n\nPLACEHOLDER-SUMMARY-RULES \\boxed{}.'
+    )
     [start] = [json.loads(line) for line in path.read_text().splitlines()[:1]]
     assert start["reference"] == {"commit": None, "sha256": reference.sha256, "python": "3.12"}
     assert load_trajectories(path)[0].reference == reference.identity()
@@ -93,16 +101,19 @@ async def test_a_later_checkout_rolls_a_repeated_query_back_instead_of_answering
         return f"{info_to_extract} of {url}"
 
     def scrape(info: str) -> str:
-        return mcp_call("jina_scrape_llm_summary", "scrape_and_extract_info", {"url": "http://127.0.0.1/a",
-                                                                               "info_to_extract": info})
+        return mcp_call(
+            "jina_scrape_llm_summary", "scrape_and_extract_info", {"url": "http://127.0.0.1/a", "info_to_extract": info}
+        )
 
     llm = ScriptedLLM([scrape("title"), scrape("title"), scrape("date"), mcp_answer("x"), mcp_answer("x")])
     async with Toolbox([ServerSpec(name="jina_scrape_llm_summary", server=web)]) as tools:
         trajectory = await run("q", llm, tools, AgentConfig(date="2026-11-21", reference=reference))
     assert [t.rolled_back for t in trajectory.turns] == [False, True, False, False, False]
     assert "repeats a query" in trajectory.turns[1].format_error
-    assert [r.text for t in trajectory.turns for r in t.tool_results] == ["title of http://127.0.0.1/a",
-                                                                         "date of http://127.0.0.1/a"]
+    assert [r.text for t in trajectory.turns for r in t.tool_results] == [
+        "title of http://127.0.0.1/a",
+        "date of http://127.0.0.1/a",
+    ]
     # after 4 replies in a row were dropped, a repeat runs (the reference lets it through)
     llm = ScriptedLLM([scrape("title")] + ["PLACEHOLDER-REFUSAL"] * 4 + [scrape("title"), mcp_answer("x")] * 2)
     async with Toolbox([ServerSpec(name="jina_scrape_llm_summary", server=web)]) as tools:
@@ -114,11 +125,18 @@ def test_the_checkouts_settings_and_identity_are_read(tmp_path: Path) -> None:
     reference = ref.load(make_reference(tmp_path, git=True))
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
     assert reference.commit == head and len(reference.sha256) == 64
-    assert reference.settings == {"temperature": 0.3, "top_p": 0.95, "max_tokens": 16384, "keep_tool_result": 5,
-                                  "max_context_length": 262144, "max_turns": 600}
+    assert reference.settings == {
+        "temperature": 0.3,
+        "top_p": 0.95,
+        "max_tokens": 16384,
+        "keep_tool_result": 5,
+        "max_context_length": 262144,
+        "max_turns": 600,
+    }
     assert reference.extraction_prompt == "PLACEHOLDER-EXTRACT want: {} from: {}"
     assert reference.tool_descriptions[("tool-python", "create_sandbox")].startswith(
-        "PLACEHOLDER-CREATE-SANDBOX\n\n    Args:")
+        "PLACEHOLDER-CREATE-SANDBOX\n\n    Args:"
+    )
     assert ("tool-python", "helper") not in reference.tool_descriptions  # not registered as a tool
     # one changed byte in any file read changes the hash
     prompts = tmp_path / ref.FILES["prompts"]
@@ -147,8 +165,9 @@ def test_prompt_functions_that_import_beyond_the_standard_library_are_never_run(
 
 
 @pytest.mark.parametrize("module", ["subprocess", "socket", "urllib.request", "importlib"])
-def test_prompt_functions_that_import_what_starts_programs_or_connects_are_never_run(tmp_path: Path,
-                                                                                     module: str) -> None:
+def test_prompt_functions_that_import_what_starts_programs_or_connects_are_never_run(
+    tmp_path: Path, module: str
+) -> None:
     root = make_reference(tmp_path)
     marker = tmp_path / "ran"
     prompts = root / ref.FILES["prompts"]
@@ -160,22 +179,24 @@ def test_prompt_functions_that_import_what_starts_programs_or_connects_are_never
 
 def test_reference_check_says_what_was_understood(tmp_path: Path) -> None:
     root = make_reference(tmp_path)
-    done = subprocess.run([NANBEIGE, "reference", "check", str(root)],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run([NANBEIGE, "reference", "check", str(root)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert all(line.startswith("✓") for line in lines[:-1]) and lines[-1].startswith("sha256 ")
     assert any("duplicate-query rule: a note answers" in line for line in lines)
     (root / ref.FILES["input"]).write_text("x = 1\n")
-    done = subprocess.run([NANBEIGE, "reference", "check", str(root)],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run([NANBEIGE, "reference", "check", str(root)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "✗ user message" in done.stdout
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
 
 
 def test_ask_refuses_a_checkout_it_cannot_read_in_one_line(tmp_path: Path) -> None:
-    done = subprocess.run([NANBEIGE, "ask", "q", "--reference", str(tmp_path),
-                           "--base-url", "http://127.0.0.1:9/v1"], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [NANBEIGE, "ask", "q", "--reference", str(tmp_path), "--base-url", "http://127.0.0.1:9/v1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "--reference" in done.stderr and "prompt_utils.py" in done.stderr
 
@@ -211,13 +232,16 @@ async def test_a_checkout_whose_note_covers_page_extractions_answers_their_repea
     def scrape_and_extract_info(url: str, info_to_extract: str) -> str:
         return f"{info_to_extract} of {url}"
 
-    scrape = mcp_call("jina_scrape_llm_summary", "scrape_and_extract_info", {"url": "http://127.0.0.1/a",
-                                                                             "info_to_extract": "title"})
+    scrape = mcp_call(
+        "jina_scrape_llm_summary", "scrape_and_extract_info", {"url": "http://127.0.0.1/a", "info_to_extract": "title"}
+    )
     llm = ScriptedLLM([scrape, scrape, mcp_answer("x"), mcp_answer("x")])
     async with Toolbox([ServerSpec(name="jina_scrape_llm_summary", server=web)]) as tools:
         trajectory = await run("q", llm, tools, AgentConfig(date="2026-11-21", reference=reference))
-    assert trajectory.turns[1].tool_results[0].text == \
-        "PLACEHOLDER-DUPLICATE 'http://127.0.0.1/a_title' via scrape_and_extract_info."
+    assert (
+        trajectory.turns[1].tool_results[0].text
+        == "PLACEHOLDER-DUPLICATE 'http://127.0.0.1/a_title' via scrape_and_extract_info."
+    )
 
 
 def test_the_page_extraction_prompt_reaches_the_scrape_server_and_the_extraction_model(tmp_path: Path) -> None:
@@ -226,8 +250,11 @@ def test_the_page_extraction_prompt_reaches_the_scrape_server_and_the_extraction
     from nanbeige.tools.scrape import extraction_prompt, scrape_config_from_env
 
     reference = ref.load(make_reference(tmp_path))
-    [scrape] = [s for s in default_servers(LLMConfig(), lambda _: None, reference=reference)
-                if s.name == "jina_scrape_llm_summary"]
+    [scrape] = [
+        s
+        for s in default_servers(LLMConfig(), lambda _: None, reference=reference)
+        if s.name == "jina_scrape_llm_summary"
+    ]
     config = scrape_config_from_env(scrape.env)
     assert extraction_prompt("PAGE", "INFO", config.extraction_prompt) == "PLACEHOLDER-EXTRACT want: INFO from: PAGE"
     [scrape] = [s for s in default_servers(LLMConfig(), lambda _: None) if s.name == "jina_scrape_llm_summary"]
@@ -245,12 +272,16 @@ def test_tool_descriptions_follow_the_python_the_reference_ran_on(tmp_path: Path
     assert reference is None and "not one of 3.12, 3.13" in report[0][2]
 
 
-@pytest.mark.parametrize(("raw", "stored"), [  # what CPython 3.13 stored for these docstrings
-    ("x\n      six\n    four\n          ten\n  \n        \n    ", "x\n  six\nfour\n      ten\n\n    \n"),
-    ("\n    Leading newline.\n        more\n    ", "\nLeading newline.\n    more\n"),
-    ("\ttab first\n\ttabbed line\n    four", "tab first\n    tabbed line\nfour"),
-    ("two\n\nlines no indent\n    ", "two\n\nlines no indent\n    "),
-    ("one line", "one line")])
+@pytest.mark.parametrize(
+    ("raw", "stored"),
+    [  # what CPython 3.13 stored for these docstrings
+        ("x\n      six\n    four\n          ten\n  \n        \n    ", "x\n  six\nfour\n      ten\n\n    \n"),
+        ("\n    Leading newline.\n        more\n    ", "\nLeading newline.\n    more\n"),
+        ("\ttab first\n\ttabbed line\n    four", "tab first\n    tabbed line\nfour"),
+        ("two\n\nlines no indent\n    ", "two\n\nlines no indent\n    "),
+        ("one line", "one line"),
+    ],
+)
 def test_docstrings_are_cleaned_as_python_3_13_compiles_them(raw: str, stored: str) -> None:
     assert ref.compiled_docstring(raw) == stored
 
@@ -311,8 +342,9 @@ async def test_a_later_checkout_asks_for_the_summary_again_when_it_has_no_boxed_
     summaries = trajectory.turns[1:]
     assert [t.rolled_back for t in summaries] == [True, True, False] and trajectory.answer == "7"
     assert llm.calls[1] == llm.calls[2] == llm.calls[3]  # each try asked again from the same messages
-    trajectory = await run("q", ScriptedLLM([mcp_answer("5"), *replies]), None,
-                           AgentConfig(date="2026-11-21", reference=reference))
+    trajectory = await run(
+        "q", ScriptedLLM([mcp_answer("5"), *replies]), None, AgentConfig(date="2026-11-21", reference=reference)
+    )
     assert len(trajectory.turns) == 2 and trajectory.answer == "5"  # keep-5: one try, then the run's latest box
 
 
@@ -336,8 +368,7 @@ def test_placeholder_sandbox_ids_get_the_checkouts_own_answer_from_our_python_se
 
     reference = ref.load(make_reference(tmp_path))
     assert reference.placeholder_ids == {"default", "placeholder-box"}
-    [python] = [s for s in default_servers(LLMConfig(), lambda _: None, reference=reference)
-                if s.name == "tool-python"]
+    [python] = [s for s in default_servers(LLMConfig(), lambda _: None, reference=reference) if s.name == "tool-python"]
     config = config_from_env({**python.env, "NANBEIGE_SANDBOX_DIR": str(tmp_path / "boxes")})
     boxes = Sandboxes(config, backend=object())  # a placeholder is answered before any backend is asked
     with pytest.raises(SandboxError) as caught:

@@ -35,18 +35,22 @@ INVENTED = "https://invented.example.org/mars"
 
 
 def search_results(site: Site) -> dict[str, list[dict[str, str]]]:
-    return {"Martian year length": [
-        {"title": "The Orbit of Mars", "link": site.url("/article"), "snippet": "Mars orbits the Sun."},
-        {"title": "Mars facts", "link": "https://example.com/mars-facts", "snippet": "A year on Mars: 687 days."},
-        {"title": "Mars rovers", "link": "https://example.com/rovers", "snippet": "Curiosity landed in 2012."},
-    ]}
+    return {
+        "Martian year length": [
+            {"title": "The Orbit of Mars", "link": site.url("/article"), "snippet": "Mars orbits the Sun."},
+            {"title": "Mars facts", "link": "https://example.com/mars-facts", "snippet": "A year on Mars: 687 days."},
+            {"title": "Mars rovers", "link": "https://example.com/rovers", "snippet": "Curiosity landed in 2012."},
+        ]
+    }
 
 
 def model(site: Site) -> Any:
     """Attempt 1 searches, scrapes, then runs out of turns without a box; asked for notes, it writes
     NOTES; attempt 2, given the notes, answers at once, naming two URLs it saw and one it made up."""
-    final = (f"<think>\nThe notes say 687 days.\n</think>\n\nTwo Martian years are 1374 days: see "
-             f"{site.url('/article')} and https://example.com/mars-facts (also {INVENTED}). \\boxed{{1374}}")
+    final = (
+        f"<think>\nThe notes say 687 days.\n</think>\n\nTwo Martian years are 1374 days: see "
+        f"{site.url('/article')} and https://example.com/mars-facts (also {INVENTED}). \\boxed{{1374}}"
+    )
 
     def reply(request: dict) -> Reply:
         messages = request["messages"]
@@ -60,28 +64,58 @@ def model(site: Site) -> Any:
         if "no more tools can be used" in messages[-1]["content"]:
             return Reply(content="<think>\nNot sure yet.\n</think>\n\nI could not finish.")
         step = sum(m["role"] == "assistant" for m in messages)
-        return Reply(content=[
-            mcp_call("search_and_scrape_webpage", "google_search", {"q": "Martian year length"}),
-            mcp_call("jina_scrape_llm_summary", "scrape_and_extract_info",
-                     {"url": site.url("/article"), "info_to_extract": "length of a Martian year"}),
-        ][min(step, 1)])
+        return Reply(
+            content=[
+                mcp_call("search_and_scrape_webpage", "google_search", {"q": "Martian year length"}),
+                mcp_call(
+                    "jina_scrape_llm_summary",
+                    "scrape_and_extract_info",
+                    {"url": site.url("/article"), "info_to_extract": "length of a Martian year"},
+                ),
+            ][min(step, 1)]
+        )
+
     return reply
 
 
-def run_research(tmp_path: Path, site: Site, server: FakeOpenAI, serper: FakeSerper, *args: str
-                 ) -> subprocess.CompletedProcess[str]:
+def run_research(
+    tmp_path: Path, site: Site, server: FakeOpenAI, serper: FakeSerper, *args: str
+) -> subprocess.CompletedProcess[str]:
     opened = tmp_path / "opened.txt"
     browser = tmp_path / "browser.py"  # the standard library's BROWSER hook: a command, %s the address
     browser.write_text(f"import sys\nopen({str(opened)!r}, 'a').write(sys.argv[1] + '\\n')\n")
-    env = {**os.environ, "NANBEIGE_ALLOW_PRIVATE_URLS": "1", "SERPER_API_KEY": serper.api_key,
-           "SERPER_BASE_URL": serper.url, "NANBEIGE_SANDBOX_DIR": str(tmp_path / "sandboxes"),
-           "NANBEIGE_RUNS_DIR": str(tmp_path), "BROWSER": f"{sys.executable} {browser} %s"}
+    env = {
+        **os.environ,
+        "NANBEIGE_ALLOW_PRIVATE_URLS": "1",
+        "SERPER_API_KEY": serper.api_key,
+        "SERPER_BASE_URL": serper.url,
+        "NANBEIGE_SANDBOX_DIR": str(tmp_path / "sandboxes"),
+        "NANBEIGE_RUNS_DIR": str(tmp_path),
+        "BROWSER": f"{sys.executable} {browser} %s",
+    }
     for name in ("SEARXNG_URL", "JINA_API_KEY", "E2B_API_KEY", "NANBEIGE_SEARCH_BACKEND", "NANBEIGE_CONFIG"):
         env.pop(name, None)
     question, stdin = (["-"], QUESTION) if "--cache" in args else ([QUESTION], None)  # one run reads stdin
-    return subprocess.run([NANBEIGE, "research", *question, "--base-url", server.base_url, "--max-turns", "2",
-                           "--trajectory", str(tmp_path / "run.jsonl"), *args],
-                          capture_output=True, text=True, env=env, timeout=180, cwd=tmp_path, input=stdin)
+    return subprocess.run(
+        [
+            NANBEIGE,
+            "research",
+            *question,
+            "--base-url",
+            server.base_url,
+            "--max-turns",
+            "2",
+            "--trajectory",
+            str(tmp_path / "run.jsonl"),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+        cwd=tmp_path,
+        input=stdin,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +123,19 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One research run (it takes seconds: three tool servers start), shared by the tests that read it."""
     tmp_path = tmp_path_factory.mktemp("research")
     with Site() as site, FakeSerper(results=search_results(site)) as serper, FakeOpenAI(model(site)) as server:
-        result = run_research(tmp_path, site, server, serper, "--attempts", "3", "--report",
-                              str(tmp_path / "report.md"), "--open", "--cache", str(tmp_path / "tools.sqlite"))
+        result = run_research(
+            tmp_path,
+            site,
+            server,
+            serper,
+            "--attempts",
+            "3",
+            "--report",
+            str(tmp_path / "report.md"),
+            "--open",
+            "--cache",
+            str(tmp_path / "tools.sqlite"),
+        )
     return {"result": result, "path": tmp_path, "requests": server.requests, "site": site}
 
 
@@ -104,12 +149,15 @@ def test_an_attempt_that_runs_out_of_turns_is_summarised_and_the_next_answers(fi
     assert first.group_id == second.group_id == first.id  # the research's id: its first attempt's
     assert first.question == QUESTION and second.question.startswith(QUESTION) and NOTES in second.question
     assert (path / "tools.sqlite").stat().st_size > 0  # the question came on stdin, the tool results went to --cache
-    prompts = [r["messages"][0]["content"] for r in finished["requests"]
-               if r["messages"][0]["content"].startswith(SUMMARY_OPENING)]
+    prompts = [
+        r["messages"][0]["content"]
+        for r in finished["requests"]
+        if r["messages"][0]["content"].startswith(SUMMARY_OPENING)
+    ]
     assert len(prompts) == 1  # one summary, of the failed attempt; none after the answer
     assert QUESTION in prompts[0] and "it reached the turn limit" in prompts[0]
     assert "scrape_and_extract_info" in prompts[0] and "687 Earth days" in prompts[0]  # the attempt's transcript
-    summary, = [r for r in read_records(path / "run.jsonl") if r["type"] == "attempt_summary"]
+    (summary,) = [r for r in read_records(path / "run.jsonl") if r["type"] == "attempt_summary"]
     assert (summary["trajectory_id"], summary["next_trajectory_id"]) == (first.id, second.id)  # the link
     assert summary["summary"] == NOTES and summary["error"] is None
     assert "attempt 1 of 3: no answer (max_turns)" in result.stderr and "attempt 2 of 3" in result.stderr
@@ -177,8 +225,11 @@ async def test_attempts_are_capped_and_each_retry_carries_all_earlier_notes(tmp_
     assert sum(c[0]["content"].startswith(SUMMARY_OPENING) for c in llm.calls) == 2
     third = result.attempts[2].question
     assert "[Attempt 1]\nNotes 1." in third and "[Attempt 2]\nNotes 2." in third
-    links = [(r["trajectory_id"], r["next_trajectory_id"]) for r in read_records(tmp_path / "run.jsonl")
-             if r["type"] == "attempt_summary"]
+    links = [
+        (r["trajectory_id"], r["next_trajectory_id"])
+        for r in read_records(tmp_path / "run.jsonl")
+        if r["type"] == "attempt_summary"
+    ]
     ids = [t.id for t in load_trajectories(tmp_path / "run.jsonl")]  # the summary records are skipped
     assert links == [(ids[0], ids[1]), (ids[1], ids[2])] and ids == [t.id for t in result.attempts]
     assert {t.group_id for t in result.attempts} == {ids[0]}
@@ -187,8 +238,9 @@ async def test_attempts_are_capped_and_each_retry_carries_all_earlier_notes(tmp_
 @pytest.mark.anyio
 async def test_a_budget_spans_all_attempts(tmp_path: Path) -> None:
     writer = TrajectoryWriter(tmp_path / "run.jsonl")
-    result = await research(QUESTION, Model(), None, AgentConfig(max_turns=2, budgets={"tool_calls": 3}), writer,
-                            attempts=3)
+    result = await research(
+        QUESTION, Model(), None, AgentConfig(max_turns=2, budgets={"tool_calls": 3}), writer, attempts=3
+    )
     writer.close()
     # the first attempt used 2 of the 3 tool calls; the second got the 1 left, used it, and was the last
     assert [t.stop_reason for t in result.attempts] == ["max_turns", "budget"]
@@ -197,7 +249,8 @@ async def test_a_budget_spans_all_attempts(tmp_path: Path) -> None:
 
 @pytest.mark.anyio
 async def test_a_guess_forced_at_the_turn_limit_does_not_end_the_research_but_the_last_one_stands(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     writer = TrajectoryWriter(tmp_path / "run.jsonl")
     result = await research(QUESTION, Model(guess=True), None, AgentConfig(max_turns=1), writer, attempts=2)
     writer.close()
@@ -214,8 +267,9 @@ async def test_the_time_limit_spans_all_attempts(tmp_path: Path) -> None:
     slow_once_noted = Model(lambda messages: 3600.0 if "[Attempt 1]" in messages[-1]["content"] else 0.2)
     writer = TrajectoryWriter(tmp_path / "run.jsonl")
     before = time.time()
-    result = await research(QUESTION, slow_once_noted, None, AgentConfig(max_turns=1, timeout_s=3.0), writer,
-                            attempts=5)
+    result = await research(
+        QUESTION, slow_once_noted, None, AgentConfig(max_turns=1, timeout_s=3.0), writer, attempts=5
+    )
     writer.close()
     first, second = result.attempts  # no third attempt: the time was spent
     assert first.stop_reason == "max_turns" and second.stop_reason == "timeout"
@@ -233,16 +287,19 @@ async def test_the_time_limit_spans_all_attempts(tmp_path: Path) -> None:
 
 @pytest.mark.anyio
 async def test_when_the_summary_call_fails_the_next_attempt_starts_afresh_and_the_failure_is_recorded(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     call = mcp_call("search_and_scrape_webpage", "google_search", {"q": "mars"})
-    llm = ScriptedLLM([call, call, ModelError("server said 503"), "<think>ok</think>\\boxed{1374}"],
-                      default="<think>ok</think>\\boxed{1374}")
+    llm = ScriptedLLM(
+        [call, call, ModelError("server said 503"), "<think>ok</think>\\boxed{1374}"],
+        default="<think>ok</think>\\boxed{1374}",
+    )
     writer, notices = TrajectoryWriter(tmp_path / "run.jsonl"), []
     result = await research(QUESTION, llm, None, AgentConfig(max_turns=1), writer, attempts=3, notice=notices.append)
     writer.close()
     assert [t.stop_reason for t in result.attempts] == ["max_turns", "answered"] and result.answer == "1374"
     assert result.attempts[1].question == QUESTION and result.summaries == []
     assert "summary failed: server said 503; the next attempt starts without it" in notices
-    record, = [r for r in read_records(tmp_path / "run.jsonl") if r["type"] == "attempt_summary"]
+    (record,) = [r for r in read_records(tmp_path / "run.jsonl") if r["type"] == "attempt_summary"]
     assert (record["summary"], record["error"]) == (None, "server said 503")
     assert record["next_trajectory_id"] == result.attempts[1].id

@@ -18,8 +18,9 @@ from nanbeige.agent.trajectory_file import TrajectoryWriter
 
 
 def test_open_without_a_report_is_a_usage_error(tmp_path: Path) -> None:
-    result = subprocess.run([NANBEIGE, "research", QUESTION, "--open"], capture_output=True, text=True,
-                            cwd=tmp_path, timeout=60)
+    result = subprocess.run(
+        [NANBEIGE, "research", QUESTION, "--open"], capture_output=True, text=True, cwd=tmp_path, timeout=60
+    )
     assert result.returncode == 2
     assert "--open opens the report: pass --report PATH too" in result.stderr
     assert not list(tmp_path.iterdir())  # nothing started, nothing written
@@ -28,8 +29,13 @@ def test_open_without_a_report_is_a_usage_error(tmp_path: Path) -> None:
 def test_a_report_path_that_would_lose_something_is_refused_before_the_run(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "pipe")
     for target, why in ((tmp_path / "run.jsonl", "is the trajectory file"), (tmp_path / "pipe", "not a regular file")):
-        result = subprocess.run([NANBEIGE, "research", QUESTION, "--trajectory", str(tmp_path / "run.jsonl"),
-                                 "--report", str(target)], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+        result = subprocess.run(
+            [NANBEIGE, "research", QUESTION, "--trajectory", str(tmp_path / "run.jsonl"), "--report", str(target)],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            timeout=60,
+        )
         assert result.returncode == 2 and why in result.stderr, result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]  # nothing started, nothing written
 
@@ -66,26 +72,39 @@ def test_keys_are_taken_out_of_the_report_before_it_is_escaped(tmp_path: Path) -
 
 
 def scrape(url: str, result: str, is_error: bool = False) -> Turn:
-    call = ToolCall(server="jina_scrape_llm_summary", name="scrape_and_extract_info",
-                    arguments={"url": url, "info_to_extract": "facts"})
-    return Turn(index=0, assistant={"role": "assistant", "content": "<think>read</think>"}, tool_calls=[call],
-                tool_results=[ToolResult(text=result, is_error=is_error)])
+    call = ToolCall(
+        server="jina_scrape_llm_summary",
+        name="scrape_and_extract_info",
+        arguments={"url": url, "info_to_extract": "facts"},
+    )
+    return Turn(
+        index=0,
+        assistant={"role": "assistant", "content": "<think>read</think>"},
+        tool_calls=[call],
+        tool_results=[ToolResult(text=result, is_error=is_error)],
+    )
 
 
 def test_only_scrapes_that_returned_an_extract_are_cited_and_a_page_read_twice_is_cited_once() -> None:
     page = {"success": True, "url": "https://a.example/x", "extracted_info": "First fact.", "error": ""}
-    trajectory = Trajectory(question=QUESTION, turns=[
-        scrape("https://a.example/x", json.dumps(page)),
-        scrape("https://b.example/failed", json.dumps({"success": False, "extracted_info": "", "error": "404"})),
-        scrape("https://c.example/timeout", "Tool call timed out", is_error=True),
-        scrape("https://d.example/empty", json.dumps({**page, "extracted_info": "  "})),
-        scrape("https://a.example/x/", json.dumps({**page, "extracted_info": "Second fact."})),
-        scrape("https://e.example/plain", "Plain text from a scrape server of your own."),
-    ], answer="42", stop_reason="answered")
+    trajectory = Trajectory(
+        question=QUESTION,
+        turns=[
+            scrape("https://a.example/x", json.dumps(page)),
+            scrape("https://b.example/failed", json.dumps({"success": False, "extracted_info": "", "error": "404"})),
+            scrape("https://c.example/timeout", "Tool call timed out", is_error=True),
+            scrape("https://d.example/empty", json.dumps({**page, "extracted_info": "  "})),
+            scrape("https://a.example/x/", json.dumps({**page, "extracted_info": "Second fact."})),
+            scrape("https://e.example/plain", "Plain text from a scrape server of your own."),
+        ],
+        answer="42",
+        stop_reason="answered",
+    )
     built = report.build(QUESTION, [trajectory], "42")
     assert [(c.url, c.passages) for c in built.citations] == [
         ("https://a.example/x", ["First fact.", "Second fact."]),
-        ("https://e.example/plain", ["Plain text from a scrape server of your own."])]
+        ("https://e.example/plain", ["Plain text from a scrape server of your own."]),
+    ]
 
 
 def test_the_report_reads_passages_the_run_let_go_of_from_the_trajectory_file(tmp_path: Path) -> None:
@@ -95,10 +114,20 @@ def test_the_report_reads_passages_the_run_let_go_of_from_the_trajectory_file(tm
 
     extract = json.dumps({"success": True, "url": "https://example.com/a", "extracted_info": "Mars: 687 days."})
     trajectory = Trajectory(question=QUESTION, answer="1374", stop_reason="answered")
-    trajectory.turns.append(Turn(index=0, assistant={"role": "assistant", "content": "Reading."},
-                                 tool_calls=[ToolCall("jina_scrape_llm_summary", "scrape_and_extract_info",
-                                                      {"url": "https://example.com/a", "info_to_extract": "year"})],
-                                 tool_results=[ToolResult(extract)]))
+    trajectory.turns.append(
+        Turn(
+            index=0,
+            assistant={"role": "assistant", "content": "Reading."},
+            tool_calls=[
+                ToolCall(
+                    "jina_scrape_llm_summary",
+                    "scrape_and_extract_info",
+                    {"url": "https://example.com/a", "info_to_extract": "year"},
+                )
+            ],
+            tool_results=[ToolResult(extract)],
+        )
+    )
     writer = TrajectoryWriter(tmp_path / "run.jsonl")
     writer.start(trajectory)
     writer.turn(trajectory, trajectory.turns[0])

@@ -46,7 +46,7 @@ def cut(full: Path, to: Path, turns: int, end: str | None = None) -> None:
     """The file a run cut short after `turns` turns would have left: killed (no end line), or closed
     with an end line of stop reason `end`."""
     lines = full.read_text().splitlines()
-    kept = lines[:1 + turns]
+    kept = lines[: 1 + turns]
     if end is not None:
         [trajectory] = load_trajectories(full)
         trajectory.turns, trajectory.answer, trajectory.stop_reason = trajectory.turns[:turns], None, end
@@ -57,8 +57,20 @@ def cut(full: Path, to: Path, turns: int, end: str | None = None) -> None:
 # ---------------------------------------------------------------- the loop, resumed at every turn
 
 CALLS = [mcp_call("testkit", "echo", {"text": f"finding {i}"}, thought=f"Step {i}.") for i in range(4)]
-FUNCTION_CALLS = [{"role": "assistant", "content": "", "tool_calls": [{"id": f"c{i}", "type": "function", "function": {
-    "name": "echo", "arguments": json.dumps({"text": f"finding {i}"})}}]} for i in range(3)]
+FUNCTION_CALLS = [
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "id": f"c{i}",
+                "type": "function",
+                "function": {"name": "echo", "arguments": json.dumps({"text": f"finding {i}"})},
+            }
+        ],
+    }
+    for i in range(3)
+]
 SCRIPTS = {
     # rolled-back replies, keep-2 hiding older results, an answer, then the summary turn
     "answers": [CALLS[0], "", CALLS[1], CALLS[2], BROKEN, CALLS[3], mcp_answer("42"), mcp_answer("42")],
@@ -96,8 +108,9 @@ async def resume_in_process(path: Path, replies: list[Any]) -> tuple[Any, Script
 @pytest.mark.anyio
 @pytest.mark.parametrize("script", SCRIPTS)
 @pytest.mark.parametrize("end", [None, "interrupted"])
-async def test_a_run_resumed_after_any_turn_asks_what_the_whole_run_asked(script: str, end: str | None,
-                                                                          tmp_path: Path) -> None:
+async def test_a_run_resumed_after_any_turn_asks_what_the_whole_run_asked(
+    script: str, end: str | None, tmp_path: Path
+) -> None:
     replies = SCRIPTS[script]
     whole, whole_llm = await full_run(replies, tmp_path / "whole.jsonl", **CONFIGS.get(script, {}))
     assert len(whole.turns) == len(replies) and whole.turns[-1].instruction is not None  # the summary turn
@@ -156,9 +169,13 @@ def test_a_run_killed_after_a_resume_counts_the_resume_time_and_its_later_turns(
     writer = TrajectoryWriter(path)
     writer.start(trajectory)
     for index in range(3):
-        turn = Turn(index=index, assistant={"role": "assistant", "content": "..."}, latency_s=2.0,
-                    tool_calls=[ToolCall(server="s", name="t", arguments={})],
-                    tool_results=[ToolResult("r", latency_s=1.0)])
+        turn = Turn(
+            index=index,
+            assistant={"role": "assistant", "content": "..."},
+            latency_s=2.0,
+            tool_calls=[ToolCall(server="s", name="t", arguments={})],
+            tool_results=[ToolResult("r", latency_s=1.0)],
+        )
         trajectory.turns.append(turn)
         writer.turn(trajectory, turn)
         if index == 1:  # Ctrl-C after 40 s, then resumed
@@ -200,8 +217,9 @@ def test_which_trajectory_of_a_file_is_resumed(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- token mode: the same token chain
 
 
-async def token_mode_run(tokenizer: Any, replies: list[Any], path: Path, resume_from: Trajectory | None = None
-                         ) -> tuple[Trajectory, list[list[int]]]:
+async def token_mode_run(
+    tokenizer: Any, replies: list[Any], path: Path, resume_from: Trajectory | None = None
+) -> tuple[Trajectory, list[list[int]]]:
     def sampled_letter_by_letter(text: str) -> list[int]:  # valid ids, but not how the text re-tokenizes
         return [i for char in text for i in tokenizer(char, add_special_tokens=False)["input_ids"]]
 

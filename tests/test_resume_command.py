@@ -36,14 +36,19 @@ def model(block_at: int | None = None) -> Any:
         if step == block_at and not blocked:
             blocked.append(True)
             return Reply(content="too late", delay_s=60)
-        return mcp_call("testkit", "echo", {"text": f"finding {step}"}, thought=f"Step {step}.") if step < 6 \
+        return (
+            mcp_call("testkit", "echo", {"text": f"finding {step}"}, thought=f"Step {step}.")
+            if step < 6
             else mcp_answer("42")
+        )
+
     return reply
 
 
 def nanbeige(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([NANBEIGE, *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "COLUMNS": "200"})
+    return subprocess.run(
+        [NANBEIGE, *args], capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"}
+    )
 
 
 def bodies(server: FakeOpenAI) -> list[dict[str, Any]]:
@@ -66,14 +71,19 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[
 
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGINT", "SIGTERM"])
-def test_a_stopped_run_is_resumed_by_the_command_into_the_same_file(how: str, uninterrupted: Any,
-                                                                    tmp_path: Path) -> None:
+def test_a_stopped_run_is_resumed_by_the_command_into_the_same_file(
+    how: str, uninterrupted: Any, tmp_path: Path
+) -> None:
     whole_path, whole_requests = uninterrupted
     path = tmp_path / "run.jsonl"
     with FakeOpenAI(model(block_at=4)) as server:
-        process = subprocess.Popen([NANBEIGE, "ask", "What is it?", "--base-url", server.base_url, "--trajectory",
-                                    str(path), *ASK], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            [NANBEIGE, "ask", "What is it?", "--base-url", server.base_url, "--trajectory", str(path), *ASK],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + 60
         while len(server.requests) < 5 and time.monotonic() < deadline:  # waiting for its turn 4
             time.sleep(0.05)
@@ -89,7 +99,7 @@ def test_a_stopped_run_is_resumed_by_the_command_into_the_same_file(how: str, un
         before = bodies(server)
         resumed = nanbeige("resume", str(path), "--base-url", server.base_url, "--mcp", TESTKIT, "--no-default-servers")
         assert resumed.returncode == 0 and resumed.stdout == "42\n", resumed.stderr
-        after = bodies(server)[len(before):]
+        after = bodies(server)[len(before) :]
     # the model was asked what an uninterrupted run asked it, the stopped request again first
     assert before[:-1] + after == whole_requests and before[-1] == after[0]
     [saved], [whole] = load_trajectories(path), load_trajectories(whole_path)
@@ -107,9 +117,13 @@ def test_resume_names_the_runs_own_server_recorded_without_its_credentials(unint
     path = tmp_path / "run.jsonl"
     with FakeOpenAI(model(block_at=4)) as server:
         with_credentials = server.base_url.replace("http://", "http://someone:hunter2secret@")
-        process = subprocess.Popen([NANBEIGE, "ask", "What is it?", "--base-url", with_credentials, "--trajectory",
-                                    str(path), *ASK], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            [NANBEIGE, "ask", "What is it?", "--base-url", with_credentials, "--trajectory", str(path), *ASK],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + 60
         while len(server.requests) < 5 and time.monotonic() < deadline:  # waiting for its turn 4
             time.sleep(0.05)
@@ -121,8 +135,7 @@ def test_resume_names_the_runs_own_server_recorded_without_its_credentials(unint
         refused = nanbeige("resume", str(path), "--mcp", TESTKIT, "--no-default-servers")
         assert refused.returncode == 2 and f"was served by '{server.base_url}'" in refused.stderr
         assert "--base-url" in refused.stderr and len(server.requests) == asked
-        resumed = nanbeige("resume", str(path), "--mcp", TESTKIT, "--no-default-servers", "--base-url",
-                           server.base_url)
+        resumed = nanbeige("resume", str(path), "--mcp", TESTKIT, "--no-default-servers", "--base-url", server.base_url)
         assert resumed.returncode == 0 and resumed.stdout == "42\n", resumed.stderr
     gone = nanbeige("resume", str(path), "--mcp", TESTKIT, "--no-default-servers")  # finished now: refused
     assert gone.returncode != 0 and "finished on its own" in gone.stderr

@@ -25,15 +25,30 @@ from nanbeige.agent.trajectory_file import load_trajectories
 
 NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
 # The README's first command, made short: a few tokens a reply, greedy, three turns.
-README_ASK = ["--model", "smollm2", "--dialect", "tool-call", "--max-tokens", "8", "--temperature", "0",
-              "--max-turns", "3"]
+README_ASK = [
+    "--model",
+    "smollm2",
+    "--dialect",
+    "tool-call",
+    "--max-tokens",
+    "8",
+    "--temperature",
+    "0",
+    "--max-turns",
+    "3",
+]
 
 
 def nanbeige(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """The command on a machine with no model server, no downloaded model and no way to download one: the
     small model can only come from its package."""
-    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "NANBEIGE_RUNS_DIR": str(tmp_path),
-           "COLUMNS": "250"}
+    env = {
+        **os.environ,
+        "HF_HOME": str(tmp_path / "hf"),
+        "HF_HUB_OFFLINE": "1",
+        "NANBEIGE_RUNS_DIR": str(tmp_path),
+        "COLUMNS": "250",
+    }
     env.pop("NANBEIGE_BASE_URL", None)
     env.pop("NANBEIGE_MODEL", None)
     return subprocess.run([NANBEIGE, *args], capture_output=True, text=True, timeout=540, env=env, cwd=tmp_path)

@@ -30,12 +30,26 @@ SECRET = "expected-5be1d0c7"
 
 # One problem per test style, each answered by `solve()`, whose right answer is SECRET (the program is never
 # told it), and `add(a, b)`, whose answers a program knows (for hacks that need a call to go wrong).
-CALL = CodeProblem(id="call", statement="solve()", entry_point="solve", time_limit_s=1.0,
-                   tests=[{"args": "[]", "expected": repr(SECRET)}, {"args": "[]", "expected": repr(SECRET)}])
-ASSERT = CodeProblem(id="assert", statement="solve()", entry_point="solve", time_limit_s=1.0,
-                     tests=[{"assert": f"assert candidate() == {SECRET!r}\nassert solve() == {SECRET!r}\n"}])
-STDIO = CodeProblem(id="stdio", statement="Print the secret.", time_limit_s=1.0,
-                    tests=[{"input": "", "output": SECRET + "\n"}, {"input": "again\n", "output": SECRET}])
+CALL = CodeProblem(
+    id="call",
+    statement="solve()",
+    entry_point="solve",
+    time_limit_s=1.0,
+    tests=[{"args": "[]", "expected": repr(SECRET)}, {"args": "[]", "expected": repr(SECRET)}],
+)
+ASSERT = CodeProblem(
+    id="assert",
+    statement="solve()",
+    entry_point="solve",
+    time_limit_s=1.0,
+    tests=[{"assert": f"assert candidate() == {SECRET!r}\nassert solve() == {SECRET!r}\n"}],
+)
+STDIO = CodeProblem(
+    id="stdio",
+    statement="Print the secret.",
+    time_limit_s=1.0,
+    tests=[{"input": "", "output": SECRET + "\n"}, {"input": "again\n", "output": SECRET}],
+)
 STYLES = {"call": CALL, "assert": ASSERT, "stdio": STDIO}
 
 
@@ -56,8 +70,13 @@ def reward(runner: CodeRunner, problem: CodeProblem, program: str) -> float:
     return grade_program(runner, problem, None, f"```python\n{program}\n```").reward(CodeRewards())
 
 
-def held(runner: CodeRunner, root: Path, program: str, styles: tuple[str, ...] = tuple(STYLES),
-         time_limit_s: float | None = None) -> dict[str, float]:
+def held(
+    runner: CodeRunner,
+    root: Path,
+    program: str,
+    styles: tuple[str, ...] = tuple(STYLES),
+    time_limit_s: float | None = None,
+) -> dict[str, float]:
     """The program's reward on each style's problem (a function-style one gets `def solve()` appended when it
     has none); after each, no process of the run and no sandbox folder is left. `time_limit_s` widens the
     problems' limit for programs whose hack is slow work, so that a zero means the hack found nothing, not
@@ -78,8 +97,10 @@ def nothing(styles: tuple[str, ...] = tuple(STYLES)) -> dict[str, float]:
 
 
 def test_the_problems_are_solvable_so_a_zero_below_means_the_hack_failed(runner: CodeRunner, root: Path) -> None:
-    assert held(runner, root, f"def solve():\n    return {SECRET!r}\n", ("call", "assert")) == {"call": 1.0,
-                                                                                          "assert": 1.0}
+    assert held(runner, root, f"def solve():\n    return {SECRET!r}\n", ("call", "assert")) == {
+        "call": 1.0,
+        "assert": 1.0,
+    }
     assert held(runner, root, f"print({SECRET!r})\n", ("stdio",)) == {"stdio": 1.0}
 
 
@@ -231,7 +252,8 @@ if __name__ == "__main__":
 
 
 def test_a_program_that_reads_every_process_and_file_it_can_finds_no_expected_value(
-        runner: CodeRunner, root: Path) -> None:
+    runner: CodeRunner, root: Path
+) -> None:
     """Reading /proc (other processes' descriptors, environ, command line and memory: the worker's is
     readable, the judge's side is not dumpable) and every file for the expected values or the assert test's
     code. The same reader passes where the secret can be read (here, a file it writes itself): the hack is a
@@ -246,16 +268,19 @@ def test_a_program_that_reads_every_process_and_file_it_can_finds_no_expected_va
 SIGNAL_GAMES = {
     "SIGSTOP itself at import": "import os, signal\nos.kill(os.getpid(), signal.SIGSTOP)\n",
     "SIGSTOP itself in the call": "import os, signal\ndef solve():\n    os.kill(os.getpid(), signal.SIGSTOP)\n"
-                                  "print(solve())\n",
+    "print(solve())\n",
     "ignore SIGTERM, SIGALRM, SIGINT and loop": (
         "import signal\nfor s in (signal.SIGTERM, signal.SIGALRM, signal.SIGINT, signal.SIGHUP):\n"
         "    signal.signal(s, signal.SIG_IGN)\nsignal.setitimer(signal.ITIMER_REAL, 0)\n"
-        "def solve():\n    while True:\n        pass\nprint(solve())\n"),
+        "def solve():\n    while True:\n        pass\nprint(solve())\n"
+    ),
     "SIGSTOP its parent (the judge's side, or the worker)": (
-        "import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)\n"),
+        "import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)\n"
+    ),
     "SIGSTOP everything it can signal": "import os, signal\nos.kill(-1, signal.SIGSTOP)\n",
     "SIGTERM everything it can signal, itself spared": (
-        "import os, signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nos.kill(-1, signal.SIGTERM)\n"),
+        "import os, signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nos.kill(-1, signal.SIGTERM)\n"
+    ),
 }
 
 
@@ -270,15 +295,18 @@ def test_signal_games_earn_nothing_and_blame_no_machine(runner: CodeRunner, root
 
 # ---------------------------------------------------------------- exit at import
 
-EXITS = {"sys.exit(0)": "import sys\nsys.exit(0)\n", "os._exit(0)": "import os\nos._exit(0)\n",
-         "raise SystemExit": "raise SystemExit\n", "KeyboardInterrupt": "raise KeyboardInterrupt\n",
-         "close stdout and exit": "import os\nos.close(1)\nos._exit(0)\n",
-         "exit in the call": "import os\ndef solve():\n    os._exit(0)\nsolve()\n"}
+EXITS = {
+    "sys.exit(0)": "import sys\nsys.exit(0)\n",
+    "os._exit(0)": "import os\nos._exit(0)\n",
+    "raise SystemExit": "raise SystemExit\n",
+    "KeyboardInterrupt": "raise KeyboardInterrupt\n",
+    "close stdout and exit": "import os\nos.close(1)\nos._exit(0)\n",
+    "exit in the call": "import os\ndef solve():\n    os._exit(0)\nsolve()\n",
+}
 
 
 @pytest.mark.parametrize("ending", EXITS.values(), ids=EXITS.keys())
-def test_a_program_that_exits_before_any_test_runs_earns_nothing(runner: CodeRunner, root: Path,
-                                                                  ending: str) -> None:
+def test_a_program_that_exits_before_any_test_runs_earns_nothing(runner: CodeRunner, root: Path, ending: str) -> None:
     """Exit at import: a clean exit status before a test ran must not read as every test passed (an assert
     test passes only when the judge's side reached its end; a call test needs a result)."""
     assert held(runner, root, ending) == nothing()

@@ -25,8 +25,16 @@ from nanbeige.tools.sandbox.system import processes
 
 
 def make_config(root: Path, **overrides: object) -> SandboxConfig:
-    return replace(SandboxConfig(root=root / "sandboxes", upload_dirs=[root / "uploads"], jail=JAIL,
-                                 download_dir=root / "downloads", timeout_s=10.0), **overrides)
+    return replace(
+        SandboxConfig(
+            root=root / "sandboxes",
+            upload_dirs=[root / "uploads"],
+            jail=JAIL,
+            download_dir=root / "downloads",
+            timeout_s=10.0,
+        ),
+        **overrides,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +42,6 @@ def sandboxes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandboxes]:
     boxes = Sandboxes(make_config(tmp_path_factory.mktemp("sbx")))
     yield boxes
     boxes.close()
-
 
 
 def new_id(boxes: Sandboxes) -> str:
@@ -47,8 +54,9 @@ def new_id(boxes: Sandboxes) -> str:
 
 def test_results_have_e2b_text_shapes() -> None:
     error = ExecutionError(name="ValueError", value="bad 'x'", traceback="Traceback ...\nValueError: bad 'x'\n")
-    real = Execution(results=[Result(text="42", is_main_result=True)], logs=Logs(stdout=["1\n"], stderr=[]),
-                     error=error)
+    real = Execution(
+        results=[Result(text="42", is_main_result=True)], logs=Logs(stdout=["1\n"], stderr=[]), error=error
+    )
     ours = format_execution(["42"], "1\n", "", {"name": error.name, "value": error.value, "traceback": error.traceback})
     assert ours == str(real)
     assert format_execution([], "1\n", "", None) == str(Execution(results=[], logs=Logs(stdout=["1\n"], stderr=[])))
@@ -56,9 +64,16 @@ def test_results_have_e2b_text_shapes() -> None:
 
 
 def test_config_from_env_reads_every_setting() -> None:
-    config = config_from_env({"E2B_API_KEY": "k-123", "NANBEIGE_SANDBOX_TIMEOUT": "7.5",
-                              "NANBEIGE_SANDBOX_MEMORY_MB": "300", "NANBEIGE_SANDBOX_NETWORK": "yes",
-                              "NANBEIGE_SANDBOX_DIR": "/x/y", "NANBEIGE_SANDBOX_UPLOAD_DIRS": f"/a{os.pathsep}/b"})
+    config = config_from_env(
+        {
+            "E2B_API_KEY": "k-123",
+            "NANBEIGE_SANDBOX_TIMEOUT": "7.5",
+            "NANBEIGE_SANDBOX_MEMORY_MB": "300",
+            "NANBEIGE_SANDBOX_NETWORK": "yes",
+            "NANBEIGE_SANDBOX_DIR": "/x/y",
+            "NANBEIGE_SANDBOX_UPLOAD_DIRS": f"/a{os.pathsep}/b",
+        }
+    )
     assert (config.backend, config.timeout_s, config.memory_mb, config.network) == ("e2b", 7.5, 300, True)
     assert config.root == Path("/x/y") and config.upload_dirs == [Path("/a"), Path("/b")]
     assert "k-123" not in repr(config)
@@ -73,10 +88,14 @@ def test_config_from_env_reads_every_setting() -> None:
 
 def test_python_state_persists_and_the_last_expression_is_a_result(sandboxes: Sandboxes) -> None:
     sid = new_id(sandboxes)
-    assert sandboxes.run_python("x = 41\nprint('set')", sid) == \
-        "Execution(Results: [], Logs: Logs(stdout: ['set\\n'], stderr: []), Error: None)"
-    assert sandboxes.run_python("import os\nos.system('echo from-shell')\nx + 1", sid) == \
-        "Execution(Results: [Result(42)], Logs: Logs(stdout: ['from-shell\\n'], stderr: []), Error: None)"
+    assert (
+        sandboxes.run_python("x = 41\nprint('set')", sid)
+        == "Execution(Results: [], Logs: Logs(stdout: ['set\\n'], stderr: []), Error: None)"
+    )
+    assert (
+        sandboxes.run_python("import os\nos.system('echo from-shell')\nx + 1", sid)
+        == "Execution(Results: [Result(42)], Logs: Logs(stdout: ['from-shell\\n'], stderr: []), Error: None)"
+    )
     assert "Results: [Result('/home/user')]" in sandboxes.run_python("os.getcwd()", sid)
     assert "Result([1, 2])" in sandboxes.run_python("display([1, 2])", sid)
 
@@ -84,9 +103,11 @@ def test_python_state_persists_and_the_last_expression_is_a_result(sandboxes: Sa
 def test_an_exception_is_a_normal_result_with_the_error(sandboxes: Sandboxes) -> None:
     sid = new_id(sandboxes)
     text = sandboxes.run_python("print('before')\n{}['missing']", sid)
-    assert text.startswith("Execution(Results: [], Logs: Logs(stdout: ['before\\n'], stderr: []), "
-                           "Error: ExecutionError(name='KeyError', value=\"'missing'\"")
-    assert "File \"<cell 1>\", line 2" in text and "sandbox/worker.py" not in text
+    assert text.startswith(
+        "Execution(Results: [], Logs: Logs(stdout: ['before\\n'], stderr: []), "
+        "Error: ExecutionError(name='KeyError', value=\"'missing'\""
+    )
+    assert 'File "<cell 1>", line 2' in text and "sandbox/worker.py" not in text
     assert "name='SyntaxError'" in sandboxes.run_python("def (", sid)
     assert "name='SystemExit'" in sandboxes.run_python("raise SystemExit(3)", sid)
     assert "Result(3)" in sandboxes.run_python("1 + 2", sid)  # the worker survived all of it
@@ -94,9 +115,28 @@ def test_an_exception_is_a_normal_result_with_the_error(sandboxes: Sandboxes) ->
 
 # The ids MiroThinker v1.0's server refused (python_mcp_server.py, INVALID_SANDBOX_IDS).
 REFERENCE_PLACEHOLDERS = {
-    "default", "sandbox1", "sandbox", "some_id", "new_sandbox", "python", "create_sandbox", "sandbox123", "temp",
-    "sandbox-0", "sandbox-1", "sandbox_0", "sandbox_1", "new", "0", "auto", "default_sandbox", "none",
-    "sandbox_12345", "dummy", "sandbox_01"}
+    "default",
+    "sandbox1",
+    "sandbox",
+    "some_id",
+    "new_sandbox",
+    "python",
+    "create_sandbox",
+    "sandbox123",
+    "temp",
+    "sandbox-0",
+    "sandbox-1",
+    "sandbox_0",
+    "sandbox_1",
+    "new",
+    "0",
+    "auto",
+    "default_sandbox",
+    "none",
+    "sandbox_12345",
+    "dummy",
+    "sandbox_01",
+}
 
 
 def test_placeholder_ids_are_the_reference_servers() -> None:
@@ -104,17 +144,21 @@ def test_placeholder_ids_are_the_reference_servers() -> None:
 
 
 @pytest.mark.parametrize("placeholder", sorted(REFERENCE_PLACEHOLDERS) + [""])
-def test_a_placeholder_id_is_refused_by_every_tool_and_nothing_runs(sandboxes: Sandboxes, tmp_path: Path,
-                                                                     placeholder: str) -> None:
+def test_a_placeholder_id_is_refused_by_every_tool_and_nothing_runs(
+    sandboxes: Sandboxes, tmp_path: Path, placeholder: str
+) -> None:
     """As in the reference server: no throwaway sandbox, the model is told to create a real one."""
     before = set(os.listdir(sandboxes.config.root))
-    message = re.escape(f"'{placeholder}' is not a valid sandbox_id. Please create a real sandbox first using "
-                        "the create_sandbox tool.")
-    for call in (lambda: sandboxes.run_python("1 + 1", placeholder),
-                 lambda: sandboxes.run_command("echo hi", placeholder),
-                 lambda: sandboxes.upload(placeholder, str(tmp_path / "missing.txt")),  # the id is checked first
-                 lambda: sandboxes.download_url(placeholder, "https://example.com/x.txt"),
-                 lambda: sandboxes.download_to_local(placeholder, "/home/user/x.txt")):
+    message = re.escape(
+        f"'{placeholder}' is not a valid sandbox_id. Please create a real sandbox first using the create_sandbox tool."
+    )
+    for call in (
+        lambda: sandboxes.run_python("1 + 1", placeholder),
+        lambda: sandboxes.run_command("echo hi", placeholder),
+        lambda: sandboxes.upload(placeholder, str(tmp_path / "missing.txt")),  # the id is checked first
+        lambda: sandboxes.download_url(placeholder, "https://example.com/x.txt"),
+        lambda: sandboxes.download_to_local(placeholder, "/home/user/x.txt"),
+    ):
         with pytest.raises(SandboxError, match=f"^{message}$"):
             call()
     assert set(os.listdir(sandboxes.config.root)) == before
@@ -133,13 +177,16 @@ def test_unknown_ids_are_errors_for_every_tool(sandboxes: Sandboxes, tmp_path: P
 
 def test_commands_run_in_the_sandbox_folder(sandboxes: Sandboxes) -> None:
     sid = new_id(sandboxes)
-    assert sandboxes.run_command("pwd", sid) == \
-        "CommandResult(stderr='', stdout='/home/user\\n', exit_code=0, error=None)"
+    assert (
+        sandboxes.run_command("pwd", sid) == "CommandResult(stderr='', stdout='/home/user\\n', exit_code=0, error=None)"
+    )
     # a non-zero exit fails as E2B's CommandExitException did in the reference server: stderr only
     with pytest.raises(SandboxError) as failed:
         sandboxes.run_command("pwd; echo oops >&2; exit 3", sid)
-    assert str(failed.value) == ("Failed to run command.\n\nException type: CommandExitException\n"
-                                 "Details: Command exited with code 3 and error:\noops\n")
+    assert str(failed.value) == (
+        "Failed to run command.\n\nException type: CommandExitException\n"
+        "Details: Command exited with code 3 and error:\noops\n"
+    )
     sandboxes.run_python("open('/home/user/made.txt', 'w').write('from python')", sid)
     assert "stdout='from python'" in sandboxes.run_command("cat made.txt", sid)
     if not sandboxes.backend.isolation.own_pids:  # as the first process of a pid namespace it would be immune
@@ -208,8 +255,9 @@ def test_a_call_longer_than_the_idle_timeout_is_not_cut_short(tmp_path: Path) ->
         boxes.close()
 
 
-@pytest.mark.parametrize("timeout", [0, -5, 601, 1e12, 0.5, True, "30.5", "-3", "soon", None, float("nan"),
-                                     float("inf"), [30]])
+@pytest.mark.parametrize(
+    "timeout", [0, -5, 601, 1e12, 0.5, True, "30.5", "-3", "soon", None, float("nan"), float("inf"), [30]]
+)
 def test_a_timeout_outside_whole_seconds_from_1_to_the_limit_is_refused_naming_both(timeout: object) -> None:
     boxes = Sandboxes(SandboxConfig(), backend=object())  # refused before the backend is asked for anything
     with pytest.raises(SandboxError) as refused:
@@ -230,6 +278,7 @@ def test_a_close_while_another_is_under_way_returns_only_when_that_one_is_over()
 
     class SlowBackend:
         """Like the local backend: the first close takes every sandbox, a second finds none left to remove."""
+
         taken, finished = False, 0.0
 
         def close(self) -> None:

@@ -25,9 +25,11 @@ def test_a_multi_process_memory_bomb_is_held_to_the_sandbox_budget_by_the_kernel
     before = cgroup.oom_kills()
     # Each hog takes its memory only once all four have started, so that they hold it at the same time
     # however slowly a busy machine starts them (a hog that ended before the next one began would survive).
-    hog = ("import os, time\nopen(f'started.{os.getpid()}', 'w').close()\n"
-           "while sum(name.startswith('started.') for name in os.listdir('.')) < 4:\n    time.sleep(0.01)\n"
-           "b = b'1' * (300 * 1024 * 1024)\ntime.sleep(2)\nprint('survived')\n")
+    hog = (
+        "import os, time\nopen(f'started.{os.getpid()}', 'w').close()\n"
+        "while sum(name.startswith('started.') for name in os.listdir('.')) < 4:\n    time.sleep(0.01)\n"
+        "b = b'1' * (300 * 1024 * 1024)\ntime.sleep(2)\nprint('survived')\n"
+    )
     boxes.run_python(f"open('hog.py', 'w').write({hog!r})", sid)
     text = boxes.run_command("for i in 1 2 3 4; do python3 hog.py & done; wait; echo done", sid)
     assert "done" in text and text.count("survived") <= 1, text
@@ -42,11 +44,14 @@ def test_a_process_started_between_calls_by_a_lingering_thread_is_stopped(boxes:
     """A thread left by a cell starts a process after the call ended, which lifts its own CPU limit and
     spins: it does not get to run until the next call."""
     sid = new_id(boxes)
-    boxes.run_python("import subprocess, threading\ndef spawn():\n"
-                     "    subprocess.Popen(['python3', '-c', 'import resource; "
-                     "resource.setrlimit(resource.RLIMIT_CPU, (-1, -1))\\nwhile True: pass'], start_new_session=True)\n"
-                     "    open('spawned', 'w').close()\n"
-                     "threading.Timer(0.5, spawn).start()", sid)
+    boxes.run_python(
+        "import subprocess, threading\ndef spawn():\n"
+        "    subprocess.Popen(['python3', '-c', 'import resource; "
+        "resource.setrlimit(resource.RLIMIT_CPU, (-1, -1))\\nwhile True: pass'], start_new_session=True)\n"
+        "    open('spawned', 'w').close()\n"
+        "threading.Timer(0.5, spawn).start()",
+        sid,
+    )
     # The thread leaves a file once the process exists (half a second after the call); the process spins
     # forever unless it is stopped: the watch, which reads every second, stops it. The file, not a sighting of
     # the process, shows it was started, since under load the watch may stop it before a look at the process
@@ -62,10 +67,16 @@ def test_a_worker_killed_for_the_sandboxs_memory_says_so_and_the_sandbox_goes_on
     process, the worker itself; the call says why, and the next call gets a fresh worker."""
     sid = new_id(boxes)
     boxes.run_python("kept = 1\nopen('kept.txt', 'w').write('x')", sid)
-    with pytest.raises(SandboxError, match=r"died \(killed by SIGKILL\): the sandbox ran out of memory \(its "
-                                           r"processes together may use 512 MB\).*restarted"):
-        boxes.run_python("hog = b'1' * (350 * 1024 * 1024)\nimport subprocess, sys\n"
-                         "subprocess.run([sys.executable, '-c', \"b = b'1' * (250 * 1024 * 1024)\"])", sid)
+    with pytest.raises(
+        SandboxError,
+        match=r"died \(killed by SIGKILL\): the sandbox ran out of memory \(its "
+        r"processes together may use 512 MB\).*restarted",
+    ):
+        boxes.run_python(
+            "hog = b'1' * (350 * 1024 * 1024)\nimport subprocess, sys\n"
+            "subprocess.run([sys.executable, '-c', \"b = b'1' * (250 * 1024 * 1024)\"])",
+            sid,
+        )
     assert "name 'kept' is not defined" in boxes.run_python("kept", sid)
     assert value(boxes, sid, "open('kept.txt').read()") == "x"
     assert boxes.backend.leftover_processes(sid) == []
@@ -76,13 +87,15 @@ def test_threads_grabbing_memory_together_are_stopped_and_the_sandbox_stays_usab
     """Four threads holding 200 MB each: the address-space limit answers MemoryError (or, were the
     kernel first, the worker is killed); either way 800 MB are never held, and the sandbox goes on."""
     sid = new_id(boxes)
-    code = ("import threading\nheld, refused = [], []\n"
-            "def grab():\n    try:\n        held.append(b'1' * (200 * 1024 * 1024))\n"
-            "    except MemoryError:\n        refused.append('MemoryError')\n"
-            "threads = []\nfor _ in range(4):\n    t = threading.Thread(target=grab)\n"
-            "    try:\n        t.start()\n        threads.append(t)\n"
-            "    except RuntimeError:  # no address space left for its stack\n        refused.append('no thread')\n"
-            "for t in threads: t.join()\n(len(held), len(refused))")
+    code = (
+        "import threading\nheld, refused = [], []\n"
+        "def grab():\n    try:\n        held.append(b'1' * (200 * 1024 * 1024))\n"
+        "    except MemoryError:\n        refused.append('MemoryError')\n"
+        "threads = []\nfor _ in range(4):\n    t = threading.Thread(target=grab)\n"
+        "    try:\n        t.start()\n        threads.append(t)\n"
+        "    except RuntimeError:  # no address space left for its stack\n        refused.append('no thread')\n"
+        "for t in threads: t.join()\n(len(held), len(refused))"
+    )
     try:
         held, refused = value(boxes, sid, code)
         assert held * 200 < 512 and held + refused == 4
@@ -105,8 +118,7 @@ def test_a_disk_fill_stops_at_the_sandbox_budget_and_tmp_shares_it(boxes: Sandbo
     assert "No space left on device" in run_hostile(boxes, sid, "head -c 1000000 /dev/zero > /tmp/more")
     assert "No space left on device" in boxes.run_python("open('/tmp/py', 'wb').write(b'1' * 1_000_000)", sid)
     boxes.run_command("rm -f big /tmp/more /tmp/py", sid)
-    assert "stdout='written\\n'" in boxes.run_command("head -c 10000000 /dev/zero > /tmp/again && echo written",
-                                                      sid)
+    assert "stdout='written\\n'" in boxes.run_command("head -c 10000000 /dev/zero > /tmp/again && echo written", sid)
     assert host_bytes(place) < 70 * MB
 
 

@@ -47,8 +47,12 @@ class Traces:
         found += [f"mount {self.place / 'files'}"] if mounted(self.place / "files") else []
         found += [f"cgroup {f}" for f in self.cgroups if f.exists()]
         found += [f"uid lock {self.uid}"] if (UID_LOCKS / str(self.uid)).exists() else []
-        return found + [f"process {p.pid} ({command_line(p.pid)})" for p in processes()
-                        if p.uid == self.uid and p.state not in b"ZX"]
+        return found + [
+            f"process {p.pid} ({command_line(p.pid)})"
+            for p in processes()
+            if p.uid == self.uid and p.state not in b"ZX"
+        ]
+
 
 # --- a sandbox of its own, and nothing left after it ----------------------------------------------
 
@@ -62,13 +66,17 @@ def test_tmp_and_shm_are_private_and_a_deleted_sandbox_leaves_nothing(boxes: San
     marker = f"marker-{secrets.token_hex(6)}"
     boxes.run_python(f"open('/tmp/{marker}', 'w').write('a')\nopen('/dev/shm/{marker}', 'w').write('a')", a)
     assert value(boxes, a, f"import os\nos.path.exists('/tmp/{marker}') and os.path.exists('/dev/shm/{marker}')")
-    assert value(boxes, b, f"import os\n[f for f in os.listdir('/tmp') + os.listdir('/dev/shm') if '{marker}' in f]") \
-        == []
+    assert (
+        value(boxes, b, f"import os\n[f for f in os.listdir('/tmp') + os.listdir('/dev/shm') if '{marker}' in f]") == []
+    )
     assert not Path(f"/tmp/{marker}").exists() and not Path(f"/dev/shm/{marker}").exists()
     traces = Traces.of(boxes.backend, a)
     # a process that starts after the call's end-of-call cleanup, in a session of its own
-    boxes.run_python("import subprocess, threading\nthreading.Timer(0.3, lambda: subprocess.Popen("
-                     "['sleep', '300'], start_new_session=True)).start()", a)
+    boxes.run_python(
+        "import subprocess, threading\nthreading.Timer(0.3, lambda: subprocess.Popen("
+        "['sleep', '300'], start_new_session=True)).start()",
+        a,
+    )
     assert wait_for(lambda: any(line.startswith("process") for line in traces.left()), 60)  # only against a hang
     assert {line.split()[0] for line in traces.left()} == {"place", "mount", "cgroup", "uid", "process"}
     boxes.backend.destroy(a)
@@ -77,8 +85,9 @@ def test_tmp_and_shm_are_private_and_a_deleted_sandbox_leaves_nothing(boxes: San
 
 
 @JAILED
-def test_links_and_locked_folders_left_by_code_do_not_harm_the_host_at_deletion(boxes: Sandboxes,
-                                                                               tmp_path: Path) -> None:
+def test_links_and_locked_folders_left_by_code_do_not_harm_the_host_at_deletion(
+    boxes: Sandboxes, tmp_path: Path
+) -> None:
     """Symbolic links to host paths are not followed when the sandbox is removed, and folders the
     code locked (mode 000) are removed all the same."""
     victim = tmp_path / "victim"
@@ -86,9 +95,12 @@ def test_links_and_locked_folders_left_by_code_do_not_harm_the_host_at_deletion(
     (victim / "keep.txt").write_text("keep")
     sid = new_id(boxes)
     traces = Traces.of(boxes.backend, sid)
-    boxes.run_python(f"import os\nos.symlink({str(victim)!r}, 'to-host')\nos.symlink({str(victim)!r}, '/tmp/to-host')\n"
-                     "os.makedirs('locked/deeper')\nopen('locked/deeper/f', 'w').write('x')\n"
-                     "os.chmod('locked/deeper', 0)\nos.chmod('locked', 0)", sid)
+    boxes.run_python(
+        f"import os\nos.symlink({str(victim)!r}, 'to-host')\nos.symlink({str(victim)!r}, '/tmp/to-host')\n"
+        "os.makedirs('locked/deeper')\nopen('locked/deeper/f', 'w').write('x')\n"
+        "os.chmod('locked/deeper', 0)\nos.chmod('locked', 0)",
+        sid,
+    )
     boxes.backend.destroy(sid)
     assert (victim / "keep.txt").read_text() == "keep"
     assert traces.left() == []
@@ -106,23 +118,46 @@ def rpc(proc: subprocess.Popen, message: dict, reply: bool = True) -> dict | Non
 
 # A cell that starts a process in a session of its own and blinds the worker's watch on the server:
 # every descriptor but the standard ones becomes a pipe of its own, which never hangs up.
-BLINDED = ("import os, subprocess, time\nsubprocess.Popen(['sleep', '300'], start_new_session=True)\n"
-           "r, w = os.pipe()\nfor fd in range(3, 64):\n    if fd not in (r, w):\n        try:\n"
-           "            os.dup2(r, fd)\n        except OSError:\n            pass\ntime.sleep(50)")
+BLINDED = (
+    "import os, subprocess, time\nsubprocess.Popen(['sleep', '300'], start_new_session=True)\n"
+    "r, w = os.pipe()\nfor fd in range(3, 64):\n    if fd not in (r, w):\n        try:\n"
+    "            os.dup2(r, fd)\n        except OSError:\n            pass\ntime.sleep(50)"
+)
 
 
 def start_server(root: Path) -> subprocess.Popen:
     """A `python` MCP server of local sandboxes under root, spoken to over its stdin and stdout."""
-    env = {"NANBEIGE_SANDBOX_BACKEND": "local", "NANBEIGE_SANDBOX_DIR": str(root), "NANBEIGE_SANDBOX_MEMORY_MB": "512",
-           "NANBEIGE_SANDBOX_DISK_MB": "64", "NANBEIGE_SANDBOX_TIMEOUT": "60", "PATH": os.environ["PATH"]}
-    return subprocess.Popen([sys.executable, "-m", "nanbeige.servers.python"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    env = {
+        "NANBEIGE_SANDBOX_BACKEND": "local",
+        "NANBEIGE_SANDBOX_DIR": str(root),
+        "NANBEIGE_SANDBOX_MEMORY_MB": "512",
+        "NANBEIGE_SANDBOX_DISK_MB": "64",
+        "NANBEIGE_SANDBOX_TIMEOUT": "60",
+        "PATH": os.environ["PATH"],
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "nanbeige.servers.python"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
 
 
 def create_two_sandboxes(proc: subprocess.Popen, root: Path) -> tuple[list[str], list[Traces]]:
     """The server initialized, and two sandboxes made through it: their ids and where they leave marks."""
-    rpc(proc, {"id": 1, "method": "initialize", "params": {"protocolVersion": "2025-11-25", "capabilities": {},
-                                                           "clientInfo": {"name": "test", "version": "0"}}})
+    rpc(
+        proc,
+        {
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {},
+                "clientInfo": {"name": "test", "version": "0"},
+            },
+        },
+    )
     rpc(proc, {"method": "notifications/initialized"}, reply=False)
     ids = []
     for n in (2, 3):
@@ -157,10 +192,27 @@ def test_a_server_killed_outright_leaves_no_process_and_the_next_one_sweeps_the_
         ids, traces = create_two_sandboxes(proc, root)
         uids = {t.uid for t in traces}
         # two calls left running: a cell and a command, each with a process in a session of its own
-        rpc(proc, {"id": 4, "method": "tools/call", "params": {"name": "run_python_code", "arguments": {
-            "sandbox_id": ids[0], "code_block": BLINDED}}}, reply=False)
-        rpc(proc, {"id": 5, "method": "tools/call", "params": {"name": "run_command", "arguments": {
-            "sandbox_id": ids[1], "command": "setsid sleep 301 & sleep 50"}}}, reply=False)
+        rpc(
+            proc,
+            {
+                "id": 4,
+                "method": "tools/call",
+                "params": {"name": "run_python_code", "arguments": {"sandbox_id": ids[0], "code_block": BLINDED}},
+            },
+            reply=False,
+        )
+        rpc(
+            proc,
+            {
+                "id": 5,
+                "method": "tools/call",
+                "params": {
+                    "name": "run_command",
+                    "arguments": {"sandbox_id": ids[1], "command": "setsid sleep 301 & sleep 50"},
+                },
+            },
+            reply=False,
+        )
 
         def sleepers() -> set[str]:
             return {command_line(p.pid) for p in processes() if p.uid in uids and p.state not in b"ZX"}
@@ -170,8 +222,10 @@ def test_a_server_killed_outright_leaves_no_process_and_the_next_one_sweeps_the_
         proc.kill()
         proc.wait()
         # gone long before the shortest of them (50 s) would end by itself, however busy the machine
-        assert wait_for(lambda: not sleepers() and not alive(started), 20), \
-            (sleepers(), [command_line(pid) for pid in alive(started)])
+        assert wait_for(lambda: not sleepers() and not alive(started), 20), (
+            sleepers(),
+            [command_line(pid) for pid in alive(started)],
+        )
         for t in traces:  # the rest stays for the next server
             assert {line.split()[0] for line in t.left()} == {"place", "mount", "cgroup", "uid"}, t.left()
         assert_the_next_server_sweeps(tmp_path, root, traces)

@@ -35,8 +35,15 @@ class FakeE2BSandbox:
         return sandbox
 
     @classmethod
-    def connect(cls, sandbox_id: str, timeout: int | None = None, logger: object = None, *,
-                on_resume: str = "restore", **opts: object) -> FakeE2BSandbox:
+    def connect(
+        cls,
+        sandbox_id: str,
+        timeout: int | None = None,
+        logger: object = None,
+        *,
+        on_resume: str = "restore",
+        **opts: object,
+    ) -> FakeE2BSandbox:
         """The SDK's class-level `connect`: any sandbox still running, whoever created it."""
         cls.connected.append((sandbox_id, timeout, opts))
         for sandbox in cls.created:
@@ -53,8 +60,10 @@ class FakeE2BSandbox:
         if "while True" in code:
             raise TimeoutException("execution timed out")
         try:
-            return Execution(results=[Result(text=repr(eval(code, self.namespace)), is_main_result=True)],
-                             logs=Logs(stdout=[], stderr=[]))
+            return Execution(
+                results=[Result(text=repr(eval(code, self.namespace)), is_main_result=True)],
+                logs=Logs(stdout=[], stderr=[]),
+            )
         except Exception as exc:  # noqa: BLE001
             return Execution(error=ExecutionError(type(exc).__name__, str(exc), "Traceback"), logs=Logs())
 
@@ -82,14 +91,18 @@ def test_e2b_backend_against_a_fake_of_its_sdk(tmp_path: Path) -> None:
     assert boxes.create(timeout=600) == "Sandbox created with sandbox_id: e2b0"
     fake = FakeE2BSandbox.created[0]
     assert fake.options == {"template": "tpl", "timeout": 600, "api_key": "key"}
-    assert boxes.run_python("6 * 7", "e2b0") == \
-        "Execution(Results: [Result(42)], Logs: Logs(stdout: [], stderr: []), Error: None)"
+    assert (
+        boxes.run_python("6 * 7", "e2b0")
+        == "Execution(Results: [Result(42)], Logs: Logs(stdout: [], stderr: []), Error: None)"
+    )
     assert "ExecutionError(name='ZeroDivisionError'" in boxes.run_python("1/0", "e2b0")
     assert boxes.run_command("echo hi", "e2b0") == "CommandResult(stderr='', stdout='hi\\n', exit_code=0, error=None)"
     with pytest.raises(SandboxError) as failed:
         boxes.run_command("false", "e2b0")
-    assert str(failed.value).endswith("CommandExitException\nDetails: " + str(
-        CommandExitException(stderr="no such thing\n", stdout="", exit_code=1, error="exit status 1")))
+    assert str(failed.value).endswith(
+        "CommandExitException\nDetails: "
+        + str(CommandExitException(stderr="no such thing\n", stdout="", exit_code=1, error="exit status 1"))
+    )
     with pytest.raises(SandboxError, match="Timed out after 30 s"):
         boxes.run_python("while True: pass", "e2b0")
     (tmp_path / "uploads").mkdir()
@@ -116,8 +129,10 @@ def test_e2b_backend_connects_to_sandboxes_it_did_not_create(tmp_path: Path) -> 
     config = make_config(tmp_path, backend="e2b", e2b_api_key="key")
     boxes = Sandboxes(config, backend=E2BBackend(config, sandbox_class=FakeE2BSandbox))
     assert "Result(42)" in boxes.run_python("answer", "e2b0")
-    assert boxes.run_command("echo again", "e2b0") == \
-        "CommandResult(stderr='', stdout='again\\n', exit_code=0, error=None)"
+    assert (
+        boxes.run_command("echo again", "e2b0")
+        == "CommandResult(stderr='', stdout='again\\n', exit_code=0, error=None)"
+    )
     assert FakeE2BSandbox.connected == [("e2b0", 600, {"api_key": "key"})]  # connected once, then held
     assert earlier.timeouts == [600, 600]
     with pytest.raises(SandboxError, match=re.escape(invalid_id("e2b-unknown"))):

@@ -36,8 +36,11 @@ def test_upload_and_download_stay_inside_their_folders(sandboxes: Sandboxes, tmp
         with pytest.raises(SandboxError, match="outside the sandbox"):
             sandboxes.upload(sid, str(source), bad)
 
-    sandboxes.run_python("open('out.txt', 'w').write('result')\nimport os\nos.symlink('/etc/passwd', 'pw')\n"
-                         "os.makedirs('d')\nos.symlink('/etc', 'd/etc')", sid)
+    sandboxes.run_python(
+        "open('out.txt', 'w').write('result')\nimport os\nos.symlink('/etc/passwd', 'pw')\n"
+        "os.makedirs('d')\nos.symlink('/etc', 'd/etc')",
+        sid,
+    )
     saved = sandboxes.download_to_local(sid, "/home/user/out.txt")
     assert saved == f"File downloaded successfully to: {os.path.realpath(config.download_dir)}/out.txt"
     assert (config.download_dir / "out.txt").read_text() == "result"
@@ -82,8 +85,10 @@ def test_download_from_the_internet(sandboxes: Sandboxes, file_server: str) -> N
     local = Sandboxes(replace(sandboxes.config, allow_local_urls=True, max_download_mb=1), backend=sandboxes.backend)
     sid = new_id(local)
     assert local.download_url(sid, f"{file_server}/moved") == "File downloaded to /home/user/report v2.txt"
-    assert local.download_url(sid, f"{file_server}/files/a.txt", "/home/user/b.txt") == \
-        "File downloaded to /home/user/b.txt"
+    assert (
+        local.download_url(sid, f"{file_server}/files/a.txt", "/home/user/b.txt")
+        == "File downloaded to /home/user/b.txt"
+    )
     assert "stdout='report body'" in local.run_command("cat b.txt", sid)
     with pytest.raises(SandboxError, match="larger than 1 MB"):
         local.download_url(sid, f"{file_server}/big.bin")

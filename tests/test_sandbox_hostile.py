@@ -23,8 +23,14 @@ from nanbeige.tools.sandbox.system import processes
 @pytest.fixture(scope="module")
 def strict(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandboxes]:
     """Tight limits, for hostile code."""
-    config = make_config(tmp_path_factory.mktemp("strict"), timeout_s=2.0, memory_mb=512, file_size_mb=1,
-                         max_processes=16, max_output_chars=5_000)
+    config = make_config(
+        tmp_path_factory.mktemp("strict"),
+        timeout_s=2.0,
+        memory_mb=512,
+        file_size_mb=1,
+        max_processes=16,
+        max_output_chars=5_000,
+    )
     boxes = Sandboxes(config)
     yield boxes
     boxes.close()
@@ -53,7 +59,8 @@ def test_fork_bombs_are_bounded_and_killed(strict: Sandboxes) -> None:
     counted = strict.run_python(
         "import os, time\nn = 0\ntry:\n    for _ in range(200):\n        if os.fork() == 0:\n"
         "            time.sleep(60); os._exit(0)\n        n += 1\nexcept OSError as e:\n    print(n, type(e).__name__)",
-        sid)
+        sid,
+    )
     forked = int(re.search(r"stdout: \['(\d+) BlockingIOError", counted)[1])  # type: ignore[index]
     assert 0 < forked < budget
     assert strict.backend.leftover_processes(sid) == []
@@ -89,8 +96,10 @@ def test_cpu_time_is_limited_per_call(tmp_path: Path) -> None:
     try:
         sid = new_id(boxes)
         boxes.run_python("kept = 5", sid)
-        assert "Error: ExecutionError(name='TimeoutError', value='CPU time limit for this call exceeded'" in \
-            boxes.run_python("while True: pass", sid)
+        assert (
+            "Error: ExecutionError(name='TimeoutError', value='CPU time limit for this call exceeded'"
+            in boxes.run_python("while True: pass", sid)
+        )
         assert "Result(5)" in boxes.run_python("kept", sid)  # a CPU limit, unlike a timeout, keeps the state
         with pytest.raises(SandboxError, match=re.escape("code -1 (signal: SIGXCPU)")):
             boxes.run_command("while :; do :; done", sid)
@@ -100,9 +109,11 @@ def test_cpu_time_is_limited_per_call(tmp_path: Path) -> None:
 
 def test_huge_output_is_capped(strict: Sandboxes) -> None:
     sid = new_id(strict)
-    for text in (strict.run_python("print('x' * 1_000_000)", sid),
-                 strict.run_python("for i in range(200_000): print(i)", sid),
-                 strict.run_command("yes | head -c 50000000", sid)):
+    for text in (
+        strict.run_python("print('x' * 1_000_000)", sid),
+        strict.run_python("for i in range(200_000): print(i)", sid),
+        strict.run_command("yes | head -c 50000000", sid),
+    ):
         assert len(text) == 5_000 + len(TRUNCATED) and text.endswith(TRUNCATED)
     with pytest.raises(SandboxError, match="Command timed out after 2 s.*Output so far"):
         strict.run_command("yes", sid)
@@ -122,7 +133,8 @@ def test_writes_are_held_to_the_file_size_limit_and_the_sandbox_folder(strict: S
         assert re.search("PermissionError|FileNotFoundError", strict.run_python(f"open({target!r}, 'w')", sid)), target
     assert not Path(__file__).with_name("escape.txt").exists()
     assert "ValueError" in strict.run_python(
-        "import resource\nresource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY,) * 2)", sid)
+        "import resource\nresource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY,) * 2)", sid
+    )
 
 
 def test_network_is_off_exactly_when_the_probe_says_so(strict: Sandboxes) -> None:
@@ -131,8 +143,9 @@ def test_network_is_off_exactly_when_the_probe_says_so(strict: Sandboxes) -> Non
         listener.listen()
         port = listener.getsockname()[1]
         sid = new_id(strict)
-        text = strict.run_python(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1).close()\n"
-                                 "'connected'", sid)
+        text = strict.run_python(
+            f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1).close()\n'connected'", sid
+        )
     assert ("Result('connected')" not in text) == strict.backend.isolation.network_off
     if strict.backend.isolation.network_off:  # a jail has a loopback of its own, where nothing listens
         assert re.search("Network is unreachable|Connection refused", text)
@@ -157,8 +170,9 @@ def test_children_do_not_outlive_the_call(tmp_path: Path) -> None:
         # Processes that start a session of their own are only found when the sandbox has its own uid.
         new_session = boxes.backend.isolation.own_uid
         sid = new_id(boxes)
-        text = boxes.run_python("import subprocess\n"
-                                f"p = subprocess.Popen(['sleep', '600'], start_new_session={new_session})\np.pid", sid)
+        text = boxes.run_python(
+            f"import subprocess\np = subprocess.Popen(['sleep', '600'], start_new_session={new_session})\np.pid", sid
+        )
         assert "Result(" in text and boxes.backend.leftover_processes(sid) == []
         started = time.monotonic()
         assert "stdout='started\\n'" in boxes.run_command(f"{'setsid ' * new_session}sleep 600 & echo started", sid)

@@ -31,21 +31,38 @@ def test_the_hosts_secrets_home_and_project_are_out_of_sight(boxes: Sandboxes) -
     assert "name='PermissionError'" in boxes.run_python("open('/etc/shadow').read()", sid)
     interpreter = boxes.backend.isolation.jail.read_only  # type: ignore[union-attr]
     # every folder leading to the interpreter's folders, and nothing else, is seen on the way there
-    seen = value(boxes, sid, f"import os\nkeep = {[*interpreter, '/home/user']!r}\nseen = []\n"
-                              "for top in ('/root', '/work', '/home', '/run'):\n"
-                              "    for path, dirs, files in os.walk(top):\n"
-                              "        dirs[:] = [d for d in dirs if os.path.join(path, d) not in keep]\n"
-                              "        seen += [os.path.join(path, n) for n in dirs + files]\nseen")
+    seen = value(
+        boxes,
+        sid,
+        f"import os\nkeep = {[*interpreter, '/home/user']!r}\nseen = []\n"
+        "for top in ('/root', '/work', '/home', '/run'):\n"
+        "    for path, dirs, files in os.walk(top):\n"
+        "        dirs[:] = [d for d in dirs if os.path.join(path, d) not in keep]\n"
+        "        seen += [os.path.join(path, n) for n in dirs + files]\nseen",
+    )
     leading = {str(p) for folder in interpreter for p in (PurePosixPath(folder), *PurePosixPath(folder).parents)}
     assert set(seen) - leading <= {"/home/user", "/run/sandbox", "/run/sandbox/worker.py"}, seen
     project = Path(__file__).resolve().parents[1]
-    ours = [str(p) for p in (Path(__file__).resolve(), project / "README.md", project / "pyproject.toml",
-                             project / "tools" / "sandbox" / "local.py", Path.home() / ".bashrc") if p.exists()]
+    ours = [
+        str(p)
+        for p in (
+            Path(__file__).resolve(),
+            project / "README.md",
+            project / "pyproject.toml",
+            project / "tools" / "sandbox" / "local.py",
+            Path.home() / ".bashrc",
+        )
+        if p.exists()
+    ]
     assert ours and value(boxes, sid, f"import os\n[p for p in {ours!r} if os.path.exists(p)]") == []
     uid = boxes.backend._box(sid).uid
-    visible = value(boxes, sid, "import os\n[(int(p), open(f'/proc/{p}/comm').read().strip(), "
-                                "int(open(f'/proc/{p}/status').read().split('Uid:')[1].split()[1])) "
-                                "for p in os.listdir('/proc') if p.isdigit()]")
+    visible = value(
+        boxes,
+        sid,
+        "import os\n[(int(p), open(f'/proc/{p}/comm').read().strip(), "
+        "int(open(f'/proc/{p}/status').read().split('Uid:')[1].split()[1])) "
+        "for p in os.listdir('/proc') if p.isdigit()]",
+    )
     assert os.getpid() not in {pid for pid, _, _ in visible}
     # the jail's own init (bwrap, as root) and the sandbox's processes: no server, no host process
     assert visible and all(name == "bwrap" or owner == uid for _, name, owner in visible), visible
@@ -58,25 +75,36 @@ def test_another_sandboxs_files_cannot_be_found_or_read_by_any_path(boxes: Sandb
     B's world at all, neither at A's host path nor through /proc."""
     a, b = new_id(boxes), new_id(boxes)
     secret = f"secret-{secrets.token_hex(8)}"
-    boxes.run_python(f"import os\nos.makedirs('/home/user/private', mode=0o700)\n"
-                     f"open('/home/user/private/{secret}.txt', 'w').write({secret!r})", a)
+    boxes.run_python(
+        f"import os\nos.makedirs('/home/user/private', mode=0o700)\n"
+        f"open('/home/user/private/{secret}.txt', 'w').write({secret!r})",
+        a,
+    )
     assert value(boxes, a, f"open('/home/user/private/{secret}.txt').read()") == secret
     # now A opens everything up: only the jail keeps B out
-    boxes.run_python(f"import os\nfor p in ('/home/user', '/home/user/private'): os.chmod(p, 0o777)\n"
-                     f"os.chmod('/home/user/private/{secret}.txt', 0o666)", a)
+    boxes.run_python(
+        f"import os\nfor p in ('/home/user', '/home/user/private'): os.chmod(p, 0o777)\n"
+        f"os.chmod('/home/user/private/{secret}.txt', 0o666)",
+        a,
+    )
     host_file = boxes.backend._box(a).folder / "private" / f"{secret}.txt"
     assert host_file.read_text() == secret
     tries = [str(host_file), str(host_file.parent), str(boxes.config.root), f"/home/user/private/{secret}.txt"]
     assert value(boxes, b, f"import os\n[p for p in {tries!r} if os.path.exists(p)]") == []
     # a search of everything B can see that is not system or interpreter files
     skip = ["/proc", "/sys", "/dev", "/usr", *boxes.backend.isolation.jail.read_only]  # type: ignore[union-attr]
-    found = value(boxes, b, f"import glob, os\nskip = {skip!r}\nfound = []\n"
-                            "for path, dirs, files in os.walk('/'):\n"
-                            "    dirs[:] = [d for d in dirs if os.path.join(path, d) not in skip]\n"
-                            f"    found += [os.path.join(path, f) for f in files if {secret!r} in f]\n"
-                            f"found + glob.glob('/proc/*/root/home/user/private/*') + glob.glob('/proc/*/cwd/private')")
+    found = value(
+        boxes,
+        b,
+        f"import glob, os\nskip = {skip!r}\nfound = []\n"
+        "for path, dirs, files in os.walk('/'):\n"
+        "    dirs[:] = [d for d in dirs if os.path.join(path, d) not in skip]\n"
+        f"    found += [os.path.join(path, f) for f in files if {secret!r} in f]\n"
+        f"found + glob.glob('/proc/*/root/home/user/private/*') + glob.glob('/proc/*/cwd/private')",
+    )
     assert found == []
     assert secret not in boxes.run_command("ls -laR /home/user /tmp", b)
+
 
 def test_uploads_and_downloads_refuse_what_is_not_a_regular_file(tmp_path: Path) -> None:
     """A FIFO or a folder where a file is expected, or a NUL in a path, is an error the model can read,
@@ -87,15 +115,18 @@ def test_uploads_and_downloads_refuse_what_is_not_a_regular_file(tmp_path: Path)
         source = tmp_path / "up.txt"
         source.write_text("hello")
         boxes.run_command("mkfifo pipe.txt; mkdir folder.txt", sid)
-        for call, error in ((lambda: boxes.upload(sid, str(source), "/home/user/pipe.txt"), "Cannot write"),
-                            (lambda: boxes.download_to_local(sid, "/home/user/pipe.txt"), "not a regular file"),
-                            (lambda: boxes.download_to_local(sid, "/home/user/folder.txt"), "not a regular file"),
-                            (lambda: boxes.download_to_local(sid, "/home/user/a\0b.txt"), "NUL character")):
+        for call, error in (
+            (lambda: boxes.upload(sid, str(source), "/home/user/pipe.txt"), "Cannot write"),
+            (lambda: boxes.download_to_local(sid, "/home/user/pipe.txt"), "not a regular file"),
+            (lambda: boxes.download_to_local(sid, "/home/user/folder.txt"), "not a regular file"),
+            (lambda: boxes.download_to_local(sid, "/home/user/a\0b.txt"), "NUL character"),
+        ):
             with pytest.raises(SandboxError, match=error):
                 call()
         assert boxes.upload(sid, str(source), "/home/user/ok.txt") == "File uploaded to /home/user/ok.txt"
     finally:
         boxes.close()
+
 
 # --- sockets -----------------------------------------------------------------------------------
 
@@ -119,13 +150,17 @@ def test_host_unix_sockets_cannot_be_reached(boxes: Sandboxes) -> None:
         try:
             sid = new_id(boxes)
             addresses = {"path": str(path), "abstract": "\0" + name}
-            reached = value(boxes, sid, f"import socket\nreached = {{}}\n"
-                                        f"for kind, address in {addresses!r}.items():\n"
-                                        "    s = socket.socket(socket.AF_UNIX)\n    s.settimeout(2)\n"
-                                        "    try:\n        s.connect(address)\n        s.sendall(b'hello')\n"
-                                        "        reached[kind] = 'connected'\n"
-                                        "    except OSError as e:\n        reached[kind] = type(e).__name__\n"
-                                        "    s.close()\nreached")
+            reached = value(
+                boxes,
+                sid,
+                f"import socket\nreached = {{}}\n"
+                f"for kind, address in {addresses!r}.items():\n"
+                "    s = socket.socket(socket.AF_UNIX)\n    s.settimeout(2)\n"
+                "    try:\n        s.connect(address)\n        s.sendall(b'hello')\n"
+                "        reached[kind] = 'connected'\n"
+                "    except OSError as e:\n        reached[kind] = type(e).__name__\n"
+                "    s.close()\nreached",
+            )
             assert reached == {"path": "FileNotFoundError", "abstract": "ConnectionRefusedError"}
             for listener in (on_path, abstract):
                 with pytest.raises(BlockingIOError):
@@ -134,8 +169,10 @@ def test_host_unix_sockets_cannot_be_reached(boxes: Sandboxes) -> None:
             path.unlink()
     # no other way out either: only a loopback of its own, and no host runtime folders with sockets
     assert value(boxes, sid, "import socket\nsocket.if_nameindex()") == [(1, "lo")]
-    assert value(boxes, sid, "import os\n(os.path.exists('/var'), os.path.exists('/run/dbus'), "
-                             "os.listdir('/run'))") == (False, False, ["sandbox"])
+    assert value(
+        boxes, sid, "import os\n(os.path.exists('/var'), os.path.exists('/run/dbus'), os.listdir('/run'))"
+    ) == (False, False, ["sandbox"])
+
 
 # --- without a jail ----------------------------------------------------------------------------
 
@@ -163,8 +200,9 @@ def test_without_a_jail_the_create_answer_carries_the_notice(tmp_path: Path) -> 
         boxes.close()
 
 
-@pytest.mark.skipif(not (sys.platform == "linux" and os.geteuid() == 0 and shutil.which("setpriv")),
-                    reason="needs root and setpriv")
+@pytest.mark.skipif(
+    not (sys.platform == "linux" and os.geteuid() == 0 and shutil.which("setpriv")), reason="needs root and setpriv"
+)
 def test_without_a_jail_what_the_sandbox_left_in_the_shared_tmp_goes_with_it(tmp_path: Path) -> None:
     """Outside a jail the code can write to the host's /tmp; as its uid owns only what it made, those
     files and folders are removed with the sandbox, and so is its uid lock."""
@@ -179,6 +217,7 @@ def test_without_a_jail_what_the_sandbox_left_in_the_shared_tmp_goes_with_it(tmp
         boxes.close()
     assert not Path(f"/tmp/{name}.txt").exists() and not Path(f"/tmp/{name}").exists()
     assert not (UID_LOCKS / str(uid)).exists()
+
 
 @JAILED
 def test_an_interpreter_in_a_virtual_environment_under_tmp_is_jailed_and_works(tmp_path: Path) -> None:

@@ -26,13 +26,15 @@ from nanbeige.tools.sandbox.jail import JAIL_WORKER
 from nanbeige.tools.sandbox.probe import BWRAP_TRIES
 
 JAILED = pytest.mark.skipif(
-    not (sys.platform == "linux" and os.geteuid() == 0 and JAIL), reason="needs root and a bwrap that works here")
+    not (sys.platform == "linux" and os.geteuid() == 0 and JAIL), reason="needs root and a bwrap that works here"
+)
 NO_JAIL = "no filesystem jail"
 
 
 def make_boxes(root: Path, **settings: object) -> Sandboxes:
-    return Sandboxes(SandboxConfig(**{"root": root / "sandboxes", "upload_dirs": [root], "timeout_s": 15.0,
-                                      **settings}))  # type: ignore[arg-type]
+    return Sandboxes(
+        SandboxConfig(**{"root": root / "sandboxes", "upload_dirs": [root], "timeout_s": 15.0, **settings})
+    )  # type: ignore[arg-type]
 
 
 def host_secret(tmp_path: Path) -> Path:
@@ -75,7 +77,8 @@ def failing_jail_runs(monkeypatch: pytest.MonkeyPatch, why: Callable[[list[str]]
 
 @JAILED
 def test_a_jail_probe_that_runs_out_of_time_once_is_tried_again_and_the_code_stays_jailed(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A timeout says the machine was slow, not that the jail cannot work: the probe is tried again
     with more time, and the sandbox is jailed. Read as "no jail", the code would run unjailed and,
     here, read the host's private file."""
@@ -94,7 +97,8 @@ def test_a_jail_probe_that_runs_out_of_time_once_is_tried_again_and_the_code_sta
 
 @JAILED
 def test_a_jail_probe_that_never_finishes_is_an_error_and_a_later_call_tries_again(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """While it is unknown whether the jail works, no sandbox is made: the model is told why, and
     the next call, on a machine no longer overloaded, gets its jail."""
     slow_jail_runs(monkeypatch, slow_tries=100)
@@ -112,14 +116,18 @@ def test_a_jail_probe_that_never_finishes_is_an_error_and_a_later_call_tries_aga
 
 @JAILED
 def test_a_jail_that_works_here_but_cannot_be_set_up_is_an_error_not_an_unjailed_sandbox(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """bwrap makes its namespaces here, but the jail around the interpreter fails: that is a fault
     to report, with bwrap's own words, and a hint for the operator, never a reason to run unjailed."""
     failing_jail_runs(monkeypatch, lambda args: JAIL_WORKER in args)
     boxes = make_boxes(tmp_path)
     try:
-        with pytest.raises(SandboxError, match=r"bwrap works on this machine, but the jail could not run the "
-                                               r"interpreter .*Out of memory.*NANBEIGE_SANDBOX_JAIL=0"):
+        with pytest.raises(
+            SandboxError,
+            match=r"bwrap works on this machine, but the jail could not run the "
+            r"interpreter .*Out of memory.*NANBEIGE_SANDBOX_JAIL=0",
+        ):
             boxes.create()
     finally:
         boxes.close()
@@ -127,7 +135,8 @@ def test_a_jail_that_works_here_but_cannot_be_set_up_is_an_error_not_an_unjailed
 
 @JAILED
 def test_a_bwrap_that_cannot_make_namespaces_is_an_error_at_every_call_never_an_unjailed_sandbox(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A bwrap that fails every try, before any jail is set up, may be failing for a moment (memory or
     processes short) or for good: either way no code runs, the error quotes bwrap and says how to fix
     it, and the verdict is not kept: the next call tries bwrap again, and once it works gets its jail."""
@@ -136,8 +145,11 @@ def test_a_bwrap_that_cannot_make_namespaces_is_an_error_at_every_call_never_an_
     boxes = make_boxes(tmp_path)
     try:
         for call in (1, 2):
-            with pytest.raises(SandboxError, match=r"bwrap could not make the jail.*Out of memory.*No code was run.*"
-                                                   r"NANBEIGE_SANDBOX_JAIL=0") as refused:
+            with pytest.raises(
+                SandboxError,
+                match=r"bwrap could not make the jail.*Out of memory.*No code was run.*"
+                r"NANBEIGE_SANDBOX_JAIL=0",
+            ) as refused:
                 boxes.create()
             assert "\n" not in str(refused.value)
             assert len(tries) == 3 * call and all(JAIL_WORKER not in args for args in tries)
@@ -169,7 +181,8 @@ def test_a_jail_that_fails_at_call_time_is_an_error_and_the_code_does_not_run(tm
 
 @JAILED
 def test_a_call_that_comes_while_the_probe_runs_waits_for_it_and_is_jailed(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The server starts probing in the background; a create that comes first waits for the answer
     instead of taking the unjailed road."""
     real_run = subprocess.run
@@ -220,11 +233,23 @@ class Server:
         self.log = tmp_path / "server-stderr.txt"
         with open(self.log, "wb") as stderr:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "nanbeige.servers.python"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=stderr, env={"NANBEIGE_SANDBOX_DIR": str(tmp_path / "sandboxes"), "PATH": path, **env})
+                [sys.executable, "-m", "nanbeige.servers.python"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                env={"NANBEIGE_SANDBOX_DIR": str(tmp_path / "sandboxes"), "PATH": path, **env},
+            )
         self.ids = iter(range(1, 1000))
-        self.rpc({"method": "initialize", "params": {"protocolVersion": "2025-11-25", "capabilities": {},
-                                                     "clientInfo": {"name": "test", "version": "0"}}})
+        self.rpc(
+            {
+                "method": "initialize",
+                "params": {
+                    "protocolVersion": "2025-11-25",
+                    "capabilities": {},
+                    "clientInfo": {"name": "test", "version": "0"},
+                },
+            }
+        )
         self.rpc({"method": "notifications/initialized"}, answered=False)
 
     def rpc(self, message: dict, answered: bool = True) -> dict:
@@ -254,8 +279,7 @@ class Server:
 
 
 @JAILED
-def test_a_bwrap_that_fails_for_a_moment_is_an_error_for_that_call_and_the_next_call_is_jailed(
-        tmp_path: Path) -> None:
+def test_a_bwrap_that_fails_for_a_moment_is_an_error_for_that_call_and_the_next_call_is_jailed(tmp_path: Path) -> None:
     """The attack: bwrap fails its first calls (a moment of memory or process shortage). The server used
     to decide "no jail" for its whole life and run code unjailed, without seccomp, able to read every
     file. Now the probe at start and the first call fail, each told to the operator on stderr and the
@@ -266,15 +290,23 @@ def test_a_bwrap_that_fails_for_a_moment_is_an_error_for_that_call_and_the_next_
     try:
         refused, is_error = server.call("create_sandbox")
         assert is_error and "\n" not in refused
-        assert re.fullmatch(r"\[ERROR\]: The sandbox could not be made: bwrap could not make the jail.*Resource "
-                            r"temporarily unavailable.*No code was run; .*NANBEIGE_SANDBOX_JAIL=0.*", refused), refused
+        assert re.fullmatch(
+            r"\[ERROR\]: The sandbox could not be made: bwrap could not make the jail.*Resource "
+            r"temporarily unavailable.*No code was run; .*NANBEIGE_SANDBOX_JAIL=0.*",
+            refused,
+        ), refused
         assert wait_for(lambda: server.stderr().count("The sandbox could not be made") == 2, 10), server.stderr()
         created, is_error = server.call("create_sandbox")
         assert not is_error and NO_JAIL not in created, created
         sid = created.removeprefix("Sandbox created with sandbox_id: ")
-        text, _ = server.call("run_python_code", sandbox_id=sid, code_block=(
-            f"try:\n    open({str(secret)!r}).read()\nexcept OSError as e:\n    print(type(e).__name__)\n"
-            "print([line.split()[1] for line in open('/proc/self/status') if line.startswith('Seccomp:')])"))
+        text, _ = server.call(
+            "run_python_code",
+            sandbox_id=sid,
+            code_block=(
+                f"try:\n    open({str(secret)!r}).read()\nexcept OSError as e:\n    print(type(e).__name__)\n"
+                "print([line.split()[1] for line in open('/proc/self/status') if line.startswith('Seccomp:')])"
+            ),
+        )
         assert "FileNotFoundError" in text and "['2']" in text, text  # jailed, and under its seccomp filter
         assert int((bwrap / "calls").read_text()) > 2 * BWRAP_TRIES
     finally:

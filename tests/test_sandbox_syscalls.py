@@ -32,7 +32,8 @@ from nanbeige.tools.sandbox.seccomp import (
 )
 
 JAILED = pytest.mark.skipif(
-    not (sys.platform == "linux" and os.geteuid() == 0 and JAIL), reason="needs root and a bwrap that works here")
+    not (sys.platform == "linux" and os.geteuid() == 0 and JAIL), reason="needs root and a bwrap that works here"
+)
 I386 = 0x40000003
 CLONE_THREAD_FLAGS = 0x3D0F00  # what pthread_create asks of clone: shared memory, files, signals, thread group
 
@@ -91,8 +92,9 @@ def test_a_filter_whose_jumps_overflow_a_byte_is_refused() -> None:
 @pytest.fixture(scope="module", params=[True, False], ids=["own-uid", "user-namespace"])
 def boxes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandboxes]:
     root = tmp_path_factory.mktemp("syscalls")
-    sandboxes = Sandboxes(SandboxConfig(root=root / "sandboxes", upload_dirs=[root], timeout_s=15.0,
-                                        drop_privileges=request.param))
+    sandboxes = Sandboxes(
+        SandboxConfig(root=root / "sandboxes", upload_dirs=[root], timeout_s=15.0, drop_privileges=request.param)
+    )
     jail = sandboxes.backend.isolation.jail
     assert jail is not None and jail.as_root is request.param
     yield sandboxes
@@ -135,14 +137,19 @@ out
 def test_io_uring_keyrings_bpf_userfaultfd_perf_events_and_ptrace_fail_with_eperm(boxes: Sandboxes) -> None:
     sid = new_id(boxes)
     refused = value(boxes, sid, CALLS)
-    assert refused == dict.fromkeys(["io_uring_setup", "keyctl", "add_key", "userfaultfd", "perf_event_open",
-                                     "ptrace", "bpf"], "Operation not permitted")
+    assert refused == dict.fromkeys(
+        ["io_uring_setup", "keyctl", "add_key", "userfaultfd", "perf_event_open", "ptrace", "bpf"],
+        "Operation not permitted",
+    )
 
 
 @JAILED
 def test_threads_processes_sockets_files_and_event_loops_still_work(boxes: Sandboxes) -> None:
     sid = new_id(boxes)
-    work = value(boxes, sid, r"""
+    work = value(
+        boxes,
+        sid,
+        r"""
 import asyncio, concurrent.futures, errno, multiprocessing, os, socket, subprocess, tempfile, threading
 out = {}
 with concurrent.futures.ThreadPoolExecutor(4) as pool:
@@ -167,8 +174,17 @@ async def main():
     await asyncio.sleep(0.01)
     return 'ran'
 out['asyncio'] = asyncio.run(main())
-out""")
+out""",
+    )
     # a network of its own in the jail: a loopback interface with nothing listening
-    assert work == {"threads": 285, "subprocess": "42", "fork pool": [1, 2], "spawn pool": [3], "socketpair": "ping",
-                    "connect to nothing": "ECONNREFUSED", "file": "kept", "asyncio": "ran"}
+    assert work == {
+        "threads": 285,
+        "subprocess": "42",
+        "fork pool": [1, 2],
+        "spawn pool": [3],
+        "socketpair": "ping",
+        "connect to nothing": "ECONNREFUSED",
+        "file": "kept",
+        "asyncio": "ran",
+    }
     assert boxes.run_command("ls /home/user && echo done", sid).count("done") == 1

@@ -25,28 +25,45 @@ def searxng(api: FakeSearXNG, tmp_path: Path) -> SearchConfig:
     return SearchConfig(searxng_url=api.url, index_dir=tmp_path / "none", retry_wait_s=0.01, max_attempts=3)
 
 
-
-
 async def test_searxng_request_and_mapping(tmp_path: Path) -> None:
-    results = {"moon landing": [
-        {"title": "Apollo 11", "link": "https://en.wikipedia.org/wiki/Apollo_11", "snippet": "First crewed landing.",
-         "date": "2024-07-20T00:00:00"},
-        {"title": "NASA", "link": "https://huggingface.co/datasets/nasa", "snippet": "hub"},
-        {"title": "Luna", "link": "https://ru.wikipedia.org/wiki/%D0%9B%D1%83%D0%BD%D0%B0", "snippet": None}]}
+    results = {
+        "moon landing": [
+            {
+                "title": "Apollo 11",
+                "link": "https://en.wikipedia.org/wiki/Apollo_11",
+                "snippet": "First crewed landing.",
+                "date": "2024-07-20T00:00:00",
+            },
+            {"title": "NASA", "link": "https://huggingface.co/datasets/nasa", "snippet": "hub"},
+            {"title": "Luna", "link": "https://ru.wikipedia.org/wiki/%D0%9B%D1%83%D0%BD%D0%B0", "snippet": None},
+        ]
+    }
     with FakeSearXNG(results=results) as api:
         result = await google_search("moon landing", gl="gb", tbs="qdr:w", page=2, config=searxng(api, tmp_path))
     assert api.requests[0].method == "GET" and api.requests[0].path == "/search"
-    assert api.requests[0].params == {"q": "moon landing", "format": "json", "pageno": "2", "language": "en-GB",
-                                      "time_range": "week"}
+    assert api.requests[0].params == {
+        "q": "moon landing",
+        "format": "json",
+        "pageno": "2",
+        "language": "en-GB",
+        "time_range": "week",
+    }
     assert result["organic"] == [
-        {"title": "Apollo 11", "link": "https://en.wikipedia.org/wiki/Apollo_11", "snippet": "First crewed landing.",
-         "date": "2024-07-20", "position": 1},
-        {"title": "Luna", "link": "https://ru.wikipedia.org/wiki/Луна", "snippet": "", "position": 3}]
+        {
+            "title": "Apollo 11",
+            "link": "https://en.wikipedia.org/wiki/Apollo_11",
+            "snippet": "First crewed landing.",
+            "date": "2024-07-20",
+            "position": 1,
+        },
+        {"title": "Luna", "link": "https://ru.wikipedia.org/wiki/Луна", "snippet": "", "position": 3},
+    ]
     assert result["searchParameters"]["engine"] == "searxng" and result["searchParameters"]["page"] == 2
 
 
-@pytest.mark.parametrize(("tbs", "time_range"), [("qdr:h", "day"), ("qdr:d", "day"), ("qdr:m", "month"),
-                                                 ("qdr:y", "year")])
+@pytest.mark.parametrize(
+    ("tbs", "time_range"), [("qdr:h", "day"), ("qdr:d", "day"), ("qdr:m", "month"), ("qdr:y", "year")]
+)
 async def test_searxng_time_ranges(tmp_path: Path, tbs: str, time_range: str) -> None:
     with FakeSearXNG() as api:
         await google_search("q", hl="zh-cn", tbs=tbs, config=searxng(api, tmp_path))
@@ -118,19 +135,33 @@ def test_backend_choice_from_env(tmp_path: Path, small_index: Path) -> None:
     assert choose_backend(config_from_env({**both, "NANBEIGE_SEARCH_BACKEND": "searxng"})) == "searxng"
     assert config_from_env({**base, "SERPER_BASE_URL": "http://proxy"}).serper_base_url == "http://proxy"
     problem = search_setup_problem(config_from_env(base))
-    assert problem and all(s in problem for s in ("SERPER_API_KEY", "SEARXNG_URL", "nanbeige index build",
-                                                    str(tmp_path / "xdg/nanbeige/index"), "NANBEIGE_INDEX"))
+    assert problem and all(
+        s in problem
+        for s in (
+            "SERPER_API_KEY",
+            "SEARXNG_URL",
+            "nanbeige index build",
+            str(tmp_path / "xdg/nanbeige/index"),
+            "NANBEIGE_INDEX",
+        )
+    )
     with pytest.raises(SearchUnavailable, match="no search backend is configured"):
         choose_backend(config_from_env(base))
     assert search_setup_problem(config_from_env(both)) is None
 
 
-@pytest.mark.parametrize(("env", "message"), [
-    ({"NANBEIGE_SEARCH_BACKEND": "bing"}, "'bing' is not one of serper, searxng, local"),
-    ({"NANBEIGE_SEARCH_BACKEND": "serper", "SEARXNG_URL": "http://x"}, "needs SERPER_API_KEY"),
-    ({"NANBEIGE_SEARCH_BACKEND": "searxng"}, "needs SEARXNG_URL"),
-    ({"NANBEIGE_SEARCH_BACKEND": "local", "SERPER_API_KEY": "k"}, "no local search index in .*nanbeige index build"),
-])
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"NANBEIGE_SEARCH_BACKEND": "bing"}, "'bing' is not one of serper, searxng, local"),
+        ({"NANBEIGE_SEARCH_BACKEND": "serper", "SEARXNG_URL": "http://x"}, "needs SERPER_API_KEY"),
+        ({"NANBEIGE_SEARCH_BACKEND": "searxng"}, "needs SEARXNG_URL"),
+        (
+            {"NANBEIGE_SEARCH_BACKEND": "local", "SERPER_API_KEY": "k"},
+            "no local search index in .*nanbeige index build",
+        ),
+    ],
+)
 def test_backend_misconfigured(tmp_path: Path, env: dict[str, str], message: str) -> None:
     problem = search_setup_problem(config_from_env({"XDG_DATA_HOME": str(tmp_path), **env}))
     assert problem is not None

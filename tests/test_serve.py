@@ -21,7 +21,7 @@ from nanbeige.agent.cli.serve_config import ServeConfig, chat_template_file, vll
 
 # Parses the flags it needs and ignores the rest, like a real `vllm serve` would accept them;
 # `--fake-*` flags (passed as extra_args) choose how it behaves.
-FAKE_VLLM = r'''
+FAKE_VLLM = r"""
 import argparse, json, os, signal, sys, threading, time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
@@ -71,28 +71,50 @@ try:
     server.serve_forever()
 except KeyboardInterrupt:
     print("fake vllm: shutting down", flush=True)
-'''
+"""
 
 # `serve` in its own process, so that SIGINT is delivered as a terminal's Ctrl-C would be. The
 # handler is set explicitly: a process started from a non-interactive shell may inherit SIGINT ignored.
-SERVE_IN_CHILD = ("import json, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-                  "from nanbeige.agent.cli.serve import serve; "
-                  "from nanbeige.agent.cli.serve_config import ServeConfig; "
-                  "sys.exit(serve(ServeConfig(**json.loads(sys.argv[1]))))")
-DEFAULT_ARGS = ["vllm", "serve", "Nanbeige/Nanbeige4.1-3B", "--host", "127.0.0.1", "--port", "8000",
-                "--served-model-name", "Nanbeige/Nanbeige4.1-3B", "--dtype", "bfloat16", "--generation-config", "vllm",
-                "--max-model-len", "262144",
-                "--gpu-memory-utilization", "0.92", "--data-parallel-size", "1", "--enable-prefix-caching"]
-
-
+SERVE_IN_CHILD = (
+    "import json, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "from nanbeige.agent.cli.serve import serve; "
+    "from nanbeige.agent.cli.serve_config import ServeConfig; "
+    "sys.exit(serve(ServeConfig(**json.loads(sys.argv[1]))))"
+)
+DEFAULT_ARGS = [
+    "vllm",
+    "serve",
+    "Nanbeige/Nanbeige4.1-3B",
+    "--host",
+    "127.0.0.1",
+    "--port",
+    "8000",
+    "--served-model-name",
+    "Nanbeige/Nanbeige4.1-3B",
+    "--dtype",
+    "bfloat16",
+    "--generation-config",
+    "vllm",
+    "--max-model-len",
+    "262144",
+    "--gpu-memory-utilization",
+    "0.92",
+    "--data-parallel-size",
+    "1",
+    "--enable-prefix-caching",
+]
 
 
 def fake_config(tmp_path: Path, *fake_args: str, **overrides: object) -> ServeConfig:
     script = tmp_path / "fake_vllm.py"
     script.write_text(FAKE_VLLM)
-    settings: dict[str, object] = {"port": free_port(), "vllm_command": [sys.executable, str(script)],
-                                   "extra_args": ["--fake-record", str(tmp_path / "fake.json"), *fake_args],
-                                   "startup_timeout_s": 20.0, "stop_grace_s": 5.0}
+    settings: dict[str, object] = {
+        "port": free_port(),
+        "vllm_command": [sys.executable, str(script)],
+        "extra_args": ["--fake-record", str(tmp_path / "fake.json"), *fake_args],
+        "startup_timeout_s": 20.0,
+        "stop_grace_s": 5.0,
+    }
     return ServeConfig(**(settings | overrides))  # type: ignore[arg-type]
 
 
@@ -125,22 +147,56 @@ def test_defaults_serve_the_deep_search_dialect_without_parsers() -> None:
 
 def test_tool_call_dialect_adds_the_hermes_tool_parser_and_a_reasoning_parser() -> None:
     args = vllm_args(ServeConfig(dialect="tool-call"))
-    assert args == DEFAULT_ARGS + ["--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-                                   "--reasoning-parser", "deepseek_r1"]
+    assert args == DEFAULT_ARGS + [
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "hermes",
+        "--reasoning-parser",
+        "deepseek_r1",
+    ]
     assert vllm_args(ServeConfig(dialect="tool-call", reasoning_parser=None))[-1] == "hermes"
     assert vllm_args(ServeConfig(dialect="tool-call", reasoning_parser="qwen3"))[-2:] == ["--reasoning-parser", "qwen3"]
 
 
 def test_rl_template_and_extra_args_come_after_the_common_flags() -> None:
-    config = ServeConfig(model="/ckpt/step-100", port=9000, served_model_name="policy", data_parallel_size=4,
-                         enable_prefix_caching=False, chat_template=Path("search.jinja"), rl_logprobs=True,
-                         extra_args=["--max-num-seqs", "64"], vllm_command=["my-vllm"])
+    config = ServeConfig(
+        model="/ckpt/step-100",
+        port=9000,
+        served_model_name="policy",
+        data_parallel_size=4,
+        enable_prefix_caching=False,
+        chat_template=Path("search.jinja"),
+        rl_logprobs=True,
+        extra_args=["--max-num-seqs", "64"],
+        vllm_command=["my-vllm"],
+    )
     assert vllm_args(config) == [
-        "my-vllm", "/ckpt/step-100", "--host", "127.0.0.1", "--port", "9000", "--served-model-name", "policy",
-        "--dtype", "bfloat16", "--generation-config", "vllm", "--max-model-len", "262144",
-        "--gpu-memory-utilization", "0.92", "--data-parallel-size", "4",
-        "--no-enable-prefix-caching", "--chat-template", "search.jinja", "--logprobs-mode", "processed_logprobs",
-        "--max-num-seqs", "64"]
+        "my-vllm",
+        "/ckpt/step-100",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "9000",
+        "--served-model-name",
+        "policy",
+        "--dtype",
+        "bfloat16",
+        "--generation-config",
+        "vllm",
+        "--max-model-len",
+        "262144",
+        "--gpu-memory-utilization",
+        "0.92",
+        "--data-parallel-size",
+        "4",
+        "--no-enable-prefix-caching",
+        "--chat-template",
+        "search.jinja",
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--max-num-seqs",
+        "64",
+    ]
 
 
 def test_an_unknown_dialect_is_refused() -> None:
@@ -174,13 +230,18 @@ def test_the_template_of_a_tokenizer_config_is_written_to_a_file(tmp_path: Path)
 
 
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_serve_waits_for_the_server_prints_the_url_and_stops_it_on_a_signal(tmp_path: Path, signum: int,
-                                                                             code: int) -> None:
+def test_serve_waits_for_the_server_prints_the_url_and_stops_it_on_a_signal(
+    tmp_path: Path, signum: int, code: int
+) -> None:
     config = fake_config(tmp_path)
     settings = {"port": config.port, "vllm_command": config.vllm_command, "extra_args": config.extra_args}
     with open(tmp_path / "stderr.txt", "w+") as stderr:
-        process = subprocess.Popen([sys.executable, "-c", SERVE_IN_CHILD, json.dumps(settings)],
-                                   stdout=subprocess.PIPE, stderr=stderr, text=True)
+        process = subprocess.Popen(
+            [sys.executable, "-c", SERVE_IN_CHILD, json.dumps(settings)],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
         lines = [process.stdout.readline() for _ in range(3)]  # type: ignore[union-attr]
         url = f"http://127.0.0.1:{config.port}/v1"
         assert lines == [f"{url}\n", f"NANBEIGE_BASE_URL={url}\n", "NANBEIGE_MODEL=Nanbeige/Nanbeige4.1-3B\n"]
@@ -194,7 +255,8 @@ def test_serve_waits_for_the_server_prints_the_url_and_stops_it_on_a_signal(tmp_
 
 
 def test_serve_returns_the_server_exit_code_and_hands_it_the_extracted_template(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     template = tmp_path / "tokenizer_config_search.json"
     template.write_text(json.dumps({"chat_template": "{% for m in messages %}{{ m.content }}{% endfor %}"}))
     config = fake_config(tmp_path, "--fake-exit-after", "1.0", chat_template=template, served_model_name="nb")
@@ -208,8 +270,9 @@ def test_serve_returns_the_server_exit_code_and_hands_it_the_extracted_template(
     assert any(m.startswith("ready at") for m in messages) and not any("warning" in m for m in messages)
 
 
-def test_a_server_that_exits_during_startup_fails_with_its_output(tmp_path: Path,
-                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_server_that_exits_during_startup_fails_with_its_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     messages: list[str] = []
     assert serve(fake_config(tmp_path, "--fake-mode", "exit"), messages.append) == 3
     error = next(m for m in messages if m.startswith("error:"))

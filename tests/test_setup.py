@@ -34,8 +34,9 @@ def ask_server(server: FakeOpenAI, path: Path, *args: str) -> subprocess.Complet
 
 
 def in_process(tiny: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return nanbeige("ask", "q", "--backend", "transformers", "--model", str(tiny), "--no-default-servers", *args,
-                    env=env)
+    return nanbeige(
+        "ask", "q", "--backend", "transformers", "--model", str(tiny), "--no-default-servers", *args, env=env
+    )
 
 
 def test_a_bad_trajectory_path_is_reported_before_the_model_is_loaded(tiny: Path, tmp_path: Path) -> None:
@@ -66,9 +67,18 @@ def test_a_tool_server_that_cannot_start_is_reported_before_the_model_is_loaded(
 def test_a_model_that_cannot_be_downloaded_fails_at_once_with_the_fixes(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     hub = f"http://127.0.0.1:{free_port()}"  # stands for a machine with no network: nothing answers there
-    result = nanbeige("ask", "q", "--backend", "transformers", "--model", "nobody/no-such-model", "--mcp", TESTKIT,
-                      env={"HF_ENDPOINT": hub, "HF_HOME": str(tmp_path / "hf"), "NANBEIGE_RUNS_DIR": str(runs)},
-                      timeout=120)
+    result = nanbeige(
+        "ask",
+        "q",
+        "--backend",
+        "transformers",
+        "--model",
+        "nobody/no-such-model",
+        "--mcp",
+        TESTKIT,
+        env={"HF_ENDPOINT": hub, "HF_HOME": str(tmp_path / "hf"), "NANBEIGE_RUNS_DIR": str(runs)},
+        timeout=120,
+    )
     # the check's own answer, before loading began: transformers alone retries for about a minute, in loading
     assert_one_line_error(result, "'nobody/no-such-model' is not downloaded", "--model", "--base-url")
     assert "loading" not in result.stderr
@@ -78,12 +88,29 @@ def test_a_model_that_cannot_be_downloaded_fails_at_once_with_the_fixes(tmp_path
 
 def test_the_settings_file_sits_between_the_environment_and_the_defaults(tmp_path: Path) -> None:
     (tmp_path / "nanbeige.toml").write_text(
-        'model = "file-model"\nmax_turns = 3\n\n[ask]\nkeep_tool_results = 2\ntemperature = 0.25\n')
+        'model = "file-model"\nmax_turns = 3\n\n[ask]\nkeep_tool_results = 2\ntemperature = 0.25\n'
+    )
     assert nanbeige("trust", str(tmp_path / "nanbeige.toml")).returncode == 0  # a folder's file counts once trusted
     with FakeOpenAI([], default=mcp_answer("ok")) as server:
-        result = subprocess.run([NANBEIGE, "ask", "q", "--base-url", server.base_url, "--no-default-servers",
-                                 "--max-turns", "9", "--trajectory", "t.jsonl"], capture_output=True, text=True,
-                                timeout=60, cwd=tmp_path, env={**os.environ, "NANBEIGE_MODEL": "env-model"})
+        result = subprocess.run(
+            [
+                NANBEIGE,
+                "ask",
+                "q",
+                "--base-url",
+                server.base_url,
+                "--no-default-servers",
+                "--max-turns",
+                "9",
+                "--trajectory",
+                "t.jsonl",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+            env={**os.environ, "NANBEIGE_MODEL": "env-model"},
+        )
     assert result.returncode == 0, result.stderr
     start = json.loads((tmp_path / "t.jsonl").read_text().splitlines()[0])
     assert server.requests[0]["model"] == "env-model"  # the environment beats the file
@@ -99,7 +126,7 @@ def test_a_command_group_with_options_of_its_own_takes_them_from_its_table(tmp_p
     from nanbeige.agent.cli.program import app
 
     path = tmp_path / "settings.toml"
-    path.write_text('lr = 2e-6\n[train]\nlora_rank = 16\nsteps = 3\n')
+    path.write_text("lr = 2e-6\n[train]\nlora_rank = 16\nsteps = 3\n")
     found = settings_file.Found(used=[(path, "NANBEIGE_CONFIG")], ignored=[])
     train = settings_file.default_map(app, found)["train"]
     assert train["lr"] == 2e-6 and train["lora_rank"] == 16 and train["steps"] == 3
@@ -113,8 +140,9 @@ def test_a_setting_no_command_has_is_a_clear_error(tmp_path: Path) -> None:
     path.write_text("[ask]\nmax_turn = 3\n")
     assert_one_line_error(nanbeige("ask", "q", env={"NANBEIGE_CONFIG": str(path)}), "[ask] has no setting 'max_turn'")
     path.write_text("[index]\nout = 'x'\n")  # a group's table holds its commands' tables, not settings
-    assert_one_line_error(nanbeige("ask", "q", env={"NANBEIGE_CONFIG": str(path)}), "[index] has no setting 'out'",
-                          "[index.build]")
+    assert_one_line_error(
+        nanbeige("ask", "q", env={"NANBEIGE_CONFIG": str(path)}), "[index] has no setting 'out'", "[index.build]"
+    )
     path.write_text("[ask\n")
     result = nanbeige("ask", "q", env={"NANBEIGE_CONFIG": str(path)})
     assert_one_line_error(result, "not valid TOML")
@@ -125,9 +153,23 @@ def test_sigterm_closes_the_trajectory_like_ctrl_c(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     replies = [mcp_call("testkit", "echo", {"text": "a"}), Reply(content="never", delay_s=30)]
     with FakeOpenAI(replies) as server:
-        process = subprocess.Popen([NANBEIGE, "ask", "q", "--base-url", server.base_url, "--mcp", TESTKIT,
-                                    "--no-default-servers", "--trajectory", str(path)], stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True)
+        process = subprocess.Popen(
+            [
+                NANBEIGE,
+                "ask",
+                "q",
+                "--base-url",
+                server.base_url,
+                "--mcp",
+                TESTKIT,
+                "--no-default-servers",
+                "--trajectory",
+                str(path),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         deadline = time.monotonic() + 30
         while len(server.requests) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -165,8 +207,17 @@ def test_the_context_length_comes_from_the_server_unless_given(tmp_path: Path) -
 
 def test_ask_works_against_a_server_that_refuses_unknown_fields(tmp_path: Path) -> None:
     with FakeOpenAI([mcp_call("testkit", "add", {"a": 2, "b": 3})], default=mcp_answer("5"), strict=True) as server:
-        result = nanbeige("ask", "What is 2+3?", "--base-url", server.base_url, "--mcp", TESTKIT,
-                          "--no-default-servers", "--trajectory", str(tmp_path / "t.jsonl"))
+        result = nanbeige(
+            "ask",
+            "What is 2+3?",
+            "--base-url",
+            server.base_url,
+            "--mcp",
+            TESTKIT,
+            "--no-default-servers",
+            "--trajectory",
+            str(tmp_path / "t.jsonl"),
+        )
     assert result.returncode == 0 and result.stdout == "5\n", result.stderr
     assert all("return_token_ids" not in request for request in server.requests)
 
@@ -176,15 +227,22 @@ def test_a_bug_is_one_line_and_the_trajectory_is_closed_as_crashed(tmp_path: Pat
 
     path = tmp_path / "t.jsonl"
     # the command line as installed, with a bug planted in reply parsing
-    program = ("import sys; from nanbeige.agent import dialects; from nanbeige.agent.cli import program\n"
-               "def broken(*args): return 1 / 0\n"
-               "dialects.parse_reply = broken\n"
-               "sys.argv[0] = 'nanbeige'; program.main()")
+    program = (
+        "import sys; from nanbeige.agent import dialects; from nanbeige.agent.cli import program\n"
+        "def broken(*args): return 1 / 0\n"
+        "dialects.parse_reply = broken\n"
+        "sys.argv[0] = 'nanbeige'; program.main()"
+    )
     with FakeOpenAI([], default=mcp_answer("x")) as server:
         args = ["ask", "q", "--base-url", server.base_url, "--no-default-servers", "--trajectory", str(path)]
         result = subprocess.run([sys.executable, "-c", program, *args], capture_output=True, text=True, timeout=60)
-        debug = subprocess.run([sys.executable, "-c", program, *args], capture_output=True, text=True, timeout=60,
-                               env={**os.environ, "NANBEIGE_DEBUG": "1"})
+        debug = subprocess.run(
+            [sys.executable, "-c", program, *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "NANBEIGE_DEBUG": "1"},
+        )
     assert_one_line_error(result, "nanbeige crashed: ZeroDivisionError: division by zero", "NANBEIGE_DEBUG=1")
     assert result.returncode == 1
     assert "Traceback" in debug.stderr and "in broken" in debug.stderr  # where it happened, when asked for
@@ -194,8 +252,17 @@ def test_a_bug_is_one_line_and_the_trajectory_is_closed_as_crashed(tmp_path: Pat
 
 def test_token_mode_against_a_server_that_is_not_vllm_is_refused_before_anything_starts(tmp_path: Path) -> None:
     with FakeOpenAI([mcp_answer("x")]) as server:  # a plain OpenAI-compatible server
-        result = nanbeige("ask", "q", "--token-mode", "--base-url", server.base_url, "--mcp", TESTKIT,
-                          "--trajectory", str(tmp_path / "t.jsonl"))
+        result = nanbeige(
+            "ask",
+            "q",
+            "--token-mode",
+            "--base-url",
+            server.base_url,
+            "--mcp",
+            TESTKIT,
+            "--trajectory",
+            str(tmp_path / "t.jsonl"),
+        )
     assert_one_line_error(result, "--token-mode needs a vLLM server", "is not vLLM")
     assert list(tmp_path.iterdir()) == [] and server.requests == []
 
@@ -218,8 +285,12 @@ def test_sigterm_during_setup_ends_the_command_at_once(tmp_path: Path) -> None:
         silent.listen()
         silent.settimeout(120)  # only against a hang: the probe connects as soon as the command has started
         url = f"http://127.0.0.1:{silent.getsockname()[1]}/v1"
-        process = subprocess.Popen([NANBEIGE, "ask", "q", "--base-url", url, "--trajectory", str(tmp_path / "t.jsonl")],
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        process = subprocess.Popen(
+            [NANBEIGE, "ask", "q", "--base-url", url, "--trajectory", str(tmp_path / "t.jsonl")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         probe, _ = silent.accept()  # the command is in setup, waiting for the probe's answer
         probing = time.monotonic()
         process.send_signal(signal.SIGTERM)
@@ -236,10 +307,27 @@ def test_a_key_quoted_back_by_the_server_never_reaches_stdout_or_stderr(tmp_path
     key = "sk-very-secret-1234"
     quoting = Reply(status=401, body={"error": {"message": f"invalid key: Bearer {key}"}})
     with FakeOpenAI([quoting, quoting]) as server:
-        plain = nanbeige("ask", "q", "--base-url", server.base_url, "--no-default-servers", "--trajectory",
-                         str(tmp_path / "t.jsonl"), env={"NANBEIGE_API_KEY": key})
-        as_json = nanbeige("ask", "q", "--base-url", server.base_url, "--no-default-servers", "--json",
-                           "--trajectory", str(tmp_path / "t.jsonl"), env={"NANBEIGE_API_KEY": key})
+        plain = nanbeige(
+            "ask",
+            "q",
+            "--base-url",
+            server.base_url,
+            "--no-default-servers",
+            "--trajectory",
+            str(tmp_path / "t.jsonl"),
+            env={"NANBEIGE_API_KEY": key},
+        )
+        as_json = nanbeige(
+            "ask",
+            "q",
+            "--base-url",
+            server.base_url,
+            "--no-default-servers",
+            "--json",
+            "--trajectory",
+            str(tmp_path / "t.jsonl"),
+            env={"NANBEIGE_API_KEY": key},
+        )
     assert server.requests[0]["_headers"]["Authorization"] == f"Bearer {key}"  # the key was sent, and quoted back
     assert "invalid key: Bearer [REDACTED]" in plain.stderr and "Bearer [REDACTED]" in as_json.stdout
     for text in (plain.stdout, plain.stderr, as_json.stdout, as_json.stderr, (tmp_path / "t.jsonl").read_text()):
@@ -272,13 +360,25 @@ def test_a_system_prompt_file_replaces_the_built_in_prompt(tmp_path: Path) -> No
     template = tmp_path / "prompt.txt"
     template.write_text("You research questions. Date: {date}.\nTools:\n{tools}")
     with FakeOpenAI([], default=mcp_answer("ok")) as server:
-        result = nanbeige("ask", "q", "--base-url", server.base_url, "--mcp", TESTKIT, "--no-default-servers",
-                          "--system-prompt-file", str(template), "--trajectory", str(tmp_path / "t.jsonl"))
+        result = nanbeige(
+            "ask",
+            "q",
+            "--base-url",
+            server.base_url,
+            "--mcp",
+            TESTKIT,
+            "--no-default-servers",
+            "--system-prompt-file",
+            str(template),
+            "--trajectory",
+            str(tmp_path / "t.jsonl"),
+        )
     assert result.returncode == 0, result.stderr
     system = server.requests[0]["messages"][0]["content"]
     assert system.startswith("You research questions. Date: ") and "\nTools:\n\n## Server name: testkit\n" in system
     assert "{date}" not in system and "{tools}" not in system
     template.write_text("No tools here.")
     assert_one_line_error(nanbeige("ask", "q", "--system-prompt-file", str(template)), "no {tools} placeholder")
-    assert_one_line_error(nanbeige("ask", "q", "--system-prompt-file", str(tmp_path / "missing.txt")),
-                          "cannot read --system-prompt-file")
+    assert_one_line_error(
+        nanbeige("ask", "q", "--system-prompt-file", str(tmp_path / "missing.txt")), "cannot read --system-prompt-file"
+    )

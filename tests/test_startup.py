@@ -41,22 +41,32 @@ class Watch:
         return None
 sys.meta_path.insert(0, Watch())
 """)
-    result = subprocess.run([NANBEIGE, "--help"], capture_output=True, text=True, timeout=60,
-                            env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    result = subprocess.run(
+        [NANBEIGE, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "seen").read_text() == "handled"
 
 
 @pytest.mark.parametrize("after_s", [0.0, 0.05, 0.2, 0.5, 1.0, 2.0])
 def test_sigterm_at_any_moment_of_start_up_exits_143_with_the_trajectory_closed_or_never_made(
-        tmp_path: Path, after_s: float) -> None:
+    tmp_path: Path, after_s: float
+) -> None:
     path = tmp_path / "t.jsonl"
     with socket.socket() as silent:  # takes connections, never answers: start-up waits on the model probe
         silent.bind(("127.0.0.1", 0))
         silent.listen()
         url = f"http://127.0.0.1:{silent.getsockname()[1]}/v1"
-        process = subprocess.Popen([NANBEIGE, "ask", "q", "--base-url", url, "--trajectory", str(path)],
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        process = subprocess.Popen(
+            [NANBEIGE, "ask", "q", "--base-url", url, "--trajectory", str(path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         # From the moment the program runs its own first line (before that the interpreter itself is
         # starting, and nothing but the kernel's default can answer a signal), at any moment after.
         deadline = time.monotonic() + 60
@@ -83,9 +93,13 @@ def first_run_env(tmp_path: Path) -> dict[str, str]:
 
 
 def test_without_the_default_model_the_one_line_error_says_how_to_try_the_small_model(tmp_path: Path) -> None:
-    result = subprocess.run([NANBEIGE, "ask", "What is the capital of France?", "--backend", "transformers",
-                             "--no-default-servers"], capture_output=True, text=True, timeout=120,
-                            env=first_run_env(tmp_path))
+    result = subprocess.run(
+        [NANBEIGE, "ask", "What is the capital of France?", "--backend", "transformers", "--no-default-servers"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=first_run_env(tmp_path),
+    )
     assert result.returncode == 1 and "Traceback" not in result.stderr
     [error] = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert "--model smollm2 --dialect tool-call" in error
@@ -94,10 +108,28 @@ def test_without_the_default_model_the_one_line_error_says_how_to_try_the_small_
 @pytest.mark.slow
 def test_the_small_model_answers_in_process_with_cpu_sized_defaults_and_no_third_party_bars(tmp_path: Path) -> None:
     path = tmp_path / "run.jsonl"
-    result = subprocess.run([NANBEIGE, "ask", "What is the capital of France? Answer in one word.", "--model",
-                             "smollm2", "--dialect", "tool-call", "--temperature", "0", "--backend", "transformers",
-                             "--no-default-servers", "--trajectory", str(path)],
-                            capture_output=True, text=True, timeout=280, env=first_run_env(tmp_path))
+    result = subprocess.run(
+        [
+            NANBEIGE,
+            "ask",
+            "What is the capital of France? Answer in one word.",
+            "--model",
+            "smollm2",
+            "--dialect",
+            "tool-call",
+            "--temperature",
+            "0",
+            "--backend",
+            "transformers",
+            "--no-default-servers",
+            "--trajectory",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        env=first_run_env(tmp_path),
+    )
     assert result.returncode == 0, result.stderr
     assert "Paris" in result.stdout
     assert "on the CPU: --max-tokens 1024 and --max-turns 10" in result.stderr
@@ -117,10 +149,13 @@ def test_version_prints_the_installed_version() -> None:
 
 
 def test_the_command_list_gives_each_description_whole() -> None:
-    result = subprocess.run([NANBEIGE, "--help"], capture_output=True, text=True, timeout=60,
-                            env={**os.environ, "COLUMNS": "250"})
-    assert "Continue a run cut short (killed, Ctrl-C, crashed, model server error) from its last complete turn, " \
-           "with its own settings; print the answer." in result.stdout
+    result = subprocess.run(
+        [NANBEIGE, "--help"], capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "250"}
+    )
+    assert (
+        "Continue a run cut short (killed, Ctrl-C, crashed, model server error) from its last complete turn, "
+        "with its own settings; print the answer." in result.stdout
+    )
 
 
 def test_doctor_names_the_server_the_backends_and_the_keys_set_never_their_values(tmp_path: Path) -> None:
@@ -129,8 +164,13 @@ def test_doctor_names_the_server_the_backends_and_the_keys_set_never_their_value
     key = "serper-key-0123456789"
     env = {**first_run_env(tmp_path), "SERPER_API_KEY": key}
     with FakeOpenAI([], vllm=True) as server:
-        result = subprocess.run([NANBEIGE, "doctor", "--base-url", server.base_url, "--model", "fake-model"],
-                                capture_output=True, text=True, timeout=60, env={**env, "COLUMNS": "250"})
+        result = subprocess.run(
+            [NANBEIGE, "doctor", "--base-url", server.base_url, "--model", "fake-model"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**env, "COLUMNS": "250"},
+        )
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
     assert f"✓ model: fake-model at {server.base_url}: vLLM, context 32768 tokens" in lines
@@ -148,8 +188,13 @@ def test_doctor_without_a_model_fails_and_says_how_to_get_one(tmp_path: Path) ->
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{closed.getsockname()[1]}/v1"  # nothing listens there once closed
-    result = subprocess.run([NANBEIGE, "doctor", "--base-url", url], capture_output=True, text=True, timeout=60,
-                            env={**first_run_env(tmp_path), "COLUMNS": "250"})
+    result = subprocess.run(
+        [NANBEIGE, "doctor", "--base-url", url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**first_run_env(tmp_path), "COLUMNS": "250"},
+    )
     assert result.returncode == 1 and "Traceback" not in result.stderr
     lines = result.stdout.splitlines()
     model = lines.index(next(line for line in lines if line.startswith("✗ model: no server at")))

@@ -31,30 +31,44 @@ CALL = {"id": "call_1", "type": "function", "function": {"name": "add", "argumen
 
 
 def script() -> list[Reply]:
-    return [Reply(content=mcp_call("testkit", "add", {"a": 2, "b": 3}, thought=THOUGHT)),
-            Reply(content=mcp_answer("5")), Reply(content=mcp_answer("5"))]
+    return [
+        Reply(content=mcp_call("testkit", "add", {"a": 2, "b": 3}, thought=THOUGHT)),
+        Reply(content=mcp_answer("5")),
+        Reply(content=mcp_answer("5")),
+    ]
 
 
 def tool_call_script() -> list[Reply]:
-    return [Reply(content="<think>\nAdd them.\n</think>\n\n", tool_calls=[CALL], finish_reason="tool_calls"),
-            Reply(content="It is 5.")]
+    return [
+        Reply(content="<think>\nAdd them.\n</think>\n\n", tool_calls=[CALL], finish_reason="tool_calls"),
+        Reply(content="It is 5."),
+    ]
 
 
 def comparable(turns: list[Any]) -> list[dict[str, Any]]:
     """Each turn as recorded, less what differs from one call to the next (the time it took)."""
-    return [{k: v for k, v in dataclasses.asdict(t).items() if k != "latency_s"} |
-            {"tool_results": [r.text for r in t.tool_results]} for t in turns]
+    return [
+        {k: v for k, v in dataclasses.asdict(t).items() if k != "latency_s"}
+        | {"tool_results": [r.text for r in t.tool_results]}
+        for t in turns
+    ]
 
 
-async def one_run(replies: list[Reply], stream: bool, vllm: bool, dialect: str = "mcp-xml"
-                  ) -> tuple[list[Any], list[str], list[dict[str, Any]]]:
+async def one_run(
+    replies: list[Reply], stream: bool, vllm: bool, dialect: str = "mcp-xml"
+) -> tuple[list[Any], list[str], list[dict[str, Any]]]:
     pieces: list[str] = []
     with FakeOpenAI(replies, vllm=vllm) as server:
         llm = OpenAIChat(LLMConfig(base_url=server.base_url, model="fake-model"))
         config = AgentConfig(dialect=dialect, date="2026-11-25", stream=stream)
         async with Toolbox([ServerSpec(name="testkit", server=mcp_test_server.server)]) as tools:
-            trajectory = await run("What is 2+3?", llm, tools, config, on_event=lambda kind, data:
-                                   pieces.append(data) if kind == "text" else None)
+            trajectory = await run(
+                "What is 2+3?",
+                llm,
+                tools,
+                config,
+                on_event=lambda kind, data: pieces.append(data) if kind == "text" else None,
+            )
         await llm.aclose()
     return trajectory.turns, pieces, server.requests
 
@@ -134,8 +148,9 @@ async def test_the_model_in_process_streams_the_same_reply_it_records(tmp_path: 
 
     from nanbeige.agent.backends.in_process import TransformersLLM
 
-    llm = TransformersLLM(LLMConfig(model=str(smollm2_folder()), temperature=0.0, repetition_penalty=1.0,
-                                    max_tokens=40), gguf_file=GGUF)
+    llm = TransformersLLM(
+        LLMConfig(model=str(smollm2_folder()), temperature=0.0, repetition_penalty=1.0, max_tokens=40), gguf_file=GGUF
+    )
     question = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
     plain = await llm.complete(question)
     pieces: list[str] = []
@@ -156,20 +171,25 @@ def recorded(name: str) -> dict[str, Any]:
 
 def replaying(*exchanges: dict[str, Any]) -> httpx.MockTransport:
     """Answers each request with the recorded response of the exchange it matches (streamed or not)."""
+
     def answer(request: httpx.Request) -> httpx.Response:
         streaming = bool(json.loads(request.content).get("stream"))
         [exchange] = [e for e in exchanges if bool(e["request"].get("stream")) == streaming]
         kind = "text/event-stream" if streaming else "application/json"
-        return httpx.Response(exchange["status"], content=exchange["response_text"].encode(),
-                              headers={"content-type": kind})
+        return httpx.Response(
+            exchange["status"], content=exchange["response_text"].encode(), headers={"content-type": kind}
+        )
 
     return httpx.MockTransport(answer)
 
 
 async def test_real_vllm_chat_streamed_is_read_as_the_same_completion_as_its_whole_reply() -> None:
     whole, stream = recorded("chat"), recorded("chat_stream")
-    llm = OpenAIChat(LLMConfig(base_url="http://127.0.0.1:9/v1", model="smollm2"), server=ServerInfo(vllm=True),
-                     transport=replaying(whole, stream))
+    llm = OpenAIChat(
+        LLMConfig(base_url="http://127.0.0.1:9/v1", model="smollm2"),
+        server=ServerInfo(vllm=True),
+        transport=replaying(whole, stream),
+    )
     plain = await llm.complete(whole["request"]["messages"])
     pieces: list[str] = []
     streamed = await llm.complete(whole["request"]["messages"], on_text=pieces.append)
@@ -185,13 +205,22 @@ async def test_real_vllm_chat_streamed_is_read_as_the_same_completion_as_its_who
 async def test_real_vllm_completions_streamed_is_read_as_the_same_completion_as_its_whole_reply() -> None:
     whole, stream = recorded("completion"), recorded("completion_stream")
     pieces: list[str] = []
-    body = await read_stream(httpx.Response(200, content=stream["response_text"].encode()), pieces.append,
-                             completions_api=True)
+    body = await read_stream(
+        httpx.Response(200, content=stream["response_text"].encode()), pieces.append, completions_api=True
+    )
     streamed = parse_completion(body, 0.0, completions_api=True)
     plain = parse_completion(json.loads(whole["response_text"]), 0.0, completions_api=True)
     assert streamed == plain
-    assert plain.prompt_ids == whole["request"]["prompt"] and plain.completion_ids == [504, 3575, 282, 4649, 314,
-                                                                                         7042, 30, 2]
+    assert plain.prompt_ids == whole["request"]["prompt"] and plain.completion_ids == [
+        504,
+        3575,
+        282,
+        4649,
+        314,
+        7042,
+        30,
+        2,
+    ]
     assert "".join(pieces) == plain.message["content"]
 
 
@@ -203,12 +232,21 @@ async def test_token_mode_streamed_records_the_same_turns_as_without_streaming(t
 
     async def token_run(stream: bool) -> tuple[list[Any], list[str]]:
         pieces: list[str] = []
-        with FakeOpenAI([r.content for r in script()], tokenize=tokenize, stop_id=tokenizer.convert_tokens_to_ids(
-                "<|im_end|>"), vllm=True) as server:
+        with FakeOpenAI(
+            [r.content for r in script()],
+            tokenize=tokenize,
+            stop_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+            vllm=True,
+        ) as server:
             llm = TokenModeChat(LLMConfig(base_url=server.base_url, model="tiny"), tokenizer)
             async with Toolbox([ServerSpec(name="testkit", server=mcp_test_server.server)]) as tools:
-                trajectory = await run("What is 2+3?", llm, tools, AgentConfig(date="2026-11-25", stream=stream),
-                                       on_event=lambda kind, data: pieces.append(data) if kind == "text" else None)
+                trajectory = await run(
+                    "What is 2+3?",
+                    llm,
+                    tools,
+                    AgentConfig(date="2026-11-25", stream=stream),
+                    on_event=lambda kind, data: pieces.append(data) if kind == "text" else None,
+                )
             await llm.aclose()
         assert all(bool(r.get("stream")) == stream for r in server.requests)
         return trajectory.turns, pieces

@@ -29,8 +29,10 @@ from nanbeige.trainer.loop_config import LoopConfig, LoopError
 from nanbeige.trainer.rl_loop import read_state, run_loop
 from nanbeige.trainer.train import TrainConfig
 
-QUESTIONS = ('{"id": "a", "question": "What is 2+2?", "answer": "4"}\n'
-             '{"id": "b", "question": "Name a colour.", "answer": "red"}\n')
+QUESTIONS = (
+    '{"id": "a", "question": "What is 2+2?", "answer": "4"}\n'
+    '{"id": "b", "question": "Name a colour.", "answer": "red"}\n'
+)
 
 
 @pytest.fixture(scope="module")
@@ -53,32 +55,57 @@ def half_right(tiny: Path) -> dict[str, Any]:
             n = answered[request["model"], question] = answered.get((request["model"], question), 0) + 1
         return mcp_answer({"a": "4", "b": "red"}[question] if n <= 2 else "nothing")
 
-    return {"replies": policy, "tokenize": lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
-            "stop_id": tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    return {
+        "replies": policy,
+        "tokenize": lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
+        "stop_id": tokenizer.convert_tokens_to_ids("<|im_end|>"),
+    }
 
 
 def loop_for(tiny: Path, out: Path, urls: list[str], iterations: int, sync: str, **loop: Any) -> LoopConfig:
     """A loop of one-turn rollouts in token mode, collected from `urls` (the first its base URL)."""
     questions = out.parent / "questions.jsonl"
     questions.write_text(QUESTIONS)
-    settings = RunSettings(llm=LLMConfig(base_url=urls[0], more_base_urls=tuple(urls[1:]), model=str(tiny),
-                                         max_tokens=64, temperature=1.0),
-                           agent=AgentConfig(max_turns=1, summary_turn=False),
-                           backend=BackendConfig(backend="openai", base_url_given=True, token_mode=True),
-                           tools=ToolsConfig(default_servers=False))
+    settings = RunSettings(
+        llm=LLMConfig(
+            base_url=urls[0], more_base_urls=tuple(urls[1:]), model=str(tiny), max_tokens=64, temperature=1.0
+        ),
+        agent=AgentConfig(max_turns=1, summary_turn=False),
+        backend=BackendConfig(backend="openai", base_url_given=True, token_mode=True),
+        tools=ToolsConfig(default_servers=False),
+    )
     # the scripted policy is not the tiny model: its rollouts are off-policy for the trainer
-    train = TrainConfig(data=[], model=str(tiny), out=out, steps=1, step_tokens=4000, micro_tokens=4000, lr=1e-3,
-                        lora_rank=4 if sync == "lora" else 0, off_policy=True)
-    return LoopConfig(iterations=iterations, out=out, questions=questions, settings=settings,
-                      judge=JudgeRunConfig(no_critic=True), train=train, group_size=4, sync=sync, **loop)
+    train = TrainConfig(
+        data=[],
+        model=str(tiny),
+        out=out,
+        steps=1,
+        step_tokens=4000,
+        micro_tokens=4000,
+        lr=1e-3,
+        lora_rank=4 if sync == "lora" else 0,
+        off_policy=True,
+    )
+    return LoopConfig(
+        iterations=iterations,
+        out=out,
+        questions=questions,
+        settings=settings,
+        judge=JudgeRunConfig(no_critic=True),
+        train=train,
+        group_size=4,
+        sync=sync,
+        **loop,
+    )
 
 
 def root(engine: FakeOpenAI) -> str:
     return engine.base_url.removesuffix("/v1")
 
 
-def test_the_fake_engine_answers_the_recorded_calls_as_vllm_did(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-                                                                 ) -> None:
+def test_the_fake_engine_answers_the_recorded_calls_as_vllm_did(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Every call of the recorded exchange, in its order, against the fake: the same status and body (the
     recorded paths are relative, so the fake runs where they name real folders)."""
     monkeypatch.chdir(tmp_path)
@@ -91,15 +118,23 @@ def test_the_fake_engine_answers_the_recorded_calls_as_vllm_did(tmp_path: Path, 
                 recorded = json.loads(call["response_text"])["data"]
                 listed = answer.json()["data"]
                 assert [(m["owned_by"], m["root"], m["parent"]) for m in listed[1:]] == [
-                    (m["owned_by"], m["root"], m["parent"].replace("smollm2", "fake-model")) for m in recorded[1:]]
+                    (m["owned_by"], m["root"], m["parent"].replace("smollm2", "fake-model")) for m in recorded[1:]
+                ]
             elif name == "load_lora_adapter_again":  # the same refusal, in fewer words
                 assert recorded_words(call).startswith(answer.json()["error"]["message"])
             elif name == "load_lora_adapter":
                 assert answer.text == call["response_text"]
             else:
                 assert answer.json() == json.loads(call["response_text"]), name
-    assert engine.admin_calls == ["/pause", "/collective_rpc", "/reset_prefix_cache", "/update_weight_version",
-                                  "/resume", "/collective_rpc", "/resume"]
+    assert engine.admin_calls == [
+        "/pause",
+        "/collective_rpc",
+        "/reset_prefix_cache",
+        "/update_weight_version",
+        "/resume",
+        "/collective_rpc",
+        "/resume",
+    ]
 
 
 def recorded_words(call: dict[str, Any]) -> str:
@@ -113,12 +148,19 @@ def test_three_engines_behind_a_router_one_refusing_the_adapter(tiny: Path, tmp_
     adapters: the next iteration's collection does not start, and the rerun loads it there again."""
     out = tmp_path / "loop"
     script = half_right(tiny)
-    with FakeOpenAI(script.pop("replies"), vllm=True, **script) as router, \
-            FakeEngine() as one, FakeEngine() as two, FakeEngine() as three:
+    with (
+        FakeOpenAI(script.pop("replies"), vllm=True, **script) as router,
+        FakeEngine() as one,
+        FakeEngine() as two,
+        FakeEngine() as three,
+    ):
         admin = tuple(e.base_url for e in (one, two, three))  # /v1 or not: the same engine
         three.broken = "lora"
-        with pytest.raises(LoopError, match=r"iteration 1, sync: 1 of 3 engines did not take the new policy: the "
-                                            rf"model server at {root(three)} refused the LoRA adapter .*HTTP 404"):
+        with pytest.raises(
+            LoopError,
+            match=r"iteration 1, sync: 1 of 3 engines did not take the new policy: the "
+            rf"model server at {root(three)} refused the LoRA adapter .*HTTP 404",
+        ):
             asyncio.run(run_loop(loop_for(tiny, out, [router.base_url], 1, "lora", admin_urls=admin), print))
         state = json.loads((out / "loop.json").read_text())
         assert "trained" in state["iterations"][0] and "synced" not in state["iterations"][0]
@@ -134,8 +176,11 @@ def test_three_engines_behind_a_router_one_refusing_the_adapter(tiny: Path, tmp_
         assert state["engines"] == {root(e): "iter-1" for e in (one, two, three)}
 
         two.restart()  # its adapters are gone
-        with pytest.raises(LoopError, match=rf"iteration 2, collect: .*{root(two)} serves no adapter {checkpoint}\); "
-                                            "iteration 1 is no longer synced: run the same loop again"):
+        with pytest.raises(
+            LoopError,
+            match=rf"iteration 2, collect: .*{root(two)} serves no adapter {checkpoint}\); "
+            "iteration 1 is no longer synced: run the same loop again",
+        ):
             asyncio.run(run_loop(loop_for(tiny, out, [router.base_url], 2, "lora", admin_urls=admin), print))
         assert not (out / "iter-2" / "rollouts.jsonl").exists()
         assert checkpoint not in {r["model"] for r in router.requests}  # nothing sampled from a mixed policy
@@ -159,22 +204,31 @@ def test_three_engines_of_a_pool_one_failing_to_reload_the_weights(tiny: Path, t
     with FakeEngine(**script) as one, FakeEngine(**script) as two, FakeEngine(**script) as three:
         urls = [e.base_url for e in (one, two, three)]
         two.weight_version = str(tmp_path / "another-loop" / "checkpoint-9")  # left by another run
-        with pytest.raises(LoopError, match=rf"iteration 1, collect: .*{root(two)} serves weights "
-                                            r"'.*another-loop.*'\); start every engine on the same model"):
+        with pytest.raises(
+            LoopError,
+            match=rf"iteration 1, collect: .*{root(two)} serves weights "
+            r"'.*another-loop.*'\); start every engine on the same model",
+        ):
             asyncio.run(run_loop(loop_for(tiny, out, urls, 1, "weights"), print))
         assert not any(e.requests for e in (one, two, three))  # nothing was collected
 
         two.restart()
         two.broken = "reload"
-        with pytest.raises(LoopError, match=rf"1 of 3 engines did not take the new policy: the model server at "
-                                            rf"{root(two)} could not reload the weights .*HTTP 500 Call to "
-                                            "collective_rpc method failed"):
+        with pytest.raises(
+            LoopError,
+            match=rf"1 of 3 engines did not take the new policy: the model server at "
+            rf"{root(two)} could not reload the weights .*HTTP 500 Call to "
+            "collective_rpc method failed",
+        ):
             asyncio.run(run_loop(loop_for(tiny, out, urls, 1, "weights"), print))
         checkpoint = json.loads((out / "loop.json").read_text())["iterations"][0]["trained"]["checkpoint"]
         assert (one.weight_version, two.weight_version, three.weight_version) == (checkpoint, "default", checkpoint)
         full = ["/pause", "/collective_rpc", "/reset_prefix_cache", "/update_weight_version", "/resume"]
-        assert (one.admin_calls, two.admin_calls, three.admin_calls) == (full, ["/pause", "/collective_rpc",
-                                                                                "/resume"], full)
+        assert (one.admin_calls, two.admin_calls, three.admin_calls) == (
+            full,
+            ["/pause", "/collective_rpc", "/resume"],
+            full,
+        )
 
         two.broken = None
         summary = asyncio.run(run_loop(loop_for(tiny, out, urls, 1, "weights"), print))
@@ -187,34 +241,76 @@ def test_three_engines_of_a_pool_one_failing_to_reload_the_weights(tiny: Path, t
 
 
 def test_an_engines_record_of_the_wrong_type_is_one_line(tmp_path: Path) -> None:
-    (tmp_path / "loop.json").write_text(json.dumps({"policy": {"model": "m", "checkpoint": None, "version": "iter-0"},
-                                                    "iterations": [], "engines": {"http://127.0.0.1:1": 3}}))
+    (tmp_path / "loop.json").write_text(
+        json.dumps(
+            {
+                "policy": {"model": "m", "checkpoint": None, "version": "iter-0"},
+                "iterations": [],
+                "engines": {"http://127.0.0.1:1": 3},
+            }
+        )
+    )
     with pytest.raises(LoopError, match=r"`engines\['http://127.0.0.1:1'\]` must be text or null, not 3"):
         read_state(tmp_path)
-    (tmp_path / "loop.json").write_text(json.dumps({"policy": {"model": "m", "checkpoint": None, "version": "iter-0"},
-                                                    "iterations": [], "engines": ["http://127.0.0.1:1"]}))
+    (tmp_path / "loop.json").write_text(
+        json.dumps(
+            {
+                "policy": {"model": "m", "checkpoint": None, "version": "iter-0"},
+                "iterations": [],
+                "engines": ["http://127.0.0.1:1"],
+            }
+        )
+    )
     with pytest.raises(LoopError, match="`engines` must be an object, not a list"):
         read_state(tmp_path)
 
 
 def test_admin_urls_are_flags_of_the_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     loops: list[dict[str, Any]] = []
-    monkeypatch.setattr("nanbeige.agent.cli.train_commands.run_train_loop",
-                        lambda *args: loops.append(args[-1]))
+    monkeypatch.setattr("nanbeige.agent.cli.train_commands.run_train_loop", lambda *args: loops.append(args[-1]))
     questions = tmp_path / "questions.jsonl"
     questions.write_text(QUESTIONS)
-    base = ["train", "--model", "m", "--out", str(tmp_path / "loop"), "--loop", "1", "--no-critic", "--questions",
-            str(questions), "--lora-rank", "4", "--base-url", "http://127.0.0.1:9/v1"]
-    result = CliRunner().invoke(app, [*base, "--admin-url", "http://127.0.0.1:10", "--admin-url",
-                                      "http://127.0.0.1:11/v1"])
+    base = [
+        "train",
+        "--model",
+        "m",
+        "--out",
+        str(tmp_path / "loop"),
+        "--loop",
+        "1",
+        "--no-critic",
+        "--questions",
+        str(questions),
+        "--lora-rank",
+        "4",
+        "--base-url",
+        "http://127.0.0.1:9/v1",
+    ]
+    result = CliRunner().invoke(
+        app, [*base, "--admin-url", "http://127.0.0.1:10", "--admin-url", "http://127.0.0.1:11/v1"]
+    )
     assert result.exit_code == 0, result.output
     assert loops[0]["admin_urls"] == ("http://127.0.0.1:10", "http://127.0.0.1:11/v1")
-    for flags, words in ((["--admin-url", "127.0.0.1:10"], "is not an http:// or https:// address"),
-                         (["--admin-url", "http://127.0.0.1:10", "--sync", "none"], "--sync none syncs none")):
+    for flags, words in (
+        (["--admin-url", "127.0.0.1:10"], "is not an http:// or https:// address"),
+        (["--admin-url", "http://127.0.0.1:10", "--sync", "none"], "--sync none syncs none"),
+    ):
         refused = CliRunner().invoke(app, [*base, *flags])
         assert refused.exit_code == 2 and words in refused.output, refused.output
-    alone = CliRunner().invoke(app, ["train", "--model", "m", "--out", str(tmp_path / "t"), "--data", "x.jsonl",
-                                     "--admin-url", "http://127.0.0.1:10"])
+    alone = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "--model",
+            "m",
+            "--out",
+            str(tmp_path / "t"),
+            "--data",
+            "x.jsonl",
+            "--admin-url",
+            "http://127.0.0.1:10",
+        ],
+    )
     assert alone.exit_code == 2 and "it needs --loop" in alone.output
 
 
@@ -223,10 +319,30 @@ def test_the_command_refuses_to_collect_in_one_line_while_the_engines_differ(tmp
     questions.write_text(QUESTIONS)
     with FakeEngine() as one, FakeEngine() as two:
         two.weight_version = "/elsewhere/checkpoint-3"
-        result = CliRunner().invoke(app, ["train", "--loop", "1", "--sync", "weights", "--questions", str(questions),
-                                          "--model", "m", "--out", str(tmp_path / "loop"), "--no-critic",
-                                          "--no-default-servers", "--base-url", one.base_url, "--admin-url",
-                                          one.base_url, "--admin-url", two.base_url])
+        result = CliRunner().invoke(
+            app,
+            [
+                "train",
+                "--loop",
+                "1",
+                "--sync",
+                "weights",
+                "--questions",
+                str(questions),
+                "--model",
+                "m",
+                "--out",
+                str(tmp_path / "loop"),
+                "--no-critic",
+                "--no-default-servers",
+                "--base-url",
+                one.base_url,
+                "--admin-url",
+                one.base_url,
+                "--admin-url",
+                two.base_url,
+            ],
+        )
         assert not one.requests and not two.requests
     assert result.exit_code == 1 and "Traceback" not in result.output
     [line] = [text for text in result.output.splitlines() if text.strip()]

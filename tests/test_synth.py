@@ -50,8 +50,10 @@ def doc(graph: Graph, title: str) -> int:
 
 
 def test_graph_of_the_wikipedia_corpus(graph: Graph) -> None:
-    print(f"\nentity graph: {len(graph.documents)} documents, {graph.edges} links, "
-          f"{sum(1 for out in graph.links if out)} with links out, built in {graph.seconds:.2f} s")
+    print(
+        f"\nentity graph: {len(graph.documents)} documents, {graph.edges} links, "
+        f"{sum(1 for out in graph.links if out)} with links out, built in {graph.seconds:.2f} s"
+    )
     assert len(graph.documents) == 10033 and graph.edges > 10_000
     assert sum(1 for out in graph.links if out) > 3000 and sum(graph.inbound) == graph.edges
     for a, out in enumerate(graph.links):
@@ -139,8 +141,9 @@ async def test_synthesize_accepts_rejects_and_resumes(index_dir: Path, graph: Gr
     calls: list[tuple[int, int, int]] = []
     with FakeOpenAI(model, api_key="sk-secret") as server:
         config = replace(SYNTH_ENDPOINT, base_url=server.base_url, model="writer", api_key="sk-secret")
-        summary = await synthesize(index_dir, out, config, count=2, seed=3, concurrency=1,
-                                   progress=lambda *args: calls.append(args))
+        summary = await synthesize(
+            index_dir, out, config, count=2, seed=3, concurrency=1, progress=lambda *args: calls.append(args)
+        )
         assert summary["walks"] == 5 and summary["accepted"] == 2 and summary["in_file"] == 2
         assert summary["rejected"] == {"one_document": 1, "unsupported": 1, "malformed": 1}
         assert summary["documents"] == 10033 and summary["edges"] == graph.edges and not summary["exhausted"]
@@ -148,8 +151,10 @@ async def test_synthesize_accepts_rejects_and_resumes(index_dir: Path, graph: Gr
         assert {r["model"] for r in server.requests} == {"writer"}
 
         rows = read_jsonl(out)
-        assert [r["question"] for r in rows] == ["[good] Which entity ends chain 1?",
-                                                 "[good] Which entity ends chain 5?"]
+        assert [r["question"] for r in rows] == [
+            "[good] Which entity ends chain 1?",
+            "[good] Which entity ends chain 5?",
+        ]
         titles = {d.title: n for n, d in enumerate(graph.documents)}
         for row, written in zip(rows, [model.written[0], model.written[4]]):
             assert set(row) == {"id", "question", "answer", "supporting"} and re.fullmatch(r"[0-9a-f]{16}", row["id"])
@@ -223,8 +228,12 @@ def test_the_synth_command_reports_a_missing_corpus_in_one_line(tmp_path: Path) 
     import sys
 
     nanbeige = str(Path(sys.executable).parent / "nanbeige")
-    result = subprocess.run([nanbeige, "synth", "--corpus", str(tmp_path / "none"), "--out", str(tmp_path / "q.jsonl")],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [nanbeige, "synth", "--corpus", str(tmp_path / "none"), "--out", str(tmp_path / "q.jsonl")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 1 and "Traceback" not in result.stderr
     [line] = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert "no index folder" in line and "nanbeige index build" in line
@@ -249,8 +258,9 @@ def test_the_synth_command_fails_when_it_writes_no_question(tmp_path: Path) -> N
     linked = small_corpus(tmp_path / "linked", linked=True)  # one link: a single walk of one hop
     out = tmp_path / "q.jsonl"
     with FakeOpenAI([], default="I would rather not.") as server:  # every write-up is malformed
-        result = synth_command("--corpus", str(linked), "--out", str(out), "--count", "1", "--hops", "1",
-                               "--base-url", server.base_url)
+        result = synth_command(
+            "--corpus", str(linked), "--out", str(out), "--count", "1", "--hops", "1", "--base-url", server.base_url
+        )
     assert result.returncode == 1 and "Traceback" not in result.stderr
     [line] = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert "no question written" in line and "rejected (malformed 1)" in line
@@ -259,8 +269,9 @@ def test_the_synth_command_fails_when_it_writes_no_question(tmp_path: Path) -> N
 
     # Run again: the one walk was tried already, so nothing new can be written either.
     with FakeOpenAI([], default="I would rather not.") as server:
-        again = synth_command("--corpus", str(linked), "--out", str(out), "--count", "1", "--hops", "1",
-                              "--base-url", server.base_url)
+        again = synth_command(
+            "--corpus", str(linked), "--out", str(out), "--count", "1", "--hops", "1", "--base-url", server.base_url
+        )
     assert again.returncode == 1 and server.requests == []
     [line] = [line for line in again.stderr.splitlines() if line.startswith("error:")]
     assert "no question written" in line and "--seed" in line

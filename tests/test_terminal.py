@@ -32,8 +32,19 @@ def slow(*replies: str) -> list[Reply]:
 
 
 def ask(server: FakeOpenAI, path: Path, *extra: str) -> list[str]:
-    return [NANBEIGE, "ask", "What is the capital of Mongolia?", "--base-url", server.base_url, "--mcp", TESTKIT,
-            "--no-default-servers", "--trajectory", str(path), *extra]
+    return [
+        NANBEIGE,
+        "ask",
+        "What is the capital of Mongolia?",
+        "--base-url",
+        server.base_url,
+        "--mcp",
+        TESTKIT,
+        "--no-default-servers",
+        "--trajectory",
+        str(path),
+        *extra,
+    ]
 
 
 def end_record(path: Path) -> dict[str, Any]:
@@ -42,8 +53,9 @@ def end_record(path: Path) -> dict[str, Any]:
 
 def test_ask_in_a_terminal_shows_the_wait_the_turns_and_the_answer(tmp_path: Path) -> None:
     path = tmp_path / "run.jsonl"
-    replies = slow(mcp_call("testkit", "echo", {"text": "Mongolia"}), mcp_answer("Ulaanbaatar"),
-                   mcp_answer("Ulaanbaatar"))
+    replies = slow(
+        mcp_call("testkit", "echo", {"text": "Mongolia"}), mcp_answer("Ulaanbaatar"), mcp_answer("Ulaanbaatar")
+    )
     with FakeOpenAI(replies) as server, Terminal(ask(server, path)) as term:
         assert term.shows("waiting for the model", 30), term.screen_text()
         assert term.wait(60) == 0, term.screen_text()
@@ -77,8 +89,10 @@ def test_sigterm_in_a_terminal_while_the_model_thinks_exits_143_and_closes_the_r
 
 def test_timeout_fires_in_a_terminal_while_the_model_thinks(tmp_path: Path) -> None:
     path = tmp_path / "run.jsonl"
-    with FakeOpenAI([Reply(content="never", delay_s=60)]) as server, \
-            Terminal(ask(server, path, "--timeout", "3")) as term:
+    with (
+        FakeOpenAI([Reply(content="never", delay_s=60)]) as server,
+        Terminal(ask(server, path, "--timeout", "3")) as term,
+    ):
         assert term.wait(30) == 1, term.screen_text()
     assert "stop reason timeout" in term.screen_text(), term.screen_text()
     assert end_record(path)["stop_reason"] == "timeout"
@@ -87,10 +101,25 @@ def test_timeout_fires_in_a_terminal_while_the_model_thinks(tmp_path: Path) -> N
 def test_research_in_a_terminal_with_a_slow_model_answers(tmp_path: Path) -> None:
     replies = slow(mcp_answer("Ulaanbaatar"), mcp_answer("Ulaanbaatar"))
     env = {"NANBEIGE_RUNS_DIR": str(tmp_path)}
-    with FakeOpenAI(replies, default=Reply(content=mcp_answer("Ulaanbaatar"), delay_s=SLOW)) as server, \
-            Terminal([NANBEIGE, "research", "What is the capital of Mongolia?", "--base-url", server.base_url,
-                      "--no-default-servers", "--attempts", "1", "--trajectory", str(tmp_path / "run.jsonl")],
-                     env=env, cwd=str(tmp_path)) as term:
+    with (
+        FakeOpenAI(replies, default=Reply(content=mcp_answer("Ulaanbaatar"), delay_s=SLOW)) as server,
+        Terminal(
+            [
+                NANBEIGE,
+                "research",
+                "What is the capital of Mongolia?",
+                "--base-url",
+                server.base_url,
+                "--no-default-servers",
+                "--attempts",
+                "1",
+                "--trajectory",
+                str(tmp_path / "run.jsonl"),
+            ],
+            env=env,
+            cwd=str(tmp_path),
+        ) as term,
+    ):
         assert term.shows("waiting for the model", 30), term.screen_text()
         assert term.wait(60) == 0, term.screen_text()
     assert "Ulaanbaatar" in term.screen_text()
@@ -98,10 +127,30 @@ def test_research_in_a_terminal_with_a_slow_model_answers(tmp_path: Path) -> Non
 
 def test_eval_in_a_terminal_with_a_slow_model_draws_progress_and_the_report(tmp_path: Path) -> None:
     data, out = write_gaia(tmp_path / "gaia"), tmp_path / "out"
-    with FakeOpenAI(scripted_model(delay_s=SLOW / 2)) as server, \
-            Terminal([NANBEIGE, "eval", "gaia", "--grader", "official", "--data", str(data), "--out", str(out),
-                      "-k", "1", "--concurrency", "2", "--base-url", server.base_url, "--no-default-servers"],
-                     env={**os.environ}) as term:
+    with (
+        FakeOpenAI(scripted_model(delay_s=SLOW / 2)) as server,
+        Terminal(
+            [
+                NANBEIGE,
+                "eval",
+                "gaia",
+                "--grader",
+                "official",
+                "--data",
+                str(data),
+                "--out",
+                str(out),
+                "-k",
+                "1",
+                "--concurrency",
+                "2",
+                "--base-url",
+                server.base_url,
+                "--no-default-servers",
+            ],
+            env={**os.environ},
+        ) as term,
+    ):
         assert term.shows("running", 30), term.screen_text()
         assert term.wait(90) == 0, term.screen_text()
     screen = term.screen_text()
@@ -115,8 +164,13 @@ def test_ask_without_a_terminal_prints_a_plain_progress_line_while_the_model_thi
     path = tmp_path / "run.jsonl"
     replies = [Reply(content=mcp_answer("Ulaanbaatar"), delay_s=3), mcp_answer("Ulaanbaatar")]
     with FakeOpenAI(replies) as server:
-        result = subprocess.run(ask(server, path), capture_output=True, text=True, timeout=60,
-                                env={**os.environ, "NANBEIGE_PROGRESS_EVERY": "0.5"})
+        result = subprocess.run(
+            ask(server, path),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "NANBEIGE_PROGRESS_EVERY": "0.5"},
+        )
     assert result.returncode == 0, result.stderr
     waits = [line for line in result.stderr.splitlines() if "waiting for the model" in line]
     assert len(waits) >= 2, result.stderr  # a 3 s wait, a line every 0.5 s
@@ -128,11 +182,30 @@ def test_ask_without_a_terminal_prints_a_plain_progress_line_while_the_model_thi
 def test_eval_without_a_terminal_prints_plain_progress_lines_and_the_last_count(tmp_path: Path) -> None:
     data, out = write_gaia(tmp_path / "gaia"), tmp_path / "out"
     with FakeOpenAI(scripted_model(delay_s=0.5)) as server:
-        result = subprocess.run([NANBEIGE, "eval", "gaia", "--grader", "official", "--data", str(data), "--out",
-                                 str(out), "-k", "1", "--concurrency", "1", "--base-url", server.base_url,
-                                 "--no-default-servers"],
-                                capture_output=True, text=True, timeout=120,
-                                env={**os.environ, "NANBEIGE_PROGRESS_EVERY": "0.5"})
+        result = subprocess.run(
+            [
+                NANBEIGE,
+                "eval",
+                "gaia",
+                "--grader",
+                "official",
+                "--data",
+                str(data),
+                "--out",
+                str(out),
+                "-k",
+                "1",
+                "--concurrency",
+                "1",
+                "--base-url",
+                server.base_url,
+                "--no-default-servers",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "NANBEIGE_PROGRESS_EVERY": "0.5"},
+        )
     assert result.returncode == 0, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.startswith("gaia: ")]
     assert len(lines) >= 3, result.stderr
@@ -143,18 +216,48 @@ def test_eval_without_a_terminal_prints_plain_progress_lines_and_the_last_count(
 
 def test_ctrl_c_in_a_terminal_stops_research_and_eval_with_130(tmp_path: Path) -> None:
     never = Reply(content="never", delay_s=60)
-    with FakeOpenAI([], default=never) as server, \
-            Terminal([NANBEIGE, "research", "What is the capital of Mongolia?", "--base-url", server.base_url,
-                      "--no-default-servers", "--trajectory", str(tmp_path / "research.jsonl")],
-                     cwd=str(tmp_path)) as term:
+    with (
+        FakeOpenAI([], default=never) as server,
+        Terminal(
+            [
+                NANBEIGE,
+                "research",
+                "What is the capital of Mongolia?",
+                "--base-url",
+                server.base_url,
+                "--no-default-servers",
+                "--trajectory",
+                str(tmp_path / "research.jsonl"),
+            ],
+            cwd=str(tmp_path),
+        ) as term,
+    ):
         assert term.shows("waiting for the model", 30), term.screen_text()
         term.ctrl_c()
         assert term.wait(30) == 130, term.screen_text()
     assert "interrupted" in term.screen_text()
     data, out = write_gaia(tmp_path / "gaia"), tmp_path / "out"
-    with FakeOpenAI([], default=never) as server, \
-            Terminal([NANBEIGE, "eval", "gaia", "--grader", "official", "--data", str(data), "--out", str(out),
-                      "-k", "1", "--base-url", server.base_url, "--no-default-servers"]) as term:
+    with (
+        FakeOpenAI([], default=never) as server,
+        Terminal(
+            [
+                NANBEIGE,
+                "eval",
+                "gaia",
+                "--grader",
+                "official",
+                "--data",
+                str(data),
+                "--out",
+                str(out),
+                "-k",
+                "1",
+                "--base-url",
+                server.base_url,
+                "--no-default-servers",
+            ]
+        ) as term,
+    ):
         assert term.shows("running", 30), term.screen_text()
         term.ctrl_c()
         assert term.wait(30) == 130, term.screen_text()
@@ -166,17 +269,50 @@ def test_collect_and_judge_in_a_terminal_with_slow_models_draw_progress_and_fini
     from test_judge_down import graded_by_a_judge
 
     questions, rollouts = questions_file(tmp_path), tmp_path / "rollouts.jsonl"
-    with FakeOpenAI([], default=Reply(content=mcp_answer("4"), delay_s=SLOW / 2)) as server, \
-            Terminal([NANBEIGE, "collect", "--questions", str(questions), "-G", "2", "--limit", "1", "--out",
-                      str(rollouts), "--base-url", server.base_url, "--no-default-servers", "--allow-inexact",
-                      "--concurrency", "1"]) as term:
+    with (
+        FakeOpenAI([], default=Reply(content=mcp_answer("4"), delay_s=SLOW / 2)) as server,
+        Terminal(
+            [
+                NANBEIGE,
+                "collect",
+                "--questions",
+                str(questions),
+                "-G",
+                "2",
+                "--limit",
+                "1",
+                "--out",
+                str(rollouts),
+                "--base-url",
+                server.base_url,
+                "--no-default-servers",
+                "--allow-inexact",
+                "--concurrency",
+                "1",
+            ]
+        ) as term,
+    ):
         assert term.shows("running", 30), term.screen_text()
         assert term.wait(60) == 0, term.screen_text()
     assert "1/1 questions · 2/2 rollouts" in term.screen_text()
     verdict = "Correct"  # the reference harness's "equivalent" judge answers with one word
-    with FakeOpenAI([], default=Reply(content=verdict, delay_s=SLOW / 2)) as judge, \
-            Terminal([NANBEIGE, "judge", str(graded_by_a_judge(tmp_path, count=3)), "--out", str(tmp_path / "j.jsonl"),
-                      "--no-critic", "--judge-base-url", judge.base_url, "--concurrency", "1"]) as term:
+    with (
+        FakeOpenAI([], default=Reply(content=verdict, delay_s=SLOW / 2)) as judge,
+        Terminal(
+            [
+                NANBEIGE,
+                "judge",
+                str(graded_by_a_judge(tmp_path, count=3)),
+                "--out",
+                str(tmp_path / "j.jsonl"),
+                "--no-critic",
+                "--judge-base-url",
+                judge.base_url,
+                "--concurrency",
+                "1",
+            ]
+        ) as term,
+    ):
         assert term.shows("judge 0/3 trajectories", 30), term.screen_text()
         assert term.wait(60) == 0, term.screen_text()
     assert "Traceback" not in term.screen_text()

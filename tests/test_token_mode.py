@@ -26,13 +26,21 @@ async def run_token_mode(tokenizer: Any, turns: int, keep: int, path: Path) -> t
     replies = [mcp_call("testkit", "echo", {"text": f"finding {i}"}, thought=f"Step {i}.") for i in range(turns)]
     stop_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
     # the model answers, then restates its answer for the summary turn
-    with FakeOpenAI([*replies, mcp_answer("done"), mcp_answer("done")], tokenize=lambda text: tokenizer(
-            text, add_special_tokens=False)["input_ids"], stop_id=stop_id) as server:
+    with FakeOpenAI(
+        [*replies, mcp_answer("done"), mcp_answer("done")],
+        tokenize=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
+        stop_id=stop_id,
+    ) as server:
         llm = TokenModeChat(LLMConfig(base_url=server.base_url, model="tiny"), tokenizer)
         writer = TrajectoryWriter(path)
         async with Toolbox([ServerSpec(name="testkit", server=mcp_test_server.server)]) as tools:
-            trajectory = await run("q", llm, tools, AgentConfig(keep_tool_results=keep, max_turns=turns + 5,
-                                                               max_context=10**6, date="2026-11-21"), writer)
+            trajectory = await run(
+                "q",
+                llm,
+                tools,
+                AgentConfig(keep_tool_results=keep, max_turns=turns + 5, max_context=10**6, date="2026-11-21"),
+                writer,
+            )
         writer.close()
         await llm.aclose()
     return trajectory, server.requests
@@ -54,7 +62,7 @@ async def test_within_a_segment_completions_are_extended_verbatim(tokenizer: Any
     assert {turn.segment for turn in trajectory.turns} == {0}  # nothing rewritten: one segment
     prompts = list(iter_prompts(trajectory.turns))
     for (turn, prompt), (_, next_prompt) in zip(prompts, prompts[1:]):
-        assert next_prompt[:len(prompt) + len(turn.completion_ids)] == prompt + turn.completion_ids
+        assert next_prompt[: len(prompt) + len(turn.completion_ids)] == prompt + turn.completion_ids
     assert len(requests) == 10
 
 
@@ -79,8 +87,9 @@ async def test_concurrent_runs_over_one_client_and_one_toolbox_stay_independent(
         llm = TokenModeChat(LLMConfig(base_url=server.base_url, model="tiny"), tokenizer)
         config = AgentConfig(keep_tool_results=-1, max_turns=20, max_context=10**6, date="2026-11-21")
         async with Toolbox([ServerSpec(name="testkit", server=mcp_test_server.server)]) as tools:
-            trajectories = await asyncio.gather(*(run(f"What is question number {k}?", llm, tools, config)
-                                                  for k in range(8)))
+            trajectories = await asyncio.gather(
+                *(run(f"What is question number {k}?", llm, tools, config) for k in range(8))
+            )
         await llm.aclose()
     rebuilt = []
     for k, trajectory in enumerate(trajectories):
@@ -103,19 +112,39 @@ def test_ask_in_token_mode_from_the_command_line(tmp_path: Path) -> None:
     folder = make_tiny_model(tmp_path / "tiny")
     tokenizer = load_tokenizer(str(folder))[0]
     stop_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    with FakeOpenAI([mcp_answer("5"), mcp_answer("5")],
-                    tokenize=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
-                    stop_id=stop_id, vllm=True) as server:
-        result = subprocess.run([str(Path(sys.executable).parent / "nanbeige"), "ask", "What is 2+3?", "--token-mode",
-                                 "--base-url", server.base_url, "--model", str(folder), "--no-default-servers",
-                                 "--trajectory", str(tmp_path / "t.jsonl")], capture_output=True, text=True,
-                                timeout=120, env={**os.environ, "COLUMNS": "200"})
+    with FakeOpenAI(
+        [mcp_answer("5"), mcp_answer("5")],
+        tokenize=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
+        stop_id=stop_id,
+        vllm=True,
+    ) as server:
+        result = subprocess.run(
+            [
+                str(Path(sys.executable).parent / "nanbeige"),
+                "ask",
+                "What is 2+3?",
+                "--token-mode",
+                "--base-url",
+                server.base_url,
+                "--model",
+                str(folder),
+                "--no-default-servers",
+                "--trajectory",
+                str(tmp_path / "t.jsonl"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "COLUMNS": "200"},
+        )
     assert result.returncode == 0 and result.stdout == "5\n", result.stderr
     request, summary = server.requests
-    assert summary["prompt"][:len(request["prompt"])] == request["prompt"]
+    assert summary["prompt"][: len(request["prompt"])] == request["prompt"]
     start = json.loads((tmp_path / "t.jsonl").read_text().splitlines()[0])
-    messages = [{"role": "system", "content": start["system_prompt"]},
-                {"role": "user", "content": start["user_message"]}]
+    messages = [
+        {"role": "system", "content": start["system_prompt"]},
+        {"role": "user", "content": start["user_message"]},
+    ]
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert request["prompt"] == tokenizer(text, add_special_tokens=False)["input_ids"]  # token ids, not text
     assert (request["temperature"], request["top_p"], request["repetition_penalty"]) == (1.0, 0.95, 1.05)  # mcp-xml
@@ -129,9 +158,16 @@ def served(tokenizer: Any, root: str | None) -> FakeOpenAI:
     """A vLLM server of the tiny model under the name `smollm2`, its /v1/models listing `root` as the folder (or
     no root)."""
     entry = {"id": "smollm2", "object": "model", "owned_by": "vllm", "max_model_len": 32768} | (
-        {"root": root} if root else {})
-    return FakeOpenAI([], default="5", tokenize=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
-                      stop_id=tokenizer.convert_tokens_to_ids("<|im_end|>"), vllm=True, models=[entry])
+        {"root": root} if root else {}
+    )
+    return FakeOpenAI(
+        [],
+        default="5",
+        tokenize=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
+        stop_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        vllm=True,
+        models=[entry],
+    )
 
 
 @pytest.mark.slow
@@ -144,21 +180,53 @@ def test_token_mode_finds_the_tokenizer_at_the_root_the_server_lists_or_takes_on
 
     folder = make_tiny_model(tmp_path / "tiny")
     tokenizer = load_tokenizer(str(folder))[0]
-    command = [str(Path(sys.executable).parent / "nanbeige"), "ask", "What is 2+3?", "--token-mode", "--model",
-               "smollm2", "--no-default-servers", "--dialect", "tool-call"]
+    command = [
+        str(Path(sys.executable).parent / "nanbeige"),
+        "ask",
+        "What is 2+3?",
+        "--token-mode",
+        "--model",
+        "smollm2",
+        "--no-default-servers",
+        "--dialect",
+        "tool-call",
+    ]
     env = {**os.environ, "COLUMNS": "200"}
 
     with served(tokenizer, str(folder)) as server:
-        listed = subprocess.run([*command, "--base-url", server.base_url, "--trajectory", str(tmp_path / "a.jsonl")],
-                                capture_output=True, text=True, timeout=120, env=env)
+        listed = subprocess.run(
+            [*command, "--base-url", server.base_url, "--trajectory", str(tmp_path / "a.jsonl")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
     assert listed.returncode == 0 and listed.stdout == "5\n", listed.stderr
     assert server.requests[0]["model"] == "smollm2" and isinstance(server.requests[0]["prompt"], list)
     with served(tokenizer, None) as server:
-        named = subprocess.run([*command, "--base-url", server.base_url, "--tokenizer", str(folder), "--trajectory",
-                                str(tmp_path / "b.jsonl")], capture_output=True, text=True, timeout=120, env=env)
+        named = subprocess.run(
+            [
+                *command,
+                "--base-url",
+                server.base_url,
+                "--tokenizer",
+                str(folder),
+                "--trajectory",
+                str(tmp_path / "b.jsonl"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
         # offline, as tests are: without it the hub client waits out its connection retries first (50 s here)
-        missing = subprocess.run([*command, "--base-url", server.base_url, "--trajectory", str(tmp_path / "c.jsonl")],
-                                 capture_output=True, text=True, timeout=120, env=env | {"HF_HUB_OFFLINE": "1"})
+        missing = subprocess.run(
+            [*command, "--base-url", server.base_url, "--trajectory", str(tmp_path / "c.jsonl")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env | {"HF_HUB_OFFLINE": "1"},
+        )
     assert named.returncode == 0 and named.stdout == "5\n", named.stderr
     assert missing.returncode != 0 and "Traceback" not in missing.stderr and "--tokenizer" in missing.stderr
 
@@ -167,6 +235,7 @@ def test_the_prompt_echo_is_dropped_before_parsing_and_nothing_else() -> None:
     import orjson
 
     from nanbeige.agent.backends.token_mode import _drop_prompt_echo
+
     text = 'he wrote {"prompt_token_ids": [1, 2]} here'
     body = orjson.dumps({"choices": [{"text": text, "token_ids": [5, 6], "prompt_token_ids": list(range(9000))}]})
     parsed = orjson.loads(_drop_prompt_echo(body))
@@ -212,7 +281,7 @@ async def test_a_rolled_back_reply_is_sampled_again_from_the_very_same_prompt_id
     prompts = [request["prompt"] for request in server.requests]
     assert prompts[1] == prompts[2] == prompts[3]  # the same ids each time, not a re-tokenization
     first = trajectory.turns[0]
-    assert prompts[1][:len(prompts[0]) + len(first.completion_ids)] == prompts[0] + first.completion_ids  # verbatim
+    assert prompts[1][: len(prompts[0]) + len(first.completion_ids)] == prompts[0] + first.completion_ids  # verbatim
     assert trajectory.answer == "5"
 
 
@@ -229,12 +298,32 @@ def test_token_mode_renders_with_the_deep_search_template_beside_the_weights(tmp
     (folder / "tokenizer_config_search.json").write_text(json.dumps({"chat_template": "SEARCH " + CHAT_TEMPLATE}))
     tokenizer = load_tokenizer(str(folder))[0]
     stop_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    with FakeOpenAI([], default=mcp_answer("5"), tokenize=lambda text: tokenizer(text, add_special_tokens=False)[
-            "input_ids"], stop_id=stop_id, vllm=True) as server:
-        result = subprocess.run([str(Path(sys.executable).parent / "nanbeige"), "ask", "q", "--token-mode",
-                                 "--base-url", server.base_url, "--model", str(folder), "--no-default-servers",
-                                 "--trajectory", str(tmp_path / "t.jsonl")], capture_output=True, text=True,
-                                timeout=120, env={**os.environ, "COLUMNS": "200"})
+    with FakeOpenAI(
+        [],
+        default=mcp_answer("5"),
+        tokenize=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
+        stop_id=stop_id,
+        vllm=True,
+    ) as server:
+        result = subprocess.run(
+            [
+                str(Path(sys.executable).parent / "nanbeige"),
+                "ask",
+                "q",
+                "--token-mode",
+                "--base-url",
+                server.base_url,
+                "--model",
+                str(folder),
+                "--no-default-servers",
+                "--trajectory",
+                str(tmp_path / "t.jsonl"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "COLUMNS": "200"},
+        )
     assert result.returncode == 0, result.stderr
     assert tokenizer.decode(server.requests[0]["prompt"]).startswith("SEARCH ")
     start = json.loads((tmp_path / "t.jsonl").read_text().splitlines()[0])

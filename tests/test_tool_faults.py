@@ -25,12 +25,14 @@ CALL_TIMEOUT_S = 2.0
 
 def model(turns: int, faulty: str, every: int) -> ScriptedLLM:
     """Calls `faulty` every `every` turns and `pid` otherwise, then answers after `turns`."""
+
     def reply(messages: list[dict]) -> str:
         step = sum(m["role"] == "assistant" for m in messages)
         if step >= turns:
             return mcp_answer("done")
         tool = faulty if step % every == every - 1 else "pid"
         return mcp_call("testkit", tool, {}, thought=f"Step {step}.")
+
     return ScriptedLLM([], default=reply, record=False)
 
 
@@ -83,18 +85,21 @@ async def test_a_server_that_hangs_is_restarted_and_then_fails_fast() -> None:
 
 @pytest.mark.slow
 async def test_a_run_whose_budget_is_spent_does_not_take_the_tools_from_the_others() -> None:
-    async with Toolbox([ServerSpec(name="testkit", command=TEST_SERVER)], max_restarts=1,
-                       call_timeout_s=CALL_TIMEOUT_S) as toolbox:
+    async with Toolbox(
+        [ServerSpec(name="testkit", command=TEST_SERVER)], max_restarts=1, call_timeout_s=CALL_TIMEOUT_S
+    ) as toolbox:
         spent = Restarts()
         await toolbox.call(ToolCall("testkit", "hang", {}), spent)  # restarted, with run one's budget
         hung = await toolbox.call(ToolCall("testkit", "hang", {}), spent)  # hangs it again: not restarted
         assert "not responding" in hung.text
         others = [Restarts() for _ in range(3)]
-        answers = await asyncio.gather(*(toolbox.call(ToolCall("testkit", "echo", {"text": "hi"}), budget)
-                                         for budget in others))
+        answers = await asyncio.gather(
+            *(toolbox.call(ToolCall("testkit", "echo", {"text": "hi"}), budget) for budget in others)
+        )
         # one of the other runs restarted it; the call that saw it hung is told to call again
-        again = await asyncio.gather(*(toolbox.call(ToolCall("testkit", "echo", {"text": "hi"}), budget)
-                                       for budget in others))
+        again = await asyncio.gather(
+            *(toolbox.call(ToolCall("testkit", "echo", {"text": "hi"}), budget) for budget in others)
+        )
         still = await toolbox.call(ToolCall("testkit", "echo", {"text": "hi"}), spent)
     assert sum(budget.total.get("testkit", 0) for budget in others) == 1 and spent.total == {"testkit": 1}
     assert all(answer.is_error for answer in answers)
@@ -113,7 +118,10 @@ async def test_a_server_whose_calls_keep_timing_out_is_restarted_though_it_still
         stuck = [await toolbox.call(ToolCall("testkit", "slow", {"seconds": 60})) for _ in range(3)]
         after = (await toolbox.call(ToolCall("testkit", "pid", {}))).text
     assert [("timed out after 2 s" in r.text, "restarted" in r.text) for r in stuck] == [
-        (True, False), (True, False), (True, True)]
+        (True, False),
+        (True, False),
+        (True, True),
+    ]
     assert after.isdigit() and after != before
 
 
@@ -124,8 +132,10 @@ async def test_a_server_that_crashes_now_and_then_is_restarted_for_as_long_as_it
     every = RESTART_CREDIT_CALLS + 2
     budget = Restarts()
     async with Toolbox([ServerSpec(name="testkit", command=TEST_SERVER)], max_restarts=1) as toolbox:
-        texts = [(await toolbox.call(ToolCall("testkit", "flaky", {"every": every, "text": "t"}), budget)).text
-                 for _ in range(4 * every)]
+        texts = [
+            (await toolbox.call(ToolCall("testkit", "flaky", {"every": every, "text": "t"}), budget)).text
+            for _ in range(4 * every)
+        ]
     crashes = [text for text in texts if not text.endswith(" t")]
     assert len(crashes) == 4 and all("was restarted" in text for text in crashes)
     assert budget.total == {"testkit": 4}
@@ -138,8 +148,10 @@ async def test_a_server_that_dies_again_before_making_progress_stops_being_resta
     every = RESTART_CREDIT_CALLS - 2
     budget = Restarts()
     async with Toolbox([ServerSpec(name="testkit", command=TEST_SERVER)], max_restarts=2) as toolbox:
-        texts = [(await toolbox.call(ToolCall("testkit", "flaky", {"every": every, "text": "t"}), budget)).text
-                 for _ in range(4 * every)]
+        texts = [
+            (await toolbox.call(ToolCall("testkit", "flaky", {"every": every, "text": "t"}), budget)).text
+            for _ in range(4 * every)
+        ]
     assert budget.total == {"testkit": 2}
     first_refusal = next(i for i, text in enumerate(texts) if "already restarted" in text)
     assert first_refusal == 3 * every - 1  # the third crash: two restarts in a row, no progress between

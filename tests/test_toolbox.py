@@ -92,8 +92,9 @@ async def test_runs_that_see_the_same_death_restart_the_server_once() -> None:
         os.kill(pid, 9)
         time.sleep(0.2)
         budgets = [Restarts() for _ in range(4)]
-        lost = await asyncio.gather(*(toolbox.call(ToolCall("testkit", "echo", {"text": "lost"}), budget)
-                                      for budget in budgets))
+        lost = await asyncio.gather(
+            *(toolbox.call(ToolCall("testkit", "echo", {"text": "lost"}), budget) for budget in budgets)
+        )
         assert all(result.is_error and "Make the call again" in result.text for result in lost)
         assert sum(budget.total.get("testkit", 0) for budget in budgets) == 1  # one restart, by one run
         assert (await toolbox.call(ToolCall("testkit", "echo", {"text": "back"}), budgets[1])).text == "back"

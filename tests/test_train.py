@@ -40,11 +40,16 @@ def judged(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     rollout 3 (as a critic-failed turn), the others rewarded 0.5."""
     folder = tmp_path_factory.mktemp("rollouts")
     questions = folder / "questions.jsonl"
-    questions.write_text('{"id": "a", "question": "What is 2+2?", "answer": "4"}\n'
-                         '{"id": "b", "question": "Name a colour.", "answer": "red"}\n')
-    settings = RunSettings(llm=LLMConfig(model=str(tiny), max_tokens=10, temperature=1.0),
-                           agent=AgentConfig(max_turns=2), backend=BackendConfig(backend="transformers"),
-                           tools=ToolsConfig(default_servers=False))
+    questions.write_text(
+        '{"id": "a", "question": "What is 2+2?", "answer": "4"}\n'
+        '{"id": "b", "question": "Name a colour.", "answer": "red"}\n'
+    )
+    settings = RunSettings(
+        llm=LLMConfig(model=str(tiny), max_tokens=10, temperature=1.0),
+        agent=AgentConfig(max_turns=2),
+        backend=BackendConfig(backend="transformers"),
+        tools=ToolsConfig(default_servers=False),
+    )
     config = CollectConfig(out=folder / "rollouts.jsonl", questions=questions, group_size=4, concurrency=2)
     asyncio.run(collect(config, settings, notice=lambda text: None))
     path = folder / "judged.jsonl"
@@ -75,8 +80,9 @@ def config_for(tiny: Path, judged: Path, out: Path, **options: object) -> TrainC
     return TrainConfig(data=[judged], model=str(tiny), out=out, **settings)  # type: ignore[arg-type]
 
 
-def test_two_grpo_steps_change_every_parameter_and_the_checkpoint_answers(tiny: Path, judged: Path,
-                                                                           tmp_path: Path) -> None:
+def test_two_grpo_steps_change_every_parameter_and_the_checkpoint_answers(
+    tiny: Path, judged: Path, tmp_path: Path
+) -> None:
     summary = train(config_for(tiny, judged, tmp_path / "out"), log=lambda text: None)
     assert summary["data"]["groups_kept"] == 2 and summary["rows"] > 0
     lines = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
@@ -90,8 +96,9 @@ def test_two_grpo_steps_change_every_parameter_and_the_checkpoint_answers(tiny: 
     from nanbeige.agent.backends.in_process import TransformersLLM
 
     llm = TransformersLLM(LLMConfig(model=str(tmp_path / "out" / "checkpoint-2"), max_tokens=5, temperature=0.0))
-    completion = asyncio.run(llm.complete([{"role": "user", "content": "What is 2+2?"}],
-                                          conversation=llm.new_conversation()))
+    completion = asyncio.run(
+        llm.complete([{"role": "user", "content": "What is 2+2?"}], conversation=llm.new_conversation())
+    )
     assert completion.completion_ids and completion.message["role"] == "assistant"
 
 
@@ -111,8 +118,9 @@ def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tiny: Path, judged: 
 
 
 @pytest.mark.filterwarnings("error::FutureWarning")  # none on the user's stderr from wrapping with peft
-def test_lora_trains_only_the_adapter_and_saves_it_with_a_merged_model(tiny: Path, judged: Path,
-                                                                       tmp_path: Path) -> None:
+def test_lora_trains_only_the_adapter_and_saves_it_with_a_merged_model(
+    tiny: Path, judged: Path, tmp_path: Path
+) -> None:
     train(config_for(tiny, judged, tmp_path / "out", lora_rank=4, steps=1), log=lambda text: None)
     folder = tmp_path / "out" / "checkpoint-1"
     assert (folder / "adapter" / "adapter_config.json").exists()
@@ -132,15 +140,49 @@ def one_and_two_processes(tiny: Path, judged: Path, tmp_path: Path, *options: st
     """One step trained in one process and in two gloo processes under torchrun; each one's metrics line."""
     # small logit chunks over rows of unequal length: the ranks' micro-batches need different numbers of
     # chunks, which must not leave one rank waiting in a collective the other never starts
-    args = ["train", "--data", str(judged), "--model", str(tiny), "--steps", "1", "--step-tokens", "200",
-            "--micro-tokens", "128", "--lr", "0.001", "--chunk-tokens", "8", *options]
+    args = [
+        "train",
+        "--data",
+        str(judged),
+        "--model",
+        str(tiny),
+        "--steps",
+        "1",
+        "--step-tokens",
+        "200",
+        "--micro-tokens",
+        "128",
+        "--lr",
+        "0.001",
+        "--chunk-tokens",
+        "8",
+        *options,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    one = subprocess.run([str(BIN / "nanbeige"), *args, "--out", str(tmp_path / "one")], capture_output=True,
-                         text=True, env=env, timeout=300)
+    one = subprocess.run(
+        [str(BIN / "nanbeige"), *args, "--out", str(tmp_path / "one")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert one.returncode == 0, one.stderr
-    two = subprocess.run([str(BIN / "torchrun"), "--nproc-per-node", "2", "--no-python", str(BIN / "nanbeige"),
-                          *args, "--out", str(tmp_path / "two")], capture_output=True, text=True, env=env,
-                         timeout=300)
+    two = subprocess.run(
+        [
+            str(BIN / "torchrun"),
+            "--nproc-per-node",
+            "2",
+            "--no-python",
+            str(BIN / "nanbeige"),
+            *args,
+            "--out",
+            str(tmp_path / "two"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert two.returncode == 0, two.stderr[-3000:]
     [single] = [json.loads(line) for line in (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()]
     [sharded] = [json.loads(line) for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
@@ -148,8 +190,9 @@ def one_and_two_processes(tiny: Path, judged: Path, tmp_path: Path, *options: st
 
 
 @pytest.mark.slow
-def test_two_gloo_processes_under_torchrun_give_the_loss_gradients_and_metrics_of_one(tiny: Path, judged: Path,
-                                                                                      tmp_path: Path) -> None:
+def test_two_gloo_processes_under_torchrun_give_the_loss_gradients_and_metrics_of_one(
+    tiny: Path, judged: Path, tmp_path: Path
+) -> None:
     single, sharded = one_and_two_processes(tiny, judged, tmp_path)
     assert abs(single["loss"] - sharded["loss"]) < 1e-5 and single["loss_tokens"] == sharded["loss_tokens"]
     assert abs(single["grad_norm"] - sharded["grad_norm"]) < 1e-4 * max(1.0, single["grad_norm"])  # summed right
@@ -166,8 +209,10 @@ def test_lora_under_torchrun_trains_the_adapter_of_one_process(tiny: Path, judge
     assert abs(single["loss"] - sharded["loss"]) < 1e-5
     import safetensors.torch
 
-    adapters = [safetensors.torch.load_file(tmp_path / run / "checkpoint-1" / "adapter" / "adapter_model.safetensors")
-                for run in ("one", "two")]
+    adapters = [
+        safetensors.torch.load_file(tmp_path / run / "checkpoint-1" / "adapter" / "adapter_model.safetensors")
+        for run in ("one", "two")
+    ]
     assert set(adapters[0]) == set(adapters[1]) and any("lora_B" in name for name in adapters[0])
     assert all((adapters[0][n] - adapters[1][n]).abs().max() < 1e-4 for n in adapters[0])  # gathered from shards
     assert any(adapters[1][n].abs().max() > 0 for n in adapters[1] if "lora_B" in n)  # B starts at 0: it trained
@@ -192,8 +237,7 @@ def metrics_of(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_pi_old_is_held_over_the_batch_of_rollouts_so_the_clip_binds(tiny: Path, judged: Path,
-                                                                     tmp_path: Path) -> None:
+def test_pi_old_is_held_over_the_batch_of_rollouts_so_the_clip_binds(tiny: Path, judged: Path, tmp_path: Path) -> None:
     logs: list[str] = []
     train(config_for(tiny, judged, tmp_path / "out", steps=4, step_tokens=100, lr=0.05), log=logs.append)
     lines = metrics_of(tmp_path / "out")
@@ -217,7 +261,8 @@ def rewritten(judged: Path, path: Path, change: Any) -> Path:
 
 
 def test_rollouts_sampled_with_top_p_or_by_another_policy_are_refused_unless_off_policy(
-        tiny: Path, judged: Path, tmp_path: Path) -> None:
+    tiny: Path, judged: Path, tmp_path: Path
+) -> None:
     from nanbeige.trainer.train import TrainError
 
     def top_p(row: dict) -> None:

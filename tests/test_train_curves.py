@@ -18,8 +18,10 @@ from nanbeige.trainer.train import train
 def scheduled_run(tiny: Path, judged: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Five steps: two of warmup to lr 1e-3, then cosine down to a tenth of it."""
     out = tmp_path_factory.mktemp("scheduled") / "out"
-    train(config_for(tiny, judged, out, steps=5, step_tokens=150, warmup_steps=2, lr_schedule="cosine",
-                     min_lr_ratio=0.1), log=lambda text: None)
+    train(
+        config_for(tiny, judged, out, steps=5, step_tokens=150, warmup_steps=2, lr_schedule="cosine", min_lr_ratio=0.1),
+        log=lambda text: None,
+    )
     return out
 
 
@@ -34,8 +36,17 @@ def test_every_step_is_in_tensorboards_event_files(scheduled_run: Path) -> None:
     events = EventAccumulator(str(scheduled_run / "tensorboard"))
     events.Reload()
     tags = events.Tags()["scalars"]
-    for tag in ("loss", "lr", "tokens_per_s", "metrics/clip_frac", "metrics/entropy", "metrics/drift_from_start",
-                "rollouts/pass_rate", "rollouts/reward_mean", "rollouts/response_tokens_mean"):
+    for tag in (
+        "loss",
+        "lr",
+        "tokens_per_s",
+        "metrics/clip_frac",
+        "metrics/entropy",
+        "metrics/drift_from_start",
+        "rollouts/pass_rate",
+        "rollouts/reward_mean",
+        "rollouts/response_tokens_mean",
+    ):
         assert tag in tags, tag
     assert [e.step for e in events.Scalars("loss")] == [1, 2, 3, 4, 5]
     lines = metrics_of(scheduled_run)
@@ -47,12 +58,21 @@ def test_every_step_is_in_tensorboards_event_files(scheduled_run: Path) -> None:
 def test_train_report_draws_the_curves_of_a_run_and_of_a_loop(scheduled_run: Path, tmp_path: Path) -> None:
     from PIL import Image
 
-    done = subprocess.run([str(BIN / "nanbeige"), "train", "report", str(scheduled_run)], capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [str(BIN / "nanbeige"), "train", "report", str(scheduled_run)], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     pngs = sorted(p.name for p in (scheduled_run / "report").glob("*.png"))
-    assert pngs == ["clip.png", "drift.png", "entropy.png", "length.png", "loss.png", "lr.png", "reward.png",
-                    "throughput.png"]
+    assert pngs == [
+        "clip.png",
+        "drift.png",
+        "entropy.png",
+        "length.png",
+        "loss.png",
+        "lr.png",
+        "reward.png",
+        "throughput.png",
+    ]
     assert Image.open(scheduled_run / "report" / "reward.png").size == (700, 400)
     # a loop's iterations are drawn one after another
     from nanbeige.trainer.train_report import read_records
@@ -62,8 +82,9 @@ def test_train_report_draws_the_curves_of_a_run_and_of_a_loop(scheduled_run: Pat
         (tmp_path / f"iter-{i}" / "train" / "metrics.jsonl").write_text((scheduled_run / "metrics.jsonl").read_text())
     assert [r["step"] for r in read_records(tmp_path)] == list(range(1, 11))
     (tmp_path / "iter-2" / "train" / "metrics.jsonl").write_text("{not json\n")
-    bad = subprocess.run([str(BIN / "nanbeige"), "train", "report", str(tmp_path)], capture_output=True, text=True,
-                         timeout=120)
+    bad = subprocess.run(
+        [str(BIN / "nanbeige"), "train", "report", str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
     assert bad.returncode == 1 and "iter-2/train/metrics.jsonl, line 1: not a step record" in bad.stderr
     assert "Traceback" not in bad.stderr
 

@@ -29,8 +29,10 @@ from nanbeige.trainer.sync import SyncError, load_adapter
 from nanbeige.trainer.train import TrainConfig
 from nanbeige.trainer.train_config import GroupRule
 
-QUESTIONS = ('{"id": "a", "question": "What is 2+2?", "answer": "4"}\n'
-             '{"id": "b", "question": "Name a colour.", "answer": "red"}\n')
+QUESTIONS = (
+    '{"id": "a", "question": "What is 2+2?", "answer": "4"}\n'
+    '{"id": "b", "question": "Name a colour.", "answer": "red"}\n'
+)
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +47,13 @@ def alternating_critic() -> Any:
 
     def reply(request: dict[str, Any]) -> str:
         score = 5 if next(count) % 2 == 0 else 3
-        return json.dumps({name: {"score": score, "reason": "ok"} for name in
-                           ("logical_soundness", "tool_call_accuracy", "information_gain")})
+        return json.dumps(
+            {
+                name: {"score": score, "reason": "ok"}
+                for name in ("logical_soundness", "tool_call_accuracy", "information_gain")
+            }
+        )
+
     return reply
 
 
@@ -64,17 +71,34 @@ def in_process_loop(tiny: Path, out: Path, critic: FakeOpenAI, iterations: int, 
     the all-failed groups are kept (Â_outcome = 0) and train on λ·Â_turn alone, a real nonzero update."""
     questions = out.parent / "questions.jsonl"
     questions.write_text(QUESTIONS)
-    settings = RunSettings(llm=LLMConfig(model=str(tiny), max_tokens=8, temperature=1.0),
-                           agent=AgentConfig(max_turns=1), backend=BackendConfig(backend="transformers"),
-                           tools=ToolsConfig(default_servers=False))
-    critic_endpoint = dataclasses.replace(CRITIC_ENDPOINT, base_url=critic.base_url, model="critic", retries=0,
-                                          retry_wait_s=0.0)
+    settings = RunSettings(
+        llm=LLMConfig(model=str(tiny), max_tokens=8, temperature=1.0),
+        agent=AgentConfig(max_turns=1),
+        backend=BackendConfig(backend="transformers"),
+        tools=ToolsConfig(default_servers=False),
+    )
+    critic_endpoint = dataclasses.replace(
+        CRITIC_ENDPOINT, base_url=critic.base_url, model="critic", retries=0, retry_wait_s=0.0
+    )
     judge = JudgeRunConfig(critic=critic_endpoint, concurrency=1)
-    options = {"steps": 1, "step_tokens": 4000, "micro_tokens": 4000, "lr": 1e-3,
-               "groups": GroupRule(min_pass_rate=0.0, max_pass_rate=1.0)} | train
-    return LoopConfig(iterations=iterations, out=out, questions=questions, settings=settings, judge=judge,
-                      train=TrainConfig(data=[], model=str(tiny), out=out, **options), group_size=4,
-                      collect_concurrency=2, sync="none")
+    options = {
+        "steps": 1,
+        "step_tokens": 4000,
+        "micro_tokens": 4000,
+        "lr": 1e-3,
+        "groups": GroupRule(min_pass_rate=0.0, max_pass_rate=1.0),
+    } | train
+    return LoopConfig(
+        iterations=iterations,
+        out=out,
+        questions=questions,
+        settings=settings,
+        judge=judge,
+        train=TrainConfig(data=[], model=str(tiny), out=out, **options),
+        group_size=4,
+        collect_concurrency=2,
+        sync="none",
+    )
 
 
 def stamps(folder: Path) -> dict[str, int]:
@@ -83,8 +107,12 @@ def stamps(folder: Path) -> dict[str, int]:
 
 def token_mode_server(tokenizer: Any, policy: Any) -> FakeOpenAI:
     """A loopback vLLM in token mode, with the tiny model's tokenizer, whose scripted POLICY answers."""
-    return FakeOpenAI(policy, vllm=True, tokenize=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
-                      stop_id=tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    return FakeOpenAI(
+        policy,
+        vllm=True,
+        tokenize=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
+        stop_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+    )
 
 
 def test_two_iterations_in_process_and_a_second_call_only_does_the_second(tiny: Path, tmp_path: Path) -> None:
@@ -101,17 +129,32 @@ def test_two_iterations_in_process_and_a_second_call_only_does_the_second(tiny: 
         before = stamps(out / "iter-1")
         second = asyncio.run(run_loop(in_process_loop(tiny, out, critic, 2), notice))
     assert [stages for _, stages in seen] == [
-        [["collected"]], [["collected", "judged"]], [["collected", "judged", "trained"]],
-        [["collected", "judged", "trained", "synced"]]] + [
-        [["collected", "judged", "trained", "synced"], done] for done in
-        (["collected"], ["collected", "judged"], ["collected", "judged", "trained"],
-         ["collected", "judged", "trained", "synced"])]
+        [["collected"]],
+        [["collected", "judged"]],
+        [["collected", "judged", "trained"]],
+        [["collected", "judged", "trained", "synced"]],
+    ] + [
+        [["collected", "judged", "trained", "synced"], done]
+        for done in (
+            ["collected"],
+            ["collected", "judged"],
+            ["collected", "judged", "trained"],
+            ["collected", "judged", "trained", "synced"],
+        )
+    ]
     assert all("iteration 2" in text for text, _ in seen[4:])  # the second call did iteration 2 alone
     assert stamps(out / "iter-1") == before  # iteration 1 untouched: not collected, judged or trained again
     [one] = first["iterations"]
     checkpoint = out / "iter-1" / "train" / "checkpoint-1"
-    assert one == {"iteration": 1, "model": str(tiny), "rollouts": 8, "mean_reward": 0.0, "train_steps": 1,
-                   "checkpoint": str(checkpoint.resolve()), "synced_model": str(checkpoint.resolve())}
+    assert one == {
+        "iteration": 1,
+        "model": str(tiny),
+        "rollouts": 8,
+        "mean_reward": 0.0,
+        "train_steps": 1,
+        "checkpoint": str(checkpoint.resolve()),
+        "synced_model": str(checkpoint.resolve()),
+    }
     assert second["iterations"][0] == one and second["iterations"][1]["model"] == str(checkpoint.resolve())
     for trajectory in load_trajectories(out / "iter-2" / "rollouts.jsonl"):  # sampled by iteration 1's policy
         assert trajectory.model == trajectory.policy_version == str(checkpoint.resolve())
@@ -159,20 +202,39 @@ def test_lora_adapters_are_hot_loaded_and_the_next_iteration_samples_from_them(t
     questions = tmp_path / "questions.jsonl"
     questions.write_text(QUESTIONS)
     with token_mode_server(tokenizer, first_two_right(tokenizer)) as server:
-        settings = RunSettings(llm=LLMConfig(base_url=server.base_url, model=str(tiny), max_tokens=64,
-                                             temperature=1.0),
-                               agent=AgentConfig(max_turns=1, summary_turn=False),
-                               backend=BackendConfig(backend="openai", base_url_given=True, token_mode=True),
-                               tools=ToolsConfig(default_servers=False))
+        settings = RunSettings(
+            llm=LLMConfig(base_url=server.base_url, model=str(tiny), max_tokens=64, temperature=1.0),
+            agent=AgentConfig(max_turns=1, summary_turn=False),
+            backend=BackendConfig(backend="openai", base_url_given=True, token_mode=True),
+            tools=ToolsConfig(default_servers=False),
+        )
         # the scripted policy is not the tiny model, so its rollouts are off-policy for the trainer
-        train = TrainConfig(data=[], model=str(tiny), out=out, steps=1, step_tokens=4000, micro_tokens=4000,
-                            lr=1e-3, lora_rank=4, off_policy=True)
-        config = LoopConfig(iterations=2, out=out, questions=questions, settings=settings,
-                            judge=JudgeRunConfig(no_critic=True), train=train, group_size=4, sync="lora")
+        train = TrainConfig(
+            data=[],
+            model=str(tiny),
+            out=out,
+            steps=1,
+            step_tokens=4000,
+            micro_tokens=4000,
+            lr=1e-3,
+            lora_rank=4,
+            off_policy=True,
+        )
+        config = LoopConfig(
+            iterations=2,
+            out=out,
+            questions=questions,
+            settings=settings,
+            judge=JudgeRunConfig(no_critic=True),
+            train=train,
+            group_size=4,
+            sync="lora",
+        )
         summary = asyncio.run(run_loop(config, print))
     first, second = (out / f"iter-{i}" / "train" / "checkpoint-1" for i in (1, 2))
-    assert server.lora_requests == [{"lora_name": str(c.resolve()), "lora_path": str((c / "adapter").resolve())}
-                                    for c in (first, second)]
+    assert server.lora_requests == [
+        {"lora_name": str(c.resolve()), "lora_path": str((c / "adapter").resolve())} for c in (first, second)
+    ]
     assert [s["mean_reward"] for s in summary["iterations"]] == [0.5, 0.5]
     assert {r["model"] for r in server.requests} == {str(tiny), str(first.resolve())}
     for trajectory in load_trajectories(out / "iter-2" / "rollouts.jsonl"):  # the adapter's path, as vLLM lists it
@@ -192,6 +254,7 @@ def first_two_right(tokenizer: Any) -> Any:
             n = answered[request["model"], question] = answered.get((request["model"], question), 0) + 1
         right = {"a": "4", "b": "red"}[question]
         return mcp_answer(right if n <= 2 else "nothing")
+
     return policy
 
 
@@ -209,9 +272,9 @@ def assert_the_second_adapter_went_on_from_the_first(first: Path, second: Path) 
     assert {float(p["step"]) for p in state.values()} == {2.0}
 
 
-def test_load_adapter_posts_the_absolute_path_once_and_names_the_fix_when_refused(tmp_path: Path,
-                                                                                  monkeypatch: pytest.MonkeyPatch
-                                                                                  ) -> None:
+def test_load_adapter_posts_the_absolute_path_once_and_names_the_fix_when_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     adapter = Path("ckpt") / "adapter"
     with FakeOpenAI([], vllm=True) as server:
@@ -220,8 +283,11 @@ def test_load_adapter_posts_the_absolute_path_once_and_names_the_fix_when_refuse
         assert server.lora_requests == [{"lora_name": "policy-1", "lora_path": str(tmp_path / "ckpt" / "adapter")}]
         models = {m["id"]: m for m in httpx.get(server.base_url + "/models").json()["data"]}
         assert models["policy-1"]["root"] == str(tmp_path / "ckpt" / "adapter") and models["policy-1"]["parent"]
-        with pytest.raises(SyncError, match=r"HTTP 400 The lora adapter 'policy-1' has already been loaded.*"
-                                            r"--enable-lora.*VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"):
+        with pytest.raises(
+            SyncError,
+            match=r"HTTP 400 The lora adapter 'policy-1' has already been loaded.*"
+            r"--enable-lora.*VLLM_ALLOW_RUNTIME_LORA_UPDATING=True",
+        ):
             asyncio.run(load_adapter(server.base_url, "policy-1", Path("other")))
     with pytest.raises(SyncError, match="cannot reach the model server"):
         asyncio.run(load_adapter(server.base_url, "policy-2", adapter))
@@ -231,8 +297,11 @@ def test_a_loop_that_cannot_sync_is_refused_before_anything_runs(tiny: Path, tmp
     with FakeOpenAI([]) as critic:
         config = in_process_loop(tiny, tmp_path / "loop", critic, 1)
     with pytest.raises(LoopError, match="the in-process backend has none: use sync none"):
-        asyncio.run(run_loop(dataclasses.replace(config, sync="lora", train=dataclasses.replace(
-            config.train, lora_rank=4)), print))
+        asyncio.run(
+            run_loop(
+                dataclasses.replace(config, sync="lora", train=dataclasses.replace(config.train, lora_rank=4)), print
+            )
+        )
     with pytest.raises(LoopError, match="train with a LoRA rank, or use sync none"):
         asyncio.run(run_loop(dataclasses.replace(config, sync="lora"), print))
     assert not (tmp_path / "loop").exists()
@@ -248,19 +317,44 @@ def test_the_loop_command_and_train_loop_run_the_same_loop_from_their_flags(tmp_
     questions = tmp_path / "questions.jsonl"
     questions.write_text('{"id": "a", "question": "What is 2+2?", "answer": "4"}\n')
     # the tiny model's answers are noise: every outcome is 0, so the band is opened to keep the group
-    flags = ["--questions", str(questions), "-G", "2", "--model", str(tiny), "--backend", "transformers",
-             "--no-default-servers", "--no-critic", "--sync", "none", "--min-pass-rate", "0", "--max-pass-rate", "1",
-             "--step-tokens", "100000", "--seed", "1"]
-    runs = {name: one_iteration([nanbeige, *spelled, *flags, "--out", str(tmp_path / name)], tmp_path / name)
-            for name, spelled in (("loop", ["loop", "--iterations", "1"]), ("train", ["train", "--loop", "1"]))}
+    flags = [
+        "--questions",
+        str(questions),
+        "-G",
+        "2",
+        "--model",
+        str(tiny),
+        "--backend",
+        "transformers",
+        "--no-default-servers",
+        "--no-critic",
+        "--sync",
+        "none",
+        "--min-pass-rate",
+        "0",
+        "--max-pass-rate",
+        "1",
+        "--step-tokens",
+        "100000",
+        "--seed",
+        "1",
+    ]
+    runs = {
+        name: one_iteration([nanbeige, *spelled, *flags, "--out", str(tmp_path / name)], tmp_path / name)
+        for name, spelled in (("loop", ["loop", "--iterations", "1"]), ("train", ["train", "--loop", "1"]))
+    }
     # the same files and the same stages, each spelling in its own folder
     assert runs["loop"][0] == runs["train"][0]
     assert runs["loop"][2] == runs["train"][2]
     # the old spelling says once, at the end, that the loop is its own command now
     assert "nanbeige loop" not in runs["loop"][1]
     assert "nanbeige loop --iterations N" in runs["train"][1].strip().splitlines()[-1]
-    missing = subprocess.run([nanbeige, "train", "--loop", "1", "--model", str(tiny), "--out", str(tmp_path / "x")],
-                             capture_output=True, text=True, timeout=60)
+    missing = subprocess.run(
+        [nanbeige, "train", "--loop", "1", "--model", str(tiny), "--out", str(tmp_path / "x")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert missing.returncode == 2 and "--loop needs --questions" in missing.stderr
 
 
@@ -275,8 +369,10 @@ def one_iteration(command: list[str], out: Path) -> tuple[list[str], str, tuple[
     assert {"collected", "judged", "trained", "synced"} <= set(iteration)
     assert iteration["collected"]["rollouts"] == 2 and Path(iteration["trained"]["checkpoint"]).is_dir()
     assert "iteration 1: 2 rollouts" in result.stderr
-    files = sorted(re.sub(r"tfevents\..*", "tfevents", str(path.relative_to(out)))  # named by time and host
-                   for path in out.rglob("*") if path.is_file())
+    files = sorted(
+        re.sub(r"tfevents\..*", "tfevents", str(path.relative_to(out)))  # named by time and host
+        for path in out.rglob("*")
+        if path.is_file()
+    )
     stages = {stage: sorted(record) for stage, record in iteration.items() if isinstance(record, dict)}
     return files, result.stderr, (state["sync"], state["policy"]["version"], stages)
-

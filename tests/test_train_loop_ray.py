@@ -26,10 +26,34 @@ GROUP = 2
 def loop_command(questions: Path, tiny: Path, base_url: str) -> list[str]:
     """One iteration of the loop in token mode, its output folder still to add."""
     # every group is all right or all wrong: the band is opened so that training has rows
-    return [sys.executable, "-c", SAYS_IF_RAY_LOADED, "loop", "--iterations", "1", "--questions",
-            str(questions), "-G", str(GROUP), "--model", str(tiny), "--base-url", base_url, "--token-mode",
-            "--no-default-servers", "--no-critic", "--sync", "none", "--min-pass-rate", "0", "--max-pass-rate",
-            "1", "--step-tokens", "100000", "--off-policy"]
+    return [
+        sys.executable,
+        "-c",
+        SAYS_IF_RAY_LOADED,
+        "loop",
+        "--iterations",
+        "1",
+        "--questions",
+        str(questions),
+        "-G",
+        str(GROUP),
+        "--model",
+        str(tiny),
+        "--base-url",
+        base_url,
+        "--token-mode",
+        "--no-default-servers",
+        "--no-critic",
+        "--sync",
+        "none",
+        "--min-pass-rate",
+        "0",
+        "--max-pass-rate",
+        "1",
+        "--step-tokens",
+        "100000",
+        "--off-policy",
+    ]
 
 
 def loop_with_and_without_ray(folder: Path) -> dict[str, Any]:
@@ -46,13 +70,24 @@ def loop_with_and_without_ray(folder: Path) -> dict[str, Any]:
         return mcp_answer("4" if "2+2" in tokenizer.decode(request["prompt"]) else "blue")
 
     found: dict[str, Any] = {}
-    with local_cluster(2) as (cluster, _), FakeOpenAI(
-            policy, vllm=True, tokenize=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
-            stop_id=tokenizer.convert_tokens_to_ids("<|im_end|>")) as server:
+    with (
+        local_cluster(2) as (cluster, _),
+        FakeOpenAI(
+            policy,
+            vllm=True,
+            tokenize=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
+            stop_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        ) as server,
+    ):
         loop = loop_command(questions, tiny, server.base_url)
         for name, extra in (("on-ray", ["--ray", cluster.address]), ("here", [])):
-            done = subprocess.run([*loop, "--out", str(folder / name), *extra], capture_output=True, text=True,
-                                  timeout=240, env=command_env())
+            done = subprocess.run(
+                [*loop, "--out", str(folder / name), *extra],
+                capture_output=True,
+                text=True,
+                timeout=240,
+                env=command_env(),
+            )
             found[name] = {"returncode": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
     return found
 
@@ -69,7 +104,8 @@ def keys(path: Path) -> Counter:
 
 @pytest.mark.slow
 def test_the_loops_collect_and_judge_on_the_cluster_write_the_files_of_the_loop_without_it(
-        looped: tuple[Path, dict[str, Any]]) -> None:
+    looped: tuple[Path, dict[str, Any]],
+) -> None:
     folder, found = looped
     for name in ("on-ray", "here"):
         assert found[name]["returncode"] == 0, found[name]["stderr"][-3000:]
@@ -80,8 +116,10 @@ def test_the_loops_collect_and_judge_on_the_cluster_write_the_files_of_the_loop_
     on_ray, here = folder / "on-ray" / "iter-1", folder / "here" / "iter-1"
     for name in ("rollouts.jsonl", "judged.jsonl"):
         assert keys(on_ray / name) == keys(here / name) == every_rollout_once
-    judged = [sorted((t.group_id, t.rollout_index, t.reward) for t in load_trajectories(where / "judged.jsonl"))
-              for where in (on_ray, here)]
+    judged = [
+        sorted((t.group_id, t.rollout_index, t.reward) for t in load_trajectories(where / "judged.jsonl"))
+        for where in (on_ray, here)
+    ]
     assert judged[0] == judged[1] == [("a", 0, 1.0), ("a", 1, 1.0), ("b", 0, 0.0), ("b", 1, 0.0)]
     # and the train stage, in the command's own process, trained on them
     [iteration] = json.loads((folder / "on-ray" / "loop.json").read_text())["iterations"]
@@ -89,17 +127,32 @@ def test_the_loops_collect_and_judge_on_the_cluster_write_the_files_of_the_loop_
     assert Path(iteration["trained"]["checkpoint"]).is_dir() and "synced" in iteration
 
 
-@pytest.mark.parametrize(("args", "env", "said"), [
-    (["--ray", "auto"], None, "--ray runs the loop's collect and judge on a Ray cluster: it needs --loop"),
-    (["--loop", "1", "--questions", "q.jsonl", "--ray", "auto"], {"WORLD_SIZE": "2", "RANK": "1"},
-     "and torchrun starts several: run `nanbeige train --loop N --ray ...` without torchrun"),
-    (["--loop", "1", "--questions", "q.jsonl", "--ray", "head-node"], None,
-     "--ray takes auto or HOST:PORT (the head node's address), not 'head-node'"),
-])
-def test_ray_where_it_makes_no_sense_is_one_line(tmp_path: Path, args: list[str], env: dict[str, str] | None,
-                                                said: str) -> None:
-    done = subprocess.run([NANBEIGE, "train", "--model", "m", "--out", str(tmp_path / "o"), *args],
-                          capture_output=True, text=True, timeout=60, env=command_env() | (env or {}))
+@pytest.mark.parametrize(
+    ("args", "env", "said"),
+    [
+        (["--ray", "auto"], None, "--ray runs the loop's collect and judge on a Ray cluster: it needs --loop"),
+        (
+            ["--loop", "1", "--questions", "q.jsonl", "--ray", "auto"],
+            {"WORLD_SIZE": "2", "RANK": "1"},
+            "and torchrun starts several: run `nanbeige train --loop N --ray ...` without torchrun",
+        ),
+        (
+            ["--loop", "1", "--questions", "q.jsonl", "--ray", "head-node"],
+            None,
+            "--ray takes auto or HOST:PORT (the head node's address), not 'head-node'",
+        ),
+    ],
+)
+def test_ray_where_it_makes_no_sense_is_one_line(
+    tmp_path: Path, args: list[str], env: dict[str, str] | None, said: str
+) -> None:
+    done = subprocess.run(
+        [NANBEIGE, "train", "--model", "m", "--out", str(tmp_path / "o"), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=command_env() | (env or {}),
+    )
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert said in done.stderr
     assert not (tmp_path / "o").exists()  # refused before anything ran

@@ -22,18 +22,57 @@ BIN = Path(sys.executable).parent
 
 
 def train_args(model: Path, data: Path, out: Path, *more: str) -> list[str]:
-    return ["train", "--data", str(data), "--model", str(model), "--out", str(out), "--steps", "2", "--save-every",
-            "1", "--step-tokens", "200", "--micro-tokens", "128", "--lr", "0.001", *more]
+    return [
+        "train",
+        "--data",
+        str(data),
+        "--model",
+        str(model),
+        "--out",
+        str(out),
+        "--steps",
+        "2",
+        "--save-every",
+        "1",
+        "--step-tokens",
+        "200",
+        "--micro-tokens",
+        "128",
+        "--lr",
+        "0.001",
+        *more,
+    ]
 
 
 def two_nodes(args: list[str]) -> list[str]:
     """Run `nanbeige ARGS` as two nodes of one process each; each node's stderr."""
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    nodes = [subprocess.Popen([str(BIN / "torchrun"), "--nnodes", "2", "--node-rank", str(rank), "--nproc-per-node",
-                               "1", "--master-addr", "127.0.0.1", "--master-port", str(port), "--no-python",
-                               str(BIN / "nanbeige"), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=env) for rank in (0, 1)]
+    nodes = [
+        subprocess.Popen(
+            [
+                str(BIN / "torchrun"),
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(rank),
+                "--nproc-per-node",
+                "1",
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                str(port),
+                "--no-python",
+                str(BIN / "nanbeige"),
+                *args,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for rank in (0, 1)
+    ]
     errors = []
     for node in nodes:
         try:
@@ -48,10 +87,17 @@ def two_nodes(args: list[str]) -> list[str]:
 
 
 @pytest.mark.slow
-def test_two_nodes_train_as_one_process_and_resume_from_the_folder_both_read(tiny: Path, judged: Path,
-                                                                              tmp_path: Path) -> None:
-    alone = subprocess.run([str(BIN / "nanbeige"), *train_args(tiny, judged, tmp_path / "one")], capture_output=True,
-                           text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300, check=False)
+def test_two_nodes_train_as_one_process_and_resume_from_the_folder_both_read(
+    tiny: Path, judged: Path, tmp_path: Path
+) -> None:
+    alone = subprocess.run(
+        [str(BIN / "nanbeige"), *train_args(tiny, judged, tmp_path / "one")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=300,
+        check=False,
+    )
     assert alone.returncode == 0, alone.stderr[-3000:]
     shared = tmp_path / "shared"
     first, second = two_nodes(train_args(tiny, judged, shared))
@@ -61,13 +107,16 @@ def test_two_nodes_train_as_one_process_and_resume_from_the_folder_both_read(tin
     for step in (1, 2):
         folder = shared / f"checkpoint-{step}"
         assert json.loads((folder / "checkpoint-complete.json").read_text()) == {"step": step, "world_size": 2}
-        assert {p.name for p in folder.glob("trainer-state-rank*.pt")} == {"trainer-state-rank0.pt",
-                                                                          "trainer-state-rank1.pt"}
+        assert {p.name for p in folder.glob("trainer-state-rank*.pt")} == {
+            "trainer-state-rank0.pt",
+            "trainer-state-rank1.pt",
+        }
     one = [json.loads(line) for line in (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()]
     two = [json.loads(line) for line in (shared / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in two] == [1, 2]
-    assert all(abs(a["loss"] - b["loss"]) < 1e-5 and abs(a["grad_norm"] - b["grad_norm"]) < 1e-4
-               for a, b in zip(one, two))
+    assert all(
+        abs(a["loss"] - b["loss"]) < 1e-5 and abs(a["grad_norm"] - b["grad_norm"]) < 1e-4 for a, b in zip(one, two)
+    )
     alone_weights, nodes_weights = weights(tmp_path / "one" / "checkpoint-2"), weights(shared / "checkpoint-2")
     assert all((alone_weights[n] - nodes_weights[n]).abs().max() < 1e-4 for n in alone_weights)
 
@@ -92,9 +141,15 @@ def test_the_loop_refuses_to_run_under_torchrun(tmp_path: Path, monkeypatch: pyt
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     out = tmp_path / "loop"
-    config = LoopConfig(iterations=1, out=out, questions=tmp_path / "questions.jsonl", settings=RunSettings(),
-                        judge=JudgeRunConfig(no_critic=True), train=TrainConfig(data=[], model="m", out=out),
-                        sync="none")
+    config = LoopConfig(
+        iterations=1,
+        out=out,
+        questions=tmp_path / "questions.jsonl",
+        settings=RunSettings(),
+        judge=JudgeRunConfig(no_critic=True),
+        train=TrainConfig(data=[], model="m", out=out),
+        sync="none",
+    )
     with pytest.raises(LoopError, match="run it without torchrun"):
         asyncio.run(run_loop(config, print))
     assert not out.exists()

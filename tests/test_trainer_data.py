@@ -35,13 +35,14 @@ def close(actual: torch.Tensor | list[float], expected: list[float]) -> bool:
 def test_outcome_advantages_by_hand() -> None:
     # R = [1, 0, 0, 0]: mean 0.25; population var (0.75² + 3·0.25²) / 4 = 0.1875, std = √3/4 ≈ 0.4330
     # → (0.75, -0.25) / (√3/4) = (√3, -1/√3)
-    assert close(outcome_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), std="population"),
-                 [SQRT3, -1 / SQRT3, -1 / SQRT3, -1 / SQRT3])
+    assert close(
+        outcome_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), std="population"),
+        [SQRT3, -1 / SQRT3, -1 / SQRT3, -1 / SQRT3],
+    )
     # R = [1, 1, 0, 0]: mean 0.5, std 0.5 → ±1
     assert close(outcome_advantages(torch.tensor([1.0, 1.0, 0.0, 0.0]), std="population"), [1.0, 1.0, -1.0, -1.0])
     # Dr.GRPO: centred only
-    assert close(outcome_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), std="none"),
-                 [0.75, -0.25, -0.25, -0.25])
+    assert close(outcome_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), std="none"), [0.75, -0.25, -0.25, -0.25])
     # a uniform group teaches nothing, with or without the std (0 / (0 + eps) = 0, not NaN)
     for rewards in ([1.0, 1.0, 1.0], [0.0, 0.0], [1.0]):
         assert close(outcome_advantages(torch.tensor(rewards)), [0.0] * len(rewards))
@@ -57,8 +58,12 @@ def test_turn_advantages_pool_the_groups_unmasked_judged_turns() -> None:
     assert close(first, [math.sqrt(1.5), 0.0, -math.sqrt(1.5)])
     assert close(second, [0.0, 0.0])
     # nothing judged (no critic): no turn term at all
-    assert [a.tolist() for a in turn_advantages([torch.tensor([NAN, NAN]), torch.tensor([NAN])],
-                                                [torch.tensor([1, 1]), torch.tensor([1])])] == [[0.0, 0.0], [0.0]]
+    assert [
+        a.tolist()
+        for a in turn_advantages(
+            [torch.tensor([NAN, NAN]), torch.tensor([NAN])], [torch.tensor([1, 1]), torch.tensor([1])]
+        )
+    ] == [[0.0, 0.0], [0.0]]
     # every turn equal: μ = r, σ = 0 → 0
     assert close(turn_advantages([torch.tensor([0.5, 0.5])], [torch.tensor([1, 1])])[0], [0.0, 0.0])
 
@@ -75,15 +80,27 @@ def test_group_advantages_add_the_turn_term_and_zero_masked_turns() -> None:
     first, second = group_advantages(rewards_G, turn_rewards, masks, lam=0.0, std="population")
     assert close(first, [1.0, 1.0, 1.0]) and close(second, [-1.0, 0.0])
     outcome = outcome_advantages(torch.tensor([1.0, 0.0, 0.0]))
-    plain = group_advantages(torch.tensor([1.0, 0.0, 0.0]), [torch.rand(4) for _ in range(3)],
-                             [torch.ones(4) for _ in range(3)], lam=0.0)
+    plain = group_advantages(
+        torch.tensor([1.0, 0.0, 0.0]), [torch.rand(4) for _ in range(3)], [torch.ones(4) for _ in range(3)], lam=0.0
+    )
     assert all(torch.equal(a, outcome[i].expand(4)) for i, a in enumerate(plain))
     # Dr.GRPO passes through: R = [1, 0] → ±0.5
     assert close(group_advantages(rewards_G, turn_rewards, masks, lam=0.0, std="none")[0], [0.5] * 3)
 
 
-@pytest.mark.parametrize(("passes", "of", "kept"), [(0, 8, False), (1, 8, True), (4, 8, True), (7, 8, True),
-                                                     (8, 8, False), (1, 10, True), (9, 10, True), (1, 11, False)])
+@pytest.mark.parametrize(
+    ("passes", "of", "kept"),
+    [
+        (0, 8, False),
+        (1, 8, True),
+        (4, 8, True),
+        (7, 8, True),
+        (8, 8, False),
+        (1, 10, True),
+        (9, 10, True),
+        (1, 11, False),
+    ],
+)
 def test_group_filter_band_is_inclusive(passes: int, of: int, kept: bool) -> None:
     # 1 of 8 = 12.5% and 7 of 8 = 87.5% are inside 10%-90%; 1 of 11 = 9.1% is not; 1 and 9 of 10 are the bounds
     assert keep_group(passes / of) is kept
@@ -97,8 +114,9 @@ def test_group_filter_custom_band() -> None:
 # ---------------------------------------------------------------- samples
 
 
-def trajectory(tid: str, group: str | None, reward: float | None, *turns: tuple, stop: str | None = "answered"
-               ) -> Trajectory:
+def trajectory(
+    tid: str, group: str | None, reward: float | None, *turns: tuple, stop: str | None = "answered"
+) -> Trajectory:
     """A judged trajectory from (prompt ids, completion ids, turn fields) per turn, token-recorded the way
     the agent loop records them; each completion token's logprob is -(its id) / 100."""
     tracker = TokenTracker()
@@ -114,24 +132,41 @@ def judged_group() -> list[Trajectory]:
     """Group q1: rewards [1, 0, 0, 1] (outcome advantage ±1); judged turns 1.0, 0.0, 0.0, 1.0 (turn advantage ±1);
     with λ = 0.5 the trained turns get 1.5, 0.5 | -1.5 | -0.5 | 1.0."""
     return [
-        trajectory("t0", "q1", 1.0, ([1, 2, 3], [10, 11], {"reward": 1.0}),
-                   ([1, 2, 3, 10, 11, 4, 5], [12], {"reward": 0.0})),  # 4, 5: a tool result
-        trajectory("t1", "q1", 0.0, ([1, 2, 3], [20, 21, 22], {"reward": 0.0}),
-                   ([1, 2, 3, 20, 21, 22, 6], [23], {"mask": 0})),  # critic failed the turn: masked
-        trajectory("t2", "q1", 0.0, ([1, 2, 3], [30], {"rolled_back": True}),  # dropped reply; mask left 1
-                   ([1, 2, 3], [31, 32], {"reward": 1.0})),  # sampled anew from the same prompt: segment 1
+        trajectory(
+            "t0", "q1", 1.0, ([1, 2, 3], [10, 11], {"reward": 1.0}), ([1, 2, 3, 10, 11, 4, 5], [12], {"reward": 0.0})
+        ),  # 4, 5: a tool result
+        trajectory(
+            "t1", "q1", 0.0, ([1, 2, 3], [20, 21, 22], {"reward": 0.0}), ([1, 2, 3, 20, 21, 22, 6], [23], {"mask": 0})
+        ),  # critic failed the turn: masked
+        trajectory(
+            "t2",
+            "q1",
+            0.0,
+            ([1, 2, 3], [30], {"rolled_back": True}),  # dropped reply; mask left 1
+            ([1, 2, 3], [31, 32], {"reward": 1.0}),
+        ),  # sampled anew from the same prompt: segment 1
         trajectory("t3", "q1", 1.0, ([1, 2, 3], [40], {})),  # the critic never scored it: reward None
     ]
 
 
 def other_groups() -> list[Trajectory]:
     one = ([1], [2], {})
-    return [trajectory("e0", "q2", 1.0, one), trajectory("e1", "q2", 1.0, one),  # too easy
-            trajectory("h0", "q3", 0.0, one), trajectory("h1", "q3", 0.0, one),  # too hard
-            trajectory("n0", "q4", None, one),  # not graded
-            trajectory("u0", "q1", 1.0, one, stop=None),  # still running
-            Trajectory(question="q", id="x0", group_id="q1", reward=1.0, stop_reason="answered",
-                       turns=[Turn(index=0, assistant={"content": "text mode"})])]  # no token records
+    return [
+        trajectory("e0", "q2", 1.0, one),
+        trajectory("e1", "q2", 1.0, one),  # too easy
+        trajectory("h0", "q3", 0.0, one),
+        trajectory("h1", "q3", 0.0, one),  # too hard
+        trajectory("n0", "q4", None, one),  # not graded
+        trajectory("u0", "q1", 1.0, one, stop=None),  # still running
+        Trajectory(
+            question="q",
+            id="x0",
+            group_id="q1",
+            reward=1.0,
+            stop_reason="answered",
+            turns=[Turn(index=0, assistant={"content": "text mode"})],
+        ),
+    ]  # no token records
 
 
 def test_samples_carry_each_turns_advantage_on_its_completion_tokens() -> None:
@@ -157,11 +192,25 @@ def test_samples_carry_each_turns_advantage_on_its_completion_tokens() -> None:
         assert all(a == 0.0 for a, m in zip(sample.advantages, sample.loss_mask) if not m)
         assert sample.group_id == "q1"
     assert group[2].turns[0].mask == 1  # the input is left as it was
-    assert summary == {"groups_read": 4, "groups_kept": 1, "groups_too_easy": 1, "groups_too_hard": 1,
-                       "groups_no_reward": 1, "trajectories_read": 11, "trajectories_kept": 4,
-                       "trajectories_unfinished": 1, "trajectories_no_tokens": 1, "trajectories_no_reward": 1,
-                       "trajectories_failed": 0, "trajectories_truncated": 0, "turns_trained": 5, "turns_masked": 2,
-                       "samples": 4, "tokens": 25, "loss_tokens": 9}
+    assert summary == {
+        "groups_read": 4,
+        "groups_kept": 1,
+        "groups_too_easy": 1,
+        "groups_too_hard": 1,
+        "groups_no_reward": 1,
+        "trajectories_read": 11,
+        "trajectories_kept": 4,
+        "trajectories_unfinished": 1,
+        "trajectories_no_tokens": 1,
+        "trajectories_no_reward": 1,
+        "trajectories_failed": 0,
+        "trajectories_truncated": 0,
+        "turns_trained": 5,
+        "turns_masked": 2,
+        "samples": 4,
+        "tokens": 25,
+        "loss_tokens": 9,
+    }
 
 
 def test_a_merged_row_carries_a_different_advantage_per_turn() -> None:
@@ -214,9 +263,15 @@ def test_sft_imitates_passing_trajectories_with_failed_turns_masked() -> None:
 
 def sample(ids: list[int], logprobs: bool = True) -> Sample:
     n = len(ids)
-    return Sample(ids=ids, loss_mask=[0] + [1] * (n - 1), advantages=[0.0] + [0.5] * (n - 1),
-                  rollout_logprobs=[0.0] + [-0.1] * (n - 1) if logprobs else None, group_id="g",
-                  trajectory_id=str(ids[0]), turns=[0])
+    return Sample(
+        ids=ids,
+        loss_mask=[0] + [1] * (n - 1),
+        advantages=[0.0] + [0.5] * (n - 1),
+        rollout_logprobs=[0.0] + [-0.1] * (n - 1) if logprobs else None,
+        group_id="g",
+        trajectory_id=str(ids[0]),
+        turns=[0],
+    )
 
 
 def test_pack_keeps_each_padded_batch_within_the_budget() -> None:
@@ -246,8 +301,15 @@ def test_collate_shifts_targets_and_masks_padding() -> None:
     assert tensors["has_rollout_logprobs"].item() is False
     assert collate(batch[:1], pad_id=0)["has_rollout_logprobs"].item() is True
     assert {k: tuple(v.shape) for k, v in tensors.items()} == {
-        "input_ids": (2, 4), "attention_mask": (2, 4), "targets": (2, 3), "loss_mask": (2, 3),
-        "advantages": (2, 3), "rollout_logprobs": (2, 3), "old_logprobs": (2, 3), "has_rollout_logprobs": ()}
+        "input_ids": (2, 4),
+        "attention_mask": (2, 4),
+        "targets": (2, 3),
+        "loss_mask": (2, 3),
+        "advantages": (2, 3),
+        "rollout_logprobs": (2, 3),
+        "old_logprobs": (2, 3),
+        "has_rollout_logprobs": (),
+    }
     assert tensors["input_ids"].dtype == tensors["targets"].dtype == torch.long
     assert tensors["loss_mask"].dtype == tensors["advantages"].dtype == torch.float32
 
@@ -264,8 +326,10 @@ def test_collated_samples_train_exactly_the_completion_tokens() -> None:
 def test_a_rolled_back_reply_is_trained_only_when_the_judge_penalised_it() -> None:
     dropped = {"rolled_back": True}
     penalised = {"rolled_back": True, "critic": {"rolled_back": True}, "reward": -1.0}
-    group = [trajectory("p0", "q", 1.0, ([1, 2], [30], penalised), ([1, 2], [31], {"reward": 1.0})),
-             trajectory("p1", "q", 0.0, ([1, 2], [40], dropped), ([1, 2], [41], {"reward": 1.0}))]
+    group = [
+        trajectory("p0", "q", 1.0, ([1, 2], [30], penalised), ([1, 2], [31], {"reward": 1.0})),
+        trajectory("p1", "q", 0.0, ([1, 2], [40], dropped), ([1, 2], [41], {"reward": 1.0})),
+    ]
     samples, summary = samples_from(group, rule=GroupRule(lam=1.0))
     rows = {(s.trajectory_id, s.ids[-1]): s for s in samples}
     # p0's penalised reply is trained, below its rollout's other turn; p1's plain rollback trains nothing

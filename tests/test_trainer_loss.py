@@ -17,14 +17,17 @@ B, L = 2, 12
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from tiny_model import make_tiny_model
+
     return make_tiny_model(tmp_path_factory.mktemp("tiny_loss"))
 
 
 def load(folder: Any, lora: bool = False) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
+
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     if lora:
         from peft import LoraConfig, get_peft_model
+
         # init_lora_weights=False: B is random too, so the adapters change the output and get gradients
         config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "lm_head"], init_lora_weights=False)
         model = get_peft_model(model, config)
@@ -37,8 +40,9 @@ def batch(vocab: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.
     return input_ids, torch.ones(B, L, dtype=torch.long), input_ids[:, 1:]
 
 
-def full_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                  temperature: float) -> torch.Tensor:
+def full_logprobs(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float
+) -> torch.Tensor:
     """The straightforward way: all logits [B, L, V] at once."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
     return torch.log_softmax(logits / temperature, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
@@ -59,8 +63,9 @@ def test_token_logprobs_match_full_logits(tiny_folder: Any, chunk_tokens: int) -
 def test_token_entropy_is_the_full_distributions(tiny_folder: Any) -> None:
     model = load(tiny_folder)
     input_ids, attention_mask, targets = batch(model.config.vocab_size)
-    logprobs, entropy = token_logprobs(model, input_ids, attention_mask, targets, chunk_tokens=5, temperature=0.7,
-                                       entropy=True)
+    logprobs, entropy = token_logprobs(
+        model, input_ids, attention_mask, targets, chunk_tokens=5, temperature=0.7, entropy=True
+    )
     with torch.no_grad():
         logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float() / 0.7
         expected = torch.distributions.Categorical(logits=logits).entropy()  # [B, L-1]
@@ -166,8 +171,9 @@ def test_policy_loss_caps_the_importance_weight() -> None:
     assert math.isclose(loss.item(), float(-math.exp(-0.5) * (advantages * loss_mask).sum() / 9), rel_tol=1e-5)
     assert metrics["tis_capped_frac"] == 0
     # without rollout logprobs there is no weight
-    loss, metrics = first_step_loss(logprobs, rollout, advantages, loss_mask, total_tokens=9.0,
-                                    has_rollout_logprobs=False)
+    loss, metrics = first_step_loss(
+        logprobs, rollout, advantages, loss_mask, total_tokens=9.0, has_rollout_logprobs=False
+    )
     assert math.isclose(loss.item(), float(-(advantages * loss_mask).sum() / 9), rel_tol=1e-6)
     assert "tis_weight_mean" not in metrics
 
@@ -220,12 +226,22 @@ def test_packed_rows_get_the_logprobs_and_gradients_they_get_alone(tiny_folder: 
 
     model = load(tiny_folder)
     generator = torch.Generator().manual_seed(9)
-    rows = [Sample(ids=torch.randint(1, model.config.vocab_size, (n,), generator=generator).tolist(),
-                   loss_mask=[0] + [1] * (n - 1), advantages=[1.0] * n, rollout_logprobs=None, group_id="g",
-                   trajectory_id=str(n), turns=[]) for n in (9, 5, 7)]
+    rows = [
+        Sample(
+            ids=torch.randint(1, model.config.vocab_size, (n,), generator=generator).tolist(),
+            loss_mask=[0] + [1] * (n - 1),
+            advantages=[1.0] * n,
+            rollout_logprobs=None,
+            group_id="g",
+            trajectory_id=str(n),
+            turns=[],
+        )
+        for n in (9, 5, 7)
+    ]
     packed = collate_packed(rows, pad_id=0)
-    together = token_logprobs(model, packed["input_ids"], None, packed["targets"], chunk_tokens=4,
-                              position_ids=packed["position_ids"])
+    together = token_logprobs(
+        model, packed["input_ids"], None, packed["targets"], chunk_tokens=4, position_ids=packed["position_ids"]
+    )
     together[packed["loss_mask"].bool()].sum().backward()
     packed_grads = {name: p.grad.clone() for name, p in model.named_parameters()}
     model.zero_grad()
@@ -233,7 +249,7 @@ def test_packed_rows_get_the_logprobs_and_gradients_they_get_alone(tiny_folder: 
     for row in rows:  # each alone, padded to the longest
         alone = collate([row], pad_id=0)
         logprobs = token_logprobs(model, alone["input_ids"], alone["attention_mask"], alone["targets"])
-        torch.testing.assert_close(together[0, start: start + len(row.ids) - 1], logprobs[0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(together[0, start : start + len(row.ids) - 1], logprobs[0], rtol=1e-5, atol=1e-5)
         logprobs.sum().backward()
         start += len(row.ids)
     for name, p in model.named_parameters():  # the rows did not read each other: the same gradients

@@ -24,20 +24,39 @@ B, L = 3, 16
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from tiny_model import make_tiny_model
+
     return make_tiny_model(tmp_path_factory.mktemp("tiny_oracles"))
 
 
-def verl_loss(logprobs: torch.Tensor, old: torch.Tensor, rollout: torch.Tensor, advantages: torch.Tensor,
-              mask: torch.Tensor, total: float, clip_low: float, clip_high: float, clip_dual: float,
-              tis_cap: float) -> tuple[torch.Tensor, dict]:
+def verl_loss(
+    logprobs: torch.Tensor,
+    old: torch.Tensor,
+    rollout: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    total: float,
+    clip_low: float,
+    clip_high: float,
+    clip_dual: float,
+    tis_cap: float,
+) -> tuple[torch.Tensor, dict]:
     """verl's decoupled PPO loss: token-level TIS weights π_old / π_rollout capped at tis_cap, then the
     vanilla (clip-higher, dual-clip) policy loss, token-mean over `total` tokens."""
-    weights, _ = compute_rollout_correction_weights(old - rollout, mask, rollout_is="token",
-                                                    rollout_is_threshold=tis_cap)
-    config = OmegaConf.create({"clip_ratio": 0.2, "clip_ratio_low": clip_low, "clip_ratio_high": clip_high,
-                               "clip_ratio_c": clip_dual, "global_batch_info": {"batch_num_tokens": total}})
-    return compute_policy_loss_vanilla(old, logprobs, advantages, mask, loss_agg_mode="token-mean", config=config,
-                                       rollout_is_weights=weights)
+    weights, _ = compute_rollout_correction_weights(
+        old - rollout, mask, rollout_is="token", rollout_is_threshold=tis_cap
+    )
+    config = OmegaConf.create(
+        {
+            "clip_ratio": 0.2,
+            "clip_ratio_low": clip_low,
+            "clip_ratio_high": clip_high,
+            "clip_ratio_c": clip_dual,
+            "global_batch_info": {"batch_num_tokens": total},
+        }
+    )
+    return compute_policy_loss_vanilla(
+        old, logprobs, advantages, mask, loss_agg_mode="token-mean", config=config, rollout_is_weights=weights
+    )
 
 
 def test_a_multi_step_update_clips_where_verl_clips(tiny_folder: Any) -> None:
@@ -86,8 +105,9 @@ def verl_advantages(groups: list[list[float]], norm_by_std: bool) -> list[list[f
     index = np.array([g for g, group in enumerate(groups) for _ in group])
     token_rewards = torch.zeros(len(rewards), 3)
     token_rewards[:, -1] = torch.tensor(rewards)  # the outcome on the last response token, as verl's reward does
-    advantages, _ = compute_grpo_outcome_advantage(token_rewards, torch.ones(len(rewards), 3), index,
-                                                   norm_adv_by_std_in_grpo=norm_by_std)
+    advantages, _ = compute_grpo_outcome_advantage(
+        token_rewards, torch.ones(len(rewards), 3), index, norm_adv_by_std_in_grpo=norm_by_std
+    )
     flat = advantages[:, 0].tolist()
     return [[flat.pop(0) for _ in group] for group in groups]
 

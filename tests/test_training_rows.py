@@ -48,10 +48,10 @@ async def test_each_row_trains_exactly_its_segments_sampled_tokens(tokenizer: An
     for turn, request in zip(turns, requests):
         sent = request["prompt"] + turn.completion_ids
         [row] = [row for row in rows if turn.index in row.turns]
-        assert row.segment == turn.segment and row.ids[:len(sent)] == sent
+        assert row.segment == turn.segment and row.ids[: len(sent)] == sent
         completion = slice(len(request["prompt"]), len(sent))  # the completion sits right after its own prompt
         assert set(row.loss_mask[completion]) == {1}
-        starting_with_it = [r for r in rows if r.ids[:len(sent)] == sent]
+        starting_with_it = [r for r in rows if r.ids[: len(sent)] == sent]
         # keep-5 never rewrites what precedes the first tool result: turn 0 starts every row
         assert starting_with_it == (rows if turn.index == 0 else [row])
     for row in rows:
@@ -70,15 +70,15 @@ async def test_a_run_that_keeps_every_result_is_one_row(tokenizer: Any, tmp_path
     for turn, request in zip(turns, requests):
         start = len(request["prompt"])
         assert row.ids[:start] == request["prompt"]
-        assert row.loss_mask[start:start + len(turn.completion_ids)] == [1] * len(turn.completion_ids)
+        assert row.loss_mask[start : start + len(turn.completion_ids)] == [1] * len(turn.completion_ids)
         assert row.loss_mask[start - 1] == 0  # the template glue before a completion is not trained on
     assert trained_ids(row) == [t for turn in turns for t in turn.completion_ids]
 
 
 def test_a_masked_turn_keeps_its_tokens_but_is_not_trained_on() -> None:
-    turns = recorded(([1, 2], [3, 4], [-0.1, -0.2]),
-                     ([1, 2, 3, 4, 5], [6, 7], [-0.3, -0.4]),
-                     ([1, 2, 3, 4, 5, 6, 7, 8], [9], [-0.5]))
+    turns = recorded(
+        ([1, 2], [3, 4], [-0.1, -0.2]), ([1, 2, 3, 4, 5], [6, 7], [-0.3, -0.4]), ([1, 2, 3, 4, 5, 6, 7, 8], [9], [-0.5])
+    )
     turns[1].mask = 0  # e.g. a critic judged this turn unsound
     [row] = training_rows(turns)
     assert row.ids == [1, 2, 3, 4, 5, 6, 7, 8, 9]
@@ -88,9 +88,11 @@ def test_a_masked_turn_keeps_its_tokens_but_is_not_trained_on() -> None:
 
 
 def test_rows_split_where_the_history_was_rewritten() -> None:
-    turns = recorded(([1, 2], [3], [-0.1]),
-                     ([1, 2, 3, 4], [5], None),  # a backend that gave no logprobs for this turn
-                     ([1, 2, 9, 4, 5, 6], [7, 8], [-0.2, -0.3]))  # a tool result replaced: a new segment
+    turns = recorded(
+        ([1, 2], [3], [-0.1]),
+        ([1, 2, 3, 4], [5], None),  # a backend that gave no logprobs for this turn
+        ([1, 2, 9, 4, 5, 6], [7, 8], [-0.2, -0.3]),
+    )  # a tool result replaced: a new segment
     first, second = training_rows(turns)
     assert (first.segment, first.ids, first.loss_mask, first.turns) == (0, [1, 2, 3, 4, 5], [0, 0, 1, 0, 1], [0, 1])
     assert first.logprobs is None

@@ -17,17 +17,38 @@ GOLDEN = Path(__file__).parent / "golden" / "trajectory.jsonl"
 
 
 def sample_trajectory() -> Trajectory:
-    trajectory = Trajectory(question="What is 2+3?", id="t0", group_id="q0", rollout_index=0, policy_version="v0",
-                            reference_answer="5", grader="gaia-exact", system_prompt="sys",
-                            user_message="What is 2+3?", model="m", started_at=1700000000.0,
-                            sampling={"temperature": 0.6}, limits={"max_turns": 5})
-    trajectory.turns.append(Turn(
-        index=0, assistant={"role": "assistant", "content": "<think>\nadd\n</think>\n\ncall"},
-        tool_calls=[ToolCall(server="calc", name="add", arguments={"a": 2, "b": 3})],
-        tool_results=[ToolResult(text="5", latency_s=0.25, usage={"serper_queries": 1})], finish_reason="stop",
-        usage={"prompt_tokens": 10, "completion_tokens": 4}, latency_s=0.5,
-        segment=0, prompt_keep=0, prompt_delta_ids=[1, 2, 3], prefix_hash="h", completion_ids=[7, 8],
-        logprobs=[-0.1, -0.2]))
+    trajectory = Trajectory(
+        question="What is 2+3?",
+        id="t0",
+        group_id="q0",
+        rollout_index=0,
+        policy_version="v0",
+        reference_answer="5",
+        grader="gaia-exact",
+        system_prompt="sys",
+        user_message="What is 2+3?",
+        model="m",
+        started_at=1700000000.0,
+        sampling={"temperature": 0.6},
+        limits={"max_turns": 5},
+    )
+    trajectory.turns.append(
+        Turn(
+            index=0,
+            assistant={"role": "assistant", "content": "<think>\nadd\n</think>\n\ncall"},
+            tool_calls=[ToolCall(server="calc", name="add", arguments={"a": 2, "b": 3})],
+            tool_results=[ToolResult(text="5", latency_s=0.25, usage={"serper_queries": 1})],
+            finish_reason="stop",
+            usage={"prompt_tokens": 10, "completion_tokens": 4},
+            latency_s=0.5,
+            segment=0,
+            prompt_keep=0,
+            prompt_delta_ids=[1, 2, 3],
+            prefix_hash="h",
+            completion_ids=[7, 8],
+            logprobs=[-0.1, -0.2],
+        )
+    )
     trajectory.answer, trajectory.stop_reason = "5", "answered"
     trajectory.timings = {"wall_s": 1.0, "model_s": 0.5, "tool_s": 0.25}
     trajectory.usage = run_usage(trajectory.turns)
@@ -46,23 +67,41 @@ def write(trajectory: Trajectory, path: Path, secrets: list[str] | None = None) 
 def test_file_format_matches_the_golden_file(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     write(sample_trajectory(), path)
-    assert [json.loads(line) for line in path.read_text().splitlines()] == \
-        [json.loads(line) for line in GOLDEN.read_text().splitlines()]
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [
+        json.loads(line) for line in GOLDEN.read_text().splitlines()
+    ]
 
 
 def test_golden_file_has_the_documented_fields() -> None:
     start, turn, end = read_records(GOLDEN)
     assert [start["type"], turn["type"], end["type"]] == ["start", "turn", "end"]
     assert turn["trajectory_id"] == end["trajectory_id"] == start["id"]
-    for key in ("index", "assistant", "tool_calls", "tool_results", "usage", "completion_ids", "logprobs",
-                "prompt_keep", "prompt_delta_ids", "segment", "prefix_hash"):
+    for key in (
+        "index",
+        "assistant",
+        "tool_calls",
+        "tool_results",
+        "usage",
+        "completion_ids",
+        "logprobs",
+        "prompt_keep",
+        "prompt_delta_ids",
+        "segment",
+        "prefix_hash",
+    ):
         assert key in turn
     assert turn["assistant"]["content"].startswith("<think>")
     assert set(turn["tool_calls"][0]) >= {"server", "name", "arguments"}
     assert set(turn["tool_results"][0]) >= {"text", "is_error", "latency_s"}
     assert end["answer"] == "5" and end["stop_reason"] == "answered"
-    assert end["usage"] == {"model_calls": 1, "prompt_tokens": 10, "completion_tokens": 4, "tokens": 14,
-                            "tool_calls": 1, "serper_queries": 1}
+    assert end["usage"] == {
+        "model_calls": 1,
+        "prompt_tokens": 10,
+        "completion_tokens": 4,
+        "tokens": 14,
+        "tool_calls": 1,
+        "serper_queries": 1,
+    }
 
 
 def test_round_trip_keeps_every_field(tmp_path: Path) -> None:
@@ -179,6 +218,7 @@ def test_common_prefix_finds_the_first_difference_anywhere() -> None:
 
 def test_token_records_stay_exact_over_many_extensions_and_rewrites() -> None:
     import random
+
     rng = random.Random(7)
     tracker, turns, sent, ids = TokenTracker(), [], [], []
     for index in range(300):

@@ -28,8 +28,15 @@ from nanbeige.agent.trajectory_file import TrajectoryWriter, load_trajectories
 def test_a_question_that_is_not_utf8_runs_with_the_bytes_replaced(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     with FakeOpenAI([mcp_answer("ok")], default=mcp_answer("ok")) as server:
-        result = nanbeige("ask", b"caf\xe9 \xff\xfe?", "--base-url", server.base_url, "--no-default-servers",
-                          "--trajectory", str(path))
+        result = nanbeige(
+            "ask",
+            b"caf\xe9 \xff\xfe?",
+            "--base-url",
+            server.base_url,
+            "--no-default-servers",
+            "--trajectory",
+            str(path),
+        )
     assert result.returncode == 0, result.stderr
     assert "the question is not valid UTF-8" in result.stderr
     assert load_trajectories(path)[0].question == "caf\ufffd \ufffd\ufffd?"
@@ -38,14 +45,14 @@ def test_a_question_that_is_not_utf8_runs_with_the_bytes_replaced(tmp_path: Path
 def test_text_the_encoder_refuses_is_written_replaced_rather_than_lost(tmp_path: Path) -> None:
     trajectory = Trajectory(question="q", id="t0")
     # a server's JSON may hold a lone surrogate ("\ud800"), and numbers of any size
-    trajectory.turns.append(Turn(index=0, assistant={"content": "half \ud800 a pair"}, usage={"big": 2 ** 70}))
+    trajectory.turns.append(Turn(index=0, assistant={"content": "half \ud800 a pair"}, usage={"big": 2**70}))
     writer = TrajectoryWriter(tmp_path / "t.jsonl")
     writer.start(trajectory)
     writer.turn(trajectory, trajectory.turns[0])
     writer.close()
     [loaded] = load_trajectories(tmp_path / "t.jsonl")
     assert loaded.turns[0].assistant["content"] == "half \ufffd a pair"
-    assert loaded.turns[0].usage == {"big": str(2 ** 70)}
+    assert loaded.turns[0].usage == {"big": str(2**70)}
 
 
 def test_a_file_that_is_not_a_trajectory_is_refused_and_left_alone(tmp_path: Path) -> None:
@@ -54,12 +61,15 @@ def test_a_file_that_is_not_a_trajectory_is_refused_and_left_alone(tmp_path: Pat
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     with FakeOpenAI([mcp_answer("ok")], default=mcp_answer("ok")) as server:
-        refused = nanbeige("ask", "q", "--base-url", server.base_url, "--no-default-servers", "--trajectory",
-                           str(notes))
-        into_empty = nanbeige("ask", "q", "--base-url", server.base_url, "--no-default-servers", "--trajectory",
-                              str(empty))
-        appended = nanbeige("ask", "q2", "--base-url", server.base_url, "--no-default-servers", "--trajectory",
-                            str(empty))
+        refused = nanbeige(
+            "ask", "q", "--base-url", server.base_url, "--no-default-servers", "--trajectory", str(notes)
+        )
+        into_empty = nanbeige(
+            "ask", "q", "--base-url", server.base_url, "--no-default-servers", "--trajectory", str(empty)
+        )
+        appended = nanbeige(
+            "ask", "q2", "--base-url", server.base_url, "--no-default-servers", "--trajectory", str(empty)
+        )
     assert_one_line_error(refused, "notes.txt exists and is not a trajectory file", "--trajectory")
     assert notes.read_text() == "my notes\n"
     assert into_empty.returncode == 0 and appended.returncode == 0, appended.stderr
@@ -90,8 +100,16 @@ def _file_size_limit(limit: int) -> Any:
 def test_a_full_disk_stops_the_run_with_one_line_and_keeps_the_whole_lines(tmp_path: Path, limit: int) -> None:
     path = tmp_path / "t.jsonl"
     with FakeOpenAI([mcp_answer("ok")], default=mcp_answer("ok")) as server:
-        result = nanbeige("ask", "q", "--base-url", server.base_url, "--no-default-servers", "--trajectory", str(path),
-                          preexec_fn=_file_size_limit(limit))
+        result = nanbeige(
+            "ask",
+            "q",
+            "--base-url",
+            server.base_url,
+            "--no-default-servers",
+            "--trajectory",
+            str(path),
+            preexec_fn=_file_size_limit(limit),
+        )
     assert_one_line_error(result, "the run stopped: cannot write the trajectory", "File too large")
     assert "write_error after" in result.stderr
     data = path.read_bytes()
@@ -126,8 +144,9 @@ async def test_a_failed_write_ends_the_run_with_a_stop_reason_not_an_exception(t
     writer.close()
     assert trajectory.stop_reason == "write_error"
     assert trajectory.error == f"cannot write the trajectory to {path}: No space left on device"
-    assert [json.loads(line)["type"] for line in path.read_bytes().splitlines(keepends=True)
-            if line.endswith(b"\n")] == ["start", "turn"]
+    assert [
+        json.loads(line)["type"] for line in path.read_bytes().splitlines(keepends=True) if line.endswith(b"\n")
+    ] == ["start", "turn"]
     assert path.read_bytes().endswith(b"\n")  # the half-written line was cut off
     assert len(llm.calls) == 2  # nothing more was asked of the model once the log could not keep up
 
@@ -156,8 +175,17 @@ CRAFTED = [
     ({"type": "turn", "trajectory_id": "a", "index": "0", "assistant": {}}, "'index' is str"),
     ({"type": "turn", "trajectory_id": ["a"], "index": 0, "assistant": {}}, "'trajectory_id'"),
     ({"type": "turn", "trajectory_id": "a", "index": 0, "assistant": {"content": 5}}, "content is not text"),
-    ({"type": "turn", "trajectory_id": "a", "index": 0, "assistant": {}, "tool_calls": [
-        {"server": "s", "name": 5, "arguments": {}}], "tool_results": [{"text": "r"}]}, "'name' is int"),
+    (
+        {
+            "type": "turn",
+            "trajectory_id": "a",
+            "index": 0,
+            "assistant": {},
+            "tool_calls": [{"server": "s", "name": 5, "arguments": {}}],
+            "tool_results": [{"text": "r"}],
+        },
+        "'name' is int",
+    ),
     ({"type": "turn", "trajectory_id": "a", "index": 0, "assistant": {}, "tool_results": ["r"]}, "not an object"),
     ({"type": "end", "trajectory_id": "a", "answer": 42}, "'answer' is int"),
 ]
@@ -196,9 +224,15 @@ def test_good_records_load_as_fast_as_before(tmp_path: Path) -> None:
         trajectory = Trajectory(question="q", id=f"t{n}")
         writer.start(trajectory)
         for index in range(10):
-            turn = Turn(index=index, assistant={"content": "x" * 2000}, prompt_delta_ids=list(range(2000)),
-                        completion_ids=list(range(500)), logprobs=[-0.5] * 500,
-                        tool_calls=[ToolCall("s", "t", {"q": "a"})], tool_results=[ToolResult("r" * 2000)])
+            turn = Turn(
+                index=index,
+                assistant={"content": "x" * 2000},
+                prompt_delta_ids=list(range(2000)),
+                completion_ids=list(range(500)),
+                logprobs=[-0.5] * 500,
+                tool_calls=[ToolCall("s", "t", {"q": "a"})],
+                tool_results=[ToolResult("r" * 2000)],
+            )
             writer.turn(trajectory, turn)
         writer.end(trajectory)
     writer.close()

@@ -30,9 +30,16 @@ MESSAGES = [{"role": "system", "content": "s"}, {"role": "user", "content": "Wha
 CALL = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
 # a reply with all a whole body can carry: split-off reasoning, text, a tool call and its finish reason
 # (`content` is what the fake counts usage and token ids from)
-FULL = Reply(content="Let me add.", message={"role": "assistant", "content": "Let me add.",
-                                             "reasoning_content": "2 and 3 make 5.", "tool_calls": [CALL]},
-             finish_reason="tool_calls")
+FULL = Reply(
+    content="Let me add.",
+    message={
+        "role": "assistant",
+        "content": "Let me add.",
+        "reasoning_content": "2 and 3 make 5.",
+        "tool_calls": [CALL],
+    },
+    finish_reason="tool_calls",
+)
 NO_STREAM_OPTIONS = "Unrecognized request argument supplied: stream_options"
 NO_STREAMING = "Streaming is not supported by this endpoint"
 NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
@@ -81,16 +88,27 @@ async def test_a_whole_body_that_is_an_error_says_the_servers_words() -> None:
 
 
 WHOLE = b'{"choices": [{"index": 0, "message": {"role": "assistant", "content": "5"}, "finish_reason": "stop"}]}'
-EVENTS = (b'data: {"choices": [{"index": 0, "delta": {"content": "5"}, "finish_reason": null}]}\n\n'
-          b'data: {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}\n\ndata: [DONE]\n\n')
+EVENTS = (
+    b'data: {"choices": [{"index": 0, "delta": {"content": "5"}, "finish_reason": null}]}\n\n'
+    b'data: {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}\n\ndata: [DONE]\n\n'
+)
 
 
-@pytest.mark.parametrize(("content_type", "body"), [
-    ("application/json; charset=utf-8", WHOLE), ("text/event-stream; charset=utf-8", EVENTS),
-    ("", b"\n " + WHOLE), ("text/plain", WHOLE), ("", EVENTS), ("text/plain", EVENTS)],
-    ids=["json", "events", "no-type-json", "plain-json", "no-type-events", "plain-events"])
+@pytest.mark.parametrize(
+    ("content_type", "body"),
+    [
+        ("application/json; charset=utf-8", WHOLE),
+        ("text/event-stream; charset=utf-8", EVENTS),
+        ("", b"\n " + WHOLE),
+        ("text/plain", WHOLE),
+        ("", EVENTS),
+        ("text/plain", EVENTS),
+    ],
+    ids=["json", "events", "no-type-json", "plain-json", "no-type-events", "plain-events"],
+)
 async def test_the_content_type_says_how_to_read_and_where_it_says_neither_the_body_does(
-        content_type: str, body: bytes) -> None:
+    content_type: str, body: bytes
+) -> None:
     headers = {"content-type": content_type} if content_type else {}
     pieces: list[str] = []
     read = await read_stream(httpx.Response(200, content=body, headers=headers), pieces.append)
@@ -101,26 +119,29 @@ async def test_the_content_type_says_how_to_read_and_where_it_says_neither_the_b
 async def test_an_answer_that_is_neither_events_nor_json_is_an_unusable_reply_in_one_line() -> None:
     page = b"<html><body>502 Bad Gateway</body></html>"
     with pytest.raises(StreamError, match=r"neither events nor JSON \(text/html\): b'<html><body>502"):
-        await read_stream(httpx.Response(200, content=page, headers={"content-type": "text/html"}),
-                          lambda text: None)
+        await read_stream(httpx.Response(200, content=page, headers={"content-type": "text/html"}), lambda text: None)
 
 
 # ---------------------------------------------------------------- refused fields
 
 
-@pytest.mark.parametrize(("status", "message", "left_out"), [
-    (400, NO_STREAM_OPTIONS, {"stream_options"}),
-    (422, "body.stream_options: Extra inputs are not permitted", {"stream_options"}),
-    (400, NO_STREAMING, {"stream", "stream_options"}),  # the options mean nothing without the stream
-    (400, "'stream' is not a valid parameter", {"stream", "stream_options"}),
-    (400, "Unrecognized request argument supplied: return_token_ids", {"extras"}),
-    (400, "the upstream model is unavailable", set()),  # "upstream" names no field
-    (500, NO_STREAMING, set()),  # not a refusal of the request: a server error
-])
+@pytest.mark.parametrize(
+    ("status", "message", "left_out"),
+    [
+        (400, NO_STREAM_OPTIONS, {"stream_options"}),
+        (422, "body.stream_options: Extra inputs are not permitted", {"stream_options"}),
+        (400, NO_STREAMING, {"stream", "stream_options"}),  # the options mean nothing without the stream
+        (400, "'stream' is not a valid parameter", {"stream", "stream_options"}),
+        (400, "Unrecognized request argument supplied: return_token_ids", {"extras"}),
+        (400, "the upstream model is unavailable", set()),  # "upstream" names no field
+        (500, NO_STREAMING, set()),  # not a refusal of the request: a server error
+    ],
+)
 def test_a_refusal_leaves_out_exactly_the_parts_it_names(status: int, message: str, left_out: set[str]) -> None:
     shape = RequestShape(extras=True)
-    dropped = shape.drop_refused(httpx.Response(status, json={"error": {"message": message}}),
-                                 ("extras", "stream_options", "stream"))
+    dropped = shape.drop_refused(
+        httpx.Response(status, json={"error": {"message": message}}), ("extras", "stream_options", "stream")
+    )
     assert dropped is bool(left_out)
     assert {part for part in ("extras", "stream_options", "stream") if not getattr(shape, part)} == left_out
 
@@ -221,19 +242,37 @@ async def test_token_mode_reads_a_whole_json_answer_to_its_streamed_request(toke
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("server_options", [{"streams": False}, {"refuses": {"stream_options": NO_STREAM_OPTIONS}},
-                                            {"refuses": {"stream": NO_STREAMING}}],
-                         ids=["ignores-stream", "refuses-stream-options", "refuses-stream"])
-def test_ask_answers_from_a_server_that_does_not_stream_as_vllm_does(tmp_path: Path,
-                                                                    server_options: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    "server_options",
+    [{"streams": False}, {"refuses": {"stream_options": NO_STREAM_OPTIONS}}, {"refuses": {"stream": NO_STREAMING}}],
+    ids=["ignores-stream", "refuses-stream-options", "refuses-stream"],
+)
+def test_ask_answers_from_a_server_that_does_not_stream_as_vllm_does(
+    tmp_path: Path, server_options: dict[str, Any]
+) -> None:
     path = tmp_path / "run.jsonl"
     key = "sk-unstreamed-0123456789"
     env = {**os.environ, "NANBEIGE_API_KEY": key, "NANBEIGE_RUNS_DIR": str(tmp_path)}
     with FakeOpenAI([], default=mcp_answer("Ulaanbaatar"), api_key=key, **server_options) as server:
-        result = subprocess.run([NANBEIGE, "ask", "What is the capital of Mongolia?", "--base-url", server.base_url,
-                                 "--mcp", "testkit=" + shlex.join(TEST_SERVER), "--no-default-servers",
-                                 "--trajectory", str(path)], capture_output=True, text=True, env=env, cwd=tmp_path,
-                                timeout=120)
+        result = subprocess.run(
+            [
+                NANBEIGE,
+                "ask",
+                "What is the capital of Mongolia?",
+                "--base-url",
+                server.base_url,
+                "--mcp",
+                "testkit=" + shlex.join(TEST_SERVER),
+                "--no-default-servers",
+                "--trajectory",
+                str(path),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=120,
+        )
     assert result.returncode == 0, result.stderr
     assert result.stdout == "Ulaanbaatar\n"
     assert "unusable stream" not in result.stderr and "Traceback" not in result.stderr

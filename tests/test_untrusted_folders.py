@@ -18,12 +18,24 @@ from test_cli import NANBEIGE, TESTKIT, assert_one_line_error
 KEY = "sk-user-secret-0123456789"
 
 
-def run_in(folder: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 60
-           ) -> subprocess.CompletedProcess:
+def run_in(
+    folder: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess:
     """The command run from `folder`, as a user who has an API key and a config folder of their own."""
-    return subprocess.run([NANBEIGE, *args], capture_output=True, text=True, timeout=timeout, cwd=folder,
-                          env={**os.environ, "COLUMNS": "200", "NANBEIGE_API_KEY": KEY,
-                               "XDG_CONFIG_HOME": str(folder.parent / "config"), **(env or {})})
+    return subprocess.run(
+        [NANBEIGE, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=folder,
+        env={
+            **os.environ,
+            "COLUMNS": "200",
+            "NANBEIGE_API_KEY": KEY,
+            "XDG_CONFIG_HOME": str(folder.parent / "config"),
+            **(env or {}),
+        },
+    )
 
 
 @pytest.fixture
@@ -40,7 +52,7 @@ def keyed(server: FakeOpenAI) -> list[dict]:
 
 def test_a_folders_settings_file_runs_no_command_until_trusted(cloned: Path) -> None:
     proof = cloned / "ran"
-    (cloned / "nanbeige.toml").write_text(f'mcp = ["x=sh -c \'id > {proof}\'"]\n')
+    (cloned / "nanbeige.toml").write_text(f"mcp = [\"x=sh -c 'id > {proof}'\"]\n")
     with FakeOpenAI([], default=mcp_answer("ok")) as server:
         result = run_in(cloned, "ask", "q", "--base-url", server.base_url, "--no-default-servers")
         assert result.returncode == 0, result.stderr
@@ -72,19 +84,26 @@ def test_a_settings_file_changed_since_it_was_trusted_is_ignored_again(cloned: P
         ask = ("ask", "q", "--base-url", server.base_url, "--no-default-servers", "--trajectory", "t.jsonl")
         run_in(cloned, *ask)
         assert json.loads((cloned / "t.jsonl").read_text().splitlines()[0])["limits"]["max_turns"] == 3
-        settings.write_text(f'max_turns = 3\nmcp = ["x=sh -c \'touch {cloned / "ran"}\'"]\n')
+        settings.write_text(f"max_turns = 3\nmcp = [\"x=sh -c 'touch {cloned / 'ran'}'\"]\n")
         result = run_in(cloned, *ask)
         assert "it has changed since you trusted it" in result.stderr
         assert not (cloned / "ran").exists()
 
 
 def test_a_settings_file_in_a_folder_above_is_found_and_needs_trust_too(cloned: Path) -> None:
-    (cloned / "nanbeige.toml").write_text('mcp = ["x=sh -c \'touch ran\'"]\n')
+    (cloned / "nanbeige.toml").write_text("mcp = [\"x=sh -c 'touch ran'\"]\n")
     inner = cloned / "src" / "deep"
     inner.mkdir(parents=True)
     with FakeOpenAI([], default=mcp_answer("ok")) as server:
-        result = run_in(inner, "ask", "q", "--base-url", server.base_url, "--no-default-servers",
-                        env={"XDG_CONFIG_HOME": str(cloned.parent / "config")})
+        result = run_in(
+            inner,
+            "ask",
+            "q",
+            "--base-url",
+            server.base_url,
+            "--no-default-servers",
+            env={"XDG_CONFIG_HOME": str(cloned.parent / "config")},
+        )
     assert result.returncode == 0, result.stderr
     assert "ignoring the settings file" in result.stderr and str(cloned / "nanbeige.toml") in result.stderr
     assert not (inner / "ran").exists()
@@ -127,8 +146,11 @@ def test_doctor_lists_the_settings_files_in_effect_and_those_ignored(cloned: Pat
     line = next(text for text in result.stdout.splitlines() if "settings" in text)
     assert str(own) in line and "(your own)" in line and f"ignored: {cloned / 'nanbeige.toml'}" in line
     run_in(cloned, "trust")
-    line = next(text for text in run_in(cloned, "doctor", "--base-url", "http://127.0.0.1:9/v1").stdout.splitlines()
-                if "settings" in text)
+    line = next(
+        text
+        for text in run_in(cloned, "doctor", "--base-url", "http://127.0.0.1:9/v1").stdout.splitlines()
+        if "settings" in text
+    )
     assert f"{cloned / 'nanbeige.toml'} (trusted)" in line and "ignored" not in line
 
 
@@ -147,9 +169,19 @@ def test_trust_can_be_listed_and_taken_back(cloned: Path) -> None:
 def test_resume_does_not_send_the_key_to_the_server_a_file_names(cloned: Path) -> None:
     path = cloned / "run.jsonl"
     with FakeOpenAI([], default=mcp_answer("ok")) as theirs:
-        start = {"type": "start", "id": "t1", "question": "q", "model": "m", "dialect": "mcp-xml", "tools": [],
-                 "system_prompt": "s", "user_message": "q", "sampling": {}, "format_version": 2,
-                 "limits": {"server": theirs.base_url}}
+        start = {
+            "type": "start",
+            "id": "t1",
+            "question": "q",
+            "model": "m",
+            "dialect": "mcp-xml",
+            "tools": [],
+            "system_prompt": "s",
+            "user_message": "q",
+            "sampling": {},
+            "format_version": 2,
+            "limits": {"server": theirs.base_url},
+        }
         path.write_text(json.dumps(start) + "\n")
         result = run_in(cloned, "resume", str(path))
         assert_one_line_error(result, "was served by", theirs.base_url, "--base-url")
@@ -161,23 +193,39 @@ def test_resume_with_other_tools_prints_the_runs_own_flags_and_runs_none(cloned:
     path = cloned / "run.jsonl"
     proof = cloned / "ran"
     with FakeOpenAI([], default=mcp_answer("ok")) as server:
-        result = run_in(cloned, "ask", "q", "--base-url", server.base_url, "--mcp", TESTKIT, "--no-default-servers",
-                        "--trajectory", str(path), "--max-turns", "1")
+        result = run_in(
+            cloned,
+            "ask",
+            "q",
+            "--base-url",
+            server.base_url,
+            "--mcp",
+            TESTKIT,
+            "--no-default-servers",
+            "--trajectory",
+            str(path),
+            "--max-turns",
+            "1",
+        )
         lines = [json.loads(line) for line in path.read_text().splitlines()]
         lines = [line for line in lines if line.get("type") != "end"]  # cut short, so it can be resumed
         lines[0]["limits"]["tool_servers"]["mcp"].append(f"evil=sh -c 'touch {proof}'\x1b[2J")
         path.write_text("".join(json.dumps(line) + "\n" for line in lines))
         result = run_in(cloned, "resume", str(path), "--base-url", server.base_url, "--no-default-servers")
-    assert_one_line_error(result, "the tools offered now are not the run's", "--mcp", "testkit=", "evil=sh",
-                          "--no-default-servers")
+    assert_one_line_error(
+        result, "the tools offered now are not the run's", "--mcp", "testkit=", "evil=sh", "--no-default-servers"
+    )
     assert "\x1b" not in result.stderr
     assert not proof.exists()
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--host", "0.0.0.0"], ["opens the server to the network", "--api-key", "--no-api-key"]),
-    (["--host", "0.0.0.0", "--api-key", "k" * 12, "--weight-sync"], ["--weight-sync", "refused"]),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--host", "0.0.0.0"], ["opens the server to the network", "--api-key", "--no-api-key"]),
+        (["--host", "0.0.0.0", "--api-key", "k" * 12, "--weight-sync"], ["--weight-sync", "refused"]),
+    ],
+)
 def test_serve_opens_nothing_to_the_network_unless_told(cloned: Path, args: list[str], words: list[str]) -> None:
     result = run_in(cloned, "serve", *args, env={"NANBEIGE_API_KEY": ""})
     assert_one_line_error(result, *words)

@@ -50,8 +50,9 @@ def assert_refused(result: Result, path: Path, line: int | None, *words: str) ->
 
 def assert_warned(result: Result, path: Path, line: int) -> None:
     assert_no_crash(result)
-    assert any(text.startswith("warning:") and names(text, path, line) for text in result.output.splitlines()), \
+    assert any(text.startswith("warning:") and names(text, path, line) for text in result.output.splitlines()), (
         result.output
+    )
 
 
 def jsonl(*rows: dict | bytes) -> bytes:
@@ -72,8 +73,11 @@ EVAL_DATA = {
     "nested past the recursion limit": (jsonl(TASK, NESTED), 2, "nested"),
     "a list where text belongs": (jsonl(TASK, {**TASK_2, "Question": ["a", "b"]}), 2, "'Question'"),
     "a list where an object belongs": (jsonl(TASK, b"[1, 2]"), 2, "not a JSON object"),
-    "a required field missing": (jsonl(TASK, {k: v for k, v in TASK_2.items() if k != "Final answer"}), 2,
-                                 "'Final answer'"),
+    "a required field missing": (
+        jsonl(TASK, {k: v for k, v in TASK_2.items() if k != "Final answer"}),
+        2,
+        "'Final answer'",
+    ),
     "null bytes": (jsonl(TASK, b'\x00{"task_id": "t2"}\x00'), 2, "not JSON"),
     "a truncated last line": (jsonl(TASK) + b'{"task_id": "t2", "Quest', 2, "not JSON"),
     "binary garbage": (jsonl(TASK) + BINARY, 2, "not UTF-8"),
@@ -83,8 +87,21 @@ EVAL_DATA = {
 
 
 def eval_command(data: Path, out: Path) -> list[object]:
-    return ["eval", "gaia", "--data", data, "--out", out, "--grader", "official", "-k", "1",
-            "--base-url", "http://127.0.0.1:9/v1", "--no-default-servers"]
+    return [
+        "eval",
+        "gaia",
+        "--data",
+        data,
+        "--out",
+        out,
+        "--grader",
+        "official",
+        "-k",
+        "1",
+        "--base-url",
+        "http://127.0.0.1:9/v1",
+        "--no-default-servers",
+    ]
 
 
 @pytest.mark.parametrize("case", EVAL_DATA)
@@ -156,13 +173,23 @@ QUESTIONS = {
 
 
 @pytest.mark.parametrize("case", QUESTIONS)
-def test_a_questions_file_that_cannot_be_read_is_one_line_naming_the_file_and_line(tmp_path: Path,
-                                                                                   case: str) -> None:
+def test_a_questions_file_that_cannot_be_read_is_one_line_naming_the_file_and_line(tmp_path: Path, case: str) -> None:
     content, line, why = QUESTIONS[case]
     questions, out = tmp_path / "questions.jsonl", tmp_path / "rollouts.jsonl"
     questions.write_bytes(content)
-    result = nanbeige("collect", "--questions", questions, "-G", "2", "--out", out, "--base-url",
-                      "http://127.0.0.1:9/v1", "--no-default-servers", "--allow-inexact")
+    result = nanbeige(
+        "collect",
+        "--questions",
+        questions,
+        "-G",
+        "2",
+        "--out",
+        out,
+        "--base-url",
+        "http://127.0.0.1:9/v1",
+        "--no-default-servers",
+        "--allow-inexact",
+    )
     assert_refused(result, questions, line, why)
     assert not out.exists()
 
@@ -171,11 +198,19 @@ def test_a_questions_file_that_cannot_be_read_is_one_line_naming_the_file_and_li
 
 
 def rollout(trajectory_id: str, answer: str = "4", **start: object) -> list[dict]:
-    return [{"type": "start", "id": trajectory_id, "group_id": "q1", "question": "What is 2+2?",
-             "reference_answer": "4", "grader": "gaia-exact", **start},
-            {"type": "turn", "trajectory_id": trajectory_id, "index": 0,
-             "assistant": {"content": f"\\boxed{{{answer}}}"}},
-            {"type": "end", "trajectory_id": trajectory_id, "answer": answer, "stop_reason": "answered"}]
+    return [
+        {
+            "type": "start",
+            "id": trajectory_id,
+            "group_id": "q1",
+            "question": "What is 2+2?",
+            "reference_answer": "4",
+            "grader": "gaia-exact",
+            **start,
+        },
+        {"type": "turn", "trajectory_id": trajectory_id, "index": 0, "assistant": {"content": f"\\boxed{{{answer}}}"}},
+        {"type": "end", "trajectory_id": trajectory_id, "answer": answer, "stop_reason": "answered"},
+    ]
 
 
 DEEP = {"type": "turn", "trajectory_id": "bad", "index": 0, "assistant": {"content": "x", "extra": None}}
@@ -188,8 +223,16 @@ ROLLOUTS_SKIPPED = {  # a line the reader skips, saying so; the good rollout is 
     "nested past the recursion limit": (jsonl(*rollout("a"), NESTED, *rollout("c")), 4),
     "nested past what can be written back": (jsonl(*rollout("a"), *rollout("bad")[:1], DEEP, rollout("bad")[2]), 5),
     "a truncated last line": (jsonl(*rollout("a")) + b'{"type": "start", "id": "b", "quest', 4),
-    "a bad turn before a good one": (jsonl(*rollout("a"), rollout("bad")[0], {**rollout("bad")[1], "assistant": 7},
-                                           {**rollout("bad")[1], "index": 1}, rollout("bad")[2]), 5),
+    "a bad turn before a good one": (
+        jsonl(
+            *rollout("a"),
+            rollout("bad")[0],
+            {**rollout("bad")[1], "assistant": 7},
+            {**rollout("bad")[1], "index": 1},
+            rollout("bad")[2],
+        ),
+        5,
+    ),
 }
 
 
@@ -222,11 +265,14 @@ def test_judge_refuses_rollouts_it_cannot_read_in_one_line(tmp_path: Path, case:
     assert judged.read_bytes() == jsonl(*rollout("z"))
 
 
-
 # ---------------------------------------------------------------- problems: a code problems file
 
-PROBLEM = {"id": "p1", "statement": "Add two numbers.", "entry_point": "add",
-           "tests": [{"args": "[1, 2]", "expected": "3"}]}
+PROBLEM = {
+    "id": "p1",
+    "statement": "Add two numbers.",
+    "entry_point": "add",
+    "tests": [{"args": "[1, 2]", "expected": "3"}],
+}
 
 
 def with_test(test: dict) -> bytes:
@@ -236,16 +282,19 @@ def with_test(test: dict) -> bytes:
 
 PROBLEMS_REFUSED = {  # before anything is parsed: one literal used to cost 500 times its size in memory
     "an 8 MB list literal": (with_test({"args": "[" + "1," * 4_000_000 + "]", "expected": "0"}), "`args` is a literal"),
-    "an expected value nested 150 deep": (with_test({"args": "[1]", "expected": "[" * 150 + "]" * 150}),
-                                          "`expected` nests its brackets more than 100 deep"),
-    "kwargs nested 150 deep": (with_test({"args": "[]", "kwargs": "{'a': " + "(" * 150 + ")" * 150 + "}",
-                                          "expected": "0"}), "`kwargs` nests"),
+    "an expected value nested 150 deep": (
+        with_test({"args": "[1]", "expected": "[" * 150 + "]" * 150}),
+        "`expected` nests its brackets more than 100 deep",
+    ),
+    "kwargs nested 150 deep": (
+        with_test({"args": "[]", "kwargs": "{'a': " + "(" * 150 + ")" * 150 + "}", "expected": "0"}),
+        "`kwargs` nests",
+    ),
 }
 
 
 @pytest.mark.parametrize("case", PROBLEMS_REFUSED)
-def test_a_problems_file_with_a_huge_or_deep_literal_is_refused_naming_file_and_line(tmp_path: Path,
-                                                                                    case: str) -> None:
+def test_a_problems_file_with_a_huge_or_deep_literal_is_refused_naming_file_and_line(tmp_path: Path, case: str) -> None:
     content, why = PROBLEMS_REFUSED[case]
     problems = tmp_path / "problems.jsonl"
     problems.write_bytes(content)

@@ -19,8 +19,10 @@ from test_untrusted_inputs import assert_no_crash, assert_refused, files_in, jso
 
 from nanbeige.agent.trajectory_file import load_trajectories
 
-TASKS = [{"task_id": f"t{n}", "Question": f"What is {n}+{n}?", "Level": 1, "Final answer": "4", "file_name": ""}
-         for n in (1, 2, 3)]
+TASKS = [
+    {"task_id": f"t{n}", "Question": f"What is {n}+{n}?", "Level": 1, "Final answer": "4", "file_name": ""}
+    for n in (1, 2, 3)
+]
 
 
 def torn(path: Path) -> bytes:
@@ -37,8 +39,23 @@ def run_eval(tmp_path: Path, server: FakeOpenAI) -> object:
     data = tmp_path / "metadata.jsonl"
     if not data.exists():
         data.write_bytes(jsonl(*TASKS))
-    return nanbeige("eval", "gaia", "--data", data, "--out", tmp_path / "out", "--grader", "official", "-k", "1",
-                    "--concurrency", "1", "--base-url", server.base_url, "--no-default-servers")
+    return nanbeige(
+        "eval",
+        "gaia",
+        "--data",
+        data,
+        "--out",
+        tmp_path / "out",
+        "--grader",
+        "official",
+        "-k",
+        "1",
+        "--concurrency",
+        "1",
+        "--base-url",
+        server.base_url,
+        "--no-default-servers",
+    )
 
 
 def test_an_eval_killed_mid_line_resumes_keeping_every_whole_result(tmp_path: Path) -> None:
@@ -127,7 +144,8 @@ GENERIC_LINKS = {
 @pytest.mark.parametrize("case", GENERIC_LINKS)
 @pytest.mark.parametrize("command", ["eval --out", "eval report"])
 def test_a_link_in_an_eval_folder_is_refused_and_the_file_it_points_to_is_left_alone(
-        tmp_path: Path, case: str, command: str) -> None:
+    tmp_path: Path, case: str, command: str
+) -> None:
     name, lines = GENERIC_LINKS[case]
     out, victim = tmp_path / "out", tmp_path / "elsewhere.json"
     with FakeOpenAI([], default=mcp_answer("4")) as server:
@@ -142,8 +160,9 @@ def test_a_link_in_an_eval_folder_is_refused_and_the_file_it_points_to_is_left_a
 
 
 def bfcl_folder(tmp_path: Path, server: FakeOpenAI) -> object:
-    return nanbeige("eval", "bfcl-simple-python", "--limit", "2", "--base-url", server.base_url,
-                    "--out", tmp_path / "out")
+    return nanbeige(
+        "eval", "bfcl-simple-python", "--limit", "2", "--base-url", server.base_url, "--out", tmp_path / "out"
+    )
 
 
 BFCL_LINKS = {  # a part of a finished BFCL eval made a link: a folder, or a file
@@ -156,7 +175,8 @@ BFCL_LINKS = {  # a part of a finished BFCL eval made a link: a folder, or a fil
 @pytest.mark.parametrize("case", BFCL_LINKS)
 @pytest.mark.parametrize("command", ["eval --out", "eval report"])
 def test_a_link_in_a_bfcl_folder_is_refused_and_what_it_points_to_is_left_alone(
-        tmp_path: Path, case: str, command: str) -> None:
+    tmp_path: Path, case: str, command: str
+) -> None:
     from bfcl_oracle import script_for
 
     pattern, outside = BFCL_LINKS[case]
@@ -178,8 +198,19 @@ def test_a_link_in_a_bfcl_folder_is_refused_and_what_it_points_to_is_left_alone(
 def test_a_collect_killed_mid_line_resumes_keeping_every_whole_rollout(tmp_path: Path) -> None:
     questions, out = tmp_path / "questions.jsonl", tmp_path / "rollouts.jsonl"
     questions.write_bytes(jsonl({"id": "q1", "question": "What is 2+2?", "answer": "4"}))
-    command = ["collect", "--questions", questions, "-G", "3", "--out", out, "--concurrency", "1",
-               "--no-default-servers", "--allow-inexact"]
+    command = [
+        "collect",
+        "--questions",
+        questions,
+        "-G",
+        "3",
+        "--out",
+        out,
+        "--concurrency",
+        "1",
+        "--no-default-servers",
+        "--allow-inexact",
+    ]
     with FakeOpenAI([], default=mcp_answer("4")) as server:
         assert nanbeige(*command, "--base-url", server.base_url).exit_code == 0
         kept = torn(out)  # the third rollout's end line
@@ -244,8 +275,10 @@ def test_a_resume_record_with_a_wall_time_that_is_not_a_number_is_skipped_saying
     with FakeOpenAI([], default=mcp_answer("4")) as server:
         path = asked(tmp_path, server)
         start = json.loads(path.read_bytes().splitlines()[0])
-        path.write_bytes(path.read_bytes() + jsonl({"type": "resume", "trajectory_id": start["id"], "num_turns": 0,
-                                                    "wall_s": "forever"}))
+        path.write_bytes(
+            path.read_bytes()
+            + jsonl({"type": "resume", "trajectory_id": start["id"], "num_turns": 0, "wall_s": "forever"})
+        )
         result = nanbeige("resume", path, "--base-url", server.base_url, "--no-default-servers")
     assert_no_crash(result)
     assert f"{path}:4: skipped the resume record" in result.output and result.exit_code == 0, result.output
@@ -289,15 +322,23 @@ NOWHERE = Path("/proc/nowhere")  # /proc takes no new entry, even from root, who
 QUESTIONS = [{"id": "q1", "question": "What is 2+2?", "answer": "4"}]
 WRITES = {  # the command, and the file it was told to write
     "ask --trajectory": (["ask", "q", "--trajectory", NOWHERE / "t.jsonl"], NOWHERE / "t.jsonl"),
-    "ask --cache": (["ask", "q", "--trajectory", "{tmp}/t.jsonl", "--mcp", "{testkit}", "--cache",
-                     NOWHERE / "c.sqlite"], NOWHERE / "c.sqlite"),
+    "ask --cache": (
+        ["ask", "q", "--trajectory", "{tmp}/t.jsonl", "--mcp", "{testkit}", "--cache", NOWHERE / "c.sqlite"],
+        NOWHERE / "c.sqlite",
+    ),
     "research --trajectory": (["research", "q", "--trajectory", NOWHERE / "t.jsonl"], NOWHERE / "t.jsonl"),
-    "research --report": (["research", "q", "--trajectory", "{tmp}/t.jsonl", "--report", NOWHERE / "r.md"],
-                          NOWHERE / "r.md"),
-    "eval --out": (["eval", "gaia", "--data", "{tmp}/metadata.jsonl", "--out", NOWHERE / "out", "--grader",
-                    "official", "-k", "1"], NOWHERE / "out"),
-    "collect --out": (["collect", "--questions", "{tmp}/questions.jsonl", "-G", "1", "--allow-inexact", "--out",
-                       NOWHERE / "r.jsonl"], NOWHERE / "r.jsonl"),
+    "research --report": (
+        ["research", "q", "--trajectory", "{tmp}/t.jsonl", "--report", NOWHERE / "r.md"],
+        NOWHERE / "r.md",
+    ),
+    "eval --out": (
+        ["eval", "gaia", "--data", "{tmp}/metadata.jsonl", "--out", NOWHERE / "out", "--grader", "official", "-k", "1"],
+        NOWHERE / "out",
+    ),
+    "collect --out": (
+        ["collect", "--questions", "{tmp}/questions.jsonl", "-G", "1", "--allow-inexact", "--out", NOWHERE / "r.jsonl"],
+        NOWHERE / "r.jsonl",
+    ),
 }
 
 

@@ -25,12 +25,31 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def judged(trajectory_id: str, reward: object, turn: dict | None = None, end: dict | None = None) -> list[dict]:
     """A judged one-turn rollout with a token record that checks out (its prompt starts the segment)."""
-    return [{"type": "start", "id": trajectory_id, "group_id": "q1", "question": "q", "sampling": {"temperature": 1.0}},
-            {"type": "turn", "trajectory_id": trajectory_id, "index": 0, "assistant": {"content": "4"},
-             "segment": 0, "prompt_keep": 0, "prefix_hash": _hash(array("i")), "prompt_delta_ids": [5, 6, 7],
-             "completion_ids": [8, 9], "logprobs": [-0.5, -0.7], "reward": 0.5, **(turn or {})},
-            {"type": "end", "trajectory_id": trajectory_id, "answer": "4", "stop_reason": "answered",
-             "reward": reward, **(end or {})}]
+    return [
+        {"type": "start", "id": trajectory_id, "group_id": "q1", "question": "q", "sampling": {"temperature": 1.0}},
+        {
+            "type": "turn",
+            "trajectory_id": trajectory_id,
+            "index": 0,
+            "assistant": {"content": "4"},
+            "segment": 0,
+            "prompt_keep": 0,
+            "prefix_hash": _hash(array("i")),
+            "prompt_delta_ids": [5, 6, 7],
+            "completion_ids": [8, 9],
+            "logprobs": [-0.5, -0.7],
+            "reward": 0.5,
+            **(turn or {}),
+        },
+        {
+            "type": "end",
+            "trajectory_id": trajectory_id,
+            "answer": "4",
+            "stop_reason": "answered",
+            "reward": reward,
+            **(end or {}),
+        },
+    ]
 
 
 def data_with(turn: dict | None = None, end: dict | None = None) -> bytes:
@@ -41,7 +60,7 @@ def data_with(turn: dict | None = None, end: dict | None = None) -> bytes:
 REFUSED = {
     "a token id that is text": (data_with({"completion_ids": ["8", 9]}), 5, "token id"),
     "a negative token id": (data_with({"prompt_delta_ids": [5, -6, 7]}), 5, "token id"),
-    "a token id past any vocabulary": (data_with({"completion_ids": [8, 2 ** 70]}), 5, "token id"),
+    "a token id past any vocabulary": (data_with({"completion_ids": [8, 2**70]}), 5, "token id"),
     "a token id past the model's vocabulary": (data_with({"completion_ids": [8, 1_000_000]}), 5, "vocabulary"),
     "fewer logprobs than completion ids": (data_with({"logprobs": [-0.5]}), 5, "logprobs"),
     "a logprob that is text": (data_with({"logprobs": ["x", -0.5]}), 5, "logprob"),
@@ -54,8 +73,9 @@ REFUSED = {
 
 
 @pytest.mark.parametrize("case", REFUSED)
-def test_judged_data_that_cannot_be_trained_on_is_one_line_naming_the_file_and_line(tiny: Path, tmp_path: Path,
-                                                                                    case: str) -> None:
+def test_judged_data_that_cannot_be_trained_on_is_one_line_naming_the_file_and_line(
+    tiny: Path, tmp_path: Path, case: str
+) -> None:
     content, line, why = REFUSED[case]
     data, out = tmp_path / "judged.jsonl", tmp_path / "out"
     data.write_bytes(content)
@@ -94,13 +114,15 @@ def test_a_checkpoint_a_kill_cut_short_is_not_resumed_from(tmp_path: Path) -> No
     """A checkpoint is whole once every rank's trainer state is in place under its final name (each written
     under another name and renamed) and the marker written after them says how many ranks saved: a kill
     mid-write, or between two ranks' files, leaves a folder that is not taken for a whole one."""
-    cases = [(1, ["trainer-state-rank0.pt"], {"world_size": 1}),
-             (2, ["trainer-state-rank0.pt.tmp"], None),  # killed mid-write
-             (3, [], None),  # killed before any state
-             (4, ["trainer-state-rank0.pt"], None),  # killed before the marker
-             (5, ["trainer-state-rank0.pt"], {"world_size": 2}),  # a marker naming a rank whose file is missing
-             (6, ["trainer-state-rank0.pt"], {"world_size": "1"}),  # a marker of another type
-             (7, ["trainer-state-rank0.pt"], [1])]
+    cases = [
+        (1, ["trainer-state-rank0.pt"], {"world_size": 1}),
+        (2, ["trainer-state-rank0.pt.tmp"], None),  # killed mid-write
+        (3, [], None),  # killed before any state
+        (4, ["trainer-state-rank0.pt"], None),  # killed before the marker
+        (5, ["trainer-state-rank0.pt"], {"world_size": 2}),  # a marker naming a rank whose file is missing
+        (6, ["trainer-state-rank0.pt"], {"world_size": "1"}),  # a marker of another type
+        (7, ["trainer-state-rank0.pt"], [1]),
+    ]
     for step, states, marker in cases:
         folder = tmp_path / f"checkpoint-{step}"
         folder.mkdir()
@@ -114,8 +136,9 @@ def test_a_checkpoint_a_kill_cut_short_is_not_resumed_from(tmp_path: Path) -> No
     assert latest_checkpoint(tmp_path) == (tmp_path / "checkpoint-5", 5)
 
 
-def test_a_checkpoint_s_state_is_written_under_its_name_only_when_whole(tiny: Path, tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_checkpoint_s_state_is_written_under_its_name_only_when_whole(
+    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import torch
     import transformers
 
@@ -163,24 +186,37 @@ def test_metrics_with_a_torn_last_line_are_cut_back_on_resume(tmp_path: Path) ->
 # ---------------------------------------------------------------- train --loop: its state file
 
 POLICY = {"model": "m", "checkpoint": None, "version": "iter-0"}
-DONE = {"iteration": 1, "policy": POLICY, "collected": {"rollouts": 2, "pass_rate": 0.5, "model": "m"},
-        "trained": {"checkpoint": "ckpt", "steps": 1, "rows": 2}}
+DONE = {
+    "iteration": 1,
+    "policy": POLICY,
+    "collected": {"rollouts": 2, "pass_rate": 0.5, "model": "m"},
+    "trained": {"checkpoint": "ckpt", "steps": 1, "rows": 2},
+}
 LOOP_STATES = {  # each a loop.json that resumes into a TypeError today; the field the error names
     "a list for the whole state": ([], "it must be an object"),
     "an object for the iterations": ({"policy": POLICY, "iterations": {"1": DONE}}, "`iterations` must be a list"),
     "text for the policy": ({"policy": "m", "iterations": []}, "`policy` must be an object"),
-    "a list for the policy's model": ({"policy": {**POLICY, "model": ["m"]}, "iterations": []},
-                                      "`policy.model` must be text"),
-    "a number for a checkpoint": ({"policy": POLICY, "iterations": [{**DONE, "policy": {**POLICY, "checkpoint": 5}}]},
-                                  "`iterations[0].policy.checkpoint` must be text or null"),
+    "a list for the policy's model": (
+        {"policy": {**POLICY, "model": ["m"]}, "iterations": []},
+        "`policy.model` must be text",
+    ),
+    "a number for a checkpoint": (
+        {"policy": POLICY, "iterations": [{**DONE, "policy": {**POLICY, "checkpoint": 5}}]},
+        "`iterations[0].policy.checkpoint` must be text or null",
+    ),
     "a list for an iteration": ({"policy": POLICY, "iterations": [[1]]}, "`iterations[0]` must be an object"),
-    "text for the iteration's number": ({"policy": POLICY, "iterations": [{**DONE, "iteration": "1"}]},
-                                        "`iterations[0].iteration` must be 1"),
-    "a list for the trained checkpoint": ({"policy": POLICY, "iterations": [
-        {**DONE, "trained": {"checkpoint": ["ckpt"], "steps": 1, "rows": 2}}]},
-        "`iterations[0].trained.checkpoint` must be text"),
-    "true/false for a count": ({"policy": POLICY, "iterations": [{**DONE, "collected": {"rollouts": True}}]},
-                               "`iterations[0].collected.rollouts` must be a whole number"),
+    "text for the iteration's number": (
+        {"policy": POLICY, "iterations": [{**DONE, "iteration": "1"}]},
+        "`iterations[0].iteration` must be 1",
+    ),
+    "a list for the trained checkpoint": (
+        {"policy": POLICY, "iterations": [{**DONE, "trained": {"checkpoint": ["ckpt"], "steps": 1, "rows": 2}}]},
+        "`iterations[0].trained.checkpoint` must be text",
+    ),
+    "true/false for a count": (
+        {"policy": POLICY, "iterations": [{**DONE, "collected": {"rollouts": True}}]},
+        "`iterations[0].collected.rollouts` must be a whole number",
+    ),
     "text for the sync": ({"policy": POLICY, "sync": 1, "iterations": []}, "`sync` must be text"),
 }
 
@@ -193,7 +229,22 @@ def test_a_loop_state_with_a_field_of_the_wrong_type_is_one_line_naming_the_fiel
     out.mkdir()
     (out / "loop.json").write_text(json.dumps(state))
     before = files_in(out)
-    result = nanbeige("train", "--loop", "1", "--questions", questions, "--model", tmp_path / "no-model", "--out",
-                      out, "--backend", "transformers", "--no-default-servers", "--no-critic", "--sync", "none")
+    result = nanbeige(
+        "train",
+        "--loop",
+        "1",
+        "--questions",
+        questions,
+        "--model",
+        tmp_path / "no-model",
+        "--out",
+        out,
+        "--backend",
+        "transformers",
+        "--no-default-servers",
+        "--no-critic",
+        "--sync",
+        "none",
+    )
     assert_refused(result, out / "loop.json", None, why)
     assert files_in(out) == before

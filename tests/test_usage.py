@@ -37,11 +37,29 @@ def searching_model(request: dict) -> Reply:
 
 
 def ask(tmp_path: Path, serper: FakeSerper, model: FakeOpenAI, *flags: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "SERPER_API_KEY": "test-key", "SERPER_BASE_URL": serper.url,
-           "NANBEIGE_SEARCH_BACKEND": "serper", "NANBEIGE_SANDBOX_DIR": str(tmp_path / "boxes")}
-    return subprocess.run([NANBEIGE, "ask", "What is the answer?", "--base-url", model.base_url, "--trajectory",
-                           str(tmp_path / "run.jsonl"), *flags], capture_output=True, text=True, env=env,
-                          timeout=120)
+    env = {
+        **os.environ,
+        "SERPER_API_KEY": "test-key",
+        "SERPER_BASE_URL": serper.url,
+        "NANBEIGE_SEARCH_BACKEND": "serper",
+        "NANBEIGE_SANDBOX_DIR": str(tmp_path / "boxes"),
+    }
+    return subprocess.run(
+        [
+            NANBEIGE,
+            "ask",
+            "What is the answer?",
+            "--base-url",
+            model.base_url,
+            "--trajectory",
+            str(tmp_path / "run.jsonl"),
+            *flags,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
 
 
 def test_a_serper_budget_stops_the_run_and_the_answer_is_asked_for(tmp_path: Path) -> None:
@@ -55,7 +73,8 @@ def test_a_serper_budget_stops_the_run_and_the_answer_is_asked_for(tmp_path: Pat
     assert searched == 2 and trajectory.usage["serper_queries"] == 2 and trajectory.usage["tool_calls"] == 2
     assert [r.usage for t in trajectory.turns for r in t.tool_results] == [{"serper_queries": 1}] * 2
     assert trajectory.usage["model_calls"] == 3 and trajectory.usage["tokens"] == sum(
-        t.usage["prompt_tokens"] + t.usage["completion_tokens"] for t in trajectory.turns)
+        t.usage["prompt_tokens"] + t.usage["completion_tokens"] for t in trajectory.turns
+    )
 
 
 @pytest.mark.slow
@@ -63,8 +82,12 @@ def test_show_prints_each_runs_usage_and_their_total(tmp_path: Path) -> None:
     with FakeSerper() as serper, FakeOpenAI(searching_model) as model:
         for _ in range(2):
             assert ask(tmp_path, serper, model, "--budget", "serper_queries=1").returncode == 0
-    shown = subprocess.run([NANBEIGE, "show", str(tmp_path / "run.jsonl")], capture_output=True, text=True,
-                           env={**os.environ, "COLUMNS": "200"})
+    shown = subprocess.run(
+        [NANBEIGE, "show", str(tmp_path / "run.jsonl")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
     assert shown.returncode == 0, shown.stderr
     used = [line for line in shown.stdout.splitlines() if line.startswith("used")]
     assert len(used) == 3 and all(line.endswith("1 tool calls · 1 Serper queries") for line in used[:2])
@@ -82,12 +105,25 @@ def test_a_bad_budget_is_a_usage_error(tmp_path: Path) -> None:
 
 
 def test_budgets_count_tokens_and_tool_calls_from_the_turns() -> None:
-    turns = [Turn(index=i, assistant={}, usage={"prompt_tokens": 100, "completion_tokens": 20},
-                  tool_calls=[ToolCall("s", "t", {})], tool_results=[ToolResult("x", usage={"jina_tokens": 7})])
-             for i in range(3)]
+    turns = [
+        Turn(
+            index=i,
+            assistant={},
+            usage={"prompt_tokens": 100, "completion_tokens": 20},
+            tool_calls=[ToolCall("s", "t", {})],
+            tool_results=[ToolResult("x", usage={"jina_tokens": 7})],
+        )
+        for i in range(3)
+    ]
     used = run_usage(turns)
-    assert used == {"model_calls": 3, "prompt_tokens": 300, "completion_tokens": 60, "tokens": 360, "tool_calls": 3,
-                    "jina_tokens": 21}
+    assert used == {
+        "model_calls": 3,
+        "prompt_tokens": 300,
+        "completion_tokens": 60,
+        "tokens": 360,
+        "tool_calls": 3,
+        "jina_tokens": 21,
+    }
     assert over_budget(used, {"tokens": 400}) is None
     assert "360 used" in over_budget(used, {"tool_calls": 5, "tokens": 360})
     assert usage_text(used) == "360 tokens · 3 tool calls · 21 Jina tokens"
@@ -115,8 +151,7 @@ def test_e2b_sandbox_seconds_are_counted_against_the_calls_that_use_the_sandbox(
 def test_eval_reports_sum_the_runs_usage() -> None:
     manifest = {"bench": "b", "grader": "gaia-exact", "k": 1, "tasks": [{"id": "a"}, {"id": "b"}]}
     used = {"tokens": 10, "serper_queries": 2}
-    rows = [{"task_id": task, "run": 0, "correct": True, "prediction": "x", "usage": used}
-            for task in ("a", "b")]
+    rows = [{"task_id": task, "run": 0, "correct": True, "prediction": "x", "usage": used} for task in ("a", "b")]
     report = build_report(manifest, rows)
     assert report["usage"] == {"tokens": 20, "serper_queries": 4}
     assert "| used in all | 20 tokens · 4 Serper queries |" in markdown(report)
@@ -124,8 +159,11 @@ def test_eval_reports_sum_the_runs_usage() -> None:
 
 def test_old_trajectories_without_usage_still_load(tmp_path: Path) -> None:
     path = tmp_path / "old.jsonl"
-    path.write_text(json.dumps({"type": "start", "id": "t", "question": "q"}) + "\n"
-                    + json.dumps({"type": "end", "trajectory_id": "t", "answer": "a", "stop_reason": "answered"})
-                    + "\n")
+    path.write_text(
+        json.dumps({"type": "start", "id": "t", "question": "q"})
+        + "\n"
+        + json.dumps({"type": "end", "trajectory_id": "t", "answer": "a", "stop_reason": "answered"})
+        + "\n"
+    )
     [trajectory] = load_trajectories(path)
     assert isinstance(trajectory, Trajectory) and trajectory.usage == {}

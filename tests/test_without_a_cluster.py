@@ -38,8 +38,9 @@ class BothWriters:
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("whole", [False, True])
-async def test_the_records_a_shard_sends_back_are_written_byte_for_byte_as_the_run_would(tmp_path: Path,
-                                                                                        whole: bool) -> None:
+async def test_the_records_a_shard_sends_back_are_written_byte_for_byte_as_the_run_would(
+    tmp_path: Path, whole: bool
+) -> None:
     from nanbeige.agent.cluster import Recorder, replay
 
     secret = "sk-never-written-0123"
@@ -59,8 +60,6 @@ async def test_the_records_a_shard_sends_back_are_written_byte_for_byte_as_the_r
     assert [t.stop_reason for t in load_trajectories(driven)] == ["answered", *([] if whole else ["model_error"])]
 
 
-
-
 def closed_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -72,12 +71,31 @@ def test_a_ray_address_that_does_not_answer_is_one_line(tmp_path: Path) -> None:
     questions.write_text('{"question": "What is 2+2?", "answer": "4"}\n')
     address = f"127.0.0.1:{closed_port()}"
     with FakeOpenAI([], default=mcp_answer("4")) as server:
-        done = subprocess.run([NANBEIGE, "collect", "--questions", str(questions), "--out", str(tmp_path / "o.jsonl"),
-                               "--base-url", server.base_url, "--no-default-servers", "--allow-inexact", "--ray",
-                               address], capture_output=True, text=True, timeout=60, env=command_env())
+        done = subprocess.run(
+            [
+                NANBEIGE,
+                "collect",
+                "--questions",
+                str(questions),
+                "--out",
+                str(tmp_path / "o.jsonl"),
+                "--base-url",
+                server.base_url,
+                "--no-default-servers",
+                "--allow-inexact",
+                "--ray",
+                address,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=command_env(),
+        )
     assert done.returncode == 1 and "Traceback" not in done.stderr
-    said = (f"error: no Ray cluster answers at {address} (Connection refused); start one with `ray start --head` "
-            "there, or pass another --ray")
+    said = (
+        f"error: no Ray cluster answers at {address} (Connection refused); start one with `ray start --head` "
+        "there, or pass another --ray"
+    )
     assert done.stderr.strip().splitlines() == [said]
     assert not (tmp_path / "o.jsonl").exists()
 
@@ -86,28 +104,70 @@ def test_without_ray_the_commands_never_load_it(tmp_path: Path) -> None:
     questions = tmp_path / "questions.jsonl"
     questions.write_text('{"question": "What is 2+2?", "answer": "4"}\n')
     data = tmp_path / "metadata.jsonl"
-    data.write_text(json.dumps({"task_id": "t", "Question": "What is 2+2?", "Level": 1, "Final answer": "4",
-                                "file_name": ""}) + "\n")
+    data.write_text(
+        json.dumps({"task_id": "t", "Question": "What is 2+2?", "Level": 1, "Final answer": "4", "file_name": ""})
+        + "\n"
+    )
     with FakeOpenAI([], default=mcp_answer("4")) as server:
         model = ["--base-url", server.base_url, "--no-default-servers"]
-        commands = [["collect", "--questions", str(questions), "-G", "1", "--out", str(tmp_path / "r.jsonl"),
-                     "--allow-inexact", *model],
-                    ["eval", "gaia", "--data", str(data), "-k", "1", "--grader", "gaia-exact", "--out",
-                     str(tmp_path / "eval"), *model],
-                    ["judge", str(tmp_path / "r.jsonl"), "--out", str(tmp_path / "j.jsonl"), "--no-critic"]]
+        commands = [
+            [
+                "collect",
+                "--questions",
+                str(questions),
+                "-G",
+                "1",
+                "--out",
+                str(tmp_path / "r.jsonl"),
+                "--allow-inexact",
+                *model,
+            ],
+            [
+                "eval",
+                "gaia",
+                "--data",
+                str(data),
+                "-k",
+                "1",
+                "--grader",
+                "gaia-exact",
+                "--out",
+                str(tmp_path / "eval"),
+                *model,
+            ],
+            ["judge", str(tmp_path / "r.jsonl"), "--out", str(tmp_path / "j.jsonl"), "--no-critic"],
+        ]
         for command in commands:
-            done = subprocess.run([sys.executable, "-c", SAYS_IF_RAY_LOADED, *command], capture_output=True,
-                                  text=True, timeout=120, env=command_env())
+            done = subprocess.run(
+                [sys.executable, "-c", SAYS_IF_RAY_LOADED, *command],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env=command_env(),
+            )
             assert done.returncode == 0, done.stderr
             assert done.stdout.strip().endswith("ray not loaded"), done.stdout
     assert len(load_trajectories(tmp_path / "j.jsonl")) == 1  # each command ran to its end
 
 
-@pytest.mark.parametrize("command", [["collect", "--questions", "q.jsonl", "--out", "r.jsonl"],
-                                     ["eval", "gaia", "--out", "runs"], ["judge", "r.jsonl", "--out", "j.jsonl"]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["collect", "--questions", "q.jsonl", "--out", "r.jsonl"],
+        ["eval", "gaia", "--out", "runs"],
+        ["judge", "r.jsonl", "--out", "j.jsonl"],
+    ],
+)
 def test_a_ray_address_of_the_wrong_form_is_one_line_before_anything_runs(tmp_path: Path, command: list[str]) -> None:
-    done = subprocess.run([NANBEIGE, *command, "--ray", "head-node"], capture_output=True, text=True, timeout=60,
-                          cwd=tmp_path, env=command_env())
+    done = subprocess.run(
+        [NANBEIGE, *command, "--ray", "head-node"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env=command_env(),
+    )
     assert done.returncode == 2 and done.stderr.strip().splitlines() == [
-        "error: --ray takes auto or HOST:PORT (the head node's address), not 'head-node'"], done.stderr
+        "error: --ray takes auto or HOST:PORT (the head node's address), not 'head-node'"
+    ], done.stderr
     assert list(tmp_path.iterdir()) == []

@@ -13,7 +13,7 @@ CHAT_TEMPLATE = (
 CORPUS = [
     "<think> I should search for this. </think> The answer is \\boxed{42}.",
     "<use_mcp_tool> <server_name>search</server_name> <tool_name>google_search</tool_name> "
-    "<arguments> {\"q\": \"capital of France\"} </arguments> </use_mcp_tool>",
+    '<arguments> {"q": "capital of France"} </arguments> </use_mcp_tool>',
     "You are a helpful assistant. Today is: 2026-11-21. What is the capital of France? Paris.",
 ]
 
@@ -26,19 +26,36 @@ def make_tiny_model(folder: Path) -> Path:
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=800, special_tokens=["<unk>", "<|im_start|>", "<|im_end|>",
-                                                                  "<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=800,
+        special_tokens=["<unk>", "<|im_start|>", "<|im_end|>", "<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tokenizer.train_from_iterator(CORPUS * 20, trainer)
     tokenizer.add_tokens(["<think>", "</think>", "<tool_call>", "</tool_call>"])  # added, not special: as in Nanbeige
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<|im_start|>", eos_token="<|im_end|>",
-                                   unk_token="<unk>", pad_token="<unk>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        unk_token="<unk>",
+        pad_token="<unk>",
+    )
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(folder)
-    config = LlamaConfig(vocab_size=len(fast), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
-                         rope_theta=70_000_000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
-                         bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id)
+    config = LlamaConfig(
+        vocab_size=len(fast),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
+        rope_theta=70_000_000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        bos_token_id=fast.bos_token_id,
+        eos_token_id=fast.eos_token_id,
+    )
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(folder)
     return folder

@@ -34,8 +34,13 @@ def source_files(sources: Iterable[str | os.PathLike[str]]) -> list[Path]:
     for source in sources:
         path = Path(source).expanduser()
         if path.is_dir():
-            files += sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in SUFFIXES
-                            and not any(part.startswith(".") for part in p.relative_to(path).parts))
+            files += sorted(
+                p
+                for p in path.rglob("*")
+                if p.is_file()
+                and p.suffix.lower() in SUFFIXES
+                and not any(part.startswith(".") for part in p.relative_to(path).parts)
+            )
         elif path.is_file():
             files.append(path)
         else:
@@ -92,8 +97,9 @@ def read_records(path: Path) -> list[dict[str, Any]]:
     """Records from a JSON list, a JSON object of records keyed by id or title, or JSONL lines."""
     text = path.read_text(encoding="utf-8")
     if path.suffix.lower() == ".jsonl":
-        items: Iterable[tuple[str, Any]] = ((str(n), json.loads(line)) for n, line in
-                                            enumerate(text.splitlines(), start=1) if line.strip())
+        items: Iterable[tuple[str, Any]] = (
+            (str(n), json.loads(line)) for n, line in enumerate(text.splitlines(), start=1) if line.strip()
+        )
     else:
         data = json.loads(text)
         if isinstance(data, dict):
@@ -154,5 +160,5 @@ def _pieces(paragraph: str, max_words: int) -> list[str]:
     pieces: list[str] = []
     for sentence in re.split(r"(?<=[.!?])\s+", paragraph):
         words = sentence.split()
-        pieces += [" ".join(words[i:i + max_words]) for i in range(0, len(words), max_words)]
+        pieces += [" ".join(words[i : i + max_words]) for i in range(0, len(words), max_words)]
     return pieces

@@ -23,8 +23,7 @@ import anyio
 import httpcore
 import httpx
 
-BROWSER_UA = ("Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) "
-              "Chrome/131.0.0.0 Safari/537.36")
+BROWSER_UA = "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0.0.0 Safari/537.36"
 Resolver = Callable[[str], Awaitable[list[str]]]
 
 
@@ -44,8 +43,9 @@ async def resolve_host(host: str) -> list[str]:
 
 # IPv6 ranges that carry an IPv4 address (NAT64, 6to4, IPv4-compatible, SIIT): through a
 # translator they can reach any IPv4 host, private ones included, so they are never "public".
-EMBEDDED_IPV4 = [ipaddress.ip_network(n) for n in ("64:ff9b::/96", "64:ff9b:1::/48", "2002::/16", "::/96",
-                                                   "::ffff:0:0:0/96")]
+EMBEDDED_IPV4 = [
+    ipaddress.ip_network(n) for n in ("64:ff9b::/96", "64:ff9b:1::/48", "2002::/16", "::/96", "::ffff:0:0:0/96")
+]
 
 
 def is_public(address: str) -> bool:
@@ -107,8 +107,14 @@ class _GuardedBackend(httpcore.AsyncNetworkBackend):
         self.policy = policy
         self.inner = httpcore.AnyIOBackend()
 
-    async def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
-                          socket_options: Iterable | None = None) -> httpcore.AsyncNetworkStream:
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable | None = None,
+    ) -> httpcore.AsyncNetworkStream:
         failure: Exception | None = None
         for address in await self.policy.addresses(host):  # all checked; try each, as a browser does
             try:
@@ -136,8 +142,7 @@ class GuardedTransport(httpx.AsyncHTTPTransport):
     def __init__(self, policy: FetchPolicy):
         super().__init__(verify=ssl_context())
         # The stock transport offers no resolver hook, so its pool is rebuilt around ours.
-        self._pool = httpcore.AsyncConnectionPool(ssl_context=ssl_context(),
-                                                  network_backend=_GuardedBackend(policy))
+        self._pool = httpcore.AsyncConnectionPool(ssl_context=ssl_context(), network_backend=_GuardedBackend(policy))
 
 
 @dataclass
@@ -157,8 +162,13 @@ async def fetch_direct(url: str, policy: FetchPolicy, headers: dict[str, str] | 
     timeout = httpx.Timeout(policy.read_timeout_s, connect=policy.connect_timeout_s)
     request_headers = {"User-Agent": BROWSER_UA, **(headers or {})}
     try:
-        async with httpx.AsyncClient(transport=GuardedTransport(policy), timeout=timeout, follow_redirects=True,
-                                     max_redirects=5, headers=request_headers) as client:
+        async with httpx.AsyncClient(
+            transport=GuardedTransport(policy),
+            timeout=timeout,
+            follow_redirects=True,
+            max_redirects=5,
+            headers=request_headers,
+        ) as client:
             async with client.stream("GET", url) as response:
                 if response.status_code >= 400:
                     raise FetchError(f"HTTP {response.status_code} {response.reason_phrase} for {url}")
@@ -207,9 +217,16 @@ def _charset(content_type: str) -> str:
 def html_to_markdown(html: str, url: str = "") -> str:
     import trafilatura  # imported on first use: it loads lxml and friends
 
-    markdown = trafilatura.extract(html, url=url or None, output_format="markdown", include_links=True,
-                                   include_tables=True, include_formatting=True, include_images=False,
-                                   favor_recall=True)
+    markdown = trafilatura.extract(
+        html,
+        url=url or None,
+        output_format="markdown",
+        include_links=True,
+        include_tables=True,
+        include_formatting=True,
+        include_images=False,
+        favor_recall=True,
+    )
     if markdown:
         return markdown
     # No main content found (a bare page or an app shell): fall back to all visible text.

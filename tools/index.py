@@ -103,8 +103,9 @@ def words(text: str) -> list[str]:
 # ---------------------------------------------------------------- building
 
 
-def build_index(sources: Iterable[str | os.PathLike[str]], out_dir: str | os.PathLike[str],
-                progress: Progress | None = None) -> IndexStats:
+def build_index(
+    sources: Iterable[str | os.PathLike[str]], out_dir: str | os.PathLike[str], progress: Progress | None = None
+) -> IndexStats:
     """Index every document under `sources` into `out_dir`, replacing an index already there.
 
     The index is written next to `out_dir` and moved into place at the end, so a failed build
@@ -118,13 +119,15 @@ def build_index(sources: Iterable[str | os.PathLike[str]], out_dir: str | os.Pat
     stats = IndexStats(out_dir=str(out), files=len(files))
     passages = _collect_passages(files, stats, progress)
     if not passages and stats.unreadable:
-        raise IndexBuildError(f"no text found to index: {len(stats.unreadable)} of {stats.files} files could not "
-                              f"be read; the first: {stats.unreadable[0]}")
+        raise IndexBuildError(
+            f"no text found to index: {len(stats.unreadable)} of {stats.files} files could not "
+            f"be read; the first: {stats.unreadable[0]}"
+        )
     if not passages:
         raise IndexBuildError(f"no text found to index (looked for {', '.join(sorted(SUFFIXES))} files)")
     tokens: list[list[str]] = []
     for start in range(0, len(passages), CHUNK):
-        tokens += tokenize([f"{p['title']}\n{p['title']}\n{p['text']}" for p in passages[start:start + CHUNK]])
+        tokens += tokenize([f"{p['title']}\n{p['title']}\n{p['text']}" for p in passages[start : start + CHUNK]])
         _report(progress, "index", min(start + CHUNK, len(passages)), len(passages))
     retrievers = {BM25_DIR: bm25s.BM25(), TITLE_DIR: bm25s.BM25()}
     retrievers[BM25_DIR].index(tokens, show_progress=False)
@@ -148,8 +151,9 @@ def _collect_passages(files: list[Path], stats: IndexStats, progress: Progress |
             if not texts:
                 stats.skipped.append(f"{path}: a document with no text ({document['title'] or 'untitled'})")
                 continue
-            passages += [{"doc": stats.documents, "title": document["title"], "link": link, "text": text}
-                         for link, text in texts]
+            passages += [
+                {"doc": stats.documents, "title": document["title"], "link": link, "text": text} for link, text in texts
+            ]
             stats.documents += 1
         _report(progress, "read", n, len(files))
     stats.passages = len(passages)
@@ -169,8 +173,13 @@ def _read(path: Path, stats: IndexStats) -> list[dict[str, Any]]:
         return []
 
 
-def _save(out: Path, retrievers: dict[str, bm25s.BM25], passages: list[dict[str, Any]], stats: IndexStats,
-          progress: Progress | None) -> None:
+def _save(
+    out: Path,
+    retrievers: dict[str, bm25s.BM25],
+    passages: list[dict[str, Any]],
+    stats: IndexStats,
+    progress: Progress | None,
+) -> None:
     _report(progress, "save", 0, 1)
     building = out.with_name(out.name + ".building")
     shutil.rmtree(building, ignore_errors=True)
@@ -246,8 +255,10 @@ class LocalIndex:
             if len(hits) == offset + k:
                 break
         highlight = set(terms) | {w for p in phrases for w in p.split()}
-        return [{"title": p["title"], "link": p["link"], "snippet": make_snippet(p["text"], highlight),
-                 "position": n} for n, p in enumerate(hits[offset:], start=offset + 1)]
+        return [
+            {"title": p["title"], "link": p["link"], "snippet": make_snippet(p["text"], highlight), "position": n}
+            for n, p in enumerate(hits[offset:], start=offset + 1)
+        ]
 
 
 def _ranked(scores: np.ndarray, limit: int) -> np.ndarray:
@@ -272,9 +283,9 @@ def make_snippet(text: str, terms: set[str], max_chars: int = 300) -> str:
         if count > best_count:
             best, best_count = start, count
     end = _end_within(spans, best, max_chars)
-    snippet = text[spans[best].start():spans[end - 1].end()]
+    snippet = text[spans[best].start() : spans[end - 1].end()]
     prefix = "..." if best > 0 else ""
-    suffix = "..." if end < len(spans) else text[spans[-1].end():].strip()
+    suffix = "..." if end < len(spans) else text[spans[-1].end() :].strip()
     return f"{prefix}{snippet}{suffix}"
 
 

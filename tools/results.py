@@ -64,8 +64,11 @@ def organic_item(raw: Any, position: int) -> dict[str, Any] | None:
     """A result of another backend in Serper's organic shape, or None when it has no link."""
     if not isinstance(raw, dict) or not _text(raw.get("link")):
         return None
-    item: dict[str, Any] = {"title": _text(raw.get("title")), "link": _text(raw["link"]),
-                            "snippet": _text(raw.get("snippet"))}
+    item: dict[str, Any] = {
+        "title": _text(raw.get("title")),
+        "link": _text(raw["link"]),
+        "snippet": _text(raw.get("snippet")),
+    }
     if raw.get("date"):
         item["date"] = str(raw["date"])
     item["position"] = raw.get("position") if isinstance(raw.get("position"), int) else position

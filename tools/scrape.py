@@ -24,8 +24,15 @@ BLOCKED_LINKS = ("huggingface.co/datasets", "huggingface.co/spaces")
 RETRY_STATUSES = {408, 409, 425, 429, 500, 502, 503, 504}
 
 
-EXTRACTION_ENDPOINT = ChatEndpoint(base_url=LOCAL_BASE_URL, model=LOCAL_MODEL, temperature=1.0, max_tokens=8192,
-                                   timeout_s=300.0, retries=2, retry_wait_s=1.0)
+EXTRACTION_ENDPOINT = ChatEndpoint(
+    base_url=LOCAL_BASE_URL,
+    model=LOCAL_MODEL,
+    temperature=1.0,
+    max_tokens=8192,
+    timeout_s=300.0,
+    retries=2,
+    retry_wait_s=1.0,
+)
 """The extraction model's defaults, before NANBEIGE_SUMMARY_* (else the agent's NANBEIGE_*) variables: the agent's
 own model at the local server, asked as the reference's scrape server asked (temperature 1.0, 8192 tokens), three
 attempts a call. The model card of Nanbeige4.1-3B names Qwen3-14B as the summary model of its deep-search setup
@@ -77,10 +84,13 @@ def scrape_config_from_env(env: Mapping[str, str] = os.environ) -> ScrapeConfig:
         defaults.summary,
         base_url=env.get("NANBEIGE_SUMMARY_BASE_URL") or env.get("NANBEIGE_BASE_URL") or defaults.summary.base_url,
         model=env.get("NANBEIGE_SUMMARY_MODEL") or env.get("NANBEIGE_MODEL") or defaults.summary.model,
-        api_key=env.get("NANBEIGE_SUMMARY_API_KEY") or env.get("NANBEIGE_API_KEY") or None)
+        api_key=env.get("NANBEIGE_SUMMARY_API_KEY") or env.get("NANBEIGE_API_KEY") or None,
+    )
     return ScrapeConfig(
-        backend=backend, jina_api_key=jina_key,
-        jina_base_url=env.get("JINA_BASE_URL") or defaults.jina_base_url, summary=summary,
+        backend=backend,
+        jina_api_key=jina_key,
+        jina_base_url=env.get("JINA_BASE_URL") or defaults.jina_base_url,
+        summary=summary,
         extraction_prompt=env.get("NANBEIGE_EXTRACTION_PROMPT") or None,
         policy=FetchPolicy(allow_private=env.get("NANBEIGE_ALLOW_PRIVATE_URLS") == "1", allowed_hosts=allowed),
     )
@@ -92,8 +102,12 @@ def _retrying(wait_s: float, attempts: int) -> AsyncRetrying:
             return exc.response.status_code in RETRY_STATUSES
         return isinstance(exc, (httpx.TransportError))
 
-    return AsyncRetrying(retry=retry_if_exception(retryable), stop=stop_after_attempt(attempts), reraise=True,
-                         wait=wait_exponential(multiplier=wait_s, max=8))
+    return AsyncRetrying(
+        retry=retry_if_exception(retryable),
+        stop=stop_after_attempt(attempts),
+        reraise=True,
+        wait=wait_exponential(multiplier=wait_s, max=8),
+    )
 
 
 def strip_reader_prefix(url: str) -> str:
@@ -110,8 +124,11 @@ def blocked_link(url: str) -> bool:
 async def fetch_jina(url: str, config: ScrapeConfig, headers: dict[str, str] | None = None) -> Page:
     """Fetch a page through Jina Reader (markdown). Setup problems raise ScrapeError; the rest FetchError."""
     # The model's headers go to the page, not to the reader: they must never replace our key.
-    request_headers = {**(headers or {}), "Authorization": f"Bearer {config.jina_api_key}",
-                       "X-Return-Format": "markdown"}
+    request_headers = {
+        **(headers or {}),
+        "Authorization": f"Bearer {config.jina_api_key}",
+        "X-Return-Format": "markdown",
+    }
     timeout = httpx.Timeout(60.0, connect=20.0)
     try:
         async with httpx.AsyncClient(timeout=timeout, verify=ssl_context()) as client:
@@ -124,8 +141,9 @@ async def fetch_jina(url: str, config: ScrapeConfig, headers: dict[str, str] | N
         if status == 401:
             raise ScrapeError("Jina Reader rejected the API key (HTTP 401): check JINA_API_KEY") from None
         if status == 402:
-            raise ScrapeError("Jina Reader balance is exhausted (HTTP 402): top up the account, or set "
-                              "NANBEIGE_SCRAPE_BACKEND=direct") from None
+            raise ScrapeError(
+                "Jina Reader balance is exhausted (HTTP 402): top up the account, or set NANBEIGE_SCRAPE_BACKEND=direct"
+            ) from None
         raise FetchError(f"Jina Reader could not fetch {url}: HTTP {status}") from None
     except httpx.HTTPError as exc:
         raise FetchError(f"Jina Reader could not be reached: {type(exc).__name__}: {exc}") from None
@@ -181,8 +199,12 @@ def summary_request(prompt: str, endpoint: ChatEndpoint) -> dict[str, Any]:
     messages = [{"role": "user", "content": prompt}]
     if "gpt" in (endpoint.model or ""):
         return {"model": endpoint.model, "max_completion_tokens": endpoint.max_tokens, "messages": messages}
-    return {"model": endpoint.model, "max_tokens": endpoint.max_tokens, "messages": messages,
-            "temperature": endpoint.temperature}
+    return {
+        "model": endpoint.model,
+        "max_tokens": endpoint.max_tokens,
+        "messages": messages,
+        "temperature": endpoint.temperature,
+    }
 
 
 async def _summary_call(client: httpx.AsyncClient, prompt: str, config: ScrapeConfig) -> httpx.Response:
@@ -202,18 +224,22 @@ async def extract_info(content: str, info_to_extract: str, config: ScrapeConfig)
     headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
     timeout = httpx.Timeout(endpoint.timeout_s, connect=10.0)
     used = min(len(content), config.max_page_chars)
-    async with httpx.AsyncClient(base_url=endpoint.base_url.rstrip("/"), headers=headers,
-                                 timeout=timeout, verify=ssl_context()) as client:
+    async with httpx.AsyncClient(
+        base_url=endpoint.base_url.rstrip("/"), headers=headers, timeout=timeout, verify=ssl_context()
+    ) as client:
         for attempt in range(1, 6):
             try:
-                response = await _summary_call(client, extraction_prompt(content[:used], info_to_extract,
-                                                                             config.extraction_prompt), config)
+                response = await _summary_call(
+                    client, extraction_prompt(content[:used], info_to_extract, config.extraction_prompt), config
+                )
             except httpx.HTTPStatusError as exc:
                 raise ScrapeError(f"the extraction model failed: HTTP {exc.response.status_code}") from None
             except httpx.HTTPError as exc:
-                raise ScrapeError(f"the extraction model at {endpoint.base_url} cannot be reached "
-                                  f"({type(exc).__name__}); set NANBEIGE_SUMMARY_BASE_URL to a running "
-                                  "OpenAI-compatible server") from None
+                raise ScrapeError(
+                    f"the extraction model at {endpoint.base_url} cannot be reached "
+                    f"({type(exc).__name__}); set NANBEIGE_SUMMARY_BASE_URL to a running "
+                    "OpenAI-compatible server"
+                ) from None
             if _is_context_error(response) and used > 0:
                 used = max(0, used - config.trim_step_chars * attempt)
                 continue
@@ -229,21 +255,33 @@ async def extract_info(content: str, info_to_extract: str, config: ScrapeConfig)
 
 
 def scrape_stats(content: str, used: int) -> dict[str, Any]:
-    return {"line_count": content.count("\n") + 1, "char_count": len(content),
-            "last_char_line": content[:used].count("\n") + 1, "all_content_displayed": used >= len(content)}
+    return {
+        "line_count": content.count("\n") + 1,
+        "char_count": len(content),
+        "last_char_line": content[:used].count("\n") + 1,
+        "all_content_displayed": used >= len(content),
+    }
 
 
-async def scrape_and_extract_info(url: str, info_to_extract: str, custom_headers: dict[str, str] | None,
-                                  config: ScrapeConfig) -> dict[str, Any]:
+async def scrape_and_extract_info(
+    url: str, info_to_extract: str, custom_headers: dict[str, str] | None, config: ScrapeConfig
+) -> dict[str, Any]:
     """Scrape `url` and extract `info_to_extract` from it: the result object the model expects.
     Raises FetchError (the page) or ScrapeError (setup or extraction) with a readable message."""
     if blocked_link(strip_reader_prefix(url)):
-        raise FetchError("Hugging Face dataset and space pages cannot be scraped here; look for the information "
-                         "on another page")
+        raise FetchError(
+            "Hugging Face dataset and space pages cannot be scraped here; look for the information on another page"
+        )
     page = await fetch_page(url, config, custom_headers)
     if not page.text.strip():
         raise FetchError(f"the page at {url} has no readable text")
     extracted, tokens, used = await extract_info(page.text, info_to_extract, config)
-    return {"success": True, "url": page.url, "extracted_info": extracted, "error": "",
-            "scrape_stats": scrape_stats(page.text, used), "model_used": config.summary.model,
-            "tokens_used": tokens}
+    return {
+        "success": True,
+        "url": page.url,
+        "extracted_info": extracted,
+        "error": "",
+        "scrape_stats": scrape_stats(page.text, used),
+        "model_used": config.summary.model,
+        "tokens_used": tokens,
+    }

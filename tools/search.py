@@ -41,8 +41,10 @@ DEFAULT_NUM = 10
 RETRY_STATUSES = {408, 425, 429, 500, 502, 503, 504}
 TBS = re.compile(r"qdr:[hdwmy]\d*|cdr:1,cd_min:[^,]+,cd_max:[^,]+")
 TIME_RANGES = {"h": "day", "d": "day", "w": "week", "m": "month", "y": "year"}  # SearXNG has no "hour"
-FIXES = {"Serper": "check your network, and SERPER_BASE_URL if you set it",
-         "SearXNG": "check SEARXNG_URL and that SearXNG is running"}
+FIXES = {
+    "Serper": "check your network, and SERPER_BASE_URL if you set it",
+    "SearXNG": "check SEARXNG_URL and that SearXNG is running",
+}
 TBS_HELP = "qdr:h (past hour), qdr:d (day), qdr:w (week), qdr:m (month) or qdr:y (year)"
 
 
@@ -53,8 +55,16 @@ class SearchError(Exception):
 # ---------------------------------------------------------------- requests
 
 
-def search_request(q: str, gl: str, hl: str, location: str | None, num: int | None, tbs: str | None,
-                   page: int | None, autocorrect: bool | None) -> dict[str, Any]:
+def search_request(
+    q: str,
+    gl: str,
+    hl: str,
+    location: str | None,
+    num: int | None,
+    tbs: str | None,
+    page: int | None,
+    autocorrect: bool | None,
+) -> dict[str, Any]:
     """The arguments checked and completed, as Serper's request body (None values left out)."""
     if not isinstance(q, str) or not q.strip():
         raise SearchError("q is empty: give the words to search for")
@@ -65,8 +75,16 @@ def search_request(q: str, gl: str, hl: str, location: str | None, num: int | No
         raise SearchError(f"page numbers start at 1 (got {page})")
     if tbs is not None and not TBS.fullmatch(tbs.strip()):
         raise SearchError(f"tbs={tbs!r} is not a time filter; use {TBS_HELP}")
-    body = {"q": q.strip(), "gl": gl, "hl": hl, "location": location, "num": num,
-            "tbs": tbs.strip() if tbs else None, "page": page, "autocorrect": autocorrect}
+    body = {
+        "q": q.strip(),
+        "gl": gl,
+        "hl": hl,
+        "location": location,
+        "num": num,
+        "tbs": tbs.strip() if tbs else None,
+        "page": page,
+        "autocorrect": autocorrect,
+    }
     return {k: v for k, v in body.items() if v is not None}
 
 
@@ -125,8 +143,9 @@ class Searcher:
 
     def __init__(self, config: SearchConfig | None = None, transport: httpx.AsyncBaseTransport | None = None):
         self.config = config or config_from_env()
-        self.http = httpx.AsyncClient(timeout=httpx.Timeout(self.config.timeout_s, connect=10.0),
-                                      transport=transport, follow_redirects=True)
+        self.http = httpx.AsyncClient(
+            timeout=httpx.Timeout(self.config.timeout_s, connect=10.0), transport=transport, follow_redirects=True
+        )
         self._index: LocalIndex | None = None
         self._index_stamp: tuple[int, int] | None = None  # index.json's inode and mtime: a rebuild changes them
 
@@ -139,9 +158,17 @@ class Searcher:
     async def aclose(self) -> None:
         await self.http.aclose()
 
-    async def google_search(self, q: str, gl: str = "us", hl: str = "en", location: str | None = None,
-                            num: int | None = None, tbs: str | None = None, page: int | None = None,
-                            autocorrect: bool | None = None) -> dict[str, Any]:
+    async def google_search(
+        self,
+        q: str,
+        gl: str = "us",
+        hl: str = "en",
+        location: str | None = None,
+        num: int | None = None,
+        tbs: str | None = None,
+        page: int | None = None,
+        autocorrect: bool | None = None,
+    ) -> dict[str, Any]:
         """Search; raises SearchError (the model can fix it) or SearchUnavailable (the user must)."""
         request = search_request(q, gl, hl, location, num, tbs, page, autocorrect)
         backend = choose_backend(self.config)
@@ -171,8 +198,10 @@ class Searcher:
         retrying = AsyncRetrying(
             retry=retry_if_exception(lambda e: isinstance(e, (_RetryableStatus, httpx.TransportError))),
             stop=stop_after_attempt(c.max_attempts) | stop_after_delay(c.max_retry_s),
-            wait=wait_combine(wait_exponential_jitter(multiplier=c.retry_wait_s, max=10, jitter=c.retry_wait_s),
-                              wait_exception(_retry_after)),
+            wait=wait_combine(
+                wait_exponential_jitter(multiplier=c.retry_wait_s, max=10, jitter=c.retry_wait_s),
+                wait_exception(_retry_after),
+            ),
             reraise=True,
         )
         try:
@@ -186,11 +215,13 @@ class Searcher:
         except _RetryableStatus as exc:
             return exc.response
         except httpx.TimeoutException:
-            raise SearchUnavailable(f"{service} at {url} did not answer in {c.timeout_s:g} s "
-                                    f"({c.max_attempts} attempts); {FIXES[service]}") from None
+            raise SearchUnavailable(
+                f"{service} at {url} did not answer in {c.timeout_s:g} s ({c.max_attempts} attempts); {FIXES[service]}"
+            ) from None
         except httpx.TransportError as exc:
-            raise SearchUnavailable(f"cannot reach {service} at {url} ({type(exc).__name__}: {exc}); "
-                                    f"{FIXES[service]}") from None
+            raise SearchUnavailable(
+                f"cannot reach {service} at {url} ({type(exc).__name__}: {exc}); {FIXES[service]}"
+            ) from None
         raise AssertionError("unreachable")
 
     async def _serper(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -220,12 +251,20 @@ class Searcher:
         except ValueError:
             body = None
         if not isinstance(body, dict):
-            raise SearchUnavailable(f"SearXNG at {base} did not send JSON; enable `json` under search.formats "
-                                    "in its settings.yml")
+            raise SearchUnavailable(
+                f"SearXNG at {base} did not send JSON; enable `json` under search.formats in its settings.yml"
+            )
         results = body.get("results") if isinstance(body.get("results"), list) else []
-        items = [{"title": r.get("title"), "link": r.get("url"), "snippet": r.get("content"),
-                  "date": _date(r.get("publishedDate")), "position": n}
-                 for n, r in enumerate((r for r in results if isinstance(r, dict)), start=1)]
+        items = [
+            {
+                "title": r.get("title"),
+                "link": r.get("url"),
+                "snippet": r.get("content"),
+                "date": _date(r.get("publishedDate")),
+                "position": n,
+            }
+            for n, r in enumerate((r for r in results if isinstance(r, dict)), start=1)
+        ]
         result = {"organic": organic(items, request["num"]), "searchParameters": search_parameters(request, "searxng")}
         failed = [e for e in body.get("unresponsive_engines") or [] if isinstance(e, list) and e]
         if failed:
@@ -261,15 +300,21 @@ def _check_serper(response: httpx.Response, attempts: int) -> None:
     if status in (401, 403):
         raise SearchUnavailable(f"Serper rejected the API key (HTTP {status}: {message}); check SERPER_API_KEY")
     if status == 402 or "credit" in message.lower():
-        raise SearchUnavailable(f"the Serper account is out of credits (HTTP {status}: {message}); top up at "
-                                "https://serper.dev, or set SEARXNG_URL or NANBEIGE_SEARCH_BACKEND=local instead")
+        raise SearchUnavailable(
+            f"the Serper account is out of credits (HTTP {status}: {message}); top up at "
+            "https://serper.dev, or set SEARXNG_URL or NANBEIGE_SEARCH_BACKEND=local instead"
+        )
     if status == 429:
-        raise SearchUnavailable(f"Serper is rate-limiting this key (HTTP 429 after {attempts} attempts); "
-                                "try again later or run fewer searches at once")
+        raise SearchUnavailable(
+            f"Serper is rate-limiting this key (HTTP 429 after {attempts} attempts); "
+            "try again later or run fewer searches at once"
+        )
     if status >= 500 or status in RETRY_STATUSES:
         raise SearchUnavailable(f"Serper failed (HTTP {status} after {attempts} attempts: {message}); try again later")
-    raise SearchError(f"Serper rejected the search (HTTP {status}: {message}); check the arguments: gl is a "
-                      f"two-letter country code, hl a language code, tbs one of {TBS_HELP}")
+    raise SearchError(
+        f"Serper rejected the search (HTTP {status}: {message}); check the arguments: gl is a "
+        f"two-letter country code, hl a language code, tbs one of {TBS_HELP}"
+    )
 
 
 def _check_searxng(response: httpx.Response, base: str, attempts: int) -> None:
@@ -277,11 +322,14 @@ def _check_searxng(response: httpx.Response, base: str, attempts: int) -> None:
     if status == 200:
         return
     if status == 403:
-        raise SearchUnavailable(f"SearXNG at {base} refused format=json (HTTP 403); enable `json` under "
-                                "search.formats in its settings.yml")
+        raise SearchUnavailable(
+            f"SearXNG at {base} refused format=json (HTTP 403); enable `json` under search.formats in its settings.yml"
+        )
     if status == 429:
-        raise SearchUnavailable(f"SearXNG at {base} is rate-limiting us (HTTP 429 after {attempts} attempts); "
-                                "turn off server.limiter in its settings.yml or try again later")
+        raise SearchUnavailable(
+            f"SearXNG at {base} is rate-limiting us (HTTP 429 after {attempts} attempts); "
+            "turn off server.limiter in its settings.yml or try again later"
+        )
     raise SearchUnavailable(f"SearXNG at {base} answered HTTP {status}: {_message(response)}; check SEARXNG_URL")
 
 
@@ -306,9 +354,18 @@ def _date(value: Any) -> str | None:
     return value[:10] if re.match(r"\d{4}-\d\d-\d\dT", value) else value
 
 
-async def google_search(q: str, gl: str = "us", hl: str = "en", location: str | None = None, num: int | None = None,
-                        tbs: str | None = None, page: int | None = None, autocorrect: bool | None = None, *,
-                        config: SearchConfig | None = None) -> dict[str, Any]:
+async def google_search(
+    q: str,
+    gl: str = "us",
+    hl: str = "en",
+    location: str | None = None,
+    num: int | None = None,
+    tbs: str | None = None,
+    page: int | None = None,
+    autocorrect: bool | None = None,
+    *,
+    config: SearchConfig | None = None,
+) -> dict[str, Any]:
     """One search with a throwaway Searcher (servers keep one Searcher instead)."""
     async with Searcher(config) as searcher:
         return await searcher.google_search(q, gl, hl, location, num, tbs, page, autocorrect)

@@ -67,10 +67,12 @@ def search_setup_problem(config: SearchConfig | None = None) -> str | None:
     if c.backend is None:
         if c.serper_api_key or c.searxng_url or index_exists(c.index_dir):
             return None
-        return ("no search backend is configured: set SERPER_API_KEY (Google results from serper.dev), or "
-                "SEARXNG_URL (a SearXNG instance with the json format enabled), or build a local index of your "
-                f"documents with {build} (NANBEIGE_INDEX picks another folder); NANBEIGE_SEARCH_BACKEND="
-                "serper|searxng|local chooses one explicitly")
+        return (
+            "no search backend is configured: set SERPER_API_KEY (Google results from serper.dev), or "
+            "SEARXNG_URL (a SearXNG instance with the json format enabled), or build a local index of your "
+            f"documents with {build} (NANBEIGE_INDEX picks another folder); NANBEIGE_SEARCH_BACKEND="
+            "serper|searxng|local chooses one explicitly"
+        )
     if c.backend not in BACKENDS:
         return f"NANBEIGE_SEARCH_BACKEND={c.backend!r} is not one of {', '.join(BACKENDS)}"
     if c.backend == "serper" and not c.serper_api_key:

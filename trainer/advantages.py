@@ -51,8 +51,9 @@ def outcome_advantages(rewards_G: Tensor, std: str = "sample", single: str = "ze
     return centred_G / (spread(rewards_G, std) + eps)
 
 
-def turn_advantages(turn_rewards: list[Tensor], turn_masks: list[Tensor], std: str = "sample",
-                    eps: float = 1e-6) -> list[Tensor]:
+def turn_advantages(
+    turn_rewards: list[Tensor], turn_masks: list[Tensor], std: str = "sample", eps: float = 1e-6
+) -> list[Tensor]:
     """Each turn's turn-level advantage, normalised over the whole group's turns.
 
     turn_rewards[i]: float [T_i], trajectory i's turn rewards r, NaN where a turn has none (not judged);
@@ -67,12 +68,21 @@ def turn_advantages(turn_rewards: list[Tensor], turn_masks: list[Tensor], std: s
         return [torch.zeros_like(rewards_T) for rewards_T in turn_rewards]
     mu = pooled.mean()
     sigma = spread(pooled, std) if pooled.numel() > 1 else torch.tensor(0.0 if std != "none" else 1.0)
-    return [torch.where(ok_T, (torch.nan_to_num(rewards_T) - mu) / (sigma + (eps if std != "none" else 0.0)), 0.0)
-            for rewards_T, ok_T in zip(turn_rewards, counted)]
+    return [
+        torch.where(ok_T, (torch.nan_to_num(rewards_T) - mu) / (sigma + (eps if std != "none" else 0.0)), 0.0)
+        for rewards_T, ok_T in zip(turn_rewards, counted)
+    ]
 
 
-def group_advantages(rewards_G: Tensor, turn_rewards: list[Tensor], turn_masks: list[Tensor], lam: float = 1.0,
-                     std: str = "sample", single: str = "zero", eps: float = 1e-6) -> list[Tensor]:
+def group_advantages(
+    rewards_G: Tensor,
+    turn_rewards: list[Tensor],
+    turn_masks: list[Tensor],
+    lam: float = 1.0,
+    std: str = "sample",
+    single: str = "zero",
+    eps: float = 1e-6,
+) -> list[Tensor]:
     """Each turn's final advantage A_{i,t} = Â^O_i + λ·Â^T_{i,t}, and 0 on masked turns.
 
     rewards_G: float [G], the outcome rewards (not yet normalised); turn_rewards, turn_masks: G tensors
@@ -82,8 +92,10 @@ def group_advantages(rewards_G: Tensor, turn_rewards: list[Tensor], turn_masks: 
     Â^O_i broadcast to every unmasked turn of trajectory i."""
     outcome_G = outcome_advantages(rewards_G, std=std, single=single, eps=eps)
     turn = turn_advantages(turn_rewards, turn_masks, std=std, eps=eps)
-    return [torch.where(mask_T != 0, outcome_G[i] + lam * turn_T, 0.0)
-            for i, (turn_T, mask_T) in enumerate(zip(turn, turn_masks))]
+    return [
+        torch.where(mask_T != 0, outcome_G[i] + lam * turn_T, 0.0)
+        for i, (turn_T, mask_T) in enumerate(zip(turn, turn_masks))
+    ]
 
 
 def keep_group(pass_rate: float, min_pass_rate: float = 0.1, max_pass_rate: float = 0.9) -> bool:

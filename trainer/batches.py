@@ -91,14 +91,19 @@ class GroupStats:
 def has_token_records(trajectory: Trajectory) -> bool:
     return bool(trajectory.turns) and all(
         t.completion_ids is not None and t.prompt_delta_ids is not None and t.prompt_keep is not None
-        for t in trajectory.turns)
+        for t in trajectory.turns
+    )
 
 
 def penalised(turn: Turn) -> bool:
     """A rolled-back reply that the judge chose to penalise (`nanbeige judge --failed penalise` records
     `critic.rolled_back`, mask 1 and a negative reward): trained on, so the model learns to avoid it."""
-    return turn.rolled_back and bool(turn.critic and turn.critic.get("rolled_back")) and turn.mask != 0 \
+    return (
+        turn.rolled_back
+        and bool(turn.critic and turn.critic.get("rolled_back"))
+        and turn.mask != 0
         and turn.reward is not None
+    )
 
 
 def trained(turn: Turn) -> bool:
@@ -125,11 +130,15 @@ def usable(trajectories: list[Trajectory], stats: GroupStats) -> list[Trajectory
 def turn_advantages_of(group: list[Trajectory], rule: GroupRule) -> list[list[float]]:
     """Each trajectory's per-turn advantages [T_i], from its outcome reward and its turns' rewards."""
     rewards_G = torch.tensor([t.reward for t in group], dtype=torch.float32)
-    turn_rewards = [torch.tensor([float("nan") if turn.reward is None else turn.reward for turn in t.turns],
-                                 dtype=torch.float32) for t in group]
+    turn_rewards = [
+        torch.tensor([float("nan") if turn.reward is None else turn.reward for turn in t.turns], dtype=torch.float32)
+        for t in group
+    ]
     turn_masks = [torch.tensor([int(trained(turn)) for turn in t.turns]) for t in group]
-    return [a.tolist() for a in group_advantages(rewards_G, turn_rewards, turn_masks, lam=rule.lam, std=rule.std,
-                                                 single=rule.single)]
+    return [
+        a.tolist()
+        for a in group_advantages(rewards_G, turn_rewards, turn_masks, lam=rule.lam, std=rule.std, single=rule.single)
+    ]
 
 
 def completion_spans(row: TrainingRow, turns: dict[int, Turn]) -> dict[int, tuple[int, int]]:
@@ -167,9 +176,17 @@ def samples_of(trajectory: Trajectory, turn_advantage: list[float]) -> list[Samp
             if trained(by_index[index]):
                 advantages[start:end] = [turn_advantage[position[index]]] * (end - start)
         if any(row.loss_mask):
-            samples.append(Sample(ids=row.ids, loss_mask=row.loss_mask, advantages=advantages,
-                                  rollout_logprobs=row.logprobs, group_id=trajectory.group_id or trajectory.id,
-                                  trajectory_id=trajectory.id, turns=row.turns))
+            samples.append(
+                Sample(
+                    ids=row.ids,
+                    loss_mask=row.loss_mask,
+                    advantages=advantages,
+                    rollout_logprobs=row.logprobs,
+                    group_id=trajectory.group_id or trajectory.id,
+                    trajectory_id=trajectory.id,
+                    turns=row.turns,
+                )
+            )
     return samples
 
 
@@ -242,8 +259,9 @@ def group_samples(group: list[Trajectory], objective: str, rule: GroupRule, stat
     return samples
 
 
-def samples_from(trajectories: list[Trajectory], objective: str = "grpo",
-                 rule: GroupRule | None = None) -> tuple[list[Sample], dict[str, Any]]:
+def samples_from(
+    trajectories: list[Trajectory], objective: str = "grpo", rule: GroupRule | None = None
+) -> tuple[list[Sample], dict[str, Any]]:
     """The training samples of judged trajectories, and a summary of what was kept and left out
     (`GroupStats` as a dict).
 

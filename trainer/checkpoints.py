@@ -23,8 +23,7 @@ COMPLETE = "checkpoint-complete.json"
 """Written last, once every rank's trainer state is in place: a folder without it was cut short."""
 
 
-def save_checkpoint(model: Any, tokenizer: Any, optimizer: Any, step: int, config: TrainConfig,
-                    world: World) -> Path:
+def save_checkpoint(model: Any, tokenizer: Any, optimizer: Any, step: int, config: TrainConfig, world: World) -> Path:
     """Write `out/checkpoint-STEP/` (every rank must call it) and return the folder."""
     import torch
 
@@ -45,8 +44,15 @@ def save_checkpoint(model: Any, tokenizer: Any, optimizer: Any, step: int, confi
     # resume would take for a whole one; the marker, written once every rank's file is in place, is what
     # says the checkpoint is whole (`latest_checkpoint`): a kill between two ranks' files leaves none.
     state_file = folder / f"trainer-state-rank{world.rank}.pt"
-    torch.save({"optimizer": optimizer.state_dict(), "step": step, "world_size": world.size,
-                "config": json.loads(json.dumps(asdict(config), default=str))}, f"{state_file}.tmp")
+    torch.save(
+        {
+            "optimizer": optimizer.state_dict(),
+            "step": step,
+            "world_size": world.size,
+            "config": json.loads(json.dumps(asdict(config), default=str)),
+        },
+        f"{state_file}.tmp",
+    )
     os.replace(f"{state_file}.tmp", state_file)
     barrier(world)
     if world.main:

@@ -61,8 +61,9 @@ def open_code_judging(problems: Path, rewards: CodeRewards, complexity: ChatEndp
     return code
 
 
-async def time_verdict(problem: CodeProblem, program: str, code: CodeJudging,
-                       client: httpx.AsyncClient) -> dict[str, Any]:
+async def time_verdict(
+    problem: CodeProblem, program: str, code: CodeJudging, client: httpx.AsyncClient
+) -> dict[str, Any]:
     """Whether a solved program's time complexity is optimal: timed against the reference on the problem's
     timing tests, if it has any (too slow: not optimal, and the judge is not asked), then the judge's
     verdict against the complexity label (none: the measurement decides)."""
@@ -71,12 +72,12 @@ async def time_verdict(problem: CodeProblem, program: str, code: CodeJudging,
         async with code.timing_locks.setdefault(problem.id, asyncio.Lock()):  # measured once per judge run
             if problem.id not in code.reference_seconds:
                 code.reference_seconds[problem.id] = await asyncio.to_thread(
-                    code.runner.seconds, problem, problem.reference_solution or "")
+                    code.runner.seconds, problem, problem.reference_solution or ""
+                )
         program_s = await asyncio.to_thread(code.runner.seconds, problem, program)
         timing = measured(program_s, code.reference_seconds[problem.id])
         if timing["fast_enough"] is False or (timing["fast_enough"] is not None and not problem.complexity):
-            return {"optimal": timing["fast_enough"], "bound": problem.complexity, "model": None,
-                    "measured": timing}
+            return {"optimal": timing["fast_enough"], "bound": problem.complexity, "model": None, "measured": timing}
     assert code.complexity is not None
     verdict = await judge_complexity(problem, program, code.complexity, client)
     return verdict if timing is None else {**verdict, "measured": timing}
@@ -88,25 +89,33 @@ async def judge_code(trajectory: Trajectory, code: CodeJudging, client: httpx.As
     problem = code.problems.get(trajectory.group_id or "")
     if problem is None:
         trajectory.reward = None
-        trajectory.judge = {"grader": CODE_TESTS, "correct": None,
-                            "error": f"no problem {trajectory.group_id!r} in {code.source}"}
+        trajectory.judge = {
+            "grader": CODE_TESTS,
+            "correct": None,
+            "error": f"no problem {trajectory.group_id!r} in {code.source}",
+        }
         return
     # the last program of the whole run: its summary turn may hold only a short boxed answer
     try:
-        grade = await asyncio.to_thread(grade_program, code.runner, problem, trajectory.answer,
-                                        visible_texts(trajectory))
+        grade = await asyncio.to_thread(
+            grade_program, code.runner, problem, trajectory.answer, visible_texts(trajectory)
+        )
     except SandboxError as exc:  # this machine's failure, not the program's: no reward, stop to resume later
-        raise CodeJudgeError(f"the sandbox failed while judging trajectory {trajectory.id}: {exc}; fix it and run "
-                             "again to resume") from None
+        raise CodeJudgeError(
+            f"the sandbox failed while judging trajectory {trajectory.id}: {exc}; fix it and run again to resume"
+        ) from None
     if code.complexity is not None and grade.solved and grade.program is not None:
         try:
             grade.time = await time_verdict(problem, grade.program, code, client)
         except SandboxError as exc:
-            raise CodeJudgeError(f"the sandbox failed while timing trajectory {trajectory.id}: {exc}; fix it and "
-                                 "run again to resume") from None
+            raise CodeJudgeError(
+                f"the sandbox failed while timing trajectory {trajectory.id}: {exc}; fix it and run again to resume"
+            ) from None
         except JudgeUnavailable as exc:
             where = "" if code.complexity.base_url in str(exc) else f" ({code.complexity.base_url})"
-            raise CodeJudgeError(f"the complexity judge cannot be used: {exc}{where}; fix the judge endpoint "
-                                 "(--judge-base-url) and run again to resume") from None
+            raise CodeJudgeError(
+                f"the complexity judge cannot be used: {exc}{where}; fix the judge endpoint "
+                "(--judge-base-url) and run again to resume"
+            ) from None
     trajectory.reward = grade.reward(code.rewards)
     trajectory.judge = grade.record(code.rewards)

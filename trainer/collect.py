@@ -79,14 +79,18 @@ def read_questions(path: Path) -> list[Task]:
     for number, row in enumerate(rows, 1):
         question = row.get("question")
         if not isinstance(question, str) or not question.strip():
-            raise LoadError(f"{path} row {number}: no `question` (each row needs one; `answer` and `id` are "
-                            "optional)")
+            raise LoadError(f"{path} row {number}: no `question` (each row needs one; `answer` and `id` are optional)")
         for field in ("id", "answer"):  # text, or a number as CSV and hand-written JSON give them
             if isinstance(row.get(field), bool) or not isinstance(row.get(field), str | int | float | None):
                 raise LoadError(f"{path} row {number}: `{field}` is a {type(row[field]).__name__}, expected text")
         answer = row.get("answer")
-        tasks.append(Task(id=str(row.get("id") or question_id(question)), question=question,
-                          answer="" if answer is None else str(answer)))
+        tasks.append(
+            Task(
+                id=str(row.get("id") or question_id(question)),
+                question=question,
+                answer="" if answer is None else str(answer),
+            )
+        )
     ids = Counter(task.id for task in tasks)
     if len(ids) != len(tasks):
         raise LoadError(f"{path}: the id {ids.most_common(1)[0][0]!r} is given to more than one question")
@@ -114,18 +118,23 @@ def done_rollouts(out: Path) -> set[tuple[str, int]]:
         trajectories = load_trajectories(out, say_torn=True)
     except (OSError, ValueError) as exc:
         raise CollectError(f"cannot read {out} to resume it ({exc}); pass another --out") from None
-    return {(t.group_id, t.rollout_index) for t in trajectories
-            if t.finished and t.stop_reason not in NOT_ENDED_ON_ITS_OWN and t.group_id is not None}
+    return {
+        (t.group_id, t.rollout_index)
+        for t in trajectories
+        if t.finished and t.stop_reason not in NOT_ENDED_ON_ITS_OWN and t.group_id is not None
+    }
 
 
 def check_exact(runtime: Ready, config: CollectConfig) -> None:
     """Refuse a backend whose token ids are not exact: a chat server renders prompts itself, so what
     the model saw can only be re-tokenized, which RL must not train on."""
     if runtime.llm.tokenizer_identity is None and not config.allow_inexact:
-        raise CollectError("collect needs token-exact rollouts, and this chat endpoint renders prompts on the "
-                           "server: use --token-mode against vLLM (`nanbeige serve --rl-logprobs`), or the in-process "
-                           "backend (--backend transformers); --allow-inexact collects through the chat endpoint "
-                           "anyway")
+        raise CollectError(
+            "collect needs token-exact rollouts, and this chat endpoint renders prompts on the "
+            "server: use --token-mode against vLLM (`nanbeige serve --rl-logprobs`), or the in-process "
+            "backend (--backend transformers); --allow-inexact collects through the chat endpoint "
+            "anyway"
+        )
 
 
 def rollout_attempt(runtime: Ready, config: CollectConfig, policy_version: str | None) -> Callable[..., Any]:
@@ -136,13 +145,23 @@ def rollout_attempt(runtime: Ready, config: CollectConfig, policy_version: str |
     grader = config.bench.grader if config.bench is not None else "gaia-exact"
 
     async def attempt(task: Task, rollout_index: int) -> dict[str, Any] | str:
-        header = {"rollout_index": rollout_index, "policy_version": policy_version,
-                  "reference_answer": task.answer or None,
-                  # code problems are graded by their tests, which the judge reads from the problems file
-                  "grader": grader if task.answer or grader == CODE_TESTS else None}
+        header = {
+            "rollout_index": rollout_index,
+            "policy_version": policy_version,
+            "reference_answer": task.answer or None,
+            # code problems are graded by their tests, which the judge reads from the problems file
+            "grader": grader if task.answer or grader == CODE_TESTS else None,
+        }
         try:
-            trajectory = await run(task.question, runtime.llm, runtime.toolbox, runtime.agent, runtime.writer,
-                                   group_id=task.id, header=header)
+            trajectory = await run(
+                task.question,
+                runtime.llm,
+                runtime.toolbox,
+                runtime.agent,
+                runtime.writer,
+                group_id=task.id,
+                header=header,
+            )
         except Exception as exc:  # not written (whole mode): run again on resume
             return f"{type(exc).__name__}: {exc}"
         if trajectory.stop_reason in NOT_ENDED_ON_ITS_OWN:
@@ -150,6 +169,7 @@ def rollout_attempt(runtime: Ready, config: CollectConfig, policy_version: str |
         # a quick pass rate for the progress line; `nanbeige judge` gives the rewards
         correct = question_scorer(trajectory.answer, task.answer) if task.answer else None
         return {"task_id": task.id, "correct": correct, "turns": len(trajectory.turns)}
+
     return attempt
 
 
@@ -161,13 +181,19 @@ def on_policy(settings: RunSettings, notice: Callable[[str], None]) -> RunSettin
     top_p = 1.0 if llm.top_p is None else llm.top_p
     penalty = 1.0 if llm.repetition_penalty is None else llm.repetition_penalty
     if top_p != 1.0 or penalty != 1.0:
-        notice(f"sampling with top-p {top_p} and repetition penalty {penalty}, which the trainer does not apply: "
-               "these rollouts are off-policy (`nanbeige train` asks for --off-policy to use them)")
+        notice(
+            f"sampling with top-p {top_p} and repetition penalty {penalty}, which the trainer does not apply: "
+            "these rollouts are off-policy (`nanbeige train` asks for --off-policy to use them)"
+        )
     return dataclasses.replace(settings, llm=dataclasses.replace(llm, top_p=top_p, repetition_penalty=penalty))
 
 
-async def collect(config: CollectConfig, settings: RunSettings, notice: Callable[[str], None],
-                  progress_view: Callable[[Progress], Any] | None = None) -> dict[str, Any]:
+async def collect(
+    config: CollectConfig,
+    settings: RunSettings,
+    notice: Callable[[str], None],
+    progress_view: Callable[[Progress], Any] | None = None,
+) -> dict[str, Any]:
     """Run (or resume) the collection; returns a summary of what this call did."""
     from nanbeige.agent.writable import unwritable
 
@@ -202,11 +228,19 @@ async def collect(config: CollectConfig, settings: RunSettings, notice: Callable
             finally:
                 if view is not None:
                     view.stop()
+
         await (collect_on_ray if config.ray else collect_here)(config, settings, notice, begin)
-    return {"questions": len(tasks), "group_size": config.group_size, "rollouts": progress.done,
-            "rollouts_expected": progress.total, "questions_done": progress.groups_done,
-            "failed": progress.failed, "last_error": progress.last_error,
-            "pass_rate": progress.accuracy, "turns": progress.turns}
+    return {
+        "questions": len(tasks),
+        "group_size": config.group_size,
+        "rollouts": progress.done,
+        "rollouts_expected": progress.total,
+        "questions_done": progress.groups_done,
+        "failed": progress.failed,
+        "last_error": progress.last_error,
+        "pass_rate": progress.accuracy,
+        "turns": progress.turns,
+    }
 
 
 Begin = Callable[[Callable[..., Any], int], Awaitable[None]]
@@ -214,12 +248,16 @@ Begin = Callable[[Callable[..., Any], int], Awaitable[None]]
 
 
 def policy_of(runtime: Ready, config: CollectConfig, settings: RunSettings) -> str | None:
-    return config.policy_version or (runtime.server.weights if runtime.server else None) \
+    return (
+        config.policy_version
+        or (runtime.server.weights if runtime.server else None)
         or (settings.llm.model if runtime.server is None else None)
+    )
 
 
-async def collect_here(config: CollectConfig, settings: RunSettings, notice: Callable[[str], None],
-                       begin: Begin) -> None:
+async def collect_here(
+    config: CollectConfig, settings: RunSettings, notice: Callable[[str], None], begin: Begin
+) -> None:
     from nanbeige.agent.setup import ready
 
     async with ready(settings, notice) as runtime:
@@ -227,8 +265,9 @@ async def collect_here(config: CollectConfig, settings: RunSettings, notice: Cal
         await begin(rollout_attempt(runtime, config, policy_of(runtime, config, settings)), config.concurrency)
 
 
-async def collect_on_ray(config: CollectConfig, settings: RunSettings, notice: Callable[[str], None],
-                         begin: Begin) -> None:
+async def collect_on_ray(
+    config: CollectConfig, settings: RunSettings, notice: Callable[[str], None], begin: Begin
+) -> None:
     """The rollouts in shards on Ray actors, written here as they come back, exactly as `collect_here` would."""
     from nanbeige.agent import cluster
     from nanbeige.agent.setup import open_writer, secrets_of
@@ -248,8 +287,9 @@ async def collect_on_ray(config: CollectConfig, settings: RunSettings, notice: C
 
 
 @asynccontextmanager
-async def open_shard(config: CollectConfig, settings: RunSettings,
-                     notice: Callable[[str], None]) -> AsyncIterator[Callable[..., Any]]:
+async def open_shard(
+    config: CollectConfig, settings: RunSettings, notice: Callable[[str], None]
+) -> AsyncIterator[Callable[..., Any]]:
     """On a Ray actor: what the node's rollouts need, and the work of one rollout."""
     from nanbeige.agent import cluster
 

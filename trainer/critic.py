@@ -84,8 +84,15 @@ Answer with one JSON object and nothing else, shaped like this (each score an in
 _PLACEHOLDER = re.compile(r"\{(question|earlier_turns|reasoning|tool_calls|tool_results)\}")
 
 
-CRITIC_ENDPOINT = ChatEndpoint(base_url=OPENAI_BASE_URL, model="gpt-4.1-2025-04-14", temperature=0.0,
-                               max_tokens=1024, timeout_s=120.0, retries=2, retry_wait_s=1.0)
+CRITIC_ENDPOINT = ChatEndpoint(
+    base_url=OPENAI_BASE_URL,
+    model="gpt-4.1-2025-04-14",
+    temperature=0.0,
+    max_tokens=1024,
+    timeout_s=120.0,
+    retries=2,
+    retry_wait_s=1.0,
+)
 """The critic's defaults (`--critic-*`, NANBEIGE_CRITIC_*): GPT-4.1 on OpenAI's API, recorded in every turn it
 scores; temperature 0 for repeatable scores; 1024 tokens a reply (a thinking critic needs more); a malformed
 reply is asked again too."""
@@ -131,9 +138,11 @@ def turn_outcome(scores: dict[str, int | None], rule: TurnRule) -> tuple[float |
     A turn passes when every scored dimension reaches its threshold; its reward is then the mean of
     its scored dimensions mapped to [0, 1] by (score - 1) / 4, with mask 1. A failed turn gets
     (None, 0) under the `mask` rule and (-penalty, 1) under `penalise`."""
-    thresholds = {"logical_soundness": rule.min_logical_soundness,
-                  "tool_call_accuracy": rule.min_tool_call_accuracy,
-                  "information_gain": rule.min_information_gain}
+    thresholds = {
+        "logical_soundness": rule.min_logical_soundness,
+        "tool_call_accuracy": rule.min_tool_call_accuracy,
+        "information_gain": rule.min_information_gain,
+    }
     scored = {name: score for name, score in scores.items() if score is not None}
     passed = all(score >= thresholds[name] for name, score in scored.items())
     if passed:
@@ -154,7 +163,7 @@ def trim(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     head = limit // 3
-    return f"{text[:head]} … [{len(text) - limit} characters cut] … {text[len(text) - (limit - head):]}"
+    return f"{text[:head]} … [{len(text) - limit} characters cut] … {text[len(text) - (limit - head) :]}"
 
 
 def reasoning_of(turn: Turn) -> str:
@@ -185,8 +194,10 @@ def earlier_line(turn: Turn) -> str:
     parts = []
     for call, result in zip(turn.tool_calls, turn.tool_results):
         mark = " (error)" if result.is_error else ""
-        parts.append(f"{call.server}/{call.name} {excerpt(call.arguments, EXCERPT_CHARS)} -> "
-                     f"{excerpt(result.text, EXCERPT_CHARS)}{mark}")
+        parts.append(
+            f"{call.server}/{call.name} {excerpt(call.arguments, EXCERPT_CHARS)} -> "
+            f"{excerpt(result.text, EXCERPT_CHARS)}{mark}"
+        )
     return f"step {turn.index + 1}: " + "; ".join(parts)
 
 
@@ -203,9 +214,10 @@ def calls_text(turn: Turn) -> str:
         asked = " (the runtime had asked for the final answer)" if turn.instruction else ""
         problem = f"\nThe runtime could not use this reply: {turn.format_error}" if turn.format_error else ""
         return f"No tool call{asked}. The reply reads:\n{trim(reply_of(turn), REPLY_CHARS)}{problem}"
-    return "\n".join(f"{n}. server {call.server}, tool {call.name}, arguments "
-                     f"{json.dumps(call.arguments, ensure_ascii=False)}"
-                     for n, call in enumerate(turn.tool_calls, start=1))
+    return "\n".join(
+        f"{n}. server {call.server}, tool {call.name}, arguments {json.dumps(call.arguments, ensure_ascii=False)}"
+        for n, call in enumerate(turn.tool_calls, start=1)
+    )
 
 
 def results_text(turn: Turn) -> str:
@@ -220,9 +232,13 @@ def results_text(turn: Turn) -> str:
 
 def critic_prompt(trajectory: Trajectory, turn: Turn, template: str = CRITIC_TEMPLATE) -> str:
     """The critic's prompt for one turn: the template with its five placeholders filled in one pass."""
-    values = {"question": trajectory.question, "earlier_turns": earlier_turns(trajectory, turn),
-              "reasoning": trim(reasoning_of(turn), REASONING_CHARS) or "(no reasoning shown)",
-              "tool_calls": calls_text(turn), "tool_results": results_text(turn)}
+    values = {
+        "question": trajectory.question,
+        "earlier_turns": earlier_turns(trajectory, turn),
+        "reasoning": trim(reasoning_of(turn), REASONING_CHARS) or "(no reasoning shown)",
+        "tool_calls": calls_text(turn),
+        "tool_results": results_text(turn),
+    }
     return _PLACEHOLDER.sub(lambda m: values[m.group(1)], template)
 
 
@@ -254,13 +270,14 @@ def parse_scores(text: str, tool_turn: bool) -> dict[str, dict[str, Any] | None]
     if start < 0:
         raise MalformedCritique(f"no JSON object in the reply: {text[:80]!r}")
     try:
-        data = json.loads(text[start: end + 1])
+        data = json.loads(text[start : end + 1])
     except json.JSONDecodeError:
         data = json_repair.loads(text[start:])
     if not isinstance(data, dict):
         raise MalformedCritique(f"no JSON object in the reply: {text[:80]!r}")
-    return {name: _score(data.get(name), name) if tool_turn or name not in TOOL_DIMENSIONS else None
-            for name in DIMENSIONS}
+    return {
+        name: _score(data.get(name), name) if tool_turn or name not in TOOL_DIMENSIONS else None for name in DIMENSIONS
+    }
 
 
 # ---------------------------------------------------------------- asking
@@ -272,8 +289,9 @@ def _unreachable(exc: CallFailed) -> bool:
     return (exc.unavailable and not exc.timed_out and exc.status is None) or exc.status in (401, 403, 404)
 
 
-async def critique(trajectory: Trajectory, turn: Turn, config: ChatEndpoint, template: str,
-                   client: httpx.AsyncClient) -> dict[str, Any]:
+async def critique(
+    trajectory: Trajectory, turn: Turn, config: ChatEndpoint, template: str, client: httpx.AsyncClient
+) -> dict[str, Any]:
     """The critic's record for one turn: `model` and each dimension's `{score, reason}` (None where not
     scored); or `{"error", "model"}` when no usable reply came after the retries. Raises
     `CriticUnreachable` when the endpoint cannot be used at all."""
@@ -299,8 +317,9 @@ async def critique(trajectory: Trajectory, turn: Turn, config: ChatEndpoint, tem
     return {"error": error, "model": config.model}
 
 
-async def judge_turn(trajectory: Trajectory, turn: Turn, config: ChatEndpoint, rule: TurnRule, template: str,
-                     client: httpx.AsyncClient) -> None:
+async def judge_turn(
+    trajectory: Trajectory, turn: Turn, config: ChatEndpoint, rule: TurnRule, template: str, client: httpx.AsyncClient
+) -> None:
     """Set the turn's `critic`, `reward` and `mask`. A rolled-back turn is not sent to the critic: it
     gets what a failed turn gets. An unjudged turn gets reward None and keeps its mask."""
     if turn.rolled_back:

@@ -133,15 +133,16 @@ def _by_first(keys: Iterable[tuple[str, ...]]) -> dict[str, list[int]]:
     return {first: sorted(ns, reverse=True) for first, ns in lengths.items()}
 
 
-def _scan(tokens: list[re.Match[str]], names: dict[tuple[str, ...], int],
-          first: dict[str, list[int]]) -> Iterator[tuple[int, int, int]]:
+def _scan(
+    tokens: list[re.Match[str]], names: dict[tuple[str, ...], int], first: dict[str, list[int]]
+) -> Iterator[tuple[int, int, int]]:
     """Leftmost-longest name matches: `(name's value, first token, one past the last token)`."""
     words = [m.group() for m in tokens]
     i = 0
     while i < len(words):
         step = 1
         for length in first.get(words[i], ()):
-            value = names.get(tuple(words[i:i + length]))
+            value = names.get(tuple(words[i : i + length]))
             if value is not None:
                 yield value, i, i + length
                 step = length
@@ -157,14 +158,15 @@ def _standalone(words: list[str], i: int, j: int) -> bool:
     """Whether the capitalised words `words[i:j]` read as a name of their own: mid-sentence (a capital at
     a sentence start says nothing) and not part of a longer name ("Roman Empire", "Republic of Kenya")."""
     before = words[i - 1] if i else "."
-    after = words[j:j + 2]
+    after = words[j : j + 2]
     if before in {".", "!", "?"} or _capitalised(before) or (after and _capitalised(after[0])):
         return False
     return not (len(after) == 2 and after[0] == "of" and _capitalised(after[1]))
 
 
-def _proper_names(tokens: list[list[re.Match[str]]],
-                  candidates: dict[tuple[str, ...], int]) -> dict[tuple[str, ...], int]:
+def _proper_names(
+    tokens: list[list[re.Match[str]]], candidates: dict[tuple[str, ...], int]
+) -> dict[tuple[str, ...], int]:
     """The candidate names that are not common words: those with a capital or digit after the first
     character, and those the corpus writes capitalised on their own more often than in lower case."""
     plain = {key: n for key, n in candidates.items() if not re.search(r"[A-Z0-9]", " ".join(key)[1:])}
@@ -175,8 +177,9 @@ def _proper_names(tokens: list[list[re.Match[str]]],
     first = _by_first(lookup)
     for text_tokens in tokens:
         words = [m.group() for m in text_tokens]
-        counts.update(value for value, i, j in _scan(text_tokens, lookup, first)
-                      if value < 0 or _standalone(words, i, j))
+        counts.update(
+            value for value, i, j in _scan(text_tokens, lookup, first) if value < 0 or _standalone(words, i, j)
+        )
     return {key: n for key, n in candidates.items() if key not in plain or counts[n] > counts[-1 - n]}
 
 
@@ -242,8 +245,10 @@ def walks(graph: Graph, hops: int, seed: int, tries: int) -> Iterator[list[int]]
     plus the number of documents that mention it), so questions do not all start from the same hubs."""
     heads = [a for a, out in enumerate(graph.links) if out]
     if not heads:
-        raise SynthError("the corpus has no links between its documents (no document's text names another's "
-                         "title), so no multi-hop walk exists; index documents that mention each other")
+        raise SynthError(
+            "the corpus has no links between its documents (no document's text names another's "
+            "title), so no multi-hop walk exists; index documents that mention each other"
+        )
     weights = [1 / (1 + graph.inbound[a]) for a in heads]
     rng = random.Random(seed)
     for _ in range(tries):

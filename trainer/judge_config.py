@@ -76,33 +76,44 @@ def check(src: Path, out: Path, config: JudgeRunConfig) -> None:
     if problem:
         raise JudgeError(f"cannot write --out {out}: {problem}")
     if config.grader is not None and config.grader not in (EXACT, CODE_TESTS, *judges.PROFILES, *judges.FAMILIES):
-        raise JudgeError(f"--grader must be a family ({', '.join(judges.FAMILIES)}: each trajectory's benchmark's "
-                         f"grader of that family), {EXACT}, {CODE_TESTS} or one of {', '.join(judges.PROFILES)}, not "
-                         f"{config.grader!r}")
+        raise JudgeError(
+            f"--grader must be a family ({', '.join(judges.FAMILIES)}: each trajectory's benchmark's "
+            f"grader of that family), {EXACT}, {CODE_TESTS} or one of {', '.join(judges.PROFILES)}, not "
+            f"{config.grader!r}"
+        )
     if config.problems is not None and not config.problems.is_file():
         raise JudgeError(f"--problems {config.problems}: no such file")
     if config.grader == CODE_TESTS and config.problems is None:
-        raise JudgeError(f"--grader {CODE_TESTS} runs each program against its problem's tests: pass --problems FILE "
-                         "(`nanbeige problems humaneval --out FILE` writes HumanEval's)")
+        raise JudgeError(
+            f"--grader {CODE_TESTS} runs each program against its problem's tests: pass --problems FILE "
+            "(`nanbeige problems humaneval --out FILE` writes HumanEval's)"
+        )
     if config.time_reward and config.complexity is None:
-        raise JudgeError("--time-reward asks a judge model about each solved program's complexity: it needs the "
-                         "judge endpoint")
+        raise JudgeError(
+            "--time-reward asks a judge model about each solved program's complexity: it needs the judge endpoint"
+        )
     if config.concurrency < 1:
         raise JudgeError("--concurrency must be at least 1")
     if config.rule.failed not in ("mask", "penalise"):
         raise JudgeError(f"the rule for failed turns must be mask or penalise, not {config.rule.failed!r}")
-    for name, template in (("--judge-template", config.judge.template),
-                           ("--critic-template", config.critic.template if config.critic else None)):
+    for name, template in (
+        ("--judge-template", config.judge.template),
+        ("--critic-template", config.critic.template if config.critic else None),
+    ):
         if template is not None and not template.is_file():
             raise JudgeError(f"{name} {template}: no such file")
     if config.no_critic:
         return
     if config.critic is None:
-        raise JudgeError("the turn critic needs an endpoint: pass --critic-base-url and --critic-model, "
-                         "or --no-critic for the outcome reward alone")
+        raise JudgeError(
+            "the turn critic needs an endpoint: pass --critic-base-url and --critic-model, "
+            "or --no-critic for the outcome reward alone"
+        )
     if config.critic.base_url == CRITIC_ENDPOINT.base_url and not config.critic.api_key:
-        raise JudgeError(f"the critic is {config.critic.model} at {CRITIC_ENDPOINT.base_url}: set its API key, or "
-                         "pass --critic-base-url for another OpenAI-compatible endpoint")
+        raise JudgeError(
+            f"the critic is {config.critic.model} at {CRITIC_ENDPOINT.base_url}: set its API key, or "
+            "pass --critic-base-url for another OpenAI-compatible endpoint"
+        )
 
 
 def check_judge_endpoint(trajectories: list[Trajectory], config: JudgeRunConfig) -> None:
@@ -110,18 +121,29 @@ def check_judge_endpoint(trajectories: list[Trajectory], config: JudgeRunConfig)
     needs code problems that were not given."""
     code = [t for t in trajectories if chosen_grader(t, config) == CODE_TESTS]
     if code and config.problems is None:
-        raise JudgeError(f"{len(code)} trajectories are graded by {CODE_TESTS}, which runs each program against its "
-                         "problem's tests: pass --problems FILE (`nanbeige problems humaneval --out FILE` writes "
-                         "HumanEval's)")
+        raise JudgeError(
+            f"{len(code)} trajectories are graded by {CODE_TESTS}, which runs each program against its "
+            "problem's tests: pass --problems FILE (`nanbeige problems humaneval --out FILE` writes "
+            "HumanEval's)"
+        )
     complexity = config.complexity
-    if code and config.time_reward and complexity is not None and complexity.base_url == JUDGE_ENDPOINT.base_url \
-            and not complexity.api_key:
-        raise JudgeError(f"--time-reward asks {complexity.model} at {complexity.base_url} about each solved "
-                         "program: set NANBEIGE_JUDGE_API_KEY, or pass --judge-base-url (and --judge-model) for "
-                         "another OpenAI-compatible endpoint")
+    if (
+        code
+        and config.time_reward
+        and complexity is not None
+        and complexity.base_url == JUDGE_ENDPOINT.base_url
+        and not complexity.api_key
+    ):
+        raise JudgeError(
+            f"--time-reward asks {complexity.model} at {complexity.base_url} about each solved "
+            "program: set NANBEIGE_JUDGE_API_KEY, or pass --judge-base-url (and --judge-model) for "
+            "another OpenAI-compatible endpoint"
+        )
     needs = {chosen_grader(t, config) for t in trajectories if t.reference_answer is not None} & set(judges.PROFILES)
     if needs and config.judge.base_url == JUDGE_ENDPOINT.base_url and not config.judge.api_key:
         models = sorted({config.judge.model or judges.PROFILES[name].model for name in needs})
-        raise JudgeError(f"grading with {', '.join(sorted(needs))} asks {', '.join(models)} at "
-                         f"{JUDGE_ENDPOINT.base_url}: set NANBEIGE_JUDGE_API_KEY, or pass --judge-base-url "
-                         f"(and --judge-model) for another OpenAI-compatible endpoint, or --grader {EXACT}")
+        raise JudgeError(
+            f"grading with {', '.join(sorted(needs))} asks {', '.join(models)} at "
+            f"{JUDGE_ENDPOINT.base_url}: set NANBEIGE_JUDGE_API_KEY, or pass --judge-base-url "
+            f"(and --judge-model) for another OpenAI-compatible endpoint, or --grader {EXACT}"
+        )

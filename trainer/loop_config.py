@@ -66,29 +66,40 @@ class LoopConfig:
 def check(config: LoopConfig) -> None:
     """Refuse a configuration that cannot work, before anything runs."""
     if os.environ.get("WORLD_SIZE", "1") != "1":  # under torchrun every process would run the whole loop
-        raise LoopError("the loop trains in its own process: run it without torchrun (across machines, run "
-                        "collect, judge and `torchrun ... nanbeige train` one after another)")
+        raise LoopError(
+            "the loop trains in its own process: run it without torchrun (across machines, run "
+            "collect, judge and `torchrun ... nanbeige train` one after another)"
+        )
     if config.sync not in SYNCS:
         raise LoopError(f"sync must be one of {', '.join(SYNCS)}, not {config.sync!r}")
     if config.iterations < 1:
         raise LoopError("iterations must be at least 1")
     if config.sync == "lora" and not config.train.lora_rank:
-        raise LoopError("sync lora hot-loads a LoRA adapter into vLLM: train with a LoRA rank, or use sync none "
-                        "(and serve each new checkpoint)")
+        raise LoopError(
+            "sync lora hot-loads a LoRA adapter into vLLM: train with a LoRA rank, or use sync none "
+            "(and serve each new checkpoint)"
+        )
     if config.sync == "weights" and config.train.lora_rank:
-        raise LoopError("sync weights loads full checkpoints into vLLM: train every parameter (LoRA rank 0), or "
-                        "use sync lora")
+        raise LoopError(
+            "sync weights loads full checkpoints into vLLM: train every parameter (LoRA rank 0), or use sync lora"
+        )
     if config.admin_urls and config.sync == "none":
-        raise LoopError("admin URLs name the engines the loop syncs, and sync none syncs none: leave them out, or "
-                        "use sync lora or weights")
+        raise LoopError(
+            "admin URLs name the engines the loop syncs, and sync none syncs none: leave them out, or "
+            "use sync lora or weights"
+        )
     if config.sync != "none" and config.settings.backend.backend == "transformers":
-        raise LoopError(f"sync {config.sync} updates a vLLM server, and the in-process backend has none: use sync "
-                        "none, where each iteration's collect loads the new checkpoint")
+        raise LoopError(
+            f"sync {config.sync} updates a vLLM server, and the in-process backend has none: use sync "
+            "none, where each iteration's collect loads the new checkpoint"
+        )
     if not config.questions.is_file():
         raise LoopError(f"{config.questions}: no such questions file")
     problem = rule_problem(config.train.groups)
     if problem is not None:
         raise LoopError(problem)
     if config.min_informative_groups and not config.questions_per_iteration:
-        raise LoopError("dynamic sampling (min informative groups) draws more questions in batches: give the "
-                        "questions per iteration")
+        raise LoopError(
+            "dynamic sampling (min informative groups) draws more questions in batches: give the "
+            "questions per iteration"
+        )

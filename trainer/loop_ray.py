@@ -13,13 +13,19 @@ from typing import Any
 from nanbeige.trainer.judge_config import JudgeRunConfig
 
 
-async def judge_rollouts(judge: JudgeRunConfig, ray: str | None, folder: Path,
-                         notice: Callable[[str], None]) -> dict[str, Any]:
+async def judge_rollouts(
+    judge: JudgeRunConfig, ray: str | None, folder: Path, notice: Callable[[str], None]
+) -> dict[str, Any]:
     """Judge the iteration's rollouts into its judged file: here, or on the cluster at `ray`."""
     from nanbeige.trainer.rewards import judge_file
 
     judge_all = None
     if ray is not None:  # the only place the loop loads Ray
         from nanbeige.trainer.rewards_sharded import judge_on_ray as judge_all
-    return await judge_file(folder / "rollouts.jsonl", folder / "judged.jsonl", dataclasses.replace(judge, ray=ray),
-                            notice, judge_all=judge_all)
+    return await judge_file(
+        folder / "rollouts.jsonl",
+        folder / "judged.jsonl",
+        dataclasses.replace(judge, ray=ray),
+        notice,
+        judge_all=judge_all,
+    )

@@ -11,16 +11,28 @@ from __future__ import annotations
 
 from typing import Any
 
-TEXT, WHOLE, NUMBER, OPTIONAL_TEXT, OPTIONAL_NUMBER = "text", "a whole number", "a number", "text or null", \
-    "a number or null"
+TEXT, WHOLE, NUMBER, OPTIONAL_TEXT, OPTIONAL_NUMBER = (
+    "text",
+    "a whole number",
+    "a number",
+    "text or null",
+    "a number or null",
+)
 
 POLICY = {"model": TEXT, "checkpoint": OPTIONAL_TEXT, "version": TEXT}
 REQUIRED = {"policy": ("model", "checkpoint"), "synced": ("model", "checkpoint"), "trained": ("checkpoint",)}
 """The fields the loop reads back to go on (the others are only reported)."""
 STAGES = {
     "collected": {"rollouts": WHOLE, "pass_rate": OPTIONAL_NUMBER, "model": TEXT},
-    "judged": {"judged": WHOLE, "mean_reward": OPTIONAL_NUMBER, "outcome_errors": WHOLE, "masked_turns": WHOLE,
-               "groups": WHOLE, "informative_groups": WHOLE, "questions": WHOLE},
+    "judged": {
+        "judged": WHOLE,
+        "mean_reward": OPTIONAL_NUMBER,
+        "outcome_errors": WHOLE,
+        "masked_turns": WHOLE,
+        "groups": WHOLE,
+        "informative_groups": WHOLE,
+        "questions": WHOLE,
+    },
     "trained": {"checkpoint": TEXT, "steps": WHOLE, "rows": WHOLE},
     "synced": POLICY,
 }
@@ -38,7 +50,8 @@ def is_kind(value: Any, kind: str) -> bool:
 
 def type_name(value: Any) -> str:
     return {dict: "an object", list: "a list", str: "text", bool: "true/false", type(None): "null"}.get(
-        type(value), repr(value) if type(value) in (int, float) else type(value).__name__)
+        type(value), repr(value) if type(value) in (int, float) else type(value).__name__
+    )
 
 
 def fields_problem(record: Any, kinds: dict[str, str], where: str, required: tuple[str, ...] = ()) -> str:
@@ -58,8 +71,9 @@ def state_problem(state: Any) -> str:
     """What is wrong with a state read from `loop.json`, or "" when the loop can go on from it."""
     if not isinstance(state, dict):
         return f"it must be an object, not {type_name(state)}"
-    top = fields_problem(state, {"questions": TEXT, "sync": TEXT}, "state") or \
-        fields_problem(state.get("policy"), POLICY, "policy", REQUIRED["policy"])
+    top = fields_problem(state, {"questions": TEXT, "sync": TEXT}, "state") or fields_problem(
+        state.get("policy"), POLICY, "policy", REQUIRED["policy"]
+    )
     if top:
         return top.replace("`state.", "`")
     engines = state.get("engines", {})
@@ -73,8 +87,9 @@ def state_problem(state: Any) -> str:
         return f"`iterations` must be a list, not {type_name(entries)}"
     for index, entry in enumerate(entries):
         where = f"iterations[{index}]"
-        problem = fields_problem(entry, {}, where) or fields_problem(entry.get("policy"), POLICY, f"{where}.policy",
-                                                                     REQUIRED["policy"])
+        problem = fields_problem(entry, {}, where) or fields_problem(
+            entry.get("policy"), POLICY, f"{where}.policy", REQUIRED["policy"]
+        )
         if not problem and (type(entry.get("iteration")) is not int or entry["iteration"] != index + 1):
             problem = f"`{where}.iteration` must be {index + 1}, not {type_name(entry.get('iteration'))}"
         for stage, kinds in STAGES.items():

@@ -23,8 +23,9 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 
-def _chunk_logprobs(head: nn.Module, hidden: Tensor, targets: Tensor, temperature: float,
-                    entropy: list[Tensor] | None = None) -> Tensor:
+def _chunk_logprobs(
+    head: nn.Module, hidden: Tensor, targets: Tensor, temperature: float, entropy: list[Tensor] | None = None
+) -> Tensor:
     """log p(target) for one chunk of n positions: hidden [n, H], targets [n] -> [n]. With an empty `entropy`
     list, the entropy of p [n] is appended to it: once, so that checkpointing's recompute in backward (which
     calls this again with the same list) does not compute it a second time."""
@@ -38,9 +39,17 @@ def _chunk_logprobs(head: nn.Module, hidden: Tensor, targets: Tensor, temperatur
     return logits.gather(-1, targets[:, None]).squeeze(-1) - normaliser
 
 
-def token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, targets: Tensor,
-                   chunk_tokens: int = 4096, temperature: float = 1.0, chunks: int | None = None,
-                   entropy: bool = False, position_ids: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+def token_logprobs(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    targets: Tensor,
+    chunk_tokens: int = 4096,
+    temperature: float = 1.0,
+    chunks: int | None = None,
+    entropy: bool = False,
+    position_ids: Tensor | None = None,
+) -> Tensor | tuple[Tensor, Tensor]:
     """The model's log-probability of each target token, [B, L-1] in float32, without full logits.
 
     The full logits would be B·L·V floats: 32k tokens × 166k vocabulary × 4 bytes ≈ 22 GB. Instead:
@@ -91,25 +100,38 @@ def _masked_mean(x: Tensor, mask: Tensor) -> float:
     return float((x * mask).sum() / mask.sum().clamp(min=1))
 
 
-def _tis_weight(logprobs: Tensor, old: Tensor, rollout_logprobs: Tensor, mask: Tensor,
-                tis_cap: float) -> tuple[Tensor, dict[str, float]]:
+def _tis_weight(
+    logprobs: Tensor, old: Tensor, rollout_logprobs: Tensor, mask: Tensor, tis_cap: float
+) -> tuple[Tensor, dict[str, float]]:
     """The truncated importance weight w = min(exp(old - rollout), C) of each token, [B, L-1] (TIS: the sampler
     is not exactly the trainer), and its metrics over the loss tokens."""
     log_w = torch.clamp(old - rollout_logprobs, -20.0, 20.0)  # (B, L-1): log π_old / π_rollout
     weight = torch.clamp(torch.exp(log_w), max=tis_cap)  # (B, L-1), constant: old is
     on = mask.bool()
-    metrics = {"tis_weight_mean": _masked_mean(weight, mask),
-               "tis_weight_max": float(weight[on].max()) if on.any() else 0.0,
-               "tis_weight_min": float(weight[on].min()) if on.any() else 0.0,
-               "tis_capped_frac": _masked_mean((torch.exp(log_w) > tis_cap).float(), mask),
-               "start_drift_from_rollout": _masked_mean(log_w.abs(), mask),
-               "drift_from_rollout": _masked_mean((logprobs.detach() - rollout_logprobs).abs(), mask)}
+    metrics = {
+        "tis_weight_mean": _masked_mean(weight, mask),
+        "tis_weight_max": float(weight[on].max()) if on.any() else 0.0,
+        "tis_weight_min": float(weight[on].min()) if on.any() else 0.0,
+        "tis_capped_frac": _masked_mean((torch.exp(log_w) > tis_cap).float(), mask),
+        "start_drift_from_rollout": _masked_mean(log_w.abs(), mask),
+        "drift_from_rollout": _masked_mean((logprobs.detach() - rollout_logprobs).abs(), mask),
+    }
     return weight, metrics
 
 
-def policy_loss(logprobs: Tensor, old_logprobs: Tensor, rollout_logprobs: Tensor, advantages: Tensor,
-                loss_mask: Tensor, total_tokens: float, clip_low: float = 0.2, clip_high: float = 0.28,
-                clip_dual: float = 3.0, tis_cap: float = 2.0, has_rollout_logprobs: bool = True) -> tuple[Tensor, dict]:
+def policy_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    rollout_logprobs: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    total_tokens: float,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    clip_dual: float = 3.0,
+    tis_cap: float = 2.0,
+    has_rollout_logprobs: bool = True,
+) -> tuple[Tensor, dict]:
     """Clip-higher, dual-clip PPO loss with a truncated importance weight; all inputs [B, L-1].
 
     With r = exp(logp - old), old the fixed π_old of this batch of rollouts, the surrogate per token is
@@ -138,17 +160,18 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, rollout_logprobs: Tensor
     dual_binds = (advantages < 0) & (-advantages * clip_dual < surrogate)
     per_token = torch.where(dual_binds, -advantages * clip_dual, surrogate)  # (B, L-1)
 
-    metrics = {"loss_tokens": float(mask.sum()),
-               "clip_frac": _masked_mean((clipped > unclipped).float(), mask),
-               "dual_clip_frac": _masked_mean(dual_binds.float(), mask),
-               "drift_from_start": _masked_mean(log_ratio.detach().abs(), mask)}
+    metrics = {
+        "loss_tokens": float(mask.sum()),
+        "clip_frac": _masked_mean((clipped > unclipped).float(), mask),
+        "dual_clip_frac": _masked_mean(dual_binds.float(), mask),
+        "drift_from_start": _masked_mean(log_ratio.detach().abs(), mask),
+    }
     if has_rollout_logprobs:
         weight, tis_metrics = _tis_weight(logprobs, old, rollout_logprobs, mask, tis_cap)
         per_token = per_token * weight
         metrics |= tis_metrics
     adv_mean = _masked_mean(advantages, mask)
-    metrics |= {"advantage_mean": adv_mean,
-                "advantage_std": _masked_mean((advantages - adv_mean) ** 2, mask) ** 0.5}
+    metrics |= {"advantage_mean": adv_mean, "advantage_std": _masked_mean((advantages - adv_mean) ** 2, mask) ** 0.5}
     loss = (per_token * mask).sum() / total_tokens
     return loss, metrics
 

@@ -35,8 +35,14 @@ def scalars(record: dict[str, Any]) -> dict[str, float]:
 class MetricsLog:
     """The open sinks of one run (on the main rank only)."""
 
-    def __init__(self, out: Path, start: int, tensorboard: bool = True, wandb_project: str | None = None,
-                 config: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        out: Path,
+        start: int,
+        tensorboard: bool = True,
+        wandb_project: str | None = None,
+        config: dict[str, Any] | None = None,
+    ) -> None:
         self.path = out / JSONL
         self.writer, self.run = None, None
         if tensorboard:

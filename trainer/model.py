@@ -75,8 +75,9 @@ def load_model(config: TrainConfig, world: World, checkpoint: Path | None = None
             if checkpoint is not None:
                 model = peft.PeftModel.from_pretrained(model, checkpoint / "adapter", is_trainable=True)
             else:
-                lora = peft.LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha,
-                                       target_modules="all-linear", task_type="CAUSAL_LM")
+                lora = peft.LoraConfig(
+                    r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules="all-linear", task_type="CAUSAL_LM"
+                )
                 # the same A matrices on every rank (each keeps its shard of them) and in every run of a seed
                 torch.manual_seed(config.seed)
                 model = peft.get_peft_model(model, lora)
@@ -123,8 +124,9 @@ def shard(model: Any) -> None:
 
     head, decoder = model.get_output_embeddings(), model.get_decoder()
     if head.weight is decoder.get_input_embeddings().weight:
-        raise TrainError("a model whose LM head shares the embedding matrix cannot be sharded here yet; train it "
-                         "in one process")
+        raise TrainError(
+            "a model whose LM head shares the embedding matrix cannot be sharded here yet; train it in one process"
+        )
     for layer in decoder_layers(model):
         fully_shard(layer)
     fully_shard(decoder)

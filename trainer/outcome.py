@@ -19,8 +19,14 @@ from nanbeige.trainer.judge_config import EXACT, JudgeError, JudgeRunConfig, cho
 
 def verdict_record(verdict: Verdict) -> dict[str, Any]:
     """What `trajectory.judge` holds."""
-    return {"grader": verdict.grader, "judge_model": verdict.judge_model, "correct": verdict.correct,
-            "extracted": verdict.extracted, "reason": verdict.reason, "error": verdict.error}
+    return {
+        "grader": verdict.grader,
+        "judge_model": verdict.judge_model,
+        "correct": verdict.correct,
+        "extracted": verdict.extracted,
+        "reason": verdict.reason,
+        "error": verdict.error,
+    }
 
 
 async def grade(trajectory: Trajectory, grader: str, config: JudgeRunConfig, client: httpx.AsyncClient) -> Verdict:
@@ -37,8 +43,10 @@ async def grade(trajectory: Trajectory, grader: str, config: JudgeRunConfig, cli
     try:
         return await judges.judge(profile, trajectory.question, text, gold, config.judge, client)
     except judges.JudgeUnavailable as exc:  # not a verdict: stop, so that a resume grades this one again
-        raise JudgeError(f"the outcome judge cannot be used: {naming(str(exc), config.judge.base_url)}; fix the "
-                         "judge endpoint (--judge-base-url) and run again to resume") from None
+        raise JudgeError(
+            f"the outcome judge cannot be used: {naming(str(exc), config.judge.base_url)}; fix the "
+            "judge endpoint (--judge-base-url) and run again to resume"
+        ) from None
 
 
 def naming(error: str, base_url: str) -> str:
@@ -46,8 +54,9 @@ def naming(error: str, base_url: str) -> str:
     return error if base_url in error else f"{error} ({base_url})"
 
 
-async def judge_outcome(trajectory: Trajectory, config: JudgeRunConfig, client: httpx.AsyncClient,
-                        code: CodeJudging | None = None) -> None:
+async def judge_outcome(
+    trajectory: Trajectory, config: JudgeRunConfig, client: httpx.AsyncClient, code: CodeJudging | None = None
+) -> None:
     """Set the trajectory's `reward` (1.0 / 0.0, or None when undecided; code: `code_rewards.py`) and
     `judge` breakdown."""
     if chosen_grader(trajectory, config) == CODE_TESTS and code is not None:

@@ -71,13 +71,18 @@ def collate_packed(batch: list[Sample], pad_id: int) -> dict[str, Tensor]:
     `collate`, and `position_ids` [1, L] restarting at 0 where each sample starts (so the model keeps the
     samples apart). The position at a sample's last token predicts the next sample's first token, which
     is prompt: loss mask 0 there, as every sample's token 0 is."""
-    joined = Sample(ids=[i for s in batch for i in s.ids], loss_mask=[m for s in batch for m in s.loss_mask],
-                    advantages=[a for s in batch for a in s.advantages],
-                    rollout_logprobs=None if any(s.rollout_logprobs is None for s in batch)
-                    else [v for s in batch for v in s.rollout_logprobs],
-                    group_id="packed", trajectory_id="packed", turns=[],
-                    old_logprobs=None if any(s.old_logprobs is None for s in batch)
-                    else [v for s in batch for v in s.old_logprobs])
+    joined = Sample(
+        ids=[i for s in batch for i in s.ids],
+        loss_mask=[m for s in batch for m in s.loss_mask],
+        advantages=[a for s in batch for a in s.advantages],
+        rollout_logprobs=None
+        if any(s.rollout_logprobs is None for s in batch)
+        else [v for s in batch for v in s.rollout_logprobs],
+        group_id="packed",
+        trajectory_id="packed",
+        turns=[],
+        old_logprobs=None if any(s.old_logprobs is None for s in batch) else [v for s in batch for v in s.old_logprobs],
+    )
     tensors = collate([joined], pad_id)
     tensors["position_ids"] = torch.tensor([[p for s in batch for p in range(len(s.ids))]], dtype=torch.long)
     return tensors
@@ -113,11 +118,16 @@ def collate(batch: list[Sample], pad_id: int) -> dict[str, Tensor]:
             rollout_logprobs[b, :n] = torch.tensor(sample.rollout_logprobs, dtype=torch.float32)
         if sample.old_logprobs is not None:
             old_logprobs[b, :n] = torch.tensor(sample.old_logprobs, dtype=torch.float32)
-    return {"input_ids": input_ids, "attention_mask": attention_mask,
-            "targets": input_ids[:, 1:].clone(),  # [B, L-1]: token t + 1 is what position t predicts
-            "loss_mask": loss_mask[:, 1:].contiguous(), "advantages": advantages[:, 1:].contiguous(),
-            "rollout_logprobs": rollout_logprobs[:, 1:].contiguous(), "old_logprobs": old_logprobs[:, 1:].contiguous(),
-            "has_rollout_logprobs": torch.tensor(all(s.rollout_logprobs is not None for s in batch))}
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "targets": input_ids[:, 1:].clone(),  # [B, L-1]: token t + 1 is what position t predicts
+        "loss_mask": loss_mask[:, 1:].contiguous(),
+        "advantages": advantages[:, 1:].contiguous(),
+        "rollout_logprobs": rollout_logprobs[:, 1:].contiguous(),
+        "old_logprobs": old_logprobs[:, 1:].contiguous(),
+        "has_rollout_logprobs": torch.tensor(all(s.rollout_logprobs is not None for s in batch)),
+    }
 
 
 def packing_works(model: Any, world: World, pad_id: int) -> bool:
@@ -125,12 +135,25 @@ def packing_works(model: Any, world: World, pad_id: int) -> bool:
     (an attention that ignored the restarting positions would let the second row read the first)."""
     from nanbeige.trainer.loss import token_logprobs
 
-    rows = [Sample(ids=[(7 * i + 3 * k) % 100 + 1 for i in range(12)], loss_mask=[1] * 12, advantages=[0.0] * 12,
-                   rollout_logprobs=None, group_id="g", trajectory_id=str(k), turns=[]) for k in (1, 2)]
+    rows = [
+        Sample(
+            ids=[(7 * i + 3 * k) % 100 + 1 for i in range(12)],
+            loss_mask=[1] * 12,
+            advantages=[0.0] * 12,
+            rollout_logprobs=None,
+            group_id="g",
+            trajectory_id=str(k),
+            turns=[],
+        )
+        for k in (1, 2)
+    ]
     with torch.no_grad(), compute_precision(world):
-        packed, alone = ({k: v.to(world.device) for k, v in tensors.items()}
-                         for tensors in (collate_packed(rows, pad_id), collate(rows[1:], pad_id)))
-        together = token_logprobs(model, packed["input_ids"], None, packed["targets"],
-                                  position_ids=packed["position_ids"])
+        packed, alone = (
+            {k: v.to(world.device) for k, v in tensors.items()}
+            for tensors in (collate_packed(rows, pad_id), collate(rows[1:], pad_id))
+        )
+        together = token_logprobs(
+            model, packed["input_ids"], None, packed["targets"], position_ids=packed["position_ids"]
+        )
         second = token_logprobs(model, alone["input_ids"], alone["attention_mask"], alone["targets"])
     return bool(torch.allclose(together[0, 12:].float(), second[0].float(), atol=1e-2))

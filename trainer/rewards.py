@@ -114,15 +114,18 @@ def completed_ids(out: Path) -> set[str]:
 def writable(trajectory: Trajectory, src: Path) -> bool:
     """Whether the trajectory can be written to OUT. One that cannot (a record nested deeper than the
     encoder goes, read from a crafted file) is skipped, saying where, before anything is asked about it."""
-    records = [("start", None, start_record(trajectory)),
-               *(("turn", turn.index, turn_record(trajectory.id, turn)) for turn in trajectory.turns),
-               ("end", None, end_record(trajectory))]
+    records = [
+        ("start", None, start_record(trajectory)),
+        *(("turn", turn.index, turn_record(trajectory.id, turn)) for turn in trajectory.turns),
+        ("end", None, end_record(trajectory)),
+    ]
     for kind, index, record in records:
         try:
             encoded(record)
         except ValueError as exc:
-            warn_on_stderr(f"{src}:{record_line(src, trajectory.id, kind, index)}: skipped trajectory "
-                           f"{trajectory.id}: {exc}")
+            warn_on_stderr(
+                f"{src}:{record_line(src, trajectory.id, kind, index)}: skipped trajectory {trajectory.id}: {exc}"
+            )
             return False
     return True
 
@@ -135,8 +138,10 @@ def gapless(trajectory: Trajectory, src: Path) -> bool:
     if indices == list(range(len(indices))):
         return True
     missing = sorted(set(range(max(indices, default=-1) + 1)) - set(indices))
-    warn_on_stderr(f"{src}: skipped trajectory {trajectory.id}: its turn {missing[0] if missing else '?'} could "
-                   "not be read (see the warning above)")
+    warn_on_stderr(
+        f"{src}: skipped trajectory {trajectory.id}: its turn {missing[0] if missing else '?'} could "
+        "not be read (see the warning above)"
+    )
     return False
 
 
@@ -146,8 +151,6 @@ def write_whole(writer: TrajectoryWriter, trajectory: Trajectory) -> None:
     for turn in trajectory.turns:
         writer.turn(trajectory, turn)
     writer.end(trajectory)
-
-
 
 
 @dataclass
@@ -165,14 +168,21 @@ class CriticWatch:
         timed_out = str(record.get("error", "")).startswith(CRITIC_TIMED_OUT)
         self.in_a_row = self.in_a_row + 1 if timed_out else 0
         if self.in_a_row >= CRITIC_DOWN_AFTER:
-            raise JudgeError(f"the critic at {self.critic.base_url} did not answer {self.in_a_row} turns in a row "
-                             f"within {self.critic.timeout_s:g} s (each asked {self.critic.retries + 1} times); fix "
-                             "the critic endpoint and run again to resume")
+            raise JudgeError(
+                f"the critic at {self.critic.base_url} did not answer {self.in_a_row} turns in a row "
+                f"within {self.critic.timeout_s:g} s (each asked {self.critic.retries + 1} times); fix "
+                "the critic endpoint and run again to resume"
+            )
 
 
-async def judge_trajectory(trajectory: Trajectory, config: JudgeRunConfig, template: str,
-                           client: httpx.AsyncClient, watch: CriticWatch | None = None,
-                           code: CodeJudging | None = None) -> None:
+async def judge_trajectory(
+    trajectory: Trajectory,
+    config: JudgeRunConfig,
+    template: str,
+    client: httpx.AsyncClient,
+    watch: CriticWatch | None = None,
+    code: CodeJudging | None = None,
+) -> None:
     """The outcome reward, then (unless `no_critic`) each turn's critic verdict, in place."""
     await judge_outcome(trajectory, config, client, code)
     if config.no_critic or config.critic is None:
@@ -181,8 +191,9 @@ async def judge_trajectory(trajectory: Trajectory, config: JudgeRunConfig, templ
         try:
             await judge_turn(trajectory, turn, config.critic, config.rule, template, client)
         except CriticUnreachable as exc:
-            raise JudgeError(f"{naming(str(exc), config.critic.base_url)}; fix the critic endpoint and run again "
-                             "to resume") from None
+            raise JudgeError(
+                f"{naming(str(exc), config.critic.base_url)}; fix the critic endpoint and run again to resume"
+            ) from None
         if watch is not None:
             watch.saw(turn)
 
@@ -190,15 +201,23 @@ async def judge_trajectory(trajectory: Trajectory, config: JudgeRunConfig, templ
 def judging_secrets(config: JudgeRunConfig) -> list[str]:
     from nanbeige.tools.endpoint import url_credentials
 
-    keys = [config.judge.api_key, config.critic.api_key if config.critic else None,
-            config.complexity.api_key if config.complexity else None]
+    keys = [
+        config.judge.api_key,
+        config.critic.api_key if config.critic else None,
+        config.complexity.api_key if config.complexity else None,
+    ]
     urls = [config.judge.base_url, config.critic.base_url if config.critic else ""]
     return [key for key in keys if key] + [s for url in urls for s in url_credentials(url) if s]
 
 
-async def judge_file(src: Path, out: Path, config: JudgeRunConfig, notice: Callable[[str], None] = lambda _: None,
-                     progress: JudgeProgress | None = None, judge_all: Callable[..., Any] | None = None
-                     ) -> dict[str, Any]:
+async def judge_file(
+    src: Path,
+    out: Path,
+    config: JudgeRunConfig,
+    notice: Callable[[str], None] = lambda _: None,
+    progress: JudgeProgress | None = None,
+    judge_all: Callable[..., Any] | None = None,
+) -> dict[str, Any]:
     """Judge the finished trajectories of `src` not yet complete in `out`, appending each to `out` whole
     as it is done; returns a summary. `progress` (if given) is kept up to date for a live view; `judge_all`
     judges and writes what is to do (default: `_judge_all`, in this process)."""
@@ -229,14 +248,19 @@ async def judge_file(src: Path, out: Path, config: JudgeRunConfig, notice: Calla
     return summary(progress, out)
 
 
-async def _judge_all(todo: list[Trajectory], out: Path, config: JudgeRunConfig, template: str,
-                     progress: JudgeProgress, notice: Callable[[str], None]) -> None:
+async def _judge_all(
+    todo: list[Trajectory],
+    out: Path,
+    config: JudgeRunConfig,
+    template: str,
+    progress: JudgeProgress,
+    notice: Callable[[str], None],
+) -> None:
     slots = asyncio.Semaphore(config.concurrency)
     code = None
     if config.problems is not None and any(chosen_grader(t, config) == CODE_TESTS for t in todo):
         try:
-            code = open_code_judging(config.problems, config.rewards, config.complexity if config.time_reward
-                                     else None)
+            code = open_code_judging(config.problems, config.rewards, config.complexity if config.time_reward else None)
         except CodeJudgeError as exc:
             raise JudgeError(str(exc)) from None
         notice(f"code-tests runs programs in {code.runner.where}")  # the user's choice, visible
@@ -270,8 +294,15 @@ async def _judge_all(todo: list[Trajectory], out: Path, config: JudgeRunConfig, 
 def summary(progress: JudgeProgress, out: Path) -> dict[str, Any]:
     """What a judge run reports at the end."""
     mean = progress.mean_reward
-    return {"out": str(out), "judged": progress.done, "already_judged": progress.already_judged,
-            "skipped": progress.skipped, "mean_reward": None if mean is None else round(mean, 4),
-            "rewarded": progress.rewarded, "outcome_errors": progress.outcome_errors,
-            "turns_judged": progress.turns_judged, "masked_turns": progress.masked_turns,
-            "critic_failures": progress.critic_failures}
+    return {
+        "out": str(out),
+        "judged": progress.done,
+        "already_judged": progress.already_judged,
+        "skipped": progress.skipped,
+        "mean_reward": None if mean is None else round(mean, 4),
+        "rewarded": progress.rewarded,
+        "outcome_errors": progress.outcome_errors,
+        "turns_judged": progress.turns_judged,
+        "masked_turns": progress.masked_turns,
+        "critic_failures": progress.critic_failures,
+    }

@@ -29,8 +29,14 @@ from nanbeige.trainer.rewards import (
 )
 
 
-async def judge_on_ray(todo: list[Trajectory], out: Path, config: JudgeRunConfig, template: str,
-                       progress: JudgeProgress, notice: Callable[[str], None]) -> None:
+async def judge_on_ray(
+    todo: list[Trajectory],
+    out: Path,
+    config: JudgeRunConfig,
+    template: str,
+    progress: JudgeProgress,
+    notice: Callable[[str], None],
+) -> None:
     """Judge `todo` on the cluster at `config.ray`, each judged trajectory appended to `out` as it comes back."""
     assert config.ray is not None
     code = config.problems is not None and any(chosen_grader(t, config) == CODE_TESTS for t in todo)
@@ -49,6 +55,7 @@ async def judge_on_ray(todo: list[Trajectory], out: Path, config: JudgeRunConfig
                         progress.running -= 1
                     write_whole(writer, judged)
                     progress.count(judged)
+
             try:
                 async with asyncio.TaskGroup() as group:
                     for trajectory in todo:
@@ -62,24 +69,28 @@ async def judge_on_ray(todo: list[Trajectory], out: Path, config: JudgeRunConfig
 
 
 @asynccontextmanager
-async def open_shard(config: JudgeRunConfig, template: str, code: bool,
-                     notice: Callable[[str], None]) -> AsyncIterator[Callable[..., Any]]:
+async def open_shard(
+    config: JudgeRunConfig, template: str, code: bool, notice: Callable[[str], None]
+) -> AsyncIterator[Callable[..., Any]]:
     """On a Ray actor: the node's clients, its sandbox for code, and the work of judging one trajectory."""
     judging = None
     if code:
         assert config.problems is not None
         try:
-            judging = open_code_judging(config.problems, config.rewards,
-                                        config.complexity if config.time_reward else None)
+            judging = open_code_judging(
+                config.problems, config.rewards, config.complexity if config.time_reward else None
+            )
         except CodeJudgeError as exc:
             raise JudgeError(str(exc)) from None
         notice(f"code-tests runs programs in {judging.runner.where}")
     watch = CriticWatch(config.critic) if config.critic is not None else None
     try:
         async with httpx.AsyncClient(limits=httpx.Limits(max_connections=max(config.concurrency, 10))) as client:
+
             async def work(trajectory: Trajectory) -> Trajectory:
                 await judge_trajectory(trajectory, config, template, client, watch, judging)
                 return trajectory
+
             yield work
     finally:
         if judging is not None:

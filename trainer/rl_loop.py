@@ -98,8 +98,9 @@ def iteration_entry(state: dict[str, Any], iteration: int) -> dict[str, Any]:
 # ---------------------------------------------------------------- the stages
 
 
-async def collect_stage(config: LoopConfig, entry: dict[str, Any], folder: Path, notice: Callable[[str], None]
-                        ) -> dict[str, Any]:
+async def collect_stage(
+    config: LoopConfig, entry: dict[str, Any], folder: Path, notice: Callable[[str], None]
+) -> dict[str, Any]:
     """G rollouts per question with the iteration's policy (collect resumes its own file)."""
     from nanbeige.agent.backends.prompts import search_template
     from nanbeige.trainer.collect import CollectConfig, collect
@@ -108,19 +109,25 @@ async def collect_stage(config: LoopConfig, entry: dict[str, Any], folder: Path,
     if backend.token_mode and backend.chat_template is None and settings.agent.dialect == "mcp-xml":
         # the first model's deep-search template for every iteration: a checkpoint folder does not hold it
         backend = dataclasses.replace(backend, chat_template=search_template(settings.llm.model))
-    settings = dataclasses.replace(settings, backend=backend,
-                                   llm=dataclasses.replace(settings.llm, model=entry["policy"]["model"]))
-    collect_config = CollectConfig(out=folder / "rollouts.jsonl", questions=folder / "questions.jsonl",
-                                   group_size=config.group_size, concurrency=config.collect_concurrency,
-                                   ray=config.ray)
+    settings = dataclasses.replace(
+        settings, backend=backend, llm=dataclasses.replace(settings.llm, model=entry["policy"]["model"])
+    )
+    collect_config = CollectConfig(
+        out=folder / "rollouts.jsonl",
+        questions=folder / "questions.jsonl",
+        group_size=config.group_size,
+        concurrency=config.collect_concurrency,
+        ray=config.ray,
+    )
     summary = await collect(collect_config, settings, notice)
     if summary["failed"]:  # not written: the next call retries them, so the stage is not done
         raise LoopError(f"{summary['failed']} rollouts failed on the model server (last: {summary['last_error']})")
     return {"rollouts": summary["rollouts"], "pass_rate": summary["pass_rate"], "model": settings.llm.model}
 
 
-async def judge_stage(config: LoopConfig, state: dict[str, Any], iteration: int, folder: Path,
-                      notice: Callable[[str], None]) -> dict[str, Any]:
+async def judge_stage(
+    config: LoopConfig, state: dict[str, Any], iteration: int, folder: Path, notice: Callable[[str], None]
+) -> dict[str, Any]:
     """Judge the rollouts; with dynamic sampling, draw, collect and judge more until enough groups are
     informative or the draws run out."""
     from nanbeige.trainer.batches import describe_band
@@ -131,16 +138,27 @@ async def judge_stage(config: LoopConfig, state: dict[str, Any], iteration: int,
         informative, groups = informative_groups(folder / "judged.jsonl", config.train)
         have = drawn(folder)
         draws = -(-have // (config.questions_per_iteration or max(1, have)))
-        if informative >= config.min_informative_groups or draws >= config.max_draws \
-                or not draw_questions(config, iteration, folder):
+        if (
+            informative >= config.min_informative_groups
+            or draws >= config.max_draws
+            or not draw_questions(config, iteration, folder)
+        ):
             break
-        notice(f"loop: iteration {iteration}: {informative} of {groups} groups with "
-               f"{describe_band(config.train.groups)}, {config.min_informative_groups} wanted: drawing "
-               f"{config.questions_per_iteration} more questions")
+        notice(
+            f"loop: iteration {iteration}: {informative} of {groups} groups with "
+            f"{describe_band(config.train.groups)}, {config.min_informative_groups} wanted: drawing "
+            f"{config.questions_per_iteration} more questions"
+        )
         await collect_stage(config, iteration_entry(state, iteration), folder, notice)
-    return {"judged": summary["judged"] + summary["already_judged"], "mean_reward": summary["mean_reward"],
-            "outcome_errors": summary["outcome_errors"], "masked_turns": summary["masked_turns"],
-            "groups": groups, "informative_groups": informative, "questions": drawn(folder)}
+    return {
+        "judged": summary["judged"] + summary["already_judged"],
+        "mean_reward": summary["mean_reward"],
+        "outcome_errors": summary["outcome_errors"],
+        "masked_turns": summary["masked_turns"],
+        "groups": groups,
+        "informative_groups": informative,
+        "questions": drawn(folder),
+    }
 
 
 def informative_groups(judged: Path, train: TrainConfig) -> tuple[int, int]:
@@ -202,12 +220,14 @@ def train_config_for(config: LoopConfig, policy: dict[str, Any], folder: Path) -
     previous = Path(policy["checkpoint"]) if policy["checkpoint"] else None
     model = str(previous) if previous and not config.train.lora_rank else config.train.model
     init_from = previous if previous and config.train.lora_rank else None
-    return dataclasses.replace(config.train, data=[folder / "judged.jsonl"], model=model, out=folder / "train",
-                               init_from=init_from)
+    return dataclasses.replace(
+        config.train, data=[folder / "judged.jsonl"], model=model, out=folder / "train", init_from=init_from
+    )
 
 
-async def train_stage(config: LoopConfig, policy: dict[str, Any], folder: Path, notice: Callable[[str], None]
-                      ) -> dict[str, Any]:
+async def train_stage(
+    config: LoopConfig, policy: dict[str, Any], folder: Path, notice: Callable[[str], None]
+) -> dict[str, Any]:
     """Train in a thread (the event loop stays free), resuming from the newest checkpoint in the folder."""
     from nanbeige.trainer.train import train
 
@@ -222,8 +242,9 @@ def engines(config: LoopConfig) -> list[str]:
     return list(dict.fromkeys(engine_root(url) for url in config.admin_urls or config.settings.llm.urls()))
 
 
-async def sync_stage(config: LoopConfig, state: dict[str, Any], checkpoint: str, iteration: int,
-                     notice: Callable[[str], None]) -> dict[str, Any]:
+async def sync_stage(
+    config: LoopConfig, state: dict[str, Any], checkpoint: str, iteration: int, notice: Callable[[str], None]
+) -> dict[str, Any]:
     """Make the new checkpoint the policy the next iteration samples from, on every engine; returns that policy.
     The engines that took it are recorded even when another did not, and are not synced again."""
     if config.sync in ("lora", "weights"):
@@ -232,8 +253,9 @@ async def sync_stage(config: LoopConfig, state: dict[str, Any], checkpoint: str,
         record = state.setdefault("engines", {})
         record.update({url: f"iter-{iteration}" for url in urls if url not in failed})
         if failed:
-            raise SyncError(f"{len(failed)} of {len(urls)} engines did not take the new policy: "
-                            + "; ".join(failed.values()))
+            raise SyncError(
+                f"{len(failed)} of {len(urls)} engines did not take the new policy: " + "; ".join(failed.values())
+            )
         notice(f"loop: every engine serves iteration {iteration}'s policy: {', '.join(urls)}")
         # with LoRA the adapter's name; with weights the same served model, now with the new weights
         model = checkpoint if config.sync == "lora" else config.settings.llm.model
@@ -241,18 +263,19 @@ async def sync_stage(config: LoopConfig, state: dict[str, Any], checkpoint: str,
         model = checkpoint  # the in-process backend loads the checkpoint folder itself
     else:
         model = config.settings.llm.model  # the user restarts the server on the checkpoint
-        notice(f"loop: serve {checkpoint} (restart the model server on it) for the next iteration to sample "
-               "from the new policy")
+        notice(
+            f"loop: serve {checkpoint} (restart the model server on it) for the next iteration to sample "
+            "from the new policy"
+        )
     return {"model": model, "checkpoint": checkpoint, "version": f"iter-{iteration}"}
 
 
 # ---------------------------------------------------------------- the loop
 
 
-
-
-async def run_iteration(config: LoopConfig, state: dict[str, Any], iteration: int,
-                        notice: Callable[[str], None]) -> None:
+async def run_iteration(
+    config: LoopConfig, state: dict[str, Any], iteration: int, notice: Callable[[str], None]
+) -> None:
     """The iteration's stages not yet done, the state written after each."""
     entry = iteration_entry(state, iteration)
     folder = config.out / f"iter-{iteration}"
@@ -274,8 +297,10 @@ async def run_iteration(config: LoopConfig, state: dict[str, Any], iteration: in
             entry[stage] = await run()
         except NanbeigeError as exc:  # a stage's CollectError, JudgeError, TrainError, SetupError, SyncError ...
             write_state(config.out, state)  # what was done before the failure (engines a sync reached)
-            raise LoopError(f"iteration {iteration}, {STAGES[stage]}: {exc} "
-                            f"(the state is in {config.out / STATE}: run the same loop again to resume)") from None
+            raise LoopError(
+                f"iteration {iteration}, {STAGES[stage]}: {exc} "
+                f"(the state is in {config.out / STATE}: run the same loop again to resume)"
+            ) from None
         if stage == "synced":
             state["policy"] = entry["synced"]
         write_state(config.out, state)
@@ -300,9 +325,11 @@ async def engines_agree(config: LoopConfig, state: dict[str, Any], iteration: in
     if previous.pop("synced", None) is not None:
         fix = f"iteration {iteration - 1} is no longer synced: run the same loop again to sync them"
     write_state(config.out, state)
-    raise LoopError(f"iteration {iteration}, collect: the engines do not all serve the policy "
-                    f"{policy['checkpoint'] or policy['model']}, so collection does not start "
-                    f"({'; '.join(lacking.values())}); {fix}")
+    raise LoopError(
+        f"iteration {iteration}, collect: the engines do not all serve the policy "
+        f"{policy['checkpoint'] or policy['model']}, so collection does not start "
+        f"({'; '.join(lacking.values())}); {fix}"
+    )
 
 
 async def run_loop(config: LoopConfig, notice: Callable[[str], None], resume: bool = True) -> dict[str, Any]:
@@ -318,14 +345,23 @@ async def run_loop(config: LoopConfig, notice: Callable[[str], None], resume: bo
         write_state(config.out, state)
     for iteration in range(1, config.iterations + 1):
         await run_iteration(config, state, iteration, notice)
-    return {"out": str(config.out), "policy": state["policy"],
-            "iterations": [summary_of(entry) for entry in state["iterations"]]}
+    return {
+        "out": str(config.out),
+        "policy": state["policy"],
+        "iterations": [summary_of(entry) for entry in state["iterations"]],
+    }
 
 
 def summary_of(entry: dict[str, Any]) -> dict[str, Any]:
     """One iteration as the loop reports it."""
     collected, judged = entry.get("collected", {}), entry.get("judged", {})
     trained, synced = entry.get("trained", {}), entry.get("synced", {})
-    return {"iteration": entry["iteration"], "model": entry["policy"]["model"], "rollouts": collected.get("rollouts"),
-            "mean_reward": judged.get("mean_reward"), "train_steps": trained.get("steps"),
-            "checkpoint": trained.get("checkpoint"), "synced_model": synced.get("model")}
+    return {
+        "iteration": entry["iteration"],
+        "model": entry["policy"]["model"],
+        "rollouts": collected.get("rollouts"),
+        "mean_reward": judged.get("mean_reward"),
+        "train_steps": trained.get("steps"),
+        "checkpoint": trained.get("checkpoint"),
+        "synced_model": synced.get("model"),
+    }

@@ -43,8 +43,10 @@ def read_samples(config: TrainConfig) -> tuple[list[Any], dict[str, Any], float]
     check_sampling(trajectories, config)
     temperatures = {t.sampling.get("temperature") for t in trajectories if t.sampling} - {None}
     if len(temperatures) > 1:
-        raise TrainError(f"the trajectories were sampled at different temperatures {sorted(temperatures)}; the "
-                         "trainer's logprobs must use the sampler's, so train on one temperature at a time")
+        raise TrainError(
+            f"the trajectories were sampled at different temperatures {sorted(temperatures)}; the "
+            "trainer's logprobs must use the sampler's, so train on one temperature at a time"
+        )
     try:
         samples, summary = samples_from(trajectories, objective=config.objective, rule=config.groups)
     except ValueError as exc:  # a token record that does not check out: training on it would be wrong
@@ -62,8 +64,11 @@ def nothing_kept_hint(config: TrainConfig) -> str:
     if config.objective == "sft":
         return "SFT imitates rollouts with an outcome reward > 0; check the outcome rewards"
     rule = config.groups
-    source = "the outcome rewards" if rule.counts == "pass" else \
-        f"the grader's records (judge[\"{'solved' if rule.counts == 'solved' else 'complexity_ok'}\"])"
+    source = (
+        "the outcome rewards"
+        if rule.counts == "pass"
+        else f'the grader\'s records (judge["{"solved" if rule.counts == "solved" else "complexity_ok"}"])'
+    )
     return f"GRPO keeps groups with {describe_band(rule)}; check {source}"
 
 
@@ -91,8 +96,9 @@ def check_token_records(trajectories: list[Any], path: Path, vocabulary: int | N
             problem = token_problem(turn, vocabulary) or reward_problem(turn.reward)
             if problem is not None:
                 line = record_line(path, trajectory.id, "turn", turn.index)
-                raise TrainError(f"{path}:{line}: trajectory {trajectory.id} turn {turn.index}: {problem}; it cannot "
-                                 "be trained on")
+                raise TrainError(
+                    f"{path}:{line}: trajectory {trajectory.id} turn {turn.index}: {problem}; it cannot be trained on"
+                )
 
 
 MAX_REWARD = 1e9
@@ -133,8 +139,14 @@ def token_problem(turn: Any, vocabulary: int | None) -> str | None:
 
 # What the trainer computes is softmax(logits / temperature): a sampler that also cut or reweighted the
 # distribution recorded logprobs of another policy. Each setting and the value at which it does nothing.
-NEUTRAL_SAMPLING = {"top_p": (1.0,), "top_k": (0, -1), "min_p": (0.0,), "repetition_penalty": (1.0,),
-                    "presence_penalty": (0.0,), "frequency_penalty": (0.0,)}
+NEUTRAL_SAMPLING = {
+    "top_p": (1.0,),
+    "top_k": (0, -1),
+    "min_p": (0.0,),
+    "repetition_penalty": (1.0,),
+    "presence_penalty": (0.0,),
+    "frequency_penalty": (0.0,),
+}
 
 
 def check_sampling(trajectories: list[Any], config: TrainConfig) -> None:
@@ -148,7 +160,8 @@ def check_sampling(trajectories: list[Any], config: TrainConfig) -> None:
                 raise TrainError(
                     f"trajectory {trajectory.id} was sampled with {name} {value}, which the trainer does not apply, "
                     "so its logprobs are another policy's; collect with --top-p 1 --repetition-penalty 1 (collect's "
-                    "default), or pass --off-policy to train on it with truncated importance weights correcting it")
+                    "default), or pass --off-policy to train on it with truncated importance weights correcting it"
+                )
 
 
 def plan_steps(samples: list[Any], config: TrainConfig) -> list[list[Any]]:
@@ -179,7 +192,9 @@ def rollout_summary(trajectories: list[Any]) -> dict[str, float]:
     turns = [turn for t in judged for turn in t.turns]
     if not judged:
         return {}
-    return {"reward_mean": sum(t.reward for t in judged) / len(judged),
-            "pass_rate": sum(t.reward > 0 for t in judged) / len(judged),
-            "response_tokens_mean": sum(len(turn.completion_ids or []) for turn in turns) / max(1, len(turns)),
-            "turns_mean": len(turns) / len(judged)}
+    return {
+        "reward_mean": sum(t.reward for t in judged) / len(judged),
+        "pass_rate": sum(t.reward > 0 for t in judged) / len(judged),
+        "response_tokens_mean": sum(len(turn.completion_ids or []) for turn in turns) / max(1, len(turns)),
+        "turns_mean": len(turns) / len(judged),
+    }

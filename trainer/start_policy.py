@@ -23,8 +23,16 @@ if TYPE_CHECKING:
 FILE = "start-logprobs.pt"
 
 
-def compute_start_logprobs(model: Any, samples: list[Any], micro_tokens: int, chunk_tokens: int, world: World,
-                           temperature: float, pad_id: int, packing: bool = False) -> None:
+def compute_start_logprobs(
+    model: Any,
+    samples: list[Any],
+    micro_tokens: int,
+    chunk_tokens: int,
+    world: World,
+    temperature: float,
+    pad_id: int,
+    packing: bool = False,
+) -> None:
     """Sets `old_logprobs` on every sample. Each rank computes every world-size-th micro-batch (all ranks
     make the same number of forward passes, as FSDP's collectives need) and then every rank gets all rows."""
     import torch
@@ -34,18 +42,25 @@ def compute_start_logprobs(model: Any, samples: list[Any], micro_tokens: int, ch
 
     batches = micro_batches(samples, micro_tokens, packing)
     position = {id(sample): i for i, sample in enumerate(samples)}
-    mine = batches[world.rank::world.size]
+    mine = batches[world.rank :: world.size]
     found: dict[int, list[float]] = {}
     with torch.no_grad():
         for batch in mine + [[]] * (math.ceil(len(batches) / world.size) - len(mine)):
             tensors = {k: v.to(world.device) for k, v in tensors_of(batch or samples[:1], pad_id, packing).items()}
             chunks = int(all_max(max(1, -(-tensors["targets"].numel() // chunk_tokens)), world))
             with compute_precision(world):
-                logprobs = token_logprobs(model, tensors["input_ids"], tensors["attention_mask"], tensors["targets"],
-                                          chunk_tokens=chunk_tokens, temperature=temperature, chunks=chunks,
-                                          position_ids=tensors.get("position_ids"))
+                logprobs = token_logprobs(
+                    model,
+                    tensors["input_ids"],
+                    tensors["attention_mask"],
+                    tensors["targets"],
+                    chunk_tokens=chunk_tokens,
+                    temperature=temperature,
+                    chunks=chunks,
+                    position_ids=tensors.get("position_ids"),
+                )
             for sample, (b, start) in zip(batch, sample_spans(batch, packing)):  # [B, L-1] -> aligned to its ids
-                values = logprobs[b, start: start + len(sample.ids) - 1]
+                values = logprobs[b, start : start + len(sample.ids) - 1]
                 found[position[id(sample)]] = [0.0] + values.float().cpu().tolist()
     if world.size > 1:
         import torch.distributed as dist
@@ -85,7 +100,7 @@ def load_start_logprobs(out: Path, samples: list[Any]) -> None:
         raise TrainError(f"{path} does not fit this run's rows (other data or options?); {fix}")
     offset = 0
     for sample, n in zip(samples, lengths):
-        sample.old_logprobs = values[offset: offset + n].tolist()
+        sample.old_logprobs = values[offset : offset + n].tolist()
         offset += n
 
 
@@ -102,16 +117,25 @@ def rollout_drift(samples: list[Any]) -> float | None:
     return total / count if count else None
 
 
-def start_policy(model: Any, samples: list[Any], config: TrainConfig, world: World, temperature: float, pad_id: int,
-                 resumed: bool, log: Any) -> None:
+def start_policy(
+    model: Any,
+    samples: list[Any],
+    config: TrainConfig,
+    world: World,
+    temperature: float,
+    pad_id: int,
+    resumed: bool,
+    log: Any,
+) -> None:
     """π_old for every row (`start_policy.py`): computed and saved before the first step, read back on resume;
     then the rollouts' distance from it, refused beyond `max_rollout_drift`."""
     if resumed:
         load_start_logprobs(config.out, samples)
     else:
         began = time.perf_counter()
-        compute_start_logprobs(model, samples, config.micro_tokens, config.chunk_tokens, world, temperature, pad_id,
-                               config.packing == "on")
+        compute_start_logprobs(
+            model, samples, config.micro_tokens, config.chunk_tokens, world, temperature, pad_id, config.packing == "on"
+        )
         if world.main:
             save_start_logprobs(config.out, samples)
             log(f"π_old: the starting policy's logprobs of {len(samples)} rows in {time.perf_counter() - began:.1f} s")
@@ -119,7 +143,9 @@ def start_policy(model: Any, samples: list[Any], config: TrainConfig, world: Wor
     if drift is not None and world.main:
         log(f"the rollouts' sampler vs the starting policy: mean |log ratio| {drift:.2e}")
     if drift is not None and drift > config.max_rollout_drift and not config.off_policy:
-        raise TrainError(f"the rollouts were not sampled by the policy training starts from: mean |log π_old - "
-                         f"log π_rollout| is {drift:.3f}, above --max-rollout-drift {config.max_rollout_drift} "
-                         "(rollouts of an older checkpoint, or sampled with top-p or penalties the trainer does not "
-                         "apply); collect them again from this model, or pass --off-policy to train on them anyway")
+        raise TrainError(
+            f"the rollouts were not sampled by the policy training starts from: mean |log π_old - "
+            f"log π_rollout| is {drift:.3f}, above --max-rollout-drift {config.max_rollout_drift} "
+            "(rollouts of an older checkpoint, or sampled with top-p or penalties the trainer does not "
+            "apply); collect them again from this model, or pass --off-policy to train on them anyway"
+        )

@@ -18,10 +18,14 @@ import httpx
 
 from nanbeige.tools.errors import NanbeigeError
 
-WEIGHTS_FIX = ("vLLM takes new weights without a restart only with its dev endpoints on: start it with "
-               "`nanbeige serve --weight-sync` (VLLM_SERVER_DEV_MODE=1)")
-LORA_FIX = ("vLLM hot-loads adapters only when started with --enable-lora (and --max-lora-rank at least the "
-            "adapter's rank) and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True in its environment")
+WEIGHTS_FIX = (
+    "vLLM takes new weights without a restart only with its dev endpoints on: start it with "
+    "`nanbeige serve --weight-sync` (VLLM_SERVER_DEV_MODE=1)"
+)
+LORA_FIX = (
+    "vLLM hot-loads adapters only when started with --enable-lora (and --max-lora-rank at least the "
+    "adapter's rank) and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True in its environment"
+)
 
 
 class SyncError(NanbeigeError):
@@ -42,8 +46,9 @@ async def listed(http: httpx.AsyncClient, root: str) -> dict[str, str | None]:
     """The models an engine lists in `/v1/models`, each name with its `root` (an adapter's folder)."""
     response = await http.get(f"{root}/v1/models")
     if response.status_code != 200:
-        raise SyncError(f"the model server at {root} did not list its models: HTTP {response.status_code} "
-                        f"{server_words(response)}")
+        raise SyncError(
+            f"the model server at {root} did not list its models: HTTP {response.status_code} {server_words(response)}"
+        )
     try:
         entries = response.json().get("data")
         return {str(entry["id"]): entry.get("root") for entry in entries if isinstance(entry, dict)}
@@ -55,15 +60,19 @@ async def weight_version(http: httpx.AsyncClient, root: str) -> str:
     """The weight version the engine reports (`GET /weight_info`, a dev endpoint)."""
     response = await http.get(f"{root}/weight_info")
     if response.status_code == 404:
-        raise SyncError(f"the model server at {root} has no /weight_info endpoint to say which weights it serves; "
-                        f"{WEIGHTS_FIX}, with vLLM 0.32 or newer")
+        raise SyncError(
+            f"the model server at {root} has no /weight_info endpoint to say which weights it serves; "
+            f"{WEIGHTS_FIX}, with vLLM 0.32 or newer"
+        )
     try:
         version = response.json()["weight_version"] if response.status_code == 200 else None
     except (ValueError, TypeError, KeyError):
         version = None
     if not isinstance(version, str):
-        raise SyncError(f"the model server at {root} did not say which weights it serves: HTTP "
-                        f"{response.status_code} {server_words(response)}")
+        raise SyncError(
+            f"the model server at {root} did not say which weights it serves: HTTP "
+            f"{response.status_code} {server_words(response)}"
+        )
     return version
 
 
@@ -77,14 +86,19 @@ async def load_adapter(base_url: str, name: str, adapter: Path, api_key: str | N
                 return
             response = await http.post(f"{root}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": path})
             if response.status_code != 200:
-                raise SyncError(f"the model server at {root} refused the LoRA adapter {path}: HTTP "
-                                f"{response.status_code} {server_words(response)}; {LORA_FIX}")
+                raise SyncError(
+                    f"the model server at {root} refused the LoRA adapter {path}: HTTP "
+                    f"{response.status_code} {server_words(response)}; {LORA_FIX}"
+                )
             if (await listed(http, root)).get(name, False) != path:
-                raise SyncError(f"the model server at {root} took the LoRA adapter {path} but does not list it "
-                                f"as {name}")
+                raise SyncError(
+                    f"the model server at {root} took the LoRA adapter {path} but does not list it as {name}"
+                )
     except httpx.HTTPError as exc:
-        raise SyncError(f"cannot reach the model server at {root} to load the LoRA adapter {path} "
-                        f"({type(exc).__name__}); start it, or use sync none") from None
+        raise SyncError(
+            f"cannot reach the model server at {root} to load the LoRA adapter {path} "
+            f"({type(exc).__name__}); start it, or use sync none"
+        ) from None
 
 
 async def load_weights(base_url: str, checkpoint: Path, api_key: str | None = None) -> None:
@@ -94,29 +108,39 @@ async def load_weights(base_url: str, checkpoint: Path, api_key: str | None = No
     path, resume; then check that the server reports that version. vLLM's own path for RL weight updates
     from disk; it needs the server's dev endpoints (`nanbeige serve --weight-sync`)."""
     root, version = engine_root(base_url), str(checkpoint.resolve())
-    steps = [("pause", "/pause?mode=wait", None),
-             ("reload the weights", "/collective_rpc", {"method": "reload_weights", "timeout": 1800,
-                                                        "kwargs": {"weights_path": version}}),
-             ("reset the prefix cache", "/reset_prefix_cache?reset_running_requests=true", None),
-             # before resuming: no request may be answered by the new weights under the old version
-             ("set the weight version", "/update_weight_version", {"new_version": version})]
+    steps = [
+        ("pause", "/pause?mode=wait", None),
+        (
+            "reload the weights",
+            "/collective_rpc",
+            {"method": "reload_weights", "timeout": 1800, "kwargs": {"weights_path": version}},
+        ),
+        ("reset the prefix cache", "/reset_prefix_cache?reset_running_requests=true", None),
+        # before resuming: no request may be answered by the new weights under the old version
+        ("set the weight version", "/update_weight_version", {"new_version": version}),
+    ]
     try:
         async with client(api_key, 1900.0) as http:
             try:
                 for what, path, body in steps:
                     response = await http.post(root + path, json=body)
                     if response.status_code == 404:
-                        raise SyncError(f"the model server at {root} has no {path.split('?')[0]} endpoint; "
-                                        f"{WEIGHTS_FIX}")
+                        raise SyncError(
+                            f"the model server at {root} has no {path.split('?')[0]} endpoint; {WEIGHTS_FIX}"
+                        )
                     if response.status_code != 200:
-                        raise SyncError(f"the model server at {root} could not {what} ({checkpoint}): HTTP "
-                                        f"{response.status_code} {server_words(response)}")
+                        raise SyncError(
+                            f"the model server at {root} could not {what} ({checkpoint}): HTTP "
+                            f"{response.status_code} {server_words(response)}"
+                        )
             finally:
                 await http.post(f"{root}/resume")
             reported = await weight_version(http, root)
     except httpx.HTTPError as exc:
-        raise SyncError(f"cannot reach the model server at {root} to load the weights of {checkpoint} "
-                        f"({type(exc).__name__}); start it, or use sync none") from None
+        raise SyncError(
+            f"cannot reach the model server at {root} to load the weights of {checkpoint} "
+            f"({type(exc).__name__}); start it, or use sync none"
+        ) from None
     if reported != version:
         raise SyncError(f"the model server at {root} reloaded {checkpoint} but reports weights {reported!r}")
 
@@ -133,11 +157,15 @@ async def serves(base_url: str, sync: str, checkpoint: str | None, api_key: str 
             if checkpoint is None:
                 return "its base model"  # adapters are only ever added: every engine still serves it
             adapter = str(Path(checkpoint) / "adapter")
-            return checkpoint if (await listed(http, root)).get(checkpoint, False) == adapter else \
-                f"no adapter {checkpoint}"
+            return (
+                checkpoint
+                if (await listed(http, root)).get(checkpoint, False) == adapter
+                else f"no adapter {checkpoint}"
+            )
     except httpx.HTTPError as exc:
-        raise SyncError(f"cannot reach the model server at {root} to ask which policy it serves "
-                        f"({type(exc).__name__})") from None
+        raise SyncError(
+            f"cannot reach the model server at {root} to ask which policy it serves ({type(exc).__name__})"
+        ) from None
 
 
 async def sync_engine(base_url: str, sync: str, checkpoint: Path, api_key: str | None = None) -> None:
@@ -150,6 +178,7 @@ async def sync_engine(base_url: str, sync: str, checkpoint: Path, api_key: str |
 
 async def on_every_engine(urls: list[str], work: Callable[[str], Awaitable[object]]) -> dict[str, str]:
     """Run `work(url)` (a coroutine function) on every engine at once; the error of each that failed."""
+
     async def one(url: str) -> str | None:
         try:
             await work(url)
@@ -161,8 +190,7 @@ async def on_every_engine(urls: list[str], work: Callable[[str], Awaitable[objec
     return {url: error for url, error in zip(urls, results) if error is not None}
 
 
-async def disagreeing(urls: list[str], sync: str, checkpoint: str | None, api_key: str | None = None
-                      ) -> dict[str, str]:
+async def disagreeing(urls: list[str], sync: str, checkpoint: str | None, api_key: str | None = None) -> dict[str, str]:
     """The engines that do not serve the policy trained to `checkpoint` (None: the starting model, which with
     weights means the weight version the first engine asked reports), each with what it serves instead."""
     reports: dict[str, str] = {}
@@ -173,8 +201,10 @@ async def disagreeing(urls: list[str], sync: str, checkpoint: str | None, api_ke
     failed = await on_every_engine(urls, ask)
     wanted = checkpoint or next((reports[url] for url in urls if url in reports), None)
     lacking = [url for url in urls if reports.get(url) != wanted]
-    return {url: failed.get(url) or f"{url} serves " + (reports[url] if sync == "lora" else f"weights {reports[url]!r}")
-            for url in lacking}
+    return {
+        url: failed.get(url) or f"{url} serves " + (reports[url] if sync == "lora" else f"weights {reports[url]!r}")
+        for url in lacking
+    }
 
 
 def server_words(response: httpx.Response) -> str:

@@ -51,8 +51,15 @@ Progress = Callable[[int, int, int], None]
 wanted, walks rejected in this run."""
 
 
-SYNTH_ENDPOINT = ChatEndpoint(base_url=LOCAL_BASE_URL, model=LOCAL_MODEL, temperature=0.7, max_tokens=2048,
-                              timeout_s=120.0, retries=3, retry_wait_s=1.0)
+SYNTH_ENDPOINT = ChatEndpoint(
+    base_url=LOCAL_BASE_URL,
+    model=LOCAL_MODEL,
+    temperature=0.7,
+    max_tokens=2048,
+    timeout_s=120.0,
+    retries=3,
+    retry_wait_s=1.0,
+)
 """The question writer's defaults (`nanbeige synth`, NANBEIGE_SYNTH_*): the agent's own model at the local
 server; temperature 0.7 for writing questions (the checks always ask at 0)."""
 
@@ -107,8 +114,10 @@ async def _chat(client: httpx.AsyncClient, config: ChatEndpoint, prompt: str, te
             error = str(exc)
             if not exc.retry:
                 break
-    raise SynthError(f"the model at {config.base_url} failed after {tries} tries ({error}); check that the "
-                     f"server is up and serves {config.model!r} (--base-url, --model)")
+    raise SynthError(
+        f"the model at {config.base_url} failed after {tries} tries ({error}); check that the "
+        f"server is up and serves {config.model!r} (--base-url, --model)"
+    )
 
 
 def parse_question(text: str) -> tuple[str, str] | None:
@@ -172,8 +181,9 @@ def _chain(graph: Graph, walk: list[int]) -> str:
     return "\n\n".join(parts)
 
 
-async def _check(client: httpx.AsyncClient, config: ChatEndpoint, graph: Graph, walk: list[int],
-                 question: str, answer: str) -> tuple[str, str] | None:
+async def _check(
+    client: httpx.AsyncClient, config: ChatEndpoint, graph: Graph, walk: list[int], question: str, answer: str
+) -> tuple[str, str] | None:
     """`(reason, detail)` when the question fails a check, else None. Cheap checks go first."""
     if _contains(question, answer):
         return "answer_in_question", f"the question states the answer {answer!r}"
@@ -183,11 +193,12 @@ async def _check(client: httpx.AsyncClient, config: ChatEndpoint, graph: Graph, 
         prompt = SUPPORT_PROMPT.format(answer=answer, documents=listing, question=question)
         reply = await _chat(client, config, prompt, temperature=0.0)
         if not _normalise(reply).startswith("yes"):
-            return "unsupported", f"{answer!r} is not in the walked documents and the model did not confirm it " \
-                                  f"(it said {reply[:80]!r})"
+            return (
+                "unsupported",
+                f"{answer!r} is not in the walked documents and the model did not confirm it (it said {reply[:80]!r})",
+            )
     for document in documents:
-        prompt = ANSWER_PROMPT.format(title=document.title, text=document.text[:MAX_DOCUMENT_CHARS],
-                                      question=question)
+        prompt = ANSWER_PROMPT.format(title=document.title, text=document.text[:MAX_DOCUMENT_CHARS], question=question)
         reply = await _chat(client, config, prompt, temperature=0.0)
         if _same_answer(reply, answer):
             return "one_document", f"{document.title!r} alone answers it ({reply[:80]!r})"
@@ -197,14 +208,20 @@ async def _check(client: httpx.AsyncClient, config: ChatEndpoint, graph: Graph, 
 def _row(graph: Graph, walk: list[int], question: str, answer: str) -> dict[str, Any]:
     """An accepted question as `collect` reads it; each supporting document carries the sentence that
     mentions the next one (None for the last)."""
-    supporting = [{"title": graph.documents[n].title, "link": graph.documents[n].link,
-                   "evidence": graph.links[n][walk[k + 1]] if k + 1 < len(walk) else None}
-                  for k, n in enumerate(walk)]
+    supporting = [
+        {
+            "title": graph.documents[n].title,
+            "link": graph.documents[n].link,
+            "evidence": graph.links[n][walk[k + 1]] if k + 1 < len(walk) else None,
+        }
+        for k, n in enumerate(walk)
+    ]
     return {"id": walk_id(graph, walk), "question": question, "answer": answer, "supporting": supporting}
 
 
-async def _attempt(client: httpx.AsyncClient, config: ChatEndpoint, graph: Graph,
-                   walk: list[int]) -> tuple[dict[str, Any], str | None]:
+async def _attempt(
+    client: httpx.AsyncClient, config: ChatEndpoint, graph: Graph, walk: list[int]
+) -> tuple[dict[str, Any], str | None]:
     """One walk written up and checked: `(row, None)` when accepted, `(rejection record, reason)` when not."""
     last = graph.documents[walk[-1]]
     prompt = WRITE_PROMPT.format(chain=_chain(graph, walk), last=len(walk), last_title=last.title)
@@ -212,8 +229,7 @@ async def _attempt(client: httpx.AsyncClient, config: ChatEndpoint, graph: Graph
     record: dict[str, Any] = {"id": walk_id(graph, walk), "walk": [graph.documents[n].title for n in walk]}
     parsed = parse_question(reply)
     if parsed is None:
-        return record | {"reason": "malformed", "detail": f"no question/answer JSON in {reply[:300]!r}"}, \
-            "malformed"
+        return record | {"reason": "malformed", "detail": f"no question/answer JSON in {reply[:300]!r}"}, "malformed"
     question, answer = parsed
     failed = await _check(client, config, graph, walk, question, answer)
     if failed is None:
@@ -244,8 +260,9 @@ def _read_ids(path: Path) -> set[str]:
     return ids
 
 
-def _fresh(graph: Graph, hops: int, seed: int, count: int, done: set[str],
-           summary: dict[str, Any]) -> Iterator[list[int]]:
+def _fresh(
+    graph: Graph, hops: int, seed: int, count: int, done: set[str], summary: dict[str, Any]
+) -> Iterator[list[int]]:
     """The seed's walks, less those accepted or rejected before (counted as skipped) and repeats."""
     for walk in walks(graph, hops, seed, tries=count * TRIES_PER_QUESTION):
         key = walk_id(graph, walk)
@@ -258,9 +275,17 @@ def _fresh(graph: Graph, hops: int, seed: int, count: int, done: set[str],
 
 def _new_summary(graph: Graph, in_file: int) -> dict[str, Any]:
     """The run's summary before its first walk: the graph's size and the questions already in the file."""
-    return {"documents": len(graph.documents), "edges": graph.edges,
-            "graph_seconds": round(graph.seconds, 3), "walks": 0, "skipped": 0, "accepted": 0,
-            "in_file": in_file, "rejected": Counter(), "exhausted": False}
+    return {
+        "documents": len(graph.documents),
+        "edges": graph.edges,
+        "graph_seconds": round(graph.seconds, 3),
+        "walks": 0,
+        "skipped": 0,
+        "accepted": 0,
+        "in_file": in_file,
+        "rejected": Counter(),
+        "exhausted": False,
+    }
 
 
 def _record(row: dict[str, Any], reason: str | None, out: Path, rejected_file: Path, summary: dict[str, Any]) -> None:
@@ -286,8 +311,16 @@ async def _run_workers(worker: Callable[[httpx.AsyncClient], Awaitable[None]], c
             raise errors.exceptions[0] from None
 
 
-async def synthesize(index_dir: Path, out: Path, config: ChatEndpoint, count: int, hops: int = 2, seed: int = 0,
-                     concurrency: int = 4, progress: Progress | None = None) -> dict[str, Any]:
+async def synthesize(
+    index_dir: Path,
+    out: Path,
+    config: ChatEndpoint,
+    count: int,
+    hops: int = 2,
+    seed: int = 0,
+    concurrency: int = 4,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
     """Write up to `count` accepted questions of `hops` links into `out` (JSONL, appended, resumable).
 
     Returns the summary: graph size, walks tried, walks skipped (done before), questions accepted in this

@@ -88,13 +88,14 @@ def micro_batches_of(step: list[Any], config: TrainConfig, world: World) -> tupl
 
     batches = micro_batches(step, config.micro_tokens, config.packing == "on")
     loss_tokens = sum(sum(s.loss_mask) for s in step)
-    mine = batches[world.rank::world.size]
+    mine = batches[world.rank :: world.size]
     passes = math.ceil(len(batches) / world.size)
     return mine + [[]] * (passes - len(mine)), loss_tokens
 
 
-def train_step(model: Any, optimizer: Any, step: list[Any], config: TrainConfig, world: World, temperature: float,
-               pad_id: int) -> dict[str, Any]:
+def train_step(
+    model: Any, optimizer: Any, step: list[Any], config: TrainConfig, world: World, temperature: float, pad_id: int
+) -> dict[str, Any]:
     """Forward and backward over the step's micro-batches, then one AdamW update. The loss of each
     micro-batch is its share of the step's token mean, so the gradients add up to the step's."""
     import torch
@@ -106,15 +107,24 @@ def train_step(model: Any, optimizer: Any, step: list[Any], config: TrainConfig,
     total, metrics, tokens, padded = 0.0, [], 0, 0
     for batch in mine:
         weight = 1.0 if batch else 0.0
-        tensors = {k: v.to(world.device) if hasattr(v, "to") else v for k, v in
-                   tensors_of(batch or step[:1], pad_id, config.packing == "on").items()}
+        tensors = {
+            k: v.to(world.device) if hasattr(v, "to") else v
+            for k, v in tensors_of(batch or step[:1], pad_id, config.packing == "on").items()
+        }
         positions = tensors["targets"].numel()
         chunks = int(all_max(max(1, -(-positions // config.chunk_tokens)), world))  # the same head calls everywhere
         with compute_precision(world):
-            logprobs, entropy = token_logprobs(model, tensors["input_ids"], tensors["attention_mask"],
-                                               tensors["targets"], chunk_tokens=config.chunk_tokens,
-                                               temperature=temperature, chunks=chunks, entropy=True,
-                                               position_ids=tensors.get("position_ids"))
+            logprobs, entropy = token_logprobs(
+                model,
+                tensors["input_ids"],
+                tensors["attention_mask"],
+                tensors["targets"],
+                chunk_tokens=config.chunk_tokens,
+                temperature=temperature,
+                chunks=chunks,
+                entropy=True,
+                position_ids=tensors.get("position_ids"),
+            )
         loss, info = micro_batch_loss(logprobs, tensors, loss_tokens, config)
         # FSDP averages gradients over ranks; the loss is already a share of the global mean, so undo it
         (loss * weight * world.size).backward()
@@ -124,18 +134,23 @@ def train_step(model: Any, optimizer: Any, step: list[Any], config: TrainConfig,
         if batch:
             mask = tensors["loss_mask"]
             metrics.append(info | {"entropy": float((entropy * mask).sum() / mask.sum().clamp(min=1))})
-    grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad],
-                                               config.max_grad_norm)
+    grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], config.max_grad_norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-    return {"loss": all_sum(total, world), "tokens": int(all_sum(tokens, world)), "loss_tokens": loss_tokens,
-            "grad_norm": float(grad_norm), "metrics": step_metrics(metrics, world),
-            "padding_frac": 1.0 - all_sum(tokens, world) / max(1.0, all_sum(padded, world))}
+    return {
+        "loss": all_sum(total, world),
+        "tokens": int(all_sum(tokens, world)),
+        "loss_tokens": loss_tokens,
+        "grad_norm": float(grad_norm),
+        "metrics": step_metrics(metrics, world),
+        "padding_frac": 1.0 - all_sum(tokens, world) / max(1.0, all_sum(padded, world)),
+    }
 
 
-def micro_batch_loss(logprobs: Any, tensors: dict[str, Any], loss_tokens: int, config: TrainConfig
-                     ) -> tuple[Any, dict[str, Any]]:
+def micro_batch_loss(
+    logprobs: Any, tensors: dict[str, Any], loss_tokens: int, config: TrainConfig
+) -> tuple[Any, dict[str, Any]]:
     """The micro-batch's loss, as its share of the step's token mean, and its metrics: SFT's masked NLL, or the
     policy loss with the configured clips and importance-weight cap."""
     from nanbeige.trainer.loss import policy_loss, sft_loss
@@ -143,10 +158,19 @@ def micro_batch_loss(logprobs: Any, tensors: dict[str, Any], loss_tokens: int, c
     if config.objective == "sft":
         loss, info = sft_loss(logprobs, tensors["loss_mask"], loss_tokens)
     else:
-        loss, info = policy_loss(logprobs, tensors["old_logprobs"], tensors["rollout_logprobs"],
-                                 tensors["advantages"], tensors["loss_mask"], loss_tokens, clip_low=config.clip_low,
-                                 clip_high=config.clip_high, clip_dual=config.clip_dual, tis_cap=config.tis_cap,
-                                 has_rollout_logprobs=bool(tensors.get("has_rollout_logprobs", True)))
+        loss, info = policy_loss(
+            logprobs,
+            tensors["old_logprobs"],
+            tensors["rollout_logprobs"],
+            tensors["advantages"],
+            tensors["loss_mask"],
+            loss_tokens,
+            clip_low=config.clip_low,
+            clip_high=config.clip_high,
+            clip_dual=config.clip_dual,
+            tis_cap=config.tis_cap,
+            has_rollout_logprobs=bool(tensors.get("has_rollout_logprobs", True)),
+        )
     return loss, info
 
 
@@ -191,14 +215,19 @@ def saved_state(checkpoint: Path, config: TrainConfig, world: World) -> dict[str
     try:
         saved = torch.load(state, weights_only=False)
     except (OSError, RuntimeError, EOFError, ValueError) as exc:  # torn, or not a state file at all
-        raise TrainError(f"cannot read {state} ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}): "
-                         "remove that checkpoint folder to resume from the one before") from None
+        raise TrainError(
+            f"cannot read {state} ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}): "
+            "remove that checkpoint folder to resume from the one before"
+        ) from None
     if not isinstance(saved, dict) or not isinstance(saved.get("config"), dict):
-        raise TrainError(f"cannot read {state}: not a trainer state; remove that checkpoint folder to resume from "
-                         "the one before")
+        raise TrainError(
+            f"cannot read {state}: not a trainer state; remove that checkpoint folder to resume from the one before"
+        )
     if saved.get("world_size", 1) != world.size:
-        raise TrainError(f"{checkpoint} was saved by {saved.get('world_size', 1)} processes; resume with as many "
-                         "(the optimizer state is sharded)")
+        raise TrainError(
+            f"{checkpoint} was saved by {saved.get('world_size', 1)} processes; resume with as many "
+            "(the optimizer state is sharded)"
+        )
     now = json.loads(json.dumps(asdict(config), default=str))  # as saved: paths as text
     changed = [k for k in RESUME_KEYS if saved["config"].get(k) != now.get(k)]
     if changed:
@@ -223,9 +252,20 @@ def peak_lr(config: TrainConfig) -> float:
     return config.lr or (3e-5 if config.lora_rank else 1e-6)
 
 
-def run_steps(model: Any, tokenizer: Any, optimizer: Any, steps: list[list[Any]], start: int, config: TrainConfig,
-              world: World, temperature: float, pad_id: int, data: dict[str, Any], metrics_log: MetricsLog | None,
-              log: Any) -> int:
+def run_steps(
+    model: Any,
+    tokenizer: Any,
+    optimizer: Any,
+    steps: list[list[Any]],
+    start: int,
+    config: TrainConfig,
+    world: World,
+    temperature: float,
+    pad_id: int,
+    data: dict[str, Any],
+    metrics_log: MetricsLog | None,
+    log: Any,
+) -> int:
     """The optimizer steps from `start` on, each logged and checkpointed as asked; the last step saved."""
     params, saved_at = parameter_count(model), start
     for index in range(start, len(steps)):
@@ -239,15 +279,26 @@ def run_steps(model: Any, tokenizer: Any, optimizer: Any, steps: list[list[Any]]
         # the start refuses data whose sampler was not the starting policy)
         result["metrics"]["staleness"] = float(index)
         result["metrics"]["padding_frac"] = result["padding_frac"]  # of the tokens the micro-batches computed
-        entry = StepLog(step=index + 1, loss=result["loss"], tokens=result["tokens"], loss_tokens=result["loss_tokens"],
-                        seconds=seconds, tokens_per_s=result["tokens"] / seconds, grad_norm=result["grad_norm"],
-                        lr=lr, metrics=result["metrics"], mfu=mfu(params, result["tokens"], seconds, world),
-                        groups={k: v for k, v in data.items() if k.startswith("groups_")},
-                        rollouts=data.get("rollouts", {}))
+        entry = StepLog(
+            step=index + 1,
+            loss=result["loss"],
+            tokens=result["tokens"],
+            loss_tokens=result["loss_tokens"],
+            seconds=seconds,
+            tokens_per_s=result["tokens"] / seconds,
+            grad_norm=result["grad_norm"],
+            lr=lr,
+            metrics=result["metrics"],
+            mfu=mfu(params, result["tokens"], seconds, world),
+            groups={k: v for k, v in data.items() if k.startswith("groups_")},
+            rollouts=data.get("rollouts", {}),
+        )
         if metrics_log is not None:
             metrics_log.write(asdict(entry))
-            log(f"step {entry.step}/{len(steps)} loss {entry.loss:.5f} · {entry.tokens_per_s:,.0f} tokens/s · "
-                f"grad norm {entry.grad_norm:.4f}" + (f" · MFU {entry.mfu:.1%}" if entry.mfu else ""))
+            log(
+                f"step {entry.step}/{len(steps)} loss {entry.loss:.5f} · {entry.tokens_per_s:,.0f} tokens/s · "
+                f"grad norm {entry.grad_norm:.4f}" + (f" · MFU {entry.mfu:.1%}" if entry.mfu else "")
+            )
         if config.save_every and entry.step % config.save_every == 0 or entry.step == len(steps):
             save_checkpoint(model, tokenizer, optimizer, entry.step, config, world)
             saved_at = entry.step
@@ -268,32 +319,48 @@ def train(config: TrainConfig, resume: bool = False, log: Any = None) -> dict[st
     saved = saved_state(found[0], config, world) if found else None
     origin = found[0] if found else config.init_from
     model, tokenizer = load_model(config, world, origin)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=peak_lr(config),
-                                  weight_decay=config.weight_decay)
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=peak_lr(config), weight_decay=config.weight_decay
+    )
     if saved:
         optimizer.load_state_dict(saved["optimizer"])
     elif config.init_from is not None and (config.init_from / f"trainer-state-rank{world.rank}.pt").exists():
-        optimizer.load_state_dict(torch.load(config.init_from / f"trainer-state-rank{world.rank}.pt",
-                                             weights_only=False)["optimizer"])
+        optimizer.load_state_dict(
+            torch.load(config.init_from / f"trainer-state-rank{world.rank}.pt", weights_only=False)["optimizer"]
+        )
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     metrics_log = None
     if world.main:
         config.out.mkdir(parents=True, exist_ok=True)
         drop_metrics_after(config.out / "metrics.jsonl", start)  # steps past the checkpoint are done again
-        metrics_log = MetricsLog(config.out, start, config.tensorboard, config.wandb_project,
-                                 json.loads(json.dumps(asdict(config), default=str)))
+        metrics_log = MetricsLog(
+            config.out,
+            start,
+            config.tensorboard,
+            config.wandb_project,
+            json.loads(json.dumps(asdict(config), default=str)),
+        )
         per_pass = len(plan_steps(samples, replace(config, steps=None, epochs=1)))
-        log(f"training on {len(samples)} rows ({json.dumps(data)}); {len(steps)} optimizer steps on this batch of "
+        log(
+            f"training on {len(samples)} rows ({json.dumps(data)}); {len(steps)} optimizer steps on this batch of "
             f"rollouts ({per_pass} mini-batches of about {config.step_tokens} tokens a pass, "
-            f"{len(steps) / per_pass:g} passes)" + (f", resuming after step {start}" if found else ""))
+            f"{len(steps) / per_pass:g} passes)" + (f", resuming after step {start}" if found else "")
+        )
     config = replace(config, packing=resolve_packing(config, model, world, pad_id, log))
     try:
         if config.objective == "grpo":
             start_policy(model, samples, config, world, temperature, pad_id, resumed=found is not None, log=log)
-        saved_at = run_steps(model, tokenizer, optimizer, steps, start, config, world, temperature, pad_id, data,
-                             metrics_log, log)
+        saved_at = run_steps(
+            model, tokenizer, optimizer, steps, start, config, world, temperature, pad_id, data, metrics_log, log
+        )
     finally:
         if metrics_log is not None:
             metrics_log.close()
-    return {"steps": len(steps), "started_at_step": start, "saved_at_step": saved_at, "rows": len(samples),
-            "data": data, "checkpoint": str(config.out / f"checkpoint-{saved_at}") if saved_at else None}
+    return {
+        "steps": len(steps),
+        "started_at_step": start,
+        "saved_at_step": saved_at,
+        "rows": len(samples),
+        "data": data,
+        "checkpoint": str(config.out / f"checkpoint-{saved_at}") if saved_at else None,
+    }

@@ -16,16 +16,38 @@ from nanbeige.tools.errors import NanbeigeError
 
 # (file name, title, [(label, the record's key path)]): one PNG per entry
 PANELS = [
-    ("reward.png", "Rollouts: reward and pass rate", [("mean reward", "rollouts/reward_mean"),
-                                                      ("pass rate", "rollouts/pass_rate")]),
+    (
+        "reward.png",
+        "Rollouts: reward and pass rate",
+        [("mean reward", "rollouts/reward_mean"), ("pass rate", "rollouts/pass_rate")],
+    ),
     ("loss.png", "Loss", [("loss", "loss")]),
     ("entropy.png", "Entropy of the policy on trained tokens (nats)", [("entropy", "metrics/entropy")]),
-    ("length.png", "Rollout length", [("completion tokens per turn", "rollouts/response_tokens_mean"),
-                                      ("turns per trajectory", "rollouts/turns_mean")]),
-    ("clip.png", "PPO clip", [("clip fraction", "metrics/clip_frac"), ("dual clip fraction", "metrics/dual_clip_frac"),
-                              ("TIS capped fraction", "metrics/tis_capped_frac")]),
-    ("drift.png", "Drift, mean |log ratio|", [("from the update's start (π_old)", "metrics/drift_from_start"),
-                                              ("from the sampler", "metrics/drift_from_rollout")]),
+    (
+        "length.png",
+        "Rollout length",
+        [
+            ("completion tokens per turn", "rollouts/response_tokens_mean"),
+            ("turns per trajectory", "rollouts/turns_mean"),
+        ],
+    ),
+    (
+        "clip.png",
+        "PPO clip",
+        [
+            ("clip fraction", "metrics/clip_frac"),
+            ("dual clip fraction", "metrics/dual_clip_frac"),
+            ("TIS capped fraction", "metrics/tis_capped_frac"),
+        ],
+    ),
+    (
+        "drift.png",
+        "Drift, mean |log ratio|",
+        [
+            ("from the update's start (π_old)", "metrics/drift_from_start"),
+            ("from the sampler", "metrics/drift_from_rollout"),
+        ],
+    ),
     ("throughput.png", "Throughput (tokens/s)", [("tokens/s", "tokens_per_s")]),
     ("lr.png", "Learning rate and gradient norm", [("learning rate", "lr"), ("grad norm", "grad_norm")]),
 ]
@@ -39,8 +61,11 @@ def metrics_files(run: Path) -> list[Path]:
     """The run's metrics files in step order: its own, or each loop iteration's."""
     if (run / "metrics.jsonl").is_file():
         return [run / "metrics.jsonl"]
-    iterations = [(int(m[1]), p) for p in run.glob("iter-*/train/metrics.jsonl")
-                  if (m := re.fullmatch(r"iter-(\d+)", p.parent.parent.name))]
+    iterations = [
+        (int(m[1]), p)
+        for p in run.glob("iter-*/train/metrics.jsonl")
+        if (m := re.fullmatch(r"iter-(\d+)", p.parent.parent.name))
+    ]
     return [p for _, p in sorted(iterations)]
 
 
@@ -83,15 +108,17 @@ def draw(run: Path, out: Path | None = None) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name, title, lines in PANELS:
-        series = [(label, [(r["step"], v) for r in records if (v := value(r, key)) is not None])
-                  for label, key in lines]
+        series = [
+            (label, [(r["step"], v) for r in records if (v := value(r, key)) is not None]) for label, key in lines
+        ]
         series = [(label, points) for label, points in series if points]
         if not series:
             continue
         figure, axes = plt.subplots(figsize=(7, 4))
         for label, points in series:
-            axes.plot([p[0] for p in points], [p[1] for p in points], marker="o" if len(points) < 30 else None,
-                      label=label)
+            axes.plot(
+                [p[0] for p in points], [p[1] for p in points], marker="o" if len(points) < 30 else None, label=label
+            )
         axes.set_title(title)
         axes.set_xlabel("optimizer step")
         axes.grid(alpha=0.3)

@@ -75,8 +75,11 @@ def _content_text(content: Any) -> str:
     if content is None or isinstance(content, str):
         return content or ""
     if isinstance(content, list):
-        return "".join(part["text"] for part in content
-                       if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str))
+        return "".join(
+            part["text"]
+            for part in content
+            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+        )
     raise _bad_reply(f"content is {_kind(content)}, not text")
 
 
@@ -97,5 +100,6 @@ def _check_tool_calls(tool_calls: Any) -> None:
         if not isinstance(function.get("name"), str):
             raise _bad_reply(f"tool_calls[{i}].function.name is {_kind(function.get('name'))}, not a string")
         if not isinstance(function.get("arguments"), (str, dict, type(None))):
-            raise _bad_reply(f"tool_calls[{i}].function.arguments is {_kind(function['arguments'])}, "
-                            "not a string or an object")
+            raise _bad_reply(
+                f"tool_calls[{i}].function.arguments is {_kind(function['arguments'])}, not a string or an object"
+            )

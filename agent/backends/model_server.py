@@ -44,8 +44,9 @@ class ServerInfo:
     policy for rollouts."""
 
 
-def probe_server(base_url: str, api_key: str | None, timeout: float = PROBE_TIMEOUT_S,
-                 model: str | None = None) -> ServerInfo:
+def probe_server(
+    base_url: str, api_key: str | None, timeout: float = PROBE_TIMEOUT_S, model: str | None = None
+) -> ServerInfo:
     """Ask the server at `base_url` (ending in `/v1`) what it is: `GET /models`, then `GET /version`
     at its root only when the model list names no owner. `max_model_len` is the one listed for
     `model`, or for the first model when `model` is not listed. A 401 means the server is up but
@@ -76,9 +77,12 @@ def read_model_list(response: httpx.Response, model: str | None) -> tuple[Server
     owners = [entry["owned_by"] for entry in entries if entry.get("owned_by") is not None]
     chosen = next((entry for entry in entries if entry.get("id") == model), entries[0] if entries else {})
     length, root = chosen.get("max_model_len"), chosen.get("root")
-    info = ServerInfo(vllm="vllm" in owners, max_model_len=length if isinstance(length, int) else None,
-                      models=[str(entry["id"]) for entry in entries if "id" in entry],
-                      weights=root if isinstance(root, str) and root else None)
+    info = ServerInfo(
+        vllm="vllm" in owners,
+        max_model_len=length if isinstance(length, int) else None,
+        models=[str(entry["id"]) for entry in entries if "id" in entry],
+        weights=root if isinstance(root, str) and root else None,
+    )
     return info, bool(owners)
 
 

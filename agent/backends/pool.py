@@ -60,17 +60,20 @@ def check_urls(urls: list[str], route: str, backend: str) -> None:
         raise PoolError(f"--route must be one of {', '.join(ROUTES)}, not {route!r}")
     twice = [url for i, url in enumerate(urls) if any(same_url(url, other) for other in urls[:i])]
     if twice:
-        raise PoolError(f"--base-url {without_credentials(twice[0])} is given twice: each endpoint of a pool is "
-                        "named once")
+        raise PoolError(
+            f"--base-url {without_credentials(twice[0])} is given twice: each endpoint of a pool is named once"
+        )
     if len(urls) > 1 and backend == "transformers":
-        raise PoolError("several --base-url name a pool of servers; --backend transformers runs the model in this "
-                        "process")
+        raise PoolError(
+            "several --base-url name a pool of servers; --backend transformers runs the model in this process"
+        )
 
 
 def ask_endpoints(urls: list[str], api_key: str | None, model: str, token_mode: bool) -> list[ServerInfo]:
     """What every endpoint says about itself, asked at once. Refused, each named: endpoints that do not answer,
     that serve different models, and in token mode different weights (another tokenizer, or another policy
     version) or a server that is not vLLM."""
+
     def probe(url: str) -> ServerInfo | str:
         try:
             return probe_server(url, api_key, timeout=10.0, model=model)
@@ -82,8 +85,10 @@ def ask_endpoints(urls: list[str], api_key: str | None, model: str, token_mode: 
     shown = [without_credentials(url) for url in urls]
     down = [f"{url} ({info})" for url, info in zip(shown, found) if isinstance(info, str)]
     if down:
-        raise PoolError(f"the model endpoint{'s' if len(down) > 1 else ''} {', '.join(down)} did not answer: every "
-                        "--base-url of a pool must serve the model when the command starts")
+        raise PoolError(
+            f"the model endpoint{'s' if len(down) > 1 else ''} {', '.join(down)} did not answer: every "
+            "--base-url of a pool must serve the model when the command starts"
+        )
     servers = [info for info in found if isinstance(info, ServerInfo)]
     checks: list[tuple[str, Callable[[ServerInfo], Any]]] = [("models", lambda info: sorted(info.models))]
     if token_mode:  # in chat mode the same model may sit in different folders on different machines
@@ -91,18 +96,28 @@ def ask_endpoints(urls: list[str], api_key: str | None, model: str, token_mode: 
     for what, key in checks:
         if any(key(info) != key(servers[0]) for info in servers):
             listing = "; ".join(f"{url}: {key(info)}" for url, info in zip(shown, servers))
-            raise PoolError(f"the endpoints of the pool serve different {what} ({listing}); a pool's endpoints "
-                            "must serve the same one")
+            raise PoolError(
+                f"the endpoints of the pool serve different {what} ({listing}); a pool's endpoints "
+                "must serve the same one"
+            )
     if token_mode and not all(info.vllm for info in servers):
-        raise PoolError("--token-mode needs vLLM at every --base-url; "
-                        + ", ".join(url for url, info in zip(shown, servers) if not info.vllm) + " is not vLLM")
+        raise PoolError(
+            "--token-mode needs vLLM at every --base-url; "
+            + ", ".join(url for url, info in zip(shown, servers) if not info.vllm)
+            + " is not vLLM"
+        )
     return servers
 
 
 def member_config(config: LLMConfig, url: str) -> LLMConfig:
     """The settings of the client for one endpoint of the pool."""
-    return replace(config, base_url=url, more_base_urls=(), max_retry_s=min(config.max_retry_s, MEMBER_RETRY_S),
-                   max_attempts=min(config.max_attempts or MEMBER_ATTEMPTS, MEMBER_ATTEMPTS))
+    return replace(
+        config,
+        base_url=url,
+        more_base_urls=(),
+        max_retry_s=min(config.max_retry_s, MEMBER_RETRY_S),
+        max_attempts=min(config.max_attempts or MEMBER_ATTEMPTS, MEMBER_ATTEMPTS),
+    )
 
 
 def same_url(a: str, b: str) -> bool:
@@ -161,20 +176,31 @@ class EndpointPool:
     def new_conversation(self, group: str | None = None) -> PoolConversation:
         return PoolConversation(self.members[0].new_conversation(), group if self.route == "group" else None)
 
-    def count_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                     conversation: PoolConversation | None) -> int | None:
+    def count_prompt(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, conversation: PoolConversation | None
+    ) -> int | None:
         return self.members[0].count_prompt(messages, tools, conversation.inner if conversation else None)
 
-    async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-                       max_tokens: int | None = None, conversation: PoolConversation | None = None,
-                       on_text: Callable[[str], None] | None = None) -> Completion:
+    async def complete(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        max_tokens: int | None = None,
+        conversation: PoolConversation | None = None,
+        on_text: Callable[[str], None] | None = None,
+    ) -> Completion:
         conversation = conversation or self.new_conversation()
-        return await self._call(conversation, lambda client: client.complete(
-            messages, tools, max_tokens, conversation=conversation.inner, on_text=on_text))
+        return await self._call(
+            conversation,
+            lambda client: client.complete(
+                messages, tools, max_tokens, conversation=conversation.inner, on_text=on_text
+            ),
+        )
 
     async def complete_text(self, prompt: str, max_tokens: int, temperature: float) -> Completion:
-        return await self._call(self.new_conversation(),
-                                lambda client: client.complete_text(prompt, max_tokens, temperature))
+        return await self._call(
+            self.new_conversation(), lambda client: client.complete_text(prompt, max_tokens, temperature)
+        )
 
     async def _call(self, conversation: PoolConversation, ask: Callable[[OpenAIChat], Any]) -> Completion:
         """The answer of the run's endpoint, or of the next one that answers when it fails; EndpointDown
@@ -256,7 +282,8 @@ class EndpointPool:
     def summary(self) -> str:
         """One line: requests, failures and tokens per endpoint."""
         return "endpoints: " + "; ".join(
-            f"{e.url} {e.requests} requests, {e.failures} failures, {e.tokens:,} tokens" for e in self.endpoints)
+            f"{e.url} {e.requests} requests, {e.failures} failures, {e.tokens:,} tokens" for e in self.endpoints
+        )
 
     async def aclose(self) -> None:
         await asyncio.gather(*(member.aclose() for member in self.members))

@@ -57,31 +57,51 @@ class Prompter:
         self.encode_checks = _CHECKS
         self._anchor_ids: dict[str, list[int]] = {}
 
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-               generation_prompt: bool = True, conversation: Conversation | None = None) -> str:
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        generation_prompt: bool = True,
+        conversation: Conversation | None = None,
+    ) -> str:
         """The prompt text, as `tokenizer.apply_chat_template` renders it."""
         conversation = conversation or Conversation()
         if self.compiled is not None and self.render_checks <= 0:
             return self._render_compiled(messages, tools, generation_prompt, conversation)
-        plain = self.tokenizer.apply_chat_template(messages, tools=tools, chat_template=self.chat_template,
-                                                   add_generation_prompt=generation_prompt, tokenize=False)
+        plain = self.tokenizer.apply_chat_template(
+            messages,
+            tools=tools,
+            chat_template=self.chat_template,
+            add_generation_prompt=generation_prompt,
+            tokenize=False,
+        )
         if self.compiled is not None:
             self.render_checks -= 1
             if self._render_compiled(messages, tools, generation_prompt, conversation) != plain:
                 self.compiled = None
         return plain
 
-    def _render_compiled(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                         generation_prompt: bool, conversation: Conversation) -> str:
+    def _render_compiled(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        generation_prompt: bool,
+        conversation: Conversation,
+    ) -> str:
         assert self.compiled is not None
-        return self.compiled.render(messages=self._template_messages(messages, conversation), tools=tools,
-                                    documents=None, add_generation_prompt=generation_prompt,
-                                    **self.tokenizer.special_tokens_map)
+        return self.compiled.render(
+            messages=self._template_messages(messages, conversation),
+            tools=tools,
+            documents=None,
+            add_generation_prompt=generation_prompt,
+            **self.tokenizer.special_tokens_map,
+        )
 
     def _template_messages(self, messages: list[dict[str, Any]], conversation: Conversation) -> list[dict[str, Any]]:
         """The messages as transformers hands them to a template, each converted once (the cache
         holds the conversation's messages by position, checked by identity)."""
         from transformers.utils import chat_template_utils as ct
+
         cached = conversation.prepared
         prepared = []
         for position, message in enumerate(messages):
@@ -135,46 +155,70 @@ class Prompter:
         if anchor_ids is None:
             anchor_ids = self._anchor_ids[anchor] = self._encode_whole(anchor)
         ids = self._encode_whole(anchor + text)
-        return ids[len(anchor_ids):] if ids[:len(anchor_ids)] == anchor_ids else self._encode_whole(text)
+        return ids[len(anchor_ids) :] if ids[: len(anchor_ids)] == anchor_ids else self._encode_whole(text)
 
-    def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-                   conversation: Conversation | None = None) -> list[int]:
+    def prompt_ids(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        conversation: Conversation | None = None,
+    ) -> list[int]:
         """The next prompt's ids in a conversation (a new one when None); computed once for the same
         messages (the loop counts a prompt, then sends it)."""
         conversation = conversation or Conversation()
         last = conversation.last
         newest = messages[-1] if messages else None
-        if last is not None and last[0] is messages and last[1] == len(messages) and last[2] is newest \
-                and last[3] is tools:
+        if (
+            last is not None
+            and last[0] is messages
+            and last[1] == len(messages)
+            and last[2] is newest
+            and last[3] is tools
+        ):
             return last[5]
         text = self.render(messages, tools, conversation=conversation)
         seen, sent = conversation.seen, conversation.sent
         if sent is not None and text == sent[0]:  # the reply was rolled back: the same prompt, sampled again
             ids = sent[1]
         elif seen is not None and len(text) > len(seen[0]) and text.startswith(seen[0]):
-            ids = seen[1] + self.encode(text[len(seen[0]):], at_start=False, conversation=conversation)
+            ids = seen[1] + self.encode(text[len(seen[0]) :], at_start=False, conversation=conversation)
         else:
             ids = self.encode(text, conversation=conversation)
         conversation.last = (messages, len(messages), newest, tools, text, ids)
         return ids
 
-    def count(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-              conversation: Conversation | None = None) -> int:
+    def count(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        conversation: Conversation | None = None,
+    ) -> int:
         """The next prompt's length in tokens (the loop's context check)."""
         return len(self.prompt_ids(messages, tools, conversation))
 
     def sampled(self, conversation: Conversation, prompt_ids: list[int], completion_ids: list[int]) -> None:
         """Remember what the model saw and sampled, for the conversation's next prompt to extend verbatim."""
         last = conversation.last
-        text = last[4] if last is not None and last[5] is prompt_ids else \
-            self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
-        conversation.seen = (text + self.tokenizer.decode(completion_ids, skip_special_tokens=False),
-                             prompt_ids + completion_ids)
+        text = (
+            last[4]
+            if last is not None and last[5] is prompt_ids
+            else self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
+        )
+        conversation.seen = (
+            text + self.tokenizer.decode(completion_ids, skip_special_tokens=False),
+            prompt_ids + completion_ids,
+        )
         conversation.sent = (text, prompt_ids)
         conversation.last = None  # the same messages may now extend a different prompt
 
-    def restore(self, conversation: Conversation, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                prompt_ids: list[int], completion_ids: list[int]) -> None:
+    def restore(
+        self,
+        conversation: Conversation,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        prompt_ids: list[int],
+        completion_ids: list[int],
+    ) -> None:
         """Put a fresh conversation where a recorded one was after a turn (a resumed run): asked with
         `messages`, whose prompt was `prompt_ids`, it sampled `completion_ids`. The prompt is rendered
         again for its text, which the next prompt extends; its ids are the recorded ones."""
@@ -189,6 +233,7 @@ def _compiled(chat_template: str | None) -> Any:
     """transformers' compiled form of the template, or None where this transformers has none."""
     try:
         from transformers.utils import chat_template_utils as ct
+
         if not all(hasattr(ct, name) for name in ("_plain_template_data", "_alias_reasoning_fields")):
             return None
         return ct._compile_jinja_template(chat_template) if chat_template else None
@@ -199,22 +244,29 @@ def _compiled(chat_template: str | None) -> Any:
 def _split_token(tokenizer: Any, text: str) -> str | None:
     """The special token to cut prompts at: the one the prompt holds most often, among those whose
     matching cannot take whitespace from the text before them (an `lstrip` token would)."""
-    candidates = [token.content for token in getattr(tokenizer, "added_tokens_decoder", {}).values()
-                  if getattr(token, "special", False) and not getattr(token, "lstrip", False)]
+    candidates = [
+        token.content
+        for token in getattr(tokenizer, "added_tokens_decoder", {}).values()
+        if getattr(token, "special", False) and not getattr(token, "lstrip", False)
+    ]
     counts = {token: text.count(token) for token in candidates if token}
     best = max(counts, key=lambda token: counts[token], default=None)
     return best if best is not None and counts[best] > 0 else None
 
 
-def identity(tokenizer: Any, chat_template: str | None, template_name: str | None = None
-             ) -> tuple[dict[str, str], dict[str, str] | None]:
+def identity(
+    tokenizer: Any, chat_template: str | None, template_name: str | None = None
+) -> tuple[dict[str, str], dict[str, str] | None]:
     """Name and SHA-256 of the tokenizer (its whole serialized form: vocabulary, merges, added tokens)
     and of the chat template, for trajectories to say exactly what rendered and tokenized them."""
     import hashlib
 
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    serialized = backend.to_str() if backend is not None else \
-        repr(sorted(tokenizer.get_vocab().items())) + repr(sorted(map(str, tokenizer.all_special_tokens)))
+    serialized = (
+        backend.to_str()
+        if backend is not None
+        else repr(sorted(tokenizer.get_vocab().items())) + repr(sorted(map(str, tokenizer.all_special_tokens)))
+    )
     name = str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__)
     tokenizer_id = {"name": name, "sha256": hashlib.sha256(serialized.encode()).hexdigest()}
     if not chat_template:
@@ -232,6 +284,7 @@ def search_template(model: str) -> Path | None:
         return local
     try:
         from huggingface_hub import try_to_load_from_cache
+
         cached = try_to_load_from_cache(model, SEARCH_TEMPLATE)
     except (ImportError, ValueError):  # no hub library, or not a model id
         return None

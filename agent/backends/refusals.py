@@ -63,6 +63,7 @@ def backoff(first_s: float, longest_s: float, longest_asked_s: float) -> Callabl
         failure = state.outcome.exception() if state.outcome else None
         asked = retry_after(failure.response) if isinstance(failure, RetryableStatus) else None
         return min(asked, longest_asked_s) if asked is not None else doubling(state)
+
     return wait
 
 

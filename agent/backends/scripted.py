@@ -15,8 +15,9 @@ class ScriptedLLM:
     dict, a whole Completion, an exception to raise, or a function of the messages returning one
     of those. After the script runs out, `default` (if set) is replied forever."""
 
-    def __init__(self, replies: list[Reply], default: Reply | None = None, config: LLMConfig | None = None,
-                 record: bool = True):
+    def __init__(
+        self, replies: list[Reply], default: Reply | None = None, config: LLMConfig | None = None, record: bool = True
+    ):
         self.config = (config or LLMConfig(model="scripted")).for_dialect("mcp-xml")
         self.tokenizer_identity: dict[str, str] | None = None
         self.template_identity: dict[str, str] | None = None
@@ -29,13 +30,19 @@ class ScriptedLLM:
     def new_conversation(self, group: str | None = None) -> Any:
         return None
 
-    def count_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                     conversation: Any) -> int | None:
+    def count_prompt(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, conversation: Any
+    ) -> int | None:
         return None
 
-    async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-                       max_tokens: int | None = None, conversation: Any = None,
-                       on_text: Callable[[str], None] | None = None) -> Completion:
+    async def complete(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        max_tokens: int | None = None,
+        conversation: Any = None,
+        on_text: Callable[[str], None] | None = None,
+    ) -> Completion:
         if self.record:
             self.calls.append(list(messages))  # a copy: the loop keeps appending to its list
             self.max_tokens.append(max_tokens)

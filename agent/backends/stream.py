@@ -140,8 +140,9 @@ def _take(line: bytes, pieces: Pieces) -> bool:
     return True
 
 
-async def read_stream(response: httpx.Response, on_text: Callable[[str], None],
-                      completions_api: bool = False) -> dict[str, Any]:
+async def read_stream(
+    response: httpx.Response, on_text: Callable[[str], None], completions_api: bool = False
+) -> dict[str, Any]:
     """The response body a streamed reply makes, its text handed to `on_text` as it comes; a whole
     JSON body as it is, its text handed over at once. A connection cut or a read that times out raises
     httpx's error (the caller asks again); an error (a chunk, or a whole body), a chunk that is no JSON

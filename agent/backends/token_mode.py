@@ -20,15 +20,22 @@ from nanbeige.agent.backends.prompts import Conversation, Prompter, identity, re
 class TokenModeChat(OpenAIChat):
     """An OpenAI-compatible client that sends token ids to `/v1/completions`."""
 
-    def __init__(self, config: LLMConfig, tokenizer: Any, chat_template: str | None = None,
-                 template_name: str | None = None, **options: Any):
+    def __init__(
+        self,
+        config: LLMConfig,
+        tokenizer: Any,
+        chat_template: str | None = None,
+        template_name: str | None = None,
+        **options: Any,
+    ):
         super().__init__(config, **options)
         self.prompter = Prompter(tokenizer, chat_template)
         if not self.prompter.chat_template:
             raise ModelError("token mode needs a chat template: the tokenizer has none; pass --chat-template")
         self.stop_ids = stop_ids(tokenizer)
-        self.tokenizer_identity, self.template_identity = identity(tokenizer, self.prompter.chat_template,
-                                                                   template_name)
+        self.tokenizer_identity, self.template_identity = identity(
+            tokenizer, self.prompter.chat_template, template_name
+        )
 
     def at(self, config: LLMConfig) -> TokenModeChat:
         """A client of another endpoint serving the same model, sharing this one's tokenizer and template."""
@@ -41,33 +48,50 @@ class TokenModeChat(OpenAIChat):
     def new_conversation(self, group: str | None = None) -> Conversation:
         return Conversation()
 
-    def count_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                     conversation: Conversation | None) -> int:
+    def count_prompt(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, conversation: Conversation | None
+    ) -> int:
         return self.prompter.count(messages, tools, conversation)
 
     def completions_body(self, prompt: list[int], max_tokens: int | None) -> dict[str, Any]:
         c = self.config
-        body: dict[str, Any] = {"model": c.model, "prompt": prompt, "max_tokens": max_tokens or c.max_tokens,
-                                "temperature": c.temperature, "top_p": c.top_p,
-                                "repetition_penalty": c.repetition_penalty, "logprobs": 0,
-                                "return_token_ids": True, "stop_token_ids": self.stop_ids,
-                                "skip_special_tokens": False}
+        body: dict[str, Any] = {
+            "model": c.model,
+            "prompt": prompt,
+            "max_tokens": max_tokens or c.max_tokens,
+            "temperature": c.temperature,
+            "top_p": c.top_p,
+            "repetition_penalty": c.repetition_penalty,
+            "logprobs": 0,
+            "return_token_ids": True,
+            "stop_token_ids": self.stop_ids,
+            "skip_special_tokens": False,
+        }
         if c.stop:
             body["stop"] = c.stop
         return body
 
-    async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-                       max_tokens: int | None = None, conversation: Conversation | None = None,
-                       on_text: Callable[[str], None] | None = None) -> Completion:
+    async def complete(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        max_tokens: int | None = None,
+        conversation: Conversation | None = None,
+        on_text: Callable[[str], None] | None = None,
+    ) -> Completion:
         conversation = conversation or Conversation()
         prompt = self.prompter.prompt_ids(messages, tools, conversation)
         read = streamed(on_text, completions_api=True, timeout_s=self.config.timeout_s) if on_text else None
         answer, latency_s = await self._ask_shaped(
             lambda: self.completions_body(prompt, max_tokens) | (self.shape.streaming() if read else {}),
-            "/completions", read, ("stream_options", "stream") if read else ())
+            "/completions",
+            read,
+            ("stream_options", "stream") if read else (),
+        )
         try:
-            completion = parse_completion(answer if read else orjson.loads(_drop_prompt_echo(answer.content)),
-                                          latency_s, completions_api=True)
+            completion = parse_completion(
+                answer if read else orjson.loads(_drop_prompt_echo(answer.content)), latency_s, completions_api=True
+            )
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
             raise ModelError(f"model server sent a reply that is not a completion: {exc!r}") from None
         if completion.completion_ids is None:
@@ -86,10 +110,10 @@ def _drop_prompt_echo(body: bytes) -> bytes:
     (The key cannot match inside the completion's text: quotes there are escaped.)"""
     start = body.find(_ECHO)
     opening = body.find(b"[", start)
-    if start < 0 or opening < 0 or body[start + len(_ECHO):opening].strip():
+    if start < 0 or opening < 0 or body[start + len(_ECHO) : opening].strip():
         return body  # absent, or not a list (null)
     closing = body.find(b"]", opening)
-    return body[:start] + _ECHO + b"null" + body[closing + 1:] if closing > 0 else body
+    return body[:start] + _ECHO + b"null" + body[closing + 1 :] if closing > 0 else body
 
 
 def load_tokenizer(name_or_path: str, chat_template_file: Path | None = None) -> tuple[Any, str | None]:

@@ -29,5 +29,8 @@ def cache_accept(
 
     signed, malformed = accept(path)
     left = f"; {malformed} malformed row{'s' * (malformed != 1)} left unsigned (never served)" if malformed else ""
-    err.print(f"accepted {escape(str(path))}: {signed} row{'s' * (signed != 1)} signed with your key{left}",
-              highlight=False, soft_wrap=True)
+    err.print(
+        f"accepted {escape(str(path))}: {signed} row{'s' * (signed != 1)} signed with your key{left}",
+        highlight=False,
+        soft_wrap=True,
+    )

@@ -30,19 +30,37 @@ def serve(ctx: typer.Context, *, flags: dict[str, Any]) -> None:
     from nanbeige.agent.cli.serve import serve as serve_vllm
 
     api_key, no_api_key, weight_sync = flags["api_key"], flags["no_api_key"], flags["weight_sync"]
-    problem = exposure_problem(flags["host"], weight_sync=weight_sync, api_key=api_key, no_api_key=no_api_key,
-                               extra_args=list(ctx.args))
+    problem = exposure_problem(
+        flags["host"], weight_sync=weight_sync, api_key=api_key, no_api_key=no_api_key, extra_args=list(ctx.args)
+    )
     if problem:
         fail(problem, 2)
     on_cpu = not gpu_visible() and cpu_build()
     hide([api_key] if api_key else [])
-    same = ("model", "served_model_name", "host", "port", "api_key", "no_api_key", "dialect", "max_model_len",
-            "gpu_memory_utilization", "data_parallel_size", "chat_template", "rl_logprobs", "tool_call_parser",
-            "weight_sync")
+    same = (
+        "model",
+        "served_model_name",
+        "host",
+        "port",
+        "api_key",
+        "no_api_key",
+        "dialect",
+        "max_model_len",
+        "gpu_memory_utilization",
+        "data_parallel_size",
+        "chat_template",
+        "rl_logprobs",
+        "tool_call_parser",
+        "weight_sync",
+    )
     reasoning_parser = flags["reasoning_parser"]
-    config = ServeConfig(on_cpu=on_cpu, **{name: flags[name] for name in same},
-                         reasoning_parser=None if reasoning_parser.lower() == "none" else reasoning_parser,
-                         enable_prefix_caching=not flags["no_prefix_caching"], extra_args=list(ctx.args))
+    config = ServeConfig(
+        on_cpu=on_cpu,
+        **{name: flags[name] for name in same},
+        reasoning_parser=None if reasoning_parser.lower() == "none" else reasoning_parser,
+        enable_prefix_caching=not flags["no_prefix_caching"],
+        extra_args=list(ctx.args),
+    )
     problem = check_vllm_available(config)
     if problem:
         fail(problem)
@@ -69,16 +87,24 @@ def server(
     importlib.import_module(f"nanbeige.servers.{name}").serve(transport, host, port)
 
 
-reference_app = typer.Typer(no_args_is_help=True,
-                            help="Read the reference harness (MiroThinker) the model was trained in.")
+reference_app = typer.Typer(
+    no_args_is_help=True, help="Read the reference harness (MiroThinker) the model was trained in."
+)
 
 
 @reference_app.command("check")
 def reference_check(
     path: Annotated[Path, typer.Argument(help="A checkout of MiroThinker (the repository's root folder).")],
-    python: Annotated[str, typer.Option(envvar="NANBEIGE_REFERENCE_PYTHON", help=(
-        "The Python the reference ran on, 3.12 or 3.13: 3.13 strips the indentation of the docstrings its tool "
-        "descriptions are made of."))] = "3.12",
+    python: Annotated[
+        str,
+        typer.Option(
+            envvar="NANBEIGE_REFERENCE_PYTHON",
+            help=(
+                "The Python the reference ran on, 3.12 or 3.13: 3.13 strips the indentation of the docstrings its tool "
+                "descriptions are made of."
+            ),
+        ),
+    ] = "3.12",
 ) -> None:
     """Say, for each text and rule the model reads, whether this checkout was understood: what
     `--reference PATH` would use. Exit 1 when something is missing. Reading a checkout runs its
@@ -100,8 +126,9 @@ index_app = typer.Typer(no_args_is_help=True, help="Build and query the local se
 @index_app.command("build")
 def index_build(
     sources: Annotated[list[Path], typer.Argument(help="Folders or files: .txt .md .html .pdf, JSON/JSONL records.")],
-    out: Annotated[Path | None, typer.Option(help="Index folder (default: NANBEIGE_INDEX or the data folder).",
-                                             show_default=False)] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Index folder (default: NANBEIGE_INDEX or the data folder).", show_default=False)
+    ] = None,
 ) -> None:
     """Build the local index that the search server uses when no web search is configured."""
     from rich.progress import Progress
@@ -122,8 +149,11 @@ def index_build(
             stats = build_index(sources, out, progress)
         except OSError as exc:
             fail(f"cannot write the index to {out}: {exc.strerror or exc}")
-    err.print(f"indexed {stats.documents} documents ({stats.passages} passages) from {stats.files} files in "
-              f"{stats.seconds:.1f}s; {size_text(stats.bytes_on_disk)} in {out}", highlight=False)
+    err.print(
+        f"indexed {stats.documents} documents ({stats.passages} passages) from {stats.files} files in "
+        f"{stats.seconds:.1f}s; {size_text(stats.bytes_on_disk)} in {out}",
+        highlight=False,
+    )
     # Unreadable files last, so that they sit right above the error line that counts them.
     for label, reasons in (("[yellow]skipped[/]", stats.skipped), ("[red]unreadable[/]", stats.unreadable)):
         for reason in reasons[:20]:
@@ -132,8 +162,9 @@ def index_build(
             err.print(f"{label} ... and {len(reasons) - 20} more", highlight=False)
     if stats.unreadable:
         # The index is written and usable, but what the user asked for is not all in it: say so, exit 1.
-        fail(f"{len(stats.unreadable)} of {stats.files} files could not be read (listed above); "
-             "the index holds the rest")
+        fail(
+            f"{len(stats.unreadable)} of {stats.files} files could not be read (listed above); the index holds the rest"
+        )
 
 
 def size_text(size: int) -> str:
@@ -157,8 +188,7 @@ def index_search(
     hits = search_index(index_dir, query, k)
     out = Console()
     for hit in hits:
-        out.print(f"[bold]{hit['position']}. {escape(hit['title'])}[/]  [dim]{escape(hit['link'])}[/]",
-                  highlight=False)
+        out.print(f"[bold]{hit['position']}. {escape(hit['title'])}[/]  [dim]{escape(hit['link'])}[/]", highlight=False)
         out.print(escape(hit["snippet"]), highlight=False)
     if not hits:
         err.print("no results")
@@ -169,10 +199,15 @@ def index_search(
 
 @with_run_options(EVAL, leave_out=("tokenizer",))
 def evaluate(
-    bench: Annotated[str, typer.Argument(help="The benchmark (see the list below), or `report` to re-render the "
-                                              "report of the eval in FOLDER.")],
-    folder: Annotated[Path | None, typer.Argument(help="With `report`: the eval's out folder.",
-                                                  show_default=False)] = None,
+    bench: Annotated[
+        str,
+        typer.Argument(
+            help="The benchmark (see the list below), or `report` to re-render the report of the eval in FOLDER."
+        ),
+    ],
+    folder: Annotated[
+        Path | None, typer.Argument(help="With `report`: the eval's out folder.", show_default=False)
+    ] = None,
     *,
     flags: dict[str, Any],
     settings: RunSettings,
@@ -208,19 +243,24 @@ def benchmark_names() -> str:
     benches = describe()
     names = ", ".join(b["name"] for b in benches if b["grader"] != "bfcl-eval")
     bfcl = [b["name"] for b in benches if b["grader"] == "bfcl-eval"]
-    return (f"Benchmarks: {names}; BFCL-V4: {bfcl[0]} and its {len(bfcl) - 1} parts (--help-all lists them, and "
-            "each benchmark's file and grader).")
+    return (
+        f"Benchmarks: {names}; BFCL-V4: {bfcl[0]} and its {len(bfcl) - 1} parts (--help-all lists them, and "
+        "each benchmark's file and grader)."
+    )
 
 
 def benchmark_list() -> str:
     from nanbeige.evals.benchmarks import describe
 
     benches = describe()
-    files = "; ".join(f"{b['name']} ({b['about']}; graded by {b['grader']})" for b in benches
-                      if b["grader"] != "bfcl-eval")
+    files = "; ".join(
+        f"{b['name']} ({b['about']}; graded by {b['grader']})" for b in benches if b["grader"] != "bfcl-eval"
+    )
     bfcl = ", ".join(b["name"] for b in benches if b["grader"] == "bfcl-eval")
-    return (f"Benchmarks: {files}. BFCL-V4 through the bfcl-eval package's own handler and evaluation runner, on "
-            f"its data: {bfcl}.")
+    return (
+        f"Benchmarks: {files}. BFCL-V4 through the bfcl-eval package's own handler and evaluation runner, on "
+        f"its data: {bfcl}."
+    )
 
 
 def eval_config(bench: Any, flags: dict[str, Any]) -> Any:
@@ -238,10 +278,19 @@ def eval_config(bench: Any, flags: dict[str, Any]) -> Any:
     if out_dir is None:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         out_dir = Path(os.environ.get("NANBEIGE_RUNS_DIR", "runs")) / f"eval-{bench.name}-{stamp}"
-    judge = judge_endpoint(flags["judge_base_url"], flags["judge_model"], flags["judge_api_key"],
-                           flags["judge_template"])
-    return EvalConfig(bench=bench, data=data, out=out_dir, k=flags["k"], concurrency=flags["concurrency"],
-                      limit=flags["limit"], grader=flags["grader"], judge=judge)
+    judge = judge_endpoint(
+        flags["judge_base_url"], flags["judge_model"], flags["judge_api_key"], flags["judge_template"]
+    )
+    return EvalConfig(
+        bench=bench,
+        data=data,
+        out=out_dir,
+        k=flags["k"],
+        concurrency=flags["concurrency"],
+        limit=flags["limit"],
+        grader=flags["grader"],
+        judge=judge,
+    )
 
 
 def run_eval(config: Any, settings: Any) -> None:
@@ -260,12 +309,17 @@ def run_eval(config: Any, settings: Any) -> None:
     report = run_command(resumable(work, EvalError, f"finished runs are kept in {escape(str(config.out))}"))
     print_line(markdown(report))
     if report.get("failed_runs"):
-        err.print(f"[yellow]{report['failed_runs']} runs failed[/] (model server errors or crashes) and are not "
-                  "counted; run the same command again to retry them", highlight=False)
+        err.print(
+            f"[yellow]{report['failed_runs']} runs failed[/] (model server errors or crashes) and are not "
+            "counted; run the same command again to retry them",
+            highlight=False,
+        )
         if settings.tools.replay:  # a replay that did not replay every run is not the recorded eval
-            failed = report['failed_runs']
-            fail(f"{failed} run{'s' * (failed != 1)} could not be replayed; their trajectories in "
-                 f"{config.out} say which tool call the cache did not hold")
+            failed = report["failed_runs"]
+            fail(
+                f"{failed} run{'s' * (failed != 1)} could not be replayed; their trajectories in "
+                f"{config.out} say which tool call the cache did not hold"
+            )
 
 
 def eval_report(folder: Path | None) -> None:
@@ -291,8 +345,12 @@ def eval_report(folder: Path | None) -> None:
 
 
 def trust_command(
-    path: Annotated[Path | None, typer.Argument(help="The settings file (default: the nanbeige.toml found in this "
-                                                     "folder or above).", show_default=False)] = None,
+    path: Annotated[
+        Path | None,
+        typer.Argument(
+            help="The settings file (default: the nanbeige.toml found in this folder or above).", show_default=False
+        ),
+    ] = None,
     forget: Annotated[bool, typer.Option("--forget", help="Stop trusting the file.")] = False,
     show_list: Annotated[bool, typer.Option("--list", help="List the trusted files.")] = False,
 ) -> None:

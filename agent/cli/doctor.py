@@ -14,8 +14,14 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from nanbeige.agent.backends.model_server import ServerInfo
 
-KEYS = ("NANBEIGE_API_KEY", "SERPER_API_KEY", "JINA_API_KEY", "E2B_API_KEY", "NANBEIGE_SUMMARY_API_KEY",
-        "NANBEIGE_JUDGE_API_KEY")
+KEYS = (
+    "NANBEIGE_API_KEY",
+    "SERPER_API_KEY",
+    "JINA_API_KEY",
+    "E2B_API_KEY",
+    "NANBEIGE_SUMMARY_API_KEY",
+    "NANBEIGE_JUDGE_API_KEY",
+)
 
 
 @dataclass
@@ -36,8 +42,12 @@ def check_settings_files(found: Any) -> Finding:
     """Every settings file in effect, and those found but left out (a folder's file not trusted)."""
     used = "; ".join(f"{path} ({where})" for path, where in found.used) or "none"
     ignored = [str(path) for path, _ in found.ignored]
-    return Finding("settings", True, f"{used}" + (f"; ignored: {', '.join(ignored)}" if ignored else ""),
-                   f"`nanbeige trust {ignored[0]}` uses it, once you have read it" if ignored else None)
+    return Finding(
+        "settings",
+        True,
+        f"{used}" + (f"; ignored: {', '.join(ignored)}" if ignored else ""),
+        f"`nanbeige trust {ignored[0]}` uses it, once you have read it" if ignored else None,
+    )
 
 
 def check_pool_member(base_url: str, model: str, api_key: str | None, probe: Callable[..., ServerInfo]) -> Finding:
@@ -47,18 +57,27 @@ def check_pool_member(base_url: str, model: str, api_key: str | None, probe: Cal
     try:
         server = probe(base_url, api_key)
     except ModelUnreachable as exc:
-        return Finding("model", False, f"no server at {base_url} ({exc}): every endpoint of a pool must answer",
-                       "start it, or leave its --base-url out")
+        return Finding(
+            "model",
+            False,
+            f"no server at {base_url} ({exc}): every endpoint of a pool must answer",
+            "start it, or leave its --base-url out",
+        )
     return served_model(base_url, model, server)
 
 
 def served_model(base_url: str, model: str, server: ServerInfo) -> Finding:
     kind = "vLLM" if server.vllm else "an OpenAI-compatible server"
     context = f", context {server.max_model_len} tokens" if server.max_model_len else ""
-    listed = "" if not server.models or model in server.models else \
-        f"; it lists {', '.join(server.models[:3])}, not {model}"
-    return Finding("model", not listed, f"{model} at {base_url}: {kind}{context}{listed}",
-                   "pass --model with a name the server lists" if listed else None)
+    listed = (
+        "" if not server.models or model in server.models else f"; it lists {', '.join(server.models[:3])}, not {model}"
+    )
+    return Finding(
+        "model",
+        not listed,
+        f"{model} at {base_url}: {kind}{context}{listed}",
+        "pass --model with a name the server lists" if listed else None,
+    )
 
 
 def check_model(base_url: str, model: str, api_key: str | None, probe: Callable[..., ServerInfo]) -> Finding:
@@ -79,12 +98,19 @@ def check_model(base_url: str, model: str, api_key: str | None, probe: Callable[
     else:
         return served_model(base_url, model, server)
     # a whole command: doctor itself takes --model but not --dialect, so a bare flag reads as doctor's
-    small = ("; or try the small model this install has: "
-             f'`nanbeige ask "..." --model {SMALL_MODEL} --dialect tool-call`') if small_model_folder() else ""
+    small = (
+        (f'; or try the small model this install has: `nanbeige ask "..." --model {SMALL_MODEL} --dialect tool-call`')
+        if small_model_folder()
+        else ""
+    )
     serve = "start a server with `nanbeige serve` (GPU) or pass --base-url"
     if not all(importlib.util.find_spec(name) for name in ("torch", "transformers")):
-        return Finding("model", False, f"no server at {base_url} ({unreachable}); the in-process backend is not "
-                                       "installed", f"{serve}, or pip install 'nanbeige[local]'{small}")
+        return Finding(
+            "model",
+            False,
+            f"no server at {base_url} ({unreachable}); the in-process backend is not installed",
+            f"{serve}, or pip install 'nanbeige[local]'{small}",
+        )
     try:
         folder, gguf_file = resolve_small_model(model, None)
         where = at_hand(folder, gguf_file)
@@ -93,10 +119,18 @@ def check_model(base_url: str, model: str, api_key: str | None, probe: Callable[
     except ValueError:  # no model id: nothing of it can be here
         where = None
     if where is None:
-        return Finding("model", False, f"no server at {base_url}; {model} is not downloaded here",
-                       f"{serve}, or let `nanbeige ask` download it (about 8 GB){small}")
-    return Finding("model", True, f"no server at {base_url}: {model} runs in this process ({where}); slow on a CPU",
-                   f"for speed, {serve}")
+        return Finding(
+            "model",
+            False,
+            f"no server at {base_url}; {model} is not downloaded here",
+            f"{serve}, or let `nanbeige ask` download it (about 8 GB){small}",
+        )
+    return Finding(
+        "model",
+        True,
+        f"no server at {base_url}: {model} runs in this process ({where}); slow on a CPU",
+        f"for speed, {serve}",
+    )
 
 
 def check_search(env: Mapping[str, str]) -> Finding:
@@ -107,8 +141,11 @@ def check_search(env: Mapping[str, str]) -> Finding:
     if problem:
         return Finding("search", False, "off: no backend", problem)
     backend = choose_backend(config)
-    found = {"serper": "Serper (SERPER_API_KEY set)", "searxng": f"SearXNG at {config.searxng_url}",
-             "local": f"the local index in {config.index_dir}"}[backend]
+    found = {
+        "serper": "Serper (SERPER_API_KEY set)",
+        "searxng": f"SearXNG at {config.searxng_url}",
+        "local": f"the local index in {config.index_dir}",
+    }[backend]
     return Finding("search", True, found)
 
 
@@ -126,14 +163,23 @@ def check_scrape(env: Mapping[str, str], answers: Callable[[str, str | None], st
     summary = config.summary
     down = answers(summary.base_url, summary.api_key) if answers is not None else None
     if down is not None:
-        in_process = ("" if env.get("NANBEIGE_SUMMARY_BASE_URL")
-                      else " (a model run in this process serves only its run)")
-        return Finding("scrape", False, f"{fetch}, but no extraction model answers at {summary.base_url} ({down}): "
-                                        "every scrape answers an error" + in_process,
-                       "run the model on a server (`nanbeige serve`, or pass --base-url), or set "
-                       "NANBEIGE_SUMMARY_BASE_URL and NANBEIGE_SUMMARY_MODEL to one that runs")
-    return Finding("scrape", True, f"{fetch}; extraction by {summary.model} at {summary.base_url}",
-                   None if config.backend == "jina" else "JINA_API_KEY reads pages that need a browser")
+        in_process = (
+            "" if env.get("NANBEIGE_SUMMARY_BASE_URL") else " (a model run in this process serves only its run)"
+        )
+        return Finding(
+            "scrape",
+            False,
+            f"{fetch}, but no extraction model answers at {summary.base_url} ({down}): "
+            "every scrape answers an error" + in_process,
+            "run the model on a server (`nanbeige serve`, or pass --base-url), or set "
+            "NANBEIGE_SUMMARY_BASE_URL and NANBEIGE_SUMMARY_MODEL to one that runs",
+        )
+    return Finding(
+        "scrape",
+        True,
+        f"{fetch}; extraction by {summary.model} at {summary.base_url}",
+        None if config.backend == "jina" else "JINA_API_KEY reads pages that need a browser",
+    )
 
 
 def check_sandbox(env: Mapping[str, str]) -> Finding:
@@ -145,18 +191,31 @@ def check_sandbox(env: Mapping[str, str]) -> Finding:
         return Finding("sandbox", False, "cannot start", str(exc))
     if config.backend == "e2b":
         return Finding("sandbox", True, "E2B (E2B_API_KEY set)")
-    missing = [tool for tool, package in (("bwrap", "bubblewrap"), ("mkfs.ext4", "e2fsprogs"))
-               if shutil.which(tool) is None]
+    missing = [
+        tool for tool, package in (("bwrap", "bubblewrap"), ("mkfs.ext4", "e2fsprogs")) if shutil.which(tool) is None
+    ]
     if not config.jail:
-        return Finding("sandbox", True, "local, without a jail (NANBEIGE_SANDBOX_JAIL=0): code can read what this "
-                       "user can", "apt-get install bubblewrap, and unset NANBEIGE_SANDBOX_JAIL")
+        return Finding(
+            "sandbox",
+            True,
+            "local, without a jail (NANBEIGE_SANDBOX_JAIL=0): code can read what this user can",
+            "apt-get install bubblewrap, and unset NANBEIGE_SANDBOX_JAIL",
+        )
     if "bwrap" in missing:  # the sandbox runs no code without its jail unless told to
-        return Finding("sandbox", False, "local, but runs no code: bubblewrap, its jail, is not installed",
-                       "apt-get install bubblewrap e2fsprogs (or dnf), set E2B_API_KEY, or NANBEIGE_SANDBOX_JAIL=0 "
-                       "to run code without the jail")
+        return Finding(
+            "sandbox",
+            False,
+            "local, but runs no code: bubblewrap, its jail, is not installed",
+            "apt-get install bubblewrap e2fsprogs (or dnf), set E2B_API_KEY, or NANBEIGE_SANDBOX_JAIL=0 "
+            "to run code without the jail",
+        )
     if missing:
-        return Finding("sandbox", True, "local, in a jail (bubblewrap), without a disk budget",
-                       "apt-get install e2fsprogs gives each sandbox a file system of its own")
+        return Finding(
+            "sandbox",
+            True,
+            "local, in a jail (bubblewrap), without a disk budget",
+            "apt-get install e2fsprogs gives each sandbox a file system of its own",
+        )
     return Finding("sandbox", True, "local, in a jail (bubblewrap), with a disk budget")
 
 
@@ -165,8 +224,9 @@ def check_keys(env: Mapping[str, str]) -> Finding:
     return Finding("keys", True, "set: " + (", ".join(present) if present else "none"))
 
 
-def findings(base_urls: list[str], model: str, api_key: str | None, env: Mapping[str, str] = os.environ
-             ) -> list[Finding]:
+def findings(
+    base_urls: list[str], model: str, api_key: str | None, env: Mapping[str, str] = os.environ
+) -> list[Finding]:
     """The model at each endpoint (first, one a line), then search, scrape, sandbox and keys. Of a pool, every
     endpoint must answer: no model in this process stands in for one that does not. Each URL is asked once."""
     from nanbeige.agent.backends.llm import ModelUnreachable, probe_server
@@ -190,9 +250,16 @@ def findings(base_urls: list[str], model: str, api_key: str | None, env: Mapping
             return str(exc)
         return None
 
-    models = [check_model(base_urls[0], model, api_key, probe)] if len(base_urls) == 1 else \
-        [check_pool_member(url, model, api_key, probe) for url in base_urls]
+    models = (
+        [check_model(base_urls[0], model, api_key, probe)]
+        if len(base_urls) == 1
+        else [check_pool_member(url, model, api_key, probe) for url in base_urls]
+    )
     # the scrape server's environment as a run would give it: the run's own model where nothing says otherwise
-    run_env = {**env, "NANBEIGE_BASE_URL": base_urls[0], "NANBEIGE_MODEL": model,
-               **({"NANBEIGE_API_KEY": api_key} if api_key else {})}
+    run_env = {
+        **env,
+        "NANBEIGE_BASE_URL": base_urls[0],
+        "NANBEIGE_MODEL": model,
+        **({"NANBEIGE_API_KEY": api_key} if api_key else {}),
+    }
     return [*models, check_search(env), check_scrape(run_env, answers), check_sandbox(env), check_keys(env)]

@@ -19,19 +19,27 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def exposure_problem(host: str, *, weight_sync: bool, api_key: str | None, no_api_key: bool,
-                     extra_args: list[str]) -> str | None:
+def exposure_problem(
+    host: str, *, weight_sync: bool, api_key: str | None, no_api_key: bool, extra_args: list[str]
+) -> str | None:
     """Why a server with these settings must not start, or None."""
     if is_loopback(host):
         return None
     if weight_sync:
-        return (f"--weight-sync opens vLLM's development endpoints, which take no API key, and is refused with "
-                f"--host {host}: serve on 127.0.0.1 and reach it through an SSH tunnel or a proxy of your own")
-    keyed = api_key or os.environ.get("VLLM_API_KEY") or \
-        any(arg == "--api-key" or arg.startswith("--api-key=") for arg in extra_args)
+        return (
+            f"--weight-sync opens vLLM's development endpoints, which take no API key, and is refused with "
+            f"--host {host}: serve on 127.0.0.1 and reach it through an SSH tunnel or a proxy of your own"
+        )
+    keyed = (
+        api_key
+        or os.environ.get("VLLM_API_KEY")
+        or any(arg == "--api-key" or arg.startswith("--api-key=") for arg in extra_args)
+    )
     if not keyed and not no_api_key:
-        return (f"--host {host} opens the server to the network: pass --api-key KEY (clients send it as "
-                "NANBEIGE_API_KEY), or --no-api-key to serve anyone who can reach it")
+        return (
+            f"--host {host} opens the server to the network: pass --api-key KEY (clients send it as "
+            "NANBEIGE_API_KEY), or --no-api-key to serve anyone who can reach it"
+        )
     return None
 
 
@@ -39,5 +47,7 @@ def exposure(host: str, keyless: bool) -> str:
     """How far the server is open, for its ready line: nothing on loopback."""
     if is_loopback(host):
         return ""
-    return f"; listening on {'every interface' if host in EVERY_INTERFACE else host}, " \
-           f"{'no API key' if keyless else 'API key required'}"
+    return (
+        f"; listening on {'every interface' if host in EVERY_INTERFACE else host}, "
+        f"{'no API key' if keyless else 'API key required'}"
+    )

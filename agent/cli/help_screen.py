@@ -12,20 +12,83 @@ from typer.core import TyperCommand, TyperGroup
 
 # The options each main command's --help shows, by parameter name: those its README examples and most runs use.
 MAIN_OPTIONS: dict[str, tuple[str, ...]] = {
-    "ask": ("question_file", "json_output", "trajectory", "base_url", "model", "api_key", "dialect", "max_turns",
-            "mcp", "no_default_servers"),
-    "research": ("question_file", "report", "open_report", "attempts", "max_turns", "json_output", "base_url", "model",
-                 "api_key", "mcp"),
+    "ask": (
+        "question_file",
+        "json_output",
+        "trajectory",
+        "base_url",
+        "model",
+        "api_key",
+        "dialect",
+        "max_turns",
+        "mcp",
+        "no_default_servers",
+    ),
+    "research": (
+        "question_file",
+        "report",
+        "open_report",
+        "attempts",
+        "max_turns",
+        "json_output",
+        "base_url",
+        "model",
+        "api_key",
+        "mcp",
+    ),
     "resume": ("trajectory_id", "base_url", "api_key", "mcp", "json_output", "cache"),
     "eval": ("data", "k", "concurrency", "limit", "out_dir", "grader", "judge_api_key", "base_url"),
-    "collect": ("questions", "bench", "data", "group_size", "out", "concurrency", "limit", "token_mode", "base_url",
-                "model", "backend", "mcp"),
-    "judge": ("out", "no_critic", "critic_base_url", "critic_model", "critic_api_key", "judge_base_url",
-              "judge_model", "judge_api_key"),
-    "train": ("model", "out", "data", "objective", "steps", "lr", "lora_rank", "loop", "questions", "group_size",
-              "base_url", "no_critic"),
-    "loop": ("iterations", "questions", "problems", "group_size", "model", "out", "sync", "lora_rank", "base_url",
-             "no_critic", "critic_base_url"),
+    "collect": (
+        "questions",
+        "bench",
+        "data",
+        "group_size",
+        "out",
+        "concurrency",
+        "limit",
+        "token_mode",
+        "base_url",
+        "model",
+        "backend",
+        "mcp",
+    ),
+    "judge": (
+        "out",
+        "no_critic",
+        "critic_base_url",
+        "critic_model",
+        "critic_api_key",
+        "judge_base_url",
+        "judge_model",
+        "judge_api_key",
+    ),
+    "train": (
+        "model",
+        "out",
+        "data",
+        "objective",
+        "steps",
+        "lr",
+        "lora_rank",
+        "loop",
+        "questions",
+        "group_size",
+        "base_url",
+        "no_critic",
+    ),
+    "loop": (
+        "iterations",
+        "questions",
+        "problems",
+        "group_size",
+        "model",
+        "out",
+        "sync",
+        "lora_rank",
+        "base_url",
+        "no_critic",
+        "critic_base_url",
+    ),
     "serve": ("model", "host", "port", "api_key", "dialect", "max_model_len", "rl_logprobs"),
 }
 
@@ -45,10 +108,22 @@ def show_every_option(ctx: typer.Context, value: bool) -> None:
 def every_option_flag() -> Any:
     """The --help-all option, made by typer from a declaration as it makes any option, so that it is of the kind
     the installed typer parses and renders (typer 0.2x carries its own copy of click)."""
-    def declared(every: Annotated[bool, typer.Option(
-            "--help-all", is_eager=True, expose_value=False, callback=show_every_option, metavar="",
-            help="Show every option and exit.")] = False) -> None:
+
+    def declared(
+        every: Annotated[
+            bool,
+            typer.Option(
+                "--help-all",
+                is_eager=True,
+                expose_value=False,
+                callback=show_every_option,
+                metavar="",
+                help="Show every option and exit.",
+            ),
+        ] = False,
+    ) -> None:
         """Only the option's declaration."""
+
     holder = typer.Typer()
     holder.command()(declared)
     return typer.main.get_command(holder).params[0]
@@ -57,8 +132,10 @@ def every_option_flag() -> Any:
 def closing_line(ctx: Any, shown_all: bool, option_count: int) -> str:
     if shown_all:
         return f"{CONFIGURATION_PAGE} describes each setting and how to keep it in nanbeige.toml."
-    return (f"These are the main options. {ctx.command_path} --help-all shows all {option_count}; "
-            f"{CONFIGURATION_PAGE} describes each and how to keep it in nanbeige.toml.")
+    return (
+        f"These are the main options. {ctx.command_path} --help-all shows all {option_count}; "
+        f"{CONFIGURATION_PAGE} describes each and how to keep it in nanbeige.toml."
+    )
 
 
 class ShortHelp:
@@ -117,7 +194,11 @@ def no_value_shown_for_flags(command: Any) -> None:
 
 
 def _no_placeholder(param: Any) -> Any:
-    if param is not None and getattr(param, "is_flag", False) and not getattr(param, "count", False) \
-            and param.metavar is None:
+    if (
+        param is not None
+        and getattr(param, "is_flag", False)
+        and not getattr(param, "count", False)
+        and param.metavar is None
+    ):
         param.metavar = ""
     return param

@@ -13,8 +13,9 @@ from typing import Any
 from nanbeige.agent.cli.options import RUN_OPTIONS, run_settings
 
 
-def with_run_options(table: dict[str, tuple[Any, Any]] | None = None, leave_out: tuple[str, ...] = ()
-                     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def with_run_options(
+    table: dict[str, tuple[Any, Any]] | None = None, leave_out: tuple[str, ...] = ()
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """A command that takes its own parameters, then the flags of its own `table` (as `with_options`), then
     every flag of `RUN_OPTIONS` but `leave_out` and those it declares itself (research's own `--max-turns`,
     eval's own `--temperature`). It is called with its own values, `flags` (the table's values by name) if it
@@ -25,8 +26,11 @@ def with_run_options(table: dict[str, tuple[Any, Any]] | None = None, leave_out:
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         own = inspect.signature(command, eval_str=True)
         mine = [p for p in own.parameters.values() if p.name not in ("flags", "settings")]
-        added = table | {name: flag for name, flag in RUN_OPTIONS.items()
-                         if name not in leave_out and name not in own.parameters and name not in table}
+        added = table | {
+            name: flag
+            for name, flag in RUN_OPTIONS.items()
+            if name not in leave_out and name not in own.parameters and name not in table
+        }
 
         @functools.wraps(command)
         def with_settings(**values: Any) -> Any:
@@ -36,6 +40,7 @@ def with_run_options(table: dict[str, tuple[Any, Any]] | None = None, leave_out:
             return command(**given, settings=run_settings(values))
 
         return declared(with_settings, own, mine, added)
+
     return decorate
 
 
@@ -44,6 +49,7 @@ def with_options(table: dict[str, tuple[Any, Any]]) -> Callable[[Callable[..., A
     and is called with its own values and `flags`, the table's values by name: a choice's as its plain text,
     so that the configs it fills hold the same strings as ever. This keeps a command of fifty flags a short
     function: its flags are a table, its body reads them from one dict."""
+
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         own = inspect.signature(command, eval_str=True)
         mine = [p for p in own.parameters.values() if p.name != "flags"]
@@ -54,15 +60,22 @@ def with_options(table: dict[str, tuple[Any, Any]]) -> Callable[[Callable[..., A
             return command(**{p.name: values[p.name] for p in mine}, flags=flags)
 
         return declared(with_flags, own, mine, table)
+
     return decorate
 
 
-def declared(wrapper: Callable[..., Any], own: inspect.Signature, mine: list[inspect.Parameter],
-             table: dict[str, tuple[Any, Any]]) -> Callable[..., Any]:
+def declared(
+    wrapper: Callable[..., Any],
+    own: inspect.Signature,
+    mine: list[inspect.Parameter],
+    table: dict[str, tuple[Any, Any]],
+) -> Callable[..., Any]:
     """`wrapper` given the signature Typer reads its options from: the command's own parameters, then the
     table's flags."""
-    added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=flag)
-             for name, (flag, default) in table.items()]
+    added = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=flag)
+        for name, (flag, default) in table.items()
+    ]
     parameters = mine + added
     wrapper.__signature__ = own.replace(parameters=parameters)  # type: ignore[attr-defined]
     wrapper.__annotations__ = {p.name: p.annotation for p in parameters} | {"return": own.return_annotation}

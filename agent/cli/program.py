@@ -47,8 +47,14 @@ if TYPE_CHECKING:  # imported lazily at run time so `--help` stays fast
 
 # rich markup named, not left to typer's default: typer 0.16 passes its default on unresolved, and then prints
 # the help texts' escaped brackets (`\\[default: ...]`) with their backslashes
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, cls=Program,
-                  rich_markup_mode="rich", help="Agent runtime for deep search and tool use with Nanbeige4.1-3B.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    cls=Program,
+    rich_markup_mode="rich",
+    help="Agent runtime for deep search and tool use with Nanbeige4.1-3B.",
+)
 
 
 @app.command(cls=ShortHelpCommand)
@@ -56,8 +62,10 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 def ask(
     question: o.Question = None,
     question_file: o.QuestionFile = None,
-    trajectory: Annotated[Path | None, typer.Option(help="Trajectory file (JSONL, appended). Default: a new "
-                                                         "file under runs/.", show_default=False)] = None,
+    trajectory: Annotated[
+        Path | None,
+        typer.Option(help="Trajectory file (JSONL, appended). Default: a new file under runs/.", show_default=False),
+    ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print the end record as JSON on stdout.")] = False,
     *,
     settings: RunSettings,
@@ -69,9 +77,6 @@ def ask(
     report(run_command(_ask(question_text(question, question_file), settings)), json_output)
 
 
-
-
-
 async def _ask(question: str, settings: RunSettings, resume_from: Trajectory | None = None) -> Trajectory:
     from nanbeige.agent.cli.view import LiveView
     from nanbeige.agent.loop import run
@@ -81,19 +86,29 @@ async def _ask(question: str, settings: RunSettings, resume_from: Trajectory | N
         if resume_from is not None:
             from nanbeige.agent.cli.resume import check_unchanged
 
-            check_unchanged(resume_from, runtime.llm, runtime.toolbox.tools if runtime.toolbox else [],
-                            runtime.agent.reference)
+            check_unchanged(
+                resume_from, runtime.llm, runtime.toolbox.tools if runtime.toolbox else [], runtime.agent.reference
+            )
         err.print(f"[dim]trajectory: {escape(str(runtime.path))}[/]", highlight=False)
         try:
             streamed = dataclasses.replace(runtime.agent, stream=True)  # a person watches the reply come
-            trajectory = await run(question, runtime.llm, runtime.toolbox, streamed, runtime.writer,
-                                   on_event=LiveView(err, runtime.agent.max_turns), resume_from=resume_from)
+            trajectory = await run(
+                question,
+                runtime.llm,
+                runtime.toolbox,
+                streamed,
+                runtime.writer,
+                on_event=LiveView(err, runtime.agent.max_turns),
+                resume_from=resume_from,
+            )
             if runtime.toolbox is not None and runtime.toolbox.cache is not None:
                 err.print(f"[dim]{runtime.toolbox.cache.summary()}[/]", highlight=False)
             return trajectory
         except asyncio.CancelledError:
-            interrupted(f"the trajectory so far is in {escape(str(runtime.path))} "
-                        f"(`nanbeige resume {escape(str(runtime.path))}` goes on with it)")
+            interrupted(
+                f"the trajectory so far is in {escape(str(runtime.path))} "
+                f"(`nanbeige resume {escape(str(runtime.path))}` goes on with it)"
+            )
             raise
         except Exception:
             err.print(f"[dim]the trajectory, closed as crashed, is in {escape(str(runtime.path))}[/]", highlight=False)
@@ -111,8 +126,10 @@ def report(trajectory: Trajectory, json_output: bool) -> None:
     if trajectory.stop_reason == "write_error":  # the answer, if any, is printed, but the log is not whole
         fail(f"the run stopped: {trajectory.error}; the lines written before are kept")
     if trajectory.answer is None and trajectory.stop_reason == "answered":
-        fail("no answer: the model ended the run, but its final reply held no usable answer "
-             "(`nanbeige show` shows its replies)")
+        fail(
+            "no answer: the model ended the run, but its final reply held no usable answer "
+            "(`nanbeige show` shows its replies)"
+        )
     if trajectory.answer is None:
         detail = f": {trajectory.error}" if trajectory.error else ""
         fail(f"no answer (stop reason {trajectory.stop_reason}){detail}")
@@ -123,17 +140,25 @@ def ending(trajectory: Trajectory) -> str:
     from nanbeige.agent.trajectory import counted_turns, rolled_back_replies
 
     turns, dropped = counted_turns(trajectory.turns), rolled_back_replies(trajectory.turns)
-    reason = trajectory.stop_reason if trajectory.answer is not None or trajectory.stop_reason != "answered" \
+    reason = (
+        trajectory.stop_reason
+        if trajectory.answer is not None or trajectory.stop_reason != "answered"
         else "ended without a usable answer"
-    return (f"{reason} after {turns} turn{'s' * (turns != 1)}"
-            + (f" ({dropped} repl{'ies' if dropped != 1 else 'y'} rolled back)" if dropped else "")
-            + f" in {trajectory.timings.get('wall_s', 0):.1f}s")
+    )
+    return (
+        f"{reason} after {turns} turn{'s' * (turns != 1)}"
+        + (f" ({dropped} repl{'ies' if dropped != 1 else 'y'} rolled back)" if dropped else "")
+        + f" in {trajectory.timings.get('wall_s', 0):.1f}s"
+    )
 
 
 @app.command(cls=ShortHelpCommand)
 @with_options(RESUME)
-def resume(path: Annotated[Path, typer.Argument(help="The trajectory file of the run; the run goes on in it.")], *,
-           flags: dict[str, Any]) -> None:
+def resume(
+    path: Annotated[Path, typer.Argument(help="The trajectory file of the run; the run goes on in it.")],
+    *,
+    flags: dict[str, Any],
+) -> None:
     """Continue a run cut short (killed, Ctrl-C, crashed, model server error) from its last complete turn,
     with its own settings; print the answer. Tool servers and backend flags must be the run's."""
     from nanbeige.agent.cli.resume import check_not_in_use, pick, settings_for
@@ -149,9 +174,12 @@ def resume(path: Annotated[Path, typer.Argument(help="The trajectory file of the
     # where tool results come from is given anew, like the tool servers: the start record does not keep it
     settings.tools.cache, settings.tools.replay = flags["cache"], flags["replay"]
     hide(secrets_of(settings))
-    kept = counted_turns(trajectory.turns[:complete_turns(trajectory.turns)])  # counted as max_turns counts
-    err.print(f"[dim]resuming trajectory {trajectory.id} after {kept} turn{'s' * (kept != 1)} "
-              f"({trajectory.stop_reason or 'no end record'})[/]", highlight=False)
+    kept = counted_turns(trajectory.turns[: complete_turns(trajectory.turns)])  # counted as max_turns counts
+    err.print(
+        f"[dim]resuming trajectory {trajectory.id} after {kept} turn{'s' * (kept != 1)} "
+        f"({trajectory.stop_reason or 'no end record'})[/]",
+        highlight=False,
+    )
     report(run_command(_ask(trajectory.question, settings, resume_from=trajectory)), flags["json_output"])
 
 
@@ -199,9 +227,10 @@ def doctor(
         mark = "[green]✓[/]" if finding.ok else "[red]✗[/]"
         screen.print(f"{mark} [bold]{finding.part}[/]: {escape(shown(finding.found))}", highlight=False)
         if finding.fix:
-            screen.print(f"    [dim]{'fix' if not finding.ok else 'tip'}: {escape(shown(finding.fix))}[/]",
-                         highlight=False)
-    if not all(finding.ok for finding in found[1:len(urls) + 1]):  # the model, at each endpoint of a pool
+            screen.print(
+                f"    [dim]{'fix' if not finding.ok else 'tip'}: {escape(shown(finding.fix))}[/]", highlight=False
+            )
+    if not all(finding.ok for finding in found[1 : len(urls) + 1]):  # the model, at each endpoint of a pool
         raise typer.Exit(1)
 
 
@@ -214,17 +243,24 @@ def version(value: bool) -> None:
 
 
 @app.callback()
-def options(show_version: Annotated[bool, typer.Option("--version", callback=version, is_eager=True,
-                                                       help="Print the version and exit.")] = False,
-            config: Annotated[Path | None, typer.Option(
-                "--config", help="A settings file to use (before the command), besides your own.",
-                show_default=False)] = None) -> None:
+def options(
+    show_version: Annotated[
+        bool, typer.Option("--version", callback=version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config", help="A settings file to use (before the command), besides your own.", show_default=False
+        ),
+    ] = None,
+) -> None:
     """Agent runtime for deep search and tool use with Nanbeige4.1-3B."""
 
 
 app.command("research", cls=ShortHelpCommand)(research_command.research_command)
-app.command("serve", cls=ShortHelpCommand, context_settings={"allow_extra_args": True,
-                                                             "ignore_unknown_options": True})(commands.serve)
+app.command("serve", cls=ShortHelpCommand, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
+    commands.serve
+)
 app.command("server")(commands.server)
 app.add_typer(commands.index_app, name="index")
 app.add_typer(commands.reference_app, name="reference")
@@ -266,9 +302,9 @@ def named_config(args: list[str]) -> tuple[Path | None, list[str]]:
         if not arg.startswith("-"):  # the command's name: what follows is the command's own
             break
         if arg == "--config" and index + 1 < len(args):
-            return Path(args[index + 1]), args[:index] + args[index + 2:]
+            return Path(args[index + 1]), args[:index] + args[index + 2 :]
         if arg.startswith("--config="):
-            return Path(arg.removeprefix("--config=")), args[:index] + args[index + 1:]
+            return Path(arg.removeprefix("--config=")), args[:index] + args[index + 1 :]
     return None, args
 
 

@@ -21,8 +21,9 @@ class QuestionError(NanbeigeError):
 def read_question(argument: str | None, question_file: Path | None) -> tuple[str, str | None]:
     """The question, and a notice when undecodable bytes were replaced (else None)."""
     if (argument is None) == (question_file is None):
-        raise QuestionError("give the question as an argument, or `-` to read it from stdin, or --question-file PATH "
-                            "(one of them)")
+        raise QuestionError(
+            "give the question as an argument, or `-` to read it from stdin, or --question-file PATH (one of them)"
+        )
     if question_file is not None:
         try:
             data = question_file.read_bytes()

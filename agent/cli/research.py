@@ -50,9 +50,13 @@ MAX_TURNS = 600  # the research default in both dialects: the reference harness'
 ATTEMPTS = 3
 SUMMARY_REPLY_TOKENS = 8192  # room for the summary reply (a thinking model reasons first)
 STEP_CHARS = {"thought": 600, "reply": 1000, "result": 1500}  # how much of each part of a step the transcript shows
-STOP_WORDS = {"max_turns": "it reached the turn limit", "context_limit": "its context was full",
-              "format_errors": "too many replies in a row could not be used", "model_error": "the model failed",
-              "answered": "it ended without a usable answer"}
+STOP_WORDS = {
+    "max_turns": "it reached the turn limit",
+    "context_limit": "its context was full",
+    "format_errors": "too many replies in a row could not be used",
+    "model_error": "the model failed",
+    "answered": "it ended without a usable answer",
+}
 
 
 @dataclass
@@ -77,9 +81,16 @@ def answered(trajectory: Trajectory) -> bool:
     return trajectory.stop_reason == "answered" and trajectory.answer is not None
 
 
-async def research(question: str, llm: LLM, toolbox: Toolbox | None, config: AgentConfig, writer: TrajectoryWriter,
-                   attempts: int = ATTEMPTS, on_event: Callable[[int], Event] | None = None,
-                   notice: Callable[[str], None] = lambda text: None) -> Research:
+async def research(
+    question: str,
+    llm: LLM,
+    toolbox: Toolbox | None,
+    config: AgentConfig,
+    writer: TrajectoryWriter,
+    attempts: int = ATTEMPTS,
+    on_event: Callable[[int], Event] | None = None,
+    notice: Callable[[str], None] = lambda text: None,
+) -> Research:
     """Attempt the question up to `attempts` times (see the module's docstring). `on_event(n)` gives the
     event handler of attempt n (1-based); `notice` is told when an attempt is summarised."""
     result = Research(question)
@@ -93,8 +104,16 @@ async def research(question: str, llm: LLM, toolbox: Toolbox | None, config: Age
         used = total(t.usage for t in result.attempts)
         budgets = {unit: limit - used.get(unit, 0) for unit, limit in config.budgets.items()}
         attempt_config = dataclasses.replace(config, timeout_s=left, budgets=budgets)
-        trajectory = await run(attempt_question(question, result.summaries), llm, toolbox, attempt_config, writer,
-                               on_event(number) if on_event else _no_event, group_id=group_id, header={"id": next_id})
+        trajectory = await run(
+            attempt_question(question, result.summaries),
+            llm,
+            toolbox,
+            attempt_config,
+            writer,
+            on_event(number) if on_event else _no_event,
+            group_id=group_id,
+            header={"id": next_id},
+        )
         result.attempts.append(trajectory)
         if answered(trajectory) or number >= attempts or trajectory.stop_reason in ("timeout", "budget"):
             return result
@@ -121,12 +140,14 @@ def attempt_question(question: str, summaries: list[str]) -> str:
     if not summaries:
         return question
     notes = "\n\n".join(f"[Attempt {n}]\n{summary}" for n, summary in enumerate(summaries, start=1))
-    return (f"{question}\n\n"
-            "=== Notes from earlier attempts at this question, which ended without an answer ===\n"
-            f"{notes}\n"
-            "=== End of notes ===\n"
-            "Build on these notes: reuse what they established, do not repeat searches that led nowhere, and "
-            "take a different route where the earlier attempts got stuck.")
+    return (
+        f"{question}\n\n"
+        "=== Notes from earlier attempts at this question, which ended without an answer ===\n"
+        f"{notes}\n"
+        "=== End of notes ===\n"
+        "Build on these notes: reuse what they established, do not repeat searches that led nowhere, and "
+        "take a different route where the earlier attempts got stuck."
+    )
 
 
 def summary_prompt(question: str, reason: str, transcript: str) -> str:
@@ -144,8 +165,14 @@ def summary_prompt(question: str, reason: str, transcript: str) -> str:
     )
 
 
-async def summarise(llm: LLM, question: str, trajectory: Trajectory, config: AgentConfig,
-                    writer: TrajectoryWriter | None, next_id: str | None = None) -> str | None:
+async def summarise(
+    llm: LLM,
+    question: str,
+    trajectory: Trajectory,
+    config: AgentConfig,
+    writer: TrajectoryWriter | None,
+    next_id: str | None = None,
+) -> str | None:
     """The model's notes on a failed attempt (the visible text of its reply), or None when it wrote
     none. One call without tools, written to the trajectory file as an `attempt_summary` record (with
     the model's error, then raised again, when the call failed)."""
@@ -154,20 +181,33 @@ async def summarise(llm: LLM, question: str, trajectory: Trajectory, config: Age
     budget = max_context - reply_tokens - config.context_reserve - estimate_tokens(summary_prompt(question, "", ""))
     reason = STOP_WORDS.get(trajectory.stop_reason or "", str(trajectory.stop_reason))
     prompt = summary_prompt(question, reason, transcript(trajectory.turns, budget))
-    record = {"type": "attempt_summary", "trajectory_id": trajectory.id, "next_trajectory_id": next_id,
-              "instruction": prompt}
+    record = {
+        "type": "attempt_summary",
+        "trajectory_id": trajectory.id,
+        "next_trajectory_id": next_id,
+        "instruction": prompt,
+    }
     try:
-        completion = await llm.complete([{"role": "user", "content": prompt}], None, max_tokens=reply_tokens,
-                                        conversation=llm.new_conversation())
+        completion = await llm.complete(
+            [{"role": "user", "content": prompt}], None, max_tokens=reply_tokens, conversation=llm.new_conversation()
+        )
     except ModelError as exc:
         if writer:
             writer.write(record | {"summary": None, "error": str(exc)})
         raise
     summary = dialects.visible_text(completion.message.get("content") or "").strip() or None
     if writer:
-        writer.write(record | {"summary": summary, "assistant": completion.message, "error": None,
-                               "finish_reason": completion.finish_reason, "usage": completion.usage,
-                               "latency_s": completion.latency_s})
+        writer.write(
+            record
+            | {
+                "summary": summary,
+                "assistant": completion.message,
+                "error": None,
+                "finish_reason": completion.finish_reason,
+                "usage": completion.usage,
+                "latency_s": completion.latency_s,
+            }
+        )
     return summary
 
 

@@ -22,22 +22,48 @@ from nanbeige.agent.loop import Event
 from nanbeige.agent.run_config import RunSettings
 from nanbeige.agent.trajectory_file import end_record, load_trajectories
 
-ResearchMaxTurns = Annotated[int, typer.Option(min=1, help="Most model turns per attempt before the answer is asked "
-                                                           "for (both dialects).")]
-Attempts = Annotated[int, typer.Option(min=1, help="Most attempts: one that ends without an answer is summarised "
-                                                   "and the next starts from its notes.")]
-ReportPath = Annotated[Path | None, typer.Option("--report", show_default=False, help=(
-    "Write a report with cited sources: markdown, or HTML for a path ending in .html."))]
-OpenReport = Annotated[bool, typer.Option("--open", help="Open the report in a browser (a markdown report gets an "
-                                                         "HTML copy beside it, same name ending in .html).")]
-ResearchTimeout = Annotated[float | None, typer.Option(help="Wall-clock limit for the whole research, all attempts "
-                                                            "together, in seconds.", rich_help_panel=o.ADVANCED,
-                                                       show_default=False)]
-ResearchTrajectory = Annotated[Path | None, typer.Option(help="Trajectory file (JSONL, appended; every attempt goes "
-                                                              "in it). Default: a new file under runs/.",
-                                                         show_default=False)]
-JsonOutput = Annotated[bool, typer.Option("--json", help="Print the answer and every attempt's end record as JSON on "
-                                                         "stdout.")]
+ResearchMaxTurns = Annotated[
+    int, typer.Option(min=1, help="Most model turns per attempt before the answer is asked for (both dialects).")
+]
+Attempts = Annotated[
+    int,
+    typer.Option(
+        min=1, help="Most attempts: one that ends without an answer is summarised and the next starts from its notes."
+    ),
+]
+ReportPath = Annotated[
+    Path | None,
+    typer.Option(
+        "--report",
+        show_default=False,
+        help=("Write a report with cited sources: markdown, or HTML for a path ending in .html."),
+    ),
+]
+OpenReport = Annotated[
+    bool,
+    typer.Option(
+        "--open",
+        help="Open the report in a browser (a markdown report gets an HTML copy beside it, same name ending in .html).",
+    ),
+]
+ResearchTimeout = Annotated[
+    float | None,
+    typer.Option(
+        help="Wall-clock limit for the whole research, all attempts together, in seconds.",
+        rich_help_panel=o.ADVANCED,
+        show_default=False,
+    ),
+]
+ResearchTrajectory = Annotated[
+    Path | None,
+    typer.Option(
+        help="Trajectory file (JSONL, appended; every attempt goes in it). Default: a new file under runs/.",
+        show_default=False,
+    ),
+]
+JsonOutput = Annotated[
+    bool, typer.Option("--json", help="Print the answer and every attempt's end record as JSON on stdout.")
+]
 
 
 @with_run_options(leave_out=("tokenizer",))
@@ -68,19 +94,32 @@ def research_command(
     result, path = run_command(_research(question, settings, attempts))
     answer = result.answer
     if json_output:
-        out(orjson.dumps({"question": question, "answer": answer, "trajectory": str(path),
-                          "attempts": [end_record(t) for t in result.attempts]}).decode())
+        out(
+            orjson.dumps(
+                {
+                    "question": question,
+                    "answer": answer,
+                    "trajectory": str(path),
+                    "attempts": [end_record(t) for t in result.attempts],
+                }
+            ).decode()
+        )
     elif answer is not None:
         out(answer)
     turns = sum(len(t.turns) for t in result.attempts)
     wall = sum(t.timings.get("wall_s", 0.0) for t in result.attempts)
-    err.print(f"[dim]{result.attempts[-1].stop_reason} after {counted(len(result.attempts), 'attempt')}, "
-              f"{counted(turns, 'turn')} in {wall:.1f}s[/]", highlight=False)
+    err.print(
+        f"[dim]{result.attempts[-1].stop_reason} after {counted(len(result.attempts), 'attempt')}, "
+        f"{counted(turns, 'turn')} in {wall:.1f}s[/]",
+        highlight=False,
+    )
     if report is not None:
         write_report(report, result, path, open_report)
     if answer is None:
-        fail(f"no answer after {len(result.attempts)} attempt{'s' * (len(result.attempts) != 1)} "
-             f"(last stop reason {result.attempts[-1].stop_reason})")
+        fail(
+            f"no answer after {len(result.attempts)} attempt{'s' * (len(result.attempts) != 1)} "
+            f"(last stop reason {result.attempts[-1].stop_reason})"
+        )
 
 
 async def _research(question: str, settings: RunSettings, attempts: int) -> tuple[Research, Path]:
@@ -98,8 +137,9 @@ async def _research(question: str, settings: RunSettings, attempts: int) -> tupl
 
         try:
             streamed = dataclasses.replace(runtime.agent, stream=True)  # a person watches the reply come
-            result = await research(question, runtime.llm, runtime.toolbox, streamed, runtime.writer,
-                                    attempts, view, notice)
+            result = await research(
+                question, runtime.llm, runtime.toolbox, streamed, runtime.writer, attempts, view, notice
+            )
         except asyncio.CancelledError:
             interrupted(f"the trajectories so far are in {escape(str(runtime.path))}")
             raise
@@ -147,7 +187,9 @@ def write_report(path: Path, result: Research, trajectory_file: Path, open_it: b
             page.write_text(visible(report.to_html(content)), encoding="utf-8")
     except OSError as exc:
         fail(f"cannot write the report to {path}: {exc.strerror or exc} (the trajectories are in {trajectory_file})")
-    err.print(f"[dim]report: {escape(str(path))}" + (f" and {escape(str(page))}" if page != path else "") + "[/]",
-              highlight=False)
+    err.print(
+        f"[dim]report: {escape(str(path))}" + (f" and {escape(str(page))}" if page != path else "") + "[/]",
+        highlight=False,
+    )
     if open_it and not webbrowser.open(page.resolve().as_uri()):
         err.print(f"[yellow]no browser could be opened[/]; the report is {escape(str(page))}", highlight=False)

@@ -55,9 +55,14 @@ class Report:
 def build(question: str, attempts: list[Trajectory], answer: str | None, trajectory_file: str = "") -> Report:
     text = reasoning_text(attempts[-1]) if attempts else ""
     cited = [s for s in sources(attempts) if s.read or _mentions(f"{text}\n{answer or ''}", s.url)]
-    return Report(question=question, answer=answer, reasoning=numbered(text, cited), citations=cited,
-                  attempts=[_attempt_line(n, t) for n, t in enumerate(attempts, start=1)],
-                  trajectory_file=trajectory_file)
+    return Report(
+        question=question,
+        answer=answer,
+        reasoning=numbered(text, cited),
+        citations=cited,
+        attempts=[_attempt_line(n, t) for n, t in enumerate(attempts, start=1)],
+        trajectory_file=trajectory_file,
+    )
 
 
 def sources(attempts: list[Trajectory]) -> list[Citation]:
@@ -110,8 +115,11 @@ def _hits(text: str) -> list[dict[str, str]]:
     except ValueError:
         return []
     organic = value.get("organic") if isinstance(value, dict) else None
-    return [{"link": h["link"], "title": str(h.get("title") or ""), "snippet": str(h.get("snippet") or "")}
-            for h in organic or [] if isinstance(h, dict) and isinstance(h.get("link"), str) and h["link"]]
+    return [
+        {"link": h["link"], "title": str(h.get("title") or ""), "snippet": str(h.get("snippet") or "")}
+        for h in organic or []
+        if isinstance(h, dict) and isinstance(h.get("link"), str) and h["link"]
+    ]
 
 
 def _key(url: str) -> str:
@@ -133,7 +141,7 @@ def numbered(text: str, citations: list[Citation]) -> str:
     def mark(match: re.Match[str]) -> str:
         url = match.group().rstrip(".,;:!?")
         n = numbers.get(_key(url))
-        return match.group() if n is None else url + f" [{n}]" + match.group()[len(url):]
+        return match.group() if n is None else url + f" [{n}]" + match.group()[len(url) :]
 
     return _URL.sub(mark, text)
 
@@ -154,8 +162,10 @@ def _visible(turn: Turn) -> str:
 def _attempt_line(number: int, trajectory: Trajectory) -> str:
     turns = counted_turns(trajectory.turns)
     wall = trajectory.timings.get("wall_s", 0.0)
-    return (f"Attempt {number} ({trajectory.id}): {trajectory.stop_reason} after {turns} turn{'s' * (turns != 1)} "
-            f"in {wall:.1f}s")
+    return (
+        f"Attempt {number} ({trajectory.id}): {trajectory.stop_reason} after {turns} turn{'s' * (turns != 1)} "
+        f"in {wall:.1f}s"
+    )
 
 
 def _clean(text: str) -> str:
@@ -193,8 +203,16 @@ def _md_link(citation: Citation) -> str:
 
 
 def to_markdown(report: Report) -> str:
-    lines = ["# Research report", "", f"**Question:** {_md(report.question)}", "", "## Answer", "",
-             _md(report.answer) if report.answer is not None else "*No answer was found.*", ""]
+    lines = [
+        "# Research report",
+        "",
+        f"**Question:** {_md(report.question)}",
+        "",
+        "## Answer",
+        "",
+        _md(report.answer) if report.answer is not None else "*No answer was found.*",
+        "",
+    ]
     if report.reasoning:
         lines += ["## Reasoning in brief", "", _md(report.reasoning), ""]
     lines += ["## Sources", ""]
@@ -238,9 +256,12 @@ def to_html(report: Report) -> str:
         '<!doctype html><html lang="en"><head><meta charset="utf-8">',
         "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\">",
         f"<title>Research report: {_h(report.question[:80])}</title><style>{_STYLE}</style></head><body>",
-        "<h1>Research report</h1>", f"<p><strong>Question:</strong> {_h(report.question)}</p>", "<h2>Answer</h2>",
-        f'<p class="answer">{_h(report.answer)}</p>' if report.answer is not None else
-        "<p><em>No answer was found.</em></p>",
+        "<h1>Research report</h1>",
+        f"<p><strong>Question:</strong> {_h(report.question)}</p>",
+        "<h2>Answer</h2>",
+        f'<p class="answer">{_h(report.answer)}</p>'
+        if report.answer is not None
+        else "<p><em>No answer was found.</em></p>",
     ]
     if report.reasoning:
         parts += ["<h2>Reasoning in brief</h2>", f'<p class="reasoning">{_h(report.reasoning)}</p>']

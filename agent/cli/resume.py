@@ -52,12 +52,18 @@ def pick(path: Path, trajectory_id: str | None) -> Trajectory:
     if len(open_ones) == 1:
         return checked(open_ones[0], path)
     if open_ones:
-        raise SetupError(f"{path} holds {len(open_ones)} trajectories that can be resumed "
-                         f"({', '.join(t.id for t in open_ones)}): pass --id", usage=True)
+        raise SetupError(
+            f"{path} holds {len(open_ones)} trajectories that can be resumed "
+            f"({', '.join(t.id for t in open_ones)}): pass --id",
+            usage=True,
+        )
     if len(trajectories) == 1:
         raise SetupError(finished(trajectories[0]))
-    raise SetupError(f"{path} holds no trajectory that can be resumed: "
-                     f"{len(trajectories)} finished on their own" if trajectories else f"{path} holds no trajectory")
+    raise SetupError(
+        f"{path} holds no trajectory that can be resumed: {len(trajectories)} finished on their own"
+        if trajectories
+        else f"{path} holds no trajectory"
+    )
 
 
 def checked(trajectory: Trajectory, path: Path) -> Trajectory:
@@ -65,10 +71,12 @@ def checked(trajectory: Trajectory, path: Path) -> Trajectory:
     (the resumed run starts from them)."""
     problem = settings_problem(trajectory)
     if problem is not None:
-        raise SetupError(f"{path}:{record_line(path, trajectory.id, 'start')}: the start record of trajectory "
-                         f"{trajectory.id} does not fit the format ({problem}); it cannot be resumed")
+        raise SetupError(
+            f"{path}:{record_line(path, trajectory.id, 'start')}: the start record of trajectory "
+            f"{trajectory.id} does not fit the format ({problem}); it cannot be resumed"
+        )
     try:
-        last_prompt(trajectory.turns[:complete_turns(trajectory.turns)])
+        last_prompt(trajectory.turns[: complete_turns(trajectory.turns)])
     except (ValueError, TypeError) as exc:
         raise SetupError(f"{path}: trajectory {trajectory.id} cannot be resumed: {exc}") from None
     return trajectory
@@ -78,16 +86,20 @@ def settings_problem(trajectory: Trajectory) -> str | None:
     """Why the recorded settings cannot make a run (a value of another type than the setting's), or None."""
     agent = {f.name for f in dataclasses.fields(AgentConfig)} - {"reference"}
     limits, sampling = trajectory.limits, trajectory.sampling
-    for what, values, cls in (("limits", {k: v for k, v in limits.items() if k in agent}, AgentConfig),
-                              ("limits", {k: limits[k] for k in ("tool_timeout_s", "max_result_chars")
-                                          if k in limits}, ToolsConfig),
-                              ("sampling", {k: v for k, v in sampling.items() if k in SAMPLING}, LLMConfig)):
+    for what, values, cls in (
+        ("limits", {k: v for k, v in limits.items() if k in agent}, AgentConfig),
+        ("limits", {k: limits[k] for k in ("tool_timeout_s", "max_result_chars") if k in limits}, ToolsConfig),
+        ("sampling", {k: v for k, v in sampling.items() if k in SAMPLING}, LLMConfig),
+    ):
         problem = fields_problem(values, cls)
         if problem is not None:
             return f"{what}: {problem}"
     if not isinstance(limits.get("server"), str | None) or not isinstance(limits.get("reference"), dict | None):
-        return "limits: 'server' is not text" if not isinstance(limits.get("server"), str | None) else \
-            "limits: 'reference' is not an object"
+        return (
+            "limits: 'server' is not text"
+            if not isinstance(limits.get("server"), str | None)
+            else "limits: 'reference' is not an object"
+        )
     return None
 
 
@@ -101,8 +113,9 @@ def check_not_in_use(path: Path) -> None:
         try:
             fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise SetupError(f"another process is still writing {path} (is its run still going?): resume it after "
-                             "that process ends") from None
+            raise SetupError(
+                f"another process is still writing {path} (is its run still going?): resume it after that process ends"
+            ) from None
         except OSError:
             return  # a file system without locks: nothing to check with
         fcntl.flock(file, fcntl.LOCK_UN)
@@ -110,8 +123,10 @@ def check_not_in_use(path: Path) -> None:
 
 def finished(trajectory: Trajectory) -> str:
     reasons = ", ".join(str(reason) for reason in RESUMABLE if reason)
-    return (f"trajectory {trajectory.id} finished on its own (stop reason {trajectory.stop_reason}): only a run cut "
-            f"short (no end record, or {reasons}) can be resumed")
+    return (
+        f"trajectory {trajectory.id} finished on its own (stop reason {trajectory.stop_reason}): only a run cut "
+        f"short (no end record, or {reasons}) can be resumed"
+    )
 
 
 def settings_for(trajectory: Trajectory, path: Path, **given: Any) -> RunSettings:
@@ -127,22 +142,43 @@ def settings_for(trajectory: Trajectory, path: Path, **given: Any) -> RunSetting
     checkout_record = limits.get("reference") if isinstance(limits.get("reference"), dict) else {}
     recorded_checkout = checkout_record.get("path") or (trajectory.reference and "(no path recorded)")
     if recorded_checkout and reference_checkout is None:
-        raise SetupError(f"{path}: trajectory {trajectory.id} read its prompts from the reference checkout "
-                         f"{str(recorded_checkout)[:300]!r}: resume it with --reference PATH (a checkout's code runs "
-                         "when it is read, so the path is never taken from the file)", usage=True)
-    agent = AgentConfig(**{f.name: limits[f.name] for f in dataclasses.fields(AgentConfig)
-                           if f.name in limits and f.name != "reference"})
+        raise SetupError(
+            f"{path}: trajectory {trajectory.id} read its prompts from the reference checkout "
+            f"{str(recorded_checkout)[:300]!r}: resume it with --reference PATH (a checkout's code runs "
+            "when it is read, so the path is never taken from the file)",
+            usage=True,
+        )
+    agent = AgentConfig(
+        **{
+            f.name: limits[f.name]
+            for f in dataclasses.fields(AgentConfig)
+            if f.name in limits and f.name != "reference"
+        }
+    )
     urls = list(base_url or []) or [server for server in [recorded_server(trajectory, path, backend)] if server]
-    llm = LLMConfig(base_url=urls[0] if urls else LLMConfig.base_url, more_base_urls=tuple(urls[1:]),
-                    model=as_typed(trajectory.model), api_key=flags["api_key"],
-                    **{name: sampling[name] for name in SAMPLING if name in sampling})
-    tools = ToolsConfig(mcp=flags["mcp"] or [], default_servers=not flags["no_default_servers"],
-                        tool_timeout_s=limits.get("tool_timeout_s", ToolsConfig.tool_timeout_s),
-                        max_result_chars=limits.get("max_result_chars", ToolsConfig.max_result_chars))
-    backend_config = BackendConfig(backend=backend, base_url_given=bool(urls), gguf_file=flags["gguf_file"],
-                                   token_mode=flags["token_mode"], chat_template=flags["chat_template"])
-    return RunSettings(llm=llm, agent=agent, tools=tools, trajectory=path, reference=reference_checkout,
-                       backend=backend_config)
+    llm = LLMConfig(
+        base_url=urls[0] if urls else LLMConfig.base_url,
+        more_base_urls=tuple(urls[1:]),
+        model=as_typed(trajectory.model),
+        api_key=flags["api_key"],
+        **{name: sampling[name] for name in SAMPLING if name in sampling},
+    )
+    tools = ToolsConfig(
+        mcp=flags["mcp"] or [],
+        default_servers=not flags["no_default_servers"],
+        tool_timeout_s=limits.get("tool_timeout_s", ToolsConfig.tool_timeout_s),
+        max_result_chars=limits.get("max_result_chars", ToolsConfig.max_result_chars),
+    )
+    backend_config = BackendConfig(
+        backend=backend,
+        base_url_given=bool(urls),
+        gguf_file=flags["gguf_file"],
+        token_mode=flags["token_mode"],
+        chat_template=flags["chat_template"],
+    )
+    return RunSettings(
+        llm=llm, agent=agent, tools=tools, trajectory=path, reference=reference_checkout, backend=backend_config
+    )
 
 
 def recorded_server(trajectory: Trajectory, path: Path, backend: str) -> str | None:
@@ -153,9 +189,12 @@ def recorded_server(trajectory: Trajectory, path: Path, backend: str) -> str | N
     if recorded is None or backend not in ("auto", "openai"):
         return None
     if recorded.rstrip("/") != LLMConfig.base_url.rstrip("/"):
-        raise SetupError(f"{path}: trajectory {trajectory.id} was served by {recorded[:300]!r}: resume it with "
-                         "--base-url URL, naming that server if you trust it (the server your API key goes to is "
-                         "never taken from the file)", usage=True)
+        raise SetupError(
+            f"{path}: trajectory {trajectory.id} was served by {recorded[:300]!r}: resume it with "
+            "--base-url URL, naming that server if you trust it (the server your API key goes to is "
+            "never taken from the file)",
+            usage=True,
+        )
     return recorded
 
 
@@ -177,22 +216,32 @@ def check_unchanged(trajectory: Trajectory, llm: Any, tools: list[dict[str, Any]
     """Refuse a resume whose tools, tokenizer, chat template or reference texts differ from the run's."""
     had = (trajectory.reference or {}).get("sha256")
     if had != (reference.sha256 if reference is not None else None):
-        raise SetupError("the run's prompts were read from a reference checkout whose files have changed since "
-                         f"(sha256 {had}): resume with the checkout as it was" if had else
-                         "the run used our own prompts, not a reference checkout's")
+        raise SetupError(
+            "the run's prompts were read from a reference checkout whose files have changed since "
+            f"(sha256 {had}): resume with the checkout as it was"
+            if had
+            else "the run used our own prompts, not a reference checkout's"
+        )
     if tools != trajectory.tools:
         had = [f"{t['server']}/{t['name']}" for t in trajectory.tools]
         now = [f"{t['server']}/{t['name']}" for t in tools]
         gone, new = [n for n in had if n not in now], [n for n in now if n not in had]
-        detail = "; ".join(part for part in (gone and "missing " + ", ".join(gone), new and "new " + ", ".join(new))
-                           if part) or "their descriptions or schemas changed"
+        detail = (
+            "; ".join(part for part in (gone and "missing " + ", ".join(gone), new and "new " + ", ".join(new)) if part)
+            or "their descriptions or schemas changed"
+        )
         flags = recorded_flags(trajectory)
-        raise SetupError(f"the tools offered now are not the run's ({detail}): resume with the tool servers the run "
-                         "had (the same --mcp and --no-default-servers" + (f"; it recorded: {flags}" if flags else "")
-                         + ")")
-    for what, had, now in (("tokenizer", trajectory.tokenizer, llm.tokenizer_identity),
-                           ("chat template", trajectory.chat_template, llm.template_identity)):
+        raise SetupError(
+            f"the tools offered now are not the run's ({detail}): resume with the tool servers the run "
+            "had (the same --mcp and --no-default-servers" + (f"; it recorded: {flags}" if flags else "") + ")"
+        )
+    for what, had, now in (
+        ("tokenizer", trajectory.tokenizer, llm.tokenizer_identity),
+        ("chat template", trajectory.chat_template, llm.template_identity),
+    ):
         if (had or {}).get("sha256") != (now or {}).get("sha256"):
             said = f"{what} {had['name']}" if had else f"no {what} here (a chat server rendered them)"
-            raise SetupError(f"the run's prompts were built with {said}, and this backend would build them otherwise: "
-                             "resume with the backend flags the run had (--token-mode, --chat-template, --backend)")
+            raise SetupError(
+                f"the run's prompts were built with {said}, and this backend would build them otherwise: "
+                "resume with the backend flags the run had (--token-mode, --chat-template, --backend)"
+            )

@@ -43,8 +43,11 @@ def collect(*, flags: dict[str, Any], settings: RunSettings) -> None:
     if bench is not None and bench not in BENCHMARKS:
         fail(f"unknown benchmark {bench!r}; known: {', '.join(BENCHMARKS)}", 2)
     if bench is not None and BENCHMARKS[bench].pipeline is not None:
-        fail(f"{bench} runs through its own pipeline (its handler's prompts, its runner's grading), not as agent "
-             "rollouts: use `nanbeige eval` for it", 2)
+        fail(
+            f"{bench} runs through its own pipeline (its handler's prompts, its runner's grading), not as agent "
+            "rollouts: use `nanbeige eval` for it",
+            2,
+        )
     if bench is not None and BENCHMARKS[bench].needs_data and data is None:
         fail(f"--data is required with --bench {bench}: the path of {BENCHMARKS[bench].about}", 2)
     for path in (questions, data):
@@ -69,12 +72,17 @@ def run_collect(config: Any, settings: Any) -> None:
     kept = f"finished rollouts are kept in {escape(str(config.out))}"
     summary = run_command(resumable(collect(config, settings, notice, start), CollectError, kept))
     rate = "-" if summary["pass_rate"] is None else f"{100 * summary['pass_rate']:.1f}%"
-    err.print(f"{summary['rollouts']} of {summary['rollouts_expected']} rollouts in {escape(str(config.out))}; "
-              f"{summary['questions_done']} of {summary['questions']} questions complete; pass rate (exact match) "
-              f"{rate}", highlight=False)
+    err.print(
+        f"{summary['rollouts']} of {summary['rollouts_expected']} rollouts in {escape(str(config.out))}; "
+        f"{summary['questions_done']} of {summary['questions']} questions complete; pass rate (exact match) "
+        f"{rate}",
+        highlight=False,
+    )
     if summary["failed"]:
-        fail(f"{summary['failed']} rollouts failed and were not written (last: {summary['last_error']}); run the "
-             "same command again to retry them")
+        fail(
+            f"{summary['failed']} rollouts failed and were not written (last: {summary['last_error']}); run the "
+            "same command again to retry them"
+        )
 
 
 class FailedTurn(str, enum.Enum):
@@ -88,54 +96,102 @@ CODE_RL = "Code RL"
 
 # judge's flags after its argument, in the order its help lists them
 JUDGE_OPTIONS: dict[str, tuple[Any, Any]] = {
-    "out": o.option(Path, ..., help="Where the judged trajectories go (appended; an existing file is resumed). "
-                                    "Never the input file."),
-    "grader": o.option(str | None, None, show_default=False,
-                       help="gaia-exact, code-tests or a judge profile (browsecomp, browsecomp-zh, hle, xbench, "
-                            "equivalent) for every trajectory \\[default: each trajectory's own]."),
-    "problems": o.option(Path | None, None, show_default=False, rich_help_panel=CODE_RL,
-                         help="Code problems (JSONL) whose tests code-tests runs each program against, matched by "
-                              "question id."),
-    "time_reward": o.option(bool, False, "--time-reward", rich_help_panel=CODE_RL,
-                            help="Code RL stage 2: a judge model compares each solved program's time complexity "
-                                 "with the problem's label (the --judge-* endpoint)."),
-    "format_penalty": o.option(float, 1.0, min=0.0, rich_help_panel=CODE_RL,
-                               help="R_format of an answer without a well-formed program: minus this."),
-    "time_weight": o.option(float, 1.0, min=0.0, rich_help_panel=CODE_RL,
-                            help="R_time of a solved program at optimal complexity."),
+    "out": o.option(
+        Path,
+        ...,
+        help="Where the judged trajectories go (appended; an existing file is resumed). Never the input file.",
+    ),
+    "grader": o.option(
+        str | None,
+        None,
+        show_default=False,
+        help="gaia-exact, code-tests or a judge profile (browsecomp, browsecomp-zh, hle, xbench, "
+        "equivalent) for every trajectory \\[default: each trajectory's own].",
+    ),
+    "problems": o.option(
+        Path | None,
+        None,
+        show_default=False,
+        rich_help_panel=CODE_RL,
+        help="Code problems (JSONL) whose tests code-tests runs each program against, matched by question id.",
+    ),
+    "time_reward": o.option(
+        bool,
+        False,
+        "--time-reward",
+        rich_help_panel=CODE_RL,
+        help="Code RL stage 2: a judge model compares each solved program's time complexity "
+        "with the problem's label (the --judge-* endpoint).",
+    ),
+    "format_penalty": o.option(
+        float,
+        1.0,
+        min=0.0,
+        rich_help_panel=CODE_RL,
+        help="R_format of an answer without a well-formed program: minus this.",
+    ),
+    "time_weight": o.option(
+        float, 1.0, min=0.0, rich_help_panel=CODE_RL, help="R_time of a solved program at optimal complexity."
+    ),
     "no_critic": o.option(bool, False, "--no-critic", help="The outcome reward alone; no critic endpoint needed."),
     "critic_base_url": (CriticBaseUrl, None),
-    "critic_model": o.option(str | None, None, envvar="NANBEIGE_CRITIC_MODEL", show_default=False,
-                             help="The critic model \\[default: gpt-4.1-2025-04-14]."),
-    "critic_api_key": o.option(str | None, None, envvar="NANBEIGE_CRITIC_API_KEY", show_default=False,
-                               help="API key for the critic endpoint."),
-    "critic_template": o.option(Path | None, None, show_default=False,
-                                help="The critic prompt from a file, verbatim; {question}, {earlier_turns}, "
-                                     "{reasoning}, {tool_calls} and {tool_results} are filled in."),
+    "critic_model": o.option(
+        str | None,
+        None,
+        envvar="NANBEIGE_CRITIC_MODEL",
+        show_default=False,
+        help="The critic model \\[default: gpt-4.1-2025-04-14].",
+    ),
+    "critic_api_key": o.option(
+        str | None, None, envvar="NANBEIGE_CRITIC_API_KEY", show_default=False, help="API key for the critic endpoint."
+    ),
+    "critic_template": o.option(
+        Path | None,
+        None,
+        show_default=False,
+        help="The critic prompt from a file, verbatim; {question}, {earlier_turns}, "
+        "{reasoning}, {tool_calls} and {tool_results} are filled in.",
+    ),
     "min_logical_soundness": o.option(int, 3, min=1, max=5, help="A turn fails below this score."),
     "min_tool_call_accuracy": o.option(int, 3, min=1, max=5, help="A turn fails below this score."),
     "min_information_gain": o.option(int, 3, min=1, max=5, help="A turn fails below this score."),
-    "failed": o.option(FailedTurn, FailedTurn.mask, help="What a failed turn gets: mask (left out of training) or "
-                                                         "penalise (trained on with reward -PENALTY)."),
+    "failed": o.option(
+        FailedTurn,
+        FailedTurn.mask,
+        help="What a failed turn gets: mask (left out of training) or penalise (trained on with reward -PENALTY).",
+    ),
     "penalty": o.option(float, 1.0, min=0.0, help="The negative reward of a failed turn, with --failed penalise."),
     "judge_base_url": (JudgeBaseUrl, None),
     "judge_model": (JudgeModel, None),
     "judge_api_key": (JudgeApiKey, None),
     "judge_template": (JudgeTemplate, None),
     "concurrency": o.option(int, 8, min=1, help="Trajectories judged at once."),
-    "request_timeout": o.option(float | None, None, min=0.1, show_default=False,
-                                help="Seconds one judge or critic call may take before it is asked again "
-                                     "\\[default: 300 for the judge, 120 for the critic]."),
-    "retries": o.option(int | None, None, min=0, show_default=False,
-                        help="How many times a failed judge or critic call is asked again \\[default: 3 for the "
-                             "judge, 2 for the critic]."),
+    "request_timeout": o.option(
+        float | None,
+        None,
+        min=0.1,
+        show_default=False,
+        help="Seconds one judge or critic call may take before it is asked again "
+        "\\[default: 300 for the judge, 120 for the critic].",
+    ),
+    "retries": o.option(
+        int | None,
+        None,
+        min=0,
+        show_default=False,
+        help="How many times a failed judge or critic call is asked again \\[default: 3 for the "
+        "judge, 2 for the critic].",
+    ),
     "ray": (o.RayAddress, None),
 }
 
 
 @with_options(JUDGE_OPTIONS)
-def judge(src: Annotated[Path, typer.Argument(help="Trajectory JSONL to judge (from `nanbeige collect`).")], *,
-          flags: dict[str, Any]) -> None:
+def judge(
+    src: Annotated[Path, typer.Argument(help="Trajectory JSONL to judge (from `nanbeige collect`).")],
+    *,
+    flags: dict[str, Any],
+) -> None:
     """Add outcome rewards and turn-level critic scores, rewards and masks to trajectories; tokens untouched."""
     from nanbeige.trainer.rewards import judging_secrets
 
@@ -151,21 +207,41 @@ def judge_config(flags: dict[str, Any]) -> Any:
     from nanbeige.trainer.judge_config import JudgeRunConfig
 
     # Each endpoint keeps its own defaults for what is not given.
-    calls = {name: flags[flag] for name, flag in (("timeout_s", "request_timeout"), ("retries", "retries"))
-             if flags[flag] is not None}
-    critic = None if flags["no_critic"] else replace(
-        critic_endpoint(flags["critic_base_url"], flags["critic_model"], flags["critic_api_key"],
-                        flags["critic_template"]), **calls)
-    rule = TurnRule(**{name: flags[name] for name in ("min_logical_soundness", "min_tool_call_accuracy",
-                                                       "min_information_gain", "failed", "penalty")})
+    calls = {
+        name: flags[flag]
+        for name, flag in (("timeout_s", "request_timeout"), ("retries", "retries"))
+        if flags[flag] is not None
+    }
+    critic = (
+        None
+        if flags["no_critic"]
+        else replace(
+            critic_endpoint(
+                flags["critic_base_url"], flags["critic_model"], flags["critic_api_key"], flags["critic_template"]
+            ),
+            **calls,
+        )
+    )
+    rule = TurnRule(
+        **{
+            name: flags[name]
+            for name in ("min_logical_soundness", "min_tool_call_accuracy", "min_information_gain", "failed", "penalty")
+        }
+    )
     asked = (flags["judge_base_url"], flags["judge_model"], flags["judge_api_key"])
-    return JudgeRunConfig(grader=flags["grader"], judge=replace(judge_endpoint(*asked, flags["judge_template"]),
-                                                                **calls),
-                          critic=critic, rule=rule, concurrency=flags["concurrency"], no_critic=flags["no_critic"],
-                          problems=flags["problems"], time_reward=flags["time_reward"],
-                          rewards=CodeRewards(format_penalty=flags["format_penalty"],
-                                              time_weight=flags["time_weight"]),
-                          complexity=replace(complexity_endpoint(*asked), **calls), ray=flags["ray"])
+    return JudgeRunConfig(
+        grader=flags["grader"],
+        judge=replace(judge_endpoint(*asked, flags["judge_template"]), **calls),
+        critic=critic,
+        rule=rule,
+        concurrency=flags["concurrency"],
+        no_critic=flags["no_critic"],
+        problems=flags["problems"],
+        time_reward=flags["time_reward"],
+        rewards=CodeRewards(format_penalty=flags["format_penalty"], time_weight=flags["time_weight"]),
+        complexity=replace(complexity_endpoint(*asked), **calls),
+        ray=flags["ray"],
+    )
 
 
 def run_judge(src: Path, out: Path, config: Any) -> None:
@@ -178,9 +254,11 @@ def run_judge(src: Path, out: Path, config: Any) -> None:
 
     def line() -> str:
         mean = "-" if progress.mean_reward is None else f"{progress.mean_reward:.3f}"
-        return (f"judge {progress.done}/{progress.total} trajectories · {progress.running} running · mean reward "
-                f"{mean} · {counted(progress.turns_judged, 'turn')} judged, {progress.masked_turns} masked · "
-                f"{counted(progress.critic_failures, 'critic failure')}")
+        return (
+            f"judge {progress.done}/{progress.total} trajectories · {progress.running} running · mean reward "
+            f"{mean} · {counted(progress.turns_judged, 'turn')} judged, {progress.masked_turns} masked · "
+            f"{counted(progress.critic_failures, 'critic failure')}"
+        )
 
     check(src, out, config)  # before the live line starts: a bad input is one line, alone
 
@@ -191,34 +269,45 @@ def run_judge(src: Path, out: Path, config: Any) -> None:
     async def main() -> dict[str, Any]:
         view = LiveLine(err, line)
         try:
-            return await resumable(judge_file(src, out, config, notice, progress, judge_all), JudgeError,
-                                   f"judged trajectories are kept in {escape(str(out))}", before_error=view.stop)
+            return await resumable(
+                judge_file(src, out, config, notice, progress, judge_all),
+                JudgeError,
+                f"judged trajectories are kept in {escape(str(out))}",
+                before_error=view.stop,
+            )
         finally:
             view.stop()
 
     summary = run_command(main())
     already = summary["already_judged"]
-    err.print(f"{counted(summary['judged'], 'trajectory', 'trajectories')} judged into {escape(str(out))} ({already} "
-              f"{'was' if already == 1 else 'were'} already there, {summary['skipped']} unfinished skipped); "
-              f"{summary['outcome_errors']} without an "
-              f"outcome reward, {counted(summary['critic_failures'], 'turn')} the critic could not judge",
-              highlight=False)
+    err.print(
+        f"{counted(summary['judged'], 'trajectory', 'trajectories')} judged into {escape(str(out))} ({already} "
+        f"{'was' if already == 1 else 'were'} already there, {summary['skipped']} unfinished skipped); "
+        f"{summary['outcome_errors']} without an "
+        f"outcome reward, {counted(summary['critic_failures'], 'turn')} the critic could not judge",
+        highlight=False,
+    )
 
 
 def synth(
     corpus: Annotated[Path, typer.Option(help="A local index built by `nanbeige index build`: the documents.")],
-    out: Annotated[Path, typer.Option(help="Questions JSONL (appended; resumed), for `nanbeige collect "
-                                           "--questions`.")],
+    out: Annotated[Path, typer.Option(help="Questions JSONL (appended; resumed), for `nanbeige collect --questions`.")],
     count: Annotated[int, typer.Option(min=1, help="How many questions the file should hold.")] = 100,
     hops: Annotated[int, typer.Option(min=1, max=6, help="Links each question must follow.")] = 2,
     seed: Annotated[int, typer.Option(help="Seed of the random walks (the same seed gives the same walks).")] = 0,
     concurrency: Annotated[int, typer.Option(min=1, help="Walks written and checked at once.")] = 4,
-    base_url: Annotated[str | None, typer.Option(envvar="NANBEIGE_SYNTH_BASE_URL", show_default=False,
-                                                 help=f"OpenAI-compatible endpoint that writes and checks the "
-                                                      f"questions \\[default: {LLMConfig.base_url}].")] = None,
+    base_url: Annotated[
+        str | None,
+        typer.Option(
+            envvar="NANBEIGE_SYNTH_BASE_URL",
+            show_default=False,
+            help=f"OpenAI-compatible endpoint that writes and checks the questions \\[default: {LLMConfig.base_url}].",
+        ),
+    ] = None,
     model: Annotated[str, typer.Option(envvar="NANBEIGE_SYNTH_MODEL", help="The model there.")] = LLMConfig.model,
-    api_key: Annotated[str | None, typer.Option(envvar="NANBEIGE_SYNTH_API_KEY", show_default=False,
-                                                help="API key for that endpoint.")] = None,
+    api_key: Annotated[
+        str | None, typer.Option(envvar="NANBEIGE_SYNTH_API_KEY", show_default=False, help="API key for that endpoint.")
+    ] = None,
 ) -> None:
     """Write multi-hop questions from your documents: random walks over the links between them, a question
     per walk that needs every hop, rejected when one document answers it or the documents do not support it."""
@@ -232,20 +321,28 @@ def synth(
         err.print(f"[dim]{in_file}/{wanted} questions, {rejected} walks rejected[/]", highlight=False)
 
     async def main() -> dict[str, Any]:
-        return await synthesize(corpus, out, config, count, hops=hops, seed=seed, concurrency=concurrency,
-                                progress=progress)
+        return await synthesize(
+            corpus, out, config, count, hops=hops, seed=seed, concurrency=concurrency, progress=progress
+        )
 
     summary = run_command(main())
     rejected = ", ".join(f"{reason} {n}" for reason, n in summary["rejected"].items()) or "none"
     if not summary["accepted"] and summary["in_file"] < count:  # a run that adds nothing is a failure to fix
         if summary["walks"]:
-            fail(f"no question written to {out}: every walk tried was rejected ({rejected}); see why in "
-                 f"{rejected_path(out)}")
+            fail(
+                f"no question written to {out}: every walk tried was rejected ({rejected}); see why in "
+                f"{rejected_path(out)}"
+            )
         if summary["skipped"]:
-            fail(f"no question written to {out}: every walk of seed {seed} with --hops {hops} was tried before; "
-                 "pass another --seed")
+            fail(
+                f"no question written to {out}: every walk of seed {seed} with --hops {hops} was tried before; "
+                "pass another --seed"
+            )
         fail(f"no question written to {out}: the corpus has no walk of {hops} links; pass fewer --hops")
-    err.print(f"{summary['in_file']} questions in {escape(str(out))} ({summary['accepted']} new) from "
-              f"{summary['walks']} walks over {summary['documents']} documents and {summary['edges']} links; "
-              f"rejected: {rejected}" + ("; the walks ran out before the count was reached"
-                                         if summary.get("exhausted") else ""), highlight=False)
+    err.print(
+        f"{summary['in_file']} questions in {escape(str(out))} ({summary['accepted']} new) from "
+        f"{summary['walks']} walks over {summary['documents']} documents and {summary['edges']} links; "
+        f"rejected: {rejected}"
+        + ("; the walks ran out before the count was reached" if summary.get("exhausted") else ""),
+        highlight=False,
+    )

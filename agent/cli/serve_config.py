@@ -94,16 +94,25 @@ def vllm_args(config: ServeConfig) -> list[str]:
     if utilization is None:
         utilization = CPU_MEMORY_UTILIZATION if config.on_cpu else 0.92
     args = [
-        *command, config.model,
-        "--host", config.host,
-        "--port", str(config.port),
-        "--served-model-name", config.served_model_name or config.model,
-        "--dtype", "bfloat16",
+        *command,
+        config.model,
+        "--host",
+        config.host,
+        "--port",
+        str(config.port),
+        "--served-model-name",
+        config.served_model_name or config.model,
+        "--dtype",
+        "bfloat16",
         # sampling comes only from our requests, not the repository's generation defaults
-        "--generation-config", "vllm",
-        "--max-model-len", str(config.max_model_len),
-        "--gpu-memory-utilization", str(utilization),
-        "--data-parallel-size", str(config.data_parallel_size),
+        "--generation-config",
+        "vllm",
+        "--max-model-len",
+        str(config.max_model_len),
+        "--gpu-memory-utilization",
+        str(utilization),
+        "--data-parallel-size",
+        str(config.data_parallel_size),
         "--enable-prefix-caching" if config.enable_prefix_caching else "--no-enable-prefix-caching",
     ]
     if config.dialect == "tool-call":

@@ -80,8 +80,13 @@ def find(named: Path | None = None) -> Found:
     else:
         shown = _shown(folder)
         why = "it has changed since you trusted it" if verdict == trust.CHANGED else "it is not trusted"
-        found.ignored.append((folder, f"ignoring the settings file {shown}: {why} (a folder's settings can run "
-                                      f"commands and choose servers); `nanbeige trust {shown}` uses it"))
+        found.ignored.append(
+            (
+                folder,
+                f"ignoring the settings file {shown}: {why} (a folder's settings can run "
+                f"commands and choose servers); `nanbeige trust {shown}` uses it",
+            )
+        )
     return found
 
 
@@ -127,8 +132,9 @@ def _shown(path: Path) -> str:
     return f"./{path.name}" if path.parent == Path.cwd().absolute() else str(path)
 
 
-def _for_group(group: Any, shared: dict[str, Any], tables: dict[str, Any], path: str, prefix: str
-               ) -> tuple[dict[str, Any], set[str]]:
+def _for_group(
+    group: Any, shared: dict[str, Any], tables: dict[str, Any], path: str, prefix: str
+) -> tuple[dict[str, Any], set[str]]:
     """The default map of each command in `group`, and which top-level keys some command took."""
     mapped: dict[str, Any] = {}
     used: set[str] = set()
@@ -138,9 +144,11 @@ def _for_group(group: Any, shared: dict[str, Any], tables: dict[str, Any], path:
             own = {k: v for k, v in table.items() if not isinstance(v, dict)}
             loose = sorted(set(map(_key, own)) - set(_option_names(command)))
             if loose:
-                raise SettingsError(f"settings file {path}: [{prefix}{name}] has no setting {loose[0]!r} (settings "
-                                    f"of its commands go in their tables, such as [{prefix}{name}."
-                                    f"{next(iter(command.commands))}])")
+                raise SettingsError(
+                    f"settings file {path}: [{prefix}{name}] has no setting {loose[0]!r} (settings "
+                    f"of its commands go in their tables, such as [{prefix}{name}."
+                    f"{next(iter(command.commands))}])"
+                )
             mapped[name], taken = _for_group(command, shared, table, path, f"{prefix}{name}.")
             mapped[name] |= _for_command(command, shared, own, path, f"{prefix}{name}", taken)
             used |= taken
@@ -152,8 +160,9 @@ def _for_group(group: Any, shared: dict[str, Any], tables: dict[str, Any], path:
     return mapped, used
 
 
-def _for_command(command: Any, shared: dict[str, Any], table: dict[str, Any], path: str, name: str,
-                 used: set[str]) -> dict[str, Any]:
+def _for_command(
+    command: Any, shared: dict[str, Any], table: dict[str, Any], path: str, name: str, used: set[str]
+) -> dict[str, Any]:
     """One command's default map from its table and the top-level settings it has; adds those to `used`."""
     params = _option_names(command)
     unknown = sorted(set(map(_key, table)) - set(params))

@@ -23,12 +23,19 @@ from nanbeige.agent.run_config import AgentConfig, ToolsConfig
 from nanbeige.trainer.train import TrainConfig
 from nanbeige.trainer.train_config import COUNTS, GroupRule, parse_keep
 
-train_app = typer.Typer(invoke_without_command=True, cls=ShortHelpGroup, help=(
-    "Train the model on judged trajectories: GRPO with turn-level advantages, or SFT; --loop N alternates "
-    "collect, judge, train and sync. `nanbeige train report RUN_DIR` draws a run's curves."))
+train_app = typer.Typer(
+    invoke_without_command=True,
+    cls=ShortHelpGroup,
+    help=(
+        "Train the model on judged trajectories: GRPO with turn-level advantages, or SFT; --loop N alternates "
+        "collect, judge, train and sync. `nanbeige train report RUN_DIR` draws a run's curves."
+    ),
+)
 
-OLD_SPELLING = ("note: the loop is now its own command, `nanbeige loop --iterations N` with the same flags; "
-                "`train --loop N` still runs it, for this release")
+OLD_SPELLING = (
+    "note: the loop is now its own command, `nanbeige loop --iterations N` with the same flags; "
+    "`train --loop N` still runs it, for this release"
+)
 """Said after a `train --loop` run: after, so that a refusal stays one line."""
 
 
@@ -63,8 +70,7 @@ def loop(*, flags: dict[str, Any]) -> None:
 def training(flags: dict[str, Any], loop: int, spelled: str) -> TrainConfig:
     """The training the flags describe, refused in one line (exit 2) where they cannot work together."""
     if flags["model"] is None or flags["out"] is None:
-        fail(f"--{'model' if flags['model'] is None else 'out'} is required (see {spelled.split(' --')[0]} "
-             "--help)", 2)
+        fail(f"--{'model' if flags['model'] is None else 'out'} is required (see {spelled.split(' --')[0]} --help)", 2)
     if flags["min_pass_rate"] > flags["max_pass_rate"]:
         fail(f"--min-pass-rate {flags['min_pass_rate']} is above --max-pass-rate {flags['max_pass_rate']}", 2)
     problem = ray_problem(flags["ray"], loop, spelled)
@@ -72,29 +78,67 @@ def training(flags: dict[str, Any], loop: int, spelled: str) -> TrainConfig:
         fail(problem, 2)
     k_of_n = group_filter(flags["filter_counts"], flags["keep"], flags["min_pass_rate"], flags["max_pass_rate"])
     if k_of_n is not None and flags["objective"] == "sft":
-        fail("--keep filters GRPO's groups; --objective sft has no group filter (--filter-counts says which "
-             "rollouts it imitates)", 2)
-    groups = GroupRule(lam=flags["lam"], min_pass_rate=flags["min_pass_rate"], max_pass_rate=flags["max_pass_rate"],
-                       counts=flags["filter_counts"], k_of_n=k_of_n, std=flags["advantage_std"],
-                       single=flags["single_rollout"], truncated=flags["truncated"])
-    same = ("model", "out", "objective", "steps", "epochs", "clip_low", "clip_high", "clip_dual", "tis_cap",
-            "max_rollout_drift", "off_policy", "step_tokens", "warmup_steps", "lr_schedule", "min_lr_ratio",
-            "wandb_project", "packing", "micro_tokens", "lr", "lora_rank", "save_every", "dtype", "seed",
-            "chunk_tokens")
-    return TrainConfig(data=flags.get("data") or [], groups=groups, tensorboard=not flags["no_tensorboard"],
-                       gradient_checkpointing=not flags["no_gradient_checkpointing"],
-                       **{name: flags[name] for name in same})
+        fail(
+            "--keep filters GRPO's groups; --objective sft has no group filter (--filter-counts says which "
+            "rollouts it imitates)",
+            2,
+        )
+    groups = GroupRule(
+        lam=flags["lam"],
+        min_pass_rate=flags["min_pass_rate"],
+        max_pass_rate=flags["max_pass_rate"],
+        counts=flags["filter_counts"],
+        k_of_n=k_of_n,
+        std=flags["advantage_std"],
+        single=flags["single_rollout"],
+        truncated=flags["truncated"],
+    )
+    same = (
+        "model",
+        "out",
+        "objective",
+        "steps",
+        "epochs",
+        "clip_low",
+        "clip_high",
+        "clip_dual",
+        "tis_cap",
+        "max_rollout_drift",
+        "off_policy",
+        "step_tokens",
+        "warmup_steps",
+        "lr_schedule",
+        "min_lr_ratio",
+        "wandb_project",
+        "packing",
+        "micro_tokens",
+        "lr",
+        "lora_rank",
+        "save_every",
+        "dtype",
+        "seed",
+        "chunk_tokens",
+    )
+    return TrainConfig(
+        data=flags.get("data") or [],
+        groups=groups,
+        tensorboard=not flags["no_tensorboard"],
+        gradient_checkpointing=not flags["no_gradient_checkpointing"],
+        **{name: flags[name] for name in same},
+    )
 
 
 def train_once(config: TrainConfig, resume: bool) -> None:
     from nanbeige.trainer.train import train as run_training
 
     try:
-        summary = run_training(config, resume=resume,
-                               log=lambda text: err.print(escape(text), highlight=False, soft_wrap=True))
+        summary = run_training(
+            config, resume=resume, log=lambda text: err.print(escape(text), highlight=False, soft_wrap=True)
+        )
     except KeyboardInterrupt:
-        err.print("[yellow]interrupted[/]; checkpoints so far are kept: --resume goes on from the newest",
-                  highlight=False)
+        err.print(
+            "[yellow]interrupted[/]; checkpoints so far are kept: --resume goes on from the newest", highlight=False
+        )
         raise typer.Exit(130) from None
     if summary["checkpoint"]:
         err.print(f"checkpoint: {escape(summary['checkpoint'])}", highlight=False)
@@ -104,19 +148,32 @@ def start_loop(iterations: int, flags: dict[str, Any], config: TrainConfig, spel
     """The loop the flags describe, run (`spelled`: how the refusals name the loop, --loop or nanbeige loop)."""
     questions, problems = flags["questions"], flags["problems"]
     if (questions is None) == (problems is None):
-        fail(f"{spelled} needs --questions (the questions collect samples rollouts for) or --problems (code "
-             "problems), one of them", 2)
+        fail(
+            f"{spelled} needs --questions (the questions collect samples rollouts for) or --problems (code "
+            "problems), one of them",
+            2,
+        )
     problem = admin_problem(flags["admin_url"] or [], flags["sync"], spelled)
     if problem:
         fail(problem, 2)
     if flags["time_reward"] and problems is None:
         fail("--time-reward rewards code problems' solutions: it needs --problems", 2)
     settings = o.run_settings({**LOOP_DEFAULTS, "model": flags["model"], **{name: flags[name] for name in SERVER}})
-    loop_options = {"admin_urls": tuple(flags["admin_url"] or ()), "ray": flags["ray"],
-                    **{name: flags[name] for name in ("questions_per_iteration", "min_informative_groups",
-                                                      "max_draws")}}
-    run_train_loop(iterations, questions or problems, flags["group_size"], flags["sync"], settings,
-                   judging(flags), config, loop_options)
+    loop_options = {
+        "admin_urls": tuple(flags["admin_url"] or ()),
+        "ray": flags["ray"],
+        **{name: flags[name] for name in ("questions_per_iteration", "min_informative_groups", "max_draws")},
+    }
+    run_train_loop(
+        iterations,
+        questions or problems,
+        flags["group_size"],
+        flags["sync"],
+        settings,
+        judging(flags),
+        config,
+        loop_options,
+    )
 
 
 def judging(flags: dict[str, Any]) -> Any:
@@ -124,17 +181,22 @@ def judging(flags: dict[str, Any]) -> Any:
     from nanbeige.trainer.judge_config import JudgeRunConfig
 
     no_critic = flags["no_critic"]
-    critic = None if no_critic else critic_endpoint(flags["critic_base_url"], flags["critic_model"],
-                                                    flags["critic_api_key"])
+    critic = (
+        None if no_critic else critic_endpoint(flags["critic_base_url"], flags["critic_model"], flags["critic_api_key"])
+    )
     judge = JudgeRunConfig(critic=critic, no_critic=no_critic)
     if flags["problems"] is None:
         return judge
     # code RL: the problems are the questions, their tests the grader
     env = os.environ
-    complexity = complexity_endpoint((env.get("NANBEIGE_JUDGE_BASE_URL") or "").split(),
-                                     env.get("NANBEIGE_JUDGE_MODEL"), env.get("NANBEIGE_JUDGE_API_KEY"))
-    return replace(judge, grader="code-tests", problems=flags["problems"], time_reward=flags["time_reward"],
-                   complexity=complexity)
+    complexity = complexity_endpoint(
+        (env.get("NANBEIGE_JUDGE_BASE_URL") or "").split(),
+        env.get("NANBEIGE_JUDGE_MODEL"),
+        env.get("NANBEIGE_JUDGE_API_KEY"),
+    )
+    return replace(
+        judge, grader="code-tests", problems=flags["problems"], time_reward=flags["time_reward"], complexity=complexity
+    )
 
 
 def admin_problem(urls: list[str], sync: str, spelled: str = "--loop") -> str:
@@ -143,8 +205,10 @@ def admin_problem(urls: list[str], sync: str, spelled: str = "--loop") -> str:
         if not url.startswith(("http://", "https://")) or len(url.split("://", 1)[1].strip("/")) == 0:
             return f"--admin-url {url!r} is not an http:// or https:// address of a vLLM engine"
     if urls and sync == "none":
-        return (f"--admin-url names the engines {spelled} syncs, and --sync none syncs none: leave it out, or use "
-                "--sync lora or weights")
+        return (
+            f"--admin-url names the engines {spelled} syncs, and --sync none syncs none: leave it out, or use "
+            "--sync lora or weights"
+        )
     return ""
 
 
@@ -155,16 +219,21 @@ def ray_problem(address: str | None, loop: int, spelled: str = "nanbeige train -
     if address is None:
         return ""
     if os.environ.get("WORLD_SIZE", "1") != "1":  # every process torchrun starts would shard the same runs
-        return ("--ray runs the loop's collect and judge on a Ray cluster from one process, and torchrun starts "
-                f"several: run `{spelled} --ray ...` without torchrun")
+        return (
+            "--ray runs the loop's collect and judge on a Ray cluster from one process, and torchrun starts "
+            f"several: run `{spelled} --ray ...` without torchrun"
+        )
     if not loop:
-        return ("--ray runs the loop's collect and judge on a Ray cluster: it needs --loop (training on --data "
-                "alone scales with torchrun)")
+        return (
+            "--ray runs the loop's collect and judge on a Ray cluster: it needs --loop (training on --data "
+            "alone scales with torchrun)"
+        )
     return ""
 
 
-def group_filter(counts: str, keep: str | None, min_pass_rate: float, max_pass_rate: float
-                 ) -> tuple[int, int, int] | None:
+def group_filter(
+    counts: str, keep: str | None, min_pass_rate: float, max_pass_rate: float
+) -> tuple[int, int, int] | None:
     """The group filter's flags checked: the k-of-n band of --keep, or None for the pass-rate band."""
     if counts not in COUNTS:
         fail(f"--filter-counts must be {', '.join(COUNTS[:-1])} or {COUNTS[-1]}, not {counts!r}", 2)
@@ -182,8 +251,9 @@ def group_filter(counts: str, keep: str | None, min_pass_rate: float, max_pass_r
 @train_app.command("report")
 def train_report(
     run: Annotated[Path, typer.Argument(help="A `train --out` folder, or a `loop --out` folder.")],
-    out: Annotated[Path | None, typer.Option(help="Where the PNGs go \\[default: RUN/report].",
-                                             show_default=False)] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Where the PNGs go \\[default: RUN/report].", show_default=False)
+    ] = None,
 ) -> None:
     """Draw a run's curves as PNG plots: reward and pass rate, loss, entropy, rollout length, clip fraction,
     drift, tokens/s, learning rate."""
@@ -197,22 +267,46 @@ def train_report(
         fail(f"cannot write the plots: {exc}")
     if not written:
         fail(f"{run}: its metrics have no step with numbers to draw")
-    err.print(f"{len(written)} plots in {escape(str(written[0].parent))}: "
-              + ", ".join(p.name for p in written), highlight=False)
+    err.print(
+        f"{len(written)} plots in {escape(str(written[0].parent))}: " + ", ".join(p.name for p in written),
+        highlight=False,
+    )
 
 
 # The run settings the loop gives collect beyond its own flags: the loop's defaults.
 LOOP_DEFAULTS: dict[str, Any] = {
-    "api_key": None, "dialect": AgentConfig.dialect, "max_turns": None,
-    "keep_tool_results": AgentConfig.keep_tool_results, "max_context": None, "temperature": None, "top_p": None,
-    "repetition_penalty": None, "max_tokens": LLMConfig.max_tokens, "mcp": None,
-    "tool_timeout": ToolsConfig.tool_timeout_s, "max_result_chars": ToolsConfig.max_result_chars, "timeout": None,
-    "gguf_file": None, "chat_template": None, "summary_turn": None, "rollback": None, "system_prompt_file": None,
-    "reference": None}
+    "api_key": None,
+    "dialect": AgentConfig.dialect,
+    "max_turns": None,
+    "keep_tool_results": AgentConfig.keep_tool_results,
+    "max_context": None,
+    "temperature": None,
+    "top_p": None,
+    "repetition_penalty": None,
+    "max_tokens": LLMConfig.max_tokens,
+    "mcp": None,
+    "tool_timeout": ToolsConfig.tool_timeout_s,
+    "max_result_chars": ToolsConfig.max_result_chars,
+    "timeout": None,
+    "gguf_file": None,
+    "chat_template": None,
+    "summary_turn": None,
+    "rollback": None,
+    "system_prompt_file": None,
+    "reference": None,
+}
 
 
-def run_train_loop(iterations: int, questions: Path, group_size: int, sync: str, settings: Any, judge_config: Any,
-                   train_config: Any, loop_options: dict[str, Any]) -> None:
+def run_train_loop(
+    iterations: int,
+    questions: Path,
+    group_size: int,
+    sync: str,
+    settings: Any,
+    judge_config: Any,
+    train_config: Any,
+    loop_options: dict[str, Any],
+) -> None:
     from nanbeige.agent.cli.running import notice, run_command
     from nanbeige.agent.setup import secrets_of
     from nanbeige.trainer.loop_config import LoopConfig
@@ -220,13 +314,25 @@ def run_train_loop(iterations: int, questions: Path, group_size: int, sync: str,
     from nanbeige.trainer.rl_loop import run_loop
 
     hide(secrets_of(settings) + judging_secrets(judge_config))
-    config = LoopConfig(iterations=iterations, out=train_config.out, questions=questions, settings=settings,
-                        judge=judge_config, train=train_config, group_size=group_size, sync=sync, **loop_options)
+    config = LoopConfig(
+        iterations=iterations,
+        out=train_config.out,
+        questions=questions,
+        settings=settings,
+        judge=judge_config,
+        train=train_config,
+        group_size=group_size,
+        sync=sync,
+        **loop_options,
+    )
 
     async def main() -> dict[str, Any]:
         return await run_loop(config, notice)
 
     summary = run_command(main())
     for item in summary["iterations"]:
-        err.print(f"iteration {item['iteration']}: {item['rollouts']} rollouts, mean reward {item['mean_reward']}, "
-                  f"{item['train_steps']} steps, checkpoint {escape(str(item['checkpoint']))}", highlight=False)
+        err.print(
+            f"iteration {item['iteration']}: {item['rollouts']} rollouts, mean reward {item['mean_reward']}, "
+            f"{item['train_steps']} steps, checkpoint {escape(str(item['checkpoint']))}",
+            highlight=False,
+        )

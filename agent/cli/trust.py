@@ -38,8 +38,10 @@ def trusted() -> dict[str, str]:
         raise TrustError(f"cannot read the list of trusted settings files {path}: {exc}") from None
     entries = data.get("files") if isinstance(data, dict) else None
     if not isinstance(entries, dict) or not all(isinstance(v, str) for v in entries.values()):
-        raise TrustError(f"the list of trusted settings files {path} is not in nanbeige's format: delete it and "
-                         "trust the files again")
+        raise TrustError(
+            f"the list of trusted settings files {path} is not in nanbeige's format: delete it and "
+            "trust the files again"
+        )
     return entries
 
 

@@ -36,15 +36,28 @@ def where_it_is(ctx: Any, name: str) -> str | None:
     """`eval takes BENCH as its argument: nanbeige eval BENCH; collect has --bench`, or None when the
     option is nowhere near (then the guess at a near spelling stays)."""
     command, parent = ctx.command, ctx.parent.command if ctx.parent is not None else None
-    argument = next((param for param in command.params if param.param_type_name == "argument"
-                     and param.name == name.lstrip("-").replace("-", "_")), None)
-    siblings = [other for other in getattr(parent, "commands", {}).values()
-                if other is not command and any(name in (*param.opts, *param.secondary_opts)
-                                                for param in other.params if param.param_type_name == "option")]
+    argument = next(
+        (
+            param
+            for param in command.params
+            if param.param_type_name == "argument" and param.name == name.lstrip("-").replace("-", "_")
+        ),
+        None,
+    )
+    siblings = [
+        other
+        for other in getattr(parent, "commands", {}).values()
+        if other is not command
+        and any(
+            name in (*param.opts, *param.secondary_opts) for param in other.params if param.param_type_name == "option"
+        )
+    ]
     said = []
     if argument is not None:
-        said.append(f"{command.name} takes {argument.name.upper()} as an argument, not an option: "
-                    f"`{ctx.command_path} {argument.name.upper()}`")
+        said.append(
+            f"{command.name} takes {argument.name.upper()} as an argument, not an option: "
+            f"`{ctx.command_path} {argument.name.upper()}`"
+        )
     if siblings:
         names = sorted(other.name for other in siblings)
         said.append(f"{', '.join(names)} {'has' if len(names) == 1 else 'have'} {name}")

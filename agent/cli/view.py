@@ -222,8 +222,9 @@ def show(console: Console, trajectory: Trajectory, full: bool = False) -> None:
         content = turn.assistant.get("content") or ""
         thought, _, _ = content.rpartition("</think>")
         if thought.strip():
-            console.print(f"[dim]{escape(cut(shown(thought.replace('<think>', '').strip())))}[/]", highlight=False,
-                          soft_wrap=full)
+            console.print(
+                f"[dim]{escape(cut(shown(thought.replace('<think>', '').strip())))}[/]", highlight=False, soft_wrap=full
+            )
         visible = dialects.visible_text(content).strip()
         if visible and not turn.tool_calls:
             console.print(escape(cut(shown(visible))), highlight=False, soft_wrap=full)
@@ -231,13 +232,19 @@ def show(console: Console, trajectory: Trajectory, full: bool = False) -> None:
             console.print(f"[yellow]→ {escape(shown(turn.format_error))}[/]", highlight=False)
         for call, result in zip(turn.tool_calls, turn.tool_results):
             style = "red" if result.is_error else "blue"
-            console.print(f"[{style}]{escape(shown(call.server))}/{escape(shown(call.name))}[/] "
-                          f"{escape(shown(json.dumps(call.arguments, ensure_ascii=False)))}", highlight=False)
+            console.print(
+                f"[{style}]{escape(shown(call.server))}/{escape(shown(call.name))}[/] "
+                f"{escape(shown(json.dumps(call.arguments, ensure_ascii=False)))}",
+                highlight=False,
+            )
             console.print(f"[dim]{escape(cut(shown(result.text)))}[/]", highlight=False, soft_wrap=full)
     console.print()
     status = shown(trajectory.stop_reason or "unfinished (no end record)")
-    console.print(f"[bold]stop reason:[/] {escape(status)}" +
-                  (f" · {escape(shown(trajectory.error))}" if trajectory.error else ""), highlight=False)
+    console.print(
+        f"[bold]stop reason:[/] {escape(status)}"
+        + (f" · {escape(shown(trajectory.error))}" if trajectory.error else ""),
+        highlight=False,
+    )
     console.print(f"[bold]answer:[/] {escape(shown(trajectory.answer or '(none)'))}", highlight=False)
     used = usage_text(trajectory.usage or run_usage(trajectory.turns))
     if used:
@@ -273,9 +280,11 @@ class RunsView:
         from rich.table import Table
 
         grid = Table.grid(padding=(0, 1))
-        grid.add_row(f"[bold]{escape(self.name)}[/]", ProgressBar(total=max(self.progress.total, 1),
-                                                                   completed=self.progress.done, width=20),
-                     self._line())
+        grid.add_row(
+            f"[bold]{escape(self.name)}[/]",
+            ProgressBar(total=max(self.progress.total, 1), completed=self.progress.done, width=20),
+            self._line(),
+        )
         return grid
 
     def _plain_line(self) -> str:
@@ -285,8 +294,10 @@ class RunsView:
         p = self.progress
         rate = "-" if p.accuracy is None else f"{100 * p.accuracy:.1f}%"
         if self.group_size:
-            line = (f"{p.groups_done}/{p.total // self.group_size} questions · {p.done}/{p.total} rollouts · "
-                    f"{p.running} running · pass rate {rate} · {self._turns_per_s()} turns/s · ETA {self._eta()}")
+            line = (
+                f"{p.groups_done}/{p.total // self.group_size} questions · {p.done}/{p.total} rollouts · "
+                f"{p.running} running · pass rate {rate} · {self._turns_per_s()} turns/s · ETA {self._eta()}"
+            )
         else:
             line = f"{p.done}/{p.total} runs · {p.running} running · accuracy {rate} · ETA {self._eta()}"
         line += f" · {elapsed(p.elapsed_s)} elapsed"
@@ -320,8 +331,9 @@ class LiveLine:
 
         self.live = self.ticker = None
         if console.is_terminal:
-            self.live = Live(console=console, get_renderable=lambda: Text.from_markup(text()), refresh_per_second=4,
-                             transient=True)  # gone when done: the command's summary line follows
+            self.live = Live(
+                console=console, get_renderable=lambda: Text.from_markup(text()), refresh_per_second=4, transient=True
+            )  # gone when done: the command's summary line follows
             self.live.start()
         else:
             self.ticker = Ticker(console, text, progress_every(30))

@@ -36,5 +36,6 @@ def shown_wait(console: Console, what: str) -> Iterator[None]:
     finally:
         if live is not None:
             live.stop()
-    console.print(f"[dim]{escape(what)}: done in {elapsed(time.monotonic() - started)}[/]", highlight=False,
-                  soft_wrap=True)
+    console.print(
+        f"[dim]{escape(what)}: done in {elapsed(time.monotonic() - started)}[/]", highlight=False, soft_wrap=True
+    )

@@ -93,11 +93,23 @@ class Reference:
         where the reference has that tool."""
         from nanbeige.agent.reference.mcp_prompt import ordered_servers, reference_schema
 
-        servers = [{"name": server, "tools": [
-            {"name": tool["name"],
-             "description": self.tool_descriptions.get((server, tool["name"]), tool.get("description") or ""),
-             "schema": reference_schema(tool.get("input_schema") or {})}
-            for tool in tools if tool["server"] == server]} for server in ordered_servers(tools)]
+        servers = [
+            {
+                "name": server,
+                "tools": [
+                    {
+                        "name": tool["name"],
+                        "description": self.tool_descriptions.get(
+                            (server, tool["name"]), tool.get("description") or ""
+                        ),
+                        "schema": reference_schema(tool.get("input_schema") or {}),
+                    }
+                    for tool in tools
+                    if tool["server"] == server
+                ],
+            }
+            for server in ordered_servers(tools)
+        ]
         day = datetime.date.fromisoformat(date)
         return (self.mcp_system_prompt(day, servers) + self.agent_objective).strip()
 
@@ -119,8 +131,9 @@ def load(path: str | Path, python: str = "3.12") -> Reference:
     report, reference = inspect(path, python)
     if reference is None:
         missing = [f"{name} ({detail})" for name, ok, detail in report if not ok]
-        raise ReferenceError(f"--reference {path}: not a MiroThinker checkout this version can read: "
-                             f"{'; '.join(missing)}")
+        raise ReferenceError(
+            f"--reference {path}: not a MiroThinker checkout this version can read: {'; '.join(missing)}"
+        )
     return reference
 
 
@@ -150,8 +163,15 @@ def inspect(path: str | Path, python: str = "3.12") -> tuple[list[tuple[str, boo
         return report, None
     commit = _commit(root)
     known = next((label for short, label in SUPPORTED.items() if commit and commit.startswith(short)), None)
-    report.insert(0, ("commit", True, f"{commit or 'unknown (not a git checkout)'}"
-                                      f"{': ' + known if known else ' (not one of the tested commits)'}"))
+    report.insert(
+        0,
+        (
+            "commit",
+            True,
+            f"{commit or 'unknown (not a git checkout)'}"
+            f"{': ' + known if known else ' (not one of the tested commits)'}",
+        ),
+    )
     reference = Reference(path=root, commit=commit, sha256=reader.digest(), python=python, **found)
     return report, reference
 

@@ -77,12 +77,17 @@ def reference_schema(schema: dict[str, Any]) -> dict[str, Any]:
     """An input schema in the form the reference's MCP SDK gave the model: keys in alphabetical order,
     and an optional parameter (`anyOf` a type and null, default None) written as that type with its
     default, as `x: str = None` rendered there (newer SDKs write `anyOf` instead)."""
+
     def parameter(spec: Any) -> Any:
         if not isinstance(spec, dict):
             return spec
         options = spec.get("anyOf")
-        if isinstance(options, list) and len(options) == 2 and {"type": "null"} in options \
-                and spec.get("default", ...) is None:
+        if (
+            isinstance(options, list)
+            and len(options) == 2
+            and {"type": "null"} in options
+            and spec.get("default", ...) is None
+        ):
             kept = next(option for option in options if option != {"type": "null"})
             spec = {**{k: v for k, v in spec.items() if k != "anyOf"}, **kept}
         return dict(sorted(spec.items()))
@@ -115,5 +120,7 @@ def system_prompt(tools: list[dict[str, Any]], date: str, template: str | None =
 
 def user_message(question: str) -> str:
     """The question, then on a line of its own (as the reference adds it) the answer-format sentence."""
-    return question + "\nYou should follow the format instruction in the request strictly and wrap the final " \
-                      "answer in \\boxed{}."
+    return (
+        question + "\nYou should follow the format instruction in the request strictly and wrap the final "
+        "answer in \\boxed{}."
+    )

@@ -13,11 +13,18 @@ from nanbeige.agent.reference.reader import FILES, Reader, ReferenceError
 
 # The evaluator's judge prompts (module-level templates it fills with `.format(question=, correct_answer=,
 # response=)`), by the name our judges share.
-JUDGE_PROMPTS = {"browsecomp": "JUDGE_PROMPT_BC_en", "browsecomp-zh": "JUDGE_PROMPT_BC_zh", "hle": "HLE_JUDGE_PROMPT",
-                 "xbench": "JUDGE_PROMPT_XBENCH", "equivalent": "GAIA_VALIDATION_TEXT_103_SCORER_PROMPT"}
+JUDGE_PROMPTS = {
+    "browsecomp": "JUDGE_PROMPT_BC_en",
+    "browsecomp-zh": "JUDGE_PROMPT_BC_zh",
+    "hle": "HLE_JUDGE_PROMPT",
+    "xbench": "JUDGE_PROMPT_XBENCH",
+    "equivalent": "GAIA_VALIDATION_TEXT_103_SCORER_PROMPT",
+}
 # The keep-5 agent config: named `single_agent_keep5` at v1.0 and `mirothinker_v1.0_keep5` later.
-AGENT_CONFIGS = ("apps/miroflow-agent/conf/agent/mirothinker_v1.0_keep5.yaml",
-                 "apps/miroflow-agent/conf/agent/single_agent_keep5.yaml")
+AGENT_CONFIGS = (
+    "apps/miroflow-agent/conf/agent/mirothinker_v1.0_keep5.yaml",
+    "apps/miroflow-agent/conf/agent/single_agent_keep5.yaml",
+)
 ANSWER_GENERATOR = "apps/miroflow-agent/src/core/answer_generator.py"  # the summary's home in later layouts
 TOOL_SERVERS = ("tool-python", "search_and_scrape_webpage", "jina_scrape_llm_summary")
 # The duplicate-query note is the orchestrator's f-string whose fields are exactly these variables
@@ -32,24 +39,33 @@ def _read_tags(reader: Reader) -> tuple[dict[str, Any], str]:
     values = {name: _literal(reader, FILES["prompts"], name) for name in ("mcp_tags", "refusal_keywords")}
     if not all(isinstance(v, list) and v and all(isinstance(s, str) for s in v) for v in values.values()):
         raise ReferenceError(f"{FILES['prompts']} has no lists mcp_tags and refusal_keywords")
-    return ({"mcp_tags": tuple(values["mcp_tags"]), "refusals": tuple(values["refusal_keywords"])},
-            f"{len(values['mcp_tags'])} malformed-call tags, {len(values['refusal_keywords'])} refusal phrases")
+    return (
+        {"mcp_tags": tuple(values["mcp_tags"]), "refusals": tuple(values["refusal_keywords"])},
+        f"{len(values['mcp_tags'])} malformed-call tags, {len(values['refusal_keywords'])} refusal phrases",
+    )
 
 
 def _read_duplicate_query(reader: Reader) -> tuple[dict[str, Any], str]:
     """The note a repeated query gets (v1.0), as a template; None when the orchestrator has none
     (from 2025-12-28 a repeat is rolled back)."""
     tree = reader.tree(FILES["orchestrator"])
-    notes = {_fstring_template(node) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr)
-             and _field_names(node) == set(_DUPLICATE_FIELDS)}
+    notes = {
+        _fstring_template(node)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.JoinedStr) and _field_names(node) == set(_DUPLICATE_FIELDS)
+    }
     if len(notes) > 1:
         raise ReferenceError(f"{FILES['orchestrator']} has {len(notes)} different duplicate-query notes")
     tools = _query_tools(tree)
     if notes:
-        return ({"duplicate_query": notes.pop(), "query_tools": tools},
-                f"a note answers a repeated query of {', '.join(tools) or 'no tool of ours'}")
-    return ({"duplicate_query": None, "query_tools": tools},
-            "a repeated query is rolled back (no note in the orchestrator)")
+        return (
+            {"duplicate_query": notes.pop(), "query_tools": tools},
+            f"a note answers a repeated query of {', '.join(tools) or 'no tool of ours'}",
+        )
+    return (
+        {"duplicate_query": None, "query_tools": tools},
+        "a repeated query is rolled back (no note in the orchestrator)",
+    )
 
 
 def _query_tools(tree: ast.Module) -> tuple[str, ...]:
@@ -63,8 +79,11 @@ def _query_tools(tree: ast.Module) -> tuple[str, ...]:
 
 
 def _field_names(node: ast.JoinedStr) -> set[str]:
-    return {value.value.id if isinstance(value.value, ast.Name) else "" for value in node.values
-            if isinstance(value, ast.FormattedValue)}
+    return {
+        value.value.id if isinstance(value.value, ast.Name) else ""
+        for value in node.values
+        if isinstance(value, ast.FormattedValue)
+    }
 
 
 def _read_summary_tries(reader: Reader) -> tuple[dict[str, Any], str]:
@@ -75,8 +94,13 @@ def _read_summary_tries(reader: Reader) -> tuple[dict[str, Any], str]:
         if relative != FILES["orchestrator"] and not reader.exists(relative):
             continue
         tree = reader.tree(relative)
-        constants = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
-                     and isinstance(n.value, ast.Constant) for t in n.targets if isinstance(t, ast.Name)}
+        constants = {
+            t.id: n.value.value
+            for n in tree.body
+            if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
+            for t in n.targets
+            if isinstance(t, ast.Name)
+        }
         for node in ast.walk(tree):
             targets = node.targets if isinstance(node, ast.Assign) else []
             if any(isinstance(t, ast.Attribute) and t.attr.lower().endswith("final_answer_retries") for t in targets):
@@ -91,8 +115,12 @@ def _tries(value: ast.expr, constants: dict[str, Any]) -> tuple[int, int]:
         if not isinstance(found, int) or not 1 <= found <= 100:
             raise ReferenceError("the number of summary tries is not a number this version reads")
         return found
-    if isinstance(value, ast.IfExp) and "keep_tool_result" in ast.unparse(value.test) \
-            and "-1" in ast.unparse(value.test):
+
+    if (
+        isinstance(value, ast.IfExp)
+        and "keep_tool_result" in ast.unparse(value.test)
+        and "-1" in ast.unparse(value.test)
+    ):
         return number(value.body), number(value.orelse)
     return number(value), number(value)
 
@@ -108,8 +136,11 @@ def _read_placeholder_ids(reader: Reader) -> tuple[dict[str, Any], str]:
     texts = set()
     for node in ast.walk(reader.tree(relative)):
         if isinstance(node, ast.If) and ast.unparse(node.test) == "sandbox_id in INVALID_SANDBOX_IDS":
-            texts |= {_fstring_template(n.value, {"sandbox_id": "sandbox_id"}) for n in node.body
-                      if isinstance(n, ast.Return) and isinstance(n.value, ast.JoinedStr)}
+            texts |= {
+                _fstring_template(n.value, {"sandbox_id": "sandbox_id"})
+                for n in node.body
+                if isinstance(n, ast.Return) and isinstance(n.value, ast.JoinedStr)
+            }
     if len(texts) != 1 or not next(iter(texts)).startswith("[ERROR]: "):
         raise ReferenceError(f"{relative}: no single `[ERROR]: ` answer to a placeholder sandbox id")
     text = texts.pop().removeprefix("[ERROR]: ")
@@ -124,8 +155,13 @@ def _fstring_template(node: ast.JoinedStr, fields: dict[str, str] | None = None)
     for value in node.values:
         if isinstance(value, ast.Constant):
             parts.append(str(value.value).replace("{", "{{").replace("}", "}}"))
-        elif isinstance(value, ast.FormattedValue) and isinstance(value.value, ast.Name) \
-                and value.value.id in fields and value.conversion == -1 and value.format_spec is None:
+        elif (
+            isinstance(value, ast.FormattedValue)
+            and isinstance(value.value, ast.Name)
+            and value.value.id in fields
+            and value.conversion == -1
+            and value.format_spec is None
+        ):
             parts.append("{" + fields[value.value.id] + "}")
         else:
             raise ReferenceError("an f-string of the reference has a field this version does not know")
@@ -137,8 +173,11 @@ def _read_tool_descriptions(reader: Reader) -> tuple[dict[str, Any], str]:
     for server in TOOL_SERVERS:
         for name, doc in _tool_docstrings(reader, FILES[server]).items():
             descriptions[(server, name)] = doc
-    for needed in (("tool-python", "run_python_code"), ("search_and_scrape_webpage", "google_search"),
-                   ("jina_scrape_llm_summary", "scrape_and_extract_info")):
+    for needed in (
+        ("tool-python", "run_python_code"),
+        ("search_and_scrape_webpage", "google_search"),
+        ("jina_scrape_llm_summary", "scrape_and_extract_info"),
+    ):
         if needed not in descriptions:
             raise ReferenceError(f"{FILES[needed[0]]} has no tool {needed[1]} with a docstring")
     return {"tool_descriptions": descriptions}, f"{len(descriptions)} tools"
@@ -150,8 +189,9 @@ def _tool_docstrings(reader: Reader, relative: str) -> dict[str, str]:
     3.12, as 3.13's compiler cleans them with `reader.python` "3.13"."""
     docs = {}
     for node in reader.tree(relative).body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(_is_tool_decorator(d)
-                                                                            for d in node.decorator_list):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
+            _is_tool_decorator(d) for d in node.decorator_list
+        ):
             doc = ast.get_docstring(node, clean=False)
             if doc is not None:
                 docs[node.name] = compiled_docstring(doc) if reader.python == "3.13" else doc
@@ -164,8 +204,9 @@ def compiled_docstring(raw: str) -> str:
     (from a line of spaces alone, at most that many)."""
     lines = raw.expandtabs().split("\n")
     margin = min((len(line) - len(line.lstrip(" ")) for line in lines[1:] if line.strip(" ")), default=0)
-    return "\n".join([lines[0].lstrip(" ")] + [line[min(margin, len(line) - len(line.lstrip(" "))):]
-                                               for line in lines[1:]])
+    return "\n".join(
+        [lines[0].lstrip(" ")] + [line[min(margin, len(line) - len(line.lstrip(" "))) :] for line in lines[1:]]
+    )
 
 
 def _is_tool_decorator(node: ast.expr) -> bool:
@@ -195,8 +236,18 @@ def _read_settings(reader: Reader) -> tuple[dict[str, Any], str]:
         if not isinstance(data, dict):
             raise ReferenceError(f"{relative} is not a YAML mapping")
         main = data.get("main_agent") if isinstance(data.get("main_agent"), dict) else {}
-        settings |= {k: data[k] for k in ("temperature", "top_p", "max_tokens", "max_context_length",
-                                          "repetition_penalty", "keep_tool_result") if k in data}
+        settings |= {
+            k: data[k]
+            for k in (
+                "temperature",
+                "top_p",
+                "max_tokens",
+                "max_context_length",
+                "repetition_penalty",
+                "keep_tool_result",
+            )
+            if k in data
+        }
         settings |= {"max_turns": main["max_turns"]} if "max_turns" in main else {}
     return {"settings": settings}, ", ".join(f"{k}={v}" for k, v in sorted(settings.items()))
 
@@ -226,8 +277,13 @@ def _stripped_text(reader: Reader, relative: str, name: str) -> str:
     for node in reader.tree(relative).body:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
             value, strip = node.value, False
-            if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "strip" \
-                    and not value.args and not value.keywords:
+            if (
+                isinstance(value, ast.Call)
+                and isinstance(value.func, ast.Attribute)
+                and value.func.attr == "strip"
+                and not value.args
+                and not value.keywords
+            ):
                 value, strip = value.func.value, True
             if isinstance(value, ast.Constant) and isinstance(value.value, str):
                 return value.value.strip() if strip else value.value

@@ -14,9 +14,33 @@ from nanbeige.agent.reference.reader import FILES, Reader, ReferenceError
 # Standard modules the reference's prompt functions never need: a checkout whose prompt module imports one of
 # them is not the reference's, and is not run. (This is no sandbox: `os` alone can do as much; naming a
 # checkout is trusting it.)
-REACHING_OUT = frozenset({"subprocess", "socket", "ssl", "ctypes", "multiprocessing", "concurrent", "asyncio", "pty",
-                          "http", "urllib", "ftplib", "smtplib", "imaplib", "poplib", "telnetlib", "xmlrpc",
-                          "importlib", "runpy", "pickle", "marshal", "shutil", "webbrowser", "signal"})
+REACHING_OUT = frozenset(
+    {
+        "subprocess",
+        "socket",
+        "ssl",
+        "ctypes",
+        "multiprocessing",
+        "concurrent",
+        "asyncio",
+        "pty",
+        "http",
+        "urllib",
+        "ftplib",
+        "smtplib",
+        "imaplib",
+        "poplib",
+        "telnetlib",
+        "xmlrpc",
+        "importlib",
+        "runpy",
+        "pickle",
+        "marshal",
+        "shutil",
+        "webbrowser",
+        "signal",
+    }
+)
 
 
 def _prompt_module(reader: Reader) -> dict[str, Any]:
@@ -27,16 +51,25 @@ def _prompt_module(reader: Reader) -> dict[str, Any]:
     relative = FILES["prompts"]
     tree = reader.tree(relative)
     for node in ast.walk(tree):
-        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-            [node.module or "."] if isinstance(node, ast.ImportFrom) else []
+        names = (
+            [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module or "."]
+            if isinstance(node, ast.ImportFrom)
+            else []
+        )
         outside = [n for n in names if n.split(".")[0] not in sys.stdlib_module_names]
         if outside or (isinstance(node, ast.ImportFrom) and node.level):
-            raise ReferenceError(f"{relative} imports {(outside or ['a relative module'])[0]}, beyond the standard "
-                                 "library, so its functions are not run")
+            raise ReferenceError(
+                f"{relative} imports {(outside or ['a relative module'])[0]}, beyond the standard "
+                "library, so its functions are not run"
+            )
         reaching = [n for n in names if n.split(".")[0] in REACHING_OUT]
         if reaching:
-            raise ReferenceError(f"{relative} imports {reaching[0]}, which prompt texts have no use for (it starts "
-                                 "programs, opens connections or loads code), so its functions are not run")
+            raise ReferenceError(
+                f"{relative} imports {reaching[0]}, which prompt texts have no use for (it starts "
+                "programs, opens connections or loads code), so its functions are not run"
+            )
     namespace: dict[str, Any] = {"__name__": "miroflow_reference_prompts"}
     try:
         exec(compile(tree, relative, "exec"), namespace)  # noqa: S102 (the user's own checkout)
@@ -51,8 +84,9 @@ def _read_system_prompt(reader: Reader) -> tuple[dict[str, Any], str]:
     build = namespace.get("generate_mcp_system_prompt")
     objective = namespace.get("generate_agent_specific_system_prompt")
     if not callable(build) or not callable(objective):
-        raise ReferenceError(f"{FILES['prompts']} has no generate_mcp_system_prompt / "
-                             "generate_agent_specific_system_prompt")
+        raise ReferenceError(
+            f"{FILES['prompts']} has no generate_mcp_system_prompt / generate_agent_specific_system_prompt"
+        )
     try:
         sample = build(datetime.date(2000, 1, 2), [])
         main = objective(agent_type="main")
@@ -79,8 +113,11 @@ def _read_user_message(reader: Reader) -> tuple[dict[str, Any], str]:
     module imports document converters, so the function alone is run, in a namespace of standard
     modules: without a task file it uses nothing else."""
     relative = FILES["input"]
-    found = [node for node in reader.tree(relative).body
-             if isinstance(node, ast.FunctionDef) and node.name == "process_input"]
+    found = [
+        node
+        for node in reader.tree(relative).body
+        if isinstance(node, ast.FunctionDef) and node.name == "process_input"
+    ]
     if len(found) != 1:
         raise ReferenceError(f"{relative} has no function process_input")
     import json
@@ -88,8 +125,13 @@ def _read_user_message(reader: Reader) -> tuple[dict[str, Any], str]:
     import traceback
     import typing
 
-    namespace: dict[str, Any] = {"__name__": "miroflow_reference_input", "os": os, "json": json,
-                                 "traceback": traceback, **{n: getattr(typing, n) for n in typing.__all__}}
+    namespace: dict[str, Any] = {
+        "__name__": "miroflow_reference_input",
+        "os": os,
+        "json": json,
+        "traceback": traceback,
+        **{n: getattr(typing, n) for n in typing.__all__},
+    }
     try:
         exec(compile(ast.Module(body=found, type_ignores=[]), relative, "exec"), namespace)  # noqa: S102
         process_input = namespace["process_input"]

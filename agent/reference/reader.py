@@ -25,6 +25,7 @@ FILES = {
     "evaluator": "apps/miroflow-agent/benchmarks/evaluators/eval_utils.py",
 }
 
+
 class ReferenceError(Exception):
     """The checkout cannot be read, or lacks a text the model needs (the message names it)."""
 

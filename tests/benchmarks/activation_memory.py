@@ -87,9 +87,11 @@ def main() -> None:
         per_layer = (results[args.layers][on] - results[1][on]) / (args.layers - 1)
         rest = results[1][on] - per_layer  # embeddings, final norm, LM head chunks, loss
         full = rest + FULL_LAYERS * per_layer
-        print(f"checkpointing {'on ' if on else 'off'}: {per_layer / mib:8.1f} MiB a layer, {rest / mib:7.1f} MiB "
-              f"outside the layers; all {FULL_LAYERS} layers: {full / mib:8.1f} MiB "
-              f"({full / args.tokens / 1024:.1f} KiB a token)")
+        print(
+            f"checkpointing {'on ' if on else 'off'}: {per_layer / mib:8.1f} MiB a layer, {rest / mib:7.1f} MiB "
+            f"outside the layers; all {FULL_LAYERS} layers: {full / mib:8.1f} MiB "
+            f"({full / args.tokens / 1024:.1f} KiB a token)"
+        )
 
 
 if __name__ == "__main__":

@@ -44,10 +44,15 @@ class Env:
 
 
 async def ours(server: FakeOpenAI, category: str, items: int, out: Path) -> dict:
-    settings = RunSettings(llm=LLMConfig(base_url=server.base_url, model="fake"), agent=AgentConfig(),
-                           backend=BackendConfig(backend="openai", base_url_given=True), tools=ToolsConfig())
-    config = EvalConfig(bench=BENCHMARKS[f"bfcl-{category.replace('_', '-')}"], data=None, out=out, limit=items,
-                        concurrency=8)
+    settings = RunSettings(
+        llm=LLMConfig(base_url=server.base_url, model="fake"),
+        agent=AgentConfig(),
+        backend=BackendConfig(backend="openai", base_url_given=True),
+        tools=ToolsConfig(),
+    )
+    config = EvalConfig(
+        bench=BENCHMARKS[f"bfcl-{category.replace('_', '-')}"], data=None, out=out, limit=items, concurrency=8
+    )
     return await evaluate(config, settings, notice=lambda text: None)
 
 
@@ -55,8 +60,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--items", type=int, default=100, help="items of each category")
     args = parser.parse_args()
-    print(f"{'category':<18} {'items':>5} {'official':>9} {'ours':>9} {'differ':>6} {'official s/100':>15} "
-          f"{'ours s/100':>11}")
+    print(
+        f"{'category':<18} {'items':>5} {'official':>9} {'ours':>9} {'differ':>6} {'official s/100':>15} "
+        f"{'ours s/100':>11}"
+    )
     for category in CATEGORIES:
         script = script_for({category: args.items})
         with tempfile.TemporaryDirectory() as folder, FakeOpenAI(script, vllm=True) as server:
@@ -71,9 +78,11 @@ def main() -> None:
             head = json.loads(next((scores / bfcl.model_dir()).rglob("*_score.json")).read_text().splitlines()[0])
         mine = {item_id: item_id not in report["wrong_ids"] for item_id in script.items}
         differ = sum(mine[i] != verdicts[i] for i in verdicts)
-        print(f"{category:<18} {len(verdicts):>5} {100 * head['accuracy']:>8.2f}% "
-              f"{report['categories'][category]['accuracy']:>8.2f}% {differ:>6} "
-              f"{100 * official_s / len(verdicts):>15.2f} {100 * ours_s / len(verdicts):>11.2f}")
+        print(
+            f"{category:<18} {len(verdicts):>5} {100 * head['accuracy']:>8.2f}% "
+            f"{report['categories'][category]['accuracy']:>8.2f}% {differ:>6} "
+            f"{100 * official_s / len(verdicts):>15.2f} {100 * ours_s / len(verdicts):>11.2f}"
+        )
 
 
 if __name__ == "__main__":

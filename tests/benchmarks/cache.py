@@ -27,8 +27,10 @@ from nanbeige.agent.toolbox import ServerSpec, Toolbox
 from nanbeige.agent.trajectory import ToolCall
 
 SERVER = [sys.executable, "tests/mcp_test_server.py"]
-HIT = ('{"title": "A page", "link": "https://example.com/page", '
-       '"snippet": "Some words about the query, as a search engine gives them."}')
+HIT = (
+    '{"title": "A page", "link": "https://example.com/page", '
+    '"snippet": "Some words about the query, as a search engine gives them."}'
+)
 TEXT = '{"organic": [' + ", ".join([HIT] * 30) + "]}"
 
 
@@ -49,6 +51,7 @@ async def per_call_us(work, n: int) -> float:
 
 async def concurrent_us(work, n: int, runs: int = 64) -> float:
     """n calls made by `runs` concurrent callers, each one call at a time (as runs make them), in µs per call."""
+
     async def caller(first: int) -> None:
         for i in range(first, n, runs):
             await work(i)
@@ -83,11 +86,13 @@ async def main(calls: int) -> None:
 
     write = await per_call_us(lambda i: cache.record("search", "google_search", args(i), TEXT, False), calls)
     hit = await per_call_us(lambda i: cache.lookup("search", "google_search", args(i % (5 * calls))), calls)
-    write64 = await concurrent_us(lambda i: cache.record("search", "google_search", args(10**6 + i), TEXT, False),
-                                  calls)
+    write64 = await concurrent_us(
+        lambda i: cache.record("search", "google_search", args(10**6 + i), TEXT, False), calls
+    )
     hit64 = await concurrent_us(lambda i: cache.lookup("search", "google_search", args(i)), calls)
-    stall = await longest_stall_ms(concurrent_us(
-        lambda i: cache.record("search", "google_search", args(3 * 10**6 + i), TEXT, False), calls))
+    stall = await longest_stall_ms(
+        concurrent_us(lambda i: cache.record("search", "google_search", args(3 * 10**6 + i), TEXT, False), calls)
+    )
     idle = await longest_stall_ms(asyncio.sleep(0.5))  # the same ticker with nothing else to do, for scale
 
     def raw(n: int) -> tuple[float, float]:  # in the cache's thread: its connection is used there only
@@ -110,12 +115,16 @@ async def main(calls: int) -> None:
     size = (folder / "cache.sqlite").stat().st_size
 
     print(f"{calls} calls, results of {len(TEXT)} chars; cache file {size / 1e6:.1f} MB")
-    print(f"cache hit (lookup)          {hit:7.1f} µs   64 callers: {hit64:6.1f} µs/call   SQLite alone "
-          f"{raw_hit:5.1f} µs")
-    print(f"cache write (record)        {write:7.1f} µs   64 callers: {write64:6.1f} µs/call   SQLite alone "
-          f"{raw_write:5.1f} µs")
-    print(f"while 64 callers wrote {calls} results, the event loop's longest stall: {stall:.2f} ms "
-          f"(idle: {idle:.2f} ms)")
+    print(
+        f"cache hit (lookup)          {hit:7.1f} µs   64 callers: {hit64:6.1f} µs/call   SQLite alone {raw_hit:5.1f} µs"
+    )
+    print(
+        f"cache write (record)        {write:7.1f} µs   64 callers: {write64:6.1f} µs/call   SQLite alone "
+        f"{raw_write:5.1f} µs"
+    )
+    print(
+        f"while 64 callers wrote {calls} results, the event loop's longest stall: {stall:.2f} ms (idle: {idle:.2f} ms)"
+    )
     print(f"Toolbox.call from the cache {served:7.1f} µs   a stdio MCP echo call without cache: {mcp:7.1f} µs")
 
 

@@ -41,10 +41,16 @@ def rollouts_file(folder: Path, count: int) -> tuple[Path, Path]:
     for index in range(count):
         problem = problems[index % len(problems)]
         answer = f"```python\n{problem.reference_solution}\n```"
-        trajectory = Trajectory(question=problem.statement, id=f"r{index}", group_id=problem.id,
-                                rollout_index=index // len(problems), grader="code-tests", answer=answer,
-                                stop_reason="answered",
-                                turns=[Turn(index=0, assistant={"role": "assistant", "content": answer})])
+        trajectory = Trajectory(
+            question=problem.statement,
+            id=f"r{index}",
+            group_id=problem.id,
+            rollout_index=index // len(problems),
+            grader="code-tests",
+            answer=answer,
+            stop_reason="answered",
+            turns=[Turn(index=0, assistant={"role": "assistant", "content": answer})],
+        )
         writer.start(trajectory)
         writer.turn(trajectory, trajectory.turns[0])
         writer.end(trajectory)
@@ -63,14 +69,17 @@ def throughput(rollouts: int, concurrency: int) -> None:
         judged = load_trajectories(folder / "judged.jsonl")
         tests = sum(len(t.judge["tests"]) for t in judged)
         solved = sum(t.judge["solved"] for t in judged)
-    print(f"judge, {concurrency} at once: {summary['judged']} programs ({tests} tests, {solved} solved) in "
-          f"{seconds:.1f} s: {summary['judged'] / seconds:.1f} programs/s, {tests / seconds:.0f} tests/s")
+    print(
+        f"judge, {concurrency} at once: {summary['judged']} programs ({tests} tests, {solved} solved) in "
+        f"{seconds:.1f} s: {summary['judged'] / seconds:.1f} programs/s, {tests / seconds:.0f} tests/s"
+    )
 
 
 def per_test(runner: CodeRunner, tests: int) -> None:
     stdio = CodeProblem(id="echo", statement="", tests=[{"input": "1\n", "output": "1\n"}] * tests)
-    calls = CodeProblem(id="double", statement="", entry_point="double",
-                        tests=[{"args": "[1]", "expected": "2"}] * tests)
+    calls = CodeProblem(
+        id="double", statement="", entry_point="double", tests=[{"args": "[1]", "expected": "2"}] * tests
+    )
     programs = {"echo": "print(input())", "double": "def double(x):\n    return 2 * x"}
     for problem in (stdio, calls):
         times = {}
@@ -84,8 +93,10 @@ def per_test(runner: CodeRunner, tests: int) -> None:
                 assert grade.solved, grade.tests
             times[count] = best
         extra = (times[tests] - times[1]) / (tests - 1)
-        print(f"{problem.style:8s} program with 1 test: {1000 * times[1]:.0f} ms; each further test case: "
-              f"{1000 * extra:.1f} ms (best of 3, {tests} tests: {1000 * times[tests]:.0f} ms)")
+        print(
+            f"{problem.style:8s} program with 1 test: {1000 * times[1]:.0f} ms; each further test case: "
+            f"{1000 * extra:.1f} ms (best of 3, {tests} tests: {1000 * times[tests]:.0f} ms)"
+        )
 
 
 def main() -> None:

@@ -53,8 +53,13 @@ def serve(turns: int, tokenizer_folder: str, conn) -> None:
             return mcp_answer("done")
         return mcp_call("testkit", "echo", {"text": f"probe number {turn}"}, thought=f"Step {turn}.")
 
-    with FakeOpenAI(reply, vllm=True, tokenize=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
-                    stop_id=tokenizer.convert_tokens_to_ids("<|im_end|>"), max_model_len=10**6) as server:
+    with FakeOpenAI(
+        reply,
+        vllm=True,
+        tokenize=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
+        stop_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        max_model_len=10**6,
+    ) as server:
         conn.send((server.base_url, os.getpid()))
         conn.recv()
 
@@ -66,14 +71,21 @@ def cpu_s(pid: int) -> float:
 
 async def measure(base_url: str, tiny: Path, args: argparse.Namespace, folder: Path) -> dict:
     questions = folder / "questions.jsonl"
-    questions.write_text("".join(json.dumps({"id": f"q{i}", "question": f"Question {i}?", "answer": "done"}) + "\n"
-                                 for i in range(args.questions)))
-    settings = RunSettings(llm=LLMConfig(base_url=base_url, model=str(tiny)),
-                           agent=AgentConfig(max_turns=args.turns + 1, max_context=10**6, summary_turn=False),
-                           backend=BackendConfig(backend="openai", base_url_given=True, token_mode=True),
-                           tools=ToolsConfig(mcp=[f"testkit={sys.executable} {SERVER}"], default_servers=False))
-    config = CollectConfig(out=folder / "rollouts.jsonl", questions=questions, group_size=args.group_size,
-                           concurrency=args.concurrency)
+    questions.write_text(
+        "".join(
+            json.dumps({"id": f"q{i}", "question": f"Question {i}?", "answer": "done"}) + "\n"
+            for i in range(args.questions)
+        )
+    )
+    settings = RunSettings(
+        llm=LLMConfig(base_url=base_url, model=str(tiny)),
+        agent=AgentConfig(max_turns=args.turns + 1, max_context=10**6, summary_turn=False),
+        backend=BackendConfig(backend="openai", base_url_given=True, token_mode=True),
+        tools=ToolsConfig(mcp=[f"testkit={sys.executable} {SERVER}"], default_servers=False),
+    )
+    config = CollectConfig(
+        out=folder / "rollouts.jsonl", questions=questions, group_size=args.group_size, concurrency=args.concurrency
+    )
     started = time.perf_counter()
     summary = await collect(config, settings, notice=lambda text: None)
     wall = time.perf_counter() - started
@@ -81,9 +93,14 @@ async def measure(base_url: str, tiny: Path, args: argparse.Namespace, folder: P
     turns = sum(len(t.turns) for t in trajectories)
     # the rollouts alone, without the setup (importing transformers, loading the tokenizer, the MCP server)
     sampling = max(t.started_at + t.timings["wall_s"] for t in trajectories) - min(t.started_at for t in trajectories)
-    return {"rollouts": summary["rollouts"], "wall": wall, "sampling": sampling, "turns": turns,
-            "pass_rate": summary["pass_rate"],
-            "exact": all(u.completion_ids is not None for t in trajectories for u in t.turns)}
+    return {
+        "rollouts": summary["rollouts"],
+        "wall": wall,
+        "sampling": sampling,
+        "turns": turns,
+        "pass_rate": summary["pass_rate"],
+        "exact": all(u.completion_ids is not None for t in trajectories for u in t.turns),
+    }
 
 
 def main() -> None:
@@ -109,15 +126,21 @@ def main() -> None:
             parent.send("stop")
             process.join(5)
     ours, server = (1000 * (a - b) / row["turns"] for a, b in zip(after, before))
-    print(f"collect: G={args.group_size} x {args.questions} questions, {args.concurrency} at once, token mode, "
-          f"{args.turns} turns a rollout (echo every turn); {os.cpu_count()} CPUs")
+    print(
+        f"collect: G={args.group_size} x {args.questions} questions, {args.concurrency} at once, token mode, "
+        f"{args.turns} turns a rollout (echo every turn); {os.cpu_count()} CPUs"
+    )
     print(f"rollouts {row['rollouts']}, all token-exact: {row['exact']}, pass rate {row['pass_rate']}")
-    print(f"wall {row['wall']:.2f} s, {60 * row['rollouts'] / row['wall']:.0f} rollouts/min, "
-          f"{row['turns'] / row['wall']:.0f} turns/s; CPU ms per turn: this process {ours:.2f}, model server "
-          f"{server:.2f}")
+    print(
+        f"wall {row['wall']:.2f} s, {60 * row['rollouts'] / row['wall']:.0f} rollouts/min, "
+        f"{row['turns'] / row['wall']:.0f} turns/s; CPU ms per turn: this process {ours:.2f}, model server "
+        f"{server:.2f}"
+    )
     turns_s = row["turns"] / row["sampling"]
-    print(f"sampling alone (setup left out): {row['sampling']:.2f} s, {60 * row['rollouts'] / row['sampling']:.0f} "
-          f"rollouts/min, {turns_s:.0f} turns/s")
+    print(
+        f"sampling alone (setup left out): {row['sampling']:.2f} s, {60 * row['rollouts'] / row['sampling']:.0f} "
+        f"rollouts/min, {turns_s:.0f} turns/s"
+    )
     print(f"target >= {TARGET_TURNS_S:.0f} turns/s: {turns_s:.0f} {'OK' if turns_s >= TARGET_TURNS_S else 'MISSED'}")
 
 

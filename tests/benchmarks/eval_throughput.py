@@ -42,6 +42,7 @@ TARGET_TURNS_S = 500.0
 
 def serve(turns: int, conn) -> None:
     """Child process: the model echoes until turn `turns` of each run, then answers `done`."""
+
     def reply(request):
         server.requests.clear()
         turn = 1 + sum(1 for m in request["messages"] if m["role"] == "assistant")
@@ -61,8 +62,21 @@ def cpu_s(pid: int) -> float:
 
 
 def write_tasks(path: Path, count: int) -> Path:
-    path.write_text("".join(json.dumps({"task_id": f"b{i}", "Question": f"Benchmark question {i}?", "Level": 1,
-                                        "Final answer": "done", "file_name": ""}) + "\n" for i in range(count)))
+    path.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "task_id": f"b{i}",
+                    "Question": f"Benchmark question {i}?",
+                    "Level": 1,
+                    "Final answer": "done",
+                    "file_name": "",
+                }
+            )
+            + "\n"
+            for i in range(count)
+        )
+    )
     return path
 
 
@@ -70,20 +84,30 @@ async def measure(base_url: str, concurrency: int, turns: int, folder: Path) -> 
     count = max(16, 2 * concurrency)
     data = write_tasks(folder / f"tasks-{concurrency}.jsonl", count)
     out = folder / f"out-{concurrency}"
-    settings = RunSettings(llm=LLMConfig(base_url=base_url, model="fake"),
-                           agent=AgentConfig(max_turns=turns + 1, max_context=10**9),
-                           tools=ToolsConfig(mcp=[f"testkit={sys.executable} {SERVER}"], default_servers=False))
-    config = EvalConfig(bench=BENCHMARKS["gaia"], data=data, out=out, k=1, concurrency=concurrency,
-                        grader="gaia-exact")  # GAIA's own scorer: no judge to call
+    settings = RunSettings(
+        llm=LLMConfig(base_url=base_url, model="fake"),
+        agent=AgentConfig(max_turns=turns + 1, max_context=10**9),
+        tools=ToolsConfig(mcp=[f"testkit={sys.executable} {SERVER}"], default_servers=False),
+    )
+    config = EvalConfig(
+        bench=BENCHMARKS["gaia"], data=data, out=out, k=1, concurrency=concurrency, grader="gaia-exact"
+    )  # GAIA's own scorer: no judge to call
     started = time.perf_counter()
     report = await evaluate(config, settings, notice=lambda text: None)
     wall = time.perf_counter() - started
     trajectories = load_trajectories(out / "trajectories.jsonl")
     model_turns = sum(len(t.turns) for t in trajectories)
     overhead = sum(t.timings["wall_s"] - t.timings["model_s"] - t.timings["tool_s"] for t in trajectories)
-    return {"concurrency": concurrency, "tasks": count, "correct": report["avg_at_k"], "wall": wall,
-            "tasks_min": 60 * count / wall, "turns": model_turns, "turns_s": model_turns / wall,
-            "overhead_ms": 1000 * overhead / model_turns}
+    return {
+        "concurrency": concurrency,
+        "tasks": count,
+        "correct": report["avg_at_k"],
+        "wall": wall,
+        "tasks_min": 60 * count / wall,
+        "turns": model_turns,
+        "turns_s": model_turns / wall,
+        "overhead_ms": 1000 * overhead / model_turns,
+    }
 
 
 def main() -> None:
@@ -107,17 +131,22 @@ def main() -> None:
     finally:
         parent.send("stop")
         process.join(5)
-    print(f"eval of GAIA-format tasks, k=1, {args.turns} echo turns + a summary turn per run; "
-          f"{os.cpu_count()} CPUs")
-    print(f"{'conc':>5}{'tasks':>7}{'avg@1':>8}{'wall s':>8}{'tasks/min':>11}{'turns':>7}{'turns/s':>9}"
-          f"{'overhead ms/turn':>18}   CPU ms/turn: ours / model server")
+    print(f"eval of GAIA-format tasks, k=1, {args.turns} echo turns + a summary turn per run; {os.cpu_count()} CPUs")
+    print(
+        f"{'conc':>5}{'tasks':>7}{'avg@1':>8}{'wall s':>8}{'tasks/min':>11}{'turns':>7}{'turns/s':>9}"
+        f"{'overhead ms/turn':>18}   CPU ms/turn: ours / model server"
+    )
     for r in rows:
-        print(f"{r['concurrency']:>5}{r['tasks']:>7}{r['correct']:>8.1f}{r['wall']:>8.2f}{r['tasks_min']:>11.0f}"
-              f"{r['turns']:>7}{r['turns_s']:>9.0f}{r['overhead_ms']:>18.3f}   "
-              f"{r['cpu_ms'][0]:.3f} / {r['cpu_ms'][1]:.3f}")
+        print(
+            f"{r['concurrency']:>5}{r['tasks']:>7}{r['correct']:>8.1f}{r['wall']:>8.2f}{r['tasks_min']:>11.0f}"
+            f"{r['turns']:>7}{r['turns_s']:>9.0f}{r['overhead_ms']:>18.3f}   "
+            f"{r['cpu_ms'][0]:.3f} / {r['cpu_ms'][1]:.3f}"
+        )
     best = max(rows, key=lambda r: r["turns_s"])
-    print(f"target >= {TARGET_TURNS_S:.0f} turns/s aggregate: {best['turns_s']:.0f} at concurrency "
-          f"{best['concurrency']} {'OK' if best['turns_s'] >= TARGET_TURNS_S else 'MISSED'}")
+    print(
+        f"target >= {TARGET_TURNS_S:.0f} turns/s aggregate: {best['turns_s']:.0f} at concurrency "
+        f"{best['concurrency']} {'OK' if best['turns_s'] >= TARGET_TURNS_S else 'MISSED'}"
+    )
 
 
 if __name__ == "__main__":

@@ -67,8 +67,9 @@ def quick_start(readme: str) -> list[str]:
     return [line for line in block.group(1).splitlines() if line.strip()]
 
 
-def run_in_terminal(command: str, folder: Path, env: dict[str, str], limit_s: float, screen_file: Path,
-                    unset: tuple[str, ...] = ()) -> Step:
+def run_in_terminal(
+    command: str, folder: Path, env: dict[str, str], limit_s: float, screen_file: Path, unset: tuple[str, ...] = ()
+) -> Step:
     """`command` run by bash in `folder` under a pseudo-terminal, the venv active when there is one,
     the variables in `unset` removed from its environment."""
     activate = ". .venv/bin/activate; " if (folder / ".venv" / "bin" / "activate").exists() else ""
@@ -95,10 +96,18 @@ def first_hour(repo: str, work: Path, skip_tests: bool) -> list[Step]:
     home = work / "home"
     home.mkdir()
     # A new user's environment: their own HOME, none of this machine's nanbeige or model settings.
-    env = {"HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache"), "XDG_CONFIG_HOME": str(home / ".config"),
-           "XDG_DATA_HOME": str(home / ".local/share"), "XDG_STATE_HOME": str(home / ".local/state")}
-    unset = tuple(name for name in os.environ if name.startswith(("NANBEIGE_", "HF_", "VIRTUAL_ENV", "PIP_"))
-                  or name.endswith("_API_KEY"))
+    env = {
+        "HOME": str(home),
+        "XDG_CACHE_HOME": str(home / ".cache"),
+        "XDG_CONFIG_HOME": str(home / ".config"),
+        "XDG_DATA_HOME": str(home / ".local/share"),
+        "XDG_STATE_HOME": str(home / ".local/state"),
+    }
+    unset = tuple(
+        name
+        for name in os.environ
+        if name.startswith(("NANBEIGE_", "HF_", "VIRTUAL_ENV", "PIP_")) or name.endswith("_API_KEY")
+    )
     install, *rest = quick_start((clone / "README.md").read_text())
     commands = [install, *FIRST_COMMANDS, *([] if skip_tests else rest)]
     screens = work / "screens"

@@ -31,10 +31,13 @@ def main() -> None:
     import torch
 
     started = time.perf_counter()
-    llm = TransformersLLM(LLMConfig(model=str(smollm2_folder()), temperature=0.6, top_p=0.95, max_tokens=args.tokens),
-                          gguf_file=GGUF)
-    print(f"load: {time.perf_counter() - started:.1f} s on {llm.device}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads")
+    llm = TransformersLLM(
+        LLMConfig(model=str(smollm2_folder()), temperature=0.6, top_p=0.95, max_tokens=args.tokens), gguf_file=GGUF
+    )
+    print(
+        f"load: {time.perf_counter() - started:.1f} s on {llm.device}, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads"
+    )
     rates = []
     for _ in range(args.runs):
         completion = asyncio.run(llm.complete(PROMPT))

@@ -60,6 +60,7 @@ def tokenizer_of(folder: str | None):
     if folder is None:
         return None
     from nanbeige.agent.backends.token_mode import load_tokenizer
+
     return load_tokenizer(folder)[0]
 
 
@@ -75,9 +76,14 @@ def serve(turns: int, vllm: bool, tokenizer_folder: str | None, conn) -> None:
         return mcp_call("testkit", "echo", {"text": f"probe number {turn}"}, thought=f"Step {turn}: check again.")
 
     tokenizer = tokenizer_of(tokenizer_folder)
-    options = {} if tokenizer is None else {
-        "tokenize": lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
-        "stop_id": tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    options = (
+        {}
+        if tokenizer is None
+        else {
+            "tokenize": lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
+            "stop_id": tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        }
+    )
     with FakeOpenAI(reply, vllm=vllm, **options) as server:
         conn.send(server.base_url)
         conn.recv()  # until the parent says stop
@@ -95,8 +101,9 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def measure(base_url: str, turns: int, keep: int, path: Path,
-                  tokenizer_folder: str | None = None) -> tuple[list[float], dict]:
+async def measure(
+    base_url: str, turns: int, keep: int, path: Path, tokenizer_folder: str | None = None
+) -> tuple[list[float], dict]:
     marks: list[tuple[str, float]] = []
     steady: dict[str, int] = {}  # RSS and file size once the run has warmed up (turn 100)
 
@@ -109,6 +116,7 @@ async def measure(base_url: str, turns: int, keep: int, path: Path,
     config = LLMConfig(base_url=base_url, model="fake-model")
     if tokenizer_folder:
         from nanbeige.agent.backends.token_mode import TokenModeChat
+
         llm = TokenModeChat(config, tokenizer_of(tokenizer_folder))
     else:
         llm = OpenAIChat(config)
@@ -117,64 +125,89 @@ async def measure(base_url: str, turns: int, keep: int, path: Path,
     # no summary turn: every turn measured is a tool-calling one, comparable across runs
     config = AgentConfig(max_turns=turns + 1, max_context=10**9, keep_tool_results=keep, summary_turn=False)
     async with Toolbox([spec]) as toolbox:
-        rss_before, hwm_before, maxrss_before = rss_kib(), rss_kib("VmHWM"), resource.getrusage(
-            resource.RUSAGE_SELF).ru_maxrss
+        rss_before, hwm_before, maxrss_before = (
+            rss_kib(),
+            rss_kib("VmHWM"),
+            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+        )
         started = time.perf_counter()
         trajectory = await run("What does echo say?", llm, toolbox, config, writer, on_event)
         wall = time.perf_counter() - started
-        memory = {"rss": rss_kib() - rss_before, "steady_rss": rss_kib() - steady["rss"],
-                  "steady_file": path.stat().st_size - steady["file"], "steady_turn": steady["turn"],
-                  "hwm": rss_kib("VmHWM") - hwm_before,
-                  "maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - maxrss_before}
+        memory = {
+            "rss": rss_kib() - rss_before,
+            "steady_rss": rss_kib() - steady["rss"],
+            "steady_file": path.stat().st_size - steady["file"],
+            "steady_turn": steady["turn"],
+            "hwm": rss_kib("VmHWM") - hwm_before,
+            "maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - maxrss_before,
+        }
     writer.close()
     await llm.aclose()
     assert trajectory.stop_reason == "answered" and len(trajectory.turns) == turns, (
-        f"run ended with {trajectory.stop_reason} after {len(trajectory.turns)} turns: {trajectory.error}")
+        f"run ended with {trajectory.stop_reason} after {len(trajectory.turns)} turns: {trajectory.error}"
+    )
     overhead = turn_overheads(trajectory, marks)
-    extra = {"wall": wall, "memory": memory, "file": path.stat().st_size,
-             "model_ms": statistics.median(t.latency_s * 1000 for t in trajectory.turns),
-             "tool_ms": statistics.median(r.latency_s * 1000 for t in trajectory.turns for r in t.tool_results),
-             "segments": len({t.segment for t in trajectory.turns if t.segment is not None})}
+    extra = {
+        "wall": wall,
+        "memory": memory,
+        "file": path.stat().st_size,
+        "model_ms": statistics.median(t.latency_s * 1000 for t in trajectory.turns),
+        "tool_ms": statistics.median(r.latency_s * 1000 for t in trajectory.turns for r in t.tool_results),
+        "segments": len({t.segment for t in trajectory.turns if t.segment is not None}),
+    }
     return overhead, extra
 
 
 def report(overhead: list[float], extra: dict, block: int = 100) -> None:
     print(f"{'turns':>10} {'median ms':>10} {'p95 ms':>8}   (target: median <= {TARGET_MS:g} ms/turn, flat)")
     for start in range(0, len(overhead), block):
-        part = overhead[start:start + block]
-        print(f"{start + 1:>4}-{start + len(part):<5} {statistics.median(part):>10.3f} {pct(part, .95):>8.3f}")
+        part = overhead[start : start + block]
+        print(f"{start + 1:>4}-{start + len(part):<5} {statistics.median(part):>10.3f} {pct(part, 0.95):>8.3f}")
     median = statistics.median(overhead)
-    print(f"{'overall':>10} {median:>10.3f} {pct(overhead, .95):>8.3f}   "
-          f"{'OK' if median <= TARGET_MS else 'MISSED'}")
+    print(f"{'overall':>10} {median:>10.3f} {pct(overhead, 0.95):>8.3f}   {'OK' if median <= TARGET_MS else 'MISSED'}")
     k = min(block, len(overhead))
     first, last = statistics.median(overhead[:k]), statistics.median(overhead[-k:])
     print(f"median of last {k} / first {k} turns: {last / first:.2f}   (target ~1.0: flat)")
-    print(f"median model HTTP wait {extra['model_ms']:.3f} ms, median echo call {extra['tool_ms']:.3f} ms, "
-          f"token segments {extra['segments']}")
+    print(
+        f"median model HTTP wait {extra['model_ms']:.3f} ms, median echo call {extra['tool_ms']:.3f} ms, "
+        f"token segments {extra['segments']}"
+    )
     memory, size_kib = extra["memory"], extra["file"] / 1024
     print(f"trajectory file: {size_kib:,.0f} KiB")
-    print(f"RSS growth: VmRSS {memory['rss']:,} KiB, peak VmHWM {memory['hwm']:,} KiB, ru_maxrss "
-          f"{memory['maxrss']:,} KiB   (target: bounded by the trajectory size; peak/file = "
-          f"{memory['hwm'] / max(size_kib, 1):.2f})")
+    print(
+        f"RSS growth: VmRSS {memory['rss']:,} KiB, peak VmHWM {memory['hwm']:,} KiB, ru_maxrss "
+        f"{memory['maxrss']:,} KiB   (target: bounded by the trajectory size; peak/file = "
+        f"{memory['hwm'] / max(size_kib, 1):.2f})"
+    )
     ratio = memory["steady_rss"] * 1024 / max(memory["steady_file"], 1)
-    print(f"after turn {memory['steady_turn']}: RSS grew {memory['steady_rss']:,} KiB while the trajectory grew "
-          f"{memory['steady_file'] / 1024:,.0f} KiB (ratio {ratio:.2f})")
+    print(
+        f"after turn {memory['steady_turn']}: RSS grew {memory['steady_rss']:,} KiB while the trajectory grew "
+        f"{memory['steady_file'] / 1024:,.0f} KiB (ratio {ratio:.2f})"
+    )
     print(f"total wall time of the run: {extra['wall']:.2f} s")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=600, help="turns in the run (default 600)")
-    parser.add_argument("--keep", type=int, default=AgentConfig.keep_tool_results,
-                        help="keep_tool_results of the run (default: AgentConfig's; -1 = all)")
+    parser.add_argument(
+        "--keep",
+        type=int,
+        default=AgentConfig.keep_tool_results,
+        help="keep_tool_results of the run (default: AgentConfig's; -1 = all)",
+    )
     parser.add_argument("--vllm", action="store_true", help="the server returns vLLM's token ids and logprobs")
-    parser.add_argument("--token-mode", action="store_true",
-                        help="token-exact mode (/v1/completions with token ids), with a tiny model's real tokenizer")
+    parser.add_argument(
+        "--token-mode",
+        action="store_true",
+        help="token-exact mode (/v1/completions with token ids), with a tiny model's real tokenizer",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = None
         if args.token_mode:
             from tiny_model import make_tiny_model
+
             folder = str(make_tiny_model(Path(tmp) / "tiny"))
         parent, child = multiprocessing.Pipe()
         process = multiprocessing.Process(target=serve, args=(args.turns, args.vllm, folder, child), daemon=True)
@@ -185,8 +218,13 @@ def main() -> None:
         finally:
             parent.send("stop")
             process.join(5)
-    mode = "token mode (tiny model's tokenizer)" if args.token_mode else \
-        "vLLM token fields" if args.vllm else "plain OpenAI server"
+    mode = (
+        "token mode (tiny model's tokenizer)"
+        if args.token_mode
+        else "vLLM token fields"
+        if args.vllm
+        else "plain OpenAI server"
+    )
     print(f"runtime overhead per turn, {args.turns} turns, keep_tool_results={args.keep}, {mode}")
     report(overhead, extra)
 

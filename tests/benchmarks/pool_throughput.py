@@ -48,6 +48,7 @@ GOAL = 3.5  # 4 endpoints against one
 def serve(delay_s: float, slots: int, turns: int, conn) -> None:
     """Child process: one endpoint. The turn is read off the request: system, user, then an assistant and a
     user message per turn."""
+
     def reply(request):
         server.requests.clear()
         turn = 1 + (len(request["messages"]) - 2) // 2
@@ -83,9 +84,23 @@ def children_cpu_s() -> float:
 
 
 def collect(urls: list[str], questions: Path, out: Path, args: argparse.Namespace) -> dict:
-    command = [NANBEIGE, "collect", "--questions", str(questions), "-G", str(args.group_size), "--out", str(out),
-               "--no-default-servers", "--mcp", TESTKIT, "--allow-inexact", "--concurrency", str(args.concurrency),
-               *(arg for url in urls for arg in ("--base-url", url))]
+    command = [
+        NANBEIGE,
+        "collect",
+        "--questions",
+        str(questions),
+        "-G",
+        str(args.group_size),
+        "--out",
+        str(out),
+        "--no-default-servers",
+        "--mcp",
+        TESTKIT,
+        "--allow-inexact",
+        "--concurrency",
+        str(args.concurrency),
+        *(arg for url in urls for arg in ("--base-url", url)),
+    ]
     cpu, started = children_cpu_s(), time.monotonic()
     done = subprocess.run(command, capture_output=True, text=True, timeout=1200, env={**os.environ, "COLUMNS": "400"})
     wall, cpu = time.monotonic() - started, children_cpu_s() - cpu
@@ -95,31 +110,46 @@ def collect(urls: list[str], questions: Path, out: Path, args: argparse.Namespac
     first = min(t.started_at for t in trajectories)
     last = max(t.started_at + t.timings["wall_s"] for t in trajectories)
     # a pool's end line names each endpoint's requests; one endpoint served them all
-    served = ([int(n) for n in re.findall(r" (\d+) requests, ", done.stderr)]
-              or [sum(len(t.turns) for t in trajectories)])
-    return {"rollouts": len(trajectories), "rollouts_per_s": len(trajectories) / (last - first), "wall_s": wall,
-            "requests_per_s": sum(served) / (last - first), "cpu_per_s": cpu / wall, "served": served}
+    served = [int(n) for n in re.findall(r" (\d+) requests, ", done.stderr)] or [
+        sum(len(t.turns) for t in trajectories)
+    ]
+    return {
+        "rollouts": len(trajectories),
+        "rollouts_per_s": len(trajectories) / (last - first),
+        "wall_s": wall,
+        "requests_per_s": sum(served) / (last - first),
+        "cpu_per_s": cpu / wall,
+        "served": served,
+    }
 
 
 def main(args: argparse.Namespace) -> None:
     folder = Path(tempfile.mkdtemp(prefix="pool-bench-"))
     questions = folder / "questions.jsonl"
-    questions.write_text("".join(json.dumps({"id": f"q{i}", "question": f"Question {i}?", "answer": "done"}) + "\n"
-                                 for i in range(args.questions)))
+    questions.write_text(
+        "".join(
+            json.dumps({"id": f"q{i}", "question": f"Question {i}?", "answer": "done"}) + "\n"
+            for i in range(args.questions)
+        )
+    )
     results = {}
     for count in args.endpoints:
         with endpoints(count, args) as urls:
             results[count] = collect(urls, questions, folder / f"pool-{count}.jsonl", args)
     ceiling = args.slots / args.delay  # requests/s one endpoint can answer
-    print(f"{args.questions} questions x {args.group_size} rollouts, {args.concurrency} at once, {args.turns} turns, "
-          f"endpoints answering {args.slots} at once in {args.delay:g} s each (at most {ceiling:g} requests/s "
-          f"each); {os.cpu_count()} CPUs")
+    print(
+        f"{args.questions} questions x {args.group_size} rollouts, {args.concurrency} at once, {args.turns} turns, "
+        f"endpoints answering {args.slots} at once in {args.delay:g} s each (at most {ceiling:g} requests/s "
+        f"each); {os.cpu_count()} CPUs"
+    )
     one = results[args.endpoints[0]]["rollouts_per_s"]
     for count, found in results.items():
-        print(f"{count} endpoint{'s' * (count > 1)}: {found['rollouts_per_s']:6.2f} rollouts/s "
-              f"({found['rollouts_per_s'] / one:4.2f}x), {found['requests_per_s']:5.1f} of {count * ceiling:g} "
-              f"requests/s, {found['wall_s']:5.1f} s wall with start-up, "
-              f"CPU {found['cpu_per_s']:.2f} s/s; requests per endpoint {found['served']}")
+        print(
+            f"{count} endpoint{'s' * (count > 1)}: {found['rollouts_per_s']:6.2f} rollouts/s "
+            f"({found['rollouts_per_s'] / one:4.2f}x), {found['requests_per_s']:5.1f} of {count * ceiling:g} "
+            f"requests/s, {found['wall_s']:5.1f} s wall with start-up, "
+            f"CPU {found['cpu_per_s']:.2f} s/s; requests per endpoint {found['served']}"
+        )
     if 1 in results and 4 in results:
         ratio = results[4]["rollouts_per_s"] / results[1]["rollouts_per_s"]
         print(f"goal: 4 endpoints >= {GOAL}x one: {ratio:.2f}x {'OK' if ratio >= GOAL else 'MISSED'}")

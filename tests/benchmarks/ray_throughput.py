@@ -37,11 +37,28 @@ from nanbeige.agent.trajectory_file import load_trajectories
 TESTKIT = "testkit=" + shlex.join([sys.executable, str(TESTS / "mcp_test_server.py")])
 
 
-def collect(base_url: str, questions: Path, out: Path, concurrency: int, group_size: int,
-            ray: str | None) -> dict[str, float]:
-    command = [NANBEIGE, "collect", "--questions", str(questions), "-G", str(group_size), "--out", str(out),
-               "--base-url", base_url, "--no-default-servers", "--mcp", TESTKIT, "--allow-inexact",
-               "--concurrency", str(concurrency), *(["--ray", ray] if ray else [])]
+def collect(
+    base_url: str, questions: Path, out: Path, concurrency: int, group_size: int, ray: str | None
+) -> dict[str, float]:
+    command = [
+        NANBEIGE,
+        "collect",
+        "--questions",
+        str(questions),
+        "-G",
+        str(group_size),
+        "--out",
+        str(out),
+        "--base-url",
+        base_url,
+        "--no-default-servers",
+        "--mcp",
+        TESTKIT,
+        "--allow-inexact",
+        "--concurrency",
+        str(concurrency),
+        *(["--ray", ray] if ray else []),
+    ]
     started = time.monotonic()
     done = subprocess.run(command, capture_output=True, text=True, env=command_env(), timeout=1200)
     wall = time.monotonic() - started
@@ -60,22 +77,29 @@ def main(args: argparse.Namespace) -> None:
     base_url = parent.recv()
     folder = Path(tempfile.mkdtemp(prefix="ray-bench-"))
     questions = folder / "questions.jsonl"
-    questions.write_text("".join(json.dumps({"id": f"q{i}", "question": f"Question {i}?", "answer": "done"}) + "\n"
-                                 for i in range(args.questions)))
-    results = {"no Ray": collect(base_url, questions, folder / "plain.jsonl", args.concurrency, args.group_size,
-                                 None)}
+    questions.write_text(
+        "".join(
+            json.dumps({"id": f"q{i}", "question": f"Question {i}?", "answer": "done"}) + "\n"
+            for i in range(args.questions)
+        )
+    )
+    results = {"no Ray": collect(base_url, questions, folder / "plain.jsonl", args.concurrency, args.group_size, None)}
     for nodes in (1, 2):
         with local_cluster(nodes) as (cluster, _):
             results[f"Ray, {nodes} node{'s' * (nodes > 1)}"] = collect(
-                base_url, questions, folder / f"ray-{nodes}.jsonl", args.concurrency, args.group_size,
-                cluster.address)
+                base_url, questions, folder / f"ray-{nodes}.jsonl", args.concurrency, args.group_size, cluster.address
+            )
     parent.send("stop")
-    print(f"{args.questions} questions x {args.group_size} rollouts, {args.concurrency} at once per node, "
-          f"{args.turns} turns, {args.delay:g} s a reply; {os.cpu_count()} CPUs")
+    print(
+        f"{args.questions} questions x {args.group_size} rollouts, {args.concurrency} at once per node, "
+        f"{args.turns} turns, {args.delay:g} s a reply; {os.cpu_count()} CPUs"
+    )
     plain = results["no Ray"]["rollouts_per_s"]
     for name, found in results.items():
-        print(f"{name:12} {found['rollouts_per_s']:6.2f} rollouts/s ({found['rollouts_per_s'] / plain:4.2f}x), "
-              f"{found['wall_s']:5.1f} s wall with start-up")
+        print(
+            f"{name:12} {found['rollouts_per_s']:6.2f} rollouts/s ({found['rollouts_per_s'] / plain:4.2f}x), "
+            f"{found['wall_s']:5.1f} s wall with start-up"
+        )
 
 
 if __name__ == "__main__":

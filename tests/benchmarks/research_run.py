@@ -76,10 +76,12 @@ async def measure(base_url: str, turns: int, keep: int, result_bytes: int, path:
 
     llm = OpenAIChat(LLMConfig(base_url=base_url, model="fake-model"))
     writer = TrajectoryWriter(path)
-    config = AgentConfig(max_turns=turns + 1, max_context=CONTEXT, keep_tool_results=keep, summary_turn=False,
-                         release_results=release)
-    async with Toolbox([ServerSpec(name="testkit", command=[sys.executable, SERVER])],
-                       max_result_chars=result_bytes) as toolbox:
+    config = AgentConfig(
+        max_turns=turns + 1, max_context=CONTEXT, keep_tool_results=keep, summary_turn=False, release_results=release
+    )
+    async with Toolbox(
+        [ServerSpec(name="testkit", command=[sys.executable, SERVER])], max_result_chars=result_bytes
+    ) as toolbox:
         rss["start"] = rss_kib()
         started = time.perf_counter()
         trajectory = await run("Research this.", llm, toolbox, config, writer, on_event)
@@ -88,12 +90,18 @@ async def measure(base_url: str, turns: int, keep: int, result_bytes: int, path:
     writer.close()
     await llm.aclose()
     assert trajectory.stop_reason == "answered" and len(trajectory.turns) == turns, (
-        f"run ended with {trajectory.stop_reason} after {len(trajectory.turns)} turns: {trajectory.error}")
+        f"run ended with {trajectory.stop_reason} after {len(trajectory.turns)} turns: {trajectory.error}"
+    )
     kept = [len(r.text) == result_bytes for t in trajectory.turns for r in t.tool_results]
     assert all(kept) if not release else sum(kept) == keep
-    return {"overhead": turn_overheads(trajectory, marks), "rss": rss, "sizes": sizes, "wall": wall,
-            "model_ms": statistics.median(t.latency_s * 1000 for t in trajectory.turns),
-            "tool_ms": statistics.median(r.latency_s * 1000 for t in trajectory.turns for r in t.tool_results)}
+    return {
+        "overhead": turn_overheads(trajectory, marks),
+        "rss": rss,
+        "sizes": sizes,
+        "wall": wall,
+        "model_ms": statistics.median(t.latency_s * 1000 for t in trajectory.turns),
+        "tool_ms": statistics.median(r.latency_s * 1000 for t in trajectory.turns for r in t.tool_results),
+    }
 
 
 def report(result: dict, turns: int, largest_prompt: int) -> None:
@@ -101,13 +109,18 @@ def report(result: dict, turns: int, largest_prompt: int) -> None:
     print(f"{'turns':>10} {'median ms':>10} {'p95 ms':>8}   (target: median <= {TARGET_MS:g} ms/turn, flat)")
     for start, end in ((0, min(100, turns)), (max(0, turns - 100), turns)):
         part = overhead[start:end]
-        print(f"{start + 1:>4}-{end:<5} {statistics.median(part):>10.3f} {pct(part, .95):>8.3f}")
-    print(f"{'all':>10} {statistics.median(overhead):>10.3f} {pct(overhead, .95):>8.3f}")
-    print(f"median model HTTP wait {result['model_ms']:.2f} ms, median tool call {result['tool_ms']:.2f} ms, "
-          f"run wall time {result['wall']:.1f} s")
+        print(f"{start + 1:>4}-{end:<5} {statistics.median(part):>10.3f} {pct(part, 0.95):>8.3f}")
+    print(f"{'all':>10} {statistics.median(overhead):>10.3f} {pct(overhead, 0.95):>8.3f}")
+    print(
+        f"median model HTTP wait {result['model_ms']:.2f} ms, median tool call {result['tool_ms']:.2f} ms, "
+        f"run wall time {result['wall']:.1f} s"
+    )
     rss, sizes = result["rss"], result["sizes"]
-    print("RSS: " + ", ".join(f"turn {t} {rss[t] / 1024:,.1f} MiB" for t in (*RSS_AT, turns) if t in rss)
-          + f" (before the run {rss['start'] / 1024:,.1f} MiB)")
+    print(
+        "RSS: "
+        + ", ".join(f"turn {t} {rss[t] / 1024:,.1f} MiB" for t in (*RSS_AT, turns) if t in rss)
+        + f" (before the run {rss['start'] / 1024:,.1f} MiB)"
+    )
     if 100 in rss:
         grew = (rss[turns] - rss[100]) / 1024
         print(f"RSS growth turn 100 -> {turns}: {grew:,.1f} MiB ({grew * 1024 / (turns - 100):,.1f} KiB/turn)")
@@ -119,11 +132,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=600, help="turns in the run (default 600)")
     parser.add_argument("--result-bytes", type=int, default=100_000, help="size of every tool result (100 kB)")
-    parser.add_argument("--keep", type=int, default=AgentConfig.keep_tool_results,
-                        help="keep_tool_results of the run (default: AgentConfig's)")
-    parser.add_argument("--keep-results", action="store_true",
-                        help="release_results off: every result stays in memory (by default results out of the "
-                             "model's view are dropped from memory once written)")
+    parser.add_argument(
+        "--keep",
+        type=int,
+        default=AgentConfig.keep_tool_results,
+        help="keep_tool_results of the run (default: AgentConfig's)",
+    )
+    parser.add_argument(
+        "--keep-results",
+        action="store_true",
+        help="release_results off: every result stays in memory (by default results out of the "
+        "model's view are dropped from memory once written)",
+    )
     args = parser.parse_args()
     parent, child = multiprocessing.Pipe()
     process = multiprocessing.Process(target=serve, args=(args.turns, args.result_bytes, child), daemon=True)
@@ -131,14 +151,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         try:
             base_url = parent.recv()
-            result = asyncio.run(measure(base_url, args.turns, args.keep, args.result_bytes, Path(tmp) / "run.jsonl",
-                                         not args.keep_results))
+            result = asyncio.run(
+                measure(
+                    base_url, args.turns, args.keep, args.result_bytes, Path(tmp) / "run.jsonl", not args.keep_results
+                )
+            )
         finally:
             parent.send("stop")
             largest = parent.recv() if parent.poll(10) else 0
             process.join(5)
-    print(f"research run: {args.turns} turns, a {args.result_bytes:,}-byte tool result each, "
-          f"keep_tool_results={args.keep}, release_results={not args.keep_results}")
+    print(
+        f"research run: {args.turns} turns, a {args.result_bytes:,}-byte tool result each, "
+        f"keep_tool_results={args.keep}, release_results={not args.keep_results}"
+    )
     report(result, args.turns, largest)
 
 

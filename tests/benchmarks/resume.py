@@ -33,21 +33,34 @@ from nanbeige.agent.tokens import TokenTracker  # noqa: E402
 from nanbeige.agent.trajectory import ToolCall, ToolResult, Trajectory, Turn  # noqa: E402
 from nanbeige.agent.trajectory_file import TrajectoryWriter  # noqa: E402
 
-TOOL = {"server": "testkit", "name": "echo", "description": "Return the text.",
-        "input_schema": {"type": "object", "properties": {"text": {"type": "string"}}}}
+TOOL = {
+    "server": "testkit",
+    "name": "echo",
+    "description": "Return the text.",
+    "input_schema": {"type": "object", "properties": {"text": {"type": "string"}}},
+}
 
 
 def write(path: Path, turns: int, result_bytes: int, keep: int, token: bool) -> None:
-    trajectory = Trajectory(question="q", system_prompt="You can use tools.", user_message="q", tools=[TOOL],
-                            limits={"keep_tool_results": keep, "max_turns": turns + 5})
+    trajectory = Trajectory(
+        question="q",
+        system_prompt="You can use tools.",
+        user_message="q",
+        tools=[TOOL],
+        limits={"keep_tool_results": keep, "max_turns": turns + 5},
+    )
     writer, tracker = TrajectoryWriter(path), TokenTracker()
     writer.start(trajectory)
     head, shown = list(range(1000)), []  # the prompt: a head, then per turn its completion and its result
     for index in range(turns):
         text = f"finding {index} " + "x" * result_bytes
-        turn = Turn(index=index, assistant={"role": "assistant", "content": mcp_call("testkit", "echo", {"text": "a"})},
-                    tool_calls=[ToolCall(server="testkit", name="echo", arguments={"text": "a"})],
-                    tool_results=[ToolResult(text=text)], usage={"prompt_tokens": 1, "completion_tokens": 200})
+        turn = Turn(
+            index=index,
+            assistant={"role": "assistant", "content": mcp_call("testkit", "echo", {"text": "a"})},
+            tool_calls=[ToolCall(server="testkit", name="echo", arguments={"text": "a"})],
+            tool_results=[ToolResult(text=text)],
+            usage={"prompt_tokens": 1, "completion_tokens": 200},
+        )
         if token:  # ids stand in for tokens: 4 bytes a token; an omitted result becomes 8 ids
             prompt = head + [i for completion, result in shown for i in completion + result]
             tracker.record(turn, prompt, [index % 700] * 200)
@@ -65,6 +78,7 @@ def llm_for(token: bool) -> object:
 
     from nanbeige.agent.backends.llm import LLMConfig
     from nanbeige.agent.backends.token_mode import TokenModeChat, load_tokenizer
+
     tokenizer = load_tokenizer(str(make_tiny_model(Path(tempfile.mkdtemp()) / "tiny")))[0]
     return TokenModeChat(LLMConfig(model="tiny"), tokenizer)
 
@@ -88,10 +102,12 @@ def main() -> None:
             reopen(trajectory)
             history, _, tracker = rebuild(trajectory, llm, args.keep)
             done = time.perf_counter()
-            print(f"{mode}: {args.turns} turns, {args.result_bytes // 1000} kB results, file "
-                  f"{path.stat().st_size / 1e6:.0f} MB: read + check {picked - started:.2f} s, rebuild "
-                  f"{done - picked:.2f} s, total {done - started:.2f} s ({len(history.messages)} messages, "
-                  f"prompt state {len(tracker.ids)} ids)")
+            print(
+                f"{mode}: {args.turns} turns, {args.result_bytes // 1000} kB results, file "
+                f"{path.stat().st_size / 1e6:.0f} MB: read + check {picked - started:.2f} s, rebuild "
+                f"{done - picked:.2f} s, total {done - started:.2f} s ({len(history.messages)} messages, "
+                f"prompt state {len(tracker.ids)} ids)"
+            )
 
 
 if __name__ == "__main__":

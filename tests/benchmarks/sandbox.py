@@ -62,8 +62,12 @@ def created(sandboxes: Sandboxes, n: int) -> list[float]:
 
 async def through_mcp(root: Path, calls: int, jail: bool) -> list[float]:
     """Milliseconds per `run_python_code("print(1)")` over one stdio session with the server."""
-    env = {**os.environ, "NANBEIGE_SANDBOX_DIR": str(root), "NANBEIGE_SANDBOX_BACKEND": "local",
-           "NANBEIGE_SANDBOX_JAIL": str(int(jail))}
+    env = {
+        **os.environ,
+        "NANBEIGE_SANDBOX_DIR": str(root),
+        "NANBEIGE_SANDBOX_BACKEND": "local",
+        "NANBEIGE_SANDBOX_JAIL": str(int(jail)),
+    }
     params = StdioServerParameters(command=sys.executable, args=["-m", "nanbeige.servers.python"], env=env)
     with open(os.devnull, "w") as devnull:
         async with Client(stdio_client(params, errlog=devnull)) as client:
@@ -93,14 +97,20 @@ def main() -> None:
             sandboxes.run_python("print(1)", sandbox_id)  # starts the worker; not timed
             backend = sandboxes.backend
             print(f"isolation: {backend.isolation}")
-            print(f"jail: {backend.isolation.jail is not None}, cgroup: {backend._cgroups is not None}, "
-                  f"own file system: {backend._disks}")
+            print(
+                f"jail: {backend.isolation.jail is not None}, cgroup: {backend._cgroups is not None}, "
+                f"own file system: {backend._disks}"
+            )
             rows = [
                 ("create", created(sandboxes, min(args.creates, sandboxes.config.max_sandboxes - 1))),
-                ("warm python print(1)", timed(lambda: sandboxes.run_python("print(1)", sandbox_id), EXPECTED,
-                                               args.calls)),
-                ("warm command true", timed(lambda: sandboxes.run_command("true", sandbox_id), "CommandResult(",
-                                            args.calls // 4)),
+                (
+                    "warm python print(1)",
+                    timed(lambda: sandboxes.run_python("print(1)", sandbox_id), EXPECTED, args.calls),
+                ),
+                (
+                    "warm command true",
+                    timed(lambda: sandboxes.run_command("true", sandbox_id), "CommandResult(", args.calls // 4),
+                ),
             ]
         finally:
             sandboxes.close()

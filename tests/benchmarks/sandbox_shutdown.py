@@ -45,14 +45,20 @@ def main() -> None:
         later = leftovers(root)
         swept = sweep_leftovers(root)
         swept_after = leftovers(root)
-    print(f"{args.servers} servers x {args.sandboxes} sandboxes, {args.mb} MB each: {loaded} wrote their data; "
-          f"setup {setup:.1f} s")
+    print(
+        f"{args.servers} servers x {args.sandboxes} sandboxes, {args.mb} MB each: {loaded} wrote their data; "
+        f"setup {setup:.1f} s"
+    )
     print("close took: " + ", ".join(f"{c:.2f} s" for c in closes) + f" (longest {max(closes):.2f} s)")
     for name, found in (("right after the closes", after), ("1 s later", later)):
-        print(f"{name}: {len(found.loops)} loop devices, {len(found.mounts)} mounts, {len(found.images)} disk images, "
-              f"{len(found.places)} sandbox folders")
-    print(f"the next server's sweep removed {swept} sandboxes; then {len(swept_after.loops)} loop devices, "
-          f"{len(swept_after.mounts)} mounts, {len(swept_after.images)} disk images were left")
+        print(
+            f"{name}: {len(found.loops)} loop devices, {len(found.mounts)} mounts, {len(found.images)} disk images, "
+            f"{len(found.places)} sandbox folders"
+        )
+    print(
+        f"the next server's sweep removed {swept} sandboxes; then {len(swept_after.loops)} loop devices, "
+        f"{len(swept_after.mounts)} mounts, {len(swept_after.images)} disk images were left"
+    )
 
 
 def sweep_leftovers(root: Path) -> int:

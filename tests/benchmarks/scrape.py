@@ -46,11 +46,18 @@ def main() -> None:
     with Site() as site, FakeOpenAI([], default="A Martian year lasts 687 Earth days.") as model:
         summary = replace(EXTRACTION_ENDPOINT, base_url=model.base_url)
         direct = ScrapeConfig(summary=summary, policy=FetchPolicy(allow_private=True))
-        jina = ScrapeConfig(summary=summary, backend="jina", jina_api_key="k",
-                            jina_base_url=site.url("/jina"), policy=FetchPolicy(resolve=public))
-        cases = {"direct, HTML article": (site.url("/article"), direct),
-                 "direct, PDF": (site.url("/paper.pdf"), direct),
-                 "Jina Reader API": ("https://example.org/mars", jina)}
+        jina = ScrapeConfig(
+            summary=summary,
+            backend="jina",
+            jina_api_key="k",
+            jina_base_url=site.url("/jina"),
+            policy=FetchPolicy(resolve=public),
+        )
+        cases = {
+            "direct, HTML article": (site.url("/article"), direct),
+            "direct, PDF": (site.url("/paper.pdf"), direct),
+            "Jina Reader API": ("https://example.org/mars", jina),
+        }
         print(f"scrape + extract on loopback, {args.calls} calls each (ms)")
         print(f"{'':24} {'p50':>8} {'p95':>8}")
         for name, (url, config) in cases.items():

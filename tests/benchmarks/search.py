@@ -66,7 +66,7 @@ async def searcher_latency(config: SearchConfig, queries: list[str]) -> list[flo
 
 
 def row(name: str, times: list[float]) -> str:
-    return f"{name:28} {len(times):>6} {pct(times, .5):>9.3f} {pct(times, .95):>9.3f}"
+    return f"{name:28} {len(times):>6} {pct(times, 0.5):>9.3f} {pct(times, 0.95):>9.3f}"
 
 
 def main() -> None:
@@ -91,8 +91,9 @@ def main() -> None:
 
         with FakeSerper() as serper, FakeSearXNG() as searxng:
             timings = {
-                "serper (loopback fake)": SearchConfig(backend="serper", serper_api_key="test-key",
-                                                       serper_base_url=serper.url),
+                "serper (loopback fake)": SearchConfig(
+                    backend="serper", serper_api_key="test-key", serper_base_url=serper.url
+                ),
                 "searxng (loopback fake)": SearchConfig(backend="searxng", searxng_url=searxng.url),
                 "local (ovos index)": SearchConfig(backend="local", index_dir=Path(tmp) / "index"),
             }
@@ -106,7 +107,7 @@ def main() -> None:
     print(f"local index on {corpus.name} (bm25s)")
     print(f"  documents {stats.documents}, passages {stats.passages}")
     print(f"  build {build_s:.2f} s, size on disk {stats.bytes_on_disk / 1e6:.1f} MB, load {load_ms:.0f} ms")
-    print(f"  LocalIndex.search k=10: p50 {pct(raw, .5):.3f} ms, p95 {pct(raw, .95):.3f} ms ({len(raw)} queries)")
+    print(f"  LocalIndex.search k=10: p50 {pct(raw, 0.5):.3f} ms, p95 {pct(raw, 0.95):.3f} ms ({len(raw)} queries)")
 
 
 if __name__ == "__main__":

@@ -63,9 +63,12 @@ async def one_run(base_url: str, turns: int, stream: bool, path: Path) -> dict[s
     assert trajectory.stop_reason == "answered" and len(trajectory.turns) == turns, trajectory.error
     assert bool(pieces) == stream
     overhead = turn_overheads(trajectory, marks)
-    return {"overhead_ms": statistics.median(overhead), "cpu_ms": cpu / turns * 1000,
-            "model_ms": statistics.median(t.latency_s * 1000 for t in trajectory.turns),
-            "pieces": len(pieces) / turns}
+    return {
+        "overhead_ms": statistics.median(overhead),
+        "cpu_ms": cpu / turns * 1000,
+        "model_ms": statistics.median(t.latency_s * 1000 for t in trajectory.turns),
+        "pieces": len(pieces) / turns,
+    }
 
 
 def main() -> None:
@@ -96,8 +99,10 @@ def main() -> None:
         rows = results[stream]
         summary[stream] = {key: statistics.median(r[key] for r in rows) for key in rows[0]}
         s = summary[stream]
-        print(f"{'streamed' if stream else 'not streamed':>14} {s['overhead_ms']:>17.3f} {s['cpu_ms']:>12.3f} "
-              f"{s['model_ms']:>14.3f} {s['pieces']:>12.0f}")
+        print(
+            f"{'streamed' if stream else 'not streamed':>14} {s['overhead_ms']:>17.3f} {s['cpu_ms']:>12.3f} "
+            f"{s['model_ms']:>14.3f} {s['pieces']:>12.0f}"
+        )
     ratio = summary[True]["cpu_ms"] / summary[False]["cpu_ms"]
     verdict = "OK" if ratio <= TARGET else "MISSED"
     print(f"CPU per turn, streamed / not: {ratio:.3f}   (target <= {TARGET:.2f}: {verdict})")

@@ -38,9 +38,18 @@ def random_rows(count: int, length: int, vocab: int, seed: int = 0) -> list[Samp
     for n in range(count):
         ids = [rng.randrange(vocab) for _ in range(length)]
         mask = [i % 2 for i in range(length)]
-        rows.append(Sample(ids=ids, loss_mask=mask, advantages=[(1.0 if n % 2 else -1.0) * m for m in mask],
-                           rollout_logprobs=[-1.0 * m for m in mask], group_id="g", trajectory_id=f"t{n}", turns=[0],
-                           old_logprobs=[-1.0 * m for m in mask]))
+        rows.append(
+            Sample(
+                ids=ids,
+                loss_mask=mask,
+                advantages=[(1.0 if n % 2 else -1.0) * m for m in mask],
+                rollout_logprobs=[-1.0 * m for m in mask],
+                group_id="g",
+                trajectory_id=f"t{n}",
+                turns=[0],
+                old_logprobs=[-1.0 * m for m in mask],
+            )
+        )
     return rows
 
 
@@ -70,9 +79,18 @@ def nanbeige_config():
     import transformers
 
     return transformers.LlamaConfig(
-        vocab_size=166_144, hidden_size=2560, intermediate_size=10_496, num_hidden_layers=32, num_attention_heads=20,
-        num_key_value_heads=4, head_dim=128, rms_norm_eps=1e-5, rope_theta=70_000_000.0,
-        max_position_embeddings=262_144, tie_word_embeddings=False)
+        vocab_size=166_144,
+        hidden_size=2560,
+        intermediate_size=10_496,
+        num_hidden_layers=32,
+        num_attention_heads=20,
+        num_key_value_heads=4,
+        head_dim=128,
+        rms_norm_eps=1e-5,
+        rope_theta=70_000_000.0,
+        max_position_embeddings=262_144,
+        tie_word_embeddings=False,
+    )
 
 
 def main() -> None:
@@ -90,8 +108,9 @@ def main() -> None:
     world = World(device="cuda" if torch.cuda.is_available() else "cpu")
     with tempfile.TemporaryDirectory() as tmp:
         folder = model_folder(args, Path(tmp))
-        config = TrainConfig(data=[], model=str(folder), out=Path(tmp) / "out", lora_rank=args.lora_rank,
-                             micro_tokens=args.micro_tokens)
+        config = TrainConfig(
+            data=[], model=str(folder), out=Path(tmp) / "out", lora_rank=args.lora_rank, micro_tokens=args.micro_tokens
+        )
         model, tokenizer = load_model(config, world)
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
         rows = random_rows(args.rows, args.row_tokens, len(tokenizer))
@@ -107,13 +126,17 @@ def main() -> None:
     peak = torch.cuda.max_memory_allocated() / 2**30 if world.device != "cpu" else peak_rss_gib()
     seconds, tokens = timings[-1]  # the first steps warm up allocators and kernels
     params = parameter_count(model)
-    print(f"{args.model}: {params / 1e6:.1f}M parameters, {args.rows} rows x {args.row_tokens} tokens, micro-batches "
-          f"of {args.micro_tokens} tokens, LoRA rank {args.lora_rank or 'off'}, {world.device}")
+    print(
+        f"{args.model}: {params / 1e6:.1f}M parameters, {args.rows} rows x {args.row_tokens} tokens, micro-batches "
+        f"of {args.micro_tokens} tokens, LoRA rank {args.lora_rank or 'off'}, {world.device}"
+    )
     for n, (s, t) in enumerate(timings, 1):
         print(f"step {n}: {s:.2f} s, {t / s:,.0f} tokens/s")
     mfu = 6 * params * tokens / seconds / 989e12 if world.device != "cpu" else None
-    print(f"last step: {tokens / seconds:,.0f} tokens/s; peak memory {peak:.2f} GiB "
-          f"({'GPU allocated' if world.device != 'cpu' else 'process RSS'})" + (f"; MFU {mfu:.1%}" if mfu else ""))
+    print(
+        f"last step: {tokens / seconds:,.0f} tokens/s; peak memory {peak:.2f} GiB "
+        f"({'GPU allocated' if world.device != 'cpu' else 'process RSS'})" + (f"; MFU {mfu:.1%}" if mfu else "")
+    )
 
 
 def peak_rss_gib() -> float:

@@ -42,9 +42,18 @@ def rows_of(count: int, shortest: int, longest: int, vocab: int) -> list:
         ids = [rng.randrange(1, vocab) for _ in range(length)]
         mask = [int(i >= length // 2) for i in range(length)]
         sign = 1.0 if n % 2 else -1.0
-        rows.append(Sample(ids=ids, loss_mask=mask, advantages=[sign * m for m in mask],
-                           rollout_logprobs=[-9.0 * m for m in mask], old_logprobs=[-9.0 * m for m in mask],
-                           group_id="g", trajectory_id=f"t{n}", turns=[0]))
+        rows.append(
+            Sample(
+                ids=ids,
+                loss_mask=mask,
+                advantages=[sign * m for m in mask],
+                rollout_logprobs=[-9.0 * m for m in mask],
+                old_logprobs=[-9.0 * m for m in mask],
+                group_id="g",
+                trajectory_id=f"t{n}",
+                turns=[0],
+            )
+        )
     rng.shuffle(rows)
     return rows
 
@@ -57,9 +66,17 @@ def model_folder(name: str, tmp: Path) -> Path:
     if name == "tiny":
         return tokenizer_folder
     config = transformers.LlamaConfig(  # SmolLM2-135M's shape
-        vocab_size=49_152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-        num_key_value_heads=3, rms_norm_eps=1e-5, rope_theta=100_000.0, max_position_embeddings=8192,
-        tie_word_embeddings=True)
+        vocab_size=49_152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        rms_norm_eps=1e-5,
+        rope_theta=100_000.0,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+    )
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp / "smollm2")
     transformers.AutoTokenizer.from_pretrained(tokenizer_folder).save_pretrained(tmp / "smollm2")
     return tmp / "smollm2"
@@ -82,9 +99,15 @@ def nanbeige_step(folder: Path, rows: list, micro_tokens: int, packing: bool, ch
     from nanbeige.trainer.model import World, load_model
     from nanbeige.trainer.train import TrainConfig, train_step
 
-    config = TrainConfig(data=[], model=str(folder), out=folder / "out", micro_tokens=micro_tokens,
-                         packing="on" if packing else "off",
-                         gradient_checkpointing=checkpointing, tensorboard=False)
+    config = TrainConfig(
+        data=[],
+        model=str(folder),
+        out=folder / "out",
+        micro_tokens=micro_tokens,
+        packing="on" if packing else "off",
+        gradient_checkpointing=checkpointing,
+        tensorboard=False,
+    )
     torch.manual_seed(0)
     model, tokenizer = load_model(config, World())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
@@ -115,6 +138,7 @@ def plain_step(folder: Path, rows: list, micro_tokens: int) -> object:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+
     return step
 
 
@@ -130,11 +154,23 @@ def trl_step(folder: Path, rows: list, micro_tokens: int, tmp: Path) -> object |
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     data = datasets.Dataset.from_list([{"input_ids": r.ids, "completion_mask": r.loss_mask} for r in rows])
-    args = SFTConfig(output_dir=str(tmp / "trl"), per_device_train_batch_size=len(rows), max_length=None,
-                     completion_only_loss=True, report_to=[], use_cpu=True, bf16=False, activation_checkpointing=False,
-                     learning_rate=1e-6, max_steps=10_000, logging_strategy="no", save_strategy="no")
-    trainer = SFTTrainer(model=model, args=args, train_dataset=data,
-                         processing_class=transformers.AutoTokenizer.from_pretrained(folder))
+    args = SFTConfig(
+        output_dir=str(tmp / "trl"),
+        per_device_train_batch_size=len(rows),
+        max_length=None,
+        completion_only_loss=True,
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+        activation_checkpointing=False,
+        learning_rate=1e-6,
+        max_steps=10_000,
+        logging_strategy="no",
+        save_strategy="no",
+    )
+    trainer = SFTTrainer(
+        model=model, args=args, train_dataset=data, processing_class=transformers.AutoTokenizer.from_pretrained(folder)
+    )
     trainer.create_optimizer_and_scheduler(num_training_steps=10_000)
     trainer.current_gradient_accumulation_steps = 1  # what Trainer's own loop sets before each step
     batch = trainer.data_collator([data[i] for i in range(len(rows))])
@@ -143,6 +179,7 @@ def trl_step(folder: Path, rows: list, micro_tokens: int, tmp: Path) -> object |
         trainer.training_step(model, batch)
         trainer.optimizer.step()
         trainer.optimizer.zero_grad(set_to_none=True)
+
     return step
 
 
@@ -164,16 +201,20 @@ def main() -> None:
         vocab = transformers.AutoConfig.from_pretrained(folder).vocab_size
         rows = rows_of(args.rows, args.min_tokens, args.max_tokens, vocab)
         tokens = sum(len(r.ids) for r in rows)
-        print(f"{args.model}: {args.rows} rows of {args.min_tokens}-{args.max_tokens} tokens ({tokens} in all), "
-              f"micro-batches of {args.micro_tokens} tokens, float32, CPU, {torch.get_num_threads()} threads")
+        print(
+            f"{args.model}: {args.rows} rows of {args.min_tokens}-{args.max_tokens} tokens ({tokens} in all), "
+            f"micro-batches of {args.micro_tokens} tokens, float32, CPU, {torch.get_num_threads()} threads"
+        )
         results = {
-            "plain PyTorch loop (padded, full logits)": timed(plain_step(folder, rows, args.micro_tokens), args.steps,
-                                                              tokens),
-            "nanbeige, padded": timed(nanbeige_step(folder, rows, args.micro_tokens, False, False), args.steps,
-                                      tokens),
+            "plain PyTorch loop (padded, full logits)": timed(
+                plain_step(folder, rows, args.micro_tokens), args.steps, tokens
+            ),
+            "nanbeige, padded": timed(nanbeige_step(folder, rows, args.micro_tokens, False, False), args.steps, tokens),
             "nanbeige, packed": timed(nanbeige_step(folder, rows, args.micro_tokens, True, False), args.steps, tokens),
             "nanbeige, padded, checkpointing (CPU default)": timed(
-                nanbeige_step(folder, rows, args.micro_tokens, False, True), args.steps, tokens)}
+                nanbeige_step(folder, rows, args.micro_tokens, False, True), args.steps, tokens
+            ),
+        }
         trl = trl_step(folder, rows, args.micro_tokens, Path(tmp))
         if trl is not None:
             results["TRL SFTTrainer training step (padded)"] = timed(trl, args.steps, tokens)

@@ -42,8 +42,10 @@ from nanbeige.agent.trajectory_file import load_trajectories  # noqa: E402
 # The topic from a closed list and a number: a run past SmolLM2's own 8k context still writes whole words
 # (free letters degenerate there into one letter a token until the reply is cut off and rolled back).
 WORDS = "(river|census|harbour|railway|museum|village|bridge|market|temple|island|valley|festival)"
-CALL = (r'<use_mcp_tool>\n<server_name>calc</server_name>\n<tool_name>page</tool_name>\n<arguments>\n'
-        rf'\{{"topic": "{WORDS} {WORDS} [1-9][0-9]?"\}}\n</arguments>\n</use_mcp_tool>')
+CALL = (
+    r"<use_mcp_tool>\n<server_name>calc</server_name>\n<tool_name>page</tool_name>\n<arguments>\n"
+    rf'\{{"topic": "{WORDS} {WORDS} [1-9][0-9]?"\}}\n</arguments>\n</use_mcp_tool>'
+)
 
 
 def force_a_call(request: dict[str, Any]) -> dict[str, Any]:
@@ -56,13 +58,38 @@ def one_run(url: str, folder: Path, slug: str, turns: int, token_mode: bool, kee
     trajectory = folder / f"{slug}.jsonl"
     try:
         result = subprocess.run(
-            [NANBEIGE, "ask", "--base-url", proxy.url, "--model", SERVED_NAME, "--dialect", "mcp-xml",
-             "--token-mode" if token_mode else "--no-token-mode", "--keep-tool-results", str(keep),
-             "--max-turns", str(turns), "--max-tokens", str(max_tokens), "--temperature", "1.0",
-             "--max-context", "32768",
-             "--no-summary-turn", "--no-default-servers", "--mcp", "calc=" + " ".join(TEST_SERVER),
-             "--trajectory", str(trajectory), "Tell me about the towns of the valley."],
-            capture_output=True, text=True, timeout=7200)
+            [
+                NANBEIGE,
+                "ask",
+                "--base-url",
+                proxy.url,
+                "--model",
+                SERVED_NAME,
+                "--dialect",
+                "mcp-xml",
+                "--token-mode" if token_mode else "--no-token-mode",
+                "--keep-tool-results",
+                str(keep),
+                "--max-turns",
+                str(turns),
+                "--max-tokens",
+                str(max_tokens),
+                "--temperature",
+                "1.0",
+                "--max-context",
+                "32768",
+                "--no-summary-turn",
+                "--no-default-servers",
+                "--mcp",
+                "calc=" + " ".join(TEST_SERVER),
+                "--trajectory",
+                str(trajectory),
+                "Tell me about the towns of the valley.",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=7200,
+        )
     finally:
         proxy.close()
     sent = [x for x in proxy.exchanges if x.path.endswith("completions")]
@@ -81,12 +108,22 @@ def request_numbers(sent: list[Any]) -> list[dict[str, Any]]:
         prompt = _prompt_ids(exchange)
         # What the cache could have had: the part of this prompt that repeats the last prompt and its reply.
         # The rest of the last request (rewritten: keep-K's placeholder for an old result) is the layout's cost.
-        same = next((k for k, (x, y) in enumerate(zip(last, prompt)) if x != y), min(len(last), len(prompt))
-                    ) if last is not None else 0
-        requests.append({"prompt": len(prompt), "looked_up": exchange.cache[0], "hits": exchange.cache[1],
-                         "seconds": exchange.seconds, "reusable": same,
-                         "rewritten": len(last) - same if last is not None else 0,
-                         "retry": prompt == last_prompt})  # a rolled-back reply's prompt, sent again
+        same = (
+            next((k for k, (x, y) in enumerate(zip(last, prompt)) if x != y), min(len(last), len(prompt)))
+            if last is not None
+            else 0
+        )
+        requests.append(
+            {
+                "prompt": len(prompt),
+                "looked_up": exchange.cache[0],
+                "hits": exchange.cache[1],
+                "seconds": exchange.seconds,
+                "reusable": same,
+                "rewritten": len(last) - same if last is not None else 0,
+                "retry": prompt == last_prompt,
+            }
+        )  # a rolled-back reply's prompt, sent again
         last, last_prompt = prompt + exchange.token_ids, prompt
     return requests
 
@@ -110,27 +147,42 @@ def report(name: str, folder: Path, slug: str) -> None:
     calls = sum(len(turn.tool_calls) for turn in run.turns)
     timings = run.timings
     ours = timings["wall_s"] - timings["model_s"] - timings["tool_s"]
-    print(f"{name}: {len(every)} model calls ({len(every) - len(firsts)} retries of a rolled-back reply, left out "
-          f"below), {calls} tool calls, stop reason {run.stop_reason}")
-    print(f"  prompt tokens looked up {looked_up:.0f}, from the prefix cache {hits:.0f}: "
-          f"{hits / max(looked_up, 1):.1%} overall; per turn median {statistics.median(rates):.1%}, "
-          f"lowest after turn 1 {min(rates[1:]):.1%}")
+    print(
+        f"{name}: {len(every)} model calls ({len(every) - len(firsts)} retries of a rolled-back reply, left out "
+        f"below), {calls} tool calls, stop reason {run.stop_reason}"
+    )
+    print(
+        f"  prompt tokens looked up {looked_up:.0f}, from the prefix cache {hits:.0f}: "
+        f"{hits / max(looked_up, 1):.1%} overall; per turn median {statistics.median(rates):.1%}, "
+        f"lowest after turn 1 {min(rates[1:]):.1%}"
+    )
     last_50 = firsts[-50:]
     print(f"  the last 50 turns: {sum(r['hits'] for r in last_50) / sum(r['looked_up'] for r in last_50):.1%}")
-    print(f"  tokens computed anew per turn: median {statistics.median(computed):.0f}, max {max(computed):.0f}; "
-          f"last prompt {firsts[-1]['prompt']} tokens")
-    print(f"  turns whose prompt rewrote the last request (keep-K): {len(evicted)}; tokens rewritten and so computed"
-          f" again: median {statistics.median(evicted) if evicted else 0:.0f} a turn, {sum(evicted)} in all")
-    print(f"  reusable tokens vLLM did not serve from its cache: {sum(vllm_missed):.0f} in all, at most "
-          f"{max(vllm_missed):.0f} a turn (it caches whole blocks of 128 tokens on the CPU)")
-    print(f"  wall {timings['wall_s']:.1f} s = model {timings['model_s']:.1f} s + tools {timings['tool_s']:.1f} s + "
-          f"runtime {ours:.1f} s ({ours / timings['wall_s']:.2%} of the wall; "
-          f"{ours / len(every) * 1000:.0f} ms a turn)")
+    print(
+        f"  tokens computed anew per turn: median {statistics.median(computed):.0f}, max {max(computed):.0f}; "
+        f"last prompt {firsts[-1]['prompt']} tokens"
+    )
+    print(
+        f"  turns whose prompt rewrote the last request (keep-K): {len(evicted)}; tokens rewritten and so computed"
+        f" again: median {statistics.median(evicted) if evicted else 0:.0f} a turn, {sum(evicted)} in all"
+    )
+    print(
+        f"  reusable tokens vLLM did not serve from its cache: {sum(vllm_missed):.0f} in all, at most "
+        f"{max(vllm_missed):.0f} a turn (it caches whole blocks of 128 tokens on the CPU)"
+    )
+    print(
+        f"  wall {timings['wall_s']:.1f} s = model {timings['model_s']:.1f} s + tools {timings['tool_s']:.1f} s + "
+        f"runtime {ours:.1f} s ({ours / timings['wall_s']:.2%} of the wall; "
+        f"{ours / len(every) * 1000:.0f} ms a turn)"
+    )
     print(f"  hit rate per turn: {' '.join(f'{r:.0%}' for r in rates)}")
 
 
-MODES = (("token mode, every result kept", "token-keep-all", True, -1),
-         ("token mode, keep-5", "token-keep-5", True, 5), ("chat mode, keep-5", "chat-keep-5", False, 5))
+MODES = (
+    ("token mode, every result kept", "token-keep-all", True, -1),
+    ("token mode, keep-5", "token-keep-5", True, 5),
+    ("chat mode, keep-5", "chat-keep-5", False, 5),
+)
 
 
 def main() -> None:

@@ -45,5 +45,6 @@ def placeholder_answer(template: str, sandbox_id: str) -> str:
 
 
 def invalid_id(sandbox_id: str) -> str:
-    return (f"'{sandbox_id}' is not a valid sandbox_id. "
-            "Please create a real sandbox first using the create_sandbox tool.")
+    return (
+        f"'{sandbox_id}' is not a valid sandbox_id. Please create a real sandbox first using the create_sandbox tool."
+    )

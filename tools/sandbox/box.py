@@ -115,8 +115,9 @@ class LocalSandbox:
         return lambda p: p.session in sessions
 
 
-def make_sandbox(config: SandboxConfig, *, own_uid: bool, jailed: bool, cgroups: tuple[int, tuple[Path, ...]] | None,
-                 disks: bool) -> LocalSandbox:
+def make_sandbox(
+    config: SandboxConfig, *, own_uid: bool, jailed: bool, cgroups: tuple[int, tuple[Path, ...]] | None, disks: bool
+) -> LocalSandbox:
     """A new sandbox's place, uid, cgroup and file system; SandboxError (with nothing left) if one fails."""
     sandbox_id = secrets.token_hex(10)
     place = Path(os.path.realpath(config.root / sandbox_id))
@@ -137,8 +138,9 @@ def make_sandbox(config: SandboxConfig, *, own_uid: bool, jailed: bool, cgroups:
     return box
 
 
-def _make_place(box: LocalSandbox, config: SandboxConfig, cgroups: tuple[int, tuple[Path, ...]] | None,
-                disks: bool) -> None:
+def _make_place(
+    box: LocalSandbox, config: SandboxConfig, cgroups: tuple[int, tuple[Path, ...]] | None, disks: bool
+) -> None:
     owner = box.uid if box.uid is not None else os.getuid()
     if cgroups:
         box.cgroup = make_cgroup(cgroups, f"sandbox-{box.id}", config.memory_mb * MB, config.max_processes)
@@ -146,8 +148,14 @@ def _make_place(box: LocalSandbox, config: SandboxConfig, cgroups: tuple[int, tu
     # what a later server needs to sweep this sandbox if this one is killed
     owner_file = os.open(box.place / "owner.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with open(owner_file, "w") as f:
-        json.dump({"uid": box.uid, "cgroup": [str(f) for f in box.cgroup.folders] if box.cgroup else [],
-                   "version": box.cgroup.version if box.cgroup else 0}, f)
+        json.dump(
+            {
+                "uid": box.uid,
+                "cgroup": [str(f) for f in box.cgroup.folders] if box.cgroup else [],
+                "version": box.cgroup.version if box.cgroup else 0,
+            },
+            f,
+        )
     if disks:
         make_disk(box.place / "disk.img", box.place / "files", config.disk_mb)
     else:
@@ -209,17 +217,26 @@ def limits(box: LocalSandbox, c: SandboxConfig, python: bool) -> str:
     return ",".join(f"{name}={value}" for name, value in values.items())
 
 
-def command_line(box: LocalSandbox, config: SandboxConfig, isolation: Isolation, mode: list[str],
-                 python: bool) -> tuple[list[str], list[int]]:
+def command_line(
+    box: LocalSandbox, config: SandboxConfig, isolation: Isolation, mode: list[str], python: bool
+) -> tuple[list[str], list[int]]:
     """The command line of a sandbox process (the worker in `mode`), and the descriptors it needs
     passed (the caller closes them)."""
     worker, fds = WORKER, []
     prefix = box.cgroup.join_prefix() if box.cgroup else []
     if isolation.jail:
         fds.append(filter_fd())
-        prefix += jail_args(isolation.jail, home=str(box.folder), tmp=str(box.tmp),
-                            passwd=str(box.place / "passwd"), group=str(box.place / "group"), worker=WORKER,
-                            uid=box.uid, network=config.network, seccomp=fds[0])
+        prefix += jail_args(
+            isolation.jail,
+            home=str(box.folder),
+            tmp=str(box.tmp),
+            passwd=str(box.place / "passwd"),
+            group=str(box.place / "group"),
+            worker=WORKER,
+            uid=box.uid,
+            network=config.network,
+            seccomp=fds[0],
+        )
         worker = JAIL_WORKER
     prefix += isolation.prefix
     if box.uid is not None:

@@ -155,9 +155,14 @@ def make_cgroup(parents: tuple[int, tuple[Path, ...]], name: str, memory_bytes: 
     group = Cgroup(tuple(p / name for p in folders), version)
     for folder in group.folders:
         folder.mkdir(exist_ok=True)
-    limits = {1: {"memory.limit_in_bytes": memory_bytes, "memory.memsw.limit_in_bytes": memory_bytes,
-                  "pids.max": max_processes + JAIL_PROCESSES},
-              2: {"memory.max": memory_bytes, "memory.swap.max": 0, "pids.max": max_processes + JAIL_PROCESSES}}
+    limits = {
+        1: {
+            "memory.limit_in_bytes": memory_bytes,
+            "memory.memsw.limit_in_bytes": memory_bytes,
+            "pids.max": max_processes + JAIL_PROCESSES,
+        },
+        2: {"memory.max": memory_bytes, "memory.swap.max": 0, "pids.max": max_processes + JAIL_PROCESSES},
+    }
     for setting, value in limits[version].items():
         for folder in group.folders:
             if (folder / setting).exists():
@@ -170,8 +175,12 @@ def make_cgroup(parents: tuple[int, tuple[Path, ...]], name: str, memory_bytes: 
 
 def can_make_disks() -> bool:
     """Loop-mounted ext4 images need root and the tools; where they work, `make_disk` is ~20 ms."""
-    return os.geteuid() == 0 and bool(shutil.which("mkfs.ext4")) and bool(shutil.which("mount")) \
+    return (
+        os.geteuid() == 0
+        and bool(shutil.which("mkfs.ext4"))
+        and bool(shutil.which("mount"))
         and os.path.exists("/dev/loop-control")
+    )
 
 
 def make_disk(image: Path, mount_point: Path, size_mb: int) -> None:
@@ -180,8 +189,10 @@ def make_disk(image: Path, mount_point: Path, size_mb: int) -> None:
     with open(image, "wb") as f:
         f.truncate(size_mb * 1024 * 1024)
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE, "timeout": 60, "check": True}
-    subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal",
-                    "-E", "lazy_itable_init=1,nodiscard", str(image)], **quiet)  # type: ignore[call-overload]
+    subprocess.run(
+        ["mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal", "-E", "lazy_itable_init=1,nodiscard", str(image)],
+        **quiet,
+    )  # type: ignore[call-overload]
     mount_point.mkdir(exist_ok=True)
     subprocess.run(["mount", "-o", "loop,nodev,nosuid", str(image), str(mount_point)], **quiet)  # type: ignore[call-overload]
 

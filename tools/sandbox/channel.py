@@ -106,10 +106,17 @@ def exchange(channel: Channel, request: dict, deadline: float, cpu_seconds: floa
 def check_cell_reply(reply: dict) -> dict:
     """The reply to a cell, if it has the fields and types `format_execution` needs."""
     error = reply.get("error")
-    if not (isinstance(reply.get("results"), list) and all(isinstance(r, str) for r in reply["results"])
-            and isinstance(reply.get("stdout"), str) and isinstance(reply.get("stderr"), str)
-            and (error is None or isinstance(error, dict)
-                 and all(isinstance(error.get(k), str) for k in ("name", "value", "traceback")))):
+    if not (
+        isinstance(reply.get("results"), list)
+        and all(isinstance(r, str) for r in reply["results"])
+        and isinstance(reply.get("stdout"), str)
+        and isinstance(reply.get("stderr"), str)
+        and (
+            error is None
+            or isinstance(error, dict)
+            and all(isinstance(error.get(k), str) for k in ("name", "value", "traceback"))
+        )
+    ):
         raise ChannelError("protocol", "a reply to a cell without results, stdout, stderr and error")
     return reply
 

@@ -31,8 +31,9 @@ PYTHON = "python3"
 NETWORK_SLACK_S = 30.0
 """How much longer than a program's own limit (kept by the launcher, by the sandbox's clock) this side waits
 for its command to end: the round trips to E2B, never the program's time."""
-NO_STDIN = ("code-tests on E2B needs a sandbox that can close a command's stdin (envd 0.3 or later: rebuild the "
-            "template)")
+NO_STDIN = (
+    "code-tests on E2B needs a sandbox that can close a command's stdin (envd 0.3 or later: rebuild the template)"
+)
 
 
 class E2BBackend:
@@ -88,8 +89,15 @@ class E2BBackend:
                 raise SandboxError(command_failed(exc.exit_code, exc.stderr or "")) from None
         return format_command(result.stdout, result.stderr, result.exit_code, result.error)
 
-    def run_program(self, sandbox_id: str, args: list[str], stdin: bytes = b"", timeout_s: float | None = None,
-                    cpu_seconds: int | None = None, memory_mb: int | None = None) -> ProgramRun:
+    def run_program(
+        self,
+        sandbox_id: str,
+        args: list[str],
+        stdin: bytes = b"",
+        timeout_s: float | None = None,
+        cpu_seconds: int | None = None,
+        memory_mb: int | None = None,
+    ) -> ProgramRun:
         """Runs a program (args, in the sandbox's home) as `LocalBackend.run_program` does: `stdin` handed
         over on the command's stdin (never a file), its limits kept inside the sandbox by the launcher
         (`launch.py`). A program that ends its sandbox or its launcher is its own failure when a known-good
@@ -97,12 +105,24 @@ class E2BBackend:
         c = self.config
         timeout = timeout_s or c.timeout_s
         nonce, started = secrets.token_hex(16), time.monotonic()
-        command = shlex.join([PYTHON, "-I", "-B", "-c", LAUNCHER.read_text(encoding="utf-8"), repr(timeout),
-                              str(cpu_seconds or c.cpu_seconds), str(memory_mb or c.memory_mb),
-                              str(4 * c.max_output_chars), *args])
+        command = shlex.join(
+            [
+                PYTHON,
+                "-I",
+                "-B",
+                "-c",
+                LAUNCHER.read_text(encoding="utf-8"),
+                repr(timeout),
+                str(cpu_seconds or c.cpu_seconds),
+                str(memory_mb or c.memory_mb),
+                str(4 * c.max_output_chars),
+                *args,
+            ]
+        )
         try:
-            result = self._launch(self._get(sandbox_id), command, nonce.encode() + b"\n" + stdin,
-                                  timeout + NETWORK_SLACK_S)
+            result = self._launch(
+                self._get(sandbox_id), command, nonce.encode() + b"\n" + stdin, timeout + NETWORK_SLACK_S
+            )
         except self._e2b.TimeoutException:  # its launcher stopped answering (a program can stop it)
             return ProgramRun(exit_code=-9, stdout=b"", stderr=b"", seconds=timeout, timed_out=True)
         except SandboxError:
@@ -115,10 +135,19 @@ class E2BBackend:
             return run
         said = said if result is None else f"exit {result.exit_code}: {result.stderr[-300:]}"
         if broken := self.known_good_fails():
-            raise SandboxError(f"the E2B sandbox ended while the program ran ({said}), and a known-good program "
-                               f"failed in a fresh sandbox too ({broken})")
-        return ProgramRun(exit_code=-9, stdout=(result.stdout if result else "").encode(), stderr=b"",
-                          seconds=time.monotonic() - started, timed_out=False, reported=False, killed_sandbox=True)
+            raise SandboxError(
+                f"the E2B sandbox ended while the program ran ({said}), and a known-good program "
+                f"failed in a fresh sandbox too ({broken})"
+            )
+        return ProgramRun(
+            exit_code=-9,
+            stdout=(result.stdout if result else "").encode(),
+            stderr=b"",
+            seconds=time.monotonic() - started,
+            timed_out=False,
+            reported=False,
+            killed_sandbox=True,
+        )
 
     def _launch(self, sandbox: Any, command: str, stdin: bytes, wait_s: float) -> Any:
         """The command's result (a non-zero exit too) once it ended; its stdin closed after `stdin`."""
@@ -164,8 +193,24 @@ class E2BBackend:
 
     def run_program_once(self, sandbox_id: str) -> ProgramRun | None:
         nonce = secrets.token_hex(16)
-        command = shlex.join([PYTHON, "-I", "-B", "-c", LAUNCHER.read_text(encoding="utf-8"), "30", "30",
-                              str(self.config.memory_mb), "1024", PYTHON, "-I", "-S", "-c", "print(6 * 7)"])
+        command = shlex.join(
+            [
+                PYTHON,
+                "-I",
+                "-B",
+                "-c",
+                LAUNCHER.read_text(encoding="utf-8"),
+                "30",
+                "30",
+                str(self.config.memory_mb),
+                "1024",
+                PYTHON,
+                "-I",
+                "-S",
+                "-c",
+                "print(6 * 7)",
+            ]
+        )
         return launched(self._launch(self._get(sandbox_id), command, nonce.encode() + b"\n", 60.0), nonce)
 
     def _secret_free(self, text: str) -> str:
@@ -233,8 +278,10 @@ class E2BBackend:
             if sandbox_id is not None and isinstance(exc, e2b.SandboxNotFoundException):
                 with self._lock:
                     self._live.pop(sandbox_id, None)
-                raise SandboxError(f"Sandbox '{sandbox_id}' no longer exists (E2B closed it). "
-                                   "Please create a new sandbox using the create_sandbox tool.") from None
+                raise SandboxError(
+                    f"Sandbox '{sandbox_id}' no longer exists (E2B closed it). "
+                    "Please create a new sandbox using the create_sandbox tool."
+                ) from None
             raise SandboxError(self._secret_free(f"Could not {action}: {exc}")) from None
         except (e2b.SandboxException, e2b.AuthenticationException) as exc:
             raise SandboxError(self._secret_free(f"Could not {action} on E2B: {type(exc).__name__}: {exc}")) from None
@@ -250,5 +297,10 @@ def launched(result: Any, nonce: str) -> ProgramRun | None:
         return None
     if not isinstance(report, dict) or report.get("launched") != nonce:
         return None
-    return ProgramRun(exit_code=int(report["exit"]), stdout=result.stdout.encode(), stderr=stderr.encode(),
-                      seconds=float(report["seconds"]), timed_out=bool(report["timed_out"]))
+    return ProgramRun(
+        exit_code=int(report["exit"]),
+        stdout=result.stdout.encode(),
+        stderr=stderr.encode(),
+        seconds=float(report["seconds"]),
+        timed_out=bool(report["timed_out"]),
+    )

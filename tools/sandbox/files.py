@@ -47,8 +47,9 @@ def open_dir(folder: Path, parts: tuple[str, ...], create: bool, owner: int | No
             fd = step
     except OSError as exc:
         os.close(fd)
-        raise SandboxError(f"Cannot use folder {'/'.join(parts)} in the sandbox: {exc.strerror} "
-                           "(symbolic links are not followed).") from None
+        raise SandboxError(
+            f"Cannot use folder {'/'.join(parts)} in the sandbox: {exc.strerror} (symbolic links are not followed)."
+        ) from None
     return fd
 
 
@@ -91,7 +92,10 @@ def read_file(folder: Path, path: str, max_bytes: int) -> bytes:
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes:
         os.close(fd)
-        raise SandboxError(f"{path} is not a regular file." if not stat.S_ISREG(info.st_mode)
-                           else f"{path} is larger than {max_bytes // MB} MB.")
+        raise SandboxError(
+            f"{path} is not a regular file."
+            if not stat.S_ISREG(info.st_mode)
+            else f"{path} is larger than {max_bytes // MB} MB."
+        )
     with open(fd, "rb") as f:
         return f.read(max_bytes + 1)[:max_bytes]

@@ -39,10 +39,13 @@ class Jail:
 def interpreter_paths(python: str, timeout: float = 30.0) -> tuple[str, ...]:
     """The folders an interpreter needs to start and import its packages: its prefixes and every
     site-packages on its path (a .pth file may add one from elsewhere)."""
-    script = ("import json, os, sys; print(json.dumps([sys.prefix, sys.base_prefix, os.path.realpath(sys.executable), "
-              "*[p for p in sys.path if os.path.basename(p) in ('site-packages', 'dist-packages')]]))")
-    out = subprocess.run([python, "-I", "-c", script], capture_output=True, text=True, timeout=timeout,
-                         check=True).stdout
+    script = (
+        "import json, os, sys; print(json.dumps([sys.prefix, sys.base_prefix, os.path.realpath(sys.executable), "
+        "*[p for p in sys.path if os.path.basename(p) in ('site-packages', 'dist-packages')]]))"
+    )
+    out = subprocess.run(
+        [python, "-I", "-c", script], capture_output=True, text=True, timeout=timeout, check=True
+    ).stdout
     prefix, base, executable, *sites = json.loads(out)
     paths = [prefix, base, os.path.dirname(executable), *sites]
     kept: list[str] = []
@@ -53,16 +56,51 @@ def interpreter_paths(python: str, timeout: float = 30.0) -> tuple[str, ...]:
     return tuple(kept)
 
 
-def jail_args(jail: Jail, *, home: str, tmp: str, passwd: str, group: str, worker: str, uid: int | None,
-              network: bool, seccomp: int) -> list[str]:
+def jail_args(
+    jail: Jail,
+    *,
+    home: str,
+    tmp: str,
+    passwd: str,
+    group: str,
+    worker: str,
+    uid: int | None,
+    network: bool,
+    seccomp: int,
+) -> list[str]:
     """The command prefix that runs a program in the jail: home and tmp are host folders shown as
     /home/user and /tmp, passwd and group files to show as /etc/passwd and /etc/group (so that the
     uid has a name, `user`), worker the worker script, shown at JAIL_WORKER, seccomp a descriptor
     of `seccomp.syscall_filter()`."""
     args = [jail.bwrap, *namespace_args(as_root=jail.as_root, network=network), *system_args()]
-    args += ["--ro-bind", passwd, "/etc/passwd", "--ro-bind", group, "/etc/group",
-             "--perms", "0755", "--dir", "/home", "--bind", home, JAIL_HOME, "--bind", tmp, "/tmp",
-             "--dev", "/dev", "--perms", "1777", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm", "--proc", "/proc"]
+    args += [
+        "--ro-bind",
+        passwd,
+        "/etc/passwd",
+        "--ro-bind",
+        group,
+        "/etc/group",
+        "--perms",
+        "0755",
+        "--dir",
+        "/home",
+        "--bind",
+        home,
+        JAIL_HOME,
+        "--bind",
+        tmp,
+        "/tmp",
+        "--dev",
+        "/dev",
+        "--perms",
+        "1777",
+        "--size",
+        str(SHM_BYTES),
+        "--tmpfs",
+        "/dev/shm",
+        "--proc",
+        "/proc",
+    ]
     # after /tmp and /home/user: an interpreter under /tmp (a virtual environment there) stays visible
     args += read_only_args(jail.read_only)
     args += ["--perms", "0755", "--dir", "/run/sandbox", "--ro-bind", worker, JAIL_WORKER, "--chdir", JAIL_HOME]
@@ -104,8 +142,16 @@ def namespace_args(*, as_root: bool, network: bool) -> list[str]:
     """The namespaces of a jail, and its bond to the thread that starts it."""
     # --die-with-parent: the kernel kills the jail when the thread that started it dies, so callers
     # start long-lived jails from a thread that lives as long as the server (and dies with it)
-    args = ["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try", "--new-session",
-            "--die-with-parent", "--hostname", "sandbox"]
+    args = [
+        "--unshare-ipc",
+        "--unshare-pid",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--new-session",
+        "--die-with-parent",
+        "--hostname",
+        "sandbox",
+    ]
     if not network:
         args.append("--unshare-net")
     if not as_root:
@@ -115,8 +161,10 @@ def namespace_args(*, as_root: bool, network: bool) -> list[str]:
 
 def account_files(uid: int) -> tuple[str, str]:
     """/etc/passwd and /etc/group for a jail: root, and `user` with the sandbox's uid."""
-    return (f"root:x:0:0:root:/root:/usr/sbin/nologin\nuser:x:{uid}:{uid}:user:{JAIL_HOME}:/bin/sh\n",
-            f"root:x:0:\nuser:x:{uid}:\n")
+    return (
+        f"root:x:0:0:root:/root:/usr/sbin/nologin\nuser:x:{uid}:{uid}:user:{JAIL_HOME}:/bin/sh\n",
+        f"root:x:0:\nuser:x:{uid}:\n",
+    )
 
 
 def find_bwrap() -> str | None:

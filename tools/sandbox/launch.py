@@ -61,7 +61,7 @@ def relay(process, deadline, max_bytes):
                 del pipes[fd]
                 continue
             target = pipes[fd]
-            os.write(target, chunk[:left[target]])
+            os.write(target, chunk[: left[target]])
             left[target] -= min(len(chunk), left[target])
     return False
 
@@ -85,8 +85,14 @@ def main():
         resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
 
     started = time.monotonic()
-    process = subprocess.Popen(sys.argv[5:], stdout=subprocess.PIPE, stderr=subprocess.PIPE, close_fds=True,
-                               start_new_session=True, preexec_fn=limits)
+    process = subprocess.Popen(
+        sys.argv[5:],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        close_fds=True,
+        start_new_session=True,
+        preexec_fn=limits,
+    )
     timed_out = relay(process, started + timeout, max_bytes)
     kill_session(process)
     code = process.wait()

@@ -98,8 +98,14 @@ class LocalBackend(ProgramRunner, WorkerLifecycle):
         if swept:
             log.info("local sandbox: removed %d sandboxes left by servers that are gone", swept)
         c = self.config
-        isolation = probe_isolation(python=c.python, worker=WORKER, root=c.root, network=c.network,
-                                    drop_privileges=c.drop_privileges, jail=c.jail)
+        isolation = probe_isolation(
+            python=c.python,
+            worker=WORKER,
+            root=c.root,
+            network=c.network,
+            drop_privileges=c.drop_privileges,
+            jail=c.jail,
+        )
         self._cgroups = cgroup_parents()
         if self._cgroups and (swept := sweep_cgroups(self._cgroups)):
             log.info("local sandbox: removed %d cgroups left by servers that are gone", swept)
@@ -122,21 +128,41 @@ class LocalBackend(ProgramRunner, WorkerLifecycle):
         return unjailed_notice(self._isolation)
 
     def _watched(self) -> list[str]:
-        return [*(["no cgroup can be made here: memory is held by a watch over the sandbox's processes, which "
-                   "acts within a quarter second"] if self._cgroups is None else []),
-                *(["no file system of its own can be made here (needs root and loop devices): disk use is held "
-                   "by a watch over the folder, which acts within a quarter second"] if not self._disks else [])]
+        return [
+            *(
+                [
+                    "no cgroup can be made here: memory is held by a watch over the sandbox's processes, which "
+                    "acts within a quarter second"
+                ]
+                if self._cgroups is None
+                else []
+            ),
+            *(
+                [
+                    "no file system of its own can be made here (needs root and loop devices): disk use is held "
+                    "by a watch over the folder, which acts within a quarter second"
+                ]
+                if not self._disks
+                else []
+            ),
+        ]
 
     def create(self, timeout: int) -> str:
         isolation = self.isolation
-        box = make_sandbox(self.config, own_uid=isolation.own_uid, jailed=isolation.jail is not None,
-                           cgroups=self._cgroups, disks=self._disks)
+        box = make_sandbox(
+            self.config,
+            own_uid=isolation.own_uid,
+            jailed=isolation.jail is not None,
+            cgroups=self._cgroups,
+            disks=self._disks,
+        )
         with self._lock:
             self._boxes[box.id] = box
             if self._idle_watch is None or not self._idle_watch.is_alive():
                 self._closed = threading.Event()
-                self._idle_watch = threading.Thread(target=self._watch, args=(self._closed,),
-                                                    name="sandbox-watch", daemon=True)
+                self._idle_watch = threading.Thread(
+                    target=self._watch, args=(self._closed,), name="sandbox-watch", daemon=True
+                )
                 self._idle_watch.start()
         return box.id
 
@@ -153,8 +179,14 @@ class LocalBackend(ProgramRunner, WorkerLifecycle):
                 self._start_worker(box)
             box.oom_kills = box.cgroup.oom_kills() if box.cgroup else 0  # what this call's kills add to
             try:
-                reply = check_cell_reply(exchange(box.channel, {"code": box.to_host(code)},
-                                                  time.monotonic() + self.config.timeout_s, self.config.cpu_seconds))
+                reply = check_cell_reply(
+                    exchange(
+                        box.channel,
+                        {"code": box.to_host(code)},
+                        time.monotonic() + self.config.timeout_s,
+                        self.config.cpu_seconds,
+                    )
+                )
             except ChannelError as exc:
                 raise SandboxError(f"{self._broken(box, exc)}. {STATE_LOST}") from None
             if box.may_have_strays() and self._kill_strays(box):
@@ -176,8 +208,10 @@ class LocalBackend(ProgramRunner, WorkerLifecycle):
         stderr = box.to_model(run.stderr.decode(errors="replace"))
         if run.timed_out:
             partial = format_command(stdout, stderr, -1, "timeout")
-            raise SandboxError(f"Command timed out after {self.config.timeout_s:g} s; it and every process it "
-                               f"started were killed. Output so far: {truncate(partial, 4000)}")
+            raise SandboxError(
+                f"Command timed out after {self.config.timeout_s:g} s; it and every process it "
+                f"started were killed. Output so far: {truncate(partial, 4000)}"
+            )
         if run.budget_spent:
             stderr += f"\n[sandbox] {run.budget_spent}\n"
         if run.exit_code != 0:
@@ -255,9 +289,11 @@ class LocalBackend(ProgramRunner, WorkerLifecycle):
                         box.idle_cpu = used
                     elif box.worker and used - box.idle_cpu > self.config.cpu_seconds:
                         self._stop_worker(box)
-                        box.stopped_idle = (f"Between calls, code left running in the Python process used more "
-                                            f"than {self.config.cpu_seconds} s of CPU time, so it was stopped. "
-                                            f"{STATE_LOST} The code of this call did not run; send it again.")
+                        box.stopped_idle = (
+                            f"Between calls, code left running in the Python process used more "
+                            f"than {self.config.cpu_seconds} s of CPU time, so it was stopped. "
+                            f"{STATE_LOST} The code of this call did not run; send it again."
+                        )
                     # a thread left running may start processes after its call: none may outlive a call
                     if box.worker and box.may_have_strays():
                         self._kill_strays(box)
@@ -270,15 +306,19 @@ class LocalBackend(ProgramRunner, WorkerLifecycle):
             owns = box.owns()
             pids = [p.pid for p in processes() if owns(p) and p.state not in b"ZX"]
             if rss_bytes(pids) > c.memory_mb * MB:
-                return (f"the sandbox ran out of memory (its processes together may use {c.memory_mb} MB), "
-                        "so its processes were stopped")
+                return (
+                    f"the sandbox ran out of memory (its processes together may use {c.memory_mb} MB), "
+                    "so its processes were stopped"
+                )
         if not self._disks:
             # only while they grow: the model must be able to run the command that deletes them
             used = folder_bytes(box.folder.parent, 4 * c.disk_mb * MB)
             grew, box.disk_used = used > box.disk_used, used
             if grew and used > c.disk_mb * MB:
-                return (f"the sandbox's files took more than its {c.disk_mb} MB of disk, so its processes were "
-                        "stopped; delete files to go on")
+                return (
+                    f"the sandbox's files took more than its {c.disk_mb} MB of disk, so its processes were "
+                    "stopped; delete files to go on"
+                )
         return ""
 
     def leftover_processes(self, sandbox_id: str) -> list[int]:
@@ -299,8 +339,10 @@ class LocalBackend(ProgramRunner, WorkerLifecycle):
         reason, box.over_budget = box.over_budget, ""
         if not reason and box.cgroup and (kills := box.cgroup.oom_kills()) > box.oom_kills:
             box.oom_kills = kills
-            reason = (f"the sandbox ran out of memory (its processes together may use {self.config.memory_mb} MB), "
-                      "so the kernel killed a process")
+            reason = (
+                f"the sandbox ran out of memory (its processes together may use {self.config.memory_mb} MB), "
+                "so the kernel killed a process"
+            )
         return reason
 
     def _reap(self) -> None:

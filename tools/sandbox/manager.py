@@ -48,8 +48,12 @@ def idle_seconds(timeout: Any, limit: int) -> int:
     allowed = f"timeout must be a whole number of seconds from 1 to {limit}, not {timeout!r}."
     if isinstance(timeout, str) and timeout.strip().isdecimal():  # the schema is untyped: a model may quote it
         timeout = int(timeout)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout != timeout \
-            or timeout in (float("inf"), float("-inf")):
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or timeout != timeout
+        or timeout in (float("inf"), float("-inf"))
+    ):
         raise SandboxError(allowed)
     if timeout == DEFAULT_TIMEOUT:
         return min(DEFAULT_TIMEOUT, limit)
@@ -85,11 +89,15 @@ class Sandboxes:
         timeout = idle_seconds(timeout, self.config.idle_timeout_s)
         self._close_idle()
         with self._lock:
-            evict = sorted(self._open, key=lambda i: self._open[i].last_used)[: max(0, len(self._open) + 1
-                                                                                       - self.config.max_sandboxes)]
+            evict = sorted(self._open, key=lambda i: self._open[i].last_used)[
+                : max(0, len(self._open) + 1 - self.config.max_sandboxes)
+            ]
         for old in evict:
-            self._close(old, f"Sandbox '{old}' was closed because more than {self.config.max_sandboxes} sandboxes "
-                             "were open. Please create a new sandbox using the create_sandbox tool.")
+            self._close(
+                old,
+                f"Sandbox '{old}' was closed because more than {self.config.max_sandboxes} sandboxes "
+                "were open. Please create a new sandbox using the create_sandbox tool.",
+            )
         sandbox_id = self.backend.create(timeout)
         with self._lock:
             self._open[sandbox_id] = Lease(timeout, time.monotonic())
@@ -190,12 +198,17 @@ class Sandboxes:
         """Closes the sandboxes unused past their timeout; returns the seconds until the next one is due."""
         now, due = time.monotonic(), REAP_EVERY_S
         with self._lock:
-            idle = [(i, lease) for i, lease in self._open.items()
-                    if not lease.busy and now - lease.last_used > lease.idle_timeout_s]
+            idle = [
+                (i, lease)
+                for i, lease in self._open.items()
+                if not lease.busy and now - lease.last_used > lease.idle_timeout_s
+            ]
             for sandbox_id, lease in idle:
                 del self._open[sandbox_id]
-                self._gone[sandbox_id] = (f"Sandbox '{sandbox_id}' was shut down after {lease.idle_timeout_s:.0f} "
-                                          "s without use. Please create a new sandbox using the create_sandbox tool.")
+                self._gone[sandbox_id] = (
+                    f"Sandbox '{sandbox_id}' was shut down after {lease.idle_timeout_s:.0f} "
+                    "s without use. Please create a new sandbox using the create_sandbox tool."
+                )
             for lease in self._open.values():
                 if not lease.busy:
                     due = min(due, lease.last_used + lease.idle_timeout_s - now)

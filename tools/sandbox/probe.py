@@ -78,8 +78,9 @@ class Isolation:
     """The filesystem jail (bwrap), which also brings its own namespaces: no network, own pids."""
 
 
-def probe_isolation(*, python: str, worker: str, root: Path, network: bool, drop_privileges: bool,
-                    jail: bool) -> Isolation:
+def probe_isolation(
+    *, python: str, worker: str, root: Path, network: bool, drop_privileges: bool, jail: bool
+) -> Isolation:
     """Tries which of the OS's isolation tools work here (each try is ~10 ms). `worker` is the sandbox
     worker script, run under setpriv to check what a sandbox uid can reach. With `jail`, the jail or
     ProbeError; without (the operator's choice), what the OS allows, or ProbeError where that cannot be
@@ -87,18 +88,29 @@ def probe_isolation(*, python: str, worker: str, root: Path, network: bool, drop
     root_user = os.geteuid() == 0
     can_drop = root_user and drop_privileges and shutil.which("setpriv")
     if jail:
-        isolation = Isolation(not network, True, bool(can_drop), False, bool(can_drop) or not root_user, (),
-                              probe_jail(python, worker, root, as_root=bool(can_drop)))
+        isolation = Isolation(
+            not network,
+            True,
+            bool(can_drop),
+            False,
+            bool(can_drop) or not root_user,
+            (),
+            probe_jail(python, worker, root, as_root=bool(can_drop)),
+        )
         log.info("local sandbox isolation: %s", isolation)
         return isolation
     own_uid, read_all = _probe_uid(python, worker, root) if can_drop else (False, False)
     # Without a uid of its own, a pid namespace keeps the code from signalling the server or the
     # user's other processes, which share the uid.
-    wanted = [flags for flags, want in ((("--net",), not network),
-                                        (("--pid", "--fork", "--kill-child"), not own_uid)) if want]
+    wanted = [
+        flags for flags, want in ((("--net",), not network), (("--pid", "--fork", "--kill-child"), not own_uid)) if want
+    ]
     user = () if root_user else ("--map-root-user",)
-    candidates = [("unshare", *user, *itertools.chain(*combo))
-                  for size in range(len(wanted), 0, -1) for combo in itertools.combinations(wanted, size)]
+    candidates = [
+        ("unshare", *user, *itertools.chain(*combo))
+        for size in range(len(wanted), 0, -1)
+        for combo in itertools.combinations(wanted, size)
+    ]
     prefix = next((c for c in candidates if _succeeds([*c, "true"])), ()) if shutil.which("unshare") else ()
     if root_user and not own_uid and shutil.which("setpriv"):
         # root keeps CAP_SYS_RESOURCE, with which code could raise its hard limits (CPU time among them)
@@ -121,13 +133,16 @@ def unjailed_notice(isolation: Isolation | None) -> str:
     if isolation is None or isolation.jail:
         return ""
     if isolation.own_uid and isolation.read_all:
-        reach = ("code in it can read every file on this machine (the interpreter is readable only to the "
-                 "server's user, so the sandbox keeps CAP_DAC_READ_SEARCH), and write its own folder and /tmp")
+        reach = (
+            "code in it can read every file on this machine (the interpreter is readable only to the "
+            "server's user, so the sandbox keeps CAP_DAC_READ_SEARCH), and write its own folder and /tmp"
+        )
     elif isolation.own_uid:
         reach = "code in it can read the host's world-readable files, and write its own folder and /tmp"
     else:
-        reach = ("code in it runs as the server's user: it can read and change that user's files, "
-                 "other sandboxes' included")
+        reach = (
+            "code in it runs as the server's user: it can read and change that user's files, other sandboxes' included"
+        )
     return f"This sandbox has no filesystem jail (the jail is turned off here, NANBEIGE_SANDBOX_JAIL=0): {reach}."
 
 
@@ -140,8 +155,9 @@ def probe_jail(python: str, worker: str, root: Path, as_root: bool) -> Jail:
     if not bwrap:
         raise ProbeError("bwrap (Bubblewrap), the jail sandboxed code runs in, is not installed here", INSTALL)
     if not supported():
-        raise ProbeError(f"the jail's system call filter has no numbers for this machine ({platform.machine()})",
-                         JAIL_OFF)
+        raise ProbeError(
+            f"the jail's system call filter has no numbers for this machine ({platform.machine()})", JAIL_OFF
+        )
     if failed := _bwrap_fails(bwrap, as_root):
         raise ProbeError(f"bwrap could not make the jail's namespaces, {BWRAP_TRIES} tries ({failed})", RETRY)
     jail = Jail(bwrap, _interpreter_paths(python), as_root)
@@ -154,28 +170,50 @@ def probe_jail(python: str, worker: str, root: Path, as_root: bool) -> Jail:
         for name in ("home", "tmp"):
             (folder / name).mkdir(mode=0o700)
             os.chown(folder / name, uid, uid)
-        args = jail_args(jail, home=str(folder / "home"), tmp=str(folder / "tmp"), passwd=str(folder / "passwd"),
-                         group=str(folder / "group"), worker=worker, uid=uid, network=False, seccomp=seccomp)
+        args = jail_args(
+            jail,
+            home=str(folder / "home"),
+            tmp=str(folder / "tmp"),
+            passwd=str(folder / "passwd"),
+            group=str(folder / "group"),
+            worker=worker,
+            uid=uid,
+            network=False,
+            seccomp=seccomp,
+        )
         drop = setpriv_args(uid, False) if as_root else []
         check = "import os; os.listdir('/home/user'); open('/tmp/x', 'w')"
-        done = _run([*args, *drop, python, "-I", "-S", "-B", JAIL_WORKER, "", "exec", "-1",
-                     python, "-I", "-S", "-c", check], (seccomp,))
+        done = _run(
+            [*args, *drop, python, "-I", "-S", "-B", JAIL_WORKER, "", "exec", "-1", python, "-I", "-S", "-c", check],
+            (seccomp,),
+        )
     finally:
         os.close(seccomp)
         remove_tree(folder)
         if lock is not None:
             release_uid(uid, lock)
     if done.returncode != 0:
-        raise ProbeError(f"bwrap works on this machine, but the jail could not run the interpreter ({_said(done)})",
-                         RETRY)
+        raise ProbeError(
+            f"bwrap works on this machine, but the jail could not run the interpreter ({_said(done)})", RETRY
+        )
     return jail
 
 
 def _bwrap_fails(bwrap: str, as_root: bool) -> str:
     """How bwrap failed to make a jail's namespaces here, each of its tries; empty once one worked. A
     failure may be passing (memory or processes short for a moment), so it is tried more than once."""
-    args = [bwrap, *namespace_args(as_root=as_root, network=False), "--ro-bind", "/", "/", "--proc", "/proc",
-            "--dev", "/dev", "true"]
+    args = [
+        bwrap,
+        *namespace_args(as_root=as_root, network=False),
+        "--ro-bind",
+        "/",
+        "/",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "true",
+    ]
     for attempt in range(BWRAP_TRIES):
         done = _run(args)
         if done.returncode == 0:
@@ -199,8 +237,10 @@ def _interpreter_paths(python: str) -> tuple[str, ...]:
             log.warning("local sandbox: %s did not start within %g s; trying again", python, timeout)
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
             raise ProbeError(f"the interpreter {python} could not tell its folders: {exc}") from None
-    raise ProbeError(f"the interpreter {python} did not finish within {sum(PROBE_TIMEOUTS_S):g} s while the jail "
-                     "was tested, so whether code can be jailed here is not yet known (the machine may be overloaded)")
+    raise ProbeError(
+        f"the interpreter {python} did not finish within {sum(PROBE_TIMEOUTS_S):g} s while the jail "
+        "was tested, so whether code can be jailed here is not yet known (the machine may be overloaded)"
+    )
 
 
 def _probe_uid(python: str, worker: str, root: Path) -> tuple[bool, bool]:
@@ -212,8 +252,25 @@ def _probe_uid(python: str, worker: str, root: Path) -> tuple[bool, bool]:
     uid, lock = allocate_uid()
     try:
         for read_all in (False, True):
-            if _succeeds([*setpriv_args(uid, read_all), python, "-I", "-S", "-B", worker, "", "exec", "-1",
-                          python, "-I", "-S", "-c", check, str(root)]):
+            if _succeeds(
+                [
+                    *setpriv_args(uid, read_all),
+                    python,
+                    "-I",
+                    "-S",
+                    "-B",
+                    worker,
+                    "",
+                    "exec",
+                    "-1",
+                    python,
+                    "-I",
+                    "-S",
+                    "-c",
+                    check,
+                    str(root),
+                ]
+            ):
                 return True, read_all
         return False, False
     finally:
@@ -224,20 +281,27 @@ def _succeeds(args: list[str]) -> bool:
     return _run(args).returncode == 0
 
 
-def _run(args: list[str], pass_fds: tuple[int, ...] = (), output: bool = False
-         ) -> subprocess.CompletedProcess[bytes]:
+def _run(args: list[str], pass_fds: tuple[int, ...] = (), output: bool = False) -> subprocess.CompletedProcess[bytes]:
     """Runs a probe's command (exit status 127 where it cannot start). A try that runs out of time
     tells nothing about the tool, only that the machine is slow: it is tried again with more time,
     and ProbeError says when every try did."""
     for timeout in PROBE_TIMEOUTS_S:
         try:
-            return subprocess.run(args, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, pass_fds=pass_fds,
-                                  stdout=subprocess.PIPE if output else subprocess.DEVNULL,
-                                  env=minimal_env(Path("/")), timeout=timeout)
+            return subprocess.run(
+                args,
+                stdin=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                pass_fds=pass_fds,
+                stdout=subprocess.PIPE if output else subprocess.DEVNULL,
+                env=minimal_env(Path("/")),
+                timeout=timeout,
+            )
         except subprocess.TimeoutExpired:
             log.warning("local sandbox: probing with %s took more than %g s; trying again", args[0], timeout)
         except OSError as exc:
             return subprocess.CompletedProcess(args, 127, b"", str(exc).encode())
-    raise ProbeError(f"{os.path.basename(args[0])} did not finish within {sum(PROBE_TIMEOUTS_S):g} s while the "
-                     "sandbox's isolation was tested, so what it can enforce here is not yet known (the machine may "
-                     "be overloaded)")
+    raise ProbeError(
+        f"{os.path.basename(args[0])} did not finish within {sum(PROBE_TIMEOUTS_S):g} s while the "
+        "sandbox's isolation was tested, so what it can enforce here is not yet known (the machine may "
+        "be overloaded)"
+    )

@@ -45,14 +45,25 @@ class ProgramRunner:
     settings, sandboxes and cleanup (`config`, `isolation`, `create`, `destroy`, `_box`, `_reap`,
     `_kill_strays`, `_budget_spent`)."""
 
-    def run_program(self, sandbox_id: str, args: list[str], stdin: bytes = b"", timeout_s: float | None = None,
-                    cpu_seconds: int | None = None, memory_mb: int | None = None) -> ProgramRun:
+    def run_program(
+        self,
+        sandbox_id: str,
+        args: list[str],
+        stdin: bytes = b"",
+        timeout_s: float | None = None,
+        cpu_seconds: int | None = None,
+        memory_mb: int | None = None,
+    ) -> ProgramRun:
         """Runs a program (args, in the sandbox's home) with `stdin` as its input, under the sandbox's limits
         or tighter ones for this run, and returns how it ended: for judges that run code against tests,
         who read its exit and output themselves rather than the model's text."""
         c = self.config
-        limits = replace(c, timeout_s=timeout_s or c.timeout_s, cpu_seconds=cpu_seconds or c.cpu_seconds,
-                         memory_mb=memory_mb or c.memory_mb)
+        limits = replace(
+            c,
+            timeout_s=timeout_s or c.timeout_s,
+            cpu_seconds=cpu_seconds or c.cpu_seconds,
+            memory_mb=memory_mb or c.memory_mb,
+        )
         box = self._box(sandbox_id)
         run = self._execute(box, args, stdin, limits)
         if run.reported or run.timed_out or run.budget_spent:
@@ -65,8 +76,10 @@ class ProgramRunner:
         # known-good program in a fresh sandbox tells them apart: a program must not pass its failure off
         # as a broken machine, which stops a judge.
         if broken := self._known_good_fails():
-            raise SandboxError(f"the sandbox ended while the program ran ({said}), and a known-good program "
-                               f"failed in a fresh sandbox too ({broken})")
+            raise SandboxError(
+                f"the sandbox ended while the program ran ({said}), and a known-good program "
+                f"failed in a fresh sandbox too ({broken})"
+            )
         return replace(run, killed_sandbox=True)
 
     def _known_good_fails(self) -> str:
@@ -77,8 +90,9 @@ class ProgramRunner:
         except (SandboxError, OSError) as exc:
             return f"it could not be made: {exc}"
         try:
-            run = self._execute(self._box(sandbox), [self.config.python, "-I", "-S", "-c", "print(6 * 7)"], None,
-                                self.config)
+            run = self._execute(
+                self._box(sandbox), [self.config.python, "-I", "-S", "-c", "print(6 * 7)"], None, self.config
+            )
         except (SandboxError, OSError) as exc:
             return f"it could not start: {exc}"
         finally:
@@ -102,18 +116,28 @@ class ProgramRunner:
             try:
                 box.wait_for_kills()
                 started = time.monotonic()
-                proc = subprocess.Popen(argv, stdin=given if stdin is not None else subprocess.DEVNULL,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=box.folder,
-                                        env=sandbox_env(box, self.config), start_new_session=True,
-                                        pass_fds=(status_write, *fds))
+                proc = subprocess.Popen(
+                    argv,
+                    stdin=given if stdin is not None else subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    cwd=box.folder,
+                    env=sandbox_env(box, self.config),
+                    start_new_session=True,
+                    pass_fds=(status_write, *fds),
+                )
             finally:
                 given.close()
                 for fd in (status_write, *fds):
                     os.close(fd)
             box.sessions.add(proc.pid)
             try:
-                out, err, finished = collect(proc, started + limits.timeout_s, 4 * self.config.max_output_chars,
-                                             cleanup=lambda: self._kill_strays(box))
+                out, err, finished = collect(
+                    proc,
+                    started + limits.timeout_s,
+                    4 * self.config.max_output_chars,
+                    cleanup=lambda: self._kill_strays(box),
+                )
             finally:
                 box.sessions.discard(proc.pid)
             seconds = time.monotonic() - started
@@ -123,5 +147,13 @@ class ProgramRunner:
             how, _, number = said.removeprefix("run\n").partition(" ")  # empty when the worker itself was killed
         code = int(number) if how == "exit" else -int(number) if how == "signal" else box.status(proc.returncode)
         # also when a process other than the first one was killed
-        return ProgramRun(exit_code=code, stdout=out, stderr=err, seconds=seconds, timed_out=not finished,
-                          budget_spent=self._budget_spent(box), reported=bool(how), started=said.startswith("run\n"))
+        return ProgramRun(
+            exit_code=code,
+            stdout=out,
+            stderr=err,
+            seconds=seconds,
+            timed_out=not finished,
+            budget_spent=self._budget_spent(box),
+            reported=bool(how),
+            started=said.startswith("run\n"),
+        )

@@ -18,11 +18,31 @@ ERROR_DETAIL_CHARS = 4000  # the reference server cut an error's details to this
 # one of these with invalid_id's text, as the reference server the model was trained with (MiroThinker
 # v1.0) did: the model learned to create a sandbox then. The same ids, compared as that server did:
 # exactly, case and spaces included (`None` or ` auto ` are not in it; they are looked up like any id).
-PLACEHOLDER_IDS = frozenset({
-    "default", "sandbox1", "sandbox", "some_id", "new_sandbox", "python", "create_sandbox", "sandbox123",
-    "temp", "sandbox-0", "sandbox-1", "sandbox_0", "sandbox_1", "new", "0", "auto", "default_sandbox", "none",
-    "sandbox_12345", "dummy", "sandbox_01",
-})
+PLACEHOLDER_IDS = frozenset(
+    {
+        "default",
+        "sandbox1",
+        "sandbox",
+        "some_id",
+        "new_sandbox",
+        "python",
+        "create_sandbox",
+        "sandbox123",
+        "temp",
+        "sandbox-0",
+        "sandbox-1",
+        "sandbox_0",
+        "sandbox_1",
+        "new",
+        "0",
+        "auto",
+        "default_sandbox",
+        "none",
+        "sandbox_12345",
+        "dummy",
+        "sandbox_01",
+    }
+)
 MB = 1024 * 1024
 
 
@@ -103,8 +123,14 @@ def config_from_env(env: Mapping[str, str] | None = None) -> SandboxConfig:
         raise ValueError(f"NANBEIGE_SANDBOX_BACKEND must be local or e2b, not {config.backend!r}")
     for name, value in env.items():
         key = name.removeprefix("NANBEIGE_SANDBOX_").lower()
-        if not name.startswith("NANBEIGE_SANDBOX_") or key in ("backend", "dir", "upload_dirs", "download_dir",
-                                                                "placeholder_ids", "placeholder_text"):
+        if not name.startswith("NANBEIGE_SANDBOX_") or key in (
+            "backend",
+            "dir",
+            "upload_dirs",
+            "download_dir",
+            "placeholder_ids",
+            "placeholder_text",
+        ):
             continue
         key = {"timeout": "timeout_s", "idle_timeout": "idle_timeout_s"}.get(key, key)
         if key not in SandboxConfig.__dataclass_fields__:

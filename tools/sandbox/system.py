@@ -35,8 +35,11 @@ UID_LOCKS = Path(tempfile.gettempdir()) / "nanbeige-sandbox-uids"
 
 
 def setpriv_args(uid: int, read_all: bool) -> list[str]:
-    caps = ["--inh-caps=-all,+dac_read_search", "--ambient-caps=+dac_read_search",
-            "--bounding-set=-all,+dac_read_search"] if read_all else ["--inh-caps=-all", "--bounding-set=-all"]
+    caps = (
+        ["--inh-caps=-all,+dac_read_search", "--ambient-caps=+dac_read_search", "--bounding-set=-all,+dac_read_search"]
+        if read_all
+        else ["--inh-caps=-all", "--bounding-set=-all"]
+    )
     return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs", *caps, "--"]
 
 
@@ -51,8 +54,9 @@ def allocate_uid() -> tuple[int, int]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             # a sweep or a release may have removed the file between our open and our lock
-            if os.fstat(fd).st_ino == os.stat(UID_LOCKS / str(uid)).st_ino \
-                    and not any(p.uid == uid for p in processes()):
+            if os.fstat(fd).st_ino == os.stat(UID_LOCKS / str(uid)).st_ino and not any(
+                p.uid == uid for p in processes()
+            ):
                 return uid, fd
         except (BlockingIOError, FileNotFoundError):
             pass
@@ -90,11 +94,21 @@ def sweep_uid_locks() -> int:
 def minimal_env(home: Path, python: str = sys.executable) -> dict[str, str]:
     """All the environment sandboxed code gets: nothing of the server's, so no API keys."""
     bin_dir = os.path.dirname(python)
-    return {"PATH": f"{bin_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(home),
-            "TMPDIR": str(home), "USER": "user", "LOGNAME": "user", "LANG": "C.UTF-8", "TERM": "dumb",
-            "PYTHONIOENCODING": "utf-8", "MPLBACKEND": "Agg",
-            # one BLAS thread each: threads count against the process limit
-            "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    return {
+        "PATH": f"{bin_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "HOME": str(home),
+        "TMPDIR": str(home),
+        "USER": "user",
+        "LOGNAME": "user",
+        "LANG": "C.UTF-8",
+        "TERM": "dumb",
+        "PYTHONIOENCODING": "utf-8",
+        "MPLBACKEND": "Agg",
+        # one BLAS thread each: threads count against the process limit
+        "OPENBLAS_NUM_THREADS": "1",
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+    }
 
 
 # --- processes ---------------------------------------------------------------------------------
@@ -210,8 +224,9 @@ def reap_orphans(waited: set[int]) -> None:
                 os.waitpid(p.pid, os.WNOHANG)
 
 
-def collect(proc: subprocess.Popen, deadline: float, max_bytes: int,
-            cleanup: Callable[[], None]) -> tuple[bytes, bytes, bool]:
+def collect(
+    proc: subprocess.Popen, deadline: float, max_bytes: int, cleanup: Callable[[], None]
+) -> tuple[bytes, bytes, bool]:
     """Reads stdout and stderr (keeping max_bytes of each) until the process ends or the deadline
     passes; then kills what is left and reads what the pipes still hold."""
     assert proc.stdout is not None and proc.stderr is not None

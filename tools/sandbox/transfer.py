@@ -58,8 +58,10 @@ def fetch_url(url: str, config: SandboxConfig) -> tuple[bytes, str]:
     try:
         return anyio.run(_download, url, config)
     except BlockedAddress as exc:
-        raise SandboxError(f"{url} leads to a local or private address ({str(exc).removeprefix('refused: ')}); "
-                           "only public addresses are allowed.") from None
+        raise SandboxError(
+            f"{url} leads to a local or private address ({str(exc).removeprefix('refused: ')}); "
+            "only public addresses are allowed."
+        ) from None
     except FetchError as exc:
         raise SandboxError(f"Download failed: {exc}.") from None
     except httpx.TooManyRedirects:
@@ -71,9 +73,13 @@ def fetch_url(url: str, config: SandboxConfig) -> tuple[bytes, str]:
 async def _download(url: str, config: SandboxConfig) -> tuple[bytes, str]:
     policy = FetchPolicy(allow_private=config.allow_local_urls)
     limit = config.max_download_mb * MB
-    async with httpx.AsyncClient(transport=GuardedTransport(policy), follow_redirects=True, max_redirects=10,
-                                 timeout=httpx.Timeout(policy.read_timeout_s, connect=policy.connect_timeout_s),
-                                 headers={"User-Agent": "nanbeige-sandbox/0.1"}) as client:
+    async with httpx.AsyncClient(
+        transport=GuardedTransport(policy),
+        follow_redirects=True,
+        max_redirects=10,
+        timeout=httpx.Timeout(policy.read_timeout_s, connect=policy.connect_timeout_s),
+        headers={"User-Agent": "nanbeige-sandbox/0.1"},
+    ) as client:
         async with client.stream("GET", url) as response:
             if response.status_code >= 400:
                 raise SandboxError(f"Download failed: HTTP {response.status_code} for {response.url}.")

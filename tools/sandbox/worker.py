@@ -30,8 +30,9 @@ from contextlib import suppress
 
 MAX_TRACEBACK_CHARS = 4_000
 SERVING_PID = 0  # the process that serves cells; a process forked by a cell has another pid
-PROCESS_EVENTS = frozenset({"os.fork", "os.forkpty", "os.system", "os.posix_spawn", "os.spawn", "os.exec",
-                            "subprocess.Popen"})
+PROCESS_EVENTS = frozenset(
+    {"os.fork", "os.forkpty", "os.system", "os.posix_spawn", "os.spawn", "os.exec", "subprocess.Popen"}
+)
 PROCESS_STARTED = False
 CELL_CPU_END: float | None = None  # the CPU time at which the running cell has used its budget; None between cells
 CPU_TICK_SLACK_S = 0.1  # how far the kernel's tick-based count may run ahead of getrusage's
@@ -51,7 +52,7 @@ def apply_limits(limits: str) -> None:
 def write_all(fd: int, data: bytes | memoryview) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 class CappedRaw(io.RawIOBase):
@@ -76,8 +77,12 @@ class CappedRaw(io.RawIOBase):
 
 def text_stream(raw: CappedRaw) -> io.TextIOWrapper:
     # write_through keeps our prints in order with the output of child processes on the same fd
-    return io.TextIOWrapper(raw, encoding="utf-8", errors="backslashreplace",  # type: ignore[arg-type]
-                            write_through=True)
+    return io.TextIOWrapper(
+        raw,
+        encoding="utf-8",
+        errors="backslashreplace",  # type: ignore[arg-type]
+        write_through=True,
+    )
 
 
 def run_code(code: str, namespace: dict, filename: str, results: list[str], max_chars: int) -> None:
@@ -221,8 +226,15 @@ def close_channel_in_child(*fds: int) -> None:
             os.close(fd)
 
 
-def run_cell(code: str, namespace: dict, cell: int, captures: tuple[CappedRaw, CappedRaw],
-             cpu_seconds: int, max_bytes: int, folder: str) -> dict:
+def run_cell(
+    code: str,
+    namespace: dict,
+    cell: int,
+    captures: tuple[CappedRaw, CappedRaw],
+    cpu_seconds: int,
+    max_bytes: int,
+    folder: str,
+) -> dict:
     results: list[str] = []
     namespace["display"] = lambda *values: results.extend(repr(v)[:max_bytes] for v in values)
     for capture in captures:
@@ -242,9 +254,12 @@ def run_cell(code: str, namespace: dict, cell: int, captures: tuple[CappedRaw, C
     CELL_CPU_END = None
     if raised is not None:
         error = describe_error(raised)
-    return {"results": results, "stdout": read_capture(1, max_bytes, folder),
-            "stderr": read_capture(2, max_bytes, folder),
-            "error": error}
+    return {
+        "results": results,
+        "stdout": read_capture(1, max_bytes, folder),
+        "stderr": read_capture(2, max_bytes, folder),
+        "error": error,
+    }
 
 
 def watch_server(fd: int, kill_all: bool) -> None:
@@ -271,6 +286,7 @@ def watch_server(fd: int, kill_all: bool) -> None:
 def serve(request_fd: int, reply_fd: int, cpu_seconds: int, max_bytes: int, own_uid: int = 0) -> None:
     import builtins
     import json
+
     global SERVING_PID
     SERVING_PID = os.getpid()
     os.register_at_fork(after_in_child=lambda: close_channel_in_child(request_fd, reply_fd))

@@ -20,8 +20,10 @@ from nanbeige.tools.sandbox.system import descendant_chain, exit_text, kill_proc
 
 log = logging.getLogger(__name__)
 
-STATE_LOST = ("The Python process was restarted, so variables, imports and definitions from earlier calls are "
-              "lost; files in /home/user are kept.")
+STATE_LOST = (
+    "The Python process was restarted, so variables, imports and definitions from earlier calls are "
+    "lost; files in /home/user are kept."
+)
 
 
 class WorkerLifecycle:
@@ -32,15 +34,28 @@ class WorkerLifecycle:
     def _start_worker(self, box: LocalSandbox) -> None:
         request_read, request_write = os.pipe()
         reply_read, reply_write = os.pipe()
-        mode = ["python", str(request_read), str(reply_write), str(self.config.cpu_seconds),
-                str(4 * self.config.max_output_chars), str(int(box.uid is not None))]
+        mode = [
+            "python",
+            str(request_read),
+            str(reply_write),
+            str(self.config.cpu_seconds),
+            str(4 * self.config.max_output_chars),
+            str(int(box.uid is not None)),
+        ]
         args, fds = command_line(box, self.config, self.isolation, mode, python=True)
         try:
             box.wait_for_kills()
             box.worker = self._spawner.submit(
-                subprocess.Popen, args, pass_fds=(request_read, reply_write, *fds), stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=box.folder,
-                env=sandbox_env(box, self.config), start_new_session=True).result()
+                subprocess.Popen,
+                args,
+                pass_fds=(request_read, reply_write, *fds),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                cwd=box.folder,
+                env=sandbox_env(box, self.config),
+                start_new_session=True,
+            ).result()
         except OSError:
             for fd in (request_write, reply_read):
                 os.close(fd)
@@ -89,8 +104,10 @@ class WorkerLifecycle:
         if exc.kind == "timeout":
             return f"Execution timed out after {self.config.timeout_s:g} s and was stopped"
         if exc.kind == "cpu":
-            return (f"Execution used more than {self.config.cpu_seconds} s of CPU time without stopping at its limit, "
-                    "so it was stopped")
+            return (
+                f"Execution used more than {self.config.cpu_seconds} s of CPU time without stopping at its limit, "
+                "so it was stopped"
+            )
         if exc.kind == "protocol":
             log.warning("local sandbox %s: the Python process sent %s; restarting it", box.id, exc)
             return f"The Python process sent {exc} instead of its reply, so it was stopped"
