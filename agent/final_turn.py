@@ -10,14 +10,14 @@ from nanbeige.agent import dialects, replies
 from nanbeige.agent.backends.llm import LLM, ModelError
 from nanbeige.agent.context import estimate_tokens, step_back
 from nanbeige.agent.run_config import AgentConfig
-from nanbeige.agent.run_state import Event, Run, _log_turn, _new_turn, _next_prompt_tokens, _streaming, _turns_used
+from nanbeige.agent.run_state import Event, Run, log_turn, new_turn, next_prompt_tokens, streaming_options, turns_used
 from nanbeige.agent.trajectory_file import TrajectoryWriter
 
 MIN_ANSWER_TOKENS = 512  # the final answer turn needs at least this much room to be worth making
 FINAL_ANSWER_TOKENS = 4096  # room wanted for the final answer (a thinking model reasons first)
 
 
-async def _end(
+async def end_run(
     state: Run,
     llm: LLM,
     config: AgentConfig,
@@ -34,11 +34,11 @@ async def _end(
     ):
         return
     if prompt_tokens is None:
-        prompt_tokens = _next_prompt_tokens(llm, state, None)
-    await _final_turn(state, llm, config, prompt_tokens, writer, on_event, omit_latest)
+        prompt_tokens = next_prompt_tokens(llm, state, None)
+    await final_turn(state, llm, config, prompt_tokens, writer, on_event, omit_latest)
 
 
-async def _final_turn(
+async def final_turn(
     state: Run,
     llm: LLM,
     config: AgentConfig,
@@ -47,13 +47,13 @@ async def _final_turn(
     on_event: Event,
     omit_latest: bool = False,
 ) -> None:
-    """One call without tools that asks for the answer (`_final_request` says with what); as the
+    """One call without tools that asks for the answer (`final_request` says with what); as the
     summary turn, asked again while a reply has no boxed answer, as many times as the reference tries."""
     trajectory = state.trajectory
     instruction = dialects.final_answer_instruction(
         config.dialect, trajectory.question, bool(config.summary_turn), config.reference
     )
-    messages, room, omitted = _final_request(state, llm, config, prompt_tokens, instruction, omit_latest)
+    messages, room, omitted = final_request(state, llm, config, prompt_tokens, instruction, omit_latest)
     if room < MIN_ANSWER_TOKENS:
         trajectory.error = trajectory.error or "no room left in the context for a final answer"
         return
@@ -62,25 +62,25 @@ async def _final_turn(
     # answer is dropped and the summary asked for again
     tries = config.reference.summary_attempts(config.keep_tool_results) if config.reference else 1
     for attempt in range(tries if config.summary_turn else 1):
-        on_event("model", _turns_used(state))
+        on_event("model", turns_used(state))
         try:
             completion = await llm.complete(
                 request,
                 None,
                 max_tokens=min(llm.config.max_tokens, room),
                 conversation=state.conversation,
-                **_streaming(config, on_event),
+                **streaming_options(config, on_event),
             )
         except ModelError as exc:
             trajectory.error = str(exc)
             return
-        turn = _new_turn(trajectory, completion, state.tracker)
+        turn = new_turn(trajectory, completion, state.tracker)
         turn.instruction, turn.omitted_latest_results = instruction, omitted
         answer = replies.final_answer(turn, config.dialect, bool(config.summary_turn))
         if answer is None:
             turn.format_error = "The reply to the final-answer request had no usable answer."
             turn.rolled_back = attempt < tries - 1
-        _log_turn(trajectory, turn, writer, on_event)
+        log_turn(trajectory, turn, writer, on_event)
         if answer is not None:
             break
     if answer is None and config.summary_turn:
@@ -88,7 +88,7 @@ async def _final_turn(
     trajectory.answer = answer if answer is not None else trajectory.answer
 
 
-def _final_request(
+def final_request(
     state: Run, llm: LLM, config: AgentConfig, prompt_tokens: int, instruction: str, omit_latest: bool
 ) -> tuple[list[dict[str, Any]], int, bool]:
     """The messages the final-answer turn is asked with before its instruction, the room left for its

@@ -33,11 +33,11 @@ from nanbeige.agent.context import (
     repeated_call,
     used_query,
 )
-from nanbeige.agent.final_turn import _end
+from nanbeige.agent.final_turn import end_run
 from nanbeige.agent.replies import EXTRA_ATTEMPTS, RESAMPLES
 from nanbeige.agent.restore import reopen, resumed, time_left
 from nanbeige.agent.run_config import AgentConfig
-from nanbeige.agent.run_state import Event, Run, _log_turn, _new_turn, _next_prompt_tokens, _streaming, _turns_used
+from nanbeige.agent.run_state import Event, Run, log_turn, new_turn, next_prompt_tokens, streaming_options, turns_used
 from nanbeige.agent.trajectory import ToolResult, Trajectory, Turn
 from nanbeige.agent.trajectory_file import TrajectoryWriteError, TrajectoryWriter, resume_record
 from nanbeige.agent.usage import over_budget
@@ -165,29 +165,32 @@ async def _turns(
     trajectory = state.trajectory
     request_tools = dialects.request_tools(config.dialect, trajectory.tools)
     while not trajectory.stop_reason:
-        prompt_tokens = _next_prompt_tokens(llm, state, request_tools)
+        prompt_tokens = next_prompt_tokens(llm, state, request_tools)
         if stop := _limit_reached(state, llm, config, prompt_tokens):
             trajectory.stop_reason, trajectory.error = stop
-            await _end(state, llm, config, prompt_tokens, writer, on_event)
+            await end_run(state, llm, config, prompt_tokens, writer, on_event)
             return
-        on_event("model", _turns_used(state))
+        on_event("model", turns_used(state))
         try:
             completion = await llm.complete(
-                state.history.messages, request_tools, conversation=state.conversation, **_streaming(config, on_event)
+                state.history.messages,
+                request_tools,
+                conversation=state.conversation,
+                **streaming_options(config, on_event),
             )
         except ContextOverflow as exc:  # our estimate was low: answer from what fits
             trajectory.stop_reason, trajectory.error = "context_limit", str(exc)
-            await _end(state, llm, config, prompt_tokens, writer, on_event, omit_latest=True)
+            await end_run(state, llm, config, prompt_tokens, writer, on_event, omit_latest=True)
             return
         except ModelError as exc:  # the model cannot be asked for an answer either
             trajectory.stop_reason, trajectory.error = "model_error", str(exc)
             return
-        turn = _new_turn(trajectory, completion, state.tracker)
+        turn = new_turn(trajectory, completion, state.tracker)
         served = served_by(llm) is not None
         if not trajectory.turns and (unseen := replies.tools_unseen(turn, request_tools, llm.config.model, served)):
             on_event("warning", unseen)
         await _act(turn, state, toolbox, config, writer, on_event)
-    await _end(state, llm, config, None, writer, on_event)
+    await end_run(state, llm, config, None, writer, on_event)
 
 
 def _limit_reached(state: Run, llm: LLM, config: AgentConfig, prompt_tokens: int) -> tuple[str, str | None] | None:
@@ -195,7 +198,7 @@ def _limit_reached(state: Run, llm: LLM, config: AgentConfig, prompt_tokens: int
     (rolled-back replies count only towards a bound of their own), a budget, or the context, which must
     hold the next prompt, the longest reply and the margin. The time limit cuts the run short wherever it
     is instead (`asyncio.timeout` in `run`)."""
-    if _turns_used(state) >= config.max_turns or len(state.trajectory.turns) >= config.max_turns + EXTRA_ATTEMPTS:
+    if turns_used(state) >= config.max_turns or len(state.trajectory.turns) >= config.max_turns + EXTRA_ATTEMPTS:
         return "max_turns", None
     if spent := over_budget(state.trajectory.usage, config.budgets):
         return "budget", spent
@@ -222,7 +225,7 @@ async def _act(
         turn.format_error, turn.rolled_back = problem, True
         turn.consumed = replies.used_up(trajectory.turns, turn, RESAMPLES)
         turn.tool_calls = []  # none of its calls ran (each recorded call has its result)
-        _log_turn(trajectory, turn, writer, on_event)
+        log_turn(trajectory, turn, writer, on_event)
     else:
         turn.format_error = parsed.format_error or (
             (dialects.EMPTY_REPLY if replies.empty(turn) else None)
@@ -233,7 +236,7 @@ async def _act(
             trajectory.answer = replies.reply_answer(turn, config)
             trajectory.stop_reason = "answered"
         await _run_calls(turn, parsed, state, toolbox, config, on_event)
-        _log_turn(trajectory, turn, writer, on_event)
+        log_turn(trajectory, turn, writer, on_event)
         history.add_turn(
             dialects.history_message(config.dialect, turn.assistant),
             dialects.observation_messages(config.dialect, turn),

@@ -40,13 +40,13 @@ class Run:
     (made once: with a reference checkout it is the checkout's function's output)."""
 
 
-def _streaming(config: AgentConfig, on_event: Event) -> dict[str, Any]:
+def streaming_options(config: AgentConfig, on_event: Event) -> dict[str, Any]:
     """The model call's `on_text` when the run streams; nothing otherwise, so a backend that cannot
     stream works as before."""
     return {"on_text": lambda text: on_event("text", text)} if config.stream else {}
 
 
-def _turns_used(state: Run) -> int:
+def turns_used(state: Run) -> int:
     """The turns that count against max_turns so far (rolled-back replies do not)."""
     turns = state.trajectory.turns
     seen, used = state.turns_counted
@@ -55,7 +55,7 @@ def _turns_used(state: Run) -> int:
     return used
 
 
-def _next_prompt_tokens(llm: LLM, state: Run, tools: list[dict[str, Any]] | None) -> int:
+def next_prompt_tokens(llm: LLM, state: Run, tools: list[dict[str, Any]] | None) -> int:
     """The next prompt's size: exact when the backend has the model's tokenizer, else the server's
     last count plus an estimate of what was added since."""
     exact = llm.count_prompt(state.history.messages, tools, state.conversation)
@@ -65,7 +65,7 @@ def _next_prompt_tokens(llm: LLM, state: Run, tools: list[dict[str, Any]] | None
     return state.history.next_prompt_tokens(turns[-1] if turns else None)
 
 
-def _new_turn(trajectory: Trajectory, completion: Completion, tracker: TokenTracker) -> Turn:
+def new_turn(trajectory: Trajectory, completion: Completion, tracker: TokenTracker) -> Turn:
     turn = Turn(
         index=len(trajectory.turns),
         assistant=completion.message,
@@ -80,7 +80,7 @@ def _new_turn(trajectory: Trajectory, completion: Completion, tracker: TokenTrac
     return turn
 
 
-def _log_turn(trajectory: Trajectory, turn: Turn, writer: TrajectoryWriter | None, on_event: Event) -> None:
+def log_turn(trajectory: Trajectory, turn: Turn, writer: TrajectoryWriter | None, on_event: Event) -> None:
     trajectory.turns.append(turn)
     add_turn(trajectory.usage, turn)
     if writer:

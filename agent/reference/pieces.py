@@ -8,7 +8,7 @@ import ast
 from collections.abc import Callable
 from typing import Any
 
-from nanbeige.agent.reference.prompt_functions import _read_summary_prompt, _read_system_prompt, _read_user_message
+from nanbeige.agent.reference.prompt_functions import read_summary_prompt, read_system_prompt, read_user_message
 from nanbeige.agent.reference.reader import FILES, Reader, ReferenceError
 
 # The evaluator's judge prompts (module-level templates it fills with `.format(question=, correct_answer=,
@@ -304,10 +304,10 @@ def _literal(reader: Reader, relative: str, name: str) -> Any:
 
 # Each piece gives Reference fields and a line for `nanbeige reference check`.
 PIECES: list[tuple[str, Callable[[Reader], tuple[dict[str, Any], str]]]] = [
-    ("system prompt", _read_system_prompt),
-    ("summary prompt", _read_summary_prompt),
+    ("system prompt", read_system_prompt),
+    ("summary prompt", read_summary_prompt),
     ("malformed-call tags and refusals", _read_tags),
-    ("user message", _read_user_message),
+    ("user message", read_user_message),
     ("duplicate-query rule", _read_duplicate_query),
     ("summary tries", _read_summary_tries),
     ("tool descriptions", _read_tool_descriptions),

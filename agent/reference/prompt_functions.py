@@ -79,7 +79,7 @@ def _prompt_module(reader: Reader) -> dict[str, Any]:
     return namespace
 
 
-def _read_system_prompt(reader: Reader) -> tuple[dict[str, Any], str]:
+def read_system_prompt(reader: Reader) -> tuple[dict[str, Any], str]:
     namespace = _prompt_module(reader)
     build = namespace.get("generate_mcp_system_prompt")
     objective = namespace.get("generate_agent_specific_system_prompt")
@@ -97,7 +97,7 @@ def _read_system_prompt(reader: Reader) -> tuple[dict[str, Any], str]:
     return {"mcp_system_prompt": build, "agent_objective": main}, f"{len(sample)} characters before the tools"
 
 
-def _read_summary_prompt(reader: Reader) -> tuple[dict[str, Any], str]:
+def read_summary_prompt(reader: Reader) -> tuple[dict[str, Any], str]:
     summarize = _prompt_module(reader).get("generate_agent_summarize_prompt")
     try:
         sample = summarize("QUESTION", agent_type="main") if callable(summarize) else None
@@ -108,7 +108,7 @@ def _read_summary_prompt(reader: Reader) -> tuple[dict[str, Any], str]:
     return {"summary_prompt_function": summarize}, f"{len(sample) - len('QUESTION')} characters around the question"
 
 
-def _read_user_message(reader: Reader) -> tuple[dict[str, Any], str]:
+def read_user_message(reader: Reader) -> tuple[dict[str, Any], str]:
     """`process_input` of `input_handler.py`, which turns the task into the first user message. The
     module imports document converters, so the function alone is run, in a namespace of standard
     modules: without a task file it uses nothing else."""
