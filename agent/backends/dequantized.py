@@ -85,12 +85,9 @@ def store(tokenizer: Any, model: Any, entry: Path, marker: dict[str, str]) -> No
         tokenizer.save_pretrained(partial)
         model.save_pretrained(partial, safe_serialization=True)
         (partial / MARKER).write_text(json.dumps(marker))
-        os.rename(partial, entry)
+        os.rename(partial, entry)  # the folder mkdtemp made: this user's, private, its marker written
     except OSError:  # another run put its entry in place first, or the disk said no
         shutil.rmtree(partial, ignore_errors=True)
-        return
-    if entry.exists() and not usable(entry, marker):  # in place, but not as it should be
-        shutil.rmtree(entry, ignore_errors=True)
 
 
 def load_gguf(transformers: Any, folder: str, gguf_file: str, dtype: Any) -> tuple[Any, Any]:
