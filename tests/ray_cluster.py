@@ -63,6 +63,11 @@ def local_cluster(nodes: int = 2) -> Iterator[tuple[Any, list[Any]]]:
     from ray.cluster_utils import Cluster
 
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
+    # The cluster also writes its address to a file under Ray's default folder (RAY_TMPDIR, else /tmp/ray),
+    # which a fresh machine does not have: kept in this cluster's own folder, it names no cluster to the
+    # machine's other Ray programs either.
+    os.environ["RAY_TMPDIR"] = temp
+    os.makedirs(os.path.join(temp, "ray"), exist_ok=True)
     cluster = Cluster(
         initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False, "temp_dir": temp}
     )

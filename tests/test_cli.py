@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import TEST_SERVER, free_port, wait_for_http
-from fake_openai import FakeOpenAI, Reply, mcp_answer, mcp_call
+from fake_openai import FakeOpenAI, Reply, created_sandbox, mcp_answer, mcp_call
 
 NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
 TESTKIT = "testkit=" + shlex.join(TEST_SERVER)
@@ -272,7 +272,7 @@ def test_a_built_in_server_over_streamable_http(tmp_path: Path) -> None:
         async def run_code() -> str:
             async with mcp.Client(f"http://127.0.0.1:{port}/mcp") as client:
                 made = await client.call_tool("create_sandbox", {})
-                sandbox_id = made.content[0].text.split(": ", 1)[1].strip()
+                sandbox_id = created_sandbox([{"content": made.content[0].text}])
                 result = await client.call_tool("run_python_code", {"code_block": "6 * 7", "sandbox_id": sandbox_id})
                 return result.content[0].text
 

@@ -332,4 +332,7 @@ def test_packed_rows_train_as_padded_batches_do_without_the_padding(tiny: Path, 
         assert a["tokens"] == b["tokens"]  # the same real tokens ...
         assert a["metrics"]["padding_frac"] == 0 < b["metrics"]["padding_frac"]  # ... and no padding computed
     a, b = weights(tmp_path / "packed" / "checkpoint-1"), weights(tmp_path / "padded" / "checkpoint-1")
-    assert all((a[name] - b[name]).abs().max() < 1e-5 for name in a)
+    # Adam's first step moves each weight by about lr (1e-3) whatever its gradient's size, so a gradient near
+    # zero whose last bits differ moves its weight a little otherwise (seen: 2e-5 on some CPUs); a row that
+    # leaked into its neighbour would flip whole steps (2e-3)
+    assert all((a[name] - b[name]).abs().max() < 1e-4 for name in a)

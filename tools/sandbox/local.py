@@ -279,6 +279,8 @@ class LocalBackend(ProgramRunner, WorkerLifecycle):
                     with box.killing:  # no process of the next call starts until the kill is over
                         if not kill_processes(box.owns(), keep=set(), waited=set(box.sessions)):
                             box.over_budget = ""  # nothing was running: files past the budget wait for the model
+                        if not self._disks:  # what the killed processes wrote last is not growth of the next call
+                            box.disk_used = self._disk_bytes(box)
                 if (self._cgroups is None or not self._disks) and ticks % round(IDLE_CHECK_S / BUDGET_CHECK_S):
                     continue
                 if not box.lock.acquire(blocking=False):
@@ -312,7 +314,7 @@ class LocalBackend(ProgramRunner, WorkerLifecycle):
                 )
         if not self._disks:
             # only while they grow: the model must be able to run the command that deletes them
-            used = folder_bytes(box.folder.parent, 4 * c.disk_mb * MB)
+            used = self._disk_bytes(box)
             grew, box.disk_used = used > box.disk_used, used
             if grew and used > c.disk_mb * MB:
                 return (
@@ -320,6 +322,9 @@ class LocalBackend(ProgramRunner, WorkerLifecycle):
                     "stopped; delete files to go on"
                 )
         return ""
+
+    def _disk_bytes(self, box: LocalSandbox) -> int:
+        return folder_bytes(box.folder.parent, 4 * self.config.disk_mb * MB)
 
     def leftover_processes(self, sandbox_id: str) -> list[int]:
         """Live processes of the sandbox other than its Python worker (between calls: none)."""
