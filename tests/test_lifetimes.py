@@ -109,7 +109,10 @@ async def test_a_python_server_killed_outright_takes_its_sandboxes_processes_wit
                 ToolCall(
                     "tool-python",
                     "run_python_code",
-                    {"code_block": STRAY.format(marker=marker), "sandbox_id": created_sandbox([{"content": made.text}])},
+                    {
+                        "code_block": STRAY.format(marker=marker),
+                        "sandbox_id": created_sandbox([{"content": made.text}]),
+                    },
                 )
             )
         )
