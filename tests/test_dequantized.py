@@ -2,19 +2,23 @@
 transformers' own reading of the GGUF file: a cached load is the same tokenizer and the same weights, and
 writes the same reply token for token. The cache is the user's folder, read as untrusted: links, folders
 others can write, unfinished or damaged entries and pickles are never used, and a cache that cannot be written
-costs only time."""
+costs only time. Runs that start together make an entry once."""
 
 from __future__ import annotations
 
 import json
 import os
 import pickle
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 from test_smollm2 import GGUF, smollm2_folder
 
-from nanbeige.agent.backends.dequantized import MARKER, entry_for, load_entry, load_gguf, remove, usable
+from nanbeige.agent.backends.dequantized import MARKER, entry_for, load_entry, load_gguf, making, remove, usable
 from nanbeige.agent.backends.in_process import TransformersLLM
 from nanbeige.agent.backends.llm import LLMConfig
 
@@ -37,7 +41,7 @@ async def test_a_cached_load_is_the_gguf_files_tokenizer_and_weights_and_writes_
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     config = LLMConfig(model=str(smollm2_folder()), temperature=0.0, repetition_penalty=1.0, max_tokens=12)
     first = TransformersLLM(config, gguf_file=GGUF)  # transformers reads the GGUF file; the entry is written
-    [entry] = (tmp_path / "cache" / "nanbeige" / "dequantized").iterdir()
+    [entry] = [path for path in (tmp_path / "cache" / "nanbeige" / "dequantized").iterdir() if path.is_dir()]
     assert entry == entry_for(smollm2_folder() / GGUF, transformers.__version__)[0]
     assert oct(entry.stat().st_mode & 0o777) == "0o700" and (entry / "model.safetensors").is_file()
     second = TransformersLLM(config, gguf_file=GGUF)  # from the entry
@@ -153,3 +157,65 @@ def test_a_cache_that_cannot_be_written_costs_only_time(tmp_path: Path, monkeypa
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     tokenizer, model = load_gguf(transformers, str(smollm2_folder()), GGUF, torch.float32)
     assert tokenizer.name_or_path == str(smollm2_folder()) and model.config.vocab_size == 49152
+
+
+def test_runs_making_the_same_entry_take_turns(entry: tuple[Path, dict[str, str]]) -> None:
+    path, _ = entry
+    events: list[str] = []
+
+    def first() -> None:
+        with making(path):
+            events.append("first in")
+            time.sleep(0.5)
+            events.append("first out")
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    while not events:
+        time.sleep(0.01)
+    with making(path):  # waits for the first to finish
+        events.append("second in")
+    thread.join()
+    assert events == ["first in", "first out", "second in"]
+
+
+def test_a_link_or_a_fifo_in_place_of_the_lock_is_not_followed_and_does_not_hang(
+    entry: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    path, _ = entry
+    path.parent.mkdir(parents=True)
+    lock = path.parent / f".{path.name}.lock"
+    target = tmp_path / "somebody's file"
+    target.write_text("theirs")
+    lock.symlink_to(target)
+    with making(path):
+        pass
+    assert target.read_text() == "theirs" and lock.is_symlink()
+    lock.unlink()
+    os.mkfifo(lock)
+    with making(path):  # opened without blocking and not locked: the run reads the GGUF file itself
+        pass
+
+
+LOADS_AND_SAYS_IF_IT_READ_THE_FILE = """
+import sys, torch, transformers
+from nanbeige.agent.backends import dequantized
+read = dequantized.read_gguf
+def reading(*args):
+    print("read the GGUF file", flush=True)
+    return read(*args)
+dequantized.read_gguf = reading
+tokenizer, model = dequantized.load_gguf(transformers, sys.argv[1], sys.argv[2], torch.float32)
+print(model.config.vocab_size)
+"""
+
+
+@pytest.mark.slow
+def test_two_runs_started_together_read_the_gguf_file_once(tmp_path: Path) -> None:
+    env = os.environ | {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    command = [sys.executable, "-c", LOADS_AND_SAYS_IF_IT_READ_THE_FILE, str(smollm2_folder()), GGUF]
+    runs = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    outputs = [run.communicate(timeout=240)[0] for run in runs]
+    assert [run.returncode for run in runs] == [0, 0]
+    assert all(output.splitlines()[-1] == "49152" for output in outputs)
+    assert sum(output.count("read the GGUF file") for output in outputs) == 1  # the other read the entry

@@ -10,17 +10,21 @@ The cache is the user's own folder, and read as untrusted all the same: weights 
 (never a pickle), the tokenizer and config without remote code, from the local folder only; an entry that is a
 link, is not this user's, can be written by others, or lacks the marker written last, is not used; an entry that
 fails to load is made again. Entries are written whole or not at all (a private folder renamed into place), so
-a crash or two runs at once never leave half of one.
+a crash or two runs at once never leave half of one; runs that start together make an entry once (a lock held
+while it is made), the others wait for it and read it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import stat
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -95,19 +99,53 @@ def load_gguf(transformers: Any, folder: str, gguf_file: str, dtype: Any) -> tup
     there, else read from the GGUF file and kept for next time. Both look as if read from `folder` (their
     `name_or_path`, which trajectories record)."""
     gguf_path = Path(folder) / gguf_file
-    entry, marker = entry_for(gguf_path, transformers.__version__) if gguf_path.is_file() else (None, {})
-    loaded = load_entry(transformers, entry, dtype) if entry and usable(entry, marker) else None
+    if not gguf_path.is_file():  # transformers says what is wrong with the name
+        return read_gguf(transformers, folder, gguf_file, dtype)
+    entry, marker = entry_for(gguf_path, transformers.__version__)
+    loaded = load_entry(transformers, entry, dtype) if usable(entry, marker) else None
     if loaded is None:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
-        model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, gguf_file=gguf_file)
-        if entry is not None:
-            if entry.exists() or entry.is_symlink():
-                remove(entry)
-            store(tokenizer, model, entry, marker)
-        return tokenizer, model
+        with making(entry):
+            # another run may have made it while this one waited for the lock
+            loaded = load_entry(transformers, entry, dtype) if usable(entry, marker) else None
+            if loaded is None:
+                tokenizer, model = read_gguf(transformers, folder, gguf_file, dtype)
+                if entry.exists() or entry.is_symlink():
+                    remove(entry)
+                store(tokenizer, model, entry, marker)
+                return tokenizer, model
     tokenizer, model = loaded
     tokenizer.name_or_path = model.config._name_or_path = model.name_or_path = folder
     return tokenizer, model
+
+
+def read_gguf(transformers: Any, folder: str, gguf_file: str, dtype: Any) -> tuple[Any, Any]:
+    """The slow read: transformers parses the GGUF file and de-quantizes every tensor."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
+    return tokenizer, transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, gguf_file=gguf_file)
+
+
+@contextmanager
+def making(entry: Path) -> Iterator[None]:
+    """Held while `entry` is made: an exclusive lock on a file beside it, which the system lets go of when the
+    process ends, however it ends. A lock that cannot be had (a cache that cannot be written, a lock file that
+    is not a plain file of its own) costs only what it saves: each run then reads the GGUF file itself."""
+    fd = None
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        fd = os.open(entry.parent / f".{entry.name}.lock", flags, 0o600)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or device planted in its place
+            raise OSError("not a plain file")
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError:
+        if fd is not None:
+            os.close(fd)
+        fd = None
+    try:
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def remove(entry: Path) -> None:
