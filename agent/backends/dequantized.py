@@ -102,11 +102,14 @@ def load_gguf(transformers: Any, folder: str, gguf_file: str, dtype: Any) -> tup
     if not gguf_path.is_file():  # transformers says what is wrong with the name
         return read_gguf(transformers, folder, gguf_file, dtype)
     entry, marker = entry_for(gguf_path, transformers.__version__)
-    loaded = load_entry(transformers, entry, dtype) if usable(entry, marker) else None
+
+    def cached() -> tuple[Any, Any] | None:
+        return load_entry(transformers, entry, dtype) if usable(entry, marker) else None
+
+    loaded = cached()
     if loaded is None:
         with making(entry):
-            # another run may have made it while this one waited for the lock
-            loaded = load_entry(transformers, entry, dtype) if usable(entry, marker) else None
+            loaded = cached()  # another run may have made it while this one waited for the lock
             if loaded is None:
                 tokenizer, model = read_gguf(transformers, folder, gguf_file, dtype)
                 if entry.exists() or entry.is_symlink():
