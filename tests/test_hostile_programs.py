@@ -5,12 +5,11 @@ clock. Each gets reward 0 and leaves nothing behind; the machine is not blamed f
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 from conftest import JAIL
-from sandbox_leftovers import leftovers
+from sandbox_leftovers import leftovers, processes_running
 from test_code_grader import ADD, SUM, fenced, results, root, runner  # noqa: F401 (root, runner: the fixtures)
 
 from nanbeige.evals.code_problems import CodeProblem, read_problems
@@ -40,21 +39,11 @@ def echo_secret(tmp_path: Path) -> tuple[CodeProblem, Path]:
     return read_problems(problems)[0], problems
 
 
-def no_process_runs(marker: str) -> bool:
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and marker.encode() in (entry / "cmdline").read_bytes():
-                return False
-        except OSError:
-            continue
-    return True
-
-
 def test_a_fork_bomb_gets_nothing_and_leaves_no_process_or_sandbox(runner: CodeRunner, root: Path) -> None:
     bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
     grade = grade_program(runner, SUM, None, fenced(bomb))
     assert grade.reward(CodeRewards()) == 0.0 and set(results(grade)) <= {"time-out", "error"}
-    assert no_process_runs("solution.py") and not leftovers(root)
+    assert not processes_running(str(root)) and not leftovers(root)
     after = grade_program(runner, SUM, None, fenced("a, b = map(int, input().split())\nprint(a + b)"))
     assert after.solved  # the machine and the runner still work
 
@@ -82,7 +71,7 @@ def test_a_program_that_kills_its_sandbox_fails_itself_and_the_machine_is_not_bl
         grade = grade_program(runner, problem, None, fenced(program))
         assert grade.reward(CodeRewards()) == 0.0 and results(grade) == ["error"] * len(problem.tests), grade
     assert grade_program(runner, SUM, None, fenced("print(sum(map(int, input().split())))")).solved
-    assert no_process_runs("solution.py") and not leftovers(root)
+    assert not processes_running(str(root)) and not leftovers(root)
 
 
 def test_a_program_that_kills_its_jail_says_so_in_its_record(runner: CodeRunner) -> None:
@@ -203,11 +192,11 @@ def test_a_program_that_swallows_the_time_limit_times_out_as_a_whole(runner: Cod
     assert results(grade) == ["time-out"] * 3 and grade.reward(CodeRewards()) == 0.0
 
 
-def test_a_program_that_takes_all_memory_is_an_error(runner: CodeRunner) -> None:
+def test_a_program_that_takes_all_memory_is_an_error(runner: CodeRunner, root: Path) -> None:
     hog = "def add(a, b):\n    return len(bytearray(8 * 1024 ** 3))"
     grade = grade_program(runner, ADD, None, fenced(hog))
     assert results(grade) == ["error"] * 3 and "MemoryError" in grade.tests[0].detail
-    assert os.getloadavg() is not None and no_process_runs("harness.py")
+    assert not processes_running(str(root))
 
 
 def test_without_a_jail_programs_are_not_judged_unless_the_operator_turned_it_off(

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from jailed_sandboxes import JAILED, boxes, make_boxes, new_id, value  # noqa: F401 (boxes: the fixture)
 from processes import alive, command_line, tree, wait_for
+from sandbox_leftovers import Leftovers, leftovers
 
 from nanbeige.tools.sandbox import Sandboxes
 from nanbeige.tools.sandbox.budget import sweep
@@ -82,6 +83,29 @@ def test_tmp_and_shm_are_private_and_a_deleted_sandbox_leaves_nothing(boxes: San
     boxes.backend.destroy(a)
     assert traces.left() == []
     assert value(boxes, b, "1 + 1") == 2  # the other sandbox is untouched
+
+
+@JAILED
+def test_a_deleted_sandboxs_loop_device_is_free_when_the_deletion_returns(boxes: Sandboxes, tmp_path: Path) -> None:
+    """Something outside the sandbox holding its file system a moment longer (here, a mount namespace that
+    binds it elsewhere for half a second): the kernel lets go of the loop device only when that hold goes,
+    and the deletion waits for it rather than return with the device still attached to a deleted image."""
+    sid = new_id(boxes)
+    files = boxes.backend._box(sid).place / "files"
+    assert leftovers(files.parent).loops  # it has a loop device to leave
+    (tmp_path / "held").mkdir()
+    hold = 'mount --bind "$0" "$1" && echo held && sleep 0.5'
+    holder = subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", hold, str(files), str(tmp_path / "held")],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+        boxes.backend.destroy(sid)
+        assert leftovers(files.parent) == Leftovers([], [], [], [])
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 @JAILED

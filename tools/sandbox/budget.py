@@ -43,6 +43,7 @@ GROUP_NAME = "nanbeige-sandboxes"
 JAIL_PROCESSES = 8
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 STALE_AFTER_S = 10.0
+LOOP_DETACH_S = 2.0  # past it, something outside the sandbox holds its file system: waiting longer is no use
 PLACE_NAME = re.compile(r"[0-9a-f]{20}")  # a sandbox id
 EXT4_IOC_SHUTDOWN = 0x8004587D  # _IOR('X', 125, __u32)
 EXT4_GOING_FLAGS_NOLOGFLUSH = 2  # stop at once, writing nothing back
@@ -200,31 +201,56 @@ def make_disk(image: Path, mount_point: Path, size_mb: int) -> None:
 def unmount(mount_point: Path, image: Path | None = None) -> None:
     """Detaches a sandbox's file system (its loop device goes with it); a no-op where none is mounted.
     `image`, its image file, is about to be deleted: the file system is then shut down first, so that
-    the unmount does not write back what the sandbox's files hold (seconds, for a few busy sandboxes)."""
+    the unmount does not write back what the sandbox's files hold (seconds, for a few busy sandboxes),
+    and its loop device is waited for, so that a sandbox once removed holds none."""
     if is_mounted(mount_point):
-        if image is not None:
-            shut_down(mount_point, image)
+        loop = shut_down(mount_point, image) if image is not None else None
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.umount2(str(mount_point).encode(), 2) != 0:  # MNT_DETACH: even if something still uses it
             log.warning("local sandbox: cannot unmount %s: %s", mount_point, os.strerror(ctypes.get_errno()))
+        elif loop is not None and image is not None:
+            # copies of the mount in other mount namespaces (a jail starting elsewhere copies them all)
+            # are detached by the kernel once their mount point is gone
+            with suppress(OSError):
+                mount_point.rmdir()
+            wait_detached(loop, image)
 
 
-def shut_down(mount_point: Path, image: Path) -> None:
+def shut_down(mount_point: Path, image: Path) -> Path | None:
     """Stops the ext4 file system at mount_point from writing anything more, without flushing it, where
-    it is the one on `image` (the check matters: the same ioctl on the host's file system would stop it)."""
+    it is the one on `image` (the check matters: the same ioctl on the host's file system would stop it).
+    Returns its loop device's `backing_file` entry where it is ours."""
     try:
         fd = os.open(mount_point, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError:
-        return
+        return None
     try:
         device = os.fstat(fd).st_dev
         backing = Path(f"/sys/dev/block/{os.major(device)}:{os.minor(device)}/loop/backing_file")
-        if backing.read_text().strip() == os.path.realpath(image):
+        if backing.read_text().strip() != os.path.realpath(image):
+            return None
+        with suppress(OSError):  # not shut down: the unmount writes back as usual
             fcntl.ioctl(fd, EXT4_IOC_SHUTDOWN, struct.pack("I", EXT4_GOING_FLAGS_NOLOGFLUSH))
+        return backing
     except OSError:
-        pass  # not ours, or not shut down: the unmount writes back as usual
+        return None  # not on a loop device
     finally:
         os.close(fd)
+
+
+def wait_detached(backing: Path, image: Path) -> None:
+    """Waits until the loop device no longer holds `image`. The kernel lets go of it when the last hold on
+    its file system goes, which may be a moment after the unmount: a copy of the mount in another mount
+    namespace is let go by a kernel worker (seen 17 ms late on a busy machine)."""
+    target, deadline = os.path.realpath(image), time.monotonic() + LOOP_DETACH_S
+    while time.monotonic() < deadline:
+        try:
+            if backing.read_text().strip().removesuffix(" (deleted)") != target:
+                return  # detached, or already another sandbox's
+        except OSError:
+            return  # detached
+        time.sleep(0.005)
+    log.warning("local sandbox: the loop device of %s is still attached after %.0f s", image, LOOP_DETACH_S)
 
 
 def is_mounted(path: Path) -> bool:
