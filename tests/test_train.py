@@ -42,7 +42,7 @@ def judged(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     questions = folder / "questions.jsonl"
     questions.write_text(
         '{"id": "a", "question": "What is 2+2?", "answer": "4"}\n'
-        '{"id": "b", "question": "Name a colour.", "answer": "red"}\n'
+        '{"id": "b", "question": "Name a colour, and say in a few words where one often sees it.", "answer": "red"}\n'
     )
     settings = RunSettings(
         llm=LLMConfig(model=str(tiny), max_tokens=10, temperature=1.0),
@@ -311,8 +311,9 @@ def test_activation_checkpointing_keeps_fewer_activations(tiny: Path, tmp_path: 
 
 def test_packed_rows_train_as_padded_batches_do_without_the_padding(tiny: Path, judged: Path, tmp_path: Path) -> None:
     logs: list[str] = []
-    # one step of every row (of about 160 and 1,100 tokens), two or three rows a micro-batch
-    options = {"steps": 1, "step_tokens": 100_000, "micro_tokens": 2400}
+    # one step of every row (four of each question's length), three rows a micro-batch: a padded batch then
+    # holds rows of both lengths
+    options = {"steps": 1, "step_tokens": 100_000, "micro_tokens": 2000}
     import torch
 
     # one thread: with more, the sums behind a matmul are split in another order by the batch's shape, and

@@ -18,6 +18,17 @@ CORPUS = [
 ]
 
 
+def prompt_texts() -> list[str]:
+    """What the runs' prompts are mostly made of: the built-in servers' tool descriptions (their sources'
+    docstrings) and the mcp-xml prompt's layout. Trained on these as well, the tokenizer writes a run's
+    prompt in about 3,600 tokens instead of 8,600, and every test that runs the model pre-fills less."""
+    import nanbeige.servers
+    from nanbeige.agent.reference import mcp_prompt
+
+    sources = [path for folder in nanbeige.servers.__path__ for path in sorted(Path(folder).glob("*.py"))]
+    return [path.read_text() for path in [*sources, Path(mcp_prompt.__file__)]]
+
+
 def make_tiny_model(folder: Path) -> Path:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -27,11 +38,11 @@ def make_tiny_model(folder: Path) -> Path:
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=800,
+        vocab_size=1500,
         special_tokens=["<unk>", "<|im_start|>", "<|im_end|>", "<|endoftext|>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tokenizer.train_from_iterator(CORPUS * 20, trainer)
+    tokenizer.train_from_iterator(CORPUS * 20 + prompt_texts(), trainer)
     tokenizer.add_tokens(["<think>", "</think>", "<tool_call>", "</tool_call>"])  # added, not special: as in Nanbeige
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
