@@ -146,9 +146,12 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """`--dist loadfile`, with the files that start a Ray cluster as one unit of work."""
+    """`--dist loadfile`, with the files that start a Ray cluster as one unit of work, handed out in the order
+    the workers collected them (longest first, `pytest_collection_modifyitems`). xdist would otherwise
+    reorder them by their number of tests, which left a file of three long tests to start last."""
     if config.getoption("dist") != "loadfile":
         return None
+    config.option.loadscopereorder = False
     from xdist.scheduler import LoadFileScheduling
 
     class RayFilesTogether(LoadFileScheduling):

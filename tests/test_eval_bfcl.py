@@ -94,14 +94,6 @@ def test_every_category_that_runs_here_loads_whole_as_the_official_generator_loa
     assert "Java" in java  # the generator's language hint is in the function docs, as it sends them
 
 
-def test_the_handler_and_its_settings_are_the_packages_own_registry_entry() -> None:
-    entry = bfcl.official().entry
-    assert entry["model_handler"].__name__ == "NanbeigeFCHandler"
-    assert entry["model_handler"].__module__ == "bfcl_eval.model_handler.local_inference.nanbeige_fc"
-    assert entry["is_fc_model"] is True and entry["underscore_to_dot"] is False
-    assert entry["display_name"] == "Nanbeige4-3B-Thinking-2511 (FC)"
-
-
 def test_categories_that_cannot_run_here_and_unknown_ones_are_clear_errors() -> None:
     with pytest.raises(LoadError, match="embedding model"):
         BENCHMARKS["bfcl-memory-vector"].load(None)  # named, so that the reason is given
