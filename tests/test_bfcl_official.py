@@ -27,12 +27,9 @@ def test_the_summary_table_counts_each_category_it_did_not_grade_from_one_load_p
     helper = sys.modules["bfcl_eval.eval_checker.eval_runner_helper"]
     source = inspect.getsource(helper)
     assert source.count("load_dataset_entry(") == 1 and re.search(r"len\(\s*load_dataset_entry\(", source)
-    whole = package.utils.load_dataset_entry(
-        "multi_turn_base", include_prereq=False, include_language_specific_hint=False
-    )
+    category = "multi_turn_base"
+    whole = package.utils.load_dataset_entry(category, include_prereq=False, include_language_specific_hint=False)
     hits = helper.load_dataset_entry.cache_info().hits
     for _ in range(2):
-        assert (
-            helper.get_category_score({}, "multi_turn_base")["total_count"] == len(whole) == COUNTS["multi_turn_base"]
-        )
+        assert helper.get_category_score({}, category)["total_count"] == len(whole) == COUNTS[category]
     assert helper.load_dataset_entry.cache_info().hits > hits
