@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from test_smollm2 import GGUF, smollm2_folder
+from tiny_model import make_tiny_gguf
 
 from nanbeige.agent.backends.dequantized import MARKER, entry_for, load_entry, load_gguf, making, remove, usable
 from nanbeige.agent.backends.in_process import TransformersLLM
@@ -147,16 +148,24 @@ def test_a_damaged_entry_does_not_load(entry: tuple[Path, dict[str, str]]) -> No
     assert load_entry(transformers, path, torch.float32) is None
 
 
-@pytest.mark.slow
-def test_a_cache_that_cannot_be_written_costs_only_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A GGUF file of a few kilobytes, for what happens around reading one: SmolLM2's takes seconds to read."""
+    return make_tiny_gguf(tmp_path_factory.mktemp("gguf"))
+
+
+def test_a_cache_that_cannot_be_written_costs_only_time(
+    tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The cache folder's place is taken by a file: the model loads from the GGUF file all the same."""
     import torch
     import transformers
 
     (tmp_path / "cache").write_text("not a folder")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    tokenizer, model = load_gguf(transformers, str(smollm2_folder()), GGUF, torch.float32)
-    assert tokenizer.name_or_path == str(smollm2_folder()) and model.config.vocab_size == 49152
+    tokenizer, model = load_gguf(transformers, str(tiny_gguf.parent), tiny_gguf.name, torch.float32)
+    assert tokenizer.name_or_path == str(tiny_gguf.parent) and model.config.vocab_size == len(tokenizer) == 300
+    assert (tmp_path / "cache").read_text() == "not a folder"
 
 
 def test_runs_making_the_same_entry_take_turns(entry: tuple[Path, dict[str, str]]) -> None:
@@ -197,25 +206,34 @@ def test_a_link_or_a_fifo_in_place_of_the_lock_is_not_followed_and_does_not_hang
         pass
 
 
+# Both runs start loading at the same moment (each waits until the other is ready), and reading the small file
+# takes as long as a large one's would: without the lock, both would read it.
 LOADS_AND_SAYS_IF_IT_READ_THE_FILE = """
-import sys, torch, transformers
+import os, sys, time, torch, transformers
+from pathlib import Path
 from nanbeige.agent.backends import dequantized
 read = dequantized.read_gguf
 def reading(*args):
     print("read the GGUF file", flush=True)
+    time.sleep(1)
     return read(*args)
 dequantized.read_gguf = reading
+ready = Path(sys.argv[3])
+(ready / str(os.getpid())).touch()
+while len(list(ready.iterdir())) < 2:
+    time.sleep(0.01)
 tokenizer, model = dequantized.load_gguf(transformers, sys.argv[1], sys.argv[2], torch.float32)
 print(model.config.vocab_size)
 """
 
 
-@pytest.mark.slow
-def test_two_runs_started_together_read_the_gguf_file_once(tmp_path: Path) -> None:
+def test_two_runs_started_together_read_the_gguf_file_once(tiny_gguf: Path, tmp_path: Path) -> None:
     env = os.environ | {"XDG_CACHE_HOME": str(tmp_path / "cache")}
-    command = [sys.executable, "-c", LOADS_AND_SAYS_IF_IT_READ_THE_FILE, str(smollm2_folder()), GGUF]
+    (tmp_path / "ready").mkdir()
+    arguments = [str(tiny_gguf.parent), tiny_gguf.name, str(tmp_path / "ready")]
+    command = [sys.executable, "-c", LOADS_AND_SAYS_IF_IT_READ_THE_FILE, *arguments]
     runs = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True) for _ in range(2)]
     outputs = [run.communicate(timeout=240)[0] for run in runs]
     assert [run.returncode for run in runs] == [0, 0]
-    assert all(output.splitlines()[-1] == "49152" for output in outputs)
+    assert all(output.splitlines()[-1] == "300" for output in outputs)
     assert sum(output.count("read the GGUF file") for output in outputs) == 1  # the other read the entry

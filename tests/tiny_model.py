@@ -70,3 +70,58 @@ def make_tiny_model(folder: Path) -> Path:
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(folder)
     return folder
+
+
+def make_tiny_gguf(folder: Path) -> Path:
+    """A Llama GGUF file of a few kilobytes (random float32 weights, a byte-level BPE tokenizer trained here),
+    written with the `gguf` package that transformers reads GGUF files with: for the tests of what happens
+    around reading a GGUF file, which do not need SmolLM2's de-quantization to take seconds."""
+    import json
+
+    import gguf
+    import numpy as np
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tokenizer.train_from_iterator(CORPUS * 5, trainer)
+    bpe = json.loads(tokenizer.to_str())["model"]
+    tokens = sorted(bpe["vocab"], key=bpe["vocab"].get)
+    hidden, ffn, heads, kv_heads = 16, 32, 2, 1
+    path = folder / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_context_length(256)
+    writer.add_embedding_length(hidden)
+    writer.add_block_count(1)
+    writer.add_feed_forward_length(ffn)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([gguf.TokenType.CONTROL if token in specials else gguf.TokenType.NORMAL for token in tokens])
+    writer.add_token_merges([merge if isinstance(merge, str) else " ".join(merge) for merge in bpe["merges"]])
+    writer.add_bos_token_id(bpe["vocab"]["<|im_start|>"])
+    writer.add_eos_token_id(bpe["vocab"]["<|im_end|>"])
+    random = np.random.default_rng(0)
+    # Shapes as torch's (out, in); the writer stores them the GGUF way round.
+    shapes = {"token_embd": (len(tokens), hidden), "output": (len(tokens), hidden), "output_norm": (hidden,)}
+    shapes |= {"blk.0.attn_norm": (hidden,), "blk.0.ffn_norm": (hidden,), "blk.0.attn_q": (hidden, hidden)}
+    shapes |= {
+        "blk.0.attn_k": (hidden // heads * kv_heads, hidden),
+        "blk.0.attn_v": (hidden // heads * kv_heads, hidden),
+    }
+    shapes |= {"blk.0.attn_output": (hidden, hidden), "blk.0.ffn_gate": (ffn, hidden), "blk.0.ffn_up": (ffn, hidden)}
+    shapes |= {"blk.0.ffn_down": (hidden, ffn)}
+    for name, shape in shapes.items():
+        writer.add_tensor(f"{name}.weight", (random.standard_normal(shape) * 0.02).astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
