@@ -329,8 +329,8 @@ def test_two_grpo_steps_on_the_judged_rollouts_move_the_policy_that_sampled_them
         model=str(smollm2),
         out=tmp_path / "out",
         steps=2,
-        step_tokens=4096,
-        micro_tokens=2048,
+        step_tokens=660,  # about half the rollouts' tokens: the two steps are one pass over them
+        micro_tokens=1024,
         lr=1e-5,
         groups=rule,
         gradient_checkpointing=False,
