@@ -63,6 +63,9 @@ def collect_command(tiny: Path, questions: Path, out: Path, *extra: str) -> list
         TESTKIT,
         "--concurrency",
         "2",
+        # The tiny model's replies are all cut off at 12 tokens: kept, not sampled again up to ten times, each
+        # time pre-filling the built-in servers' whole catalogue
+        "--no-rollback",
         *extra,
     ]  # the built-in stdio servers, and testkit
 

@@ -46,7 +46,7 @@ def judged(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     settings = RunSettings(
         llm=LLMConfig(model=str(tiny), max_tokens=10, temperature=1.0),
-        agent=AgentConfig(max_turns=2),
+        agent=AgentConfig(max_turns=2, rollback=False),  # every reply is kept: a cut-off one is not sampled again
         backend=BackendConfig(backend="transformers"),
         tools=ToolsConfig(default_servers=False),
     )
@@ -311,9 +311,9 @@ def test_activation_checkpointing_keeps_fewer_activations(tiny: Path, tmp_path: 
 
 def test_packed_rows_train_as_padded_batches_do_without_the_padding(tiny: Path, judged: Path, tmp_path: Path) -> None:
     logs: list[str] = []
-    # one step of every row (four of each question's length), three rows a micro-batch: a padded batch then
+    # one step of every row (four of each question's length), all in one micro-batch: the padded batch then
     # holds rows of both lengths
-    options = {"steps": 1, "step_tokens": 100_000, "micro_tokens": 2000}
+    options = {"steps": 1, "step_tokens": 100_000, "micro_tokens": 12_000}
     import torch
 
     # one thread: with more, the sums behind a matmul are split in another order by the batch's shape, and
