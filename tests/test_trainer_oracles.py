@@ -11,9 +11,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from omegaconf import OmegaConf
-from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, compute_policy_loss_vanilla
-from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_weights
 
 from nanbeige.trainer.advantages import outcome_advantages
 from nanbeige.trainer.loss import policy_loss, token_logprobs
@@ -42,6 +39,11 @@ def verl_loss(
 ) -> tuple[torch.Tensor, dict]:
     """verl's decoupled PPO loss: token-level TIS weights π_old / π_rollout capped at tis_cap, then the
     vanilla (clip-higher, dual-clip) policy loss, token-mean over `total` tokens."""
+    # imported here: verl brings Ray and tensordict, which only the worker running these tests needs
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_weights
+
     weights, _ = compute_rollout_correction_weights(
         old - rollout, mask, rollout_is="token", rollout_is_threshold=tis_cap
     )
@@ -101,6 +103,8 @@ GROUPS = [[1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0], [1.0, 0.0, 0.0, 0.0], [0.0, 
 
 
 def verl_advantages(groups: list[list[float]], norm_by_std: bool) -> list[list[float]]:
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+
     rewards = [r for group in groups for r in group]
     index = np.array([g for g, group in enumerate(groups) for _ in group])
     token_rewards = torch.zeros(len(rewards), 3)
