@@ -80,6 +80,19 @@ def config_for(tiny: Path, judged: Path, out: Path, **options: object) -> TrainC
     return TrainConfig(data=[judged], model=str(tiny), out=out, **settings)  # type: ignore[arg-type]
 
 
+def on_one_thread(config: TrainConfig, log: Any = None) -> dict:
+    """`train(config)` in this process on one torch thread, as each torchrun process runs: with more, the sums
+    behind a matmul are split in another order by the batch's shape, and weights drift apart by about 1e-5."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return train(config, log=log or (lambda text: None))
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_two_grpo_steps_change_every_parameter_and_the_checkpoint_answers(
     tiny: Path, judged: Path, tmp_path: Path
 ) -> None:
@@ -136,37 +149,16 @@ def test_sft_trains_on_the_passing_rollouts(tiny: Path, judged: Path, tmp_path: 
     assert summary["rows"] > 0 and line["loss"] > 0  # a masked NLL
 
 
-def one_and_two_processes(tiny: Path, judged: Path, tmp_path: Path, *options: str) -> tuple[dict, dict]:
-    """One step trained in one process and in two gloo processes under torchrun; each one's metrics line."""
+def one_and_two_processes(tiny: Path, judged: Path, tmp_path: Path, lora_rank: int = 0) -> tuple[dict, dict]:
+    """One step trained in this process (one thread, as each torchrun process has) and in two gloo processes
+    under torchrun, with the same options; each one's metrics line."""
     # small logit chunks over rows of unequal length: the ranks' micro-batches need different numbers of
     # chunks, which must not leave one rank waiting in a collective the other never starts
-    args = [
-        "train",
-        "--data",
-        str(judged),
-        "--model",
-        str(tiny),
-        "--steps",
-        "1",
-        "--step-tokens",
-        "200",
-        "--micro-tokens",
-        "128",
-        "--lr",
-        "0.001",
-        "--chunk-tokens",
-        "8",
-        *options,
-    ]
+    options = {"steps": 1, "step_tokens": 200, "micro_tokens": 128, "lr": 0.001, "chunk_tokens": 8}
+    on_one_thread(config_for(tiny, judged, tmp_path / "one", lora_rank=lora_rank, **options))
+    args = ["train", "--data", str(judged), "--model", str(tiny), "--lora-rank", str(lora_rank)]
+    args += [f"--{name.replace('_', '-')}={value}" for name, value in options.items()]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    one = subprocess.run(
-        [str(BIN / "nanbeige"), *args, "--out", str(tmp_path / "one")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert one.returncode == 0, one.stderr
     two = subprocess.run(
         [
             str(BIN / "torchrun"),
@@ -205,7 +197,7 @@ def test_two_gloo_processes_under_torchrun_give_the_loss_gradients_and_metrics_o
 
 @pytest.mark.slow
 def test_lora_under_torchrun_trains_the_adapter_of_one_process(tiny: Path, judged: Path, tmp_path: Path) -> None:
-    single, sharded = one_and_two_processes(tiny, judged, tmp_path, "--lora-rank", "4")
+    single, sharded = one_and_two_processes(tiny, judged, tmp_path, lora_rank=4)
     assert abs(single["loss"] - sharded["loss"]) < 1e-5
     import safetensors.torch
 
@@ -314,17 +306,8 @@ def test_packed_rows_train_as_padded_batches_do_without_the_padding(tiny: Path, 
     # one step of every row (four of each question's length), all in one micro-batch: the padded batch then
     # holds rows of both lengths
     options = {"steps": 1, "step_tokens": 100_000, "micro_tokens": 12_000}
-    import torch
-
-    # one thread: with more, the sums behind a matmul are split in another order by the batch's shape, and
-    # the two runs' weights drift apart by about 1e-5 for that alone
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        train(config_for(tiny, judged, tmp_path / "packed", packing="on", **options), log=logs.append)
-        train(config_for(tiny, judged, tmp_path / "padded", packing="off", **options), log=lambda text: None)
-    finally:
-        torch.set_num_threads(threads)
+    on_one_thread(config_for(tiny, judged, tmp_path / "packed", packing="on", **options), log=logs.append)
+    on_one_thread(config_for(tiny, judged, tmp_path / "padded", packing="off", **options))
     assert not any("packing off" in line for line in logs)  # the tiny Llama keeps packed rows apart
     packed, padded = metrics_of(tmp_path / "packed"), metrics_of(tmp_path / "padded")
     for a, b in zip(packed, padded):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import free_port
-from test_train import judged, tiny, weights  # noqa: F401 (the fixtures: the tiny model and its judged rollouts)
+from test_train import config_for, judged, on_one_thread, tiny, weights  # noqa: F401 (the fixtures: the tiny model and its judged rollouts)
 
 from nanbeige.trainer.checkpoints import latest_checkpoint
 
@@ -90,15 +90,8 @@ def two_nodes(args: list[str]) -> list[str]:
 def test_two_nodes_train_as_one_process_and_resume_from_the_folder_both_read(
     tiny: Path, judged: Path, tmp_path: Path
 ) -> None:
-    alone = subprocess.run(
-        [str(BIN / "nanbeige"), *train_args(tiny, judged, tmp_path / "one")],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        timeout=300,
-        check=False,
-    )
-    assert alone.returncode == 0, alone.stderr[-3000:]
+    options = {"steps": 2, "save_every": 1, "step_tokens": 200, "micro_tokens": 128, "lr": 0.001}
+    on_one_thread(config_for(tiny, judged, tmp_path / "one", **options))  # as one node's process runs it
     shared = tmp_path / "shared"
     first, second = two_nodes(train_args(tiny, judged, shared))
     assert "step 2/2" in first and "step" not in second  # one line a step, from the first node's rank 0
