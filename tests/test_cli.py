@@ -158,7 +158,15 @@ def test_no_answer_exits_non_zero_with_the_stop_reason(tmp_path: Path) -> None:
         default=Reply(status=400, body={"error": {"message": "bad request"}}),
     ) as server:
         result = nanbeige(
-            "ask", "q", "--base-url", server.base_url, "--mcp", TESTKIT, "--trajectory", str(tmp_path / "t.jsonl")
+            "ask",
+            "q",
+            "--base-url",
+            server.base_url,
+            "--mcp",
+            TESTKIT,
+            "--no-default-servers",
+            "--trajectory",
+            str(tmp_path / "t.jsonl"),
         )
     assert result.stdout == ""
     assert_one_line_error(result, "no answer (stop reason model_error)", "bad request")
@@ -191,7 +199,17 @@ def test_show_renders_a_saved_trajectory(tmp_path: Path) -> None:
     with FakeOpenAI(
         [mcp_call("testkit", "add", {"a": 20, "b": 22}, thought="Add them.")], default=mcp_answer("42")
     ) as server:
-        nanbeige("ask", "Sum?", "--base-url", server.base_url, "--mcp", TESTKIT, "--trajectory", str(path))
+        nanbeige(
+            "ask",
+            "Sum?",
+            "--base-url",
+            server.base_url,
+            "--mcp",
+            TESTKIT,
+            "--no-default-servers",
+            "--trajectory",
+            str(path),
+        )
     result = nanbeige("show", str(path))
     assert result.returncode == 0, result.stderr
     for text in (

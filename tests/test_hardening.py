@@ -160,7 +160,18 @@ def test_control_characters_are_shown_escaped_and_kept_exactly_in_the_trajectory
     path = tmp_path / "t\x1b[2J.jsonl"  # printed too, as the path of the trajectory
     replies = [mcp_call("testkit", "echo", {"text": EVIL}), mcp_answer(EVIL)]
     with FakeOpenAI(replies, default=mcp_answer(EVIL)) as server:
-        asked = nanbeige("ask", "Q" + EVIL, "--base-url", server.base_url, "--mcp", TESTKIT, "--trajectory", str(path))
+        # testkit's echo alone: the built-in servers would add nothing the test looks at
+        asked = nanbeige(
+            "ask",
+            "Q" + EVIL,
+            "--base-url",
+            server.base_url,
+            "--mcp",
+            TESTKIT,
+            "--no-default-servers",
+            "--trajectory",
+            str(path),
+        )
         as_json = nanbeige(
             "ask",
             "Q" + EVIL,
@@ -168,6 +179,7 @@ def test_control_characters_are_shown_escaped_and_kept_exactly_in_the_trajectory
             server.base_url,
             "--mcp",
             TESTKIT,
+            "--no-default-servers",
             "--trajectory",
             str(tmp_path / "j.jsonl"),
             "--json",
