@@ -148,7 +148,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`-n auto`: two workers a core. A test spends about half its time waiting, not computing (on a slow
     fake model, a timeout it provokes, a process starting), and with one worker a core the cores sat idle
-    that half: on two cores the suite took 13:50 on two workers and 10:14 to 12:08 on four."""
+    that half: on two cores the suite took 13:50 on two workers and 10:14 to 12:08 on four (since then, with
+    less work in the tests, 10:22 on three workers and 10:19 on four in the same state)."""
     return 2 * (os.cpu_count() or 1)
 
 
