@@ -152,22 +152,18 @@ def test_an_unwritable_trajectory_path_is_a_clear_error(tmp_path: Path) -> None:
     assert_one_line_error(result, "cannot write the trajectory", "--trajectory")
 
 
+def ask_with_testkit_only(server: FakeOpenAI, question: str, path: Path) -> subprocess.CompletedProcess:
+    """`nanbeige ask QUESTION` against the loopback model server with testkit's tools and no built-in servers."""
+    tools = ["--mcp", TESTKIT, "--no-default-servers"]
+    return nanbeige("ask", question, "--base-url", server.base_url, *tools, "--trajectory", str(path))
+
+
 def test_no_answer_exits_non_zero_with_the_stop_reason(tmp_path: Path) -> None:
     with FakeOpenAI(
         [mcp_call("testkit", "echo", {"text": "a"})],
         default=Reply(status=400, body={"error": {"message": "bad request"}}),
     ) as server:
-        result = nanbeige(
-            "ask",
-            "q",
-            "--base-url",
-            server.base_url,
-            "--mcp",
-            TESTKIT,
-            "--no-default-servers",
-            "--trajectory",
-            str(tmp_path / "t.jsonl"),
-        )
+        result = ask_with_testkit_only(server, "q", tmp_path / "t.jsonl")
     assert result.stdout == ""
     assert_one_line_error(result, "no answer (stop reason model_error)", "bad request")
 
@@ -199,17 +195,7 @@ def test_show_renders_a_saved_trajectory(tmp_path: Path) -> None:
     with FakeOpenAI(
         [mcp_call("testkit", "add", {"a": 20, "b": 22}, thought="Add them.")], default=mcp_answer("42")
     ) as server:
-        nanbeige(
-            "ask",
-            "Sum?",
-            "--base-url",
-            server.base_url,
-            "--mcp",
-            TESTKIT,
-            "--no-default-servers",
-            "--trajectory",
-            str(path),
-        )
+        ask_with_testkit_only(server, "Sum?", path)
     result = nanbeige("show", str(path))
     assert result.returncode == 0, result.stderr
     for text in (

@@ -161,29 +161,9 @@ def test_control_characters_are_shown_escaped_and_kept_exactly_in_the_trajectory
     replies = [mcp_call("testkit", "echo", {"text": EVIL}), mcp_answer(EVIL)]
     with FakeOpenAI(replies, default=mcp_answer(EVIL)) as server:
         # testkit's echo alone: the built-in servers would add nothing the test looks at
-        asked = nanbeige(
-            "ask",
-            "Q" + EVIL,
-            "--base-url",
-            server.base_url,
-            "--mcp",
-            TESTKIT,
-            "--no-default-servers",
-            "--trajectory",
-            str(path),
-        )
-        as_json = nanbeige(
-            "ask",
-            "Q" + EVIL,
-            "--base-url",
-            server.base_url,
-            "--mcp",
-            TESTKIT,
-            "--no-default-servers",
-            "--trajectory",
-            str(tmp_path / "j.jsonl"),
-            "--json",
-        )
+        command = ["ask", "Q" + EVIL, "--base-url", server.base_url, "--mcp", TESTKIT, "--no-default-servers"]
+        asked = nanbeige(*command, "--trajectory", str(path))
+        as_json = nanbeige(*command, "--trajectory", str(tmp_path / "j.jsonl"), "--json")
     shown_later = nanbeige("show", str(path))
     for result in (asked, as_json, shown_later):
         assert result.returncode == 0, result.stderr
