@@ -21,27 +21,13 @@ from nanbeige.trainer.checkpoints import latest_checkpoint
 BIN = Path(sys.executable).parent
 
 
+OPTIONS = {"steps": 2, "save_every": 1, "step_tokens": 200, "micro_tokens": 128, "lr": 0.001}
+"""The run trained in one process and on two nodes alike."""
+
+
 def train_args(model: Path, data: Path, out: Path, *more: str) -> list[str]:
-    return [
-        "train",
-        "--data",
-        str(data),
-        "--model",
-        str(model),
-        "--out",
-        str(out),
-        "--steps",
-        "2",
-        "--save-every",
-        "1",
-        "--step-tokens",
-        "200",
-        "--micro-tokens",
-        "128",
-        "--lr",
-        "0.001",
-        *more,
-    ]
+    flags = [f"--{name.replace('_', '-')}={value}" for name, value in OPTIONS.items()]
+    return ["train", "--data", str(data), "--model", str(model), "--out", str(out), *flags, *more]
 
 
 def two_nodes(args: list[str]) -> list[str]:
@@ -90,8 +76,7 @@ def two_nodes(args: list[str]) -> list[str]:
 def test_two_nodes_train_as_one_process_and_resume_from_the_folder_both_read(
     tiny: Path, judged: Path, tmp_path: Path
 ) -> None:
-    options = {"steps": 2, "save_every": 1, "step_tokens": 200, "micro_tokens": 128, "lr": 0.001}
-    on_one_thread(config_for(tiny, judged, tmp_path / "one", **options))  # as one node's process runs it
+    on_one_thread(config_for(tiny, judged, tmp_path / "one", **OPTIONS))  # as one node's process runs it
     shared = tmp_path / "shared"
     first, second = two_nodes(train_args(tiny, judged, shared))
     assert "step 2/2" in first and "step" not in second  # one line a step, from the first node's rank 0

@@ -109,15 +109,22 @@ def make_tiny_gguf(folder: Path) -> Path:
     writer.add_bos_token_id(bpe["vocab"]["<|im_start|>"])
     writer.add_eos_token_id(bpe["vocab"]["<|im_end|>"])
     random = np.random.default_rng(0)
+    kv = hidden // heads * kv_heads
     # Shapes as torch's (out, in); the writer stores them the GGUF way round.
-    shapes = {"token_embd": (len(tokens), hidden), "output": (len(tokens), hidden), "output_norm": (hidden,)}
-    shapes |= {"blk.0.attn_norm": (hidden,), "blk.0.ffn_norm": (hidden,), "blk.0.attn_q": (hidden, hidden)}
-    shapes |= {
-        "blk.0.attn_k": (hidden // heads * kv_heads, hidden),
-        "blk.0.attn_v": (hidden // heads * kv_heads, hidden),
+    shapes = {
+        "token_embd": (len(tokens), hidden),
+        "output": (len(tokens), hidden),
+        "output_norm": (hidden,),
+        "blk.0.attn_norm": (hidden,),
+        "blk.0.ffn_norm": (hidden,),
+        "blk.0.attn_q": (hidden, hidden),
+        "blk.0.attn_k": (kv, hidden),
+        "blk.0.attn_v": (kv, hidden),
+        "blk.0.attn_output": (hidden, hidden),
+        "blk.0.ffn_gate": (ffn, hidden),
+        "blk.0.ffn_up": (ffn, hidden),
+        "blk.0.ffn_down": (hidden, ffn),
     }
-    shapes |= {"blk.0.attn_output": (hidden, hidden), "blk.0.ffn_gate": (ffn, hidden), "blk.0.ffn_up": (ffn, hidden)}
-    shapes |= {"blk.0.ffn_down": (hidden, ffn)}
     for name, shape in shapes.items():
         writer.add_tensor(f"{name}.weight", (random.standard_normal(shape) * 0.02).astype(np.float32))
     writer.write_header_to_file()
