@@ -44,6 +44,11 @@ import orjson
 
 from nanbeige.agent.records import check_trajectory_file, encoded, fields_problem
 from nanbeige.agent.trajectory import NOT_ENDED_ON_ITS_OWN, ToolCall, ToolResult, Trajectory, Turn
+from nanbeige.tools import handed_over
+
+MAX_FILE_BYTES = 2048 * handed_over.MIB
+"""The largest trajectory file read: thousands of long runs with their token ids fit, and a file past it is
+refused before a byte is read (it is read whole, so this bounds the memory a handed-over file can take)."""
 
 _END_FIELDS = ("answer", "stop_reason", "error", "reward", "judge", "timings", "usage")
 
@@ -232,7 +237,8 @@ def _numbered_records(path: str | Path, warn: Warn, say_torn: bool = False) -> I
     after the crash), quietly when it is the last line (unless `say_torn`: a command that reads a
     finished file says so). Two such lines at the end are not a torn write: ValueError."""
     unread: list[int] = []  # unreadable lines no record has followed yet
-    for number, line in enumerate(Path(path).read_bytes().split(b"\n"), start=1):
+    data = handed_over.read_bytes(path, MAX_FILE_BYTES)  # a regular file only (a FIFO blocks), its size capped
+    for number, line in enumerate(data.split(b"\n"), start=1):
         if not line.strip():
             continue
         try:

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nanbeige.evals.tasks import LoadError, Task
+from nanbeige.evals.tasks import LoadError, Task, read_data
 
 CODE_TESTS = "code-tests"
 """The grader's name, on benchmarks, trajectories and verdicts."""
@@ -275,8 +275,8 @@ def problem_from(row: Any, where: str) -> CodeProblem:
 def read_problems(path: Path) -> list[CodeProblem]:
     """The problems of a JSONL file in this format; `LoadError` names the line of anything malformed."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        text = read_data(path).decode("utf-8")
+    except (OSError, ValueError) as exc:  # ValueError: not UTF-8, or a file `read_data` refuses
         raise LoadError(f"{path}: cannot read the problems: {exc}") from None
     problems, seen = [], set()
     for number, line in enumerate(text.split("\n"), 1):  # not splitlines: U+2028 may stand in a JSON string

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from nanbeige.evals.tasks import LoadError
+from nanbeige.evals.tasks import LoadError, read_data
 
 
 def rows_of(path: Path) -> Iterator[tuple[str, Any]]:
@@ -20,8 +20,8 @@ def rows_of(path: Path) -> Iterator[tuple[str, Any]]:
         yield from table_rows(path, suffix)
         return
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        text = read_data(path).decode("utf-8")
+    except (OSError, ValueError) as exc:  # ValueError: not UTF-8, or a file `read_data` refuses
         raise LoadError(f"{path}: cannot read the problems: {exc}") from None
     if suffix == ".json":
         try:

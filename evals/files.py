@@ -25,7 +25,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from nanbeige.agent.trajectory_file import redact_json_line, usable_secrets
-from nanbeige.evals.tasks import LoadError
+from nanbeige.evals.tasks import LoadError, read_data
+from nanbeige.tools import handed_over
 
 Row = dict[str, Any]
 
@@ -161,12 +162,14 @@ def _some_rows(path: Path, rows: list[Row]) -> list[Row]:
 
 def _read_text(path: Path, encoding: str = "utf-8") -> str:
     try:
-        return _existing_file(path).read_text(encoding=encoding)
+        return read_data(_existing_file(path)).decode(encoding)
     except UnicodeDecodeError as error:
         line = error.object[: error.start].count(b"\n") + 1
         raise LoadError(f"{path} line {line}: not UTF-8 text (byte {error.start}); is this the right file?") from None
     except OSError as error:
         raise LoadError(f"{path}: cannot read ({error.strerror or error})") from None
+    except handed_over.HandedOverError as error:
+        raise LoadError(str(error)) from None
 
 
 def read_csv(path: Path, required: Iterable[str], encoding: str = "utf-8") -> list[Row]:

@@ -14,8 +14,11 @@ from nanbeige.evals.eval_config import EvalConfig, EvalError
 from nanbeige.evals.files import append_jsonl, file_sha256, first_link
 from nanbeige.evals.grading import grader_name
 from nanbeige.evals.tasks import Task
+from nanbeige.tools import handed_over
 
 RESULTS, TRAJECTORIES, MANIFEST, REPORT = "results.jsonl", "trajectories.jsonl", "eval.json", "report.json"
+MAX_RESULTS_BYTES = 1024 * handed_over.MIB  # a result row is a few hundred bytes: millions of runs fit
+MAX_MANIFEST_BYTES = 256 * handed_over.MIB  # the task list of the largest benchmark is a few megabytes
 
 
 def manifest(
@@ -99,7 +102,10 @@ def read_results(out: Path, notice: Callable[[str], None] | None = None) -> list
     if not path.exists():
         return []
     rows = []
-    lines = path.read_bytes().split(b"\n")
+    try:
+        lines = handed_over.read_bytes(path, MAX_RESULTS_BYTES, inside=out).split(b"\n")
+    except (OSError, ValueError) as exc:
+        raise EvalError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}; pass another --out") from None
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -167,7 +173,9 @@ def read_manifest(path: Path) -> dict[str, Any]:
     """`eval.json` of an out folder, checked to be one, in a folder without links (`refuse_links`)."""
     refuse_links(path.parent)
     try:
-        found = json.loads(path.read_text())
+        found = json.loads(handed_over.read_bytes(path, MAX_MANIFEST_BYTES, inside=path.parent))
+    except handed_over.HandedOverError as exc:
+        raise EvalError(f"{exc}; pass another --out") from None
     except OSError as exc:
         raise EvalError(f"cannot read {path}: {exc.strerror or exc} (is {path.parent} an eval's out folder?)") from None
     except (ValueError, RecursionError) as exc:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nanbeige.tools import handed_over
 from nanbeige.tools.errors import NanbeigeError
 
 FAILURE_CHARS = 200
@@ -20,6 +21,16 @@ FAILURE_CHARS = 200
 
 class LoadError(NanbeigeError):
     """A benchmark file that cannot be used; the message names the file (and the row, when one is bad)."""
+
+
+MAX_DATA_BYTES = 4096 * handed_over.MIB
+"""The largest benchmark file read whole: LiveCodeBench's releases, the largest, are about 1.5 GB a file."""
+
+
+def read_data(path: Path) -> bytes:
+    """A benchmark file's bytes: a regular file of at most `MAX_DATA_BYTES` (a FIFO would block, a sparse file
+    of terabytes would be read whole); `handed_over.HandedOverError` (a `ValueError`) says which rule it broke."""
+    return handed_over.read_bytes(path, MAX_DATA_BYTES)
 
 
 @dataclass

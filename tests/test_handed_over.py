@@ -1,0 +1,150 @@
+"""A file someone else could have made is read one way (`nanbeige.tools.handed_over`): never through a link
+planted in its folder, never a FIFO that blocks the reader, never more than its size cap, and the readers of
+trajectory files, eval folders and benchmark files all go through it. The attacks run through the real
+commands, and a scan of the readers' source fails when one of them reads such a file another way."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nanbeige.evals.dataset_rows import rows_of
+from nanbeige.evals.files import read_jsonl
+from nanbeige.evals.tasks import LoadError
+from nanbeige.tools.handed_over import HandedOverError, read_bytes, read_json_object
+
+ROOT = Path(__file__).parent.parent
+NANBEIGE = [str(Path(sys.executable).parent / "nanbeige")]
+GIB = 1024**3
+
+
+def nanbeige(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """A command as a user runs it; a reader that blocks on a FIFO fails by the timeout."""
+    return subprocess.run([*NANBEIGE, *args], capture_output=True, text=True, cwd=cwd, timeout=60, check=False)
+
+
+def one_line_error(done: subprocess.CompletedProcess[str], *words: str) -> None:
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    assert all(word in done.stderr for word in words), done.stderr
+
+
+def test_a_link_planted_in_a_handed_over_folder_is_refused_and_never_lends_its_target(tmp_path: Path) -> None:
+    private = tmp_path / "private.txt"
+    private.write_text("the user's secret")
+    folder = tmp_path / "handed-over"
+    folder.mkdir()
+    (folder / "results.jsonl").symlink_to(private)
+    with pytest.raises(HandedOverError, match="is a symbolic link"):
+        read_bytes(folder / "results.jsonl", 1024, inside=folder)
+
+
+def test_a_linked_parent_folder_cannot_lead_a_reader_out_of_the_folder(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "state.json").write_text("{}")
+    folder = tmp_path / "handed-over"
+    folder.mkdir()
+    (folder / "checkpoint").symlink_to(elsewhere)
+    with pytest.raises(HandedOverError, match="lies outside"):
+        read_json_object(folder / "checkpoint" / "state.json", 1024, inside=folder)
+    with pytest.raises(HandedOverError, match="lies outside"):
+        read_json_object(folder / ".." / "elsewhere" / "state.json", 1024, inside=folder)
+
+
+def test_a_link_the_user_named_themselves_is_followed(tmp_path: Path) -> None:
+    (tmp_path / "run.jsonl").write_text('{"type": "start"}\n')
+    (tmp_path / "latest.jsonl").symlink_to(tmp_path / "run.jsonl")
+    assert read_bytes(tmp_path / "latest.jsonl", 1024) == b'{"type": "start"}\n'
+
+
+def test_a_file_past_its_cap_is_refused_before_a_byte_is_read(tmp_path: Path) -> None:
+    sparse = tmp_path / "eval.json"
+    with open(sparse, "wb") as file:
+        file.truncate(8 * GIB)  # eight gigabytes that take no disk: reading it whole would take the memory
+    with pytest.raises(HandedOverError, match=r"8192\.0 MiB, more than the 1\.0 MiB"):
+        read_json_object(sparse, 1024 * 1024, inside=tmp_path)
+
+
+def test_benchmark_files_that_are_a_fifo_or_a_sparse_giant_are_refused_unread(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "problems.jsonl")
+    with pytest.raises(LoadError, match="not a regular file"):
+        list(rows_of(tmp_path / "problems.jsonl"))  # no writer ever opens it: a plain read would never return
+    with open(tmp_path / "metadata.jsonl", "wb") as file:
+        file.truncate(5 * GIB)
+    with pytest.raises(LoadError, match="5120.0 MiB, more than the 4096.0 MiB"):
+        read_jsonl(tmp_path / "metadata.jsonl")
+
+
+def test_show_answers_a_fifo_and_a_sparse_giant_in_one_line(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "fifo.jsonl")
+    one_line_error(nanbeige("show", "fifo.jsonl", cwd=tmp_path), "fifo.jsonl is not a regular file")
+    with open(tmp_path / "giant.jsonl", "wb") as file:
+        file.truncate(3 * GIB)  # read whole, it took 35 s and 6 GB of memory before the cap
+    one_line_error(nanbeige("show", "giant.jsonl", cwd=tmp_path), "giant.jsonl is 3072.0 MiB, more than")
+
+
+def test_eval_report_refuses_a_results_file_that_is_a_fifo_in_one_line(tmp_path: Path) -> None:
+    out = tmp_path / "eval-gaia"
+    out.mkdir()
+    (out / "eval.json").write_text(json.dumps({"bench": "gaia", "k": 1, "tasks": [{"id": "t1", "level": 1}]}))
+    os.mkfifo(out / "results.jsonl")
+    one_line_error(nanbeige("eval", "report", str(out), cwd=tmp_path), "results.jsonl is not a regular file")
+
+
+# The modules that read files someone else could have made, and the functions in them allowed to open a file
+# some other way, each with why.
+READERS = {
+    "agent/trajectory_file.py": {
+        "__init__": "the writer opens its own file to append, after `check_trajectory_file`",
+        "_ends_with_newline": "the writer reads one byte of the file it appends to, after `check_trajectory_file`",
+    },
+    "evals/out_folder.py": {},
+    "evals/files.py": {
+        "file_sha256": "hashes the data file after `read_data`'s loader has read it (a regular file by then)",
+        "drop_torn_line": "the results file it cuts is the one `read_results` has just read",
+        "append_jsonl": "appends to the results file, in a folder `refuse_links` checked",
+        "write_inside": "writes with O_NOFOLLOW",
+    },
+    "evals/code_problems.py": {},
+    "evals/dataset_rows.py": {},
+    "evals/tasks.py": {},
+}
+OPENERS = {"read_text", "read_bytes", "open", "load", "loads_file", "fdopen"}
+
+
+def direct_reads(source: str) -> list[tuple[str, int, str]]:
+    """Each call in `source` that opens or reads a file without `handed_over`: (function, line, call)."""
+    found = []
+    for function in ast.walk(ast.parse(source)):
+        if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(function):
+            if isinstance(node, ast.Call):
+                name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                if name in OPENERS and not (
+                    isinstance(node.func, ast.Attribute) and getattr(node.func.value, "id", "") == "handed_over"
+                ):
+                    found.append((function.name, node.lineno, ast.unparse(node.func)))
+    return found
+
+
+def test_the_readers_of_handed_over_files_read_them_only_through_handed_over() -> None:
+    strays = [
+        f"{module}:{line} {call}() in {function}"
+        for module, allowed in READERS.items()
+        for function, line, call in direct_reads((ROOT / module).read_text())
+        if function not in allowed
+    ]
+    assert not strays, "read these through nanbeige.tools.handed_over: " + "; ".join(strays)
+
+
+def test_the_scan_names_a_reader_that_reads_a_file_directly() -> None:
+    planted = "def load(path):\n    return json.loads(path.read_text())\n\ndef fine(p):\n    return handed_over.read_text(p, 9)\n"
+    assert direct_reads(planted) == [("load", 2, "path.read_text")]
