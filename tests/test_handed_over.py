@@ -146,5 +146,8 @@ def test_the_readers_of_handed_over_files_read_them_only_through_handed_over() -
 
 
 def test_the_scan_names_a_reader_that_reads_a_file_directly() -> None:
-    planted = "def load(path):\n    return json.loads(path.read_text())\n\ndef fine(p):\n    return handed_over.read_text(p, 9)\n"
+    planted = (
+        "def load(path):\n    return json.loads(path.read_text())\n\n"
+        "def fine(path):\n    return handed_over.read_text(path, 9)\n"
+    )
     assert direct_reads(planted) == [("load", 2, "path.read_text")]
