@@ -13,7 +13,8 @@ from fake_openai import FakeOpenAI, Reply
 from fake_site import Site
 
 from nanbeige.servers.scrape import build_server
-from nanbeige.tools.fetch import BlockedAddress, FetchError, FetchPolicy, fetch_direct, resolve_host
+from nanbeige.tools.egress import BlockedAddress, FetchError, FetchPolicy, resolve_host
+from nanbeige.tools.fetch import fetch_direct
 from nanbeige.tools.scrape import (
     EXTRACTION_ENDPOINT,
     ScrapeConfig,

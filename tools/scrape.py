@@ -17,8 +17,9 @@ import httpx
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from nanbeige.tools import usage
+from nanbeige.tools.egress import FetchError, FetchPolicy, check_url, policy_from_env, ssl_context
 from nanbeige.tools.endpoint import LOCAL_BASE_URL, LOCAL_MODEL, ChatEndpoint
-from nanbeige.tools.fetch import FetchError, FetchPolicy, Page, check_url, fetch_direct, ssl_context, to_text
+from nanbeige.tools.fetch import Page, fetch_direct, to_text
 
 BLOCKED_LINKS = ("huggingface.co/datasets", "huggingface.co/spaces")
 RETRY_STATUSES = {408, 409, 425, 429, 500, 502, 503, 504}
@@ -78,7 +79,6 @@ def scrape_config_from_env(env: Mapping[str, str] = os.environ) -> ScrapeConfig:
         raise ScrapeError(f"NANBEIGE_SCRAPE_BACKEND must be jina or direct, not {backend!r}")
     if backend == "jina" and not jina_key:
         raise ScrapeError("NANBEIGE_SCRAPE_BACKEND=jina needs JINA_API_KEY")
-    allowed = frozenset(h.strip().lower() for h in env.get("NANBEIGE_ALLOWED_HOSTS", "").split(",") if h.strip())
     defaults = ScrapeConfig()
     summary = replace(
         defaults.summary,
@@ -92,7 +92,7 @@ def scrape_config_from_env(env: Mapping[str, str] = os.environ) -> ScrapeConfig:
         jina_base_url=env.get("JINA_BASE_URL") or defaults.jina_base_url,
         summary=summary,
         extraction_prompt=env.get("NANBEIGE_EXTRACTION_PROMPT") or None,
-        policy=FetchPolicy(allow_private=env.get("NANBEIGE_ALLOW_PRIVATE_URLS") == "1", allowed_hosts=allowed),
+        policy=policy_from_env(env),
     )
 
 

@@ -1,6 +1,6 @@
 """Files that cross between a sandbox and the world: uploads from the local folders allowed, downloads
 into the local download folder, and downloads from the internet, whose every connection goes through
-the guarded transport of `nanbeige.tools.fetch`, so that the tool is no way into the local network
+the egress guard (`nanbeige.tools.egress`), so that the tool is no way into the local network
 for code that has none."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from urllib.parse import unquote, urlsplit
 import anyio
 import httpx
 
-from nanbeige.tools.fetch import BlockedAddress, FetchError, FetchPolicy, GuardedTransport, check_url
+from nanbeige.tools import egress
+from nanbeige.tools.egress import BlockedAddress, FetchError, FetchPolicy, check_url
 from nanbeige.tools.sandbox.files import inside
 from nanbeige.tools.sandbox.sandbox_config import MB, SandboxConfig, SandboxError
 
@@ -48,7 +49,7 @@ def write_local_file(folder: Path, name: str, data: bytes) -> Path:
 def fetch_url(url: str, config: SandboxConfig) -> tuple[bytes, str]:
     """The body of url (redirects followed, at most max_download_mb) and a file name for it.
 
-    Every connection, redirects included, goes through `fetch.GuardedTransport`: the sandbox has no
+    Every connection, redirects included, goes through the egress guard (`egress.client`): the sandbox has no
     network, and this tool must not become its way into the local network. Runs an event loop of
     its own, so call it from a thread without one (the server runs tools in worker threads)."""
     try:
@@ -73,13 +74,7 @@ def fetch_url(url: str, config: SandboxConfig) -> tuple[bytes, str]:
 async def _download(url: str, config: SandboxConfig) -> tuple[bytes, str]:
     policy = FetchPolicy(allow_private=config.allow_local_urls)
     limit = config.max_download_mb * MB
-    async with httpx.AsyncClient(
-        transport=GuardedTransport(policy),
-        follow_redirects=True,
-        max_redirects=10,
-        timeout=httpx.Timeout(policy.read_timeout_s, connect=policy.connect_timeout_s),
-        headers={"User-Agent": "nanbeige-sandbox/0.1"},
-    ) as client:
+    async with egress.client(policy, {"User-Agent": "nanbeige-sandbox/0.1"}, max_redirects=10) as client:
         async with client.stream("GET", url) as response:
             if response.status_code >= 400:
                 raise SandboxError(f"Download failed: HTTP {response.status_code} for {response.url}.")
