@@ -115,6 +115,7 @@ READERS = {
     "evals/code_problems.py": {},
     "evals/dataset_rows.py": {},
     "evals/tasks.py": {},
+    "trainer/train_report.py": {},
 }
 OPENERS = {"read_text", "read_bytes", "open", "load", "loads_file", "fdopen"}
 
@@ -151,3 +152,13 @@ def test_the_scan_names_a_reader_that_reads_a_file_directly() -> None:
         "def fine(path):\n    return handed_over.read_text(path, 9)\n"
     )
     assert direct_reads(planted) == [("load", 2, "path.read_text")]
+
+
+def test_train_report_reads_no_metrics_through_a_loop_folder_linked_elsewhere(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere" / "train"
+    elsewhere.mkdir(parents=True)
+    os.mkfifo(elsewhere / "metrics.jsonl")  # read through the link, it would block the report for ever
+    loop = tmp_path / "loop"
+    (loop / "iter-1").mkdir(parents=True)
+    (loop / "iter-1" / "train").symlink_to(elsewhere)
+    one_line_error(nanbeige("train", "report", str(loop), cwd=tmp_path), "lies outside", "loop")

@@ -12,7 +12,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+from nanbeige.tools import handed_over
 from nanbeige.tools.errors import NanbeigeError
+
+MAX_METRICS_BYTES = 256 * handed_over.MIB  # a step's record is about a kilobyte: a quarter of a million steps fit
 
 # (file name, title, [(label, the record's key path)]): one PNG per entry
 PANELS = [
@@ -77,7 +80,11 @@ def read_records(run: Path) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = []
     for path in files:
         offset = len(records)
-        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        try:  # the folder may be someone else's: no link out of it, no FIFO, nothing past the cap
+            text = handed_over.read_bytes(path, MAX_METRICS_BYTES, inside=run).decode(errors="replace")
+        except (OSError, ValueError) as exc:
+            raise ReportError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+        for number, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             try:
