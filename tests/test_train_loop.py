@@ -268,7 +268,7 @@ def assert_the_second_adapter_went_on_from_the_first(first: Path, second: Path) 
     # with iteration 1's optimizer state too: AdamW has counted both iterations' steps
     import torch
 
-    state = torch.load(second / "trainer-state-rank0.pt", weights_only=False)["optimizer"]["state"]
+    state = torch.load(second / "trainer-state-rank0.pt", weights_only=True)["optimizer"]["state"]
     assert {float(p["step"]) for p in state.values()} == {2.0}
 
 

@@ -11,9 +11,12 @@ from __future__ import annotations
 import copy
 import json
 import os
+import pickle
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from nanbeige.trainer.model import TrainError
 
 if TYPE_CHECKING:
     from nanbeige.trainer.model import World
@@ -60,6 +63,29 @@ def save_checkpoint(model: Any, tokenizer: Any, optimizer: Any, step: int, confi
         os.replace(folder / f"{COMPLETE}.tmp", folder / COMPLETE)
     barrier(world)
     return folder
+
+
+def read_trainer_state(path: Path) -> dict[str, Any]:
+    """A rank's trainer state as `save_checkpoint` wrote it: tensors, numbers, text, lists and dicts only.
+    The file may come from a folder someone handed over (`--resume`, a loop folder, a loop's policy), so it is
+    never unpickled with anything else: a pickle that names a function or class is refused, not run."""
+    import torch
+
+    fix = "remove that checkpoint folder to resume from the one before"
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:  # what weights_only says of a pickle that names code
+        raise TrainError(
+            f"{path} holds more than tensors and plain values (a pickle that could run code): refused, never "
+            f"unpickled; {fix}"
+        ) from None
+    except (OSError, RuntimeError, EOFError, ValueError) as exc:  # torn, or not a state file at all
+        said = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise TrainError(f"cannot read {path} ({said}): {fix}") from None
+    shape = isinstance(saved, dict) and isinstance(saved.get("config"), dict)
+    if not shape or not isinstance(saved.get("optimizer"), dict):
+        raise TrainError(f"cannot read {path}: not a trainer state; {fix}")
+    return saved
 
 
 def gathered_state(model: Any, world: World, trainable_only: bool) -> dict[str, Any] | None:

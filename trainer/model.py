@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,12 @@ def join_world() -> World:
     return World(rank=int(os.environ.get("RANK", "0")), size=size, device=device)
 
 
+PICKLED_WEIGHTS = (
+    "its weights hold more than tensors (a pickle that could run code): refused, never unpickled; "
+    "save them as safetensors"
+)
+
+
 def load_model(config: TrainConfig, world: World, checkpoint: Path | None = None) -> tuple[Any, Any]:
     """The model (LoRA-wrapped when asked, sharded over the world) and its tokenizer; from `checkpoint`
     when resuming (its full weights, or with LoRA the base model and the checkpoint's adapter)."""
@@ -62,6 +69,8 @@ def load_model(config: TrainConfig, world: World, checkpoint: Path | None = None
         model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
     except (OSError, ValueError) as exc:
         raise TrainError(f"cannot load the model {config.model}: {exc}") from None
+    except pickle.UnpicklingError:  # transformers reads a .bin with weights_only=True
+        raise TrainError(f"{source}: {PICKLED_WEIGHTS}") from None
     model.config.use_cache = False  # no generation while training; the cache only costs memory
     if config.gradient_checkpointing:
         if hasattr(model, "activation_checkpointing_enable"):  # the newer name
@@ -73,7 +82,10 @@ def load_model(config: TrainConfig, world: World, checkpoint: Path | None = None
 
         with quiet_peft():
             if checkpoint is not None:
-                model = peft.PeftModel.from_pretrained(model, checkpoint / "adapter", is_trainable=True)
+                try:
+                    model = peft.PeftModel.from_pretrained(model, checkpoint / "adapter", is_trainable=True)
+                except pickle.UnpicklingError:  # peft, too, reads a .bin with weights_only=True
+                    raise TrainError(f"{checkpoint / 'adapter'}: {PICKLED_WEIGHTS}") from None
             else:
                 lora = peft.LoraConfig(
                     r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules="all-linear", task_type="CAUSAL_LM"

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from nanbeige.trainer.checkpoints import drop_metrics_after, latest_checkpoint, save_checkpoint
+from nanbeige.trainer.checkpoints import drop_metrics_after, latest_checkpoint, read_trainer_state, save_checkpoint
 from nanbeige.trainer.metrics import MetricsLog
 from nanbeige.trainer.model import (
     TrainError,
@@ -207,22 +207,10 @@ RESUME_KEYS = ("objective", "seed", "step_tokens", "micro_tokens", "lora_rank", 
 def saved_state(checkpoint: Path, config: TrainConfig, world: World) -> dict[str, Any]:
     """This rank's trainer state in `checkpoint`, once it is checked to fit this run: as many processes
     (the optimizer state is sharded) and the options that decide the steps."""
-    import torch
-
     state = checkpoint / f"trainer-state-rank{world.rank}.pt"
     if not state.exists():
         raise TrainError(f"{checkpoint} was saved by fewer processes than this run has; resume with as many")
-    try:
-        saved = torch.load(state, weights_only=False)
-    except (OSError, RuntimeError, EOFError, ValueError) as exc:  # torn, or not a state file at all
-        raise TrainError(
-            f"cannot read {state} ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}): "
-            "remove that checkpoint folder to resume from the one before"
-        ) from None
-    if not isinstance(saved, dict) or not isinstance(saved.get("config"), dict):
-        raise TrainError(
-            f"cannot read {state}: not a trainer state; remove that checkpoint folder to resume from the one before"
-        )
+    saved = read_trainer_state(state)
     if saved.get("world_size", 1) != world.size:
         raise TrainError(
             f"{checkpoint} was saved by {saved.get('world_size', 1)} processes; resume with as many "
@@ -233,6 +221,13 @@ def saved_state(checkpoint: Path, config: TrainConfig, world: World) -> dict[str
     if changed:
         raise TrainError(f"{checkpoint} was trained with other {', '.join(changed)}; resume with the same options")
     return saved
+
+
+def seeded_state(config: TrainConfig, world: World) -> dict[str, Any] | None:
+    """The trainer state of the checkpoint a run starts from (`init_from`, the loop's previous iteration with
+    LoRA), if it has one: its optimizer state goes on."""
+    state = config.init_from / f"trainer-state-rank{world.rank}.pt" if config.init_from is not None else None
+    return read_trainer_state(state) if state is not None and state.exists() else None
 
 
 def resolve_packing(config: TrainConfig, model: Any, world: World, pad_id: int, log: Any) -> str:
@@ -316,7 +311,7 @@ def train(config: TrainConfig, resume: bool = False, log: Any = None) -> dict[st
     steps = plan_steps(samples, config)
     found = latest_checkpoint(config.out) if resume else None
     start = found[1] if found else 0
-    saved = saved_state(found[0], config, world) if found else None
+    saved = saved_state(found[0], config, world) if found else seeded_state(config, world)
     origin = found[0] if found else config.init_from
     model, tokenizer = load_model(config, world, origin)
     optimizer = torch.optim.AdamW(
@@ -324,10 +319,6 @@ def train(config: TrainConfig, resume: bool = False, log: Any = None) -> dict[st
     )
     if saved:
         optimizer.load_state_dict(saved["optimizer"])
-    elif config.init_from is not None and (config.init_from / f"trainer-state-rank{world.rank}.pt").exists():
-        optimizer.load_state_dict(
-            torch.load(config.init_from / f"trainer-state-rank{world.rank}.pt", weights_only=False)["optimizer"]
-        )
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     metrics_log = None
     if world.main:

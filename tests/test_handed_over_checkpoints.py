@@ -1,0 +1,145 @@
+"""A checkpoint is a folder anyone could hand over: an out folder to `train --resume`, a loop folder to `loop`,
+a `loop.json` whose policy names a checkpoint somewhere else. Its trainer state is read as tensors and plain
+values only, never unpickled: a state file that names code (here, code that writes a file) is one line naming
+the file and a non-zero exit, and the code never runs. A genuine checkpoint still resumes
+(`tests/test_train.py`, `tests/test_train_loop.py`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_untrusted_inputs import assert_refused, jsonl, nanbeige
+from test_untrusted_training import data_with
+from tiny_model import make_tiny_model
+
+REFUSED = "refused, never unpickled"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
+class Planted:
+    """Unpickled, it writes `path`: proof that the state file was unpickled."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (Path.write_text, (self.path, "the pickle ran"))
+
+
+def planted_checkpoint(folder: Path, marker: Path) -> Path:
+    """A checkpoint folder, marked whole, whose trainer state looks like one but runs code when unpickled."""
+    import torch
+
+    folder.mkdir(parents=True)
+    state = folder / "trainer-state-rank0.pt"
+    torch.save({"optimizer": Planted(marker), "step": 1, "world_size": 1, "config": {}}, state)
+    (folder / "checkpoint-complete.json").write_text('{"step": 1, "world_size": 1}')
+    return state
+
+
+def test_train_resume_refuses_a_state_file_that_would_run_code(tiny: Path, tmp_path: Path) -> None:
+    data, out, marker = tmp_path / "judged.jsonl", tmp_path / "out", tmp_path / "ran"
+    data.write_bytes(data_with())
+    state = planted_checkpoint(out / "checkpoint-1", marker)
+    result = nanbeige("train", "--data", data, "--model", tiny, "--out", out, "--steps", "1", "--resume")
+    assert not marker.exists()
+    assert_refused(result, state, None, REFUSED)
+
+
+def handed_over_loop(tiny: Path, tmp_path: Path, policy_checkpoint: Path | None) -> tuple[Path, Path]:
+    """A loop folder whose iteration 1 is collected and judged, its training still to do; the iteration's
+    policy is `policy_checkpoint` (None: the model itself). Returns the folder and its questions file."""
+    questions, out = tmp_path / "questions.jsonl", tmp_path / "loop"
+    questions.write_bytes(jsonl({"id": "q1", "question": "q", "answer": "4"}))
+    policy = {"model": str(policy_checkpoint or tiny), "checkpoint": policy_checkpoint and str(policy_checkpoint)}
+    policy["version"] = "iter-0"
+    iteration = {
+        "iteration": 1,
+        "policy": policy,
+        "collected": {"rollouts": 2, "pass_rate": 0.5, "model": policy["model"]},
+        "judged": {"judged": 2, "mean_reward": 0.5, "groups": 1, "informative_groups": 1, "questions": 1},
+    }
+    state = {"questions": str(questions), "sync": "none", "policy": policy, "iterations": [iteration]}
+    (out / "iter-1").mkdir(parents=True)
+    (out / "loop.json").write_text(json.dumps(state))
+    (out / "iter-1" / "questions.jsonl").write_bytes(questions.read_bytes())
+    (out / "iter-1" / "judged.jsonl").write_bytes(data_with())
+    return out, questions
+
+
+def loop(out: Path, questions: Path, tiny: Path, *options: object) -> object:
+    return nanbeige(
+        "loop",
+        "--iterations",
+        "1",
+        "--questions",
+        questions,
+        "--model",
+        tiny,
+        "--out",
+        out,
+        "--backend",
+        "transformers",
+        "--no-default-servers",
+        "--no-critic",
+        "--sync",
+        "none",
+        "--steps",
+        "1",
+        *options,
+    )
+
+
+def test_the_loop_s_train_stage_refuses_a_handed_over_loop_folder_s_checkpoint(tiny: Path, tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    out, questions = handed_over_loop(tiny, tmp_path, None)
+    state = planted_checkpoint(out / "iter-1" / "train" / "checkpoint-1", marker)
+    result = loop(out, questions, tiny)
+    assert not marker.exists()
+    assert_refused(result, state, None, "iteration 1, train", REFUSED)
+
+
+def test_a_loop_policy_naming_a_checkpoint_elsewhere_never_unpickles_its_state(tiny: Path, tmp_path: Path) -> None:
+    """With LoRA an iteration goes on from its policy's adapter and optimizer state: the state is read as a
+    handed-over file, before anything is trained."""
+    import peft
+    import transformers
+
+    marker, elsewhere = tmp_path / "ran", tmp_path / "elsewhere" / "checkpoint-7"
+    state = planted_checkpoint(elsewhere, marker)
+    base = transformers.AutoModelForCausalLM.from_pretrained(tiny)  # a real adapter: it loads as one would
+    lora = peft.LoraConfig(r=2, target_modules="all-linear", task_type="CAUSAL_LM")
+    peft.get_peft_model(base, lora).save_pretrained(elsewhere / "adapter")
+    out, questions = handed_over_loop(tiny, tmp_path, elsewhere)
+    result = loop(out, questions, tiny, "--lora-rank", "2")
+    assert not marker.exists()
+    assert_refused(result, state, None, "iteration 1, train", REFUSED)
+
+
+def pickled_model(tiny: Path, folder: Path, marker: Path) -> Path:
+    """The tiny model's config and tokenizer, with weights in a `pytorch_model.bin` that runs code when unpickled."""
+    import torch
+
+    folder.mkdir(parents=True)
+    for path in tiny.iterdir():
+        if path.suffix != ".safetensors":
+            (folder / path.name).write_bytes(path.read_bytes())
+    torch.save({"model.embed_tokens.weight": Planted(marker)}, folder / "pytorch_model.bin")
+    return folder
+
+
+def test_a_loop_policy_naming_a_model_with_pickled_weights_is_one_line(tiny: Path, tmp_path: Path) -> None:
+    """Without LoRA an iteration trains its policy's checkpoint itself: transformers reads a `.bin` with
+    weights_only, so the code does not run either way, and the refusal is one line, not a crash."""
+    marker = tmp_path / "ran"
+    elsewhere = pickled_model(tiny, tmp_path / "elsewhere" / "checkpoint-7", marker)
+    out, questions = handed_over_loop(tiny, tmp_path, elsewhere)
+    result = loop(out, questions, tiny)
+    assert not marker.exists()
+    assert_refused(result, elsewhere, None, "iteration 1, train", REFUSED)
