@@ -116,6 +116,7 @@ READERS = {
     "evals/dataset_rows.py": {},
     "evals/tasks.py": {},
     "trainer/train_report.py": {},
+    "trainer/graph.py": {},
 }
 OPENERS = {"read_text", "read_bytes", "open", "load", "loads_file", "fdopen"}
 
@@ -162,3 +163,20 @@ def test_train_report_reads_no_metrics_through_a_loop_folder_linked_elsewhere(tm
     (loop / "iter-1").mkdir(parents=True)
     (loop / "iter-1" / "train").symlink_to(elsewhere)
     one_line_error(nanbeige("train", "report", str(loop), cwd=tmp_path), "lies outside", "loop")
+
+
+def test_a_downloaded_index_folder_is_read_as_handed_over(tmp_path: Path) -> None:
+    from nanbeige.tools.index import FORMAT, META_FILE, PASSAGES_FILE
+    from nanbeige.trainer.graph import SynthError, load_documents
+
+    index = tmp_path / "index"
+    index.mkdir()
+    (index / META_FILE).write_text(json.dumps({"format": FORMAT}))
+    (tmp_path / "private.jsonl").write_text(json.dumps({"doc": 0, "title": "key", "link": "x", "text": "secret"}))
+    (index / PASSAGES_FILE).symlink_to(tmp_path / "private.jsonl")
+    with pytest.raises(SynthError, match="is a symbolic link"):
+        load_documents(index)
+    (index / PASSAGES_FILE).unlink()
+    (index / PASSAGES_FILE).write_text(json.dumps({"doc": "0", "title": 1}) + "\n")
+    with pytest.raises(SynthError, match=r"passages.jsonl:1: not a passage"):
+        load_documents(index)  # was a KeyError or TypeError traceback

@@ -19,7 +19,7 @@ import json
 import os
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 MIB = 1024 * 1024
 
@@ -28,12 +28,13 @@ class HandedOverError(ValueError):
     """A handed-over file that is refused unread: a link, not a regular file, too large, or outside its folder."""
 
 
-def read_bytes(path: str | Path, max_bytes: int, inside: str | Path | None = None) -> bytes:
-    """The file's bytes, at most `max_bytes` of them, read as this module's docstring says. `inside`: the folder
-    the file was found in; the file must not be a link, nor lie elsewhere once its folder's links and `..` are
-    resolved. Without it the path is one the user named, and a link there is followed."""
+def open_file(path: str | Path, max_bytes: int, inside: str | Path | None = None) -> BinaryIO:
+    """The file opened for reading in binary, once it is found to be a regular file of at most `max_bytes`
+    (for a reader that streams it; close it, or use it in `with`). `inside`: the folder the file was found in;
+    the file must not be a link, nor lie elsewhere once its folder's links and `..` are resolved. Without it the
+    path is one the user named, and a link there is followed."""
     path = Path(path)
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC  # O_NONBLOCK: opening a FIFO with no writer returns
     if inside is not None:
         _check_inside(path, Path(inside))
         flags |= os.O_NOFOLLOW
@@ -43,12 +44,23 @@ def read_bytes(path: str | Path, max_bytes: int, inside: str | Path | None = Non
         if inside is not None and _is_link(path):  # O_NOFOLLOW's answer (ELOOP) reads as a puzzle: say what it is
             raise HandedOverError(f"{path} is a symbolic link: a file in {inside} is read only as itself") from None
         raise
-    with os.fdopen(descriptor, "rb") as file:
-        status = os.fstat(file.fileno())
-        if not stat.S_ISREG(status.st_mode):
-            raise HandedOverError(f"{path} is not a regular file")
-        if status.st_size > max_bytes:
-            raise HandedOverError(f"{path} is {_size(status.st_size)}, more than the {_size(max_bytes)} it may be")
+    file = os.fdopen(descriptor, "rb")
+    status = os.fstat(descriptor)
+    problem = None
+    if not stat.S_ISREG(status.st_mode):
+        problem = f"{path} is not a regular file"
+    elif status.st_size > max_bytes:
+        problem = f"{path} is {_size(status.st_size)}, more than the {_size(max_bytes)} it may be"
+    if problem is not None:
+        file.close()
+        raise HandedOverError(problem)
+    return file
+
+
+def read_bytes(path: str | Path, max_bytes: int, inside: str | Path | None = None) -> bytes:
+    """The file's bytes, at most `max_bytes` of them, read from the one open file whose size was checked
+    (`open_file` says which files are refused)."""
+    with open_file(path, max_bytes, inside) as file:
         data = file.read(max_bytes + 1)  # grown since the check: still no more than the cap is held
     if len(data) > max_bytes:
         raise HandedOverError(f"{path} grew past {_size(max_bytes)} while it was read")

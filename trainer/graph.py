@@ -28,11 +28,15 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from nanbeige.tools import handed_over
 from nanbeige.tools.errors import NanbeigeError
 from nanbeige.tools.index import FORMAT, META_FILE, PASSAGES_FILE
 
 MIN_NAME_CHARS = 4
+MAX_META_BYTES = handed_over.MIB
+MAX_PASSAGES_BYTES = 16 * 1024 * handed_over.MIB  # all of English Wikipedia's text is about 20 GB
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 _QUALIFIER = re.compile(r"\s+\([^()]*\)$")
 # A sentence ends at . ! or ? followed by space and a capital, digit or opening quote, or at a blank line.
@@ -84,19 +88,38 @@ def load_documents(index_dir: Path) -> list[Document]:
         raise SynthError(f"no index folder at {index_dir}; {fix}")
     if not (index_dir / META_FILE).is_file() or not (index_dir / PASSAGES_FILE).is_file():
         raise SynthError(f"{index_dir} is not a nanbeige index (no {META_FILE} or {PASSAGES_FILE}); {fix}")
-    meta = json.loads((index_dir / META_FILE).read_text(encoding="utf-8"))
+    # The folder may be a downloaded one: its files are read as handed over (no link out, no FIFO, capped).
+    try:
+        meta = handed_over.read_json_object(index_dir / META_FILE, MAX_META_BYTES, inside=index_dir)
+        passages = handed_over.open_file(index_dir / PASSAGES_FILE, MAX_PASSAGES_BYTES, inside=index_dir)
+    except (OSError, ValueError) as exc:
+        raise SynthError(f"cannot read the index in {index_dir}: {getattr(exc, 'strerror', None) or exc}") from None
     if meta.get("format") != FORMAT:
         raise SynthError(f"{index_dir} holds an index of format {meta.get('format')!r}, not {FORMAT!r}; {fix}")
     documents: dict[int, Document] = {}
-    with open(index_dir / PASSAGES_FILE, encoding="utf-8") as f:
-        for line in f:
-            passage = json.loads(line)
+    with passages:
+        for number, line in enumerate(passages, 1):
+            passage = _passage(line)
+            if passage is None:
+                raise SynthError(f"{index_dir / PASSAGES_FILE}:{number}: not a passage of a nanbeige index; {fix}")
             document = documents.get(passage["doc"])
             if document is None:
                 documents[passage["doc"]] = Document(passage["title"], passage["link"], passage["text"])
             else:
                 document.text += "\n\n" + passage["text"]
     return [documents[n] for n in sorted(documents)]
+
+
+def _passage(line: bytes) -> dict[str, Any] | None:
+    """A line of the passages file, if it is one: its document's number, title, link and text."""
+    try:
+        passage = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    fields = {"doc": int, "title": str, "link": str, "text": str}
+    if not isinstance(passage, dict) or not all(isinstance(passage.get(k), t) for k, t in fields.items()):
+        return None
+    return passage
 
 
 def _key(text: str) -> tuple[str, ...]:
