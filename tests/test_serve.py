@@ -17,7 +17,9 @@ import pytest
 from conftest import free_port
 
 from nanbeige.agent.cli.serve import serve, server_url
-from nanbeige.agent.cli.serve_config import ServeConfig, chat_template_file, vllm_args
+from nanbeige.agent.cli.serve_config import ServeConfig, chat_template_file, real_address, vllm_args
+
+NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
 
 # Parses the flags it needs and ignores the rest, like a real `vllm serve` would accept them;
 # `--fake-*` flags (passed as extra_args) choose how it behaves.
@@ -33,6 +35,7 @@ parser.add_argument("--chat-template")
 parser.add_argument("--fake-mode", default="serve")
 parser.add_argument("--fake-exit-after", type=float)  # seconds after it was first seen ready, however late
 parser.add_argument("--fake-record")
+parser.add_argument("--fake-bind")  # the address it really binds, whatever --host says: tests stay on loopback
 args, _ = parser.parse_known_args()
 template = open(args.chat_template).read() if args.chat_template else None
 with open(args.fake_record, "w") as f:
@@ -66,7 +69,7 @@ class Models(BaseHTTPRequestHandler):
 
 
 seen_ready = threading.Event()
-server = HTTPServer((args.host, args.port), Models)
+server = HTTPServer((args.fake_bind or args.host, args.port), Models)
 try:
     server.serve_forever()
 except KeyboardInterrupt:
@@ -210,6 +213,31 @@ def test_the_url_of_a_wildcard_address_is_this_machine() -> None:
     assert server_url(ServeConfig(host="::")) == "http://[::1]:8000/v1"
 
 
+@pytest.mark.parametrize(
+    ("extra_args", "address"),
+    [
+        ([], ("127.0.0.1", 8000)),
+        (["--host", "0.0.0.0"], ("0.0.0.0", 8000)),
+        (["--host=0.0.0.0", "--port=9000"], ("0.0.0.0", 9000)),
+        (["--host", "0.0.0.0", "--max-num-seqs", "8", "--host", "127.0.0.1"], ("127.0.0.1", 8000)),  # last wins
+        (["--ho", "::", "--por", "9001"], ("::", 9001)),  # abbreviations, which argparse accepts
+        (["--hostname", "0.0.0.0"], ("127.0.0.1", 8000)),  # another flag, not an abbreviation of --host
+    ],
+)
+def test_the_address_vllm_listens_on_is_the_last_one_said_after_the_double_dash(
+    extra_args: list[str], address: tuple[str, int]
+) -> None:
+    config = real_address(ServeConfig(extra_args=extra_args))
+    assert (config.host, config.port) == address
+    assert vllm_args(config)[len(DEFAULT_ARGS) :] == extra_args  # passed through unchanged, last
+
+
+@pytest.mark.parametrize(("extra_args", "words"), [(["--port=http"], "'http'"), (["--host"], "has no value")])
+def test_an_address_after_the_double_dash_that_vllm_cannot_use_is_refused(extra_args: list[str], words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        real_address(ServeConfig(extra_args=extra_args))
+
+
 def test_the_template_of_a_tokenizer_config_is_written_to_a_file(tmp_path: Path) -> None:
     config = tmp_path / "tokenizer_config_search.json"
     config.write_text(json.dumps({"bos_token": "<|im_start|>", "chat_template": "{{ messages }}\n"}))
@@ -323,3 +351,50 @@ def test_the_deep_search_template_beside_the_weights_is_used_by_name(tmp_path: P
     assert fake_record(tmp_path)["template"] == "SEARCH {{ messages }}"
     assert any("using the deep-search chat template" in m for m in messages)
     assert not any("warning" in m for m in messages)
+
+
+# ---------------------------------------------------------------- the address after `--`
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--weight-sync", "--", "--host", "0.0.0.0"], ["--weight-sync", "refused", "--host 0.0.0.0"]),
+        (["--", "--host=0.0.0.0"], ["opens the server to the network", "--api-key", "--no-api-key"]),
+        (["--", "--port", "web"], ["--port after --", "'web'"]),
+    ],
+)
+def test_serve_checks_the_address_said_after_the_double_dash(flags: list[str], words: list[str]) -> None:
+    result = subprocess.run(
+        [NANBEIGE, "serve", *flags],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "200", "NANBEIGE_API_KEY": "", "VLLM_API_KEY": ""},
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    error = " ".join(line for line in result.stderr.splitlines() if line.startswith("error:"))
+    assert all(word in error for word in words), result.stderr
+
+
+def test_weight_sync_is_refused_when_the_double_dash_opens_the_server(tmp_path: Path) -> None:
+    config = fake_config(tmp_path, "--host", "0.0.0.0", weight_sync=True, api_key="k" * 16)
+    messages: list[str] = []
+    assert serve(config, messages.append) == 2
+    assert "--weight-sync" in messages[0] and "refused" in messages[0]
+    assert not (tmp_path / "fake.json").exists()  # never started
+
+
+def test_the_ready_line_names_the_address_said_after_the_double_dash(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    port = free_port()
+    # the fake binds loopback whatever --host says: no test listens beyond this machine
+    extra = ["--host=0.0.0.0", "--port", str(port), "--fake-bind", "127.0.0.1", "--fake-exit-after", "0.5"]
+    config = fake_config(tmp_path, *extra, no_api_key=True)
+    messages: list[str] = []
+    assert serve(config, messages.append) == 4
+    url = f"http://127.0.0.1:{port}/v1"
+    assert capsys.readouterr().out.splitlines()[0] == url
+    ready = next(text for text in messages if text.startswith("ready at"))
+    assert ready.startswith(f"ready at {url} ") and "listening on every interface, no API key" in ready

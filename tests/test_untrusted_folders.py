@@ -237,8 +237,8 @@ def test_serve_off_loopback_hands_vllm_the_key_in_its_environment(tmp_path: Path
 
     from nanbeige.agent.cli.serve import serve
 
-    # the fake binds loopback all the same (its last --host wins): no test listens beyond this machine
-    config = fake_config(tmp_path, "--host", "127.0.0.1", "--fake-exit-after", "0.5", host="0.0.0.0", api_key=KEY)
+    # the fake binds loopback all the same: no test listens beyond this machine
+    config = fake_config(tmp_path, "--fake-bind", "127.0.0.1", "--fake-exit-after", "0.5", host="0.0.0.0", api_key=KEY)
     messages: list[str] = []
     serve(config, messages.append)
     started = next(text for text in messages if text.startswith("starting:"))

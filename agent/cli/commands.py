@@ -17,7 +17,7 @@ from nanbeige.agent.cli.console import out as print_line
 from nanbeige.agent.cli.help_screen import ShortHelpCommand
 from nanbeige.agent.cli.judge_options import judge_endpoint
 from nanbeige.agent.cli.option_tables import with_options, with_run_options
-from nanbeige.agent.cli.serve_config import ServeConfig
+from nanbeige.agent.cli.serve_config import ServeConfig, real_address
 from nanbeige.agent.run_config import RunSettings
 
 
@@ -30,8 +30,12 @@ def serve(ctx: typer.Context, *, flags: dict[str, Any]) -> None:
     from nanbeige.agent.cli.serve import serve as serve_vllm
 
     api_key, no_api_key, weight_sync = flags["api_key"], flags["no_api_key"], flags["weight_sync"]
+    try:  # the address vLLM will use: a --host after `--` wins over ours
+        host = real_address(ServeConfig(host=flags["host"], port=flags["port"], extra_args=list(ctx.args))).host
+    except ValueError as exc:
+        fail(str(exc), 2)
     problem = exposure_problem(
-        flags["host"], weight_sync=weight_sync, api_key=api_key, no_api_key=no_api_key, extra_args=list(ctx.args)
+        host, weight_sync=weight_sync, api_key=api_key, no_api_key=no_api_key, extra_args=list(ctx.args)
     )
     if problem:
         fail(problem, 2)

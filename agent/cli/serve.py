@@ -40,7 +40,7 @@ import httpx
 
 from nanbeige.agent.backends.prompts import search_template
 from nanbeige.agent.cli.exposure import exposure, exposure_problem
-from nanbeige.agent.cli.serve_config import ServeConfig, chat_template_file, vllm_args
+from nanbeige.agent.cli.serve_config import ServeConfig, chat_template_file, real_address, vllm_args
 
 NO_VLLM = (
     "vLLM is not installed (no `{command}` command found): `pip install 'nanbeige[serve]'` on a GPU machine, "
@@ -118,6 +118,13 @@ def serve(config: ServeConfig, out: Callable[[str], None] | None = None) -> int:
     output goes to our stderr as it comes, our messages (plain text) to `out`, and once the server
     answers, its base URL and the matching NANBEIGE_* settings to stdout."""
     out = out or _to_stderr
+    try:
+        # vLLM listens where the arguments after `--` say, if they say: every check and message below is
+        # about that address, not the one our own flags asked for
+        config = real_address(config)
+    except ValueError as exc:
+        out(f"error: {exc}")
+        return 2
     problem = exposure_problem(
         config.host,
         weight_sync=config.weight_sync,

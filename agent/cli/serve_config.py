@@ -4,7 +4,7 @@ command line they make. Starting the server, waiting for it and stopping it is s
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from nanbeige.agent.backends.prompts import read_chat_template
@@ -65,7 +65,8 @@ class ServeConfig:
     VLLM_SERVER_DEV_MODE=1, which opens its /pause, /collective_rpc (reload_weights), /reset_prefix_cache
     and /resume endpoints. They take no API key: keep such a server on a private address."""
     extra_args: list[str] = field(default_factory=list)
-    """More `vllm serve` arguments, passed through unchanged after ours (a later flag wins in vLLM)."""
+    """More `vllm serve` arguments, passed through unchanged after ours (a later flag wins in vLLM, so a
+    `--host` or `--port` here is the address vLLM listens on: see `real_address`)."""
     startup_timeout_s: float = 900.0
     """Give up if the server does not answer within this many seconds (the first run downloads ~8 GB)."""
     stop_grace_s: float = 30.0
@@ -124,6 +125,31 @@ def vllm_args(config: ServeConfig) -> list[str]:
     if config.rl_logprobs:
         args += ["--logprobs-mode", "processed_logprobs"]
     return args + config.extra_args
+
+
+def real_address(config: ServeConfig) -> ServeConfig:
+    """The config with the host and port vLLM will listen on: ours, unless the arguments passed through
+    after `--` say others, which vLLM's parser reads last, so the last one wins. An abbreviation
+    (`--ho`, `--por=9000`) counts too, as vLLM's argparse takes one. ValueError for a port that is no
+    number or a flag with no value."""
+    host, port = config.host, str(config.port)
+    args = config.extra_args
+    for i, arg in enumerate(args):
+        name, equals, value = arg.partition("=")
+        flag = next((f for f in ("--host", "--port") if len(name) > 2 and f.startswith(name)), None)
+        if flag is None:
+            continue
+        if not equals:
+            if i + 1 == len(args):
+                raise ValueError(f"{arg} after -- has no value")
+            value = args[i + 1]
+        if flag == "--host":
+            host = value
+        else:
+            port = value
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"--port after -- must be a number from 1 to 65535, not {port!r}")
+    return replace(config, host=host, port=int(port))
 
 
 def chat_template_file(path: Path, folder: Path) -> Path:
