@@ -143,3 +143,12 @@ def test_a_loop_policy_naming_a_model_with_pickled_weights_is_one_line(tiny: Pat
     result = loop(out, questions, tiny)
     assert not marker.exists()
     assert_refused(result, elsewhere, None, "iteration 1, train", REFUSED)
+
+
+def test_the_in_process_backend_refuses_pickled_weights_in_one_line(tiny: Path, tmp_path: Path) -> None:
+    """The loop's collect samples from its policy's checkpoint in process, as `ask --backend transformers` does."""
+    marker = tmp_path / "ran"
+    model = pickled_model(tiny, tmp_path / "checkpoint-7", marker)
+    result = nanbeige("ask", "--backend", "transformers", "--model", model, "--no-default-servers", "What is 2+2?")
+    assert not marker.exists()
+    assert_refused(result, model, None, REFUSED)

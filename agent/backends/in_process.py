@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import pickle
 import threading
 import time
 from collections.abc import Iterator
@@ -148,6 +149,11 @@ class TransformersLLM:
                 self.model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
         except (OSError, ValueError) as exc:
             raise LocalModelError(load_problem(source, gguf_file, exc)) from None
+        except pickle.UnpicklingError:  # transformers reads a .bin with weights_only=True: it never runs code
+            raise LocalModelError(
+                f"cannot load the folder {source!r}: its weights hold more than tensors (a pickle that could run "
+                "code): refused, never unpickled; save them as safetensors"
+            ) from None
         self.model.to(self.device).eval()
         if not self.tokenizer.chat_template:
             raise LocalModelError(f"{config.model!r} has no chat template; the in-process backend needs one")
