@@ -36,6 +36,8 @@ from nanbeige.tools.errors import NanbeigeError
 Notice = Callable[[str], None]
 Work = Callable[[Any], Awaitable[Any]]
 Opener = Callable[[Notice], AbstractAsyncContextManager[Work]]
+Check = Callable[[Any, Any], "str | None"]
+"""What is wrong with a shard's result for an item (the item, the result), or None."""
 """Opens, on an actor, what a shard's items need and yields the function that runs one item; its notices
 (a search backend missing, ...) go to the driver."""
 
@@ -229,8 +231,10 @@ class Shards:
     def alive(self) -> list[Placed]:
         return [p for p in self.placed if not p.lost]
 
-    async def run(self, item: Any) -> Any:
-        """The item's result, from whichever actor finishes it; an exception it raised is raised here."""
+    async def run(self, item: Any, check: Check | None = None) -> Any:
+        """The item's result, from whichever actor finishes it; an exception it raised is raised here. `check`
+        says what is wrong with a result for the item (`agent/shard_results.py`): such a result fails the shard
+        and the command, and nothing of it is written."""
         while True:
             live = self.alive
             if not live:
@@ -240,14 +244,22 @@ class Shards:
             placed = min(live, key=lambda p: p.in_flight)
             placed.in_flight += 1
             try:
-                status, value = await placed.actor.run.remote(item)
+                result = await placed.actor.run.remote(item)
             except (RayActorError, ObjectLostError) as exc:  # its node is gone, with the result if it had one
                 self.lose(placed, exc)
                 continue
             finally:
                 placed.in_flight -= 1
-            if status == "raised":
+            status, value = result if type(result) is tuple and len(result) == 2 else (None, result)
+            if status == "raised" and isinstance(value, Exception):
                 raise value
+            problem = None if status == "done" else "neither a result nor an exception it raised"
+            problem = problem or (check(item, value) if check is not None else None)
+            if problem:
+                raise ClusterError(
+                    f"the shard on {placed.node} failed: what it sent back does not fit the item it was given "
+                    f"({problem}); nothing of it was written"
+                )
             return value
 
     def lose(self, placed: Placed, exc: BaseException) -> None:

@@ -173,6 +173,19 @@ def rollout_attempt(runtime: Ready, config: CollectConfig, policy_version: str |
     return attempt
 
 
+def rollout_row_problem(row: Any) -> str | None:
+    """Why a rollout's row sent back by a Ray node is not one `rollout_attempt` makes, or None."""
+    if type(row) is not dict or set(row) != {"task_id", "correct", "turns"}:
+        return "not a rollout's task_id, correct and turns"
+    if (
+        type(row["task_id"]) is not str
+        or type(row["correct"]) not in (bool, type(None))
+        or type(row["turns"]) is not int
+    ):
+        return "a task_id, correct or turns of another type"
+    return None
+
+
 def on_policy(settings: RunSettings, notice: Callable[[str], None]) -> RunSettings:
     """Rollouts for training sample with what the trainer computes, the temperature alone: the dialect's
     top-p and repetition penalty (for answering questions) are not applied unless asked for, since they
@@ -279,7 +292,7 @@ async def collect_on_ray(
         async with cluster.shards(config.ray, opener, config.concurrency, notice) as shards:
             writer = open_writer(config.out, secrets_of(settings), whole=True)
             try:
-                await begin(written(shards, writer), config.concurrency * len(shards.placed))
+                await begin(written(shards, writer, rollout_row_problem), config.concurrency * len(shards.placed))
             finally:
                 writer.close()
     except cluster.ClusterError as exc:

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 
 from nanbeige.agent import cluster
+from nanbeige.agent.shard_results import trajectory_problem
 from nanbeige.agent.trajectory import Trajectory
 from nanbeige.agent.trajectory_file import TrajectoryWriter
 from nanbeige.trainer.code_rewards import CodeJudgeError, open_code_judging
@@ -50,7 +51,7 @@ async def judge_on_ray(
                 async with slots:
                     progress.running += 1
                     try:
-                        judged = await shards.run(trajectory)
+                        judged = await shards.run(trajectory, judged_problem)
                     finally:
                         progress.running -= 1
                     write_whole(writer, judged)
@@ -66,6 +67,20 @@ async def judge_on_ray(
                 writer.close()
     except cluster.ClusterError as exc:
         raise JudgeError(str(exc)) from None
+
+
+def judged_problem(sent: Trajectory, judged: Any) -> str | None:
+    """Why a trajectory a Ray node sends back cannot be written as the judged `sent`: another trajectory (its
+    id, question or number of turns), or records a trajectory file could not hold (`agent/shard_results.py`)."""
+    problem = trajectory_problem(judged)
+    if problem is None and (judged.id, judged.group_id, judged.question, len(judged.turns)) != (
+        sent.id,
+        sent.group_id,
+        sent.question,
+        len(sent.turns),
+    ):
+        problem = f"trajectory {judged.id!r} where the judged {sent.id!r} belongs"
+    return problem
 
 
 @asynccontextmanager
