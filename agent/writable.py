@@ -10,6 +10,13 @@ from pathlib import Path
 def unwritable(path: Path) -> str:
     """Why a file cannot be written at `path` (its missing folders made), or "" when it can; nothing is
     left behind."""
+    try:
+        return _unwritable(path)
+    except OSError as exc:  # even looking fails: a name over 255 bytes, a folder that cannot be read
+        return exc.strerror or str(exc)
+
+
+def _unwritable(path: Path) -> str:
     if path.is_dir():
         return "it is a folder"
     folder = path.parent
@@ -44,3 +51,14 @@ def _probe(path: Path) -> str:
             except OSError:
                 pass
     return ""
+
+
+def unwritable_folder(path: Path) -> str:
+    """Why files cannot be written in the folder `path` (made where missing), or "" when they can; nothing
+    is left behind."""
+    try:
+        if path.exists() and not path.is_dir():
+            return "it is not a folder"
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return unwritable(path / ".nanbeige-write-check")

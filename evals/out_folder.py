@@ -77,8 +77,12 @@ def prepare_out(
     returns the manifest."""
     wanted = manifest(config, tasks, reference, judge_prompt)
     path = config.out / MANIFEST
-    refuse_links(config.out)
-    if path.exists():
+    try:
+        refuse_links(config.out)
+        resumed = path.exists()
+    except OSError as exc:  # even looking fails: a name over 255 bytes, a folder that cannot be read
+        raise EvalError(f"cannot use {config.out}: {exc.strerror or exc}; pass another --out") from None
+    if resumed:
         found = read_manifest(path)
         for key in ("bench", "data_sha256", "grader", "judge_model", "k", "limit", "reference"):
             if found.get(key) != wanted[key]:

@@ -152,12 +152,15 @@ async def _research(question: str, settings: RunSettings, attempts: int) -> tupl
 def check_report_path(path: Path, trajectory: Path | None) -> None:
     """That the report can be written, checked before hours of research rather than after, and would
     overwrite nothing the run needs."""
-    if path.is_dir():
-        fail(f"--report {path} is a folder; pass a file path", 2)
-    if path.exists() and not path.is_file():
-        fail(f"--report {path} is not a regular file (a FIFO, socket or device); pass a file path", 2)
-    if trajectory is not None and path.resolve() == trajectory.resolve():
-        fail(f"--report {path} is the trajectory file; pass another path", 2)
+    try:
+        if path.is_dir():
+            fail(f"--report {path} is a folder; pass a file path", 2)
+        if path.exists() and not path.is_file():
+            fail(f"--report {path} is not a regular file (a FIFO, socket or device); pass a file path", 2)
+        if trajectory is not None and path.resolve() == trajectory.resolve():
+            fail(f"--report {path} is the trajectory file; pass another path", 2)
+    except OSError as exc:  # even looking fails: a name over 255 bytes, a folder that cannot be read
+        fail(f"cannot write the report to {path}: {exc.strerror or exc}", 2)
     from nanbeige.agent.writable import unwritable
 
     problem = unwritable(path)
