@@ -71,6 +71,11 @@ def training(flags: dict[str, Any], loop: int, spelled: str) -> TrainConfig:
     """The training the flags describe, refused in one line (exit 2) where they cannot work together."""
     if flags["model"] is None or flags["out"] is None:
         fail(f"--{'model' if flags['model'] is None else 'out'} is required (see {spelled.split(' --')[0]} --help)", 2)
+    from nanbeige.agent.writable import unwritable_folder
+
+    problem = unwritable_folder(flags["out"])
+    if problem:
+        fail(f"cannot write to --out {flags['out']}: {problem}", 2)
     if flags["min_pass_rate"] > flags["max_pass_rate"]:
         fail(f"--min-pass-rate {flags['min_pass_rate']} is above --max-pass-rate {flags['max_pass_rate']}", 2)
     problem = ray_problem(flags["ray"], loop, spelled)
