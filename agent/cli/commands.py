@@ -355,29 +355,41 @@ def trust_command(
             help="The settings file (default: the nanbeige.toml found in this folder or above).", show_default=False
         ),
     ] = None,
+    tree: Annotated[
+        bool, typer.Option("--tree", help="Trust it in every folder below its own too (default: its own folder).")
+    ] = False,
     forget: Annotated[bool, typer.Option("--forget", help="Stop trusting the file.")] = False,
     show_list: Annotated[bool, typer.Option("--list", help="List the trusted files.")] = False,
 ) -> None:
     """Let a folder's nanbeige.toml take effect: its settings can run commands (mcp), read code (reference)
     and choose the server your API key goes to (base_url), so a folder's file is ignored until you trust it.
-    Trust is for the file as it is now: a changed file needs trusting again."""
-    from nanbeige.agent.cli import settings_file, trust
+    Every value it sets is shown first, its paths and commands as they will be used (taken from its own
+    folder). Trust is for the file itself, never a symbolic link, as it is now (a changed file needs trusting
+    again), in its own folder; --tree trusts it in the folders below too."""
+    from nanbeige.agent.cli import program, settings_file, trust
 
     try:
         if show_list:
-            for name in sorted(trust.trusted()):
-                print_line(name + ("" if trust.verdict(Path(name)) == trust.TRUSTED else "  (changed or gone)"))
+            for name, known in sorted(trust.trusted().items()):
+                now = settings_file.trust_on_list(Path(name), known)
+                below = "  (and the folders below)" if known.tree else ""
+                print_line(name + below + ("" if now else "  (changed or gone)"))
             return
         path = path or settings_file.folder_settings_path()
         if path is None:
             fail("no nanbeige.toml in this folder or above: name the file", 2)
         if forget:
-            print_line(f"{'no longer trusted' if trust.forget(path) else 'was not trusted'}: {path.resolve()}")
+            print_line(f"{'no longer trusted' if trust.forget(path) else 'was not trusted'}: {trust.place(path)}")
             return
-        if not path.is_file():
-            fail(f"{path} is not a file", 2)
-        keys = sorted(settings_file.read(path))  # it must be TOML before it is trusted
-        sha = trust.trust(path)
-    except (settings_file.SettingsError, OSError) as exc:  # exit 1: the file is wrong, not a flag
+        content = settings_file.read_bytes(path, follow=False)  # read once: what is shown is what is trusted
+        paths = settings_file.path_settings(typer.main.get_command(program.app))
+        lines = settings_file.agreed(path, content, paths)  # it must be TOML before it is trusted
+        print_line(f"{trust.place(path)} sets:" if lines else f"{trust.place(path)} sets nothing")
+        for line in lines:
+            print_line(f"  {line}")
+        sha = trust.trust(path, content, tree)
+    except (settings_file.SettingsError, trust.TrustError, OSError) as exc:  # exit 1: the file is wrong, not a flag
         fail(str(exc))
-    print_line(f"trusted {path.resolve()} (sha256 {sha[:12]}): it sets {', '.join(keys) or 'nothing'}")
+    folder = Path(trust.place(path)).parent
+    where = f"{folder} and every folder below it" if tree else f"{folder} alone"
+    print_line(f"trusted {trust.place(path)} (sha256 {sha[:12]}) in {where}")

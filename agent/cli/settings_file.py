@@ -3,23 +3,32 @@
 Which files are read, key by key the later winning:
 1. the user's own file, `$XDG_CONFIG_HOME/nanbeige/nanbeige.toml` (else `~/.config/nanbeige/nanbeige.toml`);
 2. the file the user named (`nanbeige --config PATH ...` or `$NANBEIGE_CONFIG`), else the first `nanbeige.toml`
-   in the working folder or a folder above it, but that one only once the user has trusted it (`trust.py`):
-   a folder someone else made could otherwise run commands (`mcp`), read code (`reference`) or send the
-   user's API key to a server of theirs (`base_url`).
+   in the working folder or a folder above it, but that one only once the user has trusted it (`trust.py`),
+   and a file above only if trusted for its tree: a folder someone else made could otherwise run commands
+   (`mcp`), read code (`reference`) or send the user's API key to a server of theirs (`base_url`).
+A folder's file is read as itself: a symbolic link is refused, and so is a file over `MAX_BYTES`. Each file is
+read once: the bytes its trust is checked on are the bytes parsed.
 Keys are flag names with underscores (`max_turns = 300`, `mcp = ["docs=http://127.0.0.1:9000/mcp"]`).
 A key at the top applies to every command that has that flag; a table named after a command
 (`[ask]`, `[serve]`, `[index.build]`) applies to that command alone and wins. Flags and environment
 variables still come first: the settings become click's `default_map`, which click reads after both.
+A file's relative paths are its own: a path setting (`reference = "./MiroThinker"`) is taken from the file's
+folder, and an `mcp` command starts in that folder (`env -C FOLDER COMMAND`), wherever nanbeige runs.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
+import stat
 import tomllib
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import click
 import typer
 
 from nanbeige.agent.cli import trust
@@ -27,6 +36,11 @@ from nanbeige.agent.user_dirs import config_dir
 from nanbeige.tools.errors import NanbeigeError
 
 FILE_NAME = "nanbeige.toml"
+MAX_BYTES = 1024 * 1024
+"""The largest settings file read (a real one is a few hundred bytes); a larger one is refused unread."""
+
+
+RISK = "(a folder's settings can run commands and choose servers)"
 
 
 class SettingsError(NanbeigeError):
@@ -43,6 +57,9 @@ class Found:
     """Each file read, first to last, with where it comes from ("your own", "named", "trusted")."""
     ignored: list[tuple[Path, str]] = field(default_factory=list)
     """Each file found and left out, with the line that says why and how to use it."""
+    content: dict[Path, bytes] = field(default_factory=dict)
+    """The bytes already read of a file in `used`: a trusted file's, whose sha256 was checked. They are
+    parsed as they are, never read again, so a file swapped after its check is not what is obeyed."""
 
 
 def user_settings_path() -> Path:
@@ -51,18 +68,20 @@ def user_settings_path() -> Path:
 
 
 def folder_settings_path(start: Path | None = None) -> Path | None:
-    """The first `nanbeige.toml` in the working folder or one above it, other than the user's own."""
+    """The first `nanbeige.toml` in the working folder or one above it, other than the user's own; a symbolic
+    link of that name counts (it is then refused, saying so, rather than passed over in silence)."""
     folder = (start or Path.cwd()).absolute()
     own = user_settings_path().absolute()
     for candidate in (folder / FILE_NAME, *(parent / FILE_NAME for parent in folder.parents)):
-        if candidate.is_file() and candidate.absolute() != own:
+        if (candidate.is_symlink() or candidate.is_file()) and candidate.absolute() != own:
             return candidate
     return None
 
 
 def find(named: Path | None = None) -> Found:
     """Which settings files are in effect. `named` (`--config`), else `$NANBEIGE_CONFIG`, is the user's
-    own choice; a file found in a folder is read only when trusted, unchanged since."""
+    own choice; a file found in a folder is read only when trusted, unchanged since, for the folder the
+    user stands in."""
     found = Found()
     own = user_settings_path()
     if own.is_file():
@@ -74,20 +93,89 @@ def find(named: Path | None = None) -> Found:
     folder = folder_settings_path()
     if folder is None:
         return found
-    verdict = trust.verdict(folder)
-    if verdict == trust.TRUSTED:
+    content, why, how = _trusted_content(folder)
+    if content is not None:
         found.used.append((folder, "trusted"))
-    else:
-        shown = _shown(folder)
-        why = "it has changed since you trusted it" if verdict == trust.CHANGED else "it is not trusted"
-        found.ignored.append(
-            (
-                folder,
-                f"ignoring the settings file {shown}: {why} (a folder's settings can run "
-                f"commands and choose servers); `nanbeige trust {shown}` uses it",
-            )
-        )
+        found.content[folder] = content
+        return found
+    line = f"ignoring the settings file {_shown(folder)}: {why} {RISK}" + (f"; {how}" if how else "")
+    found.ignored.append((folder, line))
     return found
+
+
+def _trusted_content(path: Path) -> tuple[bytes | None, str, str]:
+    """A folder's file's bytes when it is trusted as it is now for the folder the user stands in; else None,
+    why not and how to use it. An untrusted file is not read at all."""
+    shown = _shown(path)
+    if path.is_symlink():
+        return (
+            None,
+            "it is a symbolic link, and a link never has the trust of the file it leads to",
+            (f"copy the file here and `nanbeige trust {shown}`, or name it with --config"),
+        )
+    if trust.entry(path) is None:
+        return None, "it is not trusted", f"`nanbeige trust {shown}` uses it"
+    try:
+        content = read_bytes(path, follow=False)
+    except SettingsError as exc:
+        return None, str(exc), ""
+    verdict = trust.verdict(path, content, Path.cwd())
+    if verdict == trust.TRUSTED:
+        return content, "", ""
+    if verdict == trust.FOLDER_ONLY:
+        return (
+            None,
+            f"it is trusted in {path.parent} alone, not in the folders below it",
+            (f"`nanbeige trust --tree {shown}` uses it in them too"),
+        )
+    return None, "it has changed since you trusted it", f"`nanbeige trust {shown}` uses it"
+
+
+def trust_on_list(path: Path, known: trust.Trusted) -> bool:
+    """Whether a file on the trust list is there still, as it was trusted."""
+    try:
+        return trust.digest(read_bytes(path, follow=False)) == known.sha256
+    except SettingsError:
+        return False
+
+
+def read_bytes(path: Path, follow: bool = True) -> bytes:
+    """A settings file's bytes, its size checked before anything is read and no more than `MAX_BYTES` read
+    from that one open file (it may grow meanwhile). `follow=False`: a symbolic link is refused (a folder's
+    file is trusted as itself); the user's own file and the one they name may be links of theirs."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    try:
+        descriptor = os.open(path, flags)  # O_NONBLOCK: a FIFO put there would otherwise hang the open
+    except OSError as exc:
+        if not follow and path.is_symlink():
+            raise SettingsError(f"the settings file {path} is a symbolic link: trust the file itself") from None
+        raise SettingsError(f"cannot read the settings file {path}: {exc.strerror or exc}") from None
+    with os.fdopen(descriptor, "rb") as file:
+        status = os.fstat(file.fileno())
+        if not stat.S_ISREG(status.st_mode):
+            raise SettingsError(f"the settings file {path} is not a regular file")
+        if status.st_size > MAX_BYTES:
+            raise SettingsError(
+                f"the settings file {path} is {status.st_size} bytes, more than the {MAX_BYTES} bytes a settings "
+                "file may be"
+            )
+        content = file.read(MAX_BYTES + 1)
+    if len(content) > MAX_BYTES:
+        raise SettingsError(f"the settings file {path} grew past {MAX_BYTES} bytes while it was read")
+    return content
+
+
+def parse(path: Path, content: bytes) -> dict[str, Any]:
+    """One settings file's TOML, from its bytes."""
+    try:
+        return tomllib.loads(content.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise SettingsError(f"settings file {path} is not valid TOML: {exc}") from None
+
+
+def read(path: Path) -> dict[str, Any]:
+    """One settings file's TOML, the file read (once) as `read_bytes` reads it."""
+    return parse(path, read_bytes(path))
 
 
 def default_map(app: typer.Typer, found: Found | None = None) -> dict[str, Any] | None:
@@ -95,11 +183,13 @@ def default_map(app: typer.Typer, found: Found | None = None) -> dict[str, Any] 
     found = find() if found is None else found
     if not found.used:
         return None
+    group = typer.main.get_command(app)
     data: dict[str, Any] = {}
     for path, _ in found.used:
-        data = _merged(data, read(path))
+        content = found.content.get(path)
+        settings = parse(path, content) if content is not None else read(path)
+        data = _merged(data, resolved(settings, path.absolute().parent, path_settings(group)))
     where = " and ".join(str(path) for path, _ in found.used)
-    group = typer.main.get_command(app)
     shared = {_key(k): v for k, v in data.items() if not isinstance(v, dict)}
     mapped, used = _for_group(group, shared, data, where, "")
     unused = sorted(set(shared) - used)
@@ -108,14 +198,73 @@ def default_map(app: typer.Typer, found: Found | None = None) -> dict[str, Any] 
     return mapped
 
 
-def read(path: Path) -> dict[str, Any]:
-    """One settings file's TOML."""
-    try:
-        return tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise SettingsError(f"cannot read the settings file {path}: {exc.strerror or exc}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise SettingsError(f"settings file {path} is not valid TOML: {exc}") from None
+def path_settings(group: Any) -> set[str]:
+    """The names of every setting, in any command, that takes a path (a file or folder)."""
+    names: set[str] = set()
+    for command in group.commands.values():
+        if hasattr(command, "commands"):
+            names |= path_settings(command)
+        by_param = {param.name: param for param in command.params}
+        names |= {name for name, param in _option_names(command).items() if _takes_path(by_param[param])}
+    return names
+
+
+def resolved(data: dict[str, Any], folder: Path, paths: set[str]) -> dict[str, Any]:
+    """A settings file's values with its relative paths its own: each path setting taken from `folder`, the
+    file's folder, and each `mcp` command started there (`env -C FOLDER COMMAND`), so that nothing in it
+    means a file of whatever folder nanbeige runs in."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            out[key] = resolved(value, folder, paths)
+            continue
+        change = _started_in if _key(key) == "mcp" else _from if _key(key) in paths else None
+        if change is None:
+            out[key] = value
+        else:  # a repeatable setting takes a list or one value
+            out[key] = [change(item, folder) for item in value] if isinstance(value, list) else change(value, folder)
+    return out
+
+
+def agreed(path: Path, content: bytes, paths: set[str]) -> list[str]:
+    """Every value the file sets, nested ones included, as `key = value` lines, with its paths and commands as
+    they will be used: what trusting it agrees to. Control and invisible characters are written out."""
+    return _leaves(resolved(parse(path, content), path.absolute().parent, paths), "")
+
+
+def _leaves(value: Any, name: str) -> list[str]:
+    if isinstance(value, dict):
+        return [line for key, item in value.items() for line in _leaves(item, _joined(name, key))]
+    if isinstance(value, list):
+        return [line for index, item in enumerate(value) for line in _leaves(item, f"{name}[{index}]")]
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return [f"{name} = {''.join(c if c.isprintable() else ascii(c)[1:-1] for c in text)}"]
+
+
+def _joined(name: str, key: str) -> str:
+    bare = key.replace("_", "").replace("-", "").isalnum() and key.isascii()
+    return f"{name}{'.' if name else ''}{key if bare else json.dumps(key)}"
+
+
+def _takes_path(param: Any) -> bool:
+    annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+    return Path in (annotation, *typing.get_args(annotation)) or isinstance(getattr(param, "type", None), click.Path)
+
+
+def _from(value: Any, folder: Path) -> Any:
+    """A path setting's value taken from the file's folder when relative."""
+    return str(folder / value) if isinstance(value, str) and value and not Path(value).is_absolute() else value
+
+
+def _started_in(spec: Any, folder: Path) -> Any:
+    """An `mcp` value `NAME=COMMAND` whose command starts in the file's folder; a URL, or a value that is no
+    spec (the command line's own check then refuses it), is left as it is."""
+    if not isinstance(spec, str):
+        return spec
+    name, sep, command = spec.partition("=")
+    if not sep or not command.strip() or command.strip().startswith(("http://", "https://")):
+        return spec
+    return f"{name}=env -C {shlex.quote(str(folder))} {command.strip()}"
 
 
 def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
