@@ -140,20 +140,6 @@ def use_search(search: Callable[[str, int], list[dict[str, str]]] | None) -> Non
     SearchEngine.search = search
 
 
-def fetch_page(url: Any, mode: Any) -> dict[str, Any]:
-    """A page for the web search categories' `fetch_url_content`, fetched here by the package's own method
-    (its headers, timeout, redirects and Markdown or text conversion), so that the text is the official
-    pipeline's. The URL is the model's: only http and https are fetched; anything else gets the package's
-    own refusal, raised as a ValueError before the package is called. What the package raises before it
-    fetches (a URL that is not text) is raised too; a failed fetch is the package's error result."""
-    if isinstance(url, str) and not url.startswith(("http://", "https://")):
-        raise ValueError(f"Invalid URL: {url}")  # the package's words for it
-    official()  # its module imports the engine's client, which this puts in place
-    from bfcl_eval.eval_checker.multi_turn_eval.func_source_code.web_search import WebSearchAPI
-
-    return WebSearchAPI().fetch_url_content(url, mode)
-
-
 @functools.cache
 def official() -> types.SimpleNamespace:
     """The package's modules this pipeline uses, imported once with the one-entry registry in place."""

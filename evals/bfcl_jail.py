@@ -7,7 +7,8 @@ what it likes there. That happens while a multi-turn or agentic (memory, web sea
 again while a multi-turn category is graded, also by `nanbeige eval report` on a folder someone handed over.
 So those items, and that grading, run the package's own code in a sandbox (`bfcl_inside.py` there): the
 package read-only, no network, its own uid, seccomp. The verdicts are the official code's on the same outputs;
-what the sandbox sends back (an item's result line, memory snapshots, score files) is read as data.
+what the sandbox sends back (an item's result line, memory snapshots, score files) is read as data, and its
+questions are answered only where the package's own code could have asked them (`bfcl_exchange.py`).
 
 Cost: one sandbox per concurrent item, each running items one after another in one Python process (the
 package imported once: about 2 s of CPU), one cell per model call, prompt count, search or page; one per
@@ -26,11 +27,14 @@ import json
 import threading
 from dataclasses import replace
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from nanbeige.evals import bfcl, files
 from nanbeige.evals.eval_config import EvalError
 from nanbeige.tools.sandbox import SandboxConfig, SandboxError, config_from_env
+
+if TYPE_CHECKING:
+    from nanbeige.evals.bfcl_exchange import ItemHost
 
 INSIDE = Path(__file__).with_name("bfcl_inside.py")
 HOME = PurePosixPath("/home/user")
@@ -103,15 +107,16 @@ class Jail:
         self,
         entry: dict[str, Any],
         result_dir: Path,
-        ask: Callable[[dict[str, Any]], dict[str, Any]],
+        ask: ItemHost,
         run: dict[str, Any],
     ) -> dict[str, Any]:
-        """One item through the official per-item function in a sandbox: its result line. `ask` answers the
-        item's questions (a completion, a token count, a search); `run` holds the handler's temperature, model
-        and context length. A sandbox that cannot be made or started raises SandboxError (this machine's
-        failure); an item whose sandbox breaks afterwards (the model's code may do that) gets an error line, as
-        the official generator records an item that raised, and its sandbox goes. A sandbox whose item ended
-        runs the next item (the package imported once per sandbox, not once per item)."""
+        """One item through the official per-item function in a sandbox: its result line. `ask` answers the item's
+        questions (a completion, a token count, a search, a page) and checks its result line (`bfcl_exchange`);
+        `run` holds the handler's temperature, model and context length. A sandbox that cannot be made or
+        started raises SandboxError (this machine's failure); an item whose sandbox breaks afterwards (the
+        model's code may do that) gets an error line, as the official generator records an item that raised,
+        and its sandbox goes. A sandbox whose item ended runs the next item (the package imported once per
+        sandbox, not once per item)."""
         sandbox, warm = self.take()
         kept = False
         try:
@@ -149,7 +154,7 @@ class Jail:
         self,
         sandbox: str,
         item_id: str,
-        ask: Callable[[dict[str, Any]], dict[str, Any]],
+        ask: ItemHost,
         result_dir: Path,
         files: dict[str, str],
     ) -> dict[str, Any]:
@@ -161,7 +166,7 @@ class Jail:
                 if not isinstance(result, dict) or result.get("id") != item_id:
                     raise SandboxError("the sandbox sent a result line of another item")
                 write_snapshots(question.get("files"), files, result_dir)
-                return result
+                return ask.result(result)
             answer = ask(question)
             self.backend.write_file(sandbox, str(HOME / "exchange" / "answer.json"), json.dumps(answer).encode())
             self.cell(sandbox, "bfcl_inside.step()")
@@ -315,48 +320,3 @@ def safe_name(name: Any, suffixes: tuple[str, ...]) -> PurePosixPath:
     ):
         raise SandboxError(f"the sandbox named a file it may not write: {str(name)[:200]!r}")
     return path
-
-
-def host_answers(completions: Any, tokenizer: Any) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    """What answers an item's questions from its sandbox: a completion by `completions` (our backend, as the
-    handler would call it here), a token count by `tokenizer`, a search by the engine `bfcl.official()` put
-    in place, a page by the package's own fetch (`bfcl.fetch_page`: http and https only, the URL being the
-    model's). A question of another shape is the sandbox's failure to keep to the exchange."""
-    import importlib
-
-    def answer(question: dict[str, Any]) -> dict[str, Any]:
-        if (
-            isinstance(call := question.get("complete"), dict)
-            and isinstance(call.get("prompt"), str)
-            and isinstance(call.get("max_tokens"), int)
-            and isinstance(call.get("temperature"), (int, float))
-        ):
-            try:
-                reply = completions.create(
-                    prompt=call["prompt"], max_tokens=call["max_tokens"], temperature=call["temperature"]
-                )
-            except Exception as exc:  # noqa: BLE001 - raised again in the sandbox, where the handler records it
-                return {"error": str(exc)}
-            return {
-                "text": reply.choices[0].text,
-                "prompt_tokens": reply.usage.prompt_tokens,
-                "completion_tokens": reply.usage.completion_tokens,
-            }
-        if isinstance(text := question.get("tokenize"), str):
-            return {"count": len(tokenizer.tokenize(text))}
-        if isinstance(params := question.get("search"), dict) and isinstance(params.get("q"), str):
-            try:
-                return {"result": importlib.import_module("serpapi").GoogleSearch(params).get_dict()}
-            except RuntimeError as exc:  # our search backend is unavailable (`bfcl_run.web_search`)
-                return {"error": str(exc)}
-        if isinstance(page := question.get("fetch"), dict) and set(page) == {"url", "mode"}:
-            try:
-                return {"result": bfcl.fetch_page(page["url"], page["mode"])}
-            except Exception as exc:  # noqa: BLE001 - raised in the sandbox as the package raised it here
-                return {"raise": str(exc)}
-        raise SandboxError(
-            f"the sandbox asked something other than a completion, a count, a search or a page: "
-            f"{json.dumps(question)[:200]}"
-        )
-
-    return answer

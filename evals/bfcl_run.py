@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from nanbeige.agent.run_config import RunSettings
 from nanbeige.agent.trajectory import Trajectory, Turn
-from nanbeige.evals import bfcl, bfcl_jail
+from nanbeige.evals import bfcl, bfcl_exchange, bfcl_jail
 from nanbeige.evals.bfcl_grading import grade, tidy_results
 from nanbeige.evals.eval_config import EvalConfig, EvalError
 from nanbeige.evals.out_folder import REPORT, TRAJECTORIES, prepare_out
@@ -205,7 +205,7 @@ def item_attempt(
                     jail.infer,
                     task.metadata["entry"],
                     bfcl.result_dir(out),
-                    bfcl_jail.host_answers(completions, tokenizer),
+                    bfcl_exchange.host_answers(completions, handler, task.metadata["entry"]),
                     run,
                 )
             except SandboxError as exc:  # this machine's failure, not the model's: run again on resume

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from bfcl_oracle import Replies, block, official_verdicts, run_official, script_for
+from bfcl_oracle import Replies, block, multi_turn_calls, official_verdicts, run_official, script_for
 from fake_openai import FakeOpenAI
 from fake_search_apis import FakeSerper
 from fake_site import Site
@@ -167,7 +167,7 @@ def test_a_web_search_item_reads_the_page_the_host_fetched_as_the_package_fetche
                 server.base_url,
                 "--out",
                 str(tmp_path / "out"),
-                env={"NANBEIGE_SEARCH_BACKEND": "serper", "SERPER_API_KEY": "test-key", "SERPER_BASE_URL": serper.url},
+                env={**searching(serper), "NANBEIGE_ALLOW_PRIVATE_URLS": "1"},  # the test's site is on loopback
             )
             last = server.requests[-1]["prompt"]
         fetched = [headers for path, headers in site.requests if path == "/article"]
@@ -185,17 +185,142 @@ def test_a_web_search_item_reads_the_page_the_host_fetched_as_the_package_fetche
 def test_a_page_the_model_names_is_fetched_only_over_http_and_https(tmp_path: Path) -> None:
     """The URL is the model's text: a file, another scheme or a redirect to a file gets an error, never the
     file; the refusal is the package's own (`Invalid URL: ...`), raised in the item as the package raises it."""
-    from nanbeige.evals import bfcl_jail
+    from nanbeige.evals import bfcl_exchange
+    from nanbeige.tools.egress import FetchPolicy
 
     secret = tmp_path / "secret.txt"
     secret.write_text("the user's private notes")
-    answer = bfcl_jail.host_answers(None, None)
+    local = FetchPolicy(allow_private=True)  # the test's site is on loopback: only the scheme is at stake here
     with Site() as site:
         for url in (f"file://{secret}", f"FILE://{secret}", f"ftp://127.0.0.1:{site.port}/x", "/etc/passwd"):
-            assert answer({"fetch": {"url": url, "mode": "raw"}}) == {"raise": f"Invalid URL: {url}"}
-        redirected = answer({"fetch": {"url": site.url(f"/redirect?to=file://{secret}"), "mode": "raw"}})
+            with pytest.raises(ValueError, match="^Invalid URL: "):
+                bfcl_exchange.fetch_page(url, "raw", local)
+        redirected = bfcl_exchange.fetch_page(site.url(f"/redirect?to=file://{secret}"), "raw", local)
         assert site.requests  # the page was asked for: only the redirect's target was refused
-    assert "error" in redirected["result"] and "private notes" not in json.dumps(redirected)
+    assert "error" in redirected and "private notes" not in json.dumps(redirected)
+
+
+def test_every_hop_of_a_page_fetch_is_checked_after_resolving_its_name() -> None:
+    """A name the operator allowed (an intranet host) is fetched; its redirect to a loopback address is not."""
+    from nanbeige.evals import bfcl_exchange
+    from nanbeige.tools.egress import FetchPolicy
+
+    async def intranet(host: str) -> list[str]:
+        return ["127.0.0.1"]
+
+    policy = FetchPolicy(allowed_hosts=frozenset({"docs.intranet"}), resolve=intranet)
+    with Site() as site:
+        allowed = bfcl_exchange.fetch_page(f"http://docs.intranet:{site.port}/article", "truncate", policy)
+        hop = bfcl_exchange.fetch_page(
+            f"http://docs.intranet:{site.port}/redirect?to={site.url('/long.txt')}", "raw", policy
+        )
+        paths = [path for path, _ in site.requests]
+    assert "Mars" in allowed["content"]
+    assert "not a public address" in hop["error"] and "/long.txt" not in paths
+
+
+def searching(serper: FakeSerper) -> dict[str, str]:
+    return {"NANBEIGE_SEARCH_BACKEND": "serper", "SERPER_API_KEY": "test-key", "SERPER_BASE_URL": serper.url}
+
+
+def test_a_page_on_a_loopback_address_is_never_fetched_for_the_model(tmp_path: Path) -> None:
+    """The host fetches the pages a web search item's model names: one on this machine's loopback (a local
+    admin page, a model server) is refused, and the model reads the refusal."""
+    with Site() as site:
+        page = site.url("/article")
+        found = {"mars orbit": [{"title": "The Orbit of Mars", "link": page, "snippet": "Mars orbits the Sun."}]}
+        with FakeSerper(results=found) as serper, FakeOpenAI(browsing(page), vllm=True) as server:
+            ours = eval_command(
+                "bfcl-web-search-base",
+                "--limit",
+                "1",
+                "--base-url",
+                server.base_url,
+                "--out",
+                str(tmp_path / "out"),
+                env={**searching(serper), "NANBEIGE_ALLOW_PRIVATE_URLS": "0"},
+            )
+            last = server.requests[-1]["prompt"]
+        paths = [path for path, _ in site.requests]
+    assert ours.returncode == 0, ours.stderr
+    assert "/article" not in paths
+    assert "not a public address" in last
+
+
+def forging(script: Replies, item_id: str, code: str) -> object:
+    """The scripted model, but the first reply of `item_id` is a call whose argument name runs `code` in the
+    sandbox (as Python, written in hex so that any text fits in a name), where the package evaluates it."""
+    attack = {"name": "ls", "arguments": {f"a=exec(bytes.fromhex('{code.encode().hex()}').decode()),b": 1}}
+    question = script.first_user(script.items[item_id][0])
+
+    def model(request: dict) -> str:
+        if question in request["prompt"] and "<tool_response>" not in request["prompt"]:
+            return block(attack)
+        return script(request)
+
+    return model
+
+
+def result_lines(out: Path) -> dict[str, dict]:
+    lines = [json.loads(x) for path in (out / "bfcl" / "result").rglob("*.json") for x in path.open()]
+    return {line["id"]: line for line in lines}
+
+
+def test_a_question_the_models_own_code_writes_is_not_answered(tmp_path: Path) -> None:
+    """The model's code runs in the item's process, beside the package's: it can write any question into the
+    exchange. The host answers a page or a search only for a call the model made in the reply it just gave;
+    this one it never made, so the page is not fetched (though the operator allowed loopback pages), and the
+    item, whose sandbox broke the exchange, scores nothing."""
+    script = script_for({"multi_turn_base": 1})
+    with Site() as site:
+        forged = site.url("/forged")
+        code = f"import bfcl_inside\nbfcl_inside.Host.ask({{'fetch': {{'url': {forged!r}, 'mode': 'raw'}}}})"
+        with FakeOpenAI(forging(script, "multi_turn_base_0", code), vllm=True) as server:
+            ours = eval_command(
+                "bfcl-multi-turn-base",
+                "--limit",
+                "1",
+                "--base-url",
+                server.base_url,
+                "--out",
+                str(tmp_path / "out"),
+                env={"NANBEIGE_ALLOW_PRIVATE_URLS": "1"},
+            )
+        paths = [path for path, _ in site.requests]
+    assert ours.returncode == 0, ours.stderr
+    assert "/forged" not in paths
+    line = result_lines(tmp_path / "out")["multi_turn_base_0"]
+    assert line["result"].startswith("Error during inference: ") and "asked" in line["result"]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["wrong_ids"] == ["multi_turn_base_0"]
+
+
+def test_a_result_line_the_models_own_code_forges_scores_nothing(tmp_path: Path) -> None:
+    """The model's code can read the package's ground truth in the sandbox and send a result line built from
+    it, as if the item were done. The host records only the replies it served: the line is refused and the
+    item is wrong, as the model's own replies make it."""
+    script = script_for({"multi_turn_base": 2})
+    entry, truth, _ = script.items["multi_turn_base_1"]
+    right = [
+        ["\n".join(block(c) for c in multi_turn_calls(calls, entry["function"])), "Done."] if calls else ["Which?"]
+        for calls in truth
+    ]
+    counts = [[0] * len(turn) for turn in right]
+    line = {"id": "multi_turn_base_1", "result": right, "inference_log": [], "latency": counts}
+    line |= {"input_token_count": counts, "output_token_count": counts}
+    code = (
+        "import bfcl_inside, json, threading\n"
+        f"bfcl_inside.Host.questions.put({{'done': json.loads({json.dumps(line)!r}), 'files': {{}}}})\n"
+        "threading.Event().wait()\n"
+    )
+    with FakeOpenAI(forging(script, "multi_turn_base_1", code), vllm=True) as server:
+        ours = eval_command(
+            "bfcl-multi-turn-base", "--limit", "2", "--base-url", server.base_url, "--out", str(tmp_path / "out")
+        )
+    assert ours.returncode == 0, ours.stderr
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["wrong_ids"] == ["multi_turn_base_1"]
+    assert result_lines(tmp_path / "out")["multi_turn_base_1"]["result"] != right
 
 
 def test_the_page_fetch_in_the_sandbox_takes_the_packages_own_arguments() -> None:
