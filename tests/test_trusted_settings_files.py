@@ -146,8 +146,8 @@ def test_a_settings_file_over_the_size_cap_is_refused_unread(home: Path) -> None
     with FakeOpenAI([], default=mcp_answer("ok")) as server:
         code, said = ask(below, server)
         assert code == 0 and "it is not trusted" in said
-        assert_one_line_error(run(below, "trust", str(huge)), "more than the 1048576 bytes a settings file may be")
-        assert_one_line_error(run(below, "--config", str(huge), "ask", "q"), "more than the 1048576 bytes")
+        assert_one_line_error(run(below, "trust", str(huge)), "is 8192.0 MiB, more than the 1.0 MiB it may be")
+        assert_one_line_error(run(below, "--config", str(huge), "ask", "q"), "more than the 1.0 MiB")
 
         huge.unlink()
         huge.write_text("max_turns = 3\n")
@@ -155,7 +155,7 @@ def test_a_settings_file_over_the_size_cap_is_refused_unread(home: Path) -> None
         with huge.open("r+b") as file:  # the trusted file grown past the cap: refused, not read to be hashed
             os.truncate(file.fileno(), 8 * 1024**3)
         code, said = ask(home, server)
-    assert code == 0 and "more than the 1048576 bytes a settings file may be" in said
+    assert code == 0 and "is 8192.0 MiB, more than the 1.0 MiB it may be" in said
 
 
 def test_the_bytes_whose_trust_was_checked_are_the_bytes_parsed(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:

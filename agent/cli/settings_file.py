@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import stat
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ import typer
 
 from nanbeige.agent.cli import trust
 from nanbeige.agent.user_dirs import config_dir
+from nanbeige.tools import handed_over
 from nanbeige.tools.errors import NanbeigeError
 
 FILE_NAME = "nanbeige.toml"
@@ -140,29 +140,16 @@ def trust_on_list(path: Path, known: trust.Trusted) -> bool:
 
 
 def read_bytes(path: Path, follow: bool = True) -> bytes:
-    """A settings file's bytes, its size checked before anything is read and no more than `MAX_BYTES` read
-    from that one open file (it may grow meanwhile). `follow=False`: a symbolic link is refused (a folder's
-    file is trusted as itself); the user's own file and the one they name may be links of theirs."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    """A settings file's bytes, read as any file someone else could have made is (`tools/handed_over.py`): its
+    size checked before anything is read, no more than `MAX_BYTES` read, from the one open file checked.
+    `follow=False`: a symbolic link is refused (a folder's file is trusted as itself); the user's own file and
+    the one they name may be links of theirs."""
     try:
-        descriptor = os.open(path, flags)  # O_NONBLOCK: a FIFO put there would otherwise hang the open
+        return handed_over.read_bytes(path, MAX_BYTES, inside=None if follow else path.absolute().parent)
+    except handed_over.HandedOverError as exc:
+        raise SettingsError(f"settings file {exc}") from None
     except OSError as exc:
-        if not follow and path.is_symlink():
-            raise SettingsError(f"the settings file {path} is a symbolic link: trust the file itself") from None
         raise SettingsError(f"cannot read the settings file {path}: {exc.strerror or exc}") from None
-    with os.fdopen(descriptor, "rb") as file:
-        status = os.fstat(file.fileno())
-        if not stat.S_ISREG(status.st_mode):
-            raise SettingsError(f"the settings file {path} is not a regular file")
-        if status.st_size > MAX_BYTES:
-            raise SettingsError(
-                f"the settings file {path} is {status.st_size} bytes, more than the {MAX_BYTES} bytes a settings "
-                "file may be"
-            )
-        content = file.read(MAX_BYTES + 1)
-    if len(content) > MAX_BYTES:
-        raise SettingsError(f"the settings file {path} grew past {MAX_BYTES} bytes while it was read")
-    return content
 
 
 def parse(path: Path, content: bytes) -> dict[str, Any]:
