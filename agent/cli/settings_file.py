@@ -239,8 +239,11 @@ def _takes_path(param: Any) -> bool:
 
 
 def _from(value: Any, folder: Path) -> Any:
-    """A path setting's value taken from the file's folder when relative."""
-    return str(folder / value) if isinstance(value, str) and value and not Path(value).is_absolute() else value
+    """A path setting's value taken from the file's folder when relative; one from the home folder (`~/x`)
+    or absolute is kept as it is."""
+    if not isinstance(value, str) or not value or Path(value).expanduser().is_absolute():
+        return value
+    return str(folder / value)
 
 
 def _started_in(spec: Any, folder: Path) -> Any:
