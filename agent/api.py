@@ -13,7 +13,9 @@ running event loop (an async function, a Jupyter notebook) `await` the async one
 Settings: `settings=None` resolves as `nanbeige ask` with no flags does (NANBEIGE_* environment,
 `nanbeige.toml`, then the defaults; the dialect fills in sampling and turn limits); a `RunSettings` passed
 is used as given. `**overrides` set single settings on top, by the names of `ask`'s flags (`base_url`,
-`max_turns`, `no_default_servers`, ... : `OVERRIDES`). What the user must fix raises `SetupError`, whose
+`max_turns`, `no_default_servers`, ... : `OVERRIDES`), each a TypeError when of another type and a
+ValueError when outside the range its flag takes (`max_turns=-1`, `temperature=float("nan")`; the ranges
+are `nanbeige.agent.cli.ranges.RANGES`, the flags' own). What the user must fix raises `SetupError`, whose
 message names the fix; the setup's notices (search off, the model run in this process) are logged as
 warnings on the `nanbeige` logger, which prints them on stderr unless logging is set up otherwise.
 """
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from nanbeige.agent.backends.llm import LLMConfig
+from nanbeige.agent.cli.ranges import RANGES, range_problem
 from nanbeige.agent.loop import AgentConfig, run
 from nanbeige.agent.run_config import BackendConfig, RunSettings, ToolsConfig
 from nanbeige.agent.setup import Ready, ready, secrets_of
@@ -224,6 +227,9 @@ def with_overrides(settings: RunSettings, overrides: dict[str, Any]) -> RunSetti
                 tuple(_checked(name, str, url, False) for url in value[1:]),
             )
         value = _checked(name, kind, value, _nullable(part, field))
+        problem = range_problem(name, value) if name in RANGES and value is not None else None
+        if problem:  # the bounds `nanbeige ask` holds its flag to
+            raise ValueError(problem)
         if name == "no_default_servers":
             value = not value
         (parts.setdefault(part, {}) if part else own)[field] = value

@@ -16,10 +16,13 @@ from typing import Any
 import pytest
 from conftest import TEST_SERVER, free_port
 from fake_openai import FakeOpenAI, Reply, mcp_answer, mcp_call
+from typer.testing import CliRunner
 
 from nanbeige.agent import api
 from nanbeige.agent.api import RunSettings, SetupError, ask, ask_many, ask_many_async
 from nanbeige.agent.backends.llm import LLMConfig
+from nanbeige.agent.cli import program
+from nanbeige.agent.cli.ranges import RANGES
 from nanbeige.agent.run_config import ToolsConfig
 from nanbeige.agent.trajectory_file import load_trajectories
 
@@ -170,6 +173,34 @@ def test_what_the_caller_got_wrong_is_a_clear_error_before_anything_starts() -> 
             ask_many(["q"], base_url=server.base_url, concurrency=0)
         assert (server.gets, server.requests) == ([], [])  # the model server was not even asked
     assert "max_turns" in api.OVERRIDES and "no_default_servers" in api.OVERRIDES
+
+
+def outside(name: str) -> list[Any]:
+    """Values just outside setting `name`'s range, of the type the API takes for it; NaN for a float."""
+    low, high = RANGES[name]
+    step = 1 if api.OVERRIDES[name][2] is int else 0.5
+    values = [] if step == 1 else [float("nan")]
+    values += [] if low is None else [type(step)(low) - step]
+    return values + ([] if high is None else [type(step)(high) + step])
+
+
+@pytest.mark.parametrize("name", sorted(RANGES))
+def test_the_api_holds_each_setting_to_the_range_of_its_flag(name: str) -> None:
+    flag = "--" + name.replace("_", "-")
+    low, high = RANGES[name]
+    edges = {name: low if api.OVERRIDES[name][2] is int else float(low)}
+    assert api.with_overrides(RunSettings(), edges)  # the bound itself is inside
+    for value in outside(name):
+        with pytest.raises(ValueError, match=rf"^{name} must be (at least|from|a finite number)"):
+            ask("q", base_url="http://127.0.0.1:9/v1", **{name: value})
+        result = CliRunner().invoke(program.app, ["ask", "q", flag, str(value), "--base-url", "http://127.0.0.1:9/v1"])
+        assert result.exit_code == 2 and f"Invalid value for '{flag}'" in result.output, result.output
+
+
+def test_the_api_refuses_what_the_issue_tried() -> None:
+    for settings in ({"max_turns": -1}, {"timeout": -5}, {"temperature": float("nan")}, {"max_tokens": -5}):
+        with pytest.raises(ValueError, match=f"^{next(iter(settings))} must be"):
+            ask("q", base_url="http://127.0.0.1:9/v1", **settings)
 
 
 def test_a_server_that_does_not_answer_is_a_setup_error_naming_the_fix(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 from nanbeige.agent.cli import options as o
 from nanbeige.agent.cli.judge_options import JudgeApiKey, JudgeBaseUrl, JudgeModel, JudgeTemplate
 from nanbeige.agent.cli.options import option
+from nanbeige.agent.cli.ranges import bounds
 from nanbeige.agent.cli.serve_config import ServeConfig
 from nanbeige.agent.run_config import BackendConfig
 
@@ -100,7 +101,7 @@ EVAL: dict[str, tuple[Any, Any]] = {
     "temperature": option(
         float | None,
         None,
-        min=0.0,
+        **bounds("temperature"),
         show_default=False,
         help=(
             "Sampling temperature \\[default: 1.0 for mcp-xml, 0.6 for tool-call; 0.001 for bfcl and its parts, "
@@ -137,8 +138,7 @@ COLLECT: dict[str, tuple[Any, Any]] = {
     "top_p": option(
         float | None,
         None,
-        min=0.0,
-        max=1.0,
+        **bounds("top_p"),
         show_default=False,
         help=(
             "Nucleus sampling threshold \\[default: 1.0 (off): the rollouts stay on-policy; another value makes them "

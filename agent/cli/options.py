@@ -11,6 +11,7 @@ import typer
 
 from nanbeige.agent.backends.llm import LLMConfig
 from nanbeige.agent.cli.console import fail
+from nanbeige.agent.cli.ranges import bounds
 from nanbeige.agent.run_config import AgentConfig, BackendConfig, RunSettings, ToolsConfig
 
 ADVANCED = "Advanced"
@@ -45,16 +46,18 @@ Dialect = Annotated[str, typer.Option(help="Tool dialect: mcp-xml or tool-call."
 MaxTurns = Annotated[
     int | None,
     typer.Option(
-        min=1,
+        **bounds("max_turns"),
         show_default=False,
         help=("Most model turns before the answer is asked for \\[default: 600 for mcp-xml, 200 for tool-call]."),
     ),
 ]
-KeepToolResults = Annotated[int, typer.Option(min=-1, help="Show only the last K tool results (-1: all).")]
+KeepToolResults = Annotated[
+    int, typer.Option(**bounds("keep_tool_results"), help="Show only the last K tool results (-1: all).")
+]
 MaxContext = Annotated[
     int | None,
     typer.Option(
-        min=1024,
+        **bounds("max_context"),
         show_default=False,
         help=("Model context length in tokens \\[default: the server's max_model_len, else 262144]."),
     ),
@@ -62,31 +65,42 @@ MaxContext = Annotated[
 Temperature = Annotated[
     float | None,
     typer.Option(
-        min=0.0, show_default=False, help=("Sampling temperature \\[default: 1.0 for mcp-xml, 0.6 for tool-call].")
+        **bounds("temperature"),
+        show_default=False,
+        help=("Sampling temperature \\[default: 1.0 for mcp-xml, 0.6 for tool-call]."),
     ),
 ]
 TopP = Annotated[
     float | None,
-    typer.Option(min=0.0, max=1.0, show_default=False, help=("Nucleus sampling threshold \\[default: 0.95].")),
+    typer.Option(**bounds("top_p"), show_default=False, help=("Nucleus sampling threshold \\[default: 0.95].")),
 ]
 RepetitionPenalty = Annotated[
     float | None,
     typer.Option(
-        min=0.0,
+        **bounds("repetition_penalty"),
         show_default=False,
         help=("Penalty on repeated tokens, vLLM servers only \\[default: 1.05 for mcp-xml, 1.0 (off) for tool-call]."),
     ),
 ]
-MaxTokens = Annotated[int, typer.Option(min=1, help="Most tokens per model reply.")]
+MaxTokens = Annotated[int, typer.Option(**bounds("max_tokens"), help="Most tokens per model reply.")]
 Mcp = Annotated[
     list[str] | None, typer.Option(help="Extra MCP server, NAME=COMMAND or NAME=URL (repeatable).", show_default=False)
 ]
 NoDefaultServers = Annotated[bool, typer.Option("--no-default-servers", help="Use only the --mcp servers.")]
-ToolTimeout = Annotated[float, typer.Option(min=1, help="Seconds one tool call may take.", rich_help_panel=ADVANCED)]
-MaxResultChars = Annotated[int, typer.Option(min=100, help="Longer tool results are cut.", rich_help_panel=ADVANCED)]
+ToolTimeout = Annotated[
+    float, typer.Option(**bounds("tool_timeout"), help="Seconds one tool call may take.", rich_help_panel=ADVANCED)
+]
+MaxResultChars = Annotated[
+    int, typer.Option(**bounds("max_result_chars"), help="Longer tool results are cut.", rich_help_panel=ADVANCED)
+]
 Timeout = Annotated[
     float | None,
-    typer.Option(min=1, help="Wall-clock limit for one run, in seconds.", rich_help_panel=ADVANCED, show_default=False),
+    typer.Option(
+        **bounds("timeout"),
+        help="Wall-clock limit for one run, in seconds.",
+        rich_help_panel=ADVANCED,
+        show_default=False,
+    ),
 ]
 GgufFile = Annotated[
     str | None,

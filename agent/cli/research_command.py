@@ -17,13 +17,17 @@ from rich.markup import escape
 from nanbeige.agent.cli import options as o
 from nanbeige.agent.cli.console import counted, err, fail, hide, out, visible
 from nanbeige.agent.cli.option_tables import with_run_options
+from nanbeige.agent.cli.ranges import bounds
 from nanbeige.agent.cli.research import ATTEMPTS, MAX_TURNS, Research, research
 from nanbeige.agent.loop import Event
 from nanbeige.agent.run_config import RunSettings
 from nanbeige.agent.trajectory_file import end_record, load_trajectories
 
 ResearchMaxTurns = Annotated[
-    int, typer.Option(min=1, help="Most model turns per attempt before the answer is asked for (both dialects).")
+    int,
+    typer.Option(
+        **bounds("max_turns"), help="Most model turns per attempt before the answer is asked for (both dialects)."
+    ),
 ]
 Attempts = Annotated[
     int,
