@@ -7,6 +7,7 @@ leave a marker file when they run."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -175,3 +176,16 @@ def test_the_bytes_whose_trust_was_checked_are_the_bytes_parsed(home: Path, monk
 
     assert mapped["ask"]["max_turns"] == 3 and "mcp" not in mapped["ask"]  # what was checked is what counts
     assert opened.count(str(settings)) == 1  # the parse did not open the file again
+
+
+def test_a_trust_list_from_before_trusts_each_file_in_its_own_folder(home: Path) -> None:
+    (home / "nanbeige.toml").write_text("max_turns = 3\n")
+    sha = hashlib.sha256(b"max_turns = 3\n").hexdigest()
+    store = Path(os.environ["XDG_CONFIG_HOME"]) / "nanbeige" / "trusted.json"
+    store.parent.mkdir(parents=True)
+    store.write_text(json.dumps({"files": {str(home / "nanbeige.toml"): sha}}))  # path -> sha256, as it was
+    below = home / "cloned"
+    below.mkdir()
+    with FakeOpenAI([], default=mcp_answer("ok")) as server:
+        assert max_turns(home, server) == 3
+        assert max_turns(below, server) != 3

@@ -42,11 +42,12 @@ def check_settings_files(found: Any) -> Finding:
     """Every settings file in effect, and those found but left out (a folder's file not trusted)."""
     used = "; ".join(f"{path} ({where})" for path, where in found.used) or "none"
     ignored = [str(path) for path, _ in found.ignored]
+    how = found.how.get(found.ignored[0][0]) if ignored else None  # none for a file no trust can make usable
     return Finding(
         "settings",
         True,
         f"{used}" + (f"; ignored: {', '.join(ignored)}" if ignored else ""),
-        f"`nanbeige trust {ignored[0]}` uses it, once you have read it" if ignored else None,
+        f"{how}, once you have read it" if how else None,
     )
 
 

@@ -60,6 +60,8 @@ class Found:
     content: dict[Path, bytes] = field(default_factory=dict)
     """The bytes already read of a file in `used`: a trusted file's, whose sha256 was checked. They are
     parsed as they are, never read again, so a file swapped after its check is not what is obeyed."""
+    how: dict[Path, str] = field(default_factory=dict)
+    """How to use a file in `ignored`, where there is a way (`nanbeige trust --tree PATH`)."""
 
 
 def user_settings_path() -> Path:
@@ -98,8 +100,11 @@ def find(named: Path | None = None) -> Found:
         found.used.append((folder, "trusted"))
         found.content[folder] = content
         return found
-    line = f"ignoring the settings file {_shown(folder)}: {why} {RISK}" + (f"; {how}" if how else "")
-    found.ignored.append((folder, line))
+    found.ignored.append(
+        (folder, f"ignoring the settings file {_shown(folder)}: {why} {RISK}" + (f"; {how}" if how else ""))
+    )
+    if how:
+        found.how[folder] = how
     return found
 
 
@@ -111,7 +116,7 @@ def _trusted_content(path: Path) -> tuple[bytes | None, str, str]:
         return (
             None,
             "it is a symbolic link, and a link never has the trust of the file it leads to",
-            (f"copy the file here and `nanbeige trust {shown}`, or name it with --config"),
+            f"copy the file here and `nanbeige trust {shown}`, or name it with --config",
         )
     if trust.entry(path) is None:
         return None, "it is not trusted", f"`nanbeige trust {shown}` uses it"
@@ -126,7 +131,7 @@ def _trusted_content(path: Path) -> tuple[bytes | None, str, str]:
         return (
             None,
             f"it is trusted in {path.parent} alone, not in the folders below it",
-            (f"`nanbeige trust --tree {shown}` uses it in them too"),
+            f"`nanbeige trust --tree {shown}` uses it in the folders below too",
         )
     return None, "it has changed since you trusted it", f"`nanbeige trust {shown}` uses it"
 
