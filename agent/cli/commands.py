@@ -349,6 +349,7 @@ def eval_report(folder: Path | None) -> None:
 
 
 def trust_command(
+    ctx: typer.Context,
     path: Annotated[
         Path | None,
         typer.Argument(
@@ -366,7 +367,7 @@ def trust_command(
     Every value it sets is shown first, its paths and commands as they will be used (taken from its own
     folder). Trust is for the file itself, never a symbolic link, as it is now (a changed file needs trusting
     again), in its own folder; --tree trusts it in the folders below too."""
-    from nanbeige.agent.cli import program, settings_file, trust
+    from nanbeige.agent.cli import settings_file, trust
 
     try:
         if show_list:
@@ -382,7 +383,7 @@ def trust_command(
             print_line(f"{'no longer trusted' if trust.forget(path) else 'was not trusted'}: {trust.place(path)}")
             return
         content = settings_file.read_bytes(path, follow=False)  # read once: what is shown is what is trusted
-        paths = settings_file.path_settings(typer.main.get_command(program.app))
+        paths = settings_file.path_settings(ctx.find_root().command)  # the settings of every command
         lines = settings_file.agreed(path, content, paths)  # it must be TOML before it is trusted
         print_line(f"{trust.place(path)} sets:" if lines else f"{trust.place(path)} sets nothing")
         for line in lines:
