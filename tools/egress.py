@@ -201,9 +201,11 @@ async def get(url: str, policy: FetchPolicy, headers: Mapping[str, str] | None =
         raise FetchError(f"could not fetch {url}: {type(exc).__name__}: {exc}") from None
 
 
-def get_blocking(url: str, policy: FetchPolicy, headers: Mapping[str, str] | None = None) -> Reply:
+def get_blocking(
+    url: str, policy: FetchPolicy, headers: Mapping[str, str] | None = None, max_redirects: int = 5
+) -> Reply:
     """`get` from a thread without an event loop."""
-    return anyio.run(get, url, policy, headers)
+    return anyio.run(get, url, policy, headers, max_redirects)
 
 
 async def read_capped(response: httpx.Response, max_bytes: int) -> tuple[bytes, bool]:

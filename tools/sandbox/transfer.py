@@ -9,9 +9,6 @@ import os
 from pathlib import Path, PurePosixPath
 from urllib.parse import unquote, urlsplit
 
-import anyio
-import httpx
-
 from nanbeige.tools import egress
 from nanbeige.tools.egress import BlockedAddress, FetchError, FetchPolicy, check_url
 from nanbeige.tools.sandbox.files import inside
@@ -49,15 +46,16 @@ def write_local_file(folder: Path, name: str, data: bytes) -> Path:
 def fetch_url(url: str, config: SandboxConfig) -> tuple[bytes, str]:
     """The body of url (redirects followed, at most max_download_mb) and a file name for it.
 
-    Every connection, redirects included, goes through the egress guard (`egress.client`): the sandbox has no
+    Every connection, redirects included, goes through the egress guard (`egress.get`): the sandbox has no
     network, and this tool must not become its way into the local network. Runs an event loop of
     its own, so call it from a thread without one (the server runs tools in worker threads)."""
     try:
         check_url(url)
     except FetchError:
         raise SandboxError(f"Only http and https URLs can be downloaded, not {url!r}.") from None
+    policy = FetchPolicy(allow_private=config.allow_local_urls, max_bytes=config.max_download_mb * MB)
     try:
-        return anyio.run(_download, url, config)
+        reply = egress.get_blocking(url, policy, {"User-Agent": "nanbeige-sandbox/0.1"}, max_redirects=10)
     except BlockedAddress as exc:
         raise SandboxError(
             f"{url} leads to a local or private address ({str(exc).removeprefix('refused: ')}); "
@@ -65,22 +63,8 @@ def fetch_url(url: str, config: SandboxConfig) -> tuple[bytes, str]:
         ) from None
     except FetchError as exc:
         raise SandboxError(f"Download failed: {exc}.") from None
-    except httpx.TooManyRedirects:
-        raise SandboxError(f"Download failed: too many redirects from {url}.") from None
-    except httpx.HTTPError as exc:
-        raise SandboxError(f"Download failed: {type(exc).__name__}: {exc}.") from None
-
-
-async def _download(url: str, config: SandboxConfig) -> tuple[bytes, str]:
-    policy = FetchPolicy(allow_private=config.allow_local_urls)
-    limit = config.max_download_mb * MB
-    async with egress.client(policy, {"User-Agent": "nanbeige-sandbox/0.1"}, max_redirects=10) as client:
-        async with client.stream("GET", url) as response:
-            if response.status_code >= 400:
-                raise SandboxError(f"Download failed: HTTP {response.status_code} for {response.url}.")
-            data = bytearray()
-            async for chunk in response.aiter_bytes():
-                data += chunk
-                if len(data) > limit:
-                    raise SandboxError(f"Download stopped: {url} is larger than {config.max_download_mb} MB.")
-    return bytes(data), unquote(PurePosixPath(urlsplit(str(response.url)).path).name) or "downloaded_file"
+    if reply.status >= 400:
+        raise SandboxError(f"Download failed: HTTP {reply.status} for {reply.url}.")
+    if reply.truncated:
+        raise SandboxError(f"Download stopped: {url} is larger than {config.max_download_mb} MB.")
+    return reply.body, unquote(PurePosixPath(urlsplit(reply.url).path).name) or "downloaded_file"
