@@ -120,13 +120,13 @@ def test_trust_shows_every_value_it_agrees_to_before_recording(home: Path) -> No
     (home / "nanbeige.toml").write_text(
         'max_turns = 3\nmcp = ["docs=http://127.0.0.1:9000/mcp", "x=python3 server.py --root data"]\n'
         '[ask]\nbase_url = "http://127.0.0.1:8123/v1"\nreference = "ref"\nsystem_prompt = "hi\\u001b[8m"\n'
-        '[index.build]\nout = "/srv/index"\n[eval]\ndata = "~/gaia"\n'
+        '[index.build]\nout = "/srv/index"\n[eval]\ndata = "~/gaia"\nmcp = []\n'
     )
     shown = run(home, "trust")
     assert shown.returncode == 0, shown.stderr
     lines = shown.stdout.splitlines()
     assert lines[0] == f"{home / 'nanbeige.toml'} sets:"
-    assert lines[1:9] == [
+    assert lines[1:10] == [
         "  max_turns = 3",
         '  mcp[0] = "docs=http://127.0.0.1:9000/mcp"',
         f'  mcp[1] = "x=env -C {home} python3 server.py --root data"',
@@ -135,8 +135,9 @@ def test_trust_shows_every_value_it_agrees_to_before_recording(home: Path) -> No
         '  ask.system_prompt = "hi\\u001b[8m"',  # a control character is written out, never sent to the terminal
         '  index.build.out = "/srv/index"',
         '  eval.data = "~/gaia"',  # a path from the home folder is the home folder's
+        "  eval.mcp = []",
     ]
-    assert lines[9].startswith(f"trusted {home / 'nanbeige.toml'} (sha256 ") and lines[9].endswith(f"in {home} alone")
+    assert lines[10].startswith(f"trusted {home / 'nanbeige.toml'} (sha256 ") and lines[10].endswith(f"in {home} alone")
 
 
 def test_a_settings_file_over_the_size_cap_is_refused_unread(home: Path) -> None:

@@ -177,10 +177,11 @@ def default_map(app: typer.Typer, found: Found | None = None) -> dict[str, Any] 
         return None
     group = typer.main.get_command(app)
     data: dict[str, Any] = {}
+    paths = path_settings(group)
     for path, _ in found.used:
         content = found.content.get(path)
         settings = parse(path, content) if content is not None else read(path)
-        data = _merged(data, resolved(settings, path.absolute().parent, path_settings(group)))
+        data = _merged(data, resolved(settings, path.absolute().parent, paths))
     where = " and ".join(str(path) for path, _ in found.used)
     shared = {_key(k): v for k, v in data.items() if not isinstance(v, dict)}
     mapped, used = _for_group(group, shared, data, where, "")
@@ -225,6 +226,8 @@ def agreed(path: Path, content: bytes, paths: set[str]) -> list[str]:
 
 
 def _leaves(value: Any, name: str) -> list[str]:
+    if isinstance(value, dict | list) and not value:  # `mcp = []` sets something too: no servers
+        return [f"{name} = {json.dumps(value)}"]
     if isinstance(value, dict):
         return [line for key, item in value.items() for line in _leaves(item, _joined(name, key))]
     if isinstance(value, list):
