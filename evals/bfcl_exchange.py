@@ -13,8 +13,8 @@ tells by what it says, against what the host itself served:
 - a result line only when its replies are the replies the host served, in order.
 
 Any other question is the sandbox breaking the exchange: the item ends with an error line, scoring nothing.
-What the model's code can still do is shape, within its own item, the tool results and prompts its model
-reads: it runs where the tools run.
+What the model's code can still do is shape the tool results and prompts its model reads, in its own item and
+in the items run after it in the same sandbox: it runs where the tools run, beside the package's data.
 """
 
 from __future__ import annotations
