@@ -19,10 +19,10 @@ Where each format comes from, and what is read of it:
   `private_test_cases` (JSON lists of `{"input", "output", "testtype"}`). A functional test's input is one
   JSON value per line, the arguments; its output a JSON value.
 
-LiveCodeBench packs its private tests as base64 of zlib of a pickle of the JSON text. Unpickling runs whatever
-the pickle names, so it is never unpickled: the pickle's opcodes are read with `pickletools.genops` (which
-parses, never executes) and accepted only when they hold one text and nothing else (protocol marks, frames
-and memo entries); any other opcode refuses the row. Decompression stops at 256 MiB.
+LiveCodeBench packs its private tests as base64 of zlib of a pickle of the JSON text. It is never unpickled
+(that runs whatever the pickle names), and every cap applies while it is read, never after: decompression
+stops at 256 MiB, the test cases are counted as they are parsed, and a row is refused at the case past
+`MAX_TESTS` (`packed_tests.py` says how).
 
 A LeetCode-style method of `class Solution` becomes a top-level function of the same name and parameters
 (less `self`): the statement says so, since the grader calls the entry point as a function.
@@ -37,10 +37,8 @@ import base64
 import binascii
 import json
 import math
-import pickletools
 import re
 import sys
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -48,18 +46,16 @@ from typing import Any
 from nanbeige.evals.code_problems import (
     DEFAULT_MEMORY_MB,
     DEFAULT_TIME_LIMIT_S,
+    MAX_TESTS,
     MAX_TIME_LIMIT_S,
     CodeProblem,
     problem_from,
 )
 from nanbeige.evals.dataset_rows import rows_of
+from nanbeige.evals.packed_tests import Inflating, json_cases, pickled_text
 from nanbeige.evals.tasks import LoadError
 
-MAX_DECOMPRESSED = 256 << 20
-"""The most LiveCodeBench's private tests of one problem may decompress to (the largest released are far less)."""
 MAX_COMPLEXITY_CHARS = 200
-PICKLE_FRAMING = {"PROTO", "FRAME", "MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT", "STOP"}
-PICKLE_TEXT = {"UNICODE", "SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8"}
 METHOD_NOTE = (
     "The starter code shows `{name}` as a method of `class Solution`: write it as a top-level function "
     "`{name}` with the same parameters, without `self`."
@@ -244,50 +240,21 @@ def codecontests_problem(row: dict[str, Any], where: str, number: int) -> CodePr
 # ---------------------------------------------------------------- LiveCodeBench
 
 
-def inflate(packed: bytes, where: str) -> bytes:
-    unpacker = zlib.decompressobj()
-    try:
-        raw = unpacker.decompress(packed, MAX_DECOMPRESSED)
-    except zlib.error as exc:
-        raise LoadError(f"{where}: `private_test_cases` is not zlib-compressed ({exc})") from None
-    if unpacker.unconsumed_tail:
-        raise LoadError(f"{where}: `private_test_cases` decompresses to more than {MAX_DECOMPRESSED >> 20} MiB")
-    return raw
-
-
-def pickled_text(raw: bytes, where: str) -> str:
-    """The one text a pickle holds, read from its opcodes; the pickle is never unpickled."""
-    texts = []
-    try:
-        for opcode, argument, _ in pickletools.genops(raw):
-            if opcode.name in PICKLE_TEXT:
-                texts.append(argument)
-            elif opcode.name not in PICKLE_FRAMING:
-                raise LoadError(
-                    f"{where}: `private_test_cases` is a pickle that does more than hold one text "
-                    f"(opcode {opcode.name}): refused, never unpickled"
-                )
-    except ValueError as exc:  # truncated, unknown opcodes, text that is not UTF-8
-        raise LoadError(f"{where}: `private_test_cases` is not a pickled text ({str(exc)[:100]})") from None
-    if len(texts) != 1:
-        raise LoadError(
-            f"{where}: `private_test_cases` is a pickle of {len(texts)} texts, not one: refused, never unpickled"
-        )
-    return texts[0]
-
-
-def private_cases(value: Any, where: str) -> Any:
+def private_cases(value: Any, most: int, where: str) -> Any:
+    """The private test cases of a row, at most `most` of them, read with every cap applied as they are read
+    (`packed_tests`)."""
     if value is None or value == "" or isinstance(value, list):
         return value or []
     if not isinstance(value, str):
         raise LoadError(f"{where}: `private_test_cases` must be text, not {type(value).__name__}")
     if value.lstrip().startswith("["):  # some copies hold it as plain JSON
-        return json_field(value, "private_test_cases", where)
+        return json_cases(iter([value]), most, where)
     try:
         packed = base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
         raise LoadError(f"{where}: `private_test_cases` is neither JSON nor base64") from None
-    return json_field(pickled_text(inflate(packed, where), where), "private_test_cases", where)
+    stream = Inflating(packed, where)
+    return json_cases(pickled_text(stream, where), most, where)
 
 
 def lcb_test(case: Any, entry: str | None, where: str) -> dict[str, str]:
@@ -302,8 +269,10 @@ def lcb_test(case: Any, entry: str | None, where: str) -> dict[str, str]:
 def livecodebench_problem(row: dict[str, Any], where: str, number: int) -> CodeProblem:
     id = text_field(row, "question_id", where)
     cases = json_field(row.get("public_test_cases") or "[]", "public_test_cases", where)
-    private = private_cases(row.get("private_test_cases"), where)
-    if not isinstance(cases, list) or not isinstance(private, list):
+    if not isinstance(cases, list) or len(cases) > MAX_TESTS:
+        raise LoadError(f"{where}: `public_test_cases` must be a list of at most {MAX_TESTS} test cases")
+    private = private_cases(row.get("private_test_cases"), MAX_TESTS - len(cases), where)
+    if not isinstance(private, list):
         raise LoadError(f"{where}: the test cases must be a list")
     cases += private
     kinds = {case.get("testtype") for case in cases if isinstance(case, dict)}

@@ -10,17 +10,21 @@ import base64
 import json
 import pickle
 import re
+import struct
+import tracemalloc
 import zlib
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from test_cli import nanbeige
 
 from nanbeige.agent.cli.problems_command import ProblemFormat
-from nanbeige.evals.code_formats import CONVERTERS
-from nanbeige.evals.code_problems import read_problems
+from nanbeige.evals.code_formats import CONVERTERS, livecodebench_problem
+from nanbeige.evals.code_problems import MAX_TESTS, read_problems
+from nanbeige.evals.tasks import LoadError
 
 SUM_PROGRAM = "a, b = map(int, input().split())\nprint(a + b)\n"
 
@@ -303,10 +307,22 @@ PRIVATE_FUNCTIONAL = [{"input": "[4, 4]\n1", "output": "4", "testtype": "functio
 LEETCODE_STARTER = "class Solution:\n    def maxScore(self, nums: List[int], k: int) -> int:\n        "
 
 
-def inflates_to(size: int) -> bytes:
-    """A small zlib stream that decompresses to SIZE bytes."""
-    packer = zlib.compressobj(9)
-    return b"".join(packer.compress(bytes(1 << 20)) for _ in range(size >> 20)) + packer.flush()
+def packed_text(block: bytes, repeats: int, head: bytes = b"", tail: bytes = b"") -> str:
+    """A row's `private_test_cases` as the release packs them (base64 of zlib of a pickle of one text), for a
+    text of `head`, `block` `repeats` times and `tail`, made a block at a time: a few hundred KB that inflate
+    to as much as the blocks make."""
+    length = len(head) + len(block) * repeats + len(tail)
+    packer = zlib.compressobj(6)
+    # protocol 4: PROTO 4, BINUNICODE8 and its length, the text, MEMOIZE, STOP
+    parts = [packer.compress(b"\x80\x04\x8d" + struct.pack("<Q", length) + head)]
+    parts += [packer.compress(block) for _ in range(repeats)]
+    parts += [packer.compress(tail + b"\x94."), packer.flush()]
+    return base64.b64encode(b"".join(parts)).decode()
+
+
+def inflates_to(size: int) -> str:
+    """A JSON list of no test cases, padded with spaces to SIZE bytes: only the decompression cap stops it."""
+    return packed_text(b" " * (1 << 20), size >> 20, b"[", b"]")
 
 
 class RunsCode:
@@ -322,7 +338,7 @@ def test_livecodebench_private_tests_are_read_without_unpickling(tmp_path: Path)
     marker = tmp_path / "ran"
     RunsCode.marker = str(marker)
     evil = base64.b64encode(zlib.compress(pickle.dumps(RunsCode()))).decode()
-    bomb = base64.b64encode(inflates_to(300 << 20)).decode()
+    bomb = inflates_to(300 << 20)
     rows = [
         lcb_row("abc001_a", STDIN_CASES, compressed(PRIVATE_CASES)),
         lcb_row("2847", FUNCTIONAL, compressed(PRIVATE_FUNCTIONAL), "maxScore", LEETCODE_STARTER),
@@ -348,3 +364,35 @@ def test_livecodebench_private_tests_are_read_without_unpickling(tmp_path: Path)
     assert "more than 256 MiB" in lines["5"]
     assert "base64" in lines["6"]
     assert "both stdin and functional" in lines["7"]
+
+
+def test_a_livecodebench_row_with_too_many_tests_is_refused_as_they_are_read() -> None:
+    # about 300 KB that inflate to 128 MiB of test cases: 2.4 million of them, past the cap of 10,000
+    case = json.dumps(PRIVATE_CASES[0]).encode() + b", "
+    block = case * ((1 << 20) // len(case))
+    row = lcb_row("abc007_a", STDIN_CASES, packed_text(block, 128, b"[", case[:-2] + b"]"))
+    assert len(row["private_test_cases"]) < 1 << 20
+    tracemalloc.start()
+    try:
+        with pytest.raises(LoadError, match=f"more than {MAX_TESTS - 1} test cases"):
+            livecodebench_problem(row, "test6.jsonl:1", 1)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # what was held at once: a piece of the text and the cases up to the cap, not the 128 MiB it inflates to
+    assert peak < 32 << 20, peak
+
+
+def test_the_test_cap_counts_the_public_tests_too() -> None:
+    private = [PRIVATE_CASES[0]] * (MAX_TESTS - 1)
+    assert (
+        len(livecodebench_problem(lcb_row("abc008_a", STDIN_CASES, compressed(private)), "t:1", 1).tests) == MAX_TESTS
+    )
+    with pytest.raises(LoadError, match=f"more than {MAX_TESTS - 1} test cases"):
+        livecodebench_problem(lcb_row("abc009_a", STDIN_CASES, compressed(private + private[:1])), "t:1", 1)
+
+
+def test_one_test_case_longer_than_its_cap_is_refused_before_it_is_whole() -> None:
+    huge = packed_text(b"1" * (1 << 20), 64, b'[{"input": "', b'", "output": "1", "testtype": "stdin"}]')
+    with pytest.raises(LoadError, match="a test case longer than 32 MiB"):
+        livecodebench_problem(lcb_row("abc010_a", STDIN_CASES, huge), "t:1", 1)
