@@ -3,6 +3,7 @@ critic and the question writer each ask of their model. Retrying and what a fail
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from typing import Any
 
@@ -62,10 +63,11 @@ async def _chat_at(client: httpx.AsyncClient, base_url: str, endpoint: ChatEndpo
     timeout_s = endpoint.timeout_s
     headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
     try:
-        response = await client.post(
-            base_url.rstrip("/") + "/chat/completions", json=body, headers=headers, timeout=timeout_s
-        )
-    except httpx.TimeoutException:
+        async with asyncio.timeout(timeout_s):  # in all: a server trickling its answer a byte at a time misses it
+            response = await client.post(
+                base_url.rstrip("/") + "/chat/completions", json=body, headers=headers, timeout=timeout_s
+            )
+    except (httpx.TimeoutException, TimeoutError):
         raise CallFailed(f"did not answer within {timeout_s:g} s", unavailable=True, timed_out=True) from None
     except httpx.TransportError as exc:
         raise CallFailed(f"unreachable at {base_url}: {type(exc).__name__}: {exc}", unavailable=True) from None

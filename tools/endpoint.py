@@ -44,7 +44,7 @@ class ChatEndpoint:
     max_tokens: int = 1024
     """Most tokens one reply may have. Unused by the LLM judge, as `temperature`."""
     timeout_s: float = 120.0
-    """Timeout for one call."""
+    """Most seconds one call may take in all, from the request to the answer's last byte."""
     retries: int = 2
     """How many times to ask again after a transport error or a 408/429/5xx answer (the critic: or a
     malformed reply)."""

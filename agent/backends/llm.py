@@ -7,13 +7,17 @@ logprobs so turns are token-exact. Other servers may refuse unknown fields (Fast
 422), so they never get them; a server that claims vLLM and still refuses them is asked again
 without them. A streamed request is read by what the server sends back (events, or the whole body);
 a server that refuses `stream_options` or `stream` is asked again without them (`refusals.py`).
+
+Every attempt has a deadline (`timeout_s`) from sending the request to the reply's last byte, and every
+body a size cap (`stream.py`): a server that trickles a byte at a time, or sends only keep-alive comments,
+fails the attempt at the deadline however often it writes. A reply past the caps, or a 200 whose body is no
+completion, is an `UnusableReply`: a failed endpoint, which a pool leaves for another (`pool.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, NoReturn, Protocol
 
@@ -29,6 +33,7 @@ from nanbeige.agent.backends.model_server import (
     ModelError,
     ModelUnreachable,
     ServerInfo,
+    UnusableReply,
     probe_server,  # noqa: F401  (imported from here with the client it informs)
     read_model_list,
     server_root,
@@ -42,7 +47,7 @@ from nanbeige.agent.backends.refusals import (
     backoff,
     error_text,
 )
-from nanbeige.agent.backends.stream import StreamError, read_stream
+from nanbeige.agent.backends.stream import Reader, read_whole, streamed
 from nanbeige.tools.endpoint import LOCAL_BASE_URL, LOCAL_MODEL
 
 # Sampling per tool dialect, for settings the user leaves unset: the model card's deep-search
@@ -52,8 +57,6 @@ DIALECT_SAMPLING = {
     "mcp-xml": {"temperature": 1.0, "top_p": 0.95, "repetition_penalty": 1.05},
     "tool-call": {"temperature": 0.6, "top_p": 0.95, "repetition_penalty": 1.0},
 }
-Reader = Callable[[httpx.Response], Awaitable[dict[str, Any]]]
-"""What a streamed request's answer is read with (`streamed`)."""
 
 
 @dataclass
@@ -83,7 +86,9 @@ class LLMConfig:
     stop: list[str] = field(default_factory=list)
     """Extra stop strings."""
     timeout_s: float = 600.0
-    """Timeout for one model call."""
+    """Most seconds one model call may take, from sending the request to the reply's last byte, streamed
+    or not: a server still writing then (a byte at a time, or keep-alive pings) has failed the attempt,
+    which is asked again like a cut connection. Silence this long fails it too."""
     max_attempts: int | None = None
     """Most attempts per call on connection errors and 408/425/429/5xx answers; None: as many as
     `max_retry_s` allows."""
@@ -164,8 +169,12 @@ def served_by(llm: Any) -> str | None:
     return str(url.copy_with(username=None, password=None, query=None, fragment=None))
 
 
+class TooSlow(Exception):
+    """An attempt's reply was not whole by the call's deadline."""
+
+
 def _retryable(exc: BaseException) -> bool:
-    return isinstance(exc, (RetryableStatus, httpx.TransportError))
+    return isinstance(exc, (RetryableStatus, httpx.TransportError, TooSlow))
 
 
 class OpenAIChat:
@@ -226,14 +235,15 @@ class OpenAIChat:
         return body
 
     async def _post(self, content: bytes, path: str, stream: bool = False) -> httpx.Response:
-        """The server's answer; with `stream`, a 200 answer's body is left to be read as it comes."""
+        """The server's answer; with `stream`, a 200 answer's body is left to be read as it comes. Any
+        other body is read whole here, within the size cap."""
         try:
             request = self.http.build_request("POST", path, content=content)
-            response = await self.http.send(request, stream=stream)
+            response = await self.http.send(request, stream=True)
         except httpx.ConnectError as exc:
             raise ModelUnreachable(f"cannot connect to {self.config.base_url}: {exc}") from exc
-        if stream and response.status_code != 200:
-            await response.aread()  # an error's body is read whole, as without streaming
+        if not stream or response.status_code != 200:
+            response = await read_whole(response)
         if response.status_code in RETRY_STATUSES:
             raise RetryableStatus(response)
         return response
@@ -243,7 +253,8 @@ class OpenAIChat:
     ) -> tuple[Any, float]:
         """The response and the seconds spent waiting for it (encoding the request is not counted).
         With `read`, the request streams, and a 200 answer is what `read` makes of its stream: a
-        connection cut in the middle of it is asked again like one cut before it."""
+        connection cut in the middle of it is asked again like one cut before it. Each attempt has
+        `timeout_s` in all: one past it is asked again too."""
         c = self.config
         stop = stop_before_delay(c.max_retry_s)
         if c.max_attempts is not None:
@@ -259,19 +270,29 @@ class OpenAIChat:
         try:
             async for attempt in retrying:
                 with attempt:
-                    response = await self._post(content, path, stream=read is not None)
-                    if read is not None and response.status_code == 200:
-                        return await read(response), time.perf_counter() - started
-                    return response, time.perf_counter() - started
+                    return await self._attempt(content, path, read), time.perf_counter() - started
         except RetryableStatus as exc:
             raise EndpointDown(
                 f"model server answered HTTP {exc.response.status_code}: {error_text(exc.response)}"
             ) from None
         except httpx.TimeoutException as exc:
             raise EndpointDown(f"model call timed out after {c.timeout_s:g} s ({type(exc).__name__})") from None
+        except TooSlow:
+            raise EndpointDown(f"model call timed out after {c.timeout_s:g} s (no whole reply by then)") from None
         except httpx.TransportError as exc:
             raise EndpointDown(f"model call failed: {type(exc).__name__}: {exc}") from None
         raise AssertionError("unreachable")
+
+    async def _attempt(self, content: bytes, path: str, read: Reader | None) -> Any:
+        """One attempt: the response, or what `read` makes of a 200 answer's stream; TooSlow past the deadline."""
+        try:
+            async with asyncio.timeout(self.config.timeout_s):
+                response = await self._post(content, path, stream=read is not None)
+                if read is not None and response.status_code == 200:
+                    return await read(response)
+                return response
+        except TimeoutError:
+            raise TooSlow() from None
 
     async def complete(
         self,
@@ -293,7 +314,7 @@ class OpenAIChat:
         try:
             return parse_completion(answer if read else orjson.loads(answer.content), latency_s)
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
-            raise ModelError(f"model server sent a reply that is not a chat completion: {exc!r}") from None
+            raise UnusableReply(f"model server sent a reply that is not a chat completion: {exc!r}") from None
 
     async def _ask_shaped(
         self, build: Callable[[], dict[str, Any]], path: str, read: Reader | None, parts: tuple[str, ...]
@@ -319,7 +340,7 @@ class OpenAIChat:
         try:
             return parse_completion(orjson.loads(answer.content), latency_s, completions_api=True)
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
-            raise ModelError(f"model server sent a reply that is not a completion: {exc!r}") from None
+            raise UnusableReply(f"model server sent a reply that is not a completion: {exc!r}") from None
 
     async def _learn_server(self) -> None:
         async with self._asking:
@@ -331,18 +352,27 @@ class OpenAIChat:
         """What `probe_server` learns, over this client's connection; None when the server cannot
         say right now (this call goes without vLLM's fields and the next one asks again)."""
         try:
-            response = await self.http.get("/models", timeout=PROBE_TIMEOUT_S)
-            if response.status_code in RETRY_STATUSES:
+            response = await self.get_briefly("/models")
+            if response is None or response.status_code in RETRY_STATUSES:
                 return None
             info, settled = read_model_list(response, self.config.model)
             if not settled:
-                version = await self.http.get(server_root(self.config.base_url) + "/version", timeout=PROBE_TIMEOUT_S)
+                version = await self.get_briefly(server_root(self.config.base_url) + "/version")
+                if version is None:
+                    return None
                 info.vllm = version_is_vllm(version)
-        except httpx.HTTPError:
-            return None
         except ModelUnreachable:
             return ServerInfo(vllm=False)  # something answers without a model list, which vLLM always has
         return info
+
+    async def get_briefly(self, path: str) -> httpx.Response | None:
+        """The answer to a GET of `path` (a probe), read whole within `PROBE_TIMEOUT_S` in all and the size
+        cap; None when the server does not give one (unreachable, too slow, too long)."""
+        try:
+            async with asyncio.timeout(PROBE_TIMEOUT_S):
+                return await read_whole(await self.http.send(self.http.build_request("GET", path), stream=True))
+        except (httpx.HTTPError, TimeoutError, UnusableReply):
+            return None
 
     def raise_for_answer(self, response: httpx.Response) -> NoReturn:
         text = error_text(response)
@@ -358,26 +388,3 @@ class OpenAIChat:
 
     async def aclose(self) -> None:
         await self.http.aclose()
-
-
-def streamed(on_text: Callable[[str], None], completions_api: bool = False, timeout_s: float | None = None) -> Reader:
-    """How the answer to a streamed request is read: into the body it would have been whole, its text
-    handed to `on_text`. A stream that breaks off, or goes silent for `timeout_s` (httpx's read timeout),
-    is asked again; the view is told why, since the text it showed starts over."""
-    broke_off: list[str] = []  # why the last stream read ended early, told when the next one starts
-
-    async def read(response: httpx.Response) -> dict[str, Any]:
-        if broke_off:
-            on_text(f"\n[{broke_off.pop()}: asking again]\n")
-        try:
-            return await read_stream(response, on_text, completions_api)
-        except httpx.TimeoutException:
-            broke_off.append("no word from the server" + (f" for {timeout_s:g} s" if timeout_s else ""))
-            raise
-        except httpx.TransportError:
-            broke_off.append("the connection was cut")
-            raise
-        except StreamError as exc:
-            raise ModelError(f"model server sent an unusable reply: {exc}") from None
-
-    return read

@@ -3,11 +3,17 @@ vLLM's own request fields) and how calling it fails for good (`ModelError` and i
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import httpx
 
 PROBE_TIMEOUT_S = 10.0
+"""Most seconds a probe (`GET /models`, `GET /version`) may take in all, from the request to the answer's last byte."""
+MAX_PROBE_BYTES = 8 * 2**20
+"""The longest answer to a probe: a model list of thousands of entries is far shorter."""
+WIRE_HEADERS = ("content-encoding", "content-length", "transfer-encoding")
+"""The headers that describe a body's wire form, which no longer apply to it once read (and decoded)."""
 
 
 class ModelError(Exception):
@@ -15,8 +21,15 @@ class ModelError(Exception):
 
 
 class EndpointDown(ModelError):
-    """The endpoint failed past its retries: it refused or reset the connection, timed out, or kept
-    answering 408/425/429/5xx. A pool of endpoints (`pool.py`) takes it out and asks another."""
+    """The endpoint failed past its retries: it refused or reset the connection, did not finish a reply
+    within the call's deadline, or kept answering 408/425/429/5xx. A pool of endpoints (`pool.py`) takes
+    it out and asks another."""
+
+
+class UnusableReply(EndpointDown):
+    """The endpoint answered, but not with a usable reply: a 200 whose body is no completion, a reply
+    past the size caps (`stream.py`), or in token mode token ids that do not spell the reply's text.
+    Another endpoint may answer well, so a pool takes this one out as it does one that is down."""
 
 
 class ModelUnreachable(EndpointDown):
@@ -55,12 +68,29 @@ def probe_server(
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         with httpx.Client(headers=headers, timeout=timeout) as http:
-            info, settled = read_model_list(http.get(base_url.rstrip("/") + "/models"), model)
+            info, settled = read_model_list(_get_whole(http, base_url.rstrip("/") + "/models", timeout), model)
             if not settled:
-                info.vllm = version_is_vllm(http.get(server_root(base_url) + "/version"))
+                info.vllm = version_is_vllm(_get_whole(http, server_root(base_url) + "/version", timeout))
     except httpx.HTTPError as exc:
         raise ModelUnreachable(type(exc).__name__) from None
     return info
+
+
+def _get_whole(http: httpx.Client, url: str, timeout: float) -> httpx.Response:
+    """The answer to a GET of `url`, read whole within `timeout` seconds in all and `MAX_PROBE_BYTES`: a
+    server that trickles its answer raises httpx's ReadTimeout at the deadline, not never."""
+    deadline = time.monotonic() + timeout
+    with http.stream("GET", url) as response:
+        parts, size = [], 0
+        for data in response.iter_bytes():
+            size += len(data)
+            if time.monotonic() > deadline:
+                raise httpx.ReadTimeout(f"no whole answer within {timeout:g} s", request=response.request)
+            if size > MAX_PROBE_BYTES:
+                raise httpx.ReadError(f"an answer longer than {MAX_PROBE_BYTES} bytes", request=response.request)
+            parts.append(data)
+    headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in WIRE_HEADERS]
+    return httpx.Response(response.status_code, headers=headers, content=b"".join(parts), request=response.request)
 
 
 def read_model_list(response: httpx.Response, model: str | None) -> tuple[ServerInfo, bool]:

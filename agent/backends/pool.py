@@ -6,12 +6,17 @@ was given the fewest runs), and every later turn of the run to the same endpoint
 the run's prompt so far. With `route="group"` the runs of one group (a question's G rollouts) share an
 endpoint too, so the question's prompt is cached once.
 
-Failure: an endpoint that refuses, resets, times out or keeps answering 408/425/429/5xx past its own
-(short) retries is taken out for a cooldown; the failed call goes to another endpoint at once, from the
+Failure: an endpoint that refuses, resets, misses the call's deadline (`timeout_s`: a server that
+trickles its reply a byte at a time, or sends only keep-alive pings, misses it too) or keeps answering
+408/425/429/5xx past its own (short) retries, or that answers with something that is no usable reply (a
+200 whose body is no completion, a reply past the size caps, in token mode ids that do not spell the
+reply's text), is taken out for a cooldown; the failed call goes to another endpoint at once, from the
 same prompt, so the run goes on from its last complete turn and no tool is called twice for one turn
 (tools run only after a reply came back). After the cooldown one `GET /models` decides whether the
-endpoint takes runs again. Only when every endpoint is out for longer than the call's retry budget does
-the call fail (`EndpointDown`): the run ends as `model_error`, which `resume` and `collect` run again.
+endpoint takes runs again; the cooldown doubles each time it fails again before a call on it succeeds
+(a server that lists its models but never answers a call well is left alone longer and longer). Only
+when every endpoint is out for longer than the call's retry budget does the call fail (`EndpointDown`):
+the run ends as `model_error`, which `resume` and `collect` run again.
 """
 
 from __future__ import annotations
@@ -22,8 +27,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
-
-import httpx
 
 from nanbeige.agent.backends.completion import Completion
 from nanbeige.agent.backends.llm import LLMConfig, OpenAIChat, served_by
@@ -43,7 +46,7 @@ MEMBER_ATTEMPTS, MEMBER_RETRY_S = 2, 10.0
 at hand (a single endpoint waits out the whole `max_retry_s`, as it has nowhere else to go)."""
 COOLDOWN_S = 30.0
 """How long a failed endpoint is left alone before it is probed again; doubled after each failed
-probe, up to `MAX_COOLDOWN_S`."""
+probe, and after each failure before a call on it succeeded again, up to `MAX_COOLDOWN_S`."""
 MAX_COOLDOWN_S = 300.0
 ALL_OUT_WAIT_S = 2.0
 """While every endpoint is out, how often each is probed again (a pool whose servers all restart at once)."""
@@ -228,6 +231,7 @@ class EndpointPool:
             finally:
                 endpoint.in_flight -= 1
             endpoint.requests += 1
+            endpoint.cooldown_s = COOLDOWN_S  # it answers well again: a later failure starts afresh
             endpoint.tokens += sum(completion.usage.get(k, 0) for k in ("prompt_tokens", "completion_tokens"))
             completion.endpoint = endpoint.url
             return completion
@@ -258,22 +262,19 @@ class EndpointPool:
     async def _probe(self, endpoint: Endpoint) -> bool:
         """Whether an endpoint back from its cooldown answers its model list; if not, a longer cooldown."""
         endpoint.down_until = self.clock() + PROBE_TIMEOUT_S  # one probe at a time
-        try:
-            response = await endpoint.client.http.get("/models", timeout=PROBE_TIMEOUT_S)
-            answered = response.status_code == 200
-        except httpx.HTTPError:
-            answered = False
-        if answered:
-            endpoint.problem, endpoint.cooldown_s = None, COOLDOWN_S
+        response = await endpoint.client.get_briefly("/models")  # within a deadline: a probe may trickle too
+        if response is not None and response.status_code == 200:
+            endpoint.problem = None  # its cooldown stays as long until a call on it succeeds
             return True
-        endpoint.cooldown_s = min(endpoint.cooldown_s * 2, MAX_COOLDOWN_S)
         endpoint.down_until = self.clock() + endpoint.cooldown_s
+        endpoint.cooldown_s = min(endpoint.cooldown_s * 2, MAX_COOLDOWN_S)
         return False
 
     def _take_out(self, endpoint: Endpoint, problem: str) -> None:
         endpoint.failures += 1
         if endpoint.problem is None:  # a second run failing on it does not extend its cooldown
             endpoint.problem, endpoint.down_until = problem, self.clock() + endpoint.cooldown_s
+            endpoint.cooldown_s = min(endpoint.cooldown_s * 2, MAX_COOLDOWN_S)
 
     def _all_down(self) -> str:
         reasons = "; ".join(f"{e.url}: {e.problem}" for e in self.endpoints)

@@ -13,19 +13,34 @@ per piece and the prompt's ids once; `usage` comes in a last chunk of its own
 Not every server streams when asked: many OpenAI-compatible servers and proxies ignore `"stream"` and
 answer with the whole completion as JSON. The body is read by its Content-Type (`text/event-stream`
 as events, JSON whole; another type or none by how the body begins), and a whole body's text is handed
-to `on_text` at once."""
+to `on_text` at once.
+
+A body is read up to `MAX_REPLY_BYTES`, an event line up to `MAX_LINE_BYTES`: past either the server is
+not sending a reply (StreamError), and memory stays bounded by the cap, not by what the server sends."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import httpx
 import orjson
 
+from nanbeige.agent.backends.model_server import WIRE_HEADERS, UnusableReply
+
 STREAM_FIELDS = {"stream": True, "stream_options": {"include_usage": True}}
+MAX_REPLY_BYTES = 64 * 2**20
+"""The most bytes one reply's body may have (after decompression), streamed or whole. A reply with vLLM's
+token fields for a full 262,144-token context is a few MB; a body past this is no reply."""
+MAX_LINE_BYTES = 16 * 2**20
+"""The longest line of a stream of events: one chunk, which may carry the prompt's ids echoed once."""
 REASONING = ("reasoning_content", "reasoning")
+
+
+Reader = Callable[[httpx.Response], Awaitable[dict[str, Any]]]
+"""What a streamed request's answer is read with (`streamed`)."""
 
 
 class StreamError(Exception):
@@ -129,7 +144,7 @@ class Pieces:
         return body
 
 
-def _take(line: bytes, pieces: Pieces) -> bool:
+def _take(line: bytes | bytearray, pieces: Pieces) -> bool:
     """Add one line's chunk to `pieces`; False at `data: [DONE]`."""
     if not line.startswith(b"data:"):
         return True  # blank separators, `event:` and `:` comment lines
@@ -155,7 +170,7 @@ async def read_stream(
             start = await _beginning(chunks)
             kind = _kind_of(start, kind)
         if _is_json(kind):
-            return _whole(start + b"".join([data async for data in chunks]), on_text, completions_api)
+            return _whole(await read_body(chunks, start), on_text, completions_api)
         return await _events(_after(start, chunks), Pieces(completions_api, on_text))
     finally:
         await response.aclose()
@@ -178,12 +193,29 @@ def _kind_of(start: bytes, said: str) -> str:
 
 async def _beginning(chunks: AsyncIterator[bytes]) -> bytes:
     """The body's first bytes, up to the first that is not white space (or all of it)."""
-    start = b""
+    start = bytearray()  # grown in place: a server sending white space a byte at a time costs no copies
     async for data in chunks:
         start += data
-        if start.strip():
+        if data.strip():
             break
-    return start
+        if len(start) > MAX_LINE_BYTES:
+            raise StreamError(f"an answer that begins with more than {_mb(MAX_LINE_BYTES)} of white space")
+    return bytes(start)
+
+
+async def read_body(chunks: AsyncIterator[bytes], start: bytes = b"") -> bytes:
+    """The whole body: `start`, then the rest of `chunks`; StreamError past `MAX_REPLY_BYTES`."""
+    parts, size = [start], len(start)
+    async for data in chunks:
+        size += len(data)
+        if size > MAX_REPLY_BYTES:
+            raise StreamError(f"a reply longer than {_mb(MAX_REPLY_BYTES)}")
+        parts.append(data)
+    return b"".join(parts)
+
+
+def _mb(size: int) -> str:
+    return f"{size // 2**20} MB"
 
 
 async def _after(start: bytes, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
@@ -195,14 +227,26 @@ async def _after(start: bytes, chunks: AsyncIterator[bytes]) -> AsyncIterator[by
 
 async def _events(chunks: AsyncIterator[bytes], pieces: Pieces) -> dict[str, Any]:
     """The body server-sent events make."""
-    rest = b""
+    line = bytearray()  # the line being read; grown in place, so a line that never ends costs no copies
+    size = 0
     # bytes split at newlines here, not httpx's line decoder: a stream brings a chunk per token
     async for data in chunks:
-        *lines, rest = (rest + data).split(b"\n")
-        if not all(_take(line, pieces) for line in lines):
+        size += len(data)
+        if size > MAX_REPLY_BYTES:
+            raise StreamError(f"a reply longer than {_mb(MAX_REPLY_BYTES)}")
+        end = data.rfind(b"\n")
+        if end < 0:
+            line += data
+            _check_line(line)
+            continue
+        line += data[:end]
+        lines, line = line.split(b"\n"), bytearray(data[end + 1 :])
+        for each in lines:
+            _check_line(each)
+        if not all(_take(each, pieces) for each in lines):
             break
     else:
-        _take(rest, pieces)  # a last event without its line end
+        _take(line, pieces)  # a last event without its line end
     if pieces.finish_reason is None:
         raise StreamError("the stream ended before the reply did (no finish reason)")
     if pieces.thinking:
@@ -210,14 +254,19 @@ async def _events(chunks: AsyncIterator[bytes], pieces: Pieces) -> dict[str, Any
     return pieces.body()
 
 
-def _json_object(data: bytes, what: str) -> dict[str, Any]:
+def _check_line(line: bytearray) -> None:
+    if len(line) > MAX_LINE_BYTES:
+        raise StreamError(f"an event line longer than {_mb(MAX_LINE_BYTES)}: {bytes(line[:200])!r}")
+
+
+def _json_object(data: bytes | bytearray, what: str) -> dict[str, Any]:
     """The JSON object the bytes hold, or a StreamError naming `what` they were."""
     try:
         value = orjson.loads(data)
     except orjson.JSONDecodeError:
-        raise StreamError(f"{what} that is not JSON: {data[:200]!r}") from None
+        raise StreamError(f"{what} that is not JSON: {bytes(data[:200])!r}") from None
     if not isinstance(value, dict):
-        raise StreamError(f"{what} that is not an object: {data[:200]!r}")
+        raise StreamError(f"{what} that is not an object: {bytes(data[:200])!r}")
     return value
 
 
@@ -241,3 +290,42 @@ def _whole(data: bytes, on_text: Callable[[str], None], completions_api: bool) -
     if pieces.thinking:
         on_text("\n</think>\n\n")
     return body
+
+
+def streamed(on_text: Callable[[str], None], completions_api: bool = False, timeout_s: float | None = None) -> Reader:
+    """How the answer to a streamed request is read: into the body it would have been whole, its text
+    handed to `on_text`. A stream that breaks off, goes silent for `timeout_s` (httpx's read timeout) or
+    is not whole by the call's deadline is asked again; the view is told why, since the text it showed
+    starts over. A stream that is no reply (an error, not JSON, past the size caps) is an UnusableReply."""
+    broke_off: list[str] = []  # why the last stream read ended early, told when the next one starts
+
+    async def read(response: httpx.Response) -> dict[str, Any]:
+        if broke_off:
+            on_text(f"\n[{broke_off.pop()}: asking again]\n")
+        try:
+            return await read_stream(response, on_text, completions_api)
+        except httpx.TimeoutException:
+            broke_off.append("no word from the server" + (f" for {timeout_s:g} s" if timeout_s else ""))
+            raise
+        except asyncio.CancelledError:  # the deadline (or the run's end, when nothing reads this again)
+            broke_off.append("no whole reply from the server" + (f" within {timeout_s:g} s" if timeout_s else ""))
+            raise
+        except httpx.TransportError:
+            broke_off.append("the connection was cut")
+            raise
+        except StreamError as exc:
+            raise UnusableReply(f"model server sent an unusable reply: {exc}") from None
+
+    return read
+
+
+async def read_whole(response: httpx.Response) -> httpx.Response:
+    """The response with its body read, up to `MAX_REPLY_BYTES` (UnusableReply past it)."""
+    try:
+        content = await read_body(response.aiter_bytes())
+    except StreamError as exc:
+        raise UnusableReply(f"model server sent an unusable reply: {exc}") from None
+    finally:
+        await response.aclose()
+    headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in WIRE_HEADERS]
+    return httpx.Response(response.status_code, headers=headers, content=content, request=response.request)

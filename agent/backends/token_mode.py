@@ -2,6 +2,10 @@
 sends token ids to `/v1/completions` (vLLM), so what the trajectory records is exactly what was
 sampled from, never a re-tokenization. How prompts are built (and extended verbatim within a
 segment) is in `prompts.py`.
+
+The ids a server returns are what training learns from, so they are checked against the reply's text
+before they are recorded: they must decode to it (`check_spelling`). A server whose ids spell something
+else has failed, as one that sends no completion has (`UnusableReply`: a pool moves the run elsewhere).
 """
 
 from __future__ import annotations
@@ -13,8 +17,10 @@ import orjson
 
 from nanbeige.agent.backends.completion import Completion, parse_completion
 from nanbeige.agent.backends.in_process import stop_ids
-from nanbeige.agent.backends.llm import LLMConfig, ModelError, OpenAIChat, streamed
+from nanbeige.agent.backends.llm import LLMConfig, ModelError, OpenAIChat
+from nanbeige.agent.backends.model_server import UnusableReply
 from nanbeige.agent.backends.prompts import Conversation, Prompter, identity, read_chat_template
+from nanbeige.agent.backends.stream import streamed
 
 
 class TokenModeChat(OpenAIChat):
@@ -93,12 +99,51 @@ class TokenModeChat(OpenAIChat):
                 answer if read else orjson.loads(_drop_prompt_echo(answer.content)), latency_s, completions_api=True
             )
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
-            raise ModelError(f"model server sent a reply that is not a completion: {exc!r}") from None
+            raise UnusableReply(f"model server sent a reply that is not a completion: {exc!r}") from None
         if completion.completion_ids is None:
-            raise ModelError("the server did not return token ids: token mode needs vLLM (return_token_ids)")
+            raise UnusableReply("the server did not return token ids: token mode needs vLLM (return_token_ids)")
+        check_spelling(self.prompter.tokenizer, completion, self.stop_ids, self.config.stop)
         completion.prompt_ids = prompt  # what was sent, exactly
         self.prompter.sampled(conversation, prompt, completion.completion_ids)
         return completion
+
+
+def check_spelling(tokenizer: Any, completion: Completion, stop_ids: list[int], stop_strings: list[str]) -> None:
+    """UnusableReply unless the completion's token ids decode to its text as vLLM detokenizes them. Beyond
+    the text the ids may hold only what vLLM leaves out of it: the stop token that ended the reply, a stop
+    string with the rest of the token that completed it, or the bytes of a character a length cut split."""
+    ids, text = list(completion.completion_ids or []), completion.message["content"]
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise UnusableReply("model server sent token ids that are not all integers")
+    if completion.finish_reason == "stop" and ids and ids[-1] in stop_ids:
+        ids.pop()
+    spelled = _decode(tokenizer, ids)
+    if spelled == text or _left_out(tokenizer, ids, spelled, text, completion.finish_reason, stop_strings):
+        return
+    raise UnusableReply(
+        f"model server sent token ids that do not spell its reply: they read {spelled[:120]!r}, "
+        f"the reply is {text[:120]!r}"
+    )
+
+
+def _decode(tokenizer: Any, ids: list[int]) -> str:
+    try:
+        return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    except (OverflowError, TypeError, ValueError, IndexError) as exc:  # ids outside the vocabulary
+        raise UnusableReply(f"model server sent token ids the tokenizer cannot read: {exc}") from None
+
+
+def _left_out(tokenizer: Any, ids: list[int], spelled: str, text: str, finish: str | None, stops: list[str]) -> bool:
+    """Whether what the ids spell beyond the text is what vLLM leaves out of a reply's text."""
+    rest = spelled[len(text) :] if spelled.startswith(text) else None
+    if rest is None:
+        return False
+    if finish == "length":  # the last token ends inside a character, which vLLM holds back
+        return len(rest) <= 3 and set(rest) == {"\ufffd"}
+    # a stop string: the text ends before it, the ids at the token that completed it
+    return finish == "stop" and any(
+        rest.startswith(stop) and not _decode(tokenizer, ids[:-1]).startswith(text + stop) for stop in stops if stop
+    )
 
 
 _ECHO = b'"prompt_token_ids":'

@@ -178,5 +178,6 @@ RESUME: dict[str, tuple[Any, Any]] = {
     "cache": (o.Cache, None),
     "replay": (o.Replay, False),
     "reference": (o.ReferenceCheckout, None),
+    "request_timeout": (o.RequestTimeout, None),
 }
 """`nanbeige resume`'s flags, after its trajectory file."""

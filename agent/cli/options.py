@@ -93,6 +93,18 @@ ToolTimeout = Annotated[
 MaxResultChars = Annotated[
     int, typer.Option(**bounds("max_result_chars"), help="Longer tool results are cut.", rich_help_panel=ADVANCED)
 ]
+RequestTimeout = Annotated[
+    float | None,
+    typer.Option(
+        min=0.1,
+        show_default=False,
+        rich_help_panel=ADVANCED,
+        help="Seconds one model call may take in all, from the request to the reply's last byte: a server that "
+        "trickles its reply, or sends only keep-alive pings, fails the call then, and it is asked again (at another "
+        "endpoint of a pool) \\[default: 600 for the agent's model, 300 for the judge, 120 for the critic and the "
+        "question writer].",
+    ),
+]
 Timeout = Annotated[
     float | None,
     typer.Option(
@@ -277,6 +289,7 @@ RUN_OPTIONS: dict[str, tuple[Any, Any]] = {
     "tool_timeout": (ToolTimeout, ToolsConfig.tool_timeout_s),
     "max_result_chars": (MaxResultChars, ToolsConfig.max_result_chars),
     "timeout": (Timeout, None),
+    "request_timeout": (RequestTimeout, None),
     "gguf_file": (GgufFile, None),
     "token_mode": (TokenMode, False),
     "chat_template": (ChatTemplate, None),
@@ -311,6 +324,7 @@ UNSET: dict[str, Any] = {
     "verbose": False,
     "tokenizer": None,
     "route": "run",
+    "request_timeout": None,
 }
 
 
@@ -336,6 +350,7 @@ def run_settings(flags: Mapping[str, Any]) -> RunSettings:
             top_p=f["top_p"],
             repetition_penalty=f["repetition_penalty"],
             max_tokens=f["max_tokens"],
+            timeout_s=LLMConfig.timeout_s if f["request_timeout"] is None else f["request_timeout"],
         ),
         agent=AgentConfig(
             dialect=f["dialect"],

@@ -161,6 +161,7 @@ def settings_for(trajectory: Trajectory, path: Path, **given: Any) -> RunSetting
         more_base_urls=tuple(urls[1:]),
         model=as_typed(trajectory.model),
         api_key=flags["api_key"],
+        timeout_s=LLMConfig.timeout_s if flags["request_timeout"] is None else flags["request_timeout"],
         **{name: sampling[name] for name in SAMPLING if name in sampling},
     )
     tools = ToolsConfig(

@@ -166,14 +166,7 @@ JUDGE_OPTIONS: dict[str, tuple[Any, Any]] = {
     "judge_api_key": (JudgeApiKey, None),
     "judge_template": (JudgeTemplate, None),
     "concurrency": o.option(int, 8, min=1, help="Trajectories judged at once."),
-    "request_timeout": o.option(
-        float | None,
-        None,
-        min=0.1,
-        show_default=False,
-        help="Seconds one judge or critic call may take before it is asked again "
-        "\\[default: 300 for the judge, 120 for the critic].",
-    ),
+    "request_timeout": (o.RequestTimeout, None),
     "retries": o.option(
         int | None,
         None,
@@ -308,13 +301,20 @@ def synth(
     api_key: Annotated[
         str | None, typer.Option(envvar="NANBEIGE_SYNTH_API_KEY", show_default=False, help="API key for that endpoint.")
     ] = None,
+    request_timeout: o.RequestTimeout = None,
 ) -> None:
     """Write multi-hop questions from your documents: random walks over the links between them, a question
     per walk that needs every hop, rejected when one document answers it or the documents do not support it."""
     from nanbeige.agent.cli.running import run_command
     from nanbeige.trainer.synth import SYNTH_ENDPOINT, rejected_path, synthesize
 
-    config = replace(SYNTH_ENDPOINT, base_url=base_url or SYNTH_ENDPOINT.base_url, model=model, api_key=api_key)
+    config = replace(
+        SYNTH_ENDPOINT,
+        base_url=base_url or SYNTH_ENDPOINT.base_url,
+        model=model,
+        api_key=api_key,
+        timeout_s=request_timeout or SYNTH_ENDPOINT.timeout_s,
+    )
     hide([api_key] if api_key else [])
 
     def progress(in_file: int, wanted: int, rejected: int) -> None:

@@ -186,8 +186,11 @@ def judging(flags: dict[str, Any]) -> Any:
     from nanbeige.trainer.judge_config import JudgeRunConfig
 
     no_critic = flags["no_critic"]
+    calls = {} if flags["request_timeout"] is None else {"timeout_s": flags["request_timeout"]}
     critic = (
-        None if no_critic else critic_endpoint(flags["critic_base_url"], flags["critic_model"], flags["critic_api_key"])
+        None
+        if no_critic
+        else replace(critic_endpoint(flags["critic_base_url"], flags["critic_model"], flags["critic_api_key"]), **calls)
     )
     judge = JudgeRunConfig(critic=critic, no_critic=no_critic)
     if flags["problems"] is None:
@@ -200,7 +203,11 @@ def judging(flags: dict[str, Any]) -> Any:
         env.get("NANBEIGE_JUDGE_API_KEY"),
     )
     return replace(
-        judge, grader="code-tests", problems=flags["problems"], time_reward=flags["time_reward"], complexity=complexity
+        judge,
+        grader="code-tests",
+        problems=flags["problems"],
+        time_reward=flags["time_reward"],
+        complexity=replace(complexity, **calls),
     )
 
 

@@ -317,6 +317,7 @@ SERVER: dict[str, tuple[Any, Any]] = {
     "backend": (o.Backend, BackendConfig.backend),
     "token_mode": (o.TokenMode, False),
     "no_default_servers": (o.NoDefaultServers, False),
+    "request_timeout": (o.RequestTimeout, None),
 }
 
 ITERATIONS = option(
