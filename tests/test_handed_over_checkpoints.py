@@ -7,6 +7,10 @@ the file and a non-zero exit, and the code never runs. A genuine checkpoint stil
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -152,3 +156,71 @@ def test_the_in_process_backend_refuses_pickled_weights_in_one_line(tiny: Path, 
     result = nanbeige("ask", "--backend", "transformers", "--model", model, "--no-default-servers", "What is 2+2?")
     assert not marker.exists()
     assert_refused(result, model, None, REFUSED)
+
+
+# ---------------------------------------------------------------- the out folder's other files, read as handed over
+
+
+@pytest.fixture(scope="module")
+def trained(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A genuine out folder of one training step (its checkpoint-1 and metrics.jsonl), and its data."""
+    folder = tmp_path_factory.mktemp("trained")
+    data = folder / "judged.jsonl"
+    data.write_bytes(data_with())
+    # the hand-made rollouts were not sampled by the tiny model: trained on as off-policy data
+    result = nanbeige("train", "--data", data, "--model", tiny, "--out", folder / "out", "--steps", "1", "--off-policy")
+    assert result.exit_code == 0, result.output
+    return folder / "out", data
+
+
+def handed_over_copy(trained: tuple[Path, Path], tmp_path: Path) -> Path:
+    out = tmp_path / "out"
+    shutil.copytree(trained[0], out)
+    return out
+
+
+def test_a_metrics_file_linked_elsewhere_is_never_cut_through_the_link(
+    tiny: Path, trained: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A resume cuts `metrics.jsonl` back to the checkpoint's step: through a planted link it would empty the
+    file the link names."""
+    out, victim = handed_over_copy(trained, tmp_path), tmp_path / "notes.txt"
+    victim.write_text("the user's own notes\n")
+    (out / "metrics.jsonl").unlink()
+    (out / "metrics.jsonl").symlink_to(victim)
+    result = nanbeige(
+        "train", "--data", trained[1], "--model", tiny, "--out", out, "--steps", "1", "--off-policy", "--resume"
+    )
+    assert victim.read_text() == "the user's own notes\n"
+    assert_refused(result, out / "metrics.jsonl", None, "symbolic link")
+
+
+def resume_in_a_process(tiny: Path, data: Path, out: Path) -> subprocess.CompletedProcess[str]:
+    """`train --resume` as a user runs it; a reader that blocks on a FIFO fails by the timeout."""
+    command = [str(Path(sys.executable).parent / "nanbeige"), "train", "--data", str(data), "--model", str(tiny)]
+    command += ["--out", str(out), "--steps", "1", "--off-policy", "--resume"]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_a_trainer_state_linked_elsewhere_is_one_line(tiny: Path, trained: tuple[Path, Path], tmp_path: Path) -> None:
+    out = handed_over_copy(trained, tmp_path)
+    state = out / "checkpoint-1" / "trainer-state-rank0.pt"
+    elsewhere = tmp_path / "elsewhere.pt"
+    state.rename(elsewhere)
+    state.symlink_to(elsewhere)
+    done = resume_in_a_process(tiny, trained[1], out)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    [error] = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert str(state) in error and "symbolic link" in error, error
+
+
+def test_a_checkpoint_marker_that_is_a_fifo_does_not_block_the_resume(
+    tiny: Path, trained: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A FIFO would block its reader forever: it is no marker, so the checkpoint is not taken for a whole one."""
+    out = handed_over_copy(trained, tmp_path)
+    marker = out / "checkpoint-1" / "checkpoint-complete.json"
+    marker.unlink()
+    os.mkfifo(marker)
+    done = resume_in_a_process(tiny, trained[1], out)
+    assert done.returncode == 0 and "resuming after step" not in done.stderr, done.stderr

@@ -16,6 +16,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nanbeige.tools import handed_over
+from nanbeige.tools.handed_over import HandedOverError
 from nanbeige.trainer.model import TrainError
 
 if TYPE_CHECKING:
@@ -24,6 +26,11 @@ if TYPE_CHECKING:
 
 COMPLETE = "checkpoint-complete.json"
 """Written last, once every rank's trainer state is in place: a folder without it was cut short."""
+MAX_METRICS_BYTES = 1024**3
+"""`metrics.jsonl`: a line of about a kilobyte a step."""
+MAX_STATE_BYTES = 1024**4
+"""A rank's trainer state is its share of the optimizer's two moments (8 bytes a trained parameter): a TiB
+holds any this trainer writes, and keeps a sparse file of petabytes from being read."""
 
 
 def save_checkpoint(model: Any, tokenizer: Any, optimizer: Any, step: int, config: TrainConfig, world: World) -> Path:
@@ -73,7 +80,10 @@ def read_trainer_state(path: Path) -> dict[str, Any]:
 
     fix = "remove that checkpoint folder to resume from the one before"
     try:
-        saved = torch.load(path, map_location="cpu", weights_only=True)
+        with handed_over.open_file(path, MAX_STATE_BYTES, inside=path.parent) as file:  # no link, no FIFO
+            saved = torch.load(file, map_location="cpu", weights_only=True)
+    except HandedOverError as exc:
+        raise TrainError(f"{exc}; {fix}") from None
     except pickle.UnpicklingError:  # what weights_only says of a pickle that names code
         raise TrainError(
             f"{path} holds more than tensors and plain values (a pickle that could run code): refused, never "
@@ -140,8 +150,8 @@ def complete(folder: Path) -> bool:
     """Whether a checkpoint folder was written whole: its marker names how many ranks saved, and each
     rank's state file is there (a folder someone handed us is read, never trusted)."""
     try:
-        marker = json.loads((folder / COMPLETE).read_text())
-    except (OSError, ValueError, RecursionError):
+        marker = handed_over.read_json_object(folder / COMPLETE, 4096, inside=folder)
+    except (OSError, ValueError):  # HandedOverError is a ValueError: a link, a FIFO, not a JSON object
         return False
     size = marker.get("world_size") if isinstance(marker, dict) else None
     if type(size) is not int or not 1 <= size <= 65536:
@@ -151,9 +161,13 @@ def complete(folder: Path) -> bool:
 
 def drop_metrics_after(path: Path, step: int) -> None:
     """Cut `metrics.jsonl` back to the resumed checkpoint's step: the steps after it are done again."""
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return
-    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    try:  # a link planted in a handed-over out folder would have the cut written to its target
+        text = handed_over.read_bytes(path, MAX_METRICS_BYTES, inside=path.parent).decode(errors="replace")
+    except (OSError, HandedOverError) as exc:
+        raise TrainError(f"cannot resume: {exc}; remove it or pass another --out") from None
+    lines = [line for line in text.splitlines() if line.strip()]
     kept = [line for line in lines if _step_of(line) <= step]
     if len(kept) != len(lines):
         path.write_text("".join(line + "\n" for line in kept))
