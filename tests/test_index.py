@@ -205,6 +205,40 @@ def test_the_command_builds_from_the_readable_files_and_fails_on_the_last_line(t
     assert [h["title"] for h in hits] == ["Sea otters hold hands while they sleep."]
 
 
+def test_a_link_out_of_the_folder_is_not_read_into_the_index(tmp_path: Path) -> None:
+    """A downloaded corpus may hold a symbolic link to the user's own files: what it leads to must not
+    become what the model reads (and can quote into a URL it fetches)."""
+    private = tmp_path / "private"
+    (private / "keys").mkdir(parents=True)
+    (private / "secret.md").write_text("Zanzibarquux token 7731 for the bank.", encoding="utf-8")
+    (private / "keys" / "more.txt").write_text("Zanzibarquux backup codes.", encoding="utf-8")
+    corpus = tmp_path / "corpus"
+    (corpus / "chapters").mkdir(parents=True)
+    (corpus / "otters.md").write_text("Sea otters hold hands while they sleep.", encoding="utf-8")
+    (corpus / "chapters" / "beavers.txt").write_text("Beavers build dams of branches.", encoding="utf-8")
+    (corpus / "readme.md").symlink_to(private / "secret.md")  # a file out of the folder
+    (corpus / "chapters" / "keys").symlink_to(private / "keys")  # a folder out of it
+    (corpus / "chapters" / "otters-again.md").symlink_to(corpus / "otters.md")  # a link inside: followed
+    nanbeige = Path(sys.executable).parent / "nanbeige"
+    result = subprocess.run(
+        [nanbeige, "index", "build", str(corpus), "--out", str(tmp_path / "index")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "300"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert search_index(tmp_path / "index", "Zanzibarquux") == []
+    assert "Zanzibarquux" not in (tmp_path / "index" / "passages.jsonl").read_text(encoding="utf-8")
+    skipped = [line for line in result.stderr.splitlines() if line.startswith("skipped ")]
+    assert sorted(skipped) == [
+        f"skipped {corpus / 'chapters' / 'keys'}: a symbolic link out of {corpus}; not read",
+        f"skipped {corpus / 'readme.md'}: a symbolic link out of {corpus}; not read",
+    ]
+    assert [h["title"] for h in search_index(tmp_path / "index", "beavers dams")] == ["Beavers build dams of branches."]
+    assert len(search_index(tmp_path / "index", "otters sleep")) == 1  # one document, however many links
+
+
 def test_a_file_named_on_its_own_of_a_type_not_read_is_skipped_not_unreadable(docs: Path, tmp_path: Path) -> None:
     stats = build_index([docs / "otters.md", docs / "notes" / "ignored.docx"], tmp_path / "index")
     assert stats.files == 2 and stats.documents == 1 and stats.unreadable == []

@@ -28,24 +28,43 @@ class IndexBuildError(NanbeigeError):
     """The sources cannot be indexed (nothing readable found, or the output folder is not an index)."""
 
 
-def source_files(sources: Iterable[str | os.PathLike[str]]) -> list[Path]:
-    """Every indexable file under the given files and folders, in a stable order."""
+def source_files(sources: Iterable[str | os.PathLike[str]], skipped: list[str] | None = None) -> list[Path]:
+    """Every indexable file under the given files and folders, in a stable order. A file named on its own is
+    read as named. In a folder, a symbolic link that leads out of it (to a file or a folder) is not read and
+    is said in `skipped`: a downloaded corpus may hold a link to the user's private files, which would
+    otherwise become what the model reads. A link to a file inside the folder is read (once, with the file
+    it names); a linked folder is not entered, so that a link cannot loop."""
     files: list[Path] = []
     for source in sources:
         path = Path(source).expanduser()
         if path.is_dir():
-            files += sorted(
-                p
-                for p in path.rglob("*")
-                if p.is_file()
-                and p.suffix.lower() in SUFFIXES
-                and not any(part.startswith(".") for part in p.relative_to(path).parts)
-            )
+            files += _folder_files(path, [] if skipped is None else skipped)
         elif path.is_file():
             files.append(path)
         else:
             raise IndexBuildError(f"source not found: {path}")
     return files
+
+
+def _folder_files(folder: Path, skipped: list[str]) -> list[Path]:
+    root = folder.resolve()
+    found: dict[Path, Path] = {}  # each file's real place -> the path it is read from
+    for where, folders, names in os.walk(folder):  # followlinks=False: a linked folder is not entered
+        here = Path(where)
+        folders[:] = [name for name in folders if not name.startswith(".")]  # hidden ones, as ls hides them
+        for name in folders:
+            if (here / name).is_symlink() and not (here / name).resolve().is_relative_to(root):
+                skipped.append(f"{here / name}: a symbolic link out of {folder}; not read")
+        for name in names:
+            path = here / name
+            if name.startswith(".") or path.suffix.lower() not in SUFFIXES:
+                continue
+            real = path.resolve()
+            if path.is_symlink() and not real.is_relative_to(root):
+                skipped.append(f"{path}: a symbolic link out of {folder}; not read")
+            elif real.is_file():  # not a link that leads nowhere, nor a FIFO or a device
+                found.setdefault(real, real if path.is_symlink() else path)
+    return sorted(found.values())
 
 
 def read_documents(path: Path) -> list[dict[str, Any]]:

@@ -60,8 +60,8 @@ class IndexStats:
     """Files that failed to read (damaged, not what their name says, a library missing), each with the
     error; the index holds the rest."""
     skipped: list[str] = field(default_factory=list)
-    """What was read but left out, each with the reason: records or files with no text, and files
-    named on their own whose type the index does not read."""
+    """What was left out, each with the reason: records or files with no text, files named on their own
+    whose type the index does not read, and symbolic links out of a source folder (never read)."""
     seconds: float = 0.0
     """Wall time of the build."""
     bytes_on_disk: int = 0
@@ -115,8 +115,9 @@ def build_index(
     out = Path(out_dir).expanduser()
     if out.exists() and any(out.iterdir()) and not index_exists(out):
         raise IndexBuildError(f"{out} exists and is not a nanbeige index; choose an empty or new folder")
-    files = source_files(sources)
-    stats = IndexStats(out_dir=str(out), files=len(files))
+    skipped: list[str] = []  # links out of a source folder, not read
+    files = source_files(sources, skipped)
+    stats = IndexStats(out_dir=str(out), files=len(files), skipped=skipped)
     passages = _collect_passages(files, stats, progress)
     if not passages and stats.unreadable:
         raise IndexBuildError(
