@@ -74,6 +74,7 @@ OVERRIDES: dict[str, tuple[str | None, str, type]] = {
     "keep_tool_results": ("agent", "keep_tool_results", int),
     "max_context": ("agent", "max_context", int),
     "timeout": ("agent", "timeout_s", float),
+    "request_timeout": ("llm", "timeout_s", float),  # one model call's deadline, from the request to the last byte
     "summary_turn": ("agent", "summary_turn", bool),
     "rollback": ("agent", "rollback", bool),
     "budget": ("agent", "budgets", dict),  # {"tokens": 100000} or ["tokens=100000"]

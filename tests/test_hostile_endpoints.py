@@ -192,3 +192,18 @@ async def test_a_judge_that_trickles_its_answer_fails_the_call_at_its_deadline()
                 async with asyncio.timeout(BOUND_S):
                     await chat_text(client, endpoint, MESSAGES)
     assert time.monotonic() - started < 5
+
+
+def test_the_deadline_is_held_to_its_range_on_the_command_line_and_in_the_api() -> None:
+    """A deadline of NaN would never pass, one of 0 would fail every call: both are refused before anything starts."""
+    from nanbeige.agent.api import with_overrides
+    from nanbeige.agent.run_config import RunSettings
+
+    for value in ("nan", "0"):
+        done = subprocess.run(
+            [NANBEIGE, "ask", "--request-timeout", value, "What is 4?"], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 2 and "--request-timeout" in done.stderr and "Traceback" not in done.stderr
+        with pytest.raises(ValueError, match="request_timeout must be"):
+            with_overrides(RunSettings(), {"request_timeout": float(value)})
+    assert with_overrides(RunSettings(), {"request_timeout": 5.0}).llm.timeout_s == 5.0

@@ -96,7 +96,7 @@ MaxResultChars = Annotated[
 RequestTimeout = Annotated[
     float | None,
     typer.Option(
-        min=0.1,
+        **bounds("request_timeout"),
         show_default=False,
         rich_help_panel=ADVANCED,
         help="Seconds one model call may take in all, from the request to the reply's last byte: a server that "

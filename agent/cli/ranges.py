@@ -18,6 +18,7 @@ RANGES: dict[str, tuple[float | None, float | None]] = {
     "repetition_penalty": (0.0, None),
     "max_tokens": (1, None),
     "timeout": (1, None),
+    "request_timeout": (0.1, None),
     "tool_timeout": (1, None),
     "max_result_chars": (100, None),
 }
