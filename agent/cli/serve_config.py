@@ -130,8 +130,9 @@ def vllm_args(config: ServeConfig) -> list[str]:
 def real_address(config: ServeConfig) -> ServeConfig:
     """The config with the host and port vLLM will listen on: ours, unless the arguments passed through
     after `--` say others, which vLLM's parser reads last, so the last one wins. An abbreviation
-    (`--ho`, `--por=9000`) counts too, as vLLM's argparse takes one. ValueError for a port that is no
-    number or a flag with no value."""
+    (`--ho`, `--por=9000`) counts too, as vLLM's argparse takes one. A `--config` file among them cannot
+    move the address: vLLM lets its command line win over the file, and ours always says both. ValueError
+    for a port that is no number or a flag with no value."""
     host, port = config.host, str(config.port)
     args = config.extra_args
     for i, arg in enumerate(args):
