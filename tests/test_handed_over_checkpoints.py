@@ -224,3 +224,16 @@ def test_a_checkpoint_marker_that_is_a_fifo_does_not_block_the_resume(
     os.mkfifo(marker)
     done = resume_in_a_process(tiny, trained[1], out)
     assert done.returncode == 0 and "resuming after step" not in done.stderr, done.stderr
+
+
+def test_a_loop_folder_holding_a_link_is_refused_before_anything_is_written_through_it(
+    tiny: Path, tmp_path: Path
+) -> None:
+    """The iteration's training folder linked to a folder elsewhere: its checkpoints would be written there."""
+    out, questions = handed_over_loop(tiny, tmp_path, None)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (out / "iter-1" / "train").symlink_to(elsewhere)
+    result = loop(out, questions, tiny, "--off-policy")
+    assert list(elsewhere.iterdir()) == []
+    assert_refused(result, out / "iter-1" / "train", None, "symbolic link")

@@ -16,6 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nanbeige.evals.files import first_link
 from nanbeige.tools import handed_over
 from nanbeige.tools.handed_over import HandedOverError
 from nanbeige.trainer.model import TrainError
@@ -131,6 +132,18 @@ def barrier(world: World) -> None:
         import torch.distributed as dist
 
         dist.barrier()
+
+
+def refuse_links(out: Path) -> None:
+    """An out folder to resume may be someone else's: a symbolic link in it would lead what a resume reads
+    (a trainer state, metrics) or writes (checkpoints, metrics) to a file outside it. A folder holding one is
+    refused before anything is read or written."""
+    link = first_link(out) if out.is_dir() else None
+    if link is not None:
+        raise TrainError(
+            f"{link} is a symbolic link: a run's files are read and written only inside its folder {out}; "
+            "remove the link, or pass another --out"
+        )
 
 
 def latest_checkpoint(out: Path) -> tuple[Path, int] | None:

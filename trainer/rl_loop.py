@@ -47,6 +47,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from nanbeige.evals.files import first_link
+from nanbeige.tools import handed_over
 from nanbeige.tools.errors import NanbeigeError
 from nanbeige.trainer.loop_config import LoopConfig, LoopError, check
 from nanbeige.trainer.loop_state import state_problem
@@ -54,6 +56,8 @@ from nanbeige.trainer.sync import SyncError, disagreeing, engine_root, on_every_
 from nanbeige.trainer.train import TrainConfig
 
 STATE = "loop.json"
+MAX_STATE_BYTES = 64 * 1024 * 1024
+"""`loop.json`: a few hundred bytes an iteration."""
 STAGES = {"collected": "collect", "judged": "judge", "trained": "train", "synced": "sync"}  # done -> the stage
 
 
@@ -70,8 +74,8 @@ def read_state(out: Path) -> dict[str, Any] | None:
     path = out / STATE
     if not path.exists():
         return None
-    try:
-        state = json.loads(path.read_text())
+    try:  # a regular file of the folder (a FIFO would block), its size capped
+        state = json.loads(handed_over.read_bytes(path, MAX_STATE_BYTES, inside=out))
     except (OSError, ValueError, RecursionError) as exc:
         raise LoopError(f"cannot read the loop state {path} ({exc}); fix it or pass another out folder") from None
     problem = state_problem(state)
@@ -336,6 +340,12 @@ async def run_loop(config: LoopConfig, notice: Callable[[str], None], resume: bo
     """Run (or, with `resume`, go on with) the loop in `config.out`; returns a summary per iteration.
     Without `resume` an out folder that already holds a loop is refused rather than overwritten."""
     check(config)
+    link = first_link(config.out) if config.out.is_dir() else None
+    if link is not None:  # a loop folder may be someone else's: a link would lead what it reads or writes elsewhere
+        raise LoopError(
+            f"{link} is a symbolic link: a loop's files are read and written only inside its folder {config.out}; "
+            "remove the link, or pass another out folder"
+        )
     state = read_state(config.out)
     if state is not None and not resume:
         raise LoopError(f"{config.out} already holds a loop ({STATE}): resume it, or pass another out folder")

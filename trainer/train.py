@@ -24,7 +24,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from nanbeige.trainer.checkpoints import drop_metrics_after, latest_checkpoint, read_trainer_state, save_checkpoint
+from nanbeige.trainer.checkpoints import (
+    drop_metrics_after,
+    latest_checkpoint,
+    read_trainer_state,
+    refuse_links,
+    save_checkpoint,
+)
 from nanbeige.trainer.metrics import MetricsLog
 from nanbeige.trainer.model import (
     TrainError,
@@ -309,6 +315,8 @@ def train(config: TrainConfig, resume: bool = False, log: Any = None) -> dict[st
     world = join_world()
     samples, data, temperature = read_samples(config)
     steps = plan_steps(samples, config)
+    if resume:
+        refuse_links(config.out)
     found = latest_checkpoint(config.out) if resume else None
     start = found[1] if found else 0
     saved = saved_state(found[0], config, world) if found else seeded_state(config, world)
