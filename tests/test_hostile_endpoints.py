@@ -207,3 +207,18 @@ def test_the_deadline_is_held_to_its_range_on_the_command_line_and_in_the_api() 
         with pytest.raises(ValueError, match="request_timeout must be"):
             with_overrides(RunSettings(), {"request_timeout": float(value)})
     assert with_overrides(RunSettings(), {"request_timeout": 5.0}).llm.timeout_s == 5.0
+
+
+def test_evals_request_timeout_is_the_judges_deadline_as_well_as_the_agents(tmp_path: Path) -> None:
+    from nanbeige.agent.cli.command_options import EVAL
+    from nanbeige.agent.cli.commands import eval_config
+    from nanbeige.agent.cli.options import RUN_OPTIONS, run_settings
+    from nanbeige.evals.benchmarks import BENCHMARKS
+    from nanbeige.evals.judges import JUDGE_ENDPOINT
+
+    flags = {name: default for name, (_, default) in (RUN_OPTIONS | EVAL).items()}
+    flags |= {"data": tmp_path, "out_dir": tmp_path}
+    bench = next(iter(BENCHMARKS.values()))
+    assert eval_config(bench, flags).judge.timeout_s == JUDGE_ENDPOINT.timeout_s
+    given = flags | {"request_timeout": 7.0}
+    assert eval_config(bench, given).judge.timeout_s == 7.0 and run_settings(given).llm.timeout_s == 7.0

@@ -95,6 +95,8 @@ EVAL: dict[str, tuple[Any, Any]] = {
     "judge_model": (JudgeModel, None),
     "judge_api_key": (JudgeApiKey, None),
     "judge_template": (JudgeTemplate, None),
+    # a run flag that eval reads too: its deadline holds for the judge as for the agent's model
+    "request_timeout": (o.RequestTimeout, None),
     "ray": (o.RayAddress, None),
     # eval's own default temperature: BFCL runs at its official generator's unless one is given
     # (`settings_for_bfcl`)

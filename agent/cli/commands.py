@@ -285,6 +285,8 @@ def eval_config(bench: Any, flags: dict[str, Any]) -> Any:
     judge = judge_endpoint(
         flags["judge_base_url"], flags["judge_model"], flags["judge_api_key"], flags["judge_template"]
     )
+    if flags["request_timeout"] is not None:  # the agent's model has it too (`run_settings`)
+        judge = replace(judge, timeout_s=flags["request_timeout"])
     return EvalConfig(
         bench=bench,
         data=data,
