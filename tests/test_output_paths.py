@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from nanbeige.tools.index import build_index
+
 NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
 NOTHING_THERE = "http://127.0.0.1:9/v1"
 TOO_LONG = "n" * 300  # a name of 300 bytes: every Linux filesystem stops at 255
@@ -40,14 +42,19 @@ def gaia_data(folder: Path) -> Path:
         (["train", "--model", "m", "--data", "metadata.jsonl", "--out", TOO_LONG], "cannot write to --out"),
         (["loop", "--model", "m", "--questions", "metadata.jsonl", "--out", TOO_LONG], "cannot write to --out"),
         (["collect", "--questions", "metadata.jsonl", "--out", f"{TOO_LONG}.jsonl"], "cannot write --out"),
+        (["synth", "--corpus", "index", "--out", f"{TOO_LONG}.jsonl"], "cannot write --out"),
     ],
 )
 def test_a_name_too_long_for_the_filesystem_is_one_line(tmp_path: Path, command: list[str], words: str) -> None:
     gaia_data(tmp_path)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "otters.md").write_text("Sea otters hold hands while they sleep.")
+    build_index([tmp_path / "docs"], tmp_path / "index")
+    before = sorted(os.listdir(tmp_path))
     judge = ["--judge-base-url", NOTHING_THERE, "--judge-model", "judge"] if command[0] == "eval" else []
     result = nanbeige(*command, "--base-url", NOTHING_THERE, *judge, cwd=tmp_path)
     assert result.returncode != 0
     assert "Traceback" not in result.stderr and "crashed" not in result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and words in errors[0] and "File name too long" in errors[0], result.stderr
-    assert os.listdir(tmp_path) == ["metadata.jsonl"]  # nothing made
+    assert sorted(os.listdir(tmp_path)) == before  # nothing made

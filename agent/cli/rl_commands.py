@@ -316,6 +316,11 @@ def synth(
         timeout_s=request_timeout or SYNTH_ENDPOINT.timeout_s,
     )
     hide([api_key] if api_key else [])
+    from nanbeige.agent.writable import unwritable
+
+    problem = unwritable(out) or unwritable(rejected_path(out))
+    if problem:
+        fail(f"cannot write --out {out}: {problem}", 2)
 
     def progress(in_file: int, wanted: int, rejected: int) -> None:
         err.print(f"[dim]{in_file}/{wanted} questions, {rejected} walks rejected[/]", highlight=False)
