@@ -57,6 +57,7 @@ from nanbeige.trainer.train import TrainConfig
 
 STATE = "loop.json"
 MAX_STATE_BYTES = 64 * 1024 * 1024
+MAX_QUESTIONS_BYTES = 1024 * handed_over.MIB  # an iteration's drawn questions, with their answers
 """`loop.json`: a few hundred bytes an iteration."""
 STAGES = {"collected": "collect", "judged": "judge", "trained": "train", "synced": "sync"}  # done -> the stage
 
@@ -183,8 +184,18 @@ def informative_groups(judged: Path, train: TrainConfig) -> tuple[int, int]:
 
 def drawn(folder: Path) -> int:
     """How many questions the iteration has drawn (the lines of its questions file)."""
+    return len(_drawn_lines(folder).splitlines())
+
+
+def _drawn_lines(folder: Path) -> str:
+    """The iteration's questions file as text, read as handed over (the loop folder may be someone else's)."""
     path = folder / "questions.jsonl"
-    return len(path.read_text().splitlines()) if path.exists() else 0
+    if not path.exists():
+        return ""
+    try:
+        return handed_over.read_bytes(path, MAX_QUESTIONS_BYTES, inside=folder).decode("utf-8")
+    except (OSError, ValueError) as exc:
+        raise LoopError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
 
 
 def draw_questions(config: LoopConfig, iteration: int, folder: Path) -> bool:
@@ -209,7 +220,7 @@ def draw_questions(config: LoopConfig, iteration: int, folder: Path) -> bool:
     start = sum(drawn(config.out / f"iter-{i}") for i in range(1, iteration)) + have
     rows = [pool[(start + n) % len(pool)] for n in range(count)]
     path = folder / "questions.jsonl"
-    lines = path.read_text() if path.exists() else ""
+    lines = _drawn_lines(folder)
     lines += "".join(json.dumps({"id": t.id, "question": t.question, "answer": t.answer}) + "\n" for t in rows)
     temporary = folder / "questions.jsonl.tmp"
     temporary.write_text(lines)
