@@ -14,7 +14,8 @@ tells by what it says, against what the host itself served:
 
 Any other question is the sandbox breaking the exchange: the item ends with an error line, scoring nothing.
 What the model's code can still do is shape the tool results and prompts its model reads, in its own item and
-in the items run after it in the same sandbox: it runs where the tools run, beside the package's data.
+in the items run after it in the same sandbox: it runs where the tools run. Not from the package's answers:
+the items' sandboxes show them as an empty folder (`bfcl_jail.answer_folders`).
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import threading
 from dataclasses import replace
 from pathlib import Path, PurePosixPath
@@ -75,10 +76,11 @@ def graded_by_execution(category: str) -> bool:
 class Jail:
     """The sandboxes of one eval (or one re-grading); thread-safe; `close()` when done."""
 
-    def __init__(self, config: SandboxConfig | None = None) -> None:
+    def __init__(self, config: SandboxConfig | None = None, hidden: tuple[str, ...] = ()) -> None:
+        """`hidden`: folders the sandboxes show empty (`answer_folders`)."""
         from nanbeige.tools.sandbox.local import LocalBackend
 
-        self.config = replace(config or config_from_env(), backend="local")
+        self.config = replace(config or config_from_env(), backend="local", hidden=hidden)
         self.backend = LocalBackend(self.config)
         self.lock = threading.Lock()
         self.idle: list[str] = []
@@ -240,12 +242,19 @@ async def sandboxes(needed: bool) -> Any:
     if not needed:
         yield None
         return
-    jail = Jail()
+    jail = Jail(hidden=answer_folders())
     try:
         await asyncio.to_thread(require_jail, jail)
         yield jail
     finally:
         await asyncio.to_thread(jail.close)
+
+
+def answer_folders() -> tuple[str, ...]:
+    """The package's answers (`data/possible_answer`), which generating an item never reads: hidden from the
+    items' sandboxes, so that the model's code there cannot read them to feed its model (grading reads them)."""
+    folder = bfcl.package_root() / "data" / "possible_answer"
+    return tuple(dict.fromkeys((str(folder), os.path.realpath(folder))))
 
 
 def require_jail(jail: Jail) -> None:

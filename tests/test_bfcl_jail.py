@@ -323,6 +323,27 @@ def test_a_result_line_the_models_own_code_forges_scores_nothing(tmp_path: Path)
     assert result_lines(tmp_path / "out")["multi_turn_base_1"]["result"] != right
 
 
+def test_the_models_code_cannot_read_the_packages_answers_while_its_item_runs(tmp_path: Path) -> None:
+    """Generating an item needs none of the package's answers: its sandbox shows them as an empty folder, so
+    the model's code there cannot read them to feed its model through a tool result. Grading, which needs
+    them, still has them: the item gets its official verdict."""
+    script = script_for({"multi_turn_base": 1})
+    code = (
+        "import os, bfcl_eval\n"
+        "folder = os.path.join(os.path.dirname(bfcl_eval.__file__), 'data', 'possible_answer')\n"
+        "raise RuntimeError(f'answers: {sorted(os.listdir(folder))[:1]}')\n"
+    )
+    with FakeOpenAI(forging(script, "multi_turn_base_0", code), vllm=True) as server:
+        ours = eval_command(
+            "bfcl-multi-turn-base", "--limit", "1", "--base-url", server.base_url, "--out", str(tmp_path / "out")
+        )
+        prompts = "".join(request["prompt"] for request in server.requests)
+    assert ours.returncode == 0, ours.stderr
+    assert "answers: []" in prompts and "BFCL_v4" not in prompts.split("answers: ", 1)[1][:40]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["wrong_ids"] == ["multi_turn_base_0"]  # graded: its first turn made no right call
+
+
 def test_the_page_fetch_in_the_sandbox_takes_the_packages_own_arguments() -> None:
     import inspect
 

@@ -236,6 +236,7 @@ def command_line(
             uid=box.uid,
             network=config.network,
             seccomp=fds[0],
+            hidden=config.hidden,
         )
         worker = JAIL_WORKER
     prefix += isolation.prefix

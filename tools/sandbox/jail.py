@@ -67,11 +67,12 @@ def jail_args(
     uid: int | None,
     network: bool,
     seccomp: int,
+    hidden: tuple[str, ...] = (),
 ) -> list[str]:
     """The command prefix that runs a program in the jail: home and tmp are host folders shown as
     /home/user and /tmp, passwd and group files to show as /etc/passwd and /etc/group (so that the
     uid has a name, `user`), worker the worker script, shown at JAIL_WORKER, seccomp a descriptor
-    of `seccomp.syscall_filter()`."""
+    of `seccomp.syscall_filter()`, hidden folders inside the read-only ones to show empty."""
     args = [jail.bwrap, *namespace_args(as_root=jail.as_root, network=network), *system_args()]
     args += [
         "--ro-bind",
@@ -103,6 +104,8 @@ def jail_args(
     ]
     # after /tmp and /home/user: an interpreter under /tmp (a virtual environment there) stays visible
     args += read_only_args(jail.read_only)
+    for folder in hidden:
+        args += ["--tmpfs", folder]
     args += ["--perms", "0755", "--dir", "/run/sandbox", "--ro-bind", worker, JAIL_WORKER, "--chdir", JAIL_HOME]
     args += ["--seccomp", str(seccomp)]
     if jail.as_root and uid is not None:

@@ -109,6 +109,9 @@ class SandboxConfig:
     """Largest file `download_file_from_internet_to_sandbox` fetches (NANBEIGE_SANDBOX_MAX_DOWNLOAD_MB)."""
     allow_local_urls: bool = False
     """Let internet downloads reach loopback and private addresses (NANBEIGE_SANDBOX_ALLOW_LOCAL_URLS=1; tests)."""
+    hidden: tuple[str, ...] = ()
+    """Folders inside the interpreter's that the jail shows empty: what the code run there must not read (BFCL
+    hides its package's answers from the items it generates). Set by the program, not from the environment."""
     e2b_template: str | None = None
     """E2B template id (NANBEIGE_E2B_TEMPLATE); None uses E2B's code-interpreter default."""
     e2b_api_key: str | None = field(default=None, repr=False)
@@ -133,7 +136,7 @@ def config_from_env(env: Mapping[str, str] | None = None) -> SandboxConfig:
         ):
             continue
         key = {"timeout": "timeout_s", "idle_timeout": "idle_timeout_s"}.get(key, key)
-        if key not in SandboxConfig.__dataclass_fields__:
+        if key not in SandboxConfig.__dataclass_fields__ or key == "hidden":  # `hidden` is the program's alone
             raise ValueError(f"unknown setting {name}")
         kind = type(getattr(config, key))
         setattr(config, key, value.lower() in ("1", "true", "yes", "on") if kind is bool else kind(value))
