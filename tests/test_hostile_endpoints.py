@@ -222,3 +222,74 @@ def test_evals_request_timeout_is_the_judges_deadline_as_well_as_the_agents(tmp_
     assert eval_config(bench, flags).judge.timeout_s == JUDGE_ENDPOINT.timeout_s
     given = flags | {"request_timeout": 7.0}
     assert eval_config(bench, given).judge.timeout_s == 7.0 and run_settings(given).llm.timeout_s == 7.0
+
+
+@pytest.mark.anyio
+async def test_an_endless_line_in_small_pieces_is_refused_at_its_cap_in_linear_time() -> None:
+    """16 MB of one line in 100-byte pieces: each piece is added in place, not by copying the line so far
+    (which is 160,000 copies of up to 16 MB)."""
+    import httpx
+
+    from nanbeige.agent.backends.stream import MAX_LINE_BYTES, StreamError, read_stream
+
+    async def one_line() -> Any:
+        yield b'data: {"choices": [{"index": 0, "delta": {"content": "'
+        while True:
+            yield b"a" * 100
+
+    response = httpx.Response(200, headers={"content-type": "text/event-stream"}, content=one_line())
+    started = time.monotonic()
+    with pytest.raises(StreamError, match=f"an event line longer than {MAX_LINE_BYTES // 2**20} MB"):
+        async with asyncio.timeout(BOUND_S):
+            await read_stream(response, lambda text: None)
+    assert time.monotonic() - started < 10
+
+
+def test_token_ids_may_run_past_the_text_only_by_what_vllm_leaves_out_of_it(tokenizer: Any) -> None:
+    """A stop string and the rest of the token that completed it; the bytes of a character a length cut split.
+    Anything more the ids say is refused."""
+    from nanbeige.agent.backends.completion import Completion
+    from nanbeige.agent.backends.token_mode import check_spelling
+
+    def ids(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def reply(text: str, token_ids: list[int], finish: str) -> Completion:
+        return Completion({"role": "assistant", "content": text}, finish_reason=finish, completion_ids=token_ids)
+
+    first_byte_of_e_acute = tokenizer.convert_tokens_to_ids("Ã")  # é is 0xC3 0xA9; byte-level BPE writes 0xC3 as Ã
+    fine = [
+        reply("It is 5", ids("It is 5</x>"), "stop"),  # stopped on the stop string "</x>"
+        reply("Caf", ids("Caf") + [first_byte_of_e_acute], "length"),  # cut inside "é"
+    ]
+    for completion in fine:
+        check_spelling(tokenizer, completion, [], ["</x>"])
+    lies = [
+        reply("It is 5", ids("It is 5</x> and then more"), "stop"),
+        reply("Caf", ids("Caf") + [first_byte_of_e_acute], "stop"),
+        reply("It is 5", ids("It is 6"), "length"),
+        reply("It is 5", ids("It is 5") + [10**9], "stop"),
+    ]
+    for completion in lies:
+        with pytest.raises(UnusableReply):
+            check_spelling(tokenizer, completion, [], ["</x>"])
+
+
+@pytest.mark.anyio
+async def test_an_endpoint_that_lists_its_models_but_never_answers_well_is_left_alone_longer_each_time() -> None:
+    """Its probe (`GET /models`) succeeds after every cooldown; each failure before a call on it succeeds
+    doubles the cooldown, so it costs a run a failed call every 30 s, 60 s, 120 s, ... rather than every 30 s."""
+    now = [0.0]
+    with HostileEndpoint(garbage) as liar, FakeOpenAI([], default="4") as healthy:
+        pool = pool_of(liar.base_url, healthy.base_url)
+        pool.clock = lambda: now[0]
+        tried = []
+        try:
+            for at in (0, 31, 62, 92, 153, 213):
+                now[0] = float(at)
+                assert (await pool.complete(MESSAGES)).endpoint == healthy.base_url
+                tried.append(len(liar.requests))
+        finally:
+            await pool.aclose()
+    # asked at 0; after 30 s at 31; after 60 s not at 62 but at 92; after 120 s not at 153 but at 213
+    assert tried == [1, 2, 2, 3, 3, 4]

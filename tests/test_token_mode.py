@@ -252,8 +252,9 @@ GOLDEN = Path(__file__).parent / "golden"
 async def test_a_response_as_vllm_serializes_it_is_read_exactly(tokenizer: Any, monkeypatch: Any) -> None:
     """`golden/vllm_completion.json` was serialized by vLLM 0.33.0's own `CompletionResponse` model,
     as its server sends it (compact JSON, `token_ids` and `prompt_token_ids` in the choice). Its ids are
-    Nanbeige's, not the tiny tokenizer's: here they read as the file's own `logprobs.tokens` spell them,
-    166101 (`<|im_end|>`, left out of the text) the stop token, so that the ids are checked against the text."""
+    Nanbeige's, not the tiny tokenizer's: here they read as the file's own `logprobs.tokens` spell them, in
+    a vocabulary as large as Nanbeige's, 166101 (`<|im_end|>`, left out of the text) the stop token, so that
+    the ids are checked against the text."""
     import httpx
     import orjson
 
@@ -268,6 +269,7 @@ async def test_a_response_as_vllm_serializes_it_is_read_exactly(tokenizer: Any, 
     transport = httpx.MockTransport(lambda request: httpx.Response(200, content=body))
     llm = TokenModeChat(LLMConfig(base_url="http://vllm.invalid/v1", model="m"), tokenizer, transport=transport)
     llm.stop_ids = [*llm.stop_ids, 166101]
+    monkeypatch.setattr(type(tokenizer), "__len__", lambda self: 166144)
     completion = await llm.complete([{"role": "user", "content": "capital of France?"}])
     await llm.aclose()
     assert completion.completion_ids == [11, 12, 166101]

@@ -113,8 +113,9 @@ def check_spelling(tokenizer: Any, completion: Completion, stop_ids: list[int], 
     the text the ids may hold only what vLLM leaves out of it: the stop token that ended the reply, a stop
     string with the rest of the token that completed it, or the bytes of a character a length cut split."""
     ids, text = list(completion.completion_ids or []), completion.message["content"]
-    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        raise UnusableReply("model server sent token ids that are not all integers")
+    size = len(tokenizer)  # an id past the vocabulary decodes to nothing, so spelling alone would let it through
+    if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < size for i in ids):
+        raise UnusableReply(f"model server sent token ids that are not all in the vocabulary (0 to {size - 1})")
     if completion.finish_reason == "stop" and ids and ids[-1] in stop_ids:
         ids.pop()
     spelled = _decode(tokenizer, ids)
