@@ -10,6 +10,8 @@ from typing import Any
 import httpx
 import orjson
 
+from nanbeige.agent.backends.model_server import UnusableReply
+from nanbeige.agent.backends.stream import read_whole
 from nanbeige.tools.endpoint import ChatEndpoint
 
 RETRY_STATUSES = {408, 429, 500, 502, 503, 504}
@@ -62,11 +64,13 @@ async def chat(client: httpx.AsyncClient, endpoint: ChatEndpoint, body: dict[str
 async def _chat_at(client: httpx.AsyncClient, base_url: str, endpoint: ChatEndpoint, body: dict[str, Any]) -> str:
     timeout_s = endpoint.timeout_s
     headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
+    url = base_url.rstrip("/") + "/chat/completions"
     try:
         async with asyncio.timeout(timeout_s):  # in all: a server trickling its answer a byte at a time misses it
-            response = await client.post(
-                base_url.rstrip("/") + "/chat/completions", json=body, headers=headers, timeout=timeout_s
-            )
+            async with client.stream("POST", url, json=body, headers=headers, timeout=timeout_s) as streamed:
+                response = await read_whole(streamed)  # within the size cap of a model's reply
+    except UnusableReply as exc:
+        raise CallFailed(str(exc), unavailable=True) from None
     except (httpx.TimeoutException, TimeoutError):
         raise CallFailed(f"did not answer within {timeout_s:g} s", unavailable=True, timed_out=True) from None
     except httpx.TransportError as exc:

@@ -177,8 +177,8 @@ def test_a_model_list_that_trickles_fails_the_probe_at_its_deadline() -> None:
 
 
 @pytest.mark.anyio
-async def test_a_judge_that_trickles_its_answer_fails_the_call_at_its_deadline() -> None:
-    """The judge's and critic's calls (`--request-timeout` of `judge`) are bounded in all too."""
+async def test_a_judge_that_trickles_or_floods_its_answer_fails_the_call() -> None:
+    """The judge's and critic's calls (`--request-timeout` of `judge`) are bounded in all, and in size, too."""
     import httpx
 
     from nanbeige.evals.endpoint import CallFailed, chat_text
@@ -192,6 +192,12 @@ async def test_a_judge_that_trickles_its_answer_fails_the_call_at_its_deadline()
                 async with asyncio.timeout(BOUND_S):
                     await chat_text(client, endpoint, MESSAGES)
     assert time.monotonic() - started < 5
+    with HostileEndpoint(oversized(160 * 2**20)) as flood:
+        endpoint = ChatEndpoint(base_url=flood.base_url, model="fake-model", timeout_s=60.0)
+        async with httpx.AsyncClient() as client:
+            with pytest.raises(CallFailed, match="a reply longer than 64 MB"):
+                await chat_text(client, endpoint, MESSAGES)
+        assert flood.sent < MAX_REPLY_BYTES + 64 * 2**20
 
 
 def test_the_deadline_is_held_to_its_range_on_the_command_line_and_in_the_api() -> None:
