@@ -299,3 +299,13 @@ async def test_an_endpoint_that_lists_its_models_but_never_answers_well_is_left_
             await pool.aclose()
     # asked at 0; after 30 s at 31; after 60 s not at 62 but at 92; after 120 s not at 153 but at 213
     assert tried == [1, 2, 2, 3, 3, 4]
+
+
+def test_loops_request_timeout_is_the_critics_deadline_too() -> None:
+    from nanbeige.agent.cli.train_commands import judging
+    from nanbeige.agent.cli.train_options import LOOP_COMMAND
+    from nanbeige.trainer.critic import CRITIC_ENDPOINT
+
+    flags = {name: default for name, (_, default) in LOOP_COMMAND.items()}
+    assert judging(flags).critic.timeout_s == CRITIC_ENDPOINT.timeout_s
+    assert judging(flags | {"request_timeout": 7.0}).critic.timeout_s == 7.0
