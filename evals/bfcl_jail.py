@@ -8,7 +8,9 @@ again while a multi-turn category is graded, also by `nanbeige eval report` on a
 So those items, and that grading, run the package's own code in a sandbox (`bfcl_inside.py` there): the
 package read-only, no network, its own uid, seccomp. The verdicts are the official code's on the same outputs;
 what the sandbox sends back (an item's result line, memory snapshots, score files) is read as data, and its
-questions are answered only where the package's own code could have asked them (`bfcl_exchange.py`).
+questions are answered only where the package's own code could have asked them (`bfcl_exchange.py`). Grading
+gets only replies whose calls run nothing but the package's functions (`graded_copy`): the runner checks in the
+process that runs them.
 
 Cost: one sandbox per concurrent item, each running items one after another in one Python process (the
 package imported once: about 2 s of CPU), one cell per model call, prompt count, search or page; one per
@@ -21,7 +23,9 @@ Where no jail can be made the sandbox refuses (`require_jail`), unless the opera
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import builtins
 import contextlib
 import json
 import os
@@ -203,9 +207,12 @@ class Jail:
                 "partial": partial,
             }
             self.backend.write_file(sandbox, str(HOME / "grade.json"), json.dumps(request).encode())
+            handler = bfcl.handler_for(None, 0, "", bfcl.TEMPERATURE)  # decodes replies as the runner will
             for path in result_dir.rglob("*_result.json"):
                 self.backend.write_file(
-                    sandbox, str(HOME / "result" / path.relative_to(result_dir).as_posix()), path.read_bytes()
+                    sandbox,
+                    str(HOME / "result" / path.relative_to(result_dir).as_posix()),
+                    graded_copy(path.read_bytes(), handler),
                 )
             run = self.backend.run_program(
                 sandbox,
@@ -275,6 +282,62 @@ def grade_in_sandbox(out: Path, categories: list[str], partial: bool, log: Path)
         raise EvalError(f"BFCL's grading failed in the sandbox: {exc}") from None
     finally:
         jail.close()
+
+
+NOT_RUN = "(not run when graded: a call in this reply would run more than the package's own functions)"
+
+
+def graded_copy(data: bytes, handler: Any) -> bytes:
+    """A result file as the grading sandbox gets it. The runner `eval()`s the calls of multi-turn replies in the
+    process that checks them, where code in a call could change the verdicts of every item graded after it; so
+    a reply with a call that would run anything but a method of the package's backends, with literal arguments
+    (`runs_only_the_package`), goes as NOT_RUN, which the runner skips as it skips any reply without calls.
+    A model that calls its functions never writes such a reply: its verdicts are the runner's own."""
+    lines = []
+    for raw in data.splitlines():
+        try:
+            line = json.loads(raw)
+            category = bfcl.official().utils.extract_test_category_from_id(line["id"])
+        except (ValueError, RecursionError, TypeError, KeyError):
+            lines.append(raw)  # the runner's to refuse
+            continue
+        if graded_by_execution(category) and isinstance(line.get("result"), list):
+            turns = [[plain_reply(s, handler) for s in t] if isinstance(t, list) else t for t in line["result"]]
+            raw = json.dumps(line | {"result": turns}).encode()
+        lines.append(raw)
+    return b"".join(line + b"\n" for line in lines)
+
+
+def plain_reply(reply: Any, handler: Any) -> Any:
+    """The reply, or NOT_RUN where one of its calls, as the handler decodes them, would run anything else."""
+    try:
+        calls = handler.decode_execute(reply, has_tool_call_tag=False)
+    except Exception:  # noqa: BLE001 - the runner cannot decode it either, and runs nothing of it
+        return reply
+    if isinstance(calls, list) and all(isinstance(c, str) and runs_only_the_package(c) for c in calls):
+        return reply
+    return NOT_RUN
+
+
+def runs_only_the_package(call: str) -> bool:
+    """Whether the package's `eval()` of `call` runs a method of its backends and nothing else: one call of a
+    bare name with literal keyword arguments, the name none that the eval could find besides the backends'
+    methods (a builtin, a global or a local of the package's executing function; an unknown name fails)."""
+    from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
+
+    try:
+        node = ast.parse(call, mode="eval").body
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name) or node.args:
+            return False
+        if any(keyword.arg is None for keyword in node.keywords):  # **arguments: not literal
+            return False
+        for keyword in node.keywords:
+            ast.literal_eval(keyword.value)
+    except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
+        return False
+    found = {*dir(builtins), *vars(multi_turn_utils)}
+    found |= set(multi_turn_utils.execute_multi_turn_func_call.__code__.co_varnames)
+    return node.func.id not in found
 
 
 def relative_path(path: Any, result_dir: Path) -> dict[str, str]:

@@ -344,6 +344,44 @@ def test_the_models_code_cannot_read_the_packages_answers_while_its_item_runs(tm
     assert report["wrong_ids"] == ["multi_turn_base_0"]  # graded: its first turn made no right call
 
 
+def test_a_call_built_to_change_the_checker_is_not_run_when_grading(tmp_path: Path) -> None:
+    """The official runner `eval()`s each multi-turn call in the process that checks them: a call whose
+    code replaces the checker makes every item graded after it right (here the second, whose model never
+    answers). Such a call is not run when grading; a call of the item's own functions is, as upstream."""
+    script = script_for({"multi_turn_base": 2})
+    code = (
+        "import sys\n"
+        "runner = sys.modules.get('bfcl_eval.eval_checker.eval_runner')\n"
+        "if runner is not None:\n"
+        "    runner.multi_turn_checker = lambda *a, **k: {'valid': True}\n"
+    )
+    with FakeOpenAI(forging(script, "multi_turn_base_0", code), vllm=True) as server:
+        ours = eval_command(
+            "bfcl-multi-turn-base", "--limit", "2", "--base-url", server.base_url, "--out", str(tmp_path / "out")
+        )
+    assert ours.returncode == 0, ours.stderr
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["wrong_ids"] == ["multi_turn_base_0", "multi_turn_base_1"]
+
+
+def test_what_grading_runs_is_a_call_of_the_packages_functions_with_literal_arguments() -> None:
+    from nanbeige.evals.bfcl_jail import runs_only_the_package
+
+    bfcl.official()
+    for call in ("cd(folder='document')", "sort(file_name='report.pdf')", "ls(a=[1, {'b': (2, 3.5)}], c=None)"):
+        assert runs_only_the_package(call), call
+    for call in (
+        "ls(a=__import__('os').system('id'),b=1)",  # code in an argument's name
+        "open(file='score.json', mode='w')",  # a builtin
+        "execute_multi_turn_func_call(func_call_list=[])",  # the package's executor itself
+        "method(x=1)",  # a local of the executor
+        "ls(**{'a': 1})",
+        "gorillafilesystem_instance.ls(a=1)",
+        "ls(a=1) or ls(b=2)",
+    ):
+        assert not runs_only_the_package(call), call
+
+
 def test_the_page_fetch_in_the_sandbox_takes_the_packages_own_arguments() -> None:
     import inspect
 
