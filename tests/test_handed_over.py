@@ -123,6 +123,9 @@ READERS = {
         "save_checkpoint": "copies the search template of the model the user named",
         "read_trainer_state": "torch.load with weights_only=True of a file `handed_over.open_file` opened",
     },
+    "trainer/start_policy.py": {
+        "load_start_logprobs": "torch.load with weights_only=True of a file `handed_over.open_file` opened",
+    },
 }
 OPENERS = {"read_text", "read_bytes", "open", "load", "loads_file", "fdopen"}
 

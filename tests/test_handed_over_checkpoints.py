@@ -237,3 +237,16 @@ def test_a_loop_folder_holding_a_link_is_refused_before_anything_is_written_thro
     result = loop(out, questions, tiny, "--off-policy")
     assert list(elsewhere.iterdir()) == []
     assert_refused(result, out / "iter-1" / "train", None, "symbolic link")
+
+
+def test_a_start_logprobs_file_that_is_a_fifo_is_one_line_not_a_hang(
+    tiny: Path, trained: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """π_old is read back on resume from `start-logprobs.pt`: a FIFO there would block the reader forever."""
+    out = handed_over_copy(trained, tmp_path)
+    (out / "start-logprobs.pt").unlink()
+    os.mkfifo(out / "start-logprobs.pt")
+    done = resume_in_a_process(tiny, trained[1], out)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    [error] = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert "start-logprobs.pt is not a regular file" in error, error

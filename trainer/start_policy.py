@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nanbeige.tools import handed_over
 from nanbeige.trainer.model import TrainError, World, all_max, compute_precision
 
 if TYPE_CHECKING:
@@ -91,11 +92,18 @@ def load_start_logprobs(out: Path, samples: list[Any]) -> None:
     fix = "start again in a new --out folder"
     if not path.exists():
         raise TrainError(f"{path} is missing, so the policy this run started from is unknown; {fix}")
+    # The out folder may be handed over: no link, no FIFO, and no more than this run's rows could fill
+    # (float32 values and int64 lengths, with room for the file's own framing).
+    cap = 4 * sum(len(s.ids) for s in samples) + 8 * len(samples) + handed_over.MIB
     try:
-        saved = torch.load(path, weights_only=True)
+        with handed_over.open_file(path, cap, inside=out) as file:
+            saved = torch.load(file, map_location="cpu", weights_only=True)
         lengths, values = saved["lengths"].tolist(), saved["values"]
+    except handed_over.HandedOverError as exc:
+        raise TrainError(f"{exc}; {fix}") from None
     except Exception as exc:  # noqa: BLE001 - a damaged or foreign file: any error of the unpickler
-        raise TrainError(f"cannot read {path}: {exc}; {fix}") from None
+        said = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise TrainError(f"cannot read {path}: {said}; {fix}") from None
     if lengths != [len(s.ids) for s in samples] or values.numel() != sum(lengths):
         raise TrainError(f"{path} does not fit this run's rows (other data or options?); {fix}")
     offset = 0
