@@ -17,7 +17,7 @@ from nanbeige.agent.cli.console import out as print_line
 from nanbeige.agent.cli.help_screen import ShortHelpCommand
 from nanbeige.agent.cli.judge_options import judge_endpoint
 from nanbeige.agent.cli.option_tables import with_options, with_run_options
-from nanbeige.agent.cli.serve_config import ServeConfig, real_address
+from nanbeige.agent.cli.serve_config import ServeConfig, real_address, real_api_key
 from nanbeige.agent.run_config import RunSettings
 
 
@@ -40,7 +40,7 @@ def serve(ctx: typer.Context, *, flags: dict[str, Any]) -> None:
     if problem:
         fail(problem, 2)
     on_cpu = not gpu_visible() and cpu_build()
-    hide([api_key] if api_key else [])
+    hide([key for key in (api_key, real_api_key(api_key, list(ctx.args))) if key])  # one after -- is a secret too
     same = (
         "model",
         "served_model_name",

@@ -5,7 +5,8 @@ key at all: they let a caller reload the weights or call methods inside the serv
 from __future__ import annotations
 
 import ipaddress
-import os
+
+from nanbeige.agent.cli.serve_config import real_api_key
 
 EVERY_INTERFACE = ("0.0.0.0", "::", "")
 
@@ -22,7 +23,11 @@ def is_loopback(host: str) -> bool:
 def exposure_problem(
     host: str, *, weight_sync: bool, api_key: str | None, no_api_key: bool, extra_args: list[str]
 ) -> str | None:
-    """Why a server with these settings must not start, or None."""
+    """Why a server with these settings must not start, or None. `api_key` is the one given to nanbeige;
+    what counts off loopback is the key vLLM will use (`real_api_key`), which an `--api-key` after `--`
+    replaces, and an empty one undoes."""
+    if api_key is not None and not api_key.strip():
+        return "--api-key is empty: give the key clients must send, or leave --api-key out"
     if is_loopback(host):
         return None
     if weight_sync:
@@ -30,15 +35,10 @@ def exposure_problem(
             f"--weight-sync opens vLLM's development endpoints, which take no API key, and is refused with "
             f"--host {host}: serve on 127.0.0.1 and reach it through an SSH tunnel or a proxy of your own"
         )
-    keyed = (
-        api_key
-        or os.environ.get("VLLM_API_KEY")
-        or any(arg == "--api-key" or arg.startswith("--api-key=") for arg in extra_args)
-    )
-    if not keyed and not no_api_key:
+    if real_api_key(api_key, extra_args) is None and not no_api_key:
         return (
-            f"--host {host} opens the server to the network: pass --api-key KEY (clients send it as "
-            "NANBEIGE_API_KEY), or --no-api-key to serve anyone who can reach it"
+            f"--host {host} opens the server to the network with no API key (an empty one is none): pass "
+            "--api-key KEY (clients send it as NANBEIGE_API_KEY), or --no-api-key to serve anyone who can reach it"
         )
     return None
 

@@ -40,7 +40,7 @@ import httpx
 
 from nanbeige.agent.backends.prompts import search_template
 from nanbeige.agent.cli.exposure import exposure, exposure_problem
-from nanbeige.agent.cli.serve_config import ServeConfig, chat_template_file, real_address, vllm_args
+from nanbeige.agent.cli.serve_config import ServeConfig, chat_template_file, real_address, real_api_key, vllm_args
 
 NO_VLLM = (
     "vLLM is not installed (no `{command}` command found): `pip install 'nanbeige[serve]'` on a GPU machine, "
@@ -244,7 +244,7 @@ def _supervise(
         sep="\n",
         flush=True,
     )
-    keyless = config.no_api_key and not config.api_key
+    keyless = real_api_key(config.api_key, config.extra_args) is None
     out(f"ready at {url} (dialect {config.dialect}{exposure(config.host, keyless)}); Ctrl-C stops it")
     return _exit_code(process.wait())
 

@@ -3,7 +3,9 @@ command line they make. Starting the server, waiting for it and stopping it is s
 
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -127,30 +129,46 @@ def vllm_args(config: ServeConfig) -> list[str]:
     return args + config.extra_args
 
 
-def real_address(config: ServeConfig) -> ServeConfig:
-    """The config with the host and port vLLM will listen on: ours, unless the arguments passed through
-    after `--` say others, which vLLM's parser reads last, so the last one wins. An abbreviation
-    (`--ho`, `--por=9000`) counts too, as vLLM's argparse takes one. A `--config` file among them cannot
-    move the address: vLLM lets its command line win over the file, and ours always says both. ValueError
-    for a port that is no number or a flag with no value."""
-    host, port = config.host, str(config.port)
-    args = config.extra_args
+def said_after_dash(args: list[str], flags: tuple[str, ...]) -> dict[str, str]:
+    """The value each of `flags` has in the arguments passed through after `--`, as vLLM's parser reads
+    them: the last one wins, `--flag=value` counts, and so does an abbreviation (`--ho`, `--api`), as
+    argparse takes one. A flag not said is not in the answer. ValueError for a flag with no value."""
+    said: dict[str, str] = {}
     for i, arg in enumerate(args):
         name, equals, value = arg.partition("=")
-        flag = next((f for f in ("--host", "--port") if len(name) > 2 and f.startswith(name)), None)
+        flag = next((f for f in flags if len(name) > 2 and f.startswith(name)), None)
         if flag is None:
             continue
         if not equals:
             if i + 1 == len(args):
                 raise ValueError(f"{arg} after -- has no value")
             value = args[i + 1]
-        if flag == "--host":
-            host = value
-        else:
-            port = value
+        said[flag] = value
+    return said
+
+
+def real_address(config: ServeConfig) -> ServeConfig:
+    """The config with the host and port vLLM will listen on: ours, unless the arguments passed through
+    after `--` say others (`said_after_dash`). A `--config` file among them cannot move the address: vLLM
+    lets its command line win over the file, and ours always says both. ValueError for a port that is no
+    number, or a `--host`, `--port` or `--api-key` with no value."""
+    said = said_after_dash(config.extra_args, ("--host", "--port", "--api-key"))
+    host, port = said.get("--host", config.host), said.get("--port", str(config.port))
     if not port.isdigit() or not 1 <= int(port) <= 65535:
         raise ValueError(f"--port after -- must be a number from 1 to 65535, not {port!r}")
     return replace(config, host=host, port=int(port))
+
+
+def real_api_key(api_key: str | None, extra_args: list[str], environ: Mapping[str, str] = os.environ) -> str | None:
+    """The key vLLM will demand, or None for none: an `--api-key` after `--` wins over ours (handed over as
+    VLLM_API_KEY), which wins over a VLLM_API_KEY already in the environment. An empty or blank key is no
+    key: vLLM skips an empty one, and a blank one keeps out no one."""
+    key = api_key if api_key is not None else environ.get("VLLM_API_KEY")
+    try:
+        key = said_after_dash(extra_args, ("--api-key",)).get("--api-key", key)
+    except ValueError:  # no value: vLLM will not start; count it as no key
+        key = None
+    return key if key and key.strip() else None
 
 
 def chat_template_file(path: Path, folder: Path) -> Path:
