@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -123,6 +124,11 @@ READERS = {
         "save_checkpoint": "copies the search template of the model the user named",
         "read_trainer_state": "torch.load with weights_only=True of a file `handed_over.open_file` opened",
     },
+    "tools/index.py": {
+        "_save": "writes the index it builds into a folder it has just made",
+        "load": "bm25s opens the BM25 matrices once `handed_over.check_folder` has checked the whole folder",
+        "search_index": "`LocalIndex.load`, the module's own reader",
+    },
     "trainer/start_policy.py": {
         "load_start_logprobs": "torch.load with weights_only=True of a file `handed_over.open_file` opened",
     },
@@ -204,6 +210,66 @@ def test_a_downloaded_index_folder_is_read_as_handed_over(tmp_path: Path) -> Non
     (index / PASSAGES_FILE).write_text(json.dumps({"doc": "0", "title": 1}) + "\n")
     with pytest.raises(SynthError, match=r"passages.jsonl:1: not a passage"):
         load_documents(index)  # was a KeyError or TypeError traceback
+
+
+@pytest.fixture(scope="module")
+def built_index(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An index of two small documents, built by `nanbeige index build` as a user builds one."""
+    folder = tmp_path_factory.mktemp("built")
+    (folder / "corp").mkdir()
+    (folder / "corp" / "a.txt").write_text("alpha beta gamma\n\nthe second paragraph says alpha again")
+    (folder / "corp" / "b.md").write_text("delta alpha")
+    done = nanbeige("index", "build", "corp", "--out", "idx", cwd=folder)
+    assert done.returncode == 0, done.stderr
+    return folder / "idx"
+
+
+def downloaded(built_index: Path, tmp_path: Path) -> Path:
+    shutil.copytree(built_index, tmp_path / "idx")
+    return tmp_path / "idx"
+
+
+def test_a_downloaded_index_searches_as_built(built_index: Path, tmp_path: Path) -> None:
+    done = nanbeige("index", "search", str(downloaded(built_index, tmp_path)), "delta", cwd=tmp_path)
+    assert done.returncode == 0 and "1. delta alpha" in done.stdout, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("name", ["passages.jsonl", "bm25/vocab.index.json"])
+def test_index_search_answers_a_fifo_in_the_index_folder_in_one_line(
+    built_index: Path, tmp_path: Path, name: str
+) -> None:
+    """bm25s opens the BM25 files itself: the folder is checked before it does, or a FIFO blocks it forever."""
+    index = downloaded(built_index, tmp_path)
+    (index / name).unlink()
+    os.mkfifo(index / name)
+    one_line_error(nanbeige("index", "search", "idx", "alpha", cwd=tmp_path), f"{name} is not a regular file")
+
+
+def test_index_search_never_shows_the_file_a_planted_link_names(built_index: Path, tmp_path: Path) -> None:
+    secret = tmp_path / "secret.jsonl"
+    secret.write_text(json.dumps({"doc": 0, "title": "alpha", "link": "x", "text": "alpha the user's secret"}) + "\n")
+    index = downloaded(built_index, tmp_path)
+    (index / "passages.jsonl").unlink()
+    (index / "passages.jsonl").symlink_to(secret)
+    done = nanbeige("index", "search", "idx", "alpha", cwd=tmp_path)
+    assert "secret" not in done.stdout
+    one_line_error(done, "passages.jsonl is a symbolic link")
+
+
+def test_index_search_refuses_a_sparse_giant_and_a_row_that_is_no_passage(built_index: Path, tmp_path: Path) -> None:
+    index = downloaded(built_index, tmp_path)
+    with open(index / "passages.jsonl", "wb") as file:
+        file.truncate(6 * GIB)  # read whole, a MemoryError traceback
+    one_line_error(nanbeige("index", "search", "idx", "alpha", cwd=tmp_path), "more than the 4096.0 MiB")
+    (index / "passages.jsonl").write_text('{"x": 1}\n')  # was a KeyError traceback
+    one_line_error(nanbeige("index", "search", "idx", "alpha", cwd=tmp_path), "passages.jsonl:1: not a passage")
+
+
+def test_index_search_refuses_passages_the_bm25_matrix_does_not_match(built_index: Path, tmp_path: Path) -> None:
+    index = downloaded(built_index, tmp_path)
+    first = (index / "passages.jsonl").read_text().splitlines()[0]
+    (index / "passages.jsonl").write_text(first + "\n")  # a search would index past the one passage left
+    one_line_error(nanbeige("index", "search", "idx", "alpha", cwd=tmp_path), "do not match")
 
 
 def test_a_loop_iteration_whose_questions_file_is_a_fifo_is_one_line_not_a_hang(tmp_path: Path) -> None:

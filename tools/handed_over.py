@@ -88,6 +88,33 @@ def read_json_object(path: str | Path, max_bytes: int, inside: str | Path | None
     return found
 
 
+def check_folder(folder: str | Path, max_bytes: int, max_entries: int = 10_000) -> None:
+    """Refuses a folder that another program is about to read by itself (an index's BM25 matrices, which its
+    library opens): every entry under it, walked without following a link, must be a regular file or a
+    folder, their sizes together at most `max_bytes`, and no more than `max_entries` of them. The folder
+    itself is the one named (a link there is the user's); nothing below it may be a link, a FIFO or a device.
+    Its files are still read through `open_file` where this program reads them itself."""
+    folder = Path(folder)
+    total, entries, pending = 0, 0, [folder]
+    while pending:
+        with os.scandir(pending.pop()) as listing:
+            for entry in listing:
+                entries += 1
+                if entries > max_entries:
+                    raise HandedOverError(f"{folder} holds more than {max_entries} files and folders")
+                path = Path(entry.path)
+                if entry.is_symlink():
+                    raise HandedOverError(f"{path} is a symbolic link: a file in {folder} is read only as itself")
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(path)
+                    continue
+                if not entry.is_file(follow_symlinks=False):
+                    raise HandedOverError(f"{path} is not a regular file")
+                total += entry.stat(follow_symlinks=False).st_size
+                if total > max_bytes:
+                    raise HandedOverError(f"{folder} holds more than the {_size(max_bytes)} it may (at {path})")
+
+
 def _check_inside(path: Path, folder: Path) -> None:
     """The file's folder, with every link resolved, is `folder` or below it (so `..` or a linked parent
     folder cannot lead out). The file's own name is checked by O_NOFOLLOW when it is opened."""

@@ -25,6 +25,7 @@ from typing import Any
 import bm25s
 import numpy as np
 
+from nanbeige.tools import handed_over
 from nanbeige.tools.documents import SUFFIXES, IndexBuildError, read_documents, source_files, split_passages
 from nanbeige.tools.errors import NanbeigeError
 
@@ -35,6 +36,11 @@ BM25_DIR = "bm25"
 TITLE_DIR = "bm25_title"
 TITLE_WEIGHT = 0.5  # a title match counts on top of the text score: people are found by their own article
 CHUNK = 5000  # passages tokenized between two progress reports
+MAX_INDEX_BYTES = 4 * 1024 * handed_over.MIB
+"""The largest index folder `LocalIndex.load` reads: all of it is held in memory (its passages several times
+their size on disk), and a downloaded folder could claim any size."""
+MAX_META_BYTES = handed_over.MIB
+PASSAGE_FIELDS = {"doc": int, "title": str, "link": str, "text": str}
 
 Progress = Callable[[str, int, int], None]
 """Called as `progress(stage, done, total)`; stages are "read" (files), "index" (passages), "save"."""
@@ -42,6 +48,11 @@ Progress = Callable[[str, int, int], None]
 
 class IndexNotFound(NanbeigeError):
     """There is no index in the given folder."""
+
+
+class IndexUnreadable(IndexNotFound):
+    """The folder holds something other than what `build_index` writes: a link, a FIFO, a file too large,
+    a row that is no passage. The folder may have been downloaded or handed over, so it is checked as such."""
 
 
 @dataclass
@@ -218,16 +229,29 @@ class LocalIndex:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> LocalIndex:
+        """The index in folder `path`, which may come from anyone: it is checked (no link, FIFO or device in
+        it, its size capped) before bm25s opens its files, and its own files are read as handed over."""
         path = Path(path).expanduser()
         if not index_exists(path):
             raise IndexNotFound(f"no index in {path}; build one with `nanbeige index build SOURCES... --out {path}`")
-        meta = json.loads((path / META_FILE).read_text(encoding="utf-8"))
-        if meta.get("format") != FORMAT:
-            raise IndexNotFound(f"{path} holds an index of format {meta.get('format')!r}, not {FORMAT!r}; rebuild it")
-        retriever = bm25s.BM25.load(str(path / BM25_DIR), show_progress=False)
-        titles = bm25s.BM25.load(str(path / TITLE_DIR), show_progress=False)
-        with open(path / PASSAGES_FILE, encoding="utf-8") as f:
-            passages = [json.loads(line) for line in f]
+        fix = f"rebuild it with `nanbeige index build SOURCES... --out {path}`"
+        try:
+            handed_over.check_folder(path, MAX_INDEX_BYTES)
+            meta = handed_over.read_json_object(path / META_FILE, MAX_META_BYTES, inside=path)
+            if meta.get("format") != FORMAT:
+                raise IndexUnreadable(f"{path} holds an index of format {meta.get('format')!r}, not {FORMAT!r}; {fix}")
+            passages = _read_passages(path / PASSAGES_FILE, path)
+        except (OSError, ValueError) as exc:
+            said = f"{exc.filename}: {exc.strerror}" if isinstance(exc, OSError) else str(exc)
+            raise IndexUnreadable(f"cannot read the index in {path}: {said}; {fix}") from None
+        try:
+            retriever = bm25s.BM25.load(str(path / BM25_DIR), show_progress=False)
+            titles = bm25s.BM25.load(str(path / TITLE_DIR), show_progress=False)
+        except Exception as exc:  # noqa: BLE001 - bm25s reading a damaged or foreign folder: any of its errors
+            said = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+            raise IndexUnreadable(f"cannot read the BM25 index in {path}: {said}; {fix}") from None
+        if not _fits(retriever, len(passages)) or not _fits(titles, len(passages)):
+            raise IndexUnreadable(f"{path}: the BM25 index and {PASSAGES_FILE} do not match; {fix}")
         return cls(path, retriever, titles, passages)
 
     def __len__(self) -> int:
@@ -260,6 +284,42 @@ class LocalIndex:
             {"title": p["title"], "link": p["link"], "snippet": make_snippet(p["text"], highlight), "position": n}
             for n, p in enumerate(hits[offset:], start=offset + 1)
         ]
+
+
+def _fits(retriever: bm25s.BM25, passages: int) -> bool:
+    """Whether a loaded BM25 matrix scores exactly `passages` rows and every term points into it: a search
+    indexes the passages by its rows, so a foreign matrix would fail there, not here."""
+    scores = retriever.scores
+    try:
+        indptr, indices = scores["indptr"], scores["indices"]
+        terms = [t for term, t in retriever.vocab_dict.items() if term]  # bm25s adds "" with no column
+        return (
+            scores["num_docs"] == passages
+            and len(indptr) >= 1
+            and len(scores["data"]) == len(indices) == int(indptr[-1])
+            and bool(np.all(np.diff(indptr) >= 0))
+            and (len(indices) == 0 or 0 <= int(indices.min()) and int(indices.max()) < passages)
+            and all(isinstance(t, int) and 0 <= t < len(indptr) - 1 for t in terms)
+        )
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return False
+
+
+def _read_passages(path: Path, folder: Path) -> list[dict[str, Any]]:
+    """The passages file's rows, each checked to be a passage (document number, title, link, text)."""
+    passages = []
+    with handed_over.open_file(path, MAX_INDEX_BYTES, inside=folder) as file:
+        for number, line in enumerate(file, 1):
+            try:
+                passage = json.loads(line)
+            except (ValueError, RecursionError):
+                passage = None
+            if not isinstance(passage, dict) or not all(
+                isinstance(passage.get(k), t) for k, t in PASSAGE_FIELDS.items()
+            ):
+                raise IndexUnreadable(f"{path}:{number}: not a passage of a nanbeige index; rebuild the index")
+            passages.append(passage)
+    return passages
 
 
 def _ranked(scores: np.ndarray, limit: int) -> np.ndarray:
