@@ -34,6 +34,12 @@ from nanbeige.evals.eval_config import EvalConfig, EvalError
 from nanbeige.evals.out_folder import REPORT, TRAJECTORIES, prepare_out
 from nanbeige.evals.runner import Progress, failed_run_errors, run_all
 from nanbeige.tools.sandbox import SandboxError
+from nanbeige.tools.wire import ACCEPT_ENCODING, answer_within, run_blocking
+
+TOKENIZE_TIMEOUT_S = 60.0
+"""Most seconds one `/tokenize` call may take in all, from the request to the answer's last byte."""
+MAX_TOKENIZE_BYTES = 16 * 2**20
+"""The longest answer to `/tokenize`: the ids of a whole 262,144-token context are a few MB."""
 
 if TYPE_CHECKING:
     from nanbeige.agent.setup import Ready
@@ -241,24 +247,32 @@ def prompt_sizes(runtime: Ready, notice: Callable[[str], None]) -> tuple[Any, in
 
 class ServerTokenizer:
     """`.tokenize(text)` by the server's `/tokenize` (vLLM's); where a server has none, the length is
-    estimated at 3 characters a token, and a notice says so once."""
+    estimated at 3 characters a token, and a notice says so once. Each call is bounded in all
+    (`TOKENIZE_TIMEOUT_S`, headers included) and in size (`MAX_TOKENIZE_BYTES`), and goes to the server
+    itself, never through a proxy named in the environment."""
 
     def __init__(self, base_url: str, model: str, api_key: str | None, notice: Callable[[str], None]):
+        self.root = base_url.rstrip("/").removesuffix("/v1")
+        self.headers = {**ACCEPT_ENCODING, **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
+        self.model, self.notice, self.estimate = model, notice, False
+
+    async def _count(self, text: str) -> Any:
         import httpx
 
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.http = httpx.Client(base_url=base_url.rstrip("/").removesuffix("/v1"), headers=headers, timeout=60)
-        self.model, self.notice, self.estimate = model, notice, False
+        async with httpx.AsyncClient(headers=self.headers, timeout=TOKENIZE_TIMEOUT_S, trust_env=False) as http:
+            request = http.build_request("POST", f"{self.root}/tokenize", json={"model": self.model, "prompt": text})
+            response = await answer_within(http, request, TOKENIZE_TIMEOUT_S, MAX_TOKENIZE_BYTES)
+        return response.json().get("count") if response.status_code == 200 else None
 
     def tokenize(self, text: str) -> list[int]:
         import httpx
 
         if not self.estimate:
             try:
-                response = self.http.post("/tokenize", json={"model": self.model, "prompt": text})
-                if response.status_code == 200 and isinstance(response.json().get("count"), int):
-                    return [0] * response.json()["count"]
-            except (httpx.HTTPError, ValueError, AttributeError):
+                count = run_blocking(self._count(text))
+                if isinstance(count, int):
+                    return [0] * count
+            except (httpx.HTTPError, httpx.InvalidURL, ValueError, AttributeError):
                 pass
             self.estimate = True
             self.notice(

@@ -32,9 +32,9 @@ OUTBOUND = {
 USER_CONFIGURED = {
     ("agent/backends/llm.py", "OpenAIChat.__init__"): "the model endpoint the user configured",
     ("agent/backends/local_model.py", "check_model_available"): "the Hugging Face hub (HF_ENDPOINT), before a download",
-    ("agent/backends/model_server.py", "probe_server"): "the model server the user named, asked what it is",
+    ("agent/backends/model_server.py", "_probe"): "the model server the user named, asked what it is",
     ("agent/cli/serve.py", "_wait_ready"): "the vLLM server `serve` itself started, on loopback",
-    ("evals/bfcl_run.py", "ServerTokenizer.__init__"): "the model server's /tokenize",
+    ("evals/bfcl_run.py", "ServerTokenizer._count"): "the model server's /tokenize",
     ("evals/runner.py", "run_here"): "the judge endpoints of the eval's settings",
     ("evals/sharded.py", "open_shard"): "the judge endpoints of the eval's settings",
     ("tools/scrape.py", "fetch_jina"): "Jina Reader (JINA_BASE_URL); the page's address is checked first",

@@ -4,7 +4,9 @@ or one a handed-over file holds).
 Only http(s); no connection to loopback, private, link-local or otherwise non-public addresses (unless the
 operator allows them). The check happens where the connection is made, after DNS resolution and for every
 redirect hop, and the connection goes to the address that was checked, so a name that re-resolves
-elsewhere cannot slip through. Bodies are read up to a cap, after decompression.
+elsewhere cannot slip through. Bodies are read up to a cap, after decompression, and only in one coding
+(`wire.py`); a redirect's body is not read at all. A fetch has a deadline in all, headers included, and
+every way it fails is a FetchError.
 
 Clients of endpoints the user configured (the model server, a judge, a search API) are not fetches on
 anyone's behalf and do not come here; `tests/test_egress_structure.py` lists them, and fails when any
@@ -25,6 +27,8 @@ from urllib.parse import urlsplit
 import anyio
 import httpcore
 import httpx
+
+from nanbeige.tools.wire import ACCEPT_ENCODING, read_capped
 
 Resolver = Callable[[str], Awaitable[list[str]]]
 
@@ -74,7 +78,12 @@ class FetchPolicy:
     max_bytes: int = 20_000_000
     """Largest response body read."""
     connect_timeout_s: float = 20.0
+    """Most seconds to connect to one address."""
     read_timeout_s: float = 60.0
+    """Most seconds between two reads (and to send the request)."""
+    deadline_s: float = 120.0
+    """Most seconds one fetch may take in all, redirects included, from the request to the body's last byte:
+    a server sending its answer a byte at a time trips no read timeout, but misses this."""
 
     async def addresses(self, host: str) -> list[str]:
         """The addresses to connect to for `host`; raises BlockedAddress if any is off limits."""
@@ -104,7 +113,10 @@ def policy_from_env(env: Mapping[str, str] | None = None) -> FetchPolicy:
 
 def check_url(url: str) -> str:
     """The URL's host, after checking the scheme (only http and https may be fetched)."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # an unclosed IPv6 bracket, a bad port
+        raise FetchError(f"refused: {url!r} is not a URL: {exc}") from None
     if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
         raise FetchError(f"refused: only http(s) URLs can be fetched, not {url!r}")
     return parts.hostname
@@ -157,13 +169,14 @@ class GuardedTransport(httpx.AsyncHTTPTransport):
 
 def client(policy: FetchPolicy, headers: Mapping[str, str] | None = None, max_redirects: int = 5) -> httpx.AsyncClient:
     """An HTTP client whose every connection, redirects included, passes `policy`; proxies from the
-    environment are not used (a proxy would connect where the guard cannot see)."""
+    environment are not used (a proxy would connect where the guard cannot see). It follows no redirect
+    itself: httpx would read a redirect's whole body, uncapped (`get` follows them)."""
     return httpx.AsyncClient(
         transport=GuardedTransport(policy),
         timeout=httpx.Timeout(policy.read_timeout_s, connect=policy.connect_timeout_s),
-        follow_redirects=True,
+        follow_redirects=False,
         max_redirects=max_redirects,
-        headers=dict(headers or {}),
+        headers={**ACCEPT_ENCODING, **(headers or {})},
         trust_env=False,
     )
 
@@ -184,21 +197,34 @@ class Reply:
 
 
 async def get(url: str, policy: FetchPolicy, headers: Mapping[str, str] | None = None, max_redirects: int = 5) -> Reply:
-    """GET a URL through the guard, whatever its status; FetchError (BlockedAddress for an address off
-    limits) when it cannot be fetched."""
+    """GET a URL through the guard, whatever its status, within the policy's deadline; FetchError
+    (BlockedAddress for an address off limits) when it cannot be fetched, whatever the reason."""
     check_url(url)
     try:
-        async with client(policy, headers, max_redirects) as http, http.stream("GET", url) as response:
-            body, truncated = await read_capped(response, policy.max_bytes)
-            return Reply(
-                str(response.url), response.status_code, response.reason_phrase, response.headers, body, truncated
-            )
-    except BlockedAddress:
+        with anyio.fail_after(policy.deadline_s):
+            async with client(policy, headers, max_redirects) as http:
+                return await _follow(http, http.build_request("GET", url), policy.max_bytes, max_redirects)
+    except FetchError:
         raise
-    except httpx.TooManyRedirects:
-        raise FetchError(f"too many redirects from {url}") from None
-    except httpx.HTTPError as exc:
+    except TimeoutError:
+        raise FetchError(f"could not fetch {url}: no whole answer within {policy.deadline_s:g} s") from None
+    except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
         raise FetchError(f"could not fetch {url}: {type(exc).__name__}: {exc}") from None
+
+
+async def _follow(http: httpx.AsyncClient, request: httpx.Request, max_bytes: int, max_redirects: int) -> Reply:
+    """The answer to `request`, redirects followed (each hop passes the guard); a redirect's body is left unread."""
+    for _ in range(max_redirects + 1):
+        response = await http.send(request, stream=True)
+        try:
+            if response.next_request is None:
+                body, truncated = await read_capped(response, max_bytes)
+                reason = response.reason_phrase
+                return Reply(str(response.url), response.status_code, reason, response.headers, body, truncated)
+            request = response.next_request
+        finally:
+            await response.aclose()
+    raise FetchError(f"more than {max_redirects} redirects")
 
 
 def get_blocking(
@@ -206,14 +232,3 @@ def get_blocking(
 ) -> Reply:
     """`get` from a thread without an event loop."""
     return anyio.run(get, url, policy, headers, max_redirects)
-
-
-async def read_capped(response: httpx.Response, max_bytes: int) -> tuple[bytes, bool]:
-    """The body, at most `max_bytes` of it, and whether there was more; stops reading at the cap."""
-    chunks, size = [], 0
-    async for chunk in response.aiter_bytes():
-        chunks.append(chunk)
-        size += len(chunk)
-        if size > max_bytes:
-            return b"".join(chunks)[:max_bytes], True
-    return b"".join(chunks), False

@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 
 from nanbeige.tools.errors import NanbeigeError
+from nanbeige.tools.wire import ACCEPT_ENCODING, answer_within
 
 WEIGHTS_FIX = (
     "vLLM takes new weights without a restart only with its dev endpoints on: start it with "
@@ -37,14 +38,26 @@ def engine_root(url: str) -> str:
     return url.rstrip("/").removesuffix("/v1")
 
 
+MAX_ANSWER_BYTES = 16 * 2**20
+"""The longest answer an engine's endpoint may give: a model list or a status is far shorter."""
+
+
 def client(api_key: str | None, timeout: float) -> httpx.AsyncClient:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    """A client for the engines' endpoints; `timeout` bounds each request in all (`ask`), not only each read."""
+    headers = {**ACCEPT_ENCODING, **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
     return httpx.AsyncClient(headers=headers, timeout=timeout)
+
+
+async def ask(http: httpx.AsyncClient, method: str, url: str, body: object = None) -> httpx.Response:
+    """The engine's whole answer to one request, within the client's timeout in all (its headers included:
+    an engine trickling them a byte at a time misses it) and `MAX_ANSWER_BYTES`; else httpx's error."""
+    request = http.build_request(method, url, json=body)
+    return await answer_within(http, request, http.timeout.read or 30.0, MAX_ANSWER_BYTES)
 
 
 async def listed(http: httpx.AsyncClient, root: str) -> dict[str, str | None]:
     """The models an engine lists in `/v1/models`, each name with its `root` (an adapter's folder)."""
-    response = await http.get(f"{root}/v1/models")
+    response = await ask(http, "GET", f"{root}/v1/models")
     if response.status_code != 200:
         raise SyncError(
             f"the model server at {root} did not list its models: HTTP {response.status_code} {server_words(response)}"
@@ -58,7 +71,7 @@ async def listed(http: httpx.AsyncClient, root: str) -> dict[str, str | None]:
 
 async def weight_version(http: httpx.AsyncClient, root: str) -> str:
     """The weight version the engine reports (`GET /weight_info`, a dev endpoint)."""
-    response = await http.get(f"{root}/weight_info")
+    response = await ask(http, "GET", f"{root}/weight_info")
     if response.status_code == 404:
         raise SyncError(
             f"the model server at {root} has no /weight_info endpoint to say which weights it serves; "
@@ -84,7 +97,7 @@ async def load_adapter(base_url: str, name: str, adapter: Path, api_key: str | N
         async with client(api_key, 120.0) as http:
             if (await listed(http, root)).get(name, False) == path:
                 return
-            response = await http.post(f"{root}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": path})
+            response = await ask(http, "POST", f"{root}/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
             if response.status_code != 200:
                 raise SyncError(
                     f"the model server at {root} refused the LoRA adapter {path}: HTTP "
@@ -123,7 +136,7 @@ async def load_weights(base_url: str, checkpoint: Path, api_key: str | None = No
         async with client(api_key, 1900.0) as http:
             try:
                 for what, path, body in steps:
-                    response = await http.post(root + path, json=body)
+                    response = await ask(http, "POST", root + path, body)
                     if response.status_code == 404:
                         raise SyncError(
                             f"the model server at {root} has no {path.split('?')[0]} endpoint; {WEIGHTS_FIX}"
@@ -134,7 +147,7 @@ async def load_weights(base_url: str, checkpoint: Path, api_key: str | None = No
                             f"{response.status_code} {server_words(response)}"
                         )
             finally:
-                await http.post(f"{root}/resume")
+                await ask(http, "POST", f"{root}/resume")
             reported = await weight_version(http, root)
     except httpx.HTTPError as exc:
         raise SyncError(

@@ -49,6 +49,7 @@ from nanbeige.agent.backends.refusals import (
 )
 from nanbeige.agent.backends.stream import Reader, read_whole, streamed
 from nanbeige.tools.endpoint import LOCAL_BASE_URL, LOCAL_MODEL
+from nanbeige.tools.wire import ACCEPT_ENCODING
 
 # Sampling per tool dialect, for settings the user leaves unset: the model card's deep-search
 # temperature with the reference harness's top-p and repetition penalty for mcp-xml, the card's
@@ -185,7 +186,7 @@ class OpenAIChat:
         self, config: LLMConfig, transport: httpx.AsyncBaseTransport | None = None, server: ServerInfo | None = None
     ):
         self.config = config.for_dialect("mcp-xml")  # a no-op for a config set up for its dialect
-        headers = {"Content-Type": "application/json"}
+        headers = {"Content-Type": "application/json", **ACCEPT_ENCODING}
         if config.api_key:
             headers["Authorization"] = f"Bearer {config.api_key}"
         timeout = httpx.Timeout(config.timeout_s, connect=10.0)

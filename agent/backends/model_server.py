@@ -3,17 +3,16 @@ vLLM's own request fields) and how calling it fails for good (`ModelError` and i
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import httpx
+
+from nanbeige.tools.wire import ACCEPT_ENCODING, answer_within, run_blocking
 
 PROBE_TIMEOUT_S = 10.0
 """Most seconds a probe (`GET /models`, `GET /version`) may take in all, from the request to the answer's last byte."""
 MAX_PROBE_BYTES = 8 * 2**20
 """The longest answer to a probe: a model list of thousands of entries is far shorter."""
-WIRE_HEADERS = ("content-encoding", "content-length", "transfer-encoding")
-"""The headers that describe a body's wire form, which no longer apply to it once read (and decoded)."""
 
 
 class ModelError(Exception):
@@ -65,32 +64,25 @@ def probe_server(
     `model`, or for the first model when `model` is not listed. A 401 means the server is up but
     wants a key: nothing more can be learnt. Raises ModelUnreachable with a short reason when
     nothing OpenAI-compatible answers."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        with httpx.Client(headers=headers, timeout=timeout) as http:
-            info, settled = read_model_list(_get_whole(http, base_url.rstrip("/") + "/models", timeout), model)
-            if not settled:
-                info.vllm = version_is_vllm(_get_whole(http, server_root(base_url) + "/version", timeout))
+        return run_blocking(_probe(base_url, api_key, timeout, model))
     except httpx.HTTPError as exc:
         raise ModelUnreachable(type(exc).__name__) from None
+
+
+async def _probe(base_url: str, api_key: str | None, timeout: float, model: str | None) -> ServerInfo:
+    headers = {**ACCEPT_ENCODING, **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
+    async with httpx.AsyncClient(headers=headers, timeout=timeout) as http:
+        info, settled = read_model_list(await _get_whole(http, base_url.rstrip("/") + "/models", timeout), model)
+        if not settled:
+            info.vllm = version_is_vllm(await _get_whole(http, server_root(base_url) + "/version", timeout))
     return info
 
 
-def _get_whole(http: httpx.Client, url: str, timeout: float) -> httpx.Response:
-    """The answer to a GET of `url`, read whole within `timeout` seconds in all and `MAX_PROBE_BYTES`: a
-    server that trickles its answer raises httpx's ReadTimeout at the deadline, not never."""
-    deadline = time.monotonic() + timeout
-    with http.stream("GET", url) as response:
-        parts, size = [], 0
-        for data in response.iter_bytes():
-            size += len(data)
-            if time.monotonic() > deadline:
-                raise httpx.ReadTimeout(f"no whole answer within {timeout:g} s", request=response.request)
-            if size > MAX_PROBE_BYTES:
-                raise httpx.ReadError(f"an answer longer than {MAX_PROBE_BYTES} bytes", request=response.request)
-            parts.append(data)
-    headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in WIRE_HEADERS]
-    return httpx.Response(response.status_code, headers=headers, content=b"".join(parts), request=response.request)
+async def _get_whole(http: httpx.AsyncClient, url: str, timeout: float) -> httpx.Response:
+    """The answer to a GET of `url`, read whole within `timeout` seconds in all (its headers included) and
+    `MAX_PROBE_BYTES`: a server that trickles its answer raises httpx's ReadTimeout at the deadline, not never."""
+    return await answer_within(http, http.build_request("GET", url), timeout, MAX_PROBE_BYTES)
 
 
 def read_model_list(response: httpx.Response, model: str | None) -> tuple[ServerInfo, bool]:

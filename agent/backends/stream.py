@@ -15,8 +15,10 @@ answer with the whole completion as JSON. The body is read by its Content-Type (
 as events, JSON whole; another type or none by how the body begins), and a whole body's text is handed
 to `on_text` at once.
 
-A body is read up to `MAX_REPLY_BYTES`, an event line up to `MAX_LINE_BYTES`: past either the server is
-not sending a reply (StreamError), and memory stays bounded by the cap, not by what the server sends."""
+A body is read up to `MAX_REPLY_BYTES`, an event line up to `MAX_LINE_BYTES`, and in one content coding
+at most, gzip or deflate (`tools/wire.py`: nested codings inflate gigabytes before any cap counts them):
+past these the server is not sending a reply (StreamError), and memory stays bounded by the caps, not by
+what the server sends."""
 
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ from typing import Any, Callable
 import httpx
 import orjson
 
-from nanbeige.agent.backends.model_server import WIRE_HEADERS, UnusableReply
+from nanbeige.agent.backends.model_server import UnusableReply
+from nanbeige.tools.wire import WIRE_HEADERS, check_coding
 
 STREAM_FIELDS = {"stream": True, "stream_options": {"include_usage": True}}
 MAX_REPLY_BYTES = 64 * 2**20
@@ -161,8 +164,9 @@ async def read_stream(
     """The response body a streamed reply makes, its text handed to `on_text` as it comes; a whole
     JSON body as it is, its text handed over at once. A connection cut or a read that times out raises
     httpx's error (the caller asks again); an error (a chunk, or a whole body), a chunk that is no JSON
-    object or a stream that ends without a finish reason raises StreamError."""
+    object, a stream that ends without a finish reason or a body in codings not read raises StreamError."""
     try:
+        check_coding(response)
         chunks = response.aiter_bytes()
         kind = response.headers.get("content-type", "").partition(";")[0].strip().lower()
         start = b""
@@ -172,6 +176,8 @@ async def read_stream(
         if _is_json(kind):
             return _whole(await read_body(chunks, start), on_text, completions_api)
         return await _events(_after(start, chunks), Pieces(completions_api, on_text))
+    except httpx.DecodingError as exc:  # a body that is not what its coding says, or in codings not read
+        raise StreamError(f"a body that cannot be decoded: {exc}") from None
     finally:
         await response.aclose()
 
@@ -320,11 +326,14 @@ def streamed(on_text: Callable[[str], None], completions_api: bool = False, time
 
 
 async def read_whole(response: httpx.Response) -> httpx.Response:
-    """The response with its body read, up to `MAX_REPLY_BYTES` (UnusableReply past it)."""
+    """The response with its body read, up to `MAX_REPLY_BYTES` and in one coding at most (else UnusableReply)."""
     try:
+        check_coding(response)
         content = await read_body(response.aiter_bytes())
     except StreamError as exc:
         raise UnusableReply(f"model server sent an unusable reply: {exc}") from None
+    except httpx.DecodingError as exc:
+        raise UnusableReply(f"model server sent an unusable reply: a body that cannot be decoded: {exc}") from None
     finally:
         await response.aclose()
     headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in WIRE_HEADERS]

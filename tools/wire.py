@@ -1,0 +1,87 @@
+"""What every HTTP client of the program reads of an answer, whoever sends it (a model server, a judge, an
+inference engine, a page the egress guard fetches).
+
+- At most one content coding, and only gzip or deflate (`check_coding`, called on the answer before its
+  body is read). httpx decodes nested codings (`Content-Encoding: gzip, gzip`) a network chunk at a time,
+  each layer whole, so 3.5 KB can inflate to gigabytes in one call, before any size cap counts a byte and
+  without giving the event loop back for a deadline to fire; brotli and zstd reach far higher ratios than
+  gzip's ~1000:1. One gzip or deflate layer inflates a 64 KB chunk to at most ~64 MB, which the callers'
+  size caps bound. The clients ask for these two only (`ACCEPT_ENCODING`), so an honest server sends no other.
+- A body read up to a cap (`read_capped`), and a whole answer within a deadline over the whole request,
+  headers included (`answer_within`): an answer trickled a byte at a time never trips a per-read timeout.
+- A blocking caller gets that deadline too by running the request on a loop of its own (`run_blocking`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import httpx
+
+ACCEPT_ENCODING = {"Accept-Encoding": "gzip, deflate"}
+"""The header every client sends: the codings `check_coding` lets through."""
+READABLE_CODINGS = ("gzip", "deflate")
+WIRE_HEADERS = ("content-encoding", "content-length", "transfer-encoding")
+"""The headers that describe a body's wire form, which no longer apply to it once read (and decoded)."""
+
+T = TypeVar("T")
+
+
+class UnsafeEncoding(httpx.DecodingError):
+    """An answer whose body is coded in a way that is not read: more than one coding, or one that is neither
+    gzip nor deflate. An httpx error, so that each client reports it as it reports a broken answer."""
+
+
+def check_coding(response: httpx.Response) -> None:
+    """Refuse (UnsafeEncoding) an answer with more than one content coding, or one other than gzip or deflate."""
+    said = [value.strip().lower() for value in response.headers.get_list("content-encoding", split_commas=True)]
+    codings = [coding for coding in said if coding and coding != "identity"]
+    if len(codings) > 1 or any(coding not in READABLE_CODINGS for coding in codings):
+        raise UnsafeEncoding(
+            f"an answer coded {', '.join(codings)!r}: only one coding, gzip or deflate, is read",
+            request=response.request,
+        )
+
+
+async def read_capped(response: httpx.Response, max_bytes: int) -> tuple[bytes, bool]:
+    """The body, at most `max_bytes` of it after decoding, and whether there was more; stops reading at the
+    cap. Refuses codings as `check_coding` does, before reading a byte."""
+    check_coding(response)
+    chunks, size = [], 0
+    async for chunk in response.aiter_bytes():
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > max_bytes:
+            return b"".join(chunks)[:max_bytes], True
+    return b"".join(chunks), False
+
+
+async def answer_within(
+    http: httpx.AsyncClient, request: httpx.Request, deadline_s: float, max_bytes: int
+) -> httpx.Response:
+    """The answer to `request`, read whole within `deadline_s` seconds in all (from sending it to the body's
+    last byte) and `max_bytes`: httpx's ReadTimeout past the deadline, its ReadError past the size, and
+    UnsafeEncoding for codings not read."""
+    try:
+        async with asyncio.timeout(deadline_s):
+            response = await http.send(request, stream=True)
+            try:
+                content, longer = await read_capped(response, max_bytes)
+            finally:
+                await response.aclose()
+    except TimeoutError:
+        raise httpx.ReadTimeout(f"no whole answer within {deadline_s:g} s", request=request) from None
+    if longer:
+        raise httpx.ReadError(f"an answer longer than {max_bytes} bytes", request=request)
+    headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in WIRE_HEADERS]
+    return httpx.Response(response.status_code, headers=headers, content=content, request=request)
+
+
+def run_blocking(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run `coroutine` to its end on an event loop of its own, in a thread of its own (so that a caller
+    inside a running loop, or in a worker thread, may call it): how a blocking function gets a deadline
+    over a whole request (`asyncio.timeout`), which httpx's blocking client cannot give."""
+    with ThreadPoolExecutor(1) as thread:
+        return thread.submit(asyncio.run, coroutine).result()
