@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 Answer = Callable[[socket.socket, "RawEndpoint"], None]
+"""How a server answers a request; `server.path` is the path asked for."""
 
 
 class RawEndpoint:
@@ -24,6 +25,7 @@ class RawEndpoint:
     def __init__(self, answer: Answer):
         self.answer = answer
         self.closed = threading.Event()
+        self.path = ""
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
@@ -46,17 +48,18 @@ class RawEndpoint:
     def _serve(self, connection: socket.socket) -> None:
         with connection, contextlib.suppress(OSError):
             connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            while read_request(connection):
+            while path := read_request(connection):
+                self.path = path
                 self.answer(connection, self)
 
 
-def read_request(connection: socket.socket) -> bool:
-    """Read one request's head and body; False when the client hung up."""
+def read_request(connection: socket.socket) -> str:
+    """Read one request's head and body; its path, or "" when the client hung up."""
     data = b""
     while b"\r\n\r\n" not in data:
         more = connection.recv(65536)
         if not more:
-            return False
+            return ""
         data += more
     head, _, body = data.partition(b"\r\n\r\n")
     length = next(
@@ -64,7 +67,7 @@ def read_request(connection: socket.socket) -> bool:
     )
     while len(body) < length:
         body += connection.recv(65536)
-    return True
+    return head.split(b" ")[1].decode()
 
 
 def slow_headers(every_s: float) -> Answer:
@@ -91,6 +94,16 @@ def coded(body: bytes, codings: str, content_type: str = "application/json") -> 
         connection.sendall(head.encode() + body)
 
     return answer
+
+
+def redirect_with_endless_body(connection: socket.socket, server: RawEndpoint) -> None:
+    """`/start` redirects to `/end` with a body that never ends (a terabyte, said and never sent); `/end` is ok."""
+    if server.path == "/end":
+        connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        return
+    connection.sendall(b"HTTP/1.1 302 Found\r\nLocation: /end\r\nContent-Length: 1000000000000\r\n\r\n")
+    while not server.closed.wait(0.1):
+        connection.sendall(b"x" * 65536)
 
 
 @functools.cache

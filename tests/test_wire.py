@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
-from raw_endpoints import RawEndpoint, coded, nested_gzip_bomb, slow_headers
+from raw_endpoints import RawEndpoint, coded, nested_gzip_bomb, redirect_with_endless_body, slow_headers
 
 from nanbeige.agent.backends.llm import LLMConfig, OpenAIChat
 from nanbeige.agent.backends.model_server import ModelUnreachable, ServerInfo, UnusableReply, probe_server
@@ -179,6 +179,15 @@ def test_the_bfcl_tokenizer_whose_server_trickles_falls_back_to_estimates(monkey
         started = time.monotonic()
         assert bfcl_run.ServerTokenizer(slow.base_url, "m", None, notices.append).tokenize("abcdef") == [0, 0]
     assert time.monotonic() - started < 4 and len(notices) == 1
+
+
+@pytest.mark.anyio
+async def test_a_redirects_body_is_not_read() -> None:
+    """httpx reads a redirect's whole body before following it, uncapped; the guard follows redirects itself."""
+    with RawEndpoint(redirect_with_endless_body) as server:
+        started = time.monotonic()
+        reply = await egress.get(server.url + "/start", FetchPolicy(allow_private=True, read_timeout_s=3.0))
+    assert (reply.url, reply.body) == (server.url + "/end", b"ok") and time.monotonic() - started < 2
 
 
 @pytest.mark.anyio

@@ -167,7 +167,7 @@ class GuardedTransport(httpx.AsyncHTTPTransport):
         self._pool = httpcore.AsyncConnectionPool(ssl_context=ssl_context(), network_backend=_GuardedBackend(policy))
 
 
-def client(policy: FetchPolicy, headers: Mapping[str, str] | None = None, max_redirects: int = 5) -> httpx.AsyncClient:
+def client(policy: FetchPolicy, headers: Mapping[str, str] | None = None) -> httpx.AsyncClient:
     """An HTTP client whose every connection, redirects included, passes `policy`; proxies from the
     environment are not used (a proxy would connect where the guard cannot see). It follows no redirect
     itself: httpx would read a redirect's whole body, uncapped (`get` follows them)."""
@@ -175,7 +175,6 @@ def client(policy: FetchPolicy, headers: Mapping[str, str] | None = None, max_re
         transport=GuardedTransport(policy),
         timeout=httpx.Timeout(policy.read_timeout_s, connect=policy.connect_timeout_s),
         follow_redirects=False,
-        max_redirects=max_redirects,
         headers={**ACCEPT_ENCODING, **(headers or {})},
         trust_env=False,
     )
@@ -202,7 +201,7 @@ async def get(url: str, policy: FetchPolicy, headers: Mapping[str, str] | None =
     check_url(url)
     try:
         with anyio.fail_after(policy.deadline_s):
-            async with client(policy, headers, max_redirects) as http:
+            async with client(policy, headers) as http:
                 return await _follow(http, http.build_request("GET", url), policy.max_bytes, max_redirects)
     except FetchError:
         raise
