@@ -282,6 +282,17 @@ def run_judge(src: Path, out: Path, config: Any) -> None:
     )
 
 
+def refuse_unwritable(out: Path, *others: Path) -> None:
+    """Refuse, in one line (exit 2), an --out (or a file written beside it) that cannot be written, before the
+    corpus is walked."""
+    from nanbeige.agent.writable import unwritable
+
+    for path in (out, *others):
+        problem = unwritable(path)
+        if problem:
+            fail(f"cannot write --out {out}: {problem}", 2)
+
+
 def synth(
     corpus: Annotated[Path, typer.Option(help="A local index built by `nanbeige index build`: the documents.")],
     out: Annotated[Path, typer.Option(help="Questions JSONL (appended; resumed), for `nanbeige collect --questions`.")],
@@ -316,11 +327,7 @@ def synth(
         timeout_s=request_timeout or SYNTH_ENDPOINT.timeout_s,
     )
     hide([api_key] if api_key else [])
-    from nanbeige.agent.writable import unwritable
-
-    problem = unwritable(out) or unwritable(rejected_path(out))
-    if problem:
-        fail(f"cannot write --out {out}: {problem}", 2)
+    refuse_unwritable(out, rejected_path(out))
 
     def progress(in_file: int, wanted: int, rejected: int) -> None:
         err.print(f"[dim]{in_file}/{wanted} questions, {rejected} walks rejected[/]", highlight=False)
@@ -330,7 +337,13 @@ def synth(
             corpus, out, config, count, hops=hops, seed=seed, concurrency=concurrency, progress=progress
         )
 
-    summary = run_command(main())
+    say_what_synth_wrote(run_command(main()), out, count, seed, hops)
+
+
+def say_what_synth_wrote(summary: dict[str, Any], out: Path, count: int, seed: int, hops: int) -> None:
+    """The questions written, or, when a run added none, a failure naming what to change."""
+    from nanbeige.trainer.synth import rejected_path
+
     rejected = ", ".join(f"{reason} {n}" for reason, n in summary["rejected"].items()) or "none"
     if not summary["accepted"] and summary["in_file"] < count:  # a run that adds nothing is a failure to fix
         if summary["walks"]:

@@ -67,8 +67,9 @@ def loop(*, flags: dict[str, Any]) -> None:
     start_loop(flags["iterations"], flags, config, "nanbeige loop")
 
 
-def training(flags: dict[str, Any], loop: int, spelled: str) -> TrainConfig:
-    """The training the flags describe, refused in one line (exit 2) where they cannot work together."""
+def checked_flags(flags: dict[str, Any], loop: int, spelled: str) -> tuple[int, int, int] | None:
+    """Refuse, in one line (exit 2), flags that cannot work together or an --out that cannot be written, before
+    anything starts; the group filter's k of n when --keep gives one."""
     if flags["model"] is None or flags["out"] is None:
         fail(f"--{'model' if flags['model'] is None else 'out'} is required (see {spelled.split(' --')[0]} --help)", 2)
     from nanbeige.agent.writable import unwritable_folder
@@ -88,6 +89,12 @@ def training(flags: dict[str, Any], loop: int, spelled: str) -> TrainConfig:
             "rollouts it imitates)",
             2,
         )
+    return k_of_n
+
+
+def training(flags: dict[str, Any], loop: int, spelled: str) -> TrainConfig:
+    """The training the flags describe, refused in one line (exit 2) where they cannot work together."""
+    k_of_n = checked_flags(flags, loop, spelled)
     groups = GroupRule(
         lam=flags["lam"],
         min_pass_rate=flags["min_pass_rate"],
