@@ -7,6 +7,7 @@ wrong in the egress guard is its FetchError, one line. The servers are real loop
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import os
@@ -29,6 +30,7 @@ from nanbeige.tools import egress
 from nanbeige.tools.egress import FetchError, FetchPolicy
 from nanbeige.tools.endpoint import ChatEndpoint
 from nanbeige.tools.fetch import fetch_direct
+from nanbeige.tools.scrape import EXTRACTION_ENDPOINT, ScrapeConfig, ScrapeError, extract_info, fetch_jina
 from nanbeige.trainer import sync
 
 MESSAGES = [{"role": "user", "content": "What is 2 + 2?"}]
@@ -170,6 +172,29 @@ async def test_an_engine_whose_headers_trickle_or_whose_list_floods_fails_the_sy
     with RawEndpoint(coded(flood, "identity")) as big:
         with pytest.raises(sync.SyncError, match="ReadError"):
             await sync.serves(big.base_url, "lora", "/ckpt/step-1")
+
+
+@pytest.mark.anyio
+async def test_the_scrape_tools_endpoints_are_held_to_the_same_limits() -> None:
+    """Jina Reader fetches the page for us: its answer gets our own fetch's deadline, size cap and coding rule;
+    the extraction model's answer its call's timeout in all."""
+    policy = FetchPolicy(allow_private=True, deadline_s=0.5)  # the reader is asked 5 times
+    summary = dataclasses.replace(EXTRACTION_ENDPOINT, timeout_s=1.0, retries=0)
+    with RawEndpoint(slow_headers(0.2)) as slow:
+        config = ScrapeConfig(
+            backend="jina", jina_api_key="k", jina_base_url=slow.url, policy=policy, summary=summary, retry_wait_s=0.01
+        )
+        started = time.monotonic()
+        with pytest.raises(FetchError, match="Jina Reader could not be reached: ReadTimeout"):
+            await fetch_jina("https://example.com/", config)
+        summary = dataclasses.replace(summary, base_url=slow.base_url)
+        with pytest.raises(ScrapeError, match="ReadTimeout"):
+            await extract_info("page", "the answer", dataclasses.replace(config, summary=summary))
+        assert time.monotonic() - started < 5
+    with RawEndpoint(coded(SMALL_BOMB, "gzip, gzip")) as bomb:
+        config = ScrapeConfig(backend="jina", jina_api_key="k", jina_base_url=bomb.url, policy=policy, summary=summary)
+        with pytest.raises(FetchError, match="UnsafeEncoding"):
+            await fetch_jina("https://example.com/", config)
 
 
 def test_the_bfcl_tokenizer_whose_server_trickles_falls_back_to_estimates(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -20,9 +20,12 @@ from nanbeige.tools import usage
 from nanbeige.tools.egress import FetchError, FetchPolicy, check_url, policy_from_env, ssl_context
 from nanbeige.tools.endpoint import LOCAL_BASE_URL, LOCAL_MODEL, ChatEndpoint
 from nanbeige.tools.fetch import Page, fetch_direct, to_text
+from nanbeige.tools.wire import answer_within
 
 BLOCKED_LINKS = ("huggingface.co/datasets", "huggingface.co/spaces")
 RETRY_STATUSES = {408, 409, 425, 429, 500, 502, 503, 504}
+MAX_SUMMARY_BYTES = 16 * 2**20
+"""The longest answer of the extraction model: 8192 tokens of text with their JSON are far shorter."""
 
 
 EXTRACTION_ENDPOINT = ChatEndpoint(
@@ -134,7 +137,11 @@ async def fetch_jina(url: str, config: ScrapeConfig, headers: dict[str, str] | N
         async with httpx.AsyncClient(timeout=timeout, verify=ssl_context()) as client:
             async for attempt in _retrying(config.retry_wait_s, 5):
                 with attempt:
-                    response = await client.get(f"{config.jina_base_url.rstrip('/')}/{url}", headers=request_headers)
+                    reader = client.build_request(
+                        "GET", f"{config.jina_base_url.rstrip('/')}/{url}", headers=request_headers
+                    )
+                    # the reader's answer within the limits of our own fetch: the deadline, the size, one coding
+                    response = await answer_within(client, reader, config.policy.deadline_s, config.policy.max_bytes)
                     response.raise_for_status()
     except httpx.HTTPStatusError as exc:
         status = exc.response.status_code
@@ -211,7 +218,8 @@ async def _summary_call(client: httpx.AsyncClient, prompt: str, config: ScrapeCo
     body = summary_request(prompt, config.summary)
     async for attempt in _retrying(config.summary.retry_wait_s, config.summary.retries + 1):
         with attempt:
-            response = await client.post("/chat/completions", json=body)
+            request = client.build_request("POST", "/chat/completions", json=body)
+            response = await answer_within(client, request, config.summary.timeout_s, MAX_SUMMARY_BYTES)
             if response.status_code in RETRY_STATUSES:
                 response.raise_for_status()
     return response
