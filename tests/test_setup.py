@@ -90,7 +90,9 @@ def test_the_settings_file_sits_between_the_environment_and_the_defaults(tmp_pat
     (tmp_path / "nanbeige.toml").write_text(
         'model = "file-model"\nmax_turns = 3\n\n[ask]\nkeep_tool_results = 2\ntemperature = 0.25\n'
     )
-    assert nanbeige("trust", str(tmp_path / "nanbeige.toml")).returncode == 0  # a folder's file counts once trusted
+    assert (
+        nanbeige("trust", "--yes", str(tmp_path / "nanbeige.toml")).returncode == 0
+    )  # a folder's file counts once trusted
     with FakeOpenAI([], default=mcp_answer("ok")) as server:
         result = subprocess.run(
             [

@@ -1,7 +1,7 @@
 """A trusted settings file is trusted for its content at its own place: a symbolic link named `nanbeige.toml`
 never has its target's trust, a file trusted in one folder is not obeyed in the folders below unless it was
 trusted for its tree, the relative paths in it are its own folder's, `nanbeige trust` shows every value it
-agrees to before recording it, a settings file over the size cap is refused unread, and the bytes whose
+agrees to and asks before recording it, a settings file over the size cap is refused unread, and the bytes whose
 trust is checked are the bytes parsed. Each attack runs the real command in real folders, with scripts that
 leave a marker file when they run."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from fake_openai import FakeOpenAI, mcp_answer
-from test_cli import assert_one_line_error
+from test_cli import NANBEIGE, assert_one_line_error
 from test_untrusted_folders import run_in
 
 from nanbeige.agent.cli import settings_file
@@ -63,7 +63,7 @@ def test_a_link_to_a_trusted_file_is_a_file_of_its_own_and_never_trusted(home: P
     cloned.mkdir()
     marker = home / "ran"
     (mine / "nanbeige.toml").write_text(f"mcp = [\"x=sh -c 'touch {marker}'\"]\n")
-    assert run(mine, "trust").returncode == 0
+    assert run(mine, "trust", "--yes").returncode == 0
     (cloned / "nanbeige.toml").symlink_to(mine / "nanbeige.toml")
     with FakeOpenAI([], default=mcp_answer("ok")) as server:
         code, said = ask(cloned, server)
@@ -77,7 +77,7 @@ def test_a_trusted_file_is_obeyed_in_its_own_folder_alone_unless_trusted_for_its
     (home / "nanbeige.toml").write_text("max_turns = 3\n")
     clone = home / "cloned" / "src"
     clone.mkdir(parents=True)
-    assert run(home, "trust").returncode == 0
+    assert run(home, "trust", "--yes").returncode == 0
     with FakeOpenAI([], default=mcp_answer("ok")) as server:
         assert max_turns(home, server) == 3  # trusted where it lies
         assert max_turns(clone, server) != 3  # not in a folder below it
@@ -85,7 +85,7 @@ def test_a_trusted_file_is_obeyed_in_its_own_folder_alone_unless_trusted_for_its
         assert f"it is trusted in {home} alone, not in the folders below it" in said
         assert f"`nanbeige trust --tree {home / 'nanbeige.toml'}`" in said
 
-        trusted = run(clone, "trust", "--tree", str(home / "nanbeige.toml"))
+        trusted = run(clone, "trust", "--yes", "--tree", str(home / "nanbeige.toml"))
         assert trusted.returncode == 0 and f"in {home} and every folder below it" in trusted.stdout
         assert max_turns(clone, server) == 3
     assert "(and the folders below)" in run(home, "trust", "--list").stdout
@@ -96,7 +96,7 @@ def test_an_mcp_command_in_a_settings_file_starts_in_the_files_folder(home: Path
     script(home / "tools" / "x.sh", home / "own-ran")
     clone = home / "cloned"
     script(clone / "tools" / "x.sh", home / "clone-ran")  # the clone's own script of the same name
-    trusted = run(home, "trust", "--tree")
+    trusted = run(home, "trust", "--yes", "--tree")
     assert f'mcp[0] = "x=env -C {home} tools/x.sh"' in trusted.stdout  # shown as it will run
     with FakeOpenAI([], default=mcp_answer("ok")) as server:
         ask(clone, server)
@@ -109,21 +109,43 @@ def test_a_path_in_a_settings_file_is_taken_from_the_files_folder(home: Path) ->
     module = clone / "MiroThinker" / "apps" / "miroflow-agent" / "src" / "utils" / "prompt_utils.py"
     module.parent.mkdir(parents=True)
     module.write_text(f"open({str(home / 'clone-ran')!r}, 'w').write('x')\n")
-    run(home, "trust", "--tree")
+    run(home, "trust", "--yes", "--tree")
     with FakeOpenAI([], default=mcp_answer("ok")) as server:
         code, said = ask(clone, server)
     assert code != 0 and str(home / "MiroThinker") in said  # the file's own folder has no checkout
     assert not (home / "clone-ran").exists()
 
 
-def test_trust_shows_every_value_it_agrees_to_before_recording(home: Path) -> None:
+def unasked(folder: Path, *args: str) -> subprocess.CompletedProcess:
+    """`nanbeige trust` run from `folder` with no one to answer its question, as in a script (input closed)."""
+    return run_in(
+        folder, "trust", *args, env={"XDG_CONFIG_HOME": os.environ["XDG_CONFIG_HOME"]}, stdin=subprocess.DEVNULL
+    )
+
+
+def answer(folder: Path, reply: str, *args: str) -> subprocess.CompletedProcess:
+    """`nanbeige trust` run from `folder`, the user typing `reply` at its question (stderr in stdout, to read
+    in order what was shown and what was asked)."""
+    return subprocess.run(
+        [NANBEIGE, "trust", *args],
+        input=reply,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=60,
+        cwd=folder,
+        env={**os.environ, "COLUMNS": "200", "XDG_CONFIG_HOME": os.environ["XDG_CONFIG_HOME"]},
+    )
+
+
+def test_trust_shows_every_value_it_agrees_to_then_asks_before_recording(home: Path) -> None:
     (home / "nanbeige.toml").write_text(
         'max_turns = 3\nmcp = ["docs=http://127.0.0.1:9000/mcp", "x=python3 server.py --root data"]\n'
         '[ask]\nbase_url = "http://127.0.0.1:8123/v1"\nreference = "ref"\nsystem_prompt = "hi\\u001b[8m"\n'
         '[index.build]\nout = "/srv/index"\n[eval]\ndata = "~/gaia"\nmcp = []\n'
     )
-    shown = run(home, "trust")
-    assert shown.returncode == 0, shown.stderr
+    shown = answer(home, "y\n")
+    assert shown.returncode == 0, shown.stdout
     lines = shown.stdout.splitlines()
     assert lines[0] == f"{home / 'nanbeige.toml'} sets:"
     assert lines[1:10] == [
@@ -137,7 +159,33 @@ def test_trust_shows_every_value_it_agrees_to_before_recording(home: Path) -> No
         '  eval.data = "~/gaia"',  # a path from the home folder is the home folder's
         "  eval.mcp = []",
     ]
-    assert lines[10].startswith(f"trusted {home / 'nanbeige.toml'} (sha256 ") and lines[10].endswith(f"in {home} alone")
+    # asked after all of it, and recorded on yes alone
+    assert lines[10].startswith(f"Trust it? [y/N]: trusted {home / 'nanbeige.toml'} (sha256 ")
+    assert lines[10].endswith(f"in {home} alone")
+
+
+@pytest.mark.parametrize("reply", ["n\n", "\n", "whatever\nno\n"])  # no is the default
+def test_trust_records_nothing_unless_the_user_says_yes(home: Path, reply: str) -> None:
+    (home / "nanbeige.toml").write_text("max_turns = 3\n")
+    declined = answer(home, reply)
+    assert declined.returncode == 1 and "Trust it? [y/N]" in declined.stdout
+    assert declined.stdout.rstrip().endswith("nothing trusted") and "  max_turns = 3" in declined.stdout
+    assert run(home, "trust", "--list").stdout.strip() == ""
+    with FakeOpenAI([], default=mcp_answer("ok")) as server:
+        assert max_turns(home, server) != 3
+        assert answer(home, "y\n").returncode == 0
+        assert max_turns(home, server) == 3
+
+
+def test_trust_with_no_one_to_answer_records_nothing_and_says_how_to_script_it(home: Path) -> None:
+    (home / "nanbeige.toml").write_text("max_turns = 3\n")
+    unanswered = unasked(home)
+    assert_one_line_error(unanswered, "no answer, nothing trusted", "--yes")
+    assert "  max_turns = 3" in unanswered.stdout  # shown all the same
+    assert run(home, "trust", "--list").stdout.strip() == ""
+    scripted = unasked(home, "-y")
+    assert scripted.returncode == 0 and "Trust it?" not in scripted.stderr
+    assert str(home / "nanbeige.toml") in run(home, "trust", "--list").stdout
 
 
 def test_a_settings_file_over_the_size_cap_is_refused_unread(home: Path) -> None:
@@ -154,7 +202,7 @@ def test_a_settings_file_over_the_size_cap_is_refused_unread(home: Path) -> None
 
         huge.unlink()
         huge.write_text("max_turns = 3\n")
-        assert run(home, "trust").returncode == 0
+        assert run(home, "trust", "--yes").returncode == 0
         with huge.open("r+b") as file:  # the trusted file grown past the cap: refused, not read to be hashed
             os.truncate(file.fileno(), 8 * 1024**3)
         code, said = ask(home, server)
@@ -164,7 +212,7 @@ def test_a_settings_file_over_the_size_cap_is_refused_unread(home: Path) -> None
 def test_the_bytes_whose_trust_was_checked_are_the_bytes_parsed(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     settings = home / "nanbeige.toml"
     settings.write_text("max_turns = 3\n")
-    assert run(home, "trust").returncode == 0
+    assert run(home, "trust", "--yes").returncode == 0
     monkeypatch.chdir(home)
     monkeypatch.delenv("NANBEIGE_CONFIG", raising=False)
     opened: list[str] = []

@@ -19,11 +19,12 @@ KEY = "sk-user-secret-0123456789"
 
 
 def run_in(
-    folder: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 60
+    folder: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 60, stdin: int | None = None
 ) -> subprocess.CompletedProcess:
     """The command run from `folder`, as a user who has an API key and a config folder of their own."""
     return subprocess.run(
         [NANBEIGE, *args],
+        stdin=stdin,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -60,7 +61,7 @@ def test_a_folders_settings_file_runs_no_command_until_trusted(cloned: Path) -> 
         assert "ignoring the settings file ./nanbeige.toml: it is not trusted" in result.stderr
         assert "nanbeige trust ./nanbeige.toml" in result.stderr
 
-        trusted = run_in(cloned, "trust")
+        trusted = run_in(cloned, "trust", "--yes")
         assert trusted.returncode == 0, trusted.stderr
         assert "trusted" in trusted.stdout and "mcp" in trusted.stdout  # it says what the file sets
         run_in(cloned, "ask", "q", "--base-url", server.base_url, "--no-default-servers")
@@ -79,7 +80,7 @@ def test_a_folders_settings_file_does_not_choose_where_the_key_goes(cloned: Path
 def test_a_settings_file_changed_since_it_was_trusted_is_ignored_again(cloned: Path) -> None:
     settings = cloned / "nanbeige.toml"
     settings.write_text("max_turns = 3\n")
-    assert run_in(cloned, "trust").returncode == 0
+    assert run_in(cloned, "trust", "--yes").returncode == 0
     with FakeOpenAI([], default=mcp_answer("ok")) as server:
         ask = ("ask", "q", "--base-url", server.base_url, "--no-default-servers", "--trajectory", "t.jsonl")
         run_in(cloned, *ask)
@@ -145,7 +146,7 @@ def test_doctor_lists_the_settings_files_in_effect_and_those_ignored(cloned: Pat
     result = run_in(cloned, "doctor", "--base-url", "http://127.0.0.1:9/v1")
     line = next(text for text in result.stdout.splitlines() if "settings" in text)
     assert str(own) in line and "(your own)" in line and f"ignored: {cloned / 'nanbeige.toml'}" in line
-    run_in(cloned, "trust")
+    run_in(cloned, "trust", "--yes")
     line = next(
         text
         for text in run_in(cloned, "doctor", "--base-url", "http://127.0.0.1:9/v1").stdout.splitlines()
@@ -156,7 +157,7 @@ def test_doctor_lists_the_settings_files_in_effect_and_those_ignored(cloned: Pat
 
 def test_trust_can_be_listed_and_taken_back(cloned: Path) -> None:
     (cloned / "nanbeige.toml").write_text("max_turns = 3\n")
-    run_in(cloned, "trust")
+    run_in(cloned, "trust", "--yes")
     assert str(cloned / "nanbeige.toml") in run_in(cloned, "trust", "--list").stdout
     assert "no longer trusted" in run_in(cloned, "trust", "--forget").stdout
     assert run_in(cloned, "trust", "--list").stdout.strip() == ""
@@ -252,5 +253,5 @@ def test_a_folders_serve_table_is_ignored_untrusted(cloned: Path) -> None:
     (cloned / "nanbeige.toml").write_text('[serve]\nhost = "0.0.0.0"\nweight_sync = true\n')
     result = run_in(cloned, "serve")
     assert "ignoring the settings file" in result.stderr and "--weight-sync" not in result.stderr
-    run_in(cloned, "trust")
+    run_in(cloned, "trust", "--yes")
     assert_one_line_error(run_in(cloned, "serve"), "--weight-sync", "refused")  # the same file, once trusted

@@ -33,6 +33,7 @@ from nanbeige.agent.cli import (
     rl_commands,
     settings_file,
     train_commands,
+    trust_command,
 )
 from nanbeige.agent.cli import options as o
 from nanbeige.agent.cli.command_options import RESUME
@@ -270,7 +271,7 @@ app.command("collect", cls=ShortHelpCommand)(rl_commands.collect)
 app.command("judge", cls=ShortHelpCommand)(rl_commands.judge)
 app.command("synth")(rl_commands.synth)
 app.command("problems")(problems_command.problems)
-app.command("trust")(commands.trust_command)
+app.command("trust")(trust_command.trust_command)
 # `train` trains; `train report RUN_DIR` draws a run's curves
 app.add_typer(train_commands.train_app, name="train")
 app.command("loop", cls=ShortHelpCommand)(train_commands.loop)
