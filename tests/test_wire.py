@@ -31,6 +31,8 @@ from nanbeige.tools.egress import FetchError, FetchPolicy
 from nanbeige.tools.endpoint import ChatEndpoint
 from nanbeige.tools.fetch import fetch_direct
 from nanbeige.tools.scrape import EXTRACTION_ENDPOINT, ScrapeConfig, ScrapeError, extract_info, fetch_jina
+from nanbeige.tools.search import Searcher
+from nanbeige.tools.search_config import SearchConfig, SearchUnavailable
 from nanbeige.trainer import sync
 
 MESSAGES = [{"role": "user", "content": "What is 2 + 2?"}]
@@ -195,6 +197,18 @@ async def test_the_scrape_tools_endpoints_are_held_to_the_same_limits() -> None:
         config = ScrapeConfig(backend="jina", jina_api_key="k", jina_base_url=bomb.url, policy=policy, summary=summary)
         with pytest.raises(FetchError, match="UnsafeEncoding"):
             await fetch_jina("https://example.com/", config)
+
+
+@pytest.mark.anyio
+async def test_a_search_engine_whose_headers_trickle_or_that_sends_a_bomb_is_unavailable() -> None:
+    for answer, why in ((slow_headers(0.2), "did not answer in 1 s"), (coded(SMALL_BOMB, "gzip, gzip"), "unreadable")):
+        with RawEndpoint(answer) as engine:
+            config = SearchConfig(backend="searxng", searxng_url=engine.url, timeout_s=1.0, max_attempts=1)
+            started = time.monotonic()
+            async with Searcher(config) as searcher:
+                with pytest.raises(SearchUnavailable, match=why):
+                    await searcher.google_search("anything")
+            assert time.monotonic() - started < 4
 
 
 def test_the_bfcl_tokenizer_whose_server_trickles_falls_back_to_estimates(monkeypatch: pytest.MonkeyPatch) -> None:

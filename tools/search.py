@@ -34,11 +34,14 @@ from nanbeige.tools import usage
 from nanbeige.tools.index import META_FILE, IndexNotFound, LocalIndex
 from nanbeige.tools.results import decode_strings, organic, serper_organic
 from nanbeige.tools.search_config import SearchConfig, SearchUnavailable, choose_backend, config_from_env
+from nanbeige.tools.wire import answer_within
 
 log = logging.getLogger(__name__)
 
 DEFAULT_NUM = 10
 RETRY_STATUSES = {408, 425, 429, 500, 502, 503, 504}
+MAX_SEARCH_BYTES = 16 * 2**20
+"""The longest answer of a search engine: a page of results is a few hundred KB at most."""
 TBS = re.compile(r"qdr:[hdwmy]\d*|cdr:1,cd_min:[^,]+,cd_max:[^,]+")
 TIME_RANGES = {"h": "day", "d": "day", "w": "week", "m": "month", "y": "year"}  # SearXNG has no "hour"
 FIXES = {
@@ -207,13 +210,17 @@ class Searcher:
         try:
             async for attempt in retrying:
                 with attempt:
-                    response = await self.http.request(method, url, **kwargs)
+                    request = self.http.build_request(method, url, **kwargs)
+                    # whole within the timeout, headers included: an engine trickling them misses it
+                    response = await answer_within(self.http, request, c.timeout_s, MAX_SEARCH_BYTES)
                     if response.status_code in RETRY_STATUSES:
                         log.info("%s answered HTTP %s; retrying", service, response.status_code)
                         raise _RetryableStatus(response)
                     return response
         except _RetryableStatus as exc:
             return exc.response
+        except httpx.DecodingError as exc:
+            raise SearchUnavailable(f"{service} at {url} sent an unreadable answer ({exc}); {FIXES[service]}") from None
         except httpx.TimeoutException:
             raise SearchUnavailable(
                 f"{service} at {url} did not answer in {c.timeout_s:g} s ({c.max_attempts} attempts); {FIXES[service]}"

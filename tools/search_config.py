@@ -39,7 +39,7 @@ class SearchConfig:
     index_dir: Path = field(default_factory=default_index_dir)
     """Folder of the local index (see `nanbeige index build`)."""
     timeout_s: float = 30.0
-    """Timeout for one HTTP request."""
+    """Most seconds one HTTP request may take in all, from sending it to the answer's last byte."""
     max_attempts: int = 4
     """Attempts per search on connection errors, timeouts, 429 and 5xx answers."""
     max_retry_s: float = 60.0
