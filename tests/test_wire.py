@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
+from fake_openai import FakeOpenAI
 from raw_endpoints import RawEndpoint, coded, nested_gzip_bomb, redirect_with_endless_body, slow_headers
 
 from nanbeige.agent.backends.llm import LLMConfig, OpenAIChat
@@ -211,9 +212,16 @@ async def test_a_search_engine_whose_headers_trickle_or_that_sends_a_bomb_is_una
             assert time.monotonic() - started < 4
 
 
-def test_the_bfcl_tokenizer_whose_server_trickles_falls_back_to_estimates(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bfcl_run, "TOKENIZE_TIMEOUT_S", 1.0)
+def test_the_bfcl_tokenizer_counts_by_the_server_and_falls_back_when_it_trickles(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     notices: list[str] = []
+    with FakeOpenAI([], vllm=True) as server:
+        text = "hello world, how are you"
+        assert bfcl_run.ServerTokenizer(server.base_url, "fake-model", None, notices.append).tokenize(text) == [
+            0
+        ] * len(server.tokenize(text))
+    monkeypatch.setattr(bfcl_run, "TOKENIZE_TIMEOUT_S", 1.0)
     with RawEndpoint(slow_headers(0.2)) as slow:
         started = time.monotonic()
         assert bfcl_run.ServerTokenizer(slow.base_url, "m", None, notices.append).tokenize("abcdef") == [0, 0]
