@@ -116,6 +116,22 @@ def test_a_path_in_a_settings_file_is_taken_from_the_files_folder(home: Path) ->
     assert not (home / "clone-ran").exists()
 
 
+def test_a_model_or_tokenizer_folder_in_a_settings_file_is_taken_from_the_files_folder(home: Path) -> None:
+    (home / "nanbeige.toml").write_text(
+        'model = "./weights"\n[ask]\ntokenizer = "../shared/tokenizer"\n[serve]\nmodel = "Nanbeige/Nanbeige4.1-3B"\n'
+    )
+    trusted = run(home, "trust", "--yes", "--tree")
+    assert f'  model = "{home / "weights"}"' in trusted.stdout.splitlines()
+    assert f'  ask.tokenizer = "{home / ".." / "shared" / "tokenizer"}"' in trusted.stdout.splitlines()
+    assert '  serve.model = "Nanbeige/Nanbeige4.1-3B"' in trusted.stdout.splitlines()  # an id stays an id
+    clone = home / "cloned"
+    (clone / "weights").mkdir(parents=True)  # the clone's own folder of the same name
+    with FakeOpenAI([], default=mcp_answer("ok")) as server:
+        code, said = ask(clone, server)
+    assert code == 0, said
+    assert {request["model"] for request in server.requests} == {str(home / "weights")}
+
+
 def unasked(folder: Path, *args: str) -> subprocess.CompletedProcess:
     """`nanbeige trust` run from `folder` with no one to answer its question, as in a script (input closed)."""
     return run_in(

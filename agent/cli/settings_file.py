@@ -12,8 +12,9 @@ Keys are flag names with underscores (`max_turns = 300`, `mcp = ["docs=http://12
 A key at the top applies to every command that has that flag; a table named after a command
 (`[ask]`, `[serve]`, `[index.build]`) applies to that command alone and wins. Flags and environment
 variables still come first: the settings become click's `default_map`, which click reads after both.
-A file's relative paths are its own: a path setting (`reference = "./MiroThinker"`) is taken from the file's
-folder, and an `mcp` command starts in that folder (`env -C FOLDER COMMAND`), wherever nanbeige runs.
+A file's relative paths are its own: a path setting (`reference = "./MiroThinker"`), and a model or tokenizer
+said as `./weights` or `../weights`, is taken from the file's folder, and an `mcp` command starts in that folder
+(`env -C FOLDER COMMAND`), wherever nanbeige runs.
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ MAX_BYTES = 1024 * 1024
 
 
 RISK = "(a folder's settings can run commands and choose servers)"
+
+FOLDER_OR_ID = frozenset({"model", "tokenizer"})
+"""Settings typed as text that name a local folder or a Hugging Face id: a value in a settings file that starts
+with `./` or `../` is a folder, taken from the file's folder as a path setting is; anything else (an id such as
+`Nanbeige/Nanbeige4.1-3B`) is kept as it is. (`gguf_file` is a name inside `model`, not a path of its own.)"""
 
 
 class SettingsError(NanbeigeError):
@@ -203,20 +209,29 @@ def path_settings(group: Any) -> set[str]:
 
 
 def resolved(data: dict[str, Any], folder: Path, paths: set[str]) -> dict[str, Any]:
-    """A settings file's values with its relative paths its own: each path setting taken from `folder`, the
-    file's folder, and each `mcp` command started there (`env -C FOLDER COMMAND`), so that nothing in it
-    means a file of whatever folder nanbeige runs in."""
+    """A settings file's values with its relative paths its own: each path setting (and a folder-or-id setting
+    said as a relative folder) taken from `folder`, the file's folder, and each `mcp` command started there
+    (`env -C FOLDER COMMAND`), so that nothing in it means a file of whatever folder nanbeige runs in."""
     out: dict[str, Any] = {}
     for key, value in data.items():
         if isinstance(value, dict):
             out[key] = resolved(value, folder, paths)
             continue
-        change = _started_in if _key(key) == "mcp" else _from if _key(key) in paths else None
+        change = _change_for(_key(key), paths)
         if change is None:
             out[key] = value
         else:  # a repeatable setting takes a list or one value
             out[key] = [change(item, folder) for item in value] if isinstance(value, list) else change(value, folder)
     return out
+
+
+def _change_for(key: str, paths: set[str]) -> Any:
+    """How a setting's value is made the file's own, or None for a value kept as it is."""
+    if key == "mcp":
+        return _started_in
+    if key in paths:
+        return _from
+    return _from_if_folder if key in FOLDER_OR_ID else None
 
 
 def agreed(path: Path, content: bytes, paths: set[str]) -> list[str]:
@@ -252,6 +267,11 @@ def _from(value: Any, folder: Path) -> Any:
     if not isinstance(value, str) or not value or Path(value).expanduser().is_absolute():
         return value
     return str(folder / value)
+
+
+def _from_if_folder(value: Any, folder: Path) -> Any:
+    """A folder-or-id setting's value taken from the file's folder when it says it is a relative folder."""
+    return _from(value, folder) if isinstance(value, str) and value.startswith(("./", "../")) else value
 
 
 def _started_in(spec: Any, folder: Path) -> Any:
