@@ -26,7 +26,9 @@ import types
 from pathlib import Path
 from typing import Any, Callable
 
+from nanbeige.evals.eval_config import EvalError
 from nanbeige.evals.tasks import LoadError, Task
+from nanbeige.tools import handed_over
 
 PACKAGE = "bfcl-eval==2026.3.23"
 INSTALL = f"pip install --no-deps {PACKAGE} && pip install 'nanbeige[bfcl]'"
@@ -324,6 +326,22 @@ def model_dir() -> str:
     return HANDLER_ENTRY.replace("/", "_")
 
 
+MAX_OUT_FILE_BYTES = 1024 * handed_over.MIB
+"""The largest result or score file of an out folder: an item's result line is at most a few megabytes."""
+
+
+def read_out_file(path: Path, out: Path, max_bytes: int = MAX_OUT_FILE_BYTES) -> bytes:
+    """A file of the out folder `out` (result, score, summary, memory snapshot), read as handed over: the folder
+    may be one someone else made (`eval report`, a resumed eval), so a link, a FIFO or a file past `max_bytes`
+    is one line (EvalError), not a file read from elsewhere, a hang or a MemoryError."""
+    try:
+        return handed_over.read_bytes(path, max_bytes, inside=out)
+    except handed_over.HandedOverError as exc:
+        raise EvalError(f"{exc}; pass another out folder") from None
+    except OSError as exc:
+        raise EvalError(f"cannot read {path}: {exc.strerror or exc}; pass another out folder") from None
+
+
 def done_ids(out: Path) -> set[str]:
     """The items whose result lines are already in the result files (torn lines skipped)."""
     import json
@@ -331,7 +349,7 @@ def done_ids(out: Path) -> set[str]:
     folder = result_dir(out) / model_dir()
     ids = set()
     for path in folder.rglob("*_result.json") if folder.exists() else []:
-        for line in path.read_bytes().splitlines():
+        for line in read_out_file(path, out).splitlines():
             try:
                 ids.add(json.loads(line)["id"])
             except (ValueError, KeyError, TypeError):

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import io
 import json
 from pathlib import Path
 from typing import Any
 
 from nanbeige.evals import bfcl, bfcl_jail
-from nanbeige.evals.out_folder import MANIFEST, REPORT
+from nanbeige.evals.eval_config import EvalError
+from nanbeige.evals.out_folder import MANIFEST, REPORT, read_manifest
 
 WEIGHTS = {"non_live": 10, "live": 10, "irrelevance": 10, "multi_turn": 30, "agentic": 40}
 """BFCL-V4's overall: the weights its runner gives each part (`generate_leaderboard_csv`)."""
@@ -27,10 +29,10 @@ def tidy_results(out: Path) -> None:
     sort_key = bfcl.official().utils.sort_key
     for path in folder.rglob("*_result.json"):
         entries: dict[str, dict[str, Any]] = {}
-        for line in path.read_bytes().splitlines():
+        for line in bfcl.read_out_file(path, out).splitlines():
             try:
                 entry = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
             if isinstance(entry, dict) and isinstance(entry.get("id"), str):
                 entries.setdefault(entry["id"], entry)
@@ -47,7 +49,11 @@ def grade(out: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     partial = any(task_id not in done for task_id in ids) or bool(manifest.get("limit"))
     scores = bfcl.score_dir(out)
     log = out / "bfcl" / "runner.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.unlink(missing_ok=True)  # a handed-over folder's log could be a FIFO: writing to it would block
+    except OSError as exc:
+        raise EvalError(f"cannot write {log}: {exc.strerror or exc}; pass another out folder") from None
     present = [c for c in categories if any(i in done for i in ids_of(manifest, c))]
     bfcl.fresh_state()  # the runner replays the model's and the ground truth's calls from initial states
     for stale in [*scores.glob("*.csv"), *scores.rglob("*_score.json")] if scores.exists() else []:
@@ -76,17 +82,16 @@ def report(out: Path, manifest: dict[str, Any], graded: list[str], partial: bool
     scores = bfcl.score_dir(out)
     per_category, wrong = {}, set()
     for path in (scores / bfcl.model_dir()).rglob("*_score.json") if (scores / bfcl.model_dir()).exists() else []:
-        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         category = path.name.removeprefix(f"{bfcl.official().categories.VERSION_PREFIX}_").removesuffix("_score.json")
         if category in graded:
-            head = lines[0]
+            head, *lines = score_lines(path, out)
             per_category[category] = {
                 "accuracy": round(100 * head["accuracy"], 2),
                 "correct": head["correct_count"],
                 "total": head["total_count"],
             }
-            wrong |= {str(line["id"]) for line in lines[1:] if "id" in line}
-    overall = summary_row(scores / "data_overall.csv")
+            wrong |= {str(line["id"]) for line in lines if "id" in line}
+    overall = summary_row(scores / "data_overall.csv", out)
     scored = [t["id"] for t in manifest["tasks"] if "_prereq_" not in t["id"]]  # memory's prerequisites are not
     verdicts = {task_id: task_id not in wrong for task_id in scored if task_id in done}
     missing = [c for c in bfcl.RUNNABLE + AGENTIC if c not in graded]
@@ -108,13 +113,36 @@ def report(out: Path, manifest: dict[str, Any], graded: list[str], partial: bool
     }
 
 
-def summary_row(path: Path) -> dict[str, str]:
+def score_lines(path: Path, out: Path) -> list[dict[str, Any]]:
+    """A score file's lines: its head (accuracy, counts), then one line per wrong item. The runner writes it,
+    in the sandbox when it runs model code; what comes back is checked before the report uses it."""
+    lines = []
+    for raw in bfcl.read_out_file(path, out).splitlines():
+        try:
+            line = json.loads(raw) if raw.strip() else None
+        except (ValueError, RecursionError):
+            line = "not JSON"
+        if line is not None:
+            lines.append(line)
+    head = lines[0] if lines else None
+    numbers = ("accuracy", "correct_count", "total_count")
+    if not isinstance(head, dict) or not all(isinstance(head.get(k), int | float) for k in numbers):
+        raise EvalError(f"{path} is not a score file of BFCL's runner (its first line: accuracy and counts)")
+    if not all(isinstance(line, dict) for line in lines):
+        raise EvalError(f"{path} is not a score file of BFCL's runner (a line that is not a JSON object)")
+    return lines
+
+
+def summary_row(path: Path, out: Path) -> dict[str, str]:
     """The official summary table's one row (ours is the only model in the score folder)."""
     if not path.exists():
         return {}
-    with path.open(newline="") as stream:
-        rows = list(csv.DictReader(stream))
-    return dict(rows[0]) if rows else {}
+    text = bfcl.read_out_file(path, out).decode("utf-8", errors="replace")
+    try:
+        rows = list(csv.DictReader(io.StringIO(text, newline="")))
+    except csv.Error as exc:
+        raise EvalError(f"{path} is not BFCL's summary table: {exc}") from None
+    return {str(k): str(v) for k, v in rows[0].items()} if rows else {}
 
 
 def missing_weight(missing: list[str]) -> dict[str, float]:
@@ -135,8 +163,11 @@ def missing_weight(missing: list[str]) -> dict[str, float]:
 
 
 def rerender(folder: Path) -> dict[str, Any]:
-    """`nanbeige eval report` for a BFCL out folder: graded again by the official runner."""
-    manifest = json.loads((folder / MANIFEST).read_text())
+    """`nanbeige eval report` for a BFCL out folder: graded again by the official runner. The folder may be
+    handed over: its manifest is read as such and each task must name its BFCL category."""
+    manifest = read_manifest(folder / MANIFEST)
+    if not all(isinstance(task.get("level"), str) for task in manifest["tasks"]):
+        raise EvalError(f"{folder / MANIFEST} is not a BFCL eval's manifest (a task without its category)")
     result = grade(folder, manifest)
     (folder / REPORT).write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     return result

@@ -212,7 +212,7 @@ class Jail:
                 self.backend.write_file(
                     sandbox,
                     str(HOME / "result" / path.relative_to(result_dir).as_posix()),
-                    graded_copy(path.read_bytes(), handler),
+                    graded_copy(bfcl.read_out_file(path, result_dir), handler),
                 )
             run = self.backend.run_program(
                 sandbox,
@@ -348,13 +348,19 @@ def relative_path(path: Any, result_dir: Path) -> dict[str, str]:
 
 
 def snapshots(model_dir: Path, result_dir: Path) -> dict[str, str]:
-    """The memory snapshots already written, by their path under the result folder."""
+    """The memory snapshots already written, by their path under the result folder. They go into the item's
+    sandbox, where the model's code can read them: each is read as handed over (a link planted in the folder
+    would send the file it names; a FIFO would block), and one that is not UTF-8 is refused."""
     found = model_dir.rglob("*") if model_dir.exists() else []
-    return {
-        p.relative_to(result_dir).as_posix(): p.read_text()
-        for p in found
-        if p.is_file() and "memory_snapshot" in p.relative_to(model_dir).parts
-    }
+    named = [p for p in found if "memory_snapshot" in p.relative_to(model_dir).parts and not p.is_dir()]
+    texts = {}
+    for path in named:
+        data = bfcl.read_out_file(path, result_dir, MAX_EXCHANGE_BYTES)
+        try:
+            texts[path.relative_to(result_dir).as_posix()] = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise EvalError(f"{path} is not UTF-8 text: not a memory snapshot; pass another out folder") from None
+    return texts
 
 
 def write_snapshots(sent: Any, before: dict[str, str], result_dir: Path) -> None:

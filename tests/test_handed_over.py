@@ -124,6 +124,16 @@ READERS = {
         "save_checkpoint": "copies the search template of the model the user named",
         "read_trainer_state": "torch.load with weights_only=True of a file `handed_over.open_file` opened",
     },
+    "evals/bfcl.py": {
+        "registry_entry": "parses the source of the bfcl-eval package installed here, not a file handed over",
+    },
+    "evals/bfcl_grading.py": {
+        "grade": "writes the runner's log, after removing whatever stood at its name (a FIFO would block)",
+    },
+    "evals/bfcl_jail.py": {
+        "infer": "sends nanbeige's own `bfcl_inside.py` into the sandbox",
+        "grade": "sends nanbeige's own `bfcl_inside.py` into the sandbox",
+    },
     "tools/index.py": {
         "_save": "writes the index it builds into a folder it has just made",
         "load": "bm25s opens the BM25 matrices once `handed_over.check_folder` has checked the whole folder",
