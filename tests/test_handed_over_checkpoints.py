@@ -109,13 +109,14 @@ def test_the_loop_s_train_stage_refuses_a_handed_over_loop_folder_s_checkpoint(t
     assert_refused(result, state, None, "iteration 1, train", REFUSED)
 
 
-def test_a_loop_policy_naming_a_checkpoint_elsewhere_never_unpickles_its_state(tiny: Path, tmp_path: Path) -> None:
+def test_a_loop_policy_s_checkpoint_never_unpickles_its_state(tiny: Path, tmp_path: Path) -> None:
     """With LoRA an iteration goes on from its policy's adapter and optimizer state: the state is read as a
-    handed-over file, before anything is trained."""
+    handed-over file, before anything is trained. (A checkpoint outside the loop's folder is refused before
+    that: `tests/test_loop_places.py`.)"""
     import peft
     import transformers
 
-    marker, elsewhere = tmp_path / "ran", tmp_path / "elsewhere" / "checkpoint-7"
+    marker, elsewhere = tmp_path / "ran", tmp_path / "loop" / "given" / "checkpoint-7"
     state = planted_checkpoint(elsewhere, marker)
     base = transformers.AutoModelForCausalLM.from_pretrained(tiny)  # a real adapter: it loads as one would
     lora = peft.LoraConfig(r=2, target_modules="all-linear", task_type="CAUSAL_LM")
@@ -142,7 +143,7 @@ def test_a_loop_policy_naming_a_model_with_pickled_weights_is_one_line(tiny: Pat
     """Without LoRA an iteration trains its policy's checkpoint itself: transformers reads a `.bin` with
     weights_only, so the code does not run either way, and the refusal is one line, not a crash."""
     marker = tmp_path / "ran"
-    elsewhere = pickled_model(tiny, tmp_path / "elsewhere" / "checkpoint-7", marker)
+    elsewhere = pickled_model(tiny, tmp_path / "loop" / "given" / "checkpoint-7", marker)
     out, questions = handed_over_loop(tiny, tmp_path, elsewhere)
     result = loop(out, questions, tiny)
     assert not marker.exists()

@@ -251,7 +251,7 @@ def test_an_engines_record_of_the_wrong_type_is_one_line(tmp_path: Path) -> None
         )
     )
     with pytest.raises(LoopError, match=r"`engines\['http://127.0.0.1:1'\]` must be text or null, not 3"):
-        read_state(tmp_path)
+        read_state(tmp_path, "m")
     (tmp_path / "loop.json").write_text(
         json.dumps(
             {
@@ -262,7 +262,7 @@ def test_an_engines_record_of_the_wrong_type_is_one_line(tmp_path: Path) -> None
         )
     )
     with pytest.raises(LoopError, match="`engines` must be an object, not a list"):
-        read_state(tmp_path)
+        read_state(tmp_path, "m")
 
 
 def test_admin_urls_are_flags_of_the_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

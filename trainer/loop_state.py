@@ -5,10 +5,15 @@ over an out folder), and the loop goes on from what it says: a field of another 
 naming the field, not an exception deep inside a stage.
 
 `engines` maps each vLLM engine the loop syncs (its address) to the version of the policy it was last
-found serving (`iter-I`), or null when it was found serving another."""
+found serving (`iter-I`), or null when it was found serving another.
+
+Its paths are kept to the loop's own folder (`places_problem`): the loop trains from a policy's checkpoint,
+samples from its model and tells the engines to load it, so a state naming a folder elsewhere would have
+them all read what its writer chose."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 TEXT, WHOLE, NUMBER, OPTIONAL_TEXT, OPTIONAL_NUMBER = (
@@ -98,3 +103,33 @@ def state_problem(state: Any) -> str:
         if problem:
             return problem
     return ""
+
+
+def places_problem(state: dict[str, Any], out: Path, model: str) -> str:
+    """What in a well-typed state (`state_problem` found nothing) names a place the loop must not go, or "":
+    a checkpoint that does not resolve to a path inside the loop's folder `out`, or a policy's model that is
+    neither `model` (the one this loop was given) nor such a checkpoint."""
+    records = [("policy", state["policy"])]
+    for index, entry in enumerate(state["iterations"]):
+        records += [
+            (f"iterations[{index}].{name}", entry[name]) for name in ("policy", "synced", "trained") if name in entry
+        ]
+    for where, record in records:
+        checkpoint = record.get("checkpoint")
+        if checkpoint is not None and not inside(checkpoint, out):
+            return f"`{where}.checkpoint` names {checkpoint[:200]!r}, outside the loop's folder {out}"
+        named = record.get("model", model)
+        if named != model and not inside(named, out):
+            return (
+                f"`{where}.model` is {named[:200]!r}: neither the model this loop was given ({model}) nor a "
+                f"checkpoint inside its folder {out}"
+            )
+    return ""
+
+
+def inside(path: str, out: Path) -> bool:
+    """Whether `path`, its links and `..` resolved, lies below the folder `out`."""
+    try:
+        return out.resolve() in Path(path).resolve().parents
+    except (OSError, ValueError, RuntimeError):  # a NUL byte, a loop of links: no place of the folder
+        return False

@@ -51,7 +51,7 @@ from nanbeige.evals.files import first_link
 from nanbeige.tools import handed_over
 from nanbeige.tools.errors import NanbeigeError
 from nanbeige.trainer.loop_config import LoopConfig, LoopError, check
-from nanbeige.trainer.loop_state import state_problem
+from nanbeige.trainer.loop_state import places_problem, state_problem
 from nanbeige.trainer.sync import SyncError, disagreeing, engine_root, on_every_engine, sync_engine
 from nanbeige.trainer.train import TrainConfig
 
@@ -71,7 +71,9 @@ def new_state(config: LoopConfig) -> dict[str, Any]:
     return {"questions": str(config.questions), "sync": config.sync, "policy": policy, "iterations": []}
 
 
-def read_state(out: Path) -> dict[str, Any] | None:
+def read_state(out: Path, model: str) -> dict[str, Any] | None:
+    """The loop's state in folder `out`, checked: its fields' types, and its paths kept to the folder (a policy's
+    model is `model`, the one this loop was given, or a checkpoint there)."""
     path = out / STATE
     if not path.exists():
         return None
@@ -79,7 +81,7 @@ def read_state(out: Path) -> dict[str, Any] | None:
         state = json.loads(handed_over.read_bytes(path, MAX_STATE_BYTES, inside=out))
     except (OSError, ValueError, RecursionError) as exc:
         raise LoopError(f"cannot read the loop state {path} ({exc}); fix it or pass another out folder") from None
-    problem = state_problem(state)
+    problem = state_problem(state) or places_problem(state, out, model)
     if problem:
         raise LoopError(f"{path}: {problem}; fix it or pass another out folder")
     return state
@@ -357,7 +359,7 @@ async def run_loop(config: LoopConfig, notice: Callable[[str], None], resume: bo
             f"{link} is a symbolic link: a loop's files are read and written only inside its folder {config.out}; "
             "remove the link, or pass another out folder"
         )
-    state = read_state(config.out)
+    state = read_state(config.out, config.settings.llm.model)
     if state is not None and not resume:
         raise LoopError(f"{config.out} already holds a loop ({STATE}): resume it, or pass another out folder")
     if state is None:
