@@ -8,8 +8,10 @@ import contextlib
 import csv
 import io
 import json
+import os
+import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from nanbeige.evals import bfcl, bfcl_jail
 from nanbeige.evals.eval_config import EvalError
@@ -37,6 +39,27 @@ def tidy_results(out: Path) -> None:
             if isinstance(entry, dict) and isinstance(entry.get("id"), str):
                 entries.setdefault(entry["id"], entry)
         path.write_text("".join(json.dumps(e) + "\n" for e in sorted(entries.values(), key=sort_key)))
+
+
+def append_log(path: Path) -> TextIO:
+    """The log `path` opened to append what the handler prints. The out folder may be handed over: anything
+    there but a regular file (a FIFO would block the writer for ever, a link lead it elsewhere) is one line."""
+    fix = "remove it, or pass another out folder"
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            raise EvalError(f"{path} is not a regular file: {fix}")
+    except FileNotFoundError:
+        pass
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        descriptor = os.open(path, flags, 0o644)
+    except OSError as exc:
+        raise EvalError(f"cannot write {path}: {exc.strerror or exc}; {fix}") from None
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):  # swapped since it was looked at
+        os.close(descriptor)
+        raise EvalError(f"{path} is not a regular file: {fix}")
+    os.set_blocking(descriptor, True)
+    return os.fdopen(descriptor, "a")
 
 
 def grade(out: Path, manifest: dict[str, Any]) -> dict[str, Any]:

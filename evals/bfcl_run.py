@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from nanbeige.agent.run_config import RunSettings
 from nanbeige.agent.trajectory import Trajectory, Turn
 from nanbeige.evals import bfcl, bfcl_exchange, bfcl_jail
-from nanbeige.evals.bfcl_grading import grade, tidy_results
+from nanbeige.evals.bfcl_grading import append_log, grade, tidy_results
 from nanbeige.evals.eval_config import EvalConfig, EvalError
 from nanbeige.evals.out_folder import REPORT, TRAJECTORIES, prepare_out
 from nanbeige.evals.runner import Progress, failed_run_errors, run_all
@@ -77,6 +77,7 @@ async def evaluate(
     found = prepare_out(config, tasks)
     (config.out / "bfcl").mkdir(exist_ok=True)
     tidy_results(config.out)
+    append_log(config.out / "bfcl" / "generator.log").close()  # one that is no file: said now, not once a model is up
     pending = to_generate(config.out, tasks)
     progress = Progress(total=len(tasks), done=len(tasks) - len(pending))
     if pending:
@@ -91,7 +92,7 @@ async def evaluate(
             attempt = item_attempt(runtime, config.out, settings.llm.temperature, notice, jail)
             view = progress_view(progress) if progress_view else None
             # the handler prints what it does (and what the model got wrong) on stdout, where our report goes
-            with (config.out / "bfcl" / "generator.log").open("a") as log, contextlib.redirect_stdout(log):
+            with append_log(config.out / "bfcl" / "generator.log") as log, contextlib.redirect_stdout(log):
                 try:
                     await run_in_order(pending, attempt, config.concurrency, progress)
                 finally:

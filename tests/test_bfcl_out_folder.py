@@ -71,6 +71,14 @@ def test_a_resumed_bfcl_eval_answers_a_result_file_that_is_a_fifo_in_one_line(tm
     one_line_error(nanbeige(*command, cwd=tmp_path), "_result.json is not a regular file")
 
 
+def test_a_resumed_bfcl_eval_appends_to_no_log_that_is_a_fifo(tmp_path: Path) -> None:
+    command = ["eval", "bfcl-simple-python", "--limit", "1", "--out", "X", "--base-url", "http://127.0.0.1:9/v1"]
+    nanbeige(*command, cwd=tmp_path)
+    (tmp_path / "X" / "bfcl" / "generator.log").unlink(missing_ok=True)
+    os.mkfifo(tmp_path / "X" / "bfcl" / "generator.log")  # opened to append, with no reader, it blocks for ever
+    one_line_error(nanbeige(*command, cwd=tmp_path), "generator.log is not a regular file")
+
+
 def test_done_ids_never_reads_a_result_file_through_a_link(tmp_path: Path) -> None:
     private = tmp_path / "private.json"
     private.write_text(json.dumps({"id": "simple_python_0"}) + "\n")
