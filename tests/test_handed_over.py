@@ -129,6 +129,7 @@ READERS = {
     },
     "evals/bfcl_grading.py": {
         "grade": "writes the runner's log, after removing whatever stood at its name (a FIFO would block)",
+        "append_log": "opens a log to append with O_NOFOLLOW and O_NONBLOCK, refusing all but a regular file",
     },
     "evals/bfcl_jail.py": {
         "infer": "sends nanbeige's own `bfcl_inside.py` into the sandbox",
