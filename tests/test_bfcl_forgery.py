@@ -14,7 +14,7 @@ import pytest
 from bfcl_oracle import Replies, block, multi_turn_calls, script_for
 from fake_openai import FakeOpenAI
 from fake_site import Site
-from test_bfcl_jail import eval_command
+from test_bfcl_jail import eval_command, one_item
 
 from nanbeige.evals import bfcl
 
@@ -50,15 +50,8 @@ def test_a_question_the_models_own_code_writes_is_not_answered(tmp_path: Path) -
         forged = site.url("/forged")
         code = f"import bfcl_inside\nbfcl_inside.Host.ask({{'fetch': {{'url': {forged!r}, 'mode': 'raw'}}}})"
         with FakeOpenAI(forging(script, "multi_turn_base_0", code), vllm=True) as server:
-            ours = eval_command(
-                "bfcl-multi-turn-base",
-                "--limit",
-                "1",
-                "--base-url",
-                server.base_url,
-                "--out",
-                str(tmp_path / "out"),
-                env={"NANBEIGE_ALLOW_PRIVATE_URLS": "1"},
+            ours = one_item(
+                "bfcl-multi-turn-base", server.base_url, tmp_path / "out", env={"NANBEIGE_ALLOW_PRIVATE_URLS": "1"}
             )
         paths = [path for path, _ in site.requests]
     assert ours.returncode == 0, ours.stderr

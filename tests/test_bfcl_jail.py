@@ -46,6 +46,11 @@ def eval_command(*args: str, env: dict | None = None) -> subprocess.CompletedPro
     )
 
 
+def one_item(bench: str, base_url: str, out: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`nanbeige eval BENCH` on its first item, with the model at `base_url`, into `out`."""
+    return eval_command(bench, "--limit", "1", "--base-url", base_url, "--out", str(out), env=env)
+
+
 def test_a_call_that_tries_to_escape_gets_the_official_verdict_and_writes_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -118,15 +123,8 @@ def test_without_a_jail_multi_turn_is_refused_in_one_line_before_anything_runs(t
     (failing / "bwrap").chmod(0o755)
     script = script_for({"multi_turn_base": 1})
     with FakeOpenAI(script, vllm=True) as server:
-        refused = eval_command(
-            "bfcl-multi-turn-base",
-            "--limit",
-            "1",
-            "--base-url",
-            server.base_url,
-            "--out",
-            str(tmp_path / "out"),
-            env={"PATH": f"{failing}:{os.environ['PATH']}"},
+        refused = one_item(
+            "bfcl-multi-turn-base", server.base_url, tmp_path / "out", env={"PATH": f"{failing}:{os.environ['PATH']}"}
         )
         asked = len(server.requests)
     assert refused.returncode != 0 and asked == 0  # no item ran: not one completion was asked for
@@ -159,16 +157,8 @@ def test_a_web_search_item_reads_the_page_the_host_fetched_as_the_package_fetche
         page = site.url("/article")
         found = {"mars orbit": [{"title": "The Orbit of Mars", "link": page, "snippet": "Mars orbits the Sun."}]}
         with FakeSerper(results=found) as serper, FakeOpenAI(browsing(page), vllm=True) as server:
-            ours = eval_command(
-                "bfcl-web-search-base",
-                "--limit",
-                "1",
-                "--base-url",
-                server.base_url,
-                "--out",
-                str(tmp_path / "out"),
-                env={**searching(serper), "NANBEIGE_ALLOW_PRIVATE_URLS": "1"},  # the test's site is on loopback
-            )
+            loopback = {**searching(serper), "NANBEIGE_ALLOW_PRIVATE_URLS": "1"}  # the test's site is on loopback
+            ours = one_item("bfcl-web-search-base", server.base_url, tmp_path / "out", env=loopback)
             last = server.requests[-1]["prompt"]
         fetched = [headers for path, headers in site.requests if path == "/article"]
         bfcl.official()  # the package's modules import its engine's client, which this puts in place
@@ -230,14 +220,10 @@ def test_a_page_on_a_loopback_address_is_never_fetched_for_the_model(tmp_path: P
         page = site.url("/article")
         found = {"mars orbit": [{"title": "The Orbit of Mars", "link": page, "snippet": "Mars orbits the Sun."}]}
         with FakeSerper(results=found) as serper, FakeOpenAI(browsing(page), vllm=True) as server:
-            ours = eval_command(
+            ours = one_item(
                 "bfcl-web-search-base",
-                "--limit",
-                "1",
-                "--base-url",
                 server.base_url,
-                "--out",
-                str(tmp_path / "out"),
+                tmp_path / "out",
                 env={**searching(serper), "NANBEIGE_ALLOW_PRIVATE_URLS": "0"},
             )
             last = server.requests[-1]["prompt"]
