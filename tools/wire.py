@@ -14,8 +14,8 @@ inference engine, a page the egress guard fetches).
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Coroutine
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import httpx
@@ -83,5 +83,19 @@ def run_blocking(coroutine: Coroutine[Any, Any, T]) -> T:
     """Run `coroutine` to its end on an event loop of its own, in a thread of its own (so that a caller
     inside a running loop, or in a worker thread, may call it): how a blocking function gets a deadline
     over a whole request (`asyncio.timeout`), which httpx's blocking client cannot give."""
-    with ThreadPoolExecutor(1) as thread:
-        return thread.submit(asyncio.run, coroutine).result()
+    # A daemon thread, joined without a pool: a signal that ends the command (SIGTERM, Ctrl-C) interrupts the
+    # join, and neither the pool's shutdown nor the interpreter's exit then waits for the request to give up.
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = asyncio.run(coroutine)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread, raised there
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, name="nanbeige-request", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
