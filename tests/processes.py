@@ -13,7 +13,9 @@ def parents() -> dict[int, int]:
     for name in os.listdir("/proc"):
         if name.isdigit():
             try:
-                status = Path(f"/proc/{name}/status").read_text()
+                # another test's process may bear a name that is not UTF-8 (a byte 0xe9 was seen): a watcher
+                # thread that raised on it would stop watching, and its test would see no process at all
+                status = Path(f"/proc/{name}/status").read_bytes().decode(errors="replace")
             except OSError:
                 continue
             fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
@@ -37,7 +39,7 @@ def tree(root: int) -> set[int]:
 
 def command_line(pid: int) -> str:
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
     except OSError:
         return ""
 
