@@ -310,16 +310,23 @@ def _read_passages(path: Path, folder: Path) -> list[dict[str, Any]]:
     passages = []
     with handed_over.open_file(path, MAX_INDEX_BYTES, inside=folder) as file:
         for number, line in enumerate(file, 1):
-            try:
-                passage = json.loads(line)
-            except (ValueError, RecursionError):
-                passage = None
-            if not isinstance(passage, dict) or not all(
-                isinstance(passage.get(k), t) for k, t in PASSAGE_FIELDS.items()
-            ):
+            passage = passage_of(line)
+            if passage is None:
                 raise IndexUnreadable(f"{path}:{number}: not a passage of a nanbeige index; rebuild the index")
             passages.append(passage)
     return passages
+
+
+def passage_of(line: bytes) -> dict[str, Any] | None:
+    """A line of the passages file as the passage it is (document number, title, link, text), or None when it
+    is not one: the file may come from anyone."""
+    try:
+        passage = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(passage, dict) or not all(isinstance(passage.get(k), t) for k, t in PASSAGE_FIELDS.items()):
+        return None
+    return passage
 
 
 def _ranked(scores: np.ndarray, limit: int) -> np.ndarray:

@@ -20,7 +20,6 @@ and at each word the names that start with it are tried longest first, so 10,000
 from __future__ import annotations
 
 import bisect
-import json
 import random
 import re
 import time
@@ -28,14 +27,12 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from nanbeige.tools import handed_over
 from nanbeige.tools.errors import NanbeigeError
-from nanbeige.tools.index import FORMAT, META_FILE, PASSAGES_FILE
+from nanbeige.tools.index import FORMAT, MAX_META_BYTES, META_FILE, PASSAGES_FILE, passage_of
 
 MIN_NAME_CHARS = 4
-MAX_META_BYTES = handed_over.MIB
 MAX_PASSAGES_BYTES = 16 * 1024 * handed_over.MIB  # all of English Wikipedia's text is about 20 GB
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 _QUALIFIER = re.compile(r"\s+\([^()]*\)$")
@@ -99,7 +96,7 @@ def load_documents(index_dir: Path) -> list[Document]:
     documents: dict[int, Document] = {}
     with passages:
         for number, line in enumerate(passages, 1):
-            passage = _passage(line)
+            passage = passage_of(line)
             if passage is None:
                 raise SynthError(f"{index_dir / PASSAGES_FILE}:{number}: not a passage of a nanbeige index; {fix}")
             document = documents.get(passage["doc"])
@@ -108,18 +105,6 @@ def load_documents(index_dir: Path) -> list[Document]:
             else:
                 document.text += "\n\n" + passage["text"]
     return [documents[n] for n in sorted(documents)]
-
-
-def _passage(line: bytes) -> dict[str, Any] | None:
-    """A line of the passages file, if it is one: its document's number, title, link and text."""
-    try:
-        passage = json.loads(line)
-    except (ValueError, RecursionError):
-        return None
-    fields = {"doc": int, "title": str, "link": str, "text": str}
-    if not isinstance(passage, dict) or not all(isinstance(passage.get(k), t) for k, t in fields.items()):
-        return None
-    return passage
 
 
 def _key(text: str) -> tuple[str, ...]:
