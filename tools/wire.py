@@ -75,8 +75,14 @@ async def answer_within(
         raise httpx.ReadTimeout(f"no whole answer within {deadline_s:g} s", request=request) from None
     if longer:
         raise httpx.ReadError(f"an answer longer than {max_bytes} bytes", request=request)
+    return with_body(response, content)
+
+
+def with_body(response: httpx.Response, content: bytes) -> httpx.Response:
+    """A streamed answer as one already read: its status and headers with `content` (decoded) as its body,
+    without the headers of the body's wire form, which no longer apply."""
     headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in WIRE_HEADERS]
-    return httpx.Response(response.status_code, headers=headers, content=content, request=request)
+    return httpx.Response(response.status_code, headers=headers, content=content, request=response.request)
 
 
 def run_blocking(coroutine: Coroutine[Any, Any, T]) -> T:

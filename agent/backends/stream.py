@@ -31,7 +31,7 @@ import httpx
 import orjson
 
 from nanbeige.agent.backends.model_server import UnusableReply
-from nanbeige.tools.wire import WIRE_HEADERS, check_coding
+from nanbeige.tools.wire import check_coding, with_body
 
 STREAM_FIELDS = {"stream": True, "stream_options": {"include_usage": True}}
 MAX_REPLY_BYTES = 64 * 2**20
@@ -336,5 +336,4 @@ async def read_whole(response: httpx.Response) -> httpx.Response:
         raise UnusableReply(f"model server sent an unusable reply: a body that cannot be decoded: {exc}") from None
     finally:
         await response.aclose()
-    headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in WIRE_HEADERS]
-    return httpx.Response(response.status_code, headers=headers, content=content, request=response.request)
+    return with_body(response, content)
