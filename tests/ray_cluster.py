@@ -67,6 +67,10 @@ def local_cluster(nodes: int = 2) -> Iterator[tuple[Any, list[Any]]]:
     # which a fresh machine does not have: kept in this cluster's own folder, it names no cluster to the
     # machine's other Ray programs either.
     os.environ["RAY_TMPDIR"] = temp
+    # Ray starts its workers at niceness 15, below everything else on the machine: beside the suite's other
+    # workers they got a few percent of a core, and a shard that starts in 5 s alone took 133 s (past the
+    # tests' deadlines). The tests' cluster shares the machine with the suite, so its workers run at 0.
+    os.environ["RAY_worker_niceness"] = "0"
     os.makedirs(os.path.join(temp, "ray"), exist_ok=True)
     cluster = Cluster(
         initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False, "temp_dir": temp}
