@@ -159,6 +159,12 @@ COLLECT: dict[str, tuple[Any, Any]] = {
     ),
 }
 
+COLLECT_RUN = ("concurrency", "top_p", "repetition_penalty")
+"""collect's own flags that say how its runs run, which the loop's collect takes too (the rest of its table
+says what it samples and where it writes, which the loop decides each iteration)."""
+COLLECT_LEAVES_OUT = ("verbose",)
+"""The run flags collect does not take: its runs' turns go to a file, not the terminal."""
+
 # resume takes only the run flags that do not change what the model sees (resume.py says why)
 RESUME: dict[str, tuple[Any, Any]] = {
     "trajectory_id": option(

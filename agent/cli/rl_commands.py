@@ -14,7 +14,7 @@ from rich.markup import escape
 
 from nanbeige.agent.backends.llm import LLMConfig
 from nanbeige.agent.cli import options as o
-from nanbeige.agent.cli.command_options import COLLECT
+from nanbeige.agent.cli.command_options import COLLECT, COLLECT_LEAVES_OUT
 from nanbeige.agent.cli.console import counted, err, fail, hide
 from nanbeige.agent.cli.judge_options import (
     CriticBaseUrl,
@@ -30,7 +30,7 @@ from nanbeige.agent.cli.option_tables import with_options, with_run_options
 from nanbeige.agent.run_config import RunSettings
 
 
-@with_run_options(COLLECT, leave_out=("verbose",))
+@with_run_options(COLLECT, leave_out=COLLECT_LEAVES_OUT)
 def collect(*, flags: dict[str, Any], settings: RunSettings) -> None:
     """Sample G token-exact rollouts per question for RL, concurrently; resumable."""
     from nanbeige.agent.setup import secrets_of

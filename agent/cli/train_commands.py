@@ -12,14 +12,14 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from nanbeige.agent.backends.llm import LLMConfig
 from nanbeige.agent.cli import options as o
+from nanbeige.agent.cli.command_options import COLLECT, COLLECT_LEAVES_OUT
 from nanbeige.agent.cli.console import err, fail, hide
 from nanbeige.agent.cli.help_screen import ShortHelpGroup
 from nanbeige.agent.cli.judge_options import complexity_endpoint, critic_endpoint
-from nanbeige.agent.cli.option_tables import with_options
+from nanbeige.agent.cli.option_tables import with_options, with_run_options
 from nanbeige.agent.cli.train_options import LOOP_COMMAND, SERVER, TRAIN
-from nanbeige.agent.run_config import AgentConfig, ToolsConfig
+from nanbeige.agent.run_config import RunSettings
 from nanbeige.trainer.train import TrainConfig
 from nanbeige.trainer.train_config import COUNTS, GroupRule, parse_keep
 
@@ -59,12 +59,12 @@ def train(ctx: typer.Context, *, flags: dict[str, Any]) -> None:
     train_once(config, flags["resume"])
 
 
-@with_options(LOOP_COMMAND)
-def loop(*, flags: dict[str, Any]) -> None:
+@with_run_options(LOOP_COMMAND, leave_out=COLLECT_LEAVES_OUT)
+def loop(*, flags: dict[str, Any], settings: RunSettings) -> None:
     """Alternate collect, judge, train and sync: each iteration samples the policy being trained, judges and
     trains on its rollouts and syncs the new policy to the server. Resumable: the same command goes on."""
     config = training(flags, flags["iterations"], "nanbeige loop")
-    start_loop(flags["iterations"], flags, config, "nanbeige loop")
+    start_loop(flags["iterations"], flags, config, "nanbeige loop", settings)
 
 
 def checked_flags(flags: dict[str, Any], loop: int, spelled: str) -> tuple[int, int, int] | None:
@@ -156,8 +156,11 @@ def train_once(config: TrainConfig, resume: bool) -> None:
         err.print(f"checkpoint: {escape(summary['checkpoint'])}", highlight=False)
 
 
-def start_loop(iterations: int, flags: dict[str, Any], config: TrainConfig, spelled: str) -> None:
-    """The loop the flags describe, run (`spelled`: how the refusals name the loop, --loop or nanbeige loop)."""
+def start_loop(
+    iterations: int, flags: dict[str, Any], config: TrainConfig, spelled: str, settings: RunSettings | None = None
+) -> None:
+    """The loop the flags describe, run (`spelled`: how the refusals name the loop, --loop or nanbeige loop), its
+    collect run with `settings` (`train --loop`: the run flags' defaults but its model and server flags)."""
     questions, problems = flags["questions"], flags["problems"]
     if (questions is None) == (problems is None):
         fail(
@@ -170,10 +173,13 @@ def start_loop(iterations: int, flags: dict[str, Any], config: TrainConfig, spel
         fail(problem, 2)
     if flags["time_reward"] and problems is None:
         fail("--time-reward rewards code problems' solutions: it needs --problems", 2)
-    settings = o.run_settings({**LOOP_DEFAULTS, "model": flags["model"], **{name: flags[name] for name in SERVER}})
+    if settings is None:
+        defaults = {name: default for name, (_, default) in o.RUN_OPTIONS.items()}
+        settings = o.run_settings(defaults | {"model": flags["model"]} | {name: flags[name] for name in SERVER})
     loop_options = {
         "admin_urls": tuple(flags["admin_url"] or ()),
         "ray": flags["ray"],
+        "collect_concurrency": flags.get("concurrency", COLLECT["concurrency"][1]),
         **{name: flags[name] for name in ("questions_per_iteration", "min_informative_groups", "max_draws")},
     }
     run_train_loop(
@@ -290,30 +296,6 @@ def train_report(
         f"{len(written)} plots in {escape(str(written[0].parent))}: " + ", ".join(p.name for p in written),
         highlight=False,
     )
-
-
-# The run settings the loop gives collect beyond its own flags: the loop's defaults.
-LOOP_DEFAULTS: dict[str, Any] = {
-    "api_key": None,
-    "dialect": AgentConfig.dialect,
-    "max_turns": None,
-    "keep_tool_results": AgentConfig.keep_tool_results,
-    "max_context": None,
-    "temperature": None,
-    "top_p": None,
-    "repetition_penalty": None,
-    "max_tokens": LLMConfig.max_tokens,
-    "mcp": None,
-    "tool_timeout": ToolsConfig.tool_timeout_s,
-    "max_result_chars": ToolsConfig.max_result_chars,
-    "timeout": None,
-    "gguf_file": None,
-    "chat_template": None,
-    "summary_turn": None,
-    "rollback": None,
-    "system_prompt_file": None,
-    "reference": None,
-}
 
 
 def run_train_loop(

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from nanbeige.agent.cli import options as o
+from nanbeige.agent.cli.command_options import COLLECT, COLLECT_RUN
 from nanbeige.agent.cli.options import option
 from nanbeige.agent.run_config import BackendConfig
 from nanbeige.tools.endpoint import OPENAI_BASE_URL
@@ -311,7 +312,8 @@ LOOP: dict[str, tuple[Any, Any]] = {
     ),
 }
 
-# The model server flags the loop's collect takes (the rest of its run settings are `LOOP_RUN_DEFAULTS`).
+# The model server flags `train --loop` takes for its collect, whose other run settings keep their defaults
+# (`nanbeige loop` takes every run flag collect takes).
 SERVER: dict[str, tuple[Any, Any]] = {
     "base_url": (o.BaseUrl, None),
     "backend": (o.Backend, BackendConfig.backend),
@@ -366,5 +368,7 @@ LOOP_COMMAND = (
     | {name: flag for name, flag in TRAINING.items() if name not in TRAINING_ONLY}
     | LOOP
     | SERVER
+    | {name: COLLECT[name] for name in COLLECT_RUN}
 )
-"""`nanbeige loop`'s flags."""
+"""`nanbeige loop`'s own flags; it takes collect's run flags besides (`with_run_options`), so that its collect is
+set up as `nanbeige collect` is."""
