@@ -285,7 +285,7 @@ def test_index_search_refuses_passages_the_bm25_matrix_does_not_match(built_inde
 
 def test_a_loop_iteration_whose_questions_file_is_a_fifo_is_one_line_not_a_hang(tmp_path: Path) -> None:
     from nanbeige.trainer.loop_config import LoopError
-    from nanbeige.trainer.rl_loop import drawn
+    from nanbeige.trainer.loop_questions import drawn
 
     os.mkfifo(tmp_path / "questions.jsonl")
     with pytest.raises(LoopError, match="questions.jsonl is not a regular file"):

@@ -93,7 +93,11 @@ def read_questions(path: Path) -> list[Task]:
         )
     ids = Counter(task.id for task in tasks)
     if len(ids) != len(tasks):
-        raise LoadError(f"{path}: the id {ids.most_common(1)[0][0]!r} is given to more than one question")
+        twice = ids.most_common(1)[0][0]
+        *before, last = [str(row) for row, task in enumerate(tasks, 1) if task.id == twice]
+        raise LoadError(
+            f"{path}: the id {twice!r} is given to more than one question (rows {', '.join(before)} and {last})"
+        )
     return tasks
 
 

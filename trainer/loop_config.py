@@ -58,6 +58,9 @@ class LoopConfig:
     admin_urls: tuple[str, ...] = ()
     """The engines to sync, each its own vLLM, when they are not the endpoints collect asks: engines behind a
     router (vllm-router), whose address is the only base URL. Empty: every endpoint of `settings.llm`."""
+    held_out: Path | None = None
+    """Questions the loop must never train on (those the policy is evaluated on): a question of `questions`
+    with the same id or text is refused before anything runs (`loop_questions.py`)."""
     ray: str | None = None
     """Run each iteration's collect and judge in shards on the Ray cluster at this address (`auto`, or the
     head's HOST:PORT; `loop_ray.py`); None: in this process. Training is never sharded by it."""

@@ -51,13 +51,13 @@ from nanbeige.evals.files import first_link
 from nanbeige.tools import handed_over
 from nanbeige.tools.errors import NanbeigeError
 from nanbeige.trainer.loop_config import LoopConfig, LoopError, check
+from nanbeige.trainer.loop_questions import draw_questions, drawn, question_pool
 from nanbeige.trainer.loop_state import places_problem, state_problem
 from nanbeige.trainer.sync import SyncError, disagreeing, engine_root, on_every_engine, sync_engine
 from nanbeige.trainer.train import TrainConfig
 
 STATE = "loop.json"
 MAX_STATE_BYTES = 64 * 1024 * 1024
-MAX_QUESTIONS_BYTES = 1024 * handed_over.MIB  # an iteration's drawn questions, with their answers
 """`loop.json`: a few hundred bytes an iteration."""
 STAGES = {"collected": "collect", "judged": "judge", "trained": "train", "synced": "sync"}  # done -> the stage
 
@@ -179,55 +179,6 @@ def informative_groups(judged: Path, train: TrainConfig) -> tuple[int, int]:
         if trajectory.reward is not None:
             groups.setdefault(trajectory.group_id or trajectory.id, []).append(trajectory)
     return sum(group_verdict(group, train.groups) == "kept" for group in groups.values()), len(groups)
-
-
-# ---------------------------------------------------------------- drawing questions
-
-
-def drawn(folder: Path) -> int:
-    """How many questions the iteration has drawn (the lines of its questions file)."""
-    return len(_drawn_lines(folder).splitlines())
-
-
-def _drawn_lines(folder: Path) -> str:
-    """The iteration's questions file as text, read as handed over (the loop folder may be someone else's)."""
-    path = folder / "questions.jsonl"
-    if not path.exists():
-        return ""
-    try:
-        return handed_over.read_bytes(path, MAX_QUESTIONS_BYTES, inside=folder).decode("utf-8")
-    except (OSError, ValueError) as exc:
-        raise LoopError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
-
-
-def draw_questions(config: LoopConfig, iteration: int, folder: Path) -> bool:
-    """Append the iteration's next questions to its questions file (written whole, atomically); False when
-    none is left to draw (every question of the file is in this iteration already)."""
-    from nanbeige.evals.code_problems import CODE_TESTS, read_problems, task_of
-    from nanbeige.evals.tasks import LoadError
-    from nanbeige.trainer.collect import read_questions
-
-    try:
-        if config.judge.grader == CODE_TESTS:  # code problems: each as `collect --bench code` asks it
-            pool = [task_of(problem) for problem in read_problems(config.questions)]
-        else:
-            pool = read_questions(config.questions)
-    except LoadError as exc:
-        raise LoopError(str(exc)) from None
-    have = drawn(folder)
-    count = min(config.questions_per_iteration or len(pool), len(pool) - have)
-    if count <= 0:
-        return False
-    # where the file's order stands: after every question the earlier iterations drew
-    start = sum(drawn(config.out / f"iter-{i}") for i in range(1, iteration)) + have
-    rows = [pool[(start + n) % len(pool)] for n in range(count)]
-    path = folder / "questions.jsonl"
-    lines = _drawn_lines(folder)
-    lines += "".join(json.dumps({"id": t.id, "question": t.question, "answer": t.answer}) + "\n" for t in rows)
-    temporary = folder / "questions.jsonl.tmp"
-    temporary.write_text(lines)
-    os.replace(temporary, path)
-    return True
 
 
 def train_config_for(config: LoopConfig, policy: dict[str, Any], folder: Path) -> TrainConfig:
@@ -353,6 +304,7 @@ async def run_loop(config: LoopConfig, notice: Callable[[str], None], resume: bo
     """Run (or, with `resume`, go on with) the loop in `config.out`; returns a summary per iteration.
     Without `resume` an out folder that already holds a loop is refused rather than overwritten."""
     check(config)
+    question_pool(config)  # refused before any folder is made
     link = first_link(config.out) if config.out.is_dir() else None
     if link is not None:  # a loop folder may be someone else's: a link would lead what it reads or writes elsewhere
         raise LoopError(

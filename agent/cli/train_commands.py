@@ -180,6 +180,7 @@ def start_loop(
         "admin_urls": tuple(flags["admin_url"] or ()),
         "ray": flags["ray"],
         "collect_concurrency": flags.get("concurrency", COLLECT["concurrency"][1]),
+        "held_out": flags["held_out"],
         **{name: flags[name] for name in ("questions_per_iteration", "min_informative_groups", "max_draws")},
     }
     run_train_loop(

@@ -223,6 +223,14 @@ LOOP: dict[str, tuple[Any, Any]] = {
     "group_size": option(
         int, 8, "--group-size", "-G", min=1, rich_help_panel=LOOP_PANEL, help="Rollouts per question."
     ),
+    "held_out": option(
+        Path | None,
+        None,
+        rich_help_panel=LOOP_PANEL,
+        show_default=False,
+        help="Questions never to train on (those you evaluate on): a question of --questions with the same id "
+        "or text is refused before anything runs.",
+    ),
     "questions_per_iteration": option(
         int | None,
         None,
