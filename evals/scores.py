@@ -6,7 +6,8 @@ With n tasks and k runs, C[q][r] = 1 when run r of task q was graded correct (a 
 or one the judge could not decide, counts 0):
 - avg@k = mean over runs and tasks of C (the reference harness's "avg@3", pass@1 averaged over runs);
 - pass@k = mean over tasks of max over runs of C;
-- best@1 = the best run's accuracy, and the standard deviation of the runs' accuracies.
+- best@1 = the best run's accuracy, and the standard deviation of the runs' accuracies;
+- avg@k's 95% interval: the percentile bootstrap over tasks (`intervals.py`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from nanbeige.agent.usage import total, usage_text
+from nanbeige.evals.intervals import bootstrap_ci95
 from nanbeige.evals.tasks import one_line
 
 
@@ -27,10 +29,12 @@ def scores(cells: dict[tuple[str, int], bool], task_ids: list[str], k: int, grad
     if n == 0:
         return {"tasks": 0, "avg_at_k": None, "pass_at_k": None, "runs": []}
     per_run = [100 * sum(cells.get((t, r), False) for t in task_ids) / n for r in range(k)]
+    per_task = [100 * sum(cells.get((t, r), False) for r in range(k)) / k for t in task_ids]
     passed = sum(any(cells.get((t, r), False) for r in range(k)) for t in task_ids)
     return {
         "tasks": n,
         "avg_at_k": round(statistics.fmean(per_run), 2),
+        "avg_at_k_ci95": bootstrap_ci95(per_task),
         "pass_at_k": round(100 * passed / n, 2),
         "best_at_1": round(max(per_run), 2),
         "runs": [round(a, 2) for a in per_run],
@@ -229,6 +233,7 @@ def markdown(report: dict[str, Any]) -> str:
         "| metric | value |",
         "|---|---|",
         f"| avg@{k} | {_pct(report['avg_at_k'])} |",
+        f"| avg@{k}, 95% interval (bootstrap over tasks) | {interval(report.get('avg_at_k_ci95'))} |",
         f"| pass@{k} | {_pct(report['pass_at_k'])} |",
         f"| best@1 | {_pct(report.get('best_at_1'))} |",
         f"| std ({report.get('std_kind', 'population, across runs')}) | {_num(report.get('std'))} |",
@@ -285,6 +290,10 @@ def failure_lines(title: str, failures: list[dict[str, Any]], key: str, where: s
 
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}%"
+
+
+def interval(ends: list[float] | None) -> str:
+    return f"{_pct(ends[0])}–{_pct(ends[1])}" if ends else "-"
 
 
 def _num(value: float | None) -> str:
