@@ -345,7 +345,9 @@ def test_an_option_of_another_command_is_one_line_saying_where_it_is() -> None:
     assert "--backend" not in result.stderr  # not the guess at a near spelling
     assert len([line for line in result.stderr.splitlines() if line.startswith("│")]) == 1
     result = nanbeige("doctor", "--dialect", "tool-call")
-    assert_one_line_error(result, "No such option: --dialect", "ask, collect, eval, loop, research, serve have --dialect")
+    assert_one_line_error(
+        result, "No such option: --dialect", "ask, collect, eval, loop, research, serve have --dialect"
+    )
 
 
 def test_an_option_no_command_has_keeps_the_guess_at_a_near_spelling() -> None:
