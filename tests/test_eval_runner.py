@@ -103,7 +103,10 @@ async def test_every_task_runs_k_times_and_is_scored_by_hand_checked_metrics(tmp
     assert Counter(r["task_id"] for r in rows if r["correct"]) == {"t1": 3, "t2": 2, "t4": 3}
     assert report["avg_at_k"] == round(100 * 8 / 12, 2) and report["pass_at_k"] == 75.0
     assert sorted(report["runs"]) == [50.0, 75.0, 75.0]  # the run that got "41" scored 2 of 4
-    levels = {level: {k: v for k, v in scores.items() if k != "std_kind"} for level, scores in report["levels"].items()}
+    levels = {
+        level: {k: v for k, v in scores.items() if k not in ("std_kind", "avg_at_k_ci95")}
+        for level, scores in report["levels"].items()
+    }
     assert levels == {
         "1": {
             "tasks": 2,
@@ -115,6 +118,12 @@ async def test_every_task_runs_k_times_and_is_scored_by_hand_checked_metrics(tmp
         },
         "2": {"tasks": 1, "avg_at_k": 0.0, "pass_at_k": 0.0, "best_at_1": 0.0, "std": 0.0, "runs": [0.0] * 3},
         "3": {"tasks": 1, "avg_at_k": 100.0, "pass_at_k": 100.0, "best_at_1": 100.0, "std": 0.0, "runs": [100.0] * 3},
+    }
+    # each level's interval: a resample of its tasks' scores (level 1: t1 3 of 3, t2 2 of 3)
+    assert {level: report["levels"][level].pop("avg_at_k_ci95") for level in "123"} == {
+        "1": [round(100 * 2 / 3, 2), 100.0],
+        "2": [0.0, 0.0],
+        "3": [100.0, 100.0],
     }
     assert report["stop_reasons"] == {"answered": 12} and report["mean_turns"] == 2  # the answer + the summary
     row = next(r for r in rows if r["task_id"] == "t3")
