@@ -59,6 +59,13 @@ BENCHMARKS: dict[str, Benchmark] = {
         Benchmark("hle-500", _lazy("hle"), "hle/reference", "HLE 500-question subset: test.json"),
         Benchmark("seal-0", _lazy("seal"), "equivalent/reference", "SEAL-0: seal-0.parquet"),
         Benchmark(
+            "questions",
+            _lazy("questions"),
+            "gaia-exact",
+            "your own questions: JSONL or CSV with `question`, `answer` and an optional `id`, as collect and "
+            "the loop read them (a held-out set), graded as the loop's reward grades them",
+        ),
+        Benchmark(
             "code",
             _lazy("code_problems"),
             CODE_TESTS,

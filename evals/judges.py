@@ -181,9 +181,11 @@ JUDGED = {
     "gaia": "equivalent",
     "gaia-text-103": "equivalent",
     "seal-0": "equivalent",
+    "questions": "equivalent",
 }
 """Each deep-search benchmark's judges, by the name they share (GAIA and SEAL-0: the reference harness's
-"equivalent" judge; their official grader is GAIA's scorer, `gaia-exact`, and SEAL-0 publishes none)."""
+"equivalent" judge; their official grader is GAIA's scorer, `gaia-exact`, and SEAL-0 publishes none). A questions
+file of the user's own is judged as GAIA is; its default grader is GAIA's scorer, the loop's reward's."""
 
 
 ALIASES = {
@@ -211,7 +213,7 @@ def grader_name(bench: str, family: str) -> str:
     """The grader a family names for a benchmark: a profile, or `gaia-exact`. ValueError when there is none."""
     if family not in FAMILIES:
         raise ValueError(f"--grader must be one of {', '.join(FAMILIES)} (or a grader's full name), not {family!r}")
-    if family.startswith("official") and bench.startswith("gaia"):
+    if family.startswith("official") and (bench.startswith("gaia") or bench == "questions"):
         return "gaia-exact"
     if family.startswith("official") and bench == "seal-0":
         raise ValueError(

@@ -19,8 +19,8 @@ from tiny_model import make_tiny_model
 
 from nanbeige.agent.tokens import training_rows
 from nanbeige.agent.trajectory_file import load_trajectories
+from nanbeige.evals.questions import question_id, read_questions
 from nanbeige.evals.tasks import LoadError
-from nanbeige.trainer.collect import question_id, read_questions
 
 NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
 TESTKIT = "testkit=" + shlex.join(TEST_SERVER)

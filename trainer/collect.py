@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -23,8 +22,8 @@ from nanbeige.agent.run_config import RunSettings
 from nanbeige.agent.trajectory import NOT_ENDED_ON_ITS_OWN
 from nanbeige.agent.trajectory_file import load_trajectories
 from nanbeige.evals.code_problems import CODE_TESTS
-from nanbeige.evals.files import read_csv, read_jsonl
 from nanbeige.evals.gaia_scorer import question_scorer
+from nanbeige.evals.questions import read_questions
 from nanbeige.evals.runner import EvalError, Progress, run_all
 from nanbeige.evals.tasks import LoadError, Task
 from nanbeige.tools.errors import NanbeigeError
@@ -64,41 +63,6 @@ class CollectConfig:
     ray: str | None = None
     """Run the rollouts in shards on a Ray cluster (`auto`, or the head's HOST:PORT): a shard per node, each
     with its own tool servers and model clients and `concurrency` rollouts at once; None: in this process."""
-
-
-def question_id(text: str) -> str:
-    """A stable id for a question given without one: the same text gives the same id on every run."""
-    return "q" + hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-def read_questions(path: Path) -> list[Task]:
-    """Questions from JSONL (one object a line) or CSV (a header row): `question`, optional `answer`
-    and `id`. Errors name the file and the row."""
-    rows = read_csv(path, ["question"], encoding="utf-8-sig") if path.suffix.lower() == ".csv" else read_jsonl(path)
-    tasks = []
-    for number, row in enumerate(rows, 1):
-        question = row.get("question")
-        if not isinstance(question, str) or not question.strip():
-            raise LoadError(f"{path} row {number}: no `question` (each row needs one; `answer` and `id` are optional)")
-        for field in ("id", "answer"):  # text, or a number as CSV and hand-written JSON give them
-            if isinstance(row.get(field), bool) or not isinstance(row.get(field), str | int | float | None):
-                raise LoadError(f"{path} row {number}: `{field}` is a {type(row[field]).__name__}, expected text")
-        answer = row.get("answer")
-        tasks.append(
-            Task(
-                id=str(row.get("id") or question_id(question)),
-                question=question,
-                answer="" if answer is None else str(answer),
-            )
-        )
-    ids = Counter(task.id for task in tasks)
-    if len(ids) != len(tasks):
-        twice = ids.most_common(1)[0][0]
-        *before, last = [str(row) for row, task in enumerate(tasks, 1) if task.id == twice]
-        raise LoadError(
-            f"{path}: the id {twice!r} is given to more than one question (rows {', '.join(before)} and {last})"
-        )
-    return tasks
 
 
 def load_questions(config: CollectConfig) -> list[Task]:

@@ -41,8 +41,8 @@ def question_pool(config: LoopConfig) -> list[Any]:
     """The questions file read (code problems each as `collect --bench code` asks it) and checked: its ids
     once each, an answer to each question, none of the held-out set's."""
     from nanbeige.evals.code_problems import CODE_TESTS, read_problems, task_of
+    from nanbeige.evals.questions import read_questions
     from nanbeige.evals.tasks import LoadError
-    from nanbeige.trainer.collect import read_questions
 
     code = config.judge.grader == CODE_TESTS
     try:
@@ -80,7 +80,7 @@ def draw_questions(config: LoopConfig, iteration: int, folder: Path) -> bool:
 def check_questions(pool: list[Task], path: Path, held_out: Path | None, needs_answers: bool) -> None:
     """Refuse (LoadError, one line naming the rows) questions without an answer when the reward is graded
     against one, and any that the held-out file also holds. `pool` is `path` read, in its row order."""
-    from nanbeige.trainer.collect import read_questions
+    from nanbeige.evals.questions import read_questions
 
     if needs_answers:
         lacking = [row for row, task in enumerate(pool, 1) if not task.answer.strip()]
