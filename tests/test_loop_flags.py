@@ -80,6 +80,10 @@ def test_the_loops_rollouts_are_run_as_its_run_flags_say(tmp_path: Path) -> None
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Add MCP servers with --mcp" not in done.stderr  # the loop was given one
+    # the line per iteration says how many rollouts called a tool (the tiny model's noise calls none)
+    assert "pass rate 0.0, tool use 0.0," in done.stderr
+    judged = json.loads((out / "loop.json").read_text())["iterations"][0]["judged"]
+    assert (judged["pass_rate"], judged["tool_use"]) == (0.0, 0.0)
     starts = [
         json.loads(line)
         for line in (out / "iter-1" / "rollouts.jsonl").read_text().splitlines()

@@ -72,6 +72,7 @@ def test_train_report_draws_the_curves_of_a_run_and_of_a_loop(scheduled_run: Pat
         "lr.png",
         "reward.png",
         "throughput.png",
+        "tool_use.png",
     ]
     assert Image.open(scheduled_run / "report" / "reward.png").size == (700, 400)
     # a loop's iterations are drawn one after another

@@ -151,6 +151,8 @@ def test_two_iterations_in_process_and_a_second_call_only_does_the_second(tiny: 
         "model": str(tiny),
         "rollouts": 8,
         "mean_reward": 0.0,
+        "pass_rate": 0.0,
+        "tool_use": 0.0,  # the tiny model calls no tool: its answers are noise
         "train_steps": 1,
         "checkpoint": str(checkpoint.resolve()),
         "synced_model": str(checkpoint.resolve()),

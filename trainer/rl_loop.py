@@ -165,7 +165,18 @@ async def judge_stage(
         "groups": groups,
         "informative_groups": informative,
         "questions": drawn(folder),
+        **judged_shares(folder / "judged.jsonl"),
     }
+
+
+def judged_shares(judged: Path) -> dict[str, float]:
+    """The judged rollouts' pass rate and share that called a tool (the trainer's `rollout_summary`), for the
+    loop's record and its line per iteration."""
+    from nanbeige.agent.trajectory_file import load_trajectories
+    from nanbeige.trainer.rollouts import rollout_summary
+
+    summary = rollout_summary(load_trajectories(judged) if judged.exists() else [])
+    return {name: round(summary[name], 4) for name in ("pass_rate", "tool_use") if name in summary}
 
 
 def informative_groups(judged: Path, train: TrainConfig) -> tuple[int, int]:
@@ -336,6 +347,8 @@ def summary_of(entry: dict[str, Any]) -> dict[str, Any]:
         "model": entry["policy"]["model"],
         "rollouts": collected.get("rollouts"),
         "mean_reward": judged.get("mean_reward"),
+        "pass_rate": judged.get("pass_rate"),
+        "tool_use": judged.get("tool_use"),
         "train_steps": trained.get("steps"),
         "checkpoint": trained.get("checkpoint"),
         "synced_model": synced.get("model"),

@@ -197,4 +197,7 @@ def rollout_summary(trajectories: list[Any]) -> dict[str, float]:
         "pass_rate": sum(t.reward > 0 for t in judged) / len(judged),
         "response_tokens_mean": sum(len(turn.completion_ids or []) for turn in turns) / max(1, len(turns)),
         "turns_mean": len(turns) / len(judged),
+        # what a search task's curve must show rising: the share of rollouts that called a tool at all
+        "tool_use": sum(any(turn.tool_calls for turn in t.turns) for t in judged) / len(judged),
+        "tool_calls_mean": sum(len(turn.tool_calls) for turn in turns) / len(judged),
     }

@@ -24,6 +24,11 @@ PANELS = [
         "Rollouts: reward and pass rate",
         [("mean reward", "rollouts/reward_mean"), ("pass rate", "rollouts/pass_rate")],
     ),
+    (
+        "tool_use.png",
+        "Rollouts: tool use",
+        [("share calling a tool", "rollouts/tool_use"), ("tool calls per rollout", "rollouts/tool_calls_mean")],
+    ),
     ("loss.png", "Loss", [("loss", "loss")]),
     ("entropy.png", "Entropy of the policy on trained tokens (nats)", [("entropy", "metrics/entropy")]),
     (

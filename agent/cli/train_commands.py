@@ -335,6 +335,7 @@ def run_train_loop(
     for item in summary["iterations"]:
         err.print(
             f"iteration {item['iteration']}: {item['rollouts']} rollouts, mean reward {item['mean_reward']}, "
+            f"pass rate {item['pass_rate']}, tool use {item['tool_use']}, "
             f"{item['train_steps']} steps, checkpoint {escape(str(item['checkpoint']))}",
             highlight=False,
         )
