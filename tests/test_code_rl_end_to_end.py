@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 from fake_openai import FakeOpenAI
+from policy_logprobs import mean_logprobs
 
 from nanbeige.agent.backends.llm import LLMConfig
 from nanbeige.agent.backends.local_model import SMALL_MODEL_GGUF
@@ -44,7 +45,8 @@ from nanbeige.trainer.rewards import judge_file
 from nanbeige.trainer.train import TrainConfig, train
 from nanbeige.trainer.train_config import GroupRule
 
-pytestmark = pytest.mark.slow
+# slow; and its module's rollouts (SmolLM2 in process) took 194 s of the default 300 in a loaded CI run
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 G = 4
 SEED = 0
@@ -353,3 +355,11 @@ def test_two_grpo_steps_on_the_judged_rollouts_move_the_policy_that_sampled_them
     before, after = weights(smollm2), weights(tmp_path / "out" / "checkpoint-2")
     assert set(after) == set(before)
     assert [name for name in before if (before[name] == after[name]).all()] == []  # every parameter moved
+    # what the steps are for: in the groups trained on, the rollouts rewarded above their group's mean (a
+    # positive advantage: the solved ones) became more likely, and those below it less
+    trained = [t for t in trajectories if t.group_id in kept]
+    mean = {group: sum(t.reward for t in trained if t.group_id == group) / G for group in kept}
+    start, end = (mean_logprobs(folder, trained) for folder in (smollm2, tmp_path / "out" / "checkpoint-2"))
+    rise = {t.id: (t.reward - mean[t.group_id], end[t.id] - start[t.id]) for t in trained}
+    assert all(change > 0 for advantage, change in rise.values() if advantage > 0), rise
+    assert all(change < 0 for advantage, change in rise.values() if advantage < 0), rise
