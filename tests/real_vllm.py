@@ -307,9 +307,11 @@ def trainer_drift(model: Path, runs: list[Any], temperature: float, out: Path) -
     return rollout_drift(samples) or 0.0
 
 
-def greedy(server: Server, prompt: list[int]) -> tuple[list[int], list[float]]:
+def greedy(server: Server, prompt: list[int], model: str = SERVED_NAME) -> tuple[list[int], list[float]]:
+    """What the served `model` (the base, or a LoRA adapter's name) says to `prompt` greedily, with the logprob
+    of each token it said."""
     body = {
-        "model": SERVED_NAME,
+        "model": model,
         "prompt": prompt,
         "max_tokens": 8,
         "temperature": 0.0,

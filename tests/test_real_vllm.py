@@ -283,10 +283,15 @@ def test_the_training_loops_lora_sync_hot_loads_an_adapter_that_token_mode_then_
     listed = {entry["id"]: entry for entry in httpx.get(f"{server.url}/models").json()["data"]}
     assert listed[str(checkpoint)]["root"] == str(checkpoint / "adapter")
     asyncio.run(load_adapter(server.url, str(checkpoint), checkpoint / "adapter"))  # loaded already: a no-op
-    body = {"prompt": [1, 9690, 198, 30], "max_tokens": 8, "temperature": 0.0, "return_token_ids": True}
-    adapted = httpx.post(f"{server.url}/completions", json=body | {"model": str(checkpoint)}, timeout=120).json()
-    plain = httpx.post(f"{server.url}/completions", json=body | {"model": SERVED_NAME}, timeout=120).json()
-    assert adapted["choices"][0]["token_ids"] != plain["choices"][0]["token_ids"]  # the adapter changes the model
+    prompt = [1, 9690, 198, 30]
+    ids, logprobs = greedy(server, prompt, str(checkpoint))
+    assert ids != greedy(server, prompt)[0]  # the adapter changes the model
+    # and the served policy is the trained one: its logprobs are the adapter's as peft applies it (up to
+    # bfloat16 arithmetic), not the base model's; an adapter loaded but not applied, or scaled otherwise, fails
+    trained_error = distance(logprobs, model_logprobs(adapter, prompt, ids))
+    base_error = distance(logprobs, model_logprobs(AutoModelForCausalLM.from_pretrained(model), prompt, ids))
+    print(f"served logprobs vs the adapter: {trained_error:.3f}, vs the base model: {base_error:.3f}")
+    assert trained_error < 0.25 and trained_error < base_error / 3
     trajectory = tmp_path / "run.jsonl"
     result = nanbeige(
         "ask",
