@@ -162,9 +162,25 @@ def make_llm(settings: RunSettings, server: ServerInfo | None) -> LLM:
     from nanbeige.agent.backends.local_model import LocalModelError
 
     try:
-        return TransformersLLM(c, gguf_file=b.gguf_file, verbose=b.verbose)
+        return TransformersLLM(c, gguf_file=b.gguf_file, verbose=b.verbose, chat_template=in_process_template(settings))
     except LocalModelError as exc:
         raise SetupError(str(exc)) from None
+
+
+def in_process_template(settings: RunSettings) -> tuple[str, str] | None:
+    """The chat template the in-process model renders with, as token mode picks it: `--chat-template`, else in
+    the mcp-xml dialect the model's deep-search template where its folder has one; None: its tokenizer's own."""
+    from nanbeige.agent.backends.prompts import read_chat_template
+
+    chosen = settings.backend.chat_template or (
+        search_template(settings.llm.model) if settings.agent.dialect == "mcp-xml" else None
+    )
+    if chosen is None:
+        return None
+    try:
+        return chosen.name, read_chat_template(chosen)
+    except (OSError, ValueError) as exc:
+        raise SetupError(f"cannot read the chat template {chosen}: {exc}") from None
 
 
 def make_pool(settings: RunSettings, server: ServerInfo) -> LLM:

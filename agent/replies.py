@@ -169,7 +169,11 @@ def tools_unseen(turn: Turn, request_tools: list[dict[str, Any]] | None, model: 
             "everything runs; deep search needs Nanbeige4.1-3B"
         )
     whose = "the server's chat template" if served else f"the chat template of {model}"
-    fix = "serve the model with a chat template that takes tools" if served else "use a model whose template does"
+    fix = (
+        "serve the model with a chat template that takes tools"
+        if served
+        else "pass --chat-template with a template that shows them"
+    )
     return (
         f"warning: {whose} left out the {len(request_tools)} tools sent with the request (the prompt was "
         f"{prompt_tokens} tokens), so the model cannot see them; use --dialect mcp-xml, which describes them in "

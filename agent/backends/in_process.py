@@ -126,12 +126,29 @@ class TransformersLLM:
     """A model loaded once, in this process; `complete` runs generation in a worker thread."""
 
     def __init__(
-        self, config: LLMConfig, gguf_file: str | None = None, device: str | None = None, verbose: bool = False
+        self,
+        config: LLMConfig,
+        gguf_file: str | None = None,
+        device: str | None = None,
+        verbose: bool = False,
+        chat_template: tuple[str, str] | None = None,
     ):
+        """`chat_template`: (its name, its text) to render prompts with instead of the tokenizer's own, as token
+        mode does (`--chat-template`, or the model's deep-search template in the mcp-xml dialect)."""
         torch, transformers = _imports()
         with contextlib.nullcontext() if verbose else quiet_load(transformers):
             self._load(torch, transformers, config, gguf_file, device)
+        self._use_template(config, chat_template)
         self.lock = asyncio.Lock()  # one generation at a time: the model is not shared between threads
+
+    def _use_template(self, config: LLMConfig, chat_template: tuple[str, str] | None) -> None:
+        name, text = chat_template or (None, None)
+        if not text and not self.tokenizer.chat_template:
+            raise LocalModelError(
+                f"{config.model!r} has no chat template; the in-process backend needs one (--chat-template FILE)"
+            )
+        self.prompter = Prompter(self.tokenizer, text)
+        self.tokenizer_identity, self.template_identity = identity(self.tokenizer, self.prompter.chat_template, name)
 
     def _load(
         self, torch: Any, transformers: Any, config: LLMConfig, gguf_file: str | None, device: str | None
@@ -155,11 +172,7 @@ class TransformersLLM:
                 "code): refused, never unpickled; save them as safetensors"
             ) from None
         self.model.to(self.device).eval()
-        if not self.tokenizer.chat_template:
-            raise LocalModelError(f"{config.model!r} has no chat template; the in-process backend needs one")
         self.stop_ids = self._stop_ids()
-        self.prompter = Prompter(self.tokenizer)
-        self.tokenizer_identity, self.template_identity = identity(self.tokenizer, self.prompter.chat_template)
 
     def _stop_ids(self) -> list[int]:
         return stop_ids(self.tokenizer)

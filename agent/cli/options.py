@@ -131,7 +131,8 @@ TokenMode = Annotated[
 ChatTemplate = Annotated[
     Path | None,
     typer.Option(
-        help="Chat template file for --token-mode (default: the tokenizer's).",
+        help="Chat template file for --token-mode and the in-process model (default: the deep-search template "
+        "beside the weights in the mcp-xml dialect, else the tokenizer's).",
         rich_help_panel=ADVANCED,
         show_default=False,
     ),
