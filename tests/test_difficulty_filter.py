@@ -283,3 +283,18 @@ def test_the_loop_takes_code_problems_and_judges_them_by_their_tests(
     ):
         refused = CliRunner().invoke(app, [*base, *flags])
         assert refused.exit_code == 2 and words in refused.output, refused.output
+
+
+def test_a_batch_where_every_group_failed_and_no_rollout_called_a_tool_says_so(tmp_path: Path) -> None:
+    """What a starting policy too weak for a search task gives the loop (SmolLM2-135M never called the search
+    tool in 175 rollouts): every reward 0, so GRPO has no signal; the error says why, not only the band."""
+    from nanbeige.trainer.model import TrainError
+    from nanbeige.trainer.rollouts import read_samples
+
+    rollouts = problem("p", solved=0) + problem("q", solved=0)
+    for trajectory in rollouts:
+        trajectory.tools = [{"server": "search", "name": "google_search", "description": "", "input_schema": {}}]
+    data = write(tmp_path / "judged.jsonl", rollouts)
+    config = TrainConfig(data=[data], model=str(tmp_path / "no-model"), out=tmp_path / "out")
+    with pytest.raises(TrainError, match=r"every group failed \(16 rollouts, none passed\).*no rollout called a tool"):
+        read_samples(config)

@@ -53,8 +53,25 @@ def read_samples(config: TrainConfig) -> tuple[list[Any], dict[str, Any], float]
         raise TrainError(f"a trajectory's token record is inconsistent ({exc}); it cannot be trained on") from None
     summary["rollouts"] = rollout_summary(trajectories)
     if not samples:
-        raise TrainError(f"nothing to train on: {json.dumps(summary)} ({nothing_kept_hint(config)})")
+        why = no_signal(trajectories, summary["rollouts"]) or nothing_kept_hint(config)
+        raise TrainError(f"nothing to train on: {json.dumps(summary)} ({why})")
     return samples, summary, float(temperatures.pop() or 1.0) if temperatures else 1.0
+
+
+def no_signal(trajectories: list[Any], rollouts: dict[str, float]) -> str | None:
+    """Why no band could keep a group, when that is the case: no judged rollout passed. GRPO's advantage is a
+    group's rewards against their mean, all 0 here; and a policy that never calls the tools it was given (a
+    model too small for the task) cannot pass a question that needs them, however often it is sampled."""
+    if not rollouts or rollouts["pass_rate"] > 0:
+        return None
+    judged = sum(t.reward is not None for t in trajectories)
+    said = f"every group failed ({judged} rollouts, none passed): GRPO learns only from groups where some pass"
+    if rollouts["tool_use"] == 0 and any(t.tools for t in trajectories):
+        said += (
+            "; and no rollout called a tool, so a question that needs one is never answered: start from a model "
+            "that calls tools, or teach the calls first (`train --objective sft` on passing traces of one that does)"
+        )
+    return said
 
 
 def nothing_kept_hint(config: TrainConfig) -> str:
