@@ -169,7 +169,7 @@ def test_the_loops_dynamic_sampling_counts_groups_with_the_trainers_rule(tmp_pat
     judged = write(tmp_path / "judged.jsonl", problem("a", 3) + problem("b", 7) + problem("c", 0))
     for rule, kept in ((GroupRule(), 2), (STAGE_1, 1), (GroupRule(counts="solved", k_of_n=(0, 8, 8)), 3)):
         config = TrainConfig(data=[], model="m", out=tmp_path, groups=rule)
-        assert informative_groups(judged, config) == (kept, 3)
+        assert informative_groups(load_trajectories(judged), config) == (kept, 3)
         assert kept_groups(load_trajectories(judged), rule)[0] == kept  # what the trainer then keeps
 
 

@@ -137,12 +137,16 @@ async def judge_stage(
 ) -> dict[str, Any]:
     """Judge the rollouts; with dynamic sampling, draw, collect and judge more until enough groups are
     informative or the draws run out."""
+    from nanbeige.agent.trajectory_file import load_trajectories
     from nanbeige.trainer.batches import describe_band
     from nanbeige.trainer.loop_ray import judge_rollouts
+    from nanbeige.trainer.rollouts import rollout_summary
 
+    judged = folder / "judged.jsonl"
     while True:
         summary = await judge_rollouts(config.judge, config.ray, folder, notice)
-        informative, groups = informative_groups(folder / "judged.jsonl", config.train)
+        trajectories = load_trajectories(judged) if judged.exists() else []
+        informative, groups = informative_groups(trajectories, config.train)
         have = drawn(folder)
         draws = -(-have // (config.questions_per_iteration or max(1, have)))
         if (
@@ -165,28 +169,22 @@ async def judge_stage(
         "groups": groups,
         "informative_groups": informative,
         "questions": drawn(folder),
-        **judged_shares(folder / "judged.jsonl"),
+        # the trainer's own summary of the judged rollouts: the pass rate and the share that called a tool
+        **{name: round(value, 4) for name, value in rollout_summary(trajectories).items() if name in SHARES},
     }
 
 
-def judged_shares(judged: Path) -> dict[str, float]:
-    """The judged rollouts' pass rate and share that called a tool (the trainer's `rollout_summary`), for the
-    loop's record and its line per iteration."""
-    from nanbeige.agent.trajectory_file import load_trajectories
-    from nanbeige.trainer.rollouts import rollout_summary
-
-    summary = rollout_summary(load_trajectories(judged) if judged.exists() else [])
-    return {name: round(summary[name], 4) for name in ("pass_rate", "tool_use") if name in summary}
+SHARES = ("pass_rate", "tool_use")
+"""What the loop's record and its line per iteration give of the judged rollouts' summary."""
 
 
-def informative_groups(judged: Path, train: TrainConfig) -> tuple[int, int]:
+def informative_groups(trajectories: list[Any], train: TrainConfig) -> tuple[int, int]:
     """How many of the judged groups the trainer's group filter keeps (`group_verdict`, the trainer's own
     decision, over the rollouts with an outcome reward), and how many groups there are."""
-    from nanbeige.agent.trajectory_file import load_trajectories
     from nanbeige.trainer.batches import group_verdict
 
     groups: dict[str, list[Any]] = {}
-    for trajectory in load_trajectories(judged) if judged.exists() else []:
+    for trajectory in trajectories:
         if trajectory.reward is not None:
             groups.setdefault(trajectory.group_id or trajectory.id, []).append(trajectory)
     return sum(group_verdict(group, train.groups) == "kept" for group in groups.values()), len(groups)
