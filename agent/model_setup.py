@@ -167,14 +167,19 @@ def make_llm(settings: RunSettings, server: ServerInfo | None) -> LLM:
         raise SetupError(str(exc)) from None
 
 
+def template_file(settings: RunSettings, source: str) -> Path | None:
+    """The chat template file prompts are rendered with here (token mode, the in-process model): `--chat-template`,
+    else in the mcp-xml dialect the deep-search template beside `source`'s weights; None: the tokenizer's own."""
+    if settings.backend.chat_template:
+        return settings.backend.chat_template
+    return search_template(source) if settings.agent.dialect == "mcp-xml" else None
+
+
 def in_process_template(settings: RunSettings) -> tuple[str, str] | None:
-    """The chat template the in-process model renders with, as token mode picks it: `--chat-template`, else in
-    the mcp-xml dialect the model's deep-search template where its folder has one; None: its tokenizer's own."""
+    """The in-process model's chat template (`template_file`), as its name and text."""
     from nanbeige.agent.backends.prompts import read_chat_template
 
-    chosen = settings.backend.chat_template or (
-        search_template(settings.llm.model) if settings.agent.dialect == "mcp-xml" else None
-    )
+    chosen = template_file(settings, settings.llm.model)
     if chosen is None:
         return None
     try:
@@ -208,7 +213,7 @@ def token_mode_client(settings: RunSettings, server: ServerInfo) -> LLM:
     sources = [b.tokenizer] if b.tokenizer else list(dict.fromkeys(s for s in (root, c.model) if s))
     problems = []
     for source in sources:
-        chosen = b.chat_template or (search_template(source) if settings.agent.dialect == "mcp-xml" else None)
+        chosen = template_file(settings, source)
         try:
             tokenizer, template = load_tokenizer(source, chosen)
             return TokenModeChat(c, tokenizer, template, template_name=chosen and chosen.name)

@@ -109,13 +109,13 @@ async def collect_stage(
     config: LoopConfig, entry: dict[str, Any], folder: Path, notice: Callable[[str], None]
 ) -> dict[str, Any]:
     """G rollouts per question with the iteration's policy (collect resumes its own file)."""
-    from nanbeige.agent.backends.prompts import search_template
+    from nanbeige.agent.model_setup import template_file
     from nanbeige.trainer.collect import CollectConfig, collect
 
     settings, backend = config.settings, config.settings.backend
-    if backend.token_mode and backend.chat_template is None and settings.agent.dialect == "mcp-xml":
-        # the first model's deep-search template for every iteration: a checkpoint folder does not hold it
-        backend = dataclasses.replace(backend, chat_template=search_template(settings.llm.model))
+    if backend.token_mode:
+        # the first model's template for every iteration, whichever folder the iteration's policy is in
+        backend = dataclasses.replace(backend, chat_template=template_file(settings, settings.llm.model))
     settings = dataclasses.replace(
         settings, backend=backend, llm=dataclasses.replace(settings.llm, model=entry["policy"]["model"])
     )
