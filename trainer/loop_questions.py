@@ -12,6 +12,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from nanbeige.evals.questions import read_questions
 from nanbeige.evals.tasks import LoadError, Task
 from nanbeige.tools import handed_over
 from nanbeige.trainer.loop_config import LoopConfig, LoopError
@@ -41,8 +42,6 @@ def question_pool(config: LoopConfig) -> list[Any]:
     """The questions file read (code problems each as `collect --bench code` asks it) and checked: its ids
     once each, an answer to each question, none of the held-out set's."""
     from nanbeige.evals.code_problems import CODE_TESTS, read_problems, task_of
-    from nanbeige.evals.questions import read_questions
-    from nanbeige.evals.tasks import LoadError
 
     code = config.judge.grader == CODE_TESTS
     try:
@@ -80,8 +79,6 @@ def draw_questions(config: LoopConfig, iteration: int, folder: Path) -> bool:
 def check_questions(pool: list[Task], path: Path, held_out: Path | None, needs_answers: bool) -> None:
     """Refuse (LoadError, one line naming the rows) questions without an answer when the reward is graded
     against one, and any that the held-out file also holds. `pool` is `path` read, in its row order."""
-    from nanbeige.evals.questions import read_questions
-
     if needs_answers:
         lacking = [row for row, task in enumerate(pool, 1) if not task.answer.strip()]
         if lacking:
@@ -93,15 +90,15 @@ def check_questions(pool: list[Task], path: Path, held_out: Path | None, needs_a
         return
     if held_out.resolve() == path.resolve():
         raise LoadError(f"--held-out {held_out} is the questions file itself: hold out questions of another file")
-    kept = read_questions(held_out)
-    where: dict[str, list[int]] = defaultdict(list)
-    for row, task in enumerate(kept, 1):
-        where["id " + task.id].append(row)
-        where["text " + plain(task.question)].append(row)
+    rows_by_id: dict[str, list[int]] = defaultdict(list)
+    rows_by_text: dict[str, list[int]] = defaultdict(list)
+    for row, task in enumerate(read_questions(held_out), 1):
+        rows_by_id[task.id].append(row)
+        rows_by_text[plain(task.question)].append(row)
     shared = [
         (row, held)
         for row, task in enumerate(pool, 1)
-        for held in sorted({*where.get("id " + task.id, []), *where.get("text " + plain(task.question), [])})
+        for held in sorted({*rows_by_id.get(task.id, []), *rows_by_text.get(plain(task.question), [])})
     ]
     if shared:
         pairs = ", ".join(
