@@ -218,6 +218,11 @@ LOOP_STATES = {  # each a loop.json that resumes into a TypeError today; the fie
         "`iterations[0].collected.rollouts` must be a whole number",
     ),
     "text for the sync": ({"policy": POLICY, "sync": 1, "iterations": []}, "`sync` must be text"),
+    # the loop prints it in its line per iteration: text there would be shown as the console's markup
+    "text for the tool-use share": (
+        {"policy": POLICY, "iterations": [{**DONE, "judged": {"tool_use": "[red]100%"}}]},
+        "`iterations[0].judged.tool_use` must be a number or null",
+    ),
 }
 
 

@@ -37,6 +37,8 @@ STAGES = {
         "groups": WHOLE,
         "informative_groups": WHOLE,
         "questions": WHOLE,
+        "pass_rate": OPTIONAL_NUMBER,
+        "tool_use": OPTIONAL_NUMBER,
     },
     "trained": {"checkpoint": TEXT, "steps": WHOLE, "rows": WHOLE},
     "synced": POLICY,
