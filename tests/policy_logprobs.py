@@ -1,28 +1,24 @@
 """What a policy makes of rollouts it is handed: the mean log-probability of each rollout's sampled tokens under
-a model folder, computed with transformers alone (not the trainer's code), so that a test can see whether a
-training step made the rewarded rollouts more likely."""
+a model folder, computed with transformers alone (`real_vllm.model_logprobs`, not the trainer's code), so that a
+test can see whether a training step made the rewarded rollouts more likely."""
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any
 
+from real_vllm import model_logprobs
 
-def mean_logprobs(folder: Path, trajectories: list[Any], temperature: float = 1.0) -> dict[str, float]:
+
+def mean_logprobs(folder: Path, trajectories: list[Any]) -> dict[str, float]:
     """Each one-turn trajectory's mean log-probability of its completion ids after its prompt ids, under the
-    model in `folder` at the sampling temperature, by trajectory id."""
-    import torch
+    model in `folder` (at temperature 1, the rollouts' own), by trajectory id."""
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32)
-    model.eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
     found = {}
-    with torch.no_grad():
-        for trajectory in trajectories:
-            [turn] = trajectory.turns
-            prompt, completion = turn.prompt_delta_ids, turn.completion_ids
-            ids = torch.tensor([prompt + completion])
-            logits = model(ids).logits[0, len(prompt) - 1 : -1].float() / temperature  # (completion, vocab)
-            logprobs = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(completion)[:, None])
-            found[trajectory.id] = logprobs.mean().item()
+    for trajectory in trajectories:
+        [turn] = trajectory.turns
+        found[trajectory.id] = statistics.fmean(model_logprobs(model, turn.prompt_delta_ids, turn.completion_ids))
     return found
