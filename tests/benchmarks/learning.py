@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from warm_start import warm_start
+
 BIN = Path(sys.executable).parent
 BORN = re.compile(r"\((?:born |b\. )?(\d{3,4})\s*[–-]")
 """A summary's description that gives a birth year: "French musician and teacher (1887–1979)"."""
@@ -45,8 +47,10 @@ def corpus() -> Path:
     return Path(spec.submodule_search_locations[0]) / "data" / "summaries_en-us.json"
 
 
-def make_questions(seed: int, train: int, held_out: int) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
-    """Questions about people chosen at random (by `seed`), split by person: the first `held_out` are held out."""
+def make_questions(seed: int, sizes: tuple[int, int, int]) -> list[list[dict[str, str]]]:
+    """Questions about people chosen at random (by `seed`), split by person into the held-out, training and
+    warm-start questions, `sizes` of each, in that order (the held-out first, so that a larger warm start
+    or training set never moves a person into or out of the held-out set)."""
     people = []
     for title, entry in sorted(json.loads(corpus().read_text()).items()):
         found = BORN.search(entry.get("description") or "")
@@ -55,9 +59,10 @@ def make_questions(seed: int, train: int, held_out: int) -> tuple[list[dict[str,
     random.Random(seed).shuffle(people)
     rows = [
         {"id": f"born-{i}", "question": f"In what year was {title} born? Answer with the year only.", "answer": year}
-        for i, (title, year) in enumerate(people[: train + held_out])
+        for i, (title, year) in enumerate(people[: sum(sizes)])
     ]
-    return rows[held_out:], rows[:held_out]
+    held_out, train, _ = sizes
+    return [rows[:held_out], rows[held_out : held_out + train], rows[held_out + train :]]
 
 
 class StageFailed(Exception):
@@ -108,12 +113,15 @@ def search_flags(work: Path) -> tuple[list[str], dict[str, str]]:
     return ["--no-default-servers", "--mcp", f"search_and_scrape_webpage={server}"], env
 
 
-def evaluate(args: argparse.Namespace, work: Path, name: str, model: str, tools: bool) -> tuple[dict[str, Any], float]:
-    """`nanbeige eval questions` on the held-out set: its report and wall time."""
+def evaluate(
+    args: argparse.Namespace, work: Path, name: str, model: str, tools: bool, data: str = "held-out", k: int = 0
+) -> tuple[dict[str, Any], float]:
+    """`nanbeige eval questions` on the held-out set (or `data`'s questions, k samples each): its report and wall
+    time."""
     flags, env = search_flags(work) if tools else (["--no-default-servers"], {})
     out = work / f"eval-{name}"
-    command = [str(BIN / "nanbeige"), "eval", "questions", "--data", str(work / "held-out.jsonl"), "--out", str(out)]
-    command += ["-k", str(args.k), "--concurrency", str(args.concurrency), *model_flags(args, model), *flags]
+    command = [str(BIN / "nanbeige"), "eval", "questions", "--data", str(work / f"{data}.jsonl"), "--out", str(out)]
+    command += ["-k", str(k or args.k), "--concurrency", str(args.concurrency), *model_flags(args, model), *flags]
     command += [*args.run_flags]
     seconds = run(command, work / f"eval-{name}.log", env)
     return json.loads((out / "report.json").read_text()), seconds
@@ -126,6 +134,7 @@ def loop(args: argparse.Namespace, work: Path) -> tuple[dict[str, Any], float]:
     command = [str(BIN / "nanbeige"), "loop", "--iterations", str(args.iterations), "--out", str(work / "loop")]
     command += ["--questions", str(work / "train.jsonl"), "--held-out", str(work / "held-out.jsonl")]
     command += ["-G", str(args.group_size), "--no-critic", "--seed", str(args.seed), *sync]
+    command += ["--lr", str(args.lr), "--step-tokens", str(args.step_tokens)]
     command += ["--concurrency", str(args.concurrency), *model_flags(args, args.model), *flags, *args.run_flags]
     seconds = run(command, work / "loop.log", env)
     return json.loads((work / "loop" / "loop.json").read_text()), seconds
@@ -153,6 +162,12 @@ def main() -> None:
     parser.add_argument("-k", type=int, default=4, help="samples a held-out question")
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--lr", type=float, default=1e-5, help="the loop's learning rate")
+    parser.add_argument("--step-tokens", type=int, default=8192, help="the loop's tokens per optimizer step")
+    parser.add_argument("--warm-start", type=int, default=0, help="teacher questions to SFT on first (0: none)")
+    parser.add_argument("--sft-epochs", type=int, default=2)
+    parser.add_argument("--sft-lr", type=float, default=2e-5)
+    parser.add_argument("--start-pass", type=float, default=10.0, help="the warm start's pass rate to reach (%%)")
     parser.add_argument("--work", type=Path)
     args = parser.parse_args()
     args.run_flags = ["--max-turns", "3", "--max-tokens", "256", "--dialect", "tool-call"]
@@ -169,6 +184,22 @@ def main() -> None:
     print(table(rows))
 
 
+Rows = list[tuple[str, str, str, float]]
+"""The table's rows: stage, held-out score, tool use or reward, wall time."""
+
+
+def choose_start(args: argparse.Namespace, work: Path, found: list[Path], rows: Rows) -> str:
+    """The loop's starting policy: the first SFT checkpoint that passes at least `--start-pass` of the training
+    questions (k=2 samples each), so that GRPO's groups are not all failed; the last when none does. Chosen on
+    the training questions only: the held-out set is measured after the choice, never during it."""
+    for checkpoint in found:
+        report, seconds = evaluate(args, work, f"train-{checkpoint.name}", str(checkpoint), True, "train", 2)
+        rows.append((f"SFT {checkpoint.name}, training questions", scored(report), "-", seconds))
+        if report["avg_at_k"] >= args.start_pass:
+            return str(checkpoint)
+    return str(found[-1])
+
+
 def measure(args: argparse.Namespace, work: Path, rows: list[tuple[str, str, str, float]]) -> None:
     """Each stage in order, its row appended to `rows` as it ends."""
     if not (work / "index").exists():
@@ -176,9 +207,16 @@ def measure(args: argparse.Namespace, work: Path, rows: list[tuple[str, str, str
             [str(BIN / "nanbeige"), "index", "build", str(corpus()), "--out", str(work / "index")], work / "index.log"
         )
         rows.append(("index", "-", "-", seconds))
-    train, held_out = make_questions(args.seed, args.train, args.held_out)
+    held_out, train, warm = make_questions(args.seed, (args.held_out, args.train, args.warm_start))
     for name, questions in (("train", train), ("held-out", held_out)):
         (work / f"{name}.jsonl").write_text("".join(json.dumps(q) + "\n" for q in questions))
+    if warm:
+        search, env = search_flags(work)
+        sft = ["--epochs", str(args.sft_epochs), "--lr", str(args.sft_lr), "--step-tokens", "8192", "--seed", "0"]
+        found, judged, seconds = warm_start(args.model, work, warm, run, (args.run_flags, search, env), sft)
+        passed = f"{judged['passing']}/{judged['rollouts']} passed"
+        rows.append(("warm start (SFT on the teacher)", "-", passed, seconds))
+        args.model = choose_start(args, work, found, rows)
     without, seconds = evaluate(args, work, "start-without-tools", args.model, tools=False)
     rows.append(("start, no tools", scored(without), "-", seconds))
     start, seconds = evaluate(args, work, "start", args.model, tools=True)
