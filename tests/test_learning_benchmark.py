@@ -5,6 +5,7 @@ tool's result alone, through the real collect, search server and judge)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -72,7 +73,7 @@ def test_the_teachers_rollouts_through_collect_search_and_judge_pass_and_call_th
         collect = [str(BIN / "nanbeige"), "collect", "--questions", str(questions), "-G", "1", "--out"]
         collect += [str(tmp_path / "rollouts.jsonl"), "--base-url", server.base_url, "--model", model, "--token-mode"]
         collect += [*search, "--dialect", "tool-call", "--max-turns", "3"]
-        done = subprocess.run(collect, capture_output=True, text=True, env={**__import__("os").environ, **env})
+        done = subprocess.run(collect, capture_output=True, text=True, env={**os.environ, **env})
     assert done.returncode == 0, done.stderr[-2000:]
     judged = tmp_path / "judged.jsonl"
     judge = [str(BIN / "nanbeige"), "judge", str(tmp_path / "rollouts.jsonl"), "--out", str(judged), "--no-critic"]

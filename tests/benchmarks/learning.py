@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import re
 import shlex
 import subprocess
 import sys
@@ -31,11 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from warm_start import warm_start
+from warm_start import BORN, warm_start
 
 BIN = Path(sys.executable).parent
-BORN = re.compile(r"\((?:born |b\. )?(\d{3,4})\s*[–-]")
-"""A summary's description that gives a birth year: "French musician and teacher (1887–1979)"."""
 
 
 def corpus() -> Path:

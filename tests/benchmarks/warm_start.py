@@ -25,6 +25,7 @@ from fake_openai import FakeOpenAI  # noqa: E402
 
 PERSON = re.compile(r"In what year was (.+?) born\?")
 BORN = re.compile(r"\((?:born |b\. )?(\d{3,4})\s*[–-]")
+"""A summary's description that gives a birth year: "French musician and teacher (1887–1979)"."""
 TOOL_TURN = "<|im_start|>tool\n"
 
 
@@ -36,7 +37,7 @@ def teacher_reply(prompt: str) -> str:
         return "unknown"
     if TOOL_TURN not in prompt:
         # two results, not the server's ten: every token of a rollout is a token the trainer runs forward and
-        # backward on, and on two cores training runs at about 40 tokens a second
+        # backward on, and on two cores training runs at 60 to 80 tokens a second
         call = {"name": "google_search", "arguments": {"q": person[-1], "num": 2}}
         return f"<tool_call>\n{json.dumps(call, ensure_ascii=False)}\n</tool_call>"
     result = prompt.rsplit(TOOL_TURN, 1)[1].split("<|im_end|>", 1)[0]
