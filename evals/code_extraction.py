@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import re
+import threading
 
 from nanbeige.evals.code_problems import CodeProblem
 
@@ -14,6 +15,10 @@ FENCE = re.compile(r"```[ \t]*([\w+.-]*)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
 PYTHON_TAGS = ("python", "python3", "py")
 MAX_PROGRAM_BYTES = 1 << 20
 """A longer program is a format error (nothing a solution needs; far below the sandbox's file size limit)."""
+_PARSING = threading.Lock()
+"""One parse at a time: the judge grades programs in threads, and CPython 3.11's `ast` keeps one recursion
+counter per interpreter, so a thread switch inside a parse (a finalizer the garbage collector runs there) let
+another thread's parse move it: `SystemError: AST constructor recursion depth mismatch` (CPython gh-106905)."""
 
 
 def extract_program(*texts: str | None, entry_point: str | None = None) -> str | None:
@@ -39,7 +44,7 @@ def extract_program(*texts: str | None, entry_point: str | None = None) -> str |
 
 def defines(program: str, name: str) -> bool:
     try:
-        return name in defined_names(ast.parse(program))
+        return name in defined_names(parse(program))
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return False
 
@@ -51,12 +56,18 @@ def form_error(program: str | None, problem: CodeProblem) -> str | None:
     if len(program.encode()) > MAX_PROGRAM_BYTES:
         return f"the program is longer than {MAX_PROGRAM_BYTES // 1024} KB"
     try:
-        tree = ast.parse(program, "solution.py")
+        tree = parse(program, "solution.py")
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
         return f"the program does not parse: {type(exc).__name__}: {str(exc)[:200]}"
     if problem.entry_point is not None and problem.entry_point not in defined_names(tree):
         return f"the program does not define `{problem.entry_point}`"
     return None
+
+
+def parse(program: str, filename: str = "<unknown>") -> ast.Module:
+    """`ast.parse`, safe to call from the judge's threads (`_PARSING`)."""
+    with _PARSING:
+        return ast.parse(program, filename)
 
 
 def defined_names(tree: ast.Module) -> set[str]:

@@ -273,6 +273,47 @@ def test_a_program_over_a_megabyte_is_a_format_error() -> None:
     assert form_error("x = 1\n" * 200_000, SUM) == "the program is longer than 1024 KB"
 
 
+def test_programs_checked_in_many_threads_at_once_are_each_checked_alone() -> None:
+    """The judge grades programs in threads. CPython 3.11's parser counted its depth in one place for all of
+    them, so a thread switch inside a parse (here a finalizer the garbage collector runs, as it may in any
+    judge) crashed another thread's parse with a SystemError and took the whole judge down."""
+    import gc
+    import threading
+    import time
+
+    class YieldsWhenCollected:
+        def __init__(self) -> None:
+            self.cycle = self  # only the collector frees it, at any allocation of any thread
+
+        def __del__(self) -> None:
+            time.sleep(0)  # lets another thread run, as a finalizer closing a file or socket does
+
+    program = "def add(a, b):\n    x = [" + ", ".join(f"{{'k{i}': (a, b, [{i}])}}" for i in range(50)) + "]\n"
+    problem = CodeProblem(id="add", statement="Write add(a, b).", entry_point="add", tests=[])
+    failures: list[BaseException] = []
+
+    def check() -> None:
+        for _ in range(200):
+            for _ in range(5):
+                YieldsWhenCollected()
+            try:
+                assert form_error(program, problem) is None
+            except BaseException as exc:  # noqa: BLE001 - every failure is the finding
+                failures.append(exc)
+
+    threads = [threading.Thread(target=check) for _ in range(4)]
+    thresholds = gc.get_threshold()
+    gc.set_threshold(700)
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        gc.set_threshold(*thresholds)
+    assert failures == []
+
+
 def test_a_jail_that_does_not_start_the_program_is_the_sandboxs_failure(
     runner: CodeRunner, monkeypatch: pytest.MonkeyPatch
 ) -> None:

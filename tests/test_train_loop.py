@@ -41,12 +41,18 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def alternating_critic() -> Any:
-    """A turn critic that scores turns 5, 3, 5, 3, ... in the order it is asked: every turn passes,
-    with reward 1.0 or 0.5, so each group's turns differ."""
-    count = itertools.count()
+    """A turn critic that scores each question's turns 5, 3, 5, 3, ... in the order it is asked about that
+    question: every turn passes, with reward 1.0 or 0.5, so the two turns of a group of two differ however
+    the judge orders its concurrent requests (one counter for all questions let a group get 5, 5 when the
+    other question's turn came between)."""
+    counts: dict[str, itertools.count] = {}
+    lock = threading.Lock()
 
     def reply(request: dict[str, Any]) -> str:
-        score = 5 if next(count) % 2 == 0 else 3
+        prompt = json.dumps(request["messages"])
+        question = next((q for q in ("What is 2+2?", "Name a colour.") if q in prompt), "")
+        with lock:
+            score = 5 if next(counts.setdefault(question, itertools.count())) % 2 == 0 else 3
         return json.dumps(
             {
                 name: {"score": score, "reason": "ok"}
