@@ -28,3 +28,16 @@ def percentile(ordered: list[float], q: float) -> float:
     below = int(position)
     above = min(below + 1, len(ordered) - 1)
     return ordered[below] + (ordered[above] - ordered[below]) * (position - below)
+
+
+def paired_change_ci95(
+    before: dict[str, float], after: dict[str, float], resamples: int = RESAMPLES, seed: int = 0
+) -> list[float]:
+    """[low, high]: a 95% interval on the mean per-task change from `before` to `after`, the same tasks' scores
+    under two policies, by the percentile bootstrap over tasks with each task's two scores resampled together.
+    Two intervals apart is a stricter test than this one: a task both policies find easy (or hard) moves both
+    scores alike, which two separate intervals count as noise twice and the change does not count at all."""
+    if before.keys() != after.keys():
+        raise ValueError(f"the two scores are of different tasks ({len(before.keys() ^ after.keys())} not in both)")
+    changes = [after[task] - before[task] for task in sorted(before)]
+    return bootstrap_ci95(changes, resamples, seed)

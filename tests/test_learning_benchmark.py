@@ -1,6 +1,7 @@
 """tests/benchmarks/learning.py's own parts: the questions it splits before anything runs, and the warm start's
 teacher, whose passing rollouts the small model imitates before RL (it must solve the task from the search
-tool's result alone, through the real collect, search server and judge)."""
+tool's result alone, through the real collect, search server and judge); and the verdict it prints on what
+counts as learning."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "benchmarks"))
 
-from learning import BIN, make_questions, search_flags, small_model_folder  # noqa: E402
+from learning import BIN, make_questions, search_flags, small_model_folder, verdict  # noqa: E402
 from warm_start import teacher_reply, teacher_server  # noqa: E402
 
 
@@ -38,6 +39,37 @@ def prompt(tool_result: str | None) -> str:
         text += "<|im_start|>assistant\n<tool_call>...</tool_call><|im_end|>\n"
         text += f"<|im_start|>tool\n{tool_result}<|im_end|>\n"
     return text + "<|im_start|>assistant\n"
+
+
+def test_the_verdict_reads_the_two_eval_folders_and_says_which_bar_of_learning_each_score_clears(
+    tmp_path: Path,
+) -> None:
+    from nanbeige.evals.scores import scores
+
+    def eval_folder(work: Path, name: str, right_runs: list[int]) -> dict:
+        """An eval folder as `nanbeige eval` writes it, of 20 questions, k=4, question i right in its first
+        right_runs[i] runs; its report's scores."""
+        folder = work / f"eval-{name}"
+        folder.mkdir(parents=True)
+        cells = {(f"q{i}", r): r < right for i, right in enumerate(right_runs) for r in range(4)}
+        rows = [{"task_id": t, "run": r, "correct": ok} for (t, r), ok in cells.items()]
+        (folder / "results.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+        return scores(cells, [f"q{i}" for i in range(20)], 4)
+
+    learned = tmp_path / "learned"
+    start = eval_folder(learned, "start", [1] * 10 + [0] * 10)  # 12.5%
+    end = eval_folder(learned, "end", [4] * 8 + [1] * 2 + [0] * 10)  # 42.5%: every question as good or better
+    said = verdict(learned, start, end).splitlines()
+    assert said[0].startswith("held-out: 12.5% -> 42.5%, change +30.0 points [+")
+    assert said[1:] == ["yes doubled", "yes up 10 points or more", "yes intervals apart"]
+    less = tmp_path / "less"
+    start = eval_folder(less, "start", [2] * 10 + [0] * 10)  # 25%
+    end = eval_folder(less, "end", [3] * 10 + [0] * 10)  # 37.5%
+    assert verdict(less, start, end).splitlines()[1:] == [
+        "NO  doubled",
+        "yes up 10 points or more",
+        "NO  intervals apart",
+    ]
 
 
 def test_the_teacher_searches_for_the_person_then_reads_the_year_off_that_persons_result_only() -> None:

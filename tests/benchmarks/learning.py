@@ -119,7 +119,9 @@ def evaluate(
     out = work / f"eval-{name}"
     command = [str(BIN / "nanbeige"), "eval", "questions", "--data", str(work / f"{data}.jsonl"), "--out", str(out)]
     command += ["-k", str(k or args.k), "--concurrency", str(args.concurrency), *model_flags(args, model), *flags]
-    command += [*args.run_flags]
+    # Without tools one reply and one more after the refusal of a call: more turns only retry calls that cannot
+    # succeed (a policy trained to call spent 26 minutes on that), and cannot make a guess right.
+    command += [*args.run_flags, *([] if tools else ["--max-turns", "2"])]  # the last --max-turns counts
     seconds = run(command, work / f"eval-{name}.log", env)
     return json.loads((out / "report.json").read_text()), seconds
 
@@ -140,6 +142,33 @@ def loop(args: argparse.Namespace, work: Path) -> tuple[dict[str, Any], float]:
 def scored(report: dict[str, Any]) -> str:
     low, high = report.get("avg_at_k_ci95") or (None, None)
     return f"{report['avg_at_k']:.1f}% [{low:.1f}, {high:.1f}]" if low is not None else "-"
+
+
+def per_task(folder: Path) -> dict[str, float]:
+    """Each task's score in an eval's folder: the share of its runs graded correct, in %."""
+    from nanbeige.evals.out_folder import read_results
+
+    runs: dict[str, list[bool]] = {}
+    for row in read_results(folder):
+        runs.setdefault(row["task_id"], []).append(bool(row["correct"]))
+    return {task: 100 * sum(right) / len(right) for task, right in runs.items()}
+
+
+def verdict(work: Path, start: dict[str, Any], end: dict[str, Any]) -> str:
+    """What counts as learning, line by line: the held-out score at least doubled, up at least 10 points, the
+    two intervals apart; and the change with its paired interval (the same questions before and after)."""
+    from nanbeige.evals.intervals import paired_change_ci95
+
+    before, after = start["avg_at_k"], end["avg_at_k"]
+    low, high = paired_change_ci95(per_task(work / "eval-start"), per_task(work / "eval-end"))
+    checks = {
+        "doubled": after >= 2 * before,
+        "up 10 points or more": after - before >= 10,
+        "intervals apart": end["avg_at_k_ci95"][0] > start["avg_at_k_ci95"][1],
+    }
+    lines = [f"held-out: {before:.1f}% -> {after:.1f}%, change {after - before:+.1f} points [{low:+.1f}, {high:+.1f}]"]
+    lines += [f"{'yes' if held else 'NO '} {name}" for name, held in checks.items()]
+    return "\n".join(lines)
 
 
 def table(rows: list[tuple[str, str, str, float]]) -> str:
@@ -164,6 +193,9 @@ def main() -> None:
     parser.add_argument("--warm-start", type=int, default=0, help="teacher questions to SFT on first (0: none)")
     parser.add_argument("--sft-epochs", type=int, default=2)
     parser.add_argument("--sft-lr", type=float, default=2e-5)
+    parser.add_argument(
+        "--sft-step-tokens", type=int, default=4096, help="the warm start's tokens a step (a checkpoint each step)"
+    )
     parser.add_argument("--start-pass", type=float, default=10.0, help="the warm start's pass rate to reach (%%)")
     parser.add_argument("--work", type=Path)
     args = parser.parse_args()
@@ -174,11 +206,12 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     rows: list[tuple[str, str, str, float]] = []
     try:
-        measure(args, work, rows)
+        found = measure(args, work, rows)
     except StageFailed as exc:
         print(table(rows))
         sys.exit(str(exc))
     print(table(rows))
+    print(found)
 
 
 Rows = list[tuple[str, str, str, float]]
@@ -197,8 +230,8 @@ def choose_start(args: argparse.Namespace, work: Path, found: list[Path], rows: 
     return str(found[-1])
 
 
-def measure(args: argparse.Namespace, work: Path, rows: list[tuple[str, str, str, float]]) -> None:
-    """Each stage in order, its row appended to `rows` as it ends."""
+def measure(args: argparse.Namespace, work: Path, rows: list[tuple[str, str, str, float]]) -> str:
+    """Each stage in order, its row appended to `rows` as it ends; the verdict on the held-out change."""
     if not (work / "index").exists():
         seconds = run(
             [str(BIN / "nanbeige"), "index", "build", str(corpus()), "--out", str(work / "index")], work / "index.log"
@@ -209,7 +242,8 @@ def measure(args: argparse.Namespace, work: Path, rows: list[tuple[str, str, str
         (work / f"{name}.jsonl").write_text("".join(json.dumps(q) + "\n" for q in questions))
     if warm:
         search, env = search_flags(work)
-        sft = ["--epochs", str(args.sft_epochs), "--lr", str(args.sft_lr), "--step-tokens", "8192", "--seed", "0"]
+        sft = ["--epochs", str(args.sft_epochs), "--lr", str(args.sft_lr), "--step-tokens", str(args.sft_step_tokens)]
+        sft += ["--seed", "0"]
         found, judged, seconds = warm_start(args.model, work, warm, run, (args.run_flags, search, env), sft)
         passed = f"{judged['passing']}/{judged['rollouts']} passed"
         rows.append(("warm start (SFT on the teacher)", "-", passed, seconds))
@@ -233,6 +267,7 @@ def measure(args: argparse.Namespace, work: Path, rows: list[tuple[str, str, str
     final = state["policy"]["checkpoint"] or args.model
     end, seconds = evaluate(args, work, "end", final, tools=True)
     rows.append(("end, search tool", scored(end), f"{end.get('mean_tool_calls')} calls a run", seconds))
+    return verdict(work, start, end)
 
 
 if __name__ == "__main__":
