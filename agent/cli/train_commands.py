@@ -136,8 +136,20 @@ def training(flags: dict[str, Any], loop: int, spelled: str) -> TrainConfig:
         groups=groups,
         tensorboard=not flags["no_tensorboard"],
         gradient_checkpointing=not flags["no_gradient_checkpointing"],
-        **{name: flags[name] for name in same},
+        **{name: flags[name] for name in same} | {"model": trainable(flags["model"])},
     )
+
+
+def trainable(model: str) -> str:
+    """The model as the trainer loads it: `smollm2` (and the package folder runs name for it) as its
+    de-quantized folder; a model that cannot be had that way is refused in one line."""
+    from nanbeige.agent.backends.dequantized import plain_folder
+    from nanbeige.agent.backends.llm import ModelError
+
+    try:
+        return plain_folder(model, said=lambda text: err.print(escape(text), highlight=False))
+    except ModelError as exc:
+        fail(str(exc))
 
 
 def train_once(config: TrainConfig, resume: bool) -> None:

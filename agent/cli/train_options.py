@@ -71,7 +71,10 @@ LOOP_PANEL = "Loop"
 # What one training run takes, in the order the help pages list them.
 TRAINING: dict[str, tuple[Any, Any]] = {
     "model": option(
-        str | None, None, help="The model to start from: a Hugging Face id or folder (required).", show_default=False
+        str | None,
+        None,
+        help="The model to start from: a Hugging Face id or folder, or smollm2 (its de-quantized copy; required).",
+        show_default=False,
     ),
     "out": option(
         Path | None,

