@@ -44,6 +44,8 @@ def final_answer(turn: Turn, dialect: str, summary: bool) -> str | None:
         return dialects.last_boxed(content if summary else dialects.visible_text(content)) or None
     if turn.finish_reason == "length" or turn.assistant.get("tool_calls") or "<tool_call>" in content:
         return None
+    if echoes_note(dialects.visible_text(content)):
+        return None
     return dialects.extract_answer(dialect, content) or None
 
 
@@ -124,21 +126,38 @@ def used_up(earlier: list[Turn], turn: Turn, tries: int) -> bool:
     return count >= tries
 
 
+CUT_OFF_NOTE = (
+    "Your reply was cut off at the token limit before it was finished. Think more briefly, then make your tool "
+    "call or give your final answer."
+)
+LOOPING_NOTE = "Your reply kept repeating the same text. Stop repeating, and continue with a new step."
+EMPTY_NOTE = "Your reply had no answer and no tool call. Continue: make a tool call or give your final answer."
+ECHO_NOTE = "Your reply repeated the note it was sent instead of answering. Make a tool call or give your final answer."
+NOTES = (CUT_OFF_NOTE, LOOPING_NOTE, EMPTY_NOTE, ECHO_NOTE)
+"""What the loop tells the model of a reply that is no answer (with rollback off)."""
+
+
+def echoes_note(text: str) -> bool:
+    """The reply repeats one of the loop's own notes (a small model may send it back as its answer): it holds
+    a note's first sentence, however spaced or cased. A note is never an answer."""
+    said = " ".join(text.split()).casefold()
+    return any(note.split(". ")[0].casefold() in said for note in NOTES)
+
+
 def reply_problem(turn: Turn, parsed: dialects.ParsedReply, dialect: str) -> str | None:
-    """Why a reply without tool calls is not an answer either: cut off, looping, empty, or (mcp-xml)
-    without a `\\boxed{}` answer."""
+    """Why a reply without tool calls is not an answer either: cut off, looping, empty, the loop's own note
+    sent back, or (mcp-xml) without a `\\boxed{}` answer."""
     if parsed.tool_calls:
         return None
     content = turn.assistant.get("content") or ""
     if turn.finish_reason == "length":
-        return (
-            "Your reply was cut off at the token limit before it was finished. Think more briefly, then "
-            "make your tool call or give your final answer."
-        )
+        return CUT_OFF_NOTE
     if degenerate(content):
-        return "Your reply kept repeating the same text. Stop repeating, and continue with a new step."
+        return LOOPING_NOTE
     if not dialects.visible_text(content).strip():
-        return "Your reply had no answer and no tool call. Continue: make a tool call or give your final answer."
+        return EMPTY_NOTE
+    if echoes_note(dialects.visible_text(content)):
+        return ECHO_NOTE
     return dialects.mcp_xml_answer_problem(content) if dialect == "mcp-xml" else None
 
 

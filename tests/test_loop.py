@@ -7,6 +7,7 @@ import asyncio
 import statistics
 import time
 import tracemalloc
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -124,6 +125,20 @@ async def test_cut_off_looping_and_refusing_replies_are_rolled_back_not_taken_as
     trajectory, llm = await ask([cut, looping, mcp_answer("5")], AgentConfig(rollback=False, date="2026-11-21"))
     assert "cut off" in llm.calls[1][-1]["content"] and "repeating" in llm.calls[2][-1]["content"]
     assert trajectory.answer == "5"
+
+
+async def test_a_reply_that_sends_the_loops_own_note_back_is_no_answer() -> None:
+    """A small model may answer with the note it was just sent: that is the runtime's text, not an answer."""
+    cut = Completion(message={"role": "assistant", "content": "The answer is"}, finish_reason="length")
+    echo = "your reply was cut off at the token limit\nbefore it was finished. Think more briefly."
+    config = AgentConfig(dialect="tool-call", rollback=False, summary_turn=False, date="2026-11-21")
+    trajectory, llm = await ask([cut, echo, "5"], config)
+    assert "repeated the note" in llm.calls[2][-1]["content"]
+    assert trajectory.turns[1].format_error is not None
+    assert (trajectory.answer, trajectory.stop_reason) == ("5", "answered")
+    # nor is it one when asked for the final answer at the turn limit
+    trajectory, _ = await ask([cut, echo, echo], replace(config, max_turns=2))
+    assert trajectory.answer is None and trajectory.stop_reason == "max_turns"
 
 
 async def test_the_same_call_made_again_and_again_is_refused_in_the_tool_call_dialect() -> None:
