@@ -61,12 +61,21 @@ class Progress:
     def eta_s(self) -> float | None:
         """Seconds until every run is done: the runs left, each taking as long as the runs of this session took
         on average, less what the runs in flight have done of theirs, as many at once as are running now. None
-        until a run of this session has ended (nothing to go by yet); 0 when none is left."""
+        until a run of this session has ended (nothing to go by yet), and None when only runs in flight are
+        left and one has run longer than the average (no telling when it ends: "0s" for minutes would be a
+        lie); 0 when none is left."""
         left = self.total - self.done
         if left <= 0:
             return 0.0
         if not self.timed:
             return None
         per_run, now = self.run_s / self.timed, time.monotonic()
+        if left <= self.running and self.longest_running_s() >= per_run:
+            return None
         under_way = sum(min(now - began, per_run) for began in tuple(self.in_flight))  # read from another thread
         return max(left * per_run - under_way, 0.0) / max(self.running, 1)
+
+    def longest_running_s(self) -> float:
+        """How long the run in flight the longest has run; 0 when none is."""
+        began = min(tuple(self.in_flight), default=None)  # a copy: read from another thread
+        return 0.0 if began is None else time.monotonic() - began

@@ -197,7 +197,9 @@ def test_progress_shows_elapsed_and_an_eta_estimate_before_the_first_run_ends(tm
     assert any(line.startswith("gaia: 0/2 runs · 1 running") for line in before), lines  # in flight
     assert any(re.search(r"[1-9]s elapsed$", line) for line in before), lines  # the clock runs from the start
     after = [line for line in lines if line.startswith("gaia: 1/2 runs · 1 running")]
-    assert after and all(re.search(r"ETA \d+s · \d+s elapsed$", line) for line in after), lines
+    # the second run's ETA, or, once it has run longer than the first took, that it cannot be told
+    eta = r"ETA (\d+s|unknown \(1 running, the longest for \d+s\)) · \d+s elapsed$"
+    assert after and all(re.search(eta, line) for line in after), lines
     assert lines[-1].startswith("gaia: 2/2 runs · 0 running") and " ETA 0s · " in lines[-1]
 
 
@@ -217,3 +219,27 @@ def test_the_eta_counts_down_while_runs_are_in_flight() -> None:
     assert progress.eta_s() == pytest.approx(36, abs=0.5)
     progress.ended_one(second, done=False)  # a failed run is not timed
     assert (progress.running, progress.timed, progress.eta_s()) == (0, 1, pytest.approx(40))
+
+
+def test_the_eta_is_unknown_not_0s_once_only_runs_in_flight_are_left_and_one_is_slower_than_the_others() -> None:
+    """A first eval of 2 tasks said "ETA 0s" for minutes while its last run went on."""
+    import io
+    import time
+
+    from rich.console import Console
+
+    from nanbeige.agent.cli.view import RunsView
+    from nanbeige.evals.progress import Progress
+
+    progress = Progress(total=2)
+    first, last = progress.began_one(), progress.began_one()
+    progress.ended_one(first, done=True)
+    progress.done, progress.run_s = 1, 10.0  # the first took 10 s
+    progress.in_flight[0] = time.monotonic() - 4  # the last began 4 s ago: 6 s to go, as runs have gone
+    assert progress.eta_s() == pytest.approx(6, abs=0.5)
+    progress.in_flight[0] = time.monotonic() - 200  # 200 s and going: when it ends cannot be told
+    assert progress.eta_s() is None
+    view = RunsView(Console(file=io.StringIO()), progress, "gaia")
+    view.stop()
+    assert "ETA unknown (1 running, the longest for 3m20s)" in view._plain_line()
+    assert last

@@ -310,7 +310,10 @@ class RunsView:
         return f"{self.progress.turns / seconds:.1f}" if seconds > 0 else "-"
 
     def _eta(self) -> str:
-        eta = self.progress.eta_s()  # the pace of this session's runs (`evals.progress`)
+        p = self.progress
+        eta = p.eta_s()  # the pace of this session's runs (`evals.progress`)
+        if eta is None and p.timed and p.running:
+            return f"unknown ({p.running} running, the longest for {elapsed(p.longest_running_s())})"
         return "estimating" if eta is None else elapsed(eta)
 
     def stop(self) -> None:
