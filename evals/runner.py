@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import shutil
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,7 @@ from nanbeige.evals.grading import check_grader, grader_for, open_code_runner
 from nanbeige.evals.judges import JudgeUnavailable
 from nanbeige.evals.out_folder import (
     REPORT,
+    RESULTS,
     TRAJECTORIES,
     append_result,
     judge_prompt_origin,
@@ -249,6 +251,7 @@ async def evaluate(
     check_grader(config)
     settings = with_reference(settings)
     reference = settings.agent.reference
+    fresh = not config.out.exists()
     found = prepare_out(
         config,
         tasks,
@@ -261,11 +264,26 @@ async def evaluate(
     if pending:
         if progress.done:
             notice(f"resuming: {progress.done} of {progress.total} runs already done in {config.out}")
-        await (runs or run_here)(config, with_out(settings, config, tasks), pending, progress, notice, progress_view)
+        run = runs or run_here
+        try:
+            await run(config, with_out(settings, config, tasks), pending, progress, notice, progress_view)
+        except BaseException:
+            if fresh:
+                remove_if_nothing_ran(config.out)
+            raise
     report = build_report(found, read_results(config.out))
     report["failed_runs"], report["failed_run_errors"] = progress.failed, failed_run_errors(config, settings, progress)
     (config.out / REPORT).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     return report
+
+
+def remove_if_nothing_ran(out: Path) -> None:
+    """The out folder this eval made, removed when the eval stopped before any run was recorded or begun (a
+    model server that is not up, a key refused): a folder of nothing is no eval to resume, only one more to
+    tell apart from those that are."""
+    if any((out / name).exists() and (out / name).stat().st_size > 0 for name in (RESULTS, TRAJECTORIES)):
+        return
+    shutil.rmtree(out, ignore_errors=True)
 
 
 def failed_run_errors(config: EvalConfig, settings: RunSettings, progress: Progress) -> list[dict[str, Any]]:

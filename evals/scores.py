@@ -226,7 +226,7 @@ def markdown(report: dict[str, Any]) -> str:
     if not report["complete"]:
         lines += [
             f"Incomplete: {report['runs_done']} of {report['runs_expected']} runs done; runs not done count "
-            "as wrong. Run the same command again to finish.",
+            "as wrong. Run the same command again, with the same --out, to finish.",
             "",
         ]
     lines += [
@@ -263,7 +263,7 @@ def markdown(report: dict[str, Any]) -> str:
         "Why runs failed", report.get("failures") or [], "why", "`failure` and `error` in results.jsonl"
     )
     lines += failure_lines(
-        "Runs that failed and are not counted (run the same command again to retry them)",
+        "Runs that failed and are not counted (run the same command again, with the same --out, to retry them)",
         report.get("failed_run_errors") or [],
         "error",
         "report.json",

@@ -243,3 +243,38 @@ def test_the_eta_is_unknown_not_0s_once_only_runs_in_flight_are_left_and_one_is_
     view.stop()
     assert "ETA unknown (1 running, the longest for 3m20s)" in view._plain_line()
     assert last
+
+
+def test_an_eval_without_out_that_cannot_start_leaves_no_folder_and_one_stopped_names_its_folder(
+    tmp_path: Path,
+) -> None:
+    """Without --out each eval gets a new folder: one that stops before any run leaves none behind, and one
+    stopped half way says to go on with `--out` and the folder it got, since the same command would start
+    another."""
+    import signal
+    import socket
+    import time
+
+    runs, data = tmp_path / "runs", write_gaia(tmp_path / "gaia")
+    env = {**os.environ, "NANBEIGE_RUNS_DIR": str(runs), "NANBEIGE_PROGRESS_EVERY": "0.3"}
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # nothing listens once the socket is closed
+    command = [NANBEIGE, "eval", "gaia", "--grader", "official", "--data", str(data), "-k", "1", "--no-default-servers"]
+    down = subprocess.run(
+        [*command, "--base-url", f"http://127.0.0.1:{port}/v1"], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert down.returncode != 0 and "error" in down.stderr
+    assert not runs.exists() or list(runs.iterdir()) == [], down.stderr
+    with FakeOpenAI([], default=Reply(content="never", delay_s=60)) as server:
+        eval_run = subprocess.Popen(
+            [*command, "--base-url", server.base_url], stderr=subprocess.PIPE, text=True, env=env
+        )
+        deadline = time.monotonic() + 60
+        while not server.requests and time.monotonic() < deadline:
+            time.sleep(0.1)
+        eval_run.send_signal(signal.SIGINT)
+        _, stderr = eval_run.communicate(timeout=60)
+    (folder,) = runs.iterdir()
+    assert eval_run.returncode == 130
+    assert f"run the same command with --out {folder} to go on" in " ".join(stderr.split()), stderr

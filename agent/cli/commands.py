@@ -231,7 +231,9 @@ def evaluate(
     from nanbeige.agent.setup import secrets_of
 
     hide(secrets_of(settings) + ([flags["judge_api_key"]] if flags["judge_api_key"] else []))
-    run_eval(config, settings)
+    # the folder a run without --out gets is new each time: going on needs its name
+    again = "the same command" if flags["out_dir"] else f"the same command with --out {config.out}"
+    run_eval(config, settings, again)
 
 
 class EvalCommand(ShortHelpCommand):
@@ -299,8 +301,9 @@ def eval_config(bench: Any, flags: dict[str, Any]) -> Any:
     )
 
 
-def run_eval(config: Any, settings: Any) -> None:
-    """Run the eval with a progress display on stderr; print the report on stdout."""
+def run_eval(config: Any, settings: Any, again: str = "the same command") -> None:
+    """Run the eval with a progress display on stderr; print the report on stdout. `again`: what to run to go
+    on where it stopped."""
     from nanbeige.agent.cli.running import notice, resumable, run_command
     from nanbeige.agent.cli.view import RunsView
     from nanbeige.evals.runner import EvalError, evaluate
@@ -312,12 +315,13 @@ def run_eval(config: Any, settings: Any) -> None:
     if config.ray is not None:  # Ray is loaded only then
         from nanbeige.evals.sharded import run_on_ray as runs
     work = evaluate(config, settings, notice, lambda progress: RunsView(err, progress, config.bench.name), runs)
-    report = run_command(resumable(work, EvalError, f"finished runs are kept in {escape(str(config.out))}"))
+    kept = f"finished runs are kept in {escape(str(config.out))}"
+    report = run_command(resumable(work, EvalError, kept, again=escape(again)))
     print_line(markdown(report))
     if report.get("failed_runs"):
         err.print(
             f"[yellow]{report['failed_runs']} runs failed[/] (model server errors or crashes) and are not "
-            "counted; run the same command again to retry them",
+            f"counted; run {escape(again)} to retry them",
             highlight=False,
         )
         if settings.tools.replay:  # a replay that did not replay every run is not the recorded eval
