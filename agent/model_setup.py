@@ -207,6 +207,7 @@ def token_mode_client(settings: RunSettings, server: ServerInfo) -> LLM:
     """The token-mode client, its tokenizer from `--tokenizer`, else the first that loads of the folder the
     server lists as the model's root (when it is a folder here) and the model name."""
     from nanbeige.agent.backends.dequantized import plain_folder
+    from nanbeige.agent.backends.local_model import check_model_available
     from nanbeige.agent.backends.token_mode import TokenModeChat, load_tokenizer
 
     b, c = settings.backend, settings.llm
@@ -216,6 +217,7 @@ def token_mode_client(settings: RunSettings, server: ServerInfo) -> LLM:
     for source in sources:
         try:
             folder = plain_folder(source)  # the small model's GGUF package: its de-quantized copy's tokenizer
+            check_model_available(folder, fixes="pass --tokenizer with the model's folder")
             chosen = template_file(settings, folder)
             tokenizer, template = load_tokenizer(folder, chosen)
             return TokenModeChat(c, tokenizer, template, template_name=chosen and chosen.name)

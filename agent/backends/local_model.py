@@ -87,9 +87,12 @@ def at_hand(model: str, gguf_file: str | None = None) -> str | None:
     return "downloaded" if isinstance(try_to_load_from_cache(model, gguf_file or "config.json"), str) else None
 
 
-def check_model_available(model: str, gguf_file: str | None = None, timeout_s: float = 3.0) -> None:
-    """Fail at once, with the fixes, when the model is neither a local folder nor downloaded, and the
-    hub it would come from cannot be reached (transformers would retry for about a minute first)."""
+def check_model_available(
+    model: str, gguf_file: str | None = None, timeout_s: float = 3.0, fixes: str | None = None
+) -> None:
+    """Fail at once, with the fixes (by default those for a model to run), when the model is neither a local
+    folder nor downloaded, and the hub it would come from cannot be reached (transformers would retry for
+    about a minute first)."""
     try:
         if at_hand(model, gguf_file):
             return
@@ -100,12 +103,13 @@ def check_model_available(model: str, gguf_file: str | None = None, timeout_s: f
         from huggingface_hub import constants
     except ImportError:
         return  # transformers is missing: loading reports that
-    fixes = (
-        "pass --model with a local model folder, or --base-url with a running model server "
-        "(`nanbeige serve` on a GPU machine)"
-    )
-    if small_model_folder() is not None:
-        fixes += f"; to try the small model this install has, add --model {SMALL_MODEL} --dialect tool-call"
+    if fixes is None:
+        fixes = (
+            "pass --model with a local model folder, or --base-url with a running model server "
+            "(`nanbeige serve` on a GPU machine)"
+        )
+        if small_model_folder() is not None:
+            fixes += f"; to try the small model this install has, add --model {SMALL_MODEL} --dialect tool-call"
     if constants.HF_HUB_OFFLINE:
         raise LocalModelError(f"{model!r} is not downloaded here and HF_HUB_OFFLINE is set: {fixes}")
     try:

@@ -145,11 +145,15 @@ def trainable(model: str) -> str:
     de-quantized folder; a model that cannot be had that way is refused in one line."""
     from nanbeige.agent.backends.dequantized import plain_folder
     from nanbeige.agent.backends.llm import ModelError
+    from nanbeige.agent.backends.local_model import check_model_available
 
     try:
-        return plain_folder(model, said=lambda text: err.print(escape(text), highlight=False))
+        folder = plain_folder(model, said=lambda text: err.print(escape(text), highlight=False))
+        fixes = f"download it first (`hf download {model}`), or pass a local folder, or --model smollm2 offline"
+        check_model_available(folder, fixes=fixes)
     except ModelError as exc:
         fail(str(exc))
+    return folder
 
 
 def train_once(config: TrainConfig, resume: bool) -> None:
