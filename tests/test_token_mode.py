@@ -155,9 +155,9 @@ def test_ask_in_token_mode_from_the_command_line(tmp_path: Path) -> None:
 
 
 def served(tokenizer: Any, root: str | None) -> FakeOpenAI:
-    """A vLLM server of the tiny model under the name `smollm2`, its /v1/models listing `root` as the folder (or
+    """A vLLM server of the tiny model under the name `tiny-served`, its /v1/models listing `root` as the folder (or
     no root)."""
-    entry = {"id": "smollm2", "object": "model", "owned_by": "vllm", "max_model_len": 32768} | (
+    entry = {"id": "tiny-served", "object": "model", "owned_by": "vllm", "max_model_len": 32768} | (
         {"root": root} if root else {}
     )
     return FakeOpenAI(
@@ -172,7 +172,7 @@ def served(tokenizer: Any, root: str | None) -> FakeOpenAI:
 
 @pytest.mark.slow
 def test_token_mode_finds_the_tokenizer_at_the_root_the_server_lists_or_takes_one_named(tmp_path: Path) -> None:
-    """Seen against real vLLM: a model served as `smollm2` is no tokenizer path, and its folder is no served
+    """Seen against real vLLM: a model served under a name (`tiny-served` here) is no tokenizer path, and its folder is no served
     name (HTTP 404). vLLM's /v1/models lists the folder as the model's `root`."""
     import os
     import subprocess
@@ -186,7 +186,7 @@ def test_token_mode_finds_the_tokenizer_at_the_root_the_server_lists_or_takes_on
         "What is 2+3?",
         "--token-mode",
         "--model",
-        "smollm2",
+        "tiny-served",
         "--no-default-servers",
         "--dialect",
         "tool-call",
@@ -202,7 +202,7 @@ def test_token_mode_finds_the_tokenizer_at_the_root_the_server_lists_or_takes_on
             env=env,
         )
     assert listed.returncode == 0 and listed.stdout == "5\n", listed.stderr
-    assert server.requests[0]["model"] == "smollm2" and isinstance(server.requests[0]["prompt"], list)
+    assert server.requests[0]["model"] == "tiny-served" and isinstance(server.requests[0]["prompt"], list)
     with served(tokenizer, None) as server:
         named = subprocess.run(
             [

@@ -136,13 +136,14 @@ def training(flags: dict[str, Any], loop: int, spelled: str) -> TrainConfig:
         groups=groups,
         tensorboard=not flags["no_tensorboard"],
         gradient_checkpointing=not flags["no_gradient_checkpointing"],
-        **{name: flags[name] for name in same} | {"model": trainable(flags["model"])},
+        **{name: flags[name] for name in same},
     )
 
 
 def trainable(model: str) -> str:
     """The model as the trainer loads it: `smollm2` (and the package folder runs name for it) as its
-    de-quantized folder; a model that cannot be had that way is refused in one line."""
+    de-quantized folder; a model that cannot be had (not here, and the Hub out of reach) is refused in one
+    line. Asked once every flag is checked: a mistyped flag is said first, and at once."""
     from nanbeige.agent.backends.dequantized import plain_folder
     from nanbeige.agent.backends.llm import ModelError
     from nanbeige.agent.backends.local_model import check_model_available
@@ -158,6 +159,8 @@ def trainable(model: str) -> str:
 
 def train_once(config: TrainConfig, resume: bool) -> None:
     from nanbeige.trainer.train import train as run_training
+
+    config = replace(config, model=trainable(config.model))
 
     try:
         summary = run_training(
@@ -332,6 +335,7 @@ def run_train_loop(
     from nanbeige.trainer.rl_loop import run_loop
 
     hide(secrets_of(settings) + judging_secrets(judge_config))
+    train_config = replace(train_config, model=trainable(train_config.model))
     config = LoopConfig(
         iterations=iterations,
         out=train_config.out,
