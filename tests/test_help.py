@@ -105,6 +105,17 @@ def every_command_path(group: Any, path: tuple[str, ...] = ()) -> list[tuple[str
     return paths
 
 
+def test_every_command_and_group_takes_help_all_and_shows_its_whole_page() -> None:
+    """The README promises --help-all on every command: where --help shows every option already, it shows
+    the same page."""
+    for path in every_command_path(typer.main.get_command(app)):
+        result = nanbeige(*path, "--help-all", columns=200)
+        assert result.returncode == 0, (path, result.stderr)
+        assert {"--help", "--help-all"} <= rows(result.stdout), path
+        if not (len(path) == 1 and path[0] in MAIN_OPTIONS):
+            assert result.stdout == nanbeige(*path, "--help", columns=200).stdout, path
+
+
 def test_no_flag_shows_a_value_placeholder() -> None:
     """A flag takes no value, so its row shows none (typer 0.2x drew `<bool>` there, as if it took one). Every
     page with a flag of the command's own, and two whose only flag is --help."""

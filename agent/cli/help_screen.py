@@ -181,6 +181,17 @@ class ShortHelpGroup(ShortHelp, TyperGroup):
     pass
 
 
+def help_all_everywhere(command: Any) -> None:
+    """--help-all on every command and group, as the README promises: where every option is on the --help page
+    already, it shows that page. Beside --help, as `ShortHelp` adds it: among no command's `params`, so no
+    settings-file key names it."""
+    if not isinstance(command, ShortHelp):
+        flag, own_params = every_option_flag(), command.get_params
+        command.get_params = lambda ctx: [*own_params(ctx), flag]
+    for subcommand in getattr(command, "commands", {}).values():
+        help_all_everywhere(subcommand)
+
+
 def no_value_shown_for_flags(command: Any) -> None:
     """Typer 0.2x shows a flag's type, `<bool>`, where an option's value goes, as if the flag took one: an empty
     metavar shows nothing there (click uses no metavar for a flag anywhere else; older typer showed none).

@@ -8,7 +8,7 @@ from typing import Any
 
 from typer.core import TyperGroup
 
-from nanbeige.agent.cli.help_screen import no_value_shown_for_flags
+from nanbeige.agent.cli.help_screen import help_all_everywhere, no_value_shown_for_flags
 
 
 class Commands(TyperGroup):
@@ -19,6 +19,7 @@ class Commands(TyperGroup):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         no_value_shown_for_flags(self)
+        help_all_everywhere(self)
 
     def invoke(self, ctx: Any) -> Any:
         try:
