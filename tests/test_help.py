@@ -116,6 +116,17 @@ def test_every_command_and_group_takes_help_all_and_shows_its_whole_page() -> No
             assert result.stdout == nanbeige(*path, "--help", columns=200).stdout, path
 
 
+def test_placeholders_are_words_not_python_types() -> None:
+    """`TEXT`, `INTEGER`, `PATH…` (given more than once), never `<str>` or `<list[Path]>`; choices list their
+    values."""
+    python_types = re.compile(r"<(str|int|float|path|bool|list\[[^]]*\])( range)?>")
+    for path in every_command_path(typer.main.get_command(app)):
+        page = nanbeige(*path, "--help-all", columns=200).stdout
+        assert not python_types.search(page), (path, python_types.findall(page))
+    page = nanbeige("collect", "--help-all", columns=200).stdout
+    assert {"TEXT", "INTEGER", "NUMBER", "PATH", "TEXT…"} <= set(page.split())
+
+
 def test_no_flag_shows_a_value_placeholder() -> None:
     """A flag takes no value, so its row shows none (typer 0.2x drew `<bool>` there, as if it took one). Every
     page with a flag of the command's own, and two whose only flag is --help."""

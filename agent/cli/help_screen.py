@@ -198,6 +198,7 @@ def no_value_shown_for_flags(command: Any) -> None:
     The command's --help is made when first asked for, so it gets its empty metavar then."""
     for param in command.params:
         _no_placeholder(param)
+        _placeholder_in_words(param)
     help_option = command.get_help_option
     command.get_help_option = lambda ctx: _no_placeholder(help_option(ctx))
     for subcommand in getattr(command, "commands", {}).values():
@@ -213,3 +214,30 @@ def _no_placeholder(param: Any) -> Any:
     ):
         param.metavar = ""
     return param
+
+
+WORDS = {
+    "<str>": "TEXT",
+    "<int>": "INTEGER",
+    "<int range>": "INTEGER",
+    "<float>": "NUMBER",
+    "<float range>": "NUMBER",
+    "<path>": "PATH",
+    "<list[str]>": "TEXT…",
+    "<list[Path]>": "PATH…",
+}
+"""The placeholder typer 0.2x shows for an option's value, a Python type (`<list[str]>`), and the word in its
+place (`TEXT…`: the option may be given more than once). Choices keep their list of values."""
+
+
+def _placeholder_in_words(param: Any) -> None:
+    if param.metavar is not None or getattr(param, "is_flag", False) or not hasattr(param, "display_type"):
+        return
+    descriptor = getattr(param, "type_descriptor", None)
+    if descriptor is None or descriptor.is_choice or WORDS.get(param.display_type(None)) is None:
+        return
+    word = WORDS[param.display_type(None)]
+    if param.param_type_name == "argument":  # named in words in its row's first column: no type after it
+        param.display_type_rich = lambda ctx: None
+        word = word.removesuffix("…")  # typer adds its own "..." to an argument that takes many
+    param.metavar = word
