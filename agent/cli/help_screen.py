@@ -37,7 +37,7 @@ MAIN_OPTIONS: dict[str, tuple[str, ...]] = {
         "mcp",
     ),
     "resume": ("trajectory_id", "base_url", "api_key", "mcp", "json_output", "cache"),
-    "eval": ("data", "k", "concurrency", "limit", "out_dir", "grader", "judge_api_key", "base_url"),
+    "eval": ("data", "k", "concurrency", "limit", "out_dir", "grader", "judge_api_key", "base_url", "model"),
     "collect": (
         "questions",
         "bench",
