@@ -1,5 +1,6 @@
 """The documentation site builds with `mkdocs build --strict`, and its configuration page is made from the
-command line itself: every option of every command is on it, under its own command, hidden ones included."""
+command line itself: every option of every command is on it, under its own command, hidden ones included; and
+the built pages render as written (no prose turned into code)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -88,3 +90,44 @@ def test_the_readme_links_to_pages_that_exist() -> None:
     assert len(links) >= 10
     missing = [link for link in links if not (ROOT / link).is_file()]
     assert not missing, missing
+
+
+class InlineCode(HTMLParser):
+    """The built page's inline code spans (a <code> outside <pre>), and its text outside any code."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.spans: list[str] = []
+        self.prose: list[str] = []
+        self.pre = self.code = 0
+
+    def handle_starttag(self, tag: str, attrs: Any) -> None:
+        if tag == "pre":
+            self.pre += 1
+        elif tag == "code":
+            self.code += 1
+            if not self.pre:
+                self.spans.append("")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "pre":
+            self.pre -= 1
+        elif tag == "code":
+            self.code -= 1
+
+    def handle_data(self, data: str) -> None:
+        if self.code and not self.pre:
+            self.spans[-1] += data
+        elif not self.code:
+            self.prose.append(data)
+
+
+def test_no_page_renders_prose_as_code_or_a_fence_as_text(site: Path) -> None:
+    """A ``` in the middle of a line opens a code span that runs to the next one: code-rl.md showed twenty
+    lines of prose as code. Inline code is a name, a flag, a short command; a fence is never left as text."""
+    for page in sorted(site.glob("**/index.html")):
+        found = InlineCode()
+        found.feed(page.read_text(encoding="utf-8"))
+        long = [span[:80] for span in found.spans if len(span.split()) > 25]
+        assert long == [], (page.relative_to(site), long)
+        assert not any("```" in text for text in found.prose), page.relative_to(site)
