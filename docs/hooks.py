@@ -1,9 +1,12 @@
-"""MkDocs hook: the option reference on the configuration page is read from the command line itself.
+"""MkDocs hook, and the writer of the configuration page's option reference.
 
-At build time the real command tree (`typer.main.get_command(app)`, a click group) is walked, and every
-command's every option is written out: its names, type, default, environment variable and help text, the
-options `--help` hides included, with the `nanbeige.toml` key that sets it. Nothing generated is committed,
-so the page cannot drift from the program.
+The option reference on docs/configuration.md is written from the command line itself: the real command tree
+(`typer.main.get_command(app)`, a click group) is walked, and every command's every option is written out: its
+names, type, default, environment variable and help text, the options `--help` hides included, with the
+`nanbeige.toml` key that sets it. It is committed, so that the page reads whole on GitHub too, and kept equal
+to the program by tests/test_docs_site.py; after changing an option, write it again:
+
+    python docs/hooks.py
 
 On every page, a table cell's code span may write a pipe as GitHub wants it (see `table_pipes`).
 """
@@ -14,18 +17,31 @@ import copy
 import html
 import inspect
 import re
+from pathlib import Path
 from typing import Any
 
-MARKER = "<!-- the option reference is generated here from the command line -->"
+PAGE = Path(__file__).with_name("configuration.md")
+BEGIN = "<!-- the option reference, written by `python docs/hooks.py` from the command line: do not edit -->"
+END = "<!-- the end of the option reference -->"
 
 
 def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
-    markdown = table_pipes(markdown)
-    if page.file.src_uri != "configuration.md":
-        return markdown
-    if MARKER not in markdown:
-        raise ValueError(f"docs/configuration.md has lost its marker: {MARKER}")
-    return markdown.replace(MARKER, reference())
+    return table_pipes(markdown)
+
+
+def committed_reference(page: str) -> str:
+    """The option reference as the page holds it, between its two markers."""
+    if BEGIN not in page or END not in page:
+        raise ValueError(f"docs/configuration.md has lost a marker of its option reference: {BEGIN} ... {END}")
+    return page.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n")
+
+
+def write_reference() -> None:
+    """Write the option reference into docs/configuration.md, between its markers."""
+    page = PAGE.read_text(encoding="utf-8")
+    committed_reference(page)  # both markers are there
+    head, rest = page.split(BEGIN, 1)
+    PAGE.write_text(f"{head}{BEGIN}\n{reference()}\n{END}{rest.split(END, 1)[1]}", encoding="utf-8")
 
 
 def table_pipes(markdown: str) -> str:
@@ -128,3 +144,7 @@ def text(raw: str) -> str:
         else re.sub(r"([\\`*_\[\]])", r"\\\1", html.escape(piece, quote=False))
         for piece in pieces
     )
+
+
+if __name__ == "__main__":
+    write_reference()
