@@ -131,3 +131,44 @@ def test_no_page_renders_prose_as_code_or_a_fence_as_text(site: Path) -> None:
         long = [span[:80] for span in found.spans if len(span.split()) > 25]
         assert long == [], (page.relative_to(site), long)
         assert not any("```" in text for text in found.prose), page.relative_to(site)
+
+
+def prose_sections(markdown: str) -> list[tuple[str, int]]:
+    """Each section of a page (its heading, or the page's start) and how many words of prose it holds (code
+    blocks left out)."""
+    text = re.sub(r"^```.*?^```", "", markdown, flags=re.DOTALL | re.MULTILINE)
+    sections, heading = [], "(the start)"
+    words = 0
+    for line in text.splitlines():
+        if re.match(r"#{1,4} ", line):
+            sections.append((heading, words))
+            heading, words = line, 0
+        else:
+            words += len(line.split())
+    return [*sections, (heading, words)]
+
+
+def test_every_long_page_has_subheadings_so_its_table_of_contents_is_not_empty() -> None:
+    """The site's table of contents is the page's headings: a page of 2,000 words under one heading has none. No
+    section of a page runs past 800 words of prose."""
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = page.read_text()
+        if page.name == "configuration.md":  # its option reference is a list to look things up in, not prose
+            start, end = "<!-- the option reference, written by", "<!-- the end of the option reference -->"
+            text = text.split(start)[0] + text.split(end)[1]
+        long = [(heading, words) for heading, words in prose_sections(text) if words > 800]
+        assert long == [], (page.name, long)
+
+
+def test_the_committed_option_reference_is_the_command_lines_own() -> None:
+    """docs/configuration.md holds the option reference itself, so that it reads on GitHub; it is what the
+    program says today (after changing an option: `python docs/hooks.py`)."""
+    sys.path.insert(0, str(ROOT / "docs"))
+    try:
+        import hooks
+    finally:
+        sys.path.remove(str(ROOT / "docs"))
+    committed = hooks.committed_reference((ROOT / "docs" / "configuration.md").read_text(encoding="utf-8"))
+    assert committed == hooks.reference().strip("\n"), (
+        "docs/configuration.md's option reference is stale: python docs/hooks.py"
+    )
