@@ -316,3 +316,24 @@ def test_collect_and_judge_in_a_terminal_with_slow_models_draw_progress_and_fini
         assert term.shows("judge 0/3 trajectories", 30), term.screen_text()
         assert term.wait(60) == 0, term.screen_text()
     assert "Traceback" not in term.screen_text()
+
+
+@pytest.mark.parametrize("cols", [80, 120])
+def test_notes_on_stderr_are_wrapped_at_words_to_the_terminals_width(tmp_path: Path, cols: int) -> None:
+    """A note longer than the terminal is wrapped between words, not cut mid-word by the terminal's fold (at 80
+    columns "--mcp NAME=COMMAND" was broken in two); where stderr is no terminal each note stays one line."""
+    command = [NANBEIGE, "ask", "What is the capital of Mongolia?", "--no-default-servers"]
+    command += ["--trajectory", str(tmp_path / "run.jsonl")]
+    with FakeOpenAI([mcp_answer("Ulaanbaatar")]) as server:
+        with Terminal([*command, "--base-url", server.base_url], cols=cols) as term:
+            assert term.wait(60) == 0, term.screen_text()
+        with term.lock:
+            lines = [*term.screen.display]
+        piped = subprocess.run([*command, "--base-url", server.base_url], capture_output=True, text=True)
+    note = "no tools available: the model answers from its own knowledge. Add MCP servers with --mcp NAME=COMMAND."
+    # the note's lines end before the terminal's edge (nothing folded), and its words are all whole
+    start = next(i for i, line in enumerate(lines) if line.startswith("no tools available"))
+    held = [line.rstrip() for line in lines[start : start + 2]]
+    assert all(len(line) < cols for line in held), "\n".join(lines)
+    assert note in " ".join(" ".join(held).split()), "\n".join(lines)
+    assert note in piped.stderr.splitlines()  # one line, as written

@@ -32,5 +32,4 @@ def cache_accept(
     err.print(
         f"accepted {escape(str(path))}: {signed} row{'s' * (signed != 1)} signed with your key{left}",
         highlight=False,
-        soft_wrap=True,
     )

@@ -84,10 +84,14 @@ class SafeConsole(Console):
     def render_str(self, text: str, **kwargs: Any) -> Any:
         return super().render_str(shown(text), **kwargs)
 
+    def print(self, *objects: Any, soft_wrap: bool | None = None, **kwargs: Any) -> None:
+        """On a terminal, lines wrapped between words to its width (the terminal's own fold cuts words and the
+        paths a note asks to copy); elsewhere (a log, a pipe) each line whole, as written. The secrets are out
+        before either: `render_str` takes them out of the text before it is laid out."""
+        super().print(*objects, soft_wrap=not self.is_terminal if soft_wrap is None else soft_wrap, **kwargs)
 
-# soft_wrap: a line is written whole and the terminal folds it, so no key is split where a folded
-# line would no longer match it
-err = SafeConsole(file=_Stderr(), soft_wrap=True)  # type: ignore[arg-type]
+
+err = SafeConsole(file=_Stderr())  # type: ignore[arg-type]
 
 
 def out(text: str) -> None:
@@ -109,7 +113,7 @@ def counted(count: int, noun: str, plural: str | None = None) -> str:
 
 def error_line(message: str) -> None:
     """`error: ` and the message on stderr: how the program says what the user must fix."""
-    err.print(f"[red]error:[/] {escape(shown(message))}", highlight=False, soft_wrap=True)
+    err.print(f"[red]error:[/] {escape(shown(message))}", highlight=False)
 
 
 def fail(message: str, code: int = 1) -> NoReturn:

@@ -66,7 +66,7 @@ def problems(
     if out is not None:
         write_problems(found, out, None if source == "humaneval" else Path(source))
     for line in skipped[:SHOWN_SKIPS]:
-        err.print(f"skipped {escape(line)}", highlight=False, soft_wrap=True)
+        err.print(f"skipped {escape(line)}", highlight=False)
     styles = {style: sum(p.style == style for p in found) for style in ("stdio", "function")}
     tests = sum(len(p.tests) for p in found)
     asserts = sum(any("assert" in t for t in p.tests) for p in found)
@@ -80,7 +80,6 @@ def problems(
         f"{tests} tests; {asserts} problems checked by asserts in the program's own process{skips}"
         f"{f'; written to {escape(str(out))}' if out else ''}",
         highlight=False,
-        soft_wrap=True,
     )
 
 

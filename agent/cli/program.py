@@ -107,8 +107,8 @@ async def _ask(question: str, settings: RunSettings, resume_from: Trajectory | N
             return trajectory
         except asyncio.CancelledError:
             interrupted(
-                f"the trajectory so far is in {escape(str(runtime.path))} "
-                f"(`nanbeige resume {escape(str(runtime.path))}` goes on with it)"
+                f"the trajectory so far is in {escape(str(runtime.path))}; this goes on with it:",
+                f"nanbeige resume {escape(str(runtime.path))}",
             )
             raise
         except Exception:
@@ -223,7 +223,7 @@ def doctor(
     files = ctx.obj if isinstance(ctx.obj, settings_file.Found) else settings_file.find()
     urls = base_url or [LLMConfig.base_url]
     found = [check_settings_files(files), *findings(urls, model, api_key)]
-    screen = SafeConsole(soft_wrap=True)
+    screen = SafeConsole()
     for finding in found:
         mark = "[green]✓[/]" if finding.ok else "[red]✗[/]"
         screen.print(f"{mark} [bold]{finding.part}[/]: {escape(shown(finding.found))}", highlight=False)
@@ -292,7 +292,7 @@ def main() -> None:
         sys.exit(exc.exit_code)
     if args[:1] != ["trust"]:
         for _, why in found.ignored:
-            err.print(f"[yellow]{escape(shown(why))}[/]", highlight=False, soft_wrap=True)
+            err.print(f"[yellow]{escape(shown(why))}[/]", highlight=False)
     app(args, default_map=defaults, obj=found)
 
 

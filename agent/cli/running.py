@@ -51,9 +51,13 @@ class Moment:
     """Whether the command has said itself what the interruption kept (`interrupted`)."""
 
 
-def interrupted(kept: str) -> None:
-    """Say that Ctrl-C stopped the command, and what is kept (`kept`: "the trajectory so far is in …")."""
-    err.print(f"[yellow]interrupted[/]; {kept}", highlight=False, soft_wrap=True)
+def interrupted(kept: str, command: str | None = None) -> None:
+    """Say that Ctrl-C stopped the command, and what is kept (`kept`: "the trajectory so far is in …"); then the
+    `command` that goes on, if any, on a line of its own that is never wrapped between its words (the terminal
+    folds it, and a copy of it is the command whole)."""
+    err.print(f"[yellow]interrupted[/]; {kept}", highlight=False)
+    if command is not None:
+        err.print(f"  {command}", highlight=False, soft_wrap=True)
     Moment.told = True
 
 
@@ -68,7 +72,7 @@ class Notices:
             text = "search is off: set SERPER_API_KEY or SEARXNG_URL, or see `nanbeige doctor` (said once)"
         head, sep, rest = shown(text).partition(": ")
         line = f"[yellow]{escape(head)}:[/] {escape(rest)}" if sep else escape(head)
-        err.print(line, highlight=False, soft_wrap=True)
+        err.print(line, highlight=False)
 
     @contextmanager
     def waiting(self, what: str) -> Iterator[None]:

@@ -163,9 +163,7 @@ def train_once(config: TrainConfig, resume: bool) -> None:
     config = replace(config, model=trainable(config.model))
 
     try:
-        summary = run_training(
-            config, resume=resume, log=lambda text: err.print(escape(text), highlight=False, soft_wrap=True)
-        )
+        summary = run_training(config, resume=resume, log=lambda text: err.print(escape(text), highlight=False))
     except KeyboardInterrupt:
         err.print(
             "[yellow]interrupted[/]; checkpoints so far are kept: --resume goes on from the newest", highlight=False

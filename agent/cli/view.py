@@ -125,7 +125,7 @@ class LiveView:
             self.console.print(turn_line(data, self.index + 1), highlight=False)
         elif kind == "warning":
             head, _, rest = data.partition(": ")
-            self.console.print(f"[yellow]{escape(head)}:[/] {escape(rest)}", highlight=False, soft_wrap=True)
+            self.console.print(f"[yellow]{escape(head)}:[/] {escape(rest)}", highlight=False)
         elif kind == "end":
             self._stop_waiting()
             if self.ticker:

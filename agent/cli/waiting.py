@@ -30,12 +30,10 @@ def shown_wait(console: Console, what: str) -> Iterator[None]:
         live = Live(console=console, get_renderable=line, refresh_per_second=4, transient=True)
         live.start()
     else:
-        console.print(f"[dim]{escape(what)} …[/]", highlight=False, soft_wrap=True)
+        console.print(f"[dim]{escape(what)} …[/]", highlight=False)
     try:
         yield
     finally:
         if live is not None:
             live.stop()
-    console.print(
-        f"[dim]{escape(what)}: done in {elapsed(time.monotonic() - started)}[/]", highlight=False, soft_wrap=True
-    )
+    console.print(f"[dim]{escape(what)}: done in {elapsed(time.monotonic() - started)}[/]", highlight=False)
