@@ -172,8 +172,8 @@ def served(tokenizer: Any, root: str | None) -> FakeOpenAI:
 
 @pytest.mark.slow
 def test_token_mode_finds_the_tokenizer_at_the_root_the_server_lists_or_takes_one_named(tmp_path: Path) -> None:
-    """Seen against real vLLM: a model served under a name (`tiny-served` here) is no tokenizer path, and its folder is no served
-    name (HTTP 404). vLLM's /v1/models lists the folder as the model's `root`."""
+    """Seen against real vLLM: a model served under a name (`tiny-served` here) is no tokenizer path, and its
+    folder is no served name (HTTP 404). vLLM's /v1/models lists the folder as the model's `root`."""
     import os
     import subprocess
     import sys
