@@ -5,6 +5,7 @@ A command gets this by being registered with `cls=ShortHelpCommand` (a group: `S
 
 from __future__ import annotations
 
+import shutil
 from typing import Annotated, Any
 
 import typer
@@ -179,6 +180,33 @@ class ShortHelpCommand(ShortHelp, TyperCommand):
 
 class ShortHelpGroup(ShortHelp, TyperGroup):
     pass
+
+
+RICH_HELP_COLUMNS = 110
+"""Narrower than this, the help is click's plain page: typer's boxed table cuts option names short there (at 80
+columns `--repetition-pen…`), while the plain page keeps each name whole and wraps the help beside it."""
+
+
+def plain_when_narrow(command: Any) -> None:
+    """The command's help, and its subcommands', as click's plain page on a terminal narrower than
+    `RICH_HELP_COLUMNS`."""
+    boxed = command.format_help
+
+    def format_help(ctx: Any, formatter: Any) -> None:
+        if shutil.get_terminal_size((RICH_HELP_COLUMNS, 40)).columns >= RICH_HELP_COLUMNS:
+            return boxed(ctx, formatter)
+        mode, command.rich_markup_mode = command.rich_markup_mode, None
+        start = len(formatter.buffer)
+        try:
+            boxed(ctx, formatter)
+        finally:
+            command.rich_markup_mode = mode
+        # the help texts escape a bracket for rich's markup (`\\[default: ...]`): plain text shows it as it is
+        formatter.buffer[start:] = [text.replace("\\[", "[") for text in formatter.buffer[start:]]
+
+    command.format_help = format_help
+    for subcommand in getattr(command, "commands", {}).values():
+        plain_when_narrow(subcommand)
 
 
 def help_all_everywhere(command: Any) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 from typer.core import TyperGroup
 
-from nanbeige.agent.cli.help_screen import help_all_everywhere, no_value_shown_for_flags
+from nanbeige.agent.cli.help_screen import help_all_everywhere, no_value_shown_for_flags, plain_when_narrow
 
 
 class Commands(TyperGroup):
@@ -20,6 +20,7 @@ class Commands(TyperGroup):
         super().__init__(*args, **kwargs)
         no_value_shown_for_flags(self)
         help_all_everywhere(self)
+        plain_when_narrow(self)
 
     def invoke(self, ctx: Any) -> Any:
         try:
