@@ -193,7 +193,8 @@ def plain_when_narrow(command: Any) -> None:
     boxed = command.format_help
 
     def format_help(ctx: Any, formatter: Any) -> None:
-        if shutil.get_terminal_size((RICH_HELP_COLUMNS, 40)).columns >= RICH_HELP_COLUMNS:
+        columns = ctx.terminal_width or shutil.get_terminal_size((RICH_HELP_COLUMNS, 40)).columns
+        if columns >= RICH_HELP_COLUMNS:
             return boxed(ctx, formatter)
         mode, command.rich_markup_mode = command.rich_markup_mode, None
         start = len(formatter.buffer)
