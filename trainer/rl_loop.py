@@ -53,6 +53,7 @@ from nanbeige.tools.errors import NanbeigeError
 from nanbeige.trainer.loop_config import LoopConfig, LoopError, check
 from nanbeige.trainer.loop_questions import draw_questions, drawn, question_pool
 from nanbeige.trainer.loop_state import places_problem, state_problem
+from nanbeige.trainer.model import trainable_model
 from nanbeige.trainer.sync import SyncError, disagreeing, engine_root, on_every_engine, sync_engine
 from nanbeige.trainer.train import TrainConfig
 
@@ -267,6 +268,8 @@ async def run_iteration(
     ]
     if "collected" not in entry:
         await engines_agree(config, state, iteration)
+        if iteration == 1:  # the model the first train stage starts from, decided before anything is sampled
+            trainable_model(config.train.model, notice)
     for stage, run in stages:
         if stage in entry:
             continue

@@ -42,6 +42,7 @@ from nanbeige.trainer.model import (
     load_model,
     mfu,
     parameter_count,
+    trainable_model,
 )
 from nanbeige.trainer.rollouts import plan_steps, read_samples
 from nanbeige.trainer.start_policy import start_policy
@@ -312,6 +313,7 @@ def train(config: TrainConfig, resume: bool = False, log: Any = None) -> dict[st
     import torch
 
     log = log or (lambda text: print(text, file=sys.stderr, flush=True))
+    config = replace(config, model=trainable_model(config.model, log))
     world = join_world()
     samples, data, temperature = read_samples(config)
     steps = plan_steps(samples, config)

@@ -140,27 +140,8 @@ def training(flags: dict[str, Any], loop: int, spelled: str) -> TrainConfig:
     )
 
 
-def trainable(model: str) -> str:
-    """The model as the trainer loads it: `smollm2` (and the package folder runs name for it) as its
-    de-quantized folder; a model that cannot be had (not here, and the Hub out of reach) is refused in one
-    line. Asked once every flag is checked: a mistyped flag is said first, and at once."""
-    from nanbeige.agent.backends.dequantized import plain_folder
-    from nanbeige.agent.backends.llm import ModelError
-    from nanbeige.agent.backends.local_model import check_model_available
-
-    try:
-        folder = plain_folder(model, said=lambda text: err.print(escape(text), highlight=False))
-        fixes = f"download it first (`hf download {model}`), or pass a local folder, or --model smollm2 offline"
-        check_model_available(folder, fixes=fixes)
-    except ModelError as exc:
-        fail(str(exc))
-    return folder
-
-
 def train_once(config: TrainConfig, resume: bool) -> None:
     from nanbeige.trainer.train import train as run_training
-
-    config = replace(config, model=trainable(config.model))
 
     try:
         summary = run_training(config, resume=resume, log=lambda text: err.print(escape(text), highlight=False))
@@ -333,7 +314,6 @@ def run_train_loop(
     from nanbeige.trainer.rl_loop import run_loop
 
     hide(secrets_of(settings) + judging_secrets(judge_config))
-    train_config = replace(train_config, model=trainable(train_config.model))
     config = LoopConfig(
         iterations=iterations,
         out=train_config.out,
