@@ -187,9 +187,18 @@ RICH_HELP_COLUMNS = 110
 columns `--repetition-pen…`), while the plain page keeps each name whole and wraps the help beside it."""
 
 
+def dress_help(command: Any) -> None:
+    """The look of the help of the command and of every command under it (`placeholders`, `help_all`,
+    `plain_when_narrow`). Their pages are made when first asked for, so each gets its look then."""
+    placeholders(command)
+    help_all(command)
+    plain_when_narrow(command)
+    for subcommand in getattr(command, "commands", {}).values():
+        dress_help(subcommand)
+
+
 def plain_when_narrow(command: Any) -> None:
-    """The command's help, and its subcommands', as click's plain page on a terminal narrower than
-    `RICH_HELP_COLUMNS`."""
+    """The command's help as click's plain page on a terminal narrower than `RICH_HELP_COLUMNS`."""
     boxed = command.format_help
 
     def format_help(ctx: Any, formatter: Any) -> None:
@@ -206,32 +215,25 @@ def plain_when_narrow(command: Any) -> None:
         formatter.buffer[start:] = [text.replace("\\[", "[") for text in formatter.buffer[start:]]
 
     command.format_help = format_help
-    for subcommand in getattr(command, "commands", {}).values():
-        plain_when_narrow(subcommand)
 
 
-def help_all_everywhere(command: Any) -> None:
-    """--help-all on every command and group, as the README promises: where every option is on the --help page
-    already, it shows that page. Beside --help, as `ShortHelp` adds it: among no command's `params`, so no
-    settings-file key names it."""
+def help_all(command: Any) -> None:
+    """--help-all on the command, as the README promises for every command and group: where every option is on
+    the --help page already, it shows that page. Beside --help, as `ShortHelp` adds it: among no command's
+    `params`, so no settings-file key names it."""
     if not isinstance(command, ShortHelp):
         flag, own_params = every_option_flag(), command.get_params
         command.get_params = lambda ctx: [*own_params(ctx), flag]
-    for subcommand in getattr(command, "commands", {}).values():
-        help_all_everywhere(subcommand)
 
 
-def no_value_shown_for_flags(command: Any) -> None:
-    """Typer 0.2x shows a flag's type, `<bool>`, where an option's value goes, as if the flag took one: an empty
-    metavar shows nothing there (click uses no metavar for a flag anywhere else; older typer showed none).
-    The command's --help is made when first asked for, so it gets its empty metavar then."""
+def placeholders(command: Any) -> None:
+    """Where an option's value goes: nothing for a flag (typer 0.2x shows a flag's type, `<bool>`, as if it took
+    a value; click uses no metavar for a flag anywhere else), and a word for the rest (`_placeholder_in_words`)."""
     for param in command.params:
         _no_placeholder(param)
         _placeholder_in_words(param)
     help_option = command.get_help_option
     command.get_help_option = lambda ctx: _no_placeholder(help_option(ctx))
-    for subcommand in getattr(command, "commands", {}).values():
-        no_value_shown_for_flags(subcommand)
 
 
 def _no_placeholder(param: Any) -> Any:
@@ -263,9 +265,9 @@ def _placeholder_in_words(param: Any) -> None:
     if param.metavar is not None or getattr(param, "is_flag", False) or not hasattr(param, "display_type"):
         return
     descriptor = getattr(param, "type_descriptor", None)
-    if descriptor is None or descriptor.is_choice or WORDS.get(param.display_type(None)) is None:
+    word = None if descriptor is None or descriptor.is_choice else WORDS.get(param.display_type(None))
+    if word is None:
         return
-    word = WORDS[param.display_type(None)]
     if param.param_type_name == "argument":  # named in words in its row's first column: no type after it
         param.display_type_rich = lambda ctx: None
         word = word.removesuffix("…")  # typer adds its own "..." to an argument that takes many

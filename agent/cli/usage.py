@@ -8,7 +8,7 @@ from typing import Any
 
 from typer.core import TyperGroup
 
-from nanbeige.agent.cli.help_screen import help_all_everywhere, no_value_shown_for_flags, plain_when_narrow
+from nanbeige.agent.cli.help_screen import dress_help
 
 
 class Commands(TyperGroup):
@@ -18,9 +18,7 @@ class Commands(TyperGroup):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        no_value_shown_for_flags(self)
-        help_all_everywhere(self)
-        plain_when_narrow(self)
+        dress_help(self)
 
     def invoke(self, ctx: Any) -> Any:
         try:
