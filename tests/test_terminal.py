@@ -11,6 +11,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -337,3 +338,50 @@ def test_notes_on_stderr_are_wrapped_at_words_to_the_terminals_width(tmp_path: P
     assert all(len(line) < cols for line in held), "\n".join(lines)
     assert note in " ".join(" ".join(held).split()), "\n".join(lines)
     assert note in piped.stderr.splitlines()  # one line, as written
+
+
+SPINNER = set("⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏")  # rich's "dots" frames, which `console.status` draws
+
+
+def rows(term: Terminal) -> list[str]:
+    """Every row the terminal drew, scrolled off or on screen, as the terminal holds it (folds not joined)."""
+    with term.lock:
+        width = range(term.screen.columns)
+        above = ["".join(row[x].data for x in width) for row in term.screen.history.top]
+        return above + [*term.screen.display]
+
+
+@pytest.mark.parametrize("cols", [80, 120])
+def test_ctrl_c_leaves_no_spinner_frame_on_screen_at_any_width(tmp_path: Path, cols: int) -> None:
+    """The terminal echoes Ctrl-C as `^C` at the cursor; after a live line as wide as the terminal that wrapped
+    onto a new row, the spinner erased one row too few and its last frame stayed above the resume hint."""
+    path = tmp_path / "run.jsonl"
+    replies = slow(mcp_call("testkit", "echo", {"text": "a"})) + [Reply(content="never", delay_s=60)]
+    with FakeOpenAI(replies) as server, Terminal(ask(server, path), cols=cols) as term:
+        assert term.shows("turn 2/", 30), term.screen_text()
+        time.sleep(1)  # the spinner redrawn a few times
+        term.ctrl_c()
+        assert term.wait(30) == 130, term.screen_text()
+    assert not SPINNER & set(term.screen_text()), term.screen_text()
+    assert "waiting for the model" not in term.screen_text()
+    assert f"nanbeige resume {path}" in term.screen_text()
+
+
+@pytest.mark.parametrize("cols", [80, 120])
+def test_collects_live_line_stays_within_the_width_and_stops_whole_on_ctrl_c(tmp_path: Path, cols: int) -> None:
+    from test_collect import questions_file
+
+    command = [NANBEIGE, "collect", "--questions", str(questions_file(tmp_path)), "-G", "2", "--limit", "1"]
+    command += ["--out", str(tmp_path / "rollouts.jsonl"), "--no-default-servers", "--allow-inexact"]
+    command += ["--concurrency", "1"]
+    with FakeOpenAI([], default=Reply(content=mcp_answer("4"), delay_s=60)) as server:
+        with Terminal([*command, "--base-url", server.base_url], cols=cols) as term:
+            assert term.shows("1 running", 30), term.screen_text()
+            time.sleep(1.5)  # redrawn a few times
+            drawn = rows(term)
+            term.ctrl_c()
+            assert term.wait(30) == 130, term.screen_text()
+    for screen in (drawn, rows(term)):
+        assert all(len(row.rstrip()) < cols for row in screen), "\n".join(screen)  # none reached the edge
+    assert term.screen_text().count("collect ━") == 1, term.screen_text()  # its last frame once, not a copy
+    assert "interrupted; finished rollouts are kept in" in term.screen_text()

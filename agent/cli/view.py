@@ -170,9 +170,12 @@ class LiveView:
 
         line, reply = Text.from_markup(self._status() or ""), self._reply()
         if not reply:
-            return line
-        # the spinner takes the first columns; the head line and a margin take rows
-        return Group(line, reply_tail(reply, self.console.width - 3, self.console.height - 4))
+            return clear_of_the_edge(self.console, line, SPINNER_COLUMNS)
+        # the head line and a margin take rows
+        width = self.console.width - SPINNER_COLUMNS - EDGE_COLUMNS
+        return clear_of_the_edge(
+            self.console, Group(line, reply_tail(reply, width, self.console.height - 4)), SPINNER_COLUMNS
+        )
 
     def _reply(self) -> str:
         """The reply streamed so far, without the token that ends a turn (`<|im_end|>`): a server or the
@@ -184,6 +187,17 @@ class LiveView:
 
 
 WAITING_FOR_THE_MODEL = "waiting for the model"
+SPINNER_COLUMNS = 2  # the spinner's frame and the space after it, left of what a live view draws
+EDGE_COLUMNS = 2  # kept free at the right edge: `^C` is as wide
+
+
+def clear_of_the_edge(console: Console, renderable: Any, used: int = 0) -> Any:
+    """`renderable` drawn at most as wide as the terminal less `used` columns and two more. The terminal
+    echoes Ctrl-C as `^C` where the cursor is; after a line as wide as the terminal that wraps onto a row the
+    live display never drew, so it erased one row too few and left its last frame on screen."""
+    from rich.constrain import Constrain
+
+    return Constrain(renderable, width=max(console.width - used - EDGE_COLUMNS, 10))
 
 
 def reply_tail(reply: str, width: int, height: int) -> Any:
@@ -285,7 +299,7 @@ class RunsView:
             ProgressBar(total=max(self.progress.total, 1), completed=self.progress.done, width=20),
             self._line(),
         )
-        return grid
+        return clear_of_the_edge(self.console, grid)
 
     def _plain_line(self) -> str:
         return f"{escape(self.name)}: {self._line()}"
@@ -335,7 +349,10 @@ class LiveLine:
         self.live = self.ticker = None
         if console.is_terminal:
             self.live = Live(
-                console=console, get_renderable=lambda: Text.from_markup(text()), refresh_per_second=4, transient=True
+                console=console,
+                get_renderable=lambda: clear_of_the_edge(console, Text.from_markup(text())),
+                refresh_per_second=4,
+                transient=True,
             )  # gone when done: the command's summary line follows
             self.live.start()
         else:

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from rich.console import Console
 from rich.markup import escape
 
-from nanbeige.agent.cli.view import elapsed
+from nanbeige.agent.cli.view import clear_of_the_edge, elapsed
 
 
 @contextmanager
@@ -24,8 +24,9 @@ def shown_wait(console: Console, what: str) -> Iterator[None]:
         from rich.live import Live
         from rich.text import Text
 
-        def line() -> Text:
-            return Text.from_markup(f"[dim]{escape(what)} … {elapsed(time.monotonic() - started)}[/]")
+        def line() -> object:
+            text = Text.from_markup(f"[dim]{escape(what)} … {elapsed(time.monotonic() - started)}[/]")
+            return clear_of_the_edge(console, text)
 
         live = Live(console=console, get_renderable=line, refresh_per_second=4, transient=True)
         live.start()
