@@ -47,6 +47,29 @@ if not vllm_installed():
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
+@pytest.mark.parametrize("hub", ["offline", "unreachable"])
+def test_serve_decides_at_once_that_a_hub_model_cannot_be_had(tmp_path: Path, hub: str) -> None:
+    """Before, vLLM retried the Hub for about 40 s (15 s offline) and ended in a traceback; now one line, before
+    vLLM starts."""
+    import subprocess
+
+    from real_vllm import NANBEIGE
+
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    if hub == "unreachable":  # online, but nothing listens where the Hub would be
+        env |= {"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": f"http://127.0.0.1:{free_port()}"}
+    result = subprocess.run(
+        [NANBEIGE, "serve", "--model", "Org/not-here", "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert result.returncode == 1, result.stderr
+    [line] = result.stderr.splitlines()  # nothing from vLLM: it was never started
+    assert line.startswith("error: 'Org/not-here' is not downloaded here") and "hf download Org/not-here" in line
+
+
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return smollm2_hf_folder(tmp_path_factory.mktemp("smollm2-hf"))

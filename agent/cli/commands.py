@@ -26,7 +26,7 @@ def serve(ctx: typer.Context, *, flags: dict[str, Any]) -> None:
     """Start vLLM's OpenAI-compatible server for the model and wait until it answers. Arguments after `--`
     go to vLLM unchanged."""
     from nanbeige.agent.cli.exposure import exposure_problem
-    from nanbeige.agent.cli.serve import ON_CPU, check_vllm_available, cpu_build, gpu_visible
+    from nanbeige.agent.cli.serve import ON_CPU, check_vllm_available, cpu_build, gpu_visible, weights_problem
     from nanbeige.agent.cli.serve import serve as serve_vllm
 
     api_key, no_api_key, weight_sync = flags["api_key"], flags["no_api_key"], flags["weight_sync"]
@@ -65,7 +65,7 @@ def serve(ctx: typer.Context, *, flags: dict[str, Any]) -> None:
         enable_prefix_caching=not flags["no_prefix_caching"],
         extra_args=list(ctx.args),
     )
-    problem = check_vllm_available(config)
+    problem = check_vllm_available(config) or weights_problem(config.model)
     if problem:
         fail(problem)
     if on_cpu:

