@@ -96,6 +96,16 @@ def test_loop_help_lists_the_loops_options() -> None:
     assert "loop" in words(CliRunner().invoke(app, ["--help"], terminal_width=200).output.split("Commands")[-1])
 
 
+def test_trains_help_names_the_loop_command_and_keeps_the_older_spelling_to_help_all() -> None:
+    """`train --loop N` still runs the loop for this release, but `train --help` sends a reader to `nanbeige loop`
+    instead of listing the loop's flags as its own ("With --loop: rollouts per question")."""
+    short = words(CliRunner().invoke(app, ["train", "--help"], terminal_width=200).output)
+    assert "`nanbeige loop` alternates collect, judge, train and sync" in short
+    assert "--loop" not in short and "With --loop" not in short
+    every = words(CliRunner().invoke(app, ["train", "--help-all"], terminal_width=200).output)
+    assert "--loop" in every and "With --loop: rollouts per question" in every
+
+
 def test_loop_and_train_loop_give_the_loop_the_same_run(tmp_path: Path, loops: list[tuple[Any, ...]]) -> None:
     new = CliRunner().invoke(app, ["loop", "--iterations", "2", *flags(tmp_path)])
     assert new.exit_code == 0, new.output

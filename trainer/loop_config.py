@@ -1,4 +1,4 @@
-"""What `nanbeige train --loop` is told (`LoopConfig`: the iterations, the stages' own configs, the sync), and
+"""What `nanbeige loop` is told (`LoopConfig`: the iterations, the stages' own configs, the sync), and
 the check that refuses a configuration that cannot work before any stage runs."""
 
 from __future__ import annotations

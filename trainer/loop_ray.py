@@ -1,4 +1,4 @@
-"""`nanbeige train --loop N --ray auto|HOST:PORT`: each iteration's collect and judge run in shards on a Ray
+"""`nanbeige loop --iterations N --ray auto|HOST:PORT`: each iteration's collect and judge run in shards on a Ray
 cluster, as `collect --ray` and `judge --ray` run them (a shard per node, this process the only writer of the
 iteration's files, so they and the loop's resume rules are those of a loop in one process). Training stays
 where it is without Ray: this process, or torchrun. Ray is imported only when an address is given."""

@@ -1,4 +1,4 @@
-"""The shape of `train --loop`'s state file, `loop.json`, checked field by field when it is read back.
+"""The shape of `nanbeige loop`'s state file, `loop.json`, checked field by field when it is read back.
 
 The file is rewritten by the loop after each stage, but anyone can edit it between two calls (or hand
 over an out folder), and the loop goes on from what it says: a field of another type must be one line

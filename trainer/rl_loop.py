@@ -1,4 +1,4 @@
-"""`nanbeige train --loop N`: collect -> judge -> train -> sync, N iterations, resumable at any stage.
+"""`nanbeige loop --iterations N`: collect -> judge -> train -> sync, N iterations, resumable at any stage.
 
     out/iter-<i>/questions.jsonl  the questions drawn for the iteration (all, or the next batch of the file)
     out/iter-<i>/rollouts.jsonl   G rollouts per question, sampled by the current policy (`collect`)

@@ -1,4 +1,4 @@
-"""Making a new checkpoint the policy every serving vLLM samples from, without restarting them (`train --loop`):
+"""Making a new checkpoint the policy every serving vLLM samples from, without restarting them (`nanbeige loop`):
 a LoRA adapter hot-loaded (`/v1/load_lora_adapter`), or a full checkpoint's weights loaded in place with
 vLLM's own RL path (`reload_weights` through its dev endpoints); and asking each engine which policy it
 serves, since an engine counts as synced only when it says so itself:

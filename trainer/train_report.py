@@ -1,6 +1,6 @@
 """`nanbeige train report RUN_DIR`: a training run's curves as PNG plots a person can look at.
 
-RUN_DIR is a `train --out` folder (its `metrics.jsonl`) or a `train --loop` folder, whose iterations'
+RUN_DIR is a `train --out` folder (its `metrics.jsonl`) or a `nanbeige loop` folder, whose iterations'
 `iter-N/train/metrics.jsonl` are drawn one after another, so a curve runs over the whole loop. Each panel
 is one quantity against the optimizer step; a quantity no step recorded is left out.
 """

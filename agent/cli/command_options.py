@@ -64,7 +64,7 @@ SERVE: dict[str, tuple[Any, Any]] = {
     "weight_sync": option(
         bool,
         False,
-        help="Accept full-weight updates from `train --loop --sync weights` (vLLM's "
+        help="Accept full-weight updates from `nanbeige loop --sync weights` (vLLM's "
         "dev endpoints, which take no API key).",
     ),
 }

@@ -71,11 +71,7 @@ MAIN_OPTIONS: dict[str, tuple[str, ...]] = {
         "steps",
         "lr",
         "lora_rank",
-        "loop",
-        "questions",
-        "group_size",
         "base_url",
-        "no_critic",
     ),
     "loop": (
         "iterations",

@@ -63,7 +63,7 @@ class ServeConfig:
     """Report logprobs after temperature and top-p (`--logprobs-mode processed_logprobs`), the distribution
     the tokens were actually sampled from, as RL importance ratios need."""
     weight_sync: bool = False
-    """Accept full-weight updates without a restart (`train --loop --sync weights`): starts vLLM with
+    """Accept full-weight updates without a restart (`nanbeige loop --sync weights`): starts vLLM with
     VLLM_SERVER_DEV_MODE=1, which opens its /pause, /collective_rpc (reload_weights), /reset_prefix_cache
     and /resume endpoints. They take no API key: keep such a server on a private address."""
     extra_args: list[str] = field(default_factory=list)

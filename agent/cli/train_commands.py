@@ -27,8 +27,8 @@ train_app = typer.Typer(
     invoke_without_command=True,
     cls=ShortHelpGroup,
     help=(
-        "Train the model on judged trajectories: GRPO with turn-level advantages, or SFT; --loop N alternates "
-        "collect, judge, train and sync. `nanbeige train report RUN_DIR` draws a run's curves."
+        "Train the model on judged trajectories: GRPO with turn-level advantages, or SFT (`nanbeige loop` "
+        "alternates collect, judge, train and sync). `nanbeige train report RUN_DIR` draws a run's curves."
     ),
 )
 
@@ -43,8 +43,8 @@ OLD_SPELLING = (
 @with_options(TRAIN)
 def train(ctx: typer.Context, *, flags: dict[str, Any]) -> None:
     """Train the model on judged trajectories: GRPO with turn-level advantages, or SFT. Under torchrun
-    (`torchrun --nproc-per-node N --no-python nanbeige train ...`) the model is sharded with FSDP2. With
-    --loop N it alternates collect, judge, train and sync N times in --out, resumable at any stage."""
+    (`torchrun --nproc-per-node N --no-python nanbeige train ...`) the model is sharded with FSDP2. The
+    loop's older spelling, --loop N, runs `nanbeige loop --iterations N` for this release."""
     if ctx.invoked_subcommand is not None:
         return
     config = training(flags, flags["loop"], "nanbeige train --loop N")
