@@ -17,7 +17,7 @@ from nanbeige.agent.backends.llm import (
     LLM,
     LLMConfig,
     ModelError,
-    ModelUnreachable,
+    ModelUnavailable,
     OpenAIChat,
     ServerInfo,
     probe_server,
@@ -59,7 +59,7 @@ def find_model_server(settings: RunSettings, notice: Notice) -> ServerInfo | Non
                     f"server at {c.base_url} is not vLLM. Start one with `nanbeige serve --rl-logprobs`."
                 )
             return server
-        except ModelUnreachable as exc:
+        except ModelUnavailable as exc:
             if wanted:
                 fix = (
                     "token mode needs a vLLM server: start one with `nanbeige serve --rl-logprobs`"

@@ -29,6 +29,7 @@ from nanbeige.evals.endpoint import CallFailed, chat
 from nanbeige.evals.tasks import Verdict
 from nanbeige.evals.verdicts import Reading
 from nanbeige.tools.endpoint import OPENAI_BASE_URL, ChatEndpoint
+from nanbeige.tools.errors import ServiceUnavailable
 
 FAMILIES = ("reference", "official", "official-fixed")
 
@@ -256,7 +257,7 @@ def fill(template: str, question: str, response: str, gold: str) -> str:
     return re.sub(r"\{(question|response|correct_answer)\}", lambda m: values[m.group(1)], template)
 
 
-class JudgeUnavailable(Exception):
+class JudgeUnavailable(ServiceUnavailable):
     """The judge endpoint could not be used (unreachable, refused, failing): not a verdict on the answer,
     so the caller stops or tries again later rather than scoring the answer."""
 

@@ -12,7 +12,13 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from nanbeige.agent.backends.model_server import ContextOverflow, ModelError
+from nanbeige.agent.backends.model_server import (
+    ContextOverflow,
+    EndpointUnavailable,
+    ModelError,
+    ModelUnavailable,
+    UnusableReply,
+)
 from nanbeige.agent.backends.pool import PoolError
 from nanbeige.agent.backends.refusals import RetryableStatus
 from nanbeige.agent.cache import CacheError, ReplayMiss
@@ -25,13 +31,15 @@ from nanbeige.agent.records import NotATrajectoryFile
 from nanbeige.agent.setup_checks import SetupError
 from nanbeige.agent.toolbox import ToolboxError
 from nanbeige.evals.eval_config import EvalError
+from nanbeige.evals.judges import JudgeUnavailable
 from nanbeige.evals.tasks import LoadError
 from nanbeige.tools.documents import IndexBuildError
-from nanbeige.tools.errors import NanbeigeError
+from nanbeige.tools.errors import NanbeigeError, ServiceUnavailable
 from nanbeige.tools.index import IndexNotFound
+from nanbeige.tools.search_config import SearchUnavailable
 from nanbeige.trainer.code_rewards import CodeJudgeError
 from nanbeige.trainer.collect import CollectError
-from nanbeige.trainer.critic import CriticUnreachable, MalformedCritique
+from nanbeige.trainer.critic import CriticUnavailable, MalformedCritique
 from nanbeige.trainer.graph import SynthError
 from nanbeige.trainer.judge_config import JudgeError
 from nanbeige.trainer.loop_config import LoopError
@@ -63,7 +71,7 @@ USER_FACING = {  # the class and its exit code
     LoopError: 1,
     SyncError: 1,
     CodeJudgeError: 1,
-    CriticUnreachable: 1,
+    CriticUnavailable: 1,
 }
 # signals between parts of the code, caught there: never said to the user as they are
 INTERNAL = [RetryableStatus, ReplayMiss, ModelError, ContextOverflow, MalformedCritique]
@@ -78,6 +86,26 @@ def test_every_user_facing_error_is_a_nanbeige_error_with_its_exit_code(error: t
 @pytest.mark.parametrize("error", INTERNAL, ids=lambda error: error.__name__)
 def test_internal_signals_are_not(error: type[Exception]) -> None:
     assert not issubclass(error, NanbeigeError)
+
+
+SERVICES = [
+    EndpointUnavailable,
+    ModelUnavailable,
+    UnusableReply,
+    JudgeUnavailable,
+    CriticUnavailable,
+    SearchUnavailable,
+]
+"""A service we call that cannot be used: a model server, a judge, a critic, a search backend."""
+
+
+@pytest.mark.parametrize("error", SERVICES, ids=lambda error: error.__name__)
+def test_a_service_that_cannot_be_used_has_one_base_whatever_the_service(error: type[Exception]) -> None:
+    """Four words (unreachable, unavailable, down) and three bases before; one word and one base now, which
+    the command line says in one line like any error the user must fix."""
+    assert issubclass(error, ServiceUnavailable) and issubclass(error, NanbeigeError)
+    assert error.__name__.endswith("Unavailable") or error is UnusableReply
+    assert error("x").exit_code == 1
 
 
 def test_a_setup_error_for_a_bad_value_is_a_usage_error() -> None:

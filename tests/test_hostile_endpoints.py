@@ -19,7 +19,7 @@ from hostile_endpoints import HostileEndpoint, endless_line, garbage, oversized,
 from test_pool import NANBEIGE
 
 from nanbeige.agent.backends.llm import LLMConfig, OpenAIChat
-from nanbeige.agent.backends.model_server import EndpointDown, UnusableReply
+from nanbeige.agent.backends.model_server import EndpointUnavailable, UnusableReply
 from nanbeige.agent.backends.pool import EndpointPool, member_config
 from nanbeige.agent.backends.stream import MAX_REPLY_BYTES
 from nanbeige.agent.trajectory_file import load_trajectories
@@ -60,7 +60,7 @@ async def test_keep_alive_pings_do_not_extend_the_deadline_of_a_lone_endpoint() 
         llm = OpenAIChat(LLMConfig(base_url=slow.base_url, model="fake-model", timeout_s=1.0, max_attempts=1))
         started = time.monotonic()
         try:
-            with pytest.raises(EndpointDown, match=r"model call timed out after 1 s"):
+            with pytest.raises(EndpointUnavailable, match=r"model call timed out after 1 s"):
                 async with asyncio.timeout(BOUND_S):
                     await llm.complete(MESSAGES, on_text=lambda text: None)
         finally:
@@ -167,11 +167,11 @@ async def test_token_mode_refuses_ids_that_do_not_spell_the_reply_and_the_pool_m
 
 def test_a_model_list_that_trickles_fails_the_probe_at_its_deadline() -> None:
     """What every command asks each endpoint first (`probe_server`): bounded in all, not per byte."""
-    from nanbeige.agent.backends.model_server import ModelUnreachable, probe_server
+    from nanbeige.agent.backends.model_server import ModelUnavailable, probe_server
 
     with HostileEndpoint(garbage, list_every_s=0.3) as slow:
         started = time.monotonic()
-        with pytest.raises(ModelUnreachable, match="ReadTimeout"):
+        with pytest.raises(ModelUnavailable, match="ReadTimeout"):
             probe_server(slow.base_url, None, timeout=1.0)
     assert time.monotonic() - started < 5
 

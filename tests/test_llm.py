@@ -8,7 +8,7 @@ import time
 import pytest
 from fake_openai import FakeOpenAI, Reply
 
-from nanbeige.agent.backends.llm import ContextOverflow, LLMConfig, ModelError, ModelUnreachable, OpenAIChat, ServerInfo
+from nanbeige.agent.backends.llm import ContextOverflow, LLMConfig, ModelError, ModelUnavailable, OpenAIChat, ServerInfo
 from nanbeige.agent.backends.scripted import ScriptedLLM
 
 pytestmark = pytest.mark.anyio
@@ -118,7 +118,7 @@ async def test_an_unreachable_server_says_so() -> None:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # bound but not listening: connections are refused
         llm = client(f"http://127.0.0.1:{port}/v1", max_attempts=2)
-        with pytest.raises(ModelUnreachable, match="cannot connect"):
+        with pytest.raises(ModelUnavailable, match="cannot connect"):
             await llm.complete(MESSAGES)
         await llm.aclose()
 

@@ -18,7 +18,7 @@ from nanbeige.agent.backends.llm import (
     VLLM_EXTRAS,
     LLMConfig,
     ModelError,
-    ModelUnreachable,
+    ModelUnavailable,
     OpenAIChat,
     ServerInfo,
     probe_server,
@@ -85,9 +85,9 @@ def test_a_server_that_wants_a_key_is_up_but_unknown() -> None:
 
 def test_a_web_site_or_nothing_at_the_address_is_unreachable() -> None:
     with Site() as site:  # answers 404 to /v1/models
-        with pytest.raises(ModelUnreachable, match="HTTP 404 from .*/v1/models: not an OpenAI-compatible server"):
+        with pytest.raises(ModelUnavailable, match="HTTP 404 from .*/v1/models: not an OpenAI-compatible server"):
             probe_server(site.url("/v1"), None)
-    with pytest.raises(ModelUnreachable, match="ConnectError"):
+    with pytest.raises(ModelUnavailable, match="ConnectError"):
         probe_server(f"http://127.0.0.1:{free_port()}/v1", None)
 
 

@@ -24,7 +24,7 @@ from conftest import TEST_SERVER
 from fake_openai import FakeOpenAI, Reply, mcp_answer, mcp_call
 
 from nanbeige.agent.backends.llm import LLMConfig, OpenAIChat
-from nanbeige.agent.backends.model_server import EndpointDown
+from nanbeige.agent.backends.model_server import EndpointUnavailable
 from nanbeige.agent.backends.pool import EndpointPool, member_config
 from nanbeige.agent.trajectory_file import load_trajectories
 
@@ -227,7 +227,9 @@ async def test_with_every_endpoint_down_a_call_fails_naming_each_and_works_again
             assert (await pool.complete([{"role": "user", "content": "hi"}])).message["content"] == "ok"
             one.outage(3.0)
             two.outage(3600)
-            with pytest.raises(EndpointDown, match=r"all 2 model endpoints failed \(http://127.0\.0\.1:\d+/v1: "):
+            with pytest.raises(
+                EndpointUnavailable, match=r"all 2 model endpoints failed \(http://127.0\.0\.1:\d+/v1: "
+            ):
                 await pool.complete([{"role": "user", "content": "hi"}])
             await asyncio.sleep(3.5)  # one is back: with every endpoint out, each is probed again within 2 s
             completion = await pool.complete([{"role": "user", "content": "hi"}])

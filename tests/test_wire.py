@@ -24,7 +24,7 @@ from fake_openai import FakeOpenAI
 from raw_endpoints import RawEndpoint, coded, nested_gzip_bomb, redirect_with_endless_body, slow_headers
 
 from nanbeige.agent.backends.llm import LLMConfig, OpenAIChat
-from nanbeige.agent.backends.model_server import ModelUnreachable, ServerInfo, UnusableReply, probe_server
+from nanbeige.agent.backends.model_server import ModelUnavailable, ServerInfo, UnusableReply, probe_server
 from nanbeige.evals import bfcl_run
 from nanbeige.evals.endpoint import CallFailed, chat_text
 from nanbeige.tools import egress
@@ -53,7 +53,7 @@ async def test_every_client_refuses_an_answer_in_nested_codings() -> None:
             await egress.get(bomb.url + "/", LOCAL)
         with pytest.raises(FetchError, match="coded 'gzip, gzip'"):
             await fetch_direct(bomb.url + "/page", LOCAL)
-        with pytest.raises(ModelUnreachable, match="UnsafeEncoding"):
+        with pytest.raises(ModelUnavailable, match="UnsafeEncoding"):
             probe_server(bomb.base_url, None, timeout=5.0)
         model = chat_client(bomb.base_url)
         try:
@@ -94,7 +94,7 @@ import resource, sys, anyio
 limit = int(sys.argv[2])
 resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 from nanbeige.agent.backends.llm import LLMConfig, OpenAIChat
-from nanbeige.agent.backends.model_server import ModelUnreachable, ServerInfo, UnusableReply, probe_server
+from nanbeige.agent.backends.model_server import ModelUnavailable, ServerInfo, UnusableReply, probe_server
 from nanbeige.tools import egress
 
 base_url = sys.argv[1]
@@ -104,7 +104,7 @@ except egress.FetchError as exc:
     print("fetch:", exc)
 try:
     probe_server(base_url + "/v1", None, timeout=5.0)
-except ModelUnreachable as exc:
+except ModelUnavailable as exc:
     print("probe:", exc)
 
 async def ask(on_text):
@@ -150,7 +150,7 @@ def test_a_probe_whose_headers_trickle_fails_at_its_deadline() -> None:
     """What every command asks each model endpoint first: bounded in all, from the request on."""
     with RawEndpoint(slow_headers(0.2)) as slow:
         started = time.monotonic()
-        with pytest.raises(ModelUnreachable, match="ReadTimeout"):
+        with pytest.raises(ModelUnavailable, match="ReadTimeout"):
             probe_server(slow.base_url, None, timeout=1.0)
     assert time.monotonic() - started < 4
 

@@ -11,3 +11,10 @@ class NanbeigeError(Exception):
     exit_code = 1
     """The program's exit status when this error ends a command: 1, or 2 for a usage error (a bad flag
     or value)."""
+
+
+class ServiceUnavailable(NanbeigeError):
+    """A service nanbeige calls cannot be used until the user fixes something: a model server, a judge, a
+    critic or a search backend that cannot be reached, refuses the key, or keeps failing past its retries.
+    Never a verdict on an answer or a turn: the caller stops, or another endpoint is asked, and the same
+    command goes on once the service is back."""

@@ -15,12 +15,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nanbeige.tools.errors import ServiceUnavailable
 from nanbeige.tools.index import default_index_dir, index_exists
 
 BACKENDS = ("serper", "searxng", "local")
 
 
-class SearchUnavailable(Exception):
+class SearchUnavailable(ServiceUnavailable):
     """Search cannot work until the user fixes something: a key, a URL, an index, credits."""
 
 

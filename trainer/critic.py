@@ -34,7 +34,7 @@ import json_repair
 from nanbeige.agent.trajectory import Trajectory, Turn
 from nanbeige.evals.endpoint import CallFailed, chat_text
 from nanbeige.tools.endpoint import OPENAI_BASE_URL, ChatEndpoint
-from nanbeige.tools.errors import NanbeigeError
+from nanbeige.tools.errors import ServiceUnavailable
 
 DIMENSIONS = ("logical_soundness", "tool_call_accuracy", "information_gain")
 TOOL_DIMENSIONS = ("tool_call_accuracy", "information_gain")
@@ -115,7 +115,7 @@ class TurnRule:
     """The size of the negative reward a failed turn gets under `penalise`."""
 
 
-class CriticUnreachable(NanbeigeError):
+class CriticUnavailable(ServiceUnavailable):
     """The critic endpoint cannot be used at all (unreachable, or it refuses the key or the path):
     something the user must fix, not a verdict on a turn."""
 
@@ -294,7 +294,7 @@ async def critique(
 ) -> dict[str, Any]:
     """The critic's record for one turn: `model` and each dimension's `{score, reason}` (None where not
     scored); or `{"error", "model"}` when no usable reply came after the retries. Raises
-    `CriticUnreachable` when the endpoint cannot be used at all."""
+    `CriticUnavailable` when the endpoint cannot be used at all."""
     prompt = critic_prompt(trajectory, turn, template)
     error = ""
     for attempt in range(config.retries + 1):
@@ -306,7 +306,7 @@ async def critique(
         except CallFailed as exc:
             error = f"critic answered {exc}" if exc.status else f"critic {exc}"
             if _unreachable(exc) and (not exc.retry or attempt == config.retries):
-                raise CriticUnreachable(error) from None
+                raise CriticUnavailable(error) from None
             if not exc.retry:
                 break
             continue

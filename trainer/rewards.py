@@ -38,7 +38,7 @@ from nanbeige.agent.trajectory_file import (
 from nanbeige.evals.code_problems import CODE_TESTS
 from nanbeige.tools.endpoint import ChatEndpoint
 from nanbeige.trainer.code_rewards import CodeJudgeError, CodeJudging, open_code_judging
-from nanbeige.trainer.critic import CriticUnreachable, judge_turn, load_template
+from nanbeige.trainer.critic import CriticUnavailable, judge_turn, load_template
 from nanbeige.trainer.judge_config import JudgeError, JudgeRunConfig, check, check_judge_endpoint, chosen_grader
 from nanbeige.trainer.outcome import judge_outcome, naming
 
@@ -190,7 +190,7 @@ async def judge_trajectory(
     for turn in trajectory.turns:
         try:
             await judge_turn(trajectory, turn, config.critic, config.rule, template, client)
-        except CriticUnreachable as exc:
+        except CriticUnavailable as exc:
             raise JudgeError(
                 f"{naming(str(exc), config.critic.base_url)}; fix the critic endpoint and run again to resume"
             ) from None

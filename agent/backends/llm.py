@@ -29,9 +29,9 @@ from nanbeige.agent.backends.completion import Completion, parse_completion
 from nanbeige.agent.backends.model_server import (
     PROBE_TIMEOUT_S,
     ContextOverflow,
-    EndpointDown,
+    EndpointUnavailable,
     ModelError,
-    ModelUnreachable,
+    ModelUnavailable,
     ServerInfo,
     UnusableReply,
     probe_server,  # noqa: F401  (imported from here with the client it informs)
@@ -242,7 +242,7 @@ class OpenAIChat:
             request = self.http.build_request("POST", path, content=content)
             response = await self.http.send(request, stream=True)
         except httpx.ConnectError as exc:
-            raise ModelUnreachable(f"cannot connect to {self.config.base_url}: {exc}") from exc
+            raise ModelUnavailable(f"cannot connect to {self.config.base_url}: {exc}") from exc
         if not stream or response.status_code != 200:
             response = await read_whole(response)
         if response.status_code in RETRY_STATUSES:
@@ -261,7 +261,7 @@ class OpenAIChat:
         if c.max_attempts is not None:
             stop = stop | stop_after_attempt(c.max_attempts)
         retrying = AsyncRetrying(
-            retry=retry_if_exception(lambda e: _retryable(e) or isinstance(e, ModelUnreachable)),
+            retry=retry_if_exception(lambda e: _retryable(e) or isinstance(e, ModelUnavailable)),
             stop=stop,
             wait=backoff(c.retry_wait_s, c.max_retry_wait_s, c.max_retry_after_s),
             reraise=True,
@@ -273,15 +273,17 @@ class OpenAIChat:
                 with attempt:
                     return await self._attempt(content, path, read), time.perf_counter() - started
         except RetryableStatus as exc:
-            raise EndpointDown(
+            raise EndpointUnavailable(
                 f"model server answered HTTP {exc.response.status_code}: {error_text(exc.response)}"
             ) from None
         except httpx.TimeoutException as exc:
-            raise EndpointDown(f"model call timed out after {c.timeout_s:g} s ({type(exc).__name__})") from None
+            raise EndpointUnavailable(f"model call timed out after {c.timeout_s:g} s ({type(exc).__name__})") from None
         except TooSlow:
-            raise EndpointDown(f"model call timed out after {c.timeout_s:g} s (no whole reply by then)") from None
+            raise EndpointUnavailable(
+                f"model call timed out after {c.timeout_s:g} s (no whole reply by then)"
+            ) from None
         except httpx.TransportError as exc:
-            raise EndpointDown(f"model call failed: {type(exc).__name__}: {exc}") from None
+            raise EndpointUnavailable(f"model call failed: {type(exc).__name__}: {exc}") from None
         raise AssertionError("unreachable")
 
     async def _attempt(self, content: bytes, path: str, read: Reader | None) -> Any:
@@ -362,7 +364,7 @@ class OpenAIChat:
                 if version is None:
                     return None
                 info.vllm = version_is_vllm(version)
-        except ModelUnreachable:
+        except ModelUnavailable:
             return ServerInfo(vllm=False)  # something answers without a model list, which vLLM always has
         return info
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from nanbeige.tools.errors import ServiceUnavailable
 from nanbeige.tools.wire import ACCEPT_ENCODING, answer_within, run_blocking
 
 PROBE_TIMEOUT_S = 10.0
@@ -19,19 +20,19 @@ class ModelError(Exception):
     """The model call failed for good (after retries, or on a non-retryable answer)."""
 
 
-class EndpointDown(ModelError):
+class EndpointUnavailable(ModelError, ServiceUnavailable):
     """The endpoint failed past its retries: it refused or reset the connection, did not finish a reply
     within the call's deadline, or kept answering 408/425/429/5xx. A pool of endpoints (`pool.py`) takes
     it out and asks another."""
 
 
-class UnusableReply(EndpointDown):
+class UnusableReply(EndpointUnavailable):
     """The endpoint answered, but not with a usable reply: a 200 whose body is no completion, a reply
     past the size caps (`stream.py`), or in token mode token ids that do not spell the reply's text.
     Another endpoint may answer well, so a pool takes this one out as it does one that is down."""
 
 
-class ModelUnreachable(EndpointDown):
+class ModelUnavailable(EndpointUnavailable):
     """No model server answers at the configured address."""
 
 
@@ -62,12 +63,12 @@ def probe_server(
     """Ask the server at `base_url` (ending in `/v1`) what it is: `GET /models`, then `GET /version`
     at its root only when the model list names no owner. `max_model_len` is the one listed for
     `model`, or for the first model when `model` is not listed. A 401 means the server is up but
-    wants a key: nothing more can be learnt. Raises ModelUnreachable with a short reason when
+    wants a key: nothing more can be learnt. Raises ModelUnavailable with a short reason when
     nothing OpenAI-compatible answers."""
     try:
         return run_blocking(_probe(base_url, api_key, timeout, model))
     except httpx.HTTPError as exc:
-        raise ModelUnreachable(type(exc).__name__) from None
+        raise ModelUnavailable(type(exc).__name__) from None
 
 
 async def _probe(base_url: str, api_key: str | None, timeout: float, model: str | None) -> ServerInfo:
@@ -87,7 +88,7 @@ async def _get_whole(http: httpx.AsyncClient, url: str, timeout: float) -> httpx
 
 def read_model_list(response: httpx.Response, model: str | None) -> tuple[ServerInfo, bool]:
     """What a `/models` answer says, and whether that settles `vllm` (a list naming no owner does
-    not). ModelUnreachable when the answer is not an OpenAI model list."""
+    not). ModelUnavailable when the answer is not an OpenAI model list."""
     if response.status_code == 401:
         return ServerInfo(vllm=False), True
     try:
@@ -95,7 +96,7 @@ def read_model_list(response: httpx.Response, model: str | None) -> tuple[Server
     except (ValueError, AttributeError):  # not JSON, or JSON but not an object
         entries = None
     if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
-        raise ModelUnreachable(f"HTTP {response.status_code} from {response.url}: not an OpenAI-compatible server")
+        raise ModelUnavailable(f"HTTP {response.status_code} from {response.url}: not an OpenAI-compatible server")
     owners = [entry["owned_by"] for entry in entries if entry.get("owned_by") is not None]
     chosen = next((entry for entry in entries if entry.get("id") == model), entries[0] if entries else {})
     length, root = chosen.get("max_model_len"), chosen.get("root")

@@ -15,7 +15,7 @@ same prompt, so the run goes on from its last complete turn and no tool is calle
 (tools run only after a reply came back). After the cooldown one `GET /models` decides whether the
 endpoint takes runs again; the cooldown doubles each time it fails again before a call on it succeeds
 (a server that lists its models but never answers a call well is left alone longer and longer). Only
-when every endpoint is out for longer than the call's retry budget does the call fail (`EndpointDown`):
+when every endpoint is out for longer than the call's retry budget does the call fail (`EndpointUnavailable`):
 the run ends as `model_error`, which `resume` and `collect` run again.
 """
 
@@ -33,8 +33,8 @@ from nanbeige.agent.backends.llm import LLMConfig, OpenAIChat, served_by
 from nanbeige.agent.backends.model_server import (
     PROBE_TIMEOUT_S,
     ContextOverflow,
-    EndpointDown,
-    ModelUnreachable,
+    EndpointUnavailable,
+    ModelUnavailable,
     ServerInfo,
     probe_server,
 )
@@ -80,7 +80,7 @@ def ask_endpoints(urls: list[str], api_key: str | None, model: str, token_mode: 
     def probe(url: str) -> ServerInfo | str:
         try:
             return probe_server(url, api_key, timeout=10.0, model=model)
-        except ModelUnreachable as exc:
+        except ModelUnavailable as exc:
             return str(exc)
 
     with ThreadPoolExecutor(len(urls)) as threads:
@@ -206,7 +206,7 @@ class EndpointPool:
         )
 
     async def _call(self, conversation: PoolConversation, ask: Callable[[OpenAIChat], Any]) -> Completion:
-        """The answer of the run's endpoint, or of the next one that answers when it fails; EndpointDown
+        """The answer of the run's endpoint, or of the next one that answers when it fails; EndpointUnavailable
         when none has answered within the call's retry budget."""
         started = self.clock()
         while True:
@@ -214,7 +214,7 @@ class EndpointPool:
             if endpoint is None:
                 left = self.config.max_retry_s - (self.clock() - started)
                 if left <= 0:
-                    raise EndpointDown(self._all_down())
+                    raise EndpointUnavailable(self._all_down())
                 await asyncio.sleep(min(ALL_OUT_WAIT_S, left))
                 for each in self.endpoints:  # every one out: each is probed again, not left for its cooldown
                     each.down_until = min(each.down_until, self.clock())
@@ -224,7 +224,7 @@ class EndpointPool:
                 completion = await ask(endpoint.client)
             except ContextOverflow:
                 raise  # the prompt's fault, not the endpoint's
-            except EndpointDown as exc:
+            except EndpointUnavailable as exc:
                 self._take_out(endpoint, str(exc))
                 conversation.endpoint = None  # goes on elsewhere, from the same prompt
                 continue

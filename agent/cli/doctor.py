@@ -53,11 +53,11 @@ def check_settings_files(found: Any) -> Finding:
 
 def check_pool_member(base_url: str, model: str, api_key: str | None, probe: Callable[..., ServerInfo]) -> Finding:
     """One endpoint of a pool (several --base-url): a server must answer there, as the pool's start asks."""
-    from nanbeige.agent.backends.llm import ModelUnreachable
+    from nanbeige.agent.backends.llm import ModelUnavailable
 
     try:
         server = probe(base_url, api_key)
-    except ModelUnreachable as exc:
+    except ModelUnavailable as exc:
         return Finding(
             "model",
             False,
@@ -83,7 +83,7 @@ def served_model(base_url: str, model: str, server: ServerInfo) -> Finding:
 
 def check_model(base_url: str, model: str, api_key: str | None, probe: Callable[..., ServerInfo]) -> Finding:
     """A server that answers at `base_url`, else the model in this process: installed, and at hand."""
-    from nanbeige.agent.backends.llm import ModelUnreachable
+    from nanbeige.agent.backends.llm import ModelUnavailable
     from nanbeige.agent.backends.local_model import (
         SMALL_MODEL,
         LocalModelError,
@@ -94,7 +94,7 @@ def check_model(base_url: str, model: str, api_key: str | None, probe: Callable[
 
     try:
         server = probe(base_url, api_key)
-    except ModelUnreachable as exc:
+    except ModelUnavailable as exc:
         unreachable = str(exc)
     else:
         return served_model(base_url, model, server)
@@ -230,7 +230,7 @@ def findings(
 ) -> list[Finding]:
     """The model at each endpoint (first, one a line), then search, scrape, sandbox and keys. Of a pool, every
     endpoint must answer: no model in this process stands in for one that does not. Each URL is asked once."""
-    from nanbeige.agent.backends.llm import ModelUnreachable, probe_server
+    from nanbeige.agent.backends.llm import ModelUnavailable, probe_server
 
     asked: dict[tuple[str, str | None], Any] = {}
 
@@ -238,16 +238,16 @@ def findings(
         if (url, key) not in asked:
             try:
                 asked[url, key] = probe_server(url, key, timeout=2.0, model=model)
-            except ModelUnreachable as exc:
+            except ModelUnavailable as exc:
                 asked[url, key] = exc
-        if isinstance(asked[url, key], ModelUnreachable):
+        if isinstance(asked[url, key], ModelUnavailable):
             raise asked[url, key]
         return asked[url, key]
 
     def answers(url: str, key: str | None) -> str | None:
         try:
             probe(url, key)
-        except ModelUnreachable as exc:
+        except ModelUnavailable as exc:
             return str(exc)
         return None
 
