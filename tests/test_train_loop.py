@@ -128,7 +128,7 @@ def test_two_iterations_in_process_and_a_second_call_only_does_the_second(tiny: 
     def notice(text: str) -> None:
         if text.startswith("loop: "):
             state = json.loads((out / "loop.json").read_text())
-            seen.append((text, [[s for s in e if s not in ("iteration", "policy")] for e in state["iterations"]]))
+            seen.append((text, [[s for s in e if s not in ("iteration", "policy", "seconds")] for e in state["iterations"]]))
 
     with FakeOpenAI(alternating_critic()) as critic:
         first = asyncio.run(run_loop(in_process_loop(tiny, out, critic, 1), notice))
@@ -151,6 +151,7 @@ def test_two_iterations_in_process_and_a_second_call_only_does_the_second(tiny: 
     assert all("iteration 2" in text for text, _ in seen[4:])  # the second call did iteration 2 alone
     assert stamps(out / "iter-1") == before  # iteration 1 untouched: not collected, judged or trained again
     [one] = first["iterations"]
+    assert one.pop("seconds") > 0  # the wall time of its stages, summed
     checkpoint = out / "iter-1" / "train" / "checkpoint-1"
     assert one == {
         "iteration": 1,
@@ -163,7 +164,7 @@ def test_two_iterations_in_process_and_a_second_call_only_does_the_second(tiny: 
         "checkpoint": str(checkpoint.resolve()),
         "synced_model": str(checkpoint.resolve()),
     }
-    assert second["iterations"][0] == one and second["iterations"][1]["model"] == str(checkpoint.resolve())
+    assert {**second["iterations"][0], "seconds": 0} == {**one, "seconds": 0} and second["iterations"][1]["model"] == str(checkpoint.resolve())
     for trajectory in load_trajectories(out / "iter-2" / "rollouts.jsonl"):  # sampled by iteration 1's policy
         assert trajectory.model == trajectory.policy_version == str(checkpoint.resolve())
     state = json.loads((out / "loop.json").read_text())
@@ -180,7 +181,8 @@ def test_a_failed_stage_stops_the_loop_and_the_next_call_resumes_it(tiny: Path, 
         with pytest.raises(LoopError, match=r"iteration 1, judge: .*401.* run the same loop again to resume"):
             asyncio.run(run_loop(in_process_loop(tiny, out, critic, 1, save_every=1, steps=2), print))
     state = json.loads((out / "loop.json").read_text())
-    assert list(state["iterations"][0]) == ["iteration", "policy", "collected"]
+    assert list(state["iterations"][0]) == ["iteration", "policy", "collected", "seconds"]
+    assert list(state["iterations"][0]["seconds"]) == ["collected"]  # the failed stage's time is not recorded
     rollouts = stamps(out / "iter-1")["rollouts.jsonl"]
     with FakeOpenAI(alternating_critic()) as critic:
         asyncio.run(run_loop(in_process_loop(tiny, out, critic, 1, save_every=1, steps=2), print))

@@ -223,6 +223,10 @@ LOOP_STATES = {  # each a loop.json that resumes into a TypeError today; the fie
         {"policy": POLICY, "iterations": [{**DONE, "judged": {"tool_use": "[red]100%"}}]},
         "`iterations[0].judged.tool_use` must be a number or null",
     ),
+    "text for a stage's wall time": (
+        {"policy": POLICY, "iterations": [{**DONE, "seconds": {"collected": "[red]5"}}]},
+        "`iterations[0].seconds.collected` must be a number",
+    ),
 }
 
 

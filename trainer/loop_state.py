@@ -99,6 +99,8 @@ def state_problem(state: Any) -> str:
         )
         if not problem and (type(entry.get("iteration")) is not int or entry["iteration"] != index + 1):
             problem = f"`{where}.iteration` must be {index + 1}, not {type_name(entry.get('iteration'))}"
+        if not problem:  # each stage's wall time, only reported
+            problem = fields_problem(entry.get("seconds", {}), dict.fromkeys(STAGES, NUMBER), f"{where}.seconds")
         for stage, kinds in STAGES.items():
             if not problem and stage in entry:
                 problem = fields_problem(entry[stage], kinds, f"{where}.{stage}", REQUIRED.get(stage, ()))

@@ -43,6 +43,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -273,6 +274,7 @@ async def run_iteration(
     for stage, run in stages:
         if stage in entry:
             continue
+        started = time.monotonic()
         try:
             entry[stage] = await run()
         except NanbeigeError as exc:  # a stage's CollectError, JudgeError, TrainError, SetupError, SyncError ...
@@ -281,6 +283,8 @@ async def run_iteration(
                 f"iteration {iteration}, {STAGES[stage]}: {exc} "
                 f"(the state is in {config.out / STATE}: run the same loop again to resume)"
             ) from None
+        # each stage's wall time, only reported (a resumed stage counts from the call that finished it)
+        entry.setdefault("seconds", {})[stage] = round(time.monotonic() - started, 1)
         if stage == "synced":
             state["policy"] = entry["synced"]
         write_state(config.out, state)
@@ -353,4 +357,5 @@ def summary_of(entry: dict[str, Any]) -> dict[str, Any]:
         "train_steps": trained.get("steps"),
         "checkpoint": trained.get("checkpoint"),
         "synced_model": synced.get("model"),
+        "seconds": round(sum(entry.get("seconds", {}).values()), 1),
     }

@@ -269,7 +269,7 @@ def measure(args: argparse.Namespace, work: Path, rows: list[tuple[str, str, str
                 f"loop iteration {entry['iteration']}",
                 "-",
                 f"{judged.get('tool_use')} / {judged.get('mean_reward')}",
-                0.0,
+                sum(entry.get("seconds", {}).values()),
             )
         )
     rows.append(("loop, in all", "-", "-", seconds))
