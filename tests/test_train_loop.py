@@ -128,7 +128,8 @@ def test_two_iterations_in_process_and_a_second_call_only_does_the_second(tiny: 
     def notice(text: str) -> None:
         if text.startswith("loop: "):
             state = json.loads((out / "loop.json").read_text())
-            seen.append((text, [[s for s in e if s not in ("iteration", "policy", "seconds")] for e in state["iterations"]]))
+            done = [[s for s in e if s not in ("iteration", "policy", "seconds")] for e in state["iterations"]]
+            seen.append((text, done))
 
     with FakeOpenAI(alternating_critic()) as critic:
         first = asyncio.run(run_loop(in_process_loop(tiny, out, critic, 1), notice))
@@ -164,7 +165,8 @@ def test_two_iterations_in_process_and_a_second_call_only_does_the_second(tiny: 
         "checkpoint": str(checkpoint.resolve()),
         "synced_model": str(checkpoint.resolve()),
     }
-    assert {**second["iterations"][0], "seconds": 0} == {**one, "seconds": 0} and second["iterations"][1]["model"] == str(checkpoint.resolve())
+    assert {**second["iterations"][0], "seconds": 0} == {**one, "seconds": 0}
+    assert second["iterations"][1]["model"] == str(checkpoint.resolve())
     for trajectory in load_trajectories(out / "iter-2" / "rollouts.jsonl"):  # sampled by iteration 1's policy
         assert trajectory.model == trajectory.policy_version == str(checkpoint.resolve())
     state = json.loads((out / "loop.json").read_text())
