@@ -2,7 +2,7 @@
 
 A run's usage is summed from its turns as they are logged: model calls and tokens (prompt plus
 completion tokens of every call, what an API bills), tool calls, and the paid units the built-in tool
-servers report with each result (`nanbeige.tools.usage`: Serper queries, Jina tokens, extraction-model
+servers report with each result (`nanbeige.tools.paid_units`: Serper queries, Jina tokens, extraction-model
 tokens, E2B sandbox seconds). It goes into the trajectory's end record, the live view, `nanbeige show`
 and eval reports. A budget caps any of `BUDGET_UNITS`; a run that reaches one stops with the stop
 reason `budget` and is then asked for its answer, as at the turn limit.
@@ -14,7 +14,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from nanbeige.tools.usage import UNITS as PAID_UNITS
+from nanbeige.tools.paid_units import UNITS as PAID_UNITS
 
 BUDGET_UNITS = ("tokens", "tool_calls", *PAID_UNITS)
 

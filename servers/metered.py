@@ -1,4 +1,4 @@
-"""A tool's answer with what the call cost (`nanbeige.tools.usage`) in the result's `_meta`, under
+"""A tool's answer with what the call cost (`nanbeige.tools.paid_units`) in the result's `_meta`, under
 `nanbeige/usage`: the runtime sums it per run and holds runs to their budgets. Other MCP clients
 ignore it; the text the model reads is unchanged."""
 

@@ -36,7 +36,7 @@ from mcp.types import CallToolResult
 
 from nanbeige.servers.listing import fastmcp_tool, server_version
 from nanbeige.servers.metered import metered_result
-from nanbeige.tools import usage
+from nanbeige.tools import paid_units
 from nanbeige.tools.sandbox import ERROR_DETAIL_CHARS, SandboxError, Sandboxes, config_from_env
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 def answer(work: Callable[[], str]) -> CallToolResult:
     """The tool's text. A failure answers as the reference server did, with a text starting
     `[ERROR]: ` (there it was an ordinary result; here it is also marked as an error)."""
-    with usage.metered() as cost:  # E2B's sandbox seconds
+    with paid_units.metered() as cost:  # E2B's sandbox seconds
         try:
             return metered_result(work(), cost)
         except SandboxError as exc:

@@ -16,7 +16,7 @@ from mcp.types import CallToolResult
 
 from nanbeige.servers.listing import sdk_description, server_version
 from nanbeige.servers.metered import metered_result
-from nanbeige.tools import scrape, usage
+from nanbeige.tools import paid_units, scrape
 from nanbeige.tools.fetch import FetchError
 from nanbeige.tools.scrape import ScrapeConfig, ScrapeError, scrape_config_from_env
 
@@ -42,7 +42,7 @@ def build_server(config: ScrapeConfig | None = None) -> MCPServer:
             A JSON object: success, url, extracted_info, error, scrape_stats (line_count, char_count,
             last_char_line, all_content_displayed), model_used, tokens_used.
         """
-        with usage.metered() as cost:
+        with paid_units.metered() as cost:
             try:
                 result = await scrape.scrape_and_extract_info(url, info_to_extract, custom_headers, config)
             except (FetchError, ScrapeError) as exc:

@@ -19,7 +19,7 @@ from mcp.types import CallToolResult, ToolAnnotations
 
 from nanbeige.servers.listing import sdk_description, server_version
 from nanbeige.servers.metered import metered_result
-from nanbeige.tools import usage
+from nanbeige.tools import paid_units
 from nanbeige.tools.search import Searcher, SearchError, format_results
 from nanbeige.tools.search_config import SearchConfig, SearchUnavailable, config_from_env, search_setup_problem
 
@@ -71,7 +71,7 @@ def build_server(config: SearchConfig | None = None) -> MCPServer:
             autocorrect: Whether the engine may correct the query's spelling.
         """
         searcher: Searcher = ctx.request_context.lifespan_context["searcher"]
-        with usage.metered() as cost:
+        with paid_units.metered() as cost:
             try:
                 result = await searcher.google_search(q, gl, hl, location, num, tbs, page, autocorrect)
             except (SearchError, SearchUnavailable) as exc:

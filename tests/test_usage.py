@@ -20,7 +20,7 @@ from nanbeige.agent.trajectory import ToolCall, ToolResult, Trajectory, Turn
 from nanbeige.agent.trajectory_file import load_trajectories
 from nanbeige.agent.usage import over_budget, parse_budgets, run_usage, usage_text
 from nanbeige.evals.scores import build_report, markdown
-from nanbeige.tools import usage
+from nanbeige.tools import paid_units
 from nanbeige.tools.sandbox import Sandboxes
 from nanbeige.tools.sandbox.e2b import E2BBackend
 
@@ -134,11 +134,11 @@ def test_e2b_sandbox_seconds_are_counted_against_the_calls_that_use_the_sandbox(
     config = make_config(tmp_path, backend="e2b", e2b_api_key="key")
     boxes = Sandboxes(config, backend=E2BBackend(config, sandbox_class=FakeE2BSandbox))
     started = time.monotonic()
-    with usage.metered() as creating:
+    with paid_units.metered() as creating:
         boxes.create()
     created = time.monotonic()
     time.sleep(0.3)  # alive, and billed, between calls
-    with usage.metered() as running:
+    with paid_units.metered() as running:
         boxes.run_python("1 + 1", "e2b0")
     ran = time.monotonic()
     boxes.close()

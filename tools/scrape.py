@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 import httpx
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from nanbeige.tools import usage
+from nanbeige.tools import paid_units
 from nanbeige.tools.egress import FetchError, FetchPolicy, check_url, policy_from_env, ssl_context
 from nanbeige.tools.endpoint import LOCAL_BASE_URL, LOCAL_MODEL, ChatEndpoint
 from nanbeige.tools.fetch import Page, fetch_direct, to_text
@@ -155,7 +155,7 @@ async def fetch_jina(url: str, config: ScrapeConfig, headers: dict[str, str] | N
     except httpx.HTTPError as exc:
         raise FetchError(f"Jina Reader could not be reached: {type(exc).__name__}: {exc}") from None
     text = to_text(response.content, response.headers.get("content-type", "text/plain"))
-    usage.add("jina_tokens", len(text) // 4)
+    paid_units.add("jina_tokens", len(text) // 4)
     return Page(url=url, text=text, content_type="text/markdown")
 
 
@@ -257,7 +257,7 @@ async def extract_info(content: str, info_to_extract: str, config: ScrapeConfig)
             text = body["choices"][0]["message"].get("content") or ""
             text = text.rsplit("</think>", 1)[-1].strip()  # keep the answer, not the reasoning
             tokens = int((body.get("usage") or {}).get("total_tokens", 0))
-            usage.add("summary_tokens", tokens)
+            paid_units.add("summary_tokens", tokens)
             return text, tokens, used
     raise ScrapeError("the page does not fit the extraction model's context even when cut short")
 

@@ -30,7 +30,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from nanbeige.tools import usage
+from nanbeige.tools import paid_units
 from nanbeige.tools.index import META_FILE, IndexNotFound, LocalIndex
 from nanbeige.tools.results import decode_strings, organic, serper_organic
 from nanbeige.tools.search_config import SearchConfig, SearchUnavailable, choose_backend, config_from_env
@@ -244,7 +244,7 @@ class Searcher:
         if not isinstance(body, dict):
             raise SearchUnavailable(f"Serper at {url} sent a reply that is not a JSON object; check SERPER_BASE_URL")
         credits = body.get("credits")
-        usage.add("serper_queries", credits if isinstance(credits, (int, float)) and credits > 0 else 1)
+        paid_units.add("serper_queries", credits if isinstance(credits, (int, float)) and credits > 0 else 1)
         # Only these two blocks, and searchParameters as Serper sent it ({} when it sent none), as the
         # reference's server answered.
         return {"organic": serper_organic(body.get("organic")), "searchParameters": body.get("searchParameters", {})}

@@ -14,9 +14,9 @@ from typing import Any, TypeVar
 import typer
 from rich.markup import escape
 
+from nanbeige.agent.cli.command_group import Commands
 from nanbeige.agent.cli.console import err, error_line, fail, shown
 from nanbeige.agent.cli.sigterm import exit_on_sigterm
-from nanbeige.agent.cli.usage import Commands
 from nanbeige.tools.errors import NanbeigeError
 
 T = TypeVar("T")

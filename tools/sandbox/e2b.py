@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from nanbeige.tools import usage
+from nanbeige.tools import paid_units
 from nanbeige.tools.sandbox.answers import command_failed, format_command, invalid_id
 from nanbeige.tools.sandbox.program_runs import ProgramRun
 from nanbeige.tools.sandbox.sandbox_config import MB, SANDBOX_HOME, SandboxConfig, SandboxError
@@ -265,7 +265,7 @@ class E2BBackend:
             if since is not None:
                 self._counted[sandbox_id] = now
         if since is not None:
-            usage.add("e2b_seconds", round(now - since, 3))
+            paid_units.add("e2b_seconds", round(now - since, 3))
 
     @contextmanager
     def _errors(self, action: str, sandbox_id: str | None = None) -> Iterator[None]:
