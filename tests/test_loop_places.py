@@ -58,7 +58,12 @@ def with_field(state: dict[str, Any], where: tuple[Any, ...], value: str) -> dic
 
 def test_a_loop_state_naming_only_its_own_folder_and_model_is_read(tmp_path: Path) -> None:
     (tmp_path / "loop.json").write_text(json.dumps(state_of(tmp_path)))
-    assert read_state(tmp_path, MODEL) == state_of(tmp_path)
+    state = read_state(tmp_path, MODEL)
+    assert state is not None
+    # written back as read, with the fields a state may leave out at their defaults
+    written = state_of(tmp_path)
+    written["engines"], written["iterations"][0]["seconds"] = {}, {}
+    assert state.to_json() == written
 
 
 @pytest.mark.parametrize("case", ELSEWHERE)

@@ -5,6 +5,7 @@ nothing), so these tests use neither."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shlex
@@ -353,15 +354,9 @@ def rows(term: Terminal) -> list[str]:
 
 def live_line_rows(screen: list[str], start: str) -> list[str]:
     """The rows of the live line that begins with `start`: its first row and the indented rows it folds onto."""
-    first = next((i for i, row in enumerate(screen) if start in row), None)
-    if first is None:
-        return []
-    live = [screen[first]]
-    for row in screen[first + 1 :]:
-        if not row.strip() or not row.startswith(" "):
-            break
-        live.append(row)
-    return live
+    first = next((i for i, row in enumerate(screen) if start in row), len(screen))
+    folded = itertools.takewhile(lambda row: row.strip() and row.startswith(" "), screen[first + 1 :])
+    return screen[first : first + 1] + list(folded)
 
 
 @pytest.mark.parametrize("cols", [80, 120])

@@ -53,7 +53,16 @@ from nanbeige.tools import handed_over
 from nanbeige.tools.errors import NanbeigeError
 from nanbeige.trainer.loop_config import LoopConfig, LoopError, check
 from nanbeige.trainer.loop_questions import draw_questions, drawn, question_pool
-from nanbeige.trainer.loop_state import places_problem, state_problem
+from nanbeige.trainer.loop_state import (
+    Collected,
+    Judged,
+    LoopState,
+    Policy,
+    StateProblem,
+    Trained,
+    places_problem,
+    read,
+)
 from nanbeige.trainer.model import trainable_model
 from nanbeige.trainer.sync import SyncError, disagreeing, engine_root, on_every_engine, sync_engine
 from nanbeige.trainer.train import TrainConfig
@@ -61,55 +70,48 @@ from nanbeige.trainer.train import TrainConfig
 STATE = "loop.json"
 MAX_STATE_BYTES = 64 * 1024 * 1024
 """`loop.json`: a few hundred bytes an iteration."""
-STAGES = {"collected": "collect", "judged": "judge", "trained": "train", "synced": "sync"}  # done -> the stage
+STAGE_COMMANDS = {"collected": "collect", "judged": "judge", "trained": "train", "synced": "sync"}  # done -> the stage
 
 
 # ---------------------------------------------------------------- the state file
 
 
-def new_state(config: LoopConfig) -> dict[str, Any]:
+def new_state(config: LoopConfig) -> LoopState:
     """The state before the first iteration: the policy is the model of the settings."""
-    policy = {"model": config.settings.llm.model, "checkpoint": None, "version": "iter-0"}
-    return {"questions": str(config.questions), "sync": config.sync, "policy": policy, "iterations": []}
+    return LoopState(Policy(config.settings.llm.model, None, "iter-0"), str(config.questions), config.sync)
 
 
-def read_state(out: Path, model: str) -> dict[str, Any] | None:
+def read_state(out: Path, model: str) -> LoopState | None:
     """The loop's state in folder `out`, checked: its fields' types, and its paths kept to the folder (a policy's
     model is `model`, the one this loop was given, or a checkpoint there)."""
     path = out / STATE
     if not path.exists():
         return None
     try:  # a regular file of the folder (a FIFO would block), its size capped
-        state = json.loads(handed_over.read_bytes(path, MAX_STATE_BYTES, inside=out))
+        raw = json.loads(handed_over.read_bytes(path, MAX_STATE_BYTES, inside=out))
     except (OSError, ValueError, RecursionError) as exc:
         raise LoopError(f"cannot read the loop state {path} ({exc}); fix it or pass another out folder") from None
-    problem = state_problem(state) or places_problem(state, out, model)
+    try:
+        state = read(raw)
+    except StateProblem as exc:
+        raise LoopError(f"{path}: {exc}; fix it or pass another out folder") from None
+    problem = places_problem(state, out, model)
     if problem:
         raise LoopError(f"{path}: {problem}; fix it or pass another out folder")
     return state
 
 
-def write_state(out: Path, state: dict[str, Any]) -> None:
+def write_state(out: Path, state: LoopState) -> None:
     """Write the state whole or not at all: a kill mid-write leaves the previous state."""
     path, temporary = out / STATE, out / (STATE + ".tmp")
-    temporary.write_text(json.dumps(state, indent=1) + "\n")
+    temporary.write_text(json.dumps(state.to_json(), indent=1) + "\n")
     os.replace(temporary, path)
-
-
-def iteration_entry(state: dict[str, Any], iteration: int) -> dict[str, Any]:
-    """The state's record of the iteration (created empty when it starts)."""
-    entries = state["iterations"]
-    if len(entries) < iteration:
-        entries.append({"iteration": iteration, "policy": dict(state["policy"])})
-    return entries[iteration - 1]
 
 
 # ---------------------------------------------------------------- the stages
 
 
-async def collect_stage(
-    config: LoopConfig, entry: dict[str, Any], folder: Path, notice: Callable[[str], None]
-) -> dict[str, Any]:
+async def collect_stage(config: LoopConfig, policy: Policy, folder: Path, notice: Callable[[str], None]) -> Collected:
     """G rollouts per question with the iteration's policy (collect resumes its own file)."""
     from nanbeige.agent.model_setup import template_file
     from nanbeige.trainer.collect import CollectConfig, collect
@@ -118,9 +120,7 @@ async def collect_stage(
     if backend.token_mode:
         # the first model's template for every iteration, whichever folder the iteration's policy is in
         backend = dataclasses.replace(backend, chat_template=template_file(settings, settings.llm.model))
-    settings = dataclasses.replace(
-        settings, backend=backend, llm=dataclasses.replace(settings.llm, model=entry["policy"]["model"])
-    )
+    settings = dataclasses.replace(settings, backend=backend, llm=dataclasses.replace(settings.llm, model=policy.model))
     collect_config = CollectConfig(
         out=folder / "rollouts.jsonl",
         questions=folder / "questions.jsonl",
@@ -131,12 +131,12 @@ async def collect_stage(
     summary = await collect(collect_config, settings, notice)
     if summary["failed"]:  # not written: the next call retries them, so the stage is not done
         raise LoopError(f"{summary['failed']} rollouts failed on the model server (last: {summary['last_error']})")
-    return {"rollouts": summary["rollouts"], "pass_rate": summary["pass_rate"], "model": settings.llm.model}
+    return Collected(summary["rollouts"], summary["pass_rate"], settings.llm.model)
 
 
 async def judge_stage(
-    config: LoopConfig, state: dict[str, Any], iteration: int, folder: Path, notice: Callable[[str], None]
-) -> dict[str, Any]:
+    config: LoopConfig, policy: Policy, iteration: int, folder: Path, notice: Callable[[str], None]
+) -> Judged:
     """Judge the rollouts; with dynamic sampling, draw, collect and judge more until enough groups are
     informative or the draws run out."""
     from nanbeige.agent.trajectory_file import load_trajectories
@@ -162,18 +162,18 @@ async def judge_stage(
             f"{describe_band(config.train.groups)}, {config.min_informative_groups} wanted: drawing "
             f"{config.questions_per_iteration} more questions"
         )
-        await collect_stage(config, iteration_entry(state, iteration), folder, notice)
-    return {
-        "judged": summary["judged"] + summary["already_judged"],
-        "mean_reward": summary["mean_reward"],
-        "outcome_errors": summary["outcome_errors"],
-        "masked_turns": summary["masked_turns"],
-        "groups": groups,
-        "informative_groups": informative,
-        "questions": drawn(folder),
+        await collect_stage(config, policy, folder, notice)
+    return Judged(
+        judged=summary["judged"] + summary["already_judged"],
+        mean_reward=summary["mean_reward"],
+        outcome_errors=summary["outcome_errors"],
+        masked_turns=summary["masked_turns"],
+        groups=groups,
+        informative_groups=informative,
+        questions=drawn(folder),
         # the trainer's own summary of the judged rollouts: the pass rate and the share that called a tool
         **{name: round(value, 4) for name, value in rollout_summary(trajectories).items() if name in SHARES},
-    }
+    )
 
 
 SHARES = ("pass_rate", "tool_use")
@@ -192,11 +192,11 @@ def informative_groups(trajectories: list[Any], train: TrainConfig) -> tuple[int
     return sum(group_verdict(group, train.groups) == "kept" for group in groups.values()), len(groups)
 
 
-def train_config_for(config: LoopConfig, policy: dict[str, Any], folder: Path) -> TrainConfig:
+def train_config_for(config: LoopConfig, policy: Policy, folder: Path) -> TrainConfig:
     """The iteration's training: on its judged rollouts, from the previous checkpoint. With LoRA the
     model stays the base one and training goes on from the previous adapter and its optimizer state:
     a fresh adapter on a merged checkpoint would be wrong on a server that applies it to the base model."""
-    previous = Path(policy["checkpoint"]) if policy["checkpoint"] else None
+    previous = Path(policy.checkpoint) if policy.checkpoint else None
     model = str(previous) if previous and not config.train.lora_rank else config.train.model
     init_from = previous if previous and config.train.lora_rank else None
     return dataclasses.replace(
@@ -204,16 +204,14 @@ def train_config_for(config: LoopConfig, policy: dict[str, Any], folder: Path) -
     )
 
 
-async def train_stage(
-    config: LoopConfig, policy: dict[str, Any], folder: Path, notice: Callable[[str], None]
-) -> dict[str, Any]:
+async def train_stage(config: LoopConfig, policy: Policy, folder: Path, notice: Callable[[str], None]) -> Trained:
     """Train in a thread (the event loop stays free), resuming from the newest checkpoint in the folder."""
     from nanbeige.trainer.train import train
 
     train_config = train_config_for(config, policy, folder)
     summary = await asyncio.to_thread(train, train_config, True, notice)
     checkpoint = str(Path(summary["checkpoint"]).resolve())
-    return {"checkpoint": checkpoint, "steps": summary["steps"], "rows": summary["rows"]}
+    return Trained(checkpoint, summary["steps"], summary["rows"])
 
 
 def engines(config: LoopConfig) -> list[str]:
@@ -222,15 +220,14 @@ def engines(config: LoopConfig) -> list[str]:
 
 
 async def sync_stage(
-    config: LoopConfig, state: dict[str, Any], checkpoint: str, iteration: int, notice: Callable[[str], None]
-) -> dict[str, Any]:
+    config: LoopConfig, state: LoopState, checkpoint: str, iteration: int, notice: Callable[[str], None]
+) -> Policy:
     """Make the new checkpoint the policy the next iteration samples from, on every engine; returns that policy.
     The engines that took it are recorded even when another did not, and are not synced again."""
     if config.sync in ("lora", "weights"):
         urls, key = engines(config), config.settings.llm.api_key
         failed = await on_every_engine(urls, lambda url: sync_engine(url, config.sync, Path(checkpoint), key))
-        record = state.setdefault("engines", {})
-        record.update({url: f"iter-{iteration}" for url in urls if url not in failed})
+        state.engines.update({url: f"iter-{iteration}" for url in urls if url not in failed})
         if failed:
             raise SyncError(
                 f"{len(failed)} of {len(urls)} engines did not take the new policy: " + "; ".join(failed.values())
@@ -246,72 +243,69 @@ async def sync_stage(
             f"loop: serve {checkpoint} (restart the model server on it) for the next iteration to sample "
             "from the new policy"
         )
-    return {"model": model, "checkpoint": checkpoint, "version": f"iter-{iteration}"}
+    return Policy(model, checkpoint, f"iter-{iteration}")
 
 
 # ---------------------------------------------------------------- the loop
 
 
-async def run_iteration(
-    config: LoopConfig, state: dict[str, Any], iteration: int, notice: Callable[[str], None]
-) -> None:
+async def run_iteration(config: LoopConfig, state: LoopState, iteration: int, notice: Callable[[str], None]) -> None:
     """The iteration's stages not yet done, the state written after each."""
-    entry = iteration_entry(state, iteration)
+    entry = state.iteration(iteration)
     folder = config.out / f"iter-{iteration}"
     folder.mkdir(parents=True, exist_ok=True)
     if not drawn(folder):
         draw_questions(config, iteration, folder)
     stages: list[tuple[str, Callable[[], Any]]] = [
-        ("collected", lambda: collect_stage(config, entry, folder, notice)),
-        ("judged", lambda: judge_stage(config, state, iteration, folder, notice)),
-        ("trained", lambda: train_stage(config, entry["policy"], folder, notice)),
-        ("synced", lambda: sync_stage(config, state, entry["trained"]["checkpoint"], iteration, notice)),
+        ("collected", lambda: collect_stage(config, entry.policy, folder, notice)),
+        ("judged", lambda: judge_stage(config, entry.policy, iteration, folder, notice)),
+        ("trained", lambda: train_stage(config, entry.policy, folder, notice)),
+        ("synced", lambda: sync_stage(config, state, entry.trained.checkpoint, iteration, notice)),
     ]
-    if "collected" not in entry:
+    if entry.collected is None:
         await engines_agree(config, state, iteration)
         if iteration == 1:  # the model the first train stage starts from, decided before anything is sampled
             trainable_model(config.train.model, notice)
     for stage, run in stages:
-        if stage in entry:
+        if getattr(entry, stage) is not None:
             continue
         started = time.monotonic()
         try:
-            entry[stage] = await run()
+            setattr(entry, stage, await run())
         except NanbeigeError as exc:  # a stage's CollectError, JudgeError, TrainError, SetupError, SyncError ...
             write_state(config.out, state)  # what was done before the failure (engines a sync reached)
             raise LoopError(
-                f"iteration {iteration}, {STAGES[stage]}: {exc} "
+                f"iteration {iteration}, {STAGE_COMMANDS[stage]}: {exc} "
                 f"(the state is in {config.out / STATE}: run the same loop again to resume)"
             ) from None
         # each stage's wall time, only reported (a resumed stage counts from the call that finished it)
-        entry.setdefault("seconds", {})[stage] = round(time.monotonic() - started, 1)
+        entry.seconds[stage] = round(time.monotonic() - started, 1)
         if stage == "synced":
-            state["policy"] = entry["synced"]
+            state.policy = entry.synced
         write_state(config.out, state)
-        notice(f"loop: iteration {iteration} {stage}: {json.dumps(entry[stage])}")
+        notice(f"loop: iteration {iteration} {stage}: {json.dumps(dataclasses.asdict(getattr(entry, stage)))}")
 
 
-async def engines_agree(config: LoopConfig, state: dict[str, Any], iteration: int) -> None:
+async def engines_agree(config: LoopConfig, state: LoopState, iteration: int) -> None:
     """Refuse to collect while the engines do not all say they serve the iteration's policy (with weights
     before any sync: the same weight version). The previous iteration is then no longer synced, so that the
     next call syncs the engines that lack its policy."""
-    policy = state["iterations"][iteration - 1]["policy"]
-    if config.sync == "none" or config.sync == "lora" and policy["checkpoint"] is None:
+    policy = state.iterations[iteration - 1].policy
+    if config.sync == "none" or config.sync == "lora" and policy.checkpoint is None:
         return  # nothing synced (a LoRA engine serves its base model whatever adapters it holds)
     urls = engines(config)
-    lacking = await disagreeing(urls, config.sync, policy["checkpoint"], config.settings.llm.api_key)
-    record = state.setdefault("engines", {})
-    record.update({url: None if url in lacking else policy["version"] for url in urls})
+    lacking = await disagreeing(urls, config.sync, policy.checkpoint, config.settings.llm.api_key)
+    state.engines.update({url: None if url in lacking else policy.version for url in urls})
     if not lacking:
         return
-    previous = state["iterations"][iteration - 2] if iteration > 1 else {}
     fix = "start every engine on the same model"
-    if previous.pop("synced", None) is not None:
+    if iteration > 1 and state.iterations[iteration - 2].synced is not None:
+        state.iterations[iteration - 2].synced = None
         fix = f"iteration {iteration - 1} is no longer synced: run the same loop again to sync them"
     write_state(config.out, state)
     raise LoopError(
         f"iteration {iteration}, collect: the engines do not all serve the policy "
-        f"{policy['checkpoint'] or policy['model']}, so collection does not start "
+        f"{policy.checkpoint or policy.model}, so collection does not start "
         f"({'; '.join(lacking.values())}); {fix}"
     )
 
@@ -338,24 +332,6 @@ async def run_loop(config: LoopConfig, notice: Callable[[str], None], resume: bo
         await run_iteration(config, state, iteration, notice)
     return {
         "out": str(config.out),
-        "policy": state["policy"],
-        "iterations": [summary_of(entry) for entry in state["iterations"]],
-    }
-
-
-def summary_of(entry: dict[str, Any]) -> dict[str, Any]:
-    """One iteration as the loop reports it."""
-    collected, judged = entry.get("collected", {}), entry.get("judged", {})
-    trained, synced = entry.get("trained", {}), entry.get("synced", {})
-    return {
-        "iteration": entry["iteration"],
-        "model": entry["policy"]["model"],
-        "rollouts": collected.get("rollouts"),
-        "mean_reward": judged.get("mean_reward"),
-        "pass_rate": judged.get("pass_rate"),
-        "tool_use": judged.get("tool_use"),
-        "train_steps": trained.get("steps"),
-        "checkpoint": trained.get("checkpoint"),
-        "synced_model": synced.get("model"),
-        "seconds": round(sum(entry.get("seconds", {}).values()), 1),
+        "policy": dataclasses.asdict(state.policy),
+        "iterations": [entry.summary() for entry in state.iterations],
     }
