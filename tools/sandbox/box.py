@@ -76,6 +76,8 @@ class LocalSandbox:
     """Bytes its files took at the disk watch's last look (where no file system of its own holds them)."""
     over_budget: str = ""
     """Why the budget watch stopped the sandbox's processes, for the call that saw them die to say."""
+    memory_mb: int = 0
+    """The memory its processes together may use (`SandboxConfig.memory_mb`), as its errors say it."""
 
     @property
     def tmp(self) -> Path:
@@ -114,6 +116,21 @@ class LocalSandbox:
         sessions = set(self.sessions)
         return lambda p: p.session in sessions
 
+    def kill_strays(self) -> int:
+        """Kills what the last call left running (only the Python worker may outlive a call); returns how many."""
+        return kill_processes(self.owns(), keep=self.keep, waited=set(self.sessions))
+
+    def budget_spent(self) -> str:
+        """Why the sandbox's processes were killed, if a budget of the whole sandbox did it; said once."""
+        reason, self.over_budget = self.over_budget, ""
+        if not reason and self.cgroup and (kills := self.cgroup.oom_kills()) > self.oom_kills:
+            self.oom_kills = kills
+            reason = (
+                f"the sandbox ran out of memory (its processes together may use {self.memory_mb} MB), "
+                "so the kernel killed a process"
+            )
+        return reason
+
 
 def make_sandbox(
     config: SandboxConfig, *, own_uid: bool, jailed: bool, cgroups: tuple[int, tuple[Path, ...]] | None, disks: bool
@@ -129,7 +146,9 @@ def make_sandbox(
     finally:
         os.close(guard)
     uid, uid_lock = allocate_uid() if own_uid else (None, None)
-    box = LocalSandbox(sandbox_id, place, place / "files" / "home", uid, uid_lock, held, jailed=jailed)
+    box = LocalSandbox(
+        sandbox_id, place, place / "files" / "home", uid, uid_lock, held, jailed=jailed, memory_mb=config.memory_mb
+    )
     try:
         _make_place(box, config, cgroups, disks)
     except (OSError, subprocess.SubprocessError) as exc:

@@ -33,33 +33,33 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
+from dataclasses import replace
 from pathlib import Path
 
 from nanbeige.tools.sandbox.answers import command_failed, format_command, format_execution, invalid_id, truncate
 from nanbeige.tools.sandbox.box import WORKER, LocalSandbox, kill_all, make_sandbox, remove_sandbox
-from nanbeige.tools.sandbox.budget import can_make_disks, cgroup_parents, folder_bytes, rss_bytes, sweep, sweep_cgroups
-from nanbeige.tools.sandbox.channel import ChannelError, check_cell_reply, cpu_time, exchange
+from nanbeige.tools.sandbox.budget import can_make_disks, cgroup_parents, sweep, sweep_cgroups
+from nanbeige.tools.sandbox.channel import ChannelError, check_cell_reply, exchange
 from nanbeige.tools.sandbox.files import host_path, read_file, write_file
 from nanbeige.tools.sandbox.probe import Isolation, probe_isolation, unjailed_notice
-from nanbeige.tools.sandbox.program_runs import ProgramRunner
-from nanbeige.tools.sandbox.sandbox_config import MB, SandboxConfig, SandboxError
-from nanbeige.tools.sandbox.system import become_subreaper, kill_processes, processes, reap_orphans, signal_name
-from nanbeige.tools.sandbox.worker_lifecycle import STATE_LOST, WorkerLifecycle
+from nanbeige.tools.sandbox.program_runs import ProgramRun, execute
+from nanbeige.tools.sandbox.sandbox_config import SandboxConfig, SandboxError
+from nanbeige.tools.sandbox.system import become_subreaper, exit_text, processes, reap_orphans, signal_name
+from nanbeige.tools.sandbox.watch import Watch
+from nanbeige.tools.sandbox.worker_lifecycle import STATE_LOST, Workers
 
 log = logging.getLogger(__name__)
 
-IDLE_CHECK_S = 1.0  # how often idle workers' CPU time is read
 CLOSE_THREADS = 16  # sandboxes taken apart at once when the server closes
-BUDGET_CHECK_S = 0.25  # how often memory and disk are summed, where no cgroup or file system holds them
 
 
 # --- the backend -------------------------------------------------------------------------------
 
 
-class LocalBackend(ProgramRunner, WorkerLifecycle):
-    """Sandboxes on this machine: a folder and a persistent Python worker each. Running programs for judges
-    is `ProgramRunner`'s (program_runs.py), starting and stopping the workers `WorkerLifecycle`'s
-    (worker_lifecycle.py)."""
+class LocalBackend:
+    """Sandboxes on this machine: a folder and a persistent Python worker each. Its parts: the workers
+    (`Workers`, worker_lifecycle.py), the watch between calls (`Watch`, watch.py) and the running of a program
+    (`execute`, program_runs.py)."""
 
     def __init__(self, config: SandboxConfig) -> None:
         self.config = config
@@ -68,12 +68,8 @@ class LocalBackend(ProgramRunner, WorkerLifecycle):
         self._isolation: Isolation | None = None
         self._cgroups: tuple[int, tuple[Path, ...]] | None = None
         self._disks = False
-        self._idle_watch: threading.Thread | None = None
-        # Workers start from this one thread, which lives as long as the server: a jail dies with the
-        # thread that started it, also when the server is killed outright and code in the jail has
-        # blinded the worker's own watch on the server.
-        self._spawner = ThreadPoolExecutor(1, thread_name_prefix="sandbox-spawner")
-        self._closed = threading.Event()
+        self._watch: Watch | None = None
+        self.workers = Workers(config, self._reap)
 
     @property
     def isolation(self) -> Isolation:
@@ -158,13 +154,13 @@ class LocalBackend(ProgramRunner, WorkerLifecycle):
         )
         with self._lock:
             self._boxes[box.id] = box
-            if self._idle_watch is None or not self._idle_watch.is_alive():
-                self._closed = threading.Event()
-                self._idle_watch = threading.Thread(
-                    target=self._watch, args=(self._closed,), name="sandbox-watch", daemon=True
-                )
-                self._idle_watch.start()
+            if self._watch is None or not self._watch.is_alive():
+                self._watch = Watch(self.config, self._sandboxes, self.workers, self._cgroups is not None, self._disks)
         return box.id
+
+    def _sandboxes(self) -> list[LocalSandbox]:
+        with self._lock:
+            return list(self._boxes.values())
 
     def attach(self, sandbox_id: str, timeout: int) -> None:
         raise SandboxError(invalid_id(sandbox_id))  # local sandboxes end with the server that made them
@@ -176,7 +172,7 @@ class LocalBackend(ProgramRunner, WorkerLifecycle):
                 message, box.stopped_idle = box.stopped_idle, ""
                 raise SandboxError(message)
             if box.worker is None:
-                self._start_worker(box)
+                self.workers.start(box, self.isolation)
             box.oom_kills = box.cgroup.oom_kills() if box.cgroup else 0  # what this call's kills add to
             try:
                 reply = check_cell_reply(
@@ -188,22 +184,22 @@ class LocalBackend(ProgramRunner, WorkerLifecycle):
                     )
                 )
             except ChannelError as exc:
-                raise SandboxError(f"{self._broken(box, exc)}. {STATE_LOST}") from None
-            if box.may_have_strays() and self._kill_strays(box):
+                raise SandboxError(f"{self.workers.broken(box, exc)}. {STATE_LOST}") from None
+            if box.may_have_strays() and box.kill_strays():
                 # the worker reaps the zombies of its children now, not at the next cell: until then they
                 # would count against the process limit of the sandbox's commands
                 try:
                     exchange(box.channel, {"reap": True}, time.monotonic() + 5.0)
                 except ChannelError as exc:
-                    reply["stderr"] += f"\n[sandbox] After this cell: {self._broken(box, exc)}. {STATE_LOST}\n"
-            if reason := self._budget_spent(box):  # a process the cell started, not the worker
+                    reply["stderr"] += f"\n[sandbox] After this cell: {self.workers.broken(box, exc)}. {STATE_LOST}\n"
+            if reason := box.budget_spent():  # a process the cell started, not the worker
                 reply["stderr"] += f"\n[sandbox] {reason}\n"
             box.idle_cpu = None  # read by the idle watch, not here: a call costs one /proc read less
         return box.to_model(format_execution(reply["results"], reply["stdout"], reply["stderr"], reply["error"]))
 
     def run_command(self, sandbox_id: str, command: str) -> str:
         box = self._box(sandbox_id)
-        run = self._execute(box, ["/bin/sh", "-c", box.to_host(command)], None, self.config)
+        run = execute(box, ["/bin/sh", "-c", box.to_host(command)], None, self.config, self.isolation, self._reap)
         stdout = box.to_model(run.stdout.decode(errors="replace"))
         stderr = box.to_model(run.stderr.decode(errors="replace"))
         if run.timed_out:
@@ -218,6 +214,60 @@ class LocalBackend(ProgramRunner, WorkerLifecycle):
             signal_text = f"signal: {signal_name(-run.exit_code)}" if run.exit_code < 0 else None
             raise SandboxError(command_failed(-1 if run.exit_code < 0 else run.exit_code, stderr, signal_text))
         return format_command(stdout, stderr, 0, None)
+
+    def run_program(
+        self,
+        sandbox_id: str,
+        args: list[str],
+        stdin: bytes = b"",
+        timeout_s: float | None = None,
+        cpu_seconds: int | None = None,
+        memory_mb: int | None = None,
+    ) -> ProgramRun:
+        """Runs a program (args, in the sandbox's home) with `stdin` as its input, under the sandbox's limits
+        or tighter ones for this run, and returns how it ended: for judges that run code against tests,
+        who read its exit and output themselves rather than the model's text."""
+        c = self.config
+        limits = replace(
+            c,
+            timeout_s=timeout_s or c.timeout_s,
+            cpu_seconds=cpu_seconds or c.cpu_seconds,
+            memory_mb=memory_mb or c.memory_mb,
+        )
+        run = execute(self._box(sandbox_id), args, stdin, limits, self.isolation, self._reap)
+        if run.reported or run.timed_out or run.budget_spent:
+            return run
+        said = f"{exit_text(run.exit_code)}: {run.stderr.decode(errors='replace').strip()[-300:]}"
+        if not run.started:  # the program never ran: the jail failed, and a failure is never a reward
+            raise SandboxError(f"the sandbox's jail did not run the program ({said})")
+        # Only a kill ends the worker (in a jail, the jail's init) without a word once the program runs:
+        # one the program sent (kill(-1), its process group, its parent), or a machine that failed. A
+        # known-good program in a fresh sandbox tells them apart: a program must not pass its failure off
+        # as a broken machine, which stops a judge.
+        if broken := self._known_good_fails():
+            raise SandboxError(
+                f"the sandbox ended while the program ran ({said}), and a known-good program "
+                f"failed in a fresh sandbox too ({broken})"
+            )
+        return replace(run, killed_sandbox=True)
+
+    def _known_good_fails(self) -> str:
+        """How a known-good program failed in a fresh sandbox, under the sandbox's own limits; empty when it
+        ran as it should."""
+        try:
+            sandbox = self.create(int(self.config.idle_timeout_s))
+        except (SandboxError, OSError) as exc:
+            return f"it could not be made: {exc}"
+        try:
+            known_good = [self.config.python, "-I", "-S", "-c", "print(6 * 7)"]
+            run = execute(self._box(sandbox), known_good, None, self.config, self.isolation, self._reap)
+        except (SandboxError, OSError) as exc:
+            return f"it could not start: {exc}"
+        finally:
+            self.destroy(sandbox)
+        if run.reported and run.exit_code == 0 and run.stdout == b"42\n":
+            return ""
+        return f"{exit_text(run.exit_code)}: {run.stderr.decode(errors='replace').strip()[-300:]}"
 
     def is_dir(self, sandbox_id: str, path: str) -> bool:
         full = host_path(self._box(sandbox_id).folder, path)
@@ -235,13 +285,14 @@ class LocalBackend(ProgramRunner, WorkerLifecycle):
             box = self._boxes.pop(sandbox_id, None)
         if box is None:
             return
-        self._stop_worker(box)
+        self.workers.stop(box)
         remove_sandbox(box)
 
     def close(self) -> None:
         """Removes every sandbox: all their processes killed at once, then each taken apart in a thread
         of its own (unmounts, deletes and rmdirs wait on the kernel, not on this process)."""
-        self._closed.set()
+        if self._watch is not None:
+            self._watch.stop()
         with self._lock:
             boxes = list(self._boxes.values())
             self._boxes.clear()
@@ -263,69 +314,6 @@ class LocalBackend(ProgramRunner, WorkerLifecycle):
                     os.close(fd)
         remove_sandbox(box, killed=True)
 
-    def _watch(self, closed: threading.Event) -> None:
-        """Between calls, stops workers that used more than a call's CPU time since their last call
-        ended: code may leave a thread running, and then no limit inside the process holds. At any
-        time, stops sandboxes past their memory or disk budget where no cgroup or file system of
-        their own holds it."""
-        ticks = 0
-        while not closed.wait(BUDGET_CHECK_S if self._cgroups is None or not self._disks else IDLE_CHECK_S):
-            ticks += 1
-            with self._lock:
-                boxes = list(self._boxes.values())
-            for box in boxes:
-                if reason := self._over_budget(box):
-                    box.over_budget = reason  # before the kill: the call that sees its process die says why
-                    with box.killing:  # no process of the next call starts until the kill is over
-                        if not kill_processes(box.owns(), keep=set(), waited=set(box.sessions)):
-                            box.over_budget = ""  # nothing was running: files past the budget wait for the model
-                        if not self._disks:  # what the killed processes wrote last is not growth of the next call
-                            box.disk_used = self._disk_bytes(box)
-                if (self._cgroups is None or not self._disks) and ticks % round(IDLE_CHECK_S / BUDGET_CHECK_S):
-                    continue
-                if not box.lock.acquire(blocking=False):
-                    continue  # in a call, which watches its own CPU time
-                try:
-                    used = cpu_time(box.channel.pid) if box.worker else 0.0
-                    if box.idle_cpu is None:
-                        box.idle_cpu = used
-                    elif box.worker and used - box.idle_cpu > self.config.cpu_seconds:
-                        self._stop_worker(box)
-                        box.stopped_idle = (
-                            f"Between calls, code left running in the Python process used more "
-                            f"than {self.config.cpu_seconds} s of CPU time, so it was stopped. "
-                            f"{STATE_LOST} The code of this call did not run; send it again."
-                        )
-                    # a thread left running may start processes after its call: none may outlive a call
-                    if box.worker and box.may_have_strays():
-                        self._kill_strays(box)
-                finally:
-                    box.lock.release()
-
-    def _over_budget(self, box: LocalSandbox) -> str:
-        c = self.config
-        if self._cgroups is None:
-            owns = box.owns()
-            pids = [p.pid for p in processes() if owns(p) and p.state not in b"ZX"]
-            if rss_bytes(pids) > c.memory_mb * MB:
-                return (
-                    f"the sandbox ran out of memory (its processes together may use {c.memory_mb} MB), "
-                    "so its processes were stopped"
-                )
-        if not self._disks:
-            # only while they grow: the model must be able to run the command that deletes them
-            used = self._disk_bytes(box)
-            grew, box.disk_used = used > box.disk_used, used
-            if grew and used > c.disk_mb * MB:
-                return (
-                    f"the sandbox's files took more than its {c.disk_mb} MB of disk, so its processes were "
-                    "stopped; delete files to go on"
-                )
-        return ""
-
-    def _disk_bytes(self, box: LocalSandbox) -> int:
-        return folder_bytes(box.folder.parent, 4 * self.config.disk_mb * MB)
-
     def leftover_processes(self, sandbox_id: str) -> list[int]:
         """Live processes of the sandbox other than its Python worker (between calls: none)."""
         box = self._box(sandbox_id)
@@ -339,22 +327,7 @@ class LocalBackend(ProgramRunner, WorkerLifecycle):
             raise SandboxError(invalid_id(sandbox_id))
         return box
 
-    def _budget_spent(self, box: LocalSandbox) -> str:
-        """Why the sandbox's processes were killed, if a budget of the whole sandbox did it."""
-        reason, box.over_budget = box.over_budget, ""
-        if not reason and box.cgroup and (kills := box.cgroup.oom_kills()) > box.oom_kills:
-            box.oom_kills = kills
-            reason = (
-                f"the sandbox ran out of memory (its processes together may use {self.config.memory_mb} MB), "
-                "so the kernel killed a process"
-            )
-        return reason
-
     def _reap(self) -> None:
         with self._lock:
             waited = set().union(*(b.sessions for b in self._boxes.values()))
         reap_orphans(waited)
-
-    def _kill_strays(self, box: LocalSandbox) -> int:
-        """Kills what the last call left running (only the Python worker may outlive a call); returns how many."""
-        return kill_processes(box.owns(), keep=box.keep, waited=set(box.sessions))

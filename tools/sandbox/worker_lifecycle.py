@@ -11,11 +11,14 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 
 from nanbeige.tools.sandbox.box import LocalSandbox, command_line, sandbox_env
 from nanbeige.tools.sandbox.channel import Channel, ChannelError, read_line
-from nanbeige.tools.sandbox.sandbox_config import SandboxError
+from nanbeige.tools.sandbox.probe import Isolation
+from nanbeige.tools.sandbox.sandbox_config import SandboxConfig, SandboxError
 from nanbeige.tools.sandbox.system import descendant_chain, exit_text, kill_processes
 
 log = logging.getLogger(__name__)
@@ -26,12 +29,17 @@ STATE_LOST = (
 )
 
 
-class WorkerLifecycle:
-    """The part of `LocalBackend` (local.py) that starts and stops its sandboxes' Python workers; it uses
-    the backend's settings, isolation, spawner thread and cleanup (`config`, `isolation`, `_spawner`,
-    `_reap`, `_budget_spent`)."""
+class Workers:
+    """Starts and stops the Python workers of a backend's sandboxes (`LocalBackend`, local.py), from one
+    spawner thread that lives as long as the server: a jail dies with the thread that started it, also when
+    the server is killed outright and code in the jail has blinded the worker's own watch on the server."""
 
-    def _start_worker(self, box: LocalSandbox) -> None:
+    def __init__(self, config: SandboxConfig, reap: Callable[[], None]) -> None:
+        self.config = config
+        self._reap = reap  # waits for the orphans a jail leaves to the server (of every sandbox of the backend)
+        self._spawner = ThreadPoolExecutor(1, thread_name_prefix="sandbox-spawner")
+
+    def start(self, box: LocalSandbox, isolation: Isolation) -> None:
         request_read, request_write = os.pipe()
         reply_read, reply_write = os.pipe()
         mode = [
@@ -42,7 +50,7 @@ class WorkerLifecycle:
             str(4 * self.config.max_output_chars),
             str(int(box.uid is not None)),
         ]
-        args, fds = command_line(box, self.config, self.isolation, mode, python=True)
+        args, fds = command_line(box, self.config, isolation, mode, python=True)
         try:
             box.wait_for_kills()
             box.worker = self._spawner.submit(
@@ -73,11 +81,11 @@ class WorkerLifecycle:
             if not chain:
                 raise ValueError("the jailed worker was not found")
         except (ChannelError, ValueError, KeyError, TypeError):
-            status = self._stop_worker(box)
+            status = self.stop(box)
             raise SandboxError(f"The Python process could not start ({exit_text(status)}).") from None
         box.channel.pid, box.keep = chain[-1], set(chain)
 
-    def _stop_worker(self, box: LocalSandbox) -> int | None:
+    def stop(self, box: LocalSandbox) -> int | None:
         """Kills the worker and everything the sandbox started; returns the worker's exit status."""
         worker, box.worker = box.worker, None
         if worker is None:
@@ -95,12 +103,12 @@ class WorkerLifecycle:
                 os.close(fd)
         return code
 
-    def _broken(self, box: LocalSandbox, exc: ChannelError) -> str:
+    def broken(self, box: LocalSandbox, exc: ChannelError) -> str:
         """Stops a worker that timed out, overran its CPU time or broke the protocol; says what happened."""
         if exc.kind == "eof" and box.worker:  # it ended: let the jail around it end too, with its status
             with suppress(subprocess.TimeoutExpired):
                 box.worker.wait(timeout=1.0)
-        status = self._stop_worker(box)
+        status = self.stop(box)
         if exc.kind == "timeout":
             return f"Execution timed out after {self.config.timeout_s:g} s and was stopped"
         if exc.kind == "cpu":
@@ -111,5 +119,5 @@ class WorkerLifecycle:
         if exc.kind == "protocol":
             log.warning("local sandbox %s: the Python process sent %s; restarting it", box.id, exc)
             return f"The Python process sent {exc} instead of its reply, so it was stopped"
-        reason = self._budget_spent(box) if status == -signal.SIGKILL or box.jailed else ""
+        reason = box.budget_spent() if status == -signal.SIGKILL or box.jailed else ""
         return f"The Python process died ({exit_text(status)}){': ' + reason if reason else ''}"
