@@ -35,9 +35,6 @@ from nanbeige.trainer.metrics import MetricsLog
 from nanbeige.trainer.model import (
     TrainError,
     World,
-    all_max,
-    all_sum,
-    compute_precision,
     join_world,
     load_model,
     mfu,
@@ -46,6 +43,7 @@ from nanbeige.trainer.model import (
 )
 from nanbeige.trainer.rollouts import plan_steps, read_samples
 from nanbeige.trainer.start_policy import start_policy
+from nanbeige.trainer.step import TrainingRun, train_step
 from nanbeige.trainer.train_config import TrainConfig
 
 
@@ -81,128 +79,6 @@ def lr_at(index: int, total: int, config: TrainConfig, peak: float) -> float:
     progress = (index - config.warmup_steps) / max(1, total - 1 - config.warmup_steps)  # 0 → 1 at the last step
     floor = peak * config.min_lr_ratio
     return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-
-# ---------------------------------------------------------------- one optimizer step
-
-
-def micro_batches_of(step: list[Any], config: TrainConfig, world: World) -> tuple[list[list[Any]], int]:
-    """This rank's micro-batches of a step, and the loss tokens of the whole step (all ranks).
-
-    Every rank runs the same number of forward/backward passes, as FSDP's collectives need: a rank
-    short of micro-batches repeats one with its loss weighted 0 (marked by an empty list)."""
-    from nanbeige.trainer.packing import micro_batches
-
-    batches = micro_batches(step, config.micro_tokens, config.packing == "on")
-    loss_tokens = sum(sum(s.loss_mask) for s in step)
-    mine = batches[world.rank :: world.size]
-    passes = math.ceil(len(batches) / world.size)
-    return mine + [[]] * (passes - len(mine)), loss_tokens
-
-
-def train_step(
-    model: Any, optimizer: Any, step: list[Any], config: TrainConfig, world: World, temperature: float, pad_id: int
-) -> dict[str, Any]:
-    """Forward and backward over the step's micro-batches, then one AdamW update. The loss of each
-    micro-batch is its share of the step's token mean, so the gradients add up to the step's."""
-    import torch
-
-    from nanbeige.trainer.loss import token_logprobs
-    from nanbeige.trainer.packing import tensors_of
-
-    mine, loss_tokens = micro_batches_of(step, config, world)
-    total, metrics, tokens, padded = 0.0, [], 0, 0
-    for batch in mine:
-        weight = 1.0 if batch else 0.0
-        tensors = {
-            k: v.to(world.device) if hasattr(v, "to") else v
-            for k, v in tensors_of(batch or step[:1], pad_id, config.packing == "on").items()
-        }
-        positions = tensors["targets"].numel()
-        chunks = int(all_max(max(1, -(-positions // config.chunk_tokens)), world))  # the same head calls everywhere
-        with compute_precision(world):
-            logprobs, entropy = token_logprobs(
-                model,
-                tensors["input_ids"],
-                tensors["attention_mask"],
-                tensors["targets"],
-                chunk_tokens=config.chunk_tokens,
-                temperature=temperature,
-                chunks=chunks,
-                entropy=True,
-                position_ids=tensors.get("position_ids"),
-            )
-        loss, info = micro_batch_loss(logprobs, tensors, loss_tokens, config)
-        # FSDP averages gradients over ranks; the loss is already a share of the global mean, so undo it
-        (loss * weight * world.size).backward()
-        total += float(loss.detach()) * weight
-        tokens += int(tensors["attention_mask"].sum()) if batch else 0
-        padded += tensors["attention_mask"].numel() if batch else 0
-        if batch:
-            mask = tensors["loss_mask"]
-            metrics.append(info | {"entropy": float((entropy * mask).sum() / mask.sum().clamp(min=1))})
-    grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], config.max_grad_norm)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-    return {
-        "loss": all_sum(total, world),
-        "tokens": int(all_sum(tokens, world)),
-        "loss_tokens": loss_tokens,
-        "grad_norm": float(grad_norm),
-        "metrics": step_metrics(metrics, world),
-        "padding_frac": 1.0 - all_sum(tokens, world) / max(1.0, all_sum(padded, world)),
-    }
-
-
-def micro_batch_loss(
-    logprobs: Any, tensors: dict[str, Any], loss_tokens: int, config: TrainConfig
-) -> tuple[Any, dict[str, Any]]:
-    """The micro-batch's loss, as its share of the step's token mean, and its metrics: SFT's masked NLL, or the
-    policy loss with the configured clips and importance-weight cap."""
-    from nanbeige.trainer.loss import policy_loss, sft_loss
-
-    if config.objective == "sft":
-        loss, info = sft_loss(logprobs, tensors["loss_mask"], loss_tokens)
-    else:
-        loss, info = policy_loss(
-            logprobs,
-            tensors["old_logprobs"],
-            tensors["rollout_logprobs"],
-            tensors["advantages"],
-            tensors["loss_mask"],
-            loss_tokens,
-            clip_low=config.clip_low,
-            clip_high=config.clip_high,
-            clip_dual=config.clip_dual,
-            tis_cap=config.tis_cap,
-            has_rollout_logprobs=bool(tensors.get("has_rollout_logprobs", True)),
-        )
-    return loss, info
-
-
-def step_metrics(metrics: list[dict[str, float]], world: World) -> dict[str, float]:
-    """The step's metrics from every rank's micro-batches, the same whatever the number of ranks: counts
-    summed, `_max` / `_min` the extreme, the rest averaged weighted by each micro-batch's loss tokens."""
-    if world.size > 1:
-        import torch.distributed as dist
-
-        everyone: list[Any] = [None] * world.size
-        dist.all_gather_object(everyone, metrics)
-        metrics = [info for part in everyone for info in part]
-    if not metrics:
-        return {}
-    weights = [m.get("loss_tokens", 1.0) for m in metrics]
-    combined = {}
-    for key in metrics[0]:
-        values = [m.get(key, 0.0) for m in metrics]
-        if key == "loss_tokens":
-            combined[key] = sum(values)
-        elif key.endswith("_max") or key.endswith("_min"):
-            combined[key] = (max if key.endswith("_max") else min)(values)
-        else:
-            combined[key] = sum(v * w for v, w in zip(values, weights)) / max(sum(weights), 1.0)
-    return combined
 
 
 # ---------------------------------------------------------------- the run
@@ -254,55 +130,40 @@ def peak_lr(config: TrainConfig) -> float:
     return config.lr or (3e-5 if config.lora_rank else 1e-6)
 
 
-def run_steps(
-    model: Any,
-    tokenizer: Any,
-    optimizer: Any,
-    steps: list[list[Any]],
-    start: int,
-    config: TrainConfig,
-    world: World,
-    temperature: float,
-    pad_id: int,
-    data: dict[str, Any],
-    metrics_log: MetricsLog | None,
-    log: Any,
-) -> int:
+def run_steps(run: TrainingRun, steps: list[list[Any]], start: int) -> int:
     """The optimizer steps from `start` on, each logged and checkpointed as asked; the last step saved."""
-    params, saved_at = parameter_count(model), start
+    config, params, saved_at = run.config, parameter_count(run.model), start
     for index in range(start, len(steps)):
         lr = lr_at(index, len(steps), config, peak_lr(config))
-        for group in optimizer.param_groups:
+        for group in run.optimizer.param_groups:
             group["lr"] = lr
         began = time.perf_counter()
-        result = train_step(model, optimizer, steps[index], config, world, temperature, pad_id)
+        result = train_step(run, steps[index])
         seconds = time.perf_counter() - began
-        # policy versions between the rollouts' sampler and the policy this step updates (the drift check at
-        # the start refuses data whose sampler was not the starting policy)
-        result["metrics"]["staleness"] = float(index)
-        result["metrics"]["padding_frac"] = result["padding_frac"]  # of the tokens the micro-batches computed
         entry = StepLog(
             step=index + 1,
-            loss=result["loss"],
-            tokens=result["tokens"],
-            loss_tokens=result["loss_tokens"],
+            loss=result.loss,
+            tokens=result.tokens,
+            loss_tokens=result.loss_tokens,
             seconds=seconds,
-            tokens_per_s=result["tokens"] / seconds,
-            grad_norm=result["grad_norm"],
+            tokens_per_s=result.tokens / seconds,
+            grad_norm=result.grad_norm,
             lr=lr,
-            metrics=result["metrics"],
-            mfu=mfu(params, result["tokens"], seconds, world),
-            groups={k: v for k, v in data.items() if k.startswith("groups_")},
-            rollouts=data.get("rollouts", {}),
+            # staleness: policy versions between the rollouts' sampler and the policy this step updates (the
+            # drift check at the start refuses data whose sampler was not the starting policy)
+            metrics=result.metrics | {"staleness": float(index), "padding_frac": result.padding_frac},
+            mfu=mfu(params, result.tokens, seconds, run.world),
+            groups={k: v for k, v in run.data.items() if k.startswith("groups_")},
+            rollouts=run.data.get("rollouts", {}),
         )
-        if metrics_log is not None:
-            metrics_log.write(asdict(entry))
-            log(
+        if run.metrics_log is not None:
+            run.metrics_log.write(asdict(entry))
+            run.log(
                 f"step {entry.step}/{len(steps)} loss {entry.loss:.5f} · {entry.tokens_per_s:,.0f} tokens/s · "
                 f"grad norm {entry.grad_norm:.4f}" + (f" · MFU {entry.mfu:.1%}" if entry.mfu else "")
             )
         if config.save_every and entry.step % config.save_every == 0 or entry.step == len(steps):
-            save_checkpoint(model, tokenizer, optimizer, entry.step, config, world)
+            save_checkpoint(run.model, run.tokenizer, run.optimizer, entry.step, config, run.world)
             saved_at = entry.step
     return saved_at
 
@@ -351,9 +212,8 @@ def train(config: TrainConfig, resume: bool = False, log: Any = None) -> dict[st
     try:
         if config.objective == "grpo":
             start_policy(model, samples, config, world, temperature, pad_id, resumed=found is not None, log=log)
-        saved_at = run_steps(
-            model, tokenizer, optimizer, steps, start, config, world, temperature, pad_id, data, metrics_log, log
-        )
+        run = TrainingRun(config, world, model, optimizer, pad_id, temperature, tokenizer, data, metrics_log, log)
+        saved_at = run_steps(run, steps, start)
     finally:
         if metrics_log is not None:
             metrics_log.close()

@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for tiny
 
 from nanbeige.trainer.batches import Sample
 from nanbeige.trainer.model import World, load_model, parameter_count
-from nanbeige.trainer.train import TrainConfig, train_step
+from nanbeige.trainer.step import TrainingRun, train_step
+from nanbeige.trainer.train import TrainConfig
 
 
 def random_rows(count: int, length: int, vocab: int, seed: int = 0) -> list[Sample]:
@@ -114,15 +115,16 @@ def main() -> None:
         model, tokenizer = load_model(config, world)
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
         rows = random_rows(args.rows, args.row_tokens, len(tokenizer))
+        run = TrainingRun(config, world, model, optimizer, tokenizer.pad_token_id or 0)
         timings = []
         for _ in range(args.steps):
             if world.device != "cpu":
                 torch.cuda.reset_peak_memory_stats()
             began = time.perf_counter()
-            result = train_step(model, optimizer, rows, config, world, 1.0, tokenizer.pad_token_id or 0)
+            result = train_step(run, rows)
             if world.device != "cpu":
                 torch.cuda.synchronize()
-            timings.append((time.perf_counter() - began, result["tokens"]))
+            timings.append((time.perf_counter() - began, result.tokens))
     peak = torch.cuda.max_memory_allocated() / 2**30 if world.device != "cpu" else peak_rss_gib()
     seconds, tokens = timings[-1]  # the first steps warm up allocators and kernels
     params = parameter_count(model)

@@ -5,7 +5,7 @@ TRL's trainer where TRL is installed, on the same model, rows and micro-batch bu
   tests' tiny Llama (`--model tiny`). Nothing is downloaded.
 - The rows: `--rows` rows of random ids, lengths spread evenly between `--min-tokens` and `--max-tokens`
   (trajectory segments differ in length), the second half of each row trained on (advantages ±1).
-- nanbeige: `trainer.train.train_step`, padded micro-batches (the default without flash attention) and
+- nanbeige: `trainer.step.train_step`, padded micro-batches (the default without flash attention) and
   packed rows.
 - plain: the loop anyone would write first: right-padded micro-batches of the same budget, the model's
   full logits, log_softmax gathered at the targets, the same policy loss (PPO clip against fixed old
@@ -97,7 +97,8 @@ def nanbeige_step(folder: Path, rows: list, micro_tokens: int, packing: bool, ch
     import torch
 
     from nanbeige.trainer.model import World, load_model
-    from nanbeige.trainer.train import TrainConfig, train_step
+    from nanbeige.trainer.step import TrainingRun, train_step
+    from nanbeige.trainer.train import TrainConfig
 
     config = TrainConfig(
         data=[],
@@ -111,7 +112,8 @@ def nanbeige_step(folder: Path, rows: list, micro_tokens: int, packing: bool, ch
     torch.manual_seed(0)
     model, tokenizer = load_model(config, World())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    return lambda: train_step(model, optimizer, rows, config, World(), 1.0, tokenizer.pad_token_id or 0)
+    run = TrainingRun(config, World(), model, optimizer, tokenizer.pad_token_id or 0)
+    return lambda: train_step(run, rows)
 
 
 def plain_step(folder: Path, rows: list, micro_tokens: int) -> object:
