@@ -34,12 +34,12 @@ from typing import Any
 
 from nanbeige.agent.backends.llm import LLMConfig
 from nanbeige.agent.cli.ranges import RANGES, range_problem
-from nanbeige.agent.loop import AgentConfig, run
-from nanbeige.agent.run_config import BackendConfig, RunSettings, ToolsConfig
-from nanbeige.agent.setup import Ready, ready, secrets_of
-from nanbeige.agent.setup_checks import SetupError
-from nanbeige.agent.trajectory import Trajectory
-from nanbeige.agent.trajectory_file import redact, usable_secrets
+from nanbeige.agent.run.loop import AgentConfig, run
+from nanbeige.agent.run.run_config import BackendConfig, RunSettings, ToolsConfig
+from nanbeige.agent.setup.setup import Ready, ready, secrets_of
+from nanbeige.agent.setup.setup_checks import SetupError
+from nanbeige.agent.trajectory.trajectory import Trajectory
+from nanbeige.agent.trajectory.trajectory_file import redact, usable_secrets
 
 __all__ = [
     "ask",
@@ -270,7 +270,7 @@ def _checked(name: str, kind: type, value: Any, nullable: bool) -> Any:
 
 def _budgets(name: str, value: Any) -> dict[str, float]:
     """Budgets as `{"tokens": 100000}` or `["tokens=100000"]`, checked as `--budget` checks them."""
-    from nanbeige.agent.usage import parse_budgets
+    from nanbeige.agent.run.usage import parse_budgets
 
     if isinstance(value, dict):
         value = [f"{unit}={amount}" for unit, amount in value.items()]

@@ -28,9 +28,9 @@ import ray
 from ray.exceptions import ActorUnschedulableError, ObjectLostError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from nanbeige.agent.server_env import passed_env
-from nanbeige.agent.trajectory import Trajectory, Turn
-from nanbeige.agent.trajectory_file import TrajectoryWriter
+from nanbeige.agent.toolbox.server_env import passed_env
+from nanbeige.agent.trajectory.trajectory import Trajectory, Turn
+from nanbeige.agent.trajectory.trajectory_file import TrajectoryWriter
 from nanbeige.tools.errors import NanbeigeError
 
 Notice = Callable[[str], None]
@@ -233,8 +233,8 @@ class Shards:
 
     async def run(self, item: Any, check: Check | None = None) -> Any:
         """The item's result, from whichever actor finishes it; an exception it raised is raised here. `check`
-        says what is wrong with a result for the item (`agent/shard_results.py`): such a result fails the shard
-        and the command, and nothing of it is written."""
+        says what is wrong with a result for the item (`agent/trajectory/shard_results.py`): such a result fails
+        the shard and the command, and nothing of it is written."""
         while True:
             live = self.alive
             if not live:
@@ -368,7 +368,7 @@ async def shard_runtime(settings: Any, notice: Notice) -> AsyncIterator[Any]:
     import shutil
     import tempfile
 
-    from nanbeige.agent.setup import ready
+    from nanbeige.agent.setup.setup import ready
 
     folder = Path(tempfile.mkdtemp(prefix="nanbeige-shard-"))
     try:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nanbeige.agent.run_config import RunSettings
+from nanbeige.agent.run.run_config import RunSettings
 from nanbeige.evals import humaneval
 from nanbeige.evals.bfcl import GRADER
 from nanbeige.evals.code_problems import CODE_TESTS

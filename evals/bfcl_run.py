@@ -26,8 +26,8 @@ import types
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from nanbeige.agent.run_config import RunSettings
-from nanbeige.agent.trajectory import Trajectory, Turn
+from nanbeige.agent.run.run_config import RunSettings
+from nanbeige.agent.trajectory.trajectory import Trajectory, Turn
 from nanbeige.evals import bfcl, bfcl_exchange, bfcl_jail
 from nanbeige.evals.bfcl_grading import append_log, grade, tidy_results
 from nanbeige.evals.eval_config import EvalConfig, EvalError
@@ -42,7 +42,7 @@ MAX_TOKENIZE_BYTES = 16 * 2**20
 """The longest answer to `/tokenize`: the ids of a whole 262,144-token context are a few MB."""
 
 if TYPE_CHECKING:
-    from nanbeige.agent.setup import Ready
+    from nanbeige.agent.setup.setup import Ready
     from nanbeige.evals.tasks import Task
 
 
@@ -65,7 +65,7 @@ async def evaluate(
     progress_view: Callable[[Progress], Any] | None = None,
 ) -> dict[str, Any]:
     """Generate every item not yet in the result files, then grade them all with the official runner."""
-    from nanbeige.agent.setup import ready
+    from nanbeige.agent.setup.setup import ready
     from nanbeige.evals.tasks import LoadError
 
     try:

@@ -24,7 +24,7 @@ from xml.etree import ElementTree
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from nanbeige.agent.trajectory_file import redact_json_line, usable_secrets
+from nanbeige.agent.trajectory.trajectory_file import redact_json_line, usable_secrets
 from nanbeige.evals.tasks import LoadError, read_data
 from nanbeige.tools import handed_over
 

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from nanbeige.agent import dialects
-from nanbeige.agent.run_config import RunSettings
-from nanbeige.agent.trajectory import NOT_ENDED_ON_ITS_OWN, Trajectory
+from nanbeige.agent.run import dialects
+from nanbeige.agent.run.run_config import RunSettings
+from nanbeige.agent.trajectory.trajectory import NOT_ENDED_ON_ITS_OWN, Trajectory
 from nanbeige.evals.eval_config import EvalConfig, EvalError
 from nanbeige.evals.grading import check_grader, grader_for, open_code_runner
 from nanbeige.evals.judges import JudgeUnavailable
@@ -43,7 +43,7 @@ from nanbeige.evals.progress import Progress
 from nanbeige.evals.tasks import Task, Verdict, one_line
 
 if TYPE_CHECKING:
-    from nanbeige.agent.setup import Ready
+    from nanbeige.agent.setup.setup import Ready
 
 
 # ---------------------------------------------------------------- one run of one task
@@ -157,7 +157,7 @@ async def run_all(
 
 def agent_attempt(runtime: Ready, config: EvalConfig, client: httpx.AsyncClient, code_runner: Any = None) -> Attempt:
     """A run of the agent loop on the task's question, graded on its answer."""
-    from nanbeige.agent.loop import run
+    from nanbeige.agent.run.loop import run
 
     reference = runtime.agent.reference
     grade = grader_for(config, reference.judge_prompts if reference else None, code_runner)
@@ -211,8 +211,8 @@ def with_reference(settings: RunSettings) -> RunSettings:
     that cannot be read is refused before the out folder is made); `ready` takes it as it is."""
     if settings.reference is None:
         return settings
-    from nanbeige.agent.setup_checks import SetupError, read_reference
-    from nanbeige.agent.setup_checks import with_reference as taken
+    from nanbeige.agent.setup.setup_checks import SetupError, read_reference
+    from nanbeige.agent.setup.setup_checks import with_reference as taken
 
     try:
         return taken(settings, read_reference(settings.reference))
@@ -292,8 +292,8 @@ def remove_if_nothing_ran(out: Path) -> None:
 def failed_run_errors(config: EvalConfig, settings: RunSettings, progress: Progress) -> list[dict[str, Any]]:
     """This session's failed runs with their errors, for the report; a model server's error may quote the key
     it was sent, which the report never does (as the results file never does)."""
-    from nanbeige.agent.setup import secrets_of
-    from nanbeige.agent.trajectory_file import redact, usable_secrets
+    from nanbeige.agent.setup.setup import secrets_of
+    from nanbeige.agent.trajectory.trajectory_file import redact, usable_secrets
 
     secrets = usable_secrets([*secrets_of(settings), *([config.judge.api_key] if config.judge.api_key else [])])
     return [{**failure, "error": redact(failure["error"], secrets)} for failure in progress.failures]
@@ -308,7 +308,7 @@ async def run_here(
     progress_view: Callable[[Progress], Any] | None,
 ) -> None:
     """Every pending run in this process; `settings` write into the out folder."""
-    from nanbeige.agent.setup import ready
+    from nanbeige.agent.setup.setup import ready
 
     code_runner = open_code_runner(config)
     async with ready(settings, notice) as runtime, httpx.AsyncClient() as client:

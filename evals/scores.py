@@ -17,7 +17,7 @@ import statistics
 from collections import Counter, defaultdict
 from typing import Any
 
-from nanbeige.agent.usage import total, usage_text
+from nanbeige.agent.run.usage import total, usage_text
 from nanbeige.evals.intervals import bootstrap_ci95
 from nanbeige.evals.tasks import one_line
 

@@ -14,9 +14,9 @@ from typing import Any
 import httpx
 
 from nanbeige.agent import cluster
-from nanbeige.agent.run_config import RunSettings
-from nanbeige.agent.shard_results import records_problem
-from nanbeige.agent.trajectory_file import TrajectoryWriter
+from nanbeige.agent.run.run_config import RunSettings
+from nanbeige.agent.trajectory.shard_results import records_problem
+from nanbeige.agent.trajectory.trajectory_file import TrajectoryWriter
 from nanbeige.evals.eval_config import EvalConfig, EvalError
 from nanbeige.evals.grading import open_code_runner
 from nanbeige.evals.out_folder import TRAJECTORIES, append_result, result_problem
@@ -33,7 +33,7 @@ async def run_on_ray(
     progress_view: Callable[[Progress], Any] | None,
 ) -> None:
     """Every pending run on the cluster at `config.ray`; `settings` write into the out folder."""
-    from nanbeige.agent.setup import open_writer, secrets_of
+    from nanbeige.agent.setup.setup import open_writer, secrets_of
 
     assert config.ray is not None and settings.trajectory is not None
     opener = functools.partial(open_shard, config, settings)
@@ -82,7 +82,7 @@ RowCheck = Callable[[Any], "str | None"]
 
 def run_problem(item: tuple[Task, int], result: Any, row_problem: RowCheck) -> str | None:
     """Why a shard's result cannot be written as the run `item` asked for: its records those of one trajectory
-    of the task's question (`agent/shard_results.py`), its row (or why the run failed) of that task and run,
+    of the task's question (`agent/trajectory/shard_results.py`), its row (or why the run failed) of that task and run,
     naming no trajectory file but the out folder's own. None when it can."""
     task, index = item
     if type(result) is not tuple or len(result) != 2:

@@ -30,10 +30,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fake_openai import mcp_answer, mcp_call  # noqa: E402
 
 from nanbeige.agent.backends.scripted import ScriptedLLM  # noqa: E402
-from nanbeige.agent.loop import AgentConfig, run  # noqa: E402
 from nanbeige.agent.reference import checkout as ref  # noqa: E402
 from nanbeige.agent.reference.mcp_prompt import ordered_servers, reference_schema  # noqa: E402
-from nanbeige.agent.toolbox import ServerSpec, Toolbox  # noqa: E402
+from nanbeige.agent.run.loop import AgentConfig, run  # noqa: E402
+from nanbeige.agent.toolbox.toolbox import ServerSpec, Toolbox  # noqa: E402
 
 DATE = datetime.date.today().isoformat()  # the reference's prompt shows today's date
 QUESTION = "Which planet is called the red planet, and what is 6*7?"

@@ -8,9 +8,9 @@ import mcp_test_server
 
 from nanbeige.agent.backends.llm import LLMConfig
 from nanbeige.agent.backends.scripted import ScriptedLLM
-from nanbeige.agent.loop import AgentConfig, run
-from nanbeige.agent.toolbox import ServerSpec, Toolbox
-from nanbeige.agent.trajectory_file import TrajectoryWriter
+from nanbeige.agent.run.loop import AgentConfig, run
+from nanbeige.agent.toolbox.toolbox import ServerSpec, Toolbox
+from nanbeige.agent.trajectory.trajectory_file import TrajectoryWriter
 
 
 def toolbox(**options: object) -> Toolbox:

@@ -23,7 +23,7 @@ from typing import IO, Any, Callable
 import httpx
 from conftest import TEST_SERVER
 
-from nanbeige.agent.trajectory_file import read_records
+from nanbeige.agent.trajectory.trajectory_file import read_records
 
 NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
 SERVED_NAME = "smollm2"  # not the folder's path: token mode must find the tokenizer through /v1/models

@@ -23,8 +23,8 @@ from nanbeige.agent.api import RunSettings, SetupError, ask, ask_many, ask_many_
 from nanbeige.agent.backends.llm import LLMConfig
 from nanbeige.agent.cli import program
 from nanbeige.agent.cli.ranges import RANGES
-from nanbeige.agent.run_config import ToolsConfig
-from nanbeige.agent.trajectory_file import load_trajectories
+from nanbeige.agent.run.run_config import ToolsConfig
+from nanbeige.agent.trajectory.trajectory_file import load_trajectories
 
 TESTKIT = "testkit=" + shlex.join(TEST_SERVER)
 DELAY_S = 1.0  # how long the fake model takes over each question's first reply

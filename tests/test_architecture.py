@@ -51,17 +51,31 @@ def test_a_forbidden_import_and_a_circle_are_named_where_they_are(tmp_path: Path
     assert "no circles BROKEN" in done.stdout and "- .stock -> .orders (1 import)" in done.stdout
 
 
-def test_every_module_of_the_runtime_is_kept_out_of_the_rooms_below_it() -> None:
+def test_every_room_of_the_runtime_is_kept_out_of_the_rooms_below_it() -> None:
     """agent/backends/ and agent/reference/ are rooms that import nothing of the runtime around them; their
-    contracts name each module of agent/ they must not import, so a new module must be named there too. The
-    one leaf the backends may use: where the user's folders are (their cache of de-quantized weights)."""
+    contracts name each room and top module of agent/ they must not import, so a new one must be named there
+    too. The one leaf the backends may use: where the user's folders are (their cache of de-quantized weights);
+    the command line is kept out of every room by a contract of its own."""
     import tomllib
 
     contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
-    runtime = {f"nanbeige.agent.{p.stem}" for p in (ROOT / "agent").glob("*.py") if p.stem != "__init__"}
+    modules = {p.stem for p in (ROOT / "agent").glob("*.py")} | {
+        p.parent.name for p in (ROOT / "agent").glob("*/__init__.py")
+    }
+    runtime = {f"nanbeige.agent.{name}" for name in modules - {"__init__", "cli"}}
     for room, neighbours in (
-        ("nanbeige.agent.backends", runtime - {"nanbeige.agent.user_dirs"}),
-        ("nanbeige.agent.reference", runtime | {"nanbeige.agent.backends"}),
+        ("nanbeige.agent.backends", runtime - {"nanbeige.agent.user_dirs", "nanbeige.agent.backends"}),
+        ("nanbeige.agent.reference", runtime - {"nanbeige.agent.reference"}),
     ):
         [contract] = [c for c in contracts if c.get("source_modules") == [room]]
         assert neighbours <= set(contract["forbidden_modules"]), sorted(neighbours - set(contract["forbidden_modules"]))
+
+
+def test_the_top_of_agent_is_its_rooms_and_a_handful_of_modules() -> None:
+    """The runtime is read room by room: what one run does, building runs, the tool side, the trajectory, the
+    model clients, the reference's texts and the command line; only the API, the cluster driver and the user's
+    folders stay at the top."""
+    top = {p.stem for p in (ROOT / "agent").glob("*.py")} - {"__init__"}
+    rooms = {p.parent.name for p in (ROOT / "agent").glob("*/__init__.py")}
+    assert top == {"api", "cluster", "user_dirs"}, sorted(top)
+    assert rooms == {"backends", "cli", "reference", "run", "setup", "toolbox", "trajectory"}, sorted(rooms)

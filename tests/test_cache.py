@@ -17,9 +17,9 @@ from conftest import TEST_SERVER
 from fake_openai import FakeOpenAI, Reply, created_sandbox, mcp_answer, mcp_call
 from fake_search_apis import FakeSerper
 
-from nanbeige.agent.cache import ReplayMiss, ToolCache, canonical_arguments
-from nanbeige.agent.toolbox import ServerSpec, Toolbox
-from nanbeige.agent.trajectory import ToolCall
+from nanbeige.agent.toolbox.cache import ReplayMiss, ToolCache, canonical_arguments
+from nanbeige.agent.toolbox.toolbox import ServerSpec, Toolbox
+from nanbeige.agent.trajectory.trajectory import ToolCall
 
 NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
 SEARCH = "search_and_scrape_webpage"

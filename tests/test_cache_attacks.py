@@ -19,12 +19,12 @@ from fake_openai import FakeOpenAI, mcp_answer, mcp_call
 from mcp.server.mcpserver import MCPServer
 from test_untrusted_inputs import assert_refused, nanbeige
 
-from nanbeige.agent.cache import ReplayMiss, ToolCache
-from nanbeige.agent.cache import key_path as user_key_path
-from nanbeige.agent.cache_schema import SCHEMA, SCHEMA_VERSION
-from nanbeige.agent.toolbox import ServerSpec, Toolbox
-from nanbeige.agent.trajectory import ToolCall, ToolResult
-from nanbeige.agent.trajectory_file import load_trajectories
+from nanbeige.agent.toolbox.cache import ReplayMiss, ToolCache
+from nanbeige.agent.toolbox.cache import key_path as user_key_path
+from nanbeige.agent.toolbox.cache_schema import SCHEMA, SCHEMA_VERSION
+from nanbeige.agent.toolbox.toolbox import ServerSpec, Toolbox
+from nanbeige.agent.trajectory.trajectory import ToolCall, ToolResult
+from nanbeige.agent.trajectory.trajectory_file import load_trajectories
 
 KEY = "sk-LEAKME-0123456789abcdef"
 ECHO = ToolCall("testkit", "echo", {"text": f"my key is {KEY}"})

@@ -21,10 +21,10 @@ from test_cache import NANBEIGE, rows
 from test_eval_runner import TASKS, write_gaia
 
 from nanbeige.agent.backends.scripted import ScriptedLLM
-from nanbeige.agent.cache import ToolCache
-from nanbeige.agent.loop import AgentConfig, run
-from nanbeige.agent.toolbox import ServerSpec, Toolbox
-from nanbeige.agent.trajectory import ToolCall
+from nanbeige.agent.run.loop import AgentConfig, run
+from nanbeige.agent.toolbox.cache import ToolCache
+from nanbeige.agent.toolbox.toolbox import ServerSpec, Toolbox
+from nanbeige.agent.trajectory.trajectory import ToolCall
 from nanbeige.evals.out_folder import read_results
 
 # ---------------------------------------------------------------- many runs, many processes
@@ -75,7 +75,7 @@ async def test_64_concurrent_runs_share_one_cache(tmp_path: Path) -> None:
 HAMMER = """
 import asyncio, sys
 from pathlib import Path
-from nanbeige.agent.cache import ToolCache
+from nanbeige.agent.toolbox.cache import ToolCache
 
 async def main(path, who, n):
     cache = await ToolCache.open(Path(path))
@@ -176,7 +176,7 @@ def test_an_eval_replayed_from_the_cache_fails_when_a_run_misses_it(tmp_path: Pa
 async def test_a_cache_that_cannot_be_written_does_not_stop_the_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("nanbeige.agent.cache.BUSY_TIMEOUT_S", 0.2)
+    monkeypatch.setattr("nanbeige.agent.toolbox.cache.BUSY_TIMEOUT_S", 0.2)
     cache = await ToolCache.open(tmp_path / "cache.sqlite")
     other = sqlite3.connect(tmp_path / "cache.sqlite", isolation_level=None)
     other.execute("BEGIN IMMEDIATE")  # another process holds the write lock past the busy timeout

@@ -32,7 +32,7 @@ from ray_cluster import (
     wait_for,
 )
 
-from nanbeige.agent.trajectory_file import load_trajectories
+from nanbeige.agent.trajectory.trajectory_file import load_trajectories
 from nanbeige.evals.out_folder import read_results
 
 TESTKIT = "testkit=" + shlex.join([sys.executable, str(TESTS / "mcp_test_server.py")])

@@ -25,7 +25,7 @@ from ray_cluster import (
     wait_for,
 )
 
-from nanbeige.agent.trajectory_file import load_trajectories
+from nanbeige.agent.trajectory.trajectory_file import load_trajectories
 from nanbeige.evals.out_folder import read_results
 
 RUNS = 2 * len(QUESTIONS)  # each question twice: -k 2, or -G 2

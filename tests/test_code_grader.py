@@ -247,7 +247,7 @@ def test_a_sandbox_that_fails_stops_the_judge_rather_than_becoming_a_reward(
 ) -> None:
     import asyncio
 
-    from nanbeige.agent.trajectory import Trajectory, Turn
+    from nanbeige.agent.trajectory.trajectory import Trajectory, Turn
     from nanbeige.tools.sandbox import SandboxError
     from nanbeige.trainer.code_rewards import CodeJudgeError, judge_code
 

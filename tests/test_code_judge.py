@@ -14,8 +14,8 @@ from conftest import JAIL
 from test_cli import nanbeige
 from test_judge import assert_one_error_line, write
 
-from nanbeige.agent.trajectory import Trajectory, Turn
-from nanbeige.agent.trajectory_file import load_trajectories, read_records
+from nanbeige.agent.trajectory.trajectory import Trajectory, Turn
+from nanbeige.agent.trajectory.trajectory_file import load_trajectories, read_records
 
 # ---------------------------------------------------------------- problems and programs
 

@@ -29,10 +29,10 @@ from policy_logprobs import mean_logprobs
 
 from nanbeige.agent.backends.llm import LLMConfig
 from nanbeige.agent.backends.local_model import SMALL_MODEL_GGUF
-from nanbeige.agent.loop import AgentConfig
-from nanbeige.agent.run_config import BackendConfig, RunSettings, ToolsConfig
-from nanbeige.agent.trajectory import Trajectory
-from nanbeige.agent.trajectory_file import load_trajectories
+from nanbeige.agent.run.loop import AgentConfig
+from nanbeige.agent.run.run_config import BackendConfig, RunSettings, ToolsConfig
+from nanbeige.agent.trajectory.trajectory import Trajectory
+from nanbeige.agent.trajectory.trajectory_file import load_trajectories
 from nanbeige.evals.benchmarks import BENCHMARKS
 from nanbeige.evals.code_extraction import extract_program
 from nanbeige.evals.code_problems import CODE_TESTS, question_of, read_problems

@@ -26,8 +26,8 @@ from test_code_judge import (
 )
 from test_judge import assert_one_error_line, write
 
-from nanbeige.agent.trajectory import Turn
-from nanbeige.agent.trajectory_file import load_trajectories
+from nanbeige.agent.trajectory.trajectory import Turn
+from nanbeige.agent.trajectory.trajectory_file import load_trajectories
 from nanbeige.evals.complexity import parse_verdict
 
 # ---------------------------------------------------------------- R_time: the complexity judge

@@ -17,8 +17,8 @@ from conftest import TEST_SERVER
 from fake_openai import FakeOpenAI, mcp_answer
 from tiny_model import make_tiny_model
 
-from nanbeige.agent.tokens import training_rows
-from nanbeige.agent.trajectory_file import load_trajectories
+from nanbeige.agent.run.tokens import training_rows
+from nanbeige.agent.trajectory.trajectory_file import load_trajectories
 from nanbeige.evals.questions import question_id, read_questions
 from nanbeige.evals.tasks import LoadError
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from nanbeige.agent.context import History, degenerate, estimate_tokens, repeated_call
-from nanbeige.agent.dialects import OMITTED
-from nanbeige.agent.trajectory import ToolCall, Turn
+from nanbeige.agent.run.context import History, degenerate, estimate_tokens, repeated_call
+from nanbeige.agent.run.dialects import OMITTED
+from nanbeige.agent.trajectory.trajectory import ToolCall, Turn
 
 
 def test_only_the_last_k_tool_results_are_shown() -> None:

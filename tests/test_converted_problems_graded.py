@@ -35,7 +35,7 @@ from test_code_formats import (
 from test_code_judge import fenced, rollout
 from test_judge import write
 
-from nanbeige.agent.trajectory_file import load_trajectories
+from nanbeige.agent.trajectory.trajectory_file import load_trajectories
 
 pytestmark_jail = pytest.mark.skipif(not JAIL, reason="needs bwrap, the sandbox's jail, working here")
 

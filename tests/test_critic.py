@@ -11,7 +11,7 @@ import pytest
 from fake_openai import FakeOpenAI, Reply
 from test_judge import QUESTION, config, critic_replies, make, marker, prompt_of, rating, write
 
-from nanbeige.agent.trajectory_file import load_trajectories
+from nanbeige.agent.trajectory.trajectory_file import load_trajectories
 from nanbeige.trainer.critic import MalformedCritique, TurnRule, parse_scores, turn_outcome
 from nanbeige.trainer.rewards import JudgeProgress, judge_file
 

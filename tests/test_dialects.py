@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from nanbeige.agent import dialects
-from nanbeige.agent.trajectory import ToolCall, ToolResult, Turn
+from nanbeige.agent.run import dialects
+from nanbeige.agent.trajectory.trajectory import ToolCall, ToolResult, Turn
 
 TOOLS = [
     {

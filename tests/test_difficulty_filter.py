@@ -17,8 +17,8 @@ from test_judge import write
 from typer.testing import CliRunner
 
 from nanbeige.agent.cli.program import app
-from nanbeige.agent.tokens import TokenTracker
-from nanbeige.agent.trajectory import Trajectory, Turn
+from nanbeige.agent.run.tokens import TokenTracker
+from nanbeige.agent.trajectory.trajectory import Trajectory, Turn
 from nanbeige.trainer.advantages import keep_k_of_n
 from nanbeige.trainer.batches import GroupRule, counted, describe_band, group_verdict, samples_from
 from nanbeige.trainer.train_config import TrainConfig
@@ -162,7 +162,7 @@ def test_nothing_in_the_band_is_an_error_naming_the_rule(tmp_path: Path) -> None
 
 
 def test_the_loops_dynamic_sampling_counts_groups_with_the_trainers_rule(tmp_path: Path) -> None:
-    from nanbeige.agent.trajectory_file import load_trajectories
+    from nanbeige.agent.trajectory.trajectory_file import load_trajectories
     from nanbeige.trainer.rl_loop import informative_groups
 
     # 3 of 8 solved (kept either way); 7 of 8 solved (the default band keeps it, stage 1 does not)

@@ -21,15 +21,15 @@ from nanbeige.agent.backends.model_server import (
 )
 from nanbeige.agent.backends.pool import PoolError
 from nanbeige.agent.backends.refusals import RetryableStatus
-from nanbeige.agent.cache import CacheError, ReplayMiss
 from nanbeige.agent.cli.question import QuestionError
 from nanbeige.agent.cli.running import Program
 from nanbeige.agent.cli.settings_file import SettingsError
 from nanbeige.agent.cli.trust import TrustError
 from nanbeige.agent.cluster import ClusterError
-from nanbeige.agent.records import NotATrajectoryFile
-from nanbeige.agent.setup_checks import SetupError
-from nanbeige.agent.toolbox import ToolboxError
+from nanbeige.agent.setup.setup_checks import SetupError
+from nanbeige.agent.toolbox.cache import CacheError, ReplayMiss
+from nanbeige.agent.toolbox.toolbox import ToolboxError
+from nanbeige.agent.trajectory.records import NotATrajectoryFile
 from nanbeige.evals.eval_config import EvalError
 from nanbeige.evals.judges import JudgeUnavailable
 from nanbeige.evals.tasks import LoadError

@@ -13,7 +13,7 @@ from bfcl_oracle import official_verdicts, run_official, script_for
 from fake_openai import FakeOpenAI, Reply
 
 from nanbeige.agent.backends.llm import LLMConfig
-from nanbeige.agent.run_config import AgentConfig, BackendConfig, RunSettings, ToolsConfig
+from nanbeige.agent.run.run_config import AgentConfig, BackendConfig, RunSettings, ToolsConfig
 from nanbeige.evals import bfcl, bfcl_grading
 from nanbeige.evals.benchmarks import BENCHMARKS
 from nanbeige.evals.runner import EvalConfig, EvalError, evaluate

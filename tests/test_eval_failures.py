@@ -147,7 +147,7 @@ def test_failed_runs_are_listed_with_their_errors_and_a_runs_own_error_is_kept(t
 
 
 def test_a_runs_own_error_goes_in_its_row_and_the_reports_failures() -> None:
-    from nanbeige.agent.trajectory import Trajectory
+    from nanbeige.agent.trajectory.trajectory import Trajectory
     from nanbeige.evals.runner import result_row
     from nanbeige.evals.scores import build_report
     from nanbeige.evals.tasks import Task, Verdict

@@ -18,8 +18,8 @@ import pytest
 from fake_openai import FakeOpenAI, Reply
 
 from nanbeige.agent.backends.llm import LLMConfig
-from nanbeige.agent.loop import AgentConfig
-from nanbeige.agent.run_config import RunSettings, ToolsConfig
+from nanbeige.agent.run.loop import AgentConfig
+from nanbeige.agent.run.run_config import RunSettings, ToolsConfig
 from nanbeige.evals.benchmarks import BENCHMARKS
 from nanbeige.evals.judges import JUDGE_ENDPOINT
 from nanbeige.evals.out_folder import read_results
@@ -273,7 +273,7 @@ def test_bad_input_is_one_line_and_nothing_runs(tmp_path: Path) -> None:
 
 
 def test_attachments_are_named_in_the_question_and_their_folder_is_uploadable(tmp_path: Path) -> None:
-    from nanbeige.agent.setup import default_servers
+    from nanbeige.agent.setup.setup import default_servers
     from nanbeige.evals.runner import load_tasks, with_out
 
     folder = tmp_path / "gaia"

@@ -102,7 +102,7 @@ def test_eval_report_refuses_a_results_file_that_is_a_fifo_in_one_line(tmp_path:
 # The modules that read files someone else could have made, and the functions in them allowed to open a file
 # some other way, each with why.
 READERS = {
-    "agent/trajectory_file.py": {
+    "agent/trajectory/trajectory_file.py": {
         "__init__": "the writer opens its own file to append, after `check_trajectory_file`",
         "_ends_with_newline": "the writer reads one byte of the file it appends to, after `check_trajectory_file`",
     },

@@ -19,7 +19,7 @@ from conftest import TEST_SERVER
 from fake_openai import FakeOpenAI, mcp_answer, mcp_call
 
 from nanbeige.agent.cli.console import hide, out, out_json, shown
-from nanbeige.agent.trajectory_file import load_trajectories
+from nanbeige.agent.trajectory.trajectory_file import load_trajectories
 
 NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
 TESTKIT = "testkit=" + shlex.join(TEST_SERVER)

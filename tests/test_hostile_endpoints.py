@@ -22,7 +22,7 @@ from nanbeige.agent.backends.llm import LLMConfig, OpenAIChat
 from nanbeige.agent.backends.model_server import EndpointUnavailable, UnusableReply
 from nanbeige.agent.backends.pool import EndpointPool, member_config
 from nanbeige.agent.backends.stream import MAX_REPLY_BYTES
-from nanbeige.agent.trajectory_file import load_trajectories
+from nanbeige.agent.trajectory.trajectory_file import load_trajectories
 
 MESSAGES = [{"role": "user", "content": "What is 2 + 2?"}]
 BOUND_S = 30.0  # far past what each call should take; today's code waits here instead of forever
@@ -203,7 +203,7 @@ async def test_a_judge_that_trickles_or_floods_its_answer_fails_the_call() -> No
 def test_the_deadline_is_held_to_its_range_on_the_command_line_and_in_the_api() -> None:
     """A deadline of NaN would never pass, one of 0 would fail every call: both are refused before anything starts."""
     from nanbeige.agent.api import with_overrides
-    from nanbeige.agent.run_config import RunSettings
+    from nanbeige.agent.run.run_config import RunSettings
 
     for value in ("nan", "0"):
         done = subprocess.run(

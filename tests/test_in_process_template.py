@@ -14,7 +14,7 @@ import pytest
 from conftest import TEST_SERVER
 from tiny_model import CHAT_TEMPLATE, make_tiny_model
 
-from nanbeige.agent.trajectory_file import load_trajectories
+from nanbeige.agent.trajectory.trajectory_file import load_trajectories
 
 NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
 # the tiny model's own ChatML, with a line before the conversation and the tools shown in it

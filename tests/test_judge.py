@@ -15,8 +15,8 @@ import pytest
 from conftest import free_port
 from fake_openai import FakeOpenAI, Reply
 
-from nanbeige.agent.trajectory import ToolCall, ToolResult, Trajectory, Turn
-from nanbeige.agent.trajectory_file import TrajectoryWriter, load_trajectories, read_records
+from nanbeige.agent.trajectory.trajectory import ToolCall, ToolResult, Trajectory, Turn
+from nanbeige.agent.trajectory.trajectory_file import TrajectoryWriter, load_trajectories, read_records
 from nanbeige.evals.judges import JUDGE_ENDPOINT
 from nanbeige.trainer.critic import CRITIC_ENDPOINT, TurnRule
 from nanbeige.trainer.judge_config import JudgeError, JudgeRunConfig

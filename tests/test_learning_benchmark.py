@@ -43,7 +43,7 @@ def prompt(tool_result: str | None) -> str:
 
 def test_the_start_is_chosen_sampling_as_the_loops_collect_samples() -> None:
     """Chosen at eval's top-p 0.95, a start passed 21.9% of the training questions and 1.6% in the loop."""
-    from nanbeige.agent.run_config import RunSettings
+    from nanbeige.agent.run.run_config import RunSettings
     from nanbeige.trainer.collect import on_policy
 
     assert LOOP_SAMPLING == ("--top-p", str(on_policy(RunSettings(), print).llm.top_p))

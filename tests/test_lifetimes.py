@@ -17,10 +17,10 @@ from fake_openai import FakeOpenAI, created_sandbox, mcp_answer, mcp_call
 from processes import alive, command_line, tree, wait_for
 from sandbox_leftovers import leftovers
 
-from nanbeige.agent.lifeline import tied_to_this_process
-from nanbeige.agent.server_env import passed_env
-from nanbeige.agent.toolbox import ServerSpec, Toolbox
-from nanbeige.agent.trajectory import ToolCall
+from nanbeige.agent.toolbox.lifeline import tied_to_this_process
+from nanbeige.agent.toolbox.server_env import passed_env
+from nanbeige.agent.toolbox.toolbox import ServerSpec, Toolbox
+from nanbeige.agent.trajectory.trajectory import ToolCall
 from nanbeige.tools.sandbox import SandboxConfig, Sandboxes
 
 NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
@@ -151,7 +151,7 @@ def test_any_server_command_ends_with_the_process_that_started_it(tmp_path: Path
             sys.executable,
             "-c",
             "import subprocess, time\n"
-            "from nanbeige.agent.lifeline import tied_to_this_process\n"
+            "from nanbeige.agent.toolbox.lifeline import tied_to_this_process\n"
             "subprocess.Popen(tied_to_this_process(['sleep', '303.5']))\ntime.sleep(60)",
         ]
     )

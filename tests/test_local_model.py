@@ -10,8 +10,8 @@ from tiny_model import make_tiny_model
 from nanbeige.agent.backends.in_process import TransformersLLM
 from nanbeige.agent.backends.llm import LLMConfig
 from nanbeige.agent.backends.local_model import LocalModelError
-from nanbeige.agent.loop import AgentConfig, run
-from nanbeige.agent.tokens import full_prompt
+from nanbeige.agent.run.loop import AgentConfig, run
+from nanbeige.agent.run.tokens import full_prompt
 
 pytestmark = pytest.mark.anyio
 MESSAGES = [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "What is 2+3?"}]

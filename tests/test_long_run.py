@@ -13,10 +13,10 @@ from fake_openai import FakeOpenAI, Reply, mcp_answer, mcp_call
 from nanbeige.agent.backends.completion import Completion
 from nanbeige.agent.backends.llm import LLMConfig, OpenAIChat
 from nanbeige.agent.backends.scripted import ScriptedLLM
-from nanbeige.agent.context import estimate_tokens
-from nanbeige.agent.loop import RELEASED, AgentConfig, run
-from nanbeige.agent.toolbox import ServerSpec, Toolbox
-from nanbeige.agent.trajectory_file import TrajectoryWriter, load_trajectories
+from nanbeige.agent.run.context import estimate_tokens
+from nanbeige.agent.run.loop import RELEASED, AgentConfig, run
+from nanbeige.agent.toolbox.toolbox import ServerSpec, Toolbox
+from nanbeige.agent.trajectory.trajectory_file import TrajectoryWriter, load_trajectories
 
 pytestmark = pytest.mark.anyio
 TURNS, RESULT = 600, 100_000

@@ -18,11 +18,11 @@ from loop_runs import ask, toolbox
 from nanbeige.agent.backends.completion import Completion
 from nanbeige.agent.backends.llm import LLMConfig, OpenAIChat
 from nanbeige.agent.backends.scripted import ScriptedLLM
-from nanbeige.agent.dialects import OMITTED
-from nanbeige.agent.loop import AgentConfig, run
-from nanbeige.agent.tokens import full_prompt, rebuild_segments
-from nanbeige.agent.toolbox import ServerSpec, Toolbox
-from nanbeige.agent.trajectory_file import TrajectoryWriter, load_trajectories
+from nanbeige.agent.run.dialects import OMITTED
+from nanbeige.agent.run.loop import AgentConfig, run
+from nanbeige.agent.run.tokens import full_prompt, rebuild_segments
+from nanbeige.agent.toolbox.toolbox import ServerSpec, Toolbox
+from nanbeige.agent.trajectory.trajectory_file import TrajectoryWriter, load_trajectories
 
 pytestmark = pytest.mark.anyio
 

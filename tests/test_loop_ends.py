@@ -14,9 +14,9 @@ from loop_runs import ask, toolbox
 from nanbeige.agent.backends.completion import Completion
 from nanbeige.agent.backends.llm import ContextOverflow, LLMConfig, ModelError
 from nanbeige.agent.backends.scripted import ScriptedLLM
-from nanbeige.agent.dialects import OMITTED
-from nanbeige.agent.loop import AgentConfig, run
-from nanbeige.agent.trajectory_file import TrajectoryWriter, end_record, load_trajectories
+from nanbeige.agent.run.dialects import OMITTED
+from nanbeige.agent.run.loop import AgentConfig, run
+from nanbeige.agent.trajectory.trajectory_file import TrajectoryWriter, end_record, load_trajectories
 
 pytestmark = pytest.mark.anyio
 

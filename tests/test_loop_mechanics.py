@@ -29,11 +29,11 @@ from test_train_loop import alternating_critic, token_mode_server
 from tiny_model import make_tiny_model
 
 from nanbeige.agent.backends.llm import LLMConfig
-from nanbeige.agent.loop import AgentConfig
-from nanbeige.agent.run_config import BackendConfig, RunSettings, ToolsConfig
-from nanbeige.agent.tokens import iter_prompts
-from nanbeige.agent.trajectory import Trajectory
-from nanbeige.agent.trajectory_file import load_trajectories
+from nanbeige.agent.run.loop import AgentConfig
+from nanbeige.agent.run.run_config import BackendConfig, RunSettings, ToolsConfig
+from nanbeige.agent.run.tokens import iter_prompts
+from nanbeige.agent.trajectory.trajectory import Trajectory
+from nanbeige.agent.trajectory.trajectory_file import load_trajectories
 from nanbeige.trainer.collect import CollectConfig, collect
 from nanbeige.trainer.judge_config import JudgeRunConfig
 from nanbeige.trainer.rewards import judge_file

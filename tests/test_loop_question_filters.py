@@ -16,9 +16,9 @@ from fake_openai import FakeOpenAI, mcp_answer
 from test_train_loop import tiny, token_mode_server  # noqa: F401 (tiny: the fixture)
 
 from nanbeige.agent.backends.llm import LLMConfig
-from nanbeige.agent.loop import AgentConfig
-from nanbeige.agent.run_config import BackendConfig, RunSettings, ToolsConfig
-from nanbeige.agent.trajectory_file import load_trajectories
+from nanbeige.agent.run.loop import AgentConfig
+from nanbeige.agent.run.run_config import BackendConfig, RunSettings, ToolsConfig
+from nanbeige.agent.trajectory.trajectory_file import load_trajectories
 from nanbeige.trainer.judge_config import JudgeRunConfig
 from nanbeige.trainer.loop_config import LoopConfig, LoopError
 from nanbeige.trainer.rl_loop import run_loop

@@ -10,7 +10,7 @@ import pytest
 from fake_openai import FakeOpenAI, Reply, mcp_answer, mcp_call
 
 from nanbeige.agent.backends.llm import LLMConfig, ModelError, OpenAIChat
-from nanbeige.agent.loop import AgentConfig, run
+from nanbeige.agent.run.loop import AgentConfig, run
 
 pytestmark = pytest.mark.anyio
 MESSAGES = [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]

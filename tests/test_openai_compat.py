@@ -23,7 +23,7 @@ from nanbeige.agent.backends.llm import (
     ServerInfo,
     probe_server,
 )
-from nanbeige.agent.loop import AgentConfig, run
+from nanbeige.agent.run.loop import AgentConfig, run
 
 pytestmark = pytest.mark.anyio
 MESSAGES = [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]

@@ -26,7 +26,7 @@ from fake_openai import FakeOpenAI, Reply, mcp_answer, mcp_call
 from nanbeige.agent.backends.llm import LLMConfig, OpenAIChat
 from nanbeige.agent.backends.model_server import EndpointUnavailable
 from nanbeige.agent.backends.pool import EndpointPool, member_config
-from nanbeige.agent.trajectory_file import load_trajectories
+from nanbeige.agent.trajectory.trajectory_file import load_trajectories
 
 NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
 TESTKIT = "testkit=" + shlex.join(TEST_SERVER)

@@ -34,8 +34,8 @@ from real_vllm import (
     vllm_installed,
 )
 
-from nanbeige.agent.tokens import full_prompt, training_rows
-from nanbeige.agent.trajectory_file import load_trajectories
+from nanbeige.agent.run.tokens import full_prompt, training_rows
+from nanbeige.agent.trajectory.trajectory_file import load_trajectories
 
 if not vllm_installed() and os.environ.get("NANBEIGE_REQUIRE_VLLM"):  # CI: a tier that skips has not run
     pytest.fail("NANBEIGE_REQUIRE_VLLM is set and vLLM is not installed in this Python", pytrace=False)

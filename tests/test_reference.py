@@ -16,11 +16,11 @@ from reference_tree import make_reference
 
 from nanbeige.agent.backends.scripted import ScriptedLLM
 from nanbeige.agent.cli.resume import check_unchanged
-from nanbeige.agent.loop import AgentConfig, run
 from nanbeige.agent.reference import checkout as ref
-from nanbeige.agent.setup_checks import SetupError
-from nanbeige.agent.toolbox import ServerSpec, Toolbox
-from nanbeige.agent.trajectory_file import TrajectoryWriter, load_trajectories
+from nanbeige.agent.run.loop import AgentConfig, run
+from nanbeige.agent.setup.setup_checks import SetupError
+from nanbeige.agent.toolbox.toolbox import ServerSpec, Toolbox
+from nanbeige.agent.trajectory.trajectory_file import TrajectoryWriter, load_trajectories
 
 NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
 SYSTEM = (  # the tree's system prompt for one tool-python tool, as its own functions assemble it
@@ -202,7 +202,7 @@ def test_ask_refuses_a_checkout_it_cannot_read_in_one_line(tmp_path: Path) -> No
 
 
 def test_resume_refuses_a_checkout_that_changed_since_the_run(tmp_path: Path) -> None:
-    from nanbeige.agent.trajectory import Trajectory
+    from nanbeige.agent.trajectory.trajectory import Trajectory
 
     reference = ref.load(make_reference(tmp_path))
     trajectory = Trajectory(question="q", reference=reference.identity())
@@ -246,7 +246,7 @@ async def test_a_checkout_whose_note_covers_page_extractions_answers_their_repea
 
 def test_the_page_extraction_prompt_reaches_the_scrape_server_and_the_extraction_model(tmp_path: Path) -> None:
     from nanbeige.agent.backends.llm import LLMConfig
-    from nanbeige.agent.setup import default_servers
+    from nanbeige.agent.setup.setup import default_servers
     from nanbeige.tools.scrape import extraction_prompt, scrape_config_from_env
 
     reference = ref.load(make_reference(tmp_path))
@@ -350,8 +350,8 @@ async def test_a_later_checkout_asks_for_the_summary_again_when_it_has_no_boxed_
 
 def test_the_checkouts_sampling_fills_only_what_the_user_left_unset(tmp_path: Path) -> None:
     from nanbeige.agent.backends.llm import LLMConfig
-    from nanbeige.agent.run_config import RunSettings
-    from nanbeige.agent.setup_checks import with_reference
+    from nanbeige.agent.run.run_config import RunSettings
+    from nanbeige.agent.setup.setup_checks import with_reference
 
     reference = ref.load(make_reference(tmp_path))
     settings = with_reference(RunSettings(llm=LLMConfig(top_p=0.5)), reference)
@@ -363,7 +363,7 @@ def test_the_checkouts_sampling_fills_only_what_the_user_left_unset(tmp_path: Pa
 
 def test_placeholder_sandbox_ids_get_the_checkouts_own_answer_from_our_python_server(tmp_path: Path) -> None:
     from nanbeige.agent.backends.llm import LLMConfig
-    from nanbeige.agent.setup import default_servers
+    from nanbeige.agent.setup.setup import default_servers
     from nanbeige.tools.sandbox import SandboxError, Sandboxes, config_from_env
 
     reference = ref.load(make_reference(tmp_path))

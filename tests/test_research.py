@@ -23,8 +23,8 @@ from nanbeige.agent.backends.completion import Completion
 from nanbeige.agent.backends.llm import ModelError
 from nanbeige.agent.backends.scripted import ScriptedLLM
 from nanbeige.agent.cli.research import research
-from nanbeige.agent.loop import AgentConfig
-from nanbeige.agent.trajectory_file import TrajectoryWriter, load_trajectories, read_records
+from nanbeige.agent.run.loop import AgentConfig
+from nanbeige.agent.trajectory.trajectory_file import TrajectoryWriter, load_trajectories, read_records
 
 NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
 QUESTION = "How many Earth days are two Martian years?"

@@ -13,8 +13,8 @@ from pathlib import Path
 from test_research import NANBEIGE, QUESTION
 
 from nanbeige.agent.cli import research_report as report
-from nanbeige.agent.trajectory import ToolCall, ToolResult, Trajectory, Turn
-from nanbeige.agent.trajectory_file import TrajectoryWriter
+from nanbeige.agent.trajectory.trajectory import ToolCall, ToolResult, Trajectory, Turn
+from nanbeige.agent.trajectory.trajectory_file import TrajectoryWriter
 
 
 def test_open_without_a_report_is_a_usage_error(tmp_path: Path) -> None:
@@ -110,7 +110,7 @@ def test_only_scrapes_that_returned_an_extract_are_cited_and_a_page_read_twice_i
 def test_the_report_reads_passages_the_run_let_go_of_from_the_trajectory_file(tmp_path: Path) -> None:
     from nanbeige.agent.cli.research import Research
     from nanbeige.agent.cli.research_command import write_report
-    from nanbeige.agent.loop import RELEASED
+    from nanbeige.agent.run.loop import RELEASED
 
     extract = json.dumps({"success": True, "url": "https://example.com/a", "extracted_info": "Mars: 687 days."})
     trajectory = Trajectory(question=QUESTION, answer="1374", stop_reason="answered")

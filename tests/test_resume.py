@@ -18,13 +18,19 @@ from nanbeige.agent.backends.llm import LLMConfig
 from nanbeige.agent.backends.scripted import ScriptedLLM
 from nanbeige.agent.backends.token_mode import TokenModeChat
 from nanbeige.agent.cli.resume import check_unchanged, pick, settings_for
-from nanbeige.agent.loop import AgentConfig, run
-from nanbeige.agent.restore import used_wall_s
-from nanbeige.agent.setup_checks import SetupError
-from nanbeige.agent.tokens import last_prompt, rebuild_segments
-from nanbeige.agent.toolbox import ServerSpec, Toolbox
-from nanbeige.agent.trajectory import ToolCall, ToolResult, Trajectory, Turn
-from nanbeige.agent.trajectory_file import TrajectoryWriter, end_record, load_trajectories, read_records, resume_record
+from nanbeige.agent.run.loop import AgentConfig, run
+from nanbeige.agent.run.restore import used_wall_s
+from nanbeige.agent.run.tokens import last_prompt, rebuild_segments
+from nanbeige.agent.setup.setup_checks import SetupError
+from nanbeige.agent.toolbox.toolbox import ServerSpec, Toolbox
+from nanbeige.agent.trajectory.trajectory import ToolCall, ToolResult, Trajectory, Turn
+from nanbeige.agent.trajectory.trajectory_file import (
+    TrajectoryWriter,
+    end_record,
+    load_trajectories,
+    read_records,
+    resume_record,
+)
 
 BROKEN = "<use_mcp_tool>\n<server_name>testkit</server_name>\n</use_mcp_tool>"  # a malformed call: rolled back
 

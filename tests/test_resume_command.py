@@ -19,8 +19,8 @@ from conftest import TEST_SERVER
 from fake_openai import FakeOpenAI, Reply, mcp_answer, mcp_call
 from test_resume import comparable, cut
 
-from nanbeige.agent.trajectory import NOT_ENDED_ON_ITS_OWN
-from nanbeige.agent.trajectory_file import TrajectoryWriter, load_trajectories
+from nanbeige.agent.trajectory.trajectory import NOT_ENDED_ON_ITS_OWN
+from nanbeige.agent.trajectory.trajectory_file import TrajectoryWriter, load_trajectories
 
 NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
 TESTKIT = "testkit=" + " ".join(TEST_SERVER)

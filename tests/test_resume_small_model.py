@@ -19,9 +19,9 @@ from nanbeige.agent.backends.in_process import TransformersLLM
 from nanbeige.agent.backends.llm import LLMConfig
 from nanbeige.agent.backends.local_model import LocalModelError
 from nanbeige.agent.cli.resume import settings_for
-from nanbeige.agent.replies import tools_unseen
-from nanbeige.agent.trajectory import Trajectory, Turn
-from nanbeige.agent.trajectory_file import load_trajectories
+from nanbeige.agent.run.replies import tools_unseen
+from nanbeige.agent.trajectory.trajectory import Trajectory, Turn
+from nanbeige.agent.trajectory.trajectory_file import load_trajectories
 
 NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
 # The README's first command, made short: a few tokens a reply, greedy, three turns.

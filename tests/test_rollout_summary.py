@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from nanbeige.agent.trajectory import ToolCall, Trajectory, Turn
+from nanbeige.agent.trajectory.trajectory import ToolCall, Trajectory, Turn
 from nanbeige.trainer.rollouts import rollout_summary
 from nanbeige.trainer.train_report import draw
 

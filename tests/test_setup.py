@@ -19,8 +19,8 @@ from tiny_model import make_tiny_model
 
 from nanbeige.agent.backends.llm import ModelError
 from nanbeige.agent.backends.scripted import ScriptedLLM
-from nanbeige.agent.loop import AgentConfig, run
-from nanbeige.agent.trajectory_file import TrajectoryWriter, load_trajectories
+from nanbeige.agent.run.loop import AgentConfig, run
+from nanbeige.agent.trajectory.trajectory_file import TrajectoryWriter, load_trajectories
 
 
 @pytest.fixture(scope="module")
@@ -230,7 +230,7 @@ def test_a_bug_is_one_line_and_the_trajectory_is_closed_as_crashed(tmp_path: Pat
     path = tmp_path / "t.jsonl"
     # the command line as installed, with a bug planted in reply parsing
     program = (
-        "import sys; from nanbeige.agent import dialects; from nanbeige.agent.cli import program\n"
+        "import sys; from nanbeige.agent.run import dialects; from nanbeige.agent.cli import program\n"
         "def broken(*args): return 1 / 0\n"
         "dialects.parse_reply = broken\n"
         "sys.argv[0] = 'nanbeige'; program.main()"

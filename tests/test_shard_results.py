@@ -1,5 +1,5 @@
 """What a Ray node sends back is checked before the driver writes any of it, as a file from elsewhere would be
-(`agent/shard_results.py`): a run's records must be one trajectory of the question the node was given, each
+(`agent/trajectory/shard_results.py`): a run's records must be one trajectory of the question the node was given, each
 record of the reader's types, its row of that task and run and naming no file outside the out folder; a judged
 trajectory must be the one sent. A result that does not fit fails the shard: one line naming its node, and
 nothing of it written. Driven through `Shards.run` and `evals.sharded.written` with a fake actor in place of
@@ -18,10 +18,10 @@ from fake_openai import mcp_answer
 
 from nanbeige.agent.backends.scripted import ScriptedLLM
 from nanbeige.agent.cluster import Placed, Recorder, Shards
-from nanbeige.agent.loop import AgentConfig, run
-from nanbeige.agent.toolbox import Toolbox
-from nanbeige.agent.trajectory import Trajectory
-from nanbeige.agent.trajectory_file import TrajectoryWriter, load_trajectories
+from nanbeige.agent.run.loop import AgentConfig, run
+from nanbeige.agent.toolbox.toolbox import Toolbox
+from nanbeige.agent.trajectory.trajectory import Trajectory
+from nanbeige.agent.trajectory.trajectory_file import TrajectoryWriter, load_trajectories
 from nanbeige.evals.eval_config import EvalError
 from nanbeige.evals.runner import result_row
 from nanbeige.evals.sharded import written

@@ -21,8 +21,8 @@ from test_terminal import ask as ask_command
 from nanbeige.agent.backends.completion import parse_completion
 from nanbeige.agent.backends.llm import LLMConfig, ModelError, OpenAIChat, ServerInfo
 from nanbeige.agent.backends.stream import STREAM_FIELDS, read_stream
-from nanbeige.agent.loop import AgentConfig, run
-from nanbeige.agent.toolbox import ServerSpec, Toolbox
+from nanbeige.agent.run.loop import AgentConfig, run
+from nanbeige.agent.toolbox.toolbox import ServerSpec, Toolbox
 
 pytestmark = pytest.mark.anyio
 

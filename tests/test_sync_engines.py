@@ -21,9 +21,9 @@ from typer.testing import CliRunner
 
 from nanbeige.agent.backends.llm import LLMConfig
 from nanbeige.agent.cli.program import app
-from nanbeige.agent.loop import AgentConfig
-from nanbeige.agent.run_config import BackendConfig, RunSettings, ToolsConfig
-from nanbeige.agent.trajectory_file import load_trajectories
+from nanbeige.agent.run.loop import AgentConfig
+from nanbeige.agent.run.run_config import BackendConfig, RunSettings, ToolsConfig
+from nanbeige.agent.trajectory.trajectory_file import load_trajectories
 from nanbeige.trainer.judge_config import JudgeRunConfig
 from nanbeige.trainer.loop_config import LoopConfig, LoopError
 from nanbeige.trainer.rl_loop import read_state, run_loop

@@ -13,11 +13,11 @@ from tiny_model import make_tiny_model
 
 from nanbeige.agent.backends.llm import LLMConfig
 from nanbeige.agent.backends.token_mode import TokenModeChat, load_tokenizer
-from nanbeige.agent.loop import AgentConfig, run
-from nanbeige.agent.tokens import full_prompt, iter_prompts, rebuild_segments
-from nanbeige.agent.toolbox import ServerSpec, Toolbox
-from nanbeige.agent.trajectory import Trajectory
-from nanbeige.agent.trajectory_file import TrajectoryWriter, load_trajectories
+from nanbeige.agent.run.loop import AgentConfig, run
+from nanbeige.agent.run.tokens import full_prompt, iter_prompts, rebuild_segments
+from nanbeige.agent.toolbox.toolbox import ServerSpec, Toolbox
+from nanbeige.agent.trajectory.trajectory import Trajectory
+from nanbeige.agent.trajectory.trajectory_file import TrajectoryWriter, load_trajectories
 
 pytestmark = pytest.mark.anyio
 

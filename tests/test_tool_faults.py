@@ -12,10 +12,10 @@ from conftest import TEST_SERVER
 from fake_openai import mcp_answer, mcp_call
 
 from nanbeige.agent.backends.scripted import ScriptedLLM
-from nanbeige.agent.loop import AgentConfig, run
-from nanbeige.agent.restarts import RESTART_CREDIT_CALLS, Restarts
-from nanbeige.agent.toolbox import ServerSpec, Toolbox
-from nanbeige.agent.trajectory import ToolCall
+from nanbeige.agent.run.loop import AgentConfig, run
+from nanbeige.agent.toolbox.restarts import RESTART_CREDIT_CALLS, Restarts
+from nanbeige.agent.toolbox.toolbox import ServerSpec, Toolbox
+from nanbeige.agent.trajectory.trajectory import ToolCall
 
 pytestmark = pytest.mark.anyio
 # The call timeout where a hang must be waited out: ample for the calls that answer (milliseconds; the

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from conftest import TEST_SERVER, free_port, wait_for_http
 
-from nanbeige.agent.restarts import Restarts
-from nanbeige.agent.server_env import passed_env, secrets_in_env
-from nanbeige.agent.toolbox import ServerSpec, Toolbox, ToolboxError, parse_server_spec
-from nanbeige.agent.trajectory import ToolCall
+from nanbeige.agent.toolbox.restarts import Restarts
+from nanbeige.agent.toolbox.server_env import passed_env, secrets_in_env
+from nanbeige.agent.toolbox.toolbox import ServerSpec, Toolbox, ToolboxError, parse_server_spec
+from nanbeige.agent.trajectory.trajectory import ToolCall
 from nanbeige.tools.endpoint import url_credentials
 
 pytestmark = pytest.mark.anyio

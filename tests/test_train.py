@@ -18,9 +18,9 @@ import pytest
 from tiny_model import make_tiny_model
 
 from nanbeige.agent.backends.llm import LLMConfig
-from nanbeige.agent.loop import AgentConfig
-from nanbeige.agent.run_config import BackendConfig, RunSettings, ToolsConfig
-from nanbeige.agent.trajectory_file import TrajectoryWriter, load_trajectories
+from nanbeige.agent.run.loop import AgentConfig
+from nanbeige.agent.run.run_config import BackendConfig, RunSettings, ToolsConfig
+from nanbeige.agent.trajectory.trajectory_file import TrajectoryWriter, load_trajectories
 from nanbeige.trainer.checkpoints import latest_checkpoint
 from nanbeige.trainer.collect import CollectConfig, collect
 from nanbeige.trainer.train import TrainConfig, train

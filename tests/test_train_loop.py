@@ -18,9 +18,9 @@ from fake_openai import FakeOpenAI, Reply, mcp_answer
 from tiny_model import make_tiny_model
 
 from nanbeige.agent.backends.llm import LLMConfig
-from nanbeige.agent.loop import AgentConfig
-from nanbeige.agent.run_config import BackendConfig, RunSettings, ToolsConfig
-from nanbeige.agent.trajectory_file import load_trajectories
+from nanbeige.agent.run.loop import AgentConfig
+from nanbeige.agent.run.run_config import BackendConfig, RunSettings, ToolsConfig
+from nanbeige.agent.trajectory.trajectory_file import load_trajectories
 from nanbeige.trainer.critic import CRITIC_ENDPOINT
 from nanbeige.trainer.judge_config import JudgeRunConfig
 from nanbeige.trainer.loop_config import LoopConfig, LoopError

@@ -17,7 +17,7 @@ from fake_openai import FakeOpenAI, mcp_answer
 from ray_cluster import NANBEIGE, SAYS_IF_RAY_LOADED, command_env, local_cluster, run_in_own_network
 from tiny_model import make_tiny_model
 
-from nanbeige.agent.trajectory_file import load_trajectories
+from nanbeige.agent.trajectory.trajectory_file import load_trajectories
 
 QUESTIONS = [("a", "What is 2+2?", "4"), ("b", "Name a colour.", "red")]
 GROUP = 2

@@ -111,7 +111,7 @@ def test_the_loop_refuses_to_run_under_torchrun(tmp_path: Path, monkeypatch: pyt
     """Every process torchrun starts would collect, judge and sync the whole loop: one line, before anything."""
     import asyncio
 
-    from nanbeige.agent.run_config import RunSettings
+    from nanbeige.agent.run.run_config import RunSettings
     from nanbeige.trainer.judge_config import JudgeRunConfig
     from nanbeige.trainer.loop_config import LoopConfig, LoopError
     from nanbeige.trainer.rl_loop import run_loop

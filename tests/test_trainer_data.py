@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import torch
 
-from nanbeige.agent.tokens import TokenTracker, full_prompt
-from nanbeige.agent.trajectory import Trajectory, Turn
+from nanbeige.agent.run.tokens import TokenTracker, full_prompt
+from nanbeige.agent.trajectory.trajectory import Trajectory, Turn
 from nanbeige.trainer.advantages import group_advantages, keep_group, outcome_advantages, turn_advantages
 from nanbeige.trainer.batches import GroupRule, Sample, samples_from
 from nanbeige.trainer.packing import collate, collate_packed, pack, pack_rows

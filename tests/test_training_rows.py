@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from test_token_mode import run_token_mode
 
-from nanbeige.agent.tokens import TokenTracker, TrainingRow, rebuild_segments, training_rows
-from nanbeige.agent.trajectory import Turn
-from nanbeige.agent.trajectory_file import load_trajectories
+from nanbeige.agent.run.tokens import TokenTracker, TrainingRow, rebuild_segments, training_rows
+from nanbeige.agent.trajectory.trajectory import Turn
+from nanbeige.agent.trajectory.trajectory_file import load_trajectories
 
 FAKE_LOGPROB = -0.25  # what the loopback server reports for every sampled token
 

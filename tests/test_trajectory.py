@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from nanbeige.agent.tokens import TokenTracker, common_prefix, full_prompt, rebuild_segments
-from nanbeige.agent.trajectory import ToolCall, ToolResult, Trajectory, Turn
-from nanbeige.agent.trajectory_file import TrajectoryWriter, load_trajectories, read_records
-from nanbeige.agent.usage import run_usage
+from nanbeige.agent.run.tokens import TokenTracker, common_prefix, full_prompt, rebuild_segments
+from nanbeige.agent.run.usage import run_usage
+from nanbeige.agent.trajectory.trajectory import ToolCall, ToolResult, Trajectory, Turn
+from nanbeige.agent.trajectory.trajectory_file import TrajectoryWriter, load_trajectories, read_records
 
 GOLDEN = Path(__file__).parent / "golden" / "trajectory.jsonl"
 

@@ -18,9 +18,9 @@ from fake_openai import FakeOpenAI, mcp_answer, mcp_call
 from test_hardening import assert_one_line_error, nanbeige
 
 from nanbeige.agent.backends.scripted import ScriptedLLM
-from nanbeige.agent.loop import AgentConfig, run
-from nanbeige.agent.trajectory import ToolCall, ToolResult, Trajectory, Turn
-from nanbeige.agent.trajectory_file import TrajectoryWriter, load_trajectories
+from nanbeige.agent.run.loop import AgentConfig, run
+from nanbeige.agent.trajectory.trajectory import ToolCall, ToolResult, Trajectory, Turn
+from nanbeige.agent.trajectory.trajectory_file import TrajectoryWriter, load_trajectories
 
 # 1. Input that could break writing
 

@@ -17,7 +17,7 @@ from click.testing import Result
 from typer.testing import CliRunner
 
 from nanbeige.agent.cli.program import app
-from nanbeige.agent.trajectory_file import load_trajectories
+from nanbeige.agent.trajectory.trajectory_file import load_trajectories
 
 NESTED = b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"  # past every JSON parser's recursion limit
 BINARY = bytes(range(256)).replace(b"\n", b"") * 8  # no line break: one line of garbage

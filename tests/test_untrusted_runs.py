@@ -17,7 +17,7 @@ from fake_openai import FakeOpenAI, mcp_answer
 from reference_tree import make_reference
 from test_untrusted_inputs import assert_no_crash, assert_refused, files_in, jsonl, nanbeige, rollout
 
-from nanbeige.agent.trajectory_file import load_trajectories
+from nanbeige.agent.trajectory.trajectory_file import load_trajectories
 
 TASKS = [
     {"task_id": f"t{n}", "Question": f"What is {n}+{n}?", "Level": 1, "Final answer": "4", "file_name": ""}

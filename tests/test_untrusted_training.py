@@ -14,7 +14,7 @@ import pytest
 from test_untrusted_inputs import BINARY, NESTED, assert_refused, assert_warned, files_in, jsonl, nanbeige
 from tiny_model import make_tiny_model
 
-from nanbeige.agent.tokens import _hash
+from nanbeige.agent.run.tokens import _hash
 from nanbeige.trainer.checkpoints import drop_metrics_after, latest_checkpoint
 
 

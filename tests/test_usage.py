@@ -16,9 +16,9 @@ from fake_search_apis import FakeSerper
 from test_sandbox import make_config
 from test_sandbox_e2b import FakeE2BSandbox
 
-from nanbeige.agent.trajectory import ToolCall, ToolResult, Trajectory, Turn
-from nanbeige.agent.trajectory_file import load_trajectories
-from nanbeige.agent.usage import over_budget, parse_budgets, run_usage, usage_text
+from nanbeige.agent.run.usage import over_budget, parse_budgets, run_usage, usage_text
+from nanbeige.agent.trajectory.trajectory import ToolCall, ToolResult, Trajectory, Turn
+from nanbeige.agent.trajectory.trajectory_file import load_trajectories
 from nanbeige.evals.scores import build_report, markdown
 from nanbeige.tools import paid_units
 from nanbeige.tools.sandbox import Sandboxes

@@ -19,7 +19,7 @@ from conftest import free_port
 from fake_openai import FakeOpenAI, Reply, mcp_answer, mcp_call
 from test_pool import NANBEIGE, collect
 
-from nanbeige.agent.trajectory_file import load_trajectories
+from nanbeige.agent.trajectory.trajectory_file import load_trajectories
 
 ROUTER = str(Path(NANBEIGE).parent / "vllm-router")
 

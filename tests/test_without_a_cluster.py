@@ -21,9 +21,9 @@ from ray_cluster import (
 )
 
 from nanbeige.agent.backends.scripted import ScriptedLLM
-from nanbeige.agent.loop import AgentConfig, run
-from nanbeige.agent.toolbox import ServerSpec, Toolbox
-from nanbeige.agent.trajectory_file import TrajectoryWriter, load_trajectories
+from nanbeige.agent.run.loop import AgentConfig, run
+from nanbeige.agent.toolbox.toolbox import ServerSpec, Toolbox
+from nanbeige.agent.trajectory.trajectory_file import TrajectoryWriter, load_trajectories
 
 
 class BothWriters:

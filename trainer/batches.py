@@ -4,7 +4,7 @@ into micro-batches and tensors.
     trajectories --samples_from--> Samples (one per token segment: ids, loss mask, advantages, logprobs)
                  --pack--> micro-batches within a token budget --collate--> [B, L] tensors for the loss
 
-Rows come only from `agent/tokens.py`'s `training_rows`: the ids are exactly the ones the model read
+Rows come only from `agent/run/tokens.py`'s `training_rows`: the ids are exactly the ones the model read
 and sampled, never a re-tokenization. `samples_from` decides which trajectories train and with what
 advantage (see `advantages.py` for the math); everything it leaves out is counted in its summary.
 """
@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from nanbeige.agent.tokens import TrainingRow, training_rows
-from nanbeige.agent.trajectory import NOT_ENDED_ON_ITS_OWN, Trajectory, Turn
+from nanbeige.agent.run.tokens import TrainingRow, training_rows
+from nanbeige.agent.trajectory.trajectory import NOT_ENDED_ON_ITS_OWN, Trajectory, Turn
 from nanbeige.evals.code_problems import CODE_TESTS
 from nanbeige.trainer.advantages import group_advantages, keep_group, keep_k_of_n
 from nanbeige.trainer.train_config import COUNTS, TRUNCATED, GroupRule, rule_problem

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from nanbeige.agent.trajectory import Trajectory
+from nanbeige.agent.trajectory.trajectory import Trajectory
 from nanbeige.evals.code_problems import CODE_TESTS, CodeProblem, read_problems
 from nanbeige.evals.code_tests import CodeRewards, CodeRunner, grade_program
 from nanbeige.evals.complexity import judge_complexity, measured

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nanbeige.agent.run_config import RunSettings
-from nanbeige.agent.trajectory import NOT_ENDED_ON_ITS_OWN
-from nanbeige.agent.trajectory_file import load_trajectories
+from nanbeige.agent.run.run_config import RunSettings
+from nanbeige.agent.trajectory.trajectory import NOT_ENDED_ON_ITS_OWN
+from nanbeige.agent.trajectory.trajectory_file import load_trajectories
 from nanbeige.evals.code_problems import CODE_TESTS
 from nanbeige.evals.gaia_scorer import question_scorer
 from nanbeige.evals.questions import read_questions
@@ -29,7 +29,7 @@ from nanbeige.evals.tasks import LoadError, Task
 from nanbeige.tools.errors import NanbeigeError
 
 if TYPE_CHECKING:
-    from nanbeige.agent.setup import Ready
+    from nanbeige.agent.setup.setup import Ready
     from nanbeige.evals.benchmarks import Benchmark
 
 
@@ -107,7 +107,7 @@ def check_exact(runtime: Ready, config: CollectConfig) -> None:
 
 def rollout_attempt(runtime: Ready, config: CollectConfig, policy_version: str | None) -> Callable[..., Any]:
     """One rollout of the agent on a question; its trajectory goes to the out file when it ends."""
-    from nanbeige.agent.loop import run
+    from nanbeige.agent.run.loop import run
 
     # a questions file's answers are short: the GAIA scorer by default (`nanbeige judge --grader` overrides)
     grader = config.bench.grader if config.bench is not None else "gaia-exact"
@@ -176,7 +176,7 @@ async def collect(
     progress_view: Callable[[Progress], Any] | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) the collection; returns a summary of what this call did."""
-    from nanbeige.agent.writable import unwritable
+    from nanbeige.agent.trajectory.writable import unwritable
 
     problem = unwritable(config.out)
     if problem:
@@ -239,7 +239,7 @@ def policy_of(runtime: Ready, config: CollectConfig, settings: RunSettings) -> s
 async def collect_here(
     config: CollectConfig, settings: RunSettings, notice: Callable[[str], None], begin: Begin
 ) -> None:
-    from nanbeige.agent.setup import ready
+    from nanbeige.agent.setup.setup import ready
 
     async with ready(settings, notice) as runtime:
         check_exact(runtime, config)
@@ -251,7 +251,7 @@ async def collect_on_ray(
 ) -> None:
     """The rollouts in shards on Ray actors, written here as they come back, exactly as `collect_here` would."""
     from nanbeige.agent import cluster
-    from nanbeige.agent.setup import open_writer, secrets_of
+    from nanbeige.agent.setup.setup import open_writer, secrets_of
     from nanbeige.evals.sharded import written
 
     assert config.ray is not None

@@ -31,7 +31,7 @@ from typing import Any, Literal
 import httpx
 import json_repair
 
-from nanbeige.agent.trajectory import Trajectory, Turn
+from nanbeige.agent.trajectory.trajectory import Trajectory, Turn
 from nanbeige.evals.endpoint import CallFailed, chat_text
 from nanbeige.tools.endpoint import OPENAI_BASE_URL, ChatEndpoint
 from nanbeige.tools.errors import ServiceUnavailable

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nanbeige.agent.trajectory import Trajectory
+from nanbeige.agent.trajectory.trajectory import Trajectory
 from nanbeige.evals import judges
 from nanbeige.evals.code_problems import CODE_TESTS
 from nanbeige.evals.code_tests import CodeRewards
@@ -70,7 +70,7 @@ def check(src: Path, out: Path, config: JudgeRunConfig) -> None:
         raise JudgeError(f"{src}: no such trajectory file")
     if out.resolve() == src.resolve():
         raise JudgeError("--out must be another file than the input: judging appends whole trajectories to it")
-    from nanbeige.agent.writable import unwritable
+    from nanbeige.agent.trajectory.writable import unwritable
 
     problem = unwritable(out)
     if problem:

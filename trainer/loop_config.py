@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from nanbeige.agent.run_config import RunSettings
+from nanbeige.agent.run.run_config import RunSettings
 from nanbeige.tools.errors import NanbeigeError
 from nanbeige.trainer.judge_config import JudgeRunConfig
 from nanbeige.trainer.train import TrainConfig

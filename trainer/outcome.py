@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from nanbeige.agent.trajectory import Trajectory
+from nanbeige.agent.trajectory.trajectory import Trajectory
 from nanbeige.evals import gaia_scorer, judges
 from nanbeige.evals.code_problems import CODE_TESTS
 from nanbeige.evals.runner import final_response

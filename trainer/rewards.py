@@ -24,9 +24,9 @@ from typing import Any, Callable
 
 import httpx
 
-from nanbeige.agent.records import encoded, record_line
-from nanbeige.agent.trajectory import Trajectory, Turn
-from nanbeige.agent.trajectory_file import (
+from nanbeige.agent.trajectory.records import encoded, record_line
+from nanbeige.agent.trajectory.trajectory import Trajectory, Turn
+from nanbeige.agent.trajectory.trajectory_file import (
     TrajectoryWriter,
     end_record,
     load_trajectories,

@@ -15,9 +15,9 @@ from typing import Any
 import httpx
 
 from nanbeige.agent import cluster
-from nanbeige.agent.shard_results import trajectory_problem
-from nanbeige.agent.trajectory import Trajectory
-from nanbeige.agent.trajectory_file import TrajectoryWriter
+from nanbeige.agent.trajectory.shard_results import trajectory_problem
+from nanbeige.agent.trajectory.trajectory import Trajectory
+from nanbeige.agent.trajectory.trajectory_file import TrajectoryWriter
 from nanbeige.trainer.code_rewards import CodeJudgeError, open_code_judging
 from nanbeige.trainer.judge_config import JudgeError, JudgeRunConfig, chosen_grader
 from nanbeige.trainer.rewards import (
@@ -71,7 +71,8 @@ async def judge_on_ray(
 
 def judged_problem(sent: Trajectory, judged: Any) -> str | None:
     """Why a trajectory a Ray node sends back cannot be written as the judged `sent`: another trajectory (its
-    id, question or number of turns), or records a trajectory file could not hold (`agent/shard_results.py`)."""
+    id, question or number of turns), or records a trajectory file could not hold
+    (`agent/trajectory/shard_results.py`)."""
     problem = trajectory_problem(judged)
     if problem is None and (judged.id, judged.group_id, judged.question, len(judged.turns)) != (
         sent.id,

@@ -113,7 +113,7 @@ def write_state(out: Path, state: LoopState) -> None:
 
 async def collect_stage(config: LoopConfig, policy: Policy, folder: Path, notice: Callable[[str], None]) -> Collected:
     """G rollouts per question with the iteration's policy (collect resumes its own file)."""
-    from nanbeige.agent.model_setup import template_file
+    from nanbeige.agent.setup.model_setup import template_file
     from nanbeige.trainer.collect import CollectConfig, collect
 
     settings, backend = config.settings, config.settings.backend
@@ -139,7 +139,7 @@ async def judge_stage(
 ) -> Judged:
     """Judge the rollouts; with dynamic sampling, draw, collect and judge more until enough groups are
     informative or the draws run out."""
-    from nanbeige.agent.trajectory_file import load_trajectories
+    from nanbeige.agent.trajectory.trajectory_file import load_trajectories
     from nanbeige.trainer.batches import describe_band
     from nanbeige.trainer.loop_ray import judge_rollouts
     from nanbeige.trainer.rollouts import rollout_summary

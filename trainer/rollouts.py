@@ -11,8 +11,8 @@ from array import array
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nanbeige.agent.records import record_line
-from nanbeige.agent.trajectory_file import load_trajectories
+from nanbeige.agent.trajectory.records import record_line
+from nanbeige.agent.trajectory.trajectory_file import load_trajectories
 from nanbeige.trainer.model import TrainError
 
 if TYPE_CHECKING:

@@ -25,7 +25,7 @@ def cache_accept(
 
     The file is then trusted as a recording of what its maker's tools answered: --cache and --replay serve
     its rows (each still only to the server, and the version of it and of its tool, it was recorded from)."""
-    from nanbeige.agent.cache import accept
+    from nanbeige.agent.toolbox.cache import accept
 
     signed, malformed = accept(path)
     left = f"; {malformed} malformed row{'s' * (malformed != 1)} left unsigned (never served)" if malformed else ""

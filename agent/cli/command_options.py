@@ -13,7 +13,7 @@ from nanbeige.agent.cli.judge_options import JudgeApiKey, JudgeBaseUrl, JudgeMod
 from nanbeige.agent.cli.options import option
 from nanbeige.agent.cli.ranges import bounds
 from nanbeige.agent.cli.serve_config import ServeConfig
-from nanbeige.agent.run_config import BackendConfig
+from nanbeige.agent.run.run_config import BackendConfig
 
 SERVE: dict[str, tuple[Any, Any]] = {
     "model": option(str, ServeConfig.model, help="Model id or folder."),

@@ -18,7 +18,7 @@ from nanbeige.agent.cli.help_screen import ShortHelpCommand
 from nanbeige.agent.cli.judge_options import judge_endpoint
 from nanbeige.agent.cli.option_tables import with_options, with_run_options
 from nanbeige.agent.cli.serve_config import ServeConfig, real_address, real_api_key
-from nanbeige.agent.run_config import RunSettings
+from nanbeige.agent.run.run_config import RunSettings
 
 
 @with_options(SERVE)
@@ -228,7 +228,7 @@ def evaluate(
     if flags["ray"] is not None and BENCHMARKS[bench].pipeline is not None:
         fail(f"{bench} runs through its own pipeline, not the agent loop: --ray is for the other benchmarks", 2)
     config = replace(eval_config(BENCHMARKS[bench], flags), ray=flags["ray"])
-    from nanbeige.agent.setup import secrets_of
+    from nanbeige.agent.setup.setup import secrets_of
 
     hide(secrets_of(settings) + ([flags["judge_api_key"]] if flags["judge_api_key"] else []))
     # the folder a run without --out gets is new each time: going on needs its name

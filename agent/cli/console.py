@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from nanbeige.agent.trajectory_file import redact, usable_secrets
+from nanbeige.agent.trajectory.trajectory_file import redact, usable_secrets
 
 _secrets: list[str] = []
 

@@ -12,7 +12,7 @@ import typer
 from nanbeige.agent.backends.llm import LLMConfig
 from nanbeige.agent.cli.console import fail
 from nanbeige.agent.cli.ranges import bounds
-from nanbeige.agent.run_config import AgentConfig, BackendConfig, RunSettings, ToolsConfig
+from nanbeige.agent.run.run_config import AgentConfig, BackendConfig, RunSettings, ToolsConfig
 
 ADVANCED = "Advanced"
 
@@ -332,7 +332,7 @@ UNSET: dict[str, Any] = {
 def run_settings(flags: Mapping[str, Any]) -> RunSettings:
     """The settings the shared flags describe (unset ones stay None: the dialect fills them in). `flags` may hold
     a command's other values too: only the run settings' names are read."""
-    from nanbeige.agent.usage import parse_budgets
+    from nanbeige.agent.run.usage import parse_budgets
 
     f = {**UNSET, **flags}
     try:

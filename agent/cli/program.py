@@ -41,10 +41,10 @@ from nanbeige.agent.cli.console import SafeConsole, err, fail, hide, out, out_js
 from nanbeige.agent.cli.help_screen import ShortHelpCommand
 from nanbeige.agent.cli.option_tables import with_options, with_run_options
 from nanbeige.agent.cli.running import Program, interrupted, notice, question_text, run_command, said
-from nanbeige.agent.run_config import RunSettings
+from nanbeige.agent.run.run_config import RunSettings
 
 if TYPE_CHECKING:  # imported lazily at run time so `--help` stays fast
-    from nanbeige.agent.trajectory import Trajectory
+    from nanbeige.agent.trajectory.trajectory import Trajectory
 
 # rich markup named, not left to typer's default: typer 0.16 passes its default on unresolved, and then prints
 # the help texts' escaped brackets (`\\[default: ...]`) with their backslashes
@@ -72,7 +72,7 @@ def ask(
     settings: RunSettings,
 ) -> None:
     """Research a question with tools; print the answer."""
-    from nanbeige.agent.setup import secrets_of
+    from nanbeige.agent.setup.setup import secrets_of
 
     hide(secrets_of(settings))
     report(run_command(_ask(question_text(question, question_file), settings)), json_output)
@@ -80,8 +80,8 @@ def ask(
 
 async def _ask(question: str, settings: RunSettings, resume_from: Trajectory | None = None) -> Trajectory:
     from nanbeige.agent.cli.view import LiveView
-    from nanbeige.agent.loop import run
-    from nanbeige.agent.setup import ready
+    from nanbeige.agent.run.loop import run
+    from nanbeige.agent.setup.setup import ready
 
     async with ready(settings, notice) as runtime:
         if resume_from is not None:
@@ -117,7 +117,7 @@ async def _ask(question: str, settings: RunSettings, resume_from: Trajectory | N
 
 
 def report(trajectory: Trajectory, json_output: bool) -> None:
-    from nanbeige.agent.trajectory_file import end_record
+    from nanbeige.agent.trajectory.trajectory_file import end_record
 
     if json_output:
         out_json(end_record(trajectory))
@@ -138,7 +138,7 @@ def report(trajectory: Trajectory, json_output: bool) -> None:
 
 def ending(trajectory: Trajectory) -> str:
     """`answered after 3 turns (1 reply rolled back) in 4.0s`: turns counted as `max_turns` counts them."""
-    from nanbeige.agent.trajectory import counted_turns, rolled_back_replies
+    from nanbeige.agent.trajectory.trajectory import counted_turns, rolled_back_replies
 
     turns, dropped = counted_turns(trajectory.turns), rolled_back_replies(trajectory.turns)
     reason = (
@@ -163,9 +163,9 @@ def resume(
     """Continue a run cut short (killed, Ctrl-C, crashed, model server error) from its last complete turn,
     with its own settings; print the answer. Tool servers and backend flags must be the run's."""
     from nanbeige.agent.cli.resume import check_not_in_use, pick, settings_for
-    from nanbeige.agent.restore import complete_turns
-    from nanbeige.agent.setup import secrets_of
-    from nanbeige.agent.trajectory import counted_turns
+    from nanbeige.agent.run.restore import complete_turns
+    from nanbeige.agent.setup.setup import secrets_of
+    from nanbeige.agent.trajectory.trajectory import counted_turns
 
     if flags["replay"] and flags["cache"] is None:
         fail("--replay needs --cache PATH: the cache file to answer tool calls from", 2)
@@ -191,7 +191,7 @@ def show_command(
 ) -> None:
     """Print a saved trajectory readably."""
     from nanbeige.agent.cli.view import show, show_total
-    from nanbeige.agent.trajectory_file import load_trajectories
+    from nanbeige.agent.trajectory.trajectory_file import load_trajectories
 
     try:
         trajectories = load_trajectories(path, warn=lambda text: notice(f"warning: {text}"))

@@ -35,16 +35,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from nanbeige.agent import dialects
 from nanbeige.agent.backends.llm import LLM, ModelError
-from nanbeige.agent.context import estimate_tokens
-from nanbeige.agent.loop import DEFAULT_MAX_CONTEXT, AgentConfig, Event, run
-from nanbeige.agent.trajectory import Trajectory, Turn
-from nanbeige.agent.trajectory_file import TrajectoryWriter
-from nanbeige.agent.usage import total
+from nanbeige.agent.run import dialects
+from nanbeige.agent.run.context import estimate_tokens
+from nanbeige.agent.run.loop import DEFAULT_MAX_CONTEXT, AgentConfig, Event, run
+from nanbeige.agent.run.usage import total
+from nanbeige.agent.trajectory.trajectory import Trajectory, Turn
+from nanbeige.agent.trajectory.trajectory_file import TrajectoryWriter
 
 if TYPE_CHECKING:
-    from nanbeige.agent.toolbox import Toolbox
+    from nanbeige.agent.toolbox.toolbox import Toolbox
 
 MAX_TURNS = 600  # the research default in both dialects: the reference harness's long-horizon setting
 ATTEMPTS = 3

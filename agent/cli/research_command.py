@@ -19,9 +19,9 @@ from nanbeige.agent.cli.console import counted, err, fail, hide, out, visible
 from nanbeige.agent.cli.option_tables import with_run_options
 from nanbeige.agent.cli.ranges import bounds
 from nanbeige.agent.cli.research import ATTEMPTS, MAX_TURNS, Research, research
-from nanbeige.agent.loop import Event
-from nanbeige.agent.run_config import RunSettings
-from nanbeige.agent.trajectory_file import end_record, load_trajectories
+from nanbeige.agent.run.loop import Event
+from nanbeige.agent.run.run_config import RunSettings
+from nanbeige.agent.trajectory.trajectory_file import end_record, load_trajectories
 
 ResearchMaxTurns = Annotated[
     int,
@@ -87,7 +87,7 @@ def research_command(
     """Research a question at length (600 turns an attempt; an attempt that ends without an answer
     is summarised and the next starts from its notes); print the answer, optionally write a cited report."""
     from nanbeige.agent.cli.running import question_text, run_command
-    from nanbeige.agent.setup import secrets_of
+    from nanbeige.agent.setup.setup import secrets_of
 
     hide(secrets_of(settings))
     if open_report and report is None:
@@ -129,7 +129,7 @@ def research_command(
 async def _research(question: str, settings: RunSettings, attempts: int) -> tuple[Research, Path]:
     from nanbeige.agent.cli.running import interrupted, notice
     from nanbeige.agent.cli.view import LiveView
-    from nanbeige.agent.setup import ready
+    from nanbeige.agent.setup.setup import ready
 
     async with ready(settings, notice) as runtime:
         err.print(f"[dim]trajectory: {escape(str(runtime.path))}[/]", highlight=False)
@@ -165,7 +165,7 @@ def check_report_path(path: Path, trajectory: Path | None) -> None:
             fail(f"--report {path} is the trajectory file; pass another path", 2)
     except OSError as exc:  # even looking fails: a name over 255 bytes, a folder that cannot be read
         fail(f"cannot write the report to {path}: {exc.strerror or exc}", 2)
-    from nanbeige.agent.writable import unwritable
+    from nanbeige.agent.trajectory.writable import unwritable
 
     problem = unwritable(path)
     if problem:

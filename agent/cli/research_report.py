@@ -17,9 +17,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from nanbeige.agent import dialects
 from nanbeige.agent.cli.console import visible
-from nanbeige.agent.trajectory import Trajectory, Turn, counted_turns
+from nanbeige.agent.run import dialects
+from nanbeige.agent.trajectory.trajectory import Trajectory, Turn, counted_turns
 
 SCRAPE_TOOL, SEARCH_TOOL = "scrape_and_extract_info", "google_search"
 PASSAGE_CHARS = 800  # a passage is trimmed to this

@@ -18,13 +18,13 @@ from typing import Any
 from nanbeige.agent.backends.llm import LLMConfig
 from nanbeige.agent.backends.local_model import as_typed
 from nanbeige.agent.cli.command_options import RESUME
-from nanbeige.agent.records import NotATrajectoryFile, check_trajectory_file, fields_problem, record_line
-from nanbeige.agent.restore import complete_turns
-from nanbeige.agent.run_config import AgentConfig, BackendConfig, RunSettings, ToolsConfig
-from nanbeige.agent.setup import SetupError
-from nanbeige.agent.tokens import last_prompt
-from nanbeige.agent.trajectory import Trajectory
-from nanbeige.agent.trajectory_file import RESUMABLE, load_trajectories
+from nanbeige.agent.run.restore import complete_turns
+from nanbeige.agent.run.run_config import AgentConfig, BackendConfig, RunSettings, ToolsConfig
+from nanbeige.agent.run.tokens import last_prompt
+from nanbeige.agent.setup.setup import SetupError
+from nanbeige.agent.trajectory.records import NotATrajectoryFile, check_trajectory_file, fields_problem, record_line
+from nanbeige.agent.trajectory.trajectory import Trajectory
+from nanbeige.agent.trajectory.trajectory_file import RESUMABLE, load_trajectories
 
 SAMPLING = ("temperature", "top_p", "repetition_penalty", "max_tokens", "stop")
 

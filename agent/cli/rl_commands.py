@@ -27,13 +27,13 @@ from nanbeige.agent.cli.judge_options import (
     judge_endpoint,
 )
 from nanbeige.agent.cli.option_tables import with_options, with_run_options
-from nanbeige.agent.run_config import RunSettings
+from nanbeige.agent.run.run_config import RunSettings
 
 
 @with_run_options(COLLECT, leave_out=COLLECT_LEAVES_OUT)
 def collect(*, flags: dict[str, Any], settings: RunSettings) -> None:
     """Sample G token-exact rollouts per question for RL, concurrently; resumable."""
-    from nanbeige.agent.setup import secrets_of
+    from nanbeige.agent.setup.setup import secrets_of
     from nanbeige.evals.benchmarks import BENCHMARKS
     from nanbeige.trainer.collect import CollectConfig
 
@@ -285,7 +285,7 @@ def run_judge(src: Path, out: Path, config: Any) -> None:
 def refuse_unwritable(out: Path, *others: Path) -> None:
     """Refuse, in one line (exit 2), an --out (or a file written beside it) that cannot be written, before the
     corpus is walked."""
-    from nanbeige.agent.writable import unwritable
+    from nanbeige.agent.trajectory.writable import unwritable
 
     for path in (out, *others):
         problem = unwritable(path)

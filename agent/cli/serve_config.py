@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from nanbeige.agent.backends.prompts import read_chat_template
-from nanbeige.agent.dialects import DIALECTS
+from nanbeige.agent.run.dialects import DIALECTS
 
 DEFAULT_MODEL = "Nanbeige/Nanbeige4.1-3B"
 CPU_MEMORY_UTILIZATION = 0.4

@@ -19,7 +19,7 @@ from nanbeige.agent.cli.help_screen import ShortHelpGroup
 from nanbeige.agent.cli.judge_options import complexity_endpoint, critic_endpoint
 from nanbeige.agent.cli.option_tables import with_options, with_run_options
 from nanbeige.agent.cli.train_options import LOOP_COMMAND, SERVER, TRAIN
-from nanbeige.agent.run_config import RunSettings
+from nanbeige.agent.run.run_config import RunSettings
 from nanbeige.trainer.train import TrainConfig
 from nanbeige.trainer.train_config import COUNTS, GroupRule, parse_keep
 
@@ -72,7 +72,7 @@ def checked_flags(flags: dict[str, Any], loop: int, spelled: str) -> tuple[int, 
     anything starts; the group filter's k of n when --keep gives one."""
     if flags["model"] is None or flags["out"] is None:
         fail(f"--{'model' if flags['model'] is None else 'out'} is required (see {spelled.split(' --')[0]} --help)", 2)
-    from nanbeige.agent.writable import unwritable_folder
+    from nanbeige.agent.trajectory.writable import unwritable_folder
 
     problem = unwritable_folder(flags["out"])
     if problem:
@@ -308,7 +308,7 @@ def run_train_loop(
     loop_options: dict[str, Any],
 ) -> None:
     from nanbeige.agent.cli.running import notice, run_command
-    from nanbeige.agent.setup import secrets_of
+    from nanbeige.agent.setup.setup import secrets_of
     from nanbeige.trainer.loop_config import LoopConfig
     from nanbeige.trainer.rewards import judging_secrets
     from nanbeige.trainer.rl_loop import run_loop

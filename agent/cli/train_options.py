@@ -14,7 +14,7 @@ from typing import Any
 from nanbeige.agent.cli import options as o
 from nanbeige.agent.cli.command_options import COLLECT, COLLECT_RUN
 from nanbeige.agent.cli.options import option
-from nanbeige.agent.run_config import BackendConfig
+from nanbeige.agent.run.run_config import BackendConfig
 from nanbeige.tools.endpoint import OPENAI_BASE_URL
 from nanbeige.trainer.train import TrainConfig
 

@@ -9,11 +9,11 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from nanbeige.agent import dialects
 from nanbeige.agent.backends.in_process import END_OF_TURN
 from nanbeige.agent.cli.console import shown
-from nanbeige.agent.trajectory import ToolCall, Trajectory, Turn
-from nanbeige.agent.usage import add_turn, run_usage, total, usage_text
+from nanbeige.agent.run import dialects
+from nanbeige.agent.run.usage import add_turn, run_usage, total, usage_text
+from nanbeige.agent.trajectory.trajectory import ToolCall, Trajectory, Turn
 
 
 def short(value: Any, limit: int = 60) -> str:

@@ -28,7 +28,7 @@ from bfcl_oracle import official_verdicts, run_official, script_for  # noqa: E40
 from fake_openai import FakeOpenAI  # noqa: E402
 
 from nanbeige.agent.backends.llm import LLMConfig  # noqa: E402
-from nanbeige.agent.run_config import AgentConfig, BackendConfig, RunSettings, ToolsConfig  # noqa: E402
+from nanbeige.agent.run.run_config import AgentConfig, BackendConfig, RunSettings, ToolsConfig  # noqa: E402
 from nanbeige.evals import bfcl  # noqa: E402
 from nanbeige.evals.benchmarks import BENCHMARKS  # noqa: E402
 from nanbeige.evals.runner import EvalConfig, evaluate  # noqa: E402

@@ -22,9 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from nanbeige.agent.cache import ToolCache, canonical_arguments
-from nanbeige.agent.toolbox import ServerSpec, Toolbox
-from nanbeige.agent.trajectory import ToolCall
+from nanbeige.agent.toolbox.cache import ToolCache, canonical_arguments
+from nanbeige.agent.toolbox.toolbox import ServerSpec, Toolbox
+from nanbeige.agent.trajectory.trajectory import ToolCall
 
 SERVER = [sys.executable, "tests/mcp_test_server.py"]
 HIT = (

@@ -23,8 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from nanbeige.agent.trajectory import Trajectory, Turn
-from nanbeige.agent.trajectory_file import TrajectoryWriter, load_trajectories
+from nanbeige.agent.trajectory.trajectory import Trajectory, Turn
+from nanbeige.agent.trajectory.trajectory_file import TrajectoryWriter, load_trajectories
 from nanbeige.evals.code_problems import CodeProblem
 from nanbeige.evals.code_tests import CodeRunner, grade_program
 from nanbeige.evals.humaneval import humaneval_problems

@@ -43,10 +43,10 @@ from fake_openai import FakeOpenAI, mcp_answer, mcp_call
 from overhead import pct, tokenizer_of, turn_overheads
 
 from nanbeige.agent.backends.llm import LLMConfig, OpenAIChat
-from nanbeige.agent.loop import AgentConfig, run
-from nanbeige.agent.toolbox import ServerSpec, Toolbox
-from nanbeige.agent.trajectory import ToolCall
-from nanbeige.agent.trajectory_file import TrajectoryWriter
+from nanbeige.agent.run.loop import AgentConfig, run
+from nanbeige.agent.toolbox.toolbox import ServerSpec, Toolbox
+from nanbeige.agent.trajectory.trajectory import ToolCall
+from nanbeige.agent.trajectory.trajectory_file import TrajectoryWriter
 
 SERVER = str(Path(__file__).resolve().parents[1] / "mcp_test_server.py")
 QUESTION = "What does echo say?"

@@ -30,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for fake
 from fake_openai import FakeOpenAI, mcp_answer, mcp_call
 
 from nanbeige.agent.backends.llm import LLMConfig
-from nanbeige.agent.loop import AgentConfig
-from nanbeige.agent.run_config import RunSettings, ToolsConfig
-from nanbeige.agent.trajectory_file import load_trajectories
+from nanbeige.agent.run.loop import AgentConfig
+from nanbeige.agent.run.run_config import RunSettings, ToolsConfig
+from nanbeige.agent.trajectory.trajectory_file import load_trajectories
 from nanbeige.evals.benchmarks import BENCHMARKS
 from nanbeige.evals.runner import EvalConfig, evaluate
 

@@ -21,8 +21,8 @@ import time
 
 from mcp import Client, StdioServerParameters, stdio_client
 
-from nanbeige.agent.toolbox import ServerSpec, Toolbox
-from nanbeige.agent.trajectory import ToolCall
+from nanbeige.agent.toolbox.toolbox import ServerSpec, Toolbox
+from nanbeige.agent.trajectory.trajectory import ToolCall
 
 SERVER = "tests/mcp_test_server.py"
 TARGET_SPEEDUP = 50.0

@@ -33,10 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for fake
 from fake_openai import FakeOpenAI, mcp_answer, mcp_call  # noqa: E402
 
 from nanbeige.agent.backends.llm import LLMConfig, OpenAIChat  # noqa: E402
-from nanbeige.agent.loop import AgentConfig, run  # noqa: E402
-from nanbeige.agent.toolbox import ServerSpec, Toolbox  # noqa: E402
-from nanbeige.agent.trajectory import Trajectory  # noqa: E402
-from nanbeige.agent.trajectory_file import TrajectoryWriter  # noqa: E402
+from nanbeige.agent.run.loop import AgentConfig, run  # noqa: E402
+from nanbeige.agent.toolbox.toolbox import ServerSpec, Toolbox  # noqa: E402
+from nanbeige.agent.trajectory.trajectory import Trajectory  # noqa: E402
+from nanbeige.agent.trajectory.trajectory_file import TrajectoryWriter  # noqa: E402
 
 SERVER = "tests/mcp_test_server.py"
 TARGET_MS = 2.0

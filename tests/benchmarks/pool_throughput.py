@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for fake
 
 from fake_openai import FakeOpenAI, Reply, mcp_answer, mcp_call
 
-from nanbeige.agent.trajectory_file import load_trajectories
+from nanbeige.agent.trajectory.trajectory_file import load_trajectories
 
 TESTS = Path(__file__).resolve().parents[1]
 NANBEIGE = str(Path(sys.executable).parent / "nanbeige")

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for fake
 from pool_throughput import serve  # the same fake model, with no limit on replies at once
 from ray_cluster import NANBEIGE, TESTS, command_env, in_own_network, local_cluster
 
-from nanbeige.agent.trajectory_file import load_trajectories
+from nanbeige.agent.trajectory.trajectory_file import load_trajectories
 
 TESTKIT = "testkit=" + shlex.join([sys.executable, str(TESTS / "mcp_test_server.py")])
 

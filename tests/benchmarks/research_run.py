@@ -33,9 +33,9 @@ from fake_openai import FakeOpenAI, mcp_answer, mcp_call  # noqa: E402
 from overhead import pct, rss_kib, turn_overheads  # noqa: E402
 
 from nanbeige.agent.backends.llm import LLMConfig, OpenAIChat  # noqa: E402
-from nanbeige.agent.loop import AgentConfig, run  # noqa: E402
-from nanbeige.agent.toolbox import ServerSpec, Toolbox  # noqa: E402
-from nanbeige.agent.trajectory_file import TrajectoryWriter  # noqa: E402
+from nanbeige.agent.run.loop import AgentConfig, run  # noqa: E402
+from nanbeige.agent.toolbox.toolbox import ServerSpec, Toolbox  # noqa: E402
+from nanbeige.agent.trajectory.trajectory_file import TrajectoryWriter  # noqa: E402
 
 SERVER = str(Path(__file__).resolve().parents[1] / "mcp_test_server.py")
 TARGET_MS = 1.0

@@ -28,10 +28,10 @@ from fake_openai import mcp_call  # noqa: E402
 
 from nanbeige.agent.backends.scripted import ScriptedLLM  # noqa: E402
 from nanbeige.agent.cli.resume import pick  # noqa: E402
-from nanbeige.agent.restore import rebuild, reopen  # noqa: E402
-from nanbeige.agent.tokens import TokenTracker  # noqa: E402
-from nanbeige.agent.trajectory import ToolCall, ToolResult, Trajectory, Turn  # noqa: E402
-from nanbeige.agent.trajectory_file import TrajectoryWriter  # noqa: E402
+from nanbeige.agent.run.restore import rebuild, reopen  # noqa: E402
+from nanbeige.agent.run.tokens import TokenTracker  # noqa: E402
+from nanbeige.agent.trajectory.trajectory import ToolCall, ToolResult, Trajectory, Turn  # noqa: E402
+from nanbeige.agent.trajectory.trajectory_file import TrajectoryWriter  # noqa: E402
 
 TOOL = {
     "server": "testkit",

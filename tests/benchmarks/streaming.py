@@ -33,9 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from overhead import serve, turn_overheads  # noqa: E402
 
 from nanbeige.agent.backends.llm import LLMConfig, OpenAIChat  # noqa: E402
-from nanbeige.agent.loop import AgentConfig, run  # noqa: E402
-from nanbeige.agent.toolbox import ServerSpec, Toolbox  # noqa: E402
-from nanbeige.agent.trajectory_file import TrajectoryWriter  # noqa: E402
+from nanbeige.agent.run.loop import AgentConfig, run  # noqa: E402
+from nanbeige.agent.toolbox.toolbox import ServerSpec, Toolbox  # noqa: E402
+from nanbeige.agent.trajectory.trajectory_file import TrajectoryWriter  # noqa: E402
 
 SERVER = "tests/mcp_test_server.py"
 TARGET = 1.05  # streamed CPU per turn within 5% of not streamed

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/
 from conftest import TEST_SERVER, free_port  # noqa: E402
 from real_vllm import NANBEIGE, SERVED_NAME, RecordingProxy, smollm2_hf_folder, start_server  # noqa: E402
 
-from nanbeige.agent.trajectory_file import load_trajectories  # noqa: E402
+from nanbeige.agent.trajectory.trajectory_file import load_trajectories  # noqa: E402
 
 # The topic from a closed list and a number: a run past SmolLM2's own 8k context still writes whole words
 # (free letters degenerate there into one letter a token until the reply is cut off and rolled back).

@@ -23,11 +23,11 @@ from typing import IO, Any
 from mcp import Client, MCPError, StdioServerParameters, stdio_client
 from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
-from nanbeige.agent.cache import ToolCache
-from nanbeige.agent.lifeline import tied_to_this_process
-from nanbeige.agent.restarts import RESTART_CREDIT_CALLS, Restarts
-from nanbeige.agent.server_env import passed_env
-from nanbeige.agent.tool_results import (
+from nanbeige.agent.toolbox.cache import ToolCache
+from nanbeige.agent.toolbox.lifeline import tied_to_this_process
+from nanbeige.agent.toolbox.restarts import RESTART_CREDIT_CALLS, Restarts
+from nanbeige.agent.toolbox.server_env import passed_env
+from nanbeige.agent.toolbox.tool_results import (
     defuse_control_tokens,
     failure_prefix,
     origin,
@@ -36,8 +36,8 @@ from nanbeige.agent.tool_results import (
     result_text,
     truncate,
 )
-from nanbeige.agent.trajectory import ToolCall, ToolResult
-from nanbeige.agent.trajectory_file import redact, usable_secrets
+from nanbeige.agent.trajectory.trajectory import ToolCall, ToolResult
+from nanbeige.agent.trajectory.trajectory_file import redact, usable_secrets
 from nanbeige.tools.errors import NanbeigeError
 
 PING_TIMEOUT_S = 5.0  # after a call timed out, how long the server gets to answer before it counts as hung

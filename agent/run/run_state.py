@@ -10,13 +10,13 @@ from typing import Any, Callable
 
 from nanbeige.agent.backends.completion import Completion
 from nanbeige.agent.backends.llm import LLM
-from nanbeige.agent.context import History
-from nanbeige.agent.restarts import Restarts
-from nanbeige.agent.run_config import AgentConfig
-from nanbeige.agent.tokens import TokenTracker
-from nanbeige.agent.trajectory import Trajectory, Turn, counted_turns
-from nanbeige.agent.trajectory_file import TrajectoryWriter
-from nanbeige.agent.usage import add_turn
+from nanbeige.agent.run.context import History
+from nanbeige.agent.run.run_config import AgentConfig
+from nanbeige.agent.run.tokens import TokenTracker
+from nanbeige.agent.run.usage import add_turn
+from nanbeige.agent.toolbox.restarts import Restarts
+from nanbeige.agent.trajectory.trajectory import Trajectory, Turn, counted_turns
+from nanbeige.agent.trajectory.trajectory_file import TrajectoryWriter
 
 Event = Callable[[str, Any], None]
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from nanbeige.agent import dialects
 from nanbeige.agent.backends.llm import LLMConfig
+from nanbeige.agent.run import dialects
 
 if TYPE_CHECKING:
     from nanbeige.agent.reference.checkout import Reference
@@ -65,7 +65,7 @@ class AgentConfig:
     as a `text` event (the live view shows it); the turn recorded is the same either way."""
     budgets: dict[str, float] = dataclasses.field(default_factory=dict)
     """Most of each unit a run may use (`tokens`, `tool_calls`, `serper_queries`, `jina_tokens`,
-    `summary_tokens`, `e2b_seconds`; see `agent/usage.py`); reaching one stops the run (`budget`)."""
+    `summary_tokens`, `e2b_seconds`; see `agent/run/usage.py`); reaching one stops the run (`budget`)."""
     date: str | None = None
     """Date shown to the model (YYYY-MM-DD); today when None."""
     system_prompt_template: str | None = None

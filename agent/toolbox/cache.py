@@ -51,7 +51,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from nanbeige.agent.cache_schema import check_schema
+from nanbeige.agent.toolbox.cache_schema import check_schema
 from nanbeige.agent.user_dirs import config_dir
 from nanbeige.tools.errors import NanbeigeError
 

@@ -6,12 +6,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from nanbeige.agent import dialects, replies
 from nanbeige.agent.backends.llm import LLM, ModelError
-from nanbeige.agent.context import estimate_tokens, step_back
-from nanbeige.agent.run_config import AgentConfig
-from nanbeige.agent.run_state import Event, Run, log_turn, new_turn, next_prompt_tokens, streaming_options, turns_used
-from nanbeige.agent.trajectory_file import TrajectoryWriter
+from nanbeige.agent.run import dialects, replies
+from nanbeige.agent.run.context import estimate_tokens, step_back
+from nanbeige.agent.run.run_config import AgentConfig
+from nanbeige.agent.run.run_state import (
+    Event,
+    Run,
+    log_turn,
+    new_turn,
+    next_prompt_tokens,
+    streaming_options,
+    turns_used,
+)
+from nanbeige.agent.trajectory.trajectory_file import TrajectoryWriter
 
 MIN_ANSWER_TOKENS = 512  # the final answer turn needs at least this much room to be worth making
 FINAL_ANSWER_TOKENS = 4096  # room wanted for the final answer (a thinking model reasons first)

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nanbeige.agent.trajectory import Turn
+from nanbeige.agent.trajectory.trajectory import Turn
 
 _CHUNK = 4096
 

@@ -22,16 +22,16 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from nanbeige.agent.backends.llm import LLM, LLMConfig, ServerInfo
-from nanbeige.agent.cache import CacheError, ToolCache
-from nanbeige.agent.loop import AgentConfig
-from nanbeige.agent.model_setup import Notice, find_model, start_backend
-from nanbeige.agent.records import NotATrajectoryFile
-from nanbeige.agent.run_config import RunSettings, ToolsConfig
-from nanbeige.agent.server_env import passed_env, secrets_in_env
-from nanbeige.agent.server_log import ServerLog
-from nanbeige.agent.setup_checks import SetupError, check_outputs, check_settings, with_texts
-from nanbeige.agent.toolbox import ServerSpec, Toolbox, ToolboxError
-from nanbeige.agent.trajectory_file import TrajectoryWriteError, TrajectoryWriter
+from nanbeige.agent.run.loop import AgentConfig
+from nanbeige.agent.run.run_config import RunSettings, ToolsConfig
+from nanbeige.agent.setup.model_setup import Notice, find_model, start_backend
+from nanbeige.agent.setup.setup_checks import SetupError, check_outputs, check_settings, with_texts
+from nanbeige.agent.toolbox.cache import CacheError, ToolCache
+from nanbeige.agent.toolbox.server_env import passed_env, secrets_in_env
+from nanbeige.agent.toolbox.server_log import ServerLog
+from nanbeige.agent.toolbox.toolbox import ServerSpec, Toolbox, ToolboxError
+from nanbeige.agent.trajectory.records import NotATrajectoryFile
+from nanbeige.agent.trajectory.trajectory_file import TrajectoryWriteError, TrajectoryWriter
 from nanbeige.tools.endpoint import url_credentials, without_credentials
 
 if TYPE_CHECKING:

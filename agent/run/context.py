@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from nanbeige.agent.dialects import OMITTED
-from nanbeige.agent.trajectory import ToolCall, ToolResult, Turn
+from nanbeige.agent.run.dialects import OMITTED
+from nanbeige.agent.trajectory.trajectory import ToolCall, ToolResult, Turn
 
 if TYPE_CHECKING:
     from nanbeige.agent.reference.checkout import Reference

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from nanbeige.agent import dialects, replies
-from nanbeige.agent.context import History
-from nanbeige.agent.tokens import TokenTracker, last_prompt
-from nanbeige.agent.trajectory import Trajectory, Turn
-from nanbeige.agent.usage import run_usage
+from nanbeige.agent.run import dialects, replies
+from nanbeige.agent.run.context import History
+from nanbeige.agent.run.tokens import TokenTracker, last_prompt
+from nanbeige.agent.run.usage import run_usage
+from nanbeige.agent.trajectory.trajectory import Trajectory, Turn
 
 if TYPE_CHECKING:
-    from nanbeige.agent.run_config import AgentConfig
+    from nanbeige.agent.run.run_config import AgentConfig
 
 
 def complete_turns(turns: list[Turn]) -> int:

@@ -11,8 +11,8 @@ from typing import Any
 
 from mcp.types import TextContent
 
-from nanbeige.agent.trajectory import ToolCall
-from nanbeige.agent.trajectory_file import redact
+from nanbeige.agent.trajectory.trajectory import ToolCall
+from nanbeige.agent.trajectory.trajectory_file import redact
 
 # Text spelling a chat control token (a scraped page quoting "<|im_end|>") would become the real
 # token once rendered into a prompt and tokenized, and could end the tool turn and start a forged

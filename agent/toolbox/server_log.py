@@ -8,7 +8,7 @@ import os
 import threading
 from pathlib import Path
 
-from nanbeige.agent.trajectory_file import REDACTED, usable_secrets
+from nanbeige.agent.trajectory.trajectory_file import REDACTED, usable_secrets
 
 
 class ServerLog:

@@ -179,7 +179,7 @@ class Trajectory:
     """`wall_s`, `model_s`, `tool_s`."""
     usage: dict[str, float] = field(default_factory=dict)
     """What the run used: `model_calls`, `prompt_tokens`, `completion_tokens`, `tokens`, `tool_calls`, and
-    the paid units its tools reported (`serper_queries`, `jina_tokens`, ...); see `agent/usage.py`."""
+    the paid units its tools reported (`serper_queries`, `jina_tokens`, ...); see `agent/run/usage.py`."""
     started_at: float = field(default_factory=time.time)
     """Unix time the run began."""
     format_version: int = FORMAT_VERSION

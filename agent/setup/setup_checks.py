@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from nanbeige.agent import dialects
 from nanbeige.agent.backends.llm import DIALECT_SAMPLING
-from nanbeige.agent.records import NotATrajectoryFile, check_trajectory_file
-from nanbeige.agent.run_config import BACKENDS, RunSettings, ToolsConfig
-from nanbeige.agent.toolbox import ServerSpec, parse_server_spec
-from nanbeige.agent.writable import unwritable
+from nanbeige.agent.run import dialects
+from nanbeige.agent.run.run_config import BACKENDS, RunSettings, ToolsConfig
+from nanbeige.agent.toolbox.toolbox import ServerSpec, parse_server_spec
+from nanbeige.agent.trajectory.records import NotATrajectoryFile, check_trajectory_file
+from nanbeige.agent.trajectory.writable import unwritable
 from nanbeige.tools.errors import NanbeigeError
 
 if TYPE_CHECKING:

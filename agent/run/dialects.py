@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import json_repair
 
 from nanbeige.agent.reference import mcp_prompt
-from nanbeige.agent.trajectory import ToolCall, Turn
+from nanbeige.agent.trajectory.trajectory import ToolCall, Turn
 
 if TYPE_CHECKING:
     from nanbeige.agent.reference.checkout import Reference

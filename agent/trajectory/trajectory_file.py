@@ -42,8 +42,8 @@ from typing import Any, Callable, Iterable, Iterator
 
 import orjson
 
-from nanbeige.agent.records import check_trajectory_file, encoded, fields_problem
-from nanbeige.agent.trajectory import NOT_ENDED_ON_ITS_OWN, ToolCall, ToolResult, Trajectory, Turn
+from nanbeige.agent.trajectory.records import check_trajectory_file, encoded, fields_problem
+from nanbeige.agent.trajectory.trajectory import NOT_ENDED_ON_ITS_OWN, ToolCall, ToolResult, Trajectory, Turn
 from nanbeige.tools import handed_over
 
 MAX_FILE_BYTES = 2048 * handed_over.MIB

@@ -20,10 +20,9 @@ import datetime
 import time
 from typing import TYPE_CHECKING, Any
 
-from nanbeige.agent import dialects, replies
 from nanbeige.agent.backends.llm import LLM, ContextOverflow, ModelError, served_by
-from nanbeige.agent.cache import ReplayMiss
-from nanbeige.agent.context import (
+from nanbeige.agent.run import dialects, replies
+from nanbeige.agent.run.context import (
     History,
     duplicate_note,
     estimate_tokens,
@@ -33,17 +32,26 @@ from nanbeige.agent.context import (
     repeated_call,
     used_query,
 )
-from nanbeige.agent.final_turn import end_run
-from nanbeige.agent.replies import EXTRA_ATTEMPTS, RESAMPLES
-from nanbeige.agent.restore import reopen, resumed, time_left
-from nanbeige.agent.run_config import AgentConfig
-from nanbeige.agent.run_state import Event, Run, log_turn, new_turn, next_prompt_tokens, streaming_options, turns_used
-from nanbeige.agent.trajectory import ToolResult, Trajectory, Turn
-from nanbeige.agent.trajectory_file import TrajectoryWriteError, TrajectoryWriter, resume_record
-from nanbeige.agent.usage import over_budget
+from nanbeige.agent.run.final_turn import end_run
+from nanbeige.agent.run.replies import EXTRA_ATTEMPTS, RESAMPLES
+from nanbeige.agent.run.restore import reopen, resumed, time_left
+from nanbeige.agent.run.run_config import AgentConfig
+from nanbeige.agent.run.run_state import (
+    Event,
+    Run,
+    log_turn,
+    new_turn,
+    next_prompt_tokens,
+    streaming_options,
+    turns_used,
+)
+from nanbeige.agent.run.usage import over_budget
+from nanbeige.agent.toolbox.cache import ReplayMiss
+from nanbeige.agent.trajectory.trajectory import ToolResult, Trajectory, Turn
+from nanbeige.agent.trajectory.trajectory_file import TrajectoryWriteError, TrajectoryWriter, resume_record
 
 if TYPE_CHECKING:  # the MCP SDK takes most of a second to import; `nanbeige --help` needs none of it
-    from nanbeige.agent.toolbox import Toolbox
+    from nanbeige.agent.toolbox.toolbox import Toolbox
 
 # The context when neither the user nor the server says: the reference harness runs Nanbeige with
 # 262,144, the length the model was trained to.

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from nanbeige.agent import dialects
-from nanbeige.agent.context import degenerate, repeats_query
-from nanbeige.agent.trajectory import Turn
+from nanbeige.agent.run import dialects
+from nanbeige.agent.run.context import degenerate, repeats_query
+from nanbeige.agent.trajectory.trajectory import Turn
 
 if TYPE_CHECKING:
     from nanbeige.agent.reference.checkout import Reference
-    from nanbeige.agent.run_config import AgentConfig
+    from nanbeige.agent.run.run_config import AgentConfig
 
 # The reference (from 2025-12-28) lets a repeated query run once this many replies in a row were dropped.
 DUPLICATE_ROLLBACKS = 4

@@ -23,9 +23,9 @@ from nanbeige.agent.backends.llm import (
     probe_server,
 )
 from nanbeige.agent.backends.prompts import search_template
-from nanbeige.agent.loop import DEFAULT_MAX_CONTEXT
-from nanbeige.agent.run_config import RunSettings
-from nanbeige.agent.setup_checks import SetupError
+from nanbeige.agent.run.loop import DEFAULT_MAX_CONTEXT
+from nanbeige.agent.run.run_config import RunSettings
+from nanbeige.agent.setup.setup_checks import SetupError
 
 Notice = Callable[[str], None]
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import orjson
 
-from nanbeige.agent.records import encoded
-from nanbeige.agent.trajectory import Trajectory, Turn
-from nanbeige.agent.trajectory_file import end_record, record_problem, start_record, turn_record
+from nanbeige.agent.trajectory.records import encoded
+from nanbeige.agent.trajectory.trajectory import Trajectory, Turn
+from nanbeige.agent.trajectory.trajectory_file import end_record, record_problem, start_record, turn_record
 
 
 def as_record(call: Any, started: Trajectory | None) -> dict[str, Any] | str:
