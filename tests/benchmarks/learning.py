@@ -199,6 +199,11 @@ def main() -> None:
     )
     parser.add_argument("--start-pass", type=float, default=10.0, help="the warm start's pass rate to reach (%%)")
     parser.add_argument("--first-checkpoint", type=int, default=1, help="the warm start's first checkpoint to try")
+    parser.add_argument(
+        "--later-without-tools",
+        action="store_true",
+        help="measure the start without tools after the end, not before the loop (it is the slowest evaluation)",
+    )
     parser.add_argument("--work", type=Path)
     args = parser.parse_args()
     args.run_flags = ["--max-turns", "3", "--max-tokens", "256", "--dialect", "tool-call"]
@@ -257,8 +262,9 @@ def measure(args: argparse.Namespace, work: Path, rows: list[tuple[str, str, str
         passed = f"{judged['passing']}/{judged['rollouts']} passed"
         rows.append(("warm start (SFT on the teacher)", "-", passed, seconds))
         args.model = choose_start(args, work, found, rows)
-    without, seconds = evaluate(args, work, "start-without-tools", args.model, tools=False)
-    rows.append(("start, no tools", scored(without), "-", seconds))
+    start_model = args.model
+    if not args.later_without_tools:
+        without_tools(args, work, start_model, rows)
     start, seconds = evaluate(args, work, "start", args.model, tools=True)
     rows.append(("start, search tool", scored(start), f"{start.get('mean_tool_calls')} calls a run", seconds))
     state, seconds = loop(args, work)
@@ -278,7 +284,15 @@ def measure(args: argparse.Namespace, work: Path, rows: list[tuple[str, str, str
     final = state["policy"]["checkpoint"] or args.model
     end, seconds = evaluate(args, work, "end", final, tools=True)
     rows.append(("end, search tool", scored(end), f"{end.get('mean_tool_calls')} calls a run", seconds))
+    if args.later_without_tools:
+        without_tools(args, work, start_model, rows)
     return verdict(work, start, end)
+
+
+def without_tools(args: argparse.Namespace, work: Path, start_model: str, rows: Rows) -> None:
+    """The start's held-out score with no tool offered: the answers must not be guessable (at most 2%)."""
+    without, seconds = evaluate(args, work, "start-without-tools", start_model, tools=False)
+    rows.append(("start, no tools", scored(without), "-", seconds))
 
 
 if __name__ == "__main__":
