@@ -66,12 +66,8 @@ async def evaluate(
 ) -> dict[str, Any]:
     """Generate every item not yet in the result files, then grade them all with the official runner."""
     from nanbeige.agent.setup.setup import ready
-    from nanbeige.evals.tasks import LoadError
 
-    try:
-        tasks = bfcl.load(config.bench.name.removeprefix("bfcl").lstrip("-").replace("-", "_") or "all")
-    except LoadError as exc:
-        raise EvalError(str(exc)) from None
+    tasks = bfcl.load(config.bench.name.removeprefix("bfcl").lstrip("-").replace("-", "_") or "all")
     tasks = tasks[: config.limit] if config.limit else tasks
     config = dataclasses.replace(config, k=1)
     found = prepare_out(config, tasks)

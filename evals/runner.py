@@ -195,12 +195,7 @@ def with_out(settings: RunSettings, config: EvalConfig, tasks: list[Task]) -> Ru
 
 
 def load_tasks(config: EvalConfig) -> list[Task]:
-    from nanbeige.evals.tasks import LoadError
-
-    try:
-        tasks = config.bench.load(config.data)
-    except LoadError as exc:
-        raise EvalError(str(exc)) from None
+    tasks = config.bench.load(config.data)
     if not tasks:
         raise EvalError(f"{config.data} holds no tasks of {config.bench.name}")
     return tasks[: config.limit] if config.limit else tasks

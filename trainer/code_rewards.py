@@ -20,11 +20,11 @@ from nanbeige.evals.judges import JudgeUnavailable
 from nanbeige.evals.runner import visible_texts
 from nanbeige.evals.tasks import LoadError
 from nanbeige.tools.endpoint import ChatEndpoint
-from nanbeige.tools.errors import NanbeigeError
 from nanbeige.tools.sandbox import SandboxError
+from nanbeige.trainer.judge_config import JudgeError
 
 
-class CodeJudgeError(NanbeigeError):
+class CodeJudgeError(JudgeError):
     """Code judging cannot go on (a problems file that cannot be used, a complexity judge that is down)."""
 
 

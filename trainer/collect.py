@@ -24,8 +24,8 @@ from nanbeige.agent.trajectory.trajectory_file import load_trajectories
 from nanbeige.evals.code_problems import CODE_TESTS
 from nanbeige.evals.gaia_scorer import question_scorer
 from nanbeige.evals.questions import read_questions
-from nanbeige.evals.runner import EvalError, Progress, run_all
-from nanbeige.evals.tasks import LoadError, Task
+from nanbeige.evals.runner import Progress, run_all
+from nanbeige.evals.tasks import Task
 from nanbeige.tools.errors import NanbeigeError
 
 if TYPE_CHECKING:
@@ -66,15 +66,12 @@ class CollectConfig:
 
 
 def load_questions(config: CollectConfig) -> list[Task]:
-    try:
-        if config.bench is not None:
-            tasks = config.bench.load(config.data)
-        elif config.questions is not None:
-            tasks = read_questions(config.questions)
-        else:
-            raise CollectError("give the questions: --questions FILE, or --bench NAME --data PATH")
-    except LoadError as exc:
-        raise CollectError(str(exc)) from None
+    if config.bench is not None:
+        tasks = config.bench.load(config.data)
+    elif config.questions is not None:
+        tasks = read_questions(config.questions)
+    else:
+        raise CollectError("give the questions: --questions FILE, or --bench NAME --data PATH")
     return tasks[: config.limit] if config.limit else tasks
 
 
@@ -204,8 +201,6 @@ async def collect(
             view = progress_view(progress) if progress_view else None
             try:
                 await run_all(pending, attempt, concurrency, progress, record)
-            except EvalError as exc:
-                raise CollectError(str(exc)) from None
             finally:
                 if view is not None:
                     view.stop()
@@ -256,15 +251,12 @@ async def collect_on_ray(
 
     assert config.ray is not None
     opener = functools.partial(open_shard, config, settings)
-    try:
-        async with cluster.shards(config.ray, opener, config.concurrency, notice) as shards:
-            writer = open_writer(config.out, secrets_of(settings), whole=True)
-            try:
-                await begin(written(shards, writer, rollout_row_problem), config.concurrency * len(shards.placed))
-            finally:
-                writer.close()
-    except cluster.ClusterError as exc:
-        raise CollectError(str(exc)) from None
+    async with cluster.shards(config.ray, opener, config.concurrency, notice) as shards:
+        writer = open_writer(config.out, secrets_of(settings), whole=True)
+        try:
+            await begin(written(shards, writer, rollout_row_problem), config.concurrency * len(shards.placed))
+        finally:
+            writer.close()
 
 
 @asynccontextmanager

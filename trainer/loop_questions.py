@@ -44,15 +44,10 @@ def question_pool(config: LoopConfig) -> list[Any]:
     from nanbeige.evals.code_problems import CODE_TESTS, read_problems, task_of
 
     code = config.judge.grader == CODE_TESTS
-    try:
-        pool = (
-            [task_of(problem) for problem in read_problems(config.questions)]
-            if code
-            else read_questions(config.questions)
-        )
-        check_questions(pool, config.questions, config.held_out, needs_answers=not code)
-    except LoadError as exc:
-        raise LoopError(str(exc)) from None
+    pool = (
+        [task_of(problem) for problem in read_problems(config.questions)] if code else read_questions(config.questions)
+    )
+    check_questions(pool, config.questions, config.held_out, needs_answers=not code)
     return pool
 
 

@@ -13,7 +13,7 @@ from nanbeige.evals import gaia_scorer, judges
 from nanbeige.evals.code_problems import CODE_TESTS
 from nanbeige.evals.runner import final_response
 from nanbeige.evals.tasks import Verdict
-from nanbeige.trainer.code_rewards import CodeJudgeError, CodeJudging, judge_code
+from nanbeige.trainer.code_rewards import CodeJudging, judge_code
 from nanbeige.trainer.judge_config import EXACT, JudgeError, JudgeRunConfig, chosen_grader
 
 
@@ -60,10 +60,7 @@ async def judge_outcome(
     """Set the trajectory's `reward` (1.0 / 0.0, or None when undecided; code: `code_rewards.py`) and
     `judge` breakdown."""
     if chosen_grader(trajectory, config) == CODE_TESTS and code is not None:
-        try:
-            await judge_code(trajectory, code, client)
-        except CodeJudgeError as exc:
-            raise JudgeError(str(exc)) from None
+        await judge_code(trajectory, code, client)
         return
     if trajectory.reference_answer is None:
         trajectory.reward, trajectory.judge = None, {"error": "no reference answer"}

@@ -37,7 +37,7 @@ from nanbeige.agent.trajectory.trajectory_file import (
 )
 from nanbeige.evals.code_problems import CODE_TESTS
 from nanbeige.tools.endpoint import ChatEndpoint
-from nanbeige.trainer.code_rewards import CodeJudgeError, CodeJudging, open_code_judging
+from nanbeige.trainer.code_rewards import CodeJudging, open_code_judging
 from nanbeige.trainer.critic import CriticUnavailable, judge_turn, load_template
 from nanbeige.trainer.judge_config import JudgeError, JudgeRunConfig, check, check_judge_endpoint, chosen_grader
 from nanbeige.trainer.outcome import judge_outcome, naming
@@ -259,10 +259,7 @@ async def _judge_all(
     slots = asyncio.Semaphore(config.concurrency)
     code = None
     if config.problems is not None and any(chosen_grader(t, config) == CODE_TESTS for t in todo):
-        try:
-            code = open_code_judging(config.problems, config.rewards, config.complexity if config.time_reward else None)
-        except CodeJudgeError as exc:
-            raise JudgeError(str(exc)) from None
+        code = open_code_judging(config.problems, config.rewards, config.complexity if config.time_reward else None)
         notice(f"code-tests runs programs in {code.runner.where}")  # the user's choice, visible
     writer = TrajectoryWriter(out, secrets=judging_secrets(config))
     watch = CriticWatch(config.critic) if config.critic is not None else None

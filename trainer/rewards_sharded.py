@@ -18,7 +18,7 @@ from nanbeige.agent import cluster
 from nanbeige.agent.trajectory.shard_results import trajectory_problem
 from nanbeige.agent.trajectory.trajectory import Trajectory
 from nanbeige.agent.trajectory.trajectory_file import TrajectoryWriter
-from nanbeige.trainer.code_rewards import CodeJudgeError, open_code_judging
+from nanbeige.trainer.code_rewards import open_code_judging
 from nanbeige.trainer.judge_config import JudgeError, JudgeRunConfig, chosen_grader
 from nanbeige.trainer.rewards import (
     CODE_TESTS,
@@ -42,31 +42,28 @@ async def judge_on_ray(
     assert config.ray is not None
     code = config.problems is not None and any(chosen_grader(t, config) == CODE_TESTS for t in todo)
     opener = functools.partial(open_shard, config, template, code)
-    try:
-        async with cluster.shards(config.ray, opener, config.concurrency, notice) as shards:
-            writer = TrajectoryWriter(out, secrets=judging_secrets(config))
-            slots = asyncio.Semaphore(config.concurrency * len(shards.placed))
+    async with cluster.shards(config.ray, opener, config.concurrency, notice) as shards:
+        writer = TrajectoryWriter(out, secrets=judging_secrets(config))
+        slots = asyncio.Semaphore(config.concurrency * len(shards.placed))
 
-            async def one(trajectory: Trajectory) -> None:
-                async with slots:
-                    progress.running += 1
-                    try:
-                        judged = await shards.run(trajectory, judged_problem)
-                    finally:
-                        progress.running -= 1
-                    write_whole(writer, judged)
-                    progress.count(judged)
+        async def one(trajectory: Trajectory) -> None:
+            async with slots:
+                progress.running += 1
+                try:
+                    judged = await shards.run(trajectory, judged_problem)
+                finally:
+                    progress.running -= 1
+                write_whole(writer, judged)
+                progress.count(judged)
 
-            try:
-                async with asyncio.TaskGroup() as group:
-                    for trajectory in todo:
-                        group.create_task(one(trajectory))
-            except* (JudgeError, cluster.ClusterError) as errors:
-                raise errors.exceptions[0] from None  # an endpoint down fails every trajectory alike
-            finally:
-                writer.close()
-    except cluster.ClusterError as exc:
-        raise JudgeError(str(exc)) from None
+        try:
+            async with asyncio.TaskGroup() as group:
+                for trajectory in todo:
+                    group.create_task(one(trajectory))
+        except* (JudgeError, cluster.ClusterError) as errors:
+            raise errors.exceptions[0] from None  # an endpoint down fails every trajectory alike
+        finally:
+            writer.close()
 
 
 def judged_problem(sent: Trajectory, judged: Any) -> str | None:
@@ -92,12 +89,7 @@ async def open_shard(
     judging = None
     if code:
         assert config.problems is not None
-        try:
-            judging = open_code_judging(
-                config.problems, config.rewards, config.complexity if config.time_reward else None
-            )
-        except CodeJudgeError as exc:
-            raise JudgeError(str(exc)) from None
+        judging = open_code_judging(config.problems, config.rewards, config.complexity if config.time_reward else None)
         notice(f"code-tests runs programs in {judging.runner.where}")
     watch = CriticWatch(config.critic) if config.critic is not None else None
     try:

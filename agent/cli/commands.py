@@ -306,7 +306,7 @@ def run_eval(config: Any, settings: Any, again: str = "the same command") -> Non
     on where it stopped."""
     from nanbeige.agent.cli.running import notice, resumable, run_command
     from nanbeige.agent.cli.view import RunsView
-    from nanbeige.evals.runner import EvalError, evaluate
+    from nanbeige.evals.runner import evaluate
     from nanbeige.evals.scores import markdown
 
     err.print(f"[dim]eval {config.bench.name}: results in {escape(str(config.out))}[/]", highlight=False)
@@ -316,7 +316,7 @@ def run_eval(config: Any, settings: Any, again: str = "the same command") -> Non
         from nanbeige.evals.sharded import run_on_ray as runs
     work = evaluate(config, settings, notice, lambda progress: RunsView(err, progress, config.bench.name), runs)
     kept = f"finished runs are kept in {escape(str(config.out))}"
-    report = run_command(resumable(work, EvalError, kept, again=escape(again)))
+    report = run_command(resumable(work, kept, again=escape(again)))
     print_line(markdown(report))
     if report.get("failed_runs"):
         err.print(

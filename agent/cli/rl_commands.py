@@ -62,7 +62,7 @@ def collect(*, flags: dict[str, Any], settings: RunSettings) -> None:
 def run_collect(config: Any, settings: Any) -> None:
     from nanbeige.agent.cli.running import notice, resumable, run_command
     from nanbeige.agent.cli.view import RunsView
-    from nanbeige.trainer.collect import CollectError, collect
+    from nanbeige.trainer.collect import collect
 
     def start(progress: Any) -> Any:
         # Called once every check has passed and the rollouts begin: a refused run promises no file.
@@ -70,7 +70,7 @@ def run_collect(config: Any, settings: Any) -> None:
         return RunsView(err, progress, "collect", config.group_size)
 
     kept = f"finished rollouts are kept in {escape(str(config.out))}"
-    summary = run_command(resumable(collect(config, settings, notice, start), CollectError, kept))
+    summary = run_command(resumable(collect(config, settings, notice, start), kept))
     rate = "-" if summary["pass_rate"] is None else f"{100 * summary['pass_rate']:.1f}%"
     err.print(
         f"{summary['rollouts']} of {summary['rollouts_expected']} rollouts in {escape(str(config.out))}; "
@@ -240,7 +240,7 @@ def judge_config(flags: dict[str, Any]) -> Any:
 def run_judge(src: Path, out: Path, config: Any) -> None:
     from nanbeige.agent.cli.running import notice, resumable, run_command
     from nanbeige.agent.cli.view import LiveLine
-    from nanbeige.trainer.judge_config import JudgeError, check
+    from nanbeige.trainer.judge_config import check
     from nanbeige.trainer.rewards import JudgeProgress, judge_file
 
     progress = JudgeProgress()
@@ -264,7 +264,6 @@ def run_judge(src: Path, out: Path, config: Any) -> None:
         try:
             return await resumable(
                 judge_file(src, out, config, notice, progress, judge_all),
-                JudgeError,
                 f"judged trajectories are kept in {escape(str(out))}",
                 before_error=view.stop,
             )

@@ -106,17 +106,16 @@ def first_time(what: str) -> bool:
 
 async def resumable(
     work: Awaitable[T],
-    errors: type[Exception],
     kept: str,
     before_error: Callable[[], None] = lambda: None,
     again: str = "the same command",
 ) -> T:
-    """Await a command's resumable work (eval, collect, judge): an error the user must fix (`errors`) stops
-    `before_error` (a live view) before it is said; Ctrl-C first says what is kept (`kept`: "finished runs are
+    """Await a command's resumable work (eval, collect, judge): any error stops `before_error` (a live view)
+    before it is said; Ctrl-C first says what is kept (`kept`: "finished runs are
     kept in OUT") and what goes on (`again`: the same command, or with the --out it got by default)."""
     try:
         return await work
-    except errors:
+    except Exception:
         before_error()
         raise
     except asyncio.CancelledError:

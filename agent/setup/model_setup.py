@@ -81,13 +81,10 @@ def find_model_server(settings: RunSettings, notice: Notice) -> ServerInfo | Non
 
 def pool_servers(settings: RunSettings) -> list[ServerInfo]:
     """What every endpoint of a pool says about itself; one line naming those that differ or do not answer."""
-    from nanbeige.agent.backends.pool import PoolError, ask_endpoints
+    from nanbeige.agent.backends.pool import ask_endpoints
 
     c = settings.llm
-    try:
-        return ask_endpoints(c.urls(), c.api_key, c.model, settings.backend.token_mode)
-    except PoolError as exc:
-        raise SetupError(str(exc)) from None
+    return ask_endpoints(c.urls(), c.api_key, c.model, settings.backend.token_mode)
 
 
 def in_process(settings: RunSettings, notice: Notice) -> RunSettings:
