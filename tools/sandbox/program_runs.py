@@ -11,6 +11,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from nanbeige.tools.sandbox.box import LocalSandbox, command_line, sandbox_env
 from nanbeige.tools.sandbox.probe import Isolation
@@ -65,16 +66,7 @@ def execute(
         try:
             box.wait_for_kills()
             started = time.monotonic()
-            proc = subprocess.Popen(
-                argv,
-                stdin=given if stdin is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                cwd=box.folder,
-                env=sandbox_env(box, limits),
-                start_new_session=True,
-                pass_fds=(status_write, *fds),
-            )
+            proc = spawn(box, argv, given if stdin is not None else subprocess.DEVNULL, (status_write, *fds), limits)
         finally:
             given.close()
             for fd in (status_write, *fds):
@@ -105,4 +97,19 @@ def execute(
         budget_spent=box.budget_spent(),
         reported=bool(how),
         started=said.startswith("run\n"),
+    )
+
+
+def spawn(box: LocalSandbox, argv: list[str], stdin: Any, fds: tuple[int, ...], limits: SandboxConfig) -> Any:
+    """Starts argv in the sandbox's home, in a session of its own, with the sandbox's environment, its output
+    piped back and `fds` passed on."""
+    return subprocess.Popen(
+        argv,
+        stdin=stdin,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=box.folder,
+        env=sandbox_env(box, limits),
+        start_new_session=True,
+        pass_fds=fds,
     )
