@@ -101,17 +101,17 @@ class Iteration:
 
     def summary(self) -> dict[str, Any]:
         """The iteration as the loop reports it."""
-        collected, judged = self.collected or Collected(), self.judged or Judged()
+        judged = self.judged or Judged()  # not judged yet: its shares unknown (None)
         return {
             "iteration": self.iteration,
             "model": self.policy.model,
-            "rollouts": self.collected and collected.rollouts,
+            "rollouts": self.collected.rollouts if self.collected else None,
             "mean_reward": judged.mean_reward,
             "pass_rate": judged.pass_rate,
             "tool_use": judged.tool_use,
-            "train_steps": self.trained and self.trained.steps,
-            "checkpoint": self.trained and self.trained.checkpoint,
-            "synced_model": self.synced and self.synced.model,
+            "train_steps": self.trained.steps if self.trained else None,
+            "checkpoint": self.trained.checkpoint if self.trained else None,
+            "synced_model": self.synced.model if self.synced else None,
             "seconds": round(sum(self.seconds.values()), 1),
         }
 
@@ -159,7 +159,7 @@ def read(raw: Any) -> LoopState:
     the first field that is wrong."""
     if not isinstance(raw, dict):
         raise StateProblem(f"it must be an object, not {type_name(raw)}")
-    fields_of(LoopState, raw, "", skip=("policy", "iterations", "engines"))
+    top = fields_of(LoopState, raw, "", skip=("policy", "iterations", "engines"))  # questions, sync
     policy = record(Policy, raw.get("policy"), "policy")
     engines = raw.get("engines", {})
     if not isinstance(engines, dict):
@@ -171,7 +171,7 @@ def read(raw: Any) -> LoopState:
     if not isinstance(entries, list):
         raise StateProblem(f"`iterations` must be a list, not {type_name(entries)}")
     iterations = [iteration_of(entry, index) for index, entry in enumerate(entries)]
-    return LoopState(policy, raw.get("questions", ""), raw.get("sync", ""), iterations, engines)
+    return LoopState(policy, iterations=iterations, engines=engines, **top)
 
 
 def iteration_of(raw: Any, index: int) -> Iteration:

@@ -5,6 +5,7 @@ metrics gathered from every rank, then one AdamW update."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +34,7 @@ class TrainingRun:
     """The data's summary (`read_samples`): its group counts and its rollouts', logged with each step."""
     metrics_log: MetricsLog | None = None
     """`metrics.jsonl` and its mirrors; None on every rank but the main one."""
-    log: Any = print
+    log: Callable[[str], None] = print
     """Where each step's line goes."""
 
 

@@ -212,7 +212,9 @@ def train(config: TrainConfig, resume: bool = False, log: Any = None) -> dict[st
     try:
         if config.objective == "grpo":
             start_policy(model, samples, config, world, temperature, pad_id, resumed=found is not None, log=log)
-        run = TrainingRun(config, world, model, optimizer, pad_id, temperature, tokenizer, data, metrics_log, log)
+        run = TrainingRun(
+            config, world, model, optimizer, pad_id, temperature, tokenizer, data=data, metrics_log=metrics_log, log=log
+        )
         saved_at = run_steps(run, steps, start)
     finally:
         if metrics_log is not None:
