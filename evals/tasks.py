@@ -69,6 +69,9 @@ class Verdict:
     failure: str | None = None
     """Why a graded program failed, in one line (`code-tests`: its first test that did not pass, with that
     test's first error line). For people only: it never decides `correct`."""
+    score: float | None = None
+    """Partial credit in [0, 1], the reward where the grader gives one (`token-f1`'s F1); None: the reward is
+    `correct` as 1.0 or 0.0."""
 
 
 def one_line(text: str, limit: int = FAILURE_CHARS) -> str:

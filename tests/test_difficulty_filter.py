@@ -277,9 +277,13 @@ def test_the_loop_takes_code_problems_and_judges_them_by_their_tests(
     assert questions == problems and (judge.grader, judge.problems, judge.time_reward) == ("code-tests", problems, True)
     assert (judge.complexity.base_url, judge.complexity.model) == ("http://127.0.0.1:9/v1", "judge")
     assert (train_config.groups.counts, train_config.groups.k_of_n) == ("solved", (1, 5, 8))
+    loops.clear()
+    with_f1 = CliRunner().invoke(app, [*base, "--questions", str(problems), "--grader", "token-f1"])
+    assert with_f1.exit_code == 0 and loops[0][1].grader == "token-f1", with_f1.output
     for flags, words in (
         (["--time-reward", "--questions", str(problems)], "--time-reward rewards code problems"),
         (["--questions", str(problems), "--problems", str(problems)], "one of them"),
+        (["--problems", str(problems), "--grader", "token-f1"], "code problems are graded by their tests"),
     ):
         refused = CliRunner().invoke(app, [*base, *flags])
         assert refused.exit_code == 2 and words in refused.output, refused.output

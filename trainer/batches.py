@@ -21,6 +21,7 @@ import torch
 from nanbeige.agent.run.tokens import TrainingRow, training_rows
 from nanbeige.agent.trajectory.trajectory import NOT_ENDED_ON_ITS_OWN, Trajectory, Turn
 from nanbeige.evals.code_problems import CODE_TESTS
+from nanbeige.evals.token_f1 import TOKEN_F1
 from nanbeige.trainer.advantages import group_advantages, keep_group, keep_k_of_n
 from nanbeige.trainer.train_config import COUNTS, TRUNCATED, GroupRule, rule_problem
 
@@ -192,12 +193,15 @@ def samples_of(trajectory: Trajectory, turn_advantage: list[float]) -> list[Samp
 
 def counted(trajectory: Trajectory, counts: str) -> bool:
     """Whether a rollout counts toward its group's k for the filter (`GroupRule.counts`): an outcome
-    reward > 0 (`pass`; for a rollout the code grader judged, every test passed), or the code grader's record
+    reward > 0 (`pass`; for a rollout the code grader judged, every test passed; for one `token-f1` graded,
+    the answer's words are the reference's), or the code grader's record
     saying so (`solved`, `complexity`). A record without
     the key, or no record, is not solved: only a grader that checked says a rollout is."""
     judge = trajectory.judge if isinstance(trajectory.judge, dict) else {}
     if counts == "pass" and judge.get("grader") == CODE_TESTS:
         return judge.get("solved") is True  # code: a half-right program earns its pass rate, yet fails
+    if counts == "pass" and judge.get("grader") == TOKEN_F1:
+        return judge.get("correct") is True  # a sentence around the right word earns its F1, yet fails
     if counts == "pass":
         return trajectory.reward is not None and trajectory.reward > 0
     return judge.get("solved" if counts == "solved" else "complexity_ok") is True

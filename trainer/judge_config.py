@@ -12,6 +12,7 @@ from nanbeige.evals import judges
 from nanbeige.evals.code_problems import CODE_TESTS
 from nanbeige.evals.code_tests import CodeRewards
 from nanbeige.evals.judges import JUDGE_ENDPOINT
+from nanbeige.evals.token_f1 import TOKEN_F1
 from nanbeige.tools.endpoint import ChatEndpoint
 from nanbeige.tools.errors import NanbeigeError
 from nanbeige.trainer.critic import CRITIC_ENDPOINT, TurnRule
@@ -28,8 +29,8 @@ class JudgeRunConfig:
     """What `judge_file` does and which endpoints it asks."""
 
     grader: str | None = None
-    """`gaia-exact`, `code-tests` or a judge profile's full name (`browsecomp/reference`, `hle/official`, ...)
-    for every trajectory; None: each trajectory's own `grader`."""
+    """`gaia-exact`, `token-f1`, `code-tests` or a judge profile's full name (`browsecomp/reference`,
+    `hle/official`, ...) for every trajectory; None: each trajectory's own `grader`."""
     problems: Path | None = None
     """The code problems file (`evals/code_problems.py`) whose tests `code-tests` runs: a trajectory's
     problem is the one whose id is its question id."""
@@ -75,10 +76,16 @@ def check(src: Path, out: Path, config: JudgeRunConfig) -> None:
     problem = unwritable(out)
     if problem:
         raise JudgeError(f"cannot write --out {out}: {problem}")
-    if config.grader is not None and config.grader not in (EXACT, CODE_TESTS, *judges.PROFILES, *judges.FAMILIES):
+    if config.grader is not None and config.grader not in (
+        EXACT,
+        TOKEN_F1,
+        CODE_TESTS,
+        *judges.PROFILES,
+        *judges.FAMILIES,
+    ):
         raise JudgeError(
             f"--grader must be a family ({', '.join(judges.FAMILIES)}: each trajectory's benchmark's "
-            f"grader of that family), {EXACT}, {CODE_TESTS} or one of {', '.join(judges.PROFILES)}, not "
+            f"grader of that family), {EXACT}, {TOKEN_F1}, {CODE_TESTS} or one of {', '.join(judges.PROFILES)}, not "
             f"{config.grader!r}"
         )
     if config.problems is not None and not config.problems.is_file():

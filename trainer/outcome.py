@@ -1,6 +1,6 @@
 """The outcome reward: a trajectory's answer graded against its reference answer, by exact match or an LLM
 judge's profile (the functions `nanbeige eval` grades with), or for code by its problem's tests
-(`code_rewards.py`): 1.0 right, 0.0 wrong, None when undecided."""
+(`code_rewards.py`): 1.0 right, 0.0 wrong, None when undecided; `token-f1` gives partial credit, its F1."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 
 from nanbeige.agent.trajectory.trajectory import Trajectory
-from nanbeige.evals import gaia_scorer, judges
+from nanbeige.evals import gaia_scorer, judges, token_f1
 from nanbeige.evals.code_problems import CODE_TESTS
 from nanbeige.evals.runner import final_response
 from nanbeige.evals.tasks import Verdict
@@ -26,7 +26,7 @@ def verdict_record(verdict: Verdict) -> dict[str, Any]:
         "extracted": verdict.extracted,
         "reason": verdict.reason,
         "error": verdict.error,
-    }
+    } | ({} if verdict.score is None else {"score": verdict.score})
 
 
 async def grade(trajectory: Trajectory, grader: str, config: JudgeRunConfig, client: httpx.AsyncClient) -> Verdict:
@@ -34,6 +34,8 @@ async def grade(trajectory: Trajectory, grader: str, config: JudgeRunConfig, cli
     gold = trajectory.reference_answer or ""
     if grader == EXACT:
         return gaia_scorer.grade_exact(trajectory.answer, gold)
+    if grader == token_f1.TOKEN_F1:
+        return token_f1.grade_f1(trajectory.answer, gold)
     if grader not in judges.PROFILES:
         return Verdict(correct=None, grader=grader, error=f"unknown grader {grader!r}: pass --grader")
     profile = judges.profile_for(grader, config.judge.template)
@@ -70,5 +72,6 @@ async def judge_outcome(
         trajectory.reward, trajectory.judge = None, {"error": "no grader named: pass --grader"}
         return
     verdict = await grade(trajectory, grader, config, client)
-    trajectory.reward = None if verdict.correct is None else float(verdict.correct)
+    graded = None if verdict.correct is None else float(verdict.correct)
+    trajectory.reward = graded if verdict.score is None else verdict.score
     trajectory.judge = verdict_record(verdict)

@@ -66,6 +66,11 @@ def no_signal(trajectories: list[Any], rollouts: dict[str, float]) -> str | None
         return None
     judged = sum(t.reward is not None for t in trajectories)
     said = f"every group failed ({judged} rollouts, none passed): GRPO learns only from groups where some pass"
+    if rollouts["reward_mean"] > 0:  # partial credit (token-f1): the rewards may differ though none passed
+        return (
+            f"{said}, by the group filter; yet they earned partial credit (mean reward "
+            f"{rollouts['reward_mean']:.3f}): --min-pass-rate 0 keeps groups where none is fully right"
+        )
     if rollouts["tool_use"] == 0 and any(t.tools for t in trajectories):
         said += (
             "; and no rollout called a tool, so a question that needs one is never answered: start from a model "
@@ -204,14 +209,17 @@ def plan_steps(samples: list[Any], config: TrainConfig) -> list[list[Any]]:
 
 
 def rollout_summary(trajectories: list[Any]) -> dict[str, float]:
-    """What the batch of rollouts looked like, for the curves: over the trajectories with an outcome reward."""
+    """What the batch of rollouts looked like, for the curves: over the trajectories with an outcome reward (the
+    pass rate counts what the group filter counts as passing: `batches.counted`)."""
+    from nanbeige.trainer.batches import counted  # torch, lazily
+
     judged = [t for t in trajectories if t.reward is not None]
     turns = [turn for t in judged for turn in t.turns]
     if not judged:
         return {}
     return {
         "reward_mean": sum(t.reward for t in judged) / len(judged),
-        "pass_rate": sum(t.reward > 0 for t in judged) / len(judged),
+        "pass_rate": sum(counted(t, "pass") for t in judged) / len(judged),
         "response_tokens_mean": sum(len(turn.completion_ids or []) for turn in turns) / max(1, len(turns)),
         "turns_mean": len(turns) / len(judged),
         # what a search task's curve must show rising: the share of rollouts that called a tool at all

@@ -105,7 +105,8 @@ JUDGE_OPTIONS: dict[str, tuple[Any, Any]] = {
         str | None,
         None,
         show_default=False,
-        help="gaia-exact, code-tests or a judge profile (browsecomp, browsecomp-zh, hle, xbench, "
+        help="gaia-exact, token-f1 (partial credit: word overlap), code-tests or a judge profile (browsecomp, "
+        "browsecomp-zh, hle, xbench, "
         "equivalent) for every trajectory \\[default: each trajectory's own].",
     ),
     "problems": o.option(

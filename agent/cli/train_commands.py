@@ -171,6 +171,8 @@ def start_loop(
         fail(problem, 2)
     if flags["time_reward"] and problems is None:
         fail("--time-reward rewards code problems' solutions: it needs --problems", 2)
+    if flags["grader"] is not None and problems is not None:
+        fail("--grader grades --questions' answers; code problems are graded by their tests: leave it out", 2)
     if settings is None:
         defaults = {name: default for name, (_, default) in o.RUN_OPTIONS.items()}
         settings = o.run_settings(defaults | {"model": flags["model"]} | {name: flags[name] for name in SERVER})
@@ -204,7 +206,7 @@ def judging(flags: dict[str, Any]) -> Any:
         if no_critic
         else replace(critic_endpoint(flags["critic_base_url"], flags["critic_model"], flags["critic_api_key"]), **calls)
     )
-    judge = JudgeRunConfig(critic=critic, no_critic=no_critic)
+    judge = JudgeRunConfig(critic=critic, no_critic=no_critic, grader=flags["grader"])
     if flags["problems"] is None:
         return judge
     # code RL: the problems are the questions, their tests the grader

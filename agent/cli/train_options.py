@@ -65,6 +65,13 @@ class Sync(str, enum.Enum):
     none = "none"
 
 
+class OutcomeGrader(str, enum.Enum):
+    """The loop's outcome graders that need no judge model."""
+
+    gaia_exact = "gaia-exact"
+    token_f1 = "token-f1"
+
+
 OBJECTIVE = "Objective"
 LOOP_PANEL = "Loop"
 
@@ -279,6 +286,14 @@ LOOP: dict[str, tuple[Any, Any]] = {
         help="Each iteration's collect and judge run in shards on a Ray cluster, as `collect --ray` and "
         "`judge --ray` run them: auto (the cluster `ray start` made this machine part of) or the "
         "head's address. Training stays in this process.",
+    ),
+    "grader": option(
+        OutcomeGrader | None,
+        None,
+        rich_help_panel=LOOP_PANEL,
+        show_default=False,
+        help="How --questions' answers are graded: gaia-exact (exact match) or token-f1 (partial credit, the "
+        "answer's word overlap with the reference) \\[default: gaia-exact].",
     ),
     "no_critic": option(bool, False, "--no-critic", rich_help_panel=LOOP_PANEL, help="Outcome rewards only."),
     "problems": option(
