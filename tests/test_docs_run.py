@@ -63,6 +63,7 @@ def test_every_block_either_runs_here_or_says_what_it_needs() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # the first session's block trains the small model twice (train, then loop)
 @pytest.mark.parametrize("block", RUNNABLE, ids=[block.where for block in RUNNABLE])
 def test_the_block_runs_as_written_offline_in_an_empty_folder(block: Block, tmp_path: Path) -> None:
     env = {key: value for key, value in os.environ.items() if not key.startswith("NANBEIGE_")}
@@ -74,7 +75,7 @@ def test_the_block_runs_as_written_offline_in_an_empty_folder(block: Block, tmp_
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=1140,
         env=env,
     )
     assert result.returncode == 0, f"{block.where}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"

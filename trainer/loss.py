@@ -14,6 +14,10 @@ with dual clip, no KL, a truncated importance weight for the sampler/trainer mis
 global batch. π_old is computed once per batch of rollouts, before its first optimizer step, and held fixed
 over all of that batch's mini-batches and epochs (verl's `old_log_prob`), so the clip bounds how far the
 update moves from where it started.
+
+It is also decoupled PPO (AReaL's objective for rollouts sampled by an older policy): π_old is the proximal
+policy, the rollout logprobs the behaviour policy, the clipped ratio current/proximal and the capped weight
+proximal/behaviour; `tests/test_decoupled_loss_oracle.py` holds it against AReaL's `ppo_actor_loss_fn`.
 """
 
 from __future__ import annotations
