@@ -28,12 +28,15 @@ import difflib
 import logging
 import os
 import sys
+import typing
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from nanbeige.agent.backends.llm import LLMConfig
+from nanbeige.agent.cli.options import RUN
 from nanbeige.agent.cli.ranges import RANGES, range_problem
+from nanbeige.agent.cli.run_setting import RunSetting
 from nanbeige.agent.run.loop import AgentConfig, run
 from nanbeige.agent.run.run_config import BackendConfig, RunSettings, ToolsConfig
 from nanbeige.agent.setup.setup import Ready, ready, secrets_of
@@ -59,43 +62,24 @@ __all__ = [
 DEFAULT_CONCURRENCY = 4  # as `nanbeige eval --concurrency`
 log = logging.getLogger("nanbeige")
 
+
+def _api_kind(setting: RunSetting) -> type:
+    """The type an override of the setting is checked against: the flag's, less None (a repeatable flag's
+    values: `list`), where the declaration names none of its own."""
+    if setting.api_kind is not None:
+        return setting.api_kind
+    kinds = [kind for kind in typing.get_args(setting.kind) or (setting.kind,) if kind is not type(None)]
+    return typing.get_origin(kinds[0]) or kinds[0]
+
+
 OVERRIDES: dict[str, tuple[str | None, str, type]] = {
-    "base_url": ("llm", "base_url", str),  # also marks the server as named: one that does not answer is an error;
-    # a list of several is a pool of endpoints serving the model (`route` says how runs keep to them)
-    "route": ("backend", "route", str),
-    "model": ("llm", "model", str),
-    "api_key": ("llm", "api_key", str),
-    "temperature": ("llm", "temperature", float),
-    "top_p": ("llm", "top_p", float),
-    "repetition_penalty": ("llm", "repetition_penalty", float),
-    "max_tokens": ("llm", "max_tokens", int),
-    "dialect": ("agent", "dialect", str),
-    "max_turns": ("agent", "max_turns", int),
-    "keep_tool_results": ("agent", "keep_tool_results", int),
-    "max_context": ("agent", "max_context", int),
-    "timeout": ("agent", "timeout_s", float),
-    "request_timeout": ("llm", "timeout_s", float),  # one model call's deadline, from the request to the last byte
-    "summary_turn": ("agent", "summary_turn", bool),
-    "rollback": ("agent", "rollback", bool),
-    "budget": ("agent", "budgets", dict),  # {"tokens": 100000} or ["tokens=100000"]
-    "backend": ("backend", "backend", str),
-    "gguf_file": ("backend", "gguf_file", str),
-    "token_mode": ("backend", "token_mode", bool),
-    "chat_template": ("backend", "chat_template", Path),
-    "tokenizer": ("backend", "tokenizer", str),
-    "verbose": ("backend", "verbose", bool),
-    "mcp": ("tools", "mcp", list),  # "NAME=COMMAND" or "NAME=URL", or a list of them
-    "no_default_servers": ("tools", "default_servers", bool),  # True: only the `mcp` servers
-    "tool_timeout": ("tools", "tool_timeout_s", float),
-    "max_result_chars": ("tools", "max_result_chars", int),
-    "cache": ("tools", "cache", Path),
-    "replay": ("tools", "replay", bool),
-    "trajectory": (None, "trajectory", Path),
-    "system_prompt_file": (None, "system_prompt_file", Path),
-    "reference": (None, "reference", Path),
-}
-"""The settings `**overrides` may name: `nanbeige ask`'s flags (as `nanbeige.toml` spells them) -> the part of
-`RunSettings` (None: its own field), the field, and the type of value. A `RunSettings` reaches the rest."""
+    name: (*setting.part_and_field(), _api_kind(setting)) for name, setting in RUN.items()
+} | {"trajectory": (None, "trajectory", Path)}
+"""The settings `**overrides` may name: `nanbeige ask`'s flags (as `nanbeige.toml` spells them; the run
+settings of `cli/options.RUN`, and --trajectory) -> the part of `RunSettings` (None: its own field), the
+field, and the type of value. `base_url` may be a list too (a pool of endpoints serving the model, `route`
+saying how runs keep to them); `budget` a dict, `{"tokens": 100000}`, or `["tokens=100000"]`; `mcp` one
+"NAME=COMMAND" or "NAME=URL" or a list of them. A `RunSettings` reaches the rest."""
 
 
 def ask(question: str, settings: RunSettings | None = None, **overrides: Any) -> Trajectory:
@@ -231,8 +215,9 @@ def with_overrides(settings: RunSettings, overrides: dict[str, Any]) -> RunSetti
         problem = range_problem(name, value) if name in RANGES and value is not None else None
         if problem:  # the bounds `nanbeige ask` holds its flag to
             raise ValueError(problem)
-        if name == "no_default_servers":
-            value = not value
+        setting = RUN.get(name)
+        if setting is not None and setting.to_field is not None:
+            value = setting.to_field(value)  # --no-default-servers: default_servers is its opposite
         (parts.setdefault(part, {}) if part else own)[field] = value
         if name == "base_url":
             parts.setdefault("backend", {})["base_url_given"] = True

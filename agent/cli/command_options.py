@@ -13,7 +13,6 @@ from nanbeige.agent.cli.judge_options import JudgeApiKey, JudgeBaseUrl, JudgeMod
 from nanbeige.agent.cli.options import option
 from nanbeige.agent.cli.ranges import bounds
 from nanbeige.agent.cli.serve_config import ServeConfig
-from nanbeige.agent.run.run_config import BackendConfig
 
 SERVE: dict[str, tuple[Any, Any]] = {
     "model": option(str, ServeConfig.model, help="Model id or folder."),
@@ -96,7 +95,7 @@ EVAL: dict[str, tuple[Any, Any]] = {
     "judge_api_key": (JudgeApiKey, None),
     "judge_template": (JudgeTemplate, None),
     # a run flag that eval reads too: its deadline holds for the judge as for the agent's model
-    "request_timeout": (o.RequestTimeout, None),
+    "request_timeout": o.RUN_OPTIONS["request_timeout"],
     "ray": (o.RayAddress, None),
     # eval's own default temperature: BFCL runs at its official generator's unless one is given
     # (`settings_for_bfcl`)
@@ -174,18 +173,18 @@ RESUME: dict[str, tuple[Any, Any]] = {
         show_default=False,
         help="Which trajectory of the file (needed when several can be resumed).",
     ),
-    "base_url": (o.BaseUrl, None),
-    "backend": (o.Backend, BackendConfig.backend),
-    "api_key": (o.ApiKey, None),
-    "mcp": (o.Mcp, None),
-    "no_default_servers": (o.NoDefaultServers, False),
+    "base_url": o.RUN_OPTIONS["base_url"],
+    "backend": o.RUN_OPTIONS["backend"],
+    "api_key": o.RUN_OPTIONS["api_key"],
+    "mcp": o.RUN_OPTIONS["mcp"],
+    "no_default_servers": o.RUN_OPTIONS["no_default_servers"],
     "json_output": option(bool, False, "--json", help="Print the end record as JSON on stdout."),
-    "gguf_file": (o.GgufFile, None),
-    "token_mode": (o.TokenMode, False),
-    "chat_template": (o.ChatTemplate, None),
-    "cache": (o.Cache, None),
-    "replay": (o.Replay, False),
-    "reference": (o.ReferenceCheckout, None),
-    "request_timeout": (o.RequestTimeout, None),
+    "gguf_file": o.RUN_OPTIONS["gguf_file"],
+    "token_mode": o.RUN_OPTIONS["token_mode"],
+    "chat_template": o.RUN_OPTIONS["chat_template"],
+    "cache": o.RUN_OPTIONS["cache"],
+    "replay": o.RUN_OPTIONS["replay"],
+    "reference": o.RUN_OPTIONS["reference"],
+    "request_timeout": o.RUN_OPTIONS["request_timeout"],
 }
 """`nanbeige resume`'s flags, after its trajectory file."""

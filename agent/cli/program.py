@@ -211,9 +211,9 @@ def show_command(
 @app.command()
 def doctor(
     ctx: typer.Context,
-    base_url: o.BaseUrl = None,
-    model: o.Model = LLMConfig.model,
-    api_key: o.ApiKey = None,
+    base_url: o.flag("base_url") = None,
+    model: o.flag("model") = LLMConfig.model,
+    api_key: o.flag("api_key") = None,
 ) -> None:
     """Say what a run would use here (settings files, model, search, scrape, sandbox, keys), each with its fix
     when missing. Exit 1 when no model can be had."""

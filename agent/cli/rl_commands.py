@@ -167,7 +167,7 @@ JUDGE_OPTIONS: dict[str, tuple[Any, Any]] = {
     "judge_api_key": (JudgeApiKey, None),
     "judge_template": (JudgeTemplate, None),
     "concurrency": o.option(int, 8, min=1, help="Trajectories judged at once."),
-    "request_timeout": (o.RequestTimeout, None),
+    "request_timeout": o.RUN_OPTIONS["request_timeout"],
     "retries": o.option(
         int | None,
         None,
@@ -312,7 +312,7 @@ def synth(
     api_key: Annotated[
         str | None, typer.Option(envvar="NANBEIGE_SYNTH_API_KEY", show_default=False, help="API key for that endpoint.")
     ] = None,
-    request_timeout: o.RequestTimeout = None,
+    request_timeout: o.flag("request_timeout") = None,
 ) -> None:
     """Write multi-hop questions from your documents: random walks over the links between them, a question
     per walk that needs every hop, rejected when one document answers it or the documents do not support it."""

@@ -174,8 +174,7 @@ def start_loop(
     if flags["grader"] is not None and problems is not None:
         fail("--grader grades --questions' answers; code problems are graded by their tests: leave it out", 2)
     if settings is None:
-        defaults = {name: default for name, (_, default) in o.RUN_OPTIONS.items()}
-        settings = o.run_settings(defaults | {"model": flags["model"]} | {name: flags[name] for name in SERVER})
+        settings = o.run_settings({"model": flags["model"]} | {name: flags[name] for name in SERVER})
     loop_options = {
         "admin_urls": tuple(flags["admin_url"] or ()),
         "ray": flags["ray"],

@@ -14,7 +14,6 @@ from typing import Any
 from nanbeige.agent.cli import options as o
 from nanbeige.agent.cli.command_options import COLLECT, COLLECT_RUN
 from nanbeige.agent.cli.options import option
-from nanbeige.agent.run.run_config import BackendConfig
 from nanbeige.tools.endpoint import OPENAI_BASE_URL
 from nanbeige.trainer.train import TrainConfig
 
@@ -341,11 +340,11 @@ LOOP: dict[str, tuple[Any, Any]] = {
 # The model server flags `train --loop` takes for its collect, whose other run settings keep their defaults
 # (`nanbeige loop` takes every run flag collect takes).
 SERVER: dict[str, tuple[Any, Any]] = {
-    "base_url": (o.BaseUrl, None),
-    "backend": (o.Backend, BackendConfig.backend),
-    "token_mode": (o.TokenMode, False),
-    "no_default_servers": (o.NoDefaultServers, False),
-    "request_timeout": (o.RequestTimeout, None),
+    "base_url": o.RUN_OPTIONS["base_url"],
+    "backend": o.RUN_OPTIONS["backend"],
+    "token_mode": o.RUN_OPTIONS["token_mode"],
+    "no_default_servers": o.RUN_OPTIONS["no_default_servers"],
+    "request_timeout": o.RUN_OPTIONS["request_timeout"],
 }
 
 ITERATIONS = option(
