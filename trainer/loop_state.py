@@ -116,8 +116,8 @@ class Iteration:
         }
 
 
-STAGES = ("collected", "judged", "trained", "synced")
-"""An iteration's stages in order, by the name of their record."""
+STAGES = {"collected": "collect", "judged": "judge", "trained": "train", "synced": "sync"}
+"""An iteration's stages in order: the name of their record -> the stage, as messages name it."""
 
 
 @dataclass

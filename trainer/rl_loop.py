@@ -54,6 +54,7 @@ from nanbeige.tools.errors import NanbeigeError
 from nanbeige.trainer.loop_config import LoopConfig, LoopError, check
 from nanbeige.trainer.loop_questions import draw_questions, drawn, question_pool
 from nanbeige.trainer.loop_state import (
+    STAGES,
     Collected,
     Judged,
     LoopState,
@@ -70,7 +71,6 @@ from nanbeige.trainer.train import TrainConfig
 STATE = "loop.json"
 MAX_STATE_BYTES = 64 * 1024 * 1024
 """`loop.json`: a few hundred bytes an iteration."""
-STAGE_COMMANDS = {"collected": "collect", "judged": "judge", "trained": "train", "synced": "sync"}  # done -> the stage
 
 
 # ---------------------------------------------------------------- the state file
@@ -275,7 +275,7 @@ async def run_iteration(config: LoopConfig, state: LoopState, iteration: int, no
         except NanbeigeError as exc:  # a stage's CollectError, JudgeError, TrainError, SetupError, SyncError ...
             write_state(config.out, state)  # what was done before the failure (engines a sync reached)
             raise LoopError(
-                f"iteration {iteration}, {STAGE_COMMANDS[stage]}: {exc} "
+                f"iteration {iteration}, {STAGES[stage]}: {exc} "
                 f"(the state is in {config.out / STATE}: run the same loop again to resume)"
             ) from None
         # each stage's wall time, only reported (a resumed stage counts from the call that finished it)
