@@ -4,9 +4,15 @@ dropped, the articles a/an/the dropped, whitespace runs as one space.
 
 Why a second outcome grader beside exact match: a small model answers in sentences ("The capital of France is
 Paris."), which exact match scores 0 however right, so every group of its rollouts is alike and GRPO has
-nothing to compare. F1 scores that sentence 1/3, a wrong city 0 and "Paris" 1: the rewards differ, and the
-most a policy can earn is by answering exactly. Saying more only lowers precision: repeating the reference
-counts once (the overlap is of word counts), listing candidates spreads it.
+nothing to compare. F1 scores that sentence 1/3, a wrong city 0 and "Paris" 1: the rewards differ, and only the
+exact words earn 1. Repeating the reference counts once (the overlap is of word counts).
+
+What it pays for without the answer, as a policy would find it: a hedge earns a share whichever candidate is
+right ("Paris Lyon" 2/3, three candidates 1/2), so a policy torn between two answers earns more by listing
+both unless it is right more than two thirds of the time; and a shared common word earns something ("of"
+against "Battle of Hastings" 1/2), since SQuAD drops only the articles. It suits getting a model that answers
+in sentences to answer at all; train the answer itself with exact match. Punctuation is ASCII's, so it suits
+answers in English.
 """
 
 from __future__ import annotations

@@ -63,6 +63,14 @@ def test_no_answer_scores_nothing_and_nothing_beats_the_exact_answer() -> None:
         assert grade_f1(hedge, "Paris").score < grade_f1("Paris", "Paris").score == 1.0
 
 
+def test_what_it_pays_without_the_answer_is_what_its_docs_say() -> None:
+    """A hedge and a common word earn partial credit: the documented price of partial credit, pinned so that
+    the docs (evals/token_f1.py, docs/index.md) stay true."""
+    assert f1("Paris Lyon", "Paris") == pytest.approx(2 / 3) and f1("Paris Lyon Nice", "Paris") == 0.5
+    assert f1("of", "Battle of Hastings") == 0.5
+    assert grade_f1("Paris Lyon", "Paris").correct is False  # never a pass: the group filter does not count it
+
+
 @pytest.mark.anyio
 async def test_judge_writes_the_f1_as_the_reward_and_the_exact_match_as_correct(tmp_path: Path) -> None:
     src = write(

@@ -271,7 +271,8 @@ def samples_from(
 
     Trajectories are grouped by `group_id` (one without is a group of its own). A trajectory is left
     out when it did not finish on its own, lacks token records, or has no outcome reward; a group with
-    none left is dropped. A pass is an outcome reward > 0.
+    none left is dropped. A pass is what `counted` counts: an outcome reward > 0 (fully right for code-tests
+    and token-f1).
     - `grpo`: a group trains only when `group_verdict` keeps it: its pass rate within [min_pass_rate,
       max_pass_rate] (`keep_group`), or with `k_of_n` low to high of n rollouts counted (`keep_k_of_n`),
       counting passes, solved or complexity-satisfying rollouts (`counts`); each turn's advantage is

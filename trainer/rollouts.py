@@ -53,23 +53,25 @@ def read_samples(config: TrainConfig) -> tuple[list[Any], dict[str, Any], float]
         raise TrainError(f"a trajectory's token record is inconsistent ({exc}); it cannot be trained on") from None
     summary["rollouts"] = rollout_summary(trajectories)
     if not samples:
-        why = no_signal(trajectories, summary["rollouts"]) or nothing_kept_hint(config)
+        why = no_signal(trajectories, summary["rollouts"], config) or nothing_kept_hint(config)
         raise TrainError(f"nothing to train on: {json.dumps(summary)} ({why})")
     return samples, summary, float(temperatures.pop() or 1.0) if temperatures else 1.0
 
 
-def no_signal(trajectories: list[Any], rollouts: dict[str, float]) -> str | None:
+def no_signal(trajectories: list[Any], rollouts: dict[str, float], config: TrainConfig) -> str | None:
     """Why no band could keep a group, when that is the case: no judged rollout passed. GRPO's advantage is a
     group's rewards against their mean, all 0 here; and a policy that never calls the tools it was given (a
-    model too small for the task) cannot pass a question that needs them, however often it is sampled."""
+    model too small for the task) cannot pass a question that needs them, however often it is sampled. With
+    partial credit (`token-f1`) the rewards may differ though none passed: the pass-rate band then says so."""
     if not rollouts or rollouts["pass_rate"] > 0:
         return None
     judged = sum(t.reward is not None for t in trajectories)
     said = f"every group failed ({judged} rollouts, none passed): GRPO learns only from groups where some pass"
-    if rollouts["reward_mean"] > 0:  # partial credit (token-f1): the rewards may differ though none passed
-        return (
-            f"{said}, by the group filter; yet they earned partial credit (mean reward "
-            f"{rollouts['reward_mean']:.3f}): --min-pass-rate 0 keeps groups where none is fully right"
+    rule = config.groups
+    if rollouts["reward_mean"] > 0 and config.objective == "grpo" and rule.k_of_n is None and rule.min_pass_rate > 0:
+        said += (
+            f", by the group filter; yet they earned partial credit (mean reward {rollouts['reward_mean']:.3f}): "
+            "--min-pass-rate 0 keeps groups where none is fully right"
         )
     if rollouts["tool_use"] == 0 and any(t.tools for t in trajectories):
         said += (
@@ -84,7 +86,7 @@ def nothing_kept_hint(config: TrainConfig) -> str:
     from nanbeige.trainer.batches import describe_band
 
     if config.objective == "sft":
-        return "SFT imitates rollouts with an outcome reward > 0; check the outcome rewards"
+        return "SFT imitates the rollouts that passed (`--filter-counts`); check the outcome rewards"
     rule = config.groups
     source = (
         "the outcome rewards"

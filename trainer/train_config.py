@@ -11,8 +11,9 @@ from pathlib import Path
 # since their 0 reward says the run was too long, not that what it did was wrong.
 TRUNCATED = ("max_turns", "context_limit", "timeout", "budget")
 
-# What a group's filter counts in each rollout: an outcome reward > 0, or the code grader's record
-# (`trajectory.judge`) saying every test passed, or that and a time complexity the judge found optimal.
+# What a group's filter counts in each rollout: an outcome reward > 0 (fully right for graders of partial
+# credit), or the code grader's record (`trajectory.judge`) saying every test passed, or that and a time
+# complexity the judge found optimal.
 COUNTS = ("pass", "solved", "complexity")
 
 
@@ -28,10 +29,11 @@ class GroupRule:
     max_pass_rate: float = 0.9
     """Groups whose fraction of counted rollouts is above this are dropped."""
     counts: str = "pass"
-    """What the group filter counts in a rollout: `pass` (outcome reward > 0), `solved` (the code grader's
-    record says every test passed: `judge["solved"] is True`) or `complexity` (`judge["complexity_ok"] is
-    True`: solved, and a judge found its time complexity optimal). A rollout whose judge record lacks the
-    key counts as not solved, not satisfying. Only which groups train: the advantages stay the rewards'."""
+    """What the group filter counts in a rollout: `pass` (outcome reward > 0; fully right for code-tests and
+    token-f1), `solved` (the code grader's record says every test passed: `judge["solved"] is True`) or
+    `complexity` (`judge["complexity_ok"] is True`: solved, and a judge found its time complexity optimal). A
+    rollout whose judge record lacks the key counts as not solved, not satisfying. Only which groups train:
+    the advantages stay the rewards'."""
     k_of_n: tuple[int, int, int] | None = None
     """(low, high, n): keep a group with low..high of n rollouts counted, both inclusive, replacing the
     pass-rate band (Nanbeige4.1's code RL keeps 1 to 5 of 8 solved: (1, 5, 8)). A group of another size m

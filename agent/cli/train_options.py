@@ -125,7 +125,7 @@ TRAINING: dict[str, tuple[Any, Any]] = {
     "filter_counts": option(
         str,
         "pass",
-        help="What the group filter counts: pass (outcome reward > 0), solved "
+        help="What the group filter counts: pass (outcome reward > 0; fully right for code-tests and token-f1), solved "
         "(the code grader's judge.solved) or complexity (judge.complexity_ok: "
         "solved at optimal complexity).",
     ),
