@@ -369,6 +369,8 @@ def run_settings(flags: Mapping[str, Any]) -> RunSettings:
     for name, setting in RUN.items():
         part, field = setting.part_and_field()
         parts[part][field] = setting.to_field(f[name]) if setting.to_field else f[name]
+    # two fields are more than their flag's value, set over the loop's: the budgets parsed (a bad one is a usage
+    # error here, a ValueError in the API), and the pool's URLs split into the first and the rest
     try:
         parts["agent"]["budgets"] = parse_budgets(f["budget"] or [])
     except ValueError as exc:
