@@ -77,11 +77,17 @@ def test_fork_bombs_are_bounded_and_killed(strict: Sandboxes) -> None:
     assert "stdout='ok\\n'" in strict.run_command("sh -c 'echo ok'", sid)  # forking works again
 
 
-def test_memory_bombs_raise_memory_error(strict: Sandboxes) -> None:
-    sid = new_id(strict)
-    assert "name='MemoryError'" in strict.run_python("x = bytearray(8 * 1024**3)", sid)
-    assert "name='MemoryError'" in strict.run_python("a = []\nwhile True: a.append(bytearray(10**7))", sid)
-    assert "Result(3)" in strict.run_python("del a\n1 + 2", sid)
+def test_memory_bombs_raise_memory_error(tmp_path: Path) -> None:
+    # strict's memory limit with a timeout that is not the limit under test: filling 512 MB a page at a time
+    # took over 2 s on a busy two-core machine, and the cell then timed out instead of running out of memory
+    boxes = Sandboxes(make_config(tmp_path, timeout_s=60.0, memory_mb=512, max_processes=16))
+    try:
+        sid = new_id(boxes)
+        assert "name='MemoryError'" in boxes.run_python("x = bytearray(8 * 1024**3)", sid)
+        assert "name='MemoryError'" in boxes.run_python("a = []\nwhile True: a.append(bytearray(10**7))", sid)
+        assert "Result(3)" in boxes.run_python("del a\n1 + 2", sid)
+    finally:
+        boxes.close()
 
 
 def test_a_cpu_signal_the_cell_did_not_earn_is_ignored(sandboxes: Sandboxes) -> None:
