@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 from ray.exceptions import ActorUnschedulableError, ObjectLostError, RayActorError
@@ -32,6 +32,9 @@ from nanbeige.agent.toolbox.server_env import passed_env
 from nanbeige.agent.trajectory.trajectory import Trajectory, Turn
 from nanbeige.agent.trajectory.trajectory_file import TrajectoryWriter
 from nanbeige.tools.errors import NanbeigeError
+
+if TYPE_CHECKING:
+    from nanbeige.agent.run.run_config import RunSettings
 
 Notice = Callable[[str], None]
 Work = Callable[[Any], Awaitable[Any]]
@@ -360,7 +363,7 @@ async def close_all(placed: list[Placed]) -> None:
 
 
 @asynccontextmanager
-async def shard_runtime(settings: Any, notice: Notice) -> AsyncIterator[Any]:
+async def shard_runtime(settings: RunSettings, notice: Notice) -> AsyncIterator[Any]:
     """`ready` on an actor: the model clients and tool servers of the node's runs. Its own trajectory file
     stays empty (the records go to the driver); it and the tool servers' log are in a folder of the node's
     own, removed after, unless a tool server that failed to start left its output there."""

@@ -21,6 +21,7 @@ from nanbeige.agent.run.tokens import TokenTracker
 from nanbeige.agent.trajectory.trajectory import Trajectory, Turn
 from nanbeige.trainer.advantages import keep_k_of_n
 from nanbeige.trainer.batches import GroupRule, counted, describe_band, group_verdict, samples_from
+from nanbeige.trainer.loop_config import LoopConfig
 from nanbeige.trainer.train_config import TrainConfig
 
 STAGE_1 = GroupRule(counts="solved", k_of_n=(1, 5, 8))
@@ -249,21 +250,8 @@ def test_for_code_a_pass_is_a_solved_problem_not_a_reward_above_zero() -> None:
 def test_the_loop_takes_code_problems_and_judges_them_by_their_tests(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    loops: list[tuple[Path, Any, Any]] = []
-
-    def fake_loop(
-        iterations: int,
-        questions: Path,
-        group_size: int,
-        sync: str,
-        settings: Any,
-        judge: Any,
-        train: Any,
-        sampling: Any,
-    ) -> None:
-        loops.append((questions, judge, train))
-
-    monkeypatch.setattr("nanbeige.agent.cli.train_commands.run_train_loop", fake_loop)
+    loops: list[LoopConfig] = []
+    monkeypatch.setattr("nanbeige.agent.cli.train_commands.run_train_loop", loops.append)
     problems = tmp_path / "problems.jsonl"
     base = ["train", "--model", "m", "--out", str(tmp_path / "loop"), "--loop", "1", "--no-critic"]
     judge_env = {"NANBEIGE_JUDGE_BASE_URL": "http://127.0.0.1:9/v1", "NANBEIGE_JUDGE_MODEL": "judge"}
@@ -273,13 +261,18 @@ def test_the_loop_takes_code_problems_and_judges_them_by_their_tests(
         env=judge_env,
     )
     assert result.exit_code == 0, result.output
-    [(questions, judge, train_config)] = loops
-    assert questions == problems and (judge.grader, judge.problems, judge.time_reward) == ("code-tests", problems, True)
+    [loop] = loops
+    judge, train_config = loop.judge, loop.train
+    assert loop.questions == problems and (judge.grader, judge.problems, judge.time_reward) == (
+        "code-tests",
+        problems,
+        True,
+    )
     assert (judge.complexity.base_url, judge.complexity.model) == ("http://127.0.0.1:9/v1", "judge")
     assert (train_config.groups.counts, train_config.groups.k_of_n) == ("solved", (1, 5, 8))
     loops.clear()
     with_f1 = CliRunner().invoke(app, [*base, "--questions", str(problems), "--grader", "token-f1"])
-    assert with_f1.exit_code == 0 and loops[0][1].grader == "token-f1", with_f1.output
+    assert with_f1.exit_code == 0 and loops[0].judge.grader == "token-f1", with_f1.output
     for flags, words in (
         (["--time-reward", "--questions", str(problems)], "--time-reward rewards code problems"),
         (["--questions", str(problems), "--problems", str(problems)], "one of them"),

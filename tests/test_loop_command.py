@@ -6,7 +6,6 @@ the values it takes. The loop itself is stubbed here (`run_train_loop`); tests/t
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -14,15 +13,16 @@ from typer.testing import CliRunner
 from nanbeige.agent.cli import settings_file
 from nanbeige.agent.cli.program import app
 from nanbeige.agent.cli.train_commands import OLD_SPELLING
+from nanbeige.trainer.loop_config import LoopConfig
 
 QUESTIONS = '{"id": "a", "question": "What is 2+2?", "answer": "4"}\n'
 
 
 @pytest.fixture
-def loops(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
-    """The arguments each loop the commands start is given, in place of running it."""
-    started: list[tuple[Any, ...]] = []
-    monkeypatch.setattr("nanbeige.agent.cli.train_commands.run_train_loop", lambda *args: started.append(args))
+def loops(monkeypatch: pytest.MonkeyPatch) -> list[LoopConfig]:
+    """The loop each command starts, in place of running it."""
+    started: list[LoopConfig] = []
+    monkeypatch.setattr("nanbeige.agent.cli.train_commands.run_train_loop", started.append)
     return started
 
 
@@ -106,29 +106,34 @@ def test_trains_help_names_the_loop_command_and_keeps_the_older_spelling_to_help
     assert "--loop" in every and "With --loop: rollouts per question" in every
 
 
-def test_loop_and_train_loop_give_the_loop_the_same_run(tmp_path: Path, loops: list[tuple[Any, ...]]) -> None:
+def test_loop_and_train_loop_give_the_loop_the_same_run(tmp_path: Path, loops: list[LoopConfig]) -> None:
     new = CliRunner().invoke(app, ["loop", "--iterations", "2", *flags(tmp_path)])
     assert new.exit_code == 0, new.output
     old = CliRunner().invoke(app, ["train", "--loop", "2", *flags(tmp_path)])
     assert old.exit_code == 0, old.output
     [by_loop, by_train] = loops
     assert by_loop == by_train
-    iterations, questions, group_size, sync, settings, judge, train, options = by_loop
-    assert (iterations, questions.name, group_size, sync) == (2, "questions.jsonl", 2, "none")
-    assert type(sync) is str and type(train.objective) is str and type(train.packing) is str  # not enums
+    train = by_loop.train
+    assert (by_loop.iterations, by_loop.questions.name, by_loop.group_size, by_loop.sync) == (
+        2,
+        "questions.jsonl",
+        2,
+        "none",
+    )
+    assert type(by_loop.sync) is str and type(train.objective) is str and type(train.packing) is str  # not enums
     assert (train.objective, train.packing, train.lora_rank, train.step_tokens) == ("grpo", "off", 0, 100000)
-    assert settings.backend.backend == "transformers" and judge.no_critic
-    assert (options["questions_per_iteration"], options["min_informative_groups"]) == (1, 1)
+    assert by_loop.settings.backend.backend == "transformers" and by_loop.judge.no_critic
+    assert (by_loop.questions_per_iteration, by_loop.min_informative_groups) == (1, 1)
     # the old spelling says where the loop went, once, after the run; the new one says nothing of it
     assert words(OLD_SPELLING) in words(old.output) and "nanbeige loop" not in new.output
     assert words(old.output).count("note:") == 1
 
 
 def test_iterations_default_to_one_and_train_alone_never_starts_the_loop(
-    tmp_path: Path, loops: list[tuple[Any, ...]]
+    tmp_path: Path, loops: list[LoopConfig]
 ) -> None:
     assert CliRunner().invoke(app, ["loop", *flags(tmp_path)]).exit_code == 0
-    assert loops[0][0] == 1
+    assert loops[0].iterations == 1
     refused = CliRunner().invoke(app, ["loop", "--iterations", "0", *flags(tmp_path)])
     assert refused.exit_code == 2 and len(loops) == 1
 
@@ -145,9 +150,7 @@ def test_iterations_default_to_one_and_train_alone_never_starts_the_loop(
         (["--model", "m", "--out", "o", "--questions", "q.jsonl", "--time-reward"], "it needs --problems"),
     ],
 )
-def test_a_loop_that_cannot_work_is_refused_in_one_line(
-    args: list[str], said: str, loops: list[tuple[Any, ...]]
-) -> None:
+def test_a_loop_that_cannot_work_is_refused_in_one_line(args: list[str], said: str, loops: list[LoopConfig]) -> None:
     result = CliRunner().invoke(app, ["loop", *args])
     assert result.exit_code == 2 and loops == []
     [line] = result.output.strip().splitlines()
@@ -155,7 +158,7 @@ def test_a_loop_that_cannot_work_is_refused_in_one_line(
 
 
 def test_the_loop_under_torchrun_is_refused_naming_its_own_command(
-    monkeypatch: pytest.MonkeyPatch, loops: list[tuple[Any, ...]]
+    monkeypatch: pytest.MonkeyPatch, loops: list[LoopConfig]
 ) -> None:
     monkeypatch.setenv("WORLD_SIZE", "2")
     result = CliRunner().invoke(app, ["loop", "--model", "m", "--out", "o", "--questions", "q.jsonl", "--ray", "auto"])
@@ -178,7 +181,7 @@ def test_the_loop_under_torchrun_is_refused_naming_its_own_command(
     ],
 )
 def test_a_bad_choice_is_refused_by_the_parser_naming_the_choices(
-    args: list[str], flag: str, allowed: tuple[str, ...], loops: list[tuple[Any, ...]]
+    args: list[str], flag: str, allowed: tuple[str, ...], loops: list[LoopConfig]
 ) -> None:
     result = CliRunner().invoke(app, [*args, "--model", "m", "--out", "o"] if args[0] != "judge" else args)
     assert result.exit_code == 2 and loops == []

@@ -266,8 +266,8 @@ def test_an_engines_record_of_the_wrong_type_is_one_line(tmp_path: Path) -> None
 
 
 def test_admin_urls_are_flags_of_the_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    loops: list[dict[str, Any]] = []
-    monkeypatch.setattr("nanbeige.agent.cli.train_commands.run_train_loop", lambda *args: loops.append(args[-1]))
+    loops: list[LoopConfig] = []
+    monkeypatch.setattr("nanbeige.agent.cli.train_commands.run_train_loop", loops.append)
     questions = tmp_path / "questions.jsonl"
     questions.write_text(QUESTIONS)
     base = [
@@ -290,7 +290,7 @@ def test_admin_urls_are_flags_of_the_loop(tmp_path: Path, monkeypatch: pytest.Mo
         app, [*base, "--admin-url", "http://127.0.0.1:10", "--admin-url", "http://127.0.0.1:11/v1"]
     )
     assert result.exit_code == 0, result.output
-    assert loops[0]["admin_urls"] == ("http://127.0.0.1:10", "http://127.0.0.1:11/v1")
+    assert loops[0].admin_urls == ("http://127.0.0.1:10", "http://127.0.0.1:11/v1")
     for flags, words in (
         (["--admin-url", "127.0.0.1:10"], "is not an http:// or https:// address"),
         (["--admin-url", "http://127.0.0.1:10", "--sync", "none"], "--sync none syncs none"),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import enum
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -28,6 +28,9 @@ from nanbeige.agent.cli.judge_options import (
 )
 from nanbeige.agent.cli.option_tables import with_options, with_run_options
 from nanbeige.agent.run.run_config import RunSettings
+
+if TYPE_CHECKING:
+    from nanbeige.trainer.judge_config import JudgeRunConfig
 
 
 @with_run_options(COLLECT, leave_out=COLLECT_LEAVES_OUT)
@@ -194,7 +197,7 @@ def judge(
     run_judge(src, flags["out"], config)
 
 
-def judge_config(flags: dict[str, Any]) -> Any:
+def judge_config(flags: dict[str, Any]) -> JudgeRunConfig:
     """The judging the flags describe."""
     from nanbeige.evals.code_tests import CodeRewards
     from nanbeige.trainer.critic import TurnRule
@@ -238,7 +241,7 @@ def judge_config(flags: dict[str, Any]) -> Any:
     )
 
 
-def run_judge(src: Path, out: Path, config: Any) -> None:
+def run_judge(src: Path, out: Path, config: JudgeRunConfig) -> None:
     from nanbeige.agent.cli.running import notice, resumable, run_command
     from nanbeige.agent.cli.view import LiveLine
     from nanbeige.trainer.judge_config import check

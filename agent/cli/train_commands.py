@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -22,6 +22,10 @@ from nanbeige.agent.cli.train_options import LOOP_COMMAND, SERVER, TRAIN
 from nanbeige.agent.run.run_config import RunSettings
 from nanbeige.trainer.train import TrainConfig
 from nanbeige.trainer.train_config import COUNTS, GroupRule, parse_keep
+
+if TYPE_CHECKING:
+    from nanbeige.trainer.judge_config import JudgeRunConfig
+    from nanbeige.trainer.loop_config import LoopConfig
 
 train_app = typer.Typer(
     invoke_without_command=True,
@@ -159,6 +163,8 @@ def start_loop(
 ) -> None:
     """The loop the flags describe, run (`spelled`: how the refusals name the loop, --loop or nanbeige loop), its
     collect run with `settings` (`train --loop`: the run flags' defaults but its model and server flags)."""
+    from nanbeige.trainer.loop_config import LoopConfig
+
     questions, problems = flags["questions"], flags["problems"]
     if (questions is None) == (problems is None):
         fail(
@@ -175,26 +181,28 @@ def start_loop(
         fail("--grader grades --questions' answers; code problems are graded by their tests: leave it out", 2)
     if settings is None:
         settings = o.run_settings({"model": flags["model"]} | {name: flags[name] for name in SERVER})
-    loop_options = {
-        "admin_urls": tuple(flags["admin_url"] or ()),
-        "ray": flags["ray"],
-        "collect_concurrency": flags.get("concurrency", COLLECT["concurrency"][1]),
-        "held_out": flags["held_out"],
-        **{name: flags[name] for name in ("questions_per_iteration", "min_informative_groups", "max_draws")},
-    }
     run_train_loop(
-        iterations,
-        questions or problems,
-        flags["group_size"],
-        flags["sync"],
-        settings,
-        judging(flags),
-        config,
-        loop_options,
+        LoopConfig(
+            iterations=iterations,
+            out=config.out,
+            questions=questions or problems,
+            settings=settings,
+            judge=judging(flags),
+            train=config,
+            group_size=flags["group_size"],
+            sync=flags["sync"],
+            admin_urls=tuple(flags["admin_url"] or ()),
+            ray=flags["ray"],
+            collect_concurrency=flags.get("concurrency", COLLECT["concurrency"][1]),
+            held_out=flags["held_out"],
+            questions_per_iteration=flags["questions_per_iteration"],
+            min_informative_groups=flags["min_informative_groups"],
+            max_draws=flags["max_draws"],
+        )
     )
 
 
-def judging(flags: dict[str, Any]) -> Any:
+def judging(flags: dict[str, Any]) -> JudgeRunConfig:
     """How the loop judges: by the turn critic (unless --no-critic) and, with --problems, by the tests."""
     from nanbeige.trainer.judge_config import JudgeRunConfig
 
@@ -298,34 +306,14 @@ def train_report(
     )
 
 
-def run_train_loop(
-    iterations: int,
-    questions: Path,
-    group_size: int,
-    sync: str,
-    settings: Any,
-    judge_config: Any,
-    train_config: Any,
-    loop_options: dict[str, Any],
-) -> None:
+def run_train_loop(config: LoopConfig) -> None:
+    """The loop run to its end, its secrets hidden from every line it prints, and one line an iteration."""
     from nanbeige.agent.cli.running import notice, run_command
     from nanbeige.agent.setup.setup import secrets_of
-    from nanbeige.trainer.loop_config import LoopConfig
     from nanbeige.trainer.rewards import judging_secrets
     from nanbeige.trainer.rl_loop import run_loop
 
-    hide(secrets_of(settings) + judging_secrets(judge_config))
-    config = LoopConfig(
-        iterations=iterations,
-        out=train_config.out,
-        questions=questions,
-        settings=settings,
-        judge=judge_config,
-        train=train_config,
-        group_size=group_size,
-        sync=sync,
-        **loop_options,
-    )
+    hide(secrets_of(config.settings) + judging_secrets(config.judge))
 
     async def main() -> dict[str, Any]:
         return await run_loop(config, notice)
