@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from nanbeige.agent.cli.options import endpoints
+from nanbeige.agent.cli.options import endpoints, option
 from nanbeige.tools.endpoint import OPENAI_BASE_URL, ChatEndpoint
 
 # The LLM judge, for `eval` and `judge`.
@@ -35,6 +35,20 @@ CriticBaseUrl = Annotated[
         ),
     ),
 ]
+CRITIC: dict[str, tuple[Any, Any]] = {
+    "critic_base_url": (CriticBaseUrl, None),
+    "critic_model": option(
+        str | None,
+        None,
+        envvar="NANBEIGE_CRITIC_MODEL",
+        show_default=False,
+        help="The critic model \\[default: gpt-4.1-2025-04-14].",
+    ),
+    "critic_api_key": option(
+        str | None, None, envvar="NANBEIGE_CRITIC_API_KEY", show_default=False, help="API key for the critic endpoint."
+    ),
+}
+"""The turn critic's endpoint, as `judge` and `loop` take it (`critic_endpoint` makes it)."""
 JudgeModel = Annotated[
     str | None,
     typer.Option(

@@ -17,7 +17,7 @@ from nanbeige.agent.cli import options as o
 from nanbeige.agent.cli.command_options import COLLECT, COLLECT_LEAVES_OUT
 from nanbeige.agent.cli.console import counted, err, fail, hide
 from nanbeige.agent.cli.judge_options import (
-    CriticBaseUrl,
+    CRITIC,
     JudgeApiKey,
     JudgeBaseUrl,
     JudgeModel,
@@ -138,17 +138,7 @@ JUDGE_OPTIONS: dict[str, tuple[Any, Any]] = {
         float, 1.0, min=0.0, rich_help_panel=CODE_RL, help="R_time of a solved program at optimal complexity."
     ),
     "no_critic": o.option(bool, False, "--no-critic", help="The outcome reward alone; no critic endpoint needed."),
-    "critic_base_url": (CriticBaseUrl, None),
-    "critic_model": o.option(
-        str | None,
-        None,
-        envvar="NANBEIGE_CRITIC_MODEL",
-        show_default=False,
-        help="The critic model \\[default: gpt-4.1-2025-04-14].",
-    ),
-    "critic_api_key": o.option(
-        str | None, None, envvar="NANBEIGE_CRITIC_API_KEY", show_default=False, help="API key for the critic endpoint."
-    ),
+    **CRITIC,
     "critic_template": o.option(
         Path | None,
         None,

@@ -13,8 +13,8 @@ from typing import Any
 
 from nanbeige.agent.cli import options as o
 from nanbeige.agent.cli.command_options import COLLECT, COLLECT_RUN
+from nanbeige.agent.cli.judge_options import CRITIC
 from nanbeige.agent.cli.options import option
-from nanbeige.tools.endpoint import OPENAI_BASE_URL
 from nanbeige.trainer.train import TrainConfig
 
 
@@ -311,30 +311,7 @@ LOOP: dict[str, tuple[Any, Any]] = {
         help="With --problems: code RL's stage 2 time reward, from the judge at "
         "NANBEIGE_JUDGE_BASE_URL / _MODEL / _API_KEY.",
     ),
-    "critic_base_url": option(
-        list[str] | None,
-        None,
-        envvar="NANBEIGE_CRITIC_BASE_URL",
-        show_default=False,
-        rich_help_panel=LOOP_PANEL,
-        help=f"The turn critic's endpoint (repeat it for several) \\[default: {OPENAI_BASE_URL}].",
-    ),
-    "critic_model": option(
-        str | None,
-        None,
-        envvar="NANBEIGE_CRITIC_MODEL",
-        show_default=False,
-        rich_help_panel=LOOP_PANEL,
-        help="The critic model \\[default: gpt-4.1-2025-04-14].",
-    ),
-    "critic_api_key": option(
-        str | None,
-        None,
-        envvar="NANBEIGE_CRITIC_API_KEY",
-        show_default=False,
-        rich_help_panel=LOOP_PANEL,
-        help="API key for the critic endpoint.",
-    ),
+    **o.in_panel(CRITIC, LOOP_PANEL),
 }
 
 # The model server flags `train --loop` takes for its collect, whose other run settings keep their defaults
@@ -382,7 +359,7 @@ def with_loop(text: str) -> str:
     if text.startswith("With --"):
         return "With --loop " + text.removeprefix("With ")
     first = text.split()[0]
-    acronym = len(first) > 1 and first.isupper()  # API stays API
+    acronym = any(letter.isupper() for letter in first[1:])  # API and OpenAI stay as they are
     return "With --loop: " + (text if acronym else text[0].lower() + text[1:])
 
 
