@@ -119,6 +119,7 @@ READERS = {
     "trainer/train_report.py": {},
     "trainer/graph.py": {},
     "trainer/rl_loop.py": {},
+    "trainer/loop_state.py": {},
     "agent/cli/settings_file.py": {},
     "trainer/checkpoints.py": {
         "save_checkpoint": "copies the search template of the model the user named",

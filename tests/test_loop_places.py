@@ -14,7 +14,7 @@ import pytest
 from test_untrusted_inputs import assert_refused, jsonl, nanbeige
 
 from nanbeige.trainer.loop_config import LoopError
-from nanbeige.trainer.rl_loop import read_state
+from nanbeige.trainer.loop_state import read_state
 
 MODEL = "Nanbeige/Nanbeige4.1-3B"
 

@@ -26,7 +26,8 @@ from nanbeige.agent.run.run_config import BackendConfig, RunSettings, ToolsConfi
 from nanbeige.agent.trajectory.trajectory_file import load_trajectories
 from nanbeige.trainer.judge_config import JudgeRunConfig
 from nanbeige.trainer.loop_config import LoopConfig, LoopError
-from nanbeige.trainer.rl_loop import read_state, run_loop
+from nanbeige.trainer.loop_state import read_state
+from nanbeige.trainer.rl_loop import run_loop
 from nanbeige.trainer.train import TrainConfig
 
 QUESTIONS = (

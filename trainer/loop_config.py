@@ -64,6 +64,12 @@ class LoopConfig:
     ray: str | None = None
     """Run each iteration's collect and judge in shards on the Ray cluster at this address (`auto`, or the
     head's HOST:PORT; `loop_ray.py`); None: in this process. Training is never sharded by it."""
+    max_staleness: int = 0
+    """How many policy versions the policy an iteration samples may lag behind the one it trains from. 0: each
+    iteration samples the policy the previous one trained (collect waits for training). K > 0: iteration i's
+    collect and judge start once iteration i-1-K is synced, while earlier iterations train, so sampling and
+    training overlap; its rollouts then come from an older policy than the one trained, which the trainer's
+    importance weight corrects (decoupled PPO: `loss.py`)."""
 
 
 def check(config: LoopConfig) -> None:
@@ -77,6 +83,13 @@ def check(config: LoopConfig) -> None:
         raise LoopError(f"sync must be one of {', '.join(SYNCS)}, not {config.sync!r}")
     if config.iterations < 1:
         raise LoopError("iterations must be at least 1")
+    if config.max_staleness < 0:
+        raise LoopError(f"max staleness must be 0 or more, not {config.max_staleness}")
+    if config.max_staleness and config.sync == "none":
+        raise LoopError(
+            "a max staleness above 0 samples while training and syncs each new policy into the serving vLLM, "
+            "and sync none syncs nothing: use sync lora or weights, or a max staleness of 0"
+        )
     if config.sync == "lora" and not config.train.lora_rank:
         raise LoopError(
             "sync lora hot-loads a LoRA adapter into vLLM: train with a LoRA rank, or use sync none "

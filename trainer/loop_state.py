@@ -1,4 +1,5 @@
-"""`nanbeige loop`'s state, `loop.json`: one dataclass per record, read back field by field and written whole.
+"""`nanbeige loop`'s state, `loop.json`: one dataclass per record, read back field by field and written whole
+(`read_state`, `write_state`).
 
 The file is rewritten by the loop after each stage, but anyone can edit it between two calls (or hand
 over an out folder), and the loop goes on from what it says: a field of another type must be one line
@@ -15,10 +16,18 @@ them all read what its writer chose."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from nanbeige.tools import handed_over
+from nanbeige.trainer.loop_config import LoopError
+
+if TYPE_CHECKING:
+    from nanbeige.trainer.loop_config import LoopConfig
 
 R = TypeVar("R")
 
@@ -267,3 +276,40 @@ def inside(path: str, out: Path) -> bool:
         return out.resolve() in Path(path).resolve().parents
     except (OSError, ValueError, RuntimeError):  # a NUL byte, a loop of links: no place of the folder
         return False
+
+
+STATE = "loop.json"
+MAX_STATE_BYTES = 64 * 1024 * 1024
+"""`loop.json`: a few hundred bytes an iteration."""
+
+
+def new_state(config: LoopConfig) -> LoopState:
+    """The state before the first iteration: the policy is the model of the settings."""
+    return LoopState(Policy(config.settings.llm.model, None, "iter-0"), str(config.questions), config.sync)
+
+
+def read_state(out: Path, model: str) -> LoopState | None:
+    """The loop's state in folder `out`, checked: its fields' types, and its paths kept to the folder (a policy's
+    model is `model`, the one this loop was given, or a checkpoint there)."""
+    path = out / STATE
+    if not path.exists():
+        return None
+    try:  # a regular file of the folder (a FIFO would block), its size capped
+        raw = json.loads(handed_over.read_bytes(path, MAX_STATE_BYTES, inside=out))
+    except (OSError, ValueError, RecursionError) as exc:
+        raise LoopError(f"cannot read the loop state {path} ({exc}); fix it or pass another out folder") from None
+    try:
+        state = read(raw)
+    except StateProblem as exc:
+        raise LoopError(f"{path}: {exc}; fix it or pass another out folder") from None
+    problem = places_problem(state, out, model)
+    if problem:
+        raise LoopError(f"{path}: {problem}; fix it or pass another out folder")
+    return state
+
+
+def write_state(out: Path, state: LoopState) -> None:
+    """Write the state whole or not at all: a kill mid-write leaves the previous state."""
+    path, temporary = out / STATE, out / (STATE + ".tmp")
+    temporary.write_text(json.dumps(state.to_json(), indent=1) + "\n")
+    os.replace(temporary, path)

@@ -42,71 +42,30 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from nanbeige.evals.files import first_link
-from nanbeige.tools import handed_over
 from nanbeige.tools.errors import NanbeigeError
 from nanbeige.trainer.loop_config import LoopConfig, LoopError, check
 from nanbeige.trainer.loop_questions import draw_questions, drawn, question_pool
 from nanbeige.trainer.loop_state import (
     STAGES,
+    STATE,
     Collected,
     Judged,
     LoopState,
     Policy,
-    StateProblem,
     Trained,
-    places_problem,
-    read,
+    new_state,
+    read_state,
+    write_state,
 )
 from nanbeige.trainer.model import trainable_model
 from nanbeige.trainer.sync import SyncError, disagreeing, engine_root, on_every_engine, sync_engine
 from nanbeige.trainer.train import TrainConfig
-
-STATE = "loop.json"
-MAX_STATE_BYTES = 64 * 1024 * 1024
-"""`loop.json`: a few hundred bytes an iteration."""
-
-
-# ---------------------------------------------------------------- the state file
-
-
-def new_state(config: LoopConfig) -> LoopState:
-    """The state before the first iteration: the policy is the model of the settings."""
-    return LoopState(Policy(config.settings.llm.model, None, "iter-0"), str(config.questions), config.sync)
-
-
-def read_state(out: Path, model: str) -> LoopState | None:
-    """The loop's state in folder `out`, checked: its fields' types, and its paths kept to the folder (a policy's
-    model is `model`, the one this loop was given, or a checkpoint there)."""
-    path = out / STATE
-    if not path.exists():
-        return None
-    try:  # a regular file of the folder (a FIFO would block), its size capped
-        raw = json.loads(handed_over.read_bytes(path, MAX_STATE_BYTES, inside=out))
-    except (OSError, ValueError, RecursionError) as exc:
-        raise LoopError(f"cannot read the loop state {path} ({exc}); fix it or pass another out folder") from None
-    try:
-        state = read(raw)
-    except StateProblem as exc:
-        raise LoopError(f"{path}: {exc}; fix it or pass another out folder") from None
-    problem = places_problem(state, out, model)
-    if problem:
-        raise LoopError(f"{path}: {problem}; fix it or pass another out folder")
-    return state
-
-
-def write_state(out: Path, state: LoopState) -> None:
-    """Write the state whole or not at all: a kill mid-write leaves the previous state."""
-    path, temporary = out / STATE, out / (STATE + ".tmp")
-    temporary.write_text(json.dumps(state.to_json(), indent=1) + "\n")
-    os.replace(temporary, path)
-
 
 # ---------------------------------------------------------------- the stages
 
@@ -249,29 +208,33 @@ async def sync_stage(
 # ---------------------------------------------------------------- the loop
 
 
-async def run_iteration(config: LoopConfig, state: LoopState, iteration: int, notice: Callable[[str], None]) -> None:
-    """The iteration's stages not yet done, the state written after each."""
+SAMPLE = ("collected", "judged")
+LEARN = ("trained", "synced")
+"""An iteration's two halves: sampling its rollouts with the policy it records, and learning from them."""
+
+
+async def run_stages(
+    config: LoopConfig, state: LoopState, iteration: int, stages: tuple[str, ...], notice: Callable[[str], None]
+) -> None:
+    """The iteration's `stages` not yet done, the state written after each. Training starts from the newest
+    policy (`state.policy`): with a max staleness of 0 the one the iteration sampled, above 0 perhaps a later one."""
     entry = state.iteration(iteration)
     folder = config.out / f"iter-{iteration}"
     folder.mkdir(parents=True, exist_ok=True)
     if not drawn(folder):
         draw_questions(config, iteration, folder)
-    stages: list[tuple[str, Callable[[], Any]]] = [
-        ("collected", lambda: collect_stage(config, entry.policy, folder, notice)),
-        ("judged", lambda: judge_stage(config, entry.policy, iteration, folder, notice)),
-        ("trained", lambda: train_stage(config, entry.policy, folder, notice)),
-        ("synced", lambda: sync_stage(config, state, entry.trained.checkpoint, iteration, notice)),
-    ]
-    if entry.collected is None:
-        await engines_agree(config, state, iteration)
-        if iteration == 1:  # the model the first train stage starts from, decided before anything is sampled
-            trainable_model(config.train.model, notice)
-    for stage, run in stages:
+    work: dict[str, Callable[[], Any]] = {
+        "collected": lambda: collect_stage(config, entry.policy, folder, notice),
+        "judged": lambda: judge_stage(config, entry.policy, iteration, folder, notice),
+        "trained": lambda: train_stage(config, state.policy, folder, notice),
+        "synced": lambda: sync_stage(config, state, entry.trained.checkpoint, iteration, notice),
+    }
+    for stage in stages:
         if getattr(entry, stage) is not None:
             continue
         started = time.monotonic()
         try:
-            setattr(entry, stage, await run())
+            setattr(entry, stage, await work[stage]())
         except NanbeigeError as exc:  # a stage's CollectError, JudgeError, TrainError, SetupError, SyncError ...
             write_state(config.out, state)  # what was done before the failure (engines a sync reached)
             raise LoopError(
@@ -284,6 +247,70 @@ async def run_iteration(config: LoopConfig, state: LoopState, iteration: int, no
             state.policy = entry.synced
         write_state(config.out, state)
         notice(f"loop: iteration {iteration} {stage}: {json.dumps(dataclasses.asdict(getattr(entry, stage)))}")
+
+
+async def start_sampling(config: LoopConfig, state: LoopState, iteration: int, notice: Callable[[str], None]) -> bool:
+    """Before an iteration samples: its record (made now, sampling the newest policy), and the engines asked
+    whether they all serve that policy. False when its sampling is done already."""
+    entry = state.iteration(iteration)
+    if entry.judged is not None:
+        return False
+    if entry.collected is None:
+        await engines_agree(config, state, iteration)
+        if iteration == 1:  # the model the first train stage starts from, decided before anything is sampled
+            trainable_model(config.train.model, notice)
+    return True
+
+
+async def run_iteration(config: LoopConfig, state: LoopState, iteration: int, notice: Callable[[str], None]) -> None:
+    """The iteration's stages not yet done, in order: the synchronous loop (a max staleness of 0)."""
+    await start_sampling(config, state, iteration, notice)
+    await run_stages(config, state, iteration, SAMPLE + LEARN, notice)
+
+
+async def run_overlapped(config: LoopConfig, state: LoopState, notice: Callable[[str], None]) -> None:
+    """A max staleness K above 0: sampling and learning as two lanes. The sampler takes the iterations in
+    order, and iteration i starts sampling once iteration i-1-K is synced (AReaL's admission rule, at the grain
+    of an iteration: its policy is never more than K versions behind the one it trains from, and nothing
+    sampled is dropped for its age); the learner trains each iteration as soon as it is judged, from the
+    newest policy, and syncs it. A sync and the start of a collect never interleave (the collect checks what
+    the engines serve); a collect already running goes on (with weights sync its later turns come from the
+    newer weights, their sampler's logprobs recorded as sampled)."""
+    iterations, staleness = config.iterations, config.max_staleness
+    synced = {number: asyncio.Event() for number in range(iterations + 1)}
+    judged = {number: asyncio.Event() for number in range(1, iterations + 1)}
+    synced[0].set()
+    for entry in state.iterations:  # a resumed loop
+        if entry.synced is not None:
+            synced[entry.iteration].set()
+    policy_change = asyncio.Lock()
+
+    async def sample() -> None:
+        for number in range(1, iterations + 1):
+            await synced[max(0, number - 1 - staleness)].wait()
+            async with policy_change:
+                started = await start_sampling(config, state, number, notice)
+            if started:
+                await run_stages(config, state, number, SAMPLE, notice)
+            judged[number].set()
+
+    async def learn() -> None:
+        for number in range(1, iterations + 1):
+            await judged[number].wait()
+            await run_stages(config, state, number, ("trained",), notice)
+            async with policy_change:
+                await run_stages(config, state, number, ("synced",), notice)
+            synced[number].set()
+
+    lanes = [asyncio.ensure_future(sample()), asyncio.ensure_future(learn())]
+    try:
+        done, _ = await asyncio.wait(lanes, return_when=asyncio.FIRST_EXCEPTION)
+        for lane in done:
+            lane.result()  # the first failure, as the synchronous loop raises it
+    finally:
+        for lane in lanes:
+            lane.cancel()
+        await asyncio.gather(*lanes, return_exceptions=True)
 
 
 async def engines_agree(config: LoopConfig, state: LoopState, iteration: int) -> None:
@@ -299,9 +326,10 @@ async def engines_agree(config: LoopConfig, state: LoopState, iteration: int) ->
     if not lacking:
         return
     fix = "start every engine on the same model"
-    if iteration > 1 and state.iterations[iteration - 2].synced is not None:
-        state.iterations[iteration - 2].synced = None
-        fix = f"iteration {iteration - 1} is no longer synced: run the same loop again to sync them"
+    source = next((entry for entry in state.iterations if entry.synced is not None and entry.synced == policy), None)
+    if source is not None:  # with a max staleness of 0 the previous iteration; above 0 perhaps an earlier one
+        source.synced = None
+        fix = f"iteration {source.iteration} is no longer synced: run the same loop again to sync them"
     write_state(config.out, state)
     raise LoopError(
         f"iteration {iteration}, collect: the engines do not all serve the policy "
@@ -328,8 +356,11 @@ async def run_loop(config: LoopConfig, notice: Callable[[str], None], resume: bo
         config.out.mkdir(parents=True, exist_ok=True)
         state = new_state(config)
         write_state(config.out, state)
-    for iteration in range(1, config.iterations + 1):
-        await run_iteration(config, state, iteration, notice)
+    if config.max_staleness:
+        await run_overlapped(config, state, notice)
+    else:
+        for iteration in range(1, config.iterations + 1):
+            await run_iteration(config, state, iteration, notice)
     return {
         "out": str(config.out),
         "policy": dataclasses.asdict(state.policy),
