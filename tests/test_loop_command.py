@@ -124,6 +124,11 @@ def test_loop_and_train_loop_give_the_loop_the_same_run(tmp_path: Path, loops: l
     assert (train.objective, train.packing, train.lora_rank, train.step_tokens) == ("grpo", "off", 0, 100000)
     assert by_loop.settings.backend.backend == "transformers" and by_loop.judge.no_critic
     assert (by_loop.questions_per_iteration, by_loop.min_informative_groups) == (1, 1)
+    assert by_loop.max_staleness == 0  # the synchronous loop unless asked
+    staleness = CliRunner().invoke(
+        app, ["loop", *flags(tmp_path), "--sync", "lora", "--lora-rank", "4", "--max-staleness", "2"]
+    )
+    assert staleness.exit_code == 0 and loops[-1].max_staleness == 2, staleness.output
     # the old spelling says where the loop went, once, after the run; the new one says nothing of it
     assert words(OLD_SPELLING) in words(old.output) and "nanbeige loop" not in new.output
     assert words(old.output).count("note:") == 1
@@ -148,6 +153,10 @@ def test_iterations_default_to_one_and_train_alone_never_starts_the_loop(
             "--sync none syncs none",
         ),
         (["--model", "m", "--out", "o", "--questions", "q.jsonl", "--time-reward"], "it needs --problems"),
+        (
+            ["--model", "m", "--out", "o", "--questions", "q.jsonl", "--max-staleness", "1", "--sync", "none"],
+            "--max-staleness 1 samples while training",
+        ),
     ],
 )
 def test_a_loop_that_cannot_work_is_refused_in_one_line(args: list[str], said: str, loops: list[LoopConfig]) -> None:

@@ -175,6 +175,12 @@ def start_loop(
     problem = admin_problem(flags["admin_url"] or [], flags["sync"], spelled)
     if problem:
         fail(problem, 2)
+    if flags["max_staleness"] and flags["sync"] == "none":
+        fail(
+            f"--max-staleness {flags['max_staleness']} samples while training, each new policy synced into the "
+            "serving vLLM, and --sync none syncs nothing: use --sync lora or weights, or --max-staleness 0",
+            2,
+        )
     if flags["time_reward"] and problems is None:
         fail("--time-reward rewards code problems' solutions: it needs --problems", 2)
     if flags["grader"] is not None and problems is not None:
@@ -198,6 +204,7 @@ def start_loop(
             questions_per_iteration=flags["questions_per_iteration"],
             min_informative_groups=flags["min_informative_groups"],
             max_draws=flags["max_draws"],
+            max_staleness=flags["max_staleness"],
         )
     )
 

@@ -274,6 +274,17 @@ LOOP: dict[str, tuple[Any, Any]] = {
         help="A vLLM engine to sync (repeatable), when the engines sit behind a router whose "
         "address is the only --base-url \\[default: every --base-url].",
     ),
+    "max_staleness": option(
+        int,
+        0,
+        "--max-staleness",
+        metavar="K",
+        min=0,
+        rich_help_panel=LOOP_PANEL,
+        help="Sample while training: iteration i samples once iteration i-1-K is synced, from a policy at most "
+        "K versions behind the one it trains from (needs --sync lora or weights). 0: each iteration samples "
+        "the policy the last one trained.",
+    ),
     "ray": option(
         str | None,
         None,

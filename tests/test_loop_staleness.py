@@ -1,0 +1,147 @@
+"""`nanbeige loop --max-staleness K`: sampling and training overlap. Iteration i samples once iteration i-1-K is
+synced, so its policy is at most K versions behind the one it trains from; each iteration trains from the newest
+policy; nothing sampled is dropped, and a loop stopped half way goes on, training every iteration once. Against
+a loopback vLLM engine (`FakeEngine`: completions in token mode and runtime LoRA, as vLLM answered them)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fake_openai import mcp_answer
+from fake_vllm_engine import FakeEngine
+from test_sync_engines import loop_for, tiny  # noqa: F401 (tiny: the fixture)
+
+from nanbeige.agent.trajectory.trajectory_file import load_trajectories
+from nanbeige.trainer.loop_config import LoopError
+from nanbeige.trainer.rl_loop import run_loop
+
+
+def half_right(tiny: Path) -> dict[str, Any]:  # noqa: F811
+    """A scripted policy answering two of every four rollouts of a question right, whichever model is asked
+    (two iterations may sample one policy here), and what token mode needs to talk to it."""
+    from nanbeige.agent.backends.token_mode import load_tokenizer
+
+    tokenizer = load_tokenizer(str(tiny))[0]
+    answered: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def policy(request: dict[str, Any]) -> str:
+        question = "a" if "2+2" in tokenizer.decode(request["prompt"]) else "b"
+        with lock:
+            n = answered[question] = answered.get(question, 0) + 1
+        return mcp_answer({"a": "4", "b": "red"}[question] if n % 4 in (1, 2) else "nothing")
+
+    return {
+        "replies": policy,
+        "tokenize": lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
+        "stop_id": tokenizer.convert_tokens_to_ids("<|im_end|>"),
+    }
+
+
+def optimizer_steps(out: Path, iterations: int) -> list[int]:
+    """AdamW's step count in each iteration's checkpoint: with LoRA each iteration goes on from the optimizer
+    state of the policy it trains from, so 1, 2, 3 says each trained once, from the one before."""
+    import torch
+
+    return [
+        int(
+            torch.load(out / f"iter-{i}" / "train" / "checkpoint-1" / "trainer-state-rank0.pt", weights_only=True)[
+                "optimizer"
+            ]["state"][0]["step"]
+        )
+        for i in range(1, iterations + 1)
+    ]
+
+
+def sampled_versions(out: Path) -> list[str]:
+    """The version of the policy each iteration sampled, as loop.json records it."""
+    return [entry["policy"]["version"] for entry in json.loads((out / "loop.json").read_text())["iterations"]]
+
+
+def test_with_k_1_an_iteration_samples_while_the_one_before_trains_and_trains_from_the_newest_policy(
+    tiny: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "loop"
+    with FakeEngine(**half_right(tiny)) as engine:
+        summary = asyncio.run(run_loop(loop_for(tiny, out, [engine.base_url], 3, "lora", max_staleness=1), print))
+        adapters = [request["lora_name"] for request in engine.lora_requests]
+    state = json.loads((out / "loop.json").read_text())
+    checkpoints = [entry["trained"]["checkpoint"] for entry in state["iterations"]]
+    # iteration 2 was admitted before iteration 1 had trained (it samples the start: one version behind the
+    # policy it trains from), iteration 3 once iteration 1 was synced
+    assert sampled_versions(out) == ["iter-0", "iter-0", "iter-1"]
+    models = [{t.model for t in load_trajectories(out / f"iter-{i}" / "rollouts.jsonl")} for i in (1, 2, 3)]
+    assert models == [{str(tiny)}, {str(tiny)}, {checkpoints[0]}]
+    # each iteration trained once, from the newest policy: iteration 2 from iteration 1's adapter, although
+    # it sampled the start
+    assert adapters == checkpoints and len(set(checkpoints)) == 3 and optimizer_steps(out, 3) == [1, 2, 3]
+    assert all(Path(c).parent == out / f"iter-{i}" / "train" for i, c in enumerate(checkpoints, 1))
+    assert state["policy"]["checkpoint"] == checkpoints[2] and state["engines"] == {
+        engine.base_url.removesuffix("/v1"): "iter-3"
+    }
+    assert [item["rollouts"] for item in summary["iterations"]] == [8, 8, 8]
+
+
+def test_with_k_0_each_iteration_samples_the_policy_the_one_before_trained(
+    tiny: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "loop"
+    with FakeEngine(**half_right(tiny)) as engine:
+        asyncio.run(run_loop(loop_for(tiny, out, [engine.base_url], 2, "lora"), print))
+    assert sampled_versions(out) == ["iter-0", "iter-1"]
+
+
+def test_a_loop_stopped_by_a_failed_sync_goes_on_and_trains_every_iteration_once(
+    tiny: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Iteration 2's sync fails (the engine stops taking adapters) while iteration 3 samples: the loop stops in
+    one line, and the same loop run again syncs iteration 2, finishes iteration 3's rollouts where they
+    stopped, from the policy it had admitted them with, and trains iteration 3 from iteration 2's adapter."""
+    out = tmp_path / "loop"
+    with FakeEngine(**half_right(tiny)) as engine:
+
+        def notice(line: str) -> None:
+            if line.startswith("loop: iteration 1 synced"):
+                engine.broken = "lora"  # restarted without runtime LoRA updates
+
+        config = loop_for(tiny, out, [engine.base_url], 3, "lora", max_staleness=1)
+        with pytest.raises(LoopError, match="iteration 2, sync: 1 of 1 engines did not take the new policy"):
+            asyncio.run(run_loop(config, notice))
+        state = json.loads((out / "loop.json").read_text())
+        assert "trained" in state["iterations"][1] and "synced" not in state["iterations"][1]
+
+        engine.broken = None
+        summary = asyncio.run(run_loop(config, print))
+        adapters = [request["lora_name"] for request in engine.lora_requests if "lora_name" in request]
+    state = json.loads((out / "loop.json").read_text())
+    checkpoints = [entry["trained"]["checkpoint"] for entry in state["iterations"]]
+    assert sampled_versions(out) == ["iter-0", "iter-0", "iter-1"]
+    assert adapters == checkpoints  # each loaded once, in order: iteration 2's on the second run
+    assert optimizer_steps(out, 3) == [1, 2, 3]
+    for i in (1, 2, 3):  # one training each: a step's checkpoint, none twice
+        assert sorted(p.name for p in (out / f"iter-{i}" / "train").glob("checkpoint-*")) == ["checkpoint-1"]
+        ids = [t.id for t in load_trajectories(out / f"iter-{i}" / "rollouts.jsonl")]
+        assert len(ids) == len(set(ids)) == 8
+    assert [item["rollouts"] for item in summary["iterations"]] == [8, 8, 8]
+
+
+@pytest.mark.parametrize("staleness", [-1, 1])
+def test_a_staleness_that_cannot_work_is_refused_before_anything_is_written(
+    tiny: Path,  # noqa: F811
+    tmp_path: Path,
+    staleness: int,
+) -> None:
+    out = tmp_path / "loop"
+    config = loop_for(tiny, out, ["http://127.0.0.1:9/v1"], 1, "none", max_staleness=staleness)
+    said = "must be 0 or more, not -1" if staleness < 0 else "sync none syncs nothing"
+    with pytest.raises(LoopError, match=said):
+        asyncio.run(run_loop(config, print))
+    assert not out.exists()
