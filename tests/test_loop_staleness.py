@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -145,3 +149,59 @@ def test_a_staleness_that_cannot_work_is_refused_before_anything_is_written(
     with pytest.raises(LoopError, match=said):
         asyncio.run(run_loop(config, print))
     assert not out.exists()
+
+
+NANBEIGE = str(Path(sys.executable).parent / "nanbeige")
+
+
+def loop_command(tiny: Path, questions: Path, out: Path, url: str) -> list[str]:  # noqa: F811
+    """`nanbeige loop` as a user runs it with K = 1: three iterations of one-turn rollouts in token mode."""
+    return [
+        *(NANBEIGE, "loop", "--iterations", "3", "--max-staleness", "1", "--questions", str(questions)),
+        *("-G", "4", "--model", str(tiny), "--out", str(out), "--base-url", url, "--token-mode"),
+        *("--no-default-servers", "--no-critic", "--sync", "lora", "--lora-rank", "4", "--steps", "1"),
+        *("--step-tokens", "4000", "--micro-tokens", "4000", "--lr", "1e-3", "--off-policy"),
+        *("--max-turns", "1", "--max-tokens", "64", "--temperature", "1.0", "--no-summary-turn"),
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("killed_at", ["iter-2/rollouts.jsonl", "iter-2/train", "iter-3/judged.jsonl"])
+def test_killed_with_sigkill_anywhere_the_same_command_goes_on_training_each_iteration_once(
+    tiny: Path,  # noqa: F811
+    tmp_path: Path,
+    killed_at: str,
+) -> None:
+    """The loop process is killed (SIGKILL) as soon as `killed_at` appears: mid-collect of the iteration sampled
+    while the first trains, mid-training, mid-judge; run again, it finishes with every rollout once, every
+    iteration trained once from the one before, and the policies it had admitted."""
+    out = tmp_path / "loop"
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text(
+        '{"id": "a", "question": "What is 2+2?", "answer": "4"}\n'
+        '{"id": "b", "question": "Name a colour.", "answer": "red"}\n'
+    )
+    with FakeEngine(**half_right(tiny)) as engine:
+        command = loop_command(tiny, questions, out, engine.base_url)
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and process.poll() is None and not (out / killed_at).exists():
+            time.sleep(0.02)
+        assert process.poll() is None, "the loop ended before it could be killed"
+        process.send_signal(signal.SIGKILL)
+        process.communicate(timeout=30)
+        # an iteration's policy is on disk before its first rollout: what a rerun samples the rest with
+        admitted = json.loads((out / "loop.json").read_text())["iterations"]
+        assert len(admitted) >= int(killed_at.split("/")[0].removeprefix("iter-"))
+        finished = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        assert finished.returncode == 0, finished.stderr[-3000:]
+        adapters = [request["lora_name"] for request in engine.lora_requests]
+    state = json.loads((out / "loop.json").read_text())
+    checkpoints = [entry["trained"]["checkpoint"] for entry in state["iterations"]]
+    assert sampled_versions(out) == ["iter-0", "iter-0", "iter-1"]
+    assert optimizer_steps(out, 3) == [1, 2, 3]
+    assert list(dict.fromkeys(adapters)) == checkpoints  # loaded in order (a sync cut short may be asked again)
+    for i in (1, 2, 3):
+        ids = [(t.group_id, t.rollout_index) for t in load_trajectories(out / f"iter-{i}" / "rollouts.jsonl")]
+        assert len(ids) == len(set(ids)) == 8
+        assert len(load_trajectories(out / f"iter-{i}" / "judged.jsonl")) == 8

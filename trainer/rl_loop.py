@@ -251,8 +251,12 @@ async def run_stages(
 
 async def start_sampling(config: LoopConfig, state: LoopState, iteration: int, notice: Callable[[str], None]) -> bool:
     """Before an iteration samples: its record (made now, sampling the newest policy), and the engines asked
-    whether they all serve that policy. False when its sampling is done already."""
+    whether they all serve that policy. False when its sampling is done already. A new record is written at
+    once: a loop stopped in its collect samples the rest with the policy it admitted it with."""
+    new = len(state.iterations) < iteration
     entry = state.iteration(iteration)
+    if new:
+        write_state(config.out, state)
     if entry.judged is not None:
         return False
     if entry.collected is None:
