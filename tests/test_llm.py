@@ -163,3 +163,29 @@ async def test_a_chat_response_as_vllm_serializes_it_keeps_its_token_fields() ->
     assert completion.logprobs == [-0.25, -0.125] and completion.finish_reason == "stop"
     assert completion.usage == {"prompt_tokens": 4, "total_tokens": 7, "completion_tokens": 3}
     assert b'"return_token_ids":true' in sent[0].content  # asked for the fields it read
+
+
+async def test_a_connection_closed_under_a_call_that_fails_as_attribute_error_is_asked_again() -> None:
+    """anyio raises AttributeError ('NoneType' object has no attribute 'getpeername') when httpcore checks a
+    pooled connection whose transport has just closed: seen once in the pool's outage test. It is a transport
+    error, asked again, not a crash of the run."""
+    import httpx
+
+    calls = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        if len(calls) in (1, 3):
+            raise AttributeError("'NoneType' object has no attribute 'getpeername'")
+        body = {"choices": [{"message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}]}
+        return httpx.Response(200, json=body)
+
+    llm = OpenAIChat(
+        LLMConfig(base_url="http://127.0.0.1:9/v1", model="m", retry_wait_s=0.01),
+        transport=httpx.MockTransport(answer),
+        server=ServerInfo(vllm=False),
+    )
+    assert (await llm.complete(MESSAGES)).message["content"] == "ok"
+    assert await llm.get_briefly("/models") is None  # a probe that met it has no answer, and no crash
+    await llm.aclose()
+    assert calls == ["/v1/chat/completions", "/v1/chat/completions", "/v1/models"]

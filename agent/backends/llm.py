@@ -239,8 +239,7 @@ class OpenAIChat:
         """The server's answer; with `stream`, a 200 answer's body is left to be read as it comes. Any
         other body is read whole here, within the size cap."""
         try:
-            request = self.http.build_request("POST", path, content=content)
-            response = await self.http.send(request, stream=True)
+            response = await self._send(self.http.build_request("POST", path, content=content))
         except httpx.ConnectError as exc:
             raise ModelUnavailable(f"cannot connect to {self.config.base_url}: {exc}") from exc
         if not stream or response.status_code != 200:
@@ -368,12 +367,20 @@ class OpenAIChat:
             return ServerInfo(vllm=False)  # something answers without a model list, which vLLM always has
         return info
 
+    async def _send(self, request: httpx.Request) -> httpx.Response:
+        """The response, its body left to read. A pooled connection the server has just closed can fail in anyio
+        with AttributeError (its closed transport's socket is None): raised as the transport error it is."""
+        try:
+            return await self.http.send(request, stream=True)
+        except AttributeError as exc:
+            raise httpx.ReadError(f"the connection closed under the request ({exc})", request=request) from exc
+
     async def get_briefly(self, path: str) -> httpx.Response | None:
         """The answer to a GET of `path` (a probe), read whole within `PROBE_TIMEOUT_S` in all and the size
         cap; None when the server does not give one (unreachable, too slow, too long)."""
         try:
             async with asyncio.timeout(PROBE_TIMEOUT_S):
-                return await read_whole(await self.http.send(self.http.build_request("GET", path), stream=True))
+                return await read_whole(await self._send(self.http.build_request("GET", path)))
         except (httpx.HTTPError, TimeoutError, UnusableReply):
             return None
 
