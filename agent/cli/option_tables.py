@@ -4,11 +4,13 @@ reads the signature made here; the command reads its values from one dict."""
 
 from __future__ import annotations
 
+import copy
 import enum
 import functools
 import inspect
+import typing
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
 from nanbeige.agent.cli.options import RUN_OPTIONS, run_settings
 
@@ -85,3 +87,15 @@ def declared(
 def plain(value: Any) -> Any:
     """A choice's value as its text (`Sync.lora` -> "lora"); any other value as it is."""
     return value.value if isinstance(value, enum.Enum) else value
+
+
+def in_panel(table: dict[str, tuple[Any, Any]], panel: str) -> dict[str, tuple[Any, Any]]:
+    """An option table's rows shown in the help page's `panel`, for a command that lists another's flags
+    among its own (the loop lists judge's critic flags in its Loop panel)."""
+    shown = {}
+    for name, (flag, default) in table.items():
+        kind, info = typing.get_args(flag)
+        info = copy.copy(info)
+        info.rich_help_panel = panel
+        shown[name] = (Annotated[kind, info], default)
+    return shown

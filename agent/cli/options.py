@@ -6,9 +6,7 @@ Numbers' bounds are `ranges.RANGES`, shared with the API the same way."""
 
 from __future__ import annotations
 
-import copy
 import operator
-import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
@@ -351,18 +349,6 @@ def option(kind: Any, default: Any, *names: str, **settings: Any) -> tuple[Any, 
     """One row of an option table: the flag typed as `kind`, made by `typer.Option(*names, **settings)`, and
     its default."""
     return Annotated[kind, typer.Option(*names, **settings)], default
-
-
-def in_panel(table: dict[str, tuple[Any, Any]], panel: str) -> dict[str, tuple[Any, Any]]:
-    """An option table's rows shown in the help page's `panel`, for a command that lists another's flags
-    among its own (the loop lists judge's critic flags in its Loop panel)."""
-    shown = {}
-    for name, (flag, default) in table.items():
-        kind, info = typing.get_args(flag)
-        info = copy.copy(info)
-        info.rich_help_panel = panel
-        shown[name] = (Annotated[kind, info], default)
-    return shown
 
 
 # What a caller may leave out besides the run settings' own flags, whose defaults stand in: only `ask` and

@@ -14,6 +14,7 @@ from typing import Any
 from nanbeige.agent.cli import options as o
 from nanbeige.agent.cli.command_options import COLLECT, COLLECT_RUN
 from nanbeige.agent.cli.judge_options import CRITIC
+from nanbeige.agent.cli.option_tables import in_panel
 from nanbeige.agent.cli.options import option
 from nanbeige.trainer.train import TrainConfig
 
@@ -322,7 +323,7 @@ LOOP: dict[str, tuple[Any, Any]] = {
         help="With --problems: code RL's stage 2 time reward, from the judge at "
         "NANBEIGE_JUDGE_BASE_URL / _MODEL / _API_KEY.",
     ),
-    **o.in_panel(CRITIC, LOOP_PANEL),
+    **in_panel(CRITIC, LOOP_PANEL),
 }
 
 # The model server flags `train --loop` takes for its collect, whose other run settings keep their defaults
