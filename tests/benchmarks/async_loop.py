@@ -5,7 +5,9 @@ LoRA sync) against a loopback vLLM engine (`tests/fake_vllm_engine.py`) whose ro
 time: lognormal around `--rollout-s`, and one rollout in ten `--tail`× longer, as the slow rollouts of a
 deep-search run are. Every K runs the same iterations on the same questions in a folder of its own. Printed
 for each K: wall time, rollouts trained per second, the share of the wall time the engine had no rollout in
-flight and the trainer was not training, and the largest staleness any iteration sampled with (never above K).
+flight and the trainer was not training, the largest staleness any iteration sampled with (never above K), and
+a two-sample Kolmogorov-Smirnov test of the rollouts' engine times, trained against sampled (a loop that
+dropped stale rollouts would train fewer of the slow ones).
 
     python tests/benchmarks/async_loop.py [--iterations 6] [--staleness 0 1 2] [--rollout-s 0.1] [--tail 10] \\
         [--train-steps 4]
@@ -31,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' loopb
 
 from fake_openai import Reply, mcp_answer  # noqa: E402
 from fake_vllm_engine import FakeEngine  # noqa: E402
+from scipy.stats import ks_2samp  # noqa: E402
 from tiny_model import make_tiny_model  # noqa: E402
 
 from nanbeige.agent.backends.llm import LLMConfig  # noqa: E402
@@ -133,6 +136,7 @@ def one_run(model: Path, work: Path, args: argparse.Namespace, staleness: int) -
     sampling = sum(s.get("collected", 0) + s.get("judged", 0) for s in seconds)
     training = sum(s.get("trained", 0) for s in seconds)
     trained = sum(item["rollouts"] for item in summary["iterations"] if item["train_steps"])
+    sampled_s, trained_s = rollout_times(out, args.iterations)
     return {
         "K": staleness,
         "wall s": round(wall, 1),
@@ -142,7 +146,28 @@ def one_run(model: Path, work: Path, args: argparse.Namespace, staleness: int) -
         "engine idle": f"{1 - engine.busy_s() / wall:.0%}",
         "trainer idle": f"{1 - training / wall:.0%}",
         "max staleness": max(lag),
+        "trained / sampled": f"{len(trained_s)}/{len(sampled_s)}",
+        "time KS p": round(float(ks_2samp(sampled_s, trained_s).pvalue), 3),
     }
+
+
+def rollout_times(out: Path, iterations: int) -> tuple[list[float], list[float]]:
+    """Each rollout's time on the engine, of every rollout sampled and of those the trainer trained on (the
+    groups its filter keeps): if staleness dropped or delayed the slow ones, the two would differ."""
+    from nanbeige.agent.trajectory.trajectory_file import load_trajectories
+    from nanbeige.trainer.batches import group_verdict
+
+    rule = TrainConfig(data=[], model="", out=out).groups
+    sampled, trained = [], []
+    for i in range(1, iterations + 1):
+        groups: dict[str, list[Any]] = {}
+        for trajectory in load_trajectories(out / f"iter-{i}" / "judged.jsonl"):
+            groups.setdefault(trajectory.group_id or trajectory.id, []).append(trajectory)
+        for group in groups.values():
+            times = [sum(turn.latency_s for turn in t.turns) for t in group]
+            sampled += times
+            trained += times if group_verdict(group, rule) == "kept" else []
+    return sampled, trained
 
 
 def main() -> None:
