@@ -99,9 +99,9 @@ class Turn:
     usage: dict[str, int] = field(default_factory=dict)
     """Token counts from the server: `prompt_tokens`, `completion_tokens`."""
     latency_s: float = 0.0
+    """Wall time of the model call."""
     endpoint: str | None = None
     """The endpoint of a pool of model servers that sampled this reply (`pool.py`); None without a pool."""
-    """Wall time of the model call."""
     segment: int | None = None
     """Token segment id: a new segment starts whenever the prompt stops extending the previous one."""
     prompt_keep: int | None = None
