@@ -137,6 +137,35 @@ def test_a_loop_stopped_by_a_failed_sync_goes_on_and_trains_every_iteration_once
     assert [item["rollouts"] for item in summary["iterations"]] == [8, 8, 8]
 
 
+def test_with_k_1_an_engine_that_fails_a_sync_is_left_out_of_sampling_until_it_serves_the_policy(
+    tiny: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Two engines in a pool; the second refuses adapters until iteration 2 has trained. Iteration 1's sync
+    reaches the first alone: the loop goes on, iteration 3 (which samples iteration 1's adapter) asks the first
+    engine alone, and from iteration 2's sync on both serve the policy again."""
+    out = tmp_path / "loop"
+    script = half_right(tiny)
+    with FakeEngine(**script) as one, FakeEngine(**script) as two:
+        two.broken = "lora"
+
+        def notice(line: str) -> None:
+            if line.startswith("loop: iteration 2 trained"):
+                two.broken = None  # restarted with runtime LoRA updates
+
+        config = loop_for(tiny, out, [one.base_url, two.base_url], 3, "lora", max_staleness=1)
+        summary = asyncio.run(run_loop(config, notice))
+        first = json.loads((out / "loop.json").read_text())["iterations"][0]["trained"]["checkpoint"]
+        asked = [{r["model"] for r in engine.requests if "prompt" in r} for engine in (one, two)]
+        assert first in asked[0] and first not in asked[1]  # the stale engine never sampled iteration 3
+        assert str(tiny) in asked[1]  # it sampled the start's iterations, which it served
+        assert {"refused": True} in two.lora_requests
+    assert sampled_versions(out) == ["iter-0", "iter-0", "iter-1"]
+    state = json.loads((out / "loop.json").read_text())
+    assert state["engines"] == {one.base_url.removesuffix("/v1"): "iter-3", two.base_url.removesuffix("/v1"): "iter-3"}
+    assert [item["rollouts"] for item in summary["iterations"]] == [8, 8, 8]
+
+
 @pytest.mark.parametrize("staleness", [-1, 1])
 def test_a_staleness_that_cannot_work_is_refused_before_anything_is_written(
     tiny: Path,  # noqa: F811

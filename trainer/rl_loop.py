@@ -50,6 +50,7 @@ from typing import Any
 from nanbeige.evals.files import first_link
 from nanbeige.tools.errors import NanbeigeError
 from nanbeige.trainer.loop_config import LoopConfig, LoopError, check
+from nanbeige.trainer.loop_engines import engines_agree, sampling_settings, sync_stage
 from nanbeige.trainer.loop_questions import draw_questions, drawn, question_pool
 from nanbeige.trainer.loop_state import (
     STAGES,
@@ -64,7 +65,6 @@ from nanbeige.trainer.loop_state import (
     write_state,
 )
 from nanbeige.trainer.model import trainable_model
-from nanbeige.trainer.sync import SyncError, disagreeing, engine_root, on_every_engine, sync_engine
 from nanbeige.trainer.train import TrainConfig
 
 # ---------------------------------------------------------------- the stages
@@ -80,6 +80,7 @@ async def collect_stage(config: LoopConfig, policy: Policy, folder: Path, notice
         # the first model's template for every iteration, whichever folder the iteration's policy is in
         backend = dataclasses.replace(backend, chat_template=template_file(settings, settings.llm.model))
     settings = dataclasses.replace(settings, backend=backend, llm=dataclasses.replace(settings.llm, model=policy.model))
+    settings = await sampling_settings(config, settings, policy)
     collect_config = CollectConfig(
         out=folder / "rollouts.jsonl",
         questions=folder / "questions.jsonl",
@@ -171,38 +172,6 @@ async def train_stage(config: LoopConfig, policy: Policy, folder: Path, notice: 
     summary = await asyncio.to_thread(train, train_config, True, notice)
     checkpoint = str(Path(summary["checkpoint"]).resolve())
     return Trained(checkpoint, summary["steps"], summary["rows"])
-
-
-def engines(config: LoopConfig) -> list[str]:
-    """The vLLM engines the loop syncs, each once, by its address without `/v1`."""
-    return list(dict.fromkeys(engine_root(url) for url in config.admin_urls or config.settings.llm.urls()))
-
-
-async def sync_stage(
-    config: LoopConfig, state: LoopState, checkpoint: str, iteration: int, notice: Callable[[str], None]
-) -> Policy:
-    """Make the new checkpoint the policy the next iteration samples from, on every engine; returns that policy.
-    The engines that took it are recorded even when another did not, and are not synced again."""
-    if config.sync in ("lora", "weights"):
-        urls, key = engines(config), config.settings.llm.api_key
-        failed = await on_every_engine(urls, lambda url: sync_engine(url, config.sync, Path(checkpoint), key))
-        state.engines.update({url: f"iter-{iteration}" for url in urls if url not in failed})
-        if failed:
-            raise SyncError(
-                f"{len(failed)} of {len(urls)} engines did not take the new policy: " + "; ".join(failed.values())
-            )
-        notice(f"loop: every engine serves iteration {iteration}'s policy: {', '.join(urls)}")
-        # with LoRA the adapter's name; with weights the same served model, now with the new weights
-        model = checkpoint if config.sync == "lora" else config.settings.llm.model
-    elif config.settings.backend.backend == "transformers":
-        model = checkpoint  # the in-process backend loads the checkpoint folder itself
-    else:
-        model = config.settings.llm.model  # the user restarts the server on the checkpoint
-        notice(
-            f"loop: serve {checkpoint} (restart the model server on it) for the next iteration to sample "
-            "from the new policy"
-        )
-    return Policy(model, checkpoint, f"iter-{iteration}")
 
 
 # ---------------------------------------------------------------- the loop
@@ -315,31 +284,6 @@ async def run_overlapped(config: LoopConfig, state: LoopState, notice: Callable[
         for lane in lanes:
             lane.cancel()
         await asyncio.gather(*lanes, return_exceptions=True)
-
-
-async def engines_agree(config: LoopConfig, state: LoopState, iteration: int) -> None:
-    """Refuse to collect while the engines do not all say they serve the iteration's policy (with weights
-    before any sync: the same weight version). The previous iteration is then no longer synced, so that the
-    next call syncs the engines that lack its policy."""
-    policy = state.iterations[iteration - 1].policy
-    if config.sync == "none" or config.sync == "lora" and policy.checkpoint is None:
-        return  # nothing synced (a LoRA engine serves its base model whatever adapters it holds)
-    urls = engines(config)
-    lacking = await disagreeing(urls, config.sync, policy.checkpoint, config.settings.llm.api_key)
-    state.engines.update({url: None if url in lacking else policy.version for url in urls})
-    if not lacking:
-        return
-    fix = "start every engine on the same model"
-    source = next((entry for entry in state.iterations if entry.synced is not None and entry.synced == policy), None)
-    if source is not None:  # with a max staleness of 0 the previous iteration; above 0 perhaps an earlier one
-        source.synced = None
-        fix = f"iteration {source.iteration} is no longer synced: run the same loop again to sync them"
-    write_state(config.out, state)
-    raise LoopError(
-        f"iteration {iteration}, collect: the engines do not all serve the policy "
-        f"{policy.checkpoint or policy.model}, so collection does not start "
-        f"({'; '.join(lacking.values())}); {fix}"
-    )
 
 
 async def run_loop(config: LoopConfig, notice: Callable[[str], None], resume: bool = True) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import math
 import random
@@ -34,11 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' loopb
 from fake_openai import Reply, mcp_answer  # noqa: E402
 from fake_vllm_engine import FakeEngine  # noqa: E402
 from scipy.stats import ks_2samp  # noqa: E402
+from test_sync_engines import loop_for  # noqa: E402
 from tiny_model import make_tiny_model  # noqa: E402
 
-from nanbeige.agent.backends.llm import LLMConfig  # noqa: E402
-from nanbeige.agent.run.run_config import AgentConfig, BackendConfig, RunSettings, ToolsConfig  # noqa: E402
-from nanbeige.trainer.judge_config import JudgeRunConfig  # noqa: E402
 from nanbeige.trainer.loop_config import LoopConfig  # noqa: E402
 from nanbeige.trainer.rl_loop import run_loop  # noqa: E402
 from nanbeige.trainer.train import TrainConfig  # noqa: E402
@@ -76,41 +75,16 @@ class Engine:
 
 
 def config_for(model: Path, out: Path, url: str, args: argparse.Namespace, staleness: int) -> LoopConfig:
-    questions = out.parent / "questions.jsonl"
-    questions.write_text(
+    """The tests' loop of one-turn rollouts in token mode with LoRA sync (`test_sync_engines.loop_for`), on
+    this benchmark's questions and with its optimizer steps an iteration."""
+    config = loop_for(model, out, [url], args.iterations, "lora", max_staleness=staleness)
+    config.questions.write_text(
         "".join(
             json.dumps({"id": f"q{i}", "question": f"What is question {i}?", "answer": str(i)}) + "\n"
             for i in range(QUESTIONS)
         )
     )
-    settings = RunSettings(
-        llm=LLMConfig(base_url=url, model=str(model), max_tokens=64, temperature=1.0),
-        agent=AgentConfig(max_turns=1, summary_turn=False),
-        backend=BackendConfig(backend="openai", base_url_given=True, token_mode=True),
-        tools=ToolsConfig(default_servers=False),
-    )
-    train = TrainConfig(
-        data=[],
-        model=str(model),
-        out=out,
-        steps=args.train_steps,
-        step_tokens=8000,
-        lr=1e-3,
-        lora_rank=4,
-        off_policy=True,
-    )
-    return LoopConfig(
-        iterations=args.iterations,
-        out=out,
-        questions=questions,
-        settings=settings,
-        judge=JudgeRunConfig(no_critic=True),
-        train=train,
-        group_size=4,
-        collect_concurrency=8,
-        sync="lora",
-        max_staleness=staleness,
-    )
+    return dataclasses.replace(config, train=dataclasses.replace(config.train, steps=args.train_steps))
 
 
 def one_run(model: Path, work: Path, args: argparse.Namespace, staleness: int) -> dict[str, Any]:
