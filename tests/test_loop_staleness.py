@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_openai import mcp_answer
+from fake_openai import Reply, mcp_answer
 from fake_vllm_engine import FakeEngine
 from test_sync_engines import loop_for, tiny  # noqa: F401 (tiny: the fixture)
 
@@ -164,6 +164,56 @@ def test_with_k_1_an_engine_that_fails_a_sync_is_left_out_of_sampling_until_it_s
     state = json.loads((out / "loop.json").read_text())
     assert state["engines"] == {one.base_url.removesuffix("/v1"): "iter-3", two.base_url.removesuffix("/v1"): "iter-3"}
     assert [item["rollouts"] for item in summary["iterations"]] == [8, 8, 8]
+
+
+def test_an_iteration_admitted_with_a_policy_no_engine_serves_any_more_samples_the_newest_never_an_older(
+    tiny: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Iteration 3 was admitted with iteration 1's policy and stopped before it sampled; then the engine
+    restarted, losing its adapters. The rerun admits iteration 3 again with the newest policy (iteration 2's)
+    and syncs that again: it never syncs iteration 1's back, nor trains iteration 3 from it."""
+    out = tmp_path / "loop"
+    with FakeEngine(**half_right(tiny)) as engine:
+        asyncio.run(run_loop(loop_for(tiny, out, [engine.base_url], 2, "lora", max_staleness=1), print))
+        state = json.loads((out / "loop.json").read_text())
+        state["iterations"].append({"iteration": 3, "policy": state["iterations"][0]["synced"], "seconds": {}})
+        (out / "loop.json").write_text(json.dumps(state))
+        engine.restart()
+        config = loop_for(tiny, out, [engine.base_url], 3, "lora", max_staleness=1)
+        with pytest.raises(LoopError, match="iteration 3, collect: .*iteration 2 is no longer synced"):
+            asyncio.run(run_loop(config, print))
+        asyncio.run(run_loop(config, print))
+        adapters = [request["lora_name"] for request in engine.lora_requests]
+    checkpoints = [
+        entry["trained"]["checkpoint"] for entry in json.loads((out / "loop.json").read_text())["iterations"]
+    ]
+    assert sampled_versions(out) == ["iter-0", "iter-0", "iter-2"]
+    assert optimizer_steps(out, 3) == [1, 2, 3]
+    assert adapters == [checkpoints[0], checkpoints[1], checkpoints[1], checkpoints[2]]  # after the restart: 2 again
+
+
+def test_when_sampling_fails_while_an_iteration_trains_its_training_is_finished_and_recorded(
+    tiny: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Training runs in a thread a cancel cannot stop: a collect that fails meanwhile stops the loop once the
+    training in progress is recorded, so the rerun does not train it again."""
+    out = tmp_path / "loop"
+    script = half_right(tiny)
+    replies = script.pop("replies")
+    asked = [0]
+
+    def first_iteration_only(request: dict[str, Any]) -> Any:
+        asked[0] += 1
+        return replies(request) if asked[0] <= 8 else Reply(status=400, body={"error": {"message": "gone"}})
+
+    with FakeEngine(first_iteration_only, **script) as engine:
+        config = loop_for(tiny, out, [engine.base_url], 2, "lora", max_staleness=1)
+        with pytest.raises(LoopError, match="iteration 2, collect: 8 runs in a row failed"):
+            asyncio.run(run_loop(config, print))
+    first = json.loads((out / "loop.json").read_text())["iterations"][0]
+    assert "trained" in first and "synced" not in first
 
 
 @pytest.mark.parametrize("staleness", [-1, 1])

@@ -22,8 +22,10 @@ def engines(config: LoopConfig) -> list[str]:
 
 def leaves_out(config: LoopConfig) -> bool:
     """Whether an engine that lacks a policy is left out of sampling rather than stopping the loop: with a max
-    staleness above 0 and more than one engine sampled directly (behind a router the loop cannot choose)."""
-    return bool(config.max_staleness) and not config.admin_urls and len(engines(config)) > 1
+    staleness above 0, LoRA (an engine keeps every adapter it took, so which engines serve a policy stays
+    true while later ones load) and more than one engine sampled directly (behind a router the loop cannot
+    choose)."""
+    return bool(config.max_staleness) and config.sync == "lora" and not config.admin_urls and len(engines(config)) > 1
 
 
 async def sync_stage(
@@ -56,12 +58,16 @@ async def sync_stage(
     return Policy(model, checkpoint, f"iter-{iteration}")
 
 
-async def engines_agree(config: LoopConfig, state: LoopState, iteration: int) -> None:
+async def engines_agree(
+    config: LoopConfig, state: LoopState, iteration: int, notice: Callable[[str], None] = print
+) -> None:
     """Refuse to collect while the engines do not all say they serve the iteration's policy (with weights
     before any sync: the same weight version); where engines are left out (`leaves_out`), only while none
     does. The iteration that synced the policy is then no longer synced, so that the next call syncs the
-    engines that lack it."""
-    policy = state.iterations[iteration - 1].policy
+    engines that lack it. An iteration admitted with a policy older than the newest (a max staleness above 0,
+    resumed after the engines moved on) is admitted again with the newest instead: never rolled back."""
+    entry = state.iterations[iteration - 1]
+    policy = entry.policy
     if config.sync == "none" or config.sync == "lora" and policy.checkpoint is None:
         return  # nothing synced (a LoRA engine serves its base model whatever adapters it holds)
     urls = engines(config)
@@ -69,6 +75,11 @@ async def engines_agree(config: LoopConfig, state: LoopState, iteration: int) ->
     state.engines.update({url: None if url in lacking else policy.version for url in urls})
     if not lacking or len(lacking) < len(urls) and leaves_out(config):
         return
+    if policy.number() < state.policy.number():
+        notice(f"loop: iteration {iteration} samples {state.policy.version}: {policy.version} is served no more")
+        entry.policy = dataclasses.replace(state.policy)
+        write_state(config.out, state)
+        return await engines_agree(config, state, iteration, notice)
     fix = "start every engine on the same model"
     source = next((entry for entry in state.iterations if entry.synced is not None and entry.synced == policy), None)
     if source is not None:  # with a max staleness of 0 the previous iteration; above 0 perhaps an earlier one

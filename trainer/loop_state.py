@@ -43,6 +43,11 @@ class Policy:
     version: str = ""
     """`iter-I`, the iteration that trained it (`iter-0`: the start)."""
 
+    def number(self) -> int:
+        """I of `iter-I`: the iteration that trained it (0: the start, or a version not of that form)."""
+        digits = self.version.removeprefix("iter-")
+        return int(digits) if digits.isdigit() else 0
+
 
 @dataclass
 class Collected:

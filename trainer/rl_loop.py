@@ -212,8 +212,8 @@ async def run_stages(
             ) from None
         # each stage's wall time, only reported (a resumed stage counts from the call that finished it)
         entry.seconds[stage] = round(time.monotonic() - started, 1)
-        if stage == "synced":
-            state.policy = entry.synced
+        if stage == "synced" and entry.synced.number() >= state.policy.number():
+            state.policy = entry.synced  # never back to an older policy (an older iteration synced again)
         write_state(config.out, state)
         notice(f"loop: iteration {iteration} {stage}: {json.dumps(dataclasses.asdict(getattr(entry, stage)))}")
 
@@ -229,7 +229,7 @@ async def start_sampling(config: LoopConfig, state: LoopState, iteration: int, n
     if entry.judged is not None:
         return False
     if entry.collected is None:
-        await engines_agree(config, state, iteration)
+        await engines_agree(config, state, iteration, notice)
         if iteration == 1:  # the model the first train stage starts from, decided before anything is sampled
             trainable_model(config.train.model, notice)
     return True
@@ -253,14 +253,16 @@ async def run_overlapped(config: LoopConfig, state: LoopState, notice: Callable[
     synced = {number: asyncio.Event() for number in range(iterations + 1)}
     judged = {number: asyncio.Event() for number in range(1, iterations + 1)}
     synced[0].set()
-    for entry in state.iterations:  # a resumed loop
+    for entry in state.iterations[:iterations]:  # a resumed loop (asked for fewer iterations: the first ones)
         if entry.synced is not None:
             synced[entry.iteration].set()
-    policy_change = asyncio.Lock()
+    policy_change, stop = asyncio.Lock(), asyncio.Event()
 
     async def sample() -> None:
         for number in range(1, iterations + 1):
             await synced[max(0, number - 1 - staleness)].wait()
+            if number <= len(state.iterations):  # admitted before (resumed): the policy it samples served again first
+                await synced[state.iterations[number - 1].policy.number()].wait()
             async with policy_change:
                 started = await start_sampling(config, state, number, notice)
             if started:
@@ -269,21 +271,39 @@ async def run_overlapped(config: LoopConfig, state: LoopState, notice: Callable[
 
     async def learn() -> None:
         for number in range(1, iterations + 1):
-            await judged[number].wait()
+            if not await first_of(judged[number], stop):
+                return  # the sampler failed: nothing more to train
             await run_stages(config, state, number, ("trained",), notice)
+            if stop.is_set():
+                return  # trained and recorded; the rerun syncs it
             async with policy_change:
                 await run_stages(config, state, number, ("synced",), notice)
             synced[number].set()
 
-    lanes = [asyncio.ensure_future(sample()), asyncio.ensure_future(learn())]
+    sampler, learner = asyncio.ensure_future(sample()), asyncio.ensure_future(learn())
     try:
-        done, _ = await asyncio.wait(lanes, return_when=asyncio.FIRST_EXCEPTION)
-        for lane in done:
-            lane.result()  # the first failure, as the synchronous loop raises it
+        await asyncio.wait([sampler, learner], return_when=asyncio.FIRST_EXCEPTION)
+        if sampler.done() and sampler.exception() is not None and not learner.done():
+            # training runs in a thread a cancel cannot stop: let the step in progress finish and be recorded
+            notice(f"loop: stopping once the training in progress is recorded: {sampler.exception()}")
+            stop.set()
+            await asyncio.gather(learner, return_exceptions=True)
+        for lane in (sampler, learner):
+            if lane.done() and not lane.cancelled() and lane.exception() is not None:
+                raise lane.exception()  # the first failure, as the synchronous loop raises it
     finally:
-        for lane in lanes:
+        for lane in (sampler, learner):
             lane.cancel()
-        await asyncio.gather(*lanes, return_exceptions=True)
+        await asyncio.gather(sampler, learner, return_exceptions=True)
+
+
+async def first_of(wanted: asyncio.Event, stop: asyncio.Event) -> bool:
+    """Wait for `wanted` or `stop`, whichever is set first; whether `wanted` is."""
+    waits = [asyncio.ensure_future(wanted.wait()), asyncio.ensure_future(stop.wait())]
+    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for wait in waits:
+        wait.cancel()
+    return wanted.is_set()
 
 
 async def run_loop(config: LoopConfig, notice: Callable[[str], None], resume: bool = True) -> dict[str, Any]:

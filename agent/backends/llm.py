@@ -368,11 +368,11 @@ class OpenAIChat:
         return info
 
     async def _send(self, request: httpx.Request) -> httpx.Response:
-        """The response, its body left to read. A pooled connection the server has just closed can fail in anyio
-        with AttributeError (its closed transport's socket is None): raised as the transport error it is."""
-        try:
+        try:  # the response, its body left to read; a pooled connection anyio finds closed is a transport error
             return await self.http.send(request, stream=True)
-        except AttributeError as exc:
+        except AttributeError as exc:  # anyio's, when the closed transport's socket is None; any other is a bug
+            if "NoneType" not in str(exc):
+                raise
             raise httpx.ReadError(f"the connection closed under the request ({exc})", request=request) from exc
 
     async def get_briefly(self, path: str) -> httpx.Response | None:
