@@ -96,7 +96,7 @@ async def engines_agree(
 async def sampling_settings(config: LoopConfig, settings: RunSettings, policy: Policy) -> RunSettings:
     """`settings` with the engines that serve `policy` alone, where engines are left out (`leaves_out`): asked
     at the start of each collect, so an engine that failed a sync samples again once it serves the policy."""
-    if not leaves_out(config) or config.sync == "none" or config.sync == "lora" and policy.checkpoint is None:
+    if not leaves_out(config) or policy.checkpoint is None:  # left out only with LoRA, whose base all serve
         return settings
     lacking = await disagreeing(engines(config), config.sync, policy.checkpoint, settings.llm.api_key)
     urls = [url for url in settings.llm.urls() if engine_root(url) not in lacking]

@@ -262,7 +262,8 @@ async def run_overlapped(config: LoopConfig, state: LoopState, notice: Callable[
         for number in range(1, iterations + 1):
             await synced[max(0, number - 1 - staleness)].wait()
             if number <= len(state.iterations):  # admitted before (resumed): the policy it samples served again first
-                await synced[state.iterations[number - 1].policy.number()].wait()
+                # a version above its own number is none a loop wrote (a state edited by hand): its own bound
+                await synced[min(state.iterations[number - 1].policy.number(), number - 1)].wait()
             async with policy_change:
                 started = await start_sampling(config, state, number, notice)
             if started:
